@@ -1,0 +1,15 @@
+"""What the builder needs to know besides the network."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildSettings:
+    """Precision to run float layers in, target device, and limits of the optimizations."""
+
+    compute_dtype: torch.dtype = torch.float32
+    device: torch.device = torch.device("cpu")
+    max_folded_elements: int = 1 << 20  # constant folding never makes a constant larger than this

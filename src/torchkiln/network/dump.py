@@ -1,0 +1,35 @@
+"""A readable text form of a network, one line per layer."""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from torchkiln.network.layers import Layer
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, torch.dtype):
+        return str(value).removeprefix("torch.")
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_fmt(v) for v in value) + ")"
+    return repr(value)
+
+
+def describe(layer: Layer) -> str:
+    """`%out = kind[params](%in, ...) {weights}` for one layer."""
+    outs = ", ".join(repr(t) for t in layer.outputs)
+    params = ", ".join(f"{k}={_fmt(v)}" for k, v in layer.params().items())
+    ins = ", ".join(f"%{t.name}" for t in layer.inputs)
+    weights = ", ".join(f"{k}:{str(w.dtype).removeprefix('torch.')}{list(w.shape)}" for k, w in layer.weights.items())
+    text = f"{outs} = {layer.KIND}[{params}]({ins})"
+    return text + (f" {{{weights}}}" if weights else "") + f"  # {layer.name}"
+
+
+def dump(network) -> str:
+    lines = [f"network {network.name}(" + ", ".join(repr(t) for t in network.inputs) + "):"]
+    lines += ["  " + describe(layer) for layer in network.layers]
+    lines.append("  return (" + ", ".join(f"%{t.name}" for t in network.outputs) + ")")
+    return "\n".join(lines)

@@ -1,0 +1,288 @@
+"""The network definition: inputs, layers in execution order, outputs (like INetworkDefinition)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from torchkiln.errors import NetworkError
+from torchkiln.network import layers as L
+from torchkiln.network.tensor import Tensor
+
+
+class Network:
+    """A layer graph under construction. Each `add_*` infers its outputs' shapes and dtypes at once."""
+
+    def __init__(self, name: str = "network") -> None:
+        self.name = name
+        self.inputs: list[Tensor] = []
+        self.outputs: list[Tensor] = []
+        self.layers: list[L.Layer] = []
+        self._names: set[str] = set()
+
+    # ---- naming ---------------------------------------------------------------------------
+    def unique_name(self, base: str) -> str:
+        name, n = base, 1
+        while name in self._names:
+            n += 1
+            name = f"{base}_{n}"
+        self._names.add(name)
+        return name
+
+    # ---- inputs and outputs ---------------------------------------------------------------
+    def add_input(self, name: str, dtype: torch.dtype, shape: Sequence[int]) -> Tensor:
+        tensor = Tensor(self.unique_name(name), tuple(int(d) for d in shape), dtype)
+        self.inputs.append(tensor)
+        return tensor
+
+    def mark_output(self, tensor: Tensor) -> None:
+        if tensor in self.outputs:
+            raise NetworkError(f"tensor {tensor.name} is already an output")
+        self.outputs.append(tensor)
+
+    # ---- layers ---------------------------------------------------------------------------
+    def add_layer(
+        self,
+        kind: type[L.Layer],
+        inputs: Sequence[Tensor],
+        *,
+        weights: dict[str, torch.Tensor | None] | None = None,
+        name: str | None = None,
+        **params: object,
+    ) -> L.Layer:
+        """Add a layer of any registered kind; the typed `add_*` methods call this."""
+        from torchkiln.network.shape_inference import infer_outputs
+
+        for t in inputs:
+            if not isinstance(t, Tensor):
+                raise NetworkError(f"{kind.KIND} layer input must be a network Tensor, got {type(t).__name__}")
+        clean = {k: v.detach() for k, v in (weights or {}).items() if v is not None}
+        layer = kind(name=self.unique_name(name or kind.KIND), inputs=list(inputs), weights=clean, **params)
+        for i, (shape, dtype) in enumerate(infer_outputs(layer)):
+            layer.outputs.append(Tensor(self.unique_name(f"{layer.name}:{i}"), shape, dtype, producer=layer))
+        self.layers.append(layer)
+        return layer
+
+    def add_constant(self, value: torch.Tensor, name: str | None = None) -> L.Layer:
+        return self.add_layer(L.ConstantLayer, [], weights={"value": value}, name=name)
+
+    def add_identity(self, input: Tensor) -> L.Layer:
+        return self.add_layer(L.IdentityLayer, [input])
+
+    def add_cast(self, input: Tensor, to_type: torch.dtype) -> L.Layer:
+        return self.add_layer(L.CastLayer, [input], to_type=to_type)
+
+    def add_convolution_nd(
+        self,
+        input: Tensor,
+        kernel: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        *,
+        stride: Sequence[int],
+        padding: Sequence[int],
+        dilation: Sequence[int],
+        groups: int = 1,
+        transposed: bool = False,
+        output_padding: Sequence[int] = (),
+    ) -> L.Layer:
+        return self.add_layer(
+            L.ConvolutionLayer, [input], weights={"kernel": kernel, "bias": bias},
+            stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation), groups=groups,
+            transposed=transposed, output_padding=tuple(output_padding),
+        )
+
+    def add_scale(
+        self,
+        input: Tensor,
+        mode: L.ScaleMode,
+        scale: torch.Tensor | None = None,
+        shift: torch.Tensor | None = None,
+        power: torch.Tensor | None = None,
+        channel_axis: int = 1,
+    ) -> L.Layer:
+        return self.add_layer(
+            L.ScaleLayer, [input], weights={"scale": scale, "shift": shift, "power": power},
+            mode=mode, channel_axis=channel_axis,
+        )
+
+    def add_activation(self, input: Tensor, type: L.ActivationType, alpha: float = 0.0, beta: float = 0.0) -> L.Layer:
+        return self.add_layer(L.ActivationLayer, [input], type=type, alpha=float(alpha), beta=float(beta))
+
+    def add_parametric_relu(self, input: Tensor, slope: torch.Tensor) -> L.Layer:
+        return self.add_layer(L.ParametricReLULayer, [input], weights={"slope": slope})
+
+    def add_elementwise(self, a: Tensor, b: Tensor, op: L.ElementWiseOperation) -> L.Layer:
+        return self.add_layer(L.ElementWiseLayer, [a, b], op=op)
+
+    def add_unary(self, input: Tensor, op: L.UnaryOperation) -> L.Layer:
+        return self.add_layer(L.UnaryLayer, [input], op=op)
+
+    def add_pooling_nd(
+        self,
+        input: Tensor,
+        type: L.PoolingType,
+        window: Sequence[int],
+        *,
+        stride: Sequence[int],
+        padding: Sequence[int],
+        dilation: Sequence[int] = (),
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: int | None = None,
+    ) -> L.Layer:
+        return self.add_layer(
+            L.PoolingLayer, [input], type=type, window=tuple(window), stride=tuple(stride),
+            padding=tuple(padding), dilation=tuple(dilation), ceil_mode=ceil_mode,
+            count_include_pad=count_include_pad, divisor_override=divisor_override,
+        )
+
+    def add_matrix_multiply(
+        self, a: Tensor, op0: L.MatrixOperation, b: Tensor, op1: L.MatrixOperation
+    ) -> L.Layer:
+        return self.add_layer(L.MatrixMultiplyLayer, [a, b], op0=op0, op1=op1)
+
+    def add_shuffle(
+        self,
+        input: Tensor,
+        first_transpose: Sequence[int] | None = None,
+        reshape_dims: Sequence[int] | None = None,
+        second_transpose: Sequence[int] | None = None,
+        zero_is_placeholder: bool = True,
+    ) -> L.Layer:
+        def opt(v: Sequence[int] | None) -> tuple[int, ...] | None:
+            return None if v is None else tuple(int(d) for d in v)
+
+        return self.add_layer(
+            L.ShuffleLayer, [input], first_transpose=opt(first_transpose), reshape_dims=opt(reshape_dims),
+            second_transpose=opt(second_transpose), zero_is_placeholder=zero_is_placeholder,
+        )
+
+    def add_reduce(self, input: Tensor, op: L.ReduceOperation, axes: Sequence[int], keep_dims: bool) -> L.Layer:
+        return self.add_layer(L.ReduceLayer, [input], op=op, axes=tuple(axes), keep_dims=keep_dims)
+
+    def add_softmax(self, input: Tensor, axis: int, log: bool = False) -> L.Layer:
+        return self.add_layer(L.SoftMaxLayer, [input], axis=axis, log=log)
+
+    def add_concatenation(self, inputs: Sequence[Tensor], axis: int) -> L.Layer:
+        return self.add_layer(L.ConcatenationLayer, list(inputs), axis=axis)
+
+    def add_slice(self, input: Tensor, start: Sequence[int], shape: Sequence[int], stride: Sequence[int]) -> L.Layer:
+        return self.add_layer(L.SliceLayer, [input], start=tuple(start), shape=tuple(shape), stride=tuple(stride))
+
+    def add_expand(self, input: Tensor, shape: Sequence[int]) -> L.Layer:
+        return self.add_layer(L.ExpandLayer, [input], shape=tuple(shape))
+
+    def add_gather(self, data: Tensor, indices: Tensor, axis: int, mode: L.GatherMode = L.GatherMode.DEFAULT) -> L.Layer:
+        return self.add_layer(L.GatherLayer, [data, indices], axis=axis, mode=mode)
+
+    def add_scatter(self, data: Tensor, indices: Tensor, updates: Tensor, axis: int) -> L.Layer:
+        return self.add_layer(L.ScatterLayer, [data, indices, updates], axis=axis)
+
+    def add_select(self, condition: Tensor, then_input: Tensor, else_input: Tensor) -> L.Layer:
+        return self.add_layer(L.SelectLayer, [condition, then_input, else_input])
+
+    def add_topk(self, input: Tensor, op: L.TopKOperation, k: int, axis: int) -> L.Layer:
+        return self.add_layer(L.TopKLayer, [input], op=op, k=k, axis=axis)
+
+    def add_resize(
+        self,
+        input: Tensor,
+        mode: str,
+        size: Sequence[int] | None = None,
+        scales: Sequence[float] | None = None,
+        align_corners: bool | None = None,
+    ) -> L.Layer:
+        return self.add_layer(
+            L.ResizeLayer, [input], mode=mode, size=None if size is None else tuple(size),
+            scales=None if scales is None else tuple(float(s) for s in scales), align_corners=align_corners,
+        )
+
+    def add_padding(self, input: Tensor, pad: Sequence[int], mode: L.PaddingMode, value: float = 0.0) -> L.Layer:
+        return self.add_layer(L.PaddingLayer, [input], pad=tuple(pad), mode=mode, value=float(value))
+
+    def add_normalization(
+        self,
+        input: Tensor,
+        kind: L.NormalizationKind,
+        epsilon: float,
+        scale: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        normalized_shape: Sequence[int] = (),
+        num_groups: int = 1,
+    ) -> L.Layer:
+        return self.add_layer(
+            L.NormalizationLayer, [input], weights={"scale": scale, "bias": bias}, kind=kind,
+            epsilon=float(epsilon), normalized_shape=tuple(normalized_shape), num_groups=num_groups,
+        )
+
+    def add_einsum(self, inputs: Sequence[Tensor], equation: str) -> L.Layer:
+        return self.add_layer(L.EinsumLayer, list(inputs), equation=equation)
+
+    def add_cumulative(self, input: Tensor, op: L.CumulativeOperation, axis: int) -> L.Layer:
+        return self.add_layer(L.CumulativeLayer, [input], op=op, axis=axis)
+
+    def add_fill(self, length: int, start: float, step: float, dtype: torch.dtype) -> L.Layer:
+        return self.add_layer(
+            L.FillLayer, [], op=L.FillOperation.LINSPACE, length=length, start=float(start), step=float(step),
+            dtype=dtype,
+        )
+
+    def add_shape(self, input: Tensor) -> L.Layer:
+        return self.add_layer(L.ShapeLayer, [input])
+
+    def add_grid_sample(
+        self, input: Tensor, grid: Tensor, mode: str, padding_mode: str, align_corners: bool
+    ) -> L.Layer:
+        return self.add_layer(
+            L.GridSampleLayer, [input, grid], mode=mode, padding_mode=padding_mode, align_corners=align_corners
+        )
+
+    def add_attention(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        scale: float | None = None,
+    ) -> L.Layer:
+        inputs = [query, key, value] + ([mask] if mask is not None else [])
+        return self.add_layer(L.AttentionLayer, inputs, causal=causal, scale=scale)
+
+    # ---- rewriting (used by the builder) ---------------------------------------------------
+    def replace_all_uses(self, old: Tensor, new: Tensor) -> None:
+        """Make every reader of `old` (layers and network outputs) read `new` instead."""
+        for layer in self.layers:
+            layer.inputs = [new if t is old else t for t in layer.inputs]
+        self.outputs = [new if t is old else t for t in self.outputs]
+
+    def remove_layers(self, doomed: set[int]) -> None:
+        """Drop the layers whose id() is in `doomed`."""
+        self.layers = [layer for layer in self.layers if id(layer) not in doomed]
+
+    def move_before(self, layer: L.Layer, anchor: L.Layer | None) -> None:
+        """Place `layer` just before `anchor` in execution order (first when anchor is None)."""
+        self.layers.remove(layer)
+        self.layers.insert(0 if anchor is None else self.layers.index(anchor), layer)
+
+    def reinfer(self) -> None:
+        """Recompute every layer's output shapes and dtypes, in order, after a rewrite."""
+        from torchkiln.network.shape_inference import infer_outputs
+
+        for layer in self.layers:
+            for t, (shape, dtype) in zip(layer.outputs, infer_outputs(layer)):
+                t.shape, t.dtype = shape, dtype
+
+    # ---- inspection -----------------------------------------------------------------------
+    def consumers(self) -> dict[int, list[L.Layer]]:
+        """id(tensor) -> layers that read it."""
+        users: dict[int, list[L.Layer]] = {}
+        for layer in self.layers:
+            for t in layer.inputs:
+                users.setdefault(id(t), []).append(layer)
+        return users
+
+    def __str__(self) -> str:
+        from torchkiln.network.dump import dump
+
+        return dump(self)

@@ -1,0 +1,32 @@
+"""A tensor of the layer network: a name, a shape (-1 marks a dynamic dim) and a dtype."""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from torchkiln.network.layers import Layer
+
+
+@dataclasses.dataclass(eq=False)
+class Tensor:
+    """One value flowing between layers; `producer` is None for a network input."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    producer: Layer | None = None
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(d < 0 for d in self.shape)
+
+    def __repr__(self) -> str:
+        dims = ", ".join("?" if d < 0 else str(d) for d in self.shape)
+        return f"%{self.name}: {str(self.dtype).removeprefix('torch.')}[{dims}]"

@@ -1,0 +1,128 @@
+"""An Engine: an optimized network plus its input bindings, serializable to safe bytes."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Sequence
+
+import torch
+
+from torchkiln.errors import EngineFormatError, EngineInputError
+from torchkiln.network.network import Network
+from torchkiln.runtime import serialization as S
+from torchkiln.runtime.executor import ReferenceExecutor
+
+
+@dataclasses.dataclass(frozen=True)
+class InputBinding:
+    """What an engine accepts for one input: a dtype and a shape range."""
+
+    name: str
+    dtype: torch.dtype
+    min_shape: tuple[int, ...]
+    opt_shape: tuple[int, ...]
+    max_shape: tuple[int, ...]
+
+    def check(self, index: int, value: object, device_type: str) -> None:
+        """Raise EngineInputError naming this input if `value` does not fit."""
+        what = f"engine input {index} ({self.name!r})"
+        if not isinstance(value, torch.Tensor):
+            raise EngineInputError(f"{what}: expected a tensor, got {type(value).__name__}")
+        if value.device.type != device_type:
+            raise EngineInputError(f"{what}: expected a tensor on {device_type}, got one on {value.device}")
+        if value.dtype != self.dtype:
+            raise EngineInputError(f"{what}: expected dtype {self.dtype}, got {value.dtype}")
+        shape = tuple(value.shape)
+        if len(shape) != len(self.opt_shape) or any(
+                not lo <= d <= hi for d, lo, hi in zip(shape, self.min_shape, self.max_shape)):
+            expected = str(self.opt_shape) if self.min_shape == self.max_shape else \
+                f"within min {self.min_shape} and max {self.max_shape}"
+            raise EngineInputError(f"{what}: expected shape {expected}, got {shape}")
+
+
+class Engine:
+    """The built form of a network; `execute` runs it, `serialize` gives its bytes."""
+
+    def __init__(self, network: Network, bindings: Sequence[InputBinding], device_type: str,
+                 precision: torch.dtype, name: str = "engine") -> None:
+        if len(bindings) != len(network.inputs):
+            raise EngineFormatError(f"engine {name!r}: {len(bindings)} bindings for {len(network.inputs)} inputs")
+        for b, t in zip(bindings, network.inputs):
+            if b.dtype != t.dtype or len(b.opt_shape) != t.rank:
+                raise EngineFormatError(f"engine {name!r}: binding {b.name!r} does not match network input {t!r}")
+        self.network = network
+        self.bindings = tuple(bindings)
+        self.device_type = device_type
+        self.precision = precision
+        self.name = name
+        self._executors: dict[torch.device, ReferenceExecutor] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def output_dtypes(self) -> list[torch.dtype]:
+        return [t.dtype for t in self.network.outputs]
+
+    def check_inputs(self, inputs: Sequence[torch.Tensor]) -> None:
+        if len(inputs) != len(self.bindings):
+            names = ", ".join(repr(b.name) for b in self.bindings)
+            raise EngineInputError(f"engine {self.name!r} expects {len(self.bindings)} inputs ({names}), "
+                                   f"got {len(inputs)}")
+        for i, (binding, value) in enumerate(zip(self.bindings, inputs)):
+            binding.check(i, value, self.device_type)
+
+    def executor(self, device: torch.device) -> ReferenceExecutor:
+        found = self._executors.get(device)
+        if found is None:
+            with self._lock:
+                found = self._executors.get(device)
+                if found is None:
+                    found = self._executors[device] = ReferenceExecutor(self.network, device)
+        return found
+
+    def execute(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Check the inputs against the bindings, then run the engine."""
+        self.check_inputs(inputs)
+        if not inputs:
+            device = torch.device(self.device_type)
+        else:
+            device = inputs[0].device
+            if any(x.device != device for x in inputs):
+                raise EngineInputError(f"engine {self.name!r}: all inputs must be on one device, got "
+                                       f"{sorted({str(x.device) for x in inputs})}")
+        with torch.no_grad():
+            return self.executor(device).run(list(inputs))
+
+    # ---- bytes ----------------------------------------------------------------------------
+    def serialize(self) -> bytes:
+        meta = {
+            "name": self.name,
+            "device_type": self.device_type,
+            "precision": S.dtype_name(self.precision),
+            "bindings": [{"name": b.name, "dtype": S.dtype_name(b.dtype), "min_shape": list(b.min_shape),
+                          "opt_shape": list(b.opt_shape), "max_shape": list(b.max_shape)} for b in self.bindings],
+        }
+        return S.encode_engine(meta, self.network)
+
+    @classmethod
+    def deserialize(cls, data: bytes) -> Engine:
+        """Load engine bytes; anything wrong with them raises EngineFormatError."""
+        meta, network = S.decode_engine(data)
+        name = meta.get("name")
+        device_type = meta.get("device_type")
+        if not isinstance(name, str) or device_type not in ("cpu", "cuda"):
+            raise EngineFormatError("engine metadata: bad name or device_type")
+        raw_bindings = meta.get("bindings")
+        if not isinstance(raw_bindings, list):
+            raise EngineFormatError("engine metadata: missing bindings")
+        bindings = []
+        for i, b in enumerate(raw_bindings):
+            where = f"engine binding {i}"
+            if not isinstance(b, dict) or not isinstance(b.get("name"), str):
+                raise EngineFormatError(f"{where}: malformed")
+            shapes = [S.parse_shape(b.get(k), where) for k in ("min_shape", "opt_shape", "max_shape")]
+            bindings.append(InputBinding(b["name"], S.parse_dtype(b.get("dtype"), where), *shapes))
+        return cls(network, bindings, device_type, S.parse_dtype(meta.get("precision"), "engine precision"), name)
+
+    def __repr__(self) -> str:
+        return (f"Engine({self.name!r}, {self.device_type}, {S.dtype_name(self.precision)}, "
+                f"{len(self.network.layers)} layers, inputs={[b.name for b in self.bindings]})")

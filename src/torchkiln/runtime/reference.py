@@ -1,0 +1,409 @@
+"""The meaning of every layer kind, as ATen ops. Shape inference, constant folding and every other
+runtime are defined against these functions.
+
+A meaning takes (layer, inputs, weights, device) and returns one tensor or a list of them. It must
+not modify its inputs or weights.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from torchkiln.errors import NetworkError
+from torchkiln.network import layers as L
+
+Meaning = Callable[[L.Layer, list[torch.Tensor], dict[str, torch.Tensor], torch.device],
+                   "torch.Tensor | list[torch.Tensor]"]
+MEANINGS: dict[type[L.Layer], Meaning] = {}
+
+
+def meaning(kind: type[L.Layer]) -> Callable[[Meaning], Meaning]:
+    def register(fn: Meaning) -> Meaning:
+        MEANINGS[kind] = fn
+        return fn
+
+    return register
+
+
+def run_layer(layer: L.Layer, inputs: list[torch.Tensor], weights: dict[str, torch.Tensor],
+              device: torch.device) -> list[torch.Tensor]:
+    """Compute one layer's outputs."""
+    fn = MEANINGS.get(type(layer))
+    if fn is None:
+        raise NetworkError(f"layer kind {layer.KIND!r} has no reference meaning")
+    out = fn(layer, inputs, weights, device)
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _upcast(x: torch.Tensor) -> torch.Tensor:
+    """Numerically sensitive layers compute half-precision inputs in float32."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+@meaning(L.ConstantLayer)
+def _constant(layer, xs, ws, device):
+    return ws["value"]
+
+
+@meaning(L.IdentityLayer)
+def _identity(layer, xs, ws, device):
+    return xs[0]
+
+
+@meaning(L.CastLayer)
+def _cast(layer, xs, ws, device):
+    return xs[0].to(layer.to_type)
+
+
+@meaning(L.ConvolutionLayer)
+def _convolution(layer, xs, ws, device):
+    nd = ws["kernel"].dim() - 2
+    output_padding = list(layer.output_padding) or [0] * nd
+    return torch.convolution(xs[0], ws["kernel"], ws.get("bias"), list(layer.stride), list(layer.padding),
+                             list(layer.dilation), layer.transposed, output_padding, layer.groups)
+
+
+@meaning(L.ScaleLayer)
+def _scale(layer, xs, ws, device):
+    x = xs[0]
+
+    def shaped(w: torch.Tensor) -> torch.Tensor:
+        if layer.mode == L.ScaleMode.CHANNEL:
+            axis = layer.channel_axis % x.dim()
+            return w.reshape([-1] + [1] * (x.dim() - axis - 1))
+        return w
+
+    if "scale" in ws:
+        x = x * shaped(ws["scale"])
+    if "shift" in ws:
+        x = x + shaped(ws["shift"])
+    if "power" in ws:
+        x = x ** shaped(ws["power"])
+    return x
+
+
+def _clip(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    def bound(v: float) -> float | int | None:
+        if v in (float("inf"), float("-inf")):
+            return None
+        return int(v) if not x.dtype.is_floating_point and float(v).is_integer() else v
+
+    return torch.clamp(x, bound(lo), bound(hi))
+
+
+_ACTIVATIONS: dict[L.ActivationType, Callable[[torch.Tensor, float, float], torch.Tensor]] = {
+    L.ActivationType.RELU: lambda x, a, b: torch.relu(x),
+    L.ActivationType.SIGMOID: lambda x, a, b: torch.sigmoid(x),
+    L.ActivationType.TANH: lambda x, a, b: torch.tanh(x),
+    L.ActivationType.LEAKY_RELU: lambda x, a, b: F.leaky_relu(x, a),
+    L.ActivationType.ELU: lambda x, a, b: F.elu(x, a),
+    L.ActivationType.SELU: lambda x, a, b: F.selu(x),
+    L.ActivationType.CELU: lambda x, a, b: F.celu(x, a),
+    L.ActivationType.SOFTSIGN: lambda x, a, b: F.softsign(x),
+    L.ActivationType.SOFTPLUS: lambda x, a, b: F.softplus(x, a, b),
+    L.ActivationType.CLIP: lambda x, a, b: _clip(x, a, b),
+    L.ActivationType.HARD_SIGMOID: lambda x, a, b: F.hardsigmoid(x),
+    L.ActivationType.HARD_SWISH: lambda x, a, b: F.hardswish(x),
+    L.ActivationType.HARD_TANH: lambda x, a, b: F.hardtanh(x, a, b),
+    L.ActivationType.THRESHOLDED_RELU: lambda x, a, b: F.threshold(x, a, b),
+    L.ActivationType.GELU_ERF: lambda x, a, b: F.gelu(x),
+    L.ActivationType.GELU_TANH: lambda x, a, b: F.gelu(x, approximate="tanh"),
+    L.ActivationType.SILU: lambda x, a, b: F.silu(x),
+    L.ActivationType.MISH: lambda x, a, b: F.mish(x),
+    L.ActivationType.LOG_SIGMOID: lambda x, a, b: F.logsigmoid(x),
+}
+
+
+@meaning(L.ActivationLayer)
+def _activation(layer, xs, ws, device):
+    return _ACTIVATIONS[layer.type](xs[0], layer.alpha, layer.beta)
+
+
+@meaning(L.ParametricReLULayer)
+def _prelu(layer, xs, ws, device):
+    return F.prelu(xs[0], ws["slope"])
+
+
+_ELEMENTWISE: dict[L.ElementWiseOperation, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    L.ElementWiseOperation.SUM: torch.add,
+    L.ElementWiseOperation.PROD: torch.mul,
+    L.ElementWiseOperation.MAX: torch.maximum,
+    L.ElementWiseOperation.MIN: torch.minimum,
+    L.ElementWiseOperation.SUB: torch.sub,
+    L.ElementWiseOperation.DIV: torch.div,
+    L.ElementWiseOperation.FLOOR_DIV: lambda a, b: torch.div(a, b, rounding_mode="floor"),
+    L.ElementWiseOperation.TRUNC_DIV: lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    L.ElementWiseOperation.POW: torch.pow,
+    L.ElementWiseOperation.REMAINDER: torch.remainder,
+    L.ElementWiseOperation.FMOD: torch.fmod,
+    L.ElementWiseOperation.ATAN2: torch.atan2,
+    L.ElementWiseOperation.AND: torch.logical_and,
+    L.ElementWiseOperation.OR: torch.logical_or,
+    L.ElementWiseOperation.XOR: torch.logical_xor,
+    L.ElementWiseOperation.EQUAL: torch.eq,
+    L.ElementWiseOperation.NOT_EQUAL: torch.ne,
+    L.ElementWiseOperation.GREATER: torch.gt,
+    L.ElementWiseOperation.GREATER_EQUAL: torch.ge,
+    L.ElementWiseOperation.LESS: torch.lt,
+    L.ElementWiseOperation.LESS_EQUAL: torch.le,
+    L.ElementWiseOperation.BITWISE_AND: torch.bitwise_and,
+    L.ElementWiseOperation.BITWISE_OR: torch.bitwise_or,
+    L.ElementWiseOperation.BITWISE_XOR: torch.bitwise_xor,
+}
+
+
+@meaning(L.ElementWiseLayer)
+def _elementwise(layer, xs, ws, device):
+    return _ELEMENTWISE[layer.op](xs[0], xs[1])
+
+
+_UNARY: dict[L.UnaryOperation, Callable[[torch.Tensor], torch.Tensor]] = {
+    L.UnaryOperation.EXP: torch.exp,
+    L.UnaryOperation.EXPM1: torch.expm1,
+    L.UnaryOperation.LOG: torch.log,
+    L.UnaryOperation.LOG2: torch.log2,
+    L.UnaryOperation.LOG10: torch.log10,
+    L.UnaryOperation.LOG1P: torch.log1p,
+    L.UnaryOperation.SQRT: torch.sqrt,
+    L.UnaryOperation.RSQRT: torch.rsqrt,
+    L.UnaryOperation.RECIP: torch.reciprocal,
+    L.UnaryOperation.ABS: torch.abs,
+    L.UnaryOperation.NEG: torch.neg,
+    L.UnaryOperation.SIN: torch.sin,
+    L.UnaryOperation.COS: torch.cos,
+    L.UnaryOperation.TAN: torch.tan,
+    L.UnaryOperation.SINH: torch.sinh,
+    L.UnaryOperation.COSH: torch.cosh,
+    L.UnaryOperation.ASIN: torch.asin,
+    L.UnaryOperation.ACOS: torch.acos,
+    L.UnaryOperation.ATAN: torch.atan,
+    L.UnaryOperation.ASINH: torch.asinh,
+    L.UnaryOperation.ACOSH: torch.acosh,
+    L.UnaryOperation.ATANH: torch.atanh,
+    L.UnaryOperation.CEIL: torch.ceil,
+    L.UnaryOperation.FLOOR: torch.floor,
+    L.UnaryOperation.ROUND: torch.round,
+    L.UnaryOperation.TRUNC: torch.trunc,
+    L.UnaryOperation.ERF: torch.erf,
+    L.UnaryOperation.SIGN: torch.sign,
+    L.UnaryOperation.NOT: torch.logical_not,
+    L.UnaryOperation.BITWISE_NOT: torch.bitwise_not,
+    L.UnaryOperation.ISINF: torch.isinf,
+    L.UnaryOperation.ISNAN: torch.isnan,
+    L.UnaryOperation.ISFINITE: torch.isfinite,
+    L.UnaryOperation.SQUARE: torch.square,
+}
+
+
+@meaning(L.UnaryLayer)
+def _unary(layer, xs, ws, device):
+    return _UNARY[layer.op](xs[0])
+
+
+@meaning(L.PoolingLayer)
+def _pooling(layer, xs, ws, device):
+    nd = len(layer.window)
+    if nd not in (1, 2, 3):
+        raise NetworkError(f"pooling layer {layer.name!r}: window {layer.window} must be 1-, 2- or 3-d")
+    if layer.type == L.PoolingType.MAX:
+        fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1]
+        return fn(xs[0], layer.window, layer.stride, layer.padding, layer.dilation or 1, layer.ceil_mode)
+    if layer.dilation and any(d != 1 for d in layer.dilation):
+        raise NetworkError(f"pooling layer {layer.name!r}: average pooling has no dilation")
+    if nd == 1:
+        if layer.divisor_override is not None:
+            raise NetworkError(f"pooling layer {layer.name!r}: 1-d average pooling has no divisor_override")
+        return F.avg_pool1d(xs[0], layer.window, layer.stride, layer.padding, layer.ceil_mode, layer.count_include_pad)
+    fn = F.avg_pool2d if nd == 2 else F.avg_pool3d
+    return fn(xs[0], layer.window, layer.stride, layer.padding, layer.ceil_mode, layer.count_include_pad,
+              layer.divisor_override)
+
+
+@meaning(L.MatrixMultiplyLayer)
+def _matmul(layer, xs, ws, device):
+    a, b = xs
+    if layer.op0 == L.MatrixOperation.TRANSPOSE:
+        a = a.transpose(-1, -2)
+    if layer.op1 == L.MatrixOperation.TRANSPOSE:
+        b = b.transpose(-1, -2)
+    return torch.matmul(a, b)
+
+
+@meaning(L.ShuffleLayer)
+def _shuffle(layer, xs, ws, device):
+    x = xs[0]
+    if layer.first_transpose is not None:
+        x = x.permute(layer.first_transpose)
+    if layer.reshape_dims is not None:
+        dims = [x.shape[i] if d == 0 and layer.zero_is_placeholder else d for i, d in enumerate(layer.reshape_dims)]
+        x = x.reshape(dims)
+    if layer.second_transpose is not None:
+        x = x.permute(layer.second_transpose)
+    return x
+
+
+@meaning(L.ReduceLayer)
+def _reduce(layer, xs, ws, device):
+    x, axes, keep = xs[0], list(layer.axes), layer.keep_dims
+    if not axes:
+        raise NetworkError(f"reduce layer {layer.name!r} needs at least one axis")
+    op = layer.op
+    if op == L.ReduceOperation.SUM:
+        return torch.sum(x, axes, keepdim=keep)
+    if op == L.ReduceOperation.AVG:
+        return torch.mean(x, axes, keepdim=keep)
+    if op == L.ReduceOperation.MAX:
+        return torch.amax(x, axes, keepdim=keep)
+    if op == L.ReduceOperation.MIN:
+        return torch.amin(x, axes, keepdim=keep)
+    if op == L.ReduceOperation.ANY:
+        return torch.any(x, tuple(axes), keepdim=keep)
+    if op == L.ReduceOperation.ALL:
+        return torch.all(x, tuple(axes), keepdim=keep)
+    for axis in sorted((a % x.dim() for a in axes), reverse=True):  # PROD reduces one axis at a time
+        x = torch.prod(x, axis, keepdim=keep)
+    return x
+
+
+@meaning(L.SoftMaxLayer)
+def _softmax(layer, xs, ws, device):
+    x = xs[0]
+    fn = torch.log_softmax if layer.log else torch.softmax
+    return fn(_upcast(x), layer.axis).to(x.dtype)
+
+
+@meaning(L.ConcatenationLayer)
+def _concatenation(layer, xs, ws, device):
+    return torch.cat(xs, layer.axis)
+
+
+@meaning(L.SliceLayer)
+def _slice(layer, xs, ws, device):
+    x = xs[0]
+    if not len(layer.start) == len(layer.shape) == len(layer.stride) == x.dim():
+        raise NetworkError(f"slice layer {layer.name!r}: start/shape/stride must have one entry per dim")
+    index: list[slice] = []
+    for dim, (start, size, step) in enumerate(zip(layer.start, layer.shape, layer.stride)):
+        if step == 0:
+            raise NetworkError(f"slice layer {layer.name!r}: stride 0 on dim {dim}")
+        if size and not 0 <= start + (size - 1) * step < x.shape[dim]:
+            raise NetworkError(f"slice layer {layer.name!r}: dim {dim} of size {x.shape[dim]} has no "
+                               f"{size} elements from {start} by {step}")
+        if step > 0:
+            index.append(slice(start, start + (size - 1) * step + 1 if size else start, step))
+        else:
+            idx = start + step * torch.arange(size, device=x.device)
+            x = x.index_select(dim, idx)
+            index.append(slice(None))
+    return x[tuple(index)]
+
+
+@meaning(L.ExpandLayer)
+def _expand(layer, xs, ws, device):
+    return xs[0].expand(layer.shape)
+
+
+@meaning(L.GatherLayer)
+def _gather(layer, xs, ws, device):
+    data, idx = xs
+    if layer.mode == L.GatherMode.ELEMENT:
+        return torch.gather(data, layer.axis, idx)
+    if layer.mode == L.GatherMode.ND:
+        return data[tuple(idx.movedim(-1, 0))]
+    axis = layer.axis % data.dim()
+    idx = torch.where(idx < 0, idx + data.shape[axis], idx)
+    flat = torch.index_select(data, axis, idx.reshape(-1))
+    return flat.reshape(tuple(data.shape[:axis]) + tuple(idx.shape) + tuple(data.shape[axis + 1:]))
+
+
+@meaning(L.ScatterLayer)
+def _scatter(layer, xs, ws, device):
+    return torch.scatter(xs[0], layer.axis, xs[1], xs[2])
+
+
+@meaning(L.SelectLayer)
+def _select(layer, xs, ws, device):
+    return torch.where(xs[0], xs[1], xs[2])
+
+
+@meaning(L.TopKLayer)
+def _topk(layer, xs, ws, device):
+    x, largest = xs[0], layer.op == L.TopKOperation.MAX
+    if layer.k == 1:  # first occurrence on ties, like argmax/argmin
+        values, indices = (torch.max if largest else torch.min)(x, layer.axis, keepdim=True)
+        return [values, indices]
+    values, indices = torch.topk(x, layer.k, layer.axis, largest=largest, sorted=True)
+    return [values, indices]
+
+
+@meaning(L.ResizeLayer)
+def _resize(layer, xs, ws, device):
+    if (layer.size is None) == (layer.scales is None):
+        raise NetworkError(f"resize layer {layer.name!r} needs exactly one of size and scales")
+    return F.interpolate(xs[0], size=layer.size, scale_factor=layer.scales, mode=layer.mode,
+                         align_corners=layer.align_corners)
+
+
+@meaning(L.PaddingLayer)
+def _padding(layer, xs, ws, device):
+    if layer.mode == L.PaddingMode.CONSTANT:
+        return F.pad(xs[0], layer.pad, "constant", layer.value)
+    return F.pad(xs[0], layer.pad, layer.mode.value)
+
+
+@meaning(L.NormalizationLayer)
+def _normalization(layer, xs, ws, device):
+    x = xs[0]
+    scale, bias = ws.get("scale"), ws.get("bias")
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x32 = x.float()
+        scale = None if scale is None else scale.float()
+        bias = None if bias is None else bias.float()
+    else:
+        x32 = x
+    if layer.kind == L.NormalizationKind.LAYER:
+        out = F.layer_norm(x32, layer.normalized_shape, scale, bias, layer.epsilon)
+    elif layer.kind == L.NormalizationKind.GROUP:
+        out = F.group_norm(x32, layer.num_groups, scale, bias, layer.epsilon)
+    else:
+        out = F.instance_norm(x32, weight=scale, bias=bias, eps=layer.epsilon)
+    return out.to(x.dtype)
+
+
+@meaning(L.EinsumLayer)
+def _einsum(layer, xs, ws, device):
+    return torch.einsum(layer.equation, *xs)
+
+
+@meaning(L.CumulativeLayer)
+def _cumulative(layer, xs, ws, device):
+    fn = torch.cumsum if layer.op == L.CumulativeOperation.SUM else torch.cumprod
+    return fn(xs[0], layer.axis)
+
+
+@meaning(L.FillLayer)
+def _fill(layer, xs, ws, device):
+    if layer.length < 0:
+        raise NetworkError(f"fill layer {layer.name!r}: negative length {layer.length}")
+    index = torch.arange(layer.length, dtype=torch.float64, device=device)
+    return (index * layer.step + layer.start).to(layer.dtype)
+
+
+@meaning(L.ShapeLayer)
+def _shape(layer, xs, ws, device):
+    return torch.tensor(tuple(xs[0].shape), dtype=torch.int64, device=device)
+
+
+@meaning(L.GridSampleLayer)
+def _grid_sample(layer, xs, ws, device):
+    return F.grid_sample(xs[0], xs[1], mode=layer.mode, padding_mode=layer.padding_mode,
+                         align_corners=layer.align_corners)
+
+
+@meaning(L.AttentionLayer)
+def _attention(layer, xs, ws, device):
+    q, k, v = xs[:3]
+    mask = xs[3] if len(xs) > 3 else None
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=layer.causal, scale=layer.scale)

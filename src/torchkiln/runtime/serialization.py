@@ -1,0 +1,250 @@
+"""Engine bytes: a versioned header, the layer graph as JSON, weights as safetensors, a SHA-256.
+
+Layout (little-endian):
+    magic b"TKLNENG\\0" | u32 format version | u32 reserved (0) | u64 graph length | u64 weights length
+    | graph (UTF-8 JSON) | weights (safetensors) | SHA-256 of everything before it
+
+Reading never runs code: JSON and safetensors are data formats, every field is checked against the
+layer kind's declared parameter types, and the graph is re-inferred layer by layer.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import struct
+import types
+import typing
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from torchkiln.errors import EngineFormatError, NetworkError
+from torchkiln.network import layers as L
+from torchkiln.network.network import Network
+
+MAGIC = b"TKLNENG\0"
+FORMAT_VERSION = 1
+_PREFIX = struct.Struct("<8sIIQQ")
+_DIGEST = 32
+MAX_GRAPH_BYTES = 256 << 20
+MAX_RANK = 16
+
+DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+              torch.int16, torch.int8, torch.uint8, torch.bool)
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, torch.dtype):
+        return dtype_name(value)
+    if isinstance(value, tuple):
+        return [_encode(v) for v in value]
+    return value
+
+
+def _decode(hint: Any, raw: Any, where: str) -> Any:
+    """Check `raw` against a parameter's type hint and convert it."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if raw is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _decode(inner, raw, where)
+    if origin is tuple:
+        if not isinstance(raw, list) or len(raw) > 1 << 16:
+            raise EngineFormatError(f"{where}: expected a list, got {type(raw).__name__}")
+        return tuple(_decode(args[0], v, where) for v in raw)
+    if hint is bool:
+        if isinstance(raw, bool):
+            return raw
+    elif hint is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+    elif hint is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+    elif hint is str:
+        if isinstance(raw, str):
+            return raw
+    elif hint is torch.dtype:
+        if isinstance(raw, str) and raw in DTYPES:
+            return DTYPES[raw]
+    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(raw)
+        except ValueError:
+            pass
+    raise EngineFormatError(f"{where}: {raw!r} is not a valid {getattr(hint, '__name__', hint)}")
+
+
+def parse_shape(raw: Any, where: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or len(raw) > MAX_RANK or not all(
+            isinstance(d, int) and not isinstance(d, bool) and -1 <= d < 1 << 40 for d in raw):
+        raise EngineFormatError(f"{where}: {raw!r} is not a shape")
+    return tuple(raw)
+
+
+def parse_dtype(raw: Any, where: str) -> torch.dtype:
+    if not isinstance(raw, str) or raw not in DTYPES:
+        raise EngineFormatError(f"{where}: {raw!r} is not a dtype")
+    return DTYPES[raw]
+
+
+def _field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(obj, dict) or key not in obj or not isinstance(obj[key], kind):
+        raise EngineFormatError(f"{where}: missing or malformed field {key!r}")
+    return obj[key]
+
+
+def encode_engine(meta: dict[str, Any], network: Network) -> bytes:
+    """Serialize engine metadata plus its network."""
+    weights: dict[str, torch.Tensor] = {}
+    keys: dict[int, str] = {}
+    storages: set[int] = set()
+    layers = []
+    for layer in network.layers:
+        refs = {}
+        for wname, w in layer.weights.items():
+            if id(w) not in keys:
+                key = f"w{len(keys)}"
+                keys[id(w)] = key
+                data = w.detach().cpu().contiguous()
+                ptr = data.untyped_storage().data_ptr()
+                if ptr in storages or data.untyped_storage().nbytes() != data.nbytes:
+                    data = data.clone()
+                storages.add(data.untyped_storage().data_ptr())
+                weights[key] = data
+            refs[wname] = keys[id(w)]
+        layers.append({
+            "kind": layer.KIND,
+            "name": layer.name,
+            "inputs": [t.name for t in layer.inputs],
+            "outputs": [{"name": t.name, "dtype": dtype_name(t.dtype), "shape": list(t.shape)} for t in layer.outputs],
+            "weights": refs,
+            "params": {k: _encode(v) for k, v in layer.params().items()},
+        })
+    graph = dict(meta)
+    graph["network"] = {
+        "name": network.name,
+        "inputs": [{"name": t.name, "dtype": dtype_name(t.dtype), "shape": list(t.shape)} for t in network.inputs],
+        "outputs": [t.name for t in network.outputs],
+        "layers": layers,
+    }
+    graph_bytes = json.dumps(graph, separators=(",", ":")).encode("utf-8")
+    weight_bytes = safetensors.torch.save(weights) if weights else b""
+    body = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(graph_bytes), len(weight_bytes)) + graph_bytes + weight_bytes
+    return body + hashlib.sha256(body).digest()
+
+
+def decode_engine(data: bytes) -> tuple[dict[str, Any], Network]:
+    """Check and parse engine bytes into (metadata, network); any problem is an EngineFormatError."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise EngineFormatError(f"engine data must be bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) < _PREFIX.size + _DIGEST:
+        raise EngineFormatError(f"engine data is truncated: {len(data)} bytes is shorter than any engine")
+    magic, version, _reserved, graph_len, weights_len = _PREFIX.unpack_from(data)
+    if magic != MAGIC:
+        raise EngineFormatError("not a torchkiln engine (bad magic bytes)")
+    if version > FORMAT_VERSION:
+        raise EngineFormatError(f"engine format version {version} is newer than this torchkiln reads "
+                                f"(up to {FORMAT_VERSION}); upgrade torchkiln to load it")
+    if version < 1:
+        raise EngineFormatError(f"engine format version {version} is unknown")
+    expected = _PREFIX.size + graph_len + weights_len + _DIGEST
+    if expected != len(data):
+        raise EngineFormatError(f"engine data is truncated or padded: header declares {expected} bytes, got {len(data)}")
+    if graph_len > MAX_GRAPH_BYTES:
+        raise EngineFormatError(f"engine graph of {graph_len} bytes exceeds the {MAX_GRAPH_BYTES}-byte limit")
+    if hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
+        raise EngineFormatError("engine data is corrupted: checksum mismatch")
+    start = _PREFIX.size
+    try:
+        graph = json.loads(data[start:start + graph_len].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EngineFormatError(f"engine graph is not valid JSON: {e}") from None
+    try:
+        weights = safetensors.torch.load(data[start + graph_len:start + graph_len + weights_len]) if weights_len else {}
+    except Exception as e:
+        raise EngineFormatError(f"engine weights are not valid safetensors: {e}") from None
+    if not isinstance(graph, dict):
+        raise EngineFormatError("engine graph must be a JSON object")
+    return graph, _decode_network(_field(graph, "network", dict, "engine"), weights)
+
+
+def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor]) -> Network:
+    network = Network(str(_field(raw, "name", str, "network")))
+    tensors: dict[str, Any] = {}
+
+    def define(name: Any, where: str) -> str:
+        if not isinstance(name, str) or not name or len(name) > 4096:
+            raise EngineFormatError(f"{where}: bad tensor name {name!r}")
+        if name in tensors:
+            raise EngineFormatError(f"{where}: tensor {name!r} defined twice")
+        return name
+
+    for i, entry in enumerate(_field(raw, "inputs", list, "network")):
+        where = f"network input {i}"
+        name = define(_field(entry, "name", str, where), where)
+        t = network.add_input(name, parse_dtype(entry.get("dtype"), where), parse_shape(entry.get("shape"), where))
+        tensors[name] = t
+    for i, entry in enumerate(_field(raw, "layers", list, "network")):
+        where = f"layer {i}"
+        kind_name = _field(entry, "kind", str, where)
+        kind = L.LAYER_KINDS.get(kind_name)
+        if kind is None:
+            raise EngineFormatError(f"{where}: unknown layer kind {kind_name!r}")
+        name = _field(entry, "name", str, where)
+        where = f"layer {i} ({kind_name} {name!r})"
+        inputs = []
+        for tname in _field(entry, "inputs", list, where):
+            if not isinstance(tname, str) or tname not in tensors:
+                raise EngineFormatError(f"{where}: input {tname!r} is not defined before this layer")
+            inputs.append(tensors[tname])
+        refs = _field(entry, "weights", dict, where)
+        layer_weights = {}
+        for wname, key in refs.items():
+            if wname not in kind.WEIGHTS or not isinstance(key, str) or key not in weights:
+                raise EngineFormatError(f"{where}: weight {wname!r} -> {key!r} is unknown or missing")
+            layer_weights[wname] = weights[key]
+        raw_params = _field(entry, "params", dict, where)
+        hints = typing.get_type_hints(kind)
+        params = {}
+        for f in kind.param_fields():
+            if f.name not in raw_params:
+                raise EngineFormatError(f"{where}: missing parameter {f.name!r}")
+            params[f.name] = _decode(hints[f.name], raw_params[f.name], f"{where} parameter {f.name!r}")
+        extra = set(raw_params) - {f.name for f in kind.param_fields()}
+        if extra:
+            raise EngineFormatError(f"{where}: unknown parameters {sorted(extra)}")
+        if name in network._names:
+            raise EngineFormatError(f"{where}: layer name used twice")
+        try:
+            layer = network.add_layer(kind, inputs, weights=layer_weights, name=name, **params)
+        except NetworkError as e:
+            raise EngineFormatError(f"{where}: {e}") from None
+        declared = _field(entry, "outputs", list, where)
+        if len(declared) != len(layer.outputs):
+            raise EngineFormatError(f"{where}: declares {len(declared)} outputs, the layer has {len(layer.outputs)}")
+        for out, spec in zip(layer.outputs, declared):
+            oname = define(_field(spec, "name", str, where), where)
+            if parse_shape(spec.get("shape"), where) != out.shape or parse_dtype(spec.get("dtype"), where) != out.dtype:
+                raise EngineFormatError(f"{where}: output {oname!r} declared {spec.get('dtype')}{spec.get('shape')}"
+                                        f" but the layer computes {dtype_name(out.dtype)}{list(out.shape)}")
+            out.name = oname
+            tensors[oname] = out
+    for tname in _field(raw, "outputs", list, "network"):
+        if not isinstance(tname, str) or tname not in tensors or tensors[tname] in network.outputs:
+            raise EngineFormatError(f"network output {tname!r} is not defined or listed twice")
+        network.mark_output(tensors[tname])
+    return network

@@ -1,0 +1,214 @@
+"""Public settings: engine input specifications and the validated compile settings."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+SUPPORTED_INPUT_DTYPES = (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64,
+    torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool,
+)
+ENGINE_PRECISIONS = (torch.float32, torch.float16, torch.bfloat16)
+_PRECISION_ALIASES = {
+    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+}
+_FORMATS = (torch.contiguous_format, torch.channels_last)
+
+
+def _shape_tuple(name: str, shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, torch.Size):
+        shape = tuple(shape)
+    if not isinstance(shape, (tuple, list)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise ValueError(f"Input {name} must be a tuple of ints, got {shape!r}")
+    bad = [d for d in shape if d <= 0]
+    if bad:
+        raise ValueError(f"Input {name} {tuple(shape)} has a non-positive dimension {bad[0]}; every dim must be >= 1")
+    return tuple(shape)
+
+
+@dataclasses.dataclass(frozen=True, init=False)
+class Input:
+    """Shape range, dtype and memory format of one engine input (mirrors torch_tensorrt.Input)."""
+
+    min_shape: tuple[int, ...]
+    opt_shape: tuple[int, ...]
+    max_shape: tuple[int, ...]
+    dtype: torch.dtype
+    format: torch.memory_format
+    name: str | None
+
+    def __init__(
+        self,
+        shape: Sequence[int] | None = None,
+        *,
+        min_shape: Sequence[int] | None = None,
+        opt_shape: Sequence[int] | None = None,
+        max_shape: Sequence[int] | None = None,
+        dtype: torch.dtype = torch.float32,
+        format: torch.memory_format = torch.contiguous_format,
+        name: str | None = None,
+    ) -> None:
+        ranged = (min_shape, opt_shape, max_shape)
+        if shape is not None:
+            if any(s is not None for s in ranged):
+                raise ValueError("Input takes either shape or min_shape/opt_shape/max_shape, not both")
+            fixed = _shape_tuple("shape", shape)
+            mins = opts = maxs = fixed
+        else:
+            if any(s is None for s in ranged):
+                raise ValueError("Input needs shape, or all three of min_shape, opt_shape and max_shape")
+            mins = _shape_tuple("min_shape", min_shape)
+            opts = _shape_tuple("opt_shape", opt_shape)
+            maxs = _shape_tuple("max_shape", max_shape)
+            if not len(mins) == len(opts) == len(maxs):
+                raise ValueError(f"Input min_shape {mins}, opt_shape {opts} and max_shape {maxs} differ in rank")
+            for i, (lo, mid, hi) in enumerate(zip(mins, opts, maxs)):
+                if not lo <= mid <= hi:
+                    raise ValueError(
+                        f"Input dim {i} must satisfy min <= opt <= max, got min_shape {mins}, "
+                        f"opt_shape {opts}, max_shape {maxs}"
+                    )
+        if dtype not in SUPPORTED_INPUT_DTYPES:
+            raise ValueError(f"Input dtype {dtype} is not supported; use one of {list(SUPPORTED_INPUT_DTYPES)}")
+        if format not in _FORMATS:
+            raise ValueError(f"Input format {format} is not supported; use torch.contiguous_format or torch.channels_last")
+        if format == torch.channels_last and len(opts) != 4:
+            raise ValueError(f"Input format torch.channels_last needs a 4-d shape, got {opts}")
+        for key, value in (("min_shape", mins), ("opt_shape", opts), ("max_shape", maxs), ("dtype", dtype),
+                           ("format", format), ("name", name)):
+            object.__setattr__(self, key, value)
+
+    @classmethod
+    def from_tensor(cls, tensor: torch.Tensor, name: str | None = None) -> Input:
+        """An Input of exactly this tensor's shape, dtype and memory format."""
+        fmt = torch.channels_last if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last) \
+            and not tensor.is_contiguous() else torch.contiguous_format
+        return cls(tuple(tensor.shape), dtype=tensor.dtype, format=fmt, name=name)
+
+    @property
+    def is_dynamic(self) -> bool:
+        return self.min_shape != self.max_shape
+
+    def example(self, device: torch.device, which: str = "opt") -> torch.Tensor:
+        """A random tensor of this spec at its min, opt or max shape (for shape analysis)."""
+        shape = {"min": self.min_shape, "opt": self.opt_shape, "max": self.max_shape}[which]
+        if self.dtype.is_floating_point:
+            t = torch.randn(shape, device=device).to(self.dtype)
+        elif self.dtype == torch.bool:
+            t = torch.rand(shape, device=device) > 0.5
+        else:
+            t = torch.randint(0, 2, shape, device=device, dtype=self.dtype)
+        return t.contiguous(memory_format=self.format)
+
+    def __repr__(self) -> str:
+        shape = f"shape={self.opt_shape}" if not self.is_dynamic else \
+            f"min={self.min_shape}, opt={self.opt_shape}, max={self.max_shape}"
+        return f"Input({shape}, dtype={self.dtype})"
+
+
+def as_input(spec: Input | torch.Tensor | Sequence[int]) -> Input:
+    """Accept an Input, an example tensor or a plain shape."""
+    if isinstance(spec, Input):
+        return spec
+    if isinstance(spec, torch.Tensor):
+        return Input.from_tensor(spec)
+    if isinstance(spec, (tuple, list, torch.Size)):
+        return Input(tuple(spec))
+    raise ValueError(f"inputs entries must be torchkiln.Input, torch.Tensor or a shape tuple, got {type(spec).__name__}")
+
+
+def _precision(p: Any) -> torch.dtype:
+    if isinstance(p, str) and p.lower() in _PRECISION_ALIASES:
+        return _PRECISION_ALIASES[p.lower()]
+    if isinstance(p, torch.dtype) and p in ENGINE_PRECISIONS:
+        return p
+    raise ValueError(
+        f"enabled_precisions: unknown precision {p!r}; use torch.float32, torch.float16 or torch.bfloat16"
+    )
+
+
+def _device(device: Any) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: {device!r} is not a device ({e})") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device: {dev} is not supported; use 'cpu' or 'cuda'")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {dev} was asked for but CUDA is not available here")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileSettings:
+    """Every choice one compile makes; built and validated by `CompileSettings.create`."""
+
+    inputs: tuple[Input, ...]
+    enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
+    device: torch.device = torch.device("cpu")
+    min_block_size: int = 3
+    torch_executed_ops: frozenset[str] = frozenset()
+    torch_executed_modules: frozenset[str] = frozenset()
+    require_full_compilation: bool = False
+    truncate_long_and_double: bool = False
+    debug: bool = False
+
+    @classmethod
+    def create(
+        cls,
+        inputs: Iterable[Input | torch.Tensor | Sequence[int]] | None,
+        enabled_precisions: Iterable[Any] | None = None,
+        device: Any = None,
+        min_block_size: int = 3,
+        torch_executed_ops: Iterable[str] = (),
+        torch_executed_modules: Iterable[str] = (),
+        require_full_compilation: bool = False,
+        truncate_long_and_double: bool = False,
+        debug: bool = False,
+        default_device: torch.device | None = None,
+    ) -> CompileSettings:
+        """Validate user arguments; every problem is a ValueError naming the argument."""
+        if inputs is None or isinstance(inputs, (Input, torch.Tensor)):
+            raise ValueError("inputs must be a non-empty list of torchkiln.Input (or example tensors)")
+        specs = tuple(as_input(i) for i in inputs)
+        if not specs:
+            raise ValueError("inputs must be a non-empty list of torchkiln.Input (or example tensors)")
+        if enabled_precisions is None:
+            enabled_precisions = {torch.float32}
+        if isinstance(enabled_precisions, (torch.dtype, str)):
+            enabled_precisions = {enabled_precisions}
+        precisions = frozenset(_precision(p) for p in enabled_precisions)
+        if not precisions:
+            raise ValueError("enabled_precisions must name at least one precision")
+        if not isinstance(min_block_size, int) or isinstance(min_block_size, bool) or min_block_size < 1:
+            raise ValueError(f"min_block_size must be an int >= 1, got {min_block_size!r}")
+        for name, ops in (("torch_executed_ops", torch_executed_ops), ("torch_executed_modules", torch_executed_modules)):
+            if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
+                raise ValueError(f"{name} must be a collection of strings, got {ops!r}")
+        dev = _device(device if device is not None else (default_device or "cpu"))
+        return cls(
+            inputs=specs,
+            enabled_precisions=precisions,
+            device=dev,
+            min_block_size=min_block_size,
+            torch_executed_ops=frozenset(torch_executed_ops),
+            torch_executed_modules=frozenset(torch_executed_modules),
+            require_full_compilation=bool(require_full_compilation),
+            truncate_long_and_double=bool(truncate_long_and_double),
+            debug=bool(debug),
+        )
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The float precision engine layers run in: the lowest enabled one."""
+        for p in (torch.float16, torch.bfloat16):
+            if p in self.enabled_precisions:
+                return p
+        return torch.float32
