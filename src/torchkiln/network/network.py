@@ -19,6 +19,7 @@ class Network:
         self.outputs: list[Tensor] = []
         self.layers: list[L.Layer] = []
         self._names: set[str] = set()
+        self.scope = ""  # prefix of default layer names (the conversion names it after the node)
 
     # ---- naming ---------------------------------------------------------------------------
     def unique_name(self, base: str) -> str:
@@ -57,7 +58,8 @@ class Network:
             if not isinstance(t, Tensor):
                 raise NetworkError(f"{kind.KIND} layer input must be a network Tensor, got {type(t).__name__}")
         clean = {k: v.detach() for k, v in (weights or {}).items() if v is not None}
-        layer = kind(name=self.unique_name(name or kind.KIND), inputs=list(inputs), weights=clean, **params)
+        default = f"{self.scope}/{kind.KIND}" if self.scope else kind.KIND
+        layer = kind(name=self.unique_name(name or default), inputs=list(inputs), weights=clean, **params)
         for i, (shape, dtype) in enumerate(infer_outputs(layer)):
             layer.outputs.append(Tensor(self.unique_name(f"{layer.name}:{i}"), shape, dtype, producer=layer))
         self.layers.append(layer)

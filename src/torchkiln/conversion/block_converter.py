@@ -1,0 +1,113 @@
+"""Converting one engine block: walk its nodes in order, evaluate or convert each, mark outputs."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.registry import find_converter, find_evaluator, load_all
+from torchkiln.conversion.resolve import NotStatic, is_dynamic
+from torchkiln.errors import ConversionError, NetworkError
+from torchkiln.network.network import Network
+from torchkiln.network.tensor import Tensor
+from torchkiln.settings import CompileSettings
+from torchkiln.torchscript import Node, TensorMeta, Value, binding_name, source_location, value_key
+
+logger = logging.getLogger("torchkiln.conversion")
+
+
+def describe_node(node: Node) -> str:
+    """'%y = aten::relu(%x) at model.py:12' for error messages."""
+    outs = ", ".join(f"%{o.debugName()}" for o in node.outputs())
+    ins = ", ".join(f"%{i.debugName()}" for i in node.inputs())
+    return f"{outs} = {node.kind()}({ins}) at {source_location(node)}"
+
+
+def _check_args(node: Node, args) -> None:
+    for value, arg in zip(node.inputs(), args):
+        if isinstance(arg, TensorMeta) or (isinstance(arg, (list, tuple)) and any(isinstance(a, TensorMeta) for a in arg)):
+            producer = value.node().kind()
+            raise ConversionError(f"{describe_node(node)}: input %{value.debugName()} comes from {producer}, "
+                                  f"which was neither converted nor evaluated in this engine block")
+
+
+def _convert_node(ctx: ConversionCtx, node: Node) -> None:
+    outputs = list(node.outputs())
+    converter = find_converter(node)
+    if converter is None:
+        evaluator = find_evaluator(node)
+        if evaluator is None:
+            raise ConversionError(f"{describe_node(node)}: no converter or evaluator for {node.kind()}")
+        if not outputs:  # a side effect (a warning): done at build time
+            evaluator.fn(ctx.args(node))
+            return
+        ctx.resolve(outputs[0])
+        for out in outputs:
+            key = value_key(out)
+            if key in ctx.evaluated_value_map and is_dynamic(ctx.evaluated_value_map[key]):
+                ctx.value_tensor_map[key] = ctx.evaluated_value_map.pop(key)
+        return
+    args = ctx.args(node)
+    _check_args(node, args)
+    result = converter.fn(ctx, args)
+    results = [result] if len(outputs) == 1 else list(result)
+    if len(results) != len(outputs):
+        raise ConversionError(f"{describe_node(node)}: converter gave {len(results)} outputs for {len(outputs)}")
+    for out, value in zip(outputs, results):
+        if is_dynamic(value):
+            ctx.value_tensor_map[value_key(out)] = value
+        else:
+            ctx.evaluated_value_map[value_key(out)] = value
+
+
+def convert_block(
+    nodes: Sequence[Node],
+    inputs: Sequence[Value],
+    outputs: Sequence[Value],
+    metas: Mapping[int, TensorMeta],
+    settings: CompileSettings,
+    name: str,
+) -> Network:
+    """Build the network of one engine block; its inputs and outputs are in the given order."""
+    load_all()
+    ctx = ConversionCtx(settings, metas, name)
+    net = ctx.network
+    for v in inputs:
+        meta = metas[value_key(v)]
+        t = net.add_input(binding_name(v), meta.dtype, meta.shape)
+        if settings.truncate_long_and_double and meta.dtype in (torch.int64, torch.float64):
+            t = net.add_cast(t, torch.int32 if meta.dtype == torch.int64 else torch.float32).get_output()
+        ctx.value_tensor_map[value_key(v)] = t
+    for node in nodes:
+        net.scope = f"{node.kind()}(%{node.outputsAt(0).debugName()})" if node.outputsSize() else node.kind()
+        try:
+            _convert_node(ctx, node)
+        except (NotStatic, NetworkError) as e:
+            raise ConversionError(f"{describe_node(node)}: {e}") from e
+        except ConversionError as e:
+            if node.kind() in str(e):
+                raise
+            raise ConversionError(f"{describe_node(node)}: {e}") from e
+    net.scope = "output"
+    for v in outputs:
+        t = ctx.value_tensor_map.get(value_key(v))
+        if not isinstance(t, Tensor):
+            raise ConversionError(f"engine block output %{v.debugName()} (from {v.node().kind()}) "
+                                  f"is not a network tensor")
+        meta = metas[value_key(v)]
+        if t.dtype != meta.dtype:
+            truncated = {t.dtype, meta.dtype} in ({torch.int32, torch.int64}, {torch.float32, torch.float64})
+            if not (settings.truncate_long_and_double and truncated):
+                raise ConversionError(f"{describe_node(v.node())}: converted to dtype {t.dtype} but PyTorch gives "
+                                      f"{meta.dtype}")
+            t = net.add_cast(t, meta.dtype).get_output()
+        if t.shape != meta.shape:
+            raise ConversionError(f"{describe_node(v.node())}: converted to shape {t.shape} but PyTorch gives "
+                                  f"{meta.shape}")
+        if t in net.inputs or t in net.outputs:
+            t = net.add_identity(t).get_output()
+        net.mark_output(t)
+    logger.debug("converted block %s:\n%s", name, net)
+    return net

@@ -1,0 +1,15 @@
+"""Concatenation converters."""
+from __future__ import annotations
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.common import normalize_dim
+from torchkiln.conversion.registry import converter
+from torchkiln.conversion.resolve import Args
+from torchkiln.network.tensor import Tensor
+
+
+@converter("aten::cat")
+def cat(ctx: ConversionCtx, args: Args) -> Tensor:
+    tensors = [ctx.to_tensor(t) for t in args.tensors]
+    rank = max(t.rank for t in tensors)
+    return ctx.network.add_concatenation(tensors, normalize_dim(args.dim, rank)).get_output()

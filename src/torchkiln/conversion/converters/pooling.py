@@ -1,0 +1,33 @@
+"""Pooling converters."""
+from __future__ import annotations
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.pooling import adaptive_pool, pool
+from torchkiln.conversion.registry import converter
+from torchkiln.conversion.resolve import Args
+from torchkiln.network import layers as L
+from torchkiln.network.tensor import Tensor
+
+_ND = {"1d": 1, "2d": 2, "3d": 3}
+
+
+def _nd(args: Args) -> int:
+    return _ND[args.node.kind()[-2:]]
+
+
+@converter("aten::max_pool1d", "aten::max_pool2d", "aten::max_pool3d")
+def max_pool(ctx: ConversionCtx, args: Args) -> Tensor:
+    return pool(ctx, ctx.to_tensor(args.self), L.PoolingType.MAX, _nd(args), args.kernel_size, args.stride,
+                args.padding, args.dilation, args.ceil_mode)
+
+
+@converter("aten::avg_pool1d", "aten::avg_pool2d", "aten::avg_pool3d")
+def avg_pool(ctx: ConversionCtx, args: Args) -> Tensor:
+    return pool(ctx, ctx.to_tensor(args.self), L.PoolingType.AVERAGE, _nd(args), args.kernel_size, args.stride,
+                args.padding, ceil_mode=args.ceil_mode, count_include_pad=args.count_include_pad,
+                divisor_override=args.get("divisor_override"))
+
+
+@converter("aten::adaptive_avg_pool1d", "aten::adaptive_avg_pool2d", "aten::adaptive_avg_pool3d")
+def adaptive_avg_pool(ctx: ConversionCtx, args: Args) -> Tensor:
+    return adaptive_pool(ctx, ctx.to_tensor(args.self), L.PoolingType.AVERAGE, args.output_size)

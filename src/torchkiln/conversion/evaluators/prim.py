@@ -1,0 +1,42 @@
+"""Evaluators of TorchScript's prim ops: constants and collections.
+
+Collection evaluators also run on engine tensors (a list of network tensors is a valid list).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torchkiln.conversion.registry import evaluator
+from torchkiln.conversion.resolve import Args
+
+
+def _unpack(args: Args, items: Any) -> Any:
+    items = tuple(items)
+    if len(items) != args.node.outputsSize():
+        raise ValueError(f"cannot unpack {len(items)} values into {args.node.outputsSize()}")
+    return items if len(items) != 1 else items[0]
+
+
+@evaluator("prim::Constant")
+def constant(args: Args) -> Any:
+    return args.node.output().toIValue()
+
+
+@evaluator("prim::ListConstruct")
+def list_construct(args: Args) -> list:
+    return list(args)
+
+
+@evaluator("prim::TupleConstruct")
+def tuple_construct(args: Args) -> tuple:
+    return tuple(args)
+
+
+@evaluator("prim::ListUnpack", "prim::TupleUnpack")
+def unpack(args: Args) -> Any:
+    return _unpack(args, args[0])
+
+
+@evaluator("prim::TupleIndex")
+def tuple_index(args: Args) -> Any:
+    return args[0][args[1]]

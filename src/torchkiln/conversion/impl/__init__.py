@@ -1,0 +1,1 @@
+"""Shared implementation helpers by op family; converters are thin calls into these."""

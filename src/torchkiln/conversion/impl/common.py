@@ -1,0 +1,74 @@
+"""Small helpers every converter family uses."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchkiln.conversion.resolve import Args
+from torchkiln.errors import ConversionError
+from torchkiln.network.tensor import Tensor
+from torchkiln.torchscript import TensorMeta
+
+VIEW_OPS = frozenset({
+    "aten::view", "aten::reshape", "aten::select", "aten::slice", "aten::transpose", "aten::permute",
+    "aten::squeeze", "aten::unsqueeze", "aten::expand", "aten::expand_as", "aten::t", "aten::narrow",
+    "aten::flatten", "aten::unflatten", "aten::chunk", "aten::split", "aten::unbind", "aten::as_strided",
+    "aten::diagonal", "aten::detach", "aten::alias", "aten::__getitem__", "aten::view_as", "aten::unfold",
+})
+
+
+def normalize_dim(dim: int, rank: int) -> int:
+    if not -max(rank, 1) <= dim < max(rank, 1):
+        raise ConversionError(f"dim {dim} is out of range for a tensor of rank {rank}")
+    return dim % max(rank, 1)
+
+
+def normalize_dims(dims: Sequence[int] | int | None, rank: int) -> list[int]:
+    """A list of non-negative dims; None or [] means every dim."""
+    if dims is None:
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({normalize_dim(d, rank) for d in dims}) if dims else list(range(rank))
+
+
+def expand_param(values: Sequence[int] | int, nd: int) -> tuple[int, ...]:
+    """Pool/conv parameters given for one dim apply to all `nd` dims."""
+    if isinstance(values, int):
+        return (values,) * nd
+    values = tuple(values)
+    return values * nd if len(values) == 1 else values
+
+
+def is_tensor_like(x: Any) -> bool:
+    return isinstance(x, (Tensor, TensorMeta, torch.Tensor))
+
+
+def needs_static(args: Args, *names: str) -> str | None:
+    """Capability helper: these arguments must be constants (weights), not run-time tensors."""
+    for name in names:
+        value = args.get(name)
+        if isinstance(value, (Tensor, TensorMeta)):
+            return f"argument {name!r} must be a constant weight, not a run-time tensor"
+    return None
+
+
+def functional_inplace(args: Args) -> str | None:
+    """Capability of in-place ops: converting `x.op_(...)` functionally is right only when nothing
+    reads the old `x` afterwards and `x` is neither a method input nor a view of another tensor."""
+    node = args.node
+    target = node.inputsAt(0)
+    producer = target.node()
+    if producer.kind() == "prim::Param":
+        return f"it modifies the method input %{target.debugName()} in place"
+    if producer.kind() in VIEW_OPS:
+        return f"it modifies %{target.debugName()}, a view made by {producer.kind()}, in place"
+    for use in target.uses():
+        user = use.user
+        while user.owningBlock() != node.owningBlock():
+            user = user.owningBlock().owningNode()
+        if user.isAfter(node):
+            return f"%{target.debugName()} is read after it is modified in place"
+    return None

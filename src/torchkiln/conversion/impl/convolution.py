@@ -1,0 +1,48 @@
+"""Convolutions (1-3d, transposed) with constant weights."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.common import expand_param
+from torchkiln.errors import ConversionError
+from torchkiln.network import layers as L
+from torchkiln.network.tensor import Tensor
+
+
+def convolution(
+    ctx: ConversionCtx,
+    x: Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: Sequence[int],
+    padding: Sequence[int] | str,
+    dilation: Sequence[int],
+    groups: int,
+    transposed: bool = False,
+    output_padding: Sequence[int] = (0,),
+) -> Tensor:
+    """A convolution layer; string padding ('valid', 'same') as torch computes it."""
+    nd = weight.dim() - 2
+    stride, dilation = expand_param(stride, nd), expand_param(dilation, nd)
+    if isinstance(padding, str):
+        if padding == "valid":
+            padding = (0,) * nd
+        elif padding == "same":
+            total = [d * (k - 1) for d, k in zip(dilation, weight.shape[2:])]
+            if any(t % 2 for t in total):  # asymmetric: pad the extra element at the end, like torch
+                pad: list[int] = []
+                for t in reversed(total):
+                    pad += [t // 2, t - t // 2]
+                x = ctx.network.add_padding(x, pad, L.PaddingMode.CONSTANT).get_output()
+                padding = (0,) * nd
+            else:
+                padding = tuple(t // 2 for t in total)
+        else:
+            raise ConversionError(f"unknown convolution padding {padding!r}")
+    return ctx.network.add_convolution_nd(
+        x, weight, bias, stride=stride, padding=expand_param(padding, nd), dilation=dilation, groups=groups,
+        transposed=transposed, output_padding=expand_param(output_padding, nd) if transposed else (),
+    ).get_output()

@@ -1,0 +1,27 @@
+"""Reshapes and transposes as shuffle layers."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.network.tensor import Tensor
+
+
+def reshape(ctx: ConversionCtx, x: Tensor, shape: Sequence[int]) -> Tensor:
+    """torch.reshape semantics: -1 is inferred, 0 is a zero-size dim."""
+    return ctx.network.add_shuffle(x, reshape_dims=list(shape), zero_is_placeholder=False).get_output()
+
+
+def permute(ctx: ConversionCtx, x: Tensor, perm: Sequence[int]) -> Tensor:
+    return ctx.network.add_shuffle(x, first_transpose=list(perm)).get_output()
+
+
+def unsqueeze(ctx: ConversionCtx, x: Tensor, dim: int) -> Tensor:
+    shape = list(x.shape)
+    shape.insert(dim % (x.rank + 1), 1)
+    return reshape(ctx, x, shape)
+
+
+def squeeze_dims(ctx: ConversionCtx, x: Tensor, dims: Sequence[int]) -> Tensor:
+    shape = [d for i, d in enumerate(x.shape) if not (i in dims and d == 1)]
+    return reshape(ctx, x, shape)

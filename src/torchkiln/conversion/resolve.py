@@ -1,0 +1,124 @@
+"""Resolving a node's inputs: network tensors, static values (by running evaluators) or tensor metadata.
+
+Partitioning resolves with tensor metadata only (what shape analysis saw); conversion resolves
+with the network tensors built so far. Both run the same evaluators, so both agree on which
+values are static.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torchkiln.conversion.registry import find_evaluator
+from torchkiln.network.tensor import Tensor
+from torchkiln.torchscript import Node, TensorMeta, Value, argument_names, is_tensor_type, value_key
+
+logger = logging.getLogger("torchkiln.conversion")
+
+
+class NotStatic(Exception):
+    """A value cannot be known before run time (it depends on tensor data or on control flow)."""
+
+
+class Args:
+    """A node's resolved inputs, by position or by schema argument name (`args.self`, `args['dim']`)."""
+
+    __slots__ = ("node", "values", "names")
+
+    def __init__(self, node: Node, values: list[Any]) -> None:
+        self.node = node
+        self.values = values
+        self.names = argument_names(node)
+
+    def __getitem__(self, key: int | str) -> Any:
+        if isinstance(key, int):
+            return self.values[key]
+        try:
+            return self.values[self.names.index(key)]
+        except ValueError:
+            raise KeyError(f"{self.node.kind()} has no argument {key!r} (has {self.names})") from None
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError as e:
+            raise AttributeError(str(e)) from None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self.names else default
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.values)
+
+
+def is_dynamic(obj: Any) -> bool:
+    """Whether a resolved value holds run-time tensors (network tensors or metadata)."""
+    if isinstance(obj, (Tensor, TensorMeta)):
+        return True
+    if isinstance(obj, (list, tuple)):
+        return any(is_dynamic(o) for o in obj)
+    if isinstance(obj, dict):
+        return any(is_dynamic(o) for o in obj.values())
+    return False
+
+
+class Resolver:
+    """Resolves Values of one graph; subclasses add what they already know (`known`)."""
+
+    def __init__(self, metas: Mapping[int, TensorMeta]) -> None:
+        self.metas = metas
+        self._memo: dict[int, Any] = {}
+        self._failed: dict[int, str] = {}
+
+    def known(self, v: Value) -> tuple[bool, Any]:
+        return False, None
+
+    def resolve(self, v: Value) -> Any:
+        """The value of `v`: known, evaluated, or TensorMeta for a run-time tensor; else NotStatic."""
+        hit, obj = self.known(v)
+        if hit:
+            return obj
+        key = value_key(v)
+        if key in self._memo:
+            return self._memo[key]
+        if key in self._failed:
+            raise NotStatic(self._failed[key])
+        try:
+            return self._evaluate(v)
+        except NotStatic as e:
+            self._failed[key] = str(e)
+            raise
+
+    def _evaluate(self, v: Value) -> Any:
+        node = v.node()
+        key = value_key(v)
+        evaluator = None if node.kind() == "prim::Param" or list(node.blocks()) else find_evaluator(node)
+        if evaluator is None:
+            if is_tensor_type(v.type()) and key in self.metas:
+                return self.metas[key]
+            raise NotStatic(f"%{v.debugName()} comes from {node.kind()}, which has no evaluator")
+        args = self.args(node)
+        try:
+            result = evaluator.fn(args)
+        except NotStatic:
+            raise
+        except Exception as e:  # an evaluator that cannot handle these inputs leaves the node to PyTorch
+            logger.debug("evaluator of %s failed: %s", node.kind(), e)
+            raise NotStatic(f"{node.kind()} could not be evaluated: {e}") from None
+        outputs = list(node.outputs())
+        results = result if len(outputs) > 1 else (result,)
+        if len(results) != len(outputs):
+            raise NotStatic(f"evaluator of {node.kind()} returned {len(results)} values for {len(outputs)} outputs")
+        for out, value in zip(outputs, results):
+            self._memo[value_key(out)] = value
+        return self._memo[key]
+
+    def args(self, node: Node) -> Args:
+        return Args(node, [self.resolve(i) for i in node.inputs()])
+
+    def forget(self, v: Value) -> None:
+        self._memo.pop(value_key(v), None)

@@ -1,0 +1,29 @@
+"""torchkiln's loggers; `debug=True` shows each phase's graph, like TensorRT's kGraph level."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+logger = logging.getLogger("torchkiln")
+
+
+@contextlib.contextmanager
+def debug_logging(enabled: bool) -> Iterator[None]:
+    """While compiling with debug=True, log torchkiln at DEBUG (to stderr if nothing else is set up)."""
+    if not enabled:
+        yield
+        return
+    level = logger.level
+    handler = None
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if handler is not None:
+            logger.removeHandler(handler)

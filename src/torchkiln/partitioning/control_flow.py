@@ -1,0 +1,43 @@
+"""Static control flow: a prim::If whose condition is known at build time is replaced by its taken branch."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from torchkiln.conversion.resolve import NotStatic, Resolver
+from torchkiln.torchscript import Graph
+
+logger = logging.getLogger("torchkiln.partitioning")
+
+
+def _raises(block: torch._C.Block) -> bool:
+    return any(n.kind() == "prim::RaiseException" or any(_raises(b) for b in n.blocks()) for n in block.nodes())
+
+
+def fold_static_conditionals(graph: Graph, resolver: Resolver) -> bool:
+    """Inline the taken branch of every top-level If with a static condition. True if any was.
+
+    A taken branch that raises is left alone: the module raises at run time, as eager PyTorch does.
+    """
+    changed = False
+    for node in list(graph.nodes()):
+        if node.kind() != "prim::If":
+            continue
+        try:
+            condition = resolver.resolve(node.inputsAt(0))
+        except NotStatic:
+            continue
+        if not isinstance(condition, bool):
+            continue
+        taken = list(node.blocks())[0 if condition else 1]
+        if _raises(taken):
+            continue
+        for inner in list(taken.nodes()):
+            inner.moveBefore(node)
+        for out, value in zip(node.outputs(), taken.outputs()):
+            out.replaceAllUsesWith(value)
+        logger.debug("folded a static prim::If (condition %s)", condition)
+        node.destroy()
+        changed = True
+    return changed

@@ -1,0 +1,40 @@
+"""Shape analysis: run the lowered graph once on example inputs and record every top-level
+tensor's shape, dtype and device, so each block boundary is known before conversion."""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchkiln.torchscript import Graph, TensorMeta, is_tensor_type, value_key
+
+logger = logging.getLogger("torchkiln.partitioning")
+
+
+def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
+                   example_inputs: Sequence[Any]) -> dict[int, TensorMeta]:
+    """TensorMeta for every tensor-typed value of the graph's top-level block (value_key -> meta)."""
+    originals = list(graph.inputs()) + [o for n in graph.nodes() for o in n.outputs()]
+    probe = graph.copy()
+    copies = list(probe.inputs()) + [o for n in probe.nodes() for o in n.outputs()]
+    picked = [(orig, copy) for orig, copy in zip(originals, copies) if is_tensor_type(orig.type())]
+    for i in reversed(range(len(list(probe.outputs())))):
+        probe.eraseOutput(i)
+    for _, copy in picked:
+        probe.registerOutput(copy)
+    probe.makeMultiOutputIntoTuple()
+    takes_self = len(list(graph.inputs())) == len(example_inputs) + 1
+    fn = torch._C._create_function_from_graph("torchkiln_shape_probe", probe)
+    args = ([module._c] if takes_self else []) + list(example_inputs)
+    with torch.no_grad():
+        results = fn(*args)
+    if not isinstance(results, tuple):
+        results = (results,)
+    metas = {}
+    for (orig, _), value in zip(picked, results):
+        if isinstance(value, torch.Tensor):
+            metas[value_key(orig)] = TensorMeta.of(value)
+    logger.debug("shape analysis recorded %d tensors", len(metas))
+    return metas

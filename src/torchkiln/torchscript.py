@@ -1,0 +1,91 @@
+"""Helpers over TorchScript graphs (torch._C.Graph, Node, Value) that every phase uses."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+
+import torch
+
+Graph = torch._C.Graph
+Node = torch._C.Node
+Value = torch._C.Value
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMeta:
+    """Shape, dtype and device of a tensor seen during shape analysis; its data is not known."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> TensorMeta:
+        return cls(tuple(t.shape), t.dtype, t.device)
+
+
+def value_key(v: Value) -> int:
+    """A stable key for a Value inside its graph (Python wrappers of one Value are not identical)."""
+    return v.unique()
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_key(schema: str) -> tuple[str, tuple[str, ...]]:
+    parsed = torch._C.parse_schema(schema)
+    key = f"{parsed.name}.{parsed.overload_name}" if parsed.overload_name else parsed.name
+    return key, tuple(a.name for a in parsed.arguments)
+
+
+def node_key(node: Node) -> str:
+    """The op overload a node calls, e.g. 'aten::add.Tensor'; prim nodes give their kind."""
+    schema = node_schema(node)
+    return _schema_key(schema)[0] if schema else node.kind()
+
+
+def node_schema(node: Node) -> str | None:
+    try:
+        schema = node.schema()
+    except RuntimeError:
+        return None
+    return None if schema == "(no schema)" else schema
+
+
+def argument_names(node: Node) -> tuple[str, ...]:
+    """Schema argument names of a node's inputs (empty for prim nodes)."""
+    schema = node_schema(node)
+    return _schema_key(schema)[1] if schema else ()
+
+
+def is_tensor_type(t: torch._C.JitType) -> bool:
+    return isinstance(t, torch._C.TensorType)
+
+
+def holds_tensor_type(t: torch._C.JitType) -> bool:
+    """True for Tensor and for any container or optional type that can hold tensors."""
+    if isinstance(t, torch._C.TensorType):
+        return True
+    return any(holds_tensor_type(c) for c in t.containedTypes())
+
+
+def top_level_node(node: Node, block: torch._C.Block) -> Node:
+    """The node of `block` that contains `node` (itself, or an If/Loop around it)."""
+    while node.owningBlock() != block:
+        node = node.owningBlock().owningNode()
+    return node
+
+
+def source_location(node: Node) -> str:
+    """'file:line' of the Python source a node came from, when TorchScript kept it."""
+    match = re.search(r'File "([^"]+)", line (\d+)', node.sourceRange() or "")
+    return f"{match.group(1)}:{match.group(2)}" if match else "<unknown>"
+
+
+def binding_name(v: Value) -> str:
+    """A readable name for a value: its debug name without TorchScript's '.N' suffix."""
+    name = re.sub(r"\.\d+$", "", v.debugName())
+    return name if not name.isdigit() else f"v{name}"
