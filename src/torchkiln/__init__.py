@@ -1,6 +1,27 @@
 """torchkiln: an ahead-of-time inference compiler for PyTorch (TorchScript in, engine-backed TorchScript out)."""
 from torchkiln._version import __version__
+from torchkiln.compiler import (
+    check_method_op_support,
+    compile,
+    convert_method_to_engine,
+    embed_engine_in_new_module,
+    partition_report,
+    unsupported_ops,
+)
+from torchkiln.conversion.registry import supported_ops
+from torchkiln.errors import (
+    ConversionError,
+    EngineFormatError,
+    EngineInputError,
+    TorchkilnError,
+    UnsupportedOperatorError,
+)
 from torchkiln.runtime import execute_op as _execute_op  # registers torch.ops.torchkiln.execute_engine
+from torchkiln.runtime.engine import Engine
 from torchkiln.settings import Input
 
-__all__ = ["Input", "__version__"]
+__all__ = [
+    "ConversionError", "Engine", "EngineFormatError", "EngineInputError", "Input", "TorchkilnError",
+    "UnsupportedOperatorError", "__version__", "check_method_op_support", "compile", "convert_method_to_engine",
+    "embed_engine_in_new_module", "partition_report", "supported_ops", "unsupported_ops",
+]

@@ -107,6 +107,25 @@ def _build_blocks(part: Partition, settings: CompileSettings, name: str) -> list
     return engines
 
 
+def compile_with_report(module: torch.nn.Module, inputs: Sequence[Input | torch.Tensor] | None = None,
+                        **options: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
+    """`compile`, also returning the partition report (blocks, ops, fallback reasons)."""
+    with debug_logging(bool(options.get("debug"))):
+        start = time.perf_counter()
+        settings = _settings(module, inputs, options)
+        lowered, metas, _ = _prepare(module, settings)
+        part = partition(lowered.graph, metas, settings)
+        report = make_report(part)
+        logger.debug("partition report:\n%s", report)
+        if settings.require_full_compilation:
+            _require_full(part)
+        engines = _build_blocks(part, settings, type(module).__name__)
+        compiled = stitch(lowered.module, part, engines)
+        logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", type(module).__name__,
+                    time.perf_counter() - start, report.num_engine_blocks, report.num_torch_blocks)
+        return compiled, report
+
+
 def compile(
     module: torch.nn.Module,
     inputs: Sequence[Input | torch.Tensor] | None = None,
@@ -121,24 +140,12 @@ def compile(
     **more: Any,
 ) -> torch.jit.ScriptModule:
     """Compile a module into a ScriptModule whose convertible parts run through torchkiln engines."""
-    options = dict(enabled_precisions=enabled_precisions, device=device, min_block_size=min_block_size,
-                   torch_executed_ops=torch_executed_ops, torch_executed_modules=torch_executed_modules,
-                   require_full_compilation=require_full_compilation,
-                   truncate_long_and_double=truncate_long_and_double, debug=debug, **more)
-    with debug_logging(bool(debug)):
-        start = time.perf_counter()
-        settings = _settings(module, inputs, options)
-        lowered, metas, _ = _prepare(module, settings)
-        part = partition(lowered.graph, metas, settings)
-        report = make_report(part)
-        logger.debug("partition report:\n%s", report)
-        if settings.require_full_compilation:
-            _require_full(part)
-        engines = _build_blocks(part, settings, type(module).__name__)
-        compiled = stitch(lowered.module, part, engines)
-        logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", type(module).__name__,
-                    time.perf_counter() - start, report.num_engine_blocks, report.num_torch_blocks)
-        return compiled
+    compiled, _ = compile_with_report(
+        module, inputs, enabled_precisions=enabled_precisions, device=device, min_block_size=min_block_size,
+        torch_executed_ops=torch_executed_ops, torch_executed_modules=torch_executed_modules,
+        require_full_compilation=require_full_compilation, truncate_long_and_double=truncate_long_and_double,
+        debug=debug, **more)
+    return compiled
 
 
 def partition_report(module: torch.nn.Module, inputs: Sequence[Input | torch.Tensor], **options: Any
@@ -162,6 +169,8 @@ def unsupported_ops(module: torch.nn.Module, method_name: str = "forward",
                     inputs: Sequence[Input | torch.Tensor] | None = None) -> dict[str, int]:
     """Ops of the lowered method that no converter or evaluator handles, with their counts.
 
+    Control flow (prim::If, prim::Loop) is not counted (partitioning handles it); the ops inside it are.
+
     `inputs` are only needed when `module` must be traced (it cannot be scripted).
     """
     load_all()
@@ -170,7 +179,7 @@ def unsupported_ops(module: torch.nn.Module, method_name: str = "forward",
     graph = lower(script, settings, method_name).graph
     counts: dict[str, int] = collections.Counter()
     for node in _graph_ops(graph):
-        if not is_registered(node):
+        if node.kind() not in ("prim::If", "prim::Loop") and not is_registered(node):
             counts[node_key(node)] += 1
     return dict(sorted(counts.items()))
 
@@ -235,7 +244,8 @@ def embed_engine_in_new_module(engine_bytes: bytes, input_binding_names: Sequenc
     args = [_identifier(n, i) for i, n in enumerate(names)]
     if len(set(args)) != len(args):
         args = [f"input_{i}" for i in range(n_in)]
-    module = torch.jit.ScriptModule()
+    # A fresh class each time: TorchScript cannot define forward twice on one class.
+    module = type("EmbeddedEngine", (torch.jit.ScriptModule,), {"__module__": "torchkiln.embedded"})()
     module._c._register_attribute(ENGINE_ATTR.format(0), torch._C.TensorType.get(), engine_blob(engine_bytes))
     result = "outs[0]" if n_out == 1 else "(" + ", ".join(f"outs[{i}]" for i in range(n_out)) + ")"
     rtype = "Tensor" if n_out == 1 else f"Tuple[{', '.join(['Tensor'] * n_out)}]"

@@ -38,3 +38,5 @@ def _execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor) -> list[to
 
 
 _lib.impl("execute_engine", _execute_engine, "CompositeExplicitAutograd")
+# Engines are inference-only: under autograd the engine runs as is and its outputs do not require grad.
+_lib.impl("execute_engine", _execute_engine, "Autograd")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from torchkiln.conversion.registry import evaluator
-from torchkiln.conversion.resolve import Args
+from torchkiln.conversion.resolve import Args, NotStatic
 
 
 def _unpack(args: Args, items: Any) -> Any:
@@ -40,3 +40,9 @@ def unpack(args: Args) -> Any:
 @evaluator("prim::TupleIndex")
 def tuple_index(args: Args) -> Any:
     return args[0][args[1]]
+
+
+@evaluator("prim::RaiseException")
+def raise_exception(args: Args) -> None:
+    """Known to the registry so that guards are understood; raising is left to run time."""
+    raise NotStatic("prim::RaiseException raises at run time")

@@ -1,0 +1,69 @@
+"""Command line: `python -m torchkiln <command>`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from torchkiln.demo import run_demo
+
+    r = run_demo(args.model, args.device, args.iters)
+    print(f"torchkiln demo: {r.model} on {r.device}, compiled in {r.compile_seconds:.2f}s")
+    print(f"  eager PyTorch : {r.eager_ms:8.3f} ms (median of {args.iters})")
+    print(f"  torchkiln     : {r.engine_ms:8.3f} ms   speedup x{r.speedup:.2f}")
+    print(f"  max abs error : {r.max_abs_error:.3e}  (max |eager| {r.max_abs_reference:.3e}, "
+          f"relative {r.max_abs_error / max(r.max_abs_reference, 1e-30):.1e})")
+    return 0
+
+
+def _info(args: argparse.Namespace) -> int:
+    import torch
+
+    import torchkiln
+    from torchkiln.runtime.execute_op import engine_from_blob
+    from torchkiln.stitching.stitch import ENGINE_ATTR
+
+    if args.path.endswith((".ts", ".pt")):
+        module = torch.jit.load(args.path)
+        k = 0
+        while hasattr(module, ENGINE_ATTR.format(k)):
+            engine = engine_from_blob(getattr(module, ENGINE_ATTR.format(k)))
+            print(f"engine {k}: {engine}")
+            if args.layers:
+                print(engine.network)
+            k += 1
+        print(f"{k} engine(s) in {args.path}")
+        return 0
+    with open(args.path, "rb") as f:
+        engine = torchkiln.Engine.deserialize(f.read())
+    print(engine)
+    if args.layers:
+        print(engine.network)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="torchkiln", description="torchkiln: an ahead-of-time inference compiler "
+                                     "for PyTorch TorchScript modules.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="compile a bundled model and compare it with eager PyTorch")
+    demo.add_argument("--model", choices=["resnet", "mlp"], default="resnet")
+    demo.add_argument("--device", default="cpu")
+    demo.add_argument("--iters", type=int, default=20)
+    demo.set_defaults(fn=_demo)
+    info = sub.add_parser("info", help="describe an engine file or the engines in a saved compiled module")
+    info.add_argument("path")
+    info.add_argument("--layers", action="store_true", help="print every layer")
+    info.set_defaults(fn=_info)
+    args = parser.parse_args(argv)
+    if args.verbose:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""The one test harness: compile -> run -> compare with eager -> check engine/torch block counts."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+import torchkiln
+from torchkiln.compiler import compile_with_report
+from torchkiln.partitioning.report import PartitionReport
+
+FP32_RTOL = 1e-4  # max abs error <= FP32_RTOL * max|reference|
+
+
+def assert_matches_eager(out: Any, ref: Any, rtol: float = FP32_RTOL, path: str = "output") -> None:
+    """Tensors: max abs error <= rtol * max|ref| (exact for integers and bools); collections recursively."""
+    if isinstance(ref, torch.Tensor):
+        assert isinstance(out, torch.Tensor), f"{path}: expected a tensor, got {type(out).__name__}"
+        assert out.shape == ref.shape, f"{path}: shape {tuple(out.shape)} != eager {tuple(ref.shape)}"
+        assert out.dtype == ref.dtype, f"{path}: dtype {out.dtype} != eager {ref.dtype}"
+        assert out.device == ref.device, f"{path}: device {out.device} != eager {ref.device}"
+        if not ref.dtype.is_floating_point:
+            assert torch.equal(out, ref), f"{path}: integer/bool values differ from eager"
+            return
+        finite = torch.isfinite(ref)
+        assert torch.equal(finite, torch.isfinite(out)), f"{path}: inf/nan positions differ from eager"
+        assert torch.equal(ref[~finite], out[~finite]) or torch.equal(ref[~finite].isnan(), out[~finite].isnan())
+        if not finite.any():
+            return
+        err = (out[finite].double() - ref[finite].double()).abs().max().item()
+        scale = ref[finite].double().abs().max().item()
+        assert err <= rtol * scale or err <= 1e-7, (
+            f"{path}: max abs error {err:.3e} > {rtol:g} x max|ref| {scale:.3e}")
+    elif isinstance(ref, (tuple, list)):
+        assert type(out) is type(ref) and len(out) == len(ref), f"{path}: {type(out)} != eager {type(ref)}"
+        for i, (o, r) in enumerate(zip(out, ref)):
+            assert_matches_eager(o, r, rtol, f"{path}[{i}]")
+    elif isinstance(ref, dict):
+        assert isinstance(out, dict) and set(out) == set(ref), f"{path}: keys differ from eager"
+        for k in ref:
+            assert_matches_eager(out[k], ref[k], rtol, f"{path}[{k!r}]")
+    else:
+        assert out == ref, f"{path}: {out!r} != eager {ref!r}"
+
+
+def check_compiled(
+    model: torch.nn.Module,
+    example: Sequence[torch.Tensor],
+    *,
+    inputs: Sequence[Any] | None = None,
+    engines: int | None = 1,
+    torch_blocks: int | None = 0,
+    rtol: float = FP32_RTOL,
+    **settings: Any,
+) -> tuple[torch.jit.ScriptModule, PartitionReport]:
+    """Compile `model` for `example`, assert it matches eager and has the expected blocks."""
+    model = model.eval()
+    with torch.no_grad():
+        ref = model(*example)
+    specs = inputs if inputs is not None else [torchkiln.Input.from_tensor(t) for t in example]
+    compiled, report = compile_with_report(model, specs, **settings)
+    with torch.no_grad():
+        out = compiled(*example)
+    assert_matches_eager(out, ref, rtol)
+    if engines is not None:
+        assert report.num_engine_blocks == engines, f"expected {engines} engine blocks:\n{report}"
+    if torch_blocks is not None:
+        assert report.num_torch_blocks == torch_blocks, f"expected {torch_blocks} torch blocks:\n{report}"
+    return compiled, report
+
+
+def check_fn(fn: Any, *example: torch.Tensor, engines: int | None = 1, torch_blocks: int | None = 0,
+             rtol: float = FP32_RTOL, **settings: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
+    """check_compiled for a named function of 1-4 tensors, scripted inside a module; min_block_size=1."""
+    settings.setdefault("min_block_size", 1)
+    return check_compiled(wrap(fn, len(example)), example, engines=engines, torch_blocks=torch_blocks, rtol=rtol,
+                          **settings)
+
+
+def wrap(fn: Any, arity: int) -> torch.nn.Module:
+    """A module whose forward(x[, y[, z[, w]]]) returns fn(...); TorchScript compiles `fn` with it."""
+    if arity == 1:
+        class Fn1(torch.nn.Module):
+            def forward(self, x: torch.Tensor):
+                return fn(x)
+        return Fn1()
+    if arity == 2:
+        class Fn2(torch.nn.Module):
+            def forward(self, x: torch.Tensor, y: torch.Tensor):
+                return fn(x, y)
+        return Fn2()
+    if arity == 3:
+        class Fn3(torch.nn.Module):
+            def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor):
+                return fn(x, y, z)
+        return Fn3()
+    if arity == 4:
+        class Fn4(torch.nn.Module):
+            def forward(self, x: torch.Tensor, y: torch.Tensor, z: torch.Tensor, w: torch.Tensor):
+                return fn(x, y, z, w)
+        return Fn4()
+    raise ValueError(f"wrap supports 1 to 4 inputs, got {arity}")

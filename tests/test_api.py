@@ -1,0 +1,50 @@
+"""Public API beyond compile: engines as bytes, embedding, support checks."""
+import torch
+from harness import assert_matches_eager
+
+import torchkiln
+from torchkiln.examples import MLP, SmallResNet
+from test_end_to_end import WithUnsupportedOp
+
+
+class TwoOutputs(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        return torch.relu(x) + y, torch.sigmoid(x * y)
+
+
+def test_convert_method_to_engine_and_embed():
+    model = SmallResNet().eval()
+    data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input((2, 3, 32, 32))])
+    assert isinstance(data, bytes)
+    module = torchkiln.embed_engine_in_new_module(data)
+    x = torch.randn(2, 3, 32, 32)
+    assert_matches_eager(module(x), model(x))
+
+
+def test_embedded_engine_with_two_inputs_and_outputs(tmp_path):
+    model = TwoOutputs()
+    specs = [torchkiln.Input((3, 5)), torchkiln.Input((3, 5))]
+    data = torchkiln.convert_method_to_engine(model, "forward", specs)
+    module = torchkiln.embed_engine_in_new_module(data, input_binding_names=["a", "b"])
+    torch.jit.save(module, tmp_path / "e.ts")
+    loaded = torch.jit.load(tmp_path / "e.ts")
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    assert_matches_eager(loaded(x, y), model(x, y))
+
+
+def test_check_method_op_support():
+    assert torchkiln.check_method_op_support(MLP().eval())
+    assert not torchkiln.check_method_op_support(WithUnsupportedOp().eval())
+    assert torchkiln.unsupported_ops(WithUnsupportedOp().eval()) == {"torchkiln_test::mystery": 1}
+
+
+def test_supported_ops_lists_registries():
+    ops = torchkiln.supported_ops()
+    assert "aten::relu" in ops["converters"] and "prim::Constant" in ops["evaluators"]
+
+
+def test_partition_report_is_a_dry_run():
+    report = torchkiln.partition_report(WithUnsupportedOp().eval(), [torchkiln.Input((1, 3, 8, 8))])
+    assert [b.target for b in report.blocks] == ["engine", "torch", "engine"]
+    assert report.fallback_ops == {"torchkiln_test::mystery": 1}
+    assert "torchkiln_test::mystery" in str(report)

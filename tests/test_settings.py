@@ -1,0 +1,69 @@
+"""Bad settings get a ValueError that names the argument, before any work is done."""
+import pytest
+import torch
+
+import torchkiln
+from torchkiln.examples import MLP
+
+SPEC = [torchkiln.Input((2, 64))]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(enabled_precisions={torch.int8}), "enabled_precisions"),
+    (dict(enabled_precisions={"fp8"}), "enabled_precisions"),
+    (dict(min_block_size=0), "min_block_size"),
+    (dict(torch_executed_ops="aten::relu"), "torch_executed_ops"),
+    (dict(device="tpu"), "device"),
+    (dict(workspace=1), "unknown compile settings"),
+])
+def test_bad_setting_is_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        torchkiln.compile(MLP().eval(), SPEC, **kwargs)
+
+
+@pytest.mark.parametrize("inputs", [[], None])
+def test_empty_inputs(inputs):
+    with pytest.raises(ValueError, match="inputs must be a non-empty list"):
+        torchkiln.compile(MLP().eval(), inputs)
+
+
+def test_non_positive_dim():
+    with pytest.raises(ValueError, match=r"shape \(2, 0\) has a non-positive dimension 0"):
+        torchkiln.Input((2, 0))
+    with pytest.raises(ValueError, match="non-positive dimension -1"):
+        torchkiln.Input(min_shape=(1, -1), opt_shape=(1, 4), max_shape=(1, 8))
+
+
+def test_min_opt_max_out_of_order():
+    with pytest.raises(ValueError, match="min <= opt <= max"):
+        torchkiln.Input(min_shape=(1, 8), opt_shape=(1, 4), max_shape=(1, 16))
+    with pytest.raises(ValueError, match="min <= opt <= max"):
+        torchkiln.Input(min_shape=(1, 2), opt_shape=(1, 32), max_shape=(1, 16))
+
+
+def test_rank_mismatch_in_range():
+    with pytest.raises(ValueError, match="differ in rank"):
+        torchkiln.Input(min_shape=(1,), opt_shape=(1, 4), max_shape=(1, 8))
+
+
+def test_shape_and_range_together():
+    with pytest.raises(ValueError, match="either shape or"):
+        torchkiln.Input((1, 4), min_shape=(1, 4), opt_shape=(1, 4), max_shape=(1, 4))
+
+
+def test_wrong_number_of_inputs_for_the_method():
+    with pytest.raises(ValueError, match=r"forward\(\) takes 1 inputs but 2 were given"):
+        torchkiln.compile(MLP().eval(), [torchkiln.Input((2, 64)), torchkiln.Input((2, 64))])
+
+
+def test_unsupported_input_dtype():
+    with pytest.raises(ValueError, match="dtype torch.complex64 is not supported"):
+        torchkiln.Input((2, 3), dtype=torch.complex64)
+
+
+def test_input_from_tensor_and_aliases():
+    spec = torchkiln.Input.from_tensor(torch.zeros(2, 3, 4, 5).to(memory_format=torch.channels_last))
+    assert spec.opt_shape == (2, 3, 4, 5) and spec.format == torch.channels_last and spec.dtype == torch.float32
+    model = MLP().eval()
+    compiled = torchkiln.compile(model, [torch.randn(2, 64)], enabled_precisions={"fp32"})
+    assert compiled(torch.randn(2, 64)).shape == (2, 10)
