@@ -1,4 +1,4 @@
 """Models bundled for the demo and the tests (built in code, random weights)."""
-from torchkiln.examples.models import MLP, SmallResNet
+from torchkiln.examples.models import MLP, SmallMobileNet, SmallResNet, SmallUNet
 
-__all__ = ["MLP", "SmallResNet"]
+__all__ = ["MLP", "SmallMobileNet", "SmallResNet", "SmallUNet"]

@@ -58,3 +58,83 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(self.net(x), dim=-1)
+
+
+class InvertedResidual(nn.Module):
+    """MobileNetV2 block: 1x1 expand, 3x3 depthwise, 1x1 project, residual when shapes allow."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hidden = cin * expand
+        self.use_residual = stride == 1 and cin == cout
+        self.block = nn.Sequential(
+            nn.Conv2d(cin, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(inplace=True),
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False), nn.BatchNorm2d(hidden),
+            nn.ReLU6(inplace=True),
+            nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x)
+        return x + out if self.use_residual else out
+
+
+class SqueezeExcite(nn.Module):
+    def __init__(self, channels: int, reduced: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Conv2d(channels, reduced, 1)
+        self.fc2 = nn.Conv2d(reduced, channels, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = torch.nn.functional.adaptive_avg_pool2d(x, 1)
+        return x * torch.nn.functional.hardsigmoid(self.fc2(torch.relu(self.fc1(s))))
+
+
+class SmallMobileNet(nn.Module):
+    """MobileNetV2/V3-style: inverted residuals with ReLU6, a squeeze-excite block, hardswish head."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16), nn.Hardswish())
+        self.blocks = nn.Sequential(InvertedResidual(16, 16, 1, 2), InvertedResidual(16, 24, 2, 4),
+                                    InvertedResidual(24, 24, 1, 4), SqueezeExcite(24, 8),
+                                    InvertedResidual(24, 32, 2, 4))
+        self.head = nn.Sequential(nn.Conv2d(32, 64, 1), nn.Hardswish(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                                  nn.Dropout(0.2), nn.Linear(64, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.stem(x)))
+
+
+class DoubleConv(nn.Module):
+    def __init__(self, cin: int, cout: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                                 nn.Conv2d(cout, cout, 3, padding=1), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class SmallUNet(nn.Module):
+    """UNet-style: down path with max pooling, up path with transposed convolution and bilinear
+    upsampling, skip connections by concatenation."""
+
+    def __init__(self, channels: int = 3, classes: int = 2, width: int = 16) -> None:
+        super().__init__()
+        self.down1 = DoubleConv(channels, width)
+        self.down2 = DoubleConv(width, 2 * width)
+        self.bottom = DoubleConv(2 * width, 4 * width)
+        self.up2 = nn.ConvTranspose2d(4 * width, 2 * width, 2, stride=2)
+        self.dec2 = DoubleConv(4 * width, 2 * width)
+        self.up1 = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.dec1 = DoubleConv(3 * width, width)
+        self.out = nn.Conv2d(width, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d1 = self.down1(x)
+        d2 = self.down2(torch.nn.functional.max_pool2d(d1, 2))
+        b = self.bottom(torch.nn.functional.max_pool2d(d2, 2))
+        u2 = self.dec2(torch.cat([self.up2(b), d2], dim=1))
+        u1 = self.dec1(torch.cat([self.up1(u2), d1], dim=1))
+        return self.out(u1)
