@@ -57,8 +57,8 @@ def run_demo(model_name: str = "resnet", device: str = "cpu", iters: int = 20, s
     start = time.perf_counter()
     compiled = compile(model, inputs=[Input(shape)], enabled_precisions={torch.float32}, device=dev)
     compile_seconds = time.perf_counter() - start
-    with torch.no_grad():
-        reference = model(x)
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        reference = model(x)  # true fp32, as the engine computes
         out = compiled(x)
         eager_ms = _median_ms(lambda: model(x), dev, iters)
         engine_ms = _median_ms(lambda: compiled(x), dev, iters)

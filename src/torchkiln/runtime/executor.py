@@ -45,6 +45,15 @@ class ReferenceExecutor:
         self.clone_output = [_may_alias_storage(t) for t in network.outputs]
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.device.type == "cuda":
+            # fp32 layers compute in true fp32: cuDNN would otherwise use TF32 for convolutions.
+            cudnn = torch.backends.cudnn
+            with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                             allow_tf32=False):
+                return self._run(inputs)
+        return self._run(inputs)
+
+    def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         values: list[torch.Tensor | None] = [None] * self.num_slots
         values[: self.num_inputs] = inputs
         device = self.device
