@@ -44,7 +44,7 @@ class Network:
     # ---- layers ---------------------------------------------------------------------------
     def add_layer(
         self,
-        kind: type[L.Layer],
+        layer_class: type[L.Layer],
         inputs: Sequence[Tensor],
         *,
         weights: dict[str, torch.Tensor | None] | None = None,
@@ -56,10 +56,10 @@ class Network:
 
         for t in inputs:
             if not isinstance(t, Tensor):
-                raise NetworkError(f"{kind.KIND} layer input must be a network Tensor, got {type(t).__name__}")
+                raise NetworkError(f"{layer_class.KIND} layer input must be a network Tensor, got {type(t).__name__}")
         clean = {k: v.detach() for k, v in (weights or {}).items() if v is not None}
-        default = f"{self.scope}/{kind.KIND}" if self.scope else kind.KIND
-        layer = kind(name=self.unique_name(name or default), inputs=list(inputs), weights=clean, **params)
+        default = f"{self.scope}/{layer_class.KIND}" if self.scope else layer_class.KIND
+        layer = layer_class(name=self.unique_name(name or default), inputs=list(inputs), weights=clean, **params)
         for i, (shape, dtype) in enumerate(infer_outputs(layer)):
             layer.outputs.append(Tensor(self.unique_name(f"{layer.name}:{i}"), shape, dtype, producer=layer))
         self.layers.append(layer)

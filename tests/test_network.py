@@ -1,0 +1,209 @@
+"""The engine IR, the reference runtime and the builder passes, tested on hand-built networks."""
+import pytest
+import torch
+
+from torchkiln.builder import BuildSettings, build_engine
+from torchkiln.builder.passes import BUILD_PASSES
+from torchkiln.errors import NetworkError
+from torchkiln.network import Network
+from torchkiln.network import layers as L
+from torchkiln.runtime.engine import Engine, InputBinding
+from torchkiln.runtime.reference import MEANINGS
+
+F32 = torch.float32
+
+
+def _bindings(net):
+    return [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in net.inputs]
+
+
+def every_kind_network():
+    """One network holding a layer of every kind, with non-default parameters where possible."""
+    n = Network("all_kinds")
+    x = n.add_input("x", F32, (2, 4, 6, 6))
+    q = n.add_input("q", F32, (2, 2, 5, 8))
+    idx = n.add_input("idx", torch.int64, (3,))
+    c = n.add_convolution_nd(x, torch.randn(4, 2, 3, 3), torch.randn(4), stride=(1, 1), padding=(1, 1),
+                             dilation=(1, 1), groups=2).get_output()
+    ct = n.add_convolution_nd(c, torch.randn(4, 3, 2, 2), None, stride=(2, 2), padding=(0, 0), dilation=(1, 1),
+                              transposed=True, output_padding=(1, 1)).get_output()
+    s = n.add_scale(c, L.ScaleMode.CHANNEL, scale=torch.rand(4) + 0.5, shift=torch.randn(4)).get_output()
+    a = n.add_activation(s, L.ActivationType.LEAKY_RELU, alpha=0.1).get_output()
+    p = n.add_parametric_relu(a, torch.rand(4)).get_output()
+    u = n.add_unary(p, L.UnaryOperation.ABS).get_output()
+    e = n.add_elementwise(u, n.add_constant(torch.tensor(2.0)).get_output(), L.ElementWiseOperation.POW).get_output()
+    pool = n.add_pooling_nd(e, L.PoolingType.MAX, (2, 2), stride=(2, 2), padding=(0, 0), ceil_mode=True).get_output()
+    red = n.add_reduce(pool, L.ReduceOperation.AVG, (2, 3), keep_dims=False).get_output()
+    sm = n.add_softmax(red, 1, log=True).get_output()
+    sh = n.add_shuffle(ct, first_transpose=(0, 2, 3, 1), reshape_dims=(0, -1, 3)).get_output()
+    mm = n.add_matrix_multiply(sh, L.MatrixOperation.NONE, n.add_constant(torch.randn(5, 3)).get_output(),
+                               L.MatrixOperation.TRANSPOSE).get_output()
+    sl = n.add_slice(mm, (0, 1, 4), (2, 3, 2), (1, 2, -2)).get_output()
+    cat = n.add_concatenation([sl, sl], 2).get_output()
+    ex = n.add_expand(n.add_constant(torch.randn(1, 3, 1)).get_output(), (2, 3, 4)).get_output()
+    g = n.add_gather(cat, idx, 1).get_output()
+    sc = n.add_scatter(ex, n.add_constant(torch.tensor([[[0, 1, 2, 3]] * 3] * 2)).get_output(), cat,
+                       axis=2).get_output()
+    cond = n.add_elementwise(sc, n.add_constant(torch.tensor(0.0)).get_output(),
+                             L.ElementWiseOperation.GREATER).get_output()
+    sel = n.add_select(cond, sc, ex).get_output()
+    top = n.add_topk(sel, L.TopKOperation.MIN, 2, 2)
+    rz = n.add_resize(x, "bilinear", scales=(1.5, 1.5), align_corners=False).get_output()
+    pad = n.add_padding(rz, (1, 2, 0, 1), L.PaddingMode.REFLECT).get_output()
+    norm = n.add_normalization(pad, L.NormalizationKind.GROUP, 1e-5, torch.rand(4), torch.randn(4),
+                               num_groups=2).get_output()
+    ein = n.add_einsum([q, q], "bhqd,bhkd->bhqk").get_output()
+    cum = n.add_cumulative(ein, L.CumulativeOperation.SUM, -1).get_output()
+    fill = n.add_fill(5, 0.5, 0.25, F32).get_output()
+    shp = n.add_shape(norm).get_output()
+    cast = n.add_cast(shp, F32).get_output()
+    ident = n.add_identity(fill).get_output()
+    gs = n.add_grid_sample(x, n.add_constant(torch.rand(2, 3, 3, 2) * 2 - 1).get_output(), "bilinear", "border",
+                           False).get_output()
+    att = n.add_attention(q, q, q, causal=True).get_output()
+    for t in (sm, g, top.get_output(0), top.get_output(1), norm, cum, ident, cast, gs, att):
+        n.mark_output(t)
+    return n
+
+
+def test_every_layer_kind_has_a_reference_meaning():
+    assert set(L.LAYER_KINDS.values()) == set(MEANINGS)
+
+
+def test_every_layer_kind_round_trips_through_engine_bytes():
+    net = every_kind_network()
+    assert {type(layer) for layer in net.layers} == set(L.LAYER_KINDS.values())
+    inputs = [torch.randn(2, 4, 6, 6), torch.randn(2, 2, 5, 8), torch.tensor([2, -1, 0])]
+    engine = Engine(net, _bindings(net), "cpu", F32, "all_kinds")
+    expected = engine.execute(inputs)
+    again = Engine.deserialize(engine.serialize())
+    assert str(again.network) == str(net)
+    for a, b in zip(again.execute(inputs), expected):
+        assert torch.equal(a, b)
+
+
+def test_shape_inference_rejects_bad_layers_where_they_are_added():
+    n = Network()
+    x = n.add_input("x", F32, (2, 3))
+    with pytest.raises(NetworkError, match=r"elementwise layer .* rejects inputs .*x\[2, 3\].*\[4\]"):
+        n.add_elementwise(x, n.add_constant(torch.zeros(4)).get_output(), L.ElementWiseOperation.SUM)
+    with pytest.raises(NetworkError, match="missing weights"):
+        n.add_layer(L.ConvolutionLayer, [x], stride=(1,), padding=(0,), dilation=(1,))
+
+
+def test_dump_is_readable():
+    n = Network("tiny")
+    x = n.add_input("x", F32, (1, 3))
+    n.mark_output(n.add_activation(x, L.ActivationType.RELU).get_output())
+    text = str(n)
+    assert text.splitlines()[0] == "network tiny(%x: float32[1, 3]):"
+    assert "activation[type=RELU, alpha=0.0, beta=0.0](%x)" in text
+
+
+def _run_pass(name, net, settings=BuildSettings()):
+    (fn,) = [f for _, n, f in BUILD_PASSES if n == name]
+    return fn(net, settings)
+
+
+def _kinds(net):
+    return [layer.KIND for layer in net.layers]
+
+
+def test_constant_folding_before_and_after():
+    n = Network()
+    x = n.add_input("x", F32, (2, 3))
+    w = n.add_constant(torch.randn(3)).get_output()
+    w2 = n.add_unary(n.add_elementwise(w, w, L.ElementWiseOperation.SUM).get_output(), L.UnaryOperation.EXP)
+    n.mark_output(n.add_elementwise(x, w2.get_output(), L.ElementWiseOperation.PROD).get_output())
+    x_in = torch.randn(2, 3)
+    before = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    assert _kinds(n) == ["constant", "elementwise", "unary", "elementwise"]
+    assert _run_pass("fold_constants", n)
+    assert _run_pass("remove_dead_layers", n)
+    assert _kinds(n) == ["constant", "elementwise"]
+    after = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+def test_dead_layers_are_removed():
+    n = Network()
+    x = n.add_input("x", F32, (4,))
+    n.add_unary(x, L.UnaryOperation.EXP)  # read by nothing
+    n.mark_output(n.add_unary(x, L.UnaryOperation.NEG).get_output())
+    assert _run_pass("remove_dead_layers", n)
+    assert _kinds(n) == ["unary"] and n.layers[0].op == L.UnaryOperation.NEG
+    assert not _run_pass("remove_dead_layers", n)
+
+
+def test_identities_are_eliminated_but_outputs_kept():
+    n = Network()
+    x = n.add_input("x", F32, (2, 3))
+    i = n.add_identity(x).get_output()
+    same = n.add_cast(i, F32).get_output()
+    noop = n.add_shuffle(same, reshape_dims=(2, 3)).get_output()
+    out = n.add_activation(noop, L.ActivationType.RELU).get_output()
+    n.mark_output(out)
+    n.mark_output(n.add_identity(out).get_output())  # an output may be an identity of another
+    assert _run_pass("eliminate_identities", n)
+    assert _kinds(n) == ["activation", "identity"]
+    assert n.layers[0].inputs[0] is x
+
+
+def test_scale_folds_into_convolution():
+    n = Network()
+    x = n.add_input("x", F32, (1, 3, 8, 8))
+    conv = n.add_convolution_nd(x, torch.randn(5, 3, 3, 3), torch.randn(5), stride=(1, 1), padding=(1, 1),
+                                dilation=(1, 1))
+    scale = n.add_scale(conv.get_output(), L.ScaleMode.CHANNEL, scale=torch.rand(5) + 0.5, shift=torch.randn(5))
+    n.mark_output(n.add_activation(scale.get_output(), L.ActivationType.RELU).get_output())
+    x_in = torch.randn(1, 3, 8, 8)
+    before = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    assert _run_pass("fold_scale_into_convolution", n)
+    assert _kinds(n) == ["convolution", "activation"]
+    after = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    assert (after - before).abs().max() <= 1e-5 * before.abs().max()
+
+
+def test_scale_is_not_folded_when_the_convolution_output_is_read_elsewhere():
+    n = Network()
+    x = n.add_input("x", F32, (1, 3, 8, 8))
+    conv = n.add_convolution_nd(x, torch.randn(5, 3, 3, 3), None, stride=(1, 1), padding=(1, 1), dilation=(1, 1))
+    scale = n.add_scale(conv.get_output(), L.ScaleMode.CHANNEL, scale=torch.rand(5))
+    n.mark_output(scale.get_output())
+    n.mark_output(conv.get_output())
+    assert not _run_pass("fold_scale_into_convolution", n)
+
+
+@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
+def test_precision_lowering_keeps_declared_input_and_output_dtypes(low):
+    n = Network()
+    x = n.add_input("x", F32, (4, 16))
+    h = n.add_matrix_multiply(x, L.MatrixOperation.NONE, n.add_constant(torch.randn(8, 16)).get_output(),
+                              L.MatrixOperation.TRANSPOSE).get_output()
+    n.mark_output(n.add_softmax(n.add_activation(h, L.ActivationType.GELU_ERF).get_output(), 1).get_output())
+    x_in = torch.randn(4, 16)
+    reference = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    engine = build_engine(n, _bindings(n), BuildSettings(compute_dtype=low))
+    assert n.layers[0].KIND == "cast" and n.layers[0].to_type == low
+    assert n.outputs[0].dtype == F32
+    assert all(w.dtype == low for layer in n.layers for w in layer.weights.values())
+    out = engine.execute([x_in])[0]
+    assert out.dtype == F32
+    cosine = torch.nn.functional.cosine_similarity(out.flatten(), reference.flatten(), dim=0)
+    assert cosine >= 0.999 and (out - reference).abs().max() <= 2e-2
+
+
+def test_engine_outputs_never_alias_inputs_or_weights():
+    n = Network()
+    x = n.add_input("x", F32, (2, 3))
+    c = n.add_constant(torch.ones(6)).get_output()
+    n.mark_output(n.add_shuffle(x, reshape_dims=(3, 2)).get_output())
+    n.mark_output(c)
+    engine = Engine(n, _bindings(n), "cpu", F32)
+    x_in = torch.randn(2, 3)
+    kept = x_in.clone()
+    view, const = engine.execute([x_in])
+    view.add_(1)
+    const.add_(1)
+    assert torch.equal(x_in, kept)  # writing to the output did not write to the input
+    assert torch.equal(engine.execute([x_in])[1], torch.ones(6))  # nor to the engine's weight
