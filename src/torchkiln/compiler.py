@@ -13,21 +13,22 @@ import torch
 from torchkiln.builder import BuildSettings, build_engine
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.conversion.registry import is_registered, load_all
-from torchkiln.errors import UnsupportedOperatorError
+from torchkiln.conversion.resolve import Resolver
+from torchkiln.errors import ConversionError, UnsupportedOperatorError
 from torchkiln.frontend import to_torchscript
 from torchkiln.log import debug_logging
 from torchkiln.lowering import LoweredModule, lower
-from torchkiln.conversion.resolve import Resolver
 from torchkiln.partitioning.control_flow import fold_static_conditionals
 from torchkiln.partitioning.report import PartitionReport, make_report
 from torchkiln.partitioning.segment import Partition, partition
 from torchkiln.partitioning.shape_analysis import analyze_shapes
-from torchkiln.partitioning.support import Target, is_io_plumbing
+from torchkiln.partitioning.signature import check_signature, example_args, unpack_list_inputs
+from torchkiln.partitioning.support import Decision, Fallback, Target
 from torchkiln.runtime.engine import Engine, InputBinding
-from torchkiln.settings import CompileSettings, Input
 from torchkiln.runtime.execute_op import engine_blob
+from torchkiln.settings import CompileSettings, Input
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
-from torchkiln.torchscript import Graph, Node, binding_name, node_key, source_location, value_key
+from torchkiln.torchscript import Graph, Node, node_key, source_location, value_key
 
 logger = logging.getLogger("torchkiln")
 
@@ -53,82 +54,126 @@ def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> 
     return settings
 
 
-def _examples(settings: CompileSettings) -> list[torch.Tensor]:
-    return [spec.example(settings.device) for spec in settings.inputs]
+def _module_name(module: torch.nn.Module) -> str:
+    return getattr(module, "original_name", None) or type(module).__name__
 
 
 def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "forward"
-             ) -> tuple[LoweredModule, dict[int, Any], list[torch.Tensor]]:
-    """Frontend, lowering and shape analysis: everything before partitioning."""
+             ) -> tuple[LoweredModule, dict[int, Any]]:
+    """Frontend, lowering and shape analysis: everything before partitioning.
+
+    Shape analysis runs the method on examples at each Input's opt shape. Dynamic shapes would also
+    run `example_args(..., "min")` and `"max"` and keep each boundary value's range.
+    """
     if any(spec.is_dynamic for spec in settings.inputs):
         raise NotImplementedError("inputs with min_shape != max_shape (dynamic shapes) are not supported yet")
     load_all()
-    examples = _examples(settings)
+    examples = example_args(settings.input_signature, settings.device, "opt")
     script = to_torchscript(module, examples)
     lowered = lower(script, settings, method)
-    n_args = len(list(lowered.graph.inputs())) - 1
-    if n_args != len(settings.inputs):
-        raise ValueError(f"inputs: {method}() takes {n_args} inputs but {len(settings.inputs)} were given")
+    check_signature(lowered.graph, settings.input_signature, method)
+    if unpack_list_inputs(lowered.graph, settings.input_signature):
+        logger.debug("graph after unpacking list inputs:\n%s", lowered.graph)
     metas = analyze_shapes(lowered.graph, lowered.module, examples)
     while fold_static_conditionals(lowered.graph, Resolver(metas)):  # new top-level values need shapes
         torch._C._jit_pass_dce(lowered.graph)
         metas = analyze_shapes(lowered.graph, lowered.module, examples)
-    return lowered, metas, examples
+    return lowered, metas
 
 
-def _unsupported(part: Partition) -> dict[str, list[Node]]:
+def _left_in_torch(part: Partition) -> dict[str, list[Node]]:
     found: dict[str, list[Node]] = collections.defaultdict(list)
-    for node, decision in zip(part.nodes, part.decisions):
-        if decision.target == Target.TORCH and not is_io_plumbing(node):
+    for node in part.nodes:
+        if part.decision(node).is_fallback:
             found[node_key(node)].append(node)
     return found
 
 
 def _require_full(part: Partition) -> None:
-    found = _unsupported(part)
+    """Raise UnsupportedOperatorError listing every op left in PyTorch unless the method is one engine."""
+    found = _left_in_torch(part)
     engines = sum(b.is_engine for b in part.blocks)
-    if found or engines > 1:
-        lines = [f"  {op} x{len(nodes)} ({part.decision(nodes[0]).reason.value}) at "
-                 + ", ".join(source_location(n) for n in nodes[:3]) for op, nodes in sorted(found.items())]
-        raise UnsupportedOperatorError(
-            "require_full_compilation=True but the graph cannot run as one engine; ops left in PyTorch:\n"
-            + "\n".join(lines or ["  (none: the engine blocks are split by collection nodes)"]))
+    if not found and engines <= 1:
+        return
+    lines = []
+    for op, nodes in sorted(found.items()):
+        reasons = ", ".join(dict.fromkeys(part.decision(n).reason.value for n in nodes))
+        where = ", ".join(source_location(n) for n in nodes[:3])
+        where += f" (+{len(nodes) - 3} more)" if len(nodes) > 3 else ""
+        lines.append(f"  {op} x{len(nodes)} ({reasons}) at {where}")
+    raise UnsupportedOperatorError(
+        "require_full_compilation=True but the graph cannot run as one engine; ops left in PyTorch:\n"
+        + "\n".join(lines or [f"  (none, but the engine nodes form {engines} blocks)"]))
 
 
-def _build_blocks(part: Partition, settings: CompileSettings, name: str) -> list[bytes]:
-    engines = []
+def _build_engines(part: Partition, settings: CompileSettings, name: str,
+                   failed: dict[Node, Decision]) -> list[bytes] | None:
+    """Convert and build every engine block; None if a block's conversion failed.
+
+    The failing node (or, when the error names none of the block's nodes, every engine node of the block)
+    is added to `failed`, to run in PyTorch. With require_full_compilation the error propagates instead.
+    """
+    engines: list[bytes] | None = []
     build = BuildSettings(compute_dtype=settings.compute_dtype, device=settings.device)
     blocks = [b for b in part.blocks if b.is_engine]
     for k, block in enumerate(blocks):
         logger.info("converting engine block %d/%d (%d nodes)", k + 1, len(blocks), len(block.nodes))
-        network = convert_block(block.nodes, block.inputs, block.outputs, part.metas, settings, f"{name}_{k}")
-        bindings = [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in network.inputs]
-        engines.append(build_engine(network, bindings, build, f"{name}_{k}").serialize())
+        try:
+            network = convert_block(block.nodes, block.inputs, block.outputs, part.metas, settings, f"{name}_{k}")
+        except ConversionError as e:
+            if settings.require_full_compilation:
+                raise
+            node = getattr(e, "node", None)
+            culprits = [node] if node in block.nodes else \
+                [n for n in block.nodes if part.decision(n).target != Target.TORCH]
+            for n in culprits:
+                failed[n] = Decision.torch(Fallback.CONVERSION_FAILED, str(e))
+            logger.warning("engine block %d could not be converted, so %s PyTorch: %s", k,
+                           "that node runs in" if len(culprits) == 1 else "the block stays in", e)
+            engines = None
+            continue
+        if engines is not None:
+            bindings = [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in network.inputs]
+            engines.append(build_engine(network, bindings, build, f"{name}_{k}").serialize())
     return engines
 
 
-def compile_with_report(module: torch.nn.Module, inputs: Sequence[Input | torch.Tensor] | None = None,
+def _partition_and_build(lowered: LoweredModule, metas: dict[int, Any], settings: CompileSettings,
+                         name: str) -> tuple[Partition, PartitionReport, list[bytes]]:
+    """Partition and build; where a conversion fails, partition again with its node in PyTorch.
+
+    Each round moves at least one engine node to PyTorch, so this ends.
+    """
+    failed: dict[Node, Decision] = {}
+    while True:
+        part = partition(lowered.graph, metas, settings, failed)
+        report = make_report(part, f"{name}.forward")
+        logger.debug("partition report:\n%s", report)
+        if settings.require_full_compilation:
+            _require_full(part)
+        engines = _build_engines(part, settings, name, failed)
+        if engines is not None:
+            return part, report, engines
+
+
+def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = None,
                         **options: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
     """`compile`, also returning the partition report (blocks, ops, fallback reasons)."""
     with debug_logging(bool(options.get("debug"))):
         start = time.perf_counter()
         settings = _settings(module, inputs, options)
-        lowered, metas, _ = _prepare(module, settings)
-        part = partition(lowered.graph, metas, settings)
-        report = make_report(part)
-        logger.debug("partition report:\n%s", report)
-        if settings.require_full_compilation:
-            _require_full(part)
-        engines = _build_blocks(part, settings, type(module).__name__)
+        lowered, metas = _prepare(module, settings)
+        name = _module_name(module)
+        part, report, engines = _partition_and_build(lowered, metas, settings, name)
         compiled = stitch(lowered.module, part, engines)
-        logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", type(module).__name__,
+        logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", name,
                     time.perf_counter() - start, report.num_engine_blocks, report.num_torch_blocks)
         return compiled, report
 
 
 def compile(
     module: torch.nn.Module,
-    inputs: Sequence[Input | torch.Tensor] | None = None,
+    inputs: Sequence[Any] | None = None,
     enabled_precisions: Iterable[Any] | None = None,
     device: Any = None,
     min_block_size: int = 3,
@@ -139,7 +184,11 @@ def compile(
     debug: bool = False,
     **more: Any,
 ) -> torch.jit.ScriptModule:
-    """Compile a module into a ScriptModule whose convertible parts run through torchkiln engines."""
+    """Compile a module into a ScriptModule whose convertible parts run through torchkiln engines.
+
+    `inputs` has one entry per argument of forward: a torchkiln.Input (or an example tensor, or a shape),
+    or, for an argument that is a tuple, list or dict of tensors, the same structure of Inputs (nested).
+    """
     compiled, _ = compile_with_report(
         module, inputs, enabled_precisions=enabled_precisions, device=device, min_block_size=min_block_size,
         torch_executed_ops=torch_executed_ops, torch_executed_modules=torch_executed_modules,
@@ -148,13 +197,17 @@ def compile(
     return compiled
 
 
-def partition_report(module: torch.nn.Module, inputs: Sequence[Input | torch.Tensor], **options: Any
-                     ) -> PartitionReport:
-    """Dry run: lower and partition as `compile` would, build nothing, and return the report."""
+def partition_report(module: torch.nn.Module, inputs: Sequence[Any], **options: Any) -> PartitionReport:
+    """Dry run: lower and partition as `compile` would, convert and build nothing, and return the report.
+
+    It does not raise for require_full_compilation; a block whose conversion would fail shows as an engine.
+    """
     with debug_logging(bool(options.get("debug"))):
         settings = _settings(module, inputs, options)
-        lowered, metas, _ = _prepare(module, settings)
-        return make_report(partition(lowered.graph, metas, settings))
+        lowered, metas = _prepare(module, settings)
+        report = make_report(partition(lowered.graph, metas, settings), f"{_module_name(module)}.forward")
+        logger.debug("partition report:\n%s", report)
+        return report
 
 
 def _graph_ops(graph: Graph) -> Iterable[Node]:
@@ -166,7 +219,7 @@ def _graph_ops(graph: Graph) -> Iterable[Node]:
 
 
 def unsupported_ops(module: torch.nn.Module, method_name: str = "forward",
-                    inputs: Sequence[Input | torch.Tensor] | None = None) -> dict[str, int]:
+                    inputs: Sequence[Any] | None = None) -> dict[str, int]:
     """Ops of the lowered method that no converter or evaluator handles, with their counts.
 
     Control flow (prim::If, prim::Loop) is not counted (partitioning handles it); the ops inside it are.
@@ -175,7 +228,7 @@ def unsupported_ops(module: torch.nn.Module, method_name: str = "forward",
     """
     load_all()
     settings = CompileSettings.create(inputs or [Input((1,))], default_device=_module_device(module))
-    script = to_torchscript(module, _examples(settings) if inputs else [])
+    script = to_torchscript(module, example_args(settings.input_signature, settings.device) if inputs else [])
     graph = lower(script, settings, method_name).graph
     counts: dict[str, int] = collections.Counter()
     for node in _graph_ops(graph):
@@ -185,7 +238,7 @@ def unsupported_ops(module: torch.nn.Module, method_name: str = "forward",
 
 
 def check_method_op_support(module: torch.nn.Module, method_name: str = "forward",
-                            inputs: Sequence[Input | torch.Tensor] | None = None) -> bool:
+                            inputs: Sequence[Any] | None = None) -> bool:
     """True when every op of the method has a converter or evaluator (see `unsupported_ops`)."""
     missing = unsupported_ops(module, method_name, inputs)
     for op, count in missing.items():
@@ -194,7 +247,7 @@ def check_method_op_support(module: torch.nn.Module, method_name: str = "forward
 
 
 def convert_method_to_engine(module: torch.nn.Module, method_name: str = "forward",
-                             inputs: Sequence[Input | torch.Tensor] | None = None, **options: Any) -> bytes:
+                             inputs: Sequence[Any] | None = None, **options: Any) -> bytes:
     """Compile one method into a single engine and return its serialized bytes.
 
     The engine's inputs are the method's inputs in order; its outputs are the returned tensors
@@ -202,7 +255,10 @@ def convert_method_to_engine(module: torch.nn.Module, method_name: str = "forwar
     """
     with debug_logging(bool(options.get("debug"))):
         settings = _settings(module, inputs, dict(options, require_full_compilation=True))
-        lowered, metas, _ = _prepare(module, settings, method_name)
+        if not all(isinstance(spec, Input) for spec in settings.input_signature):
+            raise ValueError("inputs: convert_method_to_engine takes tensor arguments only; compile a method "
+                             "with tuple, list or dict arguments with torchkiln.compile")
+        lowered, metas = _prepare(module, settings, method_name)
         graph = lowered.graph
         part = partition(graph, metas, settings)
         _require_full(part)

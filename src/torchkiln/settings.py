@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ _PRECISION_ALIASES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
 }
 _FORMATS = (torch.contiguous_format, torch.channels_last)
+_OP_NAME = re.compile(r"\w+::\w+(\.\w+)?")
 
 
 def _shape_tuple(name: str, shape: Any) -> tuple[int, ...]:
@@ -122,6 +124,42 @@ def as_input(spec: Input | torch.Tensor | Sequence[int]) -> Input:
     raise ValueError(f"inputs entries must be torchkiln.Input, torch.Tensor or a shape tuple, got {type(spec).__name__}")
 
 
+def _is_shape(spec: Any) -> bool:
+    return isinstance(spec, torch.Size) or (
+        isinstance(spec, (tuple, list)) and bool(spec)
+        and all(isinstance(d, int) and not isinstance(d, bool) for d in spec))
+
+
+def as_signature(spec: Any, path: str = "inputs") -> Any:
+    """One method argument's spec: an Input, or a tuple/list/dict of specs (nested), mirroring the argument.
+
+    A tuple or list of ints is a shape; any other tuple or list is a collection of arguments' parts.
+    """
+    if isinstance(spec, (Input, torch.Tensor)) or _is_shape(spec):
+        return as_input(spec)
+    if isinstance(spec, (tuple, list)):
+        if not spec:
+            raise ValueError(f"{path} is an empty {type(spec).__name__}; give an Input for each tensor in it")
+        return type(spec)(as_signature(s, f"{path}[{i}]") for i, s in enumerate(spec))
+    if isinstance(spec, dict):
+        if not spec:
+            raise ValueError(f"{path} is an empty dict; give an Input for each tensor in it")
+        for key in spec:
+            if not isinstance(key, (str, int)):
+                raise ValueError(f"{path}: dict keys must be str or int, got {type(key).__name__}")
+        return {k: as_signature(s, f"{path}[{k!r}]") for k, s in spec.items()}
+    raise ValueError(f"{path} must be a torchkiln.Input, a torch.Tensor, a shape, or a tuple/list/dict of them; "
+                     f"got {type(spec).__name__}")
+
+
+def flatten_signature(signature: Any) -> list[Input]:
+    """The Inputs of a (nested) signature in argument order; dicts in their insertion order."""
+    if isinstance(signature, Input):
+        return [signature]
+    items = signature.values() if isinstance(signature, dict) else signature
+    return [leaf for item in items for leaf in flatten_signature(item)]
+
+
 def _precision(p: Any) -> torch.dtype:
     if isinstance(p, str) and p.lower() in _PRECISION_ALIASES:
         return _PRECISION_ALIASES[p.lower()]
@@ -146,11 +184,26 @@ def _device(device: Any) -> torch.device:
     return dev
 
 
+def _names(setting: str, names: Iterable[str]) -> frozenset[str]:
+    try:
+        items = tuple(names) if not isinstance(names, str) else None
+    except TypeError:
+        items = None
+    if items is None or not all(isinstance(n, str) for n in items):
+        raise ValueError(f"{setting} must be a collection of strings, got {names!r}")
+    return frozenset(items)
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileSettings:
-    """Every choice one compile makes; built and validated by `CompileSettings.create`."""
+    """Every choice one compile makes; built and validated by `CompileSettings.create`.
+
+    `input_signature` holds one entry per method argument: an Input, or a tuple/list/dict of them
+    (nested) for an argument that is a collection of tensors. `inputs` is every Input of it, flattened.
+    """
 
     inputs: tuple[Input, ...]
+    input_signature: tuple[Any, ...] = ()
     enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
     device: torch.device = torch.device("cpu")
     min_block_size: int = 3
@@ -160,10 +213,14 @@ class CompileSettings:
     truncate_long_and_double: bool = False
     debug: bool = False
 
+    def __post_init__(self) -> None:
+        if not self.input_signature:  # built directly from flat Inputs: one tensor per argument
+            object.__setattr__(self, "input_signature", tuple(self.inputs))
+
     @classmethod
     def create(
         cls,
-        inputs: Iterable[Input | torch.Tensor | Sequence[int]] | None,
+        inputs: Sequence[Any] | None,
         enabled_precisions: Iterable[Any] | None = None,
         device: Any = None,
         min_block_size: int = 3,
@@ -175,11 +232,13 @@ class CompileSettings:
         default_device: torch.device | None = None,
     ) -> CompileSettings:
         """Validate user arguments; every problem is a ValueError naming the argument."""
-        if inputs is None or isinstance(inputs, (Input, torch.Tensor)):
-            raise ValueError("inputs must be a non-empty list of torchkiln.Input (or example tensors)")
-        specs = tuple(as_input(i) for i in inputs)
-        if not specs:
-            raise ValueError("inputs must be a non-empty list of torchkiln.Input (or example tensors)")
+        if inputs is None or isinstance(inputs, (Input, torch.Tensor, dict)):
+            raise ValueError("inputs must be a non-empty list of torchkiln.Input (or example tensors), one per "
+                             "argument of the method")
+        signature = tuple(as_signature(spec, f"inputs[{i}]") for i, spec in enumerate(inputs))
+        if not signature:
+            raise ValueError("inputs must be a non-empty list of torchkiln.Input (or example tensors), one per "
+                             "argument of the method")
         if enabled_precisions is None:
             enabled_precisions = {torch.float32}
         if isinstance(enabled_precisions, (torch.dtype, str)):
@@ -189,17 +248,21 @@ class CompileSettings:
             raise ValueError("enabled_precisions must name at least one precision")
         if not isinstance(min_block_size, int) or isinstance(min_block_size, bool) or min_block_size < 1:
             raise ValueError(f"min_block_size must be an int >= 1, got {min_block_size!r}")
-        for name, ops in (("torch_executed_ops", torch_executed_ops), ("torch_executed_modules", torch_executed_modules)):
-            if isinstance(ops, str) or not all(isinstance(o, str) for o in ops):
-                raise ValueError(f"{name} must be a collection of strings, got {ops!r}")
+        torch_executed_ops = _names("torch_executed_ops", torch_executed_ops)
+        torch_executed_modules = _names("torch_executed_modules", torch_executed_modules)
+        for op in sorted(torch_executed_ops):
+            if not _OP_NAME.fullmatch(op):
+                raise ValueError(f"torch_executed_ops: {op!r} is not an op name; use 'namespace::op' for every "
+                                 f"overload (e.g. 'aten::add') or 'namespace::op.overload' (e.g. 'aten::add.Tensor')")
         dev = _device(device if device is not None else (default_device or "cpu"))
         return cls(
-            inputs=specs,
+            inputs=tuple(flatten_signature(signature)),
+            input_signature=signature,
             enabled_precisions=precisions,
             device=dev,
             min_block_size=min_block_size,
-            torch_executed_ops=frozenset(torch_executed_ops),
-            torch_executed_modules=frozenset(torch_executed_modules),
+            torch_executed_ops=torch_executed_ops,
+            torch_executed_modules=torch_executed_modules,
             require_full_compilation=bool(require_full_compilation),
             truncate_long_and_double=bool(truncate_long_and_double),
             debug=bool(debug),

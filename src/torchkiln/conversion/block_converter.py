@@ -33,6 +33,18 @@ def _check_args(node: Node, args) -> None:
                                   f"which was neither converted nor evaluated in this engine block")
 
 
+def _node_error(node: Node, e: Exception) -> ConversionError:
+    """A ConversionError naming `node`, which it keeps as `.node`."""
+    if isinstance(e, ConversionError) and node.kind() in str(e):
+        message = str(e)
+    else:
+        kind = "" if isinstance(e, (ConversionError, NotStatic, NetworkError)) else f"{type(e).__name__}: "
+        message = f"{describe_node(node)}: {kind}{e}"
+    error = ConversionError(message)
+    error.node = node
+    return error
+
+
 def _convert_node(ctx: ConversionCtx, node: Node) -> None:
     outputs = list(node.outputs())
     converter = find_converter(node)
@@ -84,28 +96,24 @@ def convert_block(
         net.scope = f"{node.kind()}(%{node.outputsAt(0).debugName()})" if node.outputsSize() else node.kind()
         try:
             _convert_node(ctx, node)
-        except (NotStatic, NetworkError) as e:
-            raise ConversionError(f"{describe_node(node)}: {e}") from e
-        except ConversionError as e:
-            if node.kind() in str(e):
-                raise
-            raise ConversionError(f"{describe_node(node)}: {e}") from e
+        except Exception as e:  # a converter's bug too: the compiler falls back to PyTorch for this node
+            raise _node_error(node, e) from e
     net.scope = "output"
     for v in outputs:
         t = ctx.value_tensor_map.get(value_key(v))
         if not isinstance(t, Tensor):
-            raise ConversionError(f"engine block output %{v.debugName()} (from {v.node().kind()}) "
-                                  f"is not a network tensor")
+            raise _node_error(v.node(), ConversionError(f"engine block output %{v.debugName()} (from "
+                                                        f"{v.node().kind()}) is not a network tensor"))
         meta = metas[value_key(v)]
         if t.dtype != meta.dtype:
             truncated = {t.dtype, meta.dtype} in ({torch.int32, torch.int64}, {torch.float32, torch.float64})
             if not (settings.truncate_long_and_double and truncated):
-                raise ConversionError(f"{describe_node(v.node())}: converted to dtype {t.dtype} but PyTorch gives "
-                                      f"{meta.dtype}")
+                raise _node_error(v.node(), ConversionError(f"converted to dtype {t.dtype} but PyTorch gives "
+                                                            f"{meta.dtype}"))
             t = net.add_cast(t, meta.dtype).get_output()
         if t.shape != meta.shape:
-            raise ConversionError(f"{describe_node(v.node())}: converted to shape {t.shape} but PyTorch gives "
-                                  f"{meta.shape}")
+            raise _node_error(v.node(), ConversionError(f"converted to shape {t.shape} but PyTorch gives "
+                                                        f"{meta.shape}"))
         if t in net.inputs or t in net.outputs:
             t = net.add_identity(t).get_output()
         net.mark_output(t)

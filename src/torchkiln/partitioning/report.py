@@ -1,36 +1,81 @@
-"""The partition report: each block, its ops and boundary shapes, and why ops stayed in PyTorch."""
+"""The partition report: each block, its ops and boundary values, and why ops stayed in PyTorch.
+
+`str(report)` is for people (the DEBUG log of `compile`); the dataclasses, or `report.as_dict()`
+(plain JSON-able data), are for code.
+"""
 from __future__ import annotations
 
+import collections
 import dataclasses
+import os
+from typing import Any
 
-from torchkiln.partitioning.segment import Partition
-from torchkiln.partitioning.support import Target, is_io_plumbing
-from torchkiln.torchscript import Node, Value, node_key, source_location, top_level_node, value_key
+import torch
+
+from torchkiln.partitioning.segment import Block, Partition, is_layer_op
+from torchkiln.partitioning.support import Fallback, Target, is_io_plumbing
+from torchkiln.torchscript import Node, Value, binding_name, node_key, source_location, top_level_node, value_key
+
+_DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
+                torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
+                torch.bool: "bool"}
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundaryValue:
+    """A value crossing a block boundary: a tensor (shape and dtype from shape analysis) or another type."""
+
+    name: str
+    type: str  # "Tensor", or the TorchScript type: "int", "bool", "int[]"...
+    shape: tuple[int, ...] | None = None
+    dtype: torch.dtype | None = None
+
+    def __str__(self) -> str:
+        if self.shape is None:
+            return f"{self.name}: {self.type}"
+        dtype = _DTYPE_NAMES.get(self.dtype, str(self.dtype).removeprefix("torch."))
+        return f"{self.name}: {dtype}[{','.join(map(str, self.shape))}]"
 
 
 @dataclasses.dataclass(frozen=True)
 class FallbackOp:
-    """An op left in PyTorch and the reason."""
+    """An op left in PyTorch, the reason (a `Fallback`, equal to its text) and details."""
 
     op: str
-    reason: str
+    reason: Fallback
     detail: str
     location: str
+
+    def __str__(self) -> str:
+        detail = f": {self.detail}" if self.detail and self.detail != self.op else ""
+        return f"{self.op} at {os.path.basename(self.location)} -- {self.reason.value}{detail}"
 
 
 @dataclasses.dataclass(frozen=True)
 class BlockReport:
     index: int
     target: str  # "engine" or "torch"
-    ops: tuple[str, ...]
-    input_shapes: tuple[tuple[int, ...] | None, ...]  # None: not a tensor
-    output_shapes: tuple[tuple[int, ...] | None, ...]
-    fallback: tuple[FallbackOp, ...]
+    ops: tuple[str, ...]  # engine: the ops converted to layers; torch: the ops left in PyTorch
+    inputs: tuple[BoundaryValue, ...]
+    outputs: tuple[BoundaryValue, ...]
+    fallback: tuple[FallbackOp, ...]  # torch blocks: one per op, in order
+
+    @property
+    def input_shapes(self) -> tuple[tuple[int, ...] | None, ...]:
+        """Shapes of the inputs; None for a non-tensor."""
+        return tuple(v.shape for v in self.inputs)
+
+    @property
+    def output_shapes(self) -> tuple[tuple[int, ...] | None, ...]:
+        return tuple(v.shape for v in self.outputs)
 
 
 @dataclasses.dataclass(frozen=True)
 class PartitionReport:
+    """How a method was split: blocks in execution order (blocks holding only plumbing are left out)."""
+
     blocks: tuple[BlockReport, ...]
+    name: str = ""
 
     @property
     def num_engine_blocks(self) -> int:
@@ -43,62 +88,128 @@ class PartitionReport:
     @property
     def fallback_ops(self) -> dict[str, int]:
         """Op -> how many of its nodes stay in PyTorch."""
-        counts: dict[str, int] = {}
-        for b in self.blocks:
-            for f in b.fallback:
-                counts[f.op] = counts.get(f.op, 0) + 1
-        return counts
+        return dict(collections.Counter(f.op for b in self.blocks for f in b.fallback))
+
+    @property
+    def fallback_reasons(self) -> dict[Fallback, int]:
+        """Reason -> how many nodes stay in PyTorch for it."""
+        return dict(collections.Counter(f.reason for b in self.blocks for f in b.fallback))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as plain data (str, int, list, dict, None), e.g. for json.dumps."""
+        def plain(obj: Any) -> Any:
+            if isinstance(obj, (torch.dtype, Fallback)):
+                return str(obj)
+            if isinstance(obj, (list, tuple)):
+                return [plain(o) for o in obj]
+            if isinstance(obj, dict):
+                return {k: plain(v) for k, v in obj.items()}
+            return obj
+
+        return plain({"name": self.name, "num_engine_blocks": self.num_engine_blocks,
+                      "num_torch_blocks": self.num_torch_blocks,
+                      "blocks": [dataclasses.asdict(b) for b in self.blocks]})
 
     def __str__(self) -> str:
-        lines = [f"{self.num_engine_blocks} engine block(s), {self.num_torch_blocks} torch block(s)"]
+        engine_ops = sum(len(b.ops) for b in self.blocks if b.target == "engine")
+        total = sum(len(b.ops) for b in self.blocks)
+        title = f"partition of {self.name}" if self.name else "partition"
+        lines = [f"{title}: {_count(self.num_engine_blocks, 'engine block')}, "
+                 f"{_count(self.num_torch_blocks, 'torch block')}; {engine_ops} of {total} ops in engines"]
         for b in self.blocks:
-            ins = ", ".join("?" if s is None else "x".join(map(str, s)) or "scalar" for s in b.input_shapes)
-            outs = ", ".join("?" if s is None else "x".join(map(str, s)) or "scalar" for s in b.output_shapes)
-            lines.append(f"[{b.index}] {b.target:6} {len(b.ops)} ops  in: ({ins})  out: ({outs})")
-            lines.append("      ops: " + ", ".join(b.ops))
+            ins = ", ".join(map(str, b.inputs))
+            outs = ", ".join(map(str, b.outputs))
+            lines.append(f"[{b.index}] {b.target:6} {_count(len(b.ops), 'op'):7}  ({ins}) -> ({outs})")
+            if b.target == "engine":
+                lines.append("      " + _summary(b.ops))
             for f in b.fallback:
-                detail = f" ({f.detail})" if f.detail and f.detail != f.op else ""
-                lines.append(f"      - {f.op} at {f.location}: {f.reason}{detail}")
+                lines.append(f"      {f}")
+        if self.fallback_ops:
+            lines.append("left in PyTorch: " + ", ".join(f"{op} x{n}" for op, n in self.fallback_ops.items()))
         return "\n".join(lines)
 
 
-def _shape(part: Partition, v: Value) -> tuple[int, ...] | None:
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _summary(ops: tuple[str, ...]) -> str:
+    counts = collections.Counter(ops)
+    return ", ".join(op if counts[op] == 1 else f"{op} x{counts[op]}" for op in dict.fromkeys(ops))
+
+
+def _name(v: Value) -> str:
+    """A value's name; a part of a collection argument is named by its path, e.g. x[0] or d['u']."""
+    producer = v.node()
+    if producer.kind() in ("prim::TupleUnpack", "prim::ListUnpack", "prim::TupleIndex", "aten::__getitem__") \
+            and is_io_plumbing(producer):
+        source = producer.inputsAt(0)
+        if producer.kind() in ("prim::TupleUnpack", "prim::ListUnpack"):
+            return f"{_name(source)}[{v.offset()}]"
+        index = producer.inputsAt(1)
+        if index.node().kind() == "prim::Constant":
+            return f"{_name(source)}[{index.toIValue()!r}]"
+    return binding_name(v)
+
+
+def _value(part: Partition, v: Value) -> BoundaryValue:
     meta = part.metas.get(value_key(v))
-    return None if meta is None else meta.shape
+    if meta is None:
+        return BoundaryValue(_name(v), str(v.type()))
+    return BoundaryValue(_name(v), "Tensor", meta.shape, meta.dtype)
 
 
-def _torch_boundary(part: Partition, nodes: list[Node]) -> tuple[list[Value], list[Value]]:
-    members = set(nodes)
-    block = part.graph.block()
+def _used(node: Node) -> list[Value]:
+    values = list(node.inputs())
+    for block in node.blocks():
+        for inner in block.nodes():
+            values.extend(_used(inner))
+        values.extend(block.outputs())
+    return values
+
+
+def _torch_boundary(part: Partition, block: Block) -> tuple[list[Value], list[Value]]:
+    """Run-time values a torch block reads from outside (its nested blocks included) and values read after it.
+
+    Build-time values (constants, shape arithmetic) are left out: they are constants on both sides. So are the
+    collection nodes around the method's inputs and outputs: the parts they unpack show as x[0], d['key']."""
+    members = {n for n in block.nodes if part.decision(n).reason != Fallback.IO_PLUMBING}
+    top = part.graph.block()
+
+    def run_time(v: Value) -> bool:
+        producer = top_level_node(v.node(), top)
+        decision = part.decisions.get(producer)
+        return (decision is None or decision.target != Target.STATIC) and producer.kind() != "prim::Constant" \
+            and not isinstance(v.type(), torch._C.ClassType)
+
     ins: list[Value] = []
     outs: list[Value] = []
-    for node in nodes:
-        for v in node.inputs():
-            if v.node() not in members and v.node().kind() != "prim::Constant" and v not in ins:
+    for node in (n for n in block.nodes if n in members):
+        for v in _used(node):
+            if top_level_node(v.node(), top) not in members and run_time(v) and v not in ins:
                 ins.append(v)
         for o in node.outputs():
-            if any(top_level_node(u.user, block) not in members for u in o.uses()):
+            if any(top_level_node(u.user, top) not in members for u in o.uses()) and run_time(o) and o not in outs:
                 outs.append(o)
     return ins, outs
 
 
-def make_report(part: Partition) -> PartitionReport:
+def make_report(part: Partition, name: str = "") -> PartitionReport:
+    """The report of a partition; `name` titles it (e.g. 'Model.forward')."""
     reports = []
-    for i, block in enumerate(part.blocks):
+    for block in part.blocks:
         decisions = [part.decision(n) for n in block.nodes]
         if block.is_engine:
-            ops = tuple(node_key(n) for n, d in zip(block.nodes, decisions) if d.target == Target.ENGINE)
+            ops = tuple(node_key(n) for n, d in zip(block.nodes, decisions) if is_layer_op(n, d))
             ins, outs, fallback = block.inputs, block.outputs, ()
         else:
-            torch_nodes = [(n, d) for n, d in zip(block.nodes, decisions)
-                           if d.target == Target.TORCH and not is_io_plumbing(n)]
-            ops = tuple(node_key(n) for n, _ in torch_nodes)
-            ins, outs = _torch_boundary(part, block.nodes)
-            fallback = tuple(FallbackOp(node_key(n), d.reason.value, d.detail, source_location(n))
-                             for n, d in torch_nodes)
+            left = [(n, d) for n, d in zip(block.nodes, decisions) if d.is_fallback]
+            ops = tuple(node_key(n) for n, _ in left)
+            ins, outs = _torch_boundary(part, block)
+            fallback = tuple(FallbackOp(node_key(n), d.reason, d.detail, source_location(n)) for n, d in left)
         if not ops:
             continue
         reports.append(BlockReport(len(reports), "engine" if block.is_engine else "torch", ops,
-                                   tuple(_shape(part, v) for v in ins), tuple(_shape(part, v) for v in outs),
+                                   tuple(_value(part, v) for v in ins), tuple(_value(part, v) for v in outs),
                                    fallback))
-    return PartitionReport(tuple(reports))
+    return PartitionReport(tuple(reports), name)

@@ -1,21 +1,27 @@
 """Segmentation: maximal runs of engine nodes become engine blocks, the rest torch blocks.
 
-Blocks are contiguous in the graph's node order, so every block's inputs are defined before it
-and no reordering can create a cycle. Static nodes (build-time values) join whichever run they sit
-in; where a torch node reads one, it gets a constant instead.
+The top-level nodes are first put in a schedule (`schedule.py`) that brings engine nodes together
+without moving any node across a dependency, a mutation or a side effect. Blocks are contiguous runs
+of that order, so every block's inputs are defined before it and blocks cannot form a cycle. Static
+nodes (build-time values) join whichever run they sit in; where a torch node reads one, it gets a
+constant instead. Fixing boundaries and `min_block_size` move nodes to PyTorch, and the schedule is
+redone until nothing moves; the graph is then reordered to the final schedule.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from torchkiln.conversion.registry import find_converter
 from torchkiln.conversion.resolve import NotStatic, Resolver, is_dynamic
+from torchkiln.partitioning.schedule import apply_order, dependencies, schedule
 from torchkiln.partitioning.support import Decision, Fallback, Target, classify
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Graph, Node, TensorMeta, Value, is_tensor_type, top_level_node
+from torchkiln.torchscript import Graph, Node, TensorMeta, Value, is_tensor_type, top_level_node, value_key
 
 logger = logging.getLogger("torchkiln.partitioning")
 
@@ -38,14 +44,36 @@ class Block:
 
 @dataclasses.dataclass
 class Partition:
+    """The graph's top-level nodes in their final order, where each runs, and the blocks."""
+
     graph: Graph
     nodes: list[Node]
-    decisions: list[Decision]
+    decisions: dict[Node, Decision]
     blocks: list[Block]
     metas: dict[int, TensorMeta]
 
     def decision(self, node: Node) -> Decision:
-        return self.decisions[self.nodes.index(node)]
+        return self.decisions[node]
+
+
+class _PartitionResolver(Resolver):
+    """Resolves with shape analysis' metadata; a tensor computed by a node that runs in PyTorch is a run-time
+    tensor even when its node has an evaluator (e.g. `prim::TupleIndex` of a tuple argument)."""
+
+    def __init__(self, metas: dict[int, TensorMeta]) -> None:
+        super().__init__(metas)
+        self.in_torch: set[Node] = set()
+
+    def known(self, v: Value) -> tuple[bool, Any]:
+        meta = self.metas.get(value_key(v))
+        if meta is not None and v.node() in self.in_torch:
+            return True, meta
+        return False, None
+
+
+def is_layer_op(node: Node, decision: Decision) -> bool:
+    """An engine node that becomes layers (not a collection of engine tensors); what min_block_size counts."""
+    return decision.target == Target.ENGINE and find_converter(node) is not None
 
 
 def _is_constant_value(value: Any) -> bool:
@@ -58,8 +86,8 @@ def _is_constant_value(value: Any) -> bool:
     return False
 
 
-def _runs(nodes: list[Node], decisions: list[Decision]) -> list[tuple[Target, list[int]]]:
-    """Split node indices into engine runs (trimmed of static nodes at either end) and torch runs."""
+def _runs(decisions: list[Decision]) -> list[tuple[Target, list[int]]]:
+    """Split node positions into engine runs (trimmed of static nodes at either end) and torch runs."""
     runs: list[tuple[Target, list[int]]] = []
     current: list[int] = []
 
@@ -93,13 +121,13 @@ def _append(runs: list[tuple[Target, list[int]]], target: Target, indices: list[
         runs.append((target, list(indices)))
 
 
-def _boundary(block: Block, members: set[Node], decisions: list[Decision], index: dict[Node, int],
-              resolver: Resolver) -> bool:
+def _boundary(block: Block, decisions: dict[Node, Decision], resolver: Resolver) -> bool:
     """Fill the block's inputs and outputs; demote nodes that would pass non-tensors across. True if any was."""
+    members = set(block.nodes)
     block_graph = block.nodes[0].owningBlock()
     demoted = False
     for node in block.nodes:
-        target = decisions[index[node]].target
+        target = decisions[node].target
         if target == Target.ENGINE:
             for v in node.inputs():
                 if v.node() in members or v in block.inputs:
@@ -116,7 +144,7 @@ def _boundary(block: Block, members: set[Node], decisions: list[Decision], index
                 if isinstance(value, TensorMeta) and is_tensor_type(v.type()):
                     block.inputs.append(v)
                 else:
-                    decisions[index[node]] = Decision.torch(
+                    decisions[node] = Decision.torch(
                         Fallback.BOUNDARY, f"input %{v.debugName()} is a {v.type()} made outside the engine")
                     demoted = True
         for out in node.outputs():
@@ -131,42 +159,60 @@ def _boundary(block: Block, members: set[Node], decisions: list[Decision], index
             elif is_tensor_type(out.type()) and isinstance(resolver.resolve(out), TensorMeta):
                 block.outputs.append(out)
                 continue
-            decisions[index[node]] = Decision.torch(
+            decisions[node] = Decision.torch(
                 Fallback.BOUNDARY, f"output %{out.debugName()} ({out.type()}) is read outside the engine")
             demoted = True
     return demoted
 
 
-def _blocks(nodes: list[Node], decisions: list[Decision], index: dict[Node, int],
-            resolver: Resolver) -> tuple[list[Block], bool]:
+def _blocks(order: list[Node], decisions: dict[Node, Decision], resolver: Resolver) -> tuple[list[Block], bool]:
     blocks, demoted = [], False
-    for target, indices in _runs(nodes, decisions):
-        block = Block(target, [nodes[i] for i in indices])
+    for target, indices in _runs([decisions[n] for n in order]):
+        block = Block(target, [order[i] for i in indices])
         if target == Target.ENGINE:
-            demoted |= _boundary(block, set(block.nodes), decisions, index, resolver)
+            demoted |= _boundary(block, decisions, resolver)
         blocks.append(block)
     return blocks, demoted
 
 
-def partition(graph: Graph, metas: dict[int, TensorMeta], settings: CompileSettings) -> Partition:
-    """Split the graph's top-level nodes into engine and torch blocks."""
-    nodes = list(graph.nodes())
-    index = {n: i for i, n in enumerate(nodes)}
-    resolver = Resolver(metas)
-    decisions = [classify(n, resolver, settings) for n in nodes]
-    blocks, demoted = _blocks(nodes, decisions, index, resolver)
-    while demoted:
-        blocks, demoted = _blocks(nodes, decisions, index, resolver)
+def _demote_small(blocks: list[Block], decisions: dict[Node, Decision], min_block_size: int) -> bool:
+    """Send engine blocks of fewer than `min_block_size` layer ops back to PyTorch. True if any was."""
     small = False
     for block in blocks:
-        converted = [n for n in block.nodes if decisions[index[n]].target == Target.ENGINE]
-        if block.is_engine and len(converted) < settings.min_block_size:
-            for n in converted:
-                decisions[index[n]] = Decision.torch(
-                    Fallback.MIN_BLOCK_SIZE, f"block of {len(converted)} < min_block_size {settings.min_block_size}")
+        ops = [n for n in block.nodes if is_layer_op(n, decisions[n])]
+        if block.is_engine and len(ops) < min_block_size:
+            for n in block.nodes:
+                if decisions[n].target == Target.ENGINE:
+                    decisions[n] = Decision.torch(
+                        Fallback.MIN_BLOCK_SIZE, f"its engine block would hold {len(ops)} op(s), fewer than "
+                                                 f"min_block_size={min_block_size}")
             small = True
-    if small:
-        blocks, demoted = _blocks(nodes, decisions, index, resolver)
-        assert not demoted, "demoting small blocks cannot change other blocks' boundaries"
+    return small
+
+
+def partition(graph: Graph, metas: dict[int, TensorMeta], settings: CompileSettings,
+              forced: Mapping[Node, Decision] | None = None) -> Partition:
+    """Split the graph's top-level nodes into engine and torch blocks, reordering the graph to match.
+
+    `forced` overrides the decision of some nodes (the compiler uses it for nodes whose conversion failed).
+    With `require_full_compilation`, min_block_size does not apply: the whole method is wanted as one engine.
+    """
+    nodes = list(graph.nodes())
+    resolver = _PartitionResolver(metas)
+    forced = forced or {}
+    decisions = {}
+    for n in nodes:  # in graph order: a node's producers are decided before it
+        decisions[n] = forced[n] if n in forced else classify(n, resolver, settings)
+        if decisions[n].target == Target.TORCH:
+            resolver.in_torch.add(n)
+    deps = dependencies(graph)
+    while True:
+        order = schedule(nodes, deps, {n: d.target for n, d in decisions.items()})
+        blocks, demoted = _blocks(order, decisions, resolver)
+        if demoted:
+            continue
+        if settings.require_full_compilation or not _demote_small(blocks, decisions, settings.min_block_size):
+            break
+    apply_order(graph, order)
     logger.debug("partitioned into %s", [(b.target.value, len(b.nodes)) for b in blocks])
-    return Partition(graph, nodes, decisions, blocks, metas)
+    return Partition(graph, order, decisions, blocks, metas)

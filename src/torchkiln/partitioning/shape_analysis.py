@@ -1,5 +1,9 @@
 """Shape analysis: run the lowered graph once on example inputs and record every top-level
-tensor's shape, dtype and device, so each block boundary is known before conversion."""
+tensor's shape, dtype and device, so each block boundary is known before conversion.
+
+The examples mirror the method's arguments (tensors, or tuples, lists and dicts of them); see
+`signature.example_args`. Only top-level values are recorded: values inside If/Loop bodies never
+cross an engine boundary, since those bodies run in PyTorch."""
 from __future__ import annotations
 
 import logging
@@ -28,8 +32,13 @@ def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
     takes_self = len(list(graph.inputs())) == len(example_inputs) + 1
     fn = torch._C._create_function_from_graph("torchkiln_shape_probe", probe)
     args = ([module._c] if takes_self else []) + list(example_inputs)
-    with torch.no_grad():
-        results = fn(*args)
+    try:
+        with torch.no_grad():
+            results = fn(*args)
+    except RuntimeError as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"inputs: running the method on random example inputs of the given shapes failed "
+                         f"({message}); check that the Input shapes and dtypes are ones the model accepts") from e
     if not isinstance(results, tuple):
         results = (results,)
     metas = {}

@@ -7,7 +7,7 @@ import enum
 from torchkiln.conversion.registry import find_converter, find_evaluator
 from torchkiln.conversion.resolve import NotStatic, Resolver, is_dynamic
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Node, node_key
+from torchkiln.torchscript import Node, TensorMeta, node_key
 
 FALLBACK_ATTR = "torchkiln_fallback"  # set on nodes that module fallback forces to PyTorch
 
@@ -18,8 +18,8 @@ class Target(enum.Enum):
     TORCH = "torch"  # stays a TorchScript node
 
 
-class Fallback(enum.Enum):
-    """Why a node stays in PyTorch."""
+class Fallback(str, enum.Enum):
+    """Why a node stays in PyTorch. Members compare equal to their text."""
 
     NO_CONVERTER = "no converter or evaluator"
     FORCED_OP = "forced by torch_executed_ops"
@@ -29,6 +29,11 @@ class Fallback(enum.Enum):
     CAPABILITY = "the converter does not support these arguments"
     BOUNDARY = "a non-tensor value would cross an engine boundary"
     MIN_BLOCK_SIZE = "engine block below min_block_size"
+    CONVERSION_FAILED = "conversion failed"
+    IO_PLUMBING = "packs or unpacks the method's collection inputs or outputs"  # not a fallback: engines take tensors
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,25 +46,45 @@ class Decision:
     def torch(cls, reason: Fallback, detail: str = "") -> Decision:
         return cls(Target.TORCH, reason, detail)
 
+    @property
+    def is_fallback(self) -> bool:
+        """Whether the node runs in PyTorch although it could have been engine work."""
+        return self.target == Target.TORCH and self.reason != Fallback.IO_PLUMBING
 
-def _forced(node: Node, settings: CompileSettings) -> bool:
-    return node.kind() in settings.torch_executed_ops or node_key(node) in settings.torch_executed_ops
+
+def _forced_by(node: Node, settings: CompileSettings) -> str | None:
+    """The torch_executed_ops entry naming this node's op ('aten::add' for all overloads, or 'aten::add.Tensor')."""
+    for name in (node_key(node), node.kind()):
+        if name in settings.torch_executed_ops:
+            return name
+    return None
 
 
-def classify(node: Node, resolver: Resolver, settings: CompileSettings) -> Decision:
-    """Decide where one top-level node runs."""
-    if node.hasAttribute(FALLBACK_ATTR):
-        return Decision.torch(Fallback.FORCED_MODULE, node.s(FALLBACK_ATTR))
-    if _forced(node, settings):
-        return Decision.torch(Fallback.FORCED_OP, node.kind())
+def _not_static(node: Node, resolver: Resolver, error: NotStatic) -> Decision:
+    """NOT_STATIC naming the first input only known at run time, or the tensor whose data is needed."""
+    tensors = []
+    for v in node.inputs():
+        try:
+            value = resolver.resolve(v)
+        except NotStatic:
+            return Decision.torch(Fallback.NOT_STATIC,
+                                  f"%{v.debugName()} ({v.type()}) is computed at run time by {v.node().kind()}")
+        if isinstance(value, TensorMeta):
+            tensors.append(v)
+    if tensors:
+        return Decision.torch(Fallback.NOT_STATIC, f"needs the data of tensor %{tensors[0].debugName()}")
+    return Decision.torch(Fallback.NOT_STATIC, str(error))
+
+
+def _classify(node: Node, resolver: Resolver) -> Decision:
     if list(node.blocks()):
-        return Decision.torch(Fallback.CONTROL_FLOW, node.kind())
+        return Decision.torch(Fallback.CONTROL_FLOW, "the ops in its blocks run in PyTorch")
     converter = find_converter(node)
     if converter is not None:
         try:
             args = resolver.args(node)
         except NotStatic as e:
-            return Decision.torch(Fallback.NOT_STATIC, str(e))
+            return _not_static(node, resolver, e)
         reason = converter.capability(args) if converter.capability else None
         if reason:
             return Decision.torch(Fallback.CAPABILITY, reason)
@@ -73,9 +98,28 @@ def classify(node: Node, resolver: Resolver, settings: CompileSettings) -> Decis
                 return Decision(Target.STATIC)
             values = [resolver.resolve(o) for o in node.outputs()]
         except NotStatic as e:
-            return Decision.torch(Fallback.NOT_STATIC, str(e))
+            return _not_static(node, resolver, e)
         return Decision(Target.ENGINE if is_dynamic(values) else Target.STATIC)
     return Decision.torch(Fallback.NO_CONVERTER, node_key(node))
+
+
+def classify(node: Node, resolver: Resolver, settings: CompileSettings) -> Decision:
+    """Decide where one top-level node runs.
+
+    Forcing (torch_executed_ops, module fallback) applies to work an engine would run; a static value
+    (a constant, shape arithmetic) is known at build time wherever its node would run, so it stays static.
+    """
+    if is_io_plumbing(node):
+        return Decision.torch(Fallback.IO_PLUMBING)
+    decision = _classify(node, resolver)
+    if decision.target == Target.STATIC:
+        return decision
+    if node.hasAttribute(FALLBACK_ATTR):
+        return Decision.torch(Fallback.FORCED_MODULE, node.s(FALLBACK_ATTR))
+    forced = _forced_by(node, settings)
+    if forced is not None:
+        return Decision.torch(Fallback.FORCED_OP, f"{forced!r} is in torch_executed_ops")
+    return decision
 
 
 _PACK = ("prim::TupleConstruct", "prim::ListConstruct", "prim::DictConstruct")
