@@ -66,13 +66,13 @@ def functional_inplace(args: Args) -> str | None:
     if producer.kind() in VIEW_OPS:
         return f"it modifies %{target.debugName()}, a view made by {producer.kind()}, in place"
     for use in target.uses():
-        if use.user != node and _may_alias(use.user, use.offset):
-            return f"%{target.debugName()} has an alias made by {use.user.kind()} that would see the change"
         user = use.user
         while user.owningBlock() != node.owningBlock():
             user = user.owningBlock().owningNode()
         if user.isAfter(node):
             return f"%{target.debugName()} is read after it is modified in place"
+        if use.user != node and _may_alias(use.user, use.offset):
+            return f"%{target.debugName()} has an alias made by {use.user.kind()} that would see the change"
     return None
 
 
