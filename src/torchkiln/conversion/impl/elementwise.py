@@ -58,6 +58,6 @@ def binary_converter(op: L.ElementWiseOperation) -> Callable[[ConversionCtx, Arg
 
 def unary_converter(op: L.UnaryOperation) -> Callable[[ConversionCtx, Args], Tensor]:
     def convert(ctx: ConversionCtx, args: Args) -> Tensor:
-        return unary(ctx, args.self, op)
+        return unary(ctx, args[0], op)
 
     return convert
