@@ -1,10 +1,10 @@
 """Binary elementwise ops through the whole pipeline against eager: arithmetic, comparison, logical
 and bitwise ops on float, int and bool tensors, broadcasting, mixed dtypes, Python scalars and 0-d
-tensors, non-contiguous inputs, int64 with truncate_long_and_double, and the in-place forms."""
+tensors, non-contiguous inputs, int64 with truncate_long_and_double, and traced graphs."""
 import pytest
 import torch
-from harness import check_fn
-from ops_testing import check, inplace_in_engine, through_if2
+from harness import check_compiled
+from ops_testing import check
 
 
 def binary(op):
@@ -45,9 +45,13 @@ def operand(domain, shape, dtype, role):
     return torch.randint(-6, 7, shape, dtype=dtype)
 
 
+def div_trunc(x, y):
+    return torch.div(x, y, rounding_mode="trunc")
+
+
 ARITHMETIC = [(torch.add, "any"), (torch.sub, "any"), (torch.mul, "any"), (torch.div, "divisor"),
-              (torch.floor_divide, "divisor"), (torch.remainder, "divisor"), (torch.fmod, "divisor"),
-              (torch.pow, "pow"), (torch.atan2, "any"), (torch.rsub, "any")]
+              (div_trunc, "divisor"), (torch.floor_divide, "divisor"), (torch.remainder, "divisor"),
+              (torch.fmod, "divisor"), (torch.pow, "pow"), (torch.atan2, "any"), (torch.rsub, "any")]
 COMPARISON = [(op, "any") for op in (torch.eq, torch.ne, torch.gt, torch.ge, torch.lt, torch.le,
                                      torch.maximum, torch.minimum, torch.max, torch.min)]
 LOGICAL = [(op, "any") for op in (torch.logical_and, torch.logical_or, torch.logical_xor)]
@@ -178,13 +182,33 @@ def ne_int(x):
     return x != 2
 
 
+def ge_int(x):
+    return x >= 1
+
+
 def max_other(x):
     return torch.max(x, x * 0.5)
 
 
+def minus_float(x):
+    return x - 1.5
+
+
+def div_int(x):
+    return x / 4
+
+
+def div_floor_float(x):
+    return torch.div(x, 2.5, rounding_mode="floor")
+
+
+def div_trunc_int(x):
+    return torch.div(x, -3, rounding_mode="trunc")
+
+
 SCALAR_FORMS = [pow_2, pow_half, two_pow, float_pow, floordiv_2, floordiv_neg_float, mod_3, mod_neg_float,
                 scalar_mod, fmod_float, fmod_neg_int, rsub_float, rsub_alpha, scalar_minus, eq_float, gt_int,
-                le_float, ne_int, max_other]
+                le_float, ne_int, ge_int, max_other, minus_float, div_int, div_floor_float, div_trunc_int]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32], ids=str)
@@ -210,6 +234,19 @@ def scalar_and(x):
     return torch.bitwise_and(6, x)
 
 
+def or_int(x):
+    return x | 5
+
+
+def xor_masks(x):
+    return (x > 0) ^ (x < 3)
+
+
+def bitwise_scalar_forms(x):
+    return (torch.bitwise_and(x, 3) + torch.bitwise_or(x, 3) + torch.bitwise_or(6, x) + torch.bitwise_xor(x, 3)
+            + torch.bitwise_xor(6, x))
+
+
 def and_masks(x):
     return (x > 0) & (x < 3)
 
@@ -218,7 +255,8 @@ def not_mask(x):
     return ~(x > 1)
 
 
-@pytest.mark.parametrize("fn", [and_int, or_masks, xor_int, scalar_and, and_masks, not_mask], ids=ids)
+@pytest.mark.parametrize("fn", [and_int, or_int, or_masks, xor_int, xor_masks, scalar_and, bitwise_scalar_forms,
+                                and_masks, not_mask], ids=ids)
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
 def test_bitwise_operators(fn, dtype):
     check(fn, operand("any", (3, 4), dtype, "a"))
@@ -230,63 +268,51 @@ def test_int64_scalar_forms_truncated():
     check(fn, operand("any", (3, 4), torch.int64, "a"), truncate_long_and_double=True)
 
 
-# In-place forms of binary ops.
-def add_(y, other):
-    return y.add_(other)
 
 
-def eq_(y, other):
-    return y.eq_(other)
+class TracedForms(torch.nn.Module):
+    """Forms as tracing records them: rsub for `1 - x`, a 0-d constant tensor for `x // 2`."""
+
+    def forward(self, x):
+        m = x > 1
+        return ((1 - x) * (2.5 - x), torch.where(m, x, 0), x.masked_fill(~m, -3), x ** 2, x // 2, x % 3,
+                3 ** torch.abs(x), torch.max(x, -x))
 
 
-def gt_scalar_(y, other):
-    return y.gt_(0.5)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+@pytest.mark.parametrize("truncate", [False, True], ids=["", "truncated"])
+def test_traced_forms(dtype, truncate):
+    x = operand("any", (3, 4), dtype, "a")
+    check_compiled(torch.jit.trace(TracedForms(), x), [x], truncate_long_and_double=truncate, min_block_size=1)
 
 
-def floor_divide_(y, other):
-    return y.floor_divide_(other * 2 + 1)
+def mixed_graph(x):
+    y = torch.where(x > 0, x, 0.1 * x).clamp(-1.0, 2.0)
+    return torch.sqrt(torch.abs(y)) - y.masked_fill(y < 0.2, -1.0) + (y == 0.5) + torch.remainder(y, 0.75)
 
 
-def remainder_(y, other):
-    return y.remainder_(other)
+def test_float16_precision():
+    """With fp16 compute the comparisons, selects and casts still give eager's dtypes."""
+    check(mixed_graph, torch.randn(3, 4), enabled_precisions={torch.float16}, rtol=1e-2)
 
 
-def pow_(y, other):
-    return y.pow_(2)
+class TracedInplace(torch.nn.Module):
+    """In-place forms as tracing records them: `m &= ...` is aten::__iand__, read through its output."""
 
-
-def logical_and_(y, other):
-    return y.logical_and_(other)
-
-
-def bitwise_and_(y, other):
-    return y.bitwise_and_(other)
-
-
-INPLACE = [
-    (add_, "aten::add_.Tensor", torch.float16, torch.float32),  # the half target stays half
-    (eq_, "aten::eq_.Tensor", torch.float32, torch.float32),  # stays float, unlike eq
-    (gt_scalar_, "aten::gt_.Scalar", torch.float32, torch.float32),
-    (floor_divide_, "aten::floor_divide_.Tensor", torch.int64, torch.int64),
-    (remainder_, "aten::remainder_.Tensor", torch.float32, torch.float32),
-    (pow_, "aten::pow_.Scalar", torch.int32, torch.int32),
-    (logical_and_, "aten::logical_and_", torch.float32, torch.bool),
-    (bitwise_and_, "aten::bitwise_and_.Tensor", torch.int64, torch.int64),
-]
-
-
-@pytest.mark.parametrize("fn, op, dtype, other_dtype", INPLACE, ids=ids)
-def test_binary_inplace_converts(fn, op, dtype, other_dtype):
-    inplace_in_engine(through_if2(fn), op, operand("divisor", (3, 4), dtype, "a"),
-                      operand("divisor", (3, 4), other_dtype, "b"))
-
-
-def test_binary_inplace_on_a_view_stays_in_pytorch():
-    """`y.t().mul_(2)` writes through a view: converting it functionally would lose the write."""
-    def fn(x):
+    def forward(self, x):
         y = x * 2
-        z = y.t()
-        z.mul_(2)
-        return y + 1
-    _, report = check_fn(fn, torch.randn(3, 4), engines=None, torch_blocks=None)
-    assert "aten::mul_.Scalar" in report.fallback_ops
+        y.add_(1)
+        y.clamp_(min=0)
+        m = y > 1
+        m &= y < 3
+        m |= y > 4.5
+        m ^= y == 0
+        y.masked_fill_(m, 0.0)
+        return y, m
+
+
+def test_traced_inplace_forms():
+    x = torch.randn(3, 4) * 3
+    _, report = check_compiled(torch.jit.trace(TracedInplace(), x), [x], min_block_size=1)
+    ops = report.blocks[0].ops
+    assert {"aten::__iand__.Tensor", "aten::__ior__.Tensor", "aten::__ixor__.Tensor"} <= set(ops), ops

@@ -1,9 +1,9 @@
 """where, masked_fill and clamp through the whole pipeline against eager: tensor and scalar branches
 and bounds, broadcasting, the dtype eager gives (an int tensor clamped to 0.5 is float), NaN,
-int64 with truncate_long_and_double, bounds the engine cannot hold, and the in-place forms."""
+int64 with truncate_long_and_double, and bounds the engine cannot hold."""
 import pytest
 import torch
-from ops_testing import check, inplace_in_engine, through_if, through_if2
+from ops_testing import check
 
 ids = lambda v: getattr(v, "__name__", str(v))  # noqa: E731
 
@@ -88,14 +88,6 @@ def test_masked_fill_tensor_value_takes_input_dtype(v):
 
 def test_masked_fill_int64_truncated():
     check(fill_float, ints(3, 4), mask(3, 4), truncate_long_and_double=True)
-
-
-def masked_fill_(y, m):
-    return y.masked_fill_(m, -1.0)
-
-
-def test_masked_fill_inplace_converts():
-    inplace_in_engine(through_if2(masked_fill_), "aten::masked_fill_.Scalar", torch.randn(3, 4), mask(3, 4))
 
 
 # ---- clamp -----------------------------------------------------------------------------------
@@ -185,21 +177,3 @@ def clamp_huge_int(x):
 def test_clamp_bound_without_exact_float_stays_in_pytorch():
     _, report = check(clamp_huge_int, ints(3, 4), engines=0, torch_blocks=1)
     assert "no exact float value" in report.blocks[0].fallback[0].detail
-
-
-def clamp_(y):
-    return y.clamp_(-0.5, 0.5)
-
-
-def clamp_min_(y):
-    return y.clamp_min_(0.1)
-
-
-def clamp_tensor_(y, lo):
-    return y.clamp_(min=lo)
-
-
-def test_clamp_inplace_converts():
-    inplace_in_engine(through_if(clamp_), "aten::clamp_", torch.randn(3, 4))
-    inplace_in_engine(through_if(clamp_min_), "aten::clamp_min_", torch.randn(3, 4))
-    inplace_in_engine(through_if2(clamp_tensor_), "aten::clamp_.Tensor", torch.randn(3, 4), torch.randn(4))

@@ -1,10 +1,9 @@
 """Unary elementwise ops through the whole pipeline against eager: every op on float, int and bool
 inputs (integer inputs to float functions give float), special values, non-contiguous and 0-d
-inputs, int64 with truncate_long_and_double, and the in-place forms."""
+inputs, and int64 with truncate_long_and_double (in-place forms: test_ops_elementwise_inplace.py)."""
 import pytest
 import torch
-from harness import check_fn
-from ops_testing import check, inplace_in_engine, through_if
+from ops_testing import check
 
 
 def unary(op):
@@ -108,49 +107,3 @@ def neg_then_mul(x):
 @pytest.mark.parametrize("fn", [python_abs, round_2, round_minus_1, neg_then_mul], ids=lambda f: f.__name__)
 def test_unary_forms(fn):
     check(fn, values("any") * 40)
-
-
-def sqrt_(y):
-    return y.sqrt_()
-
-
-def abs_(y):
-    return y.abs_()
-
-
-def neg_(y):
-    return y.neg_()
-
-
-def exp_(y):
-    return y.exp_()
-
-
-def floor_(y):
-    return y.floor_()
-
-
-def logical_not_(y):
-    return y.logical_not_()
-
-
-def round_1_(y):
-    return y.round_(decimals=1)
-
-
-@pytest.mark.parametrize("fn, op", [(sqrt_, "aten::sqrt_"), (abs_, "aten::abs_"), (neg_, "aten::neg_"),
-                                    (exp_, "aten::exp_"), (floor_, "aten::floor_"),
-                                    (logical_not_, "aten::logical_not_"), (round_1_, "aten::round_.decimals")],
-                         ids=lambda v: getattr(v, "__name__", v))
-def test_unary_inplace_converts(fn, op):
-    """`y.op_()` on an intermediate converts; logical_not_ keeps y's float dtype, as eager does."""
-    inplace_in_engine(through_if(fn), op, values("pos"))
-
-
-def sqrt_input_(x):
-    return x.sqrt_()
-
-
-def test_unary_inplace_on_method_input_stays_in_pytorch():
-    _, report = check_fn(sqrt_input_, values("pos"), engines=0, torch_blocks=1)
-    assert "method input" in report.blocks[0].fallback[0].detail

@@ -23,9 +23,9 @@ def sub(ctx: ConversionCtx, args: Args) -> Tensor:
     return binary(ctx, args.self, scaled(ctx, args.other, args.alpha), OP.SUB)
 
 
-@converter("aten::rsub.Tensor", "aten::rsub.Scalar")
+@converter("aten::rsub.Scalar")
 def rsub(ctx: ConversionCtx, args: Args) -> Tensor:
-    """other - alpha * self."""
+    """other - alpha * self (TorchScript writes a tensor rsub as aten::sub)."""
     return binary(ctx, args.other, scaled(ctx, args.self, args.alpha), OP.SUB)
 
 
