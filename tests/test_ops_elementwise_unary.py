@@ -104,6 +104,7 @@ def neg_then_mul(x):
     return -x * 2
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("fn", [python_abs, round_2, round_minus_1, neg_then_mul], ids=lambda f: f.__name__)
-def test_unary_forms(fn):
-    check(fn, values("any") * 40)
+def test_unary_forms(fn, dtype):
+    check(fn, (values("any") * 40).to(dtype))

@@ -2,6 +2,8 @@
 (and their in-place forms). Integer inputs to float functions give float, as in eager."""
 from __future__ import annotations
 
+import torch
+
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.elementwise import binary, unary, unary_converter
 from torchkiln.conversion.impl.inplace import register_inplace
@@ -34,13 +36,16 @@ converter("prim::abs")(unary_converter(U.ABS))  # Python's abs() on a tensor
 
 @converter("aten::round.decimals")
 def round_decimals(ctx: ConversionCtx, args: Args) -> Tensor:
-    """round(x * 10**d) / 10**d (for d < 0: round(x / 10**-d) * 10**-d), as ATen computes it."""
+    """round(x * 10**d) / 10**d (for d < 0: round(x / 10**-d) * 10**-d), as ATen computes it
+    (half-precision inputs in float32)."""
     x, decimals = ctx.to_tensor(args.self), args.decimals
     if decimals == 0:
         return unary(ctx, x, U.ROUND)
-    scale = ctx.to_tensor(10.0 ** abs(decimals), x.dtype)
+    wide = ctx.to_tensor(x, torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None)
+    scale = ctx.to_tensor(10.0 ** abs(decimals), wide.dtype)
     inward, outward = (E.PROD, E.DIV) if decimals > 0 else (E.DIV, E.PROD)
-    return binary(ctx, unary(ctx, binary(ctx, x, scale, inward), U.ROUND), scale, outward)
+    rounded = binary(ctx, unary(ctx, binary(ctx, wide, scale, inward), U.ROUND), scale, outward)
+    return ctx.to_tensor(rounded, x.dtype)
 
 
 register_inplace(round_decimals, "aten::round_.decimals")
