@@ -1,33 +1,108 @@
-"""Activation converters."""
+"""Activation converters (and their in-place forms)."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.common import functional_inplace
+from torchkiln.conversion.impl.activation import activation
+from torchkiln.conversion.impl.common import needs_static
+from torchkiln.conversion.impl.elementwise import binary, select
+from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.conversion.registry import converter
 from torchkiln.conversion.resolve import Args
 from torchkiln.network import layers as L
 from torchkiln.network.tensor import Tensor
 
+A, E = L.ActivationType, L.ElementWiseOperation
 
-def activation(ctx: ConversionCtx, x, kind: L.ActivationType, alpha: float = 0.0, beta: float = 0.0) -> Tensor:
-    return ctx.network.add_activation(ctx.to_tensor(x), kind, alpha, beta).get_output()
-
-
-@converter("aten::relu")
-def relu(ctx: ConversionCtx, args: Args) -> Tensor:
-    return activation(ctx, args.self, L.ActivationType.RELU)
-
-
-@converter("aten::relu_", capability=functional_inplace)
-def relu_(ctx: ConversionCtx, args: Args) -> Tensor:
-    return relu(ctx, args)
+# Activations without parameters: op -> layer type. Each has an in-place form `op_` but log_sigmoid.
+_PLAIN = {
+    "relu": A.RELU, "sigmoid": A.SIGMOID, "tanh": A.TANH, "selu": A.SELU, "silu": A.SILU, "mish": A.MISH,
+    "hardsigmoid": A.HARD_SIGMOID, "hardswish": A.HARD_SWISH, "log_sigmoid": A.LOG_SIGMOID,
+}
 
 
-@converter("aten::sigmoid")
-def sigmoid(ctx: ConversionCtx, args: Args) -> Tensor:
-    return activation(ctx, args.self, L.ActivationType.SIGMOID)
+def _plain(kind: L.ActivationType):
+    def convert(ctx: ConversionCtx, args: Args) -> Tensor:
+        return activation(ctx, args.self, kind)
+
+    return convert
 
 
-@converter("aten::tanh")
-def tanh(ctx: ConversionCtx, args: Args) -> Tensor:
-    return activation(ctx, args.self, L.ActivationType.TANH)
+for _name, _kind in _PLAIN.items():
+    _convert = converter(f"aten::{_name}")(_plain(_kind))
+    if _name != "log_sigmoid":
+        register_inplace(_convert, f"aten::{_name}_")
+
+
+@converter("aten::leaky_relu")
+def leaky_relu(ctx: ConversionCtx, args: Args) -> Tensor:
+    return activation(ctx, args.self, A.LEAKY_RELU, args.negative_slope)
+
+
+def _default_elu(args: Args) -> str | None:
+    if args.scale != 1 or args.input_scale != 1:
+        return f"elu with scale={args.scale}, input_scale={args.input_scale} (only 1, 1 is supported)"
+    return None
+
+
+@converter("aten::elu", capability=_default_elu)
+def elu(ctx: ConversionCtx, args: Args) -> Tensor:
+    return activation(ctx, args.self, A.ELU, args.alpha)
+
+
+@converter("aten::celu")
+def celu(ctx: ConversionCtx, args: Args) -> Tensor:
+    return activation(ctx, args.self, A.CELU, args.alpha)
+
+
+_GELU = {"none": A.GELU_ERF, "tanh": A.GELU_TANH}
+
+
+def _gelu_approximation(args: Args) -> str | None:
+    return None if args.approximate in _GELU else f"unknown gelu approximate={args.approximate!r}"
+
+
+@converter("aten::gelu", capability=_gelu_approximation)
+def gelu(ctx: ConversionCtx, args: Args) -> Tensor:
+    return activation(ctx, args.self, _GELU[args.approximate])
+
+
+@converter("aten::hardtanh")
+def hardtanh(ctx: ConversionCtx, args: Args) -> Tensor:
+    return activation(ctx, args.self, A.HARD_TANH, args.min_val, args.max_val)
+
+
+@converter("aten::relu6")
+def relu6(ctx: ConversionCtx, args: Args) -> Tensor:
+    return activation(ctx, args.self, A.HARD_TANH, 0.0, 6.0)
+
+
+@converter("aten::threshold")
+def threshold(ctx: ConversionCtx, args: Args) -> Tensor:
+    return activation(ctx, args.self, A.THRESHOLDED_RELU, args.threshold, args.value)
+
+
+register_inplace(leaky_relu, "aten::leaky_relu_")
+register_inplace(elu, "aten::elu_", capability=_default_elu)
+register_inplace(celu, "aten::celu_")
+register_inplace(gelu, "aten::gelu_", capability=_gelu_approximation)
+register_inplace(hardtanh, "aten::hardtanh_")
+register_inplace(relu6, "aten::relu6_")
+register_inplace(threshold, "aten::threshold_")
+
+
+@converter("aten::softplus")
+def softplus(ctx: ConversionCtx, args: Args) -> Tensor:
+    return activation(ctx, args.self, A.SOFTPLUS, args.beta, args.threshold)
+
+
+@converter("aten::prelu", capability=lambda args: needs_static(args, "weight"))
+def prelu(ctx: ConversionCtx, args: Args) -> Tensor:
+    return ctx.network.add_parametric_relu(ctx.to_tensor(args.self), args.weight).get_output()
+
+
+@converter("aten::hardshrink")
+def hardshrink(ctx: ConversionCtx, args: Args) -> Tensor:
+    """0 where -lambd <= x <= lambd, else x (NaN stays NaN), as ATen computes it."""
+    x, lambd = ctx.to_tensor(args.self), args.lambd
+    inside = binary(ctx, binary(ctx, x, -lambd, E.GREATER_EQUAL), binary(ctx, x, lambd, E.LESS_EQUAL), E.AND)
+    return select(ctx, inside, ctx.to_tensor(0, x.dtype), x)

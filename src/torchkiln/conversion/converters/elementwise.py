@@ -1,9 +1,10 @@
-"""Binary arithmetic converters: add, sub, mul, div (tensor, scalar and in-place forms)."""
+"""Binary arithmetic converters: add, sub, rsub, mul, div, floor_divide, remainder, fmod, pow, atan2
+(tensor, scalar and in-place forms)."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.common import functional_inplace
-from torchkiln.conversion.impl.elementwise import binary, scaled
+from torchkiln.conversion.impl.elementwise import binary, binary_converter, scaled
+from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.conversion.registry import converter
 from torchkiln.conversion.resolve import Args
 from torchkiln.network import layers as L
@@ -17,29 +18,20 @@ def add(ctx: ConversionCtx, args: Args) -> Tensor:
     return binary(ctx, args.self, scaled(ctx, args.other, args.alpha), OP.SUM)
 
 
-@converter("aten::add_.Tensor", "aten::add_.Scalar", capability=functional_inplace)
-def add_(ctx: ConversionCtx, args: Args) -> Tensor:
-    return add(ctx, args)
-
-
 @converter("aten::sub.Tensor", "aten::sub.Scalar")
 def sub(ctx: ConversionCtx, args: Args) -> Tensor:
     return binary(ctx, args.self, scaled(ctx, args.other, args.alpha), OP.SUB)
 
 
-@converter("aten::sub_.Tensor", "aten::sub_.Scalar", capability=functional_inplace)
-def sub_(ctx: ConversionCtx, args: Args) -> Tensor:
-    return sub(ctx, args)
+@converter("aten::rsub.Scalar")
+def rsub(ctx: ConversionCtx, args: Args) -> Tensor:
+    """other - alpha * self (TorchScript writes a tensor rsub as aten::sub)."""
+    return binary(ctx, args.other, scaled(ctx, args.self, args.alpha), OP.SUB)
 
 
 @converter("aten::mul.Tensor", "aten::mul.Scalar")
 def mul(ctx: ConversionCtx, args: Args) -> Tensor:
     return binary(ctx, args.self, args.other, OP.PROD)
-
-
-@converter("aten::mul_.Tensor", "aten::mul_.Scalar", capability=functional_inplace)
-def mul_(ctx: ConversionCtx, args: Args) -> Tensor:
-    return mul(ctx, args)
 
 
 _ROUNDING = {None: OP.DIV, "floor": OP.FLOOR_DIV, "trunc": OP.TRUNC_DIV}
@@ -56,7 +48,24 @@ def div(ctx: ConversionCtx, args: Args) -> Tensor:
     return binary(ctx, args.self, args.other, _ROUNDING[args.get("rounding_mode")])
 
 
-@converter("aten::div_.Tensor", "aten::div_.Scalar", "aten::div_.Tensor_mode", "aten::div_.Scalar_mode",
-           capability=lambda args: _rounding(args) or functional_inplace(args))
-def div_(ctx: ConversionCtx, args: Args) -> Tensor:
-    return div(ctx, args)
+register_inplace(add, "aten::add_.Tensor", "aten::add_.Scalar")
+register_inplace(sub, "aten::sub_.Tensor", "aten::sub_.Scalar")
+register_inplace(mul, "aten::mul_.Tensor", "aten::mul_.Scalar")
+register_inplace(div, "aten::div_.Tensor", "aten::div_.Scalar", "aten::div_.Tensor_mode", "aten::div_.Scalar_mode",
+                 capability=_rounding)
+
+# op -> (functional overloads, in-place overloads); self and other may each be a tensor or a scalar.
+_BINARY = {
+    OP.FLOOR_DIV: (("aten::floor_divide", "aten::floor_divide.Scalar"),
+                   ("aten::floor_divide_.Tensor", "aten::floor_divide_.Scalar")),
+    OP.REMAINDER: (("aten::remainder.Tensor", "aten::remainder.Scalar", "aten::remainder.Scalar_Tensor"),
+                   ("aten::remainder_.Tensor", "aten::remainder_.Scalar")),
+    OP.FMOD: (("aten::fmod.Tensor", "aten::fmod.Scalar"), ("aten::fmod_.Tensor", "aten::fmod_.Scalar")),
+    OP.POW: (("aten::pow.Tensor_Tensor", "aten::pow.Tensor_Scalar", "aten::pow.Scalar"),
+             ("aten::pow_.Tensor", "aten::pow_.Scalar")),
+    OP.ATAN2: (("aten::atan2",), ("aten::atan2_",)),
+}
+
+for _op, (_functional, _inplace) in _BINARY.items():
+    _convert = converter(*_functional)(binary_converter(_op))
+    register_inplace(_convert, *_inplace)

@@ -54,6 +54,7 @@ def length(args: Args) -> int:
     return len(args[0])
 
 
-@evaluator("aten::neg")
+# Not the bare "aten::neg": that key is the tensor overload, which has a converter.
+@evaluator("aten::neg.int", "aten::neg.float", "aten::neg.Scalar")
 def neg(args: Args):
     return -args[0]

@@ -9,7 +9,7 @@ import torch
 from torchkiln.conversion.resolve import Args
 from torchkiln.errors import ConversionError
 from torchkiln.network.tensor import Tensor
-from torchkiln.torchscript import TensorMeta
+from torchkiln.torchscript import Node, TensorMeta, node_schema
 
 VIEW_OPS = frozenset({
     "aten::view", "aten::reshape", "aten::select", "aten::slice", "aten::transpose", "aten::permute",
@@ -71,4 +71,16 @@ def functional_inplace(args: Args) -> str | None:
             user = user.owningBlock().owningNode()
         if user.isAfter(node):
             return f"%{target.debugName()} is read after it is modified in place"
+        if use.user != node and _may_alias(use.user, use.offset):
+            return f"%{target.debugName()} has an alias made by {use.user.kind()} that would see the change"
     return None
+
+
+def _may_alias(user: Node, offset: int) -> bool:
+    """Whether `user`'s input `offset` may share memory with something it returns or holds (a view, a
+    list or tuple of it, another in-place op); nodes without a schema are assumed to."""
+    schema = node_schema(user)
+    if schema is None:
+        return True
+    arguments = torch._C.parse_schema(schema).arguments
+    return offset >= len(arguments) or arguments[offset].alias_info is not None

@@ -1,0 +1,51 @@
+"""Unary elementwise converters: math functions, rounding, sign, logical and bitwise not, finiteness
+(and their in-place forms). Integer inputs to float functions give float, as in eager."""
+from __future__ import annotations
+
+import torch
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.elementwise import binary, unary, unary_converter
+from torchkiln.conversion.impl.inplace import register_inplace
+from torchkiln.conversion.registry import converter
+from torchkiln.conversion.resolve import Args
+from torchkiln.network import layers as L
+from torchkiln.network.tensor import Tensor
+
+U, E = L.UnaryOperation, L.ElementWiseOperation
+
+_UNARY = {
+    "abs": U.ABS, "neg": U.NEG, "sign": U.SIGN, "reciprocal": U.RECIP, "square": U.SQUARE,
+    "exp": U.EXP, "expm1": U.EXPM1, "log": U.LOG, "log2": U.LOG2, "log10": U.LOG10, "log1p": U.LOG1P,
+    "sqrt": U.SQRT, "rsqrt": U.RSQRT, "erf": U.ERF,
+    "sin": U.SIN, "cos": U.COS, "tan": U.TAN, "asin": U.ASIN, "acos": U.ACOS, "atan": U.ATAN,
+    "sinh": U.SINH, "cosh": U.COSH, "asinh": U.ASINH, "acosh": U.ACOSH, "atanh": U.ATANH,
+    "ceil": U.CEIL, "floor": U.FLOOR, "round": U.ROUND, "trunc": U.TRUNC,
+    "logical_not": U.NOT, "bitwise_not": U.BITWISE_NOT,
+    "isinf": U.ISINF, "isnan": U.ISNAN, "isfinite": U.ISFINITE,
+}
+_NO_INPLACE = ("isinf", "isnan", "isfinite")
+
+for _name, _op in _UNARY.items():
+    _convert = converter(f"aten::{_name}")(unary_converter(_op))
+    if _name not in _NO_INPLACE:
+        register_inplace(_convert, f"aten::{_name}_")
+
+converter("prim::abs")(unary_converter(U.ABS))  # Python's abs() on a tensor
+
+
+@converter("aten::round.decimals")
+def round_decimals(ctx: ConversionCtx, args: Args) -> Tensor:
+    """round(x * 10**d) / 10**d (for d < 0: round(x / 10**-d) * 10**-d), as ATen computes it
+    (half-precision inputs in float32)."""
+    x, decimals = ctx.to_tensor(args.self), args.decimals
+    if decimals == 0:
+        return unary(ctx, x, U.ROUND)
+    wide = ctx.to_tensor(x, torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else None)
+    scale = ctx.to_tensor(10.0 ** abs(decimals), wide.dtype)
+    inward, outward = (E.PROD, E.DIV) if decimals > 0 else (E.DIV, E.PROD)
+    rounded = binary(ctx, unary(ctx, binary(ctx, wide, scale, inward), U.ROUND), scale, outward)
+    return ctx.to_tensor(rounded, x.dtype)
+
+
+register_inplace(round_decimals, "aten::round_.decimals")

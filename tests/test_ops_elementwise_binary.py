@@ -1,0 +1,318 @@
+"""Binary elementwise ops through the whole pipeline against eager: arithmetic, comparison, logical
+and bitwise ops on float, int and bool tensors, broadcasting, mixed dtypes, Python scalars and 0-d
+tensors, non-contiguous inputs, int64 with truncate_long_and_double, and traced graphs."""
+import pytest
+import torch
+from harness import check_compiled
+from ops_testing import check
+
+
+def binary(op):
+    def fn(x, y):
+        return op(x, y)
+    fn.__name__ = op.__name__
+    return fn
+
+
+def odd_divisor(op):
+    """op(x, 2y + 1): an odd integer divisor is never 0, also on the random inputs that shape analysis
+    runs the graph on (an integer division by 0 raises)."""
+    def fn(x, y):
+        return op(x, y * 2 + 1)
+    fn.__name__ = op.__name__
+    return fn
+
+
+def integer_binary(op, domain, dtypes):
+    return odd_divisor(op) if domain == "divisor" and not any(d.is_floating_point for d in dtypes) else binary(op)
+
+
+def operand(domain, shape, dtype, role):
+    """A tensor inside the op's domain: `role` is 'a' (first operand) or 'b' (second)."""
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if dtype.is_floating_point:
+        x = torch.rand(shape)
+        if domain == "pow":
+            return (x * 2 + 0.5 if role == "a" else x * 4 - 2).to(dtype)
+        if domain == "divisor" and role == "b":
+            return ((x * 4 + 0.5) * torch.where(torch.rand(shape) > 0.5, 1.0, -1.0)).to(dtype)
+        return (x * 8 - 4).to(dtype)
+    if domain == "pow":
+        return torch.randint(0, 4, shape, dtype=dtype)
+    if domain == "divisor" and role == "b":
+        return torch.randint(1, 5, shape, dtype=dtype) * (torch.randint(0, 2, shape, dtype=dtype) * 2 - 1)
+    return torch.randint(-6, 7, shape, dtype=dtype)
+
+
+def div_trunc(x, y):
+    return torch.div(x, y, rounding_mode="trunc")
+
+
+ARITHMETIC = [(torch.add, "any"), (torch.sub, "any"), (torch.mul, "any"), (torch.div, "divisor"),
+              (div_trunc, "divisor"), (torch.floor_divide, "divisor"), (torch.remainder, "divisor"),
+              (torch.fmod, "divisor"), (torch.pow, "pow"), (torch.atan2, "any"), (torch.rsub, "any")]
+COMPARISON = [(op, "any") for op in (torch.eq, torch.ne, torch.gt, torch.ge, torch.lt, torch.le,
+                                     torch.maximum, torch.minimum, torch.max, torch.min)]
+LOGICAL = [(op, "any") for op in (torch.logical_and, torch.logical_or, torch.logical_xor)]
+BITWISE = [(op, "any") for op in (torch.bitwise_and, torch.bitwise_or, torch.bitwise_xor)]
+NUMERIC = ARITHMETIC + COMPARISON + LOGICAL
+ids = lambda v: getattr(v, "__name__", str(v))  # noqa: E731
+
+SHAPES = [((3, 4), (3, 4)), ((3, 1, 5), (4, 5)), ((4,), (2, 3, 4))]
+
+
+@pytest.mark.parametrize("shapes", SHAPES, ids=str)
+@pytest.mark.parametrize("op, domain", NUMERIC, ids=ids)
+def test_binary_float32_broadcasting(op, domain, shapes):
+    (sa, sb) = shapes
+    check(binary(op), operand(domain, sa, torch.float32, "a"), operand(domain, sb, torch.float32, "b"))
+
+
+DTYPES = [(torch.int64, torch.int64), (torch.int32, torch.int64), (torch.int64, torch.float32),
+          (torch.int32, torch.float32)]
+
+
+@pytest.mark.parametrize("op, domain, dtypes", [(op, domain, dtypes) for op, domain in NUMERIC + BITWISE
+                                                 for dtypes in DTYPES
+                                                 if (op, domain) not in BITWISE or not dtypes[1].is_floating_point],
+                         ids=ids)
+def test_binary_integer_and_mixed_dtypes(op, domain, dtypes):
+    check(integer_binary(op, domain, dtypes), operand(domain, (3, 4), dtypes[0], "a"),
+          operand(domain, (3, 4), dtypes[1], "b"))
+
+
+@pytest.mark.parametrize("op, domain", COMPARISON + LOGICAL + BITWISE, ids=ids)
+def test_binary_bool(op, domain):
+    check(binary(op), operand(domain, (3, 4), torch.bool, "a"), operand(domain, (1, 4), torch.bool, "b"))
+
+
+@pytest.mark.parametrize("op, domain", [(torch.floor_divide, "divisor"), (torch.remainder, "divisor"),
+                                        (torch.pow, "pow"), (torch.eq, "any"), (torch.bitwise_xor, "any")], ids=ids)
+def test_binary_int64_truncated(op, domain):
+    """The engine computes in int32; the result dtype is still eager's."""
+    check(integer_binary(op, domain, [torch.int64]), operand(domain, (3, 4), torch.int64, "a"),
+          operand(domain, (3, 4), torch.int64, "b"), truncate_long_and_double=True)
+
+
+@pytest.mark.parametrize("other", [torch.tensor(1.5), torch.tensor(3), torch.tensor(True)], ids=str)
+@pytest.mark.parametrize("op", [torch.mul, torch.add, torch.pow, torch.gt, torch.maximum], ids=ids)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=str)
+def test_binary_zero_dim_operand(op, other, dtype):
+    """A 0-d tensor promotes like a scalar: int32 * 0-d int64 stays int32."""
+    check(binary(op), operand("pow", (3, 4), dtype, "a"), other)
+
+
+@pytest.mark.parametrize("op, domain", [(torch.sub, "any"), (torch.atan2, "any"), (torch.remainder, "divisor")],
+                         ids=ids)
+def test_binary_non_contiguous_inputs(op, domain):
+    check(binary(op), operand(domain, (4, 3), torch.float32, "a").t(), operand(domain, (4, 3), torch.float32, "b").t())
+
+
+# Python-scalar operands: each a named function, as a scripted graph holds them.
+def pow_2(x):
+    return x ** 2
+
+
+def pow_half(x):
+    return torch.abs(x) ** 0.5
+
+
+def two_pow(x):
+    return 2 ** x
+
+
+def float_pow(x):
+    return 1.5 ** x
+
+
+def floordiv_2(x):
+    return x // 2
+
+
+def floordiv_neg_float(x):
+    return x // -1.5
+
+
+def mod_3(x):
+    return x % 3
+
+
+def mod_neg_float(x):
+    return x % -2.5
+
+
+def scalar_mod(x):
+    return torch.remainder(5, x * 2 + 1)
+
+
+def fmod_float(x):
+    return torch.fmod(x, 2.5)
+
+
+def fmod_neg_int(x):
+    return torch.fmod(x, -2)
+
+
+def rsub_float(x):
+    return torch.rsub(x, 2.5)
+
+
+def rsub_alpha(x):
+    return torch.rsub(x, 4, alpha=2)
+
+
+def scalar_minus(x):
+    return 1 - x
+
+
+def eq_float(x):
+    return x == 0.5
+
+
+def gt_int(x):
+    return x > 1
+
+
+def le_float(x):
+    return x <= 2.5
+
+
+def ne_int(x):
+    return x != 2
+
+
+def ge_int(x):
+    return x >= 1
+
+
+def max_other(x):
+    return torch.max(x, x * 0.5)
+
+
+def minus_float(x):
+    return x - 1.5
+
+
+def div_int(x):
+    return x / 4
+
+
+def div_floor_float(x):
+    return torch.div(x, 2.5, rounding_mode="floor")
+
+
+def div_trunc_int(x):
+    return torch.div(x, -3, rounding_mode="trunc")
+
+
+SCALAR_FORMS = [pow_2, pow_half, two_pow, float_pow, floordiv_2, floordiv_neg_float, mod_3, mod_neg_float,
+                scalar_mod, fmod_float, fmod_neg_int, rsub_float, rsub_alpha, scalar_minus, eq_float, gt_int,
+                le_float, ne_int, ge_int, max_other, minus_float, div_int, div_floor_float, div_trunc_int]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.int32], ids=str)
+@pytest.mark.parametrize("fn", SCALAR_FORMS, ids=ids)
+def test_binary_python_scalar(fn, dtype):
+    """Python scalars promote like wrapped numbers: int tensor // 2 stays int, int tensor % -2.5 is float."""
+    check(fn, operand("pow", (3, 4), dtype, "a"))
+
+
+def and_int(x):
+    return x & 3
+
+
+def or_masks(x):
+    return (x > 0) | (x < -2)  # not `mask | True`: TorchScript passes True as the int 1, giving int64
+
+
+def xor_int(x):
+    return x ^ 5
+
+
+def scalar_and(x):
+    return torch.bitwise_and(6, x)
+
+
+def or_int(x):
+    return x | 5
+
+
+def xor_masks(x):
+    return (x > 0) ^ (x < 3)
+
+
+def bitwise_scalar_forms(x):
+    return (torch.bitwise_and(x, 3) + torch.bitwise_or(x, 3) + torch.bitwise_or(6, x) + torch.bitwise_xor(x, 3)
+            + torch.bitwise_xor(6, x))
+
+
+def and_masks(x):
+    return (x > 0) & (x < 3)
+
+
+def not_mask(x):
+    return ~(x > 1)
+
+
+@pytest.mark.parametrize("fn", [and_int, or_int, or_masks, xor_int, xor_masks, scalar_and, bitwise_scalar_forms,
+                                and_masks, not_mask], ids=ids)
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
+def test_bitwise_operators(fn, dtype):
+    check(fn, operand("any", (3, 4), dtype, "a"))
+
+
+def test_int64_scalar_forms_truncated():
+    def fn(x):
+        return (x // 2) * 3 + x % 4 - (x > 1) * 5
+    check(fn, operand("any", (3, 4), torch.int64, "a"), truncate_long_and_double=True)
+
+
+
+
+class TracedForms(torch.nn.Module):
+    """Forms as tracing records them: rsub for `1 - x`, a 0-d constant tensor for `x // 2`."""
+
+    def forward(self, x):
+        m = x > 1
+        return ((1 - x) * (2.5 - x), torch.where(m, x, 0), x.masked_fill(~m, -3), x ** 2, x // 2, x % 3,
+                3 ** torch.abs(x), torch.max(x, -x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+@pytest.mark.parametrize("truncate", [False, True], ids=["", "truncated"])
+def test_traced_forms(dtype, truncate):
+    x = operand("any", (3, 4), dtype, "a")
+    check_compiled(torch.jit.trace(TracedForms(), x), [x], truncate_long_and_double=truncate, min_block_size=1)
+
+
+def mixed_graph(x):
+    y = torch.where(x > 0, x, 0.1 * x).clamp(-1.0, 2.0)
+    return torch.sqrt(torch.abs(y)) - y.masked_fill(y < 0.2, -1.0) + (y == 0.5) + torch.remainder(y, 0.75)
+
+
+def test_float16_precision():
+    """With fp16 compute the comparisons, selects and casts still give eager's dtypes."""
+    check(mixed_graph, torch.randn(3, 4), enabled_precisions={torch.float16}, rtol=1e-2)
+
+
+class TracedInplace(torch.nn.Module):
+    """In-place forms as tracing records them: `m &= ...` is aten::__iand__, read through its output."""
+
+    def forward(self, x):
+        y = x * 2
+        y.add_(1)
+        y.clamp_(min=0)
+        m = y > 1
+        m &= y < 3
+        m |= y > 4.5
+        m ^= y == 0
+        y.masked_fill_(m, 0.0)
+        return y, m
+
+
+def test_traced_inplace_forms():
+    x = torch.randn(3, 4) * 3
+    _, report = check_compiled(torch.jit.trace(TracedInplace(), x), [x], min_block_size=1)
+    ops = report.blocks[0].ops
+    assert {"aten::__iand__.Tensor", "aten::__ior__.Tensor", "aten::__ixor__.Tensor"} <= set(ops), ops
