@@ -98,3 +98,20 @@ def test_debug_logs_each_lowering_pass_graph(caplog):
                for m in messages)
     assert any(m.startswith("partition report:") for m in messages)
     assert any(m.startswith("converted block") and "network" in m for m in messages)
+
+
+class IntegerDivision(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (x // y).float() * 2 + 1
+
+
+def test_integer_inputs_are_safe_divisors_during_shape_analysis():
+    x, y = torch.randint(-5, 5, (3, 4)), torch.randint(1, 4, (3, 4))
+    specs = [torchkiln.Input((3, 4), dtype=torch.int64)] * 2
+    check_compiled(IntegerDivision(), [x, y], inputs=specs, min_block_size=1)
+
+
+def test_example_tensors_given_as_inputs_drive_shape_analysis():
+    spec = torchkiln.Input.from_tensor(torch.full((2, 3), 7))
+    assert torch.equal(spec.example(torch.device("cpu")), torch.full((2, 3), 7))
+    assert spec == torchkiln.Input((2, 3), dtype=torch.int64)  # the data is not part of the spec

@@ -43,6 +43,7 @@ class Input:
     dtype: torch.dtype
     format: torch.memory_format
     name: str | None
+    example_data: torch.Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __init__(
         self,
@@ -82,29 +83,35 @@ class Input:
         if format == torch.channels_last and len(opts) != 4:
             raise ValueError(f"Input format torch.channels_last needs a 4-d shape, got {opts}")
         for key, value in (("min_shape", mins), ("opt_shape", opts), ("max_shape", maxs), ("dtype", dtype),
-                           ("format", format), ("name", name)):
+                           ("format", format), ("name", name), ("example_data", None)):
             object.__setattr__(self, key, value)
 
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor, name: str | None = None) -> Input:
-        """An Input of exactly this tensor's shape, dtype and memory format."""
+        """An Input of exactly this tensor's shape, dtype and memory format; shape analysis runs on its data."""
         fmt = torch.channels_last if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last) \
             and not tensor.is_contiguous() else torch.contiguous_format
-        return cls(tuple(tensor.shape), dtype=tensor.dtype, format=fmt, name=name)
+        spec = cls(tuple(tensor.shape), dtype=tensor.dtype, format=fmt, name=name)
+        object.__setattr__(spec, "example_data", tensor.detach())
+        return spec
 
     @property
     def is_dynamic(self) -> bool:
         return self.min_shape != self.max_shape
 
     def example(self, device: torch.device, which: str = "opt") -> torch.Tensor:
-        """A random tensor of this spec at its min, opt or max shape (for shape analysis)."""
+        """A tensor of this spec at its min, opt or max shape, for shape analysis: the tensor this Input was
+        made from where its shape fits, else random floats, random bools, or ones for integers (safe as
+        divisors and as indices into any embedding)."""
         shape = {"min": self.min_shape, "opt": self.opt_shape, "max": self.max_shape}[which]
+        if self.example_data is not None and tuple(self.example_data.shape) == shape:
+            return self.example_data.to(device)
         if self.dtype.is_floating_point:
             t = torch.randn(shape, device=device).to(self.dtype)
         elif self.dtype == torch.bool:
             t = torch.rand(shape, device=device) > 0.5
         else:
-            t = torch.randint(0, 2, shape, device=device, dtype=self.dtype)
+            t = torch.ones(shape, device=device, dtype=self.dtype)
         return t.contiguous(memory_format=self.format)
 
     def __repr__(self) -> str:
