@@ -1,6 +1,7 @@
 """Helpers of the tests/test_ops_*.py tables: compile one op through the whole pipeline and check it."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -10,7 +11,8 @@ from torchkiln.partitioning.report import PartitionReport
 
 
 class Traced(torch.nn.Module):
-    """A module whose forward is `fn(*inputs)`; traced, so `fn` may be any Python callable (a lambda)."""
+    """A module whose forward is `fn(*inputs)`; traced, so `fn` may be any Python callable (a lambda; tensors it
+    captures become constants, but a module it captures must be `fn` itself to have its weights frozen)."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         super().__init__()
@@ -24,7 +26,9 @@ def check_traced(fn: Callable[..., Any], *example: torch.Tensor, op: str | None 
                  torch_blocks: int = 0, **settings: Any) -> PartitionReport:
     """Trace `fn` on `example`, compile it (min_block_size=1), compare with eager; `op` must run in an engine."""
     settings.setdefault("min_block_size", 1)
-    traced = torch.jit.trace(Traced(fn).eval(), example, check_trace=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(Traced(fn).eval(), example, check_trace=False)
     _, report = check_compiled(traced, example, engines=engines, torch_blocks=torch_blocks, **settings)
     if op is not None:
         assert_converted(report, op)

@@ -7,7 +7,7 @@ import math
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.common import normalize_dim, normalize_dims
+from torchkiln.conversion.impl.common import normalize_dim, normalize_dims, to_dtype
 from torchkiln.conversion.impl.elementwise import binary, unary
 from torchkiln.conversion.impl.reduce import matrix_norm, reduce, variance, vector_norm
 from torchkiln.conversion.impl.shuffle import squeeze_dims
@@ -21,17 +21,17 @@ R, E, U = L.ReduceOperation, L.ElementWiseOperation, L.UnaryOperation
 
 @converter("aten::mean", "aten::mean.dim")
 def mean(ctx: ConversionCtx, args: Args) -> Tensor:
-    return reduce(ctx, args.self, R.AVG, args.get("dim"), args.get("keepdim", False), args.dtype)
+    return reduce(ctx, args.self, R.AVG, args.get("dim"), args.get("keepdim", False), to_dtype(args.dtype))
 
 
 @converter("aten::sum", "aten::sum.dim_IntList")
 def sum_(ctx: ConversionCtx, args: Args) -> Tensor:
-    return reduce(ctx, args.self, R.SUM, args.get("dim"), args.get("keepdim", False), args.dtype)
+    return reduce(ctx, args.self, R.SUM, args.get("dim"), args.get("keepdim", False), to_dtype(args.dtype))
 
 
 @converter("aten::prod", "aten::prod.dim_int")
 def prod(ctx: ConversionCtx, args: Args) -> Tensor:
-    return reduce(ctx, args.self, R.PROD, args.get("dim"), args.get("keepdim", False), args.dtype)
+    return reduce(ctx, args.self, R.PROD, args.get("dim"), args.get("keepdim", False), to_dtype(args.dtype))
 
 
 @converter("aten::amax", "aten::max")
@@ -78,7 +78,7 @@ def logsumexp(ctx: ConversionCtx, args: Args) -> Tensor:
 
 
 def _cumulative(ctx: ConversionCtx, args: Args, op: L.CumulativeOperation) -> Tensor:
-    x = ctx.to_tensor(args.self, args.dtype)
+    x = ctx.to_tensor(args.self, to_dtype(args.dtype))
     return ctx.network.add_cumulative(x, op, normalize_dim(args.dim, x.rank)).get_output()
 
 
@@ -98,7 +98,7 @@ def cumprod(ctx: ConversionCtx, args: Args) -> Tensor:
            "aten::norm.ScalarOpt_dtype")
 def norm(ctx: ConversionCtx, args: Args) -> Tensor:
     p = 2 if args.p is None else args.p
-    return vector_norm(ctx, ctx.to_tensor(args.self, args.get("dtype")), p, args.get("dim"),
+    return vector_norm(ctx, ctx.to_tensor(args.self, to_dtype(args.get("dtype"))), p, args.get("dim"),
                        args.get("keepdim", False))
 
 
@@ -109,7 +109,7 @@ def frobenius_norm(ctx: ConversionCtx, args: Args) -> Tensor:
 
 @converter("aten::linalg_vector_norm")
 def linalg_vector_norm(ctx: ConversionCtx, args: Args) -> Tensor:
-    return vector_norm(ctx, ctx.to_tensor(args.self, args.dtype), args.ord, args.dim, args.keepdim)
+    return vector_norm(ctx, ctx.to_tensor(args.self, to_dtype(args.dtype)), args.ord, args.dim, args.keepdim)
 
 
 _MATRIX_ORDS = ("fro", 1, -1, math.inf, -math.inf)
@@ -138,7 +138,7 @@ def _linalg_norm_ok(args: Args) -> str | None:
 @converter("aten::linalg_norm", "aten::linalg_norm.ord_str", capability=_linalg_norm_ok)
 def linalg_norm(ctx: ConversionCtx, args: Args) -> Tensor:
     kind, ord, dims = _linalg_norm_plan(args)
-    x = ctx.to_tensor(args.self, args.dtype)
+    x = ctx.to_tensor(args.self, to_dtype(args.dtype))
     if kind == "vector":
         return vector_norm(ctx, x, ord, dims, args.keepdim)
     return matrix_norm(ctx, x, ord, dims, args.keepdim)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.common import normalize_dim
+from torchkiln.conversion.impl.common import normalize_dim, to_dtype
 from torchkiln.conversion.registry import converter
 from torchkiln.conversion.resolve import Args
 from torchkiln.network.tensor import Tensor
@@ -17,13 +17,13 @@ def softmax(ctx: ConversionCtx, x, dim: int, dtype: torch.dtype | None, log: boo
 
 @converter("aten::softmax.int")
 def softmax_int(ctx: ConversionCtx, args: Args) -> Tensor:
-    return softmax(ctx, args.self, args.dim, args.dtype, log=False)
+    return softmax(ctx, args.self, args.dim, to_dtype(args.dtype), log=False)
 
 
 @converter("aten::log_softmax.int")
 def log_softmax_int(ctx: ConversionCtx, args: Args) -> Tensor:
     """Converted directly when the unpack_log_softmax lowering pass did not run."""
-    return softmax(ctx, args.self, args.dim, args.dtype, log=True)
+    return softmax(ctx, args.self, args.dim, to_dtype(args.dtype), log=True)
 
 
 def _half_to_float(args: Args) -> torch.dtype | None:
