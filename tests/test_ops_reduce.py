@@ -65,6 +65,7 @@ CASES = [  # (id, fn, example input, op that must run in the engine)
 
 
 @pytest.mark.parametrize("fn,x,op", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.filterwarnings("ignore:var.*degrees of freedom")
 def test_reduction(fn, x, op):
     check_traced(fn, x, op=op)
 
@@ -171,6 +172,7 @@ def frobenius(x):
                                    (norm_dim_dtype, "aten::norm.ScalarOpt_dim_dtype"),
                                    (norm_dtype, "aten::norm.ScalarOpt_dtype"),
                                    (frobenius, "aten::frobenius_norm.dim")])
+@pytest.mark.filterwarnings("ignore:at..frobenius_norm is deprecated")
 def test_norm_scripted_overloads(fn, op):
     check_scripted(fn, _floats(*X), op=op)
 
@@ -195,3 +197,20 @@ def std_dim(x):
                                    (var_dim, "aten::var.dim"), (std_dim, "aten::std.dim")])
 def test_var_std_scripted_overloads(fn, op):
     check_scripted(fn, _floats(*X), op=op)
+
+
+EMPTY = [  # topk(x, 0) makes an empty (3, 0) tensor inside the engine
+    ("sum", lambda e: e.sum(-1)),
+    ("prod", lambda e: e.prod(1)),
+    ("mean", lambda e: e.mean(-1)),
+    ("amax-over-non-empty-dim", lambda e: e.amax(0)),
+    ("all", lambda e: e.all(1)),
+    ("any", lambda e: e.any(-1, keepdim=True)),
+    ("cumsum", lambda e: e.cumsum(1)),
+    ("norm", lambda e: torch.linalg.vector_norm(e, dim=1)),
+]
+
+
+@pytest.mark.parametrize("fn", [c[1] for c in EMPTY], ids=[c[0] for c in EMPTY])
+def test_reduction_over_empty_dims(fn):
+    check_traced(lambda x: fn(torch.topk(x, 0)[0]), _floats(3, 4))

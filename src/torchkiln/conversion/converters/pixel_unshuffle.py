@@ -1,4 +1,5 @@
-"""pixel_shuffle and pixel_unshuffle as reshape -> transpose -> reshape."""
+"""pixel_unshuffle, the inverse of pixel_shuffle: (*, C, H*r, W*r) -> (*, C*r*r, H, W) as reshape, transpose,
+reshape."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
@@ -8,20 +9,8 @@ from torchkiln.conversion.resolve import Args
 from torchkiln.network.tensor import Tensor
 
 
-@converter("aten::pixel_shuffle")
-def pixel_shuffle(ctx: ConversionCtx, args: Args) -> Tensor:
-    """(*, C*r*r, H, W) -> (*, C, H*r, W*r)."""
-    x, r = ctx.to_tensor(args.self), args.upscale_factor
-    *lead, channels, h, w = x.shape
-    b = len(lead)
-    split = reshape(ctx, x, [*lead, channels // (r * r), r, r, h, w])
-    moved = permute(ctx, split, [*range(b), b, b + 3, b + 1, b + 4, b + 2])
-    return reshape(ctx, moved, [*lead, channels // (r * r), h * r, w * r])
-
-
 @converter("aten::pixel_unshuffle")
 def pixel_unshuffle(ctx: ConversionCtx, args: Args) -> Tensor:
-    """(*, C, H*r, W*r) -> (*, C*r*r, H, W)."""
     x, r = ctx.to_tensor(args.self), args.downscale_factor
     *lead, channels, h, w = x.shape
     b = len(lead)
