@@ -3,6 +3,7 @@ vector and matrix norms, var/std."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
