@@ -1,4 +1,4 @@
-"""Convolution converters: aten::_convolution, aten::convolution, aten::conv1d/2d/3d."""
+"""Convolution converters: aten::_convolution, aten::convolution, aten::conv1d/2d/3d, aten::conv_transpose1d/2d/3d."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
@@ -24,3 +24,10 @@ def convolution_full(ctx: ConversionCtx, args: Args) -> Tensor:
 def conv_nd(ctx: ConversionCtx, args: Args) -> Tensor:
     return convolution(ctx, ctx.to_tensor(args.input), args.weight, args.bias, args.stride, args.padding,
                        args.dilation, args.groups)
+
+
+@converter("aten::conv_transpose1d", "aten::conv_transpose2d.input", "aten::conv_transpose3d.input",
+           capability=_static_weights)
+def conv_transpose_nd(ctx: ConversionCtx, args: Args) -> Tensor:
+    return convolution(ctx, ctx.to_tensor(args.input), args.weight, args.bias, args.stride, args.padding,
+                       args.dilation, args.groups, transposed=True, output_padding=args.output_padding)

@@ -1,32 +1,50 @@
-"""Matrix multiply converters: linear, addmm, matmul, mm, bmm."""
+"""Matrix multiply converters: linear, matmul, mm, bmm, mv, dot, addmm, baddbmm, addbmm, einsum."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.elementwise import binary, scaled
+from torchkiln.conversion.impl.matmul import linear, matmul
+from torchkiln.conversion.impl.reduce import reduce
 from torchkiln.conversion.registry import converter
 from torchkiln.conversion.resolve import Args
 from torchkiln.network import layers as L
 from torchkiln.network.tensor import Tensor
 
-NONE, TRANSPOSE = L.MatrixOperation.NONE, L.MatrixOperation.TRANSPOSE
 
-
-def matmul(ctx: ConversionCtx, a, b, op_b: L.MatrixOperation = NONE) -> Tensor:
-    return ctx.network.add_matrix_multiply(ctx.to_tensor(a), NONE, ctx.to_tensor(b), op_b).get_output()
+def _add_product(ctx: ConversionCtx, args: Args, product: Tensor) -> Tensor:
+    """beta * self + alpha * product; with beta == 0 `self` is ignored (its nan/inf do not propagate)."""
+    product = scaled(ctx, product, args.alpha)
+    if args.beta == 0:
+        return product
+    return binary(ctx, scaled(ctx, args.self, args.beta), product, L.ElementWiseOperation.SUM)
 
 
 @converter("aten::linear")
-def linear(ctx: ConversionCtx, args: Args) -> Tensor:
-    out = matmul(ctx, args.input, args.weight, TRANSPOSE)
-    return out if args.bias is None else binary(ctx, out, args.bias, L.ElementWiseOperation.SUM)
+def linear_converter(ctx: ConversionCtx, args: Args) -> Tensor:
+    return linear(ctx, args.input, args.weight, args.bias)
 
 
-@converter("aten::matmul", "aten::mm", "aten::bmm")
+@converter("aten::matmul", "aten::mm", "aten::bmm", "aten::mv", "aten::dot")
 def matmul_converter(ctx: ConversionCtx, args: Args) -> Tensor:
     return matmul(ctx, args.self, args[1])
 
 
 @converter("aten::addmm")
 def addmm(ctx: ConversionCtx, args: Args) -> Tensor:
-    product = scaled(ctx, matmul(ctx, args.mat1, args.mat2), args.alpha)
-    return binary(ctx, scaled(ctx, args.self, args.beta), product, L.ElementWiseOperation.SUM)
+    return _add_product(ctx, args, matmul(ctx, args.mat1, args.mat2))
+
+
+@converter("aten::baddbmm")
+def baddbmm(ctx: ConversionCtx, args: Args) -> Tensor:
+    return _add_product(ctx, args, matmul(ctx, args.batch1, args.batch2))
+
+
+@converter("aten::addbmm")
+def addbmm(ctx: ConversionCtx, args: Args) -> Tensor:
+    """beta * self + alpha * (the batch of products summed over the batch)."""
+    return _add_product(ctx, args, reduce(ctx, matmul(ctx, args.batch1, args.batch2), L.ReduceOperation.SUM, 0, False))
+
+
+@converter("aten::einsum")
+def einsum(ctx: ConversionCtx, args: Args) -> Tensor:
+    return ctx.network.add_einsum([ctx.to_tensor(t) for t in args.tensors], args.equation).get_output()

@@ -1,24 +1,22 @@
-"""Normalization converters: batch norm (inference) as a per-channel scale."""
+"""Normalization converters: batch norm (inference) as a per-channel scale; layer, group and instance norm."""
 from __future__ import annotations
 
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import needs_static
+from torchkiln.conversion.impl.normalization import affine, group_normalize, normalize
 from torchkiln.conversion.registry import converter
 from torchkiln.conversion.resolve import Args
 from torchkiln.network import layers as L
 from torchkiln.network.tensor import Tensor
 
-
-def _batch_norm_ok(args: Args) -> str | None:
-    if args.training and (args.running_mean is None or args.running_var is None):
-        return "batch norm with batch statistics (training=True and no running stats)"
-    return needs_static(args, "weight", "bias", "running_mean", "running_var")
+_AFFINE = ("weight", "bias")
+_RUNNING = ("running_mean", "running_var")
 
 
-@converter("aten::batch_norm", capability=_batch_norm_ok)
-def batch_norm(ctx: ConversionCtx, args: Args) -> Tensor:
+def _running_stats_scale(ctx: ConversionCtx, args: Args) -> Tensor:
+    """(x - running_mean) / sqrt(running_var + eps) * weight + bias, folded into one per-channel scale."""
     x = ctx.to_tensor(args.input)
     channels = x.shape[1]
     mean = args.running_mean.double()
@@ -29,3 +27,47 @@ def batch_norm(ctx: ConversionCtx, args: Args) -> Tensor:
     shift = bias - mean * scale
     dtype = x.dtype if x.dtype.is_floating_point else torch.float32
     return ctx.network.add_scale(x, L.ScaleMode.CHANNEL, scale=scale.to(dtype), shift=shift.to(dtype)).get_output()
+
+
+def _batch_norm_ok(args: Args) -> str | None:
+    if args.training:
+        return "batch norm with batch statistics (training=True)"
+    if args.running_mean is None or args.running_var is None:
+        return "batch norm without running statistics"
+    return needs_static(args, *_AFFINE, *_RUNNING)
+
+
+@converter("aten::batch_norm", capability=_batch_norm_ok)
+def batch_norm(ctx: ConversionCtx, args: Args) -> Tensor:
+    return _running_stats_scale(ctx, args)
+
+
+@converter("aten::layer_norm", capability=lambda args: needs_static(args, *_AFFINE))
+def layer_norm(ctx: ConversionCtx, args: Args) -> Tensor:
+    x = ctx.to_tensor(args.input)
+    axes = list(range(x.rank - len(args.normalized_shape), x.rank))
+    return affine(ctx, normalize(ctx, x, axes, args.eps), args.weight, args.bias, per_channel=False)
+
+
+@converter("aten::group_norm", capability=lambda args: needs_static(args, *_AFFINE))
+def group_norm(ctx: ConversionCtx, args: Args) -> Tensor:
+    x = ctx.to_tensor(args.input)
+    return affine(ctx, group_normalize(ctx, x, args.num_groups, args.eps), args.weight, args.bias, per_channel=True)
+
+
+def _instance_norm_ok(args: Args) -> str | None:
+    has_running = args.running_mean is not None or args.running_var is not None
+    if args.use_input_stats and has_running:
+        return "instance norm that updates its running statistics (use_input_stats=True with running stats)"
+    if not args.use_input_stats and not (args.running_mean is not None and args.running_var is not None):
+        return "instance norm with use_input_stats=False needs running statistics"
+    return needs_static(args, *_AFFINE, *_RUNNING)
+
+
+@converter("aten::instance_norm", capability=_instance_norm_ok)
+def instance_norm(ctx: ConversionCtx, args: Args) -> Tensor:
+    if not args.use_input_stats:
+        return _running_stats_scale(ctx, args)
+    x = ctx.to_tensor(args.input)
+    normalized = normalize(ctx, x, list(range(2, x.rank)), args.eps)
+    return affine(ctx, normalized, args.weight, args.bias, per_channel=True)

@@ -7,6 +7,7 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import expand_param
+from torchkiln.conversion.impl.shuffle import reshape
 from torchkiln.errors import ConversionError
 from torchkiln.network import layers as L
 from torchkiln.network.tensor import Tensor
@@ -24,8 +25,13 @@ def convolution(
     transposed: bool = False,
     output_padding: Sequence[int] = (0,),
 ) -> Tensor:
-    """A convolution layer; string padding ('valid', 'same') as torch computes it."""
+    """A convolution layer; string padding ('valid', 'same') as torch computes it; an unbatched input
+    (no batch dim, as conv1d/2d/3d and conv_transpose accept) gets one for the layer."""
     nd = weight.dim() - 2
+    if x.rank == nd + 1:
+        out = convolution(ctx, reshape(ctx, x, (1, *x.shape)), weight, bias, stride, padding, dilation, groups,
+                          transposed, output_padding)
+        return reshape(ctx, out, out.shape[1:])
     stride, dilation = expand_param(stride, nd), expand_param(dilation, nd)
     if isinstance(padding, str):
         if padding == "valid":

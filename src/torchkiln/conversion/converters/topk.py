@@ -1,0 +1,47 @@
+"""Selection converters: max/min along a dim (values and indices), argmax/argmin, topk."""
+from __future__ import annotations
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.common import normalize_dim
+from torchkiln.conversion.impl.reduce import top_one
+from torchkiln.conversion.registry import converter
+from torchkiln.conversion.resolve import Args
+from torchkiln.network import layers as L
+from torchkiln.network.tensor import Tensor
+
+MAX, MIN = L.TopKOperation.MAX, L.TopKOperation.MIN
+
+
+@converter("aten::max.dim")
+def max_dim(ctx: ConversionCtx, args: Args) -> tuple[Tensor, Tensor]:
+    return top_one(ctx, ctx.to_tensor(args.self), MAX, args.dim, args.keepdim)
+
+
+@converter("aten::min.dim")
+def min_dim(ctx: ConversionCtx, args: Args) -> tuple[Tensor, Tensor]:
+    return top_one(ctx, ctx.to_tensor(args.self), MIN, args.dim, args.keepdim)
+
+
+@converter("aten::argmax")
+def argmax(ctx: ConversionCtx, args: Args) -> Tensor:
+    return top_one(ctx, ctx.to_tensor(args.self), MAX, args.dim, args.keepdim)[1]
+
+
+@converter("aten::argmin")
+def argmin(ctx: ConversionCtx, args: Args) -> Tensor:
+    return top_one(ctx, ctx.to_tensor(args.self), MIN, args.dim, args.keepdim)[1]
+
+
+def _topk_ok(args: Args) -> str | None:
+    if not args.sorted and args.k > 1:
+        return "topk with sorted=False returns its values in an order only PyTorch's kernel defines"
+    if args.k == 1 and args.node.outputsAt(1).uses():
+        return "topk with k=1 picks among tied values an index only PyTorch's kernel defines"
+    return None
+
+
+@converter("aten::topk", capability=_topk_ok)
+def topk(ctx: ConversionCtx, args: Args) -> list[Tensor]:
+    x = ctx.to_tensor(args.self)
+    layer = ctx.network.add_topk(x, MAX if args.largest else MIN, args.k, normalize_dim(args.dim, x.rank))
+    return layer.outputs

@@ -1,0 +1,61 @@
+"""scaled_dot_product_attention through the whole pipeline: masks (bool, float, constant), causal, scale."""
+import pytest
+import torch
+import torch.nn.functional as F
+from harness import wrap
+from op_check import assert_falls_back, check_scripted, check_traced
+
+import torchkiln
+
+OP = "aten::scaled_dot_product_attention"
+
+
+def _qkv(q_len: int = 5, kv_len: int = 7, batch: tuple[int, ...] = (2, 3)) -> list[torch.Tensor]:
+    return [torch.randn(*batch, q_len, 4), torch.randn(*batch, kv_len, 4), torch.randn(*batch, kv_len, 6)]
+
+
+@pytest.mark.parametrize("kw", [{}, dict(is_causal=True), dict(scale=0.3), dict(is_causal=True, scale=2.0)],
+                         ids=["plain", "causal", "scale", "causal-scale"])
+@pytest.mark.parametrize("lengths", [(5, 7), (6, 6)])
+def test_attention(kw, lengths):
+    check_traced(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **kw), *_qkv(*lengths), op=OP)
+
+
+def test_attention_3d_inputs():
+    check_traced(lambda q, k, v: F.scaled_dot_product_attention(q, k, v), *_qkv(batch=(3,)), op=OP)
+
+
+def test_attention_with_run_time_masks():
+    q, k, v = _qkv()
+    bool_mask = torch.rand(2, 1, 5, 7) > 0.3
+    bool_mask[..., 0] = True  # every query sees a key: no all-masked rows (eager gives nan there)
+    float_mask = torch.randn(5, 7)
+    check_traced(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, bool_mask, op=OP)
+    check_traced(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, float_mask, op=OP)
+
+
+def test_attention_with_constant_mask():
+    mask = torch.randn(3, 5, 7)
+    check_traced(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask), *_qkv(), op=OP)
+
+
+def attention_gqa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def test_grouped_query_attention_falls_back():
+    q = torch.randn(1, 4, 5, 8)
+    kv = torch.randn(1, 2, 5, 8)
+    report = check_scripted(attention_gqa, q, kv, kv, engines=0, torch_blocks=1)
+    assert_falls_back(report, OP, "enable_gqa")
+
+
+def attention_dropout(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5)
+
+
+def test_attention_dropout_falls_back():
+    """Dropout is random even in eval mode here, so only the partition is checked."""
+    report = torchkiln.partition_report(wrap(attention_dropout, 3).eval(), _qkv(), min_block_size=1)
+    assert report.num_engine_blocks == 0
+    assert_falls_back(report, OP, "dropout_p=0.5")

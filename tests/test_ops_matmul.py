@@ -1,0 +1,81 @@
+"""Matrix product converters through the whole pipeline: baddbmm, addbmm, addmm, mv, dot, einsum."""
+import pytest
+import torch
+from op_check import check_scripted, check_traced
+
+
+def baddbmm(x, y, z):
+    return torch.baddbmm(x, y, z)
+
+
+def baddbmm_scaled(x, y, z):
+    return torch.baddbmm(x, y, z, beta=0.5, alpha=-2.0)
+
+
+def baddbmm_beta_zero(x, y, z):
+    return torch.baddbmm(x, y, z, beta=0)
+
+
+def addbmm(x, y, z):
+    return torch.addbmm(x, y, z, beta=2, alpha=0.5)
+
+
+def addmm_beta_zero(x, y, z):
+    return torch.addmm(x, y, z, beta=0.0)
+
+
+def mv(x, y):
+    return torch.mv(x, y)
+
+
+def dot(x, y):
+    return torch.dot(x, y)
+
+
+def _with_nan(*shape: int) -> torch.Tensor:
+    x = torch.randn(*shape)
+    x.view(-1)[0] = float("nan")  # with beta=0 eager ignores self, nan included
+    return x
+
+
+@pytest.mark.parametrize("fn,op,shapes", [
+    (baddbmm, "aten::baddbmm", [(3, 4, 5), (3, 4, 6), (3, 6, 5)]),
+    (baddbmm, "aten::baddbmm", [(1, 4, 1), (3, 4, 6), (3, 6, 5)]),  # self broadcasts
+    (baddbmm_scaled, "aten::baddbmm", [(5,), (3, 4, 6), (3, 6, 5)]),
+    (baddbmm_beta_zero, "aten::baddbmm", [None, (3, 4, 6), (3, 6, 5)]),
+    (addbmm, "aten::addbmm", [(4, 5), (3, 4, 6), (3, 6, 5)]),
+    (addmm_beta_zero, "aten::addmm", [None, (4, 6), (6, 5)]),
+    (mv, "aten::mv", [(4, 6), (6,)]),
+    (dot, "aten::dot", [(6,), (6,)]),
+])
+def test_matrix_products(fn, op, shapes):
+    out_shape = [(3, 4, 5), (4, 5)][fn is addmm_beta_zero]
+    tensors = [_with_nan(*out_shape) if s is None else torch.randn(*s) for s in shapes]
+    check_scripted(fn, *tensors, op=op)
+
+
+@pytest.mark.parametrize("equation,shapes", [
+    ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]),
+    ("bchw,bcHw->bhH", [(2, 3, 4, 5), (2, 3, 6, 5)]),
+    ("ij->ji", [(3, 4)]),
+    ("ii->i", [(4, 4)]),
+    ("i,j->ij", [(3,), (4,)]),
+    ("...ij,...jk", [(2, 3, 4), (4, 2)]),
+    ("bnhd,bmhd->bhnm", [(2, 5, 2, 4), (2, 3, 2, 4)]),
+])
+def test_einsum(equation, shapes):
+    tensors = [torch.randn(*s) for s in shapes]
+    check_traced(lambda *ts: torch.einsum(equation, *ts), *tensors, op="aten::einsum")
+
+
+def einsum_with_constant(x):
+    return torch.einsum("ij,jk->ik", [x, torch.ones(4, 2)])
+
+
+def test_einsum_scripted_with_constant_operand():
+    check_scripted(einsum_with_constant, torch.randn(3, 4), op="aten::einsum")
+
+
+def test_integer_matmul():
+    check_traced(lambda a, b: torch.bmm(a, b), torch.randint(-5, 5, (2, 3, 4)), torch.randint(-5, 5, (2, 4, 2)),
+                 op="aten::bmm")

@@ -1,0 +1,57 @@
+"""Selection converters through the whole pipeline: max/min along a dim with indices, argmax/argmin, topk."""
+import pytest
+import torch
+from op_check import assert_falls_back, check_scripted, check_traced
+
+
+def _ties(*shape: int) -> torch.Tensor:
+    """Few distinct values, so ties are everywhere: indices must be the first occurrence, like eager."""
+    return torch.randint(0, 3, shape).float()
+
+
+CASES = [
+    ("max-dim", lambda x: x.max(1), torch.randn(2, 5, 3), "aten::max.dim"),
+    ("max-dim-keepdim-negative", lambda x: torch.max(x, -1, keepdim=True), torch.randn(2, 5, 3), "aten::max.dim"),
+    ("min-dim", lambda x: x.min(0), torch.randn(4, 3), "aten::min.dim"),
+    ("max-dim-ties", lambda x: x.max(1), _ties(3, 8), "aten::max.dim"),
+    ("min-dim-ties-keepdim", lambda x: x.min(0, keepdim=True), _ties(8, 3), "aten::min.dim"),
+    ("max-dim-values-only", lambda x: x.max(2)[0] * 2, torch.randn(2, 3, 4), "aten::max.dim"),
+    ("max-dim-int64", lambda x: x.max(1), torch.randint(-9, 9, (3, 4)), "aten::max.dim"),
+    ("max-dim-0d", lambda x: x.max(0), torch.tensor(2.5), "aten::max.dim"),
+    ("argmax-dim", lambda x: x.argmax(1), _ties(3, 7, 2), "aten::argmax"),
+    ("argmax-all", lambda x: x.argmax(), _ties(3, 7), "aten::argmax"),
+    ("argmax-all-keepdim", lambda x: torch.argmax(x, keepdim=True), torch.randn(3, 2, 4), "aten::argmax"),
+    ("argmin-negative-keepdim", lambda x: x.argmin(-2, keepdim=True), _ties(4, 6), "aten::argmin"),
+    ("argmin-int", lambda x: x.argmin(0), torch.randint(0, 3, (6, 2), dtype=torch.int32), "aten::argmin"),
+    ("argmax-non-contiguous", lambda x: x.transpose(0, 1).argmax(0), torch.randn(5, 3), "aten::argmax"),
+    ("topk", lambda x: x.topk(3), torch.randn(2, 7), "aten::topk"),
+    ("topk-smallest-dim", lambda x: torch.topk(x, 2, dim=0, largest=False), torch.randn(6, 3), "aten::topk"),
+    ("topk-ties", lambda x: torch.topk(x, 4, dim=-1), _ties(3, 9), "aten::topk"),
+    ("topk-k1-values", lambda x: torch.topk(x, 1, dim=1)[0], _ties(3, 9), "aten::topk"),
+    ("topk-unsorted-k1-values", lambda x: torch.topk(x, 1, sorted=False)[0], torch.randn(3, 5), "aten::topk"),
+]
+
+
+@pytest.mark.parametrize("fn,x,op", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_selection(fn, x, op):
+    check_traced(fn, x, op=op)
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.argmax(1), lambda x: x.max(0), lambda x: torch.topk(x, 2)])
+def test_int64_selection_with_truncate_long_and_double(fn):
+    check_traced(fn, torch.randint(-9, 9, (4, 5)), truncate_long_and_double=True)
+
+
+def topk_unsorted(x):
+    values, indices = torch.topk(x, 3, sorted=False)
+    return values, indices
+
+
+def topk_k1_indices(x):
+    return torch.topk(x, 1)[1]
+
+
+@pytest.mark.parametrize("fn,reason", [(topk_unsorted, "sorted=False"), (topk_k1_indices, "k=1")])
+def test_topk_falls_back_where_only_pytorch_defines_the_order(fn, reason):
+    report = check_scripted(fn, torch.randn(3, 6), engines=0, torch_blocks=1)
+    assert_falls_back(report, "aten::topk", reason)
