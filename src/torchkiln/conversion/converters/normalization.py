@@ -5,7 +5,6 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import needs_static
-from torchkiln.conversion.impl.normalization import affine, group_normalize, normalize
 from torchkiln.conversion.registry import converter
 from torchkiln.conversion.resolve import Args
 from torchkiln.network import layers as L
@@ -42,17 +41,20 @@ def batch_norm(ctx: ConversionCtx, args: Args) -> Tensor:
     return _running_stats_scale(ctx, args)
 
 
+def _normalization(ctx: ConversionCtx, args: Args, kind: L.NormalizationKind, **params: object) -> Tensor:
+    x = ctx.to_tensor(args.input)
+    weight, bias = (None if w is None else w.to(x.dtype) for w in (args.weight, args.bias))
+    return ctx.network.add_normalization(x, kind, args.eps, weight, bias, **params).get_output()
+
+
 @converter("aten::layer_norm", capability=lambda args: needs_static(args, *_AFFINE))
 def layer_norm(ctx: ConversionCtx, args: Args) -> Tensor:
-    x = ctx.to_tensor(args.input)
-    axes = list(range(x.rank - len(args.normalized_shape), x.rank))
-    return affine(ctx, normalize(ctx, x, axes, args.eps), args.weight, args.bias, per_channel=False)
+    return _normalization(ctx, args, L.NormalizationKind.LAYER, normalized_shape=args.normalized_shape)
 
 
 @converter("aten::group_norm", capability=lambda args: needs_static(args, *_AFFINE))
 def group_norm(ctx: ConversionCtx, args: Args) -> Tensor:
-    x = ctx.to_tensor(args.input)
-    return affine(ctx, group_normalize(ctx, x, args.num_groups, args.eps), args.weight, args.bias, per_channel=True)
+    return _normalization(ctx, args, L.NormalizationKind.GROUP, num_groups=args.num_groups)
 
 
 def _instance_norm_ok(args: Args) -> str | None:
@@ -68,6 +70,4 @@ def _instance_norm_ok(args: Args) -> str | None:
 def instance_norm(ctx: ConversionCtx, args: Args) -> Tensor:
     if not args.use_input_stats:
         return _running_stats_scale(ctx, args)
-    x = ctx.to_tensor(args.input)
-    normalized = normalize(ctx, x, list(range(2, x.rank)), args.eps)
-    return affine(ctx, normalized, args.weight, args.bias, per_channel=True)
+    return _normalization(ctx, args, L.NormalizationKind.INSTANCE)
