@@ -19,6 +19,28 @@ VIEW_OPS = frozenset({
 })
 
 
+# TorchScript passes dtypes as c10::ScalarType codes (ints); index = code.
+SCALAR_TYPES: tuple[torch.dtype | None, ...] = (
+    torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32, torch.float64,
+    torch.complex32, torch.complex64, torch.complex128, torch.bool, torch.qint8, torch.quint8, torch.qint32,
+    torch.bfloat16,
+)
+
+
+def to_dtype(code: int | torch.dtype | None) -> torch.dtype | None:
+    """The torch.dtype of a TorchScript ScalarType argument (an int code, or already a dtype)."""
+    if code is None or isinstance(code, torch.dtype):
+        return code
+    if isinstance(code, int) and 0 <= code < len(SCALAR_TYPES):
+        return SCALAR_TYPES[code]
+    raise ConversionError(f"unknown ScalarType code {code!r}")
+
+
+def dtype_code(dtype: torch.dtype) -> int:
+    """The ScalarType code TorchScript uses for `dtype` (what prim::dtype returns)."""
+    return SCALAR_TYPES.index(dtype)
+
+
 def normalize_dim(dim: int, rank: int) -> int:
     if not -max(rank, 1) <= dim < max(rank, 1):
         raise ConversionError(f"dim {dim} is out of range for a tensor of rank {rank}")

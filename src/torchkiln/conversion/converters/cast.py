@@ -1,0 +1,72 @@
+"""Dtype and copy converters: to, type_as, clone, detach, copy_.
+
+The engine runs on one device: `to` a different device stays in PyTorch.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.common import functional_inplace, to_dtype
+from torchkiln.conversion.impl.creation import filled
+from torchkiln.conversion.impl.tiling import expand
+from torchkiln.conversion.registry import converter
+from torchkiln.conversion.resolve import Args
+from torchkiln.network.tensor import Tensor
+from torchkiln.settings import SUPPORTED_INPUT_DTYPES
+from torchkiln.torchscript import TensorMeta
+
+
+def _target(args: Args) -> tuple[Any, torch.dtype | None]:
+    """The (device, dtype) an aten::to overload asks for; None where it keeps the input's."""
+    if "other" in args.names:
+        return getattr(args.other, "device", None), args.other.dtype
+    return args.get("device"), to_dtype(args.get("dtype"))
+
+
+def _to_capability(args: Args) -> str | None:
+    device, dtype = _target(args)
+    if dtype is not None and dtype not in SUPPORTED_INPUT_DTYPES:
+        return f"engines do not carry dtype {dtype}"
+    here = getattr(args.self, "device", None)
+    if device is not None and here is not None and torch.device(device) != here:
+        return f"it moves the tensor from {here} to {device}"
+    if args.get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format):
+        return "engine tensors are contiguous; other memory formats stay in PyTorch"
+    return None
+
+
+@converter("aten::to.dtype", "aten::to.device", "aten::to.other", "aten::to.prim_Device", "aten::to.prim_dtype",
+           "aten::to.prim_other", capability=_to_capability)
+def to(ctx: ConversionCtx, args: Args) -> Tensor:
+    x = ctx.to_tensor(args.self)
+    return ctx.to_tensor(x, _target(args)[1])
+
+
+@converter("aten::type_as")
+def type_as(ctx: ConversionCtx, args: Args) -> Tensor:
+    return ctx.to_tensor(args.self, args.other.dtype)
+
+
+@converter("aten::clone", "aten::detach")
+def clone(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Engine tensors are never aliased or differentiated: a copy and a detached view are the tensor."""
+    return ctx.to_tensor(args.self)
+
+
+def _copy_capability(args: Args) -> str | None:
+    src = args[1]
+    if isinstance(src, (Tensor, TensorMeta, torch.Tensor)) and src.dtype.is_complex:
+        return "complex sources are not supported"
+    return functional_inplace(args)
+
+
+@converter("aten::copy_", "aten::copy_.Tensor", "aten::copy_.int", "aten::copy_.float", capability=_copy_capability)
+def copy_(ctx: ConversionCtx, args: Args) -> Tensor:
+    """self.copy_(src): src cast to self's dtype and broadcast to self's shape."""
+    x, src = ctx.to_tensor(args.self), args[1]
+    if isinstance(src, (int, float)):
+        return filled(ctx, x.shape, src, x.dtype)
+    return expand(ctx, ctx.to_tensor(src, x.dtype), x.shape)
