@@ -5,7 +5,7 @@ import dataclasses
 
 from torchkiln.partitioning.segment import Partition
 from torchkiln.partitioning.support import Target, is_io_plumbing
-from torchkiln.torchscript import Node, Value, node_key, source_location, top_level_node, value_key
+from torchkiln.torchscript import Node, TensorMeta, Value, node_key, source_location, top_level_node, value_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +64,7 @@ class PartitionReport:
 
 def _shape(part: Partition, v: Value) -> tuple[int, ...] | None:
     meta = part.metas.get(value_key(v))
-    return None if meta is None else meta.shape
+    return meta.shape if isinstance(meta, TensorMeta) else None
 
 
 def _torch_boundary(part: Partition, nodes: list[Node]) -> tuple[list[Value], list[Value]]:
