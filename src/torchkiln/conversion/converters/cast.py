@@ -1,4 +1,4 @@
-"""Dtype and copy converters: to, type_as, clone, detach, copy_.
+"""Dtype and copy converters: to, type_as, clone, detach, copy, copy_.
 
 The engine runs on one device: `to` a different device stays in PyTorch.
 """
@@ -56,17 +56,23 @@ def clone(ctx: ConversionCtx, args: Args) -> Tensor:
     return ctx.to_tensor(args.self)
 
 
-def _copy_capability(args: Args) -> str | None:
+def _real_source(args: Args) -> str | None:
     src = args[1]
     if isinstance(src, (Tensor, TensorMeta, torch.Tensor)) and src.dtype.is_complex:
         return "complex sources are not supported"
-    return functional_inplace(args)
+    return None
 
 
-@converter("aten::copy_", "aten::copy_.Tensor", "aten::copy_.int", "aten::copy_.float", capability=_copy_capability)
-def copy_(ctx: ConversionCtx, args: Args) -> Tensor:
-    """self.copy_(src): src cast to self's dtype and broadcast to self's shape."""
+@converter("aten::copy", capability=_real_source)
+def copy(ctx: ConversionCtx, args: Args) -> Tensor:
+    """src cast to self's dtype and broadcast to self's shape (lowering's functional form of copy_)."""
     x, src = ctx.to_tensor(args.self), args[1]
     if isinstance(src, (int, float)):
         return filled(ctx, x.shape, src, x.dtype)
     return expand(ctx, ctx.to_tensor(src, x.dtype), x.shape)
+
+
+@converter("aten::copy_", "aten::copy_.Tensor", "aten::copy_.int", "aten::copy_.float",
+           capability=lambda args: _real_source(args) or functional_inplace(args))
+def copy_(ctx: ConversionCtx, args: Args) -> Tensor:
+    return copy(ctx, args)

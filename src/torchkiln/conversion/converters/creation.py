@@ -54,14 +54,21 @@ def tensor(ctx: ConversionCtx, args: Args) -> Tensor:
     return ctx.to_tensor(torch.tensor(args.t, dtype=meta.dtype))
 
 
-def _fill_capability(args: Args) -> str | None:
+def _zero_dim_value(args: Args) -> str | None:
     value = args.value
     if isinstance(value, (Tensor, TensorMeta, torch.Tensor)) and len(value.shape) != 0:
-        return "fill_ takes a 0-d tensor"
-    return functional_inplace(args)
+        return "fill takes a 0-d tensor"
+    return None
 
 
-@converter("aten::fill_.Scalar", "aten::fill_.Tensor", capability=_fill_capability)
-def fill_(ctx: ConversionCtx, args: Args) -> Tensor:
+@converter("aten::fill.Scalar", "aten::fill.Tensor", capability=_zero_dim_value)
+def fill(ctx: ConversionCtx, args: Args) -> Tensor:
+    """A tensor like self holding value (lowering's functional form of fill_)."""
     x = ctx.to_tensor(args.self)
     return filled(ctx, x.shape, args.value, x.dtype)
+
+
+@converter("aten::fill_.Scalar", "aten::fill_.Tensor",
+           capability=lambda args: _zero_dim_value(args) or functional_inplace(args))
+def fill_(ctx: ConversionCtx, args: Args) -> Tensor:
+    return fill(ctx, args)
