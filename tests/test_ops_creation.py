@@ -1,5 +1,7 @@
 """Creation and cast converters through the whole pipeline against eager: arange, full, zeros, ones
 (and _like/new_ forms), tensor, fill_, to, type_as, clone, detach, copy_, torchkiln's own ops."""
+from typing import Optional
+
 import pytest
 import torch
 from harness import check_fn
@@ -42,6 +44,14 @@ def tensor_from_lists(x):
             torch.tensor(3, dtype=torch.float32), torch.tensor([True, False]), torch.tensor(x.size(0)))
 
 
+def tensor_overloads(x):
+    return torch.tensor(float(x.size(0))) + x, torch.tensor(x.size(0) > 1), torch.tensor([x.size(0), 2])
+
+
+def functional_fill(x):
+    return torch.fill(x, 2.0) + x, torch.fill(x, x[0, 0])
+
+
 def fill(x):
     y = x * 2
     z = y.fill_(3.0)  # lowering makes these functional: aten::full_like, aten::fill.Tensor
@@ -70,6 +80,13 @@ def to_dtype(x):
 
 def to_other(x, y):
     return x.to(y), x.type_as(y), y.to(x)
+
+
+def to_optional_dtype(x):
+    d: Optional[torch.dtype] = None
+    if x.size(0) == 2:  # folded at build time
+        d = torch.float64
+    return x.to(d), x.to(non_blocking=False, copy=True), x.to(dtype=torch.float64, copy=False)
 
 
 def to_device(x):
@@ -114,6 +131,9 @@ CASES = [
     (to_dtype, [R(2, 3) * 10]),
     (to_other, [R(2, 3), torch.randint(0, 5, (2, 3))]),
     (to_device, [R(2, 3)]),
+    (to_optional_dtype, [R(2, 3)]),
+    (tensor_overloads, [R(2, 3)]),
+    (functional_fill, [R(2, 3)]),
     (clone_detach, [R(2, 3)]),
     (copy, [R(2, 3), torch.randint(0, 5, (2, 3))]),
     (copy_in_branch, [R(2, 3), torch.randint(0, 5, (2, 3))]),

@@ -160,6 +160,10 @@ def replication_pad3d(x):
     return torch.ops.aten.replication_pad3d(x, [1, 0, 2, 1, 1, 1]), F.pad(x, (1, 1, 1, 1, 1, 1), mode="replicate")
 
 
+def reflection_pad3d(x):
+    return torch.ops.aten.reflection_pad3d(x, [1, 2, 1, 0, 1, 1]), F.pad(x, (1, 1, 1, 1, 1, 1), mode="reflect")
+
+
 def circular_pad(x):
     return F.pad(x, (1, 2, 2, 1), mode="circular")
 
@@ -206,6 +210,7 @@ CASES = [
     (reflection_pad2d, [R(1, 2, 4, 5)]),
     (replication_pad, [R(2, 3, 4)]),
     (replication_pad3d, [R(1, 2, 3, 3, 4)]),
+    (reflection_pad3d, [R(1, 2, 3, 3, 4)]),
     (circular_pad, [R(1, 2, 3, 4)]),
     (pixel_shuffle, [R(2, 8, 3, 4)]),
 ]

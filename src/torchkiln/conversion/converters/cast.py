@@ -1,4 +1,4 @@
-"""Dtype and copy converters: to, type_as, clone, detach, copy, copy_.
+"""Dtype and copy converters: to, type_as, clone, copy, copy_ (lowering removes detach).
 
 The engine runs on one device: `to` a different device stays in PyTorch.
 """
@@ -10,7 +10,6 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import functional_inplace, to_dtype
-from torchkiln.conversion.impl.creation import filled
 from torchkiln.conversion.impl.tiling import expand
 from torchkiln.conversion.registry import converter
 from torchkiln.conversion.resolve import Args
@@ -38,8 +37,8 @@ def _to_capability(args: Args) -> str | None:
     return None
 
 
-@converter("aten::to.dtype", "aten::to.device", "aten::to.other", "aten::to.prim_Device", "aten::to.prim_dtype",
-           "aten::to.prim_other", capability=_to_capability)
+@converter("aten::to.dtype", "aten::to.dtype_layout", "aten::to.device", "aten::to.other", "aten::to.prim_Device",
+           "aten::to.prim_dtype", capability=_to_capability)
 def to(ctx: ConversionCtx, args: Args) -> Tensor:
     x = ctx.to_tensor(args.self)
     return ctx.to_tensor(x, _target(args)[1])
@@ -50,9 +49,9 @@ def type_as(ctx: ConversionCtx, args: Args) -> Tensor:
     return ctx.to_tensor(args.self, args.other.dtype)
 
 
-@converter("aten::clone", "aten::detach")
+@converter("aten::clone")
 def clone(ctx: ConversionCtx, args: Args) -> Tensor:
-    """Engine tensors are never aliased or differentiated: a copy and a detached view are the tensor."""
+    """Engine tensors are never aliased: a copy is the tensor itself."""
     return ctx.to_tensor(args.self)
 
 
@@ -66,13 +65,10 @@ def _real_source(args: Args) -> str | None:
 @converter("aten::copy", capability=_real_source)
 def copy(ctx: ConversionCtx, args: Args) -> Tensor:
     """src cast to self's dtype and broadcast to self's shape (lowering's functional form of copy_)."""
-    x, src = ctx.to_tensor(args.self), args[1]
-    if isinstance(src, (int, float)):
-        return filled(ctx, x.shape, src, x.dtype)
-    return expand(ctx, ctx.to_tensor(src, x.dtype), x.shape)
+    x = ctx.to_tensor(args.self)
+    return expand(ctx, ctx.to_tensor(args.src, x.dtype), x.shape)
 
 
-@converter("aten::copy_", "aten::copy_.Tensor", "aten::copy_.int", "aten::copy_.float",
-           capability=lambda args: _real_source(args) or functional_inplace(args))
+@converter("aten::copy_", capability=lambda args: _real_source(args) or functional_inplace(args))
 def copy_(ctx: ConversionCtx, args: Args) -> Tensor:
     return copy(ctx, args)

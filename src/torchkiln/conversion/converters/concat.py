@@ -1,4 +1,4 @@
-"""Concatenation converters: cat (and its aliases) and stack."""
+"""Concatenation converters: cat and stack (TorchScript emits torch.concat/concatenate as aten::cat)."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
@@ -9,7 +9,7 @@ from torchkiln.conversion.resolve import Args
 from torchkiln.network.tensor import Tensor
 
 
-@converter("aten::cat", "aten::concat", "aten::concatenate")
+@converter("aten::cat")
 def cat(ctx: ConversionCtx, args: Args) -> Tensor:
     tensors = [ctx.to_tensor(t) for t in args.tensors]
     rank = max(t.rank for t in tensors)

@@ -51,7 +51,7 @@ def ones(ctx: ConversionCtx, args: Args) -> Tensor:
 @converter("aten::tensor", "aten::tensor.int", "aten::tensor.float", "aten::tensor.bool", capability=_static_data)
 def tensor(ctx: ConversionCtx, args: Args) -> Tensor:
     meta = eager_meta(ctx, args)
-    return ctx.to_tensor(torch.tensor(args.t, dtype=meta.dtype))
+    return ctx.to_tensor(torch.tensor(args[0], dtype=meta.dtype))
 
 
 def _zero_dim_value(args: Args) -> str | None:

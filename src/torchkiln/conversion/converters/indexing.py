@@ -24,7 +24,7 @@ def _index_capability(args: Args) -> str | None:
     return None
 
 
-@converter("aten::index.Tensor", "aten::index.Tensor_hacked_twin", capability=_index_capability)
+@converter("aten::index.Tensor", capability=_index_capability)
 def index(ctx: ConversionCtx, args: Args) -> Tensor:
     return advanced_index(ctx, ctx.to_tensor(args.self), mask_to_indices(args.indices))
 

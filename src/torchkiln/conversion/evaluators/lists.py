@@ -23,12 +23,12 @@ def getitem(args: Args) -> Any:
     return args[0][args[1]]
 
 
-@evaluator("aten::len", "aten::len.t", "aten::len.any", "aten::len.str")
+@evaluator("aten::len", "aten::len.t")
 def length(args: Args) -> int:
     return len(args[0])
 
 
-@evaluator("aten::list", "aten::list.t")
+@evaluator("aten::list.t")
 def list_copy(args: Args) -> list:
     return list(args[0])
 

@@ -55,7 +55,7 @@ def scalar_implicit(args: Args) -> bool | int | float:
     return x.item()
 
 
-@evaluator("prim::NumToTensor", "prim::NumToTensor.Scalar", "prim::NumToTensor.bool")
+@evaluator("prim::NumToTensor.Scalar")
 def num_to_tensor(args: Args) -> torch.Tensor:
     """A number as a 0-d tensor: int64 for ints, float64 for floats, bool for bools (as TorchScript makes it)."""
     return torch.tensor(_number(args[0]))

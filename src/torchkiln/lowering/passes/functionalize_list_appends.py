@@ -33,11 +33,11 @@ def _read_later_from(lst: Value, node: Node, replacement: Value) -> None:
             use.user.replaceInput(use.offset, replacement)
 
 
-def _functionalize(block: torch._C.Block) -> bool:
+def _functionalize(graph: Graph, block: torch._C.Block) -> bool:
     changed = False
     for node in list(block.nodes()):
         for inner in node.blocks():
-            changed |= _functionalize(inner)
+            changed |= _functionalize(graph, inner)
         if node.kind() not in ("aten::append", "aten::extend") or not _rewritable(node.inputsAt(0), node):
             continue
         lst = node.inputsAt(0)
@@ -47,10 +47,9 @@ def _functionalize(block: torch._C.Block) -> bool:
                 _read_later_from(lst, node, node.output())
                 changed = True
             continue
-        with block.owningGraph().insert_point_guard(node):
-            joined = block.owningGraph().create("aten::add", [lst, node.inputsAt(1)])
+        with graph.insert_point_guard(node):
+            joined = graph.insertNode(graph.create("aten::add", [lst, node.inputsAt(1)]))
             joined.output().setType(lst.type())
-            block.owningGraph().insertNode(joined)
         _read_later_from(lst, node, joined.output())
         node.destroy()
         changed = True
@@ -60,4 +59,4 @@ def _functionalize(block: torch._C.Block) -> bool:
 @lowering_pass()
 def functionalize_list_appends(graph: Graph, settings: CompileSettings) -> bool:
     """Make later readers of an appended or extended list read a new value instead of the mutated one."""
-    return _functionalize(graph.block())
+    return _functionalize(graph, graph.block())
