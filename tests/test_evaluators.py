@@ -20,6 +20,13 @@ def int_float_bool(x):
     return x.view(n - 1, -1) * f + float(b) + int("3") + float("0.5")
 
 
+def arithmetic(x):
+    a, b = x.size(0), x.size(1)
+    n = (a + b - 1) * 2 // 3 + a % 2 + len(x) + x.dim() + int(a ** 2) + int(b / 2) + (-a)
+    flags = int(a < b) + int(a <= b) + int(a > b) + int(a >= b) + int(a == b) + int(a != b)
+    return x * n + flags
+
+
 def logic(x):
     a, b = x.size(0), x.size(1)
     flag = (a == 2) & (b == 3) | ((a ^ 1) == 3) ^ (not (b == 3))
@@ -94,6 +101,7 @@ def uninitialized(x):
 R = torch.randn
 CASES = [
     (int_float_bool, [R(2, 3)]),
+    (arithmetic, [R(2, 3)]),
     (logic, [R(2, 3)]),
     (loop_helpers, [R(2, 5)]),
     (getitem_list_tuple_dict_str, [R(2, 3)]),
@@ -180,6 +188,8 @@ def test_extend_is_lowered_to_a_new_list():
     ("%a : int = prim::Constant[value=3]()\n %c : Tensor = prim::NumToTensor(%a)\n %r : Scalar = aten::ScalarImplicit(%c)", 3),
     ('%k : str = prim::Constant[value="a"]()\n %v : int = prim::Constant[value=4]()\n'
      ' %d : Dict(str, int) = prim::DictConstruct(%k, %v)\n %r : int = aten::__getitem__(%d, %k)', 4),
+    ("%k : int = prim::Constant[value=-1]()\n %v : float = prim::Constant[value=0.5]()\n"
+     " %d : Dict(int, float) = prim::DictConstruct(%k, %v)\n %r : float = aten::__getitem__(%d, %k)", 0.5),
     ("%a : int = prim::Constant[value=1]()\n %l : int[] = prim::ListConstruct(%a)\n"
      " %m : int[] = prim::ListConstruct(%a, %a)\n aten::extend(%l, %m)\n %r : int = prim::Constant[value=0]()", 0),
 ])

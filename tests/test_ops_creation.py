@@ -94,7 +94,8 @@ def to_device(x):
 
 
 def clone_detach(x):
-    return x.clone() + 1, x.detach() * 2, x.clone(memory_format=torch.contiguous_format) - 1
+    return (x.clone() + 1, x.detach() * 2, x.clone(memory_format=torch.contiguous_format) - 1,
+            x.to(torch.float64, memory_format=torch.channels_last) * 2)
 
 
 def copy(x, y):
@@ -134,7 +135,7 @@ CASES = [
     (to_optional_dtype, [R(2, 3)]),
     (tensor_overloads, [R(2, 3)]),
     (functional_fill, [R(2, 3)]),
-    (clone_detach, [R(2, 3)]),
+    (clone_detach, [R(2, 3, 4, 5)]),
     (copy, [R(2, 3), torch.randint(0, 5, (2, 3))]),
     (copy_in_branch, [R(2, 3), torch.randint(0, 5, (2, 3))]),
     (fill_in_branch, [R(2, 3)]),

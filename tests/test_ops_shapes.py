@@ -249,3 +249,13 @@ def int_pad(x):
 
 def test_int64_padding():
     check_fn(int_pad, torch.randint(-5, 5, (2, 3, 4)))
+
+
+def empty_dims(x):
+    e = x[:, 3:3]  # (2, 0): legal everywhere below
+    return (e.flip(1), e.roll(1, 1), e.repeat(2, 3), F.pad(e, (1, 1), value=2.0), torch.cat([e, x], 1),
+            e.unsqueeze(0).expand(3, 2, 0), torch.stack([e, e], -1), e.chunk(2, 0)[1], e.t())
+
+
+def test_empty_size_dims():
+    check_fn(empty_dims, R(2, 4))

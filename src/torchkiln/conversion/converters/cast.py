@@ -1,6 +1,7 @@
 """Dtype and copy converters: to, type_as, clone, copy, copy_ (lowering removes detach).
 
-The engine runs on one device: `to` a different device stays in PyTorch.
+The engine runs on one device: `to` a different device stays in PyTorch. Memory formats change
+strides, not values: engine tensors are contiguous whatever format was asked.
 """
 from __future__ import annotations
 
@@ -32,8 +33,6 @@ def _to_capability(args: Args) -> str | None:
     here = getattr(args.self, "device", None)
     if device is not None and here is not None and torch.device(device) != here:
         return f"it moves the tensor from {here} to {device}"
-    if args.get("memory_format") not in (None, torch.contiguous_format, torch.preserve_format):
-        return "engine tensors are contiguous; other memory formats stay in PyTorch"
     return None
 
 

@@ -17,8 +17,7 @@ from torchkiln.network.tensor import Tensor
 from torchkiln.torchscript import TensorMeta
 
 
-@evaluator("aten::__getitem__.t", "aten::__getitem__.str", "aten::__getitem__.Dict_str", "aten::__getitem__.Dict_int",
-           "aten::__getitem__.Dict_bool", "aten::__getitem__.Dict_float")
+@evaluator("aten::__getitem__.t", "aten::__getitem__.str", "aten::__getitem__.Dict_str", "aten::__getitem__.Dict_int")
 def getitem(args: Args) -> Any:
     return args[0][args[1]]
 
