@@ -180,12 +180,15 @@ def test_extend_is_lowered_to_a_new_list():
     check_fn(append_extend_list, R(3, 2))
 
 
+_ZERO_D = "%a : {} = prim::Constant[value={}]()\n %c : Tensor = prim::NumToTensor(%a)\n "  # a static 0-d tensor
+
+
 @pytest.mark.parametrize("ir, expected", [
     # lowering folds these in scripted and traced graphs; the evaluators cover what is left
-    ("%a : int = prim::Constant[value=2]()\n %c : Tensor = prim::NumToTensor(%a)\n %r : int = aten::Int(%c)", 2),
-    ("%a : float = prim::Constant[value=2.5]()\n %c : Tensor = prim::NumToTensor(%a)\n %r : float = aten::Float(%c)", 2.5),
-    ("%a : int = prim::Constant[value=0]()\n %c : Tensor = prim::NumToTensor(%a)\n %r : bool = aten::Bool(%c)", False),
-    ("%a : int = prim::Constant[value=3]()\n %c : Tensor = prim::NumToTensor(%a)\n %r : Scalar = aten::ScalarImplicit(%c)", 3),
+    (_ZERO_D.format("int", 2) + "%r : int = aten::Int(%c)", 2),
+    (_ZERO_D.format("float", 2.5) + "%r : float = aten::Float(%c)", 2.5),
+    (_ZERO_D.format("int", 0) + "%r : bool = aten::Bool(%c)", False),
+    (_ZERO_D.format("int", 3) + "%r : Scalar = aten::ScalarImplicit(%c)", 3),
     ('%k : str = prim::Constant[value="a"]()\n %v : int = prim::Constant[value=4]()\n'
      ' %d : Dict(str, int) = prim::DictConstruct(%k, %v)\n %r : int = aten::__getitem__(%d, %k)', 4),
     ("%k : int = prim::Constant[value=-1]()\n %v : float = prim::Constant[value=0.5]()\n"

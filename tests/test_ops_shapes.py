@@ -1,7 +1,5 @@
 """Shape converters through the whole pipeline against eager: slicing, squeeze/unsqueeze, tiling,
 reordering, concatenation, padding, pixel shuffle."""
-from typing import List
-
 import pytest
 import torch
 import torch.nn.functional as F

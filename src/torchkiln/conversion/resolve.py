@@ -15,7 +15,8 @@ import torch
 from torchkiln.conversion.registry import find_evaluator
 from torchkiln.network.tensor import Tensor
 from torchkiln.torchscript import (
-    ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, is_tensor_type, node_schema, value_key,
+    ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, is_tensor_type, node_schema,
+    value_key,
 )
 
 logger = logging.getLogger("torchkiln.conversion")
@@ -78,7 +79,7 @@ def _mutates(node: Node, v: Value) -> bool:
         return False
     arguments = torch._C.parse_schema(schema).arguments
     return any(i < len(arguments) and arguments[i].alias_info is not None and arguments[i].alias_info.is_write
-               for i, inp in enumerate(node.inputs()) if inp is v or inp.unique() == v.unique())
+               for i, inp in enumerate(node.inputs()) if inp.unique() == v.unique())
 
 
 def read_after_mutation(v: Value) -> str | None:

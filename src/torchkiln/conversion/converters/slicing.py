@@ -5,7 +5,6 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import needs_static, normalize_dim
-from torchkiln.conversion.impl.shuffle import reshape
 from torchkiln.conversion.impl.slicing import meta_of, select, slice_dim, split_as
 from torchkiln.conversion.registry import converter
 from torchkiln.conversion.resolve import Args
