@@ -45,6 +45,14 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _coverage(args: argparse.Namespace) -> int:
+    from torchkiln.coverage import floor_coverage, format_report, read_floor
+
+    rows = floor_coverage(read_floor(args.floor) if args.floor else None)
+    print(format_report(rows, missing_only=args.missing))
+    return 1 if args.require_full and not all(r.covered for r in rows) else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="torchkiln", description="torchkiln: an ahead-of-time inference compiler "
                                      "for PyTorch TorchScript modules.")
@@ -59,6 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     info.add_argument("path")
     info.add_argument("--layers", action="store_true", help="print every layer")
     info.set_defaults(fn=_info)
+    coverage = sub.add_parser("coverage", help="which ops of a floor list have converters or evaluators")
+    coverage.add_argument("--floor", metavar="FILE", help="one op name a line (default: the bundled ts_ops_floor.txt)")
+    coverage.add_argument("--missing", action="store_true", help="list only the ops not covered")
+    coverage.add_argument("--require-full", action="store_true", help="exit with status 1 unless every op is covered")
+    coverage.set_defaults(fn=_coverage)
     args = parser.parse_args(argv)
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")

@@ -89,3 +89,15 @@ def binding_name(v: Value) -> str:
     """A readable name for a value: its debug name without TorchScript's '.N' suffix."""
     name = re.sub(r"\.\d+$", "", v.debugName())
     return name if not name.isdigit() else f"v{name}"
+
+
+# Nodes whose list output is a new list that no earlier value aliases (append's output is its input,
+# which lowering stops reading after the append).
+FRESH_LIST_PRODUCERS = frozenset({
+    "prim::ListConstruct", "prim::Constant", "aten::list", "aten::size", "aten::add", "aten::append", "aten::slice",
+})
+# Users that keep a reference to a list inside another value, so changing the list shows through that one.
+ALIASING_USERS = frozenset({
+    "prim::ListConstruct", "prim::TupleConstruct", "prim::DictConstruct", "prim::unchecked_cast", "prim::Return",
+    "prim::Loop", "prim::If",
+})

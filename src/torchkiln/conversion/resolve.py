@@ -10,9 +10,14 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import torch
+
 from torchkiln.conversion.registry import find_evaluator
 from torchkiln.network.tensor import Tensor
-from torchkiln.torchscript import Node, TensorMeta, Value, argument_names, is_tensor_type, value_key
+from torchkiln.torchscript import (
+    ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, is_tensor_type, node_schema,
+    value_key,
+)
 
 logger = logging.getLogger("torchkiln.conversion")
 
@@ -24,12 +29,13 @@ class NotStatic(Exception):
 class Args:
     """A node's resolved inputs, by position or by schema argument name (`args.self`, `args['dim']`)."""
 
-    __slots__ = ("node", "values", "names")
+    __slots__ = ("node", "values", "names", "metas")
 
-    def __init__(self, node: Node, values: list[Any]) -> None:
+    def __init__(self, node: Node, values: list[Any], metas: Mapping[int, TensorMeta] | None = None) -> None:
         self.node = node
         self.values = values
         self.names = argument_names(node)
+        self.metas = metas or {}  # what shape analysis saw of every top-level tensor (eager dtype, device)
 
     def __getitem__(self, key: int | str) -> Any:
         if isinstance(key, int):
@@ -66,6 +72,36 @@ def is_dynamic(obj: Any) -> bool:
     return False
 
 
+def _mutates(node: Node, v: Value) -> bool:
+    """Whether `node` modifies `v` in place (its schema marks that argument as written)."""
+    schema = node_schema(node)
+    if schema is None:
+        return False
+    arguments = torch._C.parse_schema(schema).arguments
+    return any(i < len(arguments) and arguments[i].alias_info is not None and arguments[i].alias_info.is_write
+               for i, inp in enumerate(node.inputs()) if inp.unique() == v.unique())
+
+
+def read_after_mutation(v: Value) -> str | None:
+    """Lists are mutable: a list's build-time value is its value everywhere only if it is a fresh list
+    that nothing reads, or keeps inside another value, after modifying it in place. (Lowering rewrites
+    straight-line appends so that later readers read the append's output.)"""
+    if not isinstance(v.type(), torch._C.ListType):
+        return None
+    users = [u.user for u in v.uses()]
+    for node in users:
+        if not _mutates(node, v):
+            continue
+        if v.node().kind() not in FRESH_LIST_PRODUCERS:
+            return f"list %{v.debugName()} from {v.node().kind()} is modified in place by {node.kind()}"
+        for other in users:
+            if other is node:
+                continue
+            if other.owningBlock() != node.owningBlock() or other.isAfter(node) or other.kind() in ALIASING_USERS:
+                return f"list %{v.debugName()} is read after {node.kind()} modifies it in place"
+    return None
+
+
 class Resolver:
     """Resolves Values of one graph; subclasses add what they already know (`known`)."""
 
@@ -98,10 +134,15 @@ class Resolver:
         key = value_key(v)
         evaluator = None if node.kind() == "prim::Param" or list(node.blocks()) else find_evaluator(node)
         if evaluator is None:
-            if is_tensor_type(v.type()) and key in self.metas:
+            if key in self.metas:  # a run-time tensor (or list of tensors) that shape analysis saw
                 return self.metas[key]
             raise NotStatic(f"%{v.debugName()} comes from {node.kind()}, which has no evaluator")
-        args = self.args(node)
+        try:
+            args = self.args(node)
+        except NotStatic:
+            if key in self.metas:  # computed at run time from run-time inputs
+                return self.metas[key]
+            raise
         try:
             result = evaluator.fn(args)
         except NotStatic:
@@ -110,6 +151,10 @@ class Resolver:
             logger.debug("evaluator of %s failed: %s", node.kind(), e)
             raise NotStatic(f"{node.kind()} could not be evaluated: {e}") from None
         outputs = list(node.outputs())
+        for out in outputs:
+            reason = read_after_mutation(out)
+            if reason:
+                raise NotStatic(reason)
         results = result if len(outputs) > 1 else (result,)
         if len(results) != len(outputs):
             raise NotStatic(f"evaluator of {node.kind()} returned {len(results)} values for {len(outputs)} outputs")
@@ -118,7 +163,7 @@ class Resolver:
         return self._memo[key]
 
     def args(self, node: Node) -> Args:
-        return Args(node, [self.resolve(i) for i in node.inputs()])
+        return Args(node, [self.resolve(i) for i in node.inputs()], self.metas)
 
     def forget(self, v: Value) -> None:
         self._memo.pop(value_key(v), None)

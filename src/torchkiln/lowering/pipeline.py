@@ -18,6 +18,7 @@ GRAPH_PIPELINE: tuple[str, ...] = (
     "remove_dropout",
     "remove_contiguous",
     "unpack_log_softmax",
+    "functionalize_list_appends",
     "remove_tensor_mutation",
     "peephole_optimize",
     "constant_propagation",

@@ -14,7 +14,8 @@ import torch
 
 from torchkiln.partitioning.segment import Block, Partition, is_layer_op
 from torchkiln.partitioning.support import Fallback, Target, is_io_plumbing
-from torchkiln.torchscript import Node, Value, binding_name, node_key, source_location, top_level_node, value_key
+from torchkiln.torchscript import (Node, TensorMeta, Value, binding_name, node_key, source_location, top_level_node,
+                                   value_key)
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
                 torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
@@ -154,7 +155,7 @@ def _name(v: Value) -> str:
 
 def _value(part: Partition, v: Value) -> BoundaryValue:
     meta = part.metas.get(value_key(v))
-    if meta is None:
+    if not isinstance(meta, TensorMeta):  # not a tensor, or a list of tensors
         return BoundaryValue(_name(v), str(v.type()))
     return BoundaryValue(_name(v), "Tensor", meta.shape, meta.dtype)
 

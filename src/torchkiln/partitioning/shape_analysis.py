@@ -17,13 +17,18 @@ from torchkiln.torchscript import Graph, TensorMeta, is_tensor_type, value_key
 logger = logging.getLogger("torchkiln.partitioning")
 
 
+def _holds_shapes(t: torch._C.JitType) -> bool:
+    return is_tensor_type(t) or (isinstance(t, torch._C.ListType) and is_tensor_type(t.getElementType()))
+
+
 def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
-                   example_inputs: Sequence[Any]) -> dict[int, TensorMeta]:
-    """TensorMeta for every tensor-typed value of the graph's top-level block (value_key -> meta)."""
+                   example_inputs: Sequence[Any]) -> dict[int, TensorMeta | list[TensorMeta]]:
+    """TensorMeta for every tensor-typed value of the graph's top-level block (value_key -> meta), and a
+    list of them for every Tensor[] value."""
     originals = list(graph.inputs()) + [o for n in graph.nodes() for o in n.outputs()]
     probe = graph.copy()
     copies = list(probe.inputs()) + [o for n in probe.nodes() for o in n.outputs()]
-    picked = [(orig, copy) for orig, copy in zip(originals, copies) if is_tensor_type(orig.type())]
+    picked = [(orig, copy) for orig, copy in zip(originals, copies) if _holds_shapes(orig.type())]
     for i in reversed(range(len(list(probe.outputs())))):
         probe.eraseOutput(i)
     for _, copy in picked:
@@ -45,5 +50,7 @@ def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
     for (orig, _), value in zip(picked, results):
         if isinstance(value, torch.Tensor):
             metas[value_key(orig)] = TensorMeta.of(value)
+        elif isinstance(value, list):  # Tensor[] (chunk, split, unbind...): one meta per element
+            metas[value_key(orig)] = [TensorMeta.of(t) for t in value]
     logger.debug("shape analysis recorded %d tensors", len(metas))
     return metas

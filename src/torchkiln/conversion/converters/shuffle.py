@@ -1,9 +1,9 @@
-"""Shape converters: view, reshape, flatten, permute, transpose."""
+"""Shape converters: view, reshape, flatten, unflatten, permute, transpose, t, squeeze, unsqueeze."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.common import normalize_dim
-from torchkiln.conversion.impl.shuffle import permute, reshape
+from torchkiln.conversion.impl.common import normalize_dim, normalize_dims
+from torchkiln.conversion.impl.shuffle import permute, reshape, squeeze_dims, unsqueeze
 from torchkiln.conversion.registry import converter
 from torchkiln.conversion.resolve import Args
 from torchkiln.network.tensor import Tensor
@@ -39,3 +39,35 @@ def transpose(ctx: ConversionCtx, args: Args) -> Tensor:
     a, b = normalize_dim(args.dim0, x.rank), normalize_dim(args.dim1, x.rank)
     perm[a], perm[b] = perm[b], perm[a]
     return permute(ctx, x, perm)
+
+
+@converter("aten::view_as", "aten::reshape_as")
+def view_as(ctx: ConversionCtx, args: Args) -> Tensor:
+    return reshape(ctx, ctx.to_tensor(args.self), args.other.shape)
+
+
+@converter("aten::unflatten.int")
+def unflatten(ctx: ConversionCtx, args: Args) -> Tensor:
+    x = ctx.to_tensor(args.self)
+    dim = normalize_dim(args.dim, x.rank)
+    return reshape(ctx, x, list(x.shape[:dim]) + list(args.sizes) + list(x.shape[dim + 1:]))
+
+
+@converter("aten::t")
+def t(ctx: ConversionCtx, args: Args) -> Tensor:
+    x = ctx.to_tensor(args.self)
+    return permute(ctx, x, [1, 0]) if x.rank == 2 else x
+
+
+@converter("aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims")
+def squeeze(ctx: ConversionCtx, args: Args) -> Tensor:
+    x, dims = ctx.to_tensor(args.self), args.get("dim")
+    if x.rank == 0 or dims == []:  # squeeze(dim=[]) squeezes nothing
+        return x
+    return squeeze_dims(ctx, x, normalize_dims(dims, x.rank))
+
+
+@converter("aten::unsqueeze")
+def unsqueeze_converter(ctx: ConversionCtx, args: Args) -> Tensor:
+    x = ctx.to_tensor(args.self)
+    return unsqueeze(ctx, x, normalize_dim(args.dim, x.rank + 1))

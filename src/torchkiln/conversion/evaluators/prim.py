@@ -46,3 +46,24 @@ def tuple_index(args: Args) -> Any:
 def raise_exception(args: Args) -> None:
     """Known to the registry so that guards are understood; raising is left to run time."""
     raise NotStatic("prim::RaiseException raises at run time")
+
+
+class _Uninitialized:
+    """prim::Uninitialized: the placeholder TorchScript puts on paths that raise; never read."""
+
+    def __repr__(self) -> str:
+        return "<uninitialized>"
+
+
+UNINITIALIZED = _Uninitialized()
+
+
+@evaluator("prim::Uninitialized")
+def uninitialized(args: Args) -> _Uninitialized:
+    return UNINITIALIZED
+
+
+@evaluator("prim::unchecked_cast")
+def unchecked_cast(args: Args) -> Any:
+    """A type refinement (Optional[T] -> T): the value itself."""
+    return args[0]

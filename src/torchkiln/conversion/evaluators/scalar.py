@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -9,7 +11,7 @@ from torchkiln.conversion.registry import evaluator
 from torchkiln.conversion.resolve import Args, NotStatic
 
 
-def _number(x):
+def _number(x: Any) -> bool | int | float:
     if isinstance(x, torch.Tensor):
         if x.numel() != 1:
             raise NotStatic("a tensor of more than one element is not a number")
@@ -19,14 +21,24 @@ def _number(x):
     return x
 
 
+def _as_output_type(args: Args, value: Any) -> Any:
+    """TorchScript's result type: pow(int, int) and max(int, float) give floats where Python may not."""
+    kind = args.node.output().type().kind()
+    if kind == "FloatType" and isinstance(value, int):
+        return float(value)
+    return value
+
+
 @evaluator("aten::Int", "aten::Int.Tensor")
 def to_int(args: Args) -> int:
-    return int(_number(args[0]))
+    x = args[0]
+    return int(x) if isinstance(x, str) else int(_number(x))
 
 
 @evaluator("aten::Float", "aten::Float.Tensor")
 def to_float(args: Args) -> float:
-    return float(_number(args[0]))
+    x = args[0]
+    return float(x) if isinstance(x, str) else float(_number(x))
 
 
 @evaluator("aten::Bool", "aten::Bool.Tensor")
@@ -34,8 +46,41 @@ def to_bool(args: Args) -> bool:
     return bool(_number(args[0]))
 
 
-def _binary(fn):
-    return lambda args: fn(args[0], args[1])
+@evaluator("aten::ScalarImplicit")
+def scalar_implicit(args: Args) -> bool | int | float:
+    """A 0-d tensor's value as a Scalar."""
+    x = args[0]
+    if not isinstance(x, torch.Tensor) or x.dim() != 0:
+        raise NotStatic("ScalarImplicit needs a 0-d tensor known at build time")
+    return x.item()
+
+
+@evaluator("prim::NumToTensor.Scalar")
+def num_to_tensor(args: Args) -> torch.Tensor:
+    """A number as a 0-d tensor: int64 for ints, float64 for floats, bool for bools (as TorchScript makes it)."""
+    return torch.tensor(_number(args[0]))
+
+
+def _round_to_zero_floordiv(a: int, b: int) -> int:
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+def _range_length(lo: int, hi: int, step: int) -> int:
+    if step == 0:
+        raise ValueError("range() arg 3 must not be zero")
+    return len(range(lo, hi, step))
+
+
+def _extremum(pick: Callable) -> Callable[[Args], Any]:
+    def evaluate(args: Args) -> Any:
+        values = list(args)
+        return _as_output_type(args, pick(values[0]) if len(values) == 1 else pick(values[0], values[1]))
+    return evaluate
+
+
+def _binary(fn: Callable) -> Callable[[Args], Any]:
+    return lambda args: _as_output_type(args, fn(args[0], args[1]))
 
 
 for _name, _fn in {
@@ -45,13 +90,30 @@ for _name, _fn in {
     "aten::pow": operator.pow,
     "aten::eq": operator.eq, "aten::ne": operator.ne, "aten::lt": operator.lt, "aten::gt": operator.gt,
     "aten::le": operator.le, "aten::ge": operator.ge,
+    "aten::__and__": operator.and_, "aten::__or__": operator.or_, "aten::__xor__": operator.xor,
+    "aten::__round_to_zero_floordiv": _round_to_zero_floordiv,
 }.items():
     evaluator(_name)(_binary(_fn))
 
+evaluator("prim::max")(_extremum(max))
+evaluator("prim::min")(_extremum(min))
 
-@evaluator("aten::len")
-def length(args: Args) -> int:
-    return len(args[0])
+
+@evaluator("aten::__not__")
+def not_(args: Args) -> bool:
+    return not args[0]
+
+
+@evaluator("aten::__derive_index")
+def derive_index(args: Args) -> int:
+    """The loop variable of `for i in range(start, ..., step)` at iteration `index`."""
+    return args.start + args.index * args.step
+
+
+@evaluator("aten::__range_length")
+def range_length(args: Args) -> int:
+    """How many iterations `range(lo, hi, step)` makes."""
+    return _range_length(args.lo, args.hi, args.step)
 
 
 # Not the bare "aten::neg": that key is the tensor overload, which has a converter.

@@ -1,9 +1,25 @@
-"""Evaluators of a tensor's metadata: size, dim, numel, dtype. They need only its shape and dtype."""
+"""Evaluators of a tensor's metadata: size, dim, numel, dtype, device. They need only its shape and dtype.
+
+dtype and device come from what eager PyTorch gave (shape analysis), so they agree between partitioning
+and conversion even where the engine computes in another dtype (truncate_long_and_double).
+"""
 from __future__ import annotations
 
-from torchkiln.conversion.impl.common import normalize_dim
+import math
+from typing import Any
+
+import torch
+
+from torchkiln.conversion.impl.common import dtype_code, normalize_dim
 from torchkiln.conversion.registry import evaluator
 from torchkiln.conversion.resolve import Args, NotStatic
+from torchkiln.torchscript import TensorMeta, value_key
+
+
+def _meta(args: Args) -> Any:
+    """What eager PyTorch knows of argument 0: its TensorMeta from shape analysis, or the value itself."""
+    meta = args.metas.get(value_key(args.node.inputsAt(0)))
+    return meta if isinstance(meta, TensorMeta) else args[0]
 
 
 def static_shape(x) -> tuple[int, ...]:
@@ -13,7 +29,7 @@ def static_shape(x) -> tuple[int, ...]:
     return shape
 
 
-@evaluator("aten::size")
+@evaluator("aten::size", "prim::shape")
 def size(args: Args) -> list[int]:
     return list(static_shape(args[0]))
 
@@ -38,3 +54,27 @@ def len_tensor(args: Args) -> int:
 @evaluator("aten::dim")
 def dim(args: Args) -> int:
     return len(args[0].shape)
+
+
+@evaluator("aten::numel")
+def numel(args: Args) -> int:
+    return math.prod(static_shape(args[0]))
+
+
+@evaluator("aten::is_floating_point")
+def is_floating_point(args: Args) -> bool:
+    return _meta(args).dtype.is_floating_point
+
+
+@evaluator("prim::dtype")
+def dtype(args: Args) -> int:
+    """The ScalarType code TorchScript uses for the tensor's dtype."""
+    return dtype_code(_meta(args).dtype)
+
+
+@evaluator("prim::device")
+def device(args: Args) -> torch.device:
+    found = _meta(args)
+    if not isinstance(found, (TensorMeta, torch.Tensor)):
+        raise NotStatic("the device of a tensor shape analysis did not see")
+    return found.device

@@ -1,0 +1,19 @@
+"""Pixel shuffle: (*, C*r*r, H, W) -> (*, C, H*r, W*r) as reshape, transpose, reshape."""
+from __future__ import annotations
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.shuffle import reshape
+from torchkiln.conversion.registry import converter
+from torchkiln.conversion.resolve import Args
+from torchkiln.network.tensor import Tensor
+
+
+@converter("aten::pixel_shuffle")
+def pixel_shuffle(ctx: ConversionCtx, args: Args) -> Tensor:
+    x, r = ctx.to_tensor(args.self), args.upscale_factor
+    *batch, channels, height, width = x.shape
+    n = len(batch)
+    split = ctx.network.add_shuffle(
+        x, reshape_dims=[*batch, channels // (r * r), r, r, height, width], zero_is_placeholder=False,
+        second_transpose=[*range(n + 1), n + 3, n + 1, n + 4, n + 2]).get_output()
+    return reshape(ctx, split, [*batch, channels // (r * r), height * r, width * r])

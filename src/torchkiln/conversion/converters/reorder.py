@@ -1,0 +1,41 @@
+"""Reordering converters: flip and roll, as slices and concatenations."""
+from __future__ import annotations
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.common import normalize_dim, normalize_dims
+from torchkiln.conversion.impl.shuffle import reshape
+from torchkiln.conversion.impl.slicing import slice_dim
+from torchkiln.conversion.registry import converter
+from torchkiln.conversion.resolve import Args
+from torchkiln.network.tensor import Tensor
+
+
+@converter("aten::flip")
+def flip(ctx: ConversionCtx, args: Args) -> Tensor:
+    x = ctx.to_tensor(args.self)
+    dims = [d for d in normalize_dims(list(args.dims), x.rank) if x.shape[d] > 1] if args.dims else []
+    if not dims:
+        return x
+    starts, strides = [0] * x.rank, [1] * x.rank
+    for d in dims:
+        starts[d], strides[d] = x.shape[d] - 1, -1
+    return ctx.network.add_slice(x, starts, x.shape, strides).get_output()
+
+
+def _roll(ctx: ConversionCtx, x: Tensor, shift: int, dim: int) -> Tensor:
+    size = x.shape[dim]
+    shift = shift % size if size else 0
+    if shift == 0:
+        return x
+    tail, head = slice_dim(ctx, x, dim, size - shift, size), slice_dim(ctx, x, dim, 0, size - shift)
+    return ctx.network.add_concatenation([tail, head], dim).get_output()
+
+
+@converter("aten::roll")
+def roll(ctx: ConversionCtx, args: Args) -> Tensor:
+    x, shifts, dims = ctx.to_tensor(args.self), list(args.shifts), list(args.dims)
+    if not dims:  # roll the flattened tensor
+        return reshape(ctx, _roll(ctx, reshape(ctx, x, [-1]), shifts[0], 0), x.shape)
+    for shift, dim in zip(shifts, dims):
+        x = _roll(ctx, x, shift, normalize_dim(dim, x.rank))
+    return x

@@ -1,0 +1,58 @@
+"""Broadcasting and tiling converters: expand, expand_as, repeat, repeat_interleave, meshgrid."""
+from __future__ import annotations
+
+import torch
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.common import needs_static, normalize_dim
+from torchkiln.conversion.impl.shuffle import reshape
+from torchkiln.conversion.impl.tiling import expand, meshgrid, repeat, repeat_each
+from torchkiln.conversion.registry import converter
+from torchkiln.conversion.resolve import Args
+from torchkiln.network import layers as L
+from torchkiln.network.tensor import Tensor
+
+
+@converter("aten::expand")
+def expand_converter(ctx: ConversionCtx, args: Args) -> Tensor:
+    return expand(ctx, ctx.to_tensor(args.self), args.size)
+
+
+@converter("aten::expand_as")
+def expand_as(ctx: ConversionCtx, args: Args) -> Tensor:
+    return expand(ctx, ctx.to_tensor(args.self), args.other.shape)
+
+
+@converter("aten::repeat")
+def repeat_converter(ctx: ConversionCtx, args: Args) -> Tensor:
+    return repeat(ctx, ctx.to_tensor(args.self), args.repeats)
+
+
+def _interleave_capability(args: Args) -> str | None:
+    reason = needs_static(args, "repeats")
+    if reason:
+        return reason
+    repeats = args.repeats
+    if isinstance(repeats, torch.Tensor) and repeats.dtype.is_floating_point:
+        return "repeats must be integers"
+    return None
+
+
+@converter("aten::repeat_interleave.self_int", "aten::repeat_interleave.self_Tensor", capability=_interleave_capability)
+def repeat_interleave(ctx: ConversionCtx, args: Args) -> Tensor:
+    x, repeats = ctx.to_tensor(args.self), args.repeats
+    if args.dim is None:
+        x = reshape(ctx, x, [-1])
+    dim = normalize_dim(args.dim if args.dim is not None else 0, x.rank)
+    if isinstance(repeats, torch.Tensor) and repeats.numel() == 1:
+        repeats = int(repeats.item())
+    if isinstance(repeats, int):
+        return repeat_each(ctx, x, dim, repeats)
+    # one count per element: gather each index as often as it repeats
+    index = torch.repeat_interleave(torch.arange(x.shape[dim]), repeats.cpu().to(torch.int64))
+    return ctx.network.add_gather(x, ctx.to_tensor(index), dim, L.GatherMode.DEFAULT).get_output()
+
+
+@converter("aten::meshgrid", "aten::meshgrid.indexing")
+def meshgrid_converter(ctx: ConversionCtx, args: Args) -> list[Tensor]:
+    return meshgrid(ctx, [ctx.to_tensor(t) for t in args.tensors], args.get("indexing") or "ij")

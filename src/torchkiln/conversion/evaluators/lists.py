@@ -1,0 +1,76 @@
+"""Evaluators of list, dict and identity ops. They also run on lists of engine tensors.
+
+Lists are mutable. The lowering pass `functionalize_list_appends` makes later readers of an
+appended list read the append's output, so `append` returns a new list and never changes a
+value the resolver already holds; the resolver refuses lists that are still read after an
+in-place change (see `resolve.read_after_mutation`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchkiln.conversion.registry import evaluator
+from torchkiln.conversion.resolve import Args, NotStatic
+from torchkiln.network.tensor import Tensor
+from torchkiln.torchscript import TensorMeta
+
+
+@evaluator("aten::__getitem__.t", "aten::__getitem__.str", "aten::__getitem__.Dict_str", "aten::__getitem__.Dict_int")
+def getitem(args: Args) -> Any:
+    return args[0][args[1]]
+
+
+@evaluator("aten::len", "aten::len.t")
+def length(args: Args) -> int:
+    return len(args[0])
+
+
+@evaluator("aten::list.t")
+def list_copy(args: Args) -> list:
+    return list(args[0])
+
+
+@evaluator("aten::add.t")
+def concatenate(args: Args) -> list:
+    return list(args[0]) + list(args[1])
+
+
+@evaluator("aten::append.t")
+def append(args: Args) -> list:
+    """A new list: the old one is still the value of every reader before the append."""
+    return list(args[0]) + [args[1]]
+
+
+@evaluator("aten::extend.t")
+def extend(args: Args) -> None:
+    """An extend left by lowering has no reader after it (the resolver refuses the list otherwise)."""
+    args[0].extend(args[1])
+
+
+@evaluator("prim::DictConstruct")
+def dict_construct(args: Args) -> dict:
+    values = list(args)
+    return dict(zip(values[::2], values[1::2]))
+
+
+def _identical(a: Any, b: Any) -> bool:
+    """TorchScript's `is`: identity for tensors, equality of type and value for None and scalars."""
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, (Tensor, TensorMeta, torch.Tensor)) or isinstance(b, (Tensor, TensorMeta, torch.Tensor)):
+        return a is b
+    if isinstance(a, (bool, int, float, str, torch.device)) and type(a) is type(b):
+        return a == b
+    raise NotStatic(f"identity of {type(a).__name__} and {type(b).__name__} is decided at run time")
+
+
+@evaluator("aten::__is__")
+def is_(args: Args) -> bool:
+    return _identical(args[0], args[1])
+
+
+@evaluator("aten::__isnot__")
+def isnot(args: Args) -> bool:
+    return not _identical(args[0], args[1])

@@ -1,0 +1,49 @@
+"""Advanced indexing (x[idx0, :, idx2]) with torch's exact placement of the indexed dims."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.shuffle import permute, unsqueeze
+from torchkiln.conversion.impl.tiling import expand
+from torchkiln.network import layers as L
+from torchkiln.network.tensor import Tensor
+
+
+def mask_to_indices(indices: Sequence[Any]) -> list[Any]:
+    """Replace each (build-time) bool mask by the integer index tensors of its True positions, one per dim."""
+    out: list[Any] = []
+    for index in indices:
+        if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            out.extend(index.bool().nonzero(as_tuple=True))
+        else:
+            out.append(index)
+    return out
+
+
+def broadcast_shape(shapes: Sequence[Sequence[int]]) -> list[int]:
+    return list(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
+
+
+def advanced_index(ctx: ConversionCtx, x: Tensor, indices: Sequence[Any]) -> Tensor:
+    """x[indices] where each entry is None (the whole dim) or an integer index tensor (network or constant)."""
+    indices = list(indices) + [None] * (x.rank - len(indices))
+    picked = [d for d, index in enumerate(indices) if index is not None]
+    tensors = [ctx.to_tensor(indices[d], torch.int64) for d in picked]
+    if len(picked) == 1:  # one index tensor: its dims replace the indexed dim where it was
+        return ctx.network.add_gather(x, tensors[0], picked[0], L.GatherMode.DEFAULT).get_output()
+    rest = [d for d in range(x.rank) if d not in picked]
+    moved = permute(ctx, x, picked + rest) if picked != list(range(len(picked))) else x
+    shape = broadcast_shape([t.shape for t in tensors])
+    columns = [unsqueeze(ctx, expand(ctx, t, shape), len(shape)) for t in tensors]
+    coordinates = ctx.network.add_concatenation(columns, len(shape)).get_output()
+    out = ctx.network.add_gather(moved, coordinates, 0, L.GatherMode.ND).get_output()  # shape + rest dims
+    adjacent = picked == list(range(picked[0], picked[-1] + 1))
+    if not adjacent or picked[0] == 0:  # separated index tensors put the indexed dims first
+        return out
+    n, before = len(shape), picked[0]  # adjacent ones keep them where the indexed dims were
+    order = list(range(n, n + before)) + list(range(n)) + list(range(n + before, out.rank))
+    return permute(ctx, out, order)

@@ -1,0 +1,52 @@
+"""Slices along one dim: Python slice semantics, selection, and splits into pieces."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.common import normalize_dim
+from torchkiln.conversion.impl.shuffle import reshape
+from torchkiln.errors import ConversionError
+from torchkiln.network.tensor import Tensor
+
+
+def slice_dim(ctx: ConversionCtx, x: Tensor, dim: int, start: int | None, end: int | None, step: int = 1) -> Tensor:
+    """x[..., start:end:step, ...] on `dim`, with Python's clamping of negative and out-of-range bounds."""
+    if step <= 0:
+        raise ConversionError(f"slice step must be positive, got {step}")
+    dim = normalize_dim(dim, x.rank)
+    first, stop, step = slice(start, end, step).indices(x.shape[dim])
+    count = len(range(first, stop, step))
+    if count == x.shape[dim] and step == 1:
+        return x
+    starts, shape, strides = [0] * x.rank, list(x.shape), [1] * x.rank
+    starts[dim], shape[dim], strides[dim] = first if count else 0, count, step
+    return ctx.network.add_slice(x, starts, shape, strides).get_output()
+
+
+def select(ctx: ConversionCtx, x: Tensor, dim: int, index: int) -> Tensor:
+    """x.select(dim, index): one index along `dim` (negative counts from the end), the dim removed."""
+    dim = normalize_dim(dim, x.rank)
+    if not -x.shape[dim] <= index < x.shape[dim]:
+        raise ConversionError(f"index {index} is out of range for dim {dim} of size {x.shape[dim]}")
+    index %= x.shape[dim]
+    piece = slice_dim(ctx, x, dim, index, index + 1)
+    return reshape(ctx, piece, x.shape[:dim] + x.shape[dim + 1:])
+
+
+def split_as(ctx: ConversionCtx, x: Tensor, dim: int, pieces: Sequence[torch.Tensor | torch.Size]) -> list[Tensor]:
+    """Consecutive slices of `x` along `dim` with the sizes (along dim) of `pieces`, in order."""
+    dim = normalize_dim(dim, x.rank)
+    out, offset = [], 0
+    for piece in pieces:
+        size = piece.shape[dim] if isinstance(piece, torch.Tensor) else piece[dim]
+        out.append(slice_dim(ctx, x, dim, offset, offset + size))
+        offset += size
+    return out
+
+
+def meta_of(x: Tensor) -> torch.Tensor:
+    """An empty meta tensor shaped like `x`: run torch's own shape rules (chunk, split...) on it."""
+    return torch.empty(x.shape, dtype=x.dtype, device="meta")

@@ -1,0 +1,62 @@
+"""Functionalize list appends: later readers of a list read the append's result instead.
+
+`l.append(x)` mutates `l`; TorchScript keeps reading `%l` afterwards, so its value depends on
+where it is read. After this pass, `aten::append(%l, %x)`'s output (the same list at run time) is
+what later nodes read, and `aten::extend(%l, %m)` becomes `%l2 = aten::add(%l, %m)` read the same
+way. Build-time evaluation can then give every list value one meaning (`append` copies).
+Lists whose uses sit in other blocks (loops, branches) or that other values alias are left alone;
+the resolver treats those as run-time values.
+"""
+from __future__ import annotations
+
+import torch
+
+from torchkiln.lowering.registry import lowering_pass
+from torchkiln.settings import CompileSettings
+from torchkiln.torchscript import ALIASING_USERS, FRESH_LIST_PRODUCERS, Graph, Node, Value
+
+_ELEMENTS = (torch._C.IntType, torch._C.FloatType, torch._C.BoolType, torch._C.StringType, torch._C.TensorType)
+
+
+def _rewritable(lst: Value, node: Node) -> bool:
+    """Straight-line uses of a list of immutable elements that no other value aliases."""
+    if not isinstance(lst.type(), torch._C.ListType) or not isinstance(lst.type().getElementType(), _ELEMENTS):
+        return False
+    if lst.node().kind() not in FRESH_LIST_PRODUCERS:
+        return False
+    return all(u.user.owningBlock() == node.owningBlock() and u.user.kind() not in ALIASING_USERS for u in lst.uses())
+
+
+def _read_later_from(lst: Value, node: Node, replacement: Value) -> None:
+    for use in list(lst.uses()):
+        if use.user is not node and use.user.isAfter(node):
+            use.user.replaceInput(use.offset, replacement)
+
+
+def _functionalize(graph: Graph, block: torch._C.Block) -> bool:
+    changed = False
+    for node in list(block.nodes()):
+        for inner in node.blocks():
+            changed |= _functionalize(graph, inner)
+        if node.kind() not in ("aten::append", "aten::extend") or not _rewritable(node.inputsAt(0), node):
+            continue
+        lst = node.inputsAt(0)
+        later = [u for u in lst.uses() if u.user is not node and u.user.isAfter(node)]
+        if node.kind() == "aten::append":
+            if later:
+                _read_later_from(lst, node, node.output())
+                changed = True
+            continue
+        with graph.insert_point_guard(node):
+            joined = graph.insertNode(graph.create("aten::add", [lst, node.inputsAt(1)]))
+            joined.output().setType(lst.type())
+        _read_later_from(lst, node, joined.output())
+        node.destroy()
+        changed = True
+    return changed
+
+
+@lowering_pass()
+def functionalize_list_appends(graph: Graph, settings: CompileSettings) -> bool:
+    """Make later readers of an appended or extended list read a new value instead of the mutated one."""
+    return _functionalize(graph, graph.block())

@@ -1,0 +1,103 @@
+"""Indexing converters through the whole pipeline against eager: advanced indexing (aten::index),
+index_select, gather, scatter, meshgrid."""
+import pytest
+import torch
+from harness import check_fn
+
+IDX = torch.tensor([2, 0, -1])
+
+
+def index_one(x, i):
+    return x[i], x[:, i], x[..., i]
+
+
+def index_two_adjacent(x, i, j):
+    return x[:, i, j]
+
+
+def index_two_separated(x, i, j):
+    return x[i, :, j]
+
+
+def index_broadcast(x, i, j):
+    return x[i.unsqueeze(1), j]
+
+
+def index_constant_negative(x):
+    return x[:, torch.tensor([-1, 0, -2])] * 2
+
+
+def index_constant_mask(x):
+    return x[torch.tensor([True, False, True])] + 1
+
+
+def index_runtime_mask(x, mask):
+    y = x * 2
+    return y[mask]
+
+
+def index_select(x, i):
+    return x.index_select(1, i), torch.index_select(x, -2, i[:2])
+
+
+def gather(x, i):
+    return x.gather(1, i), torch.gather(x, -2, i[:2])
+
+
+def scatter_src(x, i, s):
+    return x.scatter(1, i, s), torch.scatter(x, 0, i[:1], s[:1, :2])
+
+
+def scatter_value(x, i):
+    return x.scatter(1, i, 2.5), x.scatter(-1, i[:, :1], -1)
+
+
+def meshgrid_ij(a, b):
+    x, y = torch.meshgrid(a, b, indexing="ij")
+    return x * 2 + y
+
+
+def meshgrid_xy(a, b, c):
+    x, y, z = torch.meshgrid([a, b, c], indexing="xy")
+    return x + y * z
+
+
+def meshgrid_default(a, b):
+    x, y = torch.meshgrid([a, b])
+    return x, y
+
+
+R = torch.randn
+CASES = [
+    (index_one, [R(4, 4, 3), torch.tensor([1, -1, 0, 2])[:3]]),
+    (index_two_adjacent, [R(2, 4, 5, 3), torch.tensor([0, 3, -2]), torch.tensor([4, -1, 0])]),
+    (index_two_separated, [R(4, 2, 5), torch.tensor([0, 3, -2]), torch.tensor([4, -1, 0])]),
+    (index_broadcast, [R(4, 5, 2), torch.tensor([0, 3, -2]), torch.tensor([4, -1])]),
+    (index_constant_negative, [R(2, 3)]),
+    (index_constant_mask, [R(3, 2)]),
+    (index_select, [R(3, 4), torch.tensor([2, 0, 1])]),
+    (gather, [R(3, 4), torch.tensor([[0, 2], [1, 1], [2, 0]])]),
+    (scatter_src, [R(3, 4), torch.tensor([[0, 2], [1, 2], [2, 0]]), R(3, 2)]),
+    (scatter_value, [R(3, 4), torch.tensor([[0, 3], [1, 2], [2, 0]])]),
+    (meshgrid_ij, [R(3), R(4)]),
+    (meshgrid_xy, [R(3), R(4), R(2)]),
+    (meshgrid_default, [R(3), R(())]),
+]
+
+
+@pytest.mark.parametrize("fn, example", CASES, ids=[fn.__name__ for fn, _ in CASES])
+def test_indexing_op(fn, example):
+    check_fn(fn, *example)
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_int32_and_int64_indices(truncate):
+    x, i, j = torch.randint(-9, 9, (5, 4, 3)), torch.tensor([0, 3, -2]), torch.tensor([2, -1, 0], dtype=torch.int32)
+    check_fn(index_two_adjacent, x.transpose(0, 1), i[:2], j[:2], truncate_long_and_double=truncate)
+
+
+def test_runtime_bool_mask_stays_in_pytorch():
+    # the output shape depends on the data: the index op falls back, the multiply still converts
+    _, report = check_fn(index_runtime_mask, R(3, 4), R(3, 4) > 0, engines=1, torch_blocks=1)
+    (index_op,) = [f for b in report.blocks for f in b.fallback if f.op == "aten::index.Tensor"]
+    assert "data-dependent" in index_op.detail

@@ -1,0 +1,259 @@
+"""Shape converters through the whole pipeline against eager: slicing, squeeze/unsqueeze, tiling,
+reordering, concatenation, padding, pixel shuffle."""
+import pytest
+import torch
+import torch.nn.functional as F
+from harness import check_fn
+
+
+def select_neg(x):
+    return x.select(-1, -2) + x[1, :, 0].sum()
+
+
+def slices(x):
+    return x[:, 3:] * 2 + x[:, -3:] - x[:, :-100000].sum() + x[:, 0:100][:, ::1][:, 2:5]
+
+
+def slice_step(x):
+    return x[::2, -4:-1:2] + x[1::3, 5:2:1].sum()
+
+
+def slice_negative_dim(x):
+    return x[..., 1:3]
+
+
+def slice_empty(x):
+    return torch.cat([x[:, 2:2], x[:, 3:1]], 1) + 1
+
+
+def narrow(x):
+    return x.narrow(1, 1, 2) + x.narrow(-1, -3, 2)
+
+
+def narrow_tensor_start(x):
+    return torch.narrow(x, 0, torch.tensor(1), 2)
+
+
+def chunk_uneven(x):
+    a, b, c = x.chunk(3, 1)
+    return a.sum(1) + b.sum(1) + c.sum(1), c
+
+
+def chunk_fewer(x):
+    parts = torch.chunk(x, 4, -1)  # 5 elements in chunks of 2: only 3 pieces
+    return parts[0] * 2, parts[-1], len(parts) + x
+
+
+def split_size(x):
+    a, b = x.split(3, 1)
+    return a.mean(), b
+
+
+def split_sizes(x):
+    a, b, c = x.split([1, 2, 2], -1)
+    return a + 1, b * 2, c
+
+
+def split_with_sizes(x):
+    a, b = torch.split_with_sizes(x, [3, 2], 1)
+    return a, b - 1
+
+
+def unbind(x):
+    a, b, c = x.unbind(1)
+    return a + b * c
+
+
+def unbind_negative(x):
+    rows = x.unbind(-2)
+    return torch.stack(rows, -1)
+
+
+def squeeze_all(x):
+    return x.squeeze() + 1
+
+
+def squeeze_dim(x):
+    return x.squeeze(0) * x.squeeze(-1).sum() + x.squeeze(1)  # dim 1 is not of size 1: unchanged
+
+
+def squeeze_dims(x):
+    return torch.squeeze(x, [0, -1]) + 1
+
+
+def unsqueeze(x):
+    return x.unsqueeze(0) + x.unsqueeze(-1).sum() + x.unsqueeze(1).sum()
+
+
+def t(x):
+    return x.t() * 2
+
+
+def t_1d(x):
+    return x.t() + x.sum(0).t()
+
+
+def unflatten(x):
+    return x.unflatten(-1, (2, -1)) + 1
+
+
+def view_as(x, y):
+    return x.view_as(y) + y, x.reshape_as(y.t())
+
+
+def expand(x):
+    return x.expand(3, -1, 4) + x.expand(2, 3, 3, 4).sum(0)
+
+
+def expand_as(x, y):
+    return x.expand_as(y) * y
+
+
+def repeat(x):
+    return x.repeat(2, 3), x.repeat(2, 1, 2)
+
+
+def repeat_interleave_int(x):
+    return x.repeat_interleave(2, 1), torch.repeat_interleave(x, 3, -2), x.repeat_interleave(2)
+
+
+def repeat_interleave_tensor(x):
+    return x.repeat_interleave(torch.tensor([1, 0, 2]), dim=0), x.repeat_interleave(torch.tensor(2), dim=1)
+
+
+def roll(x):
+    return x.roll(1, 0) + x.roll(-7, -1), x.roll((1, 2), (1, 0)), x.roll(3)
+
+
+def flip(x):
+    return x.flip(0), x.flip([-1, 0]), x.flip([])
+
+
+def stack(x, y):
+    return torch.stack([x, y], 0), torch.stack([x, y * 2, x], -1), torch.stack((x, y), 1)
+
+
+def cat_aliases(x, y):
+    return torch.concat([x, y], -1), torch.concatenate([x, y], 0)
+
+
+def constant_pad(x):
+    return F.pad(x, (1, 2), value=0.5), torch.constant_pad_nd(x, [1, 1, 0, 2], -1.0), F.pad(x, (-1, 1))
+
+
+def reflection_pad1d(x):
+    return F.pad(x, (2, 1), mode="reflect"), torch.ops.aten.reflection_pad1d(x, [1, 2])
+
+
+def reflection_pad2d(x):
+    return F.pad(x, (1, 2, 2, 1), mode="reflect"), torch.ops.aten.reflection_pad2d(x, [1, 1, 1, 1])
+
+
+def replication_pad(x):
+    return (F.pad(x, (2, 1), mode="replicate"), torch.ops.aten.replication_pad1d(x[0], [1, 3]),
+            torch.ops.aten.replication_pad2d(x, [1, 0, 2, 1]))
+
+
+def replication_pad3d(x):
+    return torch.ops.aten.replication_pad3d(x, [1, 0, 2, 1, 1, 1]), F.pad(x, (1, 1, 1, 1, 1, 1), mode="replicate")
+
+
+def reflection_pad3d(x):
+    return torch.ops.aten.reflection_pad3d(x, [1, 2, 1, 0, 1, 1]), F.pad(x, (1, 1, 1, 1, 1, 1), mode="reflect")
+
+
+def circular_pad(x):
+    return F.pad(x, (1, 2, 2, 1), mode="circular")
+
+
+def pixel_shuffle(x):
+    return F.pixel_shuffle(x, 2) * 2
+
+
+R = torch.randn
+CASES = [
+    (select_neg, [R(3, 4, 5)]),
+    (slices, [R(2, 6)]),
+    (slice_step, [R(7, 9)]),
+    (slice_negative_dim, [R(2, 3, 5)]),
+    (slice_empty, [R(2, 4)]),
+    (narrow, [R(3, 5)]),
+    (narrow_tensor_start, [R(4, 3)]),
+    (chunk_uneven, [R(2, 7)]),
+    (chunk_fewer, [R(3, 5)]),
+    (split_size, [R(2, 5)]),
+    (split_sizes, [R(2, 3, 5)]),
+    (split_with_sizes, [R(2, 5)]),
+    (unbind, [R(2, 3)]),
+    (unbind_negative, [R(3, 4, 5)]),
+    (squeeze_all, [R(1, 3, 1, 2)]),
+    (squeeze_dim, [R(1, 3, 1)]),
+    (squeeze_dims, [R(1, 3, 1)]),
+    (unsqueeze, [R(2, 3)]),
+    (t, [R(2, 5)]),
+    (t_1d, [R(5)]),
+    (unflatten, [R(2, 3, 8)]),
+    (view_as, [R(2, 6), R(3, 4)]),
+    (expand, [R(3, 1, 4)]),
+    (expand_as, [R(1, 4), R(3, 4)]),
+    (repeat, [R(2, 3)]),
+    (repeat_interleave_int, [R(3, 2)]),
+    (repeat_interleave_tensor, [R(3, 2)]),
+    (roll, [R(3, 5)]),
+    (flip, [R(3, 4)]),
+    (stack, [R(2, 3), R(2, 3)]),
+    (cat_aliases, [R(2, 3), R(2, 3)]),
+    (constant_pad, [R(2, 3, 4)]),
+    (reflection_pad1d, [R(2, 3, 5)]),
+    (reflection_pad2d, [R(1, 2, 4, 5)]),
+    (replication_pad, [R(2, 3, 4)]),
+    (replication_pad3d, [R(1, 2, 3, 3, 4)]),
+    (reflection_pad3d, [R(1, 2, 3, 3, 4)]),
+    (circular_pad, [R(1, 2, 3, 4)]),
+    (pixel_shuffle, [R(2, 8, 3, 4)]),
+]
+
+
+@pytest.mark.parametrize("fn, example", CASES, ids=[fn.__name__ for fn, _ in CASES])
+def test_shape_op(fn, example):
+    check_fn(fn, *example)
+
+
+def test_pixel_shuffle_with_extra_batch_dims():
+    check_fn(pixel_shuffle, R(2, 3, 8, 2, 2))
+
+
+def non_contiguous_ops(x):
+    return x[:, 1:].flip(0).repeat(1, 2), x.unbind(0)[1], torch.stack([x, x], 1).squeeze(-1)
+
+
+def test_non_contiguous_input():
+    check_fn(non_contiguous_ops, R(4, 3).t())
+
+
+def int_shape_ops(x):
+    a, b = x.chunk(2, 1)
+    return torch.cat([a.flip(1), b.roll(1, 0)], 1)[1:, ::2].repeat(2, 1), x.unbind(1)[0].unsqueeze(0).expand(2, -1)
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_int64_inputs(truncate):
+    check_fn(int_shape_ops, torch.randint(-5, 5, (3, 4)), truncate_long_and_double=truncate)
+
+
+def int_pad(x):
+    return F.pad(x, (1, 1), value=3), F.pad(x, (1, 2), mode="replicate")
+
+
+def test_int64_padding():
+    check_fn(int_pad, torch.randint(-5, 5, (2, 3, 4)))
+
+
+def empty_dims(x):
+    e = x[:, 3:3]  # (2, 0): legal everywhere below
+    return (e.flip(1), e.roll(1, 1), e.repeat(2, 3), F.pad(e, (1, 1), value=2.0), torch.cat([e, x], 1),
+            e.unsqueeze(0).expand(3, 2, 0), torch.stack([e, e], -1), e.chunk(2, 0)[1], e.t())
+
+
+def test_empty_size_dims():
+    check_fn(empty_dims, R(2, 4))
