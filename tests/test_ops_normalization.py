@@ -66,7 +66,8 @@ def instance_norm_running_stats_updated(x):
 
 
 def test_instance_norm_updating_running_stats_falls_back():
-    report = check_scripted(instance_norm_running_stats_updated, torch.randn(2, 3, 4), engines=0, torch_blocks=1)
+    report = check_scripted(instance_norm_running_stats_updated, torch.randn(2, 3, 4), engines=None,
+                            torch_blocks=1)
     assert_falls_back(report, "aten::instance_norm", "updates its running statistics")
 
 
@@ -79,7 +80,7 @@ def batch_norm_inference(x):
 
 
 def test_batch_norm_with_batch_statistics_falls_back():
-    report = check_scripted(batch_norm_training, torch.randn(4, 3, 5), engines=0, torch_blocks=1)
+    report = check_scripted(batch_norm_training, torch.randn(4, 3, 5), engines=None, torch_blocks=1)
     assert_falls_back(report, "aten::batch_norm", "training=True")
 
 
