@@ -1,7 +1,8 @@
 """The one test harness: compile -> run -> compare with eager -> check engine/torch block counts."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -52,9 +53,11 @@ def check_compiled(
     engines: int | None = 1,
     torch_blocks: int | None = 0,
     rtol: float = FP32_RTOL,
+    op: str | None = None,
     **settings: Any,
 ) -> tuple[torch.jit.ScriptModule, PartitionReport]:
-    """Compile `model` for `example`, assert it matches eager and has the expected blocks."""
+    """Compile `model` for `example`, assert it matches eager and has the expected blocks (and that `op`,
+    if given, ran in an engine)."""
     model = model.eval()
     with torch.no_grad():
         ref = model(*example)
@@ -67,15 +70,51 @@ def check_compiled(
         assert report.num_engine_blocks == engines, f"expected {engines} engine blocks:\n{report}"
     if torch_blocks is not None:
         assert report.num_torch_blocks == torch_blocks, f"expected {torch_blocks} torch blocks:\n{report}"
+    if op is not None:
+        assert_converted(report, op)
     return compiled, report
 
 
-def check_fn(fn: Any, *example: torch.Tensor, engines: int | None = 1, torch_blocks: int | None = 0,
-             rtol: float = FP32_RTOL, **settings: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
-    """check_compiled for a named function of 1-4 tensors, scripted inside a module; min_block_size=1."""
-    settings.setdefault("min_block_size", 1)
-    return check_compiled(wrap(fn, len(example)), example, engines=engines, torch_blocks=torch_blocks, rtol=rtol,
-                          **settings)
+def check_fn(fn: Any, *example: torch.Tensor, **kwargs: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
+    """check_compiled for a named function of 1-4 tensors, scripted inside a module; min_block_size=1.
+
+    The module is scripted here, so a function that only traces fails instead of testing another graph.
+    """
+    kwargs.setdefault("min_block_size", 1)
+    return check_compiled(torch.jit.script(wrap(fn, len(example))), example, **kwargs)
+
+
+def check_traced(fn: Callable[..., Any], *example: torch.Tensor, **kwargs: Any
+                 ) -> tuple[torch.jit.ScriptModule, PartitionReport]:
+    """check_compiled for any callable (a lambda, a module), traced on `example`; min_block_size=1."""
+    kwargs.setdefault("min_block_size", 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(Traced(fn).eval(), example, check_trace=False)
+    return check_compiled(traced, example, **kwargs)
+
+
+class Traced(torch.nn.Module):
+    """A module whose forward is `fn(*inputs)` (for tracing: tensors `fn` captures become constants)."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        return self.fn(*inputs)
+
+
+def assert_converted(report: PartitionReport, op: str) -> None:
+    engine_ops = {o for b in report.blocks if b.target == "engine" for o in b.ops}
+    assert op in engine_ops, f"{op} did not run in an engine:\n{report}"
+
+
+def assert_falls_back(report: PartitionReport, op: str, reason: str) -> None:
+    """`op` stayed in PyTorch, and its fallback detail mentions `reason`."""
+    details = [f.detail for b in report.blocks for f in b.fallback if f.op == op]
+    assert details, f"{op} did not fall back:\n{report}"
+    assert any(reason in d for d in details), f"{op} fell back for another reason: {details}"
 
 
 def wrap(fn: Any, arity: int) -> torch.nn.Module:

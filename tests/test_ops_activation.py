@@ -4,8 +4,7 @@ with inplace=True, and the arguments that stay in PyTorch."""
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import check_compiled
-from ops_testing import check
+from harness import check_compiled, check_fn
 
 ids = lambda v: getattr(v, "__name__", str(v))  # noqa: E731
 
@@ -121,7 +120,7 @@ def test_activation_float32(fn, values):
     """Wide inputs cover every regime; negative ones give small outputs, so that the tolerance (relative to
     the largest output) tells close variants apart, like gelu's erf and tanh forms."""
     x = torch.randn(2, 3, 8) * 4 if values == "wide" else -torch.rand(2, 3, 8) * 3 - 0.5
-    check(fn, x)
+    check_fn(fn, x)
 
 
 SPECIAL = torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 0.5, -0.5, 1.2, -1.2, 6.0, 30.0])
@@ -130,22 +129,22 @@ SPECIAL = torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 0.
 @pytest.mark.parametrize("fn", ACTIVATIONS, ids=ids)
 def test_activation_special_values(fn):
     """Infinities, NaN, zeros and the points where each activation changes form."""
-    check(fn, SPECIAL)
+    check_fn(fn, SPECIAL)
 
 
 @pytest.mark.parametrize("fn", [relu, relu6, hardtanh, threshold, sigmoid, tanh], ids=ids)
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
 def test_activation_integer_input(fn, dtype):
-    check(fn, torch.randint(-8, 9, (3, 4), dtype=dtype))
+    check_fn(fn, torch.randint(-8, 9, (3, 4), dtype=dtype))
 
 
 def test_activation_int64_truncated():
-    check(relu6, torch.randint(-8, 9, (3, 4)), truncate_long_and_double=True)
+    check_fn(relu6, torch.randint(-8, 9, (3, 4)), truncate_long_and_double=True)
 
 
 @pytest.mark.parametrize("fn", [gelu, silu, hardswish], ids=ids)
 def test_activation_non_contiguous_input(fn):
-    check(fn, torch.randn(5, 3).t())
+    check_fn(fn, torch.randn(5, 3).t())
 
 
 @pytest.mark.parametrize("channels", [1, 4])
@@ -181,5 +180,5 @@ def prelu_runtime_weight(x, w):
 ], ids=["elu-scale", "prelu-runtime-weight"])
 def test_activation_stays_in_pytorch(fn, example, reason):
     """Arguments the converters cannot express leave the node in PyTorch, and say why."""
-    _, report = check(fn, *example, engines=0, torch_blocks=1)
+    _, report = check_fn(fn, *example, engines=0, torch_blocks=1)
     assert reason in report.blocks[0].fallback[0].detail

@@ -2,8 +2,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import wrap
-from op_check import assert_falls_back, check_scripted, check_traced
+from harness import assert_falls_back, check_fn, check_traced, wrap
 
 import torchkiln
 
@@ -46,7 +45,7 @@ def attention_gqa(q, k, v):
 def test_grouped_query_attention_falls_back():
     q = torch.randn(1, 4, 5, 8)
     kv = torch.randn(1, 2, 5, 8)
-    report = check_scripted(attention_gqa, q, kv, kv, engines=0, torch_blocks=1)
+    _, report = check_fn(attention_gqa, q, kv, kv, engines=0, torch_blocks=1)
     assert_falls_back(report, OP, "enable_gqa")
 
 

@@ -4,8 +4,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from op_check import assert_falls_back, check_scripted, check_traced
-from harness import check_compiled
+from harness import assert_falls_back, check_compiled, check_fn, check_traced
 
 _TRANSPOSED = {1: nn.ConvTranspose1d, 2: nn.ConvTranspose2d, 3: nn.ConvTranspose3d}
 _SPATIAL = {1: (7,), 2: (6, 5), 3: (4, 5, 3)}
@@ -52,7 +51,7 @@ def conv1d_unbatched(x):
 @pytest.mark.parametrize("fn,op", [(conv_transpose_unbatched, "aten::conv_transpose1d"),
                                    (conv1d_unbatched, "aten::conv1d")])
 def test_unbatched_convolution_input(fn, op):
-    check_scripted(fn, torch.randn(3, 8), op=op)
+    check_fn(fn, torch.randn(3, 8), op=op)
 
 
 def test_conv_transpose_non_contiguous_input():
@@ -93,14 +92,14 @@ def max_pool_indices(x):
 
 def test_pool_with_unused_indices_converts():
     x = torch.randn(2, 3, 6, 5)
-    check_scripted(adaptive_max_pool_values, x, op="aten::adaptive_max_pool2d")
-    check_scripted(max_pool_values, x, op="aten::max_pool2d_with_indices")
+    check_fn(adaptive_max_pool_values, x, op="aten::adaptive_max_pool2d")
+    check_fn(max_pool_values, x, op="aten::max_pool2d_with_indices")
 
 
 @pytest.mark.parametrize("fn,op", [(adaptive_max_pool_indices, "aten::adaptive_max_pool2d"),
                                    (max_pool_indices, "aten::max_pool2d_with_indices")])
 def test_pool_with_used_indices_falls_back(fn, op):
-    report = check_scripted(fn, torch.randn(2, 3, 6, 5), engines=0, torch_blocks=1)
+    _, report = check_fn(fn, torch.randn(2, 3, 6, 5), engines=0, torch_blocks=1)
     assert_falls_back(report, op, "indices output is used")
 
 

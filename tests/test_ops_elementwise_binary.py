@@ -3,8 +3,7 @@ and bitwise ops on float, int and bool tensors, broadcasting, mixed dtypes, Pyth
 tensors, non-contiguous inputs, int64 with truncate_long_and_double, and traced graphs."""
 import pytest
 import torch
-from harness import check_compiled
-from ops_testing import check
+from harness import check_compiled, check_fn
 
 
 def binary(op):
@@ -66,7 +65,7 @@ SHAPES = [((3, 4), (3, 4)), ((3, 1, 5), (4, 5)), ((4,), (2, 3, 4))]
 @pytest.mark.parametrize("op, domain", NUMERIC, ids=ids)
 def test_binary_float32_broadcasting(op, domain, shapes):
     (sa, sb) = shapes
-    check(binary(op), operand(domain, sa, torch.float32, "a"), operand(domain, sb, torch.float32, "b"))
+    check_fn(binary(op), operand(domain, sa, torch.float32, "a"), operand(domain, sb, torch.float32, "b"))
 
 
 DTYPES = [(torch.int64, torch.int64), (torch.int32, torch.int64), (torch.int64, torch.float32),
@@ -78,20 +77,20 @@ DTYPES = [(torch.int64, torch.int64), (torch.int32, torch.int64), (torch.int64, 
                                                  if (op, domain) not in BITWISE or not dtypes[1].is_floating_point],
                          ids=ids)
 def test_binary_integer_and_mixed_dtypes(op, domain, dtypes):
-    check(integer_binary(op, domain, dtypes), operand(domain, (3, 4), dtypes[0], "a"),
+    check_fn(integer_binary(op, domain, dtypes), operand(domain, (3, 4), dtypes[0], "a"),
           operand(domain, (3, 4), dtypes[1], "b"))
 
 
 @pytest.mark.parametrize("op, domain", COMPARISON + LOGICAL + BITWISE, ids=ids)
 def test_binary_bool(op, domain):
-    check(binary(op), operand(domain, (3, 4), torch.bool, "a"), operand(domain, (1, 4), torch.bool, "b"))
+    check_fn(binary(op), operand(domain, (3, 4), torch.bool, "a"), operand(domain, (1, 4), torch.bool, "b"))
 
 
 @pytest.mark.parametrize("op, domain", [(torch.floor_divide, "divisor"), (torch.remainder, "divisor"),
                                         (torch.pow, "pow"), (torch.eq, "any"), (torch.bitwise_xor, "any")], ids=ids)
 def test_binary_int64_truncated(op, domain):
     """The engine computes in int32; the result dtype is still eager's."""
-    check(integer_binary(op, domain, [torch.int64]), operand(domain, (3, 4), torch.int64, "a"),
+    check_fn(integer_binary(op, domain, [torch.int64]), operand(domain, (3, 4), torch.int64, "a"),
           operand(domain, (3, 4), torch.int64, "b"), truncate_long_and_double=True)
 
 
@@ -100,13 +99,13 @@ def test_binary_int64_truncated(op, domain):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32], ids=str)
 def test_binary_zero_dim_operand(op, other, dtype):
     """A 0-d tensor promotes like a scalar: int32 * 0-d int64 stays int32."""
-    check(binary(op), operand("pow", (3, 4), dtype, "a"), other)
+    check_fn(binary(op), operand("pow", (3, 4), dtype, "a"), other)
 
 
 @pytest.mark.parametrize("op, domain", [(torch.sub, "any"), (torch.atan2, "any"), (torch.remainder, "divisor")],
                          ids=ids)
 def test_binary_non_contiguous_inputs(op, domain):
-    check(binary(op), operand(domain, (4, 3), torch.float32, "a").t(), operand(domain, (4, 3), torch.float32, "b").t())
+    check_fn(binary(op), operand(domain, (4, 3), torch.float32, "a").t(), operand(domain, (4, 3), torch.float32, "b").t())
 
 
 # Python-scalar operands: each a named function, as a scripted graph holds them.
@@ -215,7 +214,7 @@ SCALAR_FORMS = [pow_2, pow_half, two_pow, float_pow, floordiv_2, floordiv_neg_fl
 @pytest.mark.parametrize("fn", SCALAR_FORMS, ids=ids)
 def test_binary_python_scalar(fn, dtype):
     """Python scalars promote like wrapped numbers: int tensor // 2 stays int, int tensor % -2.5 is float."""
-    check(fn, operand("pow", (3, 4), dtype, "a"))
+    check_fn(fn, operand("pow", (3, 4), dtype, "a"))
 
 
 def and_int(x):
@@ -259,13 +258,13 @@ def not_mask(x):
                                 and_masks, not_mask], ids=ids)
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
 def test_bitwise_operators(fn, dtype):
-    check(fn, operand("any", (3, 4), dtype, "a"))
+    check_fn(fn, operand("any", (3, 4), dtype, "a"))
 
 
 def test_int64_scalar_forms_truncated():
     def fn(x):
         return (x // 2) * 3 + x % 4 - (x > 1) * 5
-    check(fn, operand("any", (3, 4), torch.int64, "a"), truncate_long_and_double=True)
+    check_fn(fn, operand("any", (3, 4), torch.int64, "a"), truncate_long_and_double=True)
 
 
 
@@ -293,7 +292,7 @@ def mixed_graph(x):
 
 def test_float16_precision():
     """With fp16 compute the comparisons, selects and casts still give eager's dtypes."""
-    check(mixed_graph, torch.randn(3, 4), enabled_precisions={torch.float16}, rtol=1e-2)
+    check_fn(mixed_graph, torch.randn(3, 4), enabled_precisions={torch.float16}, rtol=1e-2)
 
 
 class TracedInplace(torch.nn.Module):

@@ -8,7 +8,6 @@ In-place ops that would lose a write (on a method input, through a view) stay in
 import pytest
 import torch
 from harness import check_fn
-from ops_testing import check
 
 from torchkiln.conversion import registry
 
@@ -114,7 +113,7 @@ def fn(x, other):
 
 @pytest.mark.parametrize("expression, op, x, other", INPLACE, ids=[case[1] for case in INPLACE])
 def test_inplace_converts_and_keeps_dtype(expression, op, x, other):
-    _, report = check(inplace_fn(expression), VALUES[x](), VALUES[other or "float"]())
+    _, report = check_fn(inplace_fn(expression), VALUES[x](), VALUES[other or "float"]())
     (block,) = report.blocks
     assert op in block.ops, f"{op} was not converted as such: {block.ops}"
 

@@ -3,7 +3,7 @@ and bounds, broadcasting, the dtype eager gives (an int tensor clamped to 0.5 is
 int64 with truncate_long_and_double, and bounds the engine cannot hold."""
 import pytest
 import torch
-from ops_testing import check
+from harness import check_fn
 
 ids = lambda v: getattr(v, "__name__", str(v))  # noqa: E731
 
@@ -40,7 +40,7 @@ def where_int_scalars(x):
 @pytest.mark.parametrize("x, y", [(torch.randn(3, 1, 5), torch.randn(4, 5)), (ints(3, 4), torch.randn(3, 4)),
                                   (ints(3, 4), ints(1, 4).int())], ids=["broadcast", "int-float", "int64-int32"])
 def test_where_tensors(x, y):
-    check(where_tensors, mask(3, 4, 5) if x.dim() == 3 else mask(3, 4), x, y)
+    check_fn(where_tensors, mask(3, 4, 5) if x.dim() == 3 else mask(3, 4), x, y)
 
 
 @pytest.mark.parametrize("fn", [where_scalar_other, where_scalar_self, where_float_scalars, where_int_scalars],
@@ -48,11 +48,11 @@ def test_where_tensors(x, y):
 @pytest.mark.parametrize("x", [torch.randn(3, 4) * 2, ints(3, 4)], ids=["float32", "int64"])
 def test_where_scalars(fn, x):
     """Scalar branches promote like wrapped numbers: an int64 tensor with 0.0 gives float32."""
-    check(fn, x)
+    check_fn(fn, x)
 
 
 def test_where_int64_truncated():
-    check(where_int_scalars, ints(3, 4), truncate_long_and_double=True)
+    check_fn(where_int_scalars, ints(3, 4), truncate_long_and_double=True)
 
 
 # ---- masked_fill -----------------------------------------------------------------------------
@@ -70,24 +70,24 @@ def fill_tensor(x, m, v):
 
 @pytest.mark.parametrize("fn", [fill_float, fill_neg_inf], ids=ids)
 def test_masked_fill_scalar(fn):
-    check(fn, torch.randn(3, 4), mask(3, 4))
+    check_fn(fn, torch.randn(3, 4), mask(3, 4))
 
 
 def test_masked_fill_float_value_on_int_tensor_truncates():
-    check(fill_float, ints(3, 4), mask(3, 4))
+    check_fn(fill_float, ints(3, 4), mask(3, 4))
 
 
 def test_masked_fill_mask_broadcasts_the_input():
-    check(fill_float, torch.randn(4), mask(2, 4))
+    check_fn(fill_float, torch.randn(4), mask(2, 4))
 
 
 @pytest.mark.parametrize("v", [torch.tensor(-7.0, dtype=torch.float64), torch.tensor(3)], ids=str)
 def test_masked_fill_tensor_value_takes_input_dtype(v):
-    check(fill_tensor, torch.randn(3, 4), mask(1, 4), v)
+    check_fn(fill_tensor, torch.randn(3, 4), mask(1, 4), v)
 
 
 def test_masked_fill_int64_truncated():
-    check(fill_float, ints(3, 4), mask(3, 4), truncate_long_and_double=True)
+    check_fn(fill_float, ints(3, 4), mask(3, 4), truncate_long_and_double=True)
 
 
 # ---- clamp -----------------------------------------------------------------------------------
@@ -131,16 +131,16 @@ SCALAR_CLAMPS = [clamp_both, clamp_min_only, clamp_max_int, clamp_int_bounds, cl
 @pytest.mark.parametrize("x", [torch.randn(3, 4) * 3, ints(3, 4), ints(3, 4).int()], ids=["float32", "int64", "int32"])
 def test_clamp_scalar_bounds(fn, x):
     """Integer tensors stay integer with int bounds and become float with float bounds, as in eager."""
-    check(fn, x)
+    check_fn(fn, x)
 
 
 def test_clamp_keeps_nan_and_infinities():
-    check(clamp_both, torch.tensor([float("nan"), float("inf"), -float("inf"), 0.1, -3.0]))
+    check_fn(clamp_both, torch.tensor([float("nan"), float("inf"), -float("inf"), 0.1, -3.0]))
 
 
 @pytest.mark.parametrize("fn", [clamp_int_bounds, clamp_integral_float_bounds], ids=ids)
 def test_clamp_int64_truncated(fn):
-    check(fn, ints(3, 4), truncate_long_and_double=True)
+    check_fn(fn, ints(3, 4), truncate_long_and_double=True)
 
 
 def clamp_tensors(x, lo, hi):
@@ -160,14 +160,14 @@ def clamp_max_tensor(x, hi):
 
 
 def test_clamp_tensor_bounds_broadcast():
-    check(clamp_tensors, torch.randn(3, 1, 5), torch.rand(4, 5) - 1, torch.rand(5))
+    check_fn(clamp_tensors, torch.randn(3, 1, 5), torch.rand(4, 5) - 1, torch.rand(5))
 
 
 @pytest.mark.parametrize("fn", [clamp_tensor_min, clamp_min_tensor, clamp_max_tensor], ids=ids)
 @pytest.mark.parametrize("x, bound", [(torch.randn(3, 4), torch.randn(4)), (ints(3, 4), torch.randn(3, 4))],
                          ids=["float32", "int64-float-bound"])
 def test_clamp_one_tensor_bound(fn, x, bound):
-    check(fn, x, bound)
+    check_fn(fn, x, bound)
 
 
 def clamp_huge_int(x):
@@ -175,5 +175,5 @@ def clamp_huge_int(x):
 
 
 def test_clamp_bound_without_exact_float_stays_in_pytorch():
-    _, report = check(clamp_huge_int, ints(3, 4), engines=0, torch_blocks=1)
+    _, report = check_fn(clamp_huge_int, ints(3, 4), engines=0, torch_blocks=1)
     assert "no exact float value" in report.blocks[0].fallback[0].detail

@@ -3,7 +3,7 @@ inputs (integer inputs to float functions give float), special values, non-conti
 inputs, and int64 with truncate_long_and_double (in-place forms: test_ops_elementwise_inplace.py)."""
 import pytest
 import torch
-from ops_testing import check
+from harness import check_fn
 
 
 def unary(op):
@@ -46,26 +46,26 @@ FLOAT_ONLY = {torch.bitwise_not}  # bitwise_not has no float kernel
 @pytest.mark.parametrize("op, domain", [(op, d) for op, d, _, _ in UNARY if op not in FLOAT_ONLY],
                          ids=lambda v: getattr(v, "__name__", v))
 def test_unary_float32(op, domain):
-    check(unary(op), values(domain))
+    check_fn(unary(op), values(domain))
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
 @pytest.mark.parametrize("op, domain", [(op, d) for op, d, ints, _ in UNARY if ints],
                          ids=lambda v: getattr(v, "__name__", v))
 def test_unary_integer_gives_eager_dtype(op, domain, dtype):
-    check(unary(op), values(domain, dtype=dtype))
+    check_fn(unary(op), values(domain, dtype=dtype))
 
 
 @pytest.mark.parametrize("op", [op for op, _, _, bools in UNARY if bools], ids=lambda v: v.__name__)
 def test_unary_bool(op):
-    check(unary(op), values("any", dtype=torch.bool))
+    check_fn(unary(op), values("any", dtype=torch.bool))
 
 
 @pytest.mark.parametrize("op", [torch.sqrt, torch.abs, torch.sign, torch.exp, torch.bitwise_not, torch.round],
                          ids=lambda v: v.__name__)
 def test_unary_int64_truncated(op):
     """With truncate_long_and_double the engine computes in int32; the output dtype is still eager's."""
-    check(unary(op), values("pos", dtype=torch.int64), truncate_long_and_double=True)
+    check_fn(unary(op), values("pos", dtype=torch.int64), truncate_long_and_double=True)
 
 
 SPECIAL = torch.tensor([[0.5, 1.5, 2.5, -0.5, -2.5, 0.0], [float("inf"), -float("inf"), float("nan"), -0.0, 1e30, 3.7]])
@@ -75,17 +75,17 @@ SPECIAL = torch.tensor([[0.5, 1.5, 2.5, -0.5, -2.5, 0.0], [float("inf"), -float(
                                 torch.trunc, torch.ceil, torch.floor, torch.exp], ids=lambda v: v.__name__)
 def test_unary_special_values(op):
     """Half-to-even rounding, infinities, NaN and signed zero, as eager treats them."""
-    check(unary(op), SPECIAL)
+    check_fn(unary(op), SPECIAL)
 
 
 @pytest.mark.parametrize("op", [torch.sqrt, torch.neg, torch.isfinite], ids=lambda v: v.__name__)
 def test_unary_non_contiguous_input(op):
-    check(unary(op), torch.rand(4, 3).t())
+    check_fn(unary(op), torch.rand(4, 3).t())
 
 
 @pytest.mark.parametrize("op", [torch.exp, torch.neg, torch.logical_not], ids=lambda v: v.__name__)
 def test_unary_zero_dim_input(op):
-    check(unary(op), torch.tensor(0.7))
+    check_fn(unary(op), torch.tensor(0.7))
 
 
 def python_abs(x):
@@ -107,4 +107,4 @@ def neg_then_mul(x):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("fn", [python_abs, round_2, round_minus_1, neg_then_mul], ids=lambda f: f.__name__)
 def test_unary_forms(fn, dtype):
-    check(fn, (values("any") * 40).to(dtype))
+    check_fn(fn, (values("any") * 40).to(dtype))

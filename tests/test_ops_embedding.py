@@ -3,8 +3,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from harness import check_compiled
-from op_check import check_traced
+from harness import check_compiled, check_traced
 
 
 @pytest.mark.parametrize("indices", [torch.tensor([3, 0, 9, 3]), torch.tensor([[1, 2], [9, 0]]),

@@ -2,13 +2,17 @@
 index_select, gather, scatter, meshgrid."""
 import pytest
 import torch
-from harness import check_fn
+from harness import check_fn, check_traced
 
 IDX = torch.tensor([2, 0, -1])
 
 
 def index_one(x, i):
-    return x[i], x[:, i], x[..., i]
+    return x[i], x[:, i], x[:, :, i]
+
+
+def index_after_ellipsis(x, i):  # TorchScript cannot script this: traced
+    return x[..., i]
 
 
 def index_two_adjacent(x, i, j):
@@ -88,6 +92,10 @@ CASES = [
 @pytest.mark.parametrize("fn, example", CASES, ids=[fn.__name__ for fn, _ in CASES])
 def test_indexing_op(fn, example):
     check_fn(fn, *example)
+
+
+def test_index_after_ellipsis_traced():
+    check_traced(index_after_ellipsis, R(4, 4, 3), torch.tensor([1, -1, 0]), op="aten::index.Tensor")
 
 
 @pytest.mark.parametrize("truncate", [False, True])

@@ -1,7 +1,7 @@
 """Matrix product converters through the whole pipeline: baddbmm, addbmm, addmm, mv, dot, einsum."""
 import pytest
 import torch
-from op_check import check_scripted, check_traced
+from harness import check_fn, check_traced
 
 
 def baddbmm(x, y, z):
@@ -51,7 +51,7 @@ def _with_nan(*shape: int) -> torch.Tensor:
 def test_matrix_products(fn, op, shapes):
     out_shape = [(3, 4, 5), (4, 5)][fn is addmm_beta_zero]
     tensors = [_with_nan(*out_shape) if s is None else torch.randn(*s) for s in shapes]
-    check_scripted(fn, *tensors, op=op)
+    check_fn(fn, *tensors, op=op)
 
 
 @pytest.mark.parametrize("equation,shapes", [
@@ -73,7 +73,7 @@ def einsum_with_constant(x):
 
 
 def test_einsum_scripted_with_constant_operand():
-    check_scripted(einsum_with_constant, torch.randn(3, 4), op="aten::einsum")
+    check_fn(einsum_with_constant, torch.randn(3, 4), op="aten::einsum")
 
 
 def test_integer_matmul():

@@ -3,8 +3,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from op_check import assert_falls_back, check_scripted, check_traced
-from harness import check_compiled
+from harness import assert_falls_back, check_compiled, check_fn, check_traced
 
 
 def _randomize(module: nn.Module) -> nn.Module:
@@ -50,7 +49,7 @@ def group_norm_scripted(x):
 
 
 def test_group_norm_scripted():
-    check_scripted(group_norm_scripted, torch.randn(2, 4, 3, 3), op="aten::group_norm")
+    check_fn(group_norm_scripted, torch.randn(2, 4, 3, 3), op="aten::group_norm")
 
 
 @pytest.mark.parametrize("cls,shape", [(nn.InstanceNorm1d, (2, 3, 9)), (nn.InstanceNorm2d, (2, 3, 5, 4)),
@@ -66,7 +65,7 @@ def instance_norm_running_stats_updated(x):
 
 
 def test_instance_norm_updating_running_stats_falls_back():
-    report = check_scripted(instance_norm_running_stats_updated, torch.randn(2, 3, 4), engines=None,
+    _, report = check_fn(instance_norm_running_stats_updated, torch.randn(2, 3, 4), engines=None,
                             torch_blocks=1)
     assert_falls_back(report, "aten::instance_norm", "updates its running statistics")
 
@@ -80,12 +79,12 @@ def batch_norm_inference(x):
 
 
 def test_batch_norm_with_batch_statistics_falls_back():
-    report = check_scripted(batch_norm_training, torch.randn(4, 3, 5), engines=None, torch_blocks=1)
+    _, report = check_fn(batch_norm_training, torch.randn(4, 3, 5), engines=None, torch_blocks=1)
     assert_falls_back(report, "aten::batch_norm", "training=True")
 
 
 def test_batch_norm_inference_functional():
-    check_scripted(batch_norm_inference, torch.randn(4, 3, 5), op="aten::batch_norm")
+    check_fn(batch_norm_inference, torch.randn(4, 3, 5), op="aten::batch_norm")
 
 
 @pytest.mark.parametrize("cls,shape", [(nn.BatchNorm1d, (4, 3)), (nn.BatchNorm1d, (4, 3, 5)),

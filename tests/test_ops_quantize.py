@@ -1,8 +1,7 @@
 """Fake quantization through the whole pipeline, compared with eager bit for bit (exact equality)."""
 import pytest
 import torch
-from harness import check_compiled
-from op_check import assert_falls_back, check_traced
+from harness import assert_falls_back, check_compiled, check_traced
 
 
 def _inputs(scale: float) -> torch.Tensor:
@@ -61,5 +60,5 @@ def test_float_zero_point_falls_back():
 
 def test_fake_quantize_of_half_falls_back():
     fn = lambda t: torch.fake_quantize_per_tensor_affine(t, 0.1, 0, -128, 127)  # noqa: E731
-    report = check_traced(fn, torch.randn(2, 3).half(), engines=0, torch_blocks=1)
+    _, report = check_traced(fn, torch.randn(2, 3).half(), engines=0, torch_blocks=1)
     assert_falls_back(report, "aten::fake_quantize_per_tensor_affine", "float16")

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from op_check import check_scripted, check_traced
+from harness import check_fn, check_traced
 
 X = (2, 3, 4)
 
@@ -101,7 +101,7 @@ def all_over_none(x):
                                   (any_over_no_dims, _ints(*X).abs().to(torch.uint8)),
                                   (all_over_none, _floats(*X).floor())])
 def test_all_any_dims_overload_scripted(fn, x):
-    check_scripted(fn, x, op="aten::" + fn.__name__[:3] + ".dims")
+    check_fn(fn, x, op="aten::" + fn.__name__[:3] + ".dims")
 
 
 NORMS = [
@@ -139,7 +139,7 @@ def test_matrix_norm_of_a_2d_input_without_dims():
 
 
 def test_matrix_norm_needing_singular_values_falls_back():
-    report = check_traced(lambda x: torch.linalg.norm(x, 2, dim=(1, 2)), _floats(*X), engines=0, torch_blocks=1)
+    _, report = check_traced(lambda x: torch.linalg.norm(x, 2, dim=(1, 2)), _floats(*X), engines=0, torch_blocks=1)
     assert report.blocks[0].fallback[0].op == "aten::linalg_norm"
 
 
@@ -174,7 +174,7 @@ def frobenius(x):
                                    (frobenius, "aten::frobenius_norm.dim")])
 @pytest.mark.filterwarnings("ignore:at..frobenius_norm is deprecated")
 def test_norm_scripted_overloads(fn, op):
-    check_scripted(fn, _floats(*X), op=op)
+    check_fn(fn, _floats(*X), op=op)
 
 
 def var_unbiased(x):
@@ -196,7 +196,7 @@ def std_dim(x):
 @pytest.mark.parametrize("fn,op", [(var_unbiased, "aten::var"), (std_unbiased, "aten::std"),
                                    (var_dim, "aten::var.dim"), (std_dim, "aten::std.dim")])
 def test_var_std_scripted_overloads(fn, op):
-    check_scripted(fn, _floats(*X), op=op)
+    check_fn(fn, _floats(*X), op=op)
 
 
 EMPTY = [  # topk(x, 0) makes an empty (3, 0) tensor inside the engine

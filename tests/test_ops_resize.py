@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from op_check import assert_falls_back, check_scripted, check_traced
+from harness import assert_falls_back, check_fn, check_traced
 
 _SHAPES = {1: (2, 3, 7), 2: (2, 3, 5, 7), 3: (1, 2, 3, 4, 5)}
 _MODES = [("nearest", 1), ("nearest", 2), ("nearest", 3), ("nearest-exact", 1), ("nearest-exact", 2),
@@ -14,7 +14,7 @@ _OPS = {"nearest": "upsample_nearest", "nearest-exact": "_upsample_nearest_exact
 
 def _check(fn, *example: torch.Tensor, mode: str, nd: int) -> None:
     """check_traced, and the engine runs the upsample op of `mode` (traces record .vec or plain overloads)."""
-    report = check_traced(fn, *example)
+    _, report = check_traced(fn, *example)
     assert any(op.startswith(f"aten::{_OPS[mode]}{nd}d") for op in report.blocks[0].ops), report
 
 
@@ -63,7 +63,7 @@ PLAIN = [(nearest_by_consistent_scales, "aten::upsample_nearest2d"), (bilinear_b
 
 @pytest.mark.parametrize("fn,op", PLAIN, ids=[f.__name__ for f, _ in PLAIN])
 def test_upsample_overloads_with_explicit_scales(fn, op):
-    check_scripted(fn, torch.randn(*_SHAPES[2]), op=op)
+    check_fn(fn, torch.randn(*_SHAPES[2]), op=op)
 
 
 def test_upsample_1d_3d_overloads():
@@ -80,7 +80,7 @@ def bilinear_size_and_scales_disagree(x):
 
 
 def test_upsample_whose_size_and_scales_disagree_falls_back():
-    report = check_scripted(bilinear_size_and_scales_disagree, torch.randn(*_SHAPES[2]), engines=0, torch_blocks=1)
+    _, report = check_fn(bilinear_size_and_scales_disagree, torch.randn(*_SHAPES[2]), engines=0, torch_blocks=1)
     assert_falls_back(report, "aten::upsample_bilinear2d", "these scales do not give this size")
 
 

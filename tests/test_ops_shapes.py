@@ -242,7 +242,7 @@ def test_int64_inputs(truncate):
 
 
 def int_pad(x):
-    return F.pad(x, (1, 1), value=3), F.pad(x, (1, 2), mode="replicate")
+    return F.pad(x, (1, 1), value=3.0), F.pad(x, (1, 2), mode="replicate")
 
 
 def test_int64_padding():

@@ -2,7 +2,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from op_check import check_scripted, check_traced
+from harness import check_fn, check_traced
 
 from torchkiln.lowering import pipeline
 
@@ -31,7 +31,7 @@ def test_log_softmax_without_its_lowering_pass(fn, monkeypatch):
                                                           if p != "unpack_log_softmax"))
     x = torch.randn(2, 5, 3) * 20
     x[0, 0, 0] = -1e4  # where softmax underflows, log_softmax stays finite
-    check_scripted(fn, x, op="aten::log_softmax.int")
+    check_fn(fn, x, op="aten::log_softmax.int")
 
 
 def softmax_internal(x):
@@ -44,4 +44,4 @@ def log_softmax_internal(x):
 
 @pytest.mark.parametrize("fn,op", [(softmax_internal, "aten::_softmax"), (log_softmax_internal, "aten::_log_softmax")])
 def test_internal_softmax(fn, op):
-    check_scripted(fn, torch.randn(4, 6) * 3, op=op)
+    check_fn(fn, torch.randn(4, 6) * 3, op=op)

@@ -1,7 +1,7 @@
 """Selection converters through the whole pipeline: max/min along a dim with indices, argmax/argmin, topk."""
 import pytest
 import torch
-from op_check import assert_falls_back, check_scripted, check_traced
+from harness import assert_falls_back, check_fn, check_traced
 
 
 def _ties(*shape: int) -> torch.Tensor:
@@ -53,5 +53,5 @@ def topk_k1_indices(x):
 
 @pytest.mark.parametrize("fn,reason", [(topk_unsorted, "sorted=False"), (topk_k1_indices, "k=1")])
 def test_topk_falls_back_where_only_pytorch_defines_the_order(fn, reason):
-    report = check_scripted(fn, torch.randn(3, 6), engines=0, torch_blocks=1)
+    _, report = check_fn(fn, torch.randn(3, 6), engines=0, torch_blocks=1)
     assert_falls_back(report, "aten::topk", reason)
