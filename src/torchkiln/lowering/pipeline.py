@@ -91,6 +91,10 @@ def _skip_reason(p: LoweringPass, settings: CompileSettings) -> str | None:
     return None
 
 
+def _status(changed: bool) -> str:
+    return "changed" if changed else "no change"
+
+
 @contextlib.contextmanager
 def _eval_mode(module: torch.jit.ScriptModule) -> Iterator[None]:
     was_training = module.training
@@ -113,21 +117,20 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
     ctx = LoweringContext(settings)
     fired = []
     for p in (p for p in chosen if p.stage == "module"):
-        if p.fn(module, ctx):
+        changed = p.fn(module, ctx)
+        if changed:
             fired.append(p.name)
-            logger.debug("lowering pass %s: recorded %s", p.name, ctx.fallback_modules)
+        logger.debug("module pass %s (%s): fallback modules %s", p.name, _status(changed), ctx.fallback_modules)
     with _eval_mode(module):
         frozen = torch.jit.freeze(module, preserved_attrs=[method] if method != "forward" else None)
     graph = getattr(frozen, method).graph
     logger.debug("graph after freeze:\n%s", graph)
     for p in (p for p in chosen if p.stage == "graph"):
         skip = _skip_reason(p, settings)
-        if skip:
-            logger.debug("lowering pass %s: skipped (%s)", p.name, skip)
-            continue
-        changed = p.fn(graph, ctx)
+        changed = False if skip else p.fn(graph, ctx)
         graph.lint()
         if changed:
             fired.append(p.name)
-        logger.debug("graph after lowering pass %s (%s):\n%s", p.name, "changed" if changed else "no change", graph)
+        logger.debug("graph after lowering pass %s (%s):\n%s", p.name, f"skipped: {skip}" if skip else _status(changed),
+                     graph)
     return LoweredModule(frozen, graph, fired)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from torchkiln.lowering.walk import all_nodes
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import Graph
 
@@ -84,21 +85,44 @@ def _provenance_pairs(pattern: str, replacement: str) -> list[tuple[str, str]]:
     return [(name[1:], target) for lhs in _DEFINED.findall(replacement) for name in re.findall(r"%[\w.]+", lhs)]
 
 
-def _unpool_constants(graph: Graph, block: torch._C.Block) -> None:
-    """Give every use of a constant its own prim::Constant node.
+_SCALARS = (torch._C.IntType, torch._C.FloatType, torch._C.BoolType, torch._C.StringType, torch._C.NoneType)
+
+
+def _scalar_constants(graph: Graph) -> list[torch._C.Node]:
+    """prim::Constant nodes of numbers, strings, None and lists of numbers (what patterns match on)."""
+    def scalar(t: torch._C.JitType) -> bool:
+        return isinstance(t, _SCALARS) or (isinstance(t, torch._C.ListType) and isinstance(t.getElementType(), _SCALARS))
+    return [n for n in all_nodes(graph.block()) if n.kind() == "prim::Constant" and scalar(n.output().type())]
+
+
+def _unpool_constants(graph: Graph) -> None:
+    """Give every use of a scalar constant its own prim::Constant node.
 
     The matcher requires a pattern's inner values, constants included, to have no uses outside the
     match, and freezing pools equal constants into one node that many ops read.
     """
-    for node in list(block.nodes()):
-        for inner in node.blocks():
-            _unpool_constants(graph, inner)
-        if node.kind() != "prim::Constant":
-            continue
+    for node in _scalar_constants(graph):
         for use in list(node.output().uses())[1:]:
             copy = graph.createClone(node, lambda v: v)
             copy.insertAfter(node)
             use.user.replaceInput(use.offset, copy.output())
+
+
+def _pool_constants(graph: Graph) -> None:
+    """Merge equal scalar constants again, into one node at the top of the graph.
+
+    (LibTorch's ConstantPooling does this too, but compares every weight tensor on the way.)
+    """
+    kept: dict[tuple[str, str], torch._C.Node] = {}
+    for node in _scalar_constants(graph):
+        key = (node.output().type().str(), repr(node.output().toIValue()))
+        if key not in kept:
+            kept[key] = node
+            continue
+        first = kept[key]
+        first.moveAfter(graph.param_node())
+        node.output().replaceAllUsesWith(first.output())
+        node.destroy()
 
 
 def rewrite(graph: Graph, pattern: str, replacement: str) -> bool:
@@ -108,8 +132,8 @@ def rewrite(graph: Graph, pattern: str, replacement: str) -> bool:
     overload of its op with the same number of inputs, or the replacement must be right for it too.
     New nodes keep the source range and module call stack of the node they replace.
     """
-    _unpool_constants(graph, graph.block())
+    _unpool_constants(graph)
     changed = changes(graph, lambda: torch._C._jit_pass_custom_pattern_based_rewrite_graph(
         pattern, replacement, graph, _provenance_pairs(pattern, replacement)))
-    torch._C._jit_pass_constant_pooling(graph)
+    _pool_constants(graph)
     return changed
