@@ -262,6 +262,11 @@ def test_view_to_reshape_keeps_contiguous_removal_valid():
                gone=("aten::view(", "aten::contiguous("), present=("aten::reshape(",))
 
 
+def test_remove_contiguous_keeps_a_copy_that_a_view_reads():
+    _, lowered = lower_only(ContiguousView(), _x(3, 4), "remove_contiguous")
+    assert "aten::contiguous(" in str(lowered.graph)
+
+
 class ContiguousThenInplace(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x.t().contiguous()
