@@ -239,7 +239,8 @@ class AlphaDropouts(nn.Module):
 
 
 def test_remove_dropout_removes_inference_dropout():
-    check_pass(AlphaDropouts(), _x(2, 3, 4), "remove_dropout", gone=("aten::alpha_dropout(", "aten::feature_alpha_dropout("))
+    check_pass(AlphaDropouts(), _x(2, 3, 4), "remove_dropout",
+               gone=("aten::alpha_dropout(", "aten::feature_alpha_dropout("))
 
 
 class TrainingDropout(nn.Module):

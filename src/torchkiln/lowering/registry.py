@@ -14,7 +14,7 @@ import torch
 
 from torchkiln.lowering.walk import all_nodes
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Graph
+from torchkiln.torchscript import Graph, Value
 
 
 @dataclasses.dataclass
@@ -90,9 +90,13 @@ _SCALARS = (torch._C.IntType, torch._C.FloatType, torch._C.BoolType, torch._C.St
 
 def _scalar_constants(graph: Graph) -> list[torch._C.Node]:
     """prim::Constant nodes of numbers, strings, None and lists of numbers (what patterns match on)."""
-    def scalar(t: torch._C.JitType) -> bool:
-        return isinstance(t, _SCALARS) or (isinstance(t, torch._C.ListType) and isinstance(t.getElementType(), _SCALARS))
-    return [n for n in all_nodes(graph.block()) if n.kind() == "prim::Constant" and scalar(n.output().type())]
+    def scalar(v: Value) -> bool:
+        t = v.type()
+        if isinstance(t, torch._C.OptionalType):
+            return v.toIValue() is None
+        listed = isinstance(t, torch._C.ListType) and isinstance(t.getElementType(), _SCALARS)
+        return isinstance(t, _SCALARS) or listed
+    return [n for n in all_nodes(graph.block()) if n.kind() == "prim::Constant" and scalar(n.output())]
 
 
 def _unpool_constants(graph: Graph) -> None:

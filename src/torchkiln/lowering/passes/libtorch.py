@@ -27,7 +27,10 @@ def peephole_optimize(graph: Graph, ctx: LoweringContext) -> bool:
 
 @lowering_pass()
 def remove_mutation(graph: Graph, ctx: LoweringContext) -> bool:
-    """RemoveListMutation + RemoveTensorMutation: appends become list literals, in-place ops functional, where aliasing allows."""
+    """RemoveListMutation + RemoveTensorMutation: list appends become literals, in-place ops functional.
+
+    Each only where alias analysis shows nothing else sees the mutation.
+    """
     return changes(graph, lambda: torch._C._jit_pass_remove_mutation(graph))
 
 

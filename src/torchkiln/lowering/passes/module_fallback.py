@@ -47,7 +47,7 @@ def notate_module_for_fallback(module: torch.jit.ScriptModule, ctx: LoweringCont
             ctx.fallback_modules[path] = name
     for entry in sorted(entries):
         if not any(_matches(entry, name) for name in ctx.fallback_modules.values()):
-            logger.warning("torch_executed_modules: no submodule of %s has class %r", type(module).__name__, entry)
+            logger.warning("torch_executed_modules: no submodule of %s has class %r", class_name(module), entry)
     return bool(ctx.fallback_modules)
 
 
