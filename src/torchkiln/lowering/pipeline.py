@@ -1,29 +1,71 @@
-"""The ordered lowering pipeline: module passes, freezing, then graph passes."""
+"""The ordered lowering pipeline: module passes, freezing, then graph passes.
+
+The order, and why (docs/lowering_passes.md lists every pass):
+
+1. Module passes read the scripted module before freezing removes its submodules.
+2. freeze: inlines every call, turns attributes (weights) into constants, folds constants,
+   removes most dropout and the simple tuple and Int/NumToTensor round trips. This is LibTorch's
+   LowerGraph as well: no attribute read is left to lift into an input.
+3. Structure first, so every later pattern sees straight-line functional code: internal tuples,
+   mutation, guards the compiled shapes pass, short loops; constants the unrolled loops expose.
+4. Fusions that need the original structure: the addmm/matmul If, FuseLinear (before unpack_addmm).
+5. Removals and normalisations. view_to_reshape comes before remove_contiguous: view() fails on the
+   strided tensor contiguous() used to copy.
+6. Decompositions (skipped when the engine converts the op whole, see `_skip_reason`), then the
+   scalar round trips before PeepholeOptimize (whose version changes Float(int) into an int).
+7. Clean-up: peephole, constants, CSE; remove_to after CSE (x.to(x.dtype) needs one prim::dtype(x)); DCE.
+8. mark_nodes_for_fallback last, on the nodes partitioning will see.
+"""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+from collections.abc import Iterator, Sequence
 
 import torch
 
+from torchkiln.conversion.registry import CONVERTERS, load_all
 from torchkiln.lowering import passes as _passes  # noqa: F401  (registers every pass)
-from torchkiln.lowering.registry import PASSES
+from torchkiln.lowering.registry import PASSES, LoweringContext, LoweringPass
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import Graph
 
 logger = logging.getLogger("torchkiln.lowering")
 
-MODULE_PIPELINE: tuple[str, ...] = ()
+MODULE_PIPELINE: tuple[str, ...] = (
+    "notate_module_for_fallback",
+)
 GRAPH_PIPELINE: tuple[str, ...] = (
-    "remove_dropout",
-    "remove_contiguous",
-    "unpack_log_softmax",
+    "lower_tuples",
+    "remove_mutation",
     "functionalize_list_appends",
-    "remove_tensor_mutation",
+    "eliminate_exception_or_pass",
+    "unroll_loops",
+    "constant_propagation",
+    "fuse_addmm_branches",
+    "fuse_linear",
+    "remove_dropout",
+    "view_to_reshape",
+    "remove_contiguous",
+    "unpack_addmm",
+    "unpack_log_softmax",
+    "unpack_hardswish",
+    "unpack_hardsigmoid",
+    "unpack_silu",
+    "unpack_gelu",
+    "unpack_rsqrt",
+    "unpack_var_std",
+    "replace_tile_with_repeat",
+    "normalize_pad",
+    "normalize_conv_transpose",
+    "remove_scalar_round_trips",
     "peephole_optimize",
     "constant_propagation",
     "eliminate_common_subexpression",
+    "remove_to",
     "eliminate_dead_code",
+    "mark_nodes_for_fallback",
 )
 
 
@@ -36,25 +78,60 @@ class LoweredModule:
     fired: list[str]
 
 
-def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str = "forward") -> LoweredModule:
-    """Freeze `module` (in eval mode) and run every lowering pass over `method`'s graph."""
-    fired = []
-    for name in MODULE_PIPELINE:
-        if PASSES[name].fn(module, settings):
-            fired.append(name)
-            logger.debug("lowering pass %s changed the module", name)
+def _forced(op: str, settings: CompileSettings) -> bool:
+    return op in settings.torch_executed_ops or op.split(".")[0] in settings.torch_executed_ops
+
+
+def _skip_reason(p: LoweringPass, settings: CompileSettings) -> str | None:
+    """Why a pass must not run: it would rewrite an op the user keeps in PyTorch, or the engine takes the op whole."""
+    forced = [op for op in p.replaces if _forced(op, settings)]
+    if forced:
+        return f"torch_executed_ops keeps {', '.join(forced)} in PyTorch"
+    if p.decomposition and all(op in CONVERTERS for op in p.replaces):
+        return f"the engine converts {', '.join(p.replaces)} whole"
+    return None
+
+
+def _status(changed: bool) -> str:
+    return "changed" if changed else "no change"
+
+
+@contextlib.contextmanager
+def _eval_mode(module: torch.jit.ScriptModule) -> Iterator[None]:
     was_training = module.training
     module.eval()
     try:
-        frozen = torch.jit.freeze(module, preserved_attrs=[method] if method != "forward" else None)
+        yield
     finally:
         module.train(was_training)
+
+
+def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str = "forward",
+          passes: Sequence[str] | None = None) -> LoweredModule:
+    """Freeze `module` (in eval mode) and run the lowering pipeline over `method`'s graph.
+
+    `passes` replaces the pipeline by these passes, in this order (tests run one pass this way).
+    The caller's module is not changed (module passes only read it; freezing works on a copy).
+    """
+    load_all()
+    chosen = [PASSES[name] for name in (passes if passes is not None else MODULE_PIPELINE + GRAPH_PIPELINE)]
+    ctx = LoweringContext(settings)
+    fired = []
+    for p in (p for p in chosen if p.stage == "module"):
+        changed = p.fn(module, ctx)
+        if changed:
+            fired.append(p.name)
+        logger.debug("module pass %s (%s): fallback modules %s", p.name, _status(changed), ctx.fallback_modules)
+    with _eval_mode(module):
+        frozen = torch.jit.freeze(module, preserved_attrs=[method] if method != "forward" else None)
     graph = getattr(frozen, method).graph
     logger.debug("graph after freeze:\n%s", graph)
-    for name in GRAPH_PIPELINE:
-        if PASSES[name].fn(graph, settings):
-            fired.append(name)
-            logger.debug("graph after lowering pass %s:\n%s", name, graph)
-        else:
-            logger.debug("lowering pass %s: no change", name)
+    for p in (p for p in chosen if p.stage == "graph"):
+        skip = _skip_reason(p, settings)
+        changed = False if skip else p.fn(graph, ctx)
+        graph.lint()
+        if changed:
+            fired.append(p.name)
+        logger.debug("graph after lowering pass %s (%s):\n%s", p.name, f"skipped: {skip}" if skip else _status(changed),
+                     graph)
     return LoweredModule(frozen, graph, fired)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from torchkiln.lowering.registry import lowering_pass
-from torchkiln.settings import CompileSettings
+from torchkiln.lowering.registry import LoweringContext, lowering_pass
 from torchkiln.torchscript import ALIASING_USERS, FRESH_LIST_PRODUCERS, Graph, Node, Value
 
 _ELEMENTS = (torch._C.IntType, torch._C.FloatType, torch._C.BoolType, torch._C.StringType, torch._C.TensorType)
@@ -57,6 +56,6 @@ def _functionalize(graph: Graph, block: torch._C.Block) -> bool:
 
 
 @lowering_pass()
-def functionalize_list_appends(graph: Graph, settings: CompileSettings) -> bool:
+def functionalize_list_appends(graph: Graph, ctx: LoweringContext) -> bool:
     """Make later readers of an appended or extended list read a new value instead of the mutated one."""
     return _functionalize(graph, graph.block())

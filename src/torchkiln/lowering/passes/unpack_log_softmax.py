@@ -1,8 +1,7 @@
 """Unpack LogSoftmax into primitive ops, in the numerically safe form x - logsumexp(x)."""
 from __future__ import annotations
 
-from torchkiln.lowering.registry import lowering_pass, rewrite
-from torchkiln.settings import CompileSettings
+from torchkiln.lowering.registry import LoweringContext, lowering_pass, rewrite
 from torchkiln.torchscript import Graph
 
 
@@ -16,8 +15,8 @@ def _x_minus_logsumexp(x: str) -> str:
             return (%y)"""
 
 
-@lowering_pass()
-def unpack_log_softmax(graph: Graph, settings: CompileSettings) -> bool:
+@lowering_pass(replaces=("aten::log_softmax.int",), decomposition=True)
+def unpack_log_softmax(graph: Graph, ctx: LoweringContext) -> bool:
     """Replace aten::log_softmax(x, dim) by x - logsumexp(x, [dim], keepdim=True).
 
     log(softmax(x)) would give -inf where softmax underflows; this form matches eager everywhere.

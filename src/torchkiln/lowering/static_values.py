@@ -1,0 +1,20 @@
+"""Values lowering can know before run time: constants, and what depends only on the compiled input shapes."""
+from __future__ import annotations
+
+from torchkiln.conversion.registry import load_all
+from torchkiln.conversion.resolve import Resolver
+from torchkiln.settings import CompileSettings
+from torchkiln.torchscript import Graph, TensorMeta, is_tensor_type, value_key
+
+
+def input_resolver(graph: Graph, settings: CompileSettings) -> Resolver:
+    """A resolver that runs the evaluators over constants and the method inputs' shapes and dtypes.
+
+    Intermediate tensors have no shapes yet (shape analysis comes after lowering), so a value that
+    depends on one stays unresolved (`NotStatic`).
+    """
+    load_all()
+    params = list(graph.inputs())[1:]  # after self
+    metas = {value_key(v): TensorMeta(spec.opt_shape, spec.dtype, settings.device)
+             for v, spec in zip(params, settings.inputs) if is_tensor_type(v.type())}
+    return Resolver(metas)

@@ -1,0 +1,139 @@
+"""The lowering pipeline as a whole: its log, when it skips a pass, what it leaves whole, a small model zoo."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from harness import assert_matches_eager, check_compiled, check_fn
+from torch import nn
+
+import torchkiln
+from torchkiln.conversion.registry import CONVERTERS, converter
+from torchkiln.lowering import lower
+from torchkiln.lowering.pipeline import GRAPH_PIPELINE, MODULE_PIPELINE
+from torchkiln.lowering.registry import PASSES
+from torchkiln.network import layers as L
+from torchkiln.settings import CompileSettings
+
+
+class Mixed(nn.Module):
+    """A bit of everything lowering rewrites, the way model code writes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.up = nn.ConvTranspose2d(8, 8, 2, stride=2)
+        self.drop = nn.AlphaDropout(0.1)
+        self.fc = nn.Linear(8, 6)
+        self.bias = nn.Parameter(torch.randn(6))
+        self.proj = nn.Parameter(torch.randn(6, 6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.hardswish(self.bn(self.conv(x)))
+        y = y * F.hardsigmoid(y.mean((2, 3), keepdim=True))
+        y = self.drop(self.up(F.silu(y))).contiguous()
+        y = F.pad(y, (1, 1, 1, 1), mode="reflect").tile((1, 1, 1, 1))
+        z = y.mean((2, 3))
+        z = z.to(z.dtype).view(z.size(0), -1)
+        z = torch.addmm(self.bias, F.gelu(self.fc(z)), self.proj)
+        z = (z - z.mean(1, keepdim=True)) * torch.rsqrt(z.var(1, keepdim=True) + 1e-5)
+        for i in range(x.size(0)):
+            z = z + float(i)
+        return F.log_softmax(z, 1)
+
+
+@pytest.fixture(scope="module")
+def mixed_lowered():
+    model = Mixed().eval()
+    x = torch.randn(2, 3, 8, 8)
+    return model, x, lower(torch.jit.script(model), CompileSettings.create([x]))
+
+
+def test_full_pipeline_matches_eager(mixed_lowered):
+    model, x, lowered = mixed_lowered
+    with torch.no_grad():
+        assert_matches_eager(lowered.module(x), model(x))
+    text = str(lowered.graph)
+    for op in ("aten::hardswish(", "aten::hardsigmoid(", "aten::silu(", "aten::gelu(", "aten::rsqrt(", "aten::var(",
+               "aten::log_softmax(", "aten::addmm(", "aten::tile(", "aten::pad(", "aten::conv_transpose2d(",
+               "aten::contiguous(", "aten::alpha_dropout(", "aten::view(", "aten::to(", "prim::Loop",
+               "prim::RaiseException"):
+        assert op not in text, f"{op} survived lowering:\n{text}"
+
+
+def test_debug_logs_every_pass_with_its_graph(caplog):
+    with caplog.at_level(logging.DEBUG, logger="torchkiln"):
+        torchkiln.compile(Mixed().eval(), [torchkiln.Input((2, 3, 8, 8))], debug=True)
+    messages = [r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG]
+    for name in MODULE_PIPELINE:
+        assert any(m.startswith(f"module pass {name} (") for m in messages), name
+    for name in GRAPH_PIPELINE:
+        logged = [m for m in messages if m.startswith(f"graph after lowering pass {name} (")]
+        assert logged and all("\ngraph(%" in m for m in logged), name
+    assert set(GRAPH_PIPELINE + MODULE_PIPELINE) == set(PASSES), "a registered pass is not in the pipeline"
+
+
+def test_a_pass_never_rewrites_an_op_forced_to_pytorch():
+    model = Mixed().eval()
+    x = torch.randn(2, 3, 8, 8)
+    settings = CompileSettings.create([x], torch_executed_ops=["aten::gelu", "aten::log_softmax.int"])
+    text = str(lower(torch.jit.script(model), settings).graph)
+    assert "aten::gelu(" in text and "aten::log_softmax(" in text
+
+
+def test_forced_op_stays_in_pytorch_end_to_end():
+    _, report = check_fn(lambda x: F.gelu(x) * 2 + 1, torch.randn(4, 5), engines=1, torch_blocks=1,
+                         torch_executed_ops=["aten::gelu"])
+    (block,) = [b for b in report.blocks if b.target == "torch"]
+    assert block.ops == ("aten::gelu",) and block.fallback[0].reason == "forced by torch_executed_ops"
+
+
+@pytest.fixture
+def hardswish_converter():
+    """A converter for aten::hardswish (the engine's HARD_SWISH activation), for the length of one test."""
+    if "aten::hardswish" in CONVERTERS:
+        yield
+        return
+
+    @converter("aten::hardswish")
+    def hardswish(ctx, args):
+        return ctx.network.add_activation(ctx.to_tensor(args.self), L.ActivationType.HARD_SWISH).get_output()
+
+    try:
+        yield
+    finally:
+        del CONVERTERS["aten::hardswish"]
+
+
+def test_a_decomposition_is_skipped_when_the_engine_converts_the_op(hardswish_converter):
+    x = torch.randn(3, 8)
+    lowered = lower(torch.jit.script(nn.Hardswish().eval()), CompileSettings.create([x]))
+    assert "aten::hardswish(" in str(lowered.graph) and "unpack_hardswish" not in lowered.fired
+    check_fn(lambda x: F.hardswish(x), x)
+
+
+class Attention(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_scaled_dot_product_attention_is_kept_whole():
+    q, k, v = (torch.randn(1, 2, 5, 4) for _ in range(3))
+    lowered = lower(torch.jit.script(Attention()), CompileSettings.create([q, k, v]))
+    assert [n.kind() for n in lowered.graph.nodes() if n.kind().startswith("aten::")] == [
+        "aten::scaled_dot_product_attention"]
+    assert_matches_eager(lowered.module(q, k, v), Attention()(q, k, v))
+
+
+def test_freezing_leaves_no_attribute_reads(mixed_lowered):
+    """LowerGraph's job (attributes -> explicit values) is done by freezing: weights are constants."""
+    _, _, lowered = mixed_lowered
+    kinds = {n.kind() for n in lowered.graph.nodes()}
+    assert "prim::GetAttr" not in kinds and "prim::CallMethod" not in kinds
+
+
+def test_compiled_mixed_model_matches_eager():
+    check_compiled(Mixed(), [torch.randn(2, 3, 8, 8)], engines=None, torch_blocks=None, min_block_size=1)
