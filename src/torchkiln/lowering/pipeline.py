@@ -82,12 +82,13 @@ def _forced(op: str, settings: CompileSettings) -> bool:
     return op in settings.torch_executed_ops or op.split(".")[0] in settings.torch_executed_ops
 
 
-def _skip_reason(p: LoweringPass, settings: CompileSettings) -> str | None:
-    """Why a pass must not run: it would rewrite an op the user keeps in PyTorch, or the engine takes the op whole."""
+def _skip_reason(p: LoweringPass, settings: CompileSettings, explicit: bool) -> str | None:
+    """Why a pass must not run: it would rewrite an op the user keeps in PyTorch, or (unless the pass was
+    asked for by name) the engine takes the op whole, which is faster and exact."""
     forced = [op for op in p.replaces if _forced(op, settings)]
     if forced:
         return f"torch_executed_ops keeps {', '.join(forced)} in PyTorch"
-    if p.decomposition and all(op in CONVERTERS for op in p.replaces):
+    if not explicit and p.decomposition and all(op in CONVERTERS for op in p.replaces):
         return f"the engine converts {', '.join(p.replaces)} whole"
     return None
 
@@ -110,7 +111,8 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
           passes: Sequence[str] | None = None) -> LoweredModule:
     """Freeze `module` (in eval mode) and run the lowering pipeline over `method`'s graph.
 
-    `passes` replaces the pipeline by these passes, in this order (tests run one pass this way).
+    `passes` replaces the pipeline by these passes, in this order (tests run one pass this way); a
+    decomposition named there runs even when the engine converts its op whole.
     The caller's module is not changed (module passes only read it; freezing works on a copy).
     """
     load_all()
@@ -127,7 +129,7 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
     graph = getattr(frozen, method).graph
     logger.debug("graph after freeze:\n%s", graph)
     for p in (p for p in chosen if p.stage == "graph"):
-        skip = _skip_reason(p, settings)
+        skip = _skip_reason(p, settings, explicit=passes is not None)
         changed = False if skip else p.fn(graph, ctx)
         graph.lint()
         if changed:
