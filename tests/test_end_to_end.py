@@ -115,3 +115,30 @@ def test_example_tensors_given_as_inputs_drive_shape_analysis():
     spec = torchkiln.Input.from_tensor(torch.full((2, 3), 7))
     assert torch.equal(spec.example(torch.device("cpu")), torch.full((2, 3), 7))
     assert spec == torchkiln.Input((2, 3), dtype=torch.int64)  # the data is not part of the spec
+
+
+class TracedShapeArithmetic(torch.nn.Module):
+    """Traced, `x.size(0) * 2` becomes 0-d tensor arithmetic (NumToTensor, mul, Int) that must fold at build time."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x).reshape(x.size(0) * 2, -1) + 1
+
+
+def test_traced_shape_arithmetic_folds_at_build_time():
+    x = torch.randn(4, 6)
+    traced = torch.jit.trace(TracedShapeArithmetic(), (x,))
+    assert "aten::mul" in str(traced.graph)
+    _, report = check_compiled(traced, [x], min_block_size=1)
+    assert "aten::mul.Tensor" not in report.blocks[0].ops  # folded: not a layer
+
+
+class ScriptedInterpolate(torch.nn.Module):
+    """Scripted F.interpolate loops over the input's spatial dims: unrolled once shapes are known."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.interpolate(torch.relu(x), scale_factor=2.0, mode="bilinear") * 2
+
+
+def test_loop_over_a_shape_is_unrolled_after_shape_analysis():
+    _, report = check_compiled(ScriptedInterpolate(), [torch.randn(1, 2, 5, 7)], min_block_size=1)
+    assert "aten::upsample_bilinear2d.vec" in report.blocks[0].ops

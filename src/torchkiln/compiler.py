@@ -18,7 +18,8 @@ from torchkiln.errors import ConversionError, UnsupportedOperatorError
 from torchkiln.frontend import to_torchscript
 from torchkiln.log import debug_logging
 from torchkiln.lowering import LoweredModule, lower
-from torchkiln.partitioning.control_flow import fold_static_conditionals
+from torchkiln.lowering.pipeline import rerun
+from torchkiln.partitioning.control_flow import fold_static_control_flow
 from torchkiln.partitioning.report import PartitionReport, make_report
 from torchkiln.partitioning.segment import Partition, partition
 from torchkiln.partitioning.shape_analysis import analyze_shapes
@@ -75,8 +76,10 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     if unpack_list_inputs(lowered.graph, settings.input_signature):
         logger.debug("graph after unpacking list inputs:\n%s", lowered.graph)
     metas = analyze_shapes(lowered.graph, lowered.module, examples)
-    while fold_static_conditionals(lowered.graph, Resolver(metas)):  # new top-level values need shapes
-        torch._C._jit_pass_dce(lowered.graph)
+    # Shapes make more values static: fold the control flow that depends on them, let lists built by the
+    # unrolled code become static, and analyse the new top-level values; until nothing changes.
+    while fold_static_control_flow(lowered.graph, Resolver(metas)):
+        rerun(lowered.graph, settings, ("functionalize_list_appends", "eliminate_dead_code"))
         metas = analyze_shapes(lowered.graph, lowered.module, examples)
     return lowered, metas
 

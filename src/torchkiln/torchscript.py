@@ -101,3 +101,13 @@ ALIASING_USERS = frozenset({
     "prim::ListConstruct", "prim::TupleConstruct", "prim::DictConstruct", "prim::unchecked_cast", "prim::Return",
     "prim::Loop", "prim::If",
 })
+
+
+@functools.lru_cache(maxsize=4096)
+def writes_to_arguments(schema: str) -> bool:
+    """Whether an op of this schema may write to one of its arguments (or cannot be parsed)."""
+    try:
+        arguments = torch._C.parse_schema(schema).arguments
+    except RuntimeError:
+        return True
+    return any(a.alias_info is not None and a.alias_info.is_write for a in arguments)

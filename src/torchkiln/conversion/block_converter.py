@@ -61,6 +61,8 @@ def _convert_node(ctx: ConversionCtx, node: Node) -> None:
             if key in ctx.evaluated_value_map and is_dynamic(ctx.evaluated_value_map[key]):
                 ctx.value_tensor_map[key] = ctx.evaluated_value_map.pop(key)
         return
+    if ctx.foldable(node) and ctx.fold(node) is not None:  # build-time values in, build-time values out
+        return
     args = ctx.args(node)
     _check_args(node, args)
     result = converter.fn(ctx, args)

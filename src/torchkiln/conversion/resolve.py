@@ -12,12 +12,14 @@ from typing import Any
 
 import torch
 
-from torchkiln.conversion.registry import find_evaluator
+from torchkiln.conversion.registry import find_converter, find_evaluator
 from torchkiln.network.tensor import Tensor
 from torchkiln.torchscript import (
     ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, is_tensor_type, node_schema,
-    value_key,
+    value_key, writes_to_arguments,
 )
+
+FOLD_MAX_ELEMENTS = 4096  # a tensor op on build-time values runs at build time if its outputs are this small
 
 logger = logging.getLogger("torchkiln.conversion")
 
@@ -134,6 +136,10 @@ class Resolver:
         key = value_key(v)
         evaluator = None if node.kind() == "prim::Param" or list(node.blocks()) else find_evaluator(node)
         if evaluator is None:
+            if self.foldable(node):
+                folded = self.fold(node)
+                if folded is not None:
+                    return folded[list(node.outputs()).index(v)]
             if key in self.metas:  # a run-time tensor (or list of tensors) that shape analysis saw
                 return self.metas[key]
             raise NotStatic(f"%{v.debugName()} comes from {node.kind()}, which has no evaluator")
@@ -164,6 +170,40 @@ class Resolver:
 
     def args(self, node: Node) -> Args:
         return Args(node, [self.resolve(i) for i in node.inputs()], self.metas)
+
+    def foldable(self, node: Node) -> bool:
+        """A tensor op that may run at build time when its inputs are build-time values: it has a converter,
+        is deterministic, writes to none of its inputs, and its outputs are small tensors."""
+        schema = node_schema(node)
+        if schema is None or find_converter(node) is None or node.isNondeterministic() or writes_to_arguments(schema):
+            return False
+        metas = [self.metas.get(value_key(o)) for o in node.outputs()]
+        return all(isinstance(m, TensorMeta) and torch.Size(m.shape).numel() <= FOLD_MAX_ELEMENTS for m in metas)
+
+    def fold(self, node: Node) -> list[Any] | None:
+        """Run the node's own op on its build-time inputs (shape arithmetic on 0-d tensors, say): its outputs, or
+        None when an input is only known at run time."""
+        try:
+            args = self.args(node)
+        except NotStatic:
+            return None
+        if is_dynamic(args.values):
+            return None
+        schema = torch._C.parse_schema(node_schema(node))
+        namespace, name = schema.name.split("::")
+        op = getattr(getattr(getattr(torch.ops, namespace), name), schema.overload_name or "default")
+        positional = [a for a, spec in zip(args.values, schema.arguments) if not spec.kwarg_only]
+        keywords = {spec.name: a for a, spec in zip(args.values, schema.arguments) if spec.kwarg_only}
+        try:
+            with torch.no_grad():
+                result = op(*positional, **keywords)
+        except Exception as e:  # e.g. generic schemas (t[]) that torch.ops cannot bind: the converter handles it
+            logger.debug("folding %s at build time failed: %s", node.kind(), e)
+            return None
+        results = list(result) if node.outputsSize() > 1 else [result]
+        for out, value in zip(node.outputs(), results):
+            self._memo[value_key(out)] = value
+        return results
 
     def forget(self, v: Value) -> None:
         self._memo.pop(value_key(v), None)

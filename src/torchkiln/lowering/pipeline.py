@@ -137,3 +137,14 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
         logger.debug("graph after lowering pass %s (%s):\n%s", p.name, f"skipped: {skip}" if skip else _status(changed),
                      graph)
     return LoweredModule(frozen, graph, fired)
+
+
+def rerun(graph: Graph, settings: CompileSettings, names: Sequence[str]) -> bool:
+    """Run these graph passes again (after shape analysis made more values static); True if any changed."""
+    ctx = LoweringContext(settings)
+    changed = False
+    for name in names:
+        if PASSES[name].fn(graph, ctx):
+            changed = True
+            logger.debug("graph after lowering pass %s (again, after shape analysis):\n%s", name, graph)
+    return changed

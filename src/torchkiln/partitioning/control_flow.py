@@ -1,4 +1,5 @@
-"""Static control flow: a prim::If whose condition is known at build time is replaced by its taken branch."""
+"""Static control flow: after shape analysis, a prim::If whose condition is known at build time is replaced
+by its taken branch, and a short for-loop whose trip count is known is unrolled."""
 from __future__ import annotations
 
 import logging
@@ -6,6 +7,7 @@ import logging
 import torch
 
 from torchkiln.conversion.resolve import NotStatic, Resolver
+from torchkiln.lowering.passes.unroll_loops import unroll_static_loops
 from torchkiln.torchscript import Graph
 
 logger = logging.getLogger("torchkiln.partitioning")
@@ -41,3 +43,9 @@ def fold_static_conditionals(graph: Graph, resolver: Resolver) -> bool:
         node.destroy()
         changed = True
     return changed
+
+
+def fold_static_control_flow(graph: Graph, resolver: Resolver) -> bool:
+    """Fold static conditionals and unroll static loops at the top level; True if the graph changed."""
+    changed = fold_static_conditionals(graph, resolver)
+    return unroll_static_loops(graph, resolver) or changed

@@ -18,14 +18,13 @@ the original order winning ties. Structural nodes such as the `prim::ListConstru
 """
 from __future__ import annotations
 
-import functools
 import heapq
 from collections.abc import Mapping, Sequence
 
 import torch
 
 from torchkiln.partitioning.support import Target
-from torchkiln.torchscript import Graph, Node, node_schema
+from torchkiln.torchscript import Graph, Node, node_schema, writes_to_arguments
 
 _PURE_PRIMS = frozenset({
     "prim::Constant", "prim::ListConstruct", "prim::TupleConstruct", "prim::DictConstruct", "prim::ListUnpack",
@@ -41,17 +40,7 @@ def is_pure(node: Node) -> bool:
     if not all(is_pure(inner) for block in node.blocks() for inner in block.nodes()):
         return False
     schema = node_schema(node)
-    return node.kind() in _PURE_PRIMS if schema is None else not _writes(schema)
-
-
-@functools.lru_cache(maxsize=4096)
-def _writes(schema: str) -> bool:
-    """Whether an op of this schema may write to one of its arguments (or cannot be parsed)."""
-    try:
-        arguments = torch._C.parse_schema(schema).arguments
-    except RuntimeError:
-        return True
-    return any(a.alias_info is not None and a.alias_info.is_write for a in arguments)
+    return node.kind() in _PURE_PRIMS if schema is None else not writes_to_arguments(schema)
 
 
 def _used_values(node: Node) -> list[torch._C.Value]:

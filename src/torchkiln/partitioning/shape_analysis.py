@@ -21,6 +21,18 @@ def _holds_shapes(t: torch._C.JitType) -> bool:
     return is_tensor_type(t) or (isinstance(t, torch._C.ListType) and is_tensor_type(t.getElementType()))
 
 
+def _may_be_uninitialized(v: torch._C.Value) -> bool:
+    """A value TorchScript may leave uninitialized (a variable set on one path only); it cannot be returned."""
+    node = v.node()
+    if node.kind() == "prim::Uninitialized":
+        return True
+    if node.kind() in ("prim::If", "prim::Loop"):
+        index = list(node.outputs()).index(v)
+        return any(_may_be_uninitialized(list(b.outputs())[index + (1 if node.kind() == "prim::Loop" else 0)])
+                   for b in node.blocks())
+    return False
+
+
 def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
                    example_inputs: Sequence[Any]) -> dict[int, TensorMeta | list[TensorMeta]]:
     """TensorMeta for every tensor-typed value of the graph's top-level block (value_key -> meta), and a
@@ -28,7 +40,8 @@ def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
     originals = list(graph.inputs()) + [o for n in graph.nodes() for o in n.outputs()]
     probe = graph.copy()
     copies = list(probe.inputs()) + [o for n in probe.nodes() for o in n.outputs()]
-    picked = [(orig, copy) for orig, copy in zip(originals, copies) if _holds_shapes(orig.type())]
+    picked = [(orig, copy) for orig, copy in zip(originals, copies)
+              if _holds_shapes(orig.type()) and not _may_be_uninitialized(orig)]
     for i in reversed(range(len(list(probe.outputs())))):
         probe.eraseOutput(i)
     for _, copy in picked:

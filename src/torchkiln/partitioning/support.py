@@ -85,6 +85,8 @@ def _classify(node: Node, resolver: Resolver) -> Decision:
             args = resolver.args(node)
         except NotStatic as e:
             return _not_static(node, resolver, e)
+        if resolver.foldable(node) and resolver.fold(node) is not None:
+            return Decision(Target.STATIC)  # build-time values in and out: it runs at build time
         reason = converter.capability(args) if converter.capability else None
         if reason:
             return Decision.torch(Fallback.CAPABILITY, reason)

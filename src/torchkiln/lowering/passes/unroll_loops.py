@@ -69,7 +69,13 @@ def _unroll_block(graph: Graph, block: torch._C.Block, resolver: Resolver) -> bo
     return changed
 
 
+def unroll_static_loops(graph: Graph, resolver: Resolver) -> bool:
+    """Unroll every short for-loop whose trip count `resolver` knows (partitioning calls this again after
+    shape analysis, when trip counts computed from intermediate shapes are known)."""
+    return _unroll_block(graph, graph.block(), resolver)
+
+
 @lowering_pass()
 def unroll_loops(graph: Graph, ctx: LoweringContext) -> bool:
     """Replace a for-loop of at most MAX_TRIPS iterations (MAX_NODES nodes unrolled) by copies of its body."""
-    return _unroll_block(graph, graph.block(), input_resolver(graph, ctx.settings))
+    return unroll_static_loops(graph, input_resolver(graph, ctx.settings))

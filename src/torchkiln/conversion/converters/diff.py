@@ -1,0 +1,26 @@
+"""aten::diff: n-th forward difference along a dim, with optional prepended and appended values."""
+from __future__ import annotations
+
+import torch
+
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.common import normalize_dim
+from torchkiln.conversion.impl.elementwise import binary
+from torchkiln.conversion.impl.slicing import slice_dim
+from torchkiln.conversion.registry import converter
+from torchkiln.conversion.resolve import Args
+from torchkiln.network import layers as L
+from torchkiln.network.tensor import Tensor
+
+
+@converter("aten::diff")
+def diff(ctx: ConversionCtx, args: Args) -> Tensor:
+    x = ctx.to_tensor(args.self)
+    dim = normalize_dim(args.dim, x.rank)
+    parts = [ctx.to_tensor(t) for t in (args.prepend, x, args.append) if t is not None]
+    if len(parts) > 1:
+        x = ctx.network.add_concatenation(parts, dim).get_output()
+    op = L.ElementWiseOperation.XOR if x.dtype == torch.bool else L.ElementWiseOperation.SUB
+    for _ in range(args.n):
+        x = binary(ctx, slice_dim(ctx, x, dim, 1, None), slice_dim(ctx, x, dim, 0, x.shape[dim] - 1), op)
+    return x
