@@ -57,7 +57,8 @@ class Network:
         for t in inputs:
             if not isinstance(t, Tensor):
                 raise NetworkError(f"{layer_class.KIND} layer input must be a network Tensor, got {type(t).__name__}")
-        clean = {k: v.detach() for k, v in (weights or {}).items() if v is not None}
+        # Weights live on the CPU in the network (the executor moves them to the device once).
+        clean = {k: v.detach().cpu() for k, v in (weights or {}).items() if v is not None}
         default = f"{self.scope}/{layer_class.KIND}" if self.scope else layer_class.KIND
         layer = layer_class(name=self.unique_name(name or default), inputs=list(inputs), weights=clean, **params)
         for i, (shape, dtype) in enumerate(infer_outputs(layer)):
