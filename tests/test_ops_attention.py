@@ -2,7 +2,8 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import assert_falls_back, check_fn, check_traced, wrap
+from torch import nn
+from harness import assert_falls_back, check_compiled, check_fn, check_traced, wrap
 
 import torchkiln
 
@@ -58,3 +59,45 @@ def test_attention_dropout_falls_back():
     report = torchkiln.partition_report(wrap(attention_dropout, 3).eval(), _qkv(), min_block_size=1)
     assert report.num_engine_blocks == 0
     assert_falls_back(report, OP, "dropout_p=0.5")
+
+
+class SelfAttentionBlock(nn.Module):
+    """A transformer block's attention as torchvision's ViT writes it: nn.MultiheadAttention, batch first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln = nn.LayerNorm(32)
+        self.attn = nn.MultiheadAttention(32, 4, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.ln(x)
+        y, _ = self.attn(y, y, y, need_weights=False)
+        return x + y
+
+
+@pytest.mark.parametrize("frontend", ["script", "trace"])
+def test_multihead_attention_module_is_one_engine(frontend):
+    model = SelfAttentionBlock().eval()
+    x = torch.randn(2, 10, 32)
+    module = torch.jit.script(model) if frontend == "script" else torch.jit.trace(model, (x,), check_trace=False)
+    with torch.no_grad():  # the inference fast path eager takes, which a compiled module is built for
+        _, report = check_compiled(module, [x])
+    if frontend == "script":
+        assert "aten::_native_multi_head_attention" in report.blocks[0].ops
+
+
+class MultiheadAttentionWithWeights(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, w = self.attn(x, x, x, need_weights=True)
+        assert w is not None
+        return y + w.sum()
+
+
+def test_multihead_attention_returning_weights_still_matches():
+    with torch.no_grad():
+        check_compiled(torch.jit.script(MultiheadAttentionWithWeights().eval()), [torch.randn(2, 5, 16)],
+                       engines=None, torch_blocks=None)

@@ -37,6 +37,7 @@ MODULE_PIPELINE: tuple[str, ...] = (
     "notate_module_for_fallback",
 )
 GRAPH_PIPELINE: tuple[str, ...] = (
+    "inline_attributes",
     "lower_tuples",
     "remove_mutation",
     "functionalize_list_appends",
@@ -126,6 +127,7 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
         logger.debug("module pass %s (%s): fallback modules %s", p.name, _status(changed), ctx.fallback_modules)
     with _eval_mode(module):
         frozen = torch.jit.freeze(module, preserved_attrs=[method] if method != "forward" else None)
+    ctx.module = frozen
     graph = getattr(frozen, method).graph
     logger.debug("graph after freeze:\n%s", graph)
     for p in (p for p in chosen if p.stage == "graph"):

@@ -24,6 +24,7 @@ class LoweringContext:
     settings: CompileSettings
     # instance path ('' is the root, 'layer1.0' a submodule) -> class name, for torch_executed_modules
     fallback_modules: dict[str, str] = dataclasses.field(default_factory=dict)
+    module: torch.jit.ScriptModule | None = None  # the frozen module, once frozen
 
 
 @dataclasses.dataclass(frozen=True)

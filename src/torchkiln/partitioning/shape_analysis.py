@@ -40,8 +40,10 @@ def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
     originals = list(graph.inputs()) + [o for n in graph.nodes() for o in n.outputs()]
     probe = graph.copy()
     copies = list(probe.inputs()) + [o for n in probe.nodes() for o in n.outputs()]
+    # Constants are known and unread values sit at no boundary (and may be undefined tensors): never probed.
     picked = [(orig, copy) for orig, copy in zip(originals, copies)
-              if _holds_shapes(orig.type()) and not _may_be_uninitialized(orig)]
+              if _holds_shapes(orig.type()) and not _may_be_uninitialized(orig)
+              and orig.node().kind() != "prim::Constant" and bool(orig.uses())]
     for i in reversed(range(len(list(probe.outputs())))):
         probe.eraseOutput(i)
     for _, copy in picked:

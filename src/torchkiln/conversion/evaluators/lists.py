@@ -74,3 +74,18 @@ def is_(args: Args) -> bool:
 @evaluator("aten::__isnot__")
 def isnot(args: Args) -> bool:
     return not _identical(args[0], args[1])
+
+
+@evaluator("aten::__contains__")
+def contains(args: Args) -> bool:
+    return args[1] in args[0]
+
+
+@evaluator("aten::all.bool", "aten::all.int", "aten::all.float")
+def all_(args: Args) -> bool:
+    return all(args[0])
+
+
+@evaluator("aten::any.bool", "aten::any.int", "aten::any.float", "aten::any.str")
+def any_(args: Args) -> bool:
+    return any(args[0])

@@ -78,3 +78,9 @@ def device(args: Args) -> torch.device:
     if not isinstance(found, (TensorMeta, torch.Tensor)):
         raise NotStatic("the device of a tensor shape analysis did not see")
     return found.device
+
+
+@evaluator("prim::type")
+def device_type(args: Args) -> str:
+    """`device.type`: 'cpu', 'cuda'."""
+    return args[0].type
