@@ -65,3 +65,50 @@ def unet():
 def test_zoo_model_is_one_engine_and_matches_eager(build):
     model, example = build()
     check_compiled(model, example, engines=1, torch_blocks=0)
+
+
+class EncoderBlock(torch.nn.Module):
+    """torchvision's ViT encoder block: pre-norm nn.MultiheadAttention and MLP, with dropouts and an assert."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.ln_1 = torch.nn.LayerNorm(dim, eps=1e-6)
+        self.self_attention = torch.nn.MultiheadAttention(dim, heads, dropout=0.1, batch_first=True)
+        self.dropout = torch.nn.Dropout(0.1)
+        self.ln_2 = torch.nn.LayerNorm(dim, eps=1e-6)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(), torch.nn.Dropout(0.1),
+                                       torch.nn.Linear(2 * dim, dim), torch.nn.Dropout(0.1))
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        torch._assert(input.dim() == 3, f"Expected (batch_size, seq_length, hidden_dim) got {input.shape}")
+        x = self.ln_1(input)
+        x, _ = self.self_attention(x, x, x, need_weights=False)
+        x = self.dropout(x) + input
+        return x + self.mlp(self.ln_2(x))
+
+
+class VisionTransformer(torch.nn.Module):
+    """A small ViT written as torchvision's is (scripted): patchify conv, class token, position embedding."""
+
+    def __init__(self, image: int = 32, patch: int = 8, dim: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        self.image_size, self.patch_size, self.hidden_dim = image, patch, dim
+        self.conv_proj = torch.nn.Conv2d(3, dim, patch, patch)
+        self.class_token = torch.nn.Parameter(torch.randn(1, 1, dim))
+        self.pos_embedding = torch.nn.Parameter(torch.randn(1, (image // patch) ** 2 + 1, dim) * 0.02)
+        self.layers = torch.nn.Sequential(*[EncoderBlock(dim, heads) for _ in range(layers)])
+        self.ln = torch.nn.LayerNorm(dim, eps=1e-6)
+        self.head = torch.nn.Linear(dim, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        torch._assert(h == self.image_size, f"Wrong image height! Expected {self.image_size} but got {h}!")
+        x = self.conv_proj(x).reshape(n, self.hidden_dim, (h // self.patch_size) * (w // self.patch_size))
+        x = torch.cat([self.class_token.expand(n, -1, -1), x.permute(0, 2, 1)], dim=1) + self.pos_embedding
+        x = self.ln(self.layers(x))
+        return self.head(x[:, 0])
+
+
+def test_scripted_torchvision_style_vit_is_one_engine():
+    with torch.no_grad():  # the inference path (nn.MultiheadAttention's fast path) eager takes
+        check_compiled(torch.jit.script(VisionTransformer().eval()), [torch.randn(2, 3, 32, 32)])
