@@ -40,7 +40,7 @@ INPLACE = [
     ("y.atanh_()", "aten::atanh_", "unit", None), ("y.ceil_()", "aten::ceil_", "float", None),
     ("y.floor_()", "aten::floor_", "float", None), ("y.round_()", "aten::round_", "float", None),
     ("y.round_(decimals=1)", "aten::round_.decimals", "float", None), ("y.trunc_()", "aten::trunc_", "float", None),
-    ("y.logical_not_()", "aten::logical_not_", "float", None), ("y.bitwise_not_()", "aten::bitwise_not_", "int", None),
+    ("y.bitwise_not_()", "aten::bitwise_not_", "int", None),
     ("y.add_(other)", "aten::add_.Tensor", "half", "float"), ("y.add_(2)", "aten::add_.Scalar", "int", None),
     ("y.sub_(other)", "aten::sub_.Tensor", "float", "row"), ("y.sub_(1.5)", "aten::sub_.Scalar", "float", None),
     ("y.mul_(other)", "aten::mul_.Tensor", "int", "int_row"), ("y.mul_(3)", "aten::mul_.Scalar", "int", None),
@@ -54,15 +54,6 @@ INPLACE = [
     ("y.fmod_(other)", "aten::fmod_.Tensor", "float", "row"), ("y.fmod_(2.5)", "aten::fmod_.Scalar", "float", None),
     ("y.pow_(other)", "aten::pow_.Tensor", "pos", "row"), ("y.pow_(2)", "aten::pow_.Scalar", "int", None),
     ("y.atan2_(other)", "aten::atan2_", "float", "row"),
-    ("y.eq_(other)", "aten::eq_.Tensor", "int", "int_row"), ("y.eq_(0.0)", "aten::eq_.Scalar", "float", None),
-    ("y.ne_(other)", "aten::ne_.Tensor", "float", "row"), ("y.ne_(2)", "aten::ne_.Scalar", "int", None),
-    ("y.gt_(other)", "aten::gt_.Tensor", "float", "row"), ("y.gt_(0.5)", "aten::gt_.Scalar", "float", None),
-    ("y.ge_(other)", "aten::ge_.Tensor", "int", "int_row"), ("y.ge_(1)", "aten::ge_.Scalar", "int", None),
-    ("y.lt_(other)", "aten::lt_.Tensor", "float", "row"), ("y.lt_(-0.5)", "aten::lt_.Scalar", "float", None),
-    ("y.le_(other)", "aten::le_.Tensor", "float", "row"), ("y.le_(2)", "aten::le_.Scalar", "int", None),
-    ("y.logical_and_(other)", "aten::logical_and_", "float", "mask"),
-    ("y.logical_or_(other)", "aten::logical_or_", "int", "mask"),
-    ("y.logical_xor_(other)", "aten::logical_xor_", "float", "float"),
     ("y.bitwise_and_(other)", "aten::bitwise_and_.Tensor", "int", "int_row"),
     ("y.bitwise_and_(3)", "aten::bitwise_and_.Scalar", "int", None),
     ("y.bitwise_or_(other)", "aten::bitwise_or_.Tensor", "int", "int_row"),
@@ -151,3 +142,33 @@ def test_inplace_that_would_lose_a_write_stays_in_pytorch(fn, op, reason):
     _, report = check_fn(fn, torch.rand(3, 4), engines=None, torch_blocks=None)
     (fallback,) = [f for b in report.blocks for f in b.fallback if f.op == op]
     assert reason in fallback.detail
+
+
+
+BOOL_RESULT_INPLACE = [
+    ("y.logical_not_()", "aten::logical_not_", "float", None),
+    ("y.eq_(other)", "aten::eq_.Tensor", "int", "int_row"),
+    ("y.eq_(0.0)", "aten::eq_.Scalar", "float", None),
+    ("y.ne_(other)", "aten::ne_.Tensor", "float", "row"),
+    ("y.ne_(2)", "aten::ne_.Scalar", "int", None),
+    ("y.gt_(other)", "aten::gt_.Tensor", "float", "row"),
+    ("y.gt_(0.5)", "aten::gt_.Scalar", "float", None),
+    ("y.ge_(other)", "aten::ge_.Tensor", "int", "int_row"),
+    ("y.ge_(1)", "aten::ge_.Scalar", "int", None),
+    ("y.lt_(other)", "aten::lt_.Tensor", "float", "row"),
+    ("y.lt_(-0.5)", "aten::lt_.Scalar", "float", None),
+    ("y.le_(other)", "aten::le_.Tensor", "float", "row"),
+    ("y.le_(2)", "aten::le_.Scalar", "int", None),
+    ("y.logical_and_(other)", "aten::logical_and_", "float", "mask"),
+    ("y.logical_or_(other)", "aten::logical_or_", "int", "mask"),
+    ("y.logical_xor_(other)", "aten::logical_xor_", "float", "float"),
+]
+
+
+@pytest.mark.parametrize("expression, op, x, other", BOOL_RESULT_INPLACE, ids=[case[1] for case in BOOL_RESULT_INPLACE])
+def test_inplace_comparison_converts_as_copy_of_its_functional_form(expression, op, x, other):
+    """Lowering rewrites y.eq_(z) as y.copy_(y.eq(z)), which keeps y's dtype; both convert."""
+    _, report = check_fn(inplace_fn(expression), VALUES[x](), VALUES[other or "float"]())
+    (block,) = report.blocks
+    functional = op.replace("_.", ".").removesuffix("_")
+    assert "aten::copy_" in block.ops and functional in block.ops, block.ops

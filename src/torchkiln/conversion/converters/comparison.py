@@ -1,9 +1,9 @@
-"""Comparison converters (eq, ne, gt, ge, lt, le: tensor, scalar and in-place forms) and elementwise
-maximum/minimum. Comparisons give bool; in place, `x.eq_(y)` keeps x's dtype."""
+"""Comparison converters (eq, ne, gt, ge, lt, le: tensor and scalar forms) and elementwise maximum/minimum.
+Comparisons give bool; the in-place forms (`x.eq_(y)`, which keeps x's dtype) reach conversion as
+`x.copy_(x.eq(y))` (lowering's remove_mutation rewrites them)."""
 from __future__ import annotations
 
 from torchkiln.conversion.impl.elementwise import binary_converter
-from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.conversion.registry import converter
 from torchkiln.network import layers as L
 
@@ -14,8 +14,7 @@ _COMPARISONS = {
 }
 
 for _name, _op in _COMPARISONS.items():
-    _convert = converter(f"aten::{_name}.Tensor", f"aten::{_name}.Scalar")(binary_converter(_op))
-    register_inplace(_convert, f"aten::{_name}_.Tensor", f"aten::{_name}_.Scalar")
+    converter(f"aten::{_name}.Tensor", f"aten::{_name}.Scalar")(binary_converter(_op))
 
 converter("aten::maximum", "aten::max.other")(binary_converter(E.MAX))
 converter("aten::minimum", "aten::min.other")(binary_converter(E.MIN))

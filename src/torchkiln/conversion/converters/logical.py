@@ -9,9 +9,8 @@ from torchkiln.network import layers as L
 
 E = L.ElementWiseOperation
 
-for _name, _op in {"and": E.AND, "or": E.OR, "xor": E.XOR}.items():
-    _convert = converter(f"aten::logical_{_name}")(binary_converter(_op))
-    register_inplace(_convert, f"aten::logical_{_name}_")
+for _name, _op in {"and": E.AND, "or": E.OR, "xor": E.XOR}.items():  # in place: see comparison.py
+    converter(f"aten::logical_{_name}")(binary_converter(_op))
 
 for _name, _op in {"and": E.BITWISE_AND, "or": E.BITWISE_OR, "xor": E.BITWISE_XOR}.items():
     _convert = converter(f"aten::bitwise_{_name}.Tensor", f"aten::bitwise_{_name}.Scalar",

@@ -24,7 +24,9 @@ _UNARY = {
     "logical_not": U.NOT, "bitwise_not": U.BITWISE_NOT,
     "isinf": U.ISINF, "isnan": U.ISNAN, "isfinite": U.ISFINITE,
 }
-_NO_INPLACE = ("isinf", "isnan", "isfinite")
+# No in-place forms: isinf & co. have none; logical_not_ is rewritten by lowering (remove_mutation) so that
+# it keeps its tensor's dtype.
+_NO_INPLACE = ("isinf", "isnan", "isfinite", "logical_not")
 
 for _name, _op in _UNARY.items():
     _convert = converter(f"aten::{_name}")(unary_converter(_op))
