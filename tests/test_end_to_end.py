@@ -142,3 +142,12 @@ class ScriptedInterpolate(torch.nn.Module):
 def test_loop_over_a_shape_is_unrolled_after_shape_analysis():
     _, report = check_compiled(ScriptedInterpolate(), [torch.randn(1, 2, 5, 7)], min_block_size=1)
     assert "aten::upsample_bilinear2d.vec" in report.blocks[0].ops
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_float64_model_with_and_without_truncation(truncate):
+    """float64 runs natively; truncate_long_and_double runs 32-bit inside (weights too) and returns float64."""
+    model = SmallResNet().double()
+    rtol = 1e-4 if truncate else 1e-10
+    check_compiled(model, [torch.randn(1, 3, 32, 32, dtype=torch.float64)], truncate_long_and_double=truncate,
+                   rtol=rtol)

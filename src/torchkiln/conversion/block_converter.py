@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -45,6 +46,18 @@ def _node_error(node: Node, e: Exception) -> ConversionError:
     return error
 
 
+_TRUNCATED = {torch.float64: torch.float32, torch.int64: torch.int32}
+
+
+def _truncated(value: Any) -> Any:
+    """With truncate_long_and_double, constant tensors (weights) are 32-bit like the engine's inputs."""
+    if isinstance(value, torch.Tensor) and value.dtype in _TRUNCATED:
+        return value.to(_TRUNCATED[value.dtype])
+    if isinstance(value, (list, tuple)):
+        return type(value)(_truncated(v) for v in value)
+    return value
+
+
 def _convert_node(ctx: ConversionCtx, node: Node) -> None:
     outputs = list(node.outputs())
     converter = find_converter(node)
@@ -65,6 +78,8 @@ def _convert_node(ctx: ConversionCtx, node: Node) -> None:
         return
     args = ctx.args(node)
     _check_args(node, args)
+    if ctx.settings.truncate_long_and_double:
+        args.values = [_truncated(v) for v in args.values]
     result = converter.fn(ctx, args)
     results = [result] if len(outputs) == 1 else list(result)
     if len(results) != len(outputs):
