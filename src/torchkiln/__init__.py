@@ -17,7 +17,7 @@ from torchkiln.errors import (
     UnsupportedOperatorError,
 )
 from torchkiln import ops as _ops  # noqa: F401  (defines torch.ops.torchkiln.const and attn_bias_from_attn_mask)
-from torchkiln.runtime import execute_op as _execute_op  # registers torch.ops.torchkiln.execute_engine
+from torchkiln.runtime import execute_op as _execute_op  # noqa: F401  (registers torch.ops.torchkiln.execute_engine)
 from torchkiln.runtime.engine import Engine
 from torchkiln.settings import Input
 

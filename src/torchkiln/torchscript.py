@@ -111,3 +111,13 @@ def writes_to_arguments(schema: str) -> bool:
     except RuntimeError:
         return True
     return any(a.alias_info is not None and a.alias_info.is_write for a in arguments)
+
+
+def used_values(node: Node) -> list[Value]:
+    """Every value a node reads, its nested blocks' reads and results included."""
+    values = list(node.inputs())
+    for block in node.blocks():
+        for inner in block.nodes():
+            values.extend(used_values(inner))
+        values.extend(block.outputs())
+    return values

@@ -15,7 +15,7 @@ import torch
 from torchkiln.conversion.registry import find_converter, find_evaluator
 from torchkiln.network.tensor import Tensor
 from torchkiln.torchscript import (
-    ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, is_tensor_type, node_schema,
+    ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, node_schema,
     value_key, writes_to_arguments,
 )
 

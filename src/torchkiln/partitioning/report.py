@@ -14,8 +14,8 @@ import torch
 
 from torchkiln.partitioning.segment import Block, Partition, is_layer_op
 from torchkiln.partitioning.support import Fallback, Target, is_io_plumbing
-from torchkiln.torchscript import (Node, TensorMeta, Value, binding_name, node_key, source_location, top_level_node,
-                                   value_key)
+from torchkiln.torchscript import (TensorMeta, Value, binding_name, node_key, source_location, top_level_node,
+                                   used_values, value_key)
 
 _DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
                 torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
@@ -160,15 +160,6 @@ def _value(part: Partition, v: Value) -> BoundaryValue:
     return BoundaryValue(_name(v), "Tensor", meta.shape, meta.dtype)
 
 
-def _used(node: Node) -> list[Value]:
-    values = list(node.inputs())
-    for block in node.blocks():
-        for inner in block.nodes():
-            values.extend(_used(inner))
-        values.extend(block.outputs())
-    return values
-
-
 def _torch_boundary(part: Partition, block: Block) -> tuple[list[Value], list[Value]]:
     """Run-time values a torch block reads from outside (its nested blocks included) and values read after it.
 
@@ -186,7 +177,7 @@ def _torch_boundary(part: Partition, block: Block) -> tuple[list[Value], list[Va
     ins: list[Value] = []
     outs: list[Value] = []
     for node in (n for n in block.nodes if n in members):
-        for v in _used(node):
+        for v in used_values(node):
             if top_level_node(v.node(), top) not in members and run_time(v) and v not in ins:
                 ins.append(v)
         for o in node.outputs():

@@ -21,10 +21,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping, Sequence
 
-import torch
 
 from torchkiln.partitioning.support import Target
-from torchkiln.torchscript import Graph, Node, node_schema, writes_to_arguments
+from torchkiln.torchscript import Graph, Node, node_schema, used_values, writes_to_arguments
 
 _PURE_PRIMS = frozenset({
     "prim::Constant", "prim::ListConstruct", "prim::TupleConstruct", "prim::DictConstruct", "prim::ListUnpack",
@@ -43,15 +42,6 @@ def is_pure(node: Node) -> bool:
     return node.kind() in _PURE_PRIMS if schema is None else not writes_to_arguments(schema)
 
 
-def _used_values(node: Node) -> list[torch._C.Value]:
-    values = list(node.inputs())
-    for block in node.blocks():
-        for inner in block.nodes():
-            values.extend(_used_values(inner))
-        values.extend(block.outputs())
-    return values
-
-
 def dependencies(graph: Graph) -> dict[Node, set[Node]]:
     """For each top-level node, the top-level nodes that must run before it."""
     nodes = list(graph.nodes())
@@ -60,7 +50,7 @@ def dependencies(graph: Graph) -> dict[Node, set[Node]]:
     fence: Node | None = None
     since_fence: list[Node] = []
     for node in nodes:
-        before = {v.node() for v in _used_values(node) if v.node() in members and v.node() is not node}
+        before = {v.node() for v in used_values(node) if v.node() in members and v.node() is not node}
         if fence is not None:
             before.add(fence)
         if is_pure(node):
