@@ -207,3 +207,30 @@ def test_engine_outputs_never_alias_inputs_or_weights():
     const.add_(1)
     assert torch.equal(x_in, kept)  # writing to the output did not write to the input
     assert torch.equal(engine.execute([x_in])[1], torch.ones(6))  # nor to the engine's weight
+
+
+def test_bias_folds_into_matrix_multiply():
+    n = Network()
+    x = n.add_input("x", F32, (4, 3, 16))
+    w = n.add_constant(torch.randn(8, 16)).get_output()
+    mm = n.add_matrix_multiply(x, L.MatrixOperation.NONE, w, L.MatrixOperation.TRANSPOSE).get_output()
+    biased = n.add_elementwise(n.add_constant(torch.randn(8)).get_output(), mm, L.ElementWiseOperation.SUM)
+    n.mark_output(n.add_activation(biased.get_output(), L.ActivationType.RELU).get_output())
+    x_in = torch.randn(4, 3, 16)
+    before = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    assert _run_pass("fold_bias_into_matrix_multiply", n)
+    assert _run_pass("remove_dead_layers", n)
+    assert _kinds(n) == ["constant", "matrix_multiply", "activation"]
+    assert n.layers[1].weights["bias"].shape == (8,)
+    after = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    assert (after - before).abs().max() <= 1e-6 * before.abs().max()
+
+
+def test_bias_of_another_shape_is_not_folded():
+    n = Network()
+    x = n.add_input("x", F32, (4, 16))
+    mm = n.add_matrix_multiply(x, L.MatrixOperation.NONE, n.add_constant(torch.randn(8, 16)).get_output(),
+                               L.MatrixOperation.TRANSPOSE).get_output()
+    n.mark_output(n.add_elementwise(mm, n.add_constant(torch.randn(4, 1)).get_output(),
+                                    L.ElementWiseOperation.SUM).get_output())
+    assert not _run_pass("fold_bias_into_matrix_multiply", n)

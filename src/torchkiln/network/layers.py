@@ -296,7 +296,10 @@ class PoolingLayer(Layer):
 
 @layer_kind
 class MatrixMultiplyLayer(Layer):
+    """matmul(op0(a), op1(b)) [+ bias]; the builder folds a following bias add into the `bias` weight."""
+
     KIND: ClassVar[str] = "matrix_multiply"
+    WEIGHTS: ClassVar[tuple[str, ...]] = ("bias",)
     MIN_INPUTS: ClassVar[int] = 2
     MAX_INPUTS: ClassVar[int | None] = 2
     op0: MatrixOperation = MatrixOperation.NONE

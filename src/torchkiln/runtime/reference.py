@@ -224,11 +224,16 @@ def _pooling(layer, xs, ws, device):
 @meaning(L.MatrixMultiplyLayer)
 def _matmul(layer, xs, ws, device):
     a, b = xs
+    bias = ws.get("bias")
+    if layer.op0 == L.MatrixOperation.NONE and layer.op1 == L.MatrixOperation.TRANSPOSE and b.dim() == 2 \
+            and a.dim() >= 1 and (bias is None or bias.dim() <= 1):
+        return F.linear(a, b, bias)  # x @ W.t() + bias as one GEMM, as nn.Linear computes it
     if layer.op0 == L.MatrixOperation.TRANSPOSE:
         a = a.transpose(-1, -2)
     if layer.op1 == L.MatrixOperation.TRANSPOSE:
         b = b.transpose(-1, -2)
-    return torch.matmul(a, b)
+    out = torch.matmul(a, b)
+    return out if bias is None else out + bias
 
 
 @meaning(L.ShuffleLayer)
