@@ -1,11 +1,11 @@
-"""Walking a TorchScript graph's nodes, nested blocks included."""
+"""Walking a TorchScript graph's nodes, nested blocks included, and replacing one node by another op."""
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import torch
 
-from torchkiln.torchscript import Node
+from torchkiln.torchscript import Graph, Node, Value
 
 
 def all_nodes(block: torch._C.Block) -> Iterator[Node]:
@@ -14,3 +14,14 @@ def all_nodes(block: torch._C.Block) -> Iterator[Node]:
         yield node
         for inner in node.blocks():
             yield from all_nodes(inner)
+
+
+def replace_node(graph: Graph, node: Node, kind: str, inputs: list[Value]) -> Node:
+    """Put a one-output `kind` node in `node`'s place, keeping its source location, module path and type."""
+    new = graph.create(kind, inputs, 1)
+    new.copyMetadata(node)
+    new.insertBefore(node)
+    new.output().setType(node.output().type())
+    node.output().replaceAllUsesWith(new.output())
+    node.destroy()
+    return new

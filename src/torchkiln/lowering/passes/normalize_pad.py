@@ -4,7 +4,7 @@ from __future__ import annotations
 from torchkiln.conversion.resolve import NotStatic
 from torchkiln.lowering.registry import LoweringContext, lowering_pass, rewrite
 from torchkiln.lowering.static_values import input_resolver
-from torchkiln.lowering.walk import all_nodes
+from torchkiln.lowering.walk import all_nodes, replace_node
 from torchkiln.torchscript import Graph
 
 _BY_MODE = {"reflect": "aten::reflection_pad{}d", "replicate": "aten::replication_pad{}d"}
@@ -51,11 +51,6 @@ def normalize_pad(graph: Graph, ctx: LoweringContext) -> bool:
             continue
         if mode not in _BY_MODE or not isinstance(pad, list) or len(pad) not in (2, 4, 6):
             continue
-        op = graph.create(_BY_MODE[mode].format(len(pad) // 2), [node.inputsAt(0), node.inputsAt(1)], 1)
-        op.copyMetadata(node)
-        op.insertBefore(node)
-        op.output().setType(node.output().type())
-        node.output().replaceAllUsesWith(op.output())
-        node.destroy()
+        replace_node(graph, node, _BY_MODE[mode].format(len(pad) // 2), [node.inputsAt(0), node.inputsAt(1)])
         changed = True
     return changed

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
-from torchkiln.lowering.walk import all_nodes
+from torchkiln.lowering.walk import all_nodes, replace_node
 from torchkiln.torchscript import Graph
 
 _CONVERSIONS = {"aten::Int": torch._C.IntType, "aten::Float": torch._C.FloatType, "aten::Bool": torch._C.BoolType,
@@ -25,12 +25,8 @@ def remove_scalar_round_trips(graph: Graph, ctx: LoweringContext) -> bool:
         wanted = _CONVERSIONS[node.kind()]
         if wanted is None or isinstance(number.type(), wanted):
             node.output().replaceAllUsesWith(number)
+            node.destroy()
         else:
-            convert = graph.create(node.kind(), [number], 1)
-            convert.copyMetadata(node)
-            convert.insertBefore(node)
-            convert.output().setType(node.output().type())
-            node.output().replaceAllUsesWith(convert.output())
-        node.destroy()
+            replace_node(graph, node, node.kind(), [number])
         changed = True
     return changed

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
-from torchkiln.lowering.walk import all_nodes
+from torchkiln.lowering.walk import all_nodes, replace_node
 from torchkiln.torchscript import Graph
 
 _RESHAPES = {"aten::view": "aten::reshape", "aten::view_as": "aten::reshape_as"}
@@ -19,10 +19,5 @@ def view_to_reshape(graph: Graph, ctx: LoweringContext) -> bool:
     views = [n for n in all_nodes(graph.block()) if n.kind() in _RESHAPES
              and (n.kind() == "aten::view_as" or isinstance(n.inputsAt(1).type(), torch._C.ListType))]
     for node in views:
-        reshape = graph.create(_RESHAPES[node.kind()], list(node.inputs()), 1)
-        reshape.copyMetadata(node)
-        reshape.insertBefore(node)
-        reshape.output().setType(node.output().type())
-        node.output().replaceAllUsesWith(reshape.output())
-        node.destroy()
+        replace_node(graph, node, _RESHAPES[node.kind()], list(node.inputs()))
     return bool(views)
