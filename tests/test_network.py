@@ -234,3 +234,18 @@ def test_bias_of_another_shape_is_not_folded():
     n.mark_output(n.add_elementwise(mm, n.add_constant(torch.randn(4, 1)).get_output(),
                                     L.ElementWiseOperation.SUM).get_output())
     assert not _run_pass("fold_bias_into_matrix_multiply", n)
+
+
+def test_cudnn_tf32_is_off_while_any_engine_runs_and_the_users_value_returns():
+    from torchkiln.runtime.executor import CUDNN_WITHOUT_TF32
+
+    before = torch.backends.cudnn.allow_tf32
+    try:
+        torch.backends.cudnn.allow_tf32 = True
+        with CUDNN_WITHOUT_TF32:  # two overlapping engine runs (as from two threads)
+            with CUDNN_WITHOUT_TF32:
+                assert torch.backends.cudnn.allow_tf32 is False
+            assert torch.backends.cudnn.allow_tf32 is False  # the other run is still going
+        assert torch.backends.cudnn.allow_tf32 is True
+    finally:
+        torch.backends.cudnn.allow_tf32 = before

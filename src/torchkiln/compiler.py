@@ -19,6 +19,7 @@ from torchkiln.frontend import to_torchscript
 from torchkiln.log import debug_logging
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
+from torchkiln.lowering.walk import all_nodes
 from torchkiln.partitioning.control_flow import fold_static_control_flow
 from torchkiln.partitioning.report import PartitionReport, make_report
 from torchkiln.partitioning.segment import Partition, partition
@@ -29,7 +30,7 @@ from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.execute_op import engine_blob
 from torchkiln.settings import CompileSettings, Input
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
-from torchkiln.torchscript import Graph, Node, node_key, source_location, value_key
+from torchkiln.torchscript import Node, node_key, source_location, value_key
 
 logger = logging.getLogger("torchkiln")
 
@@ -213,14 +214,6 @@ def partition_report(module: torch.nn.Module, inputs: Sequence[Any], **options: 
         return report
 
 
-def _graph_ops(graph: Graph) -> Iterable[Node]:
-    stack = [graph.block()]
-    while stack:
-        for node in stack.pop().nodes():
-            yield node
-            stack.extend(node.blocks())
-
-
 def unsupported_ops(module: torch.nn.Module, method_name: str = "forward",
                     inputs: Sequence[Any] | None = None) -> dict[str, int]:
     """Ops of the lowered method that no converter or evaluator handles, with their counts.
@@ -234,7 +227,7 @@ def unsupported_ops(module: torch.nn.Module, method_name: str = "forward",
     script = to_torchscript(module, example_args(settings.input_signature, settings.device) if inputs else [])
     graph = lower(script, settings, method_name).graph
     counts: dict[str, int] = collections.Counter()
-    for node in _graph_ops(graph):
+    for node in all_nodes(graph.block()):
         if node.kind() not in ("prim::If", "prim::Loop") and not is_registered(node):
             counts[node_key(node)] += 1
     return dict(sorted(counts.items()))

@@ -5,6 +5,8 @@ intermediate freed right after its last reader.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from torchkiln.network import layers as L
@@ -46,10 +48,7 @@ class ReferenceExecutor:
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if self.device.type == "cuda":
-            # fp32 layers compute in true fp32: cuDNN would otherwise use TF32 for convolutions.
-            cudnn = torch.backends.cudnn
-            with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
-                             allow_tf32=False):
+            with CUDNN_WITHOUT_TF32:
                 return self._run(inputs)
         return self._run(inputs)
 
@@ -68,6 +67,33 @@ class ReferenceExecutor:
                 values[i] = None
         return [values[s].clone() if clone else values[s]
                 for s, clone in zip(self.output_slots, self.clone_output)]
+
+
+class _CudnnWithoutTF32:
+    """fp32 layers compute in true fp32: cuDNN would otherwise use TF32 for convolutions. The flag is global,
+    so it is cleared when the first engine run starts and the user's value comes back when the last one ends
+    (engines may run in several threads at once)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._saved = False
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._running == 0:
+                self._saved = torch.backends.cudnn.allow_tf32
+                torch.backends.cudnn.allow_tf32 = False
+            self._running += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._running -= 1
+            if self._running == 0:
+                torch.backends.cudnn.allow_tf32 = self._saved
+
+
+CUDNN_WITHOUT_TF32 = _CudnnWithoutTF32()
 
 
 def _may_alias_storage(tensor) -> bool:
