@@ -205,5 +205,3 @@ class Resolver:
             self._memo[value_key(out)] = value
         return results
 
-    def forget(self, v: Value) -> None:
-        self._memo.pop(value_key(v), None)

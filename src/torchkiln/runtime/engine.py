@@ -58,10 +58,6 @@ class Engine:
         self._executors: dict[torch.device, ReferenceExecutor] = {}
         self._lock = threading.Lock()
 
-    @property
-    def output_dtypes(self) -> list[torch.dtype]:
-        return [t.dtype for t in self.network.outputs]
-
     def check_inputs(self, inputs: Sequence[torch.Tensor]) -> None:
         if len(inputs) != len(self.bindings):
             names = ", ".join(repr(b.name) for b in self.bindings)
