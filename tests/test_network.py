@@ -2,8 +2,6 @@
 import pytest
 import torch
 
-from torchkiln.builder import BuildSettings, build_engine
-from torchkiln.builder.passes import BUILD_PASSES
 from torchkiln.errors import NetworkError
 from torchkiln.network import Network
 from torchkiln.network import layers as L
@@ -100,99 +98,6 @@ def test_dump_is_readable():
     assert "activation[type=RELU, alpha=0.0, beta=0.0](%x)" in text
 
 
-def _run_pass(name, net, settings=BuildSettings()):
-    (fn,) = [f for _, n, f in BUILD_PASSES if n == name]
-    return fn(net, settings)
-
-
-def _kinds(net):
-    return [layer.KIND for layer in net.layers]
-
-
-def test_constant_folding_before_and_after():
-    n = Network()
-    x = n.add_input("x", F32, (2, 3))
-    w = n.add_constant(torch.randn(3)).get_output()
-    w2 = n.add_unary(n.add_elementwise(w, w, L.ElementWiseOperation.SUM).get_output(), L.UnaryOperation.EXP)
-    n.mark_output(n.add_elementwise(x, w2.get_output(), L.ElementWiseOperation.PROD).get_output())
-    x_in = torch.randn(2, 3)
-    before = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
-    assert _kinds(n) == ["constant", "elementwise", "unary", "elementwise"]
-    assert _run_pass("fold_constants", n)
-    assert _run_pass("remove_dead_layers", n)
-    assert _kinds(n) == ["constant", "elementwise"]
-    after = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
-    torch.testing.assert_close(after, before, rtol=0, atol=0)
-
-
-def test_dead_layers_are_removed():
-    n = Network()
-    x = n.add_input("x", F32, (4,))
-    n.add_unary(x, L.UnaryOperation.EXP)  # read by nothing
-    n.mark_output(n.add_unary(x, L.UnaryOperation.NEG).get_output())
-    assert _run_pass("remove_dead_layers", n)
-    assert _kinds(n) == ["unary"] and n.layers[0].op == L.UnaryOperation.NEG
-    assert not _run_pass("remove_dead_layers", n)
-
-
-def test_identities_are_eliminated_but_outputs_kept():
-    n = Network()
-    x = n.add_input("x", F32, (2, 3))
-    i = n.add_identity(x).get_output()
-    same = n.add_cast(i, F32).get_output()
-    noop = n.add_shuffle(same, reshape_dims=(2, 3)).get_output()
-    out = n.add_activation(noop, L.ActivationType.RELU).get_output()
-    n.mark_output(out)
-    n.mark_output(n.add_identity(out).get_output())  # an output may be an identity of another
-    assert _run_pass("eliminate_identities", n)
-    assert _kinds(n) == ["activation", "identity"]
-    assert n.layers[0].inputs[0] is x
-
-
-def test_scale_folds_into_convolution():
-    n = Network()
-    x = n.add_input("x", F32, (1, 3, 8, 8))
-    conv = n.add_convolution_nd(x, torch.randn(5, 3, 3, 3), torch.randn(5), stride=(1, 1), padding=(1, 1),
-                                dilation=(1, 1))
-    scale = n.add_scale(conv.get_output(), L.ScaleMode.CHANNEL, scale=torch.rand(5) + 0.5, shift=torch.randn(5))
-    n.mark_output(n.add_activation(scale.get_output(), L.ActivationType.RELU).get_output())
-    x_in = torch.randn(1, 3, 8, 8)
-    before = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
-    assert _run_pass("fold_scale_into_convolution", n)
-    assert _kinds(n) == ["convolution", "activation"]
-    after = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
-    assert (after - before).abs().max() <= 1e-5 * before.abs().max()
-
-
-def test_scale_is_not_folded_when_the_convolution_output_is_read_elsewhere():
-    n = Network()
-    x = n.add_input("x", F32, (1, 3, 8, 8))
-    conv = n.add_convolution_nd(x, torch.randn(5, 3, 3, 3), None, stride=(1, 1), padding=(1, 1), dilation=(1, 1))
-    scale = n.add_scale(conv.get_output(), L.ScaleMode.CHANNEL, scale=torch.rand(5))
-    n.mark_output(scale.get_output())
-    n.mark_output(conv.get_output())
-    assert not _run_pass("fold_scale_into_convolution", n)
-
-
-@pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
-def test_precision_lowering_keeps_declared_input_and_output_dtypes(low):
-    n = Network()
-    x = n.add_input("x", F32, (4, 16))
-    h = n.add_matrix_multiply(x, L.MatrixOperation.NONE, n.add_constant(torch.randn(8, 16)).get_output(),
-                              L.MatrixOperation.TRANSPOSE).get_output()
-    n.mark_output(n.add_softmax(n.add_activation(h, L.ActivationType.GELU_ERF).get_output(), 1).get_output())
-    x_in = torch.randn(4, 16)
-    reference = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
-    engine = build_engine(n, _bindings(n), BuildSettings(compute_dtype=low))
-    assert n.layers[0].KIND == "cast" and n.layers[0].to_type == low
-    assert n.outputs[0].dtype == F32
-    assert all(w.dtype == low for layer in n.layers for w in layer.weights.values())
-    out = engine.execute([x_in])[0]
-    assert out.dtype == F32
-    cosine = torch.nn.functional.cosine_similarity(out.flatten(), reference.flatten(), dim=0)
-    assert cosine >= 0.999 and (out - reference).abs().max() <= 2e-2
-
-
 def test_engine_outputs_never_alias_inputs_or_weights():
     n = Network()
     x = n.add_input("x", F32, (2, 3))
@@ -207,45 +112,3 @@ def test_engine_outputs_never_alias_inputs_or_weights():
     const.add_(1)
     assert torch.equal(x_in, kept)  # writing to the output did not write to the input
     assert torch.equal(engine.execute([x_in])[1], torch.ones(6))  # nor to the engine's weight
-
-
-def test_bias_folds_into_matrix_multiply():
-    n = Network()
-    x = n.add_input("x", F32, (4, 3, 16))
-    w = n.add_constant(torch.randn(8, 16)).get_output()
-    mm = n.add_matrix_multiply(x, L.MatrixOperation.NONE, w, L.MatrixOperation.TRANSPOSE).get_output()
-    biased = n.add_elementwise(n.add_constant(torch.randn(8)).get_output(), mm, L.ElementWiseOperation.SUM)
-    n.mark_output(n.add_activation(biased.get_output(), L.ActivationType.RELU).get_output())
-    x_in = torch.randn(4, 3, 16)
-    before = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
-    assert _run_pass("fold_bias_into_matrix_multiply", n)
-    assert _run_pass("remove_dead_layers", n)
-    assert _kinds(n) == ["constant", "matrix_multiply", "activation"]
-    assert n.layers[1].weights["bias"].shape == (8,)
-    after = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
-    assert (after - before).abs().max() <= 1e-6 * before.abs().max()
-
-
-def test_bias_of_another_shape_is_not_folded():
-    n = Network()
-    x = n.add_input("x", F32, (4, 16))
-    mm = n.add_matrix_multiply(x, L.MatrixOperation.NONE, n.add_constant(torch.randn(8, 16)).get_output(),
-                               L.MatrixOperation.TRANSPOSE).get_output()
-    n.mark_output(n.add_elementwise(mm, n.add_constant(torch.randn(4, 1)).get_output(),
-                                    L.ElementWiseOperation.SUM).get_output())
-    assert not _run_pass("fold_bias_into_matrix_multiply", n)
-
-
-def test_cudnn_tf32_is_off_while_any_engine_runs_and_the_users_value_returns():
-    from torchkiln.runtime.executor import CUDNN_WITHOUT_TF32
-
-    before = torch.backends.cudnn.allow_tf32
-    try:
-        torch.backends.cudnn.allow_tf32 = True
-        with CUDNN_WITHOUT_TF32:  # two overlapping engine runs (as from two threads)
-            with CUDNN_WITHOUT_TF32:
-                assert torch.backends.cudnn.allow_tf32 is False
-            assert torch.backends.cudnn.allow_tf32 is False  # the other run is still going
-        assert torch.backends.cudnn.allow_tf32 is True
-    finally:
-        torch.backends.cudnn.allow_tf32 = before

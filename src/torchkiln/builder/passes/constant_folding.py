@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import torch
 
-from torchkiln.builder.passes import build_pass
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.network import layers as L
 from torchkiln.network.network import Network
@@ -12,7 +11,6 @@ from torchkiln.runtime.reference import run_layer
 _CPU = torch.device("cpu")
 
 
-@build_pass(order=30)
 def fold_constants(network: Network, settings: BuildSettings) -> bool:
     changed = False
     for layer in list(network.layers):

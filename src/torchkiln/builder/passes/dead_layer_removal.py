@@ -1,12 +1,10 @@
 """Remove layers that no network output depends on."""
 from __future__ import annotations
 
-from torchkiln.builder.passes import build_pass
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.network.network import Network
 
 
-@build_pass(order=90)
 def remove_dead_layers(network: Network, settings: BuildSettings) -> bool:
     live: set[int] = set()
     stack = [t.producer for t in network.outputs if t.producer is not None]

@@ -1,13 +1,11 @@
 """Fold a constant bias added after a matrix multiply into the multiply (one GEMM, like nn.Linear)."""
 from __future__ import annotations
 
-from torchkiln.builder.passes import build_pass
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.network import layers as L
 from torchkiln.network.network import Network
 
 
-@build_pass(order=35)
 def fold_bias_into_matrix_multiply(network: Network, settings: BuildSettings) -> bool:
     changed = False
     readers = network.consumers()

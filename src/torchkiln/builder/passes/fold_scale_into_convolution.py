@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from torchkiln.builder.passes import build_pass
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.network import layers as L
 from torchkiln.network.network import Network
 
 
-@build_pass(order=20)
 def fold_scale_into_convolution(network: Network, settings: BuildSettings) -> bool:
     changed = False
     readers = network.consumers()

@@ -1,7 +1,6 @@
 """Drop layers that pass their input through unchanged (identity, same-dtype cast, no-op shuffle)."""
 from __future__ import annotations
 
-from torchkiln.builder.passes import build_pass
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.network import layers as L
 from torchkiln.network.network import Network
@@ -24,7 +23,6 @@ def _is_noop(layer: L.Layer) -> bool:
     return False
 
 
-@build_pass(order=10)
 def eliminate_identities(network: Network, settings: BuildSettings) -> bool:
     changed = False
     for layer in list(network.layers):

@@ -1,0 +1,55 @@
+"""The ordered builder pipeline: target-independent rewrites, then precision.
+
+The order, and why:
+
+1. eliminate_identities first, so every later pattern sees producers directly (a no-op cast or reshape
+   between a convolution and its batch norm would hide the pair).
+2. fold_scale_into_convolution: a batch norm (a per-channel scale) after a convolution goes into its
+   kernel and bias, in fp32, before precision narrows the weights.
+3. fold_constants before fold_bias_into_matrix_multiply: a bias computed from constants becomes one
+   constant the bias fold can take.
+4. remove_dead_layers, so precision does not cast values nothing reads.
+5. lower_precision last of the rewrites: it picks each layer's precision on the final graph.
+6. remove_dead_layers again: precision replaces fp32 constants read in low precision by narrowed copies.
+"""
+from __future__ import annotations
+
+import logging
+
+from torchkiln.builder.passes import BuildPass
+from torchkiln.builder.passes.constant_folding import fold_constants
+from torchkiln.builder.passes.dead_layer_removal import remove_dead_layers
+from torchkiln.builder.passes.fold_bias_into_matrix_multiply import fold_bias_into_matrix_multiply
+from torchkiln.builder.passes.fold_scale_into_convolution import fold_scale_into_convolution
+from torchkiln.builder.passes.identity_elimination import eliminate_identities
+from torchkiln.builder.passes.precision import lower_precision
+from torchkiln.builder.settings import BuildSettings
+from torchkiln.network.network import Network
+
+logger = logging.getLogger("torchkiln.builder")
+
+BUILD_PIPELINE: tuple[BuildPass, ...] = (
+    eliminate_identities,
+    fold_scale_into_convolution,
+    fold_constants,
+    fold_bias_into_matrix_multiply,
+    remove_dead_layers,
+    lower_precision,
+    remove_dead_layers,
+)
+PASSES: dict[str, BuildPass] = {p.__name__: p for p in BUILD_PIPELINE}
+
+
+def run_passes(network: Network, settings: BuildSettings) -> list[str]:
+    """Run the pipeline over `network` in place; the names of the passes that changed it, in order."""
+    fired = []
+    for p in BUILD_PIPELINE:
+        before = len(network.layers)
+        changed = p(network, settings)
+        if changed:
+            fired.append(p.__name__)
+            logger.debug("network after builder pass %s (%d -> %d layers):\n%s", p.__name__, before,
+                         len(network.layers), network)
+        else:
+            logger.debug("builder pass %s: no change", p.__name__)
+    return fired
