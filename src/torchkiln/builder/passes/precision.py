@@ -91,7 +91,8 @@ class _Lowering:
 
     def run(self) -> None:
         for layer in list(self.network.layers):
-            compute = self._place(layer) if layer.inputs else None
+            if layer.inputs:
+                self._place(layer)
             self.order.append(layer)
             for t in layer.outputs:
                 if t.dtype == F32 and id(t) not in self.roles:
@@ -111,9 +112,9 @@ class _Lowering:
             return F32
         return self.low
 
-    def _place(self, layer: L.Layer) -> torch.dtype | None:
-        """Choose the layer's precision (None: it reads its inputs as they are), give it its inputs and
-        weights in that precision, and infer its outputs."""
+    def _place(self, layer: L.Layer) -> None:
+        """Choose the layer's precision, give it its inputs and weights in that precision (a layer with
+        no float input, a cast or a shape reads its inputs as they are), and infer its outputs."""
         compute = self._compute_dtype(layer, _policy(layer))
         if compute is not None:
             inputs = [self._read(t, compute) if self._is_float(t) else t for t in layer.inputs]
@@ -126,7 +127,6 @@ class _Lowering:
                 self.changed = True
         for t, (shape, dtype) in zip(layer.outputs, infer_outputs(layer)):
             t.shape, t.dtype = shape, dtype
-        return compute
 
     def _weight(self, w: torch.Tensor, compute: torch.dtype) -> torch.Tensor:
         if compute == F32 and w.dtype in HALF:
