@@ -48,6 +48,7 @@ def test_trace_that_bakes_in_data_is_refused(model, example):
             torchkiln.compile(model, [example])
 
 
+@pytest.mark.filterwarnings("ignore:To copy construct from a tensor")
 def test_tracing_warning_is_surfaced_and_logged(caplog):
     model, x = BakesShapeConstant(), torch.randn(2, 3)
     with caplog.at_level(logging.WARNING, logger="torchkiln"):

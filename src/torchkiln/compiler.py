@@ -316,7 +316,8 @@ def embed_engine_in_new_module(engine_bytes: bytes, input_binding_names: Sequenc
     if len(set(args)) != len(args):
         args = [f"input_{i}" for i in range(n_in)]
     # A fresh class each time: TorchScript cannot define forward twice on one class.
-    module = type("EmbeddedEngine", (RaisesEngineErrors, torch.jit.ScriptModule), {"__module__": "torchkiln.embedded"})()
+    module = type("EmbeddedEngine", (RaisesEngineErrors, torch.jit.ScriptModule),
+                  {"__module__": "torchkiln.embedded"})()
     module._c._register_attribute(ENGINE_ATTR.format(0), torch._C.TensorType.get(), engine_blob(engine_bytes))
     result = "outs[0]" if n_out == 1 else "(" + ", ".join(f"outs[{i}]" for i in range(n_out)) + ")"
     rtype = "Tensor" if n_out == 1 else f"Tuple[{', '.join(['Tensor'] * n_out)}]"

@@ -24,8 +24,9 @@ def _function_module(fn: torch.jit.ScriptFunction) -> torch.jit.ScriptModule:
     module = type(fn.name, (torch.jit.ScriptModule,), {"__module__": "torchkiln.frontend"})()
     scope = {"_torchkiln_function": fn, "torch": torch, "Tensor": torch.Tensor, "List": typing.List,
              "Tuple": typing.Tuple, "Dict": typing.Dict, "Optional": typing.Optional}
-    module._c._define(module._concrete_type, f"def forward(self, {params}) -> {schema.returns[0].type.annotation_str}:\n"
-                      f"    return _torchkiln_function({names})\n", scope.get)
+    source = (f"def forward(self, {params}) -> {schema.returns[0].type.annotation_str}:\n"
+              f"    return _torchkiln_function({names})\n")
+    module._c._define(module._concrete_type, source, scope.get)
     return module
 
 

@@ -16,7 +16,6 @@ import threading
 from collections.abc import Sequence
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
 
 from torchkiln.errors import EngineFormatError, EngineIndexError, EngineInputError, TorchkilnError
 from torchkiln.runtime.engine import Engine
@@ -95,20 +94,25 @@ def engine_from_blob(blob: torch.Tensor, expected: str = "") -> Engine:
     return loaded.engine
 
 
-def _execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, signature: str = "") -> list[torch.Tensor]:
+def _execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor,
+                    signature: str = "") -> list[torch.Tensor]:
     return engine_from_blob(engine, signature).execute(inputs)
 
 
-def _below_autograd(inputs: list[torch.Tensor], engine: torch.Tensor, signature: str = "") -> list[torch.Tensor]:
+def _below_autograd(inputs: list[torch.Tensor], engine: torch.Tensor,
+                    signature: str = "") -> list[torch.Tensor]:
     """Engines are inference-only: under autograd the engine runs as is and its outputs do not require grad."""
     with torch._C._AutoDispatchBelowADInplaceOrView():
         return torch.ops.torchkiln.execute_engine.default(inputs, engine, signature)
 
 
-def _fake_execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, signature: str = "") -> list[torch.Tensor]:
+def _fake_execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor,
+                         signature: str = "") -> list[torch.Tensor]:
     """Meta and fake tensors: empty outputs of the engine's dtypes and shapes, on the inputs' device."""
+    from torch._subclasses.fake_tensor import is_fake
+
     if not signature:  # a module saved before signatures were recorded: read the engine itself
-        if engine.device.type == "meta" or isinstance(engine, FakeTensor):
+        if engine.device.type == "meta" or is_fake(engine):
             raise EngineFormatError("this module records no engine signature, so its engine's output shapes "
                                     "are unknown without the engine's bytes (a real tensor attribute)")
         signature = engine_signature(engine_from_blob(engine))

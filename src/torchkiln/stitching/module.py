@@ -28,7 +28,13 @@ class RaisesEngineErrors:
 
 
 class CompiledModule(RaisesEngineErrors, torch.jit.RecursiveScriptModule):
-    """A RecursiveScriptModule that raises engine errors as torchkiln's types."""
+    """A RecursiveScriptModule that raises engine errors as torchkiln's types (and so do its copies)."""
+
+    def __copy__(self) -> torch.jit.ScriptModule:
+        return as_compiled_module(super().__copy__())
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.jit.ScriptModule:
+        return as_compiled_module(super().__deepcopy__(memo))
 
 
 def as_compiled_module(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
