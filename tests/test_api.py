@@ -78,3 +78,10 @@ def test_binding_names_that_are_not_usable_as_arguments(names):
     module = torchkiln.embed_engine_in_new_module(data, input_binding_names=names)
     x, y = torch.randn(3, 5), torch.randn(3, 5)
     assert_matches_eager(module(x, y), model(x, y))
+
+
+def test_embedded_engine_raises_torchkiln_errors():
+    data = torchkiln.convert_method_to_engine(TwoOutputs(), "forward", [torchkiln.Input((3, 5)), torchkiln.Input((3, 5))])
+    module = torchkiln.embed_engine_in_new_module(data)
+    with pytest.raises(torchkiln.EngineInputError, match=r"engine input 1 \('y'\): expected shape \(3, 5\)"):
+        module(torch.randn(3, 5), torch.randn(3, 4))
