@@ -81,7 +81,8 @@ def test_binding_names_that_are_not_usable_as_arguments(names):
 
 
 def test_embedded_engine_raises_torchkiln_errors():
-    data = torchkiln.convert_method_to_engine(TwoOutputs(), "forward", [torchkiln.Input((3, 5)), torchkiln.Input((3, 5))])
+    specs = [torchkiln.Input((3, 5)), torchkiln.Input((3, 5))]
+    data = torchkiln.convert_method_to_engine(TwoOutputs(), "forward", specs)
     module = torchkiln.embed_engine_in_new_module(data)
     with pytest.raises(torchkiln.EngineInputError, match=r"engine input 1 \('y'\): expected shape \(3, 5\)"):
         module(torch.randn(3, 5), torch.randn(3, 4))
