@@ -1,4 +1,5 @@
 """Public API beyond compile: engines as bytes, embedding, support checks."""
+import pytest
 import torch
 from harness import assert_matches_eager
 
@@ -48,3 +49,40 @@ def test_partition_report_is_a_dry_run():
     assert [b.target for b in report.blocks] == ["engine", "torch", "engine"]
     assert report.fallback_ops == {"torchkiln_test::mystery": 1}
     assert "torchkiln_test::mystery" in str(report)
+
+
+def test_compile_refuses_what_is_not_a_module():
+    with pytest.raises(TypeError, match=r"nn.Module.*function"):
+        torchkiln.compile(lambda x: x * 2, [torchkiln.Input((2, 3))])
+
+
+def test_compile_a_script_function():
+    @torch.jit.script
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * y + 1
+
+    compiled = torchkiln.compile(fn, [torchkiln.Input((2, 3)), torchkiln.Input((2, 3))], min_block_size=1)
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    assert_matches_eager(compiled(x, y), fn(x, y))
+
+
+def test_unknown_method_is_named():
+    with pytest.raises(ValueError, match=r"'nope'.*available.*'forward'"):
+        torchkiln.convert_method_to_engine(MLP().eval(), "nope", [torchkiln.Input((2, 64))])
+
+
+@pytest.mark.parametrize("names", [["torch", "None"], ["self", "def"], ["int", "outs"], ["List", "x y"]])
+def test_binding_names_that_are_not_usable_as_arguments(names):
+    model = TwoOutputs()
+    data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input((3, 5)), torchkiln.Input((3, 5))])
+    module = torchkiln.embed_engine_in_new_module(data, input_binding_names=names)
+    x, y = torch.randn(3, 5), torch.randn(3, 5)
+    assert_matches_eager(module(x, y), model(x, y))
+
+
+def test_embedded_engine_raises_torchkiln_errors():
+    specs = [torchkiln.Input((3, 5)), torchkiln.Input((3, 5))]
+    data = torchkiln.convert_method_to_engine(TwoOutputs(), "forward", specs)
+    module = torchkiln.embed_engine_in_new_module(data)
+    with pytest.raises(torchkiln.EngineInputError, match=r"engine input 1 \('y'\): expected shape \(3, 5\)"):
+        module(torch.randn(3, 5), torch.randn(3, 4))

@@ -13,7 +13,7 @@ def compiled():
 
 
 def test_wrong_shape(compiled):
-    with pytest.raises(RuntimeError, match=r"EngineInputError: engine input 0 \('x'\): expected shape \(2, 64\), got \(3, 64\)"):
+    with pytest.raises(RuntimeError, match=r"engine input 0 \('x'\): expected shape \(2, 64\), got \(3, 64\)"):
         compiled(torch.randn(3, 64))
 
 
@@ -28,8 +28,9 @@ def test_wrong_dtype(compiled):
 
 
 def test_wrong_device(compiled):
+    engine = engine_from_blob(compiled._torchkiln_engine_0)
     with pytest.raises(RuntimeError, match=r"engine input 0 \('x'\): expected a tensor on cpu, got one on meta"):
-        compiled(torch.empty(2, 64, device="meta"))
+        engine.execute([torch.empty(2, 64, device="meta")])
 
 
 def test_wrong_number_of_inputs_to_module(compiled):
@@ -61,3 +62,101 @@ def test_requires_grad_and_non_contiguous_inputs(compiled):
     out = compiled(x)
     assert not out.requires_grad
     torch.testing.assert_close(out, model(x).detach(), rtol=1e-5, atol=1e-6)
+
+
+# ---- indices out of range: eager raises, so must the engine (item: no silent wrap-around) ----------
+
+class _Embed(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(4, 3)
+
+    def forward(self, i: torch.Tensor):
+        return self.table(i) * 2
+
+
+class _IndexSelect(torch.nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor):
+        return x.index_select(0, i) * 2
+
+
+class _Gather(torch.nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor):
+        return x.gather(0, i) * 2
+
+
+class _AdvancedIndex(torch.nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor):
+        return x[i] * 2
+
+
+class _AdvancedIndexTwo(torch.nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor, j: torch.Tensor):
+        return x[i, j] * 2
+
+
+def _index_case(model, data, good, bad):
+    args = [*data, good]
+    compiled = torchkiln.compile(model, [t.clone() for t in args], min_block_size=1)
+    torch.testing.assert_close(compiled(*args), model(*args), rtol=0, atol=0)
+    return compiled, [*data, bad]
+
+
+X = torch.arange(12.0).reshape(4, 3)
+
+
+@pytest.mark.parametrize("model, data, good, bad", [
+    (_Embed(), [], torch.tensor([0, 3, 1]), torch.tensor([0, -1, 1])),
+    (_Embed(), [], torch.tensor([0, 3, 1]), torch.tensor([0, 4, 1])),
+    (_IndexSelect(), [X], torch.tensor([0, 3, 1]), torch.tensor([0, -1, 1])),
+    (_IndexSelect(), [X], torch.tensor([0, 3, 1]), torch.tensor([4, 0, 1])),
+    (_Gather(), [X], torch.tensor([[0, 3, 1]]), torch.tensor([[0, -1, 1]])),
+    (_Gather(), [X], torch.tensor([[0, 3, 1]]), torch.tensor([[0, 1, 4]])),
+    (_AdvancedIndex(), [X], torch.tensor([0, -1, 1]), torch.tensor([0, 4, 1])),
+    (_AdvancedIndex(), [X], torch.tensor([0, -1, 1]), torch.tensor([0, -5, 1])),
+], ids=["embedding-neg", "embedding-big", "index_select-neg", "index_select-big", "gather-neg", "gather-big",
+        "index-big", "index-too-negative"])
+def test_out_of_range_index_raises_like_eager(model, data, good, bad):
+    compiled, args = _index_case(model, data, good, bad)
+    with pytest.raises((IndexError, RuntimeError)):
+        model(*args)
+    bad_value = [v for v in bad.flatten().tolist() if not 0 <= v < 4][0]
+    with pytest.raises(torchkiln.EngineIndexError, match=rf"gather layer '[^']+'.*index {bad_value} .*0\.\.3"):
+        compiled(*args)
+    with pytest.raises(IndexError):  # also an IndexError, like eager's
+        compiled(*args)
+
+
+def test_advanced_indexing_wraps_negative_indices_like_eager():
+    model = _AdvancedIndexTwo()
+    args = [X, torch.tensor([-1, 0, -4]), torch.tensor([2, -3, -1])]
+    compiled = torchkiln.compile(model, args, min_block_size=1)
+    torch.testing.assert_close(compiled(*args), model(*args), rtol=0, atol=0)
+    with pytest.raises(torchkiln.EngineIndexError, match=r"index -4 .*0\.\.2"):
+        compiled(X, torch.tensor([0, 0, 0]), torch.tensor([0, -4, 0]))
+
+
+# ---- errors from inside a compiled module reach the user as torchkiln's types ------------------------
+
+def test_wrong_shape_is_an_engine_input_error(compiled):
+    with pytest.raises(torchkiln.EngineInputError, match=r"expected shape \(2, 64\), got \(3, 64\)") as info:
+        compiled(torch.randn(3, 64))
+    assert isinstance(info.value, RuntimeError) and isinstance(info.value, ValueError)
+    assert "The following operation failed" not in str(info.value)
+
+
+def test_engine_input_error_after_save_and_load(compiled, tmp_path):
+    torch.jit.save(compiled, tmp_path / "m.ts")
+    with pytest.raises(torchkiln.EngineInputError, match=r"expected shape \(2, 64\), got \(3, 64\)"):
+        torchkiln.load(tmp_path / "m.ts")(torch.randn(3, 64))
+    # torch.jit.load gives TorchScript's own module: the error is a RuntimeError that names the torchkiln type
+    with pytest.raises(RuntimeError, match=r"EngineInputError: engine input 0 \('x'\): expected shape"):
+        torch.jit.load(tmp_path / "m.ts")(torch.randn(3, 64))
+
+
+def test_damaged_engine_is_an_engine_format_error():
+    compiled = torchkiln.compile(MLP().eval(), [torchkiln.Input((2, 64))])
+    blob = compiled._torchkiln_engine_0
+    blob[len(blob) // 2] ^= 0xFF
+    with pytest.raises(torchkiln.EngineFormatError):
+        compiled(torch.randn(2, 64))

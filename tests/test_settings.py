@@ -67,3 +67,16 @@ def test_input_from_tensor_and_aliases():
     model = MLP().eval()
     compiled = torchkiln.compile(model, [torch.randn(2, 64)], enabled_precisions={"fp32"})
     assert compiled(torch.randn(2, 64)).shape == (2, 10)
+
+
+def test_enabled_precisions_not_a_collection():
+    with pytest.raises(ValueError, match=r"enabled_precisions.*5"):
+        torchkiln.compile(MLP().eval(), SPEC, enabled_precisions=5)
+
+
+def test_input_too_large_fails_fast():
+    import time
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=r"inputs\[0\].*\(1048576, 1048576\).*4398046511104 bytes"):
+        torchkiln.compile(MLP().eval(), [torchkiln.Input((1 << 20, 1 << 20))])
+    assert time.perf_counter() - start < 5

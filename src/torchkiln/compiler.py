@@ -1,7 +1,9 @@
 """The public entry points: compile, convert_method_to_engine, embed_engine_in_new_module, support checks."""
 from __future__ import annotations
 
+import builtins
 import collections
+import keyword
 import logging
 import re
 import time
@@ -15,7 +17,7 @@ from torchkiln.conversion.block_converter import convert_block
 from torchkiln.conversion.registry import is_registered, load_all
 from torchkiln.conversion.resolve import Resolver
 from torchkiln.errors import ConversionError, UnsupportedOperatorError
-from torchkiln.frontend import to_torchscript
+from torchkiln.frontend import as_module, check_method, to_torchscript
 from torchkiln.log import debug_logging
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
@@ -27,8 +29,9 @@ from torchkiln.partitioning.shape_analysis import analyze_shapes
 from torchkiln.partitioning.signature import check_signature, example_args, unpack_list_inputs
 from torchkiln.partitioning.support import Decision, Fallback, Target
 from torchkiln.runtime.engine import Engine, InputBinding
-from torchkiln.runtime.execute_op import engine_blob
+from torchkiln.runtime.execute_op import engine_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input
+from torchkiln.stitching.module import RaisesEngineErrors
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
 from torchkiln.torchscript import Node, node_key, source_location, value_key
 
@@ -72,6 +75,7 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     load_all()
     examples = example_args(settings.input_signature, settings.device, "opt")
     script = to_torchscript(module, examples)
+    check_method(script, method)
     lowered = lower(script, settings, method)
     check_signature(lowered.graph, settings.input_signature, method)
     if unpack_list_inputs(lowered.graph, settings.input_signature):
@@ -111,13 +115,13 @@ def _require_full(part: Partition) -> None:
 
 
 def _build_engines(part: Partition, settings: CompileSettings, name: str,
-                   failed: dict[Node, Decision]) -> list[bytes] | None:
+                   failed: dict[Node, Decision]) -> list[Engine] | None:
     """Convert and build every engine block; None if a block's conversion failed.
 
     The failing node (or, when the error names none of the block's nodes, every engine node of the block)
     is added to `failed`, to run in PyTorch. With require_full_compilation the error propagates instead.
     """
-    engines: list[bytes] | None = []
+    engines: list[Engine] | None = []
     build = BuildSettings(compute_dtype=settings.compute_dtype, device=settings.device)
     blocks = [b for b in part.blocks if b.is_engine]
     for k, block in enumerate(blocks):
@@ -138,12 +142,12 @@ def _build_engines(part: Partition, settings: CompileSettings, name: str,
             continue
         if engines is not None:
             bindings = [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in network.inputs]
-            engines.append(build_engine(network, bindings, build, f"{name}_{k}").serialize())
+            engines.append(build_engine(network, bindings, build, f"{name}_{k}"))
     return engines
 
 
 def _partition_and_build(lowered: LoweredModule, metas: dict[int, Any], settings: CompileSettings,
-                         name: str) -> tuple[Partition, PartitionReport, list[bytes]]:
+                         name: str) -> tuple[Partition, PartitionReport, list[Engine]]:
     """Partition and build; where a conversion fails, partition again with its node in PyTorch.
 
     Each round moves at least one engine node to PyTorch, so this ends.
@@ -165,6 +169,7 @@ def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = 
     """`compile`, also returning the partition report (blocks, ops, fallback reasons)."""
     with debug_logging(bool(options.get("debug"))):
         start = time.perf_counter()
+        module = as_module(module)
         settings = _settings(module, inputs, options)
         lowered, metas = _prepare(module, settings)
         name = _module_name(module)
@@ -207,6 +212,7 @@ def partition_report(module: torch.nn.Module, inputs: Sequence[Any], **options: 
     It does not raise for require_full_compilation; a block whose conversion would fail shows as an engine.
     """
     with debug_logging(bool(options.get("debug"))):
+        module = as_module(module)
         settings = _settings(module, inputs, options)
         lowered, metas = _prepare(module, settings)
         report = make_report(partition(lowered.graph, metas, settings), f"{_module_name(module)}.forward")
@@ -223,8 +229,10 @@ def unsupported_ops(module: torch.nn.Module, method_name: str = "forward",
     `inputs` are only needed when `module` must be traced (it cannot be scripted).
     """
     load_all()
+    module = as_module(module)
     settings = CompileSettings.create(inputs or [Input((1,))], default_device=_module_device(module))
     script = to_torchscript(module, example_args(settings.input_signature, settings.device) if inputs else [])
+    check_method(script, method_name)
     graph = lower(script, settings, method_name).graph
     counts: dict[str, int] = collections.Counter()
     for node in all_nodes(graph.block()):
@@ -250,6 +258,7 @@ def convert_method_to_engine(module: torch.nn.Module, method_name: str = "forwar
     (a returned tuple or list of tensors is flattened).
     """
     with debug_logging(bool(options.get("debug"))):
+        module = as_module(module)
         settings = _settings(module, inputs, dict(options, require_full_compilation=True))
         if not all(isinstance(spec, Input) for spec in settings.input_signature):
             raise ValueError("inputs: convert_method_to_engine takes tensor arguments only; compile a method "
@@ -275,9 +284,19 @@ def convert_method_to_engine(module: torch.nn.Module, method_name: str = "forwar
         return build_engine(network, bindings, build, method_name).serialize()
 
 
+# Names an argument of a TorchScript method cannot take: they would hide what the method's code refers to.
+_RESERVED = frozenset(dir(builtins)) | {
+    "self", "torch", "math", "Tensor", "List", "Tuple", "Dict", "Optional", "Union", "Any", "Future",
+    "annotate", "fork", "wait", "unchecked_cast", "outs"}
+
+
 def _identifier(name: str, index: int) -> str:
+    """`name` made an argument name (characters other than letters, digits and _ become _); input_<index>
+    for a name that is a keyword, a builtin, starts with _ or starts with a digit."""
     clean = re.sub(r"\W", "_", name)
-    return clean if clean.isidentifier() and not clean.startswith("_") and clean != "self" else f"input_{index}"
+    usable = clean.isidentifier() and not clean.startswith("_") and not keyword.iskeyword(clean) \
+        and not keyword.issoftkeyword(clean) and clean not in _RESERVED
+    return clean if usable else f"input_{index}"
 
 
 def embed_engine_in_new_module(engine_bytes: bytes, input_binding_names: Sequence[str] | None = None,
@@ -297,13 +316,15 @@ def embed_engine_in_new_module(engine_bytes: bytes, input_binding_names: Sequenc
     if len(set(args)) != len(args):
         args = [f"input_{i}" for i in range(n_in)]
     # A fresh class each time: TorchScript cannot define forward twice on one class.
-    module = type("EmbeddedEngine", (torch.jit.ScriptModule,), {"__module__": "torchkiln.embedded"})()
+    module = type("EmbeddedEngine", (RaisesEngineErrors, torch.jit.ScriptModule),
+                  {"__module__": "torchkiln.embedded"})()
     module._c._register_attribute(ENGINE_ATTR.format(0), torch._C.TensorType.get(), engine_blob(engine_bytes))
     result = "outs[0]" if n_out == 1 else "(" + ", ".join(f"outs[{i}]" for i in range(n_out)) + ")"
     rtype = "Tensor" if n_out == 1 else f"Tuple[{', '.join(['Tensor'] * n_out)}]"
     signature = ", ".join(f"{a}: Tensor" for a in args)
     module.define(
         f"def forward(self, {signature}) -> {rtype}:\n"
-        f"    outs = torch.ops.torchkiln.execute_engine([{', '.join(args)}], self.{ENGINE_ATTR.format(0)})\n"
+        f"    outs = torch.ops.torchkiln.execute_engine([{', '.join(args)}], self.{ENGINE_ATTR.format(0)}, "
+        f"{engine_signature(engine)!r})\n"
         f"    return {result}\n")
     return module

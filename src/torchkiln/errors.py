@@ -18,9 +18,22 @@ class NetworkError(TorchkilnError):
     """A network layer was given inputs or parameters it cannot accept."""
 
 
-class EngineFormatError(TorchkilnError):
-    """Engine bytes are truncated, altered, of an unknown version or otherwise invalid."""
+class EngineFormatError(TorchkilnError, RuntimeError):
+    """Engine bytes are truncated, altered, of an unknown version, not the engine the module expects, or
+    otherwise invalid."""
 
 
-class EngineInputError(TorchkilnError, ValueError):
+class EngineInputError(TorchkilnError, ValueError, RuntimeError):
     """An engine was called with the wrong number, shape, dtype or device of inputs."""
+
+
+class EngineIndexError(EngineInputError, IndexError):
+    """An index an engine was given (embedding, index_select, gather, indexing) is out of range."""
+
+
+class TracingError(TorchkilnError):
+    """Tracing (used when a module cannot be scripted) baked data-dependent values into the graph."""
+
+
+class TracingWarning(UserWarning):
+    """Tracing warned that its graph may not hold for other inputs (the module could not be scripted)."""

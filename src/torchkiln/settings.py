@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import re
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -191,6 +193,36 @@ def _device(device: Any) -> torch.device:
     return dev
 
 
+def _device_memory(device: torch.device) -> int | None:
+    """Bytes of memory on `device` (physical memory for the CPU), or None where unknown."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _leaves(signature: Any, path: str) -> list[tuple[str, Input]]:
+    """Every Input of a (nested) signature with its path, e.g. `inputs[1]['mask']`."""
+    if isinstance(signature, Input):
+        return [(path, signature)]
+    items = signature.items() if isinstance(signature, dict) else enumerate(signature)
+    return [leaf for k, item in items for leaf in _leaves(item, f"{path}[{k!r}]")]
+
+
+def _check_sizes(signature: tuple[Any, ...], device: torch.device) -> None:
+    """Raise ValueError, before anything is allocated, for an input larger than the device's memory."""
+    memory = _device_memory(device)
+    if memory is None:
+        return
+    for path, spec in _leaves(signature, "inputs"):
+        size = math.prod(spec.max_shape) * torch.empty((), dtype=spec.dtype).element_size()
+        if size > memory:
+            raise ValueError(f"{path}: {spec} needs {size} bytes ({size / 2**30:.1f} GiB) at its largest shape, "
+                             f"more than the {memory / 2**30:.1f} GiB of memory on {device}")
+
+
 def _names(setting: str, names: Iterable[str]) -> frozenset[str]:
     try:
         items = tuple(names) if not isinstance(names, str) else None
@@ -250,6 +282,9 @@ class CompileSettings:
             enabled_precisions = {torch.float32}
         if isinstance(enabled_precisions, (torch.dtype, str)):
             enabled_precisions = {enabled_precisions}
+        if not isinstance(enabled_precisions, Iterable):
+            raise ValueError(f"enabled_precisions must be a set of precisions such as {{torch.float32}}, got "
+                             f"{enabled_precisions!r}")
         precisions = frozenset(_precision(p) for p in enabled_precisions)
         if not precisions:
             raise ValueError("enabled_precisions must name at least one precision")
@@ -262,6 +297,7 @@ class CompileSettings:
                 raise ValueError(f"torch_executed_ops: {op!r} is not an op name; use 'namespace::op' for every "
                                  f"overload (e.g. 'aten::add') or 'namespace::op.overload' (e.g. 'aten::add.Tensor')")
         dev = _device(device if device is not None else (default_device or "cpu"))
+        _check_sizes(signature, dev)
         return cls(
             inputs=tuple(flatten_signature(signature)),
             input_signature=signature,

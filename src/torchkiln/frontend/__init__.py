@@ -1,4 +1,4 @@
 """Frontend: whatever the user passes becomes a torch.jit.ScriptModule."""
-from torchkiln.frontend.script import to_torchscript
+from torchkiln.frontend.script import as_module, check_method, to_torchscript
 
-__all__ = ["to_torchscript"]
+__all__ = ["as_module", "check_method", "to_torchscript"]

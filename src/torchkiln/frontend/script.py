@@ -2,29 +2,64 @@
 from __future__ import annotations
 
 import logging
+import typing
 from collections.abc import Sequence
+from typing import Any
 
 import torch
+
+from torchkiln.frontend.trace import trace_checked
 
 logger = logging.getLogger("torchkiln.frontend")
 
 
-def to_torchscript(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> torch.jit.ScriptModule:
+def _function_module(fn: torch.jit.ScriptFunction) -> torch.jit.ScriptModule:
+    """A ScriptModule whose forward calls the scripted function with the same arguments."""
+    schema = fn.schema
+    if len(schema.returns) != 1 or any(a.kwarg_only for a in schema.arguments):
+        raise TypeError(f"module: the scripted function {fn.name!r} has keyword-only arguments or several "
+                        f"returns; wrap it in a torch.nn.Module to compile it")
+    params = ", ".join(f"{a.name}: {a.type.annotation_str}" for a in schema.arguments)
+    names = ", ".join(a.name for a in schema.arguments)
+    module = type(fn.name, (torch.jit.ScriptModule,), {"__module__": "torchkiln.frontend"})()
+    scope = {"_torchkiln_function": fn, "torch": torch, "Tensor": torch.Tensor, "List": typing.List,
+             "Tuple": typing.Tuple, "Dict": typing.Dict, "Optional": typing.Optional}
+    source = (f"def forward(self, {params}) -> {schema.returns[0].type.annotation_str}:\n"
+              f"    return _torchkiln_function({names})\n")
+    module._c._define(module._concrete_type, source, scope.get)
+    return module
+
+
+def as_module(obj: Any) -> torch.nn.Module:
+    """What the API takes as a module: an nn.Module (or ScriptModule), or a scripted function (wrapped in a
+    module); anything else is a TypeError."""
+    if isinstance(obj, torch.nn.Module):
+        return obj
+    if isinstance(obj, torch.jit.ScriptFunction):
+        return _function_module(obj)
+    raise TypeError(f"module must be a torch.nn.Module, a torch.jit.ScriptModule or a torch.jit.ScriptFunction, "
+                    f"got {type(obj).__name__} {getattr(obj, '__name__', '')!s}".rstrip()
+                    + "; wrap a plain function in a torch.nn.Module whose forward calls it")
+
+
+def check_method(module: torch.jit.ScriptModule, method: str) -> None:
+    """Raise ValueError naming `method` and the module's methods unless it has that method."""
+    names = module._c._method_names()
+    if method not in names:
+        raise ValueError(f"method_name: {module.original_name} has no TorchScript method {method!r}; available "
+                         f"methods: {sorted(names)} (a Python method other than forward must be marked "
+                         f"@torch.jit.export to be scripted)")
+
+
+def to_torchscript(module: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.jit.ScriptModule:
     """Return `module` as a ScriptModule (itself if it is one)."""
+    module = as_module(module)
     if isinstance(module, torch.jit.ScriptModule):
         return module
-    if not isinstance(module, torch.nn.Module):
-        raise ValueError(f"module must be a torch.nn.Module or torch.jit.ScriptModule, got {type(module).__name__}")
     try:
         return torch.jit.script(module)
     except Exception as e:  # TorchScript's compiler raises many kinds of errors
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         logger.warning("scripting %s failed (%s); tracing it with example inputs instead",
                        type(module).__name__, first_line)
-    was_training = module.training
-    module.eval()
-    try:
-        with torch.no_grad():
-            return torch.jit.trace(module, tuple(example_inputs), strict=False, check_trace=False)
-    finally:
-        module.train(was_training)
+    return trace_checked(module, example_inputs)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from torchkiln.errors import NetworkError
+from torchkiln.errors import EngineIndexError, NetworkError
 from torchkiln.network import layers as L
 
 Meaning = Callable[[L.Layer, list[torch.Tensor], dict[str, torch.Tensor], torch.device],
@@ -310,15 +310,31 @@ def _expand(layer, xs, ws, device):
     return xs[0].expand(layer.shape)
 
 
+def _check_indices(layer: L.Layer, idx: torch.Tensor, dim: int, size: int) -> None:
+    """Raise EngineIndexError unless every index is in [0, size): a gather never wraps negative indices
+    (eager's embedding, index_select and gather raise; advanced indexing's converter wraps them first)."""
+    if idx.device.type == "meta" or idx.numel() == 0:  # shape inference: no values to check
+        return
+    bad = (idx < 0) | (idx >= size)
+    if bool(bad.any()):
+        value = int(idx[bad].flatten()[0])
+        raise EngineIndexError(f"gather layer {layer.name!r}: index {value} is out of range for dim {dim} of "
+                               f"size {size}; valid indices are 0..{size - 1}")
+
+
 @meaning(L.GatherLayer)
 def _gather(layer, xs, ws, device):
     data, idx = xs
     if layer.mode == L.GatherMode.ELEMENT:
+        axis = layer.axis % data.dim()
+        _check_indices(layer, idx, axis, data.shape[axis])
         return torch.gather(data, layer.axis, idx)
     if layer.mode == L.GatherMode.ND:
+        for dim in range(idx.shape[-1]):
+            _check_indices(layer, idx[..., dim], dim, data.shape[dim])
         return data[tuple(idx.movedim(-1, 0))]
     axis = layer.axis % data.dim()
-    idx = torch.where(idx < 0, idx + data.shape[axis], idx)
+    _check_indices(layer, idx, axis, data.shape[axis])
     flat = torch.index_select(data, axis, idx.reshape(-1))
     return flat.reshape(tuple(data.shape[:axis]) + tuple(idx.shape) + tuple(data.shape[axis + 1:]))
 

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 import torch
 
 from torchkiln.partitioning.segment import Partition
-from torchkiln.runtime.execute_op import engine_blob
+from torchkiln.runtime.engine import Engine
+from torchkiln.runtime.execute_op import engine_blob, engine_signature
+from torchkiln.stitching.module import as_compiled_module
 from torchkiln.torchscript import Graph, Value
 
 logger = logging.getLogger("torchkiln.stitching")
@@ -16,8 +18,10 @@ ENGINE_ATTR = "_torchkiln_engine_{}"
 
 
 def insert_engine_call(graph: Graph, self_value: Value, attr: str, inputs: Sequence[Value],
-                       num_outputs: int) -> list[Value]:
-    """Insert `execute_engine([inputs], self.<attr>)` at the graph's insert point; return its outputs."""
+                       num_outputs: int, signature: str) -> list[Value]:
+    """Insert `execute_engine([inputs], self.<attr>, signature)` at the graph's insert point; return its outputs.
+
+    `signature` (see `engine_signature`) is what this module expects of the engine; the op refuses another."""
     get = graph.create("prim::GetAttr", [self_value])
     get.s_("name", attr)
     get.output().setType(torch._C.TensorType.get())
@@ -25,7 +29,7 @@ def insert_engine_call(graph: Graph, self_value: Value, attr: str, inputs: Seque
     pack = graph.create("prim::ListConstruct", list(inputs))
     pack.output().setType(torch._C.ListType.ofTensors())
     graph.insertNode(pack)
-    call = graph.create("torchkiln::execute_engine", [pack.output(), get.output()])
+    call = graph.create("torchkiln::execute_engine", [pack.output(), get.output(), graph.insertConstant(signature)])
     call.output().setType(torch._C.ListType.ofTensors())
     graph.insertNode(call)
     unpack = graph.create("prim::ListUnpack", [call.output()], num_outputs)
@@ -35,19 +39,21 @@ def insert_engine_call(graph: Graph, self_value: Value, attr: str, inputs: Seque
     return list(unpack.outputs())
 
 
-def stitch(module: torch.jit.ScriptModule, partition: Partition, engines: Sequence[bytes]) -> torch.jit.ScriptModule:
-    """Edit `module`'s lowered graph in place so engine blocks run through their engines."""
+def stitch(module: torch.jit.ScriptModule, partition: Partition, engines: Sequence[Engine]) -> torch.jit.ScriptModule:
+    """Edit `module`'s lowered graph in place so engine blocks run through their engines; return the module,
+    which raises the engine's errors as torchkiln's types (see `as_compiled_module`)."""
     graph = partition.graph
     self_value = next(graph.inputs())
     engine_blocks = [b for b in partition.blocks if b.is_engine]
     if len(engine_blocks) != len(engines):
         raise ValueError(f"{len(engine_blocks)} engine blocks but {len(engines)} engines")
     # Last block first: a block reads values of earlier blocks, which must stay valid until it is stitched.
-    for k, (block, data) in reversed(list(enumerate(zip(engine_blocks, engines)))):
+    for k, (block, engine) in reversed(list(enumerate(zip(engine_blocks, engines)))):
         attr = ENGINE_ATTR.format(k)
-        module._c._register_attribute(attr, torch._C.TensorType.get(), engine_blob(data))
+        module._c._register_attribute(attr, torch._C.TensorType.get(), engine_blob(engine.serialize()))
         with graph.insert_point_guard(block.nodes[0]):
-            outs = insert_engine_call(graph, self_value, attr, block.inputs, len(block.outputs))
+            outs = insert_engine_call(graph, self_value, attr, block.inputs, len(block.outputs),
+                                      engine_signature(engine))
             for original, replacement in zip(block.outputs, outs):
                 original.replaceAllUsesWith(replacement)
             for original, value in block.static_outputs:
@@ -57,4 +63,4 @@ def stitch(module: torch.jit.ScriptModule, partition: Partition, engines: Sequen
     torch._C._jit_pass_dce(graph)
     graph.lint()
     logger.debug("stitched graph:\n%s", graph)
-    return module
+    return as_compiled_module(module)

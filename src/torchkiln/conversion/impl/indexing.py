@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.elementwise import binary, select
 from torchkiln.conversion.impl.shuffle import permute, unsqueeze
 from torchkiln.conversion.impl.tiling import expand
 from torchkiln.network import layers as L
@@ -28,11 +29,23 @@ def broadcast_shape(shapes: Sequence[Sequence[int]]) -> list[int]:
     return list(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
 
 
+def wrap_negative(ctx: ConversionCtx, index: Any, size: int) -> Tensor:
+    """Indexing's meaning of an index in [-size, 0): index + size. Gather layers never wrap, so indexing
+    wraps first; an index below -size stays as it is, for the gather to report."""
+    if isinstance(index, torch.Tensor):
+        index = index.to(torch.int64)
+        return ctx.to_tensor(torch.where((index < 0) & (index >= -size), index + size, index))
+    index = ctx.to_tensor(index, torch.int64)
+    wraps = binary(ctx, binary(ctx, index, 0, L.ElementWiseOperation.LESS),
+                   binary(ctx, index, -size, L.ElementWiseOperation.GREATER_EQUAL), L.ElementWiseOperation.AND)
+    return select(ctx, wraps, binary(ctx, index, size, L.ElementWiseOperation.SUM), index)
+
+
 def advanced_index(ctx: ConversionCtx, x: Tensor, indices: Sequence[Any]) -> Tensor:
     """x[indices] where each entry is None (the whole dim) or an integer index tensor (network or constant)."""
     indices = list(indices) + [None] * (x.rank - len(indices))
     picked = [d for d, index in enumerate(indices) if index is not None]
-    tensors = [ctx.to_tensor(indices[d], torch.int64) for d in picked]
+    tensors = [wrap_negative(ctx, indices[d], x.shape[d]) for d in picked]
     if len(picked) == 1:  # one index tensor: its dims replace the indexed dim where it was
         return ctx.network.add_gather(x, tensors[0], picked[0], L.GatherMode.DEFAULT).get_output()
     rest = [d for d in range(x.rank) if d not in picked]

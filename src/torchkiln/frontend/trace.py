@@ -1,0 +1,122 @@
+"""Tracing a module that cannot be scripted, checked: a trace records one run, so Python code that reads
+tensor values (numpy calls, branches on data, `.item()`) becomes constants. Tracing's warnings are passed on
+as TracingWarning, and the trace is run against the module on a second, different input; if they differ,
+TracingError refuses the trace instead of compiling a module that silently returns constants."""
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchkiln.errors import TracingError, TracingWarning
+
+logger = logging.getLogger("torchkiln.frontend")
+
+RTOL = 1e-4  # the trace and the module run the same ops; this only absorbs fusion's rounding
+
+
+def _tensors(tree: Any) -> list[Any]:
+    """The leaves of nested tuples, lists and dicts, in order."""
+    if isinstance(tree, (tuple, list)):
+        return [leaf for item in tree for leaf in _tensors(item)]
+    if isinstance(tree, dict):
+        return [leaf for item in tree.values() for leaf in _tensors(item)]
+    return [tree]
+
+
+def _resample(tree: Any) -> Any:
+    """Another input of the same structure, shapes and dtypes: new random floats and bools; integers drawn
+    between the example's smallest and largest value (so indices stay valid)."""
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_resample(item) for item in tree)
+    if isinstance(tree, dict):
+        return {k: _resample(v) for k, v in tree.items()}
+    if not isinstance(tree, torch.Tensor):
+        return tree
+    if tree.dtype.is_floating_point:
+        return torch.randn(tree.shape, device=tree.device).to(tree.dtype)
+    if tree.dtype == torch.bool:
+        return torch.rand(tree.shape, device=tree.device) > 0.5
+    if tree.numel() == 0 or tree.dtype.is_complex:
+        return tree.clone()
+    lo, hi = int(tree.min()), int(tree.max())
+    return torch.randint(lo, hi + 1, tree.shape, device=tree.device, dtype=tree.dtype)
+
+
+def _difference(got: Any, expected: Any) -> str | None:
+    """How the trace's outputs differ from the module's, or None if they agree."""
+    got_leaves, expected_leaves = _tensors(got), _tensors(expected)
+    if len(got_leaves) != len(expected_leaves):
+        return f"{len(got_leaves)} outputs instead of {len(expected_leaves)}"
+    for i, (g, e) in enumerate(zip(got_leaves, expected_leaves)):
+        if not isinstance(e, torch.Tensor):
+            if g != e:
+                return f"output {i} is {g!r} instead of {e!r}"
+            continue
+        if not isinstance(g, torch.Tensor) or g.shape != e.shape or g.dtype != e.dtype:
+            return f"output {i} has another shape or dtype"
+        if not e.dtype.is_floating_point:
+            if not torch.equal(g, e):
+                return f"output {i} has other values"
+            continue
+        finite, inf = e.isfinite(), e.isinf()
+        if not torch.equal(g.isfinite(), finite) or not torch.equal(g[inf], e[inf]):
+            return f"output {i} has inf or NaN in other places"
+        if not finite.any():
+            continue
+        err = (g[finite].double() - e[finite].double()).abs().max().item()
+        scale = e[finite].double().abs().max().item()
+        if err > RTOL * scale + 1e-6:
+            return f"output {i} differs by up to {err:.3g} (max |output| {scale:.3g})"
+    return None
+
+
+def _causes(caught: list[warnings.WarningMessage]) -> list[str]:
+    """Tracing's warnings, each as its first sentence and where it was raised; other warnings re-raised."""
+    causes: dict[str, None] = {}
+    for w in caught:
+        if issubclass(w.category, torch.jit.TracerWarning):
+            first = str(w.message).split(". ")[0].strip()
+            causes[f"{first} ({w.filename}:{w.lineno})"] = None
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return list(causes)
+
+
+def trace_checked(module: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.jit.ScriptModule:
+    """torch.jit.trace of `module` (in eval mode) on the examples, refused if it bakes in data-dependent values."""
+    name = type(module).__name__
+    was_training = module.training
+    module.eval()
+    try:
+        with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", torch.jit.TracerWarning)
+            traced = torch.jit.trace(module, tuple(example_inputs), strict=False, check_trace=False)
+        causes = _causes(caught)
+        for cause in causes:
+            message = f"{name} could not be scripted and was traced; tracing warned: {cause}"
+            logger.warning("%s", message)
+            warnings.warn(message, TracingWarning, stacklevel=2)
+        second = _resample(tuple(example_inputs))
+        with torch.no_grad():
+            try:
+                expected = module(*second)
+            except Exception as e:  # the module itself rejects the second input: nothing to compare
+                logger.warning("could not check the trace of %s on a second input: %s", name, e)
+                return traced
+            try:
+                difference = _difference(traced(*second), expected)
+            except Exception as e:  # e.g. a shape baked into the trace
+                difference = f"the trace failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"
+    finally:
+        module.train(was_training)
+    if difference is not None:
+        why = "; ".join(causes) if causes else "no tracer warning named the cause"
+        raise TracingError(
+            f"{name} could not be scripted, so it was traced, and the trace does not match the module on a second, "
+            f"random input ({difference}): tracing baked in data-dependent values ({why}). Make {name} scriptable "
+            f"(torch.jit.script) or keep values that depend on the data in tensor operations.")
+    return traced
