@@ -36,6 +36,9 @@ def run_onnx(net: Network, inputs: list[torch.Tensor], opset: int | None = None,
              options: ort.SessionOptions | None = None) -> list[torch.Tensor]:
     model = network_to_onnx(net) if opset is None else network_to_onnx(net, opset)
     onnx.checker.check_model(model, full_check=True)
+    if options is None:  # one thread: tiny graphs, and no spinning worker threads on a shared machine
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     outs = session.run(None, {t.name: x.numpy() for t, x in zip(net.inputs, inputs)})
     return [torch.from_numpy(np.asarray(o)) for o in outs]
