@@ -2,7 +2,8 @@
 what cannot be exported is declined with a clear error; whole compiled models match eager."""
 from __future__ import annotations
 
-import math
+import functools
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -443,3 +444,127 @@ def test_layer_matches_reference(build, request):
     net, inputs = build(torch.Generator().manual_seed(0))
     opset = 23 if "opset23" in request.node.callspec.id else None
     check(net, inputs, opset)
+
+
+# ---- what is declined, and why ---------------------------------------------------------------------------------
+def _declined_cases():
+    n = Network("declined")
+    x = n.add_input("x", F32, (1, 2, 8, 8))
+    d = n.add_input("d", F64, (1, 2, 8, 8))
+    i = n.add_input("i", I64, (3, 4))
+    return [
+        (n.add_elementwise(x, x, E.ATAN2), "op=ATAN2"),
+        (n.add_cumulative(x, L.CumulativeOperation.PROD, 1), "op=PROD"),
+        (n.add_pooling_nd(x, L.PoolingType.AVERAGE, (3, 3), stride=(2, 2), padding=(0, 0), ceil_mode=True), "ceil_mode"),
+        (n.add_resize(x, "area", size=(4, 4)), "mode='area'"),
+        (n.add_convolution_nd(d, torch.randn(2, 2, 1, 1, dtype=F64), stride=(1, 1), padding=(0, 0), dilation=(1, 1)),
+         "no Conv kernel for float64"),
+        (n.add_unary(d, U.TAN), "no Tan kernel for float64"),
+        (n.add_activation(i, L.ActivationType.RELU), "only float inputs"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_declined_layer_names_kind_and_param(index):
+    layer, reason = _declined_cases()[index]
+    found = supports(layer)
+    assert found is not None and reason in found and layer.KIND in found and layer.name in found, found
+    net = Network("one")
+    inputs = [net.add_input(t.name, t.dtype, t.shape) for t in layer.inputs]
+    net.mark_output(net.add_layer(type(layer), inputs, weights=layer.weights, **layer.params()).get_output())
+    with pytest.raises(OnnxExportError, match=reason):
+        network_to_onnx(net)
+
+
+def test_supports_is_none_for_exported_layers():
+    for _, build in ALL_CASES[::7]:
+        net, _ = build(torch.Generator().manual_seed(0))
+        assert all(supports(layer) is None for layer in net.layers)
+
+
+def test_dynamic_dim_becomes_dim_param():
+    net = Network("dynamic")
+    x = net.add_input("x", F32, (-1, 4))
+    net.mark_output(x)
+    model = network_to_onnx(net)
+    onnx.checker.check_model(model, full_check=True)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param and dims[1].dim_value == 4
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        data = np.random.rand(batch, 4).astype(np.float32)
+        assert np.array_equal(session.run(None, {"x": data})[0], data)
+
+
+def test_opset_out_of_range_is_refused():
+    net = Network("n")
+    net.mark_output(net.add_input("x", F32, (2,)))
+    with pytest.raises(OnnxExportError, match="opset 13"):
+        network_to_onnx(net, 13)
+
+
+# ---- whole models: compiled networks in ONNX Runtime match eager ----------------------------------------------
+def _engine_network(model: torch.nn.Module, example: list[torch.Tensor]) -> Network:
+    import torchkiln
+    from torchkiln.runtime.engine import Engine
+
+    specs = [torchkiln.Input.from_tensor(t) for t in example]
+    return Engine.deserialize(torchkiln.convert_method_to_engine(model, "forward", specs)).network
+
+
+class _LastHiddenState(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, attention_mask=mask).last_hidden_state
+
+
+def tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, max_position_embeddings=64)
+    ids, mask = torch.randint(0, 1000, (2, 16)), torch.ones(2, 16, dtype=torch.long)
+    mask[0, 13:] = 0
+    return _LastHiddenState(transformers.BertModel(config)).eval(), [ids, mask]
+
+
+def small_resnet():
+    from torchkiln.examples import SmallResNet
+
+    torch.manual_seed(0)
+    return SmallResNet().eval(), [torch.randn(1, 3, 64, 64)]
+
+
+@functools.cache
+def converted(build: Callable[[], tuple[torch.nn.Module, list[torch.Tensor]]]):
+    """(network, example inputs, eager output) of a model, converted once for all the tests that use it."""
+    model, example = build()
+    with torch.no_grad():
+        ref = model(*example)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return _engine_network(model, example), example, ref
+
+
+@pytest.mark.parametrize("build", [tiny_bert, small_resnet], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("opset", [21, 23])
+def test_compiled_model_in_onnx_runtime_matches_eager(build, opset):
+    net, example, ref = converted(build)
+    assert_matches_eager(run_onnx(net, example, opset)[0], ref)
+
+
+def test_onnx_runtime_fuses_the_bert_network(tmp_path):
+    """LayerNormalization after a residual Add becomes SkipLayerNormalization, linear layers (MatMul + Add) Gemm,
+    the erf GELU stays one Gelu, and at opset 21 the Q.K^T transpose folds into a FusedMatMul."""
+    net, _, _ = converted(tiny_bert)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.intra_op_num_threads = 1
+    ort.InferenceSession(network_to_onnx(net, 21).SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ops = {node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node}
+    assert {"SkipLayerNormalization", "Gemm", "Gelu", "FusedMatMul"} <= ops, ops
+    assert "MatMul" not in ops or "Gemm" in ops
