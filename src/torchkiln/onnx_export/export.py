@@ -1,0 +1,76 @@
+"""network_to_onnx: a layer Network as a standard ONNX model; supports: whether one layer exports."""
+from __future__ import annotations
+
+import logging
+
+import onnx
+from onnx import helper
+
+from torchkiln._version import __version__
+from torchkiln.network import layers as L
+from torchkiln.network.network import Network
+from torchkiln.onnx_export import exporters  # noqa: F401  (registers every exporter)
+from torchkiln.onnx_export.context import EXPORTERS, ONNX_DTYPES, ExportContext, OnnxExportError, dtype_name, \
+    value_info
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_OPSET = 21  # LayerNormalization, Gelu (20), GroupNormalization with per-channel affine (21)
+MIN_OPSET = 21
+# ONNX's Attention op (opset 23) replaces the MatMul-Softmax-MatMul form of attention layers from there on.
+
+
+def _export_layer(ctx: ExportContext, layer: L.Layer, xs: list[str]) -> list[str]:
+    ctx.layer = layer
+    for t in [*layer.inputs, *layer.outputs]:
+        if t.dtype not in ONNX_DTYPES:
+            ctx.decline(f"tensor {t.name} has dtype {dtype_name(t.dtype)}, which has no ONNX type here")
+    fn = EXPORTERS.get(type(layer))
+    if fn is None:
+        ctx.decline("no ONNX exporter for this layer kind")
+    outs = fn(ctx, layer, xs)
+    ctx.layer = None
+    return [outs] if isinstance(outs, str) else list(outs)
+
+
+def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+    """The network as an ONNX model: inputs and outputs keep the network's tensor names, weights become
+    initializers. Raises OnnxExportError naming the first layer (kind, param) that has no exact ONNX form."""
+    top = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= top:
+        raise OnnxExportError(f"opset {opset}: ONNX export supports opsets {MIN_OPSET} to {top}")
+    ctx = ExportContext(opset)
+    names: dict[int, str] = {}
+    inputs = []
+    for t in [*network.inputs, *network.outputs]:
+        ctx.used.add(t.name)
+    for t in network.inputs:
+        if t.dtype not in ONNX_DTYPES:
+            ctx.decline(f"input {t.name} has dtype {dtype_name(t.dtype)}, which has no ONNX type here")
+        names[id(t)] = t.name
+        inputs.append(value_info(t.name, t.dtype, t.shape))
+    for layer in network.layers:
+        outs = _export_layer(ctx, layer, [names[id(t)] for t in layer.inputs])
+        for t, name in zip(layer.outputs, outs):
+            names[id(t)] = name
+    outputs = []
+    for t in network.outputs:  # each output gets the network tensor's name (ORT removes the Identity)
+        name = t.name if names[id(t)] != t.name else ctx.fresh(f"{t.name}:output")  # an input passed through
+        ctx.nodes.append(helper.make_node("Identity", [names[id(t)]], [name], name=ctx.fresh(f"{t.name}/output")))
+        outputs.append(value_info(name, t.dtype, t.shape))
+    graph = helper.make_graph(ctx.nodes, network.name, inputs, outputs, initializer=ctx.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="torchkiln",
+                              producer_version=__version__)
+    logger.debug("exported network %s to ONNX opset %d: %d layers, %d nodes, %d initializers", network.name,
+                 opset, len(network.layers), len(ctx.nodes), len(ctx.initializers))
+    return model
+
+
+def supports(layer: L.Layer, opset: int = DEFAULT_OPSET) -> str | None:
+    """None if `layer` exports to ONNX (at `opset`), else the reason it does not (the export's own error)."""
+    ctx = ExportContext(opset)
+    try:
+        _export_layer(ctx, layer, [ctx.fresh(f"input{i}") for i in range(len(layer.inputs))])
+    except OnnxExportError as e:
+        return str(e)
+    return None

@@ -1,0 +1,209 @@
+"""Layers with windows, contractions and normalizations: convolution, pooling, matrix multiply, reduce, softmax,
+normalization, einsum, cumulative, resize, grid sample, attention."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from torchkiln.network import layers as L
+from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter
+
+
+@exporter(L.ConvolutionLayer)
+def _convolution(ctx: ExportContext, layer: L.ConvolutionLayer, xs: list[str]) -> str:
+    dt = layer.inputs[0].dtype
+    op_type = "ConvTranspose" if layer.transposed else "Conv"
+    compute = ctx.compute_dtype(op_type, dt)  # weights go in at the compute dtype directly
+    inputs = [ctx.cast(xs[0], dt, compute), ctx.constant(layer.weights["kernel"].to(compute), "kernel")]
+    if "bias" in layer.weights:
+        inputs.append(ctx.constant(layer.weights["bias"].to(compute), "bias"))
+    attrs = dict(strides=list(layer.stride), pads=list(layer.padding) * 2, dilations=list(layer.dilation),
+                 group=layer.groups, kernel_shape=list(layer.weights["kernel"].shape[2:]))
+    if layer.transposed and any(layer.output_padding):
+        attrs["output_padding"] = list(layer.output_padding)
+    return ctx.cast(ctx.node(op_type, inputs, **attrs)[0], compute, dt)
+
+
+def _overhangs(layer: L.PoolingLayer) -> bool:
+    """Whether a ceil_mode window reaches past the padded input (torch and ONNX count such windows differently)."""
+    shape = layer.inputs[0].shape[-len(layer.window):]
+    out = layer.outputs[0].shape[-len(layer.window):]
+    return any((o - 1) * s + k > n + 2 * p for n, o, k, s, p in zip(shape, out, layer.window, layer.stride,
+                                                                     layer.padding))
+
+
+@exporter(L.PoolingLayer)
+def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
+    dt = layer.inputs[0].dtype
+    attrs = dict(kernel_shape=list(layer.window), strides=list(layer.stride), pads=list(layer.padding) * 2,
+                 ceil_mode=int(layer.ceil_mode))
+    if layer.type == L.PoolingType.MAX:
+        return ctx.op("MaxPool", xs, dt, dilations=list(layer.dilation or (1,) * len(layer.window)), **attrs)
+    if layer.ceil_mode and _overhangs(layer):
+        ctx.decline("average pooling with ceil_mode=True whose last window passes the padding: ONNX Runtime "
+                    "divides it by another count than torch")
+    if layer.divisor_override is None:
+        return ctx.op("AveragePool", xs, dt, count_include_pad=int(layer.count_include_pad), **attrs)
+    # sum / divisor_override = (mean over the whole window, padding included) * window size / divisor
+    mean = ctx.op("AveragePool", xs, dt, count_include_pad=1, **attrs)
+    return ctx.op("Mul", [mean, ctx.scalar(math.prod(layer.window) / layer.divisor_override, dt)], dt)
+
+
+def _swap_last_two(ctx: ExportContext, x: str, rank: int) -> str:
+    return ctx.node("Transpose", [x], perm=list(range(rank - 2)) + [rank - 1, rank - 2])[0]
+
+
+@exporter(L.MatrixMultiplyLayer)
+def _matrix_multiply(ctx: ExportContext, layer: L.MatrixMultiplyLayer, xs: list[str]) -> str:
+    (ta, tb), out = layer.inputs, layer.outputs[0].dtype
+    a, b = ctx.cast(xs[0], ta.dtype, out), ctx.cast(xs[1], tb.dtype, out)
+    if layer.op0 == L.MatrixOperation.TRANSPOSE:
+        a = _swap_last_two(ctx, a, ta.rank)
+    if layer.op1 == L.MatrixOperation.TRANSPOSE:  # of a constant weight: ORT folds it at session start
+        b = _swap_last_two(ctx, b, tb.rank)
+    y = ctx.op("MatMul", [a, b], out)
+    if "bias" in layer.weights:  # MatMul + Add: the pattern ORT fuses (Gemm, FusedMatMul, BiasGelu...)
+        y = ctx.op("Add", [y, ctx.constant(layer.weights["bias"].to(out), "bias")], out)
+    return y
+
+
+_REDUCE = {L.ReduceOperation.SUM: "ReduceSum", L.ReduceOperation.PROD: "ReduceProd",
+           L.ReduceOperation.MAX: "ReduceMax", L.ReduceOperation.MIN: "ReduceMin",
+           L.ReduceOperation.AVG: "ReduceMean"}
+
+
+@exporter(L.ReduceLayer)
+def _reduce(ctx: ExportContext, layer: L.ReduceLayer, xs: list[str]) -> str:
+    src, out, op = layer.inputs[0].dtype, layer.outputs[0].dtype, layer.op
+    axes, keep = ctx.ints(layer.axes, "axes"), int(layer.keep_dims)
+    if op in _REDUCE:  # torch sums integers in int64: the cast to the output dtype comes first
+        x = ctx.cast(xs[0], src, out)
+        result = ctx.op(_REDUCE[op], [x, axes], out, typed=(0,), keepdims=keep)
+        if op in (L.ReduceOperation.MAX, L.ReduceOperation.MIN) and out.is_floating_point:
+            # torch.amax/amin propagate NaN; ONNX Runtime's ReduceMax/ReduceMin skip it
+            nan = _count(ctx, ctx.op("IsNaN", [x], out, typed_outputs=()), axes, keep, "Greater")
+            result = ctx.op("Where", [nan, ctx.scalar(float("nan"), out), result], out, typed=(1, 2))
+        return result
+    # any / all: count the true (any) or false (all) elements; an empty reduction counts 0.
+    flag = ctx.cast(xs[0], src, torch.bool)
+    if op == L.ReduceOperation.ALL:
+        return ctx.cast(_count(ctx, ctx.node("Not", [flag])[0], axes, keep, "Equal"), torch.bool, out)
+    return ctx.cast(_count(ctx, flag, axes, keep, "Greater"), torch.bool, out)
+
+
+def _count(ctx: ExportContext, flags: str, axes: str, keep: int, test: str) -> str:
+    """Whether the number of true `flags` over `axes` is greater than (test="Greater") or equal to 0."""
+    count = ctx.node("ReduceSum", [ctx.cast(flags, torch.bool, torch.int64), axes], keepdims=keep)[0]
+    return ctx.node(test, [count, ctx.scalar(0, torch.int64)])[0]
+
+
+@exporter(L.SoftMaxLayer)
+def _softmax(ctx: ExportContext, layer: L.SoftMaxLayer, xs: list[str]) -> str:
+    return ctx.op("LogSoftmax" if layer.log else "Softmax", xs, layer.inputs[0].dtype, axis=layer.axis)
+
+
+@exporter(L.NormalizationLayer)
+def _normalization(ctx: ExportContext, layer: L.NormalizationLayer, xs: list[str]) -> str:
+    x, dt = layer.inputs[0], layer.inputs[0].dtype
+    scale, bias = layer.weights.get("scale"), layer.weights.get("bias")
+    if layer.kind == L.NormalizationKind.LAYER:
+        op_type, shape = "LayerNormalization", layer.normalized_shape
+        attrs = dict(axis=x.rank - len(shape))
+    else:
+        op_type, shape = ("GroupNormalization", (x.shape[1],)) if layer.kind == L.NormalizationKind.GROUP \
+            else ("InstanceNormalization", (x.shape[1],))
+        attrs = dict(num_groups=layer.num_groups) if layer.kind == L.NormalizationKind.GROUP else {}
+        if shape[0] < 0:
+            ctx.decline(f"kind={layer.kind.name} needs a static channel dim, got shape {x.shape}")
+    compute = ctx.compute_dtype(op_type, dt)
+    if scale is None:
+        scale = torch.ones(shape)
+    inputs = [ctx.cast(xs[0], dt, compute), ctx.constant(scale.reshape(shape).to(compute), "scale")]
+    if bias is not None or layer.kind != L.NormalizationKind.LAYER:  # only layer norm's bias is optional
+        inputs.append(ctx.constant((bias if bias is not None else torch.zeros(shape)).reshape(shape).to(compute),
+                                   "bias"))
+    return ctx.cast(ctx.node(op_type, inputs, epsilon=layer.epsilon, **attrs)[0], compute, dt)
+
+
+@exporter(L.EinsumLayer)
+def _einsum(ctx: ExportContext, layer: L.EinsumLayer, xs: list[str]) -> str:
+    out = layer.outputs[0].dtype
+    return ctx.op("Einsum", [ctx.cast(x, t.dtype, out) for x, t in zip(xs, layer.inputs)], out,
+                  equation=layer.equation.replace(" ", ""))
+
+
+@exporter(L.CumulativeLayer)
+def _cumulative(ctx: ExportContext, layer: L.CumulativeLayer, xs: list[str]) -> str:
+    if layer.op != L.CumulativeOperation.SUM:
+        ctx.decline(f"op={layer.op.name}: ONNX has no cumulative product before opset 26, which ONNX Runtime's "
+                    f"CPU provider does not run")
+    src, out = layer.inputs[0].dtype, layer.outputs[0].dtype  # torch.cumsum of integers gives int64
+    return ctx.op("CumSum", [ctx.cast(xs[0], src, out), ctx.constant(torch.tensor(layer.axis), "axis")], out,
+                  typed=(0,))
+
+
+# torch's interpolate modes as ONNX Resize attributes (half_pixel is torch's align_corners=False mapping).
+_RESIZE_MODES = {"linear": "linear", "bilinear": "linear", "trilinear": "linear", "bicubic": "cubic"}
+
+
+@exporter(L.ResizeLayer)
+def _resize(ctx: ExportContext, layer: L.ResizeLayer, xs: list[str]) -> str:
+    x, dt = layer.inputs[0], layer.inputs[0].dtype
+    if layer.mode == "nearest":
+        attrs = dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")
+    elif layer.mode == "nearest-exact":
+        attrs = dict(mode="nearest", coordinate_transformation_mode="half_pixel", nearest_mode="round_prefer_ceil")
+    elif layer.mode in _RESIZE_MODES:
+        if not dt.is_floating_point:
+            ctx.decline(f"mode={layer.mode!r} on {dtype_name(dt)}: only float inputs are exported")
+        attrs = dict(mode=_RESIZE_MODES[layer.mode], cubic_coeff_a=-0.75, exclude_outside=0,
+                     coordinate_transformation_mode="align_corners" if layer.align_corners else "half_pixel")
+    else:
+        ctx.decline(f"mode={layer.mode!r} has no ONNX Resize form")
+    if layer.scales is not None:
+        spec = ["", ctx.constant(torch.tensor([1.0, 1.0, *layer.scales], dtype=torch.float32), "scales")]
+    else:
+        spec = ["", "", ctx.ints([*x.shape[:2], *layer.size], "sizes")]
+    return ctx.op("Resize", [xs[0], *spec], dt, typed=(0,), **attrs)
+
+
+_GRID_MODES = {"bilinear": "linear", "nearest": "nearest", "bicubic": "cubic"}
+
+
+@exporter(L.GridSampleLayer)
+def _grid_sample(ctx: ExportContext, layer: L.GridSampleLayer, xs: list[str]) -> str:
+    if layer.mode not in _GRID_MODES:
+        ctx.decline(f"mode={layer.mode!r} has no ONNX GridSample form")
+    if layer.padding_mode not in ("zeros", "border", "reflection"):
+        ctx.decline(f"padding_mode={layer.padding_mode!r} has no ONNX GridSample form")
+    return ctx.op("GridSample", xs, layer.outputs[0].dtype, mode=_GRID_MODES[layer.mode],
+                  padding_mode=layer.padding_mode, align_corners=int(layer.align_corners))
+
+
+@exporter(L.AttentionLayer)
+def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> str:
+    """scaled_dot_product_attention: ONNX's Attention op from opset 23 (4-d inputs), else MatMul-Softmax-MatMul."""
+    (tq, tk, tv), dt = layer.inputs[:3], layer.outputs[0].dtype
+    if ctx.opset >= 23 and tq.rank == tk.rank == tv.rank == 4 and tq.shape[1] == tk.shape[1] == tv.shape[1]:
+        attrs = dict(is_causal=int(layer.causal))
+        if layer.scale is not None:
+            attrs["scale"] = layer.scale
+        return ctx.op("Attention", xs, dt, typed=(0, 1, 2), **attrs)
+    q, k, v = xs[:3]
+    scale = layer.scale if layer.scale is not None else 1.0 / math.sqrt(tq.shape[-1])
+    scores = ctx.op("MatMul", [q, _swap_last_two(ctx, k, tk.rank)], dt)
+    scores = ctx.op("Mul", [scores, ctx.scalar(scale, dt)], dt)
+    minus_inf = ctx.scalar(float("-inf"), dt)
+    if layer.causal:
+        if tq.shape[-2] < 0 or tk.shape[-2] < 0:
+            ctx.decline(f"causal=True needs static sequence lengths, got {tq.shape} and {tk.shape}")
+        keep = torch.ones(tq.shape[-2], tk.shape[-2], dtype=torch.bool).tril()
+        scores = ctx.op("Where", [ctx.constant(keep, "causal"), scores, minus_inf], dt, typed=(1, 2))
+    if len(xs) > 3:
+        mask, tmask = xs[3], layer.inputs[3]
+        if tmask.dtype == torch.bool:  # True keeps a position
+            scores = ctx.op("Where", [mask, scores, minus_inf], dt, typed=(1, 2))
+        else:
+            scores = ctx.op("Add", [scores, ctx.cast(mask, tmask.dtype, dt)], dt)
+    return ctx.op("MatMul", [ctx.op("Softmax", [scores], dt, axis=-1), v], dt)

@@ -1,0 +1,144 @@
+"""Layers that create, move or pick data: constant, fill, identity, cast, shape, shuffle, slice, concatenation,
+expand, gather, scatter, select, padding, topk."""
+from __future__ import annotations
+
+import torch
+
+from torchkiln.network import layers as L
+from torchkiln.onnx_export.context import ONNX_DTYPES, ExportContext, exporter
+from torchkiln.runtime.reference import run_layer
+
+_INT64_MIN = -(2 ** 63)
+
+
+@exporter(L.ConstantLayer)
+def _constant(ctx: ExportContext, layer: L.ConstantLayer, xs: list[str]) -> str:
+    return ctx.constant(layer.weights["value"], "value")
+
+
+@exporter(L.FillLayer)
+def _fill(ctx: ExportContext, layer: L.FillLayer, xs: list[str]) -> str:
+    """A fill has no inputs: its values, computed by its reference meaning, become an initializer."""
+    return ctx.constant(run_layer(layer, [], {}, torch.device("cpu"))[0], "fill")
+
+
+@exporter(L.IdentityLayer)
+def _identity(ctx: ExportContext, layer: L.IdentityLayer, xs: list[str]) -> str:
+    return ctx.node("Identity", xs)[0]
+
+
+@exporter(L.CastLayer)
+def _cast(ctx: ExportContext, layer: L.CastLayer, xs: list[str]) -> str:
+    src, dst = layer.inputs[0].dtype, layer.to_type
+    if dst not in ONNX_DTYPES:
+        ctx.decline(f"to_type={dst} has no ONNX type")
+    return ctx.node("Cast", xs, to=ONNX_DTYPES[dst])[0] if src != dst else ctx.node("Identity", xs)[0]
+
+
+@exporter(L.ShapeLayer)
+def _shape(ctx: ExportContext, layer: L.ShapeLayer, xs: list[str]) -> str:
+    return ctx.node("Shape", xs)[0]
+
+
+@exporter(L.ShuffleLayer)
+def _shuffle(ctx: ExportContext, layer: L.ShuffleLayer, xs: list[str]) -> str:
+    x = xs[0]
+    if layer.first_transpose is not None:
+        x = ctx.node("Transpose", [x], perm=list(layer.first_transpose))[0]
+    if layer.reshape_dims is not None:  # ONNX's allowzero=0 copies the input dim for a 0, like TensorRT's shuffle
+        allowzero = 0 if layer.zero_is_placeholder else 1
+        x = ctx.node("Reshape", [x, ctx.ints(layer.reshape_dims, "shape")], allowzero=allowzero)[0]
+    if layer.second_transpose is not None:
+        x = ctx.node("Transpose", [x], perm=list(layer.second_transpose))[0]
+    return x if x != xs[0] else ctx.node("Identity", [x])[0]
+
+
+@exporter(L.SliceLayer)
+def _slice(ctx: ExportContext, layer: L.SliceLayer, xs: list[str]) -> str:
+    shape = layer.inputs[0].shape
+    starts, ends, axes, steps = [], [], [], []
+    for axis, (start, size, step) in enumerate(zip(layer.start, layer.shape, layer.stride)):
+        if start == 0 and step == 1 and size == shape[axis]:
+            continue
+        end = start + (size - 1) * step + (1 if step > 0 else -1) if size else start
+        if end < 0:  # a negative end would count from the back: "before index 0" is INT64_MIN
+            end = _INT64_MIN
+        starts.append(start)
+        ends.append(end)
+        axes.append(axis)
+        steps.append(step)
+    if not axes:
+        return ctx.node("Identity", xs)[0]
+    return ctx.node("Slice", [xs[0], ctx.ints(starts, "starts"), ctx.ints(ends, "ends"), ctx.ints(axes, "axes"),
+                              ctx.ints(steps, "steps")])[0]
+
+
+@exporter(L.ConcatenationLayer)
+def _concatenation(ctx: ExportContext, layer: L.ConcatenationLayer, xs: list[str]) -> str:
+    out = layer.outputs[0].dtype  # torch.cat promotes mixed dtypes
+    return ctx.node("Concat", [ctx.cast(x, t.dtype, out) for x, t in zip(xs, layer.inputs)], axis=layer.axis)[0]
+
+
+@exporter(L.ExpandLayer)
+def _expand(ctx: ExportContext, layer: L.ExpandLayer, xs: list[str]) -> str:
+    # ONNX's Expand broadcasts both ways, so a 1 keeps the input's dim, as torch's -1 does.
+    shape = [1 if d == -1 else d for d in layer.shape]
+    return ctx.op("Expand", [xs[0], ctx.ints(shape, "shape")], layer.inputs[0].dtype, typed=(0,))
+
+
+def _indices(ctx: ExportContext, x: str, dtype: torch.dtype) -> str:
+    return x if dtype in (torch.int32, torch.int64) else ctx.cast(x, dtype, torch.int64)
+
+
+@exporter(L.GatherLayer)
+def _gather(ctx: ExportContext, layer: L.GatherLayer, xs: list[str]) -> str:
+    (data, idx), itype = xs, layer.inputs[1].dtype
+    if layer.mode == L.GatherMode.ELEMENT:
+        return ctx.node("GatherElements", [data, _indices(ctx, idx, itype)], axis=layer.axis)[0]
+    if layer.mode == L.GatherMode.ND:
+        return ctx.node("GatherND", [data, ctx.cast(idx, itype, torch.int64)])[0]
+    return ctx.node("Gather", [data, _indices(ctx, idx, itype)], axis=layer.axis)[0]
+
+
+@exporter(L.ScatterLayer)
+def _scatter(ctx: ExportContext, layer: L.ScatterLayer, xs: list[str]) -> str:
+    (data, idx, updates), (_, tidx, tupd) = xs, layer.inputs
+    if tidx.is_dynamic or tupd.is_dynamic:
+        layer_dims = [t.shape for t in layer.inputs]
+        ctx.decline(f"dynamic dims in {layer_dims}: the updates' slice to the index shape must be static")
+    if tupd.shape != tidx.shape:  # torch.scatter reads only the index-shaped corner of src; ONNX needs it exact
+        n = tidx.rank
+        updates = ctx.node("Slice", [updates, ctx.ints([0] * n, "starts"), ctx.ints(tidx.shape, "ends")])[0]
+    return ctx.node("ScatterElements", [data, _indices(ctx, idx, tidx.dtype), updates], axis=layer.axis)[0]
+
+
+@exporter(L.SelectLayer)
+def _select(ctx: ExportContext, layer: L.SelectLayer, xs: list[str]) -> str:
+    (cond, a, b), (tc, ta, tb), out = xs, layer.inputs, layer.outputs[0].dtype
+    cond = ctx.cast(cond, tc.dtype, torch.bool)
+    return ctx.op("Where", [cond, ctx.cast(a, ta.dtype, out), ctx.cast(b, tb.dtype, out)], out, typed=(1, 2))
+
+
+_PAD_MODES = {L.PaddingMode.CONSTANT: "constant", L.PaddingMode.REFLECT: "reflect",
+              L.PaddingMode.REPLICATE: "edge", L.PaddingMode.CIRCULAR: "wrap"}
+
+
+@exporter(L.PaddingLayer)
+def _padding(ctx: ExportContext, layer: L.PaddingLayer, xs: list[str]) -> str:
+    dt, rank = layer.inputs[0].dtype, layer.inputs[0].rank
+    begins, ends = [0] * rank, [0] * rank
+    for i in range(len(layer.pad) // 2):  # torch's order: last dim first, (begin, end) pairs
+        begins[rank - 1 - i], ends[rank - 1 - i] = layer.pad[2 * i], layer.pad[2 * i + 1]
+    inputs = [xs[0], ctx.ints(begins + ends, "pads")]
+    if layer.mode == L.PaddingMode.CONSTANT:
+        compute = ctx.compute_dtype("Pad", dt)
+        inputs.append(ctx.scalar(torch.tensor(layer.value).to(dt).item(), compute))
+        return ctx.cast(ctx.node("Pad", [ctx.cast(xs[0], dt, compute)] + inputs[1:], mode="constant")[0], compute, dt)
+    return ctx.op("Pad", inputs, dt, typed=(0,), mode=_PAD_MODES[layer.mode])
+
+
+@exporter(L.TopKLayer)
+def _topk(ctx: ExportContext, layer: L.TopKLayer, xs: list[str]) -> list[str]:
+    # ONNX's TopK puts the lower index first among equal values, as torch.max/min do for k=1.
+    return ctx.op("TopK", [xs[0], ctx.ints([layer.k], "k")], layer.inputs[0].dtype, typed=(0,), outputs=2,
+                  typed_outputs=(0,), axis=layer.axis, largest=int(layer.op == L.TopKOperation.MAX), sorted=1)

@@ -1,0 +1,568 @@
+"""ONNX export: every layer kind, exported and run by ONNX Runtime's CPU provider, matches its reference meaning;
+what cannot be exported is declined with a clear error; whole compiled models match eager."""
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from harness import assert_matches_eager
+
+from torchkiln.network import Network
+from torchkiln.network import layers as L
+from torchkiln.onnx_export import OnnxExportError, network_to_onnx, supports
+from torchkiln.runtime.executor import ReferenceExecutor
+
+F32, F64, F16, BF16 = torch.float32, torch.float64, torch.float16, torch.bfloat16
+I8, I16, I32, I64, U8, B = torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool
+CPU = torch.device("cpu")
+
+
+def sample(shape, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """Random test data: normal floats, small signed/unsigned integers, random bools."""
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=gen, dtype=F64).to(dtype)
+    if dtype == B:
+        return torch.rand(shape, generator=gen) > 0.5
+    low = 0 if dtype == U8 else -6
+    return torch.randint(low, 7, shape, generator=gen, dtype=dtype)
+
+
+def run_onnx(net: Network, inputs: list[torch.Tensor], opset: int | None = None,
+             options: ort.SessionOptions | None = None) -> list[torch.Tensor]:
+    model = network_to_onnx(net) if opset is None else network_to_onnx(net, opset)
+    onnx.checker.check_model(model, full_check=True)
+    if options is None:  # one thread: tiny graphs, and no spinning worker threads on a shared machine
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    outs = session.run(None, {t.name: x.numpy() for t, x in zip(net.inputs, inputs)})
+    return [torch.from_numpy(np.asarray(o)) for o in outs]
+
+
+def check(net: Network, inputs: list[torch.Tensor], opset: int | None = None) -> None:
+    ref = ReferenceExecutor(net, CPU).run(inputs)
+    assert_matches_eager(run_onnx(net, inputs, opset), ref)
+
+
+# ---- cases: kind -> builders of (network, inputs) ------------------------------------------------------------
+Build = Callable[[torch.Generator], tuple[Network, list[torch.Tensor]]]
+CASES: dict[str, list[tuple[str, Build]]] = {}
+
+
+def add_case(kind: type[L.Layer], name: str, inputs: list[tuple[tuple[int, ...], torch.dtype]],
+             body: Callable[..., object], data: Callable[[torch.Generator], list[torch.Tensor]] | None = None) -> None:
+    """A network with `inputs` whose outputs are `body(net, *input_tensors)` (a tensor, a layer or a list)."""
+    def build(gen: torch.Generator) -> tuple[Network, list[torch.Tensor]]:
+        net = Network(name)
+        xs = [net.add_input(f"x{i}", dt, shape) for i, (shape, dt) in enumerate(inputs)]
+        outs = body(net, *xs)
+        outs = outs.outputs if isinstance(outs, L.Layer) else outs if isinstance(outs, list) else [outs]
+        for t in outs:
+            net.mark_output(t)
+        return net, (data(gen) if data else [sample(s, dt, gen) for s, dt in inputs])
+
+    CASES.setdefault(kind.KIND, []).append((f"{kind.KIND}-{name}", build))
+
+
+def cast_in(dtype: torch.dtype, make: Callable[[Network, object], object]) -> Callable[..., object]:
+    """A body that casts a float32 input to `dtype` (bfloat16 has no numpy type), applies `make`, casts back."""
+    def body(net: Network, x):
+        y = make(net, net.add_cast(x, dtype).get_output())
+        y = y.get_output() if isinstance(y, L.Layer) else y
+        return net.add_cast(y, F32).get_output() if y.dtype == dtype else y
+    return body
+
+
+S = (2, 3, 4)
+for dt in (F32, F64, F16, I8, I32, I64, U8, B):
+    add_case(L.ConstantLayer, f"{dt}", [], lambda n, dt=dt: n.add_constant(sample((2, 3), dt, torch.Generator())))
+    add_case(L.IdentityLayer, f"{dt}", [(S, dt)], lambda n, x: n.add_identity(x))
+    add_case(L.ShapeLayer, f"{dt}", [(S, dt)], lambda n, x: n.add_shape(x))
+for src, dst in [(F32, I64), (F32, B), (I64, F32), (B, F32), (F32, F16), (F32, F64), (I32, I8), (F64, I32),
+                 (U8, B), (F32, BF16)]:
+    add_case(L.CastLayer, f"{src}-{dst}", [(S, src)],
+             lambda n, x, dst=dst: n.add_cast(n.add_cast(x, dst).get_output(), F32) if dst == BF16 else n.add_cast(x, dst))
+add_case(L.FillLayer, "f32", [], lambda n: n.add_fill(7, 0.5, 0.25, F32))
+add_case(L.FillLayer, "i64", [], lambda n: n.add_fill(5, 2, -3, I64))
+
+# convolution
+for name, shape, k, kw in [
+    ("2d", (2, 4, 8, 8), (6, 4, 3, 3), dict(stride=(1, 1), padding=(1, 1), dilation=(1, 1))),
+    ("2d-strided-grouped", (1, 4, 9, 7), (4, 2, 3, 2), dict(stride=(2, 1), padding=(1, 0), dilation=(1, 2), groups=2)),
+    ("1d", (2, 3, 10), (5, 3, 3), dict(stride=(2,), padding=(2,), dilation=(2,))),
+    ("3d", (1, 2, 5, 5, 5), (3, 2, 2, 2, 2), dict(stride=(1, 1, 1), padding=(0, 1, 0), dilation=(1, 1, 1))),
+    ("transposed", (1, 4, 5, 5), (4, 3, 3, 3), dict(stride=(2, 2), padding=(1, 1), dilation=(1, 1), transposed=True,
+                                                     output_padding=(1, 0))),
+    ("transposed-grouped", (1, 4, 5), (4, 2, 3), dict(stride=(3,), padding=(0,), dilation=(2,), groups=2,
+                                                     transposed=True)),
+]:
+    for bias in (True, False):
+        add_case(L.ConvolutionLayer, f"{name}-bias{bias}", [(shape, F32)],
+                 lambda n, x, k=k, kw=kw, bias=bias: n.add_convolution_nd(
+                     x, torch.randn(k), torch.randn(k[1] * kw.get("groups", 1) if kw.get("transposed") else k[0])
+                     if bias else None, **kw))
+add_case(L.ConvolutionLayer, "bf16", [((1, 2, 5, 5), F32)],
+         cast_in(BF16, lambda n, x: n.add_convolution_nd(x, torch.randn(3, 2, 3, 3).to(BF16), None, stride=(1, 1),
+                                                         padding=(1, 1), dilation=(1, 1))))
+
+# scale
+add_case(L.ScaleLayer, "channel", [((2, 3, 4, 4), F32)],
+         lambda n, x: n.add_scale(x, L.ScaleMode.CHANNEL, torch.randn(3), torch.randn(3)))
+add_case(L.ScaleLayer, "channel-axis-power", [((2, 4, 3), F32)],
+         lambda n, x: n.add_scale(x, L.ScaleMode.CHANNEL, torch.rand(3) + 0.5, torch.rand(3) + 3, torch.tensor([2.0, 1.0, 3.0]),
+                                  channel_axis=-1))
+add_case(L.ScaleLayer, "uniform", [(S, F32)],
+         lambda n, x: n.add_scale(x, L.ScaleMode.UNIFORM, torch.tensor(1.5), None, None))
+add_case(L.ScaleLayer, "elementwise-f64-weight", [(S, F32)],
+         lambda n, x: n.add_scale(x, L.ScaleMode.ELEMENTWISE, torch.randn(4, dtype=F64), torch.randn(3, 1)))
+
+# activation: every type
+_ACT_PARAMS = {L.ActivationType.LEAKY_RELU: (0.1, 0.0), L.ActivationType.ELU: (0.7, 0.0),
+               L.ActivationType.CELU: (1.3, 0.0), L.ActivationType.SOFTPLUS: (2.0, 3.0),
+               L.ActivationType.CLIP: (-0.5, float("inf")), L.ActivationType.HARD_TANH: (-1.0, 0.5),
+               L.ActivationType.THRESHOLDED_RELU: (0.2, -3.0)}
+
+
+def _act_data(gen):  # large values (softplus, log-sigmoid overflow paths), NaN, infinities, zeros
+    x = torch.randn(4, 16, generator=gen) * 4
+    x[0, :6] = torch.tensor([30.0, -30.0, float("nan"), float("inf"), float("-inf"), 0.0])
+    return [x]
+
+
+for t in L.ActivationType:
+    a, b = _ACT_PARAMS.get(t, (0.0, 0.0))
+    add_case(L.ActivationLayer, t.name, [((4, 16), F32)], lambda n, x, t=t, a=a, b=b: n.add_activation(x, t, a, b),
+             data=_act_data)
+add_case(L.ActivationLayer, "CLIP-both", [(S, F32)], lambda n, x: n.add_activation(x, L.ActivationType.CLIP, -0.3, 0.4))
+add_case(L.ActivationLayer, "CLIP-i64", [(S, I64)], lambda n, x: n.add_activation(x, L.ActivationType.CLIP, -2, 3))
+add_case(L.ActivationLayer, "RELU-f64", [(S, F64)], lambda n, x: n.add_activation(x, L.ActivationType.RELU))
+add_case(L.ActivationLayer, "GELU-bf16", [(S, F32)],
+         cast_in(BF16, lambda n, x: n.add_activation(x, L.ActivationType.GELU_ERF)))
+add_case(L.ActivationLayer, "SIGMOID-f16", [(S, F16)], lambda n, x: n.add_activation(x, L.ActivationType.SIGMOID))
+
+add_case(L.ParametricReLULayer, "channel", [((2, 3, 4, 5), F32)], lambda n, x: n.add_parametric_relu(x, torch.rand(3)))
+add_case(L.ParametricReLULayer, "shared", [(S, F32)], lambda n, x: n.add_parametric_relu(x, torch.tensor([0.25])))
+add_case(L.ParametricReLULayer, "2d", [((5, 3), F32)], lambda n, x: n.add_parametric_relu(x, torch.rand(3)))
+
+# elementwise: every op on floats and integers where torch defines it, and type promotion
+E = L.ElementWiseOperation
+_FLOAT_OPS = [E.SUM, E.PROD, E.MAX, E.MIN, E.SUB, E.DIV, E.FLOOR_DIV, E.TRUNC_DIV, E.POW, E.REMAINDER, E.FMOD,
+              E.AND, E.OR, E.XOR, E.EQUAL, E.NOT_EQUAL, E.GREATER, E.GREATER_EQUAL, E.LESS, E.LESS_EQUAL]
+_INT_OPS = [op for op in _FLOAT_OPS if op != E.POW] + [E.BITWISE_AND, E.BITWISE_OR, E.BITWISE_XOR]
+
+
+def _binary_data(dt_a, dt_b, shape_a, shape_b, nonzero=False):
+    def data(gen):
+        a, b = sample(shape_a, dt_a, gen), sample(shape_b, dt_b, gen)
+        if dt_a.is_floating_point:
+            a.view(-1)[:3] = torch.tensor([float("nan"), 0.0, 6.0], dtype=dt_a)  # NaN propagation, exact multiples
+        if nonzero and not dt_b.is_floating_point:
+            b = torch.where(b == 0, torch.ones_like(b), b)
+        if dt_b.is_floating_point and b.dim():
+            b.view(-1)[:2] = torch.tensor([-3.0, 2.0], dtype=dt_b)
+        return [a, b]
+    return data
+
+
+for op in _FLOAT_OPS:
+    add_case(L.ElementWiseLayer, f"{op.name}-f32", [((2, 3, 4), F32), ((3, 4), F32)],
+             lambda n, a, b, op=op: n.add_elementwise(a, b, op), _binary_data(F32, F32, (2, 3, 4), (3, 4)))
+for op in _INT_OPS:
+    for dt in (I64, I8, U8) if op in (E.SUM, E.REMAINDER, E.FLOOR_DIV) else (I64, I8):
+        add_case(L.ElementWiseLayer, f"{op.name}-{dt}", [((3, 4), dt), ((3, 4), dt)],
+                 lambda n, a, b, op=op: n.add_elementwise(a, b, op), _binary_data(dt, dt, (3, 4), (3, 4), nonzero=True))
+for op in (E.SUM, E.PROD, E.MAX, E.MIN, E.AND, E.OR, E.XOR, E.EQUAL, E.NOT_EQUAL, E.GREATER, E.LESS_EQUAL,
+           E.BITWISE_AND, E.BITWISE_OR, E.BITWISE_XOR):
+    add_case(L.ElementWiseLayer, f"{op.name}-bool", [((3, 4), B), ((3, 4), B)],
+             lambda n, a, b, op=op: n.add_elementwise(a, b, op))
+for op in (E.SUM, E.DIV, E.POW, E.EQUAL, E.FLOOR_DIV):
+    add_case(L.ElementWiseLayer, f"{op.name}-f16", [((3, 4), F16), ((3, 4), F16)],
+             lambda n, a, b, op=op: n.add_elementwise(a, b, op), _binary_data(F16, F16, (3, 4), (3, 4)))
+add_case(L.ElementWiseLayer, "SUM-i64-f32", [((3, 4), I64), ((3, 4), F32)],
+         lambda n, a, b: n.add_elementwise(a, b, E.SUM))
+add_case(L.ElementWiseLayer, "PROD-f32-0d-f64", [((3, 4), F32)],
+         lambda n, a: n.add_elementwise(a, n.add_constant(torch.tensor(1.5, dtype=F64)).get_output(), E.PROD))
+add_case(L.ElementWiseLayer, "LESS-i32-0d-f64", [((3, 4), I32)],
+         lambda n, a: n.add_elementwise(a, n.add_constant(torch.tensor(0.5, dtype=F64)).get_output(), E.LESS))
+add_case(L.ElementWiseLayer, "DIV-i64", [((3, 4), I64), ((4,), I64)], lambda n, a, b: n.add_elementwise(a, b, E.DIV),
+         _binary_data(I64, I64, (3, 4), (4,), nonzero=True))
+add_case(L.ElementWiseLayer, "POW-i64", [((3, 4), I64)],
+         lambda n, a: n.add_elementwise(a, n.add_constant(torch.tensor([0, 1, 2, 3])).get_output(), E.POW))
+add_case(L.ElementWiseLayer, "SUM-bf16", [((3, 4), F32), ((3, 4), F32)],
+         lambda n, a, b: n.add_cast(n.add_elementwise(n.add_cast(a, BF16).get_output(), n.add_cast(b, BF16).get_output(),
+                                                      E.SUM).get_output(), F32))
+add_case(L.ElementWiseLayer, "SUM-i16-wraps", [((3, 4), I16)],
+         lambda n, a: n.add_elementwise(a, n.add_constant(torch.tensor(32767, dtype=I16)).get_output(), E.SUM))
+add_case(L.ElementWiseLayer, "MAX-i16", [((3, 4), I16), ((3, 4), I16)], lambda n, a, b: n.add_elementwise(a, b, E.MAX))
+
+# unary: every op
+U = L.UnaryOperation
+_POSITIVE = (U.LOG, U.LOG2, U.LOG10, U.SQRT, U.RSQRT, U.ACOSH)
+_UNIT = (U.ASIN, U.ACOS, U.ATANH)
+
+
+def _unary_data(op):
+    def data(gen):
+        x = torch.randn(3, 8, generator=gen) * 2
+        if op in _POSITIVE:
+            x = x.abs() + (1.0 if op == U.ACOSH else 0.1)
+        elif op in _UNIT:
+            x = torch.rand(3, 8, generator=gen) * 1.8 - 0.9
+        x[0, 0], x[0, 1], x[0, 2], x[0, 3] = 2.5, -0.5, float("nan"), 0.5  # halves (round, trunc), NaN
+        if op in (U.ISINF, U.ISFINITE, U.ABS, U.NEG, U.SIGN, U.EXP):
+            x[1, :2] = torch.tensor([float("inf"), float("-inf")])
+        return [x]
+    return data
+
+
+for op in U:
+    if op not in (U.NOT, U.BITWISE_NOT):
+        add_case(L.UnaryLayer, f"{op.name}-f32", [((3, 8), F32)], lambda n, x, op=op: n.add_unary(x, op),
+                 _unary_data(op))
+for op in (U.ABS, U.NEG, U.SIGN, U.SQUARE, U.CEIL, U.FLOOR, U.ROUND, U.TRUNC, U.ISINF, U.ISNAN, U.ISFINITE, U.NOT,
+           U.BITWISE_NOT, U.EXP, U.SQRT):
+    for dt in (I64, I8):
+        add_case(L.UnaryLayer, f"{op.name}-{dt}", [((3, 8), dt)], lambda n, x, op=op: n.add_unary(x, op),
+                 lambda gen, dt=dt, op=op: [sample((3, 8), dt, gen).abs() if op == U.SQRT else sample((3, 8), dt, gen)])
+for op in (U.NOT, U.BITWISE_NOT):
+    add_case(L.UnaryLayer, f"{op.name}-bool", [((3, 8), B)], lambda n, x, op=op: n.add_unary(x, op))
+add_case(L.UnaryLayer, "NOT-f32", [((3, 8), F32)], lambda n, x: n.add_unary(x, U.NOT),
+         lambda gen: [torch.randint(0, 2, (3, 8), generator=gen).float()])
+add_case(L.UnaryLayer, "EXP-f64", [((3, 8), F64)], lambda n, x: n.add_unary(x, U.EXP))
+add_case(L.UnaryLayer, "ERF-f16", [((3, 8), F16)], lambda n, x: n.add_unary(x, U.ERF))
+add_case(L.UnaryLayer, "SQRT-bf16", [((3, 8), F32)], cast_in(BF16, lambda n, x: n.add_unary(x, U.ABS)))
+
+# pooling
+for name, shape, window, kw in [
+    ("max2d", (2, 3, 9, 9), (3, 3), dict(stride=(2, 2), padding=(1, 1))),
+    ("max2d-ceil", (1, 2, 8, 8), (3, 3), dict(stride=(2, 2), padding=(0, 0), ceil_mode=True)),
+    ("max2d-dilated", (1, 2, 9, 9), (2, 2), dict(stride=(1, 2), padding=(1, 0), dilation=(2, 2))),
+    ("max1d", (2, 3, 11), (3,), dict(stride=(2,), padding=(1,), ceil_mode=True)),
+    ("max3d", (1, 2, 5, 6, 6), (2, 2, 2), dict(stride=(2, 2, 2), padding=(0, 0, 0))),
+]:
+    add_case(L.PoolingLayer, name, [(shape, F32)],
+             lambda n, x, window=window, kw=kw: n.add_pooling_nd(x, L.PoolingType.MAX, window, **kw))
+for name, shape, window, kw in [
+    ("avg2d", (2, 3, 9, 9), (3, 3), dict(stride=(2, 2), padding=(1, 1))),
+    ("avg2d-exclude-pad", (2, 3, 9, 9), (3, 3), dict(stride=(2, 2), padding=(1, 1), count_include_pad=False)),
+    ("avg2d-ceil-inside", (1, 2, 9, 9), (3, 3), dict(stride=(2, 2), padding=(1, 1), ceil_mode=True)),
+    ("avg2d-divisor", (1, 2, 8, 8), (2, 2), dict(stride=(2, 2), padding=(0, 0), divisor_override=3)),
+    ("avg1d", (2, 3, 11), (3,), dict(stride=(2,), padding=(1,))),
+    ("avg3d", (1, 2, 4, 6, 6), (2, 3, 3), dict(stride=(2, 3, 3), padding=(0, 1, 1), count_include_pad=False)),
+]:
+    add_case(L.PoolingLayer, name, [(shape, F32)],
+             lambda n, x, window=window, kw=kw: n.add_pooling_nd(x, L.PoolingType.AVERAGE, window, **kw))
+
+# matrix multiply
+M = L.MatrixOperation
+for name, sa, sb, op0, op1 in [("2d", (3, 5), (5, 4), M.NONE, M.NONE), ("linear", (2, 3, 5), (4, 5), M.NONE, M.TRANSPOSE),
+                               ("batched", (2, 3, 5), (2, 5, 4), M.NONE, M.NONE),
+                               ("transpose-a", (2, 5, 3), (5, 4), M.TRANSPOSE, M.NONE),
+                               ("broadcast", (2, 1, 3, 5), (4, 4, 5), M.NONE, M.TRANSPOSE),
+                               ("vector", (5,), (2, 5, 3), M.VECTOR, M.NONE), ("vector-b", (2, 3, 5), (5,), M.NONE, M.VECTOR)]:
+    add_case(L.MatrixMultiplyLayer, name, [(sa, F32), (sb, F32)],
+             lambda n, a, b, op0=op0, op1=op1: n.add_matrix_multiply(a, op0, b, op1))
+add_case(L.MatrixMultiplyLayer, "bias", [((2, 3, 5), F32)],
+         lambda n, a: n.add_layer(L.MatrixMultiplyLayer, [a, n.add_constant(torch.randn(4, 5)).get_output()],
+                                  weights={"bias": torch.randn(4)}, op1=M.TRANSPOSE))
+add_case(L.MatrixMultiplyLayer, "i64", [((3, 5), I64), ((5, 2), I64)],
+         lambda n, a, b: n.add_matrix_multiply(a, M.NONE, b, M.NONE))
+add_case(L.MatrixMultiplyLayer, "f64", [((3, 5), F64), ((5, 2), F64)],
+         lambda n, a, b: n.add_matrix_multiply(a, M.NONE, b, M.NONE))
+
+# shuffle
+add_case(L.ShuffleLayer, "transpose-reshape-transpose", [((2, 3, 4, 5), F32)],
+         lambda n, x: n.add_shuffle(x, (0, 2, 1, 3), (0, 0, -1), (2, 0, 1)))
+add_case(L.ShuffleLayer, "reshape-no-placeholder", [((2, 3, 4), I64)],
+         lambda n, x: n.add_shuffle(x, reshape_dims=(4, -1), zero_is_placeholder=False))
+add_case(L.ShuffleLayer, "reshape-to-empty", [((2, 0, 4), F32)],
+         lambda n, x: n.add_shuffle(x, reshape_dims=(0, 8), zero_is_placeholder=False))
+add_case(L.ShuffleLayer, "none", [(S, B)], lambda n, x: n.add_shuffle(x))
+
+# reduce: every op, with and without keep_dims, several dtypes
+R = L.ReduceOperation
+for op in R:
+    for keep in (True, False):
+        dts = (F32, I64, B) if op in (R.ANY, R.ALL) else (F32,) if op == R.AVG else (F32, I32, I8)
+        for dt in dts:
+            add_case(L.ReduceLayer, f"{op.name}-keep{keep}-{dt}", [((2, 3, 4), dt)],
+                     lambda n, x, op=op, keep=keep: n.add_reduce(x, op, (0, -1), keep))
+add_case(L.ReduceLayer, "MAX-nan", [((2, 5), F32)], lambda n, x: n.add_reduce(x, R.MAX, (1,), False),
+         lambda gen: [torch.tensor([[1.0, float("nan"), 3.0, 0.0, 2.0], [1.0, 2.0, 3.0, 4.0, 5.0]])])
+add_case(L.ReduceLayer, "ANY-empty", [((2, 0), F32)], lambda n, x: n.add_reduce(x, R.ANY, (1,), False))
+add_case(L.ReduceLayer, "SUM-bool", [((3, 4), B)], lambda n, x: n.add_reduce(x, R.SUM, (1,), False))
+
+for axis in (0, -1):
+    for log in (False, True):
+        add_case(L.SoftMaxLayer, f"axis{axis}-log{log}", [((3, 5), F32)],
+                 lambda n, x, axis=axis, log=log: n.add_softmax(x, axis, log))
+add_case(L.SoftMaxLayer, "f16", [((3, 5), F16)], lambda n, x: n.add_softmax(x, 1))
+
+add_case(L.ConcatenationLayer, "axis1", [((2, 3), F32), ((2, 4), F32), ((2, 1), F32)],
+         lambda n, a, b, c: n.add_concatenation([a, b, c], 1))
+add_case(L.ConcatenationLayer, "mixed", [((2, 3), I64), ((1, 3), F32)], lambda n, a, b: n.add_concatenation([a, b], -2))
+add_case(L.ConcatenationLayer, "bool", [((2, 3), B), ((2, 3), B)], lambda n, a, b: n.add_concatenation([a, b], 0))
+
+add_case(L.SliceLayer, "strided", [((5, 6, 7), F32)], lambda n, x: n.add_slice(x, (1, 0, 2), (2, 6, 3), (2, 1, 2)))
+add_case(L.SliceLayer, "negative-to-start", [((5, 6), I64)], lambda n, x: n.add_slice(x, (4, 5), (5, 3), (-1, -2)))
+add_case(L.SliceLayer, "negative-middle", [((7,), F32)], lambda n, x: n.add_slice(x, (5,), (2,), (-3,)))
+add_case(L.SliceLayer, "empty", [((5, 6), F32)], lambda n, x: n.add_slice(x, (0, 2), (5, 0), (1, 1)))
+add_case(L.SliceLayer, "whole", [((5, 6), B)], lambda n, x: n.add_slice(x, (0, 0), (5, 6), (1, 1)))
+
+add_case(L.ExpandLayer, "keep-and-new", [((3, 1), F32)], lambda n, x: n.add_expand(x, (2, -1, 4)))
+add_case(L.ExpandLayer, "bool", [((1, 4), B)], lambda n, x: n.add_expand(x, (3, 4)))
+add_case(L.ExpandLayer, "bf16", [((1, 4), F32)], cast_in(BF16, lambda n, x: n.add_expand(x, (3, 4))))
+
+G = L.GatherMode
+add_case(L.GatherLayer, "default-negative", [((4, 5, 6), F32)],
+         lambda n, x: n.add_gather(x, n.add_constant(torch.tensor([[3, -1], [0, 2]])).get_output(), 1))
+add_case(L.GatherLayer, "default-scalar-i32", [((4, 5), F32)],
+         lambda n, x: n.add_gather(x, n.add_constant(torch.tensor(-2, dtype=I32)).get_output(), -1))
+add_case(L.GatherLayer, "default-input-indices", [((10, 3), F32), ((2, 4), I64)],
+         lambda n, x, i: n.add_gather(x, i, 0), lambda gen: [torch.randn(10, 3, generator=gen),
+                                                            torch.randint(-10, 10, (2, 4), generator=gen)])
+add_case(L.GatherLayer, "element", [((3, 4), F32)],
+         lambda n, x: n.add_gather(x, n.add_constant(torch.tensor([[0, 3], [2, 1]])).get_output(), 1, G.ELEMENT))
+add_case(L.GatherLayer, "nd", [((3, 4, 2), F32)],
+         lambda n, x: n.add_gather(x, n.add_constant(torch.tensor([[0, 3], [2, -1], [1, 1]])).get_output(), 0, G.ND))
+add_case(L.GatherLayer, "nd-bool-data", [((3, 4), B)],
+         lambda n, x: n.add_gather(x, n.add_constant(torch.tensor([[[0], [2]]])).get_output(), 0, G.ND))
+
+add_case(L.ScatterLayer, "axis1", [((3, 5), F32), ((3, 5), F32)],
+         lambda n, x, u: n.add_scatter(x, n.add_constant(torch.tensor([[4, 0], [1, 3], [2, 2]])).get_output(), u, 1))
+add_case(L.ScatterLayer, "axis0-i64", [((4, 3), I64), ((2, 3), I64)],
+         lambda n, x, u: n.add_scatter(x, n.add_constant(torch.tensor([[3, 0, 1], [1, 2, 0]])).get_output(), u, 0))
+
+add_case(L.SelectLayer, "broadcast", [((3, 4), B), ((3, 4), F32), ((4,), F32)], lambda n, c, a, b: n.add_select(c, a, b))
+add_case(L.SelectLayer, "mixed", [((3, 4), B), ((3, 4), I64), ((3, 4), F32)], lambda n, c, a, b: n.add_select(c, a, b))
+add_case(L.SelectLayer, "bool", [((3, 4), B), ((3, 4), B), ((3, 4), B)], lambda n, c, a, b: n.add_select(c, a, b))
+add_case(L.SelectLayer, "i16", [((3, 4), B), ((3, 4), I16), ((3, 4), I16)], lambda n, c, a, b: n.add_select(c, a, b))
+
+for op in L.TopKOperation:
+    for k in (1, 3):
+        add_case(L.TopKLayer, f"{op.name}-k{k}", [((3, 6), F32)], lambda n, x, op=op, k=k: n.add_topk(x, op, k, -1))
+add_case(L.TopKLayer, "k1-ties-i64", [((4, 5), I64)], lambda n, x: n.add_topk(x, L.TopKOperation.MAX, 1, 0))
+add_case(L.TopKLayer, "bf16", [((3, 6), F32)], cast_in(BF16, lambda n, x: n.add_topk(x, L.TopKOperation.MIN, 2, 1).outputs[0]))
+
+for name, shape, mode, kw in [
+    ("nearest-scale", (1, 2, 3, 5), "nearest", dict(scales=(2.0, 1.5))),
+    ("nearest-size", (1, 2, 5, 7), "nearest", dict(size=(3, 11))),
+    ("nearest-1d", (2, 3, 7), "nearest", dict(size=(3,))),
+    ("nearest-exact-size", (1, 2, 5, 7), "nearest-exact", dict(size=(8, 3))),
+    ("nearest-exact-scale", (1, 2, 4, 4), "nearest-exact", dict(scales=(1.5, 0.5))),
+    ("bilinear", (1, 2, 4, 5), "bilinear", dict(scales=(2.0, 1.5), align_corners=False)),
+    ("bilinear-size", (1, 2, 4, 5), "bilinear", dict(size=(7, 3), align_corners=False)),
+    ("bilinear-corners", (1, 2, 4, 5), "bilinear", dict(size=(7, 9), align_corners=True)),
+    ("linear", (2, 3, 6), "linear", dict(scales=(2.5,), align_corners=False)),
+    ("trilinear", (1, 1, 3, 4, 4), "trilinear", dict(size=(5, 6, 3), align_corners=True)),
+    ("bicubic", (1, 2, 4, 5), "bicubic", dict(scales=(2.0, 2.0), align_corners=False)),
+    ("bicubic-corners", (1, 2, 4, 5), "bicubic", dict(size=(6, 7), align_corners=True)),
+]:
+    add_case(L.ResizeLayer, name, [(shape, F32)], lambda n, x, mode=mode, kw=kw: n.add_resize(x, mode, **kw))
+add_case(L.ResizeLayer, "nearest-u8", [((1, 2, 3, 4), U8)], lambda n, x: n.add_resize(x, "nearest", scales=(2.0, 2.0)))
+
+P = L.PaddingMode
+for mode in P:
+    add_case(L.PaddingLayer, f"{mode.name}", [((2, 3, 5, 6), F32)], lambda n, x, mode=mode: n.add_padding(x, (1, 2, 2, 0), mode, 0.5))
+add_case(L.PaddingLayer, "constant-negative", [((2, 3, 5), F32)], lambda n, x: n.add_padding(x, (-1, 2, 1, 1, 0, 1), P.CONSTANT, -2.0))
+add_case(L.PaddingLayer, "constant-i64", [((3, 5), I64)], lambda n, x: n.add_padding(x, (1, 1), P.CONSTANT, 7))
+add_case(L.PaddingLayer, "constant-i16", [((3, 5), I16)], lambda n, x: n.add_padding(x, (1, 1), P.CONSTANT, 7))
+add_case(L.PaddingLayer, "reflect-1d", [((2, 3, 5), F32)], lambda n, x: n.add_padding(x, (3, 2), P.REFLECT))
+add_case(L.PaddingLayer, "circular-3d", [((1, 2, 3, 4, 5), F32)], lambda n, x: n.add_padding(x, (1, 2, 3, 0, 2, 2), P.CIRCULAR))
+
+N = L.NormalizationKind
+add_case(L.NormalizationLayer, "layer", [((2, 5, 8), F32)],
+         lambda n, x: n.add_normalization(x, N.LAYER, 1e-5, torch.randn(8), torch.randn(8), normalized_shape=(8,)))
+add_case(L.NormalizationLayer, "layer-2d-noaffine", [((2, 5, 8), F32)],
+         lambda n, x: n.add_normalization(x, N.LAYER, 1e-3, normalized_shape=(5, 8)))
+add_case(L.NormalizationLayer, "layer-scale-only", [((2, 5, 8), F32)],
+         lambda n, x: n.add_normalization(x, N.LAYER, 1e-5, torch.randn(8), normalized_shape=(8,)))
+add_case(L.NormalizationLayer, "group", [((2, 6, 4, 4), F32)],
+         lambda n, x: n.add_normalization(x, N.GROUP, 1e-5, torch.randn(6), torch.randn(6), num_groups=3))
+add_case(L.NormalizationLayer, "group-noaffine-3d", [((2, 4, 5), F32)],
+         lambda n, x: n.add_normalization(x, N.GROUP, 1e-5, num_groups=2))
+add_case(L.NormalizationLayer, "instance", [((2, 3, 4, 5), F32)],
+         lambda n, x: n.add_normalization(x, N.INSTANCE, 1e-5, torch.randn(3), torch.randn(3)))
+add_case(L.NormalizationLayer, "instance-noaffine", [((2, 3, 7), F32)], lambda n, x: n.add_normalization(x, N.INSTANCE, 1e-5))
+add_case(L.NormalizationLayer, "layer-bf16", [((2, 8), F32)],
+         cast_in(BF16, lambda n, x: n.add_normalization(x, N.LAYER, 1e-5, torch.randn(8).to(BF16), normalized_shape=(8,))))
+
+add_case(L.EinsumLayer, "attention-scores", [((2, 3, 5, 4), F32), ((2, 3, 6, 4), F32)],
+         lambda n, a, b: n.add_einsum([a, b], "bhqd,bhkd->bhqk"))
+add_case(L.EinsumLayer, "ellipsis", [((2, 3, 4), F32), ((4, 5), F32)], lambda n, a, b: n.add_einsum([a, b], "...ij,jk->...ik"))
+add_case(L.EinsumLayer, "trace-i64", [((4, 4), I64)], lambda n, a: n.add_einsum([a], "ii"))
+add_case(L.EinsumLayer, "outer-i8", [((3,), I8), ((4,), I8)], lambda n, a, b: n.add_einsum([a, b], "i,j->ij"))
+
+for dt in (F32, I32, B):
+    add_case(L.CumulativeLayer, f"SUM-{dt}", [((3, 5), dt)], lambda n, x: n.add_cumulative(x, L.CumulativeOperation.SUM, -1))
+
+for mode in ("bilinear", "nearest", "bicubic"):
+    for padding in ("zeros", "border", "reflection"):
+        for corners in (False, True) if mode == "bilinear" else (padding == "border",):
+            add_case(L.GridSampleLayer, f"{mode}-{padding}-{corners}", [((1, 2, 5, 6), F32), ((1, 3, 4, 2), F32)],
+                     lambda n, x, g, mode=mode, padding=padding, corners=corners: n.add_grid_sample(x, g, mode, padding, corners),
+                     lambda gen: [torch.randn(1, 2, 5, 6, generator=gen), torch.rand(1, 3, 4, 2, generator=gen) * 2.4 - 1.2])
+
+
+def _attention_masks(net, q, k, kind):
+    if kind == "bool":
+        return net.add_constant(torch.rand(2, 1, q.shape[-2], k.shape[-2]) > 0.3).get_output()
+    if kind == "float":
+        return net.add_constant(torch.randn(q.shape[-2], k.shape[-2])).get_output()
+    return None
+
+
+for opset in (21, 23):
+    for mask in (None, "bool", "float"):
+        for causal in (False, True):
+            if mask and causal:
+                continue
+            add_case(L.AttentionLayer, f"opset{opset}-mask{mask}-causal{causal}",
+                     [((2, 3, 5, 8), F32), ((2, 3, 6, 8), F32), ((2, 3, 6, 4), F32)],
+                     lambda n, q, k, v, mask=mask, causal=causal: n.add_attention(q, k, v, _attention_masks(n, q, k, mask),
+                                                                                 causal=causal))
+    add_case(L.AttentionLayer, f"opset{opset}-3d-scale", [((2, 5, 8), F32), ((2, 6, 8), F32), ((2, 6, 8), F32)],
+             lambda n, q, k, v: n.add_attention(q, k, v, scale=0.3))
+
+ALL_CASES = [c for cases in CASES.values() for c in cases]
+
+
+def test_every_layer_kind_has_cases():
+    assert set(CASES) == set(L.LAYER_KINDS), f"kinds without an ONNX export test: {set(L.LAYER_KINDS) - set(CASES)}"
+
+
+@pytest.mark.parametrize("build", [b for _, b in ALL_CASES], ids=[name for name, _ in ALL_CASES])
+def test_layer_matches_reference(build, request):
+    net, inputs = build(torch.Generator().manual_seed(0))
+    opset = 23 if "opset23" in request.node.callspec.id else None
+    check(net, inputs, opset)
+
+
+# ---- what is declined, and why ---------------------------------------------------------------------------------
+def _declined_cases():
+    n = Network("declined")
+    x = n.add_input("x", F32, (1, 2, 8, 8))
+    d = n.add_input("d", F64, (1, 2, 8, 8))
+    i = n.add_input("i", I64, (3, 4))
+    return [
+        (n.add_elementwise(x, x, E.ATAN2), "op=ATAN2"),
+        (n.add_cumulative(x, L.CumulativeOperation.PROD, 1), "op=PROD"),
+        (n.add_pooling_nd(x, L.PoolingType.AVERAGE, (3, 3), stride=(2, 2), padding=(0, 0), ceil_mode=True), "ceil_mode"),
+        (n.add_resize(x, "area", size=(4, 4)), "mode='area'"),
+        (n.add_convolution_nd(d, torch.randn(2, 2, 1, 1, dtype=F64), stride=(1, 1), padding=(0, 0), dilation=(1, 1)),
+         "no Conv kernel for float64"),
+        (n.add_unary(d, U.TAN), "no Tan kernel for float64"),
+        (n.add_activation(i, L.ActivationType.RELU), "only float inputs"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(7))
+def test_declined_layer_names_kind_and_param(index):
+    layer, reason = _declined_cases()[index]
+    found = supports(layer)
+    assert found is not None and reason in found and layer.KIND in found and layer.name in found, found
+    net = Network("one")
+    inputs = [net.add_input(t.name, t.dtype, t.shape) for t in layer.inputs]
+    net.mark_output(net.add_layer(type(layer), inputs, weights=layer.weights, **layer.params()).get_output())
+    with pytest.raises(OnnxExportError, match=reason):
+        network_to_onnx(net)
+
+
+def test_supports_is_none_for_exported_layers():
+    for _, build in ALL_CASES[::7]:
+        net, _ = build(torch.Generator().manual_seed(0))
+        assert all(supports(layer) is None for layer in net.layers)
+
+
+def test_dynamic_dim_becomes_dim_param():
+    net = Network("dynamic")
+    x = net.add_input("x", F32, (-1, 4))
+    net.mark_output(x)
+    model = network_to_onnx(net)
+    onnx.checker.check_model(model, full_check=True)
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param and dims[1].dim_value == 4
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for batch in (1, 3):
+        data = np.random.rand(batch, 4).astype(np.float32)
+        assert np.array_equal(session.run(None, {"x": data})[0], data)
+
+
+def test_opset_out_of_range_is_refused():
+    net = Network("n")
+    net.mark_output(net.add_input("x", F32, (2,)))
+    with pytest.raises(OnnxExportError, match="opset 13"):
+        network_to_onnx(net, 13)
+
+
+# ---- whole models: compiled networks in ONNX Runtime match eager ----------------------------------------------
+def _engine_network(model: torch.nn.Module, example: list[torch.Tensor]) -> Network:
+    import torchkiln
+    from torchkiln.runtime.engine import Engine
+
+    specs = [torchkiln.Input.from_tensor(t) for t in example]
+    return Engine.deserialize(torchkiln.convert_method_to_engine(model, "forward", specs)).network
+
+
+class _LastHiddenState(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, attention_mask=mask).last_hidden_state
+
+
+def tiny_bert():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, max_position_embeddings=64)
+    ids, mask = torch.randint(0, 1000, (2, 16)), torch.ones(2, 16, dtype=torch.long)
+    mask[0, 13:] = 0
+    return _LastHiddenState(transformers.BertModel(config)).eval(), [ids, mask]
+
+
+def small_resnet():
+    from torchkiln.examples import SmallResNet
+
+    torch.manual_seed(0)
+    return SmallResNet().eval(), [torch.randn(1, 3, 64, 64)]
+
+
+@functools.cache
+def converted(build: Callable[[], tuple[torch.nn.Module, list[torch.Tensor]]]):
+    """(network, example inputs, eager output) of a model, converted once for all the tests that use it."""
+    model, example = build()
+    with torch.no_grad():
+        ref = model(*example)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return _engine_network(model, example), example, ref
+
+
+@pytest.mark.parametrize("build", [tiny_bert, small_resnet], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("opset", [21, 23])
+def test_compiled_model_in_onnx_runtime_matches_eager(build, opset):
+    net, example, ref = converted(build)
+    assert_matches_eager(run_onnx(net, example, opset)[0], ref)
+
+
+def test_onnx_runtime_fuses_the_bert_network(tmp_path):
+    """LayerNormalization after a residual Add becomes SkipLayerNormalization, linear layers (MatMul + Add) Gemm,
+    the erf GELU stays one Gelu, and at opset 21 the Q.K^T transpose folds into a FusedMatMul."""
+    net, _, _ = converted(tiny_bert)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.intra_op_num_threads = 1
+    ort.InferenceSession(network_to_onnx(net, 21).SerializeToString(), options, providers=["CPUExecutionProvider"])
+    ops = {node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node}
+    assert {"SkipLayerNormalization", "Gemm", "Gelu", "FusedMatMul"} <= ops, ops
+    assert "MatMul" not in ops or "Gemm" in ops
