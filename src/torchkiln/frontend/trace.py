@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from torchkiln.errors import TracingError, TracingWarning
+from torchkiln.module_mode import eval_mode
 
 logger = logging.getLogger("torchkiln.frontend")
 
@@ -89,9 +90,7 @@ def _causes(caught: list[warnings.WarningMessage]) -> list[str]:
 def trace_checked(module: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.jit.ScriptModule:
     """torch.jit.trace of `module` (in eval mode) on the examples, refused if it bakes in data-dependent values."""
     name = type(module).__name__
-    was_training = module.training
-    module.eval()
-    try:
+    with eval_mode(module):
         with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", torch.jit.TracerWarning)
             traced = torch.jit.trace(module, tuple(example_inputs), strict=False, check_trace=False)
@@ -111,8 +110,6 @@ def trace_checked(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tor
                 difference = _difference(traced(*second), expected)
             except Exception as e:  # e.g. a shape baked into the trace
                 difference = f"the trace failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"
-    finally:
-        module.train(was_training)
     if difference is not None:
         why = "; ".join(causes) if causes else "no tracer warning named the cause"
         raise TracingError(

@@ -18,16 +18,16 @@ The order, and why (docs/lowering_passes.md lists every pass):
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import torch
 
 from torchkiln.conversion.registry import CONVERTERS, load_all
 from torchkiln.lowering import passes as _passes  # noqa: F401  (registers every pass)
 from torchkiln.lowering.registry import PASSES, LoweringContext, LoweringPass
+from torchkiln.module_mode import eval_mode
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import Graph
 
@@ -98,16 +98,6 @@ def _status(changed: bool) -> str:
     return "changed" if changed else "no change"
 
 
-@contextlib.contextmanager
-def _eval_mode(module: torch.jit.ScriptModule) -> Iterator[None]:
-    was_training = module.training
-    module.eval()
-    try:
-        yield
-    finally:
-        module.train(was_training)
-
-
 def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str = "forward",
           passes: Sequence[str] | None = None) -> LoweredModule:
     """Freeze `module` (in eval mode) and run the lowering pipeline over `method`'s graph.
@@ -125,7 +115,7 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
         if changed:
             fired.append(p.name)
         logger.debug("module pass %s (%s): fallback modules %s", p.name, _status(changed), ctx.fallback_modules)
-    with _eval_mode(module):
+    with eval_mode(module):
         frozen = torch.jit.freeze(module, preserved_attrs=[method] if method != "forward" else None)
     ctx.module = frozen
     graph = getattr(frozen, method).graph
