@@ -2,6 +2,7 @@
 import hashlib
 import json
 import struct
+import tracemalloc
 
 import pytest
 import torch
@@ -9,7 +10,10 @@ import torch
 import torchkiln
 from torchkiln.examples import SmallResNet
 from torchkiln.runtime import serialization as S
-from torchkiln.runtime.engine import Engine
+from torchkiln.network import layers as L
+from torchkiln.network.network import Network
+from torchkiln.runtime.engine import Engine, InputBinding
+from torchkiln.runtime.executor import ReferenceExecutor
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +28,7 @@ def _split(data: bytes):
 
 
 def _pack(graph, weights: bytes, version: int = S.FORMAT_VERSION) -> bytes:
-    g = json.dumps(graph).encode()
+    g = json.dumps(graph, separators=(",", ":")).encode()
     body = S._PREFIX.pack(S.MAGIC, version, 0, len(g), len(weights)) + g + weights
     return body + hashlib.sha256(body).digest()
 
@@ -124,3 +128,152 @@ def test_corrupt_engine_inside_a_saved_module_raises_on_call(tmp_path):
     loaded = torch.jit.load(tmp_path / "damaged.ts")
     with pytest.raises(RuntimeError, match="EngineFormatError: engine data is corrupted: checksum mismatch"):
         loaded(torch.randn(1, 3, 32, 32))
+
+
+# ---- hostile engines: each repro names the problem and costs bounded time and memory ------------------
+
+def _engine_of(build, inputs=()) -> bytes:
+    """Bytes of a small engine whose network `build(network, *inputs)` makes; inputs are (name, dtype, shape)."""
+    network = Network("h")
+    xs = [network.add_input(name, dtype, shape) for name, dtype, shape in inputs]
+    for out in build(network, *xs):
+        network.mark_output(out)
+    bindings = [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in network.inputs]
+    return Engine(network, bindings, "cpu", torch.float32, "h").serialize()
+
+
+def _fill_engine() -> bytes:
+    return _engine_of(lambda n: [n.add_fill(4, 0.0, 1.0, torch.float32).get_output()])
+
+
+def test_deeply_nested_json_is_a_format_error(engine_bytes):
+    _, graph, weights = _split(engine_bytes)
+    graph["pad"] = "@@@"
+    text = json.dumps(graph).replace('"@@@"', "[" * 200_000 + "]" * 200_000)
+    g = text.encode()
+    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(g), len(weights)) + g + weights
+    with pytest.raises(torchkiln.EngineFormatError, match="nested too deeply"):
+        Engine.deserialize(body + hashlib.sha256(body).digest())
+
+
+def test_deep_value_in_a_parameter_is_a_format_error():
+    _, graph, weights = _split(_fill_engine())
+    deep = 0
+    for _ in range(500):
+        deep = [deep]
+    graph["network"]["layers"][0]["params"]["length"] = deep
+    with pytest.raises(torchkiln.EngineFormatError, match="parameter 'length'"):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_five_thousand_digit_integer_is_a_format_error():
+    _, graph, weights = _split(_fill_engine())
+    text = json.dumps(graph).replace('"length": 4', '"length": ' + "7" * 5000)
+    g = text.encode()
+    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(g), len(weights)) + g + weights
+    with pytest.raises(torchkiln.EngineFormatError, match="integer of 5000 digits"):
+        Engine.deserialize(body + hashlib.sha256(body).digest())
+
+
+@pytest.mark.parametrize("length", [3 << 28, 1 << 62])
+def test_tiny_engine_with_a_huge_fill_is_refused_at_load(length):
+    _, graph, weights = _split(_fill_engine())
+    graph["network"]["layers"][0]["params"]["length"] = length
+    graph["network"]["layers"][0]["outputs"][0]["shape"] = [length]
+    data = _pack(graph, weights)
+    assert len(data) < 512  # a few hundred bytes
+    tracemalloc.start()
+    try:
+        with pytest.raises(torchkiln.EngineFormatError, match="plans .* bytes .* limit|size calculation overflowed"):
+            Engine.deserialize(data, max_memory=1 << 30)
+        assert tracemalloc.get_traced_memory()[1] < 16 << 20
+    finally:
+        tracemalloc.stop()
+
+
+def test_tiny_engine_with_a_huge_expand_is_refused_at_load():
+    data = _engine_of(lambda n, x: [n.add_expand(x, (4,)).get_output()], [("x", torch.float32, (1,))])
+    _, graph, weights = _split(data)
+    expand = graph["network"]["layers"][0]
+    expand["name"], expand["outputs"][0]["name"], graph["network"]["outputs"] = "e", "y", ["y"]
+    expand["params"]["shape"] = expand["outputs"][0]["shape"] = [1 << 20, 1 << 20]
+    data = _pack(graph, weights)
+    assert len(data) < 512  # a few hundred bytes
+    with pytest.raises(torchkiln.EngineFormatError, match="plans .* bytes .* limit"):
+        Engine.deserialize(data)
+
+
+def test_memory_limit_from_the_environment(monkeypatch):
+    data = _fill_engine()
+    monkeypatch.setenv("TORCHKILN_MAX_ENGINE_MEMORY", "8")
+    with pytest.raises(torchkiln.EngineFormatError, match="plans 16 bytes .* 8-byte limit"):
+        Engine.deserialize(data)
+    assert Engine.deserialize(data, max_memory=16).execute([])[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_too_many_layers_is_refused_before_inference(monkeypatch):
+    _, graph, weights = _split(_fill_engine())
+    graph["network"]["layers"] *= 3
+    monkeypatch.setattr(S, "MAX_LAYERS", 2)
+    with pytest.raises(torchkiln.EngineFormatError, match="'layers' holds 3 entries, over the limit of 2"):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_long_parameter_list_is_refused(engine_bytes):
+    _, graph, weights = _split(engine_bytes)
+    conv = next(entry for entry in graph["network"]["layers"] if entry["kind"] == "convolution")
+    conv["params"]["stride"] = [1] * 100_000
+    with pytest.raises(torchkiln.EngineFormatError, match="parameter 'stride'.* list of 100000"):
+        Engine.deserialize(_pack(graph, weights))
+
+
+@pytest.mark.parametrize("shapes, match", [
+    (((1, 3, 32, 32), (1, 3, 32, 32), (2, 3, 32, 32)), "fixed dim 0 of 1"),
+    (((1, 3, 32, 32), (1, 3, 32, 32), (1, 3, 32, 64)), "fixed dim 3 of 32"),
+    (((1, 3, 16, 16), (1, 3, 16, 16), (1, 3, 16, 16)), "fixed dim 2 of 32"),
+    (((1, 3, 32, 32), (1, 3, 32), (1, 3, 32, 32)), "ranks"),
+])
+def test_bindings_must_match_the_network_inputs(engine_bytes, shapes, match):
+    _, graph, weights = _split(engine_bytes)
+    for key, shape in zip(("min_shape", "opt_shape", "max_shape"), shapes):
+        graph["bindings"][0][key] = list(shape)
+    with pytest.raises(torchkiln.EngineFormatError, match=match):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_binding_range_must_be_ordered():
+    data = _engine_of(lambda n, x: [n.add_identity(x).get_output()], [("x", torch.float32, (4, 4))])
+    _, graph, weights = _split(data)
+    b = graph["bindings"][0]
+    b["min_shape"], b["opt_shape"], b["max_shape"] = [4, 4], [2, 4], [8, 4]
+    with pytest.raises(torchkiln.EngineFormatError, match="min <= opt <= max"):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_unread_intermediate_is_freed_at_once():
+    network = Network("unread")
+    x = network.add_input("x", torch.float32, (4,))
+    network.add_unary(x, L.UnaryOperation.EXP)  # nothing reads it
+    network.mark_output(network.add_unary(x, L.UnaryOperation.NEG).get_output())
+    ex = ReferenceExecutor(network, torch.device("cpu"))
+    assert ex.steps[0][-1] == [1]
+
+
+def test_400k_trivial_layers_load_in_seconds():
+    import time
+
+    n = 400_000
+    layers = [{"kind": "identity" if i % 2 else "unary", "name": f"l{i}", "inputs": [f"t{i}"],
+               "outputs": [{"name": f"t{i + 1}", "dtype": "float32", "shape": [2, 3]}], "weights": {},
+               "params": {} if i % 2 else {"op": "neg"}} for i in range(n)]
+    graph = {"name": "chain", "device_type": "cpu", "precision": "float32",
+             "bindings": [{"name": "t0", "dtype": "float32", "min_shape": [2, 3], "opt_shape": [2, 3],
+                           "max_shape": [2, 3]}],
+             "network": {"name": "chain", "inputs": [{"name": "t0", "dtype": "float32", "shape": [2, 3]}],
+                         "outputs": [f"t{n}"], "layers": layers}}
+    data = _pack(graph, b"")
+    start = time.perf_counter()
+    engine = Engine.deserialize(data)
+    assert time.perf_counter() - start < 30  # seconds; the meta-tensor path alone took minutes
+    x = torch.randn(2, 3)
+    assert torch.equal(engine.execute([x])[0], x)
