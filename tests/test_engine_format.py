@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import torchkiln
+from torchkiln.errors import NetworkError
 from torchkiln.examples import SmallResNet
 from torchkiln.runtime import serialization as S
 from torchkiln.network import layers as L
@@ -277,3 +278,113 @@ def test_400k_trivial_layers_load_in_seconds():
     assert time.perf_counter() - start < 30  # seconds; the meta-tensor path alone took minutes
     x = torch.randn(2, 3)
     assert torch.equal(engine.execute([x])[0], x)
+
+
+# ---- load-time validation: each kind's validate() turns what ATen would reject later into a clear error ----
+
+def _conv(n, x):
+    return [n.add_convolution_nd(x, torch.randn(4, 3, 3, 3), torch.randn(4), stride=(1, 1), padding=(1, 1),
+                                 dilation=(1, 1)).get_output()]
+
+
+def _gather(n, x):
+    return [n.add_gather(x, n.add_constant(torch.tensor([0, 3])).get_output(), 1).get_output()]
+
+
+def _scatter(n, x):
+    return [n.add_scatter(x, n.add_constant(torch.tensor([[1, 0]])).get_output(),
+                          n.add_constant(torch.ones(1, 2)).get_output(), 1).get_output()]
+
+
+_IMAGE = [("x", torch.float32, (1, 3, 8, 8))]
+_MATRIX = [("x", torch.float32, (4, 6))]
+
+
+@pytest.mark.parametrize("build, inputs, kind, edit, match", [
+    (_conv, _IMAGE, "convolution", {"stride": [0, 1]}, r"stride\[0\] = 0 is outside \[1, "),
+    (_conv, _IMAGE, "convolution", {"stride": [1, 1 << 30]}, r"stride\[1\] = 1073741824 is outside"),
+    (_conv, _IMAGE, "convolution", {"padding": [-1, 1]}, r"padding\[0\] = -1 is outside \[0, "),
+    (_conv, _IMAGE, "convolution", {"dilation": [1, 0]}, r"dilation\[1\] = 0"),
+    (_conv, _IMAGE, "convolution", {"stride": [1, 1, 1]}, r"stride \(1, 1, 1\) needs 2 entries"),
+    (_conv, _IMAGE, "convolution", {"groups": 3}, "groups 3 does not divide the 4 kernels"),
+    (lambda n, x: [n.add_pooling_nd(x, L.PoolingType.MAX, (2, 2), stride=(2, 2), padding=(0, 0)).get_output()],
+     _IMAGE, "pooling", {"window": [0, 2]}, r"window\[0\] = 0"),
+    (lambda n, x: [n.add_softmax(x, 1).get_output()], _MATRIX, "softmax", {"axis": 2},
+     "axis 2 is out of range for a tensor of rank 2"),
+    (lambda n, x: [n.add_reduce(x, L.ReduceOperation.SUM, (0,), False).get_output()], _MATRIX, "reduce",
+     {"axes": [1, -1]}, r"axes \(1, -1\) repeat an axis"),
+    (lambda n, x: [n.add_concatenation([x, x], 0).get_output()], _MATRIX, "concatenation", {"axis": -3},
+     "axis -3 is out of range"),
+    (lambda n, x: [n.add_topk(x, L.TopKOperation.MAX, 2, 1).get_output()], _MATRIX, "topk", {"k": 7},
+     r"k 7 is outside \[0, 6\]"),
+    (lambda n, x: [n.add_cumulative(x, L.CumulativeOperation.SUM, 0).get_output()], _MATRIX, "cumulative",
+     {"axis": 9}, "axis 9 is out of range"),
+    (_gather, _MATRIX, "gather", {"axis": 2}, "axis 2 is out of range"),
+    (lambda n, x: [n.add_expand(x, (4, 6)).get_output()], _MATRIX, "expand", {"shape": [1] * 15 + [4, 6]},
+     "more than 16"),
+    (lambda n, x: [n.add_shuffle(x, reshape_dims=(4, 6)).get_output()], _MATRIX, "shuffle",
+     {"reshape_dims": [1] * 15 + [4, 6]}, "output 0 has rank 17, over the limit of 16"),
+    (lambda n, x: [n.add_padding(x, (1, 1), L.PaddingMode.CONSTANT).get_output()], _MATRIX, "padding",
+     {"pad": [1, 1, 1]}, r"pad \(1, 1, 1\) needs a \(begin, end\) pair"),
+    (lambda n, x: [n.add_resize(x, "nearest", size=(16, 16)).get_output()], _IMAGE, "resize",
+     {"mode": "lanczos"}, "unknown mode 'lanczos'"),
+    (lambda n, x: [n.add_normalization(x, L.NormalizationKind.GROUP, 1e-5, num_groups=1).get_output()], _IMAGE,
+     "normalization", {"num_groups": 2}, "num_groups 2 does not divide the 3 channels"),
+])
+def test_load_time_validation(build, inputs, kind, edit, match):
+    _, graph, weights = _split(_engine_of(build, inputs))
+    layer = next(entry for entry in graph["network"]["layers"] if entry["kind"] == kind)
+    layer["params"].update(edit)
+    with pytest.raises(torchkiln.EngineFormatError, match=match):
+        Engine.deserialize(_pack(graph, weights))
+
+
+@pytest.mark.parametrize("build, values, match", [
+    (_gather, [0, 7], r"indices hold values in \[0, 7\], outside \[-6, 6\)"),
+    (_gather, [-7, 0], r"indices hold values in \[-7, 0\], outside \[-6, 6\)"),
+    (_scatter, [-1, 0], r"indices hold values in \[-1, 0\], outside \[0, 6\)"),
+])
+def test_constant_indices_are_checked_at_load(build, values, match):
+    data = _engine_of(build, _MATRIX)
+    _, graph, _ = _split(data)
+    engine = Engine.deserialize(data)
+    const = next(layer for layer in engine.network.layers if layer.KIND == "constant")
+    const.weights["value"] = torch.tensor([values] if build is _scatter else values)
+    _, graph, weights = _split(engine.serialize())
+    with pytest.raises(torchkiln.EngineFormatError, match=match):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_bias_length_and_weight_dtype_are_checked():
+    network = Network("h")
+    x = network.add_input("x", torch.float32, (1, 3, 8, 8))
+    with pytest.raises(NetworkError, match=r"bias of shape \[3\] for 4 output channels"):
+        network.add_convolution_nd(x, torch.randn(4, 3, 3, 3), torch.randn(3), stride=(1, 1), padding=(0, 0),
+                                   dilation=(1, 1))
+    with pytest.raises(NetworkError, match="weight 'kernel' has dtype torch.int64"):
+        network.add_convolution_nd(x, torch.ones(4, 3, 3, 3, dtype=torch.int64), stride=(1, 1), padding=(0, 0),
+                                   dilation=(1, 1))
+    # The same checks hold for engine bytes whose weights were swapped.
+    _, graph, weights = _split(_engine_of(_conv, _IMAGE))
+    conv = graph["network"]["layers"][0]
+    conv["weights"]["bias"] = conv["weights"]["kernel"]
+    with pytest.raises(torchkiln.EngineFormatError, match=r"bias of shape \[4, 3, 3, 3\] for 4 output channels"):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_cached_shape_inference_agrees_with_the_meta_path():
+    from torchkiln.network.shape_inference import infer_on_meta, infer_outputs
+    from test_engine_fuzz import seed_engines
+
+    layers = [layer for data in seed_engines() for layer in Engine.deserialize(data).network.layers]
+    assert len({type(layer) for layer in layers}) >= 20
+    for layer in layers:
+        assert infer_outputs(layer) == list(infer_on_meta(layer)), layer.KIND
+    # Layers alike but for a parameter or an input dtype are told apart.
+    network = Network("h")
+    ints = network.add_input("i", torch.int64, (2, 3))
+    floats = network.add_input("f", torch.float64, (2, 3))
+    assert network.add_unary(ints, L.UnaryOperation.EXP).get_output().dtype == torch.float32
+    assert network.add_unary(ints, L.UnaryOperation.NOT).get_output().dtype == torch.bool
+    assert network.add_unary(floats, L.UnaryOperation.EXP).get_output().dtype == torch.float64
+    assert network.add_cast(floats, torch.int8).get_output().dtype == torch.int8
