@@ -244,7 +244,10 @@ def fuzz_case(choose: Choose) -> bytes:
     if choose(4):
         graph, weights = split(data)
         for _ in range(1 + choose(3)):
-            mutate_graph(graph, choose)
+            try:
+                mutate_graph(graph, choose)
+            except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+                pass  # an earlier mutation left no place for this one; the graph goes on as it is
         if not choose(8):  # weights of another seed
             weights = split(seeds[choose(len(seeds))])[1]
         return pack(_encode(graph), weights)
