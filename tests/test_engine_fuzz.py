@@ -40,7 +40,8 @@ def _cnn(n: Network) -> list:
     x = n.add_input("x", torch.float32, (1, 3, 8, 8))
     y = n.add_convolution_nd(x, torch.randn(4, 3, 3, 3), torch.randn(4), stride=(1, 1), padding=(1, 1),
                              dilation=(1, 1)).get_output()
-    y = n.add_normalization(y, L.NormalizationKind.GROUP, 1e-5, torch.ones(4), torch.zeros(4), num_groups=2).get_output()
+    y = n.add_normalization(y, L.NormalizationKind.GROUP, 1e-5, torch.ones(4), torch.zeros(4),
+                            num_groups=2).get_output()
     y = n.add_activation(y, L.ActivationType.RELU).get_output()
     y = n.add_pooling_nd(y, L.PoolingType.MAX, (2, 2), stride=(2, 2), padding=(0, 0)).get_output()
     y = n.add_resize(y, "nearest", size=(8, 8)).get_output()

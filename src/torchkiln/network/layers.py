@@ -11,7 +11,7 @@ import enum
 import functools
 import math
 from collections.abc import Iterable
-from typing import ClassVar
+from typing import ClassVar, NoReturn
 
 import torch
 
@@ -86,7 +86,7 @@ class Layer:
             if w.dim() > MAX_RANK:
                 self.fail(f"weight {wname!r} has rank {w.dim()}, over the limit of {MAX_RANK}")
 
-    def fail(self, problem: str) -> None:
+    def fail(self, problem: str) -> NoReturn:
         """Raise a NetworkError naming this layer."""
         raise NetworkError(f"{self.KIND} layer {self.name!r}: {problem}")
 
@@ -635,7 +635,8 @@ class NormalizationLayer(Layer):
             if x.rank < 2:
                 self.fail(f"{self.kind.value} normalization needs an input of rank 2 or more, got {x.rank}")
             expected = (x.shape[1],)
-            if self.kind == NormalizationKind.GROUP and not (1 <= self.num_groups and x.shape[1] % self.num_groups == 0):
+            groups = self.num_groups
+            if self.kind == NormalizationKind.GROUP and not (groups >= 1 and x.shape[1] % groups == 0):
                 self.fail(f"num_groups {self.num_groups} does not divide the {x.shape[1]} channels")
         for wname, w in self.weights.items():
             if tuple(w.shape) != tuple(expected):
