@@ -123,7 +123,7 @@ class Engine:
         meta, network = S.decode_engine(data, max_memory)
         name = meta.get("name")
         device_type = meta.get("device_type")
-        if not isinstance(name, str) or device_type not in ("cpu", "cuda"):
+        if not isinstance(name, str) or len(name) > S.MAX_STRING or device_type not in ("cpu", "cuda"):
             raise EngineFormatError("engine metadata: bad name or device_type")
         raw_bindings = meta.get("bindings")
         if not isinstance(raw_bindings, list) or len(raw_bindings) > S.MAX_TENSORS:
@@ -131,7 +131,7 @@ class Engine:
         bindings = []
         for i, b in enumerate(raw_bindings):
             where = f"engine binding {i}"
-            if not isinstance(b, dict) or not isinstance(b.get("name"), str):
+            if not isinstance(b, dict) or not isinstance(b.get("name"), str) or len(b["name"]) > S.MAX_STRING:
                 raise EngineFormatError(f"{where}: malformed")
             shapes = [S.parse_shape(b.get(k), where) for k in ("min_shape", "opt_shape", "max_shape")]
             bindings.append(InputBinding(b["name"], S.parse_dtype(b.get("dtype"), where), *shapes))
