@@ -2,14 +2,19 @@
 import hashlib
 import json
 import struct
+import tracemalloc
 
 import pytest
 import torch
 
 import torchkiln
+from torchkiln.errors import NetworkError
 from torchkiln.examples import SmallResNet
 from torchkiln.runtime import serialization as S
-from torchkiln.runtime.engine import Engine
+from torchkiln.network import layers as L
+from torchkiln.network.network import Network
+from torchkiln.runtime.engine import Engine, InputBinding
+from torchkiln.runtime.executor import ReferenceExecutor
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +29,7 @@ def _split(data: bytes):
 
 
 def _pack(graph, weights: bytes, version: int = S.FORMAT_VERSION) -> bytes:
-    g = json.dumps(graph).encode()
+    g = json.dumps(graph, separators=(",", ":")).encode()
     body = S._PREFIX.pack(S.MAGIC, version, 0, len(g), len(weights)) + g + weights
     return body + hashlib.sha256(body).digest()
 
@@ -124,3 +129,265 @@ def test_corrupt_engine_inside_a_saved_module_raises_on_call(tmp_path):
     loaded = torch.jit.load(tmp_path / "damaged.ts")
     with pytest.raises(RuntimeError, match="EngineFormatError: engine data is corrupted: checksum mismatch"):
         loaded(torch.randn(1, 3, 32, 32))
+
+
+# ---- hostile engines: each repro names the problem and costs bounded time and memory ------------------
+
+def _engine_of(build, inputs=()) -> bytes:
+    """Bytes of a small engine whose network `build(network, *inputs)` makes; inputs are (name, dtype, shape)."""
+    network = Network("h")
+    xs = [network.add_input(name, dtype, shape) for name, dtype, shape in inputs]
+    for out in build(network, *xs):
+        network.mark_output(out)
+    bindings = [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in network.inputs]
+    return Engine(network, bindings, "cpu", torch.float32, "h").serialize()
+
+
+def _fill_engine() -> bytes:
+    return _engine_of(lambda n: [n.add_fill(4, 0.0, 1.0, torch.float32).get_output()])
+
+
+def test_deeply_nested_json_is_a_format_error(engine_bytes):
+    _, graph, weights = _split(engine_bytes)
+    graph["pad"] = "@@@"
+    text = json.dumps(graph).replace('"@@@"', "[" * 200_000 + "]" * 200_000)
+    g = text.encode()
+    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(g), len(weights)) + g + weights
+    with pytest.raises(torchkiln.EngineFormatError, match="nested too deeply"):
+        Engine.deserialize(body + hashlib.sha256(body).digest())
+
+
+def test_deep_value_in_a_parameter_is_a_format_error():
+    _, graph, weights = _split(_fill_engine())
+    graph["network"]["layers"][0]["params"]["length"] = "@@@"
+    g = json.dumps(graph).replace('"@@@"', "[" * 950 + "]" * 950).encode()  # deep, yet within JSON's own limit
+    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(g), len(weights)) + g + weights
+    with pytest.raises(torchkiln.EngineFormatError, match="parameter 'length'|nested too deeply") as e:
+        Engine.deserialize(body + hashlib.sha256(body).digest())
+    assert len(str(e.value)) < 300
+
+
+def test_five_thousand_digit_integer_is_a_format_error():
+    _, graph, weights = _split(_fill_engine())
+    text = json.dumps(graph).replace('"length": 4', '"length": ' + "7" * 5000)
+    g = text.encode()
+    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(g), len(weights)) + g + weights
+    with pytest.raises(torchkiln.EngineFormatError, match="integer of 5000 digits"):
+        Engine.deserialize(body + hashlib.sha256(body).digest())
+
+
+@pytest.mark.parametrize("length", [3 << 28, 1 << 62])
+def test_tiny_engine_with_a_huge_fill_is_refused_at_load(length):
+    _, graph, weights = _split(_fill_engine())
+    graph["network"]["layers"][0]["params"]["length"] = length
+    graph["network"]["layers"][0]["outputs"][0]["shape"] = [length]
+    data = _pack(graph, weights)
+    assert len(data) < 512  # a few hundred bytes
+    tracemalloc.start()
+    try:
+        with pytest.raises(torchkiln.EngineFormatError, match="plans .* bytes .* limit|size calculation overflowed"):
+            Engine.deserialize(data, max_memory=1 << 30)
+        assert tracemalloc.get_traced_memory()[1] < 16 << 20
+    finally:
+        tracemalloc.stop()
+
+
+def test_tiny_engine_with_a_huge_expand_is_refused_at_load():
+    data = _engine_of(lambda n, x: [n.add_expand(x, (4,)).get_output()], [("x", torch.float32, (1,))])
+    _, graph, weights = _split(data)
+    expand = graph["network"]["layers"][0]
+    expand["name"], expand["outputs"][0]["name"], graph["network"]["outputs"] = "e", "y", ["y"]
+    expand["params"]["shape"] = expand["outputs"][0]["shape"] = [1 << 20, 1 << 20]
+    data = _pack(graph, weights)
+    assert len(data) < 512  # a few hundred bytes
+    with pytest.raises(torchkiln.EngineFormatError, match="plans .* bytes .* limit"):
+        Engine.deserialize(data)
+
+
+def test_memory_limit_from_the_environment(monkeypatch):
+    data = _fill_engine()
+    monkeypatch.setenv("TORCHKILN_MAX_ENGINE_MEMORY", "8")
+    with pytest.raises(torchkiln.EngineFormatError, match="plans 16 bytes .* 8-byte limit"):
+        Engine.deserialize(data)
+    assert Engine.deserialize(data, max_memory=16).execute([])[0].tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_too_many_layers_is_refused_before_inference(monkeypatch):
+    _, graph, weights = _split(_fill_engine())
+    graph["network"]["layers"] *= 3
+    monkeypatch.setattr(S, "MAX_LAYERS", 2)
+    with pytest.raises(torchkiln.EngineFormatError, match="'layers' holds 3 entries, over the limit of 2"):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_long_parameter_list_is_refused(engine_bytes):
+    _, graph, weights = _split(engine_bytes)
+    conv = next(entry for entry in graph["network"]["layers"] if entry["kind"] == "convolution")
+    conv["params"]["stride"] = [1] * 100_000
+    with pytest.raises(torchkiln.EngineFormatError, match="parameter 'stride'.* list of 100000"):
+        Engine.deserialize(_pack(graph, weights))
+
+
+@pytest.mark.parametrize("shapes, match", [
+    (((1, 3, 32, 32), (1, 3, 32, 32), (2, 3, 32, 32)), "fixed dim 0 of 1"),
+    (((1, 3, 32, 32), (1, 3, 32, 32), (1, 3, 32, 64)), "fixed dim 3 of 32"),
+    (((1, 3, 16, 16), (1, 3, 16, 16), (1, 3, 16, 16)), "fixed dim 2 of 32"),
+    (((1, 3, 32, 32), (1, 3, 32), (1, 3, 32, 32)), "ranks"),
+])
+def test_bindings_must_match_the_network_inputs(engine_bytes, shapes, match):
+    _, graph, weights = _split(engine_bytes)
+    for key, shape in zip(("min_shape", "opt_shape", "max_shape"), shapes):
+        graph["bindings"][0][key] = list(shape)
+    with pytest.raises(torchkiln.EngineFormatError, match=match):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_binding_range_must_be_ordered():
+    data = _engine_of(lambda n, x: [n.add_identity(x).get_output()], [("x", torch.float32, (4, 4))])
+    _, graph, weights = _split(data)
+    b = graph["bindings"][0]
+    b["min_shape"], b["opt_shape"], b["max_shape"] = [4, 4], [2, 4], [8, 4]
+    with pytest.raises(torchkiln.EngineFormatError, match="min <= opt <= max"):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_unread_intermediate_is_freed_at_once():
+    network = Network("unread")
+    x = network.add_input("x", torch.float32, (4,))
+    network.add_unary(x, L.UnaryOperation.EXP)  # nothing reads it
+    network.mark_output(network.add_unary(x, L.UnaryOperation.NEG).get_output())
+    ex = ReferenceExecutor(network, torch.device("cpu"))
+    assert ex.steps[0][-1] == [1]
+
+
+def test_400k_trivial_layers_load_in_seconds():
+    import time
+
+    n = 400_000
+    layer = ('{{"kind":"{kind}","name":"l{i}","inputs":["t{i}"],"outputs":[{{"name":"t{j}","dtype":"float32",'
+             '"shape":[2,3]}}],"weights":{{}},"params":{params}}}')
+    layers = ",".join(layer.format(kind="identity" if i % 2 else "unary", i=i, j=i + 1,
+                                   params="{}" if i % 2 else '{"op":"neg"}') for i in range(n))
+    shape = '"dtype":"float32","min_shape":[2,3],"opt_shape":[2,3],"max_shape":[2,3]'
+    text = (f'{{"name":"chain","device_type":"cpu","precision":"float32","bindings":[{{"name":"t0",{shape}}}],'
+            f'"network":{{"name":"chain","inputs":[{{"name":"t0","dtype":"float32","shape":[2,3]}}],'
+            f'"outputs":["t{n}"],"layers":[{layers}]}}}}').encode()
+    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(text), 0) + text
+    data = body + hashlib.sha256(body).digest()
+    assert len(data) > 57_000_000
+    start = time.perf_counter()
+    engine = Engine.deserialize(data)
+    assert time.perf_counter() - start < 90  # seconds, on a busy machine; it took about ten minutes before
+    assert len(engine.network.layers) == n
+    x = torch.randn(2, 3)
+    assert torch.equal(engine.execute([x])[0], x)
+
+
+# ---- load-time validation: each kind's validate() turns what ATen would reject later into a clear error ----
+
+def _conv(n, x):
+    return [n.add_convolution_nd(x, torch.randn(4, 3, 3, 3), torch.randn(4), stride=(1, 1), padding=(1, 1),
+                                 dilation=(1, 1)).get_output()]
+
+
+def _gather(n, x):
+    return [n.add_gather(x, n.add_constant(torch.tensor([0, 3])).get_output(), 1).get_output()]
+
+
+def _scatter(n, x):
+    return [n.add_scatter(x, n.add_constant(torch.tensor([[1, 0]])).get_output(),
+                          n.add_constant(torch.ones(1, 2)).get_output(), 1).get_output()]
+
+
+_IMAGE = [("x", torch.float32, (1, 3, 8, 8))]
+_MATRIX = [("x", torch.float32, (4, 6))]
+
+
+@pytest.mark.parametrize("build, inputs, kind, edit, match", [
+    (_conv, _IMAGE, "convolution", {"stride": [0, 1]}, r"stride\[0\] = 0 is outside \[1, "),
+    (_conv, _IMAGE, "convolution", {"stride": [1, 1 << 30]}, r"stride\[1\] = 1073741824 is outside"),
+    (_conv, _IMAGE, "convolution", {"padding": [-1, 1]}, r"padding\[0\] = -1 is outside \[0, "),
+    (_conv, _IMAGE, "convolution", {"dilation": [1, 0]}, r"dilation\[1\] = 0"),
+    (_conv, _IMAGE, "convolution", {"stride": [1, 1, 1]}, r"stride \(1, 1, 1\) needs 2 entries"),
+    (_conv, _IMAGE, "convolution", {"groups": 3}, "groups 3 does not divide the 4 kernels"),
+    (lambda n, x: [n.add_pooling_nd(x, L.PoolingType.MAX, (2, 2), stride=(2, 2), padding=(0, 0)).get_output()],
+     _IMAGE, "pooling", {"window": [0, 2]}, r"window\[0\] = 0"),
+    (lambda n, x: [n.add_softmax(x, 1).get_output()], _MATRIX, "softmax", {"axis": 2},
+     "axis 2 is out of range for a tensor of rank 2"),
+    (lambda n, x: [n.add_reduce(x, L.ReduceOperation.SUM, (0,), False).get_output()], _MATRIX, "reduce",
+     {"axes": [1, -1]}, r"axes \(1, -1\) repeat an axis"),
+    (lambda n, x: [n.add_concatenation([x, x], 0).get_output()], _MATRIX, "concatenation", {"axis": -3},
+     "axis -3 is out of range"),
+    (lambda n, x: [n.add_topk(x, L.TopKOperation.MAX, 2, 1).get_output()], _MATRIX, "topk", {"k": 7},
+     r"k 7 is outside \[0, 6\]"),
+    (lambda n, x: [n.add_cumulative(x, L.CumulativeOperation.SUM, 0).get_output()], _MATRIX, "cumulative",
+     {"axis": 9}, "axis 9 is out of range"),
+    (_gather, _MATRIX, "gather", {"axis": 2}, "axis 2 is out of range"),
+    (lambda n, x: [n.add_expand(x, (4, 6)).get_output()], _MATRIX, "expand", {"shape": [1] * 15 + [4, 6]},
+     "more than 16"),
+    (lambda n, x: [n.add_shuffle(x, reshape_dims=(4, 6)).get_output()], _MATRIX, "shuffle",
+     {"reshape_dims": [1] * 15 + [4, 6]}, "output 0 has rank 17, over the limit of 16"),
+    (lambda n, x: [n.add_padding(x, (1, 1), L.PaddingMode.CONSTANT).get_output()], _MATRIX, "padding",
+     {"pad": [1, 1, 1]}, r"pad \(1, 1, 1\) needs a \(begin, end\) pair"),
+    (lambda n, x: [n.add_resize(x, "nearest", size=(16, 16)).get_output()], _IMAGE, "resize",
+     {"mode": "lanczos"}, "unknown mode 'lanczos'"),
+    (lambda n, x: [n.add_normalization(x, L.NormalizationKind.GROUP, 1e-5, num_groups=1).get_output()], _IMAGE,
+     "normalization", {"num_groups": 2}, "num_groups 2 does not divide the 3 channels"),
+])
+def test_load_time_validation(build, inputs, kind, edit, match):
+    _, graph, weights = _split(_engine_of(build, inputs))
+    layer = next(entry for entry in graph["network"]["layers"] if entry["kind"] == kind)
+    layer["params"].update(edit)
+    with pytest.raises(torchkiln.EngineFormatError, match=match):
+        Engine.deserialize(_pack(graph, weights))
+
+
+@pytest.mark.parametrize("build, values, match", [
+    (_gather, [0, 7], r"indices hold values in \[0, 7\], outside \[-6, 6\)"),
+    (_gather, [-7, 0], r"indices hold values in \[-7, 0\], outside \[-6, 6\)"),
+    (_scatter, [-1, 0], r"indices hold values in \[-1, 0\], outside \[0, 6\)"),
+])
+def test_constant_indices_are_checked_at_load(build, values, match):
+    data = _engine_of(build, _MATRIX)
+    _, graph, _ = _split(data)
+    engine = Engine.deserialize(data)
+    const = next(layer for layer in engine.network.layers if layer.KIND == "constant")
+    const.weights["value"] = torch.tensor([values] if build is _scatter else values)
+    _, graph, weights = _split(engine.serialize())
+    with pytest.raises(torchkiln.EngineFormatError, match=match):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_bias_length_and_weight_dtype_are_checked():
+    network = Network("h")
+    x = network.add_input("x", torch.float32, (1, 3, 8, 8))
+    with pytest.raises(NetworkError, match=r"bias of shape \[3\] for 4 output channels"):
+        network.add_convolution_nd(x, torch.randn(4, 3, 3, 3), torch.randn(3), stride=(1, 1), padding=(0, 0),
+                                   dilation=(1, 1))
+    with pytest.raises(NetworkError, match="weight 'kernel' has dtype torch.int64"):
+        network.add_convolution_nd(x, torch.ones(4, 3, 3, 3, dtype=torch.int64), stride=(1, 1), padding=(0, 0),
+                                   dilation=(1, 1))
+    # The same checks hold for engine bytes whose weights were swapped.
+    _, graph, weights = _split(_engine_of(_conv, _IMAGE))
+    conv = graph["network"]["layers"][0]
+    conv["weights"]["bias"] = conv["weights"]["kernel"]
+    with pytest.raises(torchkiln.EngineFormatError, match=r"bias of shape \[4, 3, 3, 3\] for 4 output channels"):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_cached_shape_inference_agrees_with_the_meta_path():
+    from torchkiln.network.shape_inference import infer_on_meta, infer_outputs
+    from test_engine_fuzz import seed_engines
+
+    layers = [layer for data in seed_engines() for layer in Engine.deserialize(data).network.layers]
+    assert len({type(layer) for layer in layers}) >= 20
+    for layer in layers:
+        assert infer_outputs(layer) == list(infer_on_meta(layer)), layer.KIND
+    # Layers alike but for a parameter or an input dtype are told apart.
+    network = Network("h")
+    ints = network.add_input("i", torch.int64, (2, 3))
+    floats = network.add_input("f", torch.float64, (2, 3))
+    assert network.add_unary(ints, L.UnaryOperation.EXP).get_output().dtype == torch.float32
+    assert network.add_unary(ints, L.UnaryOperation.NOT).get_output().dtype == torch.bool
+    assert network.add_unary(floats, L.UnaryOperation.EXP).get_output().dtype == torch.float64
+    assert network.add_cast(floats, torch.int8).get_output().dtype == torch.int8

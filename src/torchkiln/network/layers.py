@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import ClassVar
+import functools
+import math
+from collections.abc import Iterable
+from typing import ClassVar, NoReturn
 
 import torch
 
+from torchkiln.errors import NetworkError
 from torchkiln.network.tensor import Tensor
 
 LAYER_KINDS: dict[str, type[Layer]] = {}
+MAX_RANK = 16  # the most dims a network tensor may have
+MAX_EXTENT = 1 << 20  # the largest stride, padding, dilation or window a layer may declare
+TENSOR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+                 torch.int16, torch.int8, torch.uint8, torch.bool)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def layer_kind(cls: type[Layer]) -> type[Layer]:
@@ -33,6 +42,7 @@ class Layer:
     KIND: ClassVar[str] = ""
     WEIGHTS: ClassVar[tuple[str, ...]] = ()  # weight names this kind may hold
     REQUIRED_WEIGHTS: ClassVar[tuple[str, ...]] = ()
+    WEIGHT_DTYPES: ClassVar[tuple[torch.dtype, ...]] = TENSOR_DTYPES  # dtypes its weights may have
     MIN_INPUTS: ClassVar[int] = 1
     MAX_INPUTS: ClassVar[int | None] = 1
 
@@ -45,12 +55,67 @@ class Layer:
         return self.outputs[index]
 
     @classmethod
-    def param_fields(cls) -> list[dataclasses.Field]:
+    @functools.cache
+    def param_fields(cls) -> tuple[dataclasses.Field, ...]:
         """The kind's own parameters (not name, inputs, outputs or weights)."""
-        return [f for f in dataclasses.fields(cls) if f.name not in ("name", "inputs", "outputs", "weights")]
+        return tuple(f for f in dataclasses.fields(cls) if f.name not in ("name", "inputs", "outputs", "weights"))
+
+    @classmethod
+    @functools.cache
+    def param_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in cls.param_fields())
 
     def params(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in self.param_fields()}
+
+    def validate(self) -> None:
+        """Check inputs, weights and parameters before shape inference; a problem is a NetworkError.
+
+        A kind adds its own checks by overriding this (calling super) next to its definition, so they
+        hold when a network is built and when an engine is loaded."""
+        n = len(self.inputs)
+        if n < self.MIN_INPUTS or (self.MAX_INPUTS is not None and n > self.MAX_INPUTS):
+            self.fail(f"got {n} inputs")
+        missing = [w for w in self.REQUIRED_WEIGHTS if w not in self.weights]
+        unknown = [w for w in self.weights if w not in self.WEIGHTS]
+        if missing or unknown:
+            self.fail(f"missing weights {missing}, unknown weights {unknown}")
+        for wname, w in self.weights.items():
+            if w.dtype not in self.WEIGHT_DTYPES:
+                self.fail(f"weight {wname!r} has dtype {w.dtype}; this kind takes {_names(self.WEIGHT_DTYPES)}")
+            if w.dim() > MAX_RANK:
+                self.fail(f"weight {wname!r} has rank {w.dim()}, over the limit of {MAX_RANK}")
+
+    def fail(self, problem: str) -> NoReturn:
+        """Raise a NetworkError naming this layer."""
+        raise NetworkError(f"{self.KIND} layer {self.name!r}: {problem}")
+
+    def check_range(self, what: str, values: Iterable[int], lo: int, hi: int = MAX_EXTENT) -> None:
+        for i, v in enumerate(values):
+            if not lo <= v <= hi:
+                self.fail(f"{what}[{i}] = {v} is outside [{lo}, {hi}]")
+
+    def check_axis(self, what: str, axis: int, rank: int) -> None:
+        """torch's rule: an axis of a rank-r tensor lies in [-r, r) (a scalar takes -1 and 0)."""
+        r = max(rank, 1)
+        if not -r <= axis < r:
+            self.fail(f"{what} {axis} is out of range for a tensor of rank {rank}")
+
+    def check_constant_indices(self, indices: Tensor, lo: int, hi: int) -> None:
+        """Indices that a ConstantLayer gives must lie in [lo, hi) (checked now, not inside ATen later)."""
+        value = constant_value(indices)
+        if value is not None and value.numel() and not (lo <= int(value.min()) and int(value.max()) < hi):
+            self.fail(f"indices hold values in [{int(value.min())}, {int(value.max())}], outside [{lo}, {hi})")
+
+
+def constant_value(tensor: Tensor) -> torch.Tensor | None:
+    """The value of a tensor a ConstantLayer produces, else None."""
+    producer = tensor.producer
+    return producer.weights.get("value") if isinstance(producer, ConstantLayer) else None
+
+
+def _names(dtypes: Iterable[torch.dtype]) -> str:
+    return ", ".join(str(d).removeprefix("torch.") for d in dtypes)
 
 
 class ActivationType(enum.Enum):
@@ -235,6 +300,29 @@ class ConvolutionLayer(Layer):
     transposed: bool = False
     output_padding: tuple[int, ...] = ()
 
+    WEIGHT_DTYPES: ClassVar[tuple[torch.dtype, ...]] = FLOAT_DTYPES
+
+    def validate(self) -> None:
+        super().validate()
+        kernel = self.weights["kernel"]
+        nd = kernel.dim() - 2
+        if nd not in (1, 2, 3):
+            self.fail(f"kernel of rank {kernel.dim()}; a 1-, 2- or 3-d convolution needs rank 3, 4 or 5")
+        if self.inputs[0].rank not in (nd + 1, nd + 2):
+            self.fail(f"input of rank {self.inputs[0].rank} for a {nd}-d kernel")
+        for what, values, lo, lengths in (("stride", self.stride, 1, (1, nd)), ("padding", self.padding, 0, (1, nd)),
+                                          ("dilation", self.dilation, 1, (1, nd)),
+                                          ("output_padding", self.output_padding, 0, (0, 1, nd))):
+            if len(values) not in lengths:
+                self.fail(f"{what} {values} needs {nd} entries")
+            self.check_range(what, values, lo)
+        if not 1 <= self.groups <= MAX_EXTENT or (not self.transposed and kernel.shape[0] % self.groups):
+            self.fail(f"groups {self.groups} does not divide the {kernel.shape[0]} kernels")
+        out_channels = kernel.shape[1] * self.groups if self.transposed else kernel.shape[0]
+        bias = self.weights.get("bias")
+        if bias is not None and tuple(bias.shape) != (out_channels,):
+            self.fail(f"bias of shape {list(bias.shape)} for {out_channels} output channels")
+
 
 @layer_kind
 class ScaleLayer(Layer):
@@ -244,6 +332,20 @@ class ScaleLayer(Layer):
     WEIGHTS: ClassVar[tuple[str, ...]] = ("scale", "shift", "power")
     mode: ScaleMode
     channel_axis: int = 1
+
+    def validate(self) -> None:
+        super().validate()
+        x = self.inputs[0]
+        if self.mode == ScaleMode.CHANNEL:
+            self.check_axis("channel_axis", self.channel_axis, x.rank)
+            channels = x.shape[self.channel_axis] if x.rank else 1
+            for wname, w in self.weights.items():
+                if w.numel() not in (1, channels):
+                    self.fail(f"weight {wname!r} has {w.numel()} values for {channels} channels")
+        elif self.mode == ScaleMode.UNIFORM:
+            for wname, w in self.weights.items():
+                if w.numel() != 1:
+                    self.fail(f"uniform weight {wname!r} has {w.numel()} values, not one")
 
 
 @layer_kind
@@ -261,6 +363,7 @@ class ParametricReLULayer(Layer):
     KIND: ClassVar[str] = "parametric_relu"
     WEIGHTS: ClassVar[tuple[str, ...]] = ("slope",)
     REQUIRED_WEIGHTS: ClassVar[tuple[str, ...]] = ("slope",)
+    WEIGHT_DTYPES: ClassVar[tuple[torch.dtype, ...]] = FLOAT_DTYPES
 
 
 @layer_kind
@@ -293,6 +396,18 @@ class PoolingLayer(Layer):
     count_include_pad: bool = True
     divisor_override: int | None = None
 
+    def validate(self) -> None:
+        super().validate()
+        nd = len(self.window)
+        for what, values, lo, lengths in (("window", self.window, 1, (nd,)), ("stride", self.stride, 1, (0, 1, nd)),
+                                          ("padding", self.padding, 0, (1, nd)),
+                                          ("dilation", self.dilation, 1, (0, 1, nd))):
+            if len(values) not in lengths:
+                self.fail(f"{what} {values} does not fit a {nd}-d window")
+            self.check_range(what, values, lo)
+        if self.divisor_override is not None and not 1 <= self.divisor_override <= MAX_EXTENT:
+            self.fail(f"divisor_override {self.divisor_override} is outside [1, {MAX_EXTENT}]")
+
 
 @layer_kind
 class MatrixMultiplyLayer(Layer):
@@ -324,6 +439,14 @@ class ReduceLayer(Layer):
     axes: tuple[int, ...]
     keep_dims: bool = False
 
+    def validate(self) -> None:
+        super().validate()
+        rank = self.inputs[0].rank
+        for axis in self.axes:
+            self.check_axis("axis", axis, rank)
+        if len({a % max(rank, 1) for a in self.axes}) != len(self.axes):
+            self.fail(f"axes {self.axes} repeat an axis")
+
 
 @layer_kind
 class SoftMaxLayer(Layer):
@@ -331,12 +454,20 @@ class SoftMaxLayer(Layer):
     axis: int
     log: bool = False
 
+    def validate(self) -> None:
+        super().validate()
+        self.check_axis("axis", self.axis, self.inputs[0].rank)
+
 
 @layer_kind
 class ConcatenationLayer(Layer):
     KIND: ClassVar[str] = "concatenation"
     MAX_INPUTS: ClassVar[int | None] = None
     axis: int
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_axis("axis", self.axis, self.inputs[0].rank)
 
 
 @layer_kind
@@ -356,6 +487,12 @@ class ExpandLayer(Layer):
     KIND: ClassVar[str] = "expand"
     shape: tuple[int, ...]
 
+    def validate(self) -> None:
+        super().validate()
+        if not self.inputs[0].rank <= len(self.shape) <= MAX_RANK:
+            self.fail(f"shape {self.shape} has fewer dims than the input or more than {MAX_RANK}")
+        self.check_range("shape", self.shape, -1, 1 << 62)
+
 
 @layer_kind
 class GatherLayer(Layer):
@@ -367,6 +504,27 @@ class GatherLayer(Layer):
     axis: int = 0
     mode: GatherMode = GatherMode.DEFAULT
 
+    def validate(self) -> None:
+        super().validate()
+        data, indices = self.inputs
+        if indices.dtype not in ((torch.int64,) if self.mode == GatherMode.ELEMENT else (torch.int64, torch.int32)):
+            self.fail(f"{self.mode.value} gather indices of dtype {indices.dtype}")
+        if self.mode == GatherMode.ND:
+            depth = indices.shape[-1] if indices.rank else 0
+            if not 1 <= depth <= data.rank:
+                self.fail(f"nd indices of shape {list(indices.shape)} for data of rank {data.rank}")
+            value = constant_value(indices)
+            if value is not None and value.numel():
+                columns = value.reshape(-1, depth)
+                for k, (lo, hi) in enumerate(zip(columns.amin(0).tolist(), columns.amax(0).tolist())):
+                    if not -data.shape[k] <= lo and hi < data.shape[k]:
+                        self.fail(f"indices for dim {k} hold values in [{lo}, {hi}], outside "
+                                  f"[{-data.shape[k]}, {data.shape[k]})")
+            return
+        self.check_axis("axis", self.axis, data.rank)
+        size = data.shape[self.axis] if data.rank else 1
+        self.check_constant_indices(indices, 0 if self.mode == GatherMode.ELEMENT else -size, size)
+
 
 @layer_kind
 class ScatterLayer(Layer):
@@ -376,6 +534,14 @@ class ScatterLayer(Layer):
     MIN_INPUTS: ClassVar[int] = 3
     MAX_INPUTS: ClassVar[int | None] = 3
     axis: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        data, indices, _ = self.inputs
+        self.check_axis("axis", self.axis, data.rank)
+        if indices.dtype != torch.int64:
+            self.fail(f"indices must be int64, got {indices.dtype}")
+        self.check_constant_indices(indices, 0, data.shape[self.axis] if data.rank else 1)
 
 
 @layer_kind
@@ -396,6 +562,14 @@ class TopKLayer(Layer):
     k: int
     axis: int
 
+    def validate(self) -> None:
+        super().validate()
+        x = self.inputs[0]
+        self.check_axis("axis", self.axis, x.rank)
+        size = x.shape[self.axis] if x.rank else 1
+        if not 0 <= self.k <= size:
+            self.fail(f"k {self.k} is outside [0, {size}] on axis {self.axis}")
+
 
 @layer_kind
 class ResizeLayer(Layer):
@@ -407,6 +581,19 @@ class ResizeLayer(Layer):
     scales: tuple[float, ...] | None = None
     align_corners: bool | None = None
 
+    MODES: ClassVar[tuple[str, ...]] = ("nearest", "nearest-exact", "linear", "bilinear", "bicubic", "trilinear",
+                                        "area")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.mode not in self.MODES:
+            self.fail(f"unknown mode {self.mode!r}")
+        if self.size is not None:
+            self.check_range("size", self.size, 1, 1 << 40)
+        for i, s in enumerate(self.scales or ()):
+            if not (math.isfinite(s) and 0 < s <= MAX_EXTENT):
+                self.fail(f"scales[{i}] = {s} is not a positive finite factor")
+
 
 @layer_kind
 class PaddingLayer(Layer):
@@ -416,6 +603,12 @@ class PaddingLayer(Layer):
     pad: tuple[int, ...]
     mode: PaddingMode = PaddingMode.CONSTANT
     value: float = 0.0
+
+    def validate(self) -> None:
+        super().validate()
+        if len(self.pad) % 2 or len(self.pad) > 2 * self.inputs[0].rank:
+            self.fail(f"pad {self.pad} needs a (begin, end) pair for each of at most {self.inputs[0].rank} dims")
+        self.check_range("pad", self.pad, -MAX_EXTENT)  # negative pads crop, as in torch
 
 
 @layer_kind
@@ -429,6 +622,26 @@ class NormalizationLayer(Layer):
     normalized_shape: tuple[int, ...] = ()  # LAYER
     num_groups: int = 1  # GROUP
 
+    WEIGHT_DTYPES: ClassVar[tuple[torch.dtype, ...]] = FLOAT_DTYPES
+
+    def validate(self) -> None:
+        super().validate()
+        x = self.inputs[0]
+        if not (math.isfinite(self.epsilon) and self.epsilon >= 0):
+            self.fail(f"epsilon {self.epsilon} is not a non-negative number")
+        if self.kind == NormalizationKind.LAYER:
+            expected = self.normalized_shape
+        else:
+            if x.rank < 2:
+                self.fail(f"{self.kind.value} normalization needs an input of rank 2 or more, got {x.rank}")
+            expected = (x.shape[1],)
+            groups = self.num_groups
+            if self.kind == NormalizationKind.GROUP and not (groups >= 1 and x.shape[1] % groups == 0):
+                self.fail(f"num_groups {self.num_groups} does not divide the {x.shape[1]} channels")
+        for wname, w in self.weights.items():
+            if tuple(w.shape) != tuple(expected):
+                self.fail(f"weight {wname!r} of shape {list(w.shape)}, expected {list(expected)}")
+
 
 @layer_kind
 class EinsumLayer(Layer):
@@ -436,12 +649,21 @@ class EinsumLayer(Layer):
     MAX_INPUTS: ClassVar[int | None] = None
     equation: str
 
+    def validate(self) -> None:
+        super().validate()
+        if len(self.equation) > 1024:
+            self.fail(f"equation of {len(self.equation)} characters")
+
 
 @layer_kind
 class CumulativeLayer(Layer):
     KIND: ClassVar[str] = "cumulative"
     op: CumulativeOperation
     axis: int
+
+    def validate(self) -> None:
+        super().validate()
+        self.check_axis("axis", self.axis, self.inputs[0].rank)
 
 
 @layer_kind
@@ -456,6 +678,11 @@ class FillLayer(Layer):
     start: float
     step: float
     dtype: torch.dtype
+
+    def validate(self) -> None:
+        super().validate()
+        if self.length < 0:
+            self.fail(f"negative length {self.length}")
 
 
 @layer_kind
@@ -475,6 +702,12 @@ class GridSampleLayer(Layer):
     mode: str = "bilinear"
     padding_mode: str = "zeros"
     align_corners: bool = False
+
+    def validate(self) -> None:
+        super().validate()
+        if self.mode not in ("bilinear", "nearest", "bicubic") or self.padding_mode not in ("zeros", "border",
+                                                                                           "reflection"):
+            self.fail(f"unknown mode {self.mode!r} or padding_mode {self.padding_mode!r}")
 
 
 @layer_kind

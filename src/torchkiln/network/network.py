@@ -51,7 +51,7 @@ class Network:
         name: str | None = None,
         **params: object,
     ) -> L.Layer:
-        """Add a layer of any registered kind; the typed `add_*` methods call this."""
+        """Add a layer of any registered kind (checked by its `validate`); the typed `add_*` methods call this."""
         from torchkiln.network.shape_inference import infer_outputs
 
         for t in inputs:
@@ -61,7 +61,10 @@ class Network:
         clean = {k: v.detach().cpu() for k, v in (weights or {}).items() if v is not None}
         default = f"{self.scope}/{layer_class.KIND}" if self.scope else layer_class.KIND
         layer = layer_class(name=self.unique_name(name or default), inputs=list(inputs), weights=clean, **params)
+        layer.validate()
         for i, (shape, dtype) in enumerate(infer_outputs(layer)):
+            if len(shape) > L.MAX_RANK:
+                layer.fail(f"output {i} has rank {len(shape)}, over the limit of {L.MAX_RANK}")
             layer.outputs.append(Tensor(self.unique_name(f"{layer.name}:{i}"), shape, dtype, producer=layer))
         self.layers.append(layer)
         return layer

@@ -9,6 +9,7 @@ import torch
 
 from torchkiln.errors import EngineFormatError, EngineInputError
 from torchkiln.network.network import Network
+from torchkiln.network.tensor import Tensor
 from torchkiln.runtime import serialization as S
 from torchkiln.runtime.executor import ReferenceExecutor
 
@@ -22,6 +23,21 @@ class InputBinding:
     min_shape: tuple[int, ...]
     opt_shape: tuple[int, ...]
     max_shape: tuple[int, ...]
+
+    def check_against(self, tensor: Tensor, engine: str) -> None:
+        """Raise EngineFormatError unless this binding fits network input `tensor`: same dtype and rank,
+        min <= opt <= max, and a fixed dim of the network equal to min = opt = max."""
+        what = (f"engine {engine!r}: binding {self.name!r} (min {list(self.min_shape)}, opt {list(self.opt_shape)}, "
+                f"max {list(self.max_shape)}, {self.dtype}) for network input {tensor!r}")
+        if self.dtype != tensor.dtype:
+            raise EngineFormatError(f"{what}: the dtypes differ")
+        if not len(self.min_shape) == len(self.opt_shape) == len(self.max_shape) == tensor.rank:
+            raise EngineFormatError(f"{what}: the ranks differ")
+        for i, (lo, opt, hi, d) in enumerate(zip(self.min_shape, self.opt_shape, self.max_shape, tensor.shape)):
+            if not 0 <= lo <= opt <= hi:
+                raise EngineFormatError(f"{what}: dim {i} needs 0 <= min <= opt <= max")
+            if d >= 0 and not lo == opt == hi == d:
+                raise EngineFormatError(f"{what}: the network's fixed dim {i} of {d} needs min = opt = max = {d}")
 
     def check(self, index: int, value: object, device_type: str) -> None:
         """Raise EngineInputError naming this input if `value` does not fit."""
@@ -48,8 +64,7 @@ class Engine:
         if len(bindings) != len(network.inputs):
             raise EngineFormatError(f"engine {name!r}: {len(bindings)} bindings for {len(network.inputs)} inputs")
         for b, t in zip(bindings, network.inputs):
-            if b.dtype != t.dtype or len(b.opt_shape) != t.rank:
-                raise EngineFormatError(f"engine {name!r}: binding {b.name!r} does not match network input {t!r}")
+            b.check_against(t, name)
         self.network = network
         self.bindings = tuple(bindings)
         self.device_type = device_type
@@ -100,20 +115,23 @@ class Engine:
         return S.encode_engine(meta, self.network)
 
     @classmethod
-    def deserialize(cls, data: bytes) -> Engine:
-        """Load engine bytes; anything wrong with them raises EngineFormatError."""
-        meta, network = S.decode_engine(data)
+    def deserialize(cls, data: bytes, max_memory: int | None = None) -> Engine:
+        """Load engine bytes; anything wrong with them raises EngineFormatError.
+
+        `max_memory` caps the bytes of all layer outputs together, checked on shapes before anything is
+        allocated; None takes TORCHKILN_MAX_ENGINE_MEMORY or else `serialization.DEFAULT_MAX_ENGINE_MEMORY`."""
+        meta, network = S.decode_engine(data, max_memory)
         name = meta.get("name")
         device_type = meta.get("device_type")
-        if not isinstance(name, str) or device_type not in ("cpu", "cuda"):
+        if not isinstance(name, str) or len(name) > S.MAX_STRING or device_type not in ("cpu", "cuda"):
             raise EngineFormatError("engine metadata: bad name or device_type")
         raw_bindings = meta.get("bindings")
-        if not isinstance(raw_bindings, list):
-            raise EngineFormatError("engine metadata: missing bindings")
+        if not isinstance(raw_bindings, list) or len(raw_bindings) > S.MAX_TENSORS:
+            raise EngineFormatError("engine metadata: missing bindings or too many")
         bindings = []
         for i, b in enumerate(raw_bindings):
             where = f"engine binding {i}"
-            if not isinstance(b, dict) or not isinstance(b.get("name"), str):
+            if not isinstance(b, dict) or not isinstance(b.get("name"), str) or len(b["name"]) > S.MAX_STRING:
                 raise EngineFormatError(f"{where}: malformed")
             shapes = [S.parse_shape(b.get(k), where) for k in ("min_shape", "opt_shape", "max_shape")]
             bindings.append(InputBinding(b["name"], S.parse_dtype(b.get("dtype"), where), *shapes))

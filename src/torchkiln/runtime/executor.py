@@ -57,6 +57,9 @@ class ReferenceExecutor:
         for step, layer in enumerate(network.layers):
             for t in layer.inputs:
                 last_reader[slot[id(t)]] = step
+        for step, layer in enumerate(network.layers):  # an output nothing reads is freed where it is made
+            for t in layer.outputs:
+                last_reader.setdefault(slot[id(t)], step)
         kept = {slot[id(t)] for t in network.outputs}
         frees: list[list[int]] = [[] for _ in network.layers]
         for s, step in last_reader.items():

@@ -5,13 +5,23 @@ Layout (little-endian):
     | graph (UTF-8 JSON) | weights (safetensors) | SHA-256 of everything before it
 
 Reading never runs code: JSON and safetensors are data formats, every field is checked against the
-layer kind's declared parameter types, and the graph is re-inferred layer by layer.
+layer kind's declared parameter types, every layer passes its kind's `validate` and the graph is
+re-inferred layer by layer. Reading is bounded: JSON nesting, integer digits, the number of layers and
+the length of every list are limited, and the bytes of all layer outputs together (what running the
+engine may allocate) must stay under a ceiling, checked on shapes alone before anything is allocated:
+`DEFAULT_MAX_ENGINE_MEMORY` (4 GiB), or the environment variable TORCHKILN_MAX_ENGINE_MEMORY (bytes),
+or the `max_memory` argument of `decode_engine` / `Engine.deserialize`.
 """
 from __future__ import annotations
 
 import enum
+import functools
+import gc
 import hashlib
 import json
+import math
+import os
+import reprlib
 import struct
 import types
 import typing
@@ -29,13 +39,17 @@ FORMAT_VERSION = 1
 _PREFIX = struct.Struct("<8sIIQQ")
 _DIGEST = 32
 MAX_GRAPH_BYTES = 256 << 20
-MAX_RANK = 16
+MAX_LAYERS = 1 << 20
+MAX_LIST = 64  # entries of a parameter list (strides, shapes, pads, axes...)
+MAX_TENSORS = 1 << 12  # network inputs, network outputs, bindings, inputs of one layer
+MAX_INT_DIGITS = 20  # a JSON integer beyond int64 is no shape, index or parameter
+MAX_STRING = 1 << 12
+DEFAULT_MAX_ENGINE_MEMORY = 4 << 30
+MEMORY_ENV = "TORCHKILN_MAX_ENGINE_MEMORY"
 
-DTYPES: dict[str, torch.dtype] = {
-    str(d).removeprefix("torch."): d
-    for d in (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-              torch.int16, torch.int8, torch.uint8, torch.bool)
-}
+DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in L.TENSOR_DTYPES}
+_show = reprlib.Repr()
+_show.maxlevel, _show.maxlist, _show.maxdict, _show.maxstring, _show.maxother = 2, 6, 6, 60, 60
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -61,8 +75,10 @@ def _decode(hint: Any, raw: Any, where: str) -> Any:
         (inner,) = [a for a in args if a is not type(None)]
         return _decode(inner, raw, where)
     if origin is tuple:
-        if not isinstance(raw, list) or len(raw) > 1 << 16:
+        if not isinstance(raw, list):
             raise EngineFormatError(f"{where}: expected a list, got {type(raw).__name__}")
+        if len(raw) > MAX_LIST:
+            raise EngineFormatError(f"{where}: a list of {len(raw)} entries exceeds the limit of {MAX_LIST}")
         return tuple(_decode(args[0], v, where) for v in raw)
     if hint is bool:
         if isinstance(raw, bool):
@@ -74,7 +90,7 @@ def _decode(hint: Any, raw: Any, where: str) -> Any:
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
             return float(raw)
     elif hint is str:
-        if isinstance(raw, str):
+        if isinstance(raw, str) and len(raw) <= MAX_STRING:
             return raw
     elif hint is torch.dtype:
         if isinstance(raw, str) and raw in DTYPES:
@@ -84,26 +100,76 @@ def _decode(hint: Any, raw: Any, where: str) -> Any:
             return hint(raw)
         except ValueError:
             pass
-    raise EngineFormatError(f"{where}: {raw!r} is not a valid {getattr(hint, '__name__', hint)}")
+    raise EngineFormatError(f"{where}: {_show.repr(raw)} is not a valid {getattr(hint, '__name__', hint)}")
 
 
 def parse_shape(raw: Any, where: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or len(raw) > MAX_RANK or not all(
+    if not isinstance(raw, list) or len(raw) > L.MAX_RANK or not all(
             isinstance(d, int) and not isinstance(d, bool) and -1 <= d < 1 << 40 for d in raw):
-        raise EngineFormatError(f"{where}: {raw!r} is not a shape")
+        raise EngineFormatError(f"{where}: {_show.repr(raw)} is not a shape")
     return tuple(raw)
 
 
 def parse_dtype(raw: Any, where: str) -> torch.dtype:
     if not isinstance(raw, str) or raw not in DTYPES:
-        raise EngineFormatError(f"{where}: {raw!r} is not a dtype")
+        raise EngineFormatError(f"{where}: {_show.repr(raw)} is not a dtype")
     return DTYPES[raw]
 
 
 def _field(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
     if not isinstance(obj, dict) or key not in obj or not isinstance(obj[key], kind):
-        raise EngineFormatError(f"{where}: missing or malformed field {key!r}")
+        raise EngineFormatError(f"{where}: missing or malformed field {_show.repr(key)}")
     return obj[key]
+
+
+def _list(obj: Any, key: str, where: str, limit: int = MAX_TENSORS) -> list[Any]:
+    """A list field of at most `limit` entries."""
+    value = _field(obj, key, list, where)
+    if len(value) > limit:
+        raise EngineFormatError(f"{where}: {key!r} holds {len(value)} entries, over the limit of {limit}")
+    return value
+
+
+def max_engine_memory(max_memory: int | None = None) -> int:
+    """The ceiling on an engine's planned bytes: the argument, else TORCHKILN_MAX_ENGINE_MEMORY, else 4 GiB."""
+    if max_memory is None:
+        raw = os.environ.get(MEMORY_ENV)
+        if raw is None:
+            return DEFAULT_MAX_ENGINE_MEMORY
+        try:
+            max_memory = int(raw)
+        except ValueError:
+            raise ValueError(f"{MEMORY_ENV}={raw!r} is not a number of bytes") from None
+    if isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 0:
+        raise ValueError(f"max_memory must be a non-negative number of bytes, got {max_memory!r}")
+    return max_memory
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise EngineFormatError(f"engine graph holds an integer of {digits} digits (at most {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def _parse_graph(raw: bytes) -> Any:
+    """JSON with bounded integers; nesting beyond the interpreter's recursion limit is refused, not a crash."""
+    try:
+        return json.loads(raw.decode("utf-8"), parse_int=_parse_int)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EngineFormatError(f"engine graph is not valid JSON: {e}") from None
+    except RecursionError:
+        raise EngineFormatError("engine graph is nested too deeply to be an engine") from None
+
+
+@functools.cache
+def _param_hints(kind: type[L.Layer]) -> tuple[tuple[str, Any], ...]:
+    hints = typing.get_type_hints(kind)
+    return tuple((f.name, hints[f.name]) for f in kind.param_fields())
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * dtype.itemsize
 
 
 def encode_engine(meta: dict[str, Any], network: Network) -> bytes:
@@ -146,8 +212,22 @@ def encode_engine(meta: dict[str, Any], network: Network) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
-def decode_engine(data: bytes) -> tuple[dict[str, Any], Network]:
-    """Check and parse engine bytes into (metadata, network); any problem is an EngineFormatError."""
+def decode_engine(data: bytes, max_memory: int | None = None) -> tuple[dict[str, Any], Network]:
+    """Check and parse engine bytes into (metadata, network); any problem is an EngineFormatError.
+
+    `max_memory` bounds the bytes of all layer outputs together (see `max_engine_memory`)."""
+    limit = max_engine_memory(max_memory)
+    # Loading makes many small objects; the cycle collector would rescan the growing heap again and again.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _decode_engine(data, limit)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _decode_engine(data: bytes, limit: int) -> tuple[dict[str, Any], Network]:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise EngineFormatError(f"engine data must be bytes, got {type(data).__name__}")
     data = bytes(data)
@@ -169,82 +249,91 @@ def decode_engine(data: bytes) -> tuple[dict[str, Any], Network]:
     if hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
         raise EngineFormatError("engine data is corrupted: checksum mismatch")
     start = _PREFIX.size
-    try:
-        graph = json.loads(data[start:start + graph_len].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise EngineFormatError(f"engine graph is not valid JSON: {e}") from None
+    graph = _parse_graph(data[start:start + graph_len])
     try:
         weights = safetensors.torch.load(data[start + graph_len:start + graph_len + weights_len]) if weights_len else {}
     except Exception as e:
         raise EngineFormatError(f"engine weights are not valid safetensors: {e}") from None
     if not isinstance(graph, dict):
         raise EngineFormatError("engine graph must be a JSON object")
-    return graph, _decode_network(_field(graph, "network", dict, "engine"), weights)
+    return graph, _decode_network(_field(graph, "network", dict, "engine"), weights, limit)
 
 
-def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor]) -> Network:
+def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_memory: int) -> Network:
     network = Network(str(_field(raw, "name", str, "network")))
     tensors: dict[str, Any] = {}
 
     def define(name: Any, where: str) -> str:
-        if not isinstance(name, str) or not name or len(name) > 4096:
-            raise EngineFormatError(f"{where}: bad tensor name {name!r}")
+        if not isinstance(name, str) or not name or len(name) > MAX_STRING:
+            raise EngineFormatError(f"{where}: bad tensor name {_show.repr(name)}")
         if name in tensors:
-            raise EngineFormatError(f"{where}: tensor {name!r} defined twice")
+            raise EngineFormatError(f"{where}: tensor {_show.repr(name)} defined twice")
         return name
 
-    for i, entry in enumerate(_field(raw, "inputs", list, "network")):
+    for i, entry in enumerate(_list(raw, "inputs", "network")):
         where = f"network input {i}"
         name = define(_field(entry, "name", str, where), where)
         t = network.add_input(name, parse_dtype(entry.get("dtype"), where), parse_shape(entry.get("shape"), where))
         tensors[name] = t
-    for i, entry in enumerate(_field(raw, "layers", list, "network")):
+    raw_layers = _list(raw, "layers", "network", MAX_LAYERS)
+    planned = 0
+    for i, entry in enumerate(raw_layers):
         where = f"layer {i}"
         kind_name = _field(entry, "kind", str, where)
         kind = L.LAYER_KINDS.get(kind_name)
         if kind is None:
-            raise EngineFormatError(f"{where}: unknown layer kind {kind_name!r}")
+            raise EngineFormatError(f"{where}: unknown layer kind {_show.repr(kind_name)}")
         name = _field(entry, "name", str, where)
-        where = f"layer {i} ({kind_name} {name!r})"
+        where = f"layer {i} ({kind_name} {name[:60]!r})"
+        if not name or len(name) > MAX_STRING:
+            raise EngineFormatError(f"{where}: bad layer name")
         inputs = []
-        for tname in _field(entry, "inputs", list, where):
+        for tname in _list(entry, "inputs", where):
             if not isinstance(tname, str) or tname not in tensors:
-                raise EngineFormatError(f"{where}: input {tname!r} is not defined before this layer")
+                raise EngineFormatError(f"{where}: input {_show.repr(tname)} is not defined before this layer")
             inputs.append(tensors[tname])
         refs = _field(entry, "weights", dict, where)
         layer_weights = {}
         for wname, key in refs.items():
             if wname not in kind.WEIGHTS or not isinstance(key, str) or key not in weights:
-                raise EngineFormatError(f"{where}: weight {wname!r} -> {key!r} is unknown or missing")
+                raise EngineFormatError(f"{where}: weight {_show.repr(wname)} -> {_show.repr(key)} is unknown or "
+                                        f"missing")
             layer_weights[wname] = weights[key]
         raw_params = _field(entry, "params", dict, where)
-        hints = typing.get_type_hints(kind)
         params = {}
-        for f in kind.param_fields():
-            if f.name not in raw_params:
-                raise EngineFormatError(f"{where}: missing parameter {f.name!r}")
-            params[f.name] = _decode(hints[f.name], raw_params[f.name], f"{where} parameter {f.name!r}")
-        extra = set(raw_params) - {f.name for f in kind.param_fields()}
-        if extra:
-            raise EngineFormatError(f"{where}: unknown parameters {sorted(extra)}")
+        for pname, hint in _param_hints(kind):
+            if pname not in raw_params:
+                raise EngineFormatError(f"{where}: missing parameter {pname!r}")
+            params[pname] = _decode(hint, raw_params[pname], f"{where} parameter {pname!r}")
+        if len(raw_params) != len(params):
+            extra = sorted(set(raw_params) - set(params))
+            raise EngineFormatError(f"{where}: unknown parameters {_show.repr(extra)}")
         if name in network._names:
             raise EngineFormatError(f"{where}: layer name used twice")
         try:
             layer = network.add_layer(kind, inputs, weights=layer_weights, name=name, **params)
         except NetworkError as e:
             raise EngineFormatError(f"{where}: {e}") from None
-        declared = _field(entry, "outputs", list, where)
+        declared = _list(entry, "outputs", where)
         if len(declared) != len(layer.outputs):
             raise EngineFormatError(f"{where}: declares {len(declared)} outputs, the layer has {len(layer.outputs)}")
         for out, spec in zip(layer.outputs, declared):
             oname = define(_field(spec, "name", str, where), where)
             if parse_shape(spec.get("shape"), where) != out.shape or parse_dtype(spec.get("dtype"), where) != out.dtype:
-                raise EngineFormatError(f"{where}: output {oname!r} declared {spec.get('dtype')}{spec.get('shape')}"
-                                        f" but the layer computes {dtype_name(out.dtype)}{list(out.shape)}")
+                raise EngineFormatError(f"{where}: output {_show.repr(oname)} declared {_show.repr(spec.get('dtype'))}"
+                                        f"{_show.repr(spec.get('shape'))} but the layer computes "
+                                        f"{dtype_name(out.dtype)}{list(out.shape)}")
             out.name = oname
             tensors[oname] = out
-    for tname in _field(raw, "outputs", list, "network"):
-        if not isinstance(tname, str) or tname not in tensors or tensors[tname] in network.outputs:
-            raise EngineFormatError(f"network output {tname!r} is not defined or listed twice")
+            planned += _nbytes(out.shape, out.dtype)
+        if planned > max_memory:
+            raise EngineFormatError(f"{where}: the engine plans {planned} bytes of layer outputs by here, over the "
+                                    f"{max_memory}-byte limit (raise it with Engine.deserialize(max_memory=...) "
+                                    f"or {MEMORY_ENV})")
+    marked: set[str] = set()
+    for tname in _list(raw, "outputs", "network"):
+        if not isinstance(tname, str) or tname not in tensors or tname in marked:
+            raise EngineFormatError(f"network output {_show.repr(tname)} is not defined or listed twice")
+        marked.add(tname)
         network.mark_output(tensors[tname])
     return network

@@ -1,0 +1,324 @@
+"""Fuzzing engine bytes: structure-aware mutations of real engines (with the checksum recomputed, as an
+attacker would) and raw byte damage. Loading must succeed or raise EngineFormatError, in bounded time and
+memory, writing no files; an engine that loads must run on valid inputs or raise EngineInputError.
+
+`scripts/fuzz_engine.py` runs the same cases for longer and counts the outcomes.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import json
+import os
+import resource
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from torchkiln.errors import EngineFormatError, EngineInputError
+from torchkiln.network import layers as L
+from torchkiln.network.network import Network
+from torchkiln.runtime import serialization as S
+from torchkiln.runtime.engine import Engine, InputBinding
+
+MAX_MEMORY = 16 << 20  # the ceiling fuzzed engines load under, so that an engine that loads runs quickly
+CASE_SECONDS = 2.0
+
+# A chooser picks an index below n: hypothesis' data.draw in the test, random.randrange in the script.
+Choose = Callable[[int], int]
+
+
+# ---- seed engines: small, real, covering many layer kinds -------------------------------------------
+
+def _cnn(n: Network) -> list:
+    x = n.add_input("x", torch.float32, (1, 3, 8, 8))
+    y = n.add_convolution_nd(x, torch.randn(4, 3, 3, 3), torch.randn(4), stride=(1, 1), padding=(1, 1),
+                             dilation=(1, 1)).get_output()
+    y = n.add_normalization(y, L.NormalizationKind.GROUP, 1e-5, torch.ones(4), torch.zeros(4),
+                            num_groups=2).get_output()
+    y = n.add_activation(y, L.ActivationType.RELU).get_output()
+    y = n.add_pooling_nd(y, L.PoolingType.MAX, (2, 2), stride=(2, 2), padding=(0, 0)).get_output()
+    y = n.add_resize(y, "nearest", size=(8, 8)).get_output()
+    y = n.add_padding(y, (1, 1, 1, 1), L.PaddingMode.REFLECT).get_output()
+    flat = n.add_shuffle(y, reshape_dims=(1, -1)).get_output()
+    w = n.add_constant(torch.randn(5, 400)).get_output()
+    logits = n.add_matrix_multiply(flat, L.MatrixOperation.NONE, w, L.MatrixOperation.TRANSPOSE).get_output()
+    return [n.add_softmax(logits, 1).get_output(), n.add_reduce(y, L.ReduceOperation.AVG, (2, 3), True).get_output()]
+
+
+def _indexing(n: Network) -> list:
+    x = n.add_input("x", torch.float32, (4, 6))
+    g = n.add_gather(x, n.add_constant(torch.tensor([0, 2, -1])).get_output(), 1).get_output()
+    values, indices = n.add_topk(g, L.TopKOperation.MAX, 2, 1).outputs
+    s = n.add_scatter(x, n.add_constant(torch.tensor([[1, 0, 3]])).get_output(),
+                      n.add_constant(torch.ones(1, 3)).get_output(), 1).get_output()
+    c = n.add_cumulative(n.add_slice(s, (0, 1), (2, 3), (2, 1)).get_output(), L.CumulativeOperation.SUM, 0).get_output()
+    f = n.add_fill(6, 0.5, 0.25, torch.float32).get_output()
+    e = n.add_expand(n.add_shuffle(f, reshape_dims=(1, 6)).get_output(), (4, 6)).get_output()
+    sum_ = n.add_elementwise(x, e, L.ElementWiseOperation.SUM).get_output()
+    cat = n.add_concatenation([sum_, n.add_unary(x, L.UnaryOperation.EXP).get_output()], 0).get_output()
+    ln = n.add_normalization(cat, L.NormalizationKind.LAYER, 1e-5, torch.ones(6), torch.zeros(6),
+                             normalized_shape=(6,)).get_output()
+    return [values, n.add_cast(indices, torch.float32).get_output(), c, ln, n.add_shape(x).get_output()]
+
+
+def _attention(n: Network) -> list:
+    q = n.add_input("q", torch.float32, (1, 2, 4, 8))
+    k = n.add_input("k", torch.float32, (1, 2, 4, 8))
+    ids = n.add_input("ids", torch.int64, (1, 4))
+    a = n.add_attention(q, k, k, causal=True).get_output()
+    table = n.add_constant(torch.randn(10, 8)).get_output()
+    emb = n.add_gather(table, ids, 0).get_output()
+    mask = n.add_elementwise(emb, n.add_constant(torch.zeros(())).get_output(), L.ElementWiseOperation.GREATER)
+    sel = n.add_select(mask.get_output(), emb, n.add_unary(emb, L.UnaryOperation.NEG).get_output()).get_output()
+    return [a, n.add_einsum([sel, sel], "bij,bkj->bik").get_output()]
+
+
+@functools.cache
+def seed_engines() -> tuple[bytes, ...]:
+    torch.manual_seed(0)
+    seeds = []
+    for build in (_cnn, _indexing, _attention):
+        network = Network(build.__name__.strip("_"))
+        for out in build(network):
+            network.mark_output(out)
+        bindings = [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in network.inputs]
+        seeds.append(Engine(network, bindings, "cpu", torch.float32, network.name).serialize())
+    return tuple(seeds)
+
+
+# ---- mutations ---------------------------------------------------------------------------------------
+
+def split(data: bytes) -> tuple[dict, bytes]:
+    _, _, _, glen, wlen = S._PREFIX.unpack_from(data)
+    start = S._PREFIX.size
+    return json.loads(data[start:start + glen]), data[start + glen:start + glen + wlen]
+
+
+def pack(graph_text: bytes, weights: bytes) -> bytes:
+    """Engine bytes with a correct header and checksum, as an attacker can make them."""
+    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(graph_text), len(weights)) + graph_text + weights
+    return body + hashlib.sha256(body).digest()
+
+
+_DEEP = "\0deep{}\0"  # placeholder for nesting too deep for json.dumps; replaced in the encoded text
+
+
+def _encode(graph: object) -> bytes:
+    text = json.dumps(graph, separators=(",", ":"))
+    while '"\\u0000deep' in text:
+        start = text.index('"\\u0000deep')
+        end = text.index('\\u0000"', start + 2)
+        depth = int(text[start + len('"\\u0000deep'):end])
+        text = text[:start] + "[" * depth + "]" * depth + text[end + len('\\u0000"'):]
+    return text.encode()
+
+
+_KINDS = sorted(L.LAYER_KINDS)
+_DTYPES = sorted(S.DTYPES) + ["complex64", "float8_e4m3fn", ""]
+
+
+def _values(choose: Choose, old: object) -> object:
+    """A replacement for a JSON value: near the old one, or hostile."""
+    options: list[Callable[[], object]] = [
+        lambda: 0, lambda: -1, lambda: 1, lambda: 3, lambda: 2 ** 31, lambda: 2 ** 62, lambda: -(2 ** 63),
+        lambda: 10 ** (15 + choose(40)), lambda: 0.5, lambda: -1e308, lambda: float("nan"), lambda: float("inf"),
+        lambda: "", lambda: "x" * (1 + choose(5000)), lambda: None, lambda: True, lambda: [], lambda: {},
+        lambda: _DEEP.format((10, 200, 3000, 100_000)[choose(4)]),
+        lambda: [choose(4) - 1] * (1, 17, 65, 100_000)[choose(4)],
+        lambda: _KINDS[choose(len(_KINDS))], lambda: _DTYPES[choose(len(_DTYPES))],
+        lambda: [(1, 2, 3, 0, -1, 1 << 20)[choose(6)] for _ in range(choose(6))],
+    ]
+    if isinstance(old, (int, float)) and not isinstance(old, bool):
+        options += [lambda: -old, lambda: old * 2 ** choose(48), lambda: old + choose(3) - 1, lambda: old / 3]
+    if isinstance(old, list) and old:
+        options += [lambda: old[:-1], lambda: old + old[-1:], lambda: old[::-1], lambda: old * 9]
+    return options[choose(len(options))]()
+
+
+def _nodes(value: object, path: tuple = ()) -> list[tuple]:
+    """Paths to every container entry of a JSON value."""
+    found = []
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found.append(path + (k,))
+            found += _nodes(v, path + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found.append(path + (i,))
+            found += _nodes(v, path + (i,))
+    return found
+
+
+def _parent(graph: object, path: tuple) -> object:
+    for p in path[:-1]:
+        graph = graph[p]
+    return graph
+
+
+def mutate_graph(graph: dict, choose: Choose) -> None:
+    """One structure-aware mutation of a decoded engine graph, in place."""
+    layers = graph["network"]["layers"]
+    op = choose(7)
+    if op == 0 or not layers:  # any value: replaced
+        path = _nodes(graph)[choose(len(_nodes(graph)))]
+        parent = _parent(graph, path)
+        parent[path[-1]] = _values(choose, parent[path[-1]])
+    elif op == 1:  # any key or entry: deleted
+        path = _nodes(graph)[choose(len(_nodes(graph)))]
+        del _parent(graph, path)[path[-1]]
+    elif op == 2:  # a layer changes kind
+        layers[choose(len(layers))]["kind"] = _KINDS[choose(len(_KINDS))]
+    elif op == 3:  # a layer is duplicated (names clash unless renamed)
+        i = choose(len(layers))
+        twin = copy.deepcopy(layers[i])
+        if choose(2):
+            twin["name"] += "'"
+            for out in twin["outputs"]:
+                if isinstance(out, dict) and isinstance(out.get("name"), str):
+                    out["name"] += "'"
+        layers.insert(choose(len(layers) + 1), twin)
+    elif op == 4:  # a layer reads another tensor
+        layer = layers[choose(len(layers))]
+        names = [t["name"] for t in graph["network"]["inputs"]] + [
+            o["name"] for entry in layers for o in entry["outputs"] if isinstance(o, dict) and "name" in o]
+        if layer.get("inputs"):
+            layer["inputs"][choose(len(layer["inputs"]))] = names[choose(len(names))]
+    elif op == 5:  # a layer parameter takes another value
+        layer = layers[choose(len(layers))]
+        params = layer.get("params")
+        if params:
+            key = sorted(params)[choose(len(params))]
+            params[key] = _values(choose, params[key])
+    else:  # a layer is dropped, or shapes and dtypes change
+        i = choose(len(layers))
+        if choose(2):
+            del layers[i]
+        else:
+            for out in layers[i]["outputs"]:
+                out["shape"] = _values(choose, out["shape"])
+                out["dtype"] = _DTYPES[choose(len(_DTYPES))]
+
+
+def mutate_bytes(data: bytes, choose: Choose) -> bytes:
+    """Raw damage: flipped bytes, cuts and insertions, with or without a fixed checksum."""
+    body = bytearray(data[:-32])
+    op = choose(5)
+    if op == 0:  # flip bytes anywhere, checksum left stale
+        raw = bytearray(data)
+        for _ in range(1 + choose(4)):
+            raw[choose(len(raw))] ^= 1 << choose(8)
+        return bytes(raw)
+    if op == 1:  # truncate
+        return data[:choose(len(data))]
+    if op == 2:  # flip bytes after the header, checksum fixed
+        for _ in range(1 + choose(4)):
+            body[S._PREFIX.size + choose(len(body) - S._PREFIX.size)] ^= 1 << choose(8)
+    elif op == 3:  # a header field changes, checksum fixed
+        field = choose(5)
+        values = S._PREFIX.unpack_from(body)
+        changed = list(values)
+        changed[field] = (b"TKLNENG\0", 0, 1, 2, 2 ** 32 - 1)[choose(5)] if field == 0 else \
+            (0, 1, 2, 2 ** 32 - 1, values[field] + 1, max(values[field] - 1, 0))[choose(6)] if field < 3 else \
+            (0, 1, values[field] + 1, max(values[field] - 1, 0), 2 ** 63)[choose(5)]
+        if field == 0 and isinstance(changed[0], int):
+            changed[0] = b"TKLNENH\0"
+        body[:S._PREFIX.size] = S._PREFIX.pack(*changed)
+    else:  # bytes inserted into the weights, checksum and lengths fixed
+        graph, weights = split(data)
+        at = choose(len(weights) + 1)
+        weights = weights[:at] + bytes([choose(256)]) * (1 + choose(64)) + weights[at:]
+        return pack(_encode(graph), weights)
+    return bytes(body) + hashlib.sha256(bytes(body)).digest()
+
+
+def fuzz_case(choose: Choose) -> bytes:
+    """A damaged or hostile engine: a seed, then structure-aware or raw mutations."""
+    seeds = seed_engines()
+    data = seeds[choose(len(seeds))]
+    if choose(4):
+        graph, weights = split(data)
+        for _ in range(1 + choose(3)):
+            try:
+                mutate_graph(graph, choose)
+            except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+                pass  # an earlier mutation left no place for this one; the graph goes on as it is
+        if not choose(8):  # weights of another seed
+            weights = split(seeds[choose(len(seeds))])[1]
+        return pack(_encode(graph), weights)
+    return mutate_bytes(data, choose)
+
+
+def valid_inputs(engine: Engine) -> list[torch.Tensor]:
+    """Inputs inside the engine's bindings (integer inputs hold zeros: an index valid on any non-empty dim)."""
+    out = []
+    for b in engine.bindings:
+        if b.dtype.is_floating_point:
+            out.append(torch.randn(b.opt_shape).to(b.dtype))
+        elif b.dtype == torch.bool:
+            out.append(torch.rand(b.opt_shape) > 0.5)
+        else:
+            out.append(torch.zeros(b.opt_shape, dtype=b.dtype))
+    return out
+
+
+def run_case(data: bytes) -> tuple[str, str]:
+    """(outcome, detail): 'loaded', 'run-input-error', 'format-error' or 'FAILURE' with its reason."""
+    try:
+        engine = Engine.deserialize(data, max_memory=MAX_MEMORY)
+    except EngineFormatError as e:
+        return "format-error", str(e)
+    except Exception:
+        return "FAILURE", "load: " + traceback.format_exc(limit=-4)
+    try:
+        engine.execute(valid_inputs(engine))
+    except (EngineInputError, EngineFormatError) as e:
+        return "run-input-error", str(e)
+    except Exception:
+        return "FAILURE", "run: " + traceback.format_exc(limit=-4)
+    return "loaded", ""
+
+
+def _listing(*dirs: str) -> set[str]:
+    """Every file under `dirs` (hypothesis keeps its own cache in .hypothesis/, which is not ours)."""
+    return {os.path.join(root, f) for d in dirs for root, subdirs, files in os.walk(d)
+            if ".hypothesis" not in root.split(os.sep) for f in files + subdirs if f != ".hypothesis"}
+
+
+# ---- the test ----------------------------------------------------------------------------------------
+
+def test_seeds_load_and_run():
+    for data in seed_engines():
+        assert run_case(data) == ("loaded", "")
+
+
+_seen: dict[str, float] = {"slowest": 0.0}
+
+
+@settings(max_examples=250, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(st.data())
+def _fuzz(data):
+    engine = fuzz_case(lambda n: data.draw(st.integers(0, max(n - 1, 0))))
+    start = time.perf_counter()
+    outcome, detail = run_case(engine)
+    elapsed = time.perf_counter() - start
+    _seen["slowest"] = max(_seen["slowest"], elapsed)
+    assert outcome != "FAILURE", detail
+    assert elapsed < CASE_SECONDS, f"{elapsed:.2f} s for one case ({outcome}: {detail[:200]})"
+
+
+def test_fuzzed_engines_raise_only_format_errors(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where anything made a temporary file would land
+    before_files = _listing(os.getcwd(), str(tmp_path))
+    before_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    _fuzz()
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before_rss) / 1024
+    assert grown_mib < 512, f"peak memory grew by {grown_mib:.0f} MiB while fuzzing"
+    assert _listing(os.getcwd(), str(tmp_path)) == before_files, "fuzzing wrote files"
