@@ -138,11 +138,21 @@ _UNPACK = ("prim::TupleUnpack", "prim::ListUnpack", "prim::TupleIndex", "aten::_
 def is_io_plumbing(node: Node) -> bool:
     """Packing of the method's returned collections or unpacking of its collection inputs.
 
-    Such nodes stay in TorchScript around the engines and are not counted as fallback.
+    Such nodes stay in TorchScript around the engines and are not counted as fallback. A pack qualifies when
+    every reader of its result is the return or another such pack; an unpack when what it unpacks is a method
+    input or another such unpack. (Each walk goes one way only, so a list that is built and then indexed,
+    `[a, b][i]`, is neither, and the walk ends.)
     """
     if node.kind() in _PACK:
-        return all(u.user.kind() == "prim::Return" or is_io_plumbing(u.user) for o in node.outputs() for u in o.uses())
-    if node.kind() in _UNPACK:
-        source = node.inputsAt(0).node()
-        return source.kind() == "prim::Param" or is_io_plumbing(source)
-    return False
+        pending = [node]
+        while pending:
+            for o in pending.pop().outputs():
+                for use in o.uses():
+                    if use.user.kind() in _PACK:
+                        pending.append(use.user)
+                    elif use.user.kind() != "prim::Return":
+                        return False
+        return True
+    while node.kind() in _UNPACK:
+        node = node.inputsAt(0).node()
+    return node.kind() == "prim::Param"
