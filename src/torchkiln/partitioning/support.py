@@ -116,11 +116,13 @@ def classify(node: Node, resolver: Resolver, settings: CompileSettings) -> Decis
     """
     if is_io_plumbing(node):
         return Decision.torch(Fallback.IO_PLUMBING)
+    decision = _classify(node, resolver)
+    if decision.target == Target.TORCH:
+        return decision
     for out in node.outputs():
         reason = is_tensor_type(out.type()) and resolver.shared_memory(out).split_write()
         if reason:
             return Decision.torch(Fallback.WRITTEN_VIEW, reason)
-    decision = _classify(node, resolver)
     if decision.target == Target.STATIC:
         return decision
     if node.hasAttribute(FALLBACK_ATTR):
