@@ -145,3 +145,24 @@ class IntArgument(torch.nn.Module):
 def test_a_non_tensor_argument_is_refused_with_its_name():
     with pytest.raises(ValueError, match=r"inputs\[1\]: forward\(\) argument 'k' has type int here"):
         torchkiln.compile(IntArgument(), [I((2,)), I((1,))])
+
+
+class IndexByRunTimeValue(torch.nn.Module):
+    """A list built in the method and indexed by a value known only at run time (it once sent the partitioner's
+    collection check into endless recursion)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xs = [x + 1, x * 2]
+        i = int(x.sum() > 0)
+        return xs[i] * 3
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])  # each element is picked by one of them
+def test_list_indexed_by_a_run_time_value(sign):
+    model = torch.jit.script(IndexByRunTimeValue().eval())
+    x = torch.rand(4, 4) * sign
+    compiled, report = check_compiled(model, [x], engines=None, torch_blocks=None, min_block_size=1)
+    assert "aten::__getitem__.t" in report.fallback_ops
+    for s in (1.0, -1.0):
+        y = torch.rand(4, 4) * s
+        assert_matches_eager(compiled(y), model(y))

@@ -6,8 +6,10 @@ values are static.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -15,8 +17,8 @@ import torch
 from torchkiln.conversion.registry import find_converter, find_evaluator
 from torchkiln.network.tensor import Tensor
 from torchkiln.torchscript import (
-    ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, node_schema,
-    value_key, writes_to_arguments,
+    ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, holds_tensor_type,
+    is_tensor_type, node_schema, source_location, value_key, writes_to_arguments,
 )
 
 FOLD_MAX_ELEMENTS = 4096  # a tensor op on build-time values runs at build time if its outputs are this small
@@ -74,14 +76,124 @@ def is_dynamic(obj: Any) -> bool:
     return False
 
 
+@dataclasses.dataclass(frozen=True)
+class _AliasFlags:
+    """A schema's alias annotations: per argument, whether an output may alias it (or keep it) and whether
+    it is written; per return, whether it may alias an argument."""
+
+    kept: tuple[bool, ...]
+    written: tuple[bool, ...]
+    returns: tuple[bool, ...]
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_alias_flags(schema: str) -> _AliasFlags | None:
+    try:
+        parsed = torch._C.parse_schema(schema)
+    except RuntimeError:
+        return None
+    return _AliasFlags(tuple(a.alias_info is not None for a in parsed.arguments),
+                       tuple(a.alias_info is not None and a.alias_info.is_write for a in parsed.arguments),
+                       tuple(r.alias_info is not None for r in parsed.returns))
+
+
+def _alias_flags(node: Node) -> _AliasFlags | None:
+    """The node's alias annotations; None for a node without a (parsable) schema, which may alias anything."""
+    schema = node_schema(node)
+    return None if schema is None else _schema_alias_flags(schema)
+
+
+def _holding_tensors(values: Iterable[Value]) -> list[Value]:
+    return [v for v in values if holds_tensor_type(v.type())]
+
+
+def alias_sources(v: Value) -> list[Value]:
+    """The values `v` may be a view of (or hold), one step back; [] when `v` is new memory (or a method input)."""
+    node = v.node()
+    kind = node.kind()
+    if kind == "prim::Param":  # a loop body's carried value: what enters the loop, or what the last trip left
+        owner = node.owningBlock().owningNode()
+        if owner is None or owner.kind() != "prim::Loop" or v.offset() == 0:
+            return []
+        return _holding_tensors([owner.inputsAt(v.offset() + 1), list(node.owningBlock().outputs())[v.offset()]])
+    if kind == "prim::If":
+        return _holding_tensors([list(b.outputs())[v.offset()] for b in node.blocks()])
+    if kind == "prim::Loop":
+        body = next(node.blocks())
+        return _holding_tensors([node.inputsAt(v.offset() + 2), list(body.outputs())[v.offset() + 1]])
+    if kind in ("prim::Constant", "prim::GetAttr"):
+        return []
+    flags = _alias_flags(node)
+    inputs = list(node.inputs())
+    if flags is None:
+        return _holding_tensors(inputs)
+    if v.offset() < len(flags.returns) and not flags.returns[v.offset()]:
+        return []
+    return _holding_tensors(i for k, i in enumerate(inputs) if k >= len(flags.kept) or flags.kept[k])
+
+
+def alias_users(v: Value) -> tuple[list[Value], list[Node]]:
+    """One step forward: the values that may be views of `v` (or hold it), and the nodes that write to `v`."""
+    aliases: list[Value] = []
+    writers: list[Node] = []
+    for use in v.uses():
+        user, offset = use.user, use.offset
+        kind = user.kind()
+        owner = user.owningBlock().owningNode() if kind == "prim::Return" else None
+        if kind == "prim::Return":  # a block's result: the If's or Loop's output (and the next trip's parameter)
+            if owner is None:
+                continue
+            if owner.kind() == "prim::If":
+                aliases.append(owner.outputsAt(offset))
+            elif offset >= 1:
+                aliases += [owner.outputsAt(offset - 1), list(user.owningBlock().inputs())[offset]]
+        elif kind == "prim::Loop":
+            if offset >= 2:
+                aliases += [user.outputsAt(offset - 2), list(next(user.blocks()).inputs())[offset - 1]]
+        elif kind == "prim::If":
+            continue  # the condition
+        else:
+            flags = _alias_flags(user)
+            if flags is None or offset >= len(flags.kept):
+                aliases += list(user.outputs())
+                continue
+            if not flags.kept[offset]:
+                continue
+            if flags.written[offset]:
+                writers.append(user)
+            aliases += [o for k, o in enumerate(user.outputs()) if k >= len(flags.returns) or flags.returns[k]]
+            # a container written here (a list appended to) now holds `v`
+            aliases += [i for k, i in enumerate(user.inputs()) if k != offset and k < len(flags.written)
+                        and flags.written[k]]
+    return _holding_tensors(aliases), writers
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedMemory:
+    """Values that may share memory with some value: its bases, every view of them and what holds them;
+    the nodes that write to any of them; and the views (tensors neither a base nor a writer's result)."""
+
+    values: frozenset[int]
+    writers: tuple[Node, ...]
+    views: tuple[Value, ...]
+
+    def split_write(self) -> str | None:
+        """Why these values must stay in PyTorch together: a write into memory that views share; else None.
+
+        An engine returns new tensors, so a view made in one is a copy, and a write into it in PyTorch (or a
+        write into the base that the copy should see) is lost."""
+        if not self.writers or not self.views:
+            return None
+        writer, view = self.writers[0], self.views[0]
+        return (f"{writer.kind()} at {source_location(writer)} writes in place into memory that "
+                f"%{view.debugName()} (made by {view.node().kind()}) views")
+
+
 def _mutates(node: Node, v: Value) -> bool:
     """Whether `node` modifies `v` in place (its schema marks that argument as written)."""
-    schema = node_schema(node)
-    if schema is None:
-        return False
-    arguments = torch._C.parse_schema(schema).arguments
-    return any(i < len(arguments) and arguments[i].alias_info is not None and arguments[i].alias_info.is_write
-               for i, inp in enumerate(node.inputs()) if inp.unique() == v.unique())
+    flags = _alias_flags(node)
+    return flags is not None and any(i < len(flags.written) and flags.written[i]
+                                     for i, inp in enumerate(node.inputs()) if inp.unique() == v.unique())
 
 
 def read_after_mutation(v: Value) -> str | None:
@@ -105,12 +217,21 @@ def read_after_mutation(v: Value) -> str | None:
 
 
 class Resolver:
-    """Resolves Values of one graph; subclasses add what they already know (`known`)."""
+    """Resolves Values of one graph; subclasses add what they already know (`known`).
+
+    Resolution is iterative (an explicit work stack), so a chain of any depth resolves without Python recursion,
+    and every outcome is memoized: static values (`_memo`), run-time tensors (`_runtime`), failures (`_failed`),
+    fold attempts (`_folds`, None when the node does not fold) and alias analysis (`_roots`, `_groups`).
+    """
 
     def __init__(self, metas: Mapping[int, TensorMeta]) -> None:
         self.metas = metas
         self._memo: dict[int, Any] = {}
+        self._runtime: dict[int, Any] = {}
         self._failed: dict[int, str] = {}
+        self._folds: dict[int, list[Any] | None] = {}  # first output's key -> folded outputs, or None
+        self._roots: dict[int, list[Value]] = {}
+        self._groups: dict[int, SharedMemory] = {}
 
     def known(self, v: Value) -> tuple[bool, Any]:
         return False, None
@@ -121,17 +242,51 @@ class Resolver:
         if hit:
             return obj
         key = value_key(v)
+        if not self._settled(v):
+            self._resolve_pending(v)
         if key in self._memo:
             return self._memo[key]
-        if key in self._failed:
-            raise NotStatic(self._failed[key])
-        try:
-            return self._evaluate(v)
-        except NotStatic as e:
-            self._failed[key] = str(e)
-            raise
+        if key in self._runtime:
+            return self._runtime[key]
+        raise NotStatic(self._failed[key])
+
+    def _settled(self, v: Value) -> bool:
+        key = value_key(v)
+        return key in self._memo or key in self._runtime or key in self._failed or self.known(v)[0]
+
+    def _needs(self, node: Node) -> list[Value]:
+        """The inputs evaluating (or folding) `node` reads."""
+        if node.kind() != "prim::Param" and not list(node.blocks()) and find_evaluator(node) is not None:
+            return list(node.inputs())
+        return list(node.inputs()) if self.foldable(node) else []
+
+    def _resolve_pending(self, v: Value) -> None:
+        """Settle `v` and, first, every value it needs, deepest first: no recursion however deep the graph."""
+        stack = [v]
+        expanded: set[int] = set()
+        while stack:
+            top = stack[-1]
+            if self._settled(top):
+                stack.pop()
+                continue
+            key = value_key(top)
+            if key not in expanded:
+                expanded.add(key)
+                pending = [i for i in self._needs(top.node()) if not self._settled(i)]
+                if pending:
+                    stack.extend(reversed(pending))
+                    continue
+            stack.pop()
+            try:
+                result = self._evaluate(top)
+            except NotStatic as e:
+                self._failed[key] = str(e)
+            else:
+                if key not in self._memo:
+                    self._runtime[key] = result
 
     def _evaluate(self, v: Value) -> Any:
+        """Evaluate `v` from inputs already settled; static results go to `_memo`, the rest is returned."""
         node = v.node()
         key = value_key(v)
         evaluator = None if node.kind() == "prim::Param" or list(node.blocks()) else find_evaluator(node)
@@ -165,6 +320,11 @@ class Resolver:
         if len(results) != len(outputs):
             raise NotStatic(f"evaluator of {node.kind()} returned {len(results)} values for {len(outputs)} outputs")
         for out, value in zip(outputs, results):
+            if isinstance(value, torch.Tensor) and self.written(out):  # changes at run time: not a constant
+                if key in self.metas:
+                    return self.metas[key]
+                raise NotStatic(f"%{out.debugName()} is modified in place")
+        for out, value in zip(outputs, results):
             self._memo[value_key(out)] = value
         return self._memo[key]
 
@@ -173,16 +333,30 @@ class Resolver:
 
     def foldable(self, node: Node) -> bool:
         """A tensor op that may run at build time when its inputs are build-time values: it has a converter,
-        is deterministic, writes to none of its inputs, and its outputs are small tensors."""
+        is deterministic, writes to none of its inputs, its outputs are small tensors and nothing modifies
+        them (or a view of them) in place."""
+        if node.outputsSize() == 0:
+            return False
+        key = value_key(node.outputsAt(0))
+        if self._folds.get(key, True) is None:  # tried before and it does not fold
+            return False
         schema = node_schema(node)
         if schema is None or find_converter(node) is None or node.isNondeterministic() or writes_to_arguments(schema):
             return False
         metas = [self.metas.get(value_key(o)) for o in node.outputs()]
-        return all(isinstance(m, TensorMeta) and torch.Size(m.shape).numel() <= FOLD_MAX_ELEMENTS for m in metas)
+        if not all(isinstance(m, TensorMeta) and torch.Size(m.shape).numel() <= FOLD_MAX_ELEMENTS for m in metas):
+            return False
+        return not any(self.written(o) for o in node.outputs())
 
     def fold(self, node: Node) -> list[Any] | None:
         """Run the node's own op on its build-time inputs (shape arithmetic on 0-d tensors, say): its outputs, or
-        None when an input is only known at run time."""
+        None when an input is only known at run time. Each node is tried once."""
+        key = value_key(node.outputsAt(0))
+        if key not in self._folds:
+            self._folds[key] = self._run_op(node)
+        return self._folds[key]
+
+    def _run_op(self, node: Node) -> list[Any] | None:
         try:
             args = self.args(node)
         except NotStatic:
@@ -205,3 +379,57 @@ class Resolver:
             self._memo[value_key(out)] = value
         return results
 
+    def shared_memory(self, v: Value) -> SharedMemory:
+        """What may share memory with `v` and who writes to it (walked once per base, then memoized)."""
+        groups = [self._group(root) for root in self._bases(v)]
+        if len(groups) == 1:
+            return groups[0]
+        return SharedMemory(frozenset().union(*(g.values for g in groups)),
+                            tuple(dict.fromkeys(w for g in groups for w in g.writers)),
+                            tuple(dict.fromkeys(x for g in groups for x in g.views)))
+
+    def written(self, v: Value) -> bool:
+        """Whether something modifies `v`'s memory in place (through `v`, its base or any view of them)."""
+        return holds_tensor_type(v.type()) and bool(self.shared_memory(v).writers)
+
+    def _bases(self, v: Value) -> list[Value]:
+        """The values `v` is ultimately a view of (itself when it is new memory)."""
+        key = value_key(v)
+        if key in self._roots:
+            return self._roots[key]
+        bases: dict[int, Value] = {}
+        seen: set[int] = set()
+        stack = [v]
+        while stack:
+            x = stack.pop()
+            k = value_key(x)
+            if k in seen:
+                continue
+            seen.add(k)
+            if k in self._roots and k != key:
+                bases.update((value_key(b), b) for b in self._roots[k])
+                continue
+            sources = alias_sources(x)
+            if not sources:
+                bases[k] = x
+            stack.extend(sources)
+        self._roots[key] = list(bases.values())
+        return self._roots[key]
+
+    def _group(self, base: Value) -> SharedMemory:
+        key = value_key(base)
+        if key not in self._groups:
+            values: dict[int, Value] = {key: base}
+            writers: dict[Node, None] = {}
+            stack = [base]
+            while stack:
+                aliases, found = alias_users(stack.pop())
+                writers.update(dict.fromkeys(found))
+                for a in aliases:
+                    if value_key(a) not in values:
+                        values[value_key(a)] = a
+                        stack.append(a)
+            views = tuple(x for k, x in values.items()
+                          if k != key and is_tensor_type(x.type()) and x.node() not in writers)
+            self._groups[key] = SharedMemory(frozenset(values), tuple(writers), views)
+        return self._groups[key]

@@ -70,6 +70,7 @@ def changes(graph: Graph, mutate: Callable[[], object]) -> bool:
 
 _DEFINED = re.compile(r"^\s*(%[\w.]+(?:\s*:\s*[^=,]+)?(?:\s*,\s*%[\w.]+(?:\s*:\s*[^=,]+)?)*)\s*=", re.MULTILINE)
 _RETURNED = re.compile(r"return\s*\(\s*(%[\w.]+)")
+_PATTERN_OPS = re.compile(r"=\s*(\w+::\w+)")
 
 
 def _provenance_pairs(pattern: str, replacement: str) -> list[tuple[str, str]]:
@@ -137,6 +138,9 @@ def rewrite(graph: Graph, pattern: str, replacement: str) -> bool:
     overload of its op with the same number of inputs, or the replacement must be right for it too.
     New nodes keep the source range and module call stack of the node they replace.
     """
+    needed = set(_PATTERN_OPS.findall(pattern)) - {"prim::Constant"}
+    if not needed <= {n.kind() for n in all_nodes(graph.block())}:
+        return False  # an op of the pattern is nowhere in the graph: nothing can match
     _unpool_constants(graph)
     changed = changes(graph, lambda: torch._C._jit_pass_custom_pattern_based_rewrite_graph(
         pattern, replacement, graph, _provenance_pairs(pattern, replacement)))

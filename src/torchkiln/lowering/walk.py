@@ -10,10 +10,15 @@ from torchkiln.torchscript import Graph, Node, Value
 
 def all_nodes(block: torch._C.Block) -> Iterator[Node]:
     """Every node of `block`, each followed by the nodes of its own blocks (a snapshot: safe to edit)."""
-    for node in list(block.nodes()):
+    stack = [list(block.nodes())[::-1]]
+    while stack:
+        pending = stack[-1]
+        if not pending:
+            stack.pop()
+            continue
+        node = pending.pop()
         yield node
-        for inner in node.blocks():
-            yield from all_nodes(inner)
+        stack.extend(list(inner.nodes())[::-1] for inner in reversed(list(node.blocks())))
 
 
 def replace_node(graph: Graph, node: Node, kind: str, inputs: list[Value]) -> Node:

@@ -7,7 +7,7 @@ import enum
 from torchkiln.conversion.registry import find_converter, find_evaluator
 from torchkiln.conversion.resolve import NotStatic, Resolver, is_dynamic
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Node, TensorMeta, node_key
+from torchkiln.torchscript import Node, TensorMeta, is_tensor_type, node_key
 
 FALLBACK_ATTR = "torchkiln_fallback"  # set on nodes that module fallback forces to PyTorch
 
@@ -30,6 +30,7 @@ class Fallback(str, enum.Enum):
     BOUNDARY = "a non-tensor value would cross an engine boundary"
     MIN_BLOCK_SIZE = "engine block below min_block_size"
     CONVERSION_FAILED = "conversion failed"
+    WRITTEN_VIEW = "shares memory with a tensor written in place"  # views, their base and the writers stay together
     IO_PLUMBING = "packs or unpacks the method's collection inputs or outputs"  # not a fallback: engines take tensors
 
     def __str__(self) -> str:
@@ -108,12 +109,20 @@ def _classify(node: Node, resolver: Resolver) -> Decision:
 def classify(node: Node, resolver: Resolver, settings: CompileSettings) -> Decision:
     """Decide where one top-level node runs.
 
+    A tensor sharing memory with views that something writes in place runs in PyTorch, with its base, every
+    view and every writer: an engine would return a copy of a view, and the write would miss it (or the base).
     Forcing (torch_executed_ops, module fallback) applies to work an engine would run; a static value
     (a constant, shape arithmetic) is known at build time wherever its node would run, so it stays static.
     """
     if is_io_plumbing(node):
         return Decision.torch(Fallback.IO_PLUMBING)
     decision = _classify(node, resolver)
+    if decision.target == Target.TORCH:
+        return decision
+    for out in node.outputs():
+        reason = is_tensor_type(out.type()) and resolver.shared_memory(out).split_write()
+        if reason:
+            return Decision.torch(Fallback.WRITTEN_VIEW, reason)
     if decision.target == Target.STATIC:
         return decision
     if node.hasAttribute(FALLBACK_ATTR):
@@ -131,11 +140,21 @@ _UNPACK = ("prim::TupleUnpack", "prim::ListUnpack", "prim::TupleIndex", "aten::_
 def is_io_plumbing(node: Node) -> bool:
     """Packing of the method's returned collections or unpacking of its collection inputs.
 
-    Such nodes stay in TorchScript around the engines and are not counted as fallback.
+    Such nodes stay in TorchScript around the engines and are not counted as fallback. A pack qualifies when
+    every reader of its result is the return or another such pack; an unpack when what it unpacks is a method
+    input or another such unpack. (Each walk goes one way only, so a list that is built and then indexed,
+    `[a, b][i]`, is neither, and the walk ends.)
     """
     if node.kind() in _PACK:
-        return all(u.user.kind() == "prim::Return" or is_io_plumbing(u.user) for o in node.outputs() for u in o.uses())
-    if node.kind() in _UNPACK:
-        source = node.inputsAt(0).node()
-        return source.kind() == "prim::Param" or is_io_plumbing(source)
-    return False
+        pending = [node]
+        while pending:
+            for o in pending.pop().outputs():
+                for use in o.uses():
+                    if use.user.kind() in _PACK:
+                        pending.append(use.user)
+                    elif use.user.kind() != "prim::Return":
+                        return False
+        return True
+    while node.kind() in _UNPACK:
+        node = node.inputsAt(0).node()
+    return node.kind() == "prim::Param"
