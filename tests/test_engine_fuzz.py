@@ -54,7 +54,7 @@ def _cnn(n: Network) -> list:
 
 def _indexing(n: Network) -> list:
     x = n.add_input("x", torch.float32, (4, 6))
-    g = n.add_gather(x, n.add_constant(torch.tensor([0, 2, -1])).get_output(), 1).get_output()
+    g = n.add_gather(x, n.add_constant(torch.tensor([0, 2, 5])).get_output(), 1).get_output()
     values, indices = n.add_topk(g, L.TopKOperation.MAX, 2, 1).outputs
     s = n.add_scatter(x, n.add_constant(torch.tensor([[1, 0, 3]])).get_output(),
                       n.add_constant(torch.ones(1, 3)).get_output(), 1).get_output()

@@ -320,17 +320,17 @@ add_case(L.ExpandLayer, "bool", [((1, 4), B)], lambda n, x: n.add_expand(x, (3, 
 add_case(L.ExpandLayer, "bf16", [((1, 4), F32)], cast_in(BF16, lambda n, x: n.add_expand(x, (3, 4))))
 
 G = L.GatherMode
-add_case(L.GatherLayer, "default-negative", [((4, 5, 6), F32)],
-         lambda n, x: n.add_gather(x, n.add_constant(torch.tensor([[3, -1], [0, 2]])).get_output(), 1))
+add_case(L.GatherLayer, "default-constant", [((4, 5, 6), F32)],
+         lambda n, x: n.add_gather(x, n.add_constant(torch.tensor([[3, 4], [0, 2]])).get_output(), 1))
 add_case(L.GatherLayer, "default-scalar-i32", [((4, 5), F32)],
-         lambda n, x: n.add_gather(x, n.add_constant(torch.tensor(-2, dtype=I32)).get_output(), -1))
+         lambda n, x: n.add_gather(x, n.add_constant(torch.tensor(3, dtype=I32)).get_output(), -1))
 add_case(L.GatherLayer, "default-input-indices", [((10, 3), F32), ((2, 4), I64)],
          lambda n, x, i: n.add_gather(x, i, 0), lambda gen: [torch.randn(10, 3, generator=gen),
-                                                            torch.randint(-10, 10, (2, 4), generator=gen)])
+                                                            torch.randint(0, 10, (2, 4), generator=gen)])
 add_case(L.GatherLayer, "element", [((3, 4), F32)],
          lambda n, x: n.add_gather(x, n.add_constant(torch.tensor([[0, 3], [2, 1]])).get_output(), 1, G.ELEMENT))
 add_case(L.GatherLayer, "nd", [((3, 4, 2), F32)],
-         lambda n, x: n.add_gather(x, n.add_constant(torch.tensor([[0, 3], [2, -1], [1, 1]])).get_output(), 0, G.ND))
+         lambda n, x: n.add_gather(x, n.add_constant(torch.tensor([[0, 3], [2, 2], [1, 1]])).get_output(), 0, G.ND))
 add_case(L.GatherLayer, "nd-bool-data", [((3, 4), B)],
          lambda n, x: n.add_gather(x, n.add_constant(torch.tensor([[[0], [2]]])).get_output(), 0, G.ND))
 
@@ -566,3 +566,20 @@ def test_onnx_runtime_fuses_the_bert_network(tmp_path):
     ops = {node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node}
     assert {"SkipLayerNormalization", "Gemm", "Gelu", "FusedMatMul"} <= ops, ops
     assert "MatMul" not in ops or "Gemm" in ops
+
+
+@pytest.mark.parametrize("mode", list(L.GatherMode))
+@pytest.mark.parametrize("bad", [-1, 4])
+def test_gather_of_run_time_indices_never_wraps(mode, bad):
+    """Eager raises for an index outside [0, size) (embedding, index_select, gather): ONNX Runtime must fail too,
+    never read the row a negative index would wrap to."""
+    net = Network("gather")
+    x = net.add_input("x", F32, (4, 3))
+    i = net.add_input("i", I64, (2, 3) if mode == L.GatherMode.ELEMENT else (2, 1) if mode == L.GatherMode.ND else (2,))
+    net.mark_output(net.add_gather(x, i, 0, mode).get_output())
+    good = torch.zeros(i.shape, dtype=I64)
+    check(net, [torch.randn(4, 3), good])
+    bad_indices = good.clone().view(-1)
+    bad_indices[-1] = bad
+    with pytest.raises(Exception, match="(?i)out of|bounds|range|invalid index"):
+        run_onnx(net, [torch.randn(4, 3), bad_indices.view(i.shape)])

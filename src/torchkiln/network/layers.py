@@ -517,13 +517,12 @@ class GatherLayer(Layer):
             if value is not None and value.numel():
                 columns = value.reshape(-1, depth)
                 for k, (lo, hi) in enumerate(zip(columns.amin(0).tolist(), columns.amax(0).tolist())):
-                    if not -data.shape[k] <= lo and hi < data.shape[k]:
-                        self.fail(f"indices for dim {k} hold values in [{lo}, {hi}], outside "
-                                  f"[{-data.shape[k]}, {data.shape[k]})")
+                    if not (0 <= lo and hi < data.shape[k]):
+                        self.fail(f"indices for dim {k} hold values in [{lo}, {hi}], outside [0, {data.shape[k]})")
             return
         self.check_axis("axis", self.axis, data.rank)
         size = data.shape[self.axis] if data.rank else 1
-        self.check_constant_indices(indices, 0 if self.mode == GatherMode.ELEMENT else -size, size)
+        self.check_constant_indices(indices, 0, size)  # a gather never wraps (see its meaning)
 
 
 @layer_kind

@@ -90,14 +90,27 @@ def _indices(ctx: ExportContext, x: str, dtype: torch.dtype) -> str:
     return x if dtype in (torch.int32, torch.int64) else ctx.cast(x, dtype, torch.int64)
 
 
+def _never_wrap(ctx: ExportContext, layer: L.GatherLayer, idx: str, dtype: torch.dtype) -> str:
+    """ONNX's Gather and GatherND wrap negative indices; a gather layer never does (see its meaning). Indices known
+    only at run time have their negative entries replaced by one past any dim, so ONNX Runtime raises instead of
+    reading the wrong row (constant indices are checked when the layer is made)."""
+    if L.constant_value(layer.inputs[1]) is not None:
+        return idx
+    negative = ctx.node("Less", [idx, ctx.scalar(0, dtype)])[0]
+    return ctx.node("Where", [negative, ctx.scalar(torch.iinfo(dtype).max, dtype), idx])[0]
+
+
 @exporter(L.GatherLayer)
 def _gather(ctx: ExportContext, layer: L.GatherLayer, xs: list[str]) -> str:
     (data, idx), itype = xs, layer.inputs[1].dtype
     if layer.mode == L.GatherMode.ELEMENT:
-        return ctx.node("GatherElements", [data, _indices(ctx, idx, itype)], axis=layer.axis)[0]
+        return ctx.node("GatherElements", [data, _never_wrap(ctx, layer, _indices(ctx, idx, itype), torch.int64)],
+                        axis=layer.axis)[0]
     if layer.mode == L.GatherMode.ND:
-        return ctx.node("GatherND", [data, ctx.cast(idx, itype, torch.int64)])[0]
-    return ctx.node("Gather", [data, _indices(ctx, idx, itype)], axis=layer.axis)[0]
+        return ctx.node("GatherND", [data, _never_wrap(ctx, layer, ctx.cast(idx, itype, torch.int64), torch.int64)])[0]
+    idx = _indices(ctx, idx, itype)
+    return ctx.node("Gather", [data, _never_wrap(ctx, layer, idx, itype if itype == torch.int32 else torch.int64)],
+                    axis=layer.axis)[0]
 
 
 @exporter(L.ScatterLayer)
