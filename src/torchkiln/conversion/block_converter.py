@@ -12,6 +12,7 @@ from torchkiln.conversion.registry import find_converter, find_evaluator, load_a
 from torchkiln.conversion.resolve import NotStatic, is_dynamic
 from torchkiln.errors import ConversionError, NetworkError
 from torchkiln.network.network import Network
+from torchkiln.network.symbolic import agree_on_samples
 from torchkiln.network.tensor import Tensor
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import Node, TensorMeta, Value, binding_name, source_location, value_key
@@ -128,7 +129,7 @@ def convert_block(
                 raise _node_error(v.node(), ConversionError(f"converted to dtype {t.dtype} but PyTorch gives "
                                                             f"{meta.dtype}"))
             t = net.add_cast(t, meta.dtype).get_output()
-        if t.shape != meta.shape:
+        if t.shape != meta.shape and not agree_on_samples(t.shape, meta.shape):  # symbolic: same at min/opt/max
             raise _node_error(v.node(), ConversionError(f"converted to shape {t.shape} but PyTorch gives "
                                                         f"{meta.shape}"))
         if t in net.inputs or t in net.outputs:

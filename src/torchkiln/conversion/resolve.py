@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from torchkiln.conversion.registry import find_converter, find_evaluator
+from torchkiln.network.symbolic import has_symbols
 from torchkiln.network.tensor import Tensor
 from torchkiln.torchscript import (
     ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, node_schema,
@@ -178,7 +179,8 @@ class Resolver:
         if schema is None or find_converter(node) is None or node.isNondeterministic() or writes_to_arguments(schema):
             return False
         metas = [self.metas.get(value_key(o)) for o in node.outputs()]
-        return all(isinstance(m, TensorMeta) and torch.Size(m.shape).numel() <= FOLD_MAX_ELEMENTS for m in metas)
+        return all(isinstance(m, TensorMeta) and not has_symbols(m.shape)  # dynamic shapes are never folded
+                   and torch.Size(m.shape).numel() <= FOLD_MAX_ELEMENTS for m in metas)
 
     def fold(self, node: Node) -> list[Any] | None:
         """Run the node's own op on its build-time inputs (shape arithmetic on 0-d tensors, say): its outputs, or

@@ -5,6 +5,7 @@ import torch
 
 from torchkiln.errors import NetworkError
 from torchkiln.network.layers import Layer
+from torchkiln.network.symbolic_shapes import any_symbolic, infer_symbolic
 
 
 def infer_outputs(layer: Layer) -> list[tuple[tuple[int, ...], torch.dtype]]:
@@ -18,6 +19,8 @@ def infer_outputs(layer: Layer) -> list[tuple[tuple[int, ...], torch.dtype]]:
     unknown = [w for w in layer.weights if w not in layer.WEIGHTS]
     if missing or unknown:
         raise NetworkError(f"{layer.KIND} layer {layer.name!r}: missing weights {missing}, unknown weights {unknown}")
+    if any_symbolic(layer, layer.inputs):  # dynamic shapes: symbolic inference (network/symbolic_shapes.py)
+        return infer_symbolic(layer, run_layer)
     meta = torch.device("meta")
     inputs = [torch.empty(t.shape, dtype=t.dtype, device=meta) for t in layer.inputs]
     weights = {k: w.to(meta) for k, w in layer.weights.items()}

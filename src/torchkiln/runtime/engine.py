@@ -33,6 +33,11 @@ class InputBinding:
         if value.dtype != self.dtype:
             raise EngineInputError(f"{what}: expected dtype {self.dtype}, got {value.dtype}")
         shape = tuple(value.shape)
+        if len(shape) == len(self.opt_shape) and self.min_shape != self.max_shape:  # name the dim out of range
+            for dim, (d, lo, hi) in enumerate(zip(shape, self.min_shape, self.max_shape)):
+                if not lo <= d <= hi:
+                    raise EngineInputError(f"{what}: dim {dim} is {d}, outside the range [{lo}, {hi}] the engine "
+                                           f"was built for (shape {shape}; min {self.min_shape}, max {self.max_shape})")
         if len(shape) != len(self.opt_shape) or any(
                 not lo <= d <= hi for d, lo, hi in zip(shape, self.min_shape, self.max_shape)):
             expected = str(self.opt_shape) if self.min_shape == self.max_shape else \

@@ -7,6 +7,7 @@ from torchkiln.builder.passes import build_pass
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.network import layers as L
 from torchkiln.network.network import Network
+from torchkiln.network.symbolic import has_symbols
 from torchkiln.runtime.reference import run_layer
 
 _CPU = torch.device("cpu")
@@ -19,6 +20,8 @@ def fold_constants(network: Network, settings: BuildSettings) -> bool:
         if isinstance(layer, L.ConstantLayer):
             continue
         if not all(t.producer is not None and isinstance(t.producer, L.ConstantLayer) for t in layer.inputs):
+            continue
+        if any(has_symbols(t.shape) for t in layer.outputs):  # dynamic shapes: known only at run time
             continue
         size = sum(torch.Size(t.shape).numel() for t in layer.outputs)
         if size > settings.max_folded_elements:

@@ -1,0 +1,104 @@
+"""Dynamic shapes end to end: one engine serves every shape in the Input ranges; checked against eager at
+min, opt, max and shapes between; out-of-range inputs raise EngineInputError; saved modules reload."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from harness import assert_matches_eager
+
+import torchkiln
+from torchkiln.compiler import compile_with_report
+
+
+def _compile(model, inputs, **settings):
+    model = model.eval()
+    return compile_with_report(model, inputs, **settings)
+
+
+def _check_at(model, compiled, make_args, shapes):
+    """Run eager and compiled at each shape (make_args(shape) gives the arguments) and compare."""
+    for shape in shapes:
+        args = make_args(shape)
+        with torch.no_grad():
+            ref = model(*args)
+            out = compiled(*args)
+        assert_matches_eager(out, ref, path=f"output at {shape}")
+
+
+class CNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 16, 3, stride=2, padding=1)
+        self.pool = torch.nn.AdaptiveAvgPool2d((2, 2))
+        self.fc = torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.bn(self.conv1(x)))
+        x = torch.nn.functional.max_pool2d(x, 2)
+        x = torch.relu(self.conv2(x))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+BATCH = torchkiln.Input(min_shape=(1, 3, 16, 16), opt_shape=(4, 3, 16, 16), max_shape=(8, 3, 16, 16))
+
+
+@pytest.fixture(scope="module")
+def cnn_dynamic_batch():
+    torch.manual_seed(0)
+    model = CNN().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-1, 1)
+        model.bn.running_var.uniform_(0.5, 2)
+    compiled, report = _compile(model, [BATCH])
+    return model, compiled, report
+
+
+def test_cnn_dynamic_batch_is_one_engine_and_matches_eager(cnn_dynamic_batch):
+    model, compiled, report = cnn_dynamic_batch
+    assert report.num_engine_blocks == 1 and report.num_torch_blocks == 0, str(report)
+    _check_at(model, compiled, lambda n: [torch.randn(n, 3, 16, 16)], [1, 4, 8, 2, 7])
+
+
+def test_out_of_range_input_raises_naming_input_dim_value_and_range(cnn_dynamic_batch):
+    _, compiled, _ = cnn_dynamic_batch
+    # Through TorchScript the EngineInputError arrives as a RuntimeError that carries its type and text.
+    with pytest.raises(RuntimeError, match=r"EngineInputError: engine input 0 \('x'\): dim 0 is 9, outside the "
+                                           r"range \[1, 8\]"):
+        compiled(torch.randn(9, 3, 16, 16))
+    with pytest.raises(RuntimeError, match=r"EngineInputError: engine input 0 \('x'\): dim 2 is 17"):
+        compiled(torch.randn(2, 3, 17, 16))
+
+
+def test_report_shows_symbolic_dims(cnn_dynamic_batch):
+    _, _, report = cnn_dynamic_batch
+    text = str(report)
+    assert "f32[s0,3,16,16]" in text or "float32[s0,3,16,16]" in text, text
+    assert "s0 in [1, 8]" in text, text
+
+
+def test_saved_dynamic_module_runs_in_a_new_process(cnn_dynamic_batch, tmp_path):
+    model, compiled, _ = cnn_dynamic_batch
+    path = tmp_path / "cnn.ts"
+    torch.jit.save(compiled, str(path))
+    xs = {n: torch.randn(n, 3, 16, 16) for n in (3, 8)}
+    with torch.no_grad():
+        refs = {n: model(x) for n, x in xs.items()}
+    torch.save({"xs": xs, "refs": refs}, tmp_path / "data.pt")
+    script = textwrap.dedent(f"""
+        import torch, torchkiln
+        m = torch.jit.load({str(path)!r})
+        data = torch.load({str(tmp_path / 'data.pt')!r})
+        for n, x in data["xs"].items():
+            out = m(x)
+            err = (out - data["refs"][n]).abs().max().item()
+            assert err <= 1e-4 * data["refs"][n].abs().max().item(), (n, err)
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
