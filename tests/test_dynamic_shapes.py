@@ -102,3 +102,107 @@ def test_saved_dynamic_module_runs_in_a_new_process(cnn_dynamic_batch, tmp_path)
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
+
+
+class SpatialCNN(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, stride=2, padding=1)
+        self.pool = torch.nn.AdaptiveAvgPool2d(1)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        x = torch.relu(self.conv1(x))
+        x = torch.relu(self.conv2(x)) + torch.nn.functional.avg_pool2d(x, 3, 2, 1)
+        x = x[:, :, : x.size(2) - 1, 1:]
+        return self.fc(self.pool(x).flatten(1))
+
+
+def test_cnn_dynamic_spatial_size():
+    torch.manual_seed(0)
+    model = SpatialCNN().eval()
+    spec = torchkiln.Input(min_shape=(2, 3, 8, 8), opt_shape=(2, 3, 16, 16), max_shape=(2, 3, 32, 32))
+    compiled, report = _compile(model, [spec])
+    assert report.num_engine_blocks == 1 and report.num_torch_blocks == 0, str(report)
+    _check_at(model, compiled, lambda hw: [torch.randn(2, 3, *hw)], [(8, 8), (16, 16), (32, 32), (10, 12), (31, 9)])
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(24, 16)
+        self.fc2 = torch.nn.Linear(16, 6)
+
+    def forward(self, x):
+        b = x.size(0)
+        h = torch.relu(self.fc1(x.view(b, -1)))
+        h = self.fc2(h).reshape(-1, 2, 3)
+        return torch.flatten(h, 1).reshape(b, 3, -1)
+
+
+def test_mlp_with_view_flatten_and_reshape_minus_one():
+    torch.manual_seed(0)
+    model = MLP().eval()
+    spec = torchkiln.Input(min_shape=(1, 4, 6), opt_shape=(3, 4, 6), max_shape=(16, 4, 6))
+    compiled, report = _compile(model, [spec])
+    assert report.num_engine_blocks == 1 and report.num_torch_blocks == 0, str(report)
+    _check_at(model, compiled, lambda n: [torch.randn(n, 4, 6)], [1, 3, 16, 2, 11])
+
+
+class TupleModel(torch.nn.Module):
+    def forward(self, pair: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor):
+        a, b = pair
+        return torch.relu(a @ b.transpose(-1, -2)) + bias, a.sum(1) * 2
+
+
+def test_dynamic_input_inside_a_tuple_and_a_static_input():
+    model = TupleModel().eval()
+    seq = dict(min_shape=(1, 5), opt_shape=(4, 5), max_shape=(8, 5))
+    spec = [(torchkiln.Input(**seq), torchkiln.Input(min_shape=(1, 5), opt_shape=(3, 5), max_shape=(6, 5))),
+            torchkiln.Input((1,))]
+    compiled, report = _compile(model, spec)
+    assert report.num_engine_blocks == 1, str(report)
+    _check_at(model, compiled, lambda nm: [(torch.randn(nm[0], 5), torch.randn(nm[1], 5)), torch.randn(1)],
+              [(1, 1), (4, 3), (8, 6), (2, 5), (7, 2)])
+
+
+class SizeArithmetic(torch.nn.Module):
+    """Values computed from sizes: each would be wrong at other shapes if it were baked as a constant."""
+
+    def forward(self, x):
+        n, m = x.size(0), x.size(1)
+        flat = x.view(x.size(0), -1)
+        positions = torch.arange(m).to(x.dtype)
+        half = x[:, : m // 2]
+        zeros = x.new_zeros(n, 4)
+        ones = x.new_ones([n, m])
+        mask = (torch.arange(m) < m - 1).to(x.dtype)
+        return flat * 2, x + positions, half.sum(1), zeros + n, ones * mask
+
+
+@pytest.mark.parametrize("dynamic", ["batch", "both"])
+def test_size_dependent_values_are_not_baked(dynamic):
+    model = SizeArithmetic().eval()
+    if dynamic == "batch":
+        spec = torchkiln.Input(min_shape=(1, 6), opt_shape=(4, 6), max_shape=(8, 6))
+        shapes = [(1, 6), (4, 6), (8, 6), (2, 6), (7, 6)]
+    else:
+        spec = torchkiln.Input(min_shape=(1, 2), opt_shape=(4, 6), max_shape=(8, 12))
+        shapes = [(1, 2), (4, 6), (8, 12), (3, 9), (6, 3)]
+    compiled, report = _compile(model, [spec])
+    assert report.num_engine_blocks == 1 and report.num_torch_blocks == 0, str(report)
+    _check_at(model, compiled, lambda s: [torch.randn(*s)], shapes)
+
+
+def test_squeeze_of_a_dim_that_may_be_one_stays_in_pytorch():
+    """squeeze(0) removes the dim only where it is 1: with a batch in [1, 4] the engine cannot know."""
+    class Squeeze(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x).squeeze(0) * 2 + 1
+
+    model = Squeeze().eval()
+    spec = torchkiln.Input(min_shape=(1, 3), opt_shape=(2, 3), max_shape=(4, 3))
+    compiled, report = _compile(model, [spec], min_block_size=1)
+    assert "aten::squeeze.dim" in report.fallback_ops, str(report)
+    _check_at(model, compiled, lambda n: [torch.randn(n, 3)], [1, 2, 4, 3])

@@ -486,3 +486,14 @@ class AttentionLayer(Layer):
     MAX_INPUTS: ClassVar[int | None] = 4
     causal: bool = False
     scale: float | None = None
+
+
+@layer_kind
+class DimValueLayer(Layer):
+    """A 0-d tensor holding `value`, an int dim that may be symbolic (dynamic shapes: `x + x.size(0)`)."""
+
+    KIND: ClassVar[str] = "dim_value"
+    MIN_INPUTS: ClassVar[int] = 0
+    MAX_INPUTS: ClassVar[int | None] = 0
+    value: int
+    dtype: torch.dtype = torch.int64

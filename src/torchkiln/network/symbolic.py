@@ -11,6 +11,7 @@ internal sympy helpers.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from collections.abc import Callable, Iterable, Mapping
@@ -287,6 +288,24 @@ def bounds(d: Dim) -> tuple[float, float]:
         return -math.inf, math.inf
 
 
+MAX_ENUMERATED_POINTS = 4096
+
+
+def _enumerated_bounds(e: sympy.Expr, lo: float, hi: float) -> tuple[float, float]:
+    """Exact min and max of `e` over every integer point of its symbols' ranges, where there are few points."""
+    symbols = sorted(e.free_symbols, key=lambda s: s.name)
+    if not all(isinstance(s, DimSymbol) for s in symbols) or \
+            math.prod(s.hi - s.lo + 1 for s in symbols) > MAX_ENUMERATED_POINTS:
+        return lo, hi
+    values = []
+    for point in itertools.product(*(range(s.lo, s.hi + 1) for s in symbols)):
+        try:
+            values.append(evaluate(e, dict(zip(symbols, point))))
+        except SymbolicError:
+            return lo, hi
+    return min(values), max(values)
+
+
 _COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
             "ge": operator.ge}
 
@@ -297,6 +316,8 @@ def decide(op: str, a: Any, b: Any) -> bool | None:
         return bool(_COMPARE[op](a, b))
     diff = sympy.expand(sympy.sympify(a) - sympy.sympify(b))
     lo, hi = (int(diff), int(diff)) if diff.is_Integer else bounds(diff)
+    if lo < 0 <= hi or lo <= 0 < hi:  # intervals lose correlations: try every point of a small range box
+        lo, hi = _enumerated_bounds(diff, lo, hi)
     if op == "eq":
         return True if lo == hi == 0 else (False if lo > 0 or hi < 0 else None)
     if op == "ne":

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.network.layers import Layer
-from torchkiln.network.symbolic import DimSymbol, SymbolicError, as_dim, has_symbols, symbols_of
+from torchkiln.network.layers import Layer, SliceLayer
+from torchkiln.network.symbolic import DimSymbol, SymbolicError, as_dim, as_shape, has_symbols, symbols_of
 
 Outputs = list[tuple[tuple, torch.dtype]]
 
@@ -67,6 +67,11 @@ _MAX_ENVS = 16
 def infer_symbolic(layer: Layer, run: Callable[..., list[torch.Tensor]]) -> Outputs:
     """Output shapes (ints and symbolic dims) and dtypes of `layer`, by running `run` (the reference
     meaning) on fake tensors; a NetworkError says that the layer needs static shapes."""
+    if isinstance(layer, SliceLayer) and len(layer.shape) == layer.inputs[0].rank:
+        # By definition a slice holds `shape` elements; torch's rule would give min(shape, bound) instead, an
+        # expression later shape rules could not match. Conversion checked the bounds; the run-time meaning
+        # checks them again on ints.
+        return [(as_shape(layer.shape), layer.inputs[0].dtype)]
     params = symbolic_params(layer)
     symbols: set[DimSymbol] = set()
     for t in layer.inputs:

@@ -412,3 +412,8 @@ def _attention(layer, xs, ws, device):
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) > 3 else None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=layer.causal, scale=layer.scale)
+
+
+@meaning(L.DimValueLayer)
+def _dim_value(layer, xs, ws, device):
+    return torch.full((), layer.value, dtype=layer.dtype, device=device)

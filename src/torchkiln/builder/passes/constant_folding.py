@@ -21,7 +21,7 @@ def fold_constants(network: Network, settings: BuildSettings) -> bool:
             continue
         if not all(t.producer is not None and isinstance(t.producer, L.ConstantLayer) for t in layer.inputs):
             continue
-        if any(has_symbols(t.shape) for t in layer.outputs):  # dynamic shapes: known only at run time
+        if has_symbols([t.shape for t in layer.outputs] + list(layer.params().values())):  # dynamic shapes
             continue
         size = sum(torch.Size(t.shape).numel() for t in layer.outputs)
         if size > settings.max_folded_elements:
