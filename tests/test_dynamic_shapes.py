@@ -206,3 +206,39 @@ def test_squeeze_of_a_dim_that_may_be_one_stays_in_pytorch():
     compiled, report = _compile(model, [spec], min_block_size=1)
     assert "aten::squeeze.dim" in report.fallback_ops, str(report)
     _check_at(model, compiled, lambda n: [torch.randn(n, 3)], [1, 2, 4, 3])
+
+
+def _hidden(out):
+    return out["last_hidden_state"] if isinstance(out, dict) else (out[0] if isinstance(out, (tuple, list)) else
+                                                                   out.last_hidden_state)
+
+
+def test_bert_dynamic_batch_and_sequence_with_attention_mask_is_one_engine():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, max_position_embeddings=64)
+    model = transformers.BertModel(config).eval()
+    spec = torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 16), max_shape=(8, 64), dtype=torch.int64)
+    compiled, report = _compile(model, [spec, spec])
+    assert report.num_engine_blocks == 1 and report.num_torch_blocks == 0, str(report)
+    for batch, seq in [(1, 4), (2, 16), (8, 64), (3, 9), (5, 40)]:
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        mask[0, seq // 2:] = 0  # padding in the first sequence
+        args = [torch.randint(0, 1000, (batch, seq)), mask]
+        with torch.no_grad():
+            assert_matches_eager(_hidden(compiled(*args)), model(*args).last_hidden_state, path=f"{batch}x{seq}")
+
+
+def test_gpt2_dynamic_sequence_is_one_engine():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=64, use_cache=False)
+    model = transformers.GPT2Model(config).eval()
+    spec = torchkiln.Input(min_shape=(2, 4), opt_shape=(2, 16), max_shape=(2, 64), dtype=torch.int64)
+    compiled, report = _compile(model, [spec])
+    assert report.num_engine_blocks == 1 and report.num_torch_blocks == 0, str(report)
+    for seq in [4, 16, 64, 9, 40]:
+        ids = torch.randint(0, 1000, (2, seq))
+        with torch.no_grad():
+            assert_matches_eager(_hidden(compiled(ids)), model(ids).last_hidden_state, path=f"seq {seq}")

@@ -126,6 +126,25 @@ def dim_min(a: Dim, b: Dim) -> Dim:
     return as_dim(sympy.Min(a, b))
 
 
+def broadcast_shapes(*shapes: Iterable[Dim]) -> tuple[Dim, ...]:
+    """torch.broadcast_shapes for shapes with symbolic dims; SymbolicError where the ranges do not settle it."""
+    shapes = [tuple(s) for s in shapes]
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim] = []
+    for i in range(rank):
+        dim: Dim = 1
+        for s in shapes:
+            d = s[i - rank + len(s)] if i - rank + len(s) >= 0 else 1
+            if isinstance(d, int) and d == 1 or d == dim or decide("eq", d, dim):
+                continue
+            if isinstance(dim, int) and dim == 1:
+                dim = d
+                continue
+            raise SymbolicError(f"needs a static shape: cannot broadcast dims {dim} and {d}")
+        out.append(dim)
+    return tuple(out)
+
+
 def product(dims: Iterable[Dim]) -> Dim:
     out: Dim = 1
     for d in dims:

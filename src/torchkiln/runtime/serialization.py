@@ -18,12 +18,13 @@ import typing
 from typing import Any
 
 import safetensors.torch
+import sympy
 import torch
 
 from torchkiln.errors import EngineFormatError, NetworkError
 from torchkiln.network import layers as L
 from torchkiln.network.network import Network
-from torchkiln.network.symbolic import DimSymbol, SymbolicError, from_tree, is_symbolic, to_tree
+from torchkiln.network.symbolic import DimSymbol, SymbolicError, as_dim, from_tree, to_tree
 
 MAGIC = b"TKLNENG\0"
 FORMAT_VERSION = 1
@@ -45,8 +46,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def _encode(value: Any) -> Any:
-    if is_symbolic(value):  # a symbolic dim: an expression tree (network/symbolic.py)
-        return to_tree(value)
+    if isinstance(value, sympy.Basic):  # a symbolic dim: an expression tree (network/symbolic.py)
+        return to_tree(as_dim(value))
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, torch.dtype):

@@ -60,7 +60,10 @@ def scalar_implicit(args: Args) -> bool | int | float:
 
 @evaluator("prim::NumToTensor.Scalar")
 def num_to_tensor(args: Args) -> torch.Tensor:
-    """A number as a 0-d tensor: int64 for ints, float64 for floats, bool for bools (as TorchScript makes it)."""
+    """A number as a 0-d tensor: int64 for ints, float64 for floats, bool for bools (as TorchScript makes it).
+    A dynamic dim stays symbolic (an int64 0-d tensor of it: traced shape arithmetic)."""
+    if is_symbolic(args[0]):
+        return args[0]
     return torch.tensor(_number(args[0]))
 
 

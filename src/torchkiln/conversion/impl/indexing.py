@@ -10,6 +10,7 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.shuffle import permute, unsqueeze
 from torchkiln.conversion.impl.tiling import expand
 from torchkiln.network import layers as L
+from torchkiln.network.symbolic import broadcast_shapes, has_symbols
 from torchkiln.network.tensor import Tensor
 
 
@@ -25,6 +26,8 @@ def mask_to_indices(indices: Sequence[Any]) -> list[Any]:
 
 
 def broadcast_shape(shapes: Sequence[Sequence[int]]) -> list[int]:
+    if has_symbols(list(shapes)):
+        return list(broadcast_shapes(*shapes))
     return list(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
 
 

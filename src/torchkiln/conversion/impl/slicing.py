@@ -9,7 +9,7 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim
 from torchkiln.conversion.impl.shuffle import reshape
 from torchkiln.errors import ConversionError
-from torchkiln.network.symbolic import Dim, as_dim, decide, floordiv, has_symbols
+from torchkiln.network.symbolic import Dim, as_dim, decide, floordiv, has_symbols, is_symbolic
 from torchkiln.network.tensor import Tensor
 
 
@@ -79,6 +79,10 @@ def split_as(ctx: ConversionCtx, x: Tensor, dim: int, pieces: Sequence[torch.Ten
     return out
 
 
-def meta_of(x: Tensor) -> torch.Tensor:
-    """An empty meta tensor shaped like `x`: run torch's own shape rules (chunk, split...) on it."""
-    return torch.empty(x.shape, dtype=x.dtype, device="meta")
+def meta_of(x: Tensor, dim: int) -> torch.Tensor:
+    """An empty meta tensor shaped like `x` along `dim`: run torch's own rules for pieces along that dim (chunk,
+    split...) on it. Dynamic dims other than `dim` do not matter to them and are 1 here."""
+    dim = normalize_dim(dim, x.rank)
+    if is_symbolic(x.shape[dim]):
+        raise ConversionError(f"needs a static shape: pieces along dim {dim} of dynamic size {x.shape[dim]}")
+    return torch.empty([1 if is_symbolic(d) else d for d in x.shape], dtype=x.dtype, device="meta")
