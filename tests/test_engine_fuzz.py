@@ -315,7 +315,10 @@ def _fuzz(data):
 
 
 def test_fuzzed_engines_raise_only_format_errors(tmp_path, monkeypatch):
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where anything made a temporary file would land
+    # Where a relative path or a temporary file would land; the repository itself is not watched, since other
+    # test processes write there (caches) while this one runs.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
     before_files = _listing(os.getcwd(), str(tmp_path))
     before_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     _fuzz()

@@ -59,7 +59,8 @@ def every_kind_network():
     gs = n.add_grid_sample(x, n.add_constant(torch.rand(2, 3, 3, 2) * 2 - 1).get_output(), "bilinear", "border",
                            False).get_output()
     att = n.add_attention(q, q, q, causal=True).get_output()
-    for t in (sm, g, top.get_output(0), top.get_output(1), norm, cum, ident, cast, gs, att):
+    dim = n.add_layer(L.DimValueLayer, [], value=3).get_output()
+    for t in (sm, g, top.get_output(0), top.get_output(1), norm, cum, ident, cast, gs, att, dim):
         n.mark_output(t)
     return n
 

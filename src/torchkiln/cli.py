@@ -32,6 +32,7 @@ def _info(args: argparse.Namespace) -> int:
         while hasattr(module, ENGINE_ATTR.format(k)):
             engine = engine_from_blob(getattr(module, ENGINE_ATTR.format(k)))
             print(f"engine {k}: {engine}")
+            _print_io(engine)
             if args.layers:
                 print(engine.network)
             k += 1
@@ -40,9 +41,21 @@ def _info(args: argparse.Namespace) -> int:
     with open(args.path, "rb") as f:
         engine = torchkiln.Engine.deserialize(f.read())
     print(engine)
+    _print_io(engine)
     if args.layers:
         print(engine.network)
     return 0
+
+
+def _print_io(engine) -> None:
+    """Input and output shapes (symbolic dims by name) and the ranges of the dynamic dims."""
+    from torchkiln.network.symbolic import ranges_str
+
+    print("  inputs:  " + ", ".join(repr(t) for t in engine.network.inputs))
+    print("  outputs: " + ", ".join(repr(t) for t in engine.network.outputs))
+    symbols = engine.network.symbols()
+    if symbols:
+        print("  dynamic dims: " + ranges_str(symbols))
 
 
 def _coverage(args: argparse.Namespace) -> int:

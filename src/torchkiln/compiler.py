@@ -22,10 +22,11 @@ from torchkiln.log import debug_logging
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
 from torchkiln.lowering.walk import all_nodes
+from torchkiln.network.symbolic import shape_range
 from torchkiln.partitioning.control_flow import fold_static_control_flow
 from torchkiln.partitioning.report import PartitionReport, make_report
 from torchkiln.partitioning.segment import Partition, partition
-from torchkiln.partitioning.shape_analysis import analyze_shapes
+from torchkiln.partitioning.dynamic_shapes import analyze_dynamic_shapes
 from torchkiln.partitioning.signature import check_signature, example_args, unpack_list_inputs
 from torchkiln.partitioning.support import Decision, Fallback, Target
 from torchkiln.runtime.engine import Engine, InputBinding
@@ -67,11 +68,9 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
              ) -> tuple[LoweredModule, dict[int, Any]]:
     """Frontend, lowering and shape analysis: everything before partitioning.
 
-    Shape analysis runs the method on examples at each Input's opt shape. Dynamic shapes would also
-    run `example_args(..., "min")` and `"max"` and keep each boundary value's range.
+    Shape analysis runs the method on examples at each Input's opt shape, and with dynamic inputs also at
+    min and max, so each top-level tensor's varying dims are symbols (partitioning/dynamic_shapes.py).
     """
-    if any(spec.is_dynamic for spec in settings.inputs):
-        raise NotImplementedError("inputs with min_shape != max_shape (dynamic shapes) are not supported yet")
     load_all()
     examples = example_args(settings.input_signature, settings.device, "opt")
     script = to_torchscript(module, examples)
@@ -80,12 +79,13 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     check_signature(lowered.graph, settings.input_signature, method)
     if unpack_list_inputs(lowered.graph, settings.input_signature):
         logger.debug("graph after unpacking list inputs:\n%s", lowered.graph)
-    metas = analyze_shapes(lowered.graph, lowered.module, examples)
+    signature = settings.input_signature
+    metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
     # Shapes make more values static: fold the control flow that depends on them, let lists built by the
     # unrolled code become static, and analyse the new top-level values; until nothing changes.
     while fold_static_control_flow(lowered.graph, Resolver(metas)):
         rerun(lowered.graph, settings, ("lower_tuples", "functionalize_list_appends", "eliminate_dead_code"))
-        metas = analyze_shapes(lowered.graph, lowered.module, examples)
+        metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
     return lowered, metas
 
 
@@ -141,7 +141,7 @@ def _build_engines(part: Partition, settings: CompileSettings, name: str,
             engines = None
             continue
         if engines is not None:
-            bindings = [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in network.inputs]
+            bindings = [InputBinding(t.name, t.dtype, *shape_range(t.shape)) for t in network.inputs]
             engines.append(build_engine(network, bindings, build, f"{name}_{k}"))
     return engines
 

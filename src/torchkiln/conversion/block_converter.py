@@ -12,6 +12,7 @@ from torchkiln.conversion.registry import find_converter, find_evaluator, load_a
 from torchkiln.conversion.resolve import NotStatic, is_dynamic
 from torchkiln.errors import ConversionError, NetworkError
 from torchkiln.network.network import Network
+from torchkiln.network.symbolic import agree_on_samples, symbols_of
 from torchkiln.network.tensor import Tensor
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import Node, TensorMeta, Value, binding_name, source_location, value_key
@@ -91,6 +92,16 @@ def _convert_node(ctx: ConversionCtx, node: Node) -> None:
             ctx.evaluated_value_map[value_key(out)] = value
 
 
+def _check_symbols(net: Network) -> None:
+    """Dynamic shapes: every symbolic dim in the network must be bound by an input dim at run time."""
+    bound = set(net.symbols())
+    for layer in net.layers:
+        used = symbols_of([t.shape for t in layer.outputs]) | symbols_of(list(layer.params().values()))
+        if not used <= bound:
+            raise ConversionError(f"layer {layer.name!r} needs a static shape: it uses "
+                                  f"{sorted(s.name for s in used - bound)}, which no engine input dim defines")
+
+
 def convert_block(
     nodes: Sequence[Node],
     inputs: Sequence[Value],
@@ -128,11 +139,12 @@ def convert_block(
                 raise _node_error(v.node(), ConversionError(f"converted to dtype {t.dtype} but PyTorch gives "
                                                             f"{meta.dtype}"))
             t = net.add_cast(t, meta.dtype).get_output()
-        if t.shape != meta.shape:
+        if t.shape != meta.shape and not agree_on_samples(t.shape, meta.shape):  # symbolic: same at min/opt/max
             raise _node_error(v.node(), ConversionError(f"converted to shape {t.shape} but PyTorch gives "
                                                         f"{meta.shape}"))
         if t in net.inputs or t in net.outputs:
             t = net.add_identity(t).get_output()
         net.mark_output(t)
+    _check_symbols(net)
     logger.debug("converted block %s:\n%s", name, net)
     return net

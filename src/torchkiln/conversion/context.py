@@ -8,7 +8,9 @@ import torch
 
 from torchkiln.conversion.resolve import Resolver
 from torchkiln.errors import ConversionError
+from torchkiln.network import layers as L
 from torchkiln.network.network import Network
+from torchkiln.network.symbolic import is_symbolic
 from torchkiln.network.tensor import Tensor
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import TensorMeta, Value, value_key
@@ -51,6 +53,8 @@ class ConversionCtx(Resolver):
             return self.network.add_constant(value.cpu()).get_output()
         if isinstance(x, (bool, int, float)):
             return self.network.add_constant(torch.tensor(x, dtype=dtype or scalar_dtype(None, x))).get_output()
+        if is_symbolic(x):  # a dynamic dim used as a number: its value at run time
+            return self.network.add_layer(L.DimValueLayer, [], value=x, dtype=dtype or torch.int64).get_output()
         if isinstance(x, TensorMeta):
             raise ConversionError("a tensor computed outside this engine block reached a converter")
         raise ConversionError(f"cannot make a network tensor of {type(x).__name__} {x!r}")

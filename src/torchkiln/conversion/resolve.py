@@ -15,15 +15,22 @@ from typing import Any
 import torch
 
 from torchkiln.conversion.registry import find_converter, find_evaluator
+from torchkiln.network.symbolic import as_dim, floordiv, has_symbols, is_symbolic
 from torchkiln.network.tensor import Tensor
 from torchkiln.torchscript import (
     ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, holds_tensor_type,
-    is_tensor_type, node_schema, source_location, value_key, writes_to_arguments,
+    is_tensor_type, node_key, node_schema, source_location, value_key, writes_to_arguments,
 )
 
 FOLD_MAX_ELEMENTS = 4096  # a tensor op on build-time values runs at build time if its outputs are this small
 
 logger = logging.getLogger("torchkiln.conversion")
+
+
+_SYMBOLIC_TENSOR_ARITHMETIC = {
+    "aten::add.Tensor": lambda a, b: as_dim(a + b), "aten::sub.Tensor": lambda a, b: as_dim(a - b),
+    "aten::mul.Tensor": lambda a, b: as_dim(a * b), "aten::floor_divide": floordiv, "aten::div.Tensor_mode": floordiv,
+}
 
 
 class NotStatic(Exception):
@@ -344,9 +351,25 @@ class Resolver:
         if schema is None or find_converter(node) is None or node.isNondeterministic() or writes_to_arguments(schema):
             return False
         metas = [self.metas.get(value_key(o)) for o in node.outputs()]
-        if not all(isinstance(m, TensorMeta) and torch.Size(m.shape).numel() <= FOLD_MAX_ELEMENTS for m in metas):
+        if not all(isinstance(m, TensorMeta) and not has_symbols(m.shape)  # dynamic shapes are never folded
+                   and torch.Size(m.shape).numel() <= FOLD_MAX_ELEMENTS for m in metas):
             return False
         return not any(self.written(o) for o in node.outputs())
+
+    def _fold_symbolic(self, node: Node, args: Args) -> list[Any] | None:
+        """`a + b`, `a - b`, `a * b`, `a // b` of 0-d integer tensors holding symbolic dims (what tracing makes
+        of `x.size(1) + n`): a symbolic dim again. Anything else is left to the converter."""
+        op = _SYMBOLIC_TENSOR_ARITHMETIC.get(node_key(node))
+        meta = self.metas.get(value_key(node.output())) if node.outputsSize() == 1 else None
+        if op is None or not isinstance(meta, TensorMeta) or meta.shape != () or meta.dtype != torch.int64 \
+                or args.get("alpha", 1) != 1 or args.get("rounding_mode", "floor") != "floor":
+            return None
+        a, b = args[0], args[1]
+        if not all(isinstance(v, int) and not isinstance(v, bool) or is_symbolic(v) for v in (a, b)):
+            return None
+        result = op(a, b)
+        self._memo[value_key(node.output())] = result
+        return [result]
 
     def fold(self, node: Node) -> list[Any] | None:
         """Run the node's own op on its build-time inputs (shape arithmetic on 0-d tensors, say): its outputs, or
@@ -363,6 +386,8 @@ class Resolver:
             return None
         if is_dynamic(args.values):
             return None
+        if has_symbols(list(args.values)):  # dynamic shapes: traced shape arithmetic on 0-d tensors of a dim
+            return self._fold_symbolic(node, args)
         schema = torch._C.parse_schema(node_schema(node))
         namespace, name = schema.name.split("::")
         op = getattr(getattr(getattr(torch.ops, namespace), name), schema.overload_name or "default")

@@ -16,6 +16,7 @@ from typing import ClassVar, NoReturn
 import torch
 
 from torchkiln.errors import NetworkError
+from torchkiln.network.symbolic import bounds
 from torchkiln.network.tensor import Tensor
 
 LAYER_KINDS: dict[str, type[Layer]] = {}
@@ -91,8 +92,11 @@ class Layer:
         raise NetworkError(f"{self.KIND} layer {self.name!r}: {problem}")
 
     def check_range(self, what: str, values: Iterable[int], lo: int, hi: int = MAX_EXTENT) -> None:
+        """Each value in [lo, hi]; a symbolic dim over its whole range (one whose range is unknown is evaluated
+        and checked by its run-time use)."""
         for i, v in enumerate(values):
-            if not lo <= v <= hi:
+            least, most = bounds(v)
+            if least < lo and math.isfinite(least) or most > hi and math.isfinite(most):
                 self.fail(f"{what}[{i}] = {v} is outside [{lo}, {hi}]")
 
     def check_axis(self, what: str, axis: int, rank: int) -> None:
@@ -104,6 +108,7 @@ class Layer:
     def check_constant_indices(self, indices: Tensor, lo: int, hi: int) -> None:
         """Indices that a ConstantLayer gives must lie in [lo, hi) (checked now, not inside ATen later)."""
         value = constant_value(indices)
+        hi = bounds(hi)[1]  # a dynamic dim at its largest: smaller sizes are checked when the gather runs
         if value is not None and value.numel() and not (lo <= int(value.min()) and int(value.max()) < hi):
             self.fail(f"indices hold values in [{int(value.min())}, {int(value.max())}], outside [{lo}, {hi})")
 
@@ -718,3 +723,14 @@ class AttentionLayer(Layer):
     MAX_INPUTS: ClassVar[int | None] = 4
     causal: bool = False
     scale: float | None = None
+
+
+@layer_kind
+class DimValueLayer(Layer):
+    """A 0-d tensor holding `value`, an int dim that may be symbolic (dynamic shapes: `x + x.size(0)`)."""
+
+    KIND: ClassVar[str] = "dim_value"
+    MIN_INPUTS: ClassVar[int] = 0
+    MAX_INPUTS: ClassVar[int | None] = 0
+    value: int
+    dtype: torch.dtype = torch.int64

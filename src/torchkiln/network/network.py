@@ -7,6 +7,7 @@ import torch
 
 from torchkiln.errors import NetworkError
 from torchkiln.network import layers as L
+from torchkiln.network.symbolic import Dim, as_shape, symbols_of
 from torchkiln.network.tensor import Tensor
 
 
@@ -31,8 +32,9 @@ class Network:
         return name
 
     # ---- inputs and outputs ---------------------------------------------------------------
-    def add_input(self, name: str, dtype: torch.dtype, shape: Sequence[int]) -> Tensor:
-        tensor = Tensor(self.unique_name(name), tuple(int(d) for d in shape), dtype)
+    def add_input(self, name: str, dtype: torch.dtype, shape: Sequence[Dim]) -> Tensor:
+        """A network input; a dynamic dim is a DimSymbol (see `symbolic`)."""
+        tensor = Tensor(self.unique_name(name), as_shape(shape), dtype)
         self.inputs.append(tensor)
         return tensor
 
@@ -155,8 +157,8 @@ class Network:
         second_transpose: Sequence[int] | None = None,
         zero_is_placeholder: bool = True,
     ) -> L.Layer:
-        def opt(v: Sequence[int] | None) -> tuple[int, ...] | None:
-            return None if v is None else tuple(int(d) for d in v)
+        def opt(v: Sequence[Dim] | None) -> tuple[Dim, ...] | None:
+            return None if v is None else as_shape(v)
 
         return self.add_layer(
             L.ShuffleLayer, [input], first_transpose=opt(first_transpose), reshape_dims=opt(reshape_dims),
@@ -280,6 +282,10 @@ class Network:
                 t.shape, t.dtype = shape, dtype
 
     # ---- inspection -----------------------------------------------------------------------
+    def symbols(self) -> list:
+        """The DimSymbols of the inputs' dynamic dims, by name (empty for a network of static shapes)."""
+        return sorted(symbols_of([t.shape for t in self.inputs]), key=lambda s: s.name)
+
     def consumers(self) -> dict[int, list[L.Layer]]:
         """id(tensor) -> layers that read it."""
         users: dict[int, list[L.Layer]] = {}

@@ -13,6 +13,7 @@ import torch
 
 from torchkiln.errors import NetworkError
 from torchkiln.network.layers import Layer
+from torchkiln.network.symbolic_shapes import any_symbolic, infer_symbolic
 
 Outputs = tuple[tuple[tuple[int, ...], torch.dtype], ...]
 CACHE_SIZE = 4096
@@ -30,6 +31,10 @@ def signature(layer: Layer) -> tuple:
 
 def infer_outputs(layer: Layer) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """The layer's output (shape, dtype) pairs; a layer that rejects its inputs is a NetworkError."""
+    from torchkiln.runtime.reference import run_layer
+
+    if any_symbolic(layer, layer.inputs):  # dynamic shapes: symbolic inference (network/symbolic_shapes.py), uncached
+        return infer_symbolic(layer, run_layer)
     key: tuple | None = signature(layer)
     try:
         found = _cache.get(key)
@@ -49,10 +54,6 @@ def infer_on_meta(layer: Layer) -> Outputs:
     """Run the layer's meaning on meta tensors (no memory is allocated for any shape)."""
     from torchkiln.runtime.reference import run_layer
 
-    for t in layer.inputs:
-        if any(d < 0 for d in t.shape):
-            raise NetworkError(f"{layer.KIND} layer {layer.name!r}: input {t!r} has a dynamic dim, which shape "
-                               f"inference does not support yet")
     meta = torch.device("meta")
     inputs = [torch.empty(t.shape, dtype=t.dtype, device=meta) for t in layer.inputs]
     weights = {k: w.to(meta) for k, w in layer.weights.items()}

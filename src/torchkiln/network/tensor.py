@@ -1,10 +1,12 @@
-"""A tensor of the layer network: a name, a shape (-1 marks a dynamic dim) and a dtype."""
+"""A tensor of the layer network: a name, a shape (ints and symbolic dims, see `symbolic`) and a dtype."""
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
+
+from torchkiln.network.symbolic import Dim, dim_str, has_symbols
 
 if TYPE_CHECKING:
     from torchkiln.network.layers import Layer
@@ -15,7 +17,7 @@ class Tensor:
     """One value flowing between layers; `producer` is None for a network input."""
 
     name: str
-    shape: tuple[int, ...]
+    shape: tuple[Dim, ...]
     dtype: torch.dtype
     producer: Layer | None = None
 
@@ -25,8 +27,8 @@ class Tensor:
 
     @property
     def is_dynamic(self) -> bool:
-        return any(d < 0 for d in self.shape)
+        return has_symbols(self.shape)
 
     def __repr__(self) -> str:
-        dims = ", ".join("?" if d < 0 else str(d) for d in self.shape)
+        dims = ", ".join(dim_str(d) for d in self.shape)
         return f"%{self.name}: {str(self.dtype).removeprefix('torch.')}[{dims}]"

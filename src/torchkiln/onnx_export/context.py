@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from torchkiln.errors import TorchkilnError
 from torchkiln.network import layers as L
+from torchkiln.network.symbolic import dim_str
 from torchkiln.network.tensor import Tensor
 
 
@@ -88,8 +89,8 @@ def tensor_proto(value: torch.Tensor, name: str) -> TensorProto:
 
 
 def value_info(name: str, dtype: torch.dtype, shape: Sequence[int]) -> onnx.ValueInfoProto:
-    """A typed graph input or output; a dynamic dim (-1) becomes a named dim_param."""
-    dims = [d if d >= 0 else f"{name}_dim{i}" for i, d in enumerate(shape)]
+    """A typed graph input or output; a symbolic dim becomes a dim_param named by its expression (`s0`)."""
+    dims = [d if isinstance(d, int) else dim_str(d) for d in shape]
     return helper.make_tensor_value_info(name, ONNX_DTYPES[dtype], dims)
 
 

@@ -9,6 +9,7 @@ from onnx import helper
 from torchkiln._version import __version__
 from torchkiln.network import layers as L
 from torchkiln.network.network import Network
+from torchkiln.network.symbolic import has_symbols
 from torchkiln.onnx_export import exporters  # noqa: F401  (registers every exporter)
 from torchkiln.onnx_export.context import EXPORTERS, ONNX_DTYPES, ExportContext, OnnxExportError, dtype_name, \
     value_info
@@ -25,6 +26,8 @@ def _export_layer(ctx: ExportContext, layer: L.Layer, xs: list[str]) -> list[str
     for t in [*layer.inputs, *layer.outputs]:
         if t.dtype not in ONNX_DTYPES:
             ctx.decline(f"tensor {t.name} has dtype {dtype_name(t.dtype)}, which has no ONNX type here")
+    if isinstance(layer, L.DimValueLayer) or has_symbols(list(layer.params().values())):
+        ctx.decline("a parameter is a symbolic dim (dynamic shapes), which the ONNX export does not compute yet")
     fn = EXPORTERS.get(type(layer))
     if fn is None:
         ctx.decline("no ONNX exporter for this layer kind")

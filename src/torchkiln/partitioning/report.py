@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from torchkiln.network.symbolic import is_symbolic, ranges_str, shape_str, symbols_of
 from torchkiln.partitioning.segment import Block, Partition, is_layer_op
 from torchkiln.partitioning.support import Fallback, Target, is_io_plumbing
 from torchkiln.torchscript import (TensorMeta, Value, binding_name, node_key, source_location, top_level_node,
@@ -35,7 +36,7 @@ class BoundaryValue:
         if self.shape is None:
             return f"{self.name}: {self.type}"
         dtype = _DTYPE_NAMES.get(self.dtype, str(self.dtype).removeprefix("torch."))
-        return f"{self.name}: {dtype}[{','.join(map(str, self.shape))}]"
+        return f"{self.name}: {dtype}[{shape_str(self.shape)}]"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +100,7 @@ class PartitionReport:
     def as_dict(self) -> dict[str, Any]:
         """The report as plain data (str, int, list, dict, None), e.g. for json.dumps."""
         def plain(obj: Any) -> Any:
-            if isinstance(obj, (torch.dtype, Fallback)):
+            if isinstance(obj, (torch.dtype, Fallback)) or is_symbolic(obj):
                 return str(obj)
             if isinstance(obj, (list, tuple)):
                 return [plain(o) for o in obj]
@@ -125,6 +126,9 @@ class PartitionReport:
                 lines.append("      " + _summary(b.ops))
             for f in b.fallback:
                 lines.append(f"      {f}")
+        symbols = symbols_of([v.shape for b in self.blocks for v in b.inputs + b.outputs if v.shape is not None])
+        if symbols:
+            lines.append("dynamic dims: " + ranges_str(symbols))
         if self.fallback_ops:
             lines.append("left in PyTorch: " + ", ".join(f"{op} x{n}" for op, n in self.fallback_ops.items()))
         return "\n".join(lines)

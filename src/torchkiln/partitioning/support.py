@@ -7,7 +7,7 @@ import enum
 from torchkiln.conversion.registry import find_converter, find_evaluator
 from torchkiln.conversion.resolve import NotStatic, Resolver, is_dynamic
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Node, TensorMeta, is_tensor_type, node_key
+from torchkiln.torchscript import Node, TensorMeta, is_tensor_type, node_key, value_key
 
 FALLBACK_ATTR = "torchkiln_fallback"  # set on nodes that module fallback forces to PyTorch
 
@@ -91,6 +91,11 @@ def _classify(node: Node, resolver: Resolver) -> Decision:
         reason = converter.capability(args) if converter.capability else None
         if reason:
             return Decision.torch(Fallback.CAPABILITY, reason)
+        unknown = [o for o in node.outputs()
+                   if is_tensor_type(o.type()) and o.uses() and value_key(o) not in resolver.metas]
+        if unknown:  # dynamic shapes: shape analysis saw this output change rank across the input ranges
+            return Decision.torch(Fallback.CAPABILITY, f"needs static shapes: the rank of %{unknown[0].debugName()} "
+                                                       f"changes across the input ranges")
         return Decision(Target.ENGINE)
     if find_evaluator(node) is not None:
         try:

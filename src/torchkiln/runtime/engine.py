@@ -9,6 +9,7 @@ import torch
 
 from torchkiln.errors import EngineFormatError, EngineInputError
 from torchkiln.network.network import Network
+from torchkiln.network.symbolic import DimSymbol, is_symbolic
 from torchkiln.network.tensor import Tensor
 from torchkiln.runtime import serialization as S
 from torchkiln.runtime.executor import ReferenceExecutor
@@ -36,7 +37,13 @@ class InputBinding:
         for i, (lo, opt, hi, d) in enumerate(zip(self.min_shape, self.opt_shape, self.max_shape, tensor.shape)):
             if not 0 <= lo <= opt <= hi:
                 raise EngineFormatError(f"{what}: dim {i} needs 0 <= min <= opt <= max")
-            if d >= 0 and not lo == opt == hi == d:
+            if isinstance(d, DimSymbol):
+                if (lo, hi) != (d.lo, d.hi):
+                    raise EngineFormatError(f"{what}: dim {i} is the network's symbol {d} in [{d.lo}, {d.hi}], "
+                                            f"which the binding's range [{lo}, {hi}] must equal")
+            elif is_symbolic(d):
+                raise EngineFormatError(f"{what}: dim {i} of a network input must be an int or one symbol, got {d}")
+            elif not lo == opt == hi == d:
                 raise EngineFormatError(f"{what}: the network's fixed dim {i} of {d} needs min = opt = max = {d}")
 
     def check(self, index: int, value: object, device_type: str) -> None:
@@ -49,6 +56,11 @@ class InputBinding:
         if value.dtype != self.dtype:
             raise EngineInputError(f"{what}: expected dtype {self.dtype}, got {value.dtype}")
         shape = tuple(value.shape)
+        if len(shape) == len(self.opt_shape) and self.min_shape != self.max_shape:  # name the dim out of range
+            for dim, (d, lo, hi) in enumerate(zip(shape, self.min_shape, self.max_shape)):
+                if not lo <= d <= hi:
+                    raise EngineInputError(f"{what}: dim {dim} is {d}, outside the range [{lo}, {hi}] the engine "
+                                           f"was built for (shape {shape}; min {self.min_shape}, max {self.max_shape})")
         if len(shape) != len(self.opt_shape) or any(
                 not lo <= d <= hi for d, lo, hi in zip(shape, self.min_shape, self.max_shape)):
             expected = str(self.opt_shape) if self.min_shape == self.max_shape else \

@@ -10,6 +10,7 @@ import torch
 from torchkiln.network import layers as L
 from torchkiln.network.network import Network
 from torchkiln.runtime.reference import MEANINGS, Meaning
+from torchkiln.runtime.symbols import SymbolBinder
 
 # Layers whose output may share memory with their input (views and no-op casts).
 _MAY_ALIAS = (L.IdentityLayer, L.ShuffleLayer, L.SliceLayer, L.ExpandLayer, L.CastLayer, L.ConstantLayer)
@@ -73,12 +74,14 @@ class ReferenceExecutor:
                                frees[step]))
         self.output_slots = [slot[id(t)] for t in network.outputs]
         self.clone_output = [_may_alias_storage(t) for t in network.outputs]
+        self.binder = SymbolBinder.for_network(network)  # dynamic shapes: binds symbols per input signature
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         values: list[torch.Tensor | None] = [None] * self.num_slots
         values[: self.num_inputs] = inputs
         device = self.device
-        for fn, layer, weights, ins, outs, frees in self.steps:
+        steps = self.steps if self.binder is None else self.binder.steps_for(inputs, self.steps)
+        for fn, layer, weights, ins, outs, frees in steps:
             result = fn(layer, [values[i] for i in ins], weights, device)
             if isinstance(result, torch.Tensor):
                 values[outs[0]] = result

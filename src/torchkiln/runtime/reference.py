@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 import torch.nn.functional as F
 
 from torchkiln.errors import EngineIndexError, NetworkError
@@ -313,7 +314,9 @@ def _expand(layer, xs, ws, device):
 def _check_indices(layer: L.Layer, idx: torch.Tensor, dim: int, size: int) -> None:
     """Raise EngineIndexError unless every index is in [0, size): a gather never wraps negative indices
     (eager's embedding, index_select and gather raise; advanced indexing's converter wraps them first)."""
-    if idx.device.type == "meta" or idx.numel() == 0:  # shape inference: no values to check
+    if idx.device.type == "meta" or isinstance(idx, FakeTensor):  # shape inference: no values to check
+        return
+    if idx.numel() == 0:
         return
     bad = (idx < 0) | (idx >= size)
     if bool(bad.any()):
@@ -428,3 +431,8 @@ def _attention(layer, xs, ws, device):
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) > 3 else None
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=layer.causal, scale=layer.scale)
+
+
+@meaning(L.DimValueLayer)
+def _dim_value(layer, xs, ws, device):
+    return torch.full((), layer.value, dtype=layer.dtype, device=device)

@@ -28,11 +28,13 @@ import typing
 from typing import Any
 
 import safetensors.torch
+import sympy
 import torch
 
 from torchkiln.errors import EngineFormatError, NetworkError
 from torchkiln.network import layers as L
 from torchkiln.network.network import Network
+from torchkiln.network.symbolic import DimSymbol, SymbolicError, as_dim, bounds, from_tree, to_tree
 
 MAGIC = b"TKLNENG\0"
 FORMAT_VERSION = 1
@@ -46,6 +48,7 @@ MAX_INT_DIGITS = 20  # a JSON integer beyond int64 is no shape, index or paramet
 MAX_STRING = 1 << 12
 DEFAULT_MAX_ENGINE_MEMORY = 4 << 30
 MEMORY_ENV = "TORCHKILN_MAX_ENGINE_MEMORY"
+MAX_SYMBOLS = 64
 
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in L.TENSOR_DTYPES}
 _show = reprlib.Repr()
@@ -57,6 +60,8 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def _encode(value: Any) -> Any:
+    if isinstance(value, sympy.Basic):  # a symbolic dim: an expression tree (network/symbolic.py)
+        return to_tree(as_dim(value))
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, torch.dtype):
@@ -66,26 +71,28 @@ def _encode(value: Any) -> Any:
     return value
 
 
-def _decode(hint: Any, raw: Any, where: str) -> Any:
-    """Check `raw` against a parameter's type hint and convert it."""
+def _decode(hint: Any, raw: Any, where: str, symbols: dict[str, DimSymbol] | None = None) -> Any:
+    """Check `raw` against a parameter's type hint and convert it; an int may be a symbolic dim's tree."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if raw is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _decode(inner, raw, where)
+        return _decode(inner, raw, where, symbols)
     if origin is tuple:
         if not isinstance(raw, list):
             raise EngineFormatError(f"{where}: expected a list, got {type(raw).__name__}")
         if len(raw) > MAX_LIST:
             raise EngineFormatError(f"{where}: a list of {len(raw)} entries exceeds the limit of {MAX_LIST}")
-        return tuple(_decode(args[0], v, where) for v in raw)
+        return tuple(_decode(args[0], v, where, symbols) for v in raw)
     if hint is bool:
         if isinstance(raw, bool):
             return raw
     elif hint is int:
         if isinstance(raw, int) and not isinstance(raw, bool):
             return raw
+        if isinstance(raw, dict) and symbols:
+            return _symbolic_dim(raw, symbols, where)
     elif hint is float:
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
             return float(raw)
@@ -108,6 +115,37 @@ def parse_shape(raw: Any, where: str) -> tuple[int, ...]:
             isinstance(d, int) and not isinstance(d, bool) and -1 <= d < 1 << 40 for d in raw):
         raise EngineFormatError(f"{where}: {_show.repr(raw)} is not a shape")
     return tuple(raw)
+
+
+def _symbolic_dim(raw: Any, symbols: dict[str, DimSymbol], where: str) -> Any:
+    try:
+        return from_tree(raw, symbols)
+    except SymbolicError as e:
+        raise EngineFormatError(f"{where}: {e}") from None
+
+
+def _parse_dims(raw: Any, where: str, symbols: dict[str, DimSymbol]) -> tuple[Any, ...]:
+    """A shape whose dims are ints or symbolic dim trees."""
+    if not isinstance(raw, list) or len(raw) > L.MAX_RANK:
+        raise EngineFormatError(f"{where}: {raw!r:.80} is not a shape")
+    return tuple(_symbolic_dim(d, symbols, where) if isinstance(d, dict) else parse_shape([d], where)[0]
+                 for d in raw)
+
+
+def _parse_symbols(raw: Any) -> dict[str, DimSymbol]:
+    """The network's dim symbols: [{"name": "s0", "min": 1, "max": 8}, ...]."""
+    if not isinstance(raw, list) or len(raw) > MAX_SYMBOLS:
+        raise EngineFormatError(f"network symbols: expected a list of at most {MAX_SYMBOLS}")
+    symbols: dict[str, DimSymbol] = {}
+    for i, entry in enumerate(raw):
+        where = f"network symbol {i}"
+        name = _field(entry, "name", str, where)
+        lo, hi = _field(entry, "min", int, where), _field(entry, "max", int, where)
+        if name in symbols or not name.isidentifier() or len(name) > 64 or set(entry) != {"name", "min", "max"} \
+                or isinstance(lo, bool) or isinstance(hi, bool) or not 0 <= lo <= hi < 1 << 40:
+            raise EngineFormatError(f"{where}: malformed {entry!r:.80}")
+        symbols[name] = DimSymbol(name, lo, hi)
+    return symbols
 
 
 def parse_dtype(raw: Any, where: str) -> torch.dtype:
@@ -168,8 +206,9 @@ def _param_hints(kind: type[L.Layer]) -> tuple[tuple[str, Any], ...]:
     return tuple((f.name, hints[f.name]) for f in kind.param_fields())
 
 
-def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    return math.prod(shape) * dtype.itemsize
+def _nbytes(shape: tuple[Any, ...], dtype: torch.dtype) -> float:
+    """Bytes of a tensor of this shape at its largest (a symbolic dim counts at its upper bound)."""
+    return math.prod(bounds(d)[1] for d in shape) * dtype.itemsize
 
 
 def encode_engine(meta: dict[str, Any], network: Network) -> bytes:
@@ -195,17 +234,22 @@ def encode_engine(meta: dict[str, Any], network: Network) -> bytes:
             "kind": layer.KIND,
             "name": layer.name,
             "inputs": [t.name for t in layer.inputs],
-            "outputs": [{"name": t.name, "dtype": dtype_name(t.dtype), "shape": list(t.shape)} for t in layer.outputs],
+            "outputs": [{"name": t.name, "dtype": dtype_name(t.dtype), "shape": _encode(t.shape)} for t in layer.outputs],
             "weights": refs,
             "params": {k: _encode(v) for k, v in layer.params().items()},
         })
     graph = dict(meta)
     graph["network"] = {
         "name": network.name,
-        "inputs": [{"name": t.name, "dtype": dtype_name(t.dtype), "shape": list(t.shape)} for t in network.inputs],
+        "inputs": [{"name": t.name, "dtype": dtype_name(t.dtype), "shape": _encode(t.shape)} for t in network.inputs],
         "outputs": [t.name for t in network.outputs],
         "layers": layers,
     }
+    symbols = network.symbols()
+    if symbols:  # dynamic shapes only, so engines of static shapes keep their bytes
+        if len({s.name for s in symbols}) != len(symbols):
+            raise EngineFormatError(f"network {network.name!r}: two dim symbols share a name")
+        graph["network"]["symbols"] = [{"name": s.name, "min": s.lo, "max": s.hi} for s in symbols]
     graph_bytes = json.dumps(graph, separators=(",", ":")).encode("utf-8")
     weight_bytes = safetensors.torch.save(weights) if weights else b""
     body = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(graph_bytes), len(weight_bytes)) + graph_bytes + weight_bytes
@@ -261,6 +305,7 @@ def _decode_engine(data: bytes, limit: int) -> tuple[dict[str, Any], Network]:
 
 def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_memory: int) -> Network:
     network = Network(str(_field(raw, "name", str, "network")))
+    symbols = _parse_symbols(raw.get("symbols", []))
     tensors: dict[str, Any] = {}
 
     def define(name: Any, where: str) -> str:
@@ -273,7 +318,7 @@ def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_m
     for i, entry in enumerate(_list(raw, "inputs", "network")):
         where = f"network input {i}"
         name = define(_field(entry, "name", str, where), where)
-        t = network.add_input(name, parse_dtype(entry.get("dtype"), where), parse_shape(entry.get("shape"), where))
+        t = network.add_input(name, parse_dtype(entry.get("dtype"), where), _parse_dims(entry.get("shape"), where, symbols))
         tensors[name] = t
     raw_layers = _list(raw, "layers", "network", MAX_LAYERS)
     planned = 0
@@ -304,7 +349,7 @@ def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_m
         for pname, hint in _param_hints(kind):
             if pname not in raw_params:
                 raise EngineFormatError(f"{where}: missing parameter {pname!r}")
-            params[pname] = _decode(hint, raw_params[pname], f"{where} parameter {pname!r}")
+            params[pname] = _decode(hint, raw_params[pname], f"{where} parameter {pname!r}", symbols)
         if len(raw_params) != len(params):
             extra = sorted(set(raw_params) - set(params))
             raise EngineFormatError(f"{where}: unknown parameters {_show.repr(extra)}")
@@ -319,7 +364,7 @@ def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_m
             raise EngineFormatError(f"{where}: declares {len(declared)} outputs, the layer has {len(layer.outputs)}")
         for out, spec in zip(layer.outputs, declared):
             oname = define(_field(spec, "name", str, where), where)
-            if parse_shape(spec.get("shape"), where) != out.shape or parse_dtype(spec.get("dtype"), where) != out.dtype:
+            if spec.get("shape") != _encode(out.shape) or parse_dtype(spec.get("dtype"), where) != out.dtype:
                 raise EngineFormatError(f"{where}: output {_show.repr(oname)} declared {_show.repr(spec.get('dtype'))}"
                                         f"{_show.repr(spec.get('shape'))} but the layer computes "
                                         f"{dtype_name(out.dtype)}{list(out.shape)}")

@@ -6,6 +6,7 @@ import torch
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.network import layers as L
 from torchkiln.network.network import Network
+from torchkiln.network.symbolic import has_symbols
 from torchkiln.runtime.reference import run_layer
 
 _CPU = torch.device("cpu")
@@ -17,6 +18,8 @@ def fold_constants(network: Network, settings: BuildSettings) -> bool:
         if isinstance(layer, L.ConstantLayer):
             continue
         if not all(t.producer is not None and isinstance(t.producer, L.ConstantLayer) for t in layer.inputs):
+            continue
+        if has_symbols([t.shape for t in layer.outputs] + list(layer.params().values())):  # dynamic shapes
             continue
         size = sum(torch.Size(t.shape).numel() for t in layer.outputs)
         if size > settings.max_folded_elements:

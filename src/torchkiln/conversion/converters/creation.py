@@ -9,7 +9,7 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import functional_inplace, to_dtype
-from torchkiln.conversion.impl.creation import arange, eager_meta, filled
+from torchkiln.conversion.impl.creation import arange, created_shape, eager_meta, filled
 from torchkiln.conversion.registry import converter
 from torchkiln.conversion.resolve import Args
 from torchkiln.network.tensor import Tensor
@@ -33,19 +33,19 @@ def arange_converter(ctx: ConversionCtx, args: Args) -> Tensor:
 @converter("aten::full", "aten::full_like", "aten::new_full", capability=_static_data)
 def full(ctx: ConversionCtx, args: Args) -> Tensor:
     meta = eager_meta(ctx, args)
-    return filled(ctx, meta.shape, args.fill_value, meta.dtype)
+    return filled(ctx, created_shape(ctx, args, meta), args.fill_value, meta.dtype)
 
 
 @converter("aten::zeros", "aten::zeros_like", "aten::new_zeros", capability=_static_data)
 def zeros(ctx: ConversionCtx, args: Args) -> Tensor:
     meta = eager_meta(ctx, args)
-    return filled(ctx, meta.shape, 0, meta.dtype)
+    return filled(ctx, created_shape(ctx, args, meta), 0, meta.dtype)
 
 
 @converter("aten::ones", "aten::ones_like", "aten::new_ones", capability=_static_data)
 def ones(ctx: ConversionCtx, args: Args) -> Tensor:
     meta = eager_meta(ctx, args)
-    return filled(ctx, meta.shape, 1, meta.dtype)
+    return filled(ctx, created_shape(ctx, args, meta), 1, meta.dtype)
 
 
 @converter("aten::tensor", "aten::tensor.int", "aten::tensor.float", "aten::tensor.bool", capability=_static_data)

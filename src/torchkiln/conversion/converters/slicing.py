@@ -33,13 +33,13 @@ def narrow(ctx: ConversionCtx, args: Args) -> Tensor:
 @converter("aten::chunk")
 def chunk(ctx: ConversionCtx, args: Args) -> list[Tensor]:
     x = ctx.to_tensor(args.self)
-    return split_as(ctx, x, args.dim, meta_of(x).chunk(args.chunks, args.dim))
+    return split_as(ctx, x, args.dim, meta_of(x, args.dim).chunk(args.chunks, args.dim))
 
 
 @converter("aten::split.Tensor", "aten::split.sizes", "aten::split_with_sizes")
 def split(ctx: ConversionCtx, args: Args) -> list[Tensor]:
     x = ctx.to_tensor(args.self)
-    return split_as(ctx, x, args.dim, torch.split(meta_of(x), args[1], args.dim))
+    return split_as(ctx, x, args.dim, torch.split(meta_of(x, args.dim), args[1], args.dim))
 
 
 @converter("aten::unbind.int")

@@ -9,6 +9,7 @@ import torch
 
 from torchkiln.conversion.registry import evaluator
 from torchkiln.conversion.resolve import Args, NotStatic
+from torchkiln.network.symbolic import as_dim, decide, dim_max, dim_min, floordiv, has_symbols, is_symbolic, mod
 
 
 def _number(x: Any) -> bool | int | float:
@@ -32,6 +33,8 @@ def _as_output_type(args: Args, value: Any) -> Any:
 @evaluator("aten::Int", "aten::Int.Tensor")
 def to_int(args: Args) -> int:
     x = args[0]
+    if is_symbolic(x):  # int() of a dynamic dim
+        return x
     return int(x) if isinstance(x, str) else int(_number(x))
 
 
@@ -57,7 +60,10 @@ def scalar_implicit(args: Args) -> bool | int | float:
 
 @evaluator("prim::NumToTensor.Scalar")
 def num_to_tensor(args: Args) -> torch.Tensor:
-    """A number as a 0-d tensor: int64 for ints, float64 for floats, bool for bools (as TorchScript makes it)."""
+    """A number as a 0-d tensor: int64 for ints, float64 for floats, bool for bools (as TorchScript makes it).
+    A dynamic dim stays symbolic (an int64 0-d tensor of it: traced shape arithmetic)."""
+    if is_symbolic(args[0]):
+        return args[0]
     return torch.tensor(_number(args[0]))
 
 
@@ -80,7 +86,50 @@ def _extremum(pick: Callable) -> Callable[[Args], Any]:
 
 
 def _binary(fn: Callable) -> Callable[[Args], Any]:
-    return lambda args: _as_output_type(args, fn(args[0], args[1]))
+    def evaluate(args: Args) -> Any:
+        a, b = args[0], args[1]
+        if has_symbols(a) or has_symbols(b):
+            return _symbolic_binary(fn, a, b)
+        return _as_output_type(args, fn(a, b))
+    return evaluate
+
+
+_COMPARISONS = {operator.eq: "eq", operator.ne: "ne", operator.lt: "lt", operator.gt: "gt", operator.le: "le",
+                operator.ge: "ge"}
+_SYMBOLIC_ARITHMETIC = {operator.add: operator.add, operator.sub: operator.sub, operator.mul: operator.mul,
+                        operator.floordiv: floordiv, operator.mod: mod}
+
+
+def _symbolic_binary(fn: Callable, a: Any, b: Any) -> Any:
+    """Int arithmetic on a symbolic dim stays symbolic; a comparison is known only where the symbols' ranges
+    settle it. Anything else (true division, powers, float operands) is a run-time value."""
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        if fn not in (operator.eq, operator.ne) or not isinstance(a, (list, tuple)) or \
+                not isinstance(b, (list, tuple)):
+            return fn(a, b)
+        equal = len(a) == len(b) and _all_equal(a, b)
+        return equal if fn is operator.eq else not equal
+    if isinstance(a, (float, bool)) or isinstance(b, (float, bool)):
+        raise NotStatic("arithmetic of a dynamic dim with a float or bool is a run-time value")
+    if fn in _COMPARISONS:
+        result = decide(_COMPARISONS[fn], a, b)
+        if result is None:
+            raise NotStatic(f"{a} {_COMPARISONS[fn]} {b} depends on the input shapes")
+        return result
+    op = _SYMBOLIC_ARITHMETIC.get(fn)
+    if op is None:
+        raise NotStatic(f"{getattr(fn, '__name__', fn)} of the dynamic dim {a if is_symbolic(a) else b}")
+    return as_dim(op(a, b))
+
+
+def _all_equal(a: Any, b: Any) -> bool:
+    """Element-wise equality of two lists holding dynamic dims, where their ranges settle every element."""
+    results = [decide("eq", x, y) if is_symbolic(x) or is_symbolic(y) else x == y for x, y in zip(a, b)]
+    if False in results:
+        return False
+    if None in results:
+        raise NotStatic(f"{list(a)} == {list(b)} depends on the input shapes")
+    return True
 
 
 for _name, _fn in {
@@ -95,28 +144,44 @@ for _name, _fn in {
 }.items():
     evaluator(_name)(_binary(_fn))
 
-evaluator("prim::max")(_extremum(max))
-evaluator("prim::min")(_extremum(min))
+evaluator("prim::max")(_extremum(lambda *xs: _symbolic_extremum(max, dim_max, xs)))
+evaluator("prim::min")(_extremum(lambda *xs: _symbolic_extremum(min, dim_min, xs)))
+
+
+def _symbolic_extremum(plain: Callable, symbolic: Callable, xs: tuple) -> Any:
+    values = list(xs[0]) if len(xs) == 1 else list(xs)
+    if not any(is_symbolic(v) for v in values):
+        return plain(*xs)
+    if any(isinstance(v, (float, bool)) for v in values):
+        raise NotStatic("max/min of a dynamic dim and a float")
+    out = values[0]
+    for v in values[1:]:
+        out = symbolic(out, v)
+    return out
 
 
 @evaluator("aten::__not__")
 def not_(args: Args) -> bool:
+    if not isinstance(args[0], (bool, int, float)):
+        raise NotStatic(f"not of {type(args[0]).__name__}")
     return not args[0]
 
 
 @evaluator("aten::__derive_index")
 def derive_index(args: Args) -> int:
     """The loop variable of `for i in range(start, ..., step)` at iteration `index`."""
-    return args.start + args.index * args.step
+    return as_dim(args.start + args.index * args.step)
 
 
 @evaluator("aten::__range_length")
 def range_length(args: Args) -> int:
     """How many iterations `range(lo, hi, step)` makes."""
+    if any(is_symbolic(v) for v in (args.lo, args.hi, args.step)):
+        raise NotStatic("the length of a range over a dynamic dim is a run-time value")
     return _range_length(args.lo, args.hi, args.step)
 
 
 # Not the bare "aten::neg": that key is the tensor overload, which has a converter.
 @evaluator("aten::neg.int", "aten::neg.float", "aten::neg.Scalar")
 def neg(args: Args):
-    return -args[0]
+    return as_dim(-args[0]) if is_symbolic(args[0]) else -args[0]

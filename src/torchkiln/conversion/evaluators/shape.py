@@ -5,7 +5,6 @@ and conversion even where the engine computes in another dtype (truncate_long_an
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -13,6 +12,7 @@ import torch
 from torchkiln.conversion.impl.common import dtype_code, normalize_dim
 from torchkiln.conversion.registry import evaluator
 from torchkiln.conversion.resolve import Args, NotStatic
+from torchkiln.network.symbolic import Dim, product
 from torchkiln.torchscript import TensorMeta, value_key
 
 
@@ -22,32 +22,25 @@ def _meta(args: Args) -> Any:
     return meta if isinstance(meta, TensorMeta) else args[0]
 
 
-def static_shape(x) -> tuple[int, ...]:
-    shape = tuple(x.shape)
-    if any(d < 0 for d in shape):
-        raise NotStatic(f"shape {shape} has dynamic dims")
-    return shape
-
+# With dynamic shapes a dim may be symbolic (network/symbolic.py): these evaluators then return the symbolic
+# dim, never the size shape analysis happened to see, and the arithmetic on it stays symbolic.
 
 @evaluator("aten::size", "prim::shape")
-def size(args: Args) -> list[int]:
-    return list(static_shape(args[0]))
+def size(args: Args) -> list[Dim]:
+    return list(args[0].shape)
 
 
 @evaluator("aten::size.int")
-def size_int(args: Args) -> int:
+def size_int(args: Args) -> Dim:
     shape = tuple(args[0].shape)
-    d = shape[normalize_dim(args[1], len(shape))]
-    if d < 0:
-        raise NotStatic(f"dim {args[1]} of shape {shape} is dynamic")
-    return d
+    return shape[normalize_dim(args[1], len(shape))]
 
 
 @evaluator("aten::len.Tensor")
-def len_tensor(args: Args) -> int:
+def len_tensor(args: Args) -> Dim:
     shape = tuple(args[0].shape)
-    if not shape or shape[0] < 0:
-        raise NotStatic(f"len() of a tensor of shape {shape}")
+    if not shape:
+        raise NotStatic("len() of a 0-d tensor")
     return shape[0]
 
 
@@ -57,8 +50,8 @@ def dim(args: Args) -> int:
 
 
 @evaluator("aten::numel")
-def numel(args: Args) -> int:
-    return math.prod(static_shape(args[0]))
+def numel(args: Args) -> Dim:
+    return product(args[0].shape)
 
 
 @evaluator("aten::is_floating_point")

@@ -11,6 +11,8 @@ from torchkiln.conversion.impl.elementwise import binary, select
 from torchkiln.conversion.impl.shuffle import permute, unsqueeze
 from torchkiln.conversion.impl.tiling import expand
 from torchkiln.network import layers as L
+from torchkiln.network.symbolic import is_symbolic
+from torchkiln.network.symbolic import broadcast_shapes, has_symbols
 from torchkiln.network.tensor import Tensor
 
 
@@ -26,18 +28,27 @@ def mask_to_indices(indices: Sequence[Any]) -> list[Any]:
 
 
 def broadcast_shape(shapes: Sequence[Sequence[int]]) -> list[int]:
+    if has_symbols(list(shapes)):
+        return list(broadcast_shapes(*shapes))
     return list(torch.broadcast_shapes(*[torch.Size(s) for s in shapes]))
 
 
 def wrap_negative(ctx: ConversionCtx, index: Any, size: int) -> Tensor:
     """Indexing's meaning of an index in [-size, 0): index + size. Gather layers never wrap, so indexing
     wraps first; an index below -size stays as it is, for the gather to report."""
+    dynamic = is_symbolic(size)
     if isinstance(index, torch.Tensor):
         index = index.to(torch.int64)
-        return ctx.to_tensor(torch.where((index < 0) & (index >= -size), index + size, index))
+        if not bool((index < 0).any()):
+            return ctx.to_tensor(index)
+        if not dynamic:
+            return ctx.to_tensor(torch.where((index < 0) & (index >= -size), index + size, index))
     index = ctx.to_tensor(index, torch.int64)
+    # A dynamic size is an int64 tensor computed at run time (a Python scalar would become a float constant).
+    size, minus_size = (ctx.to_tensor(size, torch.int64), ctx.to_tensor(-size, torch.int64)) if dynamic \
+        else (size, -size)
     wraps = binary(ctx, binary(ctx, index, 0, L.ElementWiseOperation.LESS),
-                   binary(ctx, index, -size, L.ElementWiseOperation.GREATER_EQUAL), L.ElementWiseOperation.AND)
+                   binary(ctx, index, minus_size, L.ElementWiseOperation.GREATER_EQUAL), L.ElementWiseOperation.AND)
     return select(ctx, wraps, binary(ctx, index, size, L.ElementWiseOperation.SUM), index)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from torchkiln.conversion.context import ConversionCtx
+from torchkiln.errors import ConversionError
+from torchkiln.network.symbolic import Dim, decide
 from torchkiln.network.tensor import Tensor
 
 
@@ -23,5 +25,13 @@ def unsqueeze(ctx: ConversionCtx, x: Tensor, dim: int) -> Tensor:
 
 
 def squeeze_dims(ctx: ConversionCtx, x: Tensor, dims: Sequence[int]) -> Tensor:
-    shape = [d for i, d in enumerate(x.shape) if not (i in dims and d == 1)]
+    shape = [d for i, d in enumerate(x.shape) if not (i in dims and _is_one(d, i))]
     return reshape(ctx, x, shape)
+
+
+def _is_one(d: Dim, i: int) -> bool:
+    """Whether a dim is 1; a dynamic dim must be 1 everywhere or nowhere in its range (squeeze keeps the rank)."""
+    result = decide("eq", d, 1)
+    if result is None:
+        raise ConversionError(f"needs a static shape: squeeze of dim {i} of size {d}, which may or may not be 1")
+    return result

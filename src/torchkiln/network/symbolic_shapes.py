@@ -1,0 +1,135 @@
+"""Symbolic shape inference: a layer's reference meaning run on fake tensors whose dims are symbols.
+
+The meaning runs under torch's FakeTensorMode with a ShapeEnv in which each of our symbols is an
+unbacked SymInt bounded by its range. Unbacked symbols have no example value, so nothing in the meaning
+can silently specialize on one: a shape decision the ranges do not settle raises, and the layer is
+reported as needing static shapes. The output SymInts' expressions are mapped back to our symbols.
+
+This module is the only user of torch's ShapeEnv / FakeTensorMode internals.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+
+from torchkiln.errors import NetworkError
+from torchkiln.network.layers import Layer, SliceLayer
+from torchkiln.network.symbolic import DimSymbol, SymbolicError, as_dim, as_shape, has_symbols, symbols_of
+
+Outputs = list[tuple[tuple, torch.dtype]]
+
+
+def symbolic_params(layer: Layer) -> dict[str, object]:
+    """The layer's parameters that hold symbolic dims."""
+    return {k: v for k, v in layer.params().items() if has_symbols(v)}
+
+
+class _Env:
+    """A ShapeEnv and FakeTensorMode in which each of a set of our symbols is a bounded unbacked SymInt."""
+
+    def __init__(self, symbols: frozenset[DimSymbol]) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        self.env = ShapeEnv()
+        self.to_env: dict[DimSymbol, object] = {}
+        self.from_env: dict[object, DimSymbol] = {}
+        for s in sorted(symbols, key=lambda s: s.name):
+            node = self.env.create_unbacked_symint()
+            self.env.constrain_symbol_range(node.node.expr, s.lo, s.hi)
+            self.to_env[s] = node.node.expr
+            self.from_env[node.node.expr] = s
+        self.mode = FakeTensorMode(shape_env=self.env, allow_non_fake_inputs=True)
+        self.state = self._state()
+
+    def _state(self) -> tuple:
+        """What a meaning could have assumed: replacements, runtime asserts, narrowed ranges."""
+        return (len(self.env.replacements), sum(len(v) for v in self.env.deferred_runtime_asserts.values()),
+                tuple(str(self.env.var_to_range[e]) for e in self.from_env))
+
+    def clean(self) -> bool:
+        return self._state() == self.state
+
+    def sym_int(self, d: object) -> object:
+        if isinstance(d, int):
+            return d
+        return self.env.create_symintnode(d.xreplace(self.to_env), hint=None)
+
+
+_ENVS: dict[frozenset[DimSymbol], _Env] = {}
+_ENVS_LOCK = threading.Lock()
+_MAX_ENVS = 16
+
+
+def infer_symbolic(layer: Layer, run: Callable[..., list[torch.Tensor]]) -> Outputs:
+    """Output shapes (ints and symbolic dims) and dtypes of `layer`, by running `run` (the reference
+    meaning) on fake tensors; a NetworkError says that the layer needs static shapes."""
+    if isinstance(layer, SliceLayer) and len(layer.shape) == layer.inputs[0].rank:
+        # By definition a slice holds `shape` elements; torch's rule would give min(shape, bound) instead, an
+        # expression later shape rules could not match. Conversion checked the bounds; the run-time meaning
+        # checks them again on ints.
+        return [(as_shape(layer.shape), layer.inputs[0].dtype)]
+    params = symbolic_params(layer)
+    symbols: set[DimSymbol] = set()
+    for t in layer.inputs:
+        symbols |= symbols_of(t.shape)
+    symbols |= symbols_of(list(params.values()))
+    key = frozenset(symbols)
+    with _ENVS_LOCK:  # one env per symbol set, reused while no meaning has added an assumption to it
+        found = _ENVS.pop(key, None)
+    return _infer(found or _Env(key), layer, params, run)
+
+
+def _infer(state: _Env, layer: Layer, params: dict[str, object], run: Callable[..., list[torch.Tensor]]) -> Outputs:
+    key = frozenset(state.to_env)
+    sym_int = state.sym_int
+
+    def convert(value: object) -> object:
+        if isinstance(value, tuple):
+            return tuple(convert(v) for v in value)
+        return sym_int(value) if has_symbols(value) else value
+
+    mode, from_env = state.mode, state.from_env
+    fake_layer = dataclasses.replace(layer, **{k: convert(v) for k, v in params.items()})
+    try:
+        with mode:
+            inputs = [torch.empty([sym_int(d) for d in t.shape], dtype=t.dtype) for t in layer.inputs]
+            weights = {k: torch.empty_strided(w.shape, w.stride(), dtype=w.dtype) for k, w in layer.weights.items()}
+            outs = run(fake_layer, inputs, weights, torch.device("cpu"))
+    except NetworkError:
+        raise
+    except Exception as e:  # a shape decision the ranges do not settle, or an op without symbolic support
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise NetworkError(f"{layer.KIND} layer {layer.name!r} needs static shapes: {first}") from None
+    if not state.clean():  # the env is dropped: the next layer gets a fresh one
+        raise NetworkError(f"{layer.KIND} layer {layer.name!r} needs static shapes: its shape rule assumes a "
+                           f"relation between dims that their ranges do not imply")
+    with _ENVS_LOCK:
+        _ENVS[key] = state
+        while len(_ENVS) > _MAX_ENVS:
+            _ENVS.pop(next(iter(_ENVS)))
+    result: Outputs = []
+    for o in outs:
+        shape = []
+        for d in o.shape:
+            if isinstance(d, torch.SymInt):
+                expr = d.node.expr
+                unknown = [s for s in expr.free_symbols if s not in from_env]
+                if unknown:
+                    raise NetworkError(f"{layer.KIND} layer {layer.name!r}: output dim {expr} depends on data")
+                try:
+                    shape.append(as_dim(expr.xreplace(from_env)))
+                except SymbolicError as e:
+                    raise NetworkError(f"{layer.KIND} layer {layer.name!r}: {e}") from None
+            else:
+                shape.append(int(d))
+        result.append((tuple(shape), o.dtype))
+    return result
+
+
+def any_symbolic(layer: Layer, inputs: Sequence) -> bool:
+    """Whether shape inference of `layer` on `inputs` (network tensors) needs symbols."""
+    return any(has_symbols(t.shape) for t in inputs) or bool(symbolic_params(layer))

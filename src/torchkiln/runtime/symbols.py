@@ -1,0 +1,83 @@
+"""Binding an engine's dim symbols at run time: read them off the actual input shapes, check each one's
+range and that a symbol used by two inputs has one value, then evaluate every layer's symbolic
+parameters to ints. The result is cached per input-shape signature, so a call with shapes seen before
+costs one dictionary lookup."""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torchkiln.errors import EngineFormatError, EngineInputError
+from torchkiln.network.network import Network
+from torchkiln.network.symbolic import DimSymbol, has_symbols, substitute
+from torchkiln.network.symbolic_shapes import symbolic_params
+
+MAX_CACHED_SIGNATURES = 256
+
+
+class SymbolBinder:
+    """Where each symbol of a network appears among its inputs, and the steps specialized per signature."""
+
+    def __init__(self, network: Network) -> None:
+        self.names = [t.name for t in network.inputs]
+        self.slots: list[tuple[int, int, DimSymbol]] = []
+        for i, t in enumerate(network.inputs):
+            for j, d in enumerate(t.shape):
+                if isinstance(d, DimSymbol):
+                    self.slots.append((i, j, d))
+                elif has_symbols(d):
+                    raise EngineFormatError(f"network input {t.name!r} dim {j} is {d}: an input dim must be an "
+                                            f"int or a single symbol")
+        self.symbolic_layers = {id(layer): list(symbolic_params(layer)) for layer in network.layers
+                                if symbolic_params(layer)}
+        self._cache: OrderedDict[tuple, list] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def for_network(network: Network) -> SymbolBinder | None:
+        """A binder for a network with dynamic dims; None for one of static shapes."""
+        return SymbolBinder(network) if network.symbols() else None
+
+    def bind(self, shapes: Sequence[tuple[int, ...]]) -> dict[DimSymbol, int]:
+        """Each symbol's value for these input shapes; an EngineInputError names any input that does not fit."""
+        bindings: dict[DimSymbol, int] = {}
+        first: dict[DimSymbol, tuple[int, int]] = {}
+        for i, j, s in self.slots:
+            value = shapes[i][j]
+            if not s.lo <= value <= s.hi:
+                raise EngineInputError(f"engine input {i} ({self.names[i]!r}) dim {j} is {value}, outside the "
+                                       f"range [{s.lo}, {s.hi}] of {s.name} the engine was built for")
+            if s in bindings and bindings[s] != value:
+                k, m = first[s]
+                raise EngineInputError(
+                    f"engine input {i} ({self.names[i]!r}) dim {j} is {value} but input {k} "
+                    f"({self.names[k]!r}) dim {m} is {bindings[s]}; both are {s.name} and must be equal")
+            bindings[s] = value
+            first.setdefault(s, (i, j))
+        return bindings
+
+    def steps_for(self, inputs: Sequence[torch.Tensor], steps: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        """`steps` (fn, layer, ...) with each symbolic layer replaced by a copy whose parameters are ints."""
+        key = tuple(tuple(x.shape) for x in inputs)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        bindings = self.bind(key)
+        specialized = []
+        for step in steps:
+            layer = step[1]
+            fields = self.symbolic_layers.get(id(layer))
+            if fields:
+                layer = dataclasses.replace(layer, **{f: substitute(getattr(layer, f), bindings) for f in fields})
+                step = (step[0], layer) + tuple(step[2:])
+            specialized.append(step)
+        with self._lock:
+            self._cache[key] = specialized
+            while len(self._cache) > MAX_CACHED_SIGNATURES:
+                self._cache.popitem(last=False)
+        return specialized

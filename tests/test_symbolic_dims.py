@@ -1,0 +1,46 @@
+"""The symbolic dim type: arithmetic, range-aware comparisons, evaluation and the bounded JSON tree."""
+import pytest
+
+from torchkiln.network import symbolic as S
+
+
+def _symbols():
+    return S.DimSymbol("s0", 1, 8), S.DimSymbol("s1", 4, 64)
+
+
+def test_arithmetic_evaluates_exactly_and_round_trips_through_the_tree():
+    s0, s1 = _symbols()
+    for e in [S.floordiv(s1, 2) * s0 + 3, S.mod(s1 + 1, 3), S.dim_max(s0, 4) - S.dim_min(s1, 9), S.floordiv(32 * s0, 32)]:
+        back = S.from_tree(S.to_tree(e), {"s0": s0, "s1": s1})
+        for a in range(1, 9):
+            for b in (4, 5, 63, 64):
+                assert S.evaluate(back, {s0: a, s1: b}) == S.evaluate(e, {s0: a, s1: b})
+    assert S.floordiv(32 * s0, 32) == s0
+
+
+def test_comparisons_are_decided_by_ranges_or_not_at_all():
+    s0, s1 = _symbols()
+    assert S.decide("ge", s0, 1) is True
+    assert S.decide("eq", s0, 1) is None  # s0 may be 1: never guessed
+    assert S.decide("gt", s1, 3) is True
+    assert S.decide("le", S.floordiv(s1, 2), s1) is True  # by enumeration where intervals are too weak
+    assert S.decide("eq", s0, s0) is True
+
+
+@pytest.mark.parametrize("tree", [
+    {"op": "sym", "name": "nope"}, {"op": "pow", "args": [2, 3]}, {"op": "add"}, {"op": "floordiv", "args": [1]},
+    "s0 + 1", {"op": "sym", "name": "s0", "extra": 1}, 1 << 70, True,
+])
+def test_malformed_trees_are_refused(tree):
+    s0, s1 = _symbols()
+    with pytest.raises(S.SymbolicError):
+        S.from_tree(tree, {"s0": s0, "s1": s1})
+
+
+def test_deep_trees_are_refused():
+    s0, _ = _symbols()
+    tree = {"op": "sym", "name": "s0"}
+    for _ in range(S.MAX_TREE_DEPTH + 2):
+        tree = {"op": "add", "args": [tree, 1]}
+    with pytest.raises(S.SymbolicError, match="too deep"):
+        S.from_tree(tree, {"s0": s0})
