@@ -57,7 +57,7 @@ def test_fp32_convolution_is_true_fp32_and_no_global_flag_changes():
     for its own calls; TF32 would miss the fp64 result by ~1e-3 relative over 1152-term sums."""
     model = torch.nn.Conv2d(128, 64, 3, padding=1).eval().cuda()
     x = torch.randn(2, 128, 32, 32, device="cuda")
-    compiled = torchkiln.compile(model, [torchkiln.Input(x.shape)])
+    compiled = torchkiln.compile(model, [torchkiln.Input(x.shape)], min_block_size=1)  # one op: one engine
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=True):
         out = compiled(x)
         assert torch.backends.cudnn.allow_tf32 is True

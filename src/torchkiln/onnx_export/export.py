@@ -62,8 +62,10 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET) -> onnx.ModelP
         ctx.nodes.append(helper.make_node("Identity", [names[id(t)]], [name], name=ctx.fresh(f"{t.name}/output")))
         outputs.append(value_info(name, t.dtype, t.shape))
     graph = helper.make_graph(ctx.nodes, network.name, inputs, outputs, initializer=ctx.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="torchkiln",
-                              producer_version=__version__)
+    opsets = [helper.make_opsetid("", opset)]
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="torchkiln", producer_version=__version__)
+    # The oldest IR version the opset allows (not the onnx package's newest), so older ONNX Runtimes load it.
+    model.ir_version = helper.find_min_ir_version_for(opsets)
     logger.debug("exported network %s to ONNX opset %d: %d layers, %d nodes, %d initializers", network.name,
                  opset, len(network.layers), len(ctx.nodes), len(ctx.initializers))
     return model
