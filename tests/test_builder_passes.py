@@ -4,8 +4,8 @@ import torch
 
 from torchkiln.builder import BuildSettings, build_engine
 from torchkiln.builder.pipeline import PASSES
-from torchkiln.network import Network
-from torchkiln.network import layers as L
+from torchkiln.ir import Network
+from torchkiln.ir import layers as L
 from torchkiln.runtime.engine import Engine, InputBinding
 
 F32 = torch.float32

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 import torchkiln
 from torchkiln.builder import BuildSettings
 from torchkiln.builder.passes.precision import lower_precision
-from torchkiln.network import Network
-from torchkiln.network import layers as L
+from torchkiln.ir import Network
+from torchkiln.ir import layers as L
 from torchkiln.runtime.engine import Engine, InputBinding
 
 F16, F32 = torch.float16, torch.float32

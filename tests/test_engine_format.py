@@ -11,8 +11,8 @@ import torchkiln
 from torchkiln.errors import NetworkError
 from torchkiln.examples import SmallResNet
 from torchkiln.runtime import serialization as S
-from torchkiln.network import layers as L
-from torchkiln.network.network import Network
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.executor import ReferenceExecutor
 
@@ -376,7 +376,7 @@ def test_bias_length_and_weight_dtype_are_checked():
 
 
 def test_cached_shape_inference_agrees_with_the_meta_path():
-    from torchkiln.network.shape_inference import infer_on_meta, infer_outputs
+    from torchkiln.ir.shape_inference import infer_on_meta, infer_outputs
     from test_engine_fuzz import seed_engines
 
     layers = [layer for data in seed_engines() for layer in Engine.deserialize(data).network.layers]

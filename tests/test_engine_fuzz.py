@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torchkiln.errors import EngineFormatError, EngineInputError
-from torchkiln.network import layers as L
-from torchkiln.network.network import Network
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
 from torchkiln.runtime import serialization as S
 from torchkiln.runtime.engine import Engine, InputBinding
 

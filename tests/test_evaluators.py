@@ -8,8 +8,9 @@ import pytest
 import torch
 from harness import check_compiled, check_fn
 
-from torchkiln.conversion.registry import find_evaluator, load_all
-from torchkiln.conversion.resolve import Resolver
+from torchkiln.analysis.registry import find_evaluator
+from torchkiln.conversion import load_all
+from torchkiln.analysis.resolve import Resolver
 from torchkiln.torchscript import TensorMeta, value_key
 
 

@@ -10,7 +10,7 @@ from harness import assert_matches_eager, check_compiled, check_fn
 from torch import nn
 
 import torchkiln
-from torchkiln.conversion.registry import CONVERTERS, is_registered
+from torchkiln.analysis.registry import CONVERTERS, is_registered
 from torchkiln.lowering import lower
 from torchkiln.lowering.pipeline import GRAPH_PIPELINE, MODULE_PIPELINE
 from torchkiln.lowering.registry import PASSES

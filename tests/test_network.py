@@ -3,10 +3,10 @@ import pytest
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.network import Network
-from torchkiln.network import layers as L
+from torchkiln.ir import Network
+from torchkiln.ir import layers as L
 from torchkiln.runtime.engine import Engine, InputBinding
-from torchkiln.runtime.reference import MEANINGS
+from torchkiln.ir.reference import MEANINGS
 
 F32 = torch.float32
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 from harness import assert_matches_eager
 
-from torchkiln.network import Network
-from torchkiln.network.symbolic import DimSymbol
-from torchkiln.network import layers as L
+from torchkiln.ir import Network
+from torchkiln.ir.symbolic import DimSymbol
+from torchkiln.ir import layers as L
 from torchkiln.onnx_export import OnnxExportError, network_to_onnx, supports
 from torchkiln.runtime.executor import ReferenceExecutor
 

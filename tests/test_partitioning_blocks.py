@@ -9,7 +9,7 @@ import torch
 from harness import assert_matches_eager, check_compiled
 
 import torchkiln
-from torchkiln.conversion.registry import CONVERTERS, converter
+from torchkiln.analysis.registry import CONVERTERS, converter
 from torchkiln.partitioning.support import Fallback
 
 _lib = torch.library.Library("tk_blocks", "DEF")

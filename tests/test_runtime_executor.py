@@ -3,9 +3,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from torchkiln.network import Network
+from torchkiln.ir import Network
 from torchkiln.runtime.engine import Engine, InputBinding
-from torchkiln.runtime.reference import MEANINGS
+from torchkiln.ir.reference import MEANINGS
 
 
 class _RecordOps(TorchDispatchMode):

@@ -1,7 +1,7 @@
 """The symbolic dim type: arithmetic, range-aware comparisons, evaluation and the bounded JSON tree."""
 import pytest
 
-from torchkiln.network import symbolic as S
+from torchkiln.ir import symbolic as S
 
 
 def _symbols():

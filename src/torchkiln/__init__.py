@@ -8,7 +8,7 @@ from torchkiln.compiler import (
     partition_report,
     unsupported_ops,
 )
-from torchkiln.conversion.registry import supported_ops
+from torchkiln.conversion import supported_ops
 from torchkiln.errors import (
     ConversionError,
     EngineFormatError,

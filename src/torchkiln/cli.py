@@ -49,7 +49,7 @@ def _info(args: argparse.Namespace) -> int:
 
 def _print_io(engine) -> None:
     """Input and output shapes (symbolic dims by name) and the ranges of the dynamic dims."""
-    from torchkiln.network.symbolic import ranges_str
+    from torchkiln.ir.symbolic import ranges_str
 
     print("  inputs:  " + ", ".join(repr(t) for t in engine.network.inputs))
     print("  outputs: " + ", ".join(repr(t) for t in engine.network.outputs))

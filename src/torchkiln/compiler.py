@@ -14,16 +14,17 @@ import torch
 
 from torchkiln.builder import BuildSettings, build_engine
 from torchkiln.conversion.block_converter import convert_block
-from torchkiln.conversion.registry import is_registered, load_all
-from torchkiln.conversion.resolve import Resolver
+from torchkiln.analysis.registry import is_registered
+from torchkiln.conversion import load_all
+from torchkiln.analysis.resolve import Resolver
 from torchkiln.errors import ConversionError, UnsupportedOperatorError
 from torchkiln.frontend import as_module, check_method, to_torchscript
 from torchkiln.log import debug_logging
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
 from torchkiln.lowering.walk import all_nodes
-from torchkiln.network.symbolic import shape_range
-from torchkiln.partitioning.control_flow import fold_static_control_flow
+from torchkiln.ir.symbolic import shape_range
+from torchkiln.lowering.static_control_flow import fold_static_control_flow
 from torchkiln.partitioning.report import PartitionReport, make_report
 from torchkiln.partitioning.segment import Partition, partition
 from torchkiln.partitioning.dynamic_shapes import analyze_dynamic_shapes

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from torchkiln.builder.pipeline import run_passes
 from torchkiln.builder.settings import BuildSettings
-from torchkiln.network.network import Network
+from torchkiln.ir.network import Network
 from torchkiln.runtime.engine import Engine, InputBinding
 
 logger = logging.getLogger("torchkiln.builder")

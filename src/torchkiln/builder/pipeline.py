@@ -24,7 +24,7 @@ from torchkiln.builder.passes.fold_scale_into_convolution import fold_scale_into
 from torchkiln.builder.passes.identity_elimination import eliminate_identities
 from torchkiln.builder.passes.precision import lower_precision
 from torchkiln.builder.settings import BuildSettings
-from torchkiln.network.network import Network
+from torchkiln.ir.network import Network
 
 logger = logging.getLogger("torchkiln.builder")
 

@@ -8,12 +8,13 @@ from typing import Any
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.registry import find_converter, find_evaluator, load_all
-from torchkiln.conversion.resolve import NotStatic, is_dynamic
+from torchkiln.analysis.registry import find_converter, find_evaluator
+from torchkiln.conversion import load_all
+from torchkiln.analysis.resolve import NotStatic, is_dynamic
 from torchkiln.errors import ConversionError, NetworkError
-from torchkiln.network.network import Network
-from torchkiln.network.symbolic import agree_on_samples, symbols_of
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import agree_on_samples, symbols_of
+from torchkiln.ir.tensor import Tensor
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import Node, TensorMeta, Value, binding_name, source_location, value_key
 

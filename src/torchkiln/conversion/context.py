@@ -6,12 +6,12 @@ from typing import Any
 
 import torch
 
-from torchkiln.conversion.resolve import Resolver
+from torchkiln.analysis.resolve import Resolver
 from torchkiln.errors import ConversionError
-from torchkiln.network import layers as L
-from torchkiln.network.network import Network
-from torchkiln.network.symbolic import is_symbolic
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import is_symbolic
+from torchkiln.ir.tensor import Tensor
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import TensorMeta, Value, value_key
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from torchkiln.conversion.registry import supported_ops
+from torchkiln.conversion import supported_ops
 
 NAMESPACE_ALIASES = {"trt": "torchkiln"}
 

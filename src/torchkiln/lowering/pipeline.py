@@ -24,7 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
-from torchkiln.conversion.registry import CONVERTERS, load_all
+from torchkiln.analysis.registry import CONVERTERS
+from torchkiln.conversion import load_all
 from torchkiln.lowering import passes as _passes  # noqa: F401  (registers every pass)
 from torchkiln.lowering.registry import PASSES, LoweringContext, LoweringPass
 from torchkiln.module_mode import eval_mode

@@ -1,8 +1,8 @@
 """Values lowering can know before run time: constants, and what depends only on the compiled input shapes."""
 from __future__ import annotations
 
-from torchkiln.conversion.registry import load_all
-from torchkiln.conversion.resolve import Resolver
+from torchkiln.conversion import load_all
+from torchkiln.analysis.resolve import Resolver
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import Graph, TensorMeta, is_tensor_type, value_key
 

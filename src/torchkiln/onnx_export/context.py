@@ -15,9 +15,9 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from torchkiln.errors import TorchkilnError
-from torchkiln.network import layers as L
-from torchkiln.network.symbolic import dim_str
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir import layers as L
+from torchkiln.ir.symbolic import dim_str
+from torchkiln.ir.tensor import Tensor
 
 
 class OnnxExportError(TorchkilnError):

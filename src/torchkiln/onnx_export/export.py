@@ -7,9 +7,9 @@ import onnx
 from onnx import helper
 
 from torchkiln._version import __version__
-from torchkiln.network import layers as L
-from torchkiln.network.network import Network
-from torchkiln.network.symbolic import has_symbols
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import has_symbols
 from torchkiln.onnx_export import exporters  # noqa: F401  (registers every exporter)
 from torchkiln.onnx_export.context import EXPORTERS, ONNX_DTYPES, ExportContext, OnnxExportError, dtype_name, \
     value_info

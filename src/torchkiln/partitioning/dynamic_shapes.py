@@ -17,7 +17,7 @@ import logging
 
 import torch
 
-from torchkiln.network.symbolic import DimSymbol
+from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.partitioning.shape_analysis import analyze_shapes
 from torchkiln.partitioning.signature import example_args
 from torchkiln.settings import Input

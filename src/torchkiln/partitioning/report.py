@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from torchkiln.network.symbolic import is_symbolic, ranges_str, shape_str, symbols_of
+from torchkiln.ir.symbolic import is_symbolic, ranges_str, shape_str, symbols_of
 from torchkiln.partitioning.segment import Block, Partition, is_layer_op
 from torchkiln.partitioning.support import Fallback, Target, is_io_plumbing
 from torchkiln.torchscript import (TensorMeta, Value, binding_name, node_key, source_location, top_level_node,

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from torchkiln.conversion.registry import find_converter
-from torchkiln.conversion.resolve import NotStatic, Resolver, is_dynamic
+from torchkiln.analysis.registry import find_converter
+from torchkiln.analysis.resolve import NotStatic, Resolver, is_dynamic
 from torchkiln.partitioning.schedule import apply_order, dependencies, schedule
 from torchkiln.partitioning.support import Decision, Fallback, Target, classify
 from torchkiln.settings import CompileSettings

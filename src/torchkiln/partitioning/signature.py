@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from torchkiln.conversion.registry import find_converter
+from torchkiln.analysis.registry import find_converter
 from torchkiln.settings import Input
 from torchkiln.torchscript import Graph, Node, Value
 

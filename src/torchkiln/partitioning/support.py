@@ -4,12 +4,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-from torchkiln.conversion.registry import find_converter, find_evaluator
-from torchkiln.conversion.resolve import NotStatic, Resolver, is_dynamic
+from torchkiln.analysis.registry import FALLBACK_ATTR, find_converter, find_evaluator
+from torchkiln.analysis.resolve import NotStatic, Resolver, is_dynamic
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import Node, TensorMeta, is_tensor_type, node_key, value_key
 
-FALLBACK_ATTR = "torchkiln_fallback"  # set on nodes that module fallback forces to PyTorch
 
 
 class Target(enum.Enum):

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 import torch
 
 from torchkiln.errors import EngineFormatError, EngineInputError
-from torchkiln.network.network import Network
-from torchkiln.network.symbolic import DimSymbol, is_symbolic
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import DimSymbol, is_symbolic
+from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime import serialization as S
 from torchkiln.runtime.executor import ReferenceExecutor
 

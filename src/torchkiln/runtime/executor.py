@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from torchkiln.network import layers as L
-from torchkiln.network.network import Network
-from torchkiln.runtime.reference import MEANINGS, Meaning
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.reference import MEANINGS, Meaning
 from torchkiln.runtime.symbols import SymbolBinder
 
 # Layers whose output may share memory with their input (views and no-op casts).

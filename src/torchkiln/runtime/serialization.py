@@ -32,9 +32,9 @@ import sympy
 import torch
 
 from torchkiln.errors import EngineFormatError, NetworkError
-from torchkiln.network import layers as L
-from torchkiln.network.network import Network
-from torchkiln.network.symbolic import DimSymbol, SymbolicError, as_dim, bounds, from_tree, to_tree
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, bounds, from_tree, to_tree
 
 MAGIC = b"TKLNENG\0"
 FORMAT_VERSION = 1
@@ -60,7 +60,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 def _encode(value: Any) -> Any:
-    if isinstance(value, sympy.Basic):  # a symbolic dim: an expression tree (network/symbolic.py)
+    if isinstance(value, sympy.Basic):  # a symbolic dim: an expression tree (ir/symbolic.py)
         return to_tree(as_dim(value))
     if isinstance(value, enum.Enum):
         return value.value

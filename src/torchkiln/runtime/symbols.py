@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from torchkiln.errors import EngineFormatError, EngineInputError
-from torchkiln.network.network import Network
-from torchkiln.network.symbolic import DimSymbol, has_symbols, substitute
-from torchkiln.network.symbolic_shapes import symbolic_params
+from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import DimSymbol, has_symbols, substitute
+from torchkiln.ir.symbolic_shapes import symbolic_params
 
 MAX_CACHED_SIGNATURES = 256
 

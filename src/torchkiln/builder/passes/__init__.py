@@ -5,6 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from torchkiln.builder.settings import BuildSettings
-from torchkiln.network.network import Network
+from torchkiln.ir.network import Network
 
 BuildPass = Callable[[Network, BuildSettings], bool]

@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 
 from torchkiln.builder.settings import BuildSettings
-from torchkiln.network import layers as L
-from torchkiln.network.network import Network
-from torchkiln.network.symbolic import has_symbols
-from torchkiln.runtime.reference import run_layer
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import has_symbols
+from torchkiln.ir.reference import run_layer
 
 _CPU = torch.device("cpu")
 

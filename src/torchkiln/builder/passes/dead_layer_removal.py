@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from torchkiln.builder.settings import BuildSettings
-from torchkiln.network.network import Network
+from torchkiln.ir.network import Network
 
 
 def remove_dead_layers(network: Network, settings: BuildSettings) -> bool:

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 from torchkiln.builder.settings import BuildSettings
-from torchkiln.network import layers as L
-from torchkiln.network.network import Network
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
 
 
 def fold_bias_into_matrix_multiply(network: Network, settings: BuildSettings) -> bool:

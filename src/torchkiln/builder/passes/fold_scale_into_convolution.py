@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from torchkiln.builder.settings import BuildSettings
-from torchkiln.network import layers as L
-from torchkiln.network.network import Network
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
 
 
 def fold_scale_into_convolution(network: Network, settings: BuildSettings) -> bool:

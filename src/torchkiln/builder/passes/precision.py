@@ -24,10 +24,10 @@ import enum
 import torch
 
 from torchkiln.builder.settings import BuildSettings
-from torchkiln.network import layers as L
-from torchkiln.network.network import Network
-from torchkiln.network.shape_inference import infer_outputs
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.shape_inference import infer_outputs
+from torchkiln.ir.tensor import Tensor
 
 F32 = torch.float32
 HALF = (torch.float16, torch.bfloat16)

@@ -6,10 +6,10 @@ from torchkiln.conversion.impl.activation import activation
 from torchkiln.conversion.impl.common import needs_static
 from torchkiln.conversion.impl.elementwise import binary, select
 from torchkiln.conversion.impl.inplace import register_inplace
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 A, E = L.ActivationType, L.ElementWiseOperation
 

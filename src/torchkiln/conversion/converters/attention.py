@@ -5,9 +5,9 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import needs_static
 from torchkiln.conversion.impl.matmul import linear
 from torchkiln.conversion.impl.shuffle import permute, reshape
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 
 
 def _attention_ok(args: Args) -> str | None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.activation import bounds_problem, clip
 from torchkiln.conversion.impl.inplace import register_inplace
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 
 
 def _scalar_bounds(args: Args) -> str | None:

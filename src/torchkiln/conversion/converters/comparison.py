@@ -4,8 +4,8 @@ Comparisons give bool; the in-place forms (`x.eq_(y)`, which keeps x's dtype) re
 from __future__ import annotations
 
 from torchkiln.conversion.impl.elementwise import binary_converter
-from torchkiln.conversion.registry import converter
-from torchkiln.network import layers as L
+from torchkiln.analysis.registry import converter
+from torchkiln.ir import layers as L
 
 E = L.ElementWiseOperation
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import needs_static
 from torchkiln.conversion.impl.convolution import convolution
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 
 
 def _static_weights(args: Args) -> str | None:

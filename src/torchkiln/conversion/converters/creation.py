@@ -10,9 +10,9 @@ import torch
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import functional_inplace, to_dtype
 from torchkiln.conversion.impl.creation import arange, created_shape, eager_meta, filled
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 from torchkiln.settings import SUPPORTED_INPUT_DTYPES
 from torchkiln.torchscript import TensorMeta
 

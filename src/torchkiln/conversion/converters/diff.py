@@ -7,10 +7,10 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim
 from torchkiln.conversion.impl.elementwise import binary
 from torchkiln.conversion.impl.slicing import slice_dim
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 
 @converter("aten::diff")

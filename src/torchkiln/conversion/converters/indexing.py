@@ -8,10 +8,10 @@ from torchkiln.conversion.impl.common import normalize_dim
 from torchkiln.conversion.impl.indexing import advanced_index, mask_to_indices
 from torchkiln.conversion.impl.shuffle import reshape
 from torchkiln.conversion.impl.tiling import expand
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 from torchkiln.torchscript import TensorMeta
 
 

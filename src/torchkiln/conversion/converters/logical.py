@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torchkiln.conversion.impl.elementwise import binary_converter
 from torchkiln.conversion.impl.inplace import register_inplace
-from torchkiln.conversion.registry import converter
-from torchkiln.network import layers as L
+from torchkiln.analysis.registry import converter
+from torchkiln.ir import layers as L
 
 E = L.ElementWiseOperation
 

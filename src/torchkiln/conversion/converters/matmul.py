@@ -5,10 +5,10 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.elementwise import binary, scaled
 from torchkiln.conversion.impl.matmul import linear, matmul
 from torchkiln.conversion.impl.reduce import reduce
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 
 def _add_product(ctx: ConversionCtx, args: Args, product: Tensor) -> Tensor:

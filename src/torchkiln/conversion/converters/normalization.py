@@ -5,10 +5,10 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import needs_static
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 _AFFINE = ("weight", "bias")
 _RUNNING = ("running_mean", "running_var")

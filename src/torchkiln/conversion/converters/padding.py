@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 _MODES = {"constant": L.PaddingMode.CONSTANT, "reflect": L.PaddingMode.REFLECT,
           "replicate": L.PaddingMode.REPLICATE, "circular": L.PaddingMode.CIRCULAR}

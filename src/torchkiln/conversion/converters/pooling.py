@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.pooling import adaptive_pool, pool
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 _ND = {"1d": 1, "2d": 2, "3d": 3}
 

@@ -8,10 +8,10 @@ import torch
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import is_tensor_like, needs_static, normalize_dim
 from torchkiln.conversion.impl.elementwise import binary, unary
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 E = L.ElementWiseOperation
 

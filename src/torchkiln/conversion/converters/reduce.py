@@ -12,10 +12,10 @@ from torchkiln.conversion.impl.common import normalize_dim, normalize_dims, to_d
 from torchkiln.conversion.impl.elementwise import binary, unary
 from torchkiln.conversion.impl.reduce import matrix_norm, reduce, variance, vector_norm
 from torchkiln.conversion.impl.shuffle import squeeze_dims
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 R, E, U = L.ReduceOperation, L.ElementWiseOperation, L.UnaryOperation
 

@@ -5,9 +5,9 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim, normalize_dims
 from torchkiln.conversion.impl.shuffle import reshape
 from torchkiln.conversion.impl.slicing import slice_dim
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 
 
 @converter("aten::flip")

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 
 _MODES = {
     "upsample_nearest": "nearest", "_upsample_nearest_exact": "nearest-exact", "upsample_linear": "linear",

@@ -4,9 +4,9 @@ from __future__ import annotations
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.elementwise import select
 from torchkiln.conversion.impl.inplace import register_inplace
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 
 
 @converter("aten::where.self", "aten::where.ScalarSelf", "aten::where.ScalarOther", "aten::where.Scalar")

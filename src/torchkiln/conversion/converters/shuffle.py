@@ -4,9 +4,9 @@ from __future__ import annotations
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim, normalize_dims
 from torchkiln.conversion.impl.shuffle import permute, reshape, squeeze_dims, unsqueeze
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 
 
 @converter("aten::view", "aten::reshape")

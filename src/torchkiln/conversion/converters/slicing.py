@@ -6,9 +6,9 @@ import torch
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import needs_static, normalize_dim
 from torchkiln.conversion.impl.slicing import meta_of, select, slice_dim, split_as
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 
 
 @converter("aten::select.int")

@@ -5,9 +5,9 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim, to_dtype
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 
 
 def softmax(ctx: ConversionCtx, x, dim: int, dtype: torch.dtype | None, log: bool) -> Tensor:

@@ -5,9 +5,9 @@ import torch
 
 from torchkiln import ops as _ops  # noqa: F401  (defines the ops)
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 
 
 @converter("torchkiln::const")

@@ -7,10 +7,10 @@ import torch
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.elementwise import binary, unary, unary_converter
 from torchkiln.conversion.impl.inplace import register_inplace
-from torchkiln.conversion.registry import converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 U, E = L.UnaryOperation, L.ElementWiseOperation
 

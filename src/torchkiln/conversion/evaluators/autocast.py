@@ -6,8 +6,8 @@ eager PyTorch takes under torch.inference_mode() (nn.MultiheadAttention's fast p
 """
 from __future__ import annotations
 
-from torchkiln.conversion.registry import evaluator
-from torchkiln.conversion.resolve import Args
+from torchkiln.analysis.registry import evaluator
+from torchkiln.analysis.resolve import Args
 
 
 @evaluator("aten::is_autocast_enabled", "aten::is_autocast_cpu_enabled")

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from torchkiln.conversion.registry import evaluator
-from torchkiln.conversion.resolve import Args, NotStatic
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import evaluator
+from torchkiln.analysis.resolve import Args, NotStatic
+from torchkiln.ir.tensor import Tensor
 from torchkiln.torchscript import TensorMeta
 
 

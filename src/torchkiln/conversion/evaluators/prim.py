@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from torchkiln.conversion.registry import evaluator
-from torchkiln.conversion.resolve import Args, NotStatic
+from torchkiln.analysis.registry import evaluator
+from torchkiln.analysis.resolve import Args, NotStatic
 
 
 def _unpack(args: Args, items: Any) -> Any:

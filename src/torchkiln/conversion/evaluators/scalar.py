@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from torchkiln.conversion.registry import evaluator
-from torchkiln.conversion.resolve import Args, NotStatic
-from torchkiln.network.symbolic import as_dim, decide, dim_max, dim_min, floordiv, has_symbols, is_symbolic, mod
+from torchkiln.analysis.registry import evaluator
+from torchkiln.analysis.resolve import Args, NotStatic
+from torchkiln.ir.symbolic import as_dim, decide, dim_max, dim_min, floordiv, has_symbols, is_symbolic, mod
 
 
 def _number(x: Any) -> bool | int | float:

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from torchkiln.conversion.impl.common import dtype_code, normalize_dim
-from torchkiln.conversion.registry import evaluator
-from torchkiln.conversion.resolve import Args, NotStatic
-from torchkiln.network.symbolic import Dim, product
+from torchkiln.analysis.registry import evaluator
+from torchkiln.analysis.resolve import Args, NotStatic
+from torchkiln.ir.symbolic import Dim, product
 from torchkiln.torchscript import TensorMeta, value_key
 
 
@@ -22,7 +22,7 @@ def _meta(args: Args) -> Any:
     return meta if isinstance(meta, TensorMeta) else args[0]
 
 
-# With dynamic shapes a dim may be symbolic (network/symbolic.py): these evaluators then return the symbolic
+# With dynamic shapes a dim may be symbolic (ir/symbolic.py): these evaluators then return the symbolic
 # dim, never the size shape analysis happened to see, and the arithmetic on it stays symbolic.
 
 @evaluator("aten::size", "prim::shape")

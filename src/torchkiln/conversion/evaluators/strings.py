@@ -5,8 +5,8 @@ import logging
 import math
 from typing import Any
 
-from torchkiln.conversion.registry import evaluator
-from torchkiln.conversion.resolve import Args, NotStatic
+from torchkiln.analysis.registry import evaluator
+from torchkiln.analysis.resolve import Args, NotStatic
 
 logger = logging.getLogger("torchkiln.conversion")
 

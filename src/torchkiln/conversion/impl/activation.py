@@ -8,8 +8,8 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.elementwise import binary, dtype_of
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 
 def activation(ctx: ConversionCtx, x: Any, kind: L.ActivationType, alpha: float = 0.0, beta: float = 0.0) -> Tensor:

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from torchkiln.conversion.resolve import Args
+from torchkiln.analysis.resolve import Args
 from torchkiln.errors import ConversionError
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir.tensor import Tensor
 from torchkiln.torchscript import Node, TensorMeta, node_schema
 
 VIEW_OPS = frozenset({

@@ -9,8 +9,8 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import expand_param
 from torchkiln.conversion.impl.shuffle import reshape
 from torchkiln.errors import ConversionError
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 
 def convolution(

@@ -8,10 +8,10 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.tiling import expand
-from torchkiln.conversion.resolve import Args
+from torchkiln.analysis.resolve import Args
 from torchkiln.errors import ConversionError
-from torchkiln.network.symbolic import agree_on_samples, as_dim, as_shape, decide, floordiv, has_symbols, is_symbolic
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir.symbolic import agree_on_samples, as_dim, as_shape, decide, floordiv, has_symbols, is_symbolic
+from torchkiln.ir.tensor import Tensor
 from torchkiln.torchscript import TensorMeta, value_key
 
 

@@ -7,9 +7,9 @@ from typing import Any
 import torch
 
 from torchkiln.conversion.context import ConversionCtx, scalar_dtype
-from torchkiln.conversion.resolve import Args
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 
 def dtype_of(x: Any) -> torch.dtype | None:

@@ -10,10 +10,10 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.elementwise import binary, select
 from torchkiln.conversion.impl.shuffle import permute, unsqueeze
 from torchkiln.conversion.impl.tiling import expand
-from torchkiln.network import layers as L
-from torchkiln.network.symbolic import is_symbolic
-from torchkiln.network.symbolic import broadcast_shapes, has_symbols
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir import layers as L
+from torchkiln.ir.symbolic import is_symbolic
+from torchkiln.ir.symbolic import broadcast_shapes, has_symbols
+from torchkiln.ir.tensor import Tensor
 
 
 def mask_to_indices(indices: Sequence[Any]) -> list[Any]:

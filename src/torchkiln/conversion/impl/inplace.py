@@ -11,9 +11,9 @@ from collections.abc import Callable
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import functional_inplace
 from torchkiln.conversion.impl.elementwise import dtype_of
-from torchkiln.conversion.registry import Capability, converter
-from torchkiln.conversion.resolve import Args
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import Capability, converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.ir.tensor import Tensor
 
 ConverterFn = Callable[[ConversionCtx, Args], Tensor]
 

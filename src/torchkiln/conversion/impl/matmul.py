@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.elementwise import binary
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 NONE, TRANSPOSE = L.MatrixOperation.NONE, L.MatrixOperation.TRANSPOSE
 

@@ -5,8 +5,8 @@ from collections.abc import Sequence
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import expand_param
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 
 def pool(ctx: ConversionCtx, x: Tensor, kind: L.PoolingType, nd: int, kernel, stride, padding,

@@ -11,8 +11,8 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim, normalize_dims
 from torchkiln.conversion.impl.elementwise import binary, unary
 from torchkiln.conversion.impl.shuffle import reshape, squeeze_dims
-from torchkiln.network import layers as L
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 R, E, U = L.ReduceOperation, L.ElementWiseOperation, L.UnaryOperation
 

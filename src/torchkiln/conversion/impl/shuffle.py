@@ -5,8 +5,8 @@ from collections.abc import Sequence
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.errors import ConversionError
-from torchkiln.network.symbolic import Dim, decide
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir.symbolic import Dim, decide
+from torchkiln.ir.tensor import Tensor
 
 
 def reshape(ctx: ConversionCtx, x: Tensor, shape: Sequence[int]) -> Tensor:

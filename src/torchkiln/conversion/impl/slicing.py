@@ -9,8 +9,8 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim
 from torchkiln.conversion.impl.shuffle import reshape
 from torchkiln.errors import ConversionError
-from torchkiln.network.symbolic import Dim, as_dim, decide, floordiv, has_symbols, is_symbolic
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir.symbolic import Dim, as_dim, decide, floordiv, has_symbols, is_symbolic
+from torchkiln.ir.tensor import Tensor
 
 
 def slice_dim(ctx: ConversionCtx, x: Tensor, dim: int, start: int | None, end: int | None, step: int = 1) -> Tensor:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.shuffle import reshape
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir.tensor import Tensor
 
 
 def expand(ctx: ConversionCtx, x: Tensor, shape: Sequence[int]) -> Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from torchkiln.conversion.resolve import NotStatic, Resolver
+from torchkiln.analysis.resolve import NotStatic, Resolver
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
 from torchkiln.lowering.static_values import input_resolver
 from torchkiln.torchscript import Graph, Node

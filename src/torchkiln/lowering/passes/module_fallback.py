@@ -16,9 +16,9 @@ import re
 
 import torch
 
+from torchkiln.analysis.registry import FALLBACK_ATTR
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
 from torchkiln.lowering.walk import all_nodes
-from torchkiln.partitioning.support import FALLBACK_ATTR
 from torchkiln.torchscript import Graph
 
 logger = logging.getLogger("torchkiln.lowering")

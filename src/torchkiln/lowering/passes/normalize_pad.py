@@ -1,7 +1,7 @@
 """Normalize Pad: aten::pad becomes the op it dispatches to (constant_pad_nd, reflection_padNd, replication_padNd)."""
 from __future__ import annotations
 
-from torchkiln.conversion.resolve import NotStatic
+from torchkiln.analysis.resolve import NotStatic
 from torchkiln.lowering.registry import LoweringContext, lowering_pass, rewrite
 from torchkiln.lowering.static_values import input_resolver
 from torchkiln.lowering.walk import all_nodes, replace_node

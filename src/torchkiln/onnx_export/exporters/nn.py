@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from torchkiln.network import layers as L
+from torchkiln.ir import layers as L
 from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from torchkiln.network import layers as L
+from torchkiln.ir import layers as L
 from torchkiln.onnx_export.context import ONNX_DTYPES, ExportContext, exporter
-from torchkiln.runtime.reference import run_layer
+from torchkiln.ir.reference import run_layer
 
 _INT64_MIN = -(2 ** 63)
 

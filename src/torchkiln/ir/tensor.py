@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torchkiln.network.symbolic import Dim, dim_str, has_symbols
+from torchkiln.ir.symbolic import Dim, dim_str, has_symbols
 
 if TYPE_CHECKING:
-    from torchkiln.network.layers import Layer
+    from torchkiln.ir.layers import Layer
 
 
 @dataclasses.dataclass(eq=False)

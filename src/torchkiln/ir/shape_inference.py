@@ -12,8 +12,8 @@ import threading
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.network.layers import Layer
-from torchkiln.network.symbolic_shapes import any_symbolic, infer_symbolic
+from torchkiln.ir.layers import Layer
+from torchkiln.ir.symbolic_shapes import any_symbolic, infer_symbolic
 
 Outputs = tuple[tuple[tuple[int, ...], torch.dtype], ...]
 CACHE_SIZE = 4096
@@ -31,9 +31,9 @@ def signature(layer: Layer) -> tuple:
 
 def infer_outputs(layer: Layer) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """The layer's output (shape, dtype) pairs; a layer that rejects its inputs is a NetworkError."""
-    from torchkiln.runtime.reference import run_layer
+    from torchkiln.ir.reference import run_layer
 
-    if any_symbolic(layer, layer.inputs):  # dynamic shapes: symbolic inference (network/symbolic_shapes.py), uncached
+    if any_symbolic(layer, layer.inputs):  # dynamic shapes: symbolic inference (ir/symbolic_shapes.py), uncached
         return infer_symbolic(layer, run_layer)
     key: tuple | None = signature(layer)
     try:
@@ -52,7 +52,7 @@ def infer_outputs(layer: Layer) -> list[tuple[tuple[int, ...], torch.dtype]]:
 
 def infer_on_meta(layer: Layer) -> Outputs:
     """Run the layer's meaning on meta tensors (no memory is allocated for any shape)."""
-    from torchkiln.runtime.reference import run_layer
+    from torchkiln.ir.reference import run_layer
 
     meta = torch.device("meta")
     inputs = [torch.empty(t.shape, dtype=t.dtype, device=meta) for t in layer.inputs]

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.network import layers as L
-from torchkiln.network.symbolic import Dim, as_shape, symbols_of
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir import layers as L
+from torchkiln.ir.symbolic import Dim, as_shape, symbols_of
+from torchkiln.ir.tensor import Tensor
 
 
 class Network:
@@ -54,7 +54,7 @@ class Network:
         **params: object,
     ) -> L.Layer:
         """Add a layer of any registered kind (checked by its `validate`); the typed `add_*` methods call this."""
-        from torchkiln.network.shape_inference import infer_outputs
+        from torchkiln.ir.shape_inference import infer_outputs
 
         for t in inputs:
             if not isinstance(t, Tensor):
@@ -275,7 +275,7 @@ class Network:
 
     def reinfer(self) -> None:
         """Recompute every layer's output shapes and dtypes, in order, after a rewrite."""
-        from torchkiln.network.shape_inference import infer_outputs
+        from torchkiln.ir.shape_inference import infer_outputs
 
         for layer in self.layers:
             for t, (shape, dtype) in zip(layer.outputs, infer_outputs(layer)):
@@ -295,6 +295,6 @@ class Network:
         return users
 
     def __str__(self) -> str:
-        from torchkiln.network.dump import dump
+        from torchkiln.ir.dump import dump
 
         return dump(self)

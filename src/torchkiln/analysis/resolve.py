@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from torchkiln.conversion.registry import find_converter, find_evaluator
-from torchkiln.network.symbolic import as_dim, floordiv, has_symbols, is_symbolic
-from torchkiln.network.tensor import Tensor
+from torchkiln.analysis.registry import find_converter, find_evaluator
+from torchkiln.ir.symbolic import as_dim, floordiv, has_symbols, is_symbolic
+from torchkiln.ir.tensor import Tensor
 from torchkiln.torchscript import (
     ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, holds_tensor_type,
     is_tensor_type, node_key, node_schema, source_location, value_key, writes_to_arguments,

@@ -5,7 +5,7 @@ import enum
 
 import torch
 
-from torchkiln.network.layers import Layer
+from torchkiln.ir.layers import Layer
 
 
 def _fmt(value: object) -> str:

@@ -1,6 +1,6 @@
 """Layer kinds of the network, TensorRT-shaped: typed parameters, weights owned by the layer.
 
-A layer's meaning (what it computes) is defined once, in `torchkiln.runtime.reference`.
+A layer's meaning (what it computes) is defined once, in `torchkiln.ir.reference`.
 Parameters are plain data (ints, floats, bools, strings, enums, dtypes and tuples of them)
 so a layer serializes without pickle.
 """
@@ -16,8 +16,8 @@ from typing import ClassVar, NoReturn
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.network.symbolic import bounds
-from torchkiln.network.tensor import Tensor
+from torchkiln.ir.symbolic import bounds
+from torchkiln.ir.tensor import Tensor
 
 LAYER_KINDS: dict[str, type[Layer]] = {}
 MAX_RANK = 16  # the most dims a network tensor may have

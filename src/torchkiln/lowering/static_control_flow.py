@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from torchkiln.conversion.resolve import NotStatic, Resolver
+from torchkiln.analysis.resolve import NotStatic, Resolver
 from torchkiln.lowering.passes.unroll_loops import unroll_static_loops
 from torchkiln.torchscript import Graph
 

@@ -31,6 +31,8 @@ class Evaluator:
     keys: tuple[str, ...]
 
 
+FALLBACK_ATTR = "torchkiln_fallback"  # a node attribute: module fallback forces this node to PyTorch (and why)
+
 CONVERTERS: dict[str, Converter] = {}
 EVALUATORS: dict[str, Evaluator] = {}
 
@@ -79,14 +81,3 @@ def find_evaluator(node: Node) -> Evaluator | None:
 
 def is_registered(node: Node) -> bool:
     return find_converter(node) is not None or find_evaluator(node) is not None
-
-
-def supported_ops() -> dict[str, list[str]]:
-    """Registered keys: {'converters': [...], 'evaluators': [...]}, sorted."""
-    load_all()
-    return {"converters": sorted(CONVERTERS), "evaluators": sorted(EVALUATORS)}
-
-
-def load_all() -> None:
-    """Import every converter and evaluator module so that they register."""
-    from torchkiln.conversion import converters, evaluators  # noqa: F401

@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 import torch.nn.functional as F
 
 from torchkiln.errors import EngineIndexError, NetworkError
-from torchkiln.network import layers as L
+from torchkiln.ir import layers as L
 
 Meaning = Callable[[L.Layer, list[torch.Tensor], dict[str, torch.Tensor], torch.device],
                    "torch.Tensor | list[torch.Tensor]"]

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.network.layers import Layer, SliceLayer
-from torchkiln.network.symbolic import DimSymbol, SymbolicError, as_dim, as_shape, has_symbols, symbols_of
+from torchkiln.ir.layers import Layer, SliceLayer
+from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, as_shape, has_symbols, symbols_of
 
 Outputs = list[tuple[tuple, torch.dtype]]
 
