@@ -155,7 +155,7 @@ class Engine:
             shapes = [S.parse_shape(b.get(k), where) for k in ("min_shape", "opt_shape", "max_shape")]
             bindings.append(InputBinding(b["name"], S.parse_dtype(b.get("dtype"), where), *shapes))
         backend, threads = meta.get("backend", "reference"), meta.get("ort_threads", 0)
-        if backend not in BACKENDS or device_type not in DEVICES[backend]:
+        if not isinstance(backend, str) or backend not in BACKENDS or device_type not in DEVICES[backend]:
             raise EngineFormatError(f"engine metadata: backend {reprlib.repr(backend)} is not one that runs on "
                                     f"{device_type} ({', '.join(b for b in BACKENDS if device_type in DEVICES[b])})")
         try:

@@ -23,6 +23,7 @@ from torchkiln.runtime.executor import ReferenceExecutor
 logger = logging.getLogger(__name__)
 
 MAX_THREADS = 1024
+_warned: set[str] = set()
 
 
 class BackendUnavailable(Exception):
@@ -74,6 +75,8 @@ def make_runner(backend: str, network: Network, device: torch.device, options: B
         try:
             return BACKENDS[backend](network, device, options)
         except BackendUnavailable as e:
-            logger.warning("engine %r: the %s backend cannot run here, so it runs on the reference backend: %s",
-                           engine, backend, e)
+            if str(e) not in _warned:  # once per cause: a missing library is one warning, not one per engine
+                _warned.add(str(e))
+                logger.warning("the %s backend cannot run here, so engine %r (and any other engine it cannot run "
+                               "for this reason) runs on the reference backend: %s", backend, engine, e)
     return _reference(network, device, options)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import Sequence
 
 import torch
@@ -48,8 +47,6 @@ DATA_MOVEMENT = (L.IdentityLayer, L.ShuffleLayer, L.CastLayer, L.SliceLayer, L.E
 TOO_SMALL = "only moves data between reference layers: not worth an ONNX Runtime session boundary"
 SHARED_VIEW = "makes an engine output that shares memory with another output (as on the reference backend)"
 _VIEWS = (L.IdentityLayer, L.ShuffleLayer, L.SliceLayer, L.ExpandLayer, L.CastLayer)  # may return their input's memory
-_import_lock = threading.Lock()
-_missing_logged = False
 
 
 def layer_reason(layer: L.Layer) -> str | None:
@@ -60,6 +57,8 @@ def layer_reason(layer: L.Layer) -> str | None:
         return "top-k of k > 1: ONNX Runtime orders equal values by index, torch (the reference) otherwise"
     if any(t.dtype == torch.bfloat16 for t in (*layer.inputs, *layer.outputs)):
         return "bfloat16: ONNX Runtime's CPU provider has almost no bfloat16 kernels"
+    if isinstance(layer, L.GatherLayer) and _constant_out_of_range(layer):
+        return "constant indices outside [0, size): the reference raises, ONNX Runtime would wrap them"
     if isinstance(layer, (L.GatherLayer, L.ScatterLayer)) and L.constant_value(layer.inputs[1]) is None:
         if isinstance(layer, L.ScatterLayer):
             return "scatter indices computed at run time: ONNX Runtime wraps negative ones, torch raises"
@@ -68,6 +67,16 @@ def layer_reason(layer: L.Layer) -> str | None:
         if _index_bound(layer) < 0:
             return "gather along a dynamic dim with indices computed at run time: the range check needs its size"
     return supports(layer)
+
+
+def _constant_out_of_range(layer: L.GatherLayer) -> bool:
+    """Whether constant indices hold a value outside [0, size) (the layer then raises on the reference)."""
+    idx, data = L.constant_value(layer.inputs[1]), layer.inputs[0]
+    if idx is None or not idx.numel():
+        return False
+    if layer.mode == L.GatherMode.ND:
+        return any(bool(((idx[..., d] < 0) | (idx[..., d] >= data.shape[d])).any()) for d in range(idx.shape[-1]))
+    return int(idx.min()) < 0 or int(idx.max()) >= _index_bound(layer)
 
 
 def _index_bound(layer: L.GatherLayer) -> int:
@@ -163,17 +172,11 @@ def _subnetwork(network: Network, seg: Segment, later: set[int], extra: Sequence
 
 
 def _ort():
-    """The onnxruntime module; BackendUnavailable (its warning logged once a process) where not installed."""
-    global _missing_logged
+    """The onnxruntime module; BackendUnavailable where it is not installed."""
     try:
         import onnxruntime
     except ImportError as e:
-        with _import_lock:
-            if not _missing_logged:
-                _missing_logged = True
-                logger.warning("onnxruntime is not installed, so CPU engines run on the reference backend "
-                               "(pip install onnxruntime): %s", e)
-        raise BackendUnavailable("onnxruntime is not installed") from None
+        raise BackendUnavailable(f"onnxruntime is not installed (pip install onnxruntime): {e}") from None
     return onnxruntime
 
 
