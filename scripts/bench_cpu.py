@@ -3,7 +3,8 @@
 Peers: eager PyTorch (inference mode), TorchScript (traced, frozen, torch.jit.optimize_for_inference),
 torch.compile (default mode), ONNX Runtime on the model exported directly with torch.onnx.export (a failed
 export is a row note), and torchkiln (default settings: the onnxruntime backend on the CPU).
-Models: ResNet-18 and MobileNetV2 (built in code as torchvision builds them), transformers' BertModel and
+Latencies are taken round-robin across the peers of a model (so a change of load on a shared machine falls on
+all of them alike). Models: ResNet-18 and MobileNetV2 (built in code as torchvision builds them), transformers' BertModel and
 GPT2Model (4 layers, hidden 256, sequence 128). Per peer: compile time, median latency, max abs error
 against eager (and relative to max|eager|). Prints a table with ratios (vs eager, vs ONNX Runtime direct)
 and the geomeans; writes JSON. Not a test.
@@ -65,17 +66,6 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, list[torch.Tensor]]]] = {
 PEERS = ("eager", "torchscript", "torch.compile", "ort_direct", "torchkiln")
 
 
-def median_ms(fn: Callable[[], object], runs: int) -> float:
-    for _ in range(max(5, runs // 10)):
-        fn()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
 def torchscript(model: torch.nn.Module, example: list[torch.Tensor]) -> Callable[..., torch.Tensor]:
     traced = torch.jit.trace(model, tuple(example), check_trace=False)
     optimized = torch.jit.optimize_for_inference(torch.jit.freeze(traced.eval()))
@@ -108,8 +98,9 @@ def torchkiln_peer(model: torch.nn.Module, example: list[torch.Tensor], threads:
     return torchkiln.compile(model, example, ort_threads=threads)
 
 
-def measure(name: str, peer: str, model: torch.nn.Module, example: list[torch.Tensor], ref: torch.Tensor,
-            threads: int, runs: int) -> dict[str, object]:
+def prepare(name: str, peer: str, model: torch.nn.Module, example: list[torch.Tensor], ref: torch.Tensor,
+            threads: int) -> tuple[dict[str, object], Callable[[], object] | None]:
+    """The peer's compiled callable (None if it failed) and its row: compile time, error against eager."""
     row: dict[str, object] = {"model": name, "peer": peer}
     try:
         start = time.perf_counter()
@@ -123,13 +114,31 @@ def measure(name: str, peer: str, model: torch.nn.Module, example: list[torch.Te
         row["compile_s"] = 0.0 if peer == "eager" else time.perf_counter() - start
         with torch.inference_mode():
             out = fn(*example)
-            row["ms"] = median_ms(lambda: fn(*example), runs)
+            for _ in range(5):  # warm-up
+                fn(*example)
         err = (out.double() - ref.double()).abs().max().item()
         row["max_abs_err"], row["rel_err"] = err, err / max(ref.abs().max().item(), 1e-30)
+        return row, lambda: fn(*example)
     except Exception as e:  # a peer that cannot run this model is a row note, not the end of the benchmark
         row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
         traceback.print_exc(limit=2, file=sys.stderr)
-    return row
+    return row, None
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], runs: int, rounds: int = 10) -> dict[str, float]:
+    """Median ms of each callable over `runs` calls, taken in `rounds` round-robin slices so that a change of
+    load on the machine falls on every peer alike."""
+    times: dict[str, list[float]] = {peer: [] for peer in fns}
+    with torch.inference_mode():
+        for _ in range(rounds):
+            for peer, fn in fns.items():
+                time.sleep(0.05)  # let the previous peer's spinning worker threads (OpenMP, ORT) go idle
+                fn()  # untimed: the first call after another peer's
+                for _ in range(max(1, runs // rounds)):
+                    start = time.perf_counter()
+                    fn()
+                    times[peer].append(time.perf_counter() - start)
+    return {peer: 1e3 * statistics.median(t) for peer, t in times.items()}
 
 
 def table(rows: list[dict[str, object]]) -> str:
@@ -170,9 +179,17 @@ def main() -> None:
         model.eval()
         with torch.inference_mode():
             ref = model(*example)
+        fns, model_rows = {}, []
         for peer in args.peers.split(","):
-            rows.append(measure(name, peer, model, example, ref, args.threads, args.runs))
-            print(f"{name} {peer}: {rows[-1]}", file=sys.stderr, flush=True)
+            row, fn = prepare(name, peer, model, example, ref, args.threads)
+            model_rows.append(row)
+            if fn is not None:
+                fns[peer] = fn
+        medians = time_interleaved(fns, args.runs)
+        for row in model_rows:
+            row["ms"] = medians.get(row["peer"])
+            print(f"{name}: {row}", file=sys.stderr, flush=True)
+        rows += model_rows
     print(table(rows))
     with open(args.json, "w") as f:
         json.dump({"threads": args.threads, "runs": args.runs, "torch": torch.__version__, "onnxruntime": ort.__version__,
