@@ -4,8 +4,8 @@ Peers: eager PyTorch (inference mode), TorchScript (traced, frozen, torch.jit.op
 torch.compile (default mode), ONNX Runtime on the model exported directly with torch.onnx.export (a failed
 export is a row note), and torchkiln (default settings: the onnxruntime backend on the CPU).
 Latencies are taken round-robin across the peers of a model (so a change of load on a shared machine falls on
-all of them alike). Models: ResNet-18 and MobileNetV2 (built in code as torchvision builds them), transformers' BertModel and
-GPT2Model (4 layers, hidden 256, sequence 128). Per peer: compile time, median latency, max abs error
+all of them alike). Models: ResNet-18 and MobileNetV2 (built in code as torchvision builds them), transformers'
+BertModel and GPT2Model (4 layers, hidden 256, sequence 128). Per peer: compile time, median latency, max abs error
 against eager (and relative to max|eager|). Prints a table with ratios (vs eager, vs ONNX Runtime direct)
 and the geomeans; writes JSON. Not a test.
 
@@ -192,8 +192,8 @@ def main() -> None:
         rows += model_rows
     print(table(rows))
     with open(args.json, "w") as f:
-        json.dump({"threads": args.threads, "runs": args.runs, "torch": torch.__version__, "onnxruntime": ort.__version__,
-                   "torchkiln": torchkiln.__version__, "rows": rows}, f, indent=1)
+        json.dump({"threads": args.threads, "runs": args.runs, "torch": torch.__version__,
+                   "onnxruntime": ort.__version__, "torchkiln": torchkiln.__version__, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ class ResNet(nn.Module):
         stages, cin = [], widths[0]
         for i, (n, width) in enumerate(zip(blocks, widths)):
             stride = 1 if i == 0 else 2
-            stages.append(nn.Sequential(BasicBlock(cin, width, stride), *[BasicBlock(width, width) for _ in range(n - 1)]))
+            rest = [BasicBlock(width, width) for _ in range(n - 1)]
+            stages.append(nn.Sequential(BasicBlock(cin, width, stride), *rest))
             cin = width
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
