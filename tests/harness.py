@@ -12,6 +12,9 @@ from torchkiln.compiler import compile_with_report
 from torchkiln.partitioning.report import PartitionReport
 
 FP32_RTOL = 1e-4  # max abs error <= FP32_RTOL * max|reference|
+# The backend check_compiled compiles for when a test names none; conftest sets it from `pytest --backend`.
+# None: compile's own default ("auto": onnxruntime on the CPU).
+DEFAULT_BACKEND: str | None = None
 
 
 def assert_matches_eager(out: Any, ref: Any, rtol: float = FP32_RTOL, path: str = "output") -> None:
@@ -54,10 +57,14 @@ def check_compiled(
     torch_blocks: int | None = 0,
     rtol: float = FP32_RTOL,
     op: str | None = None,
+    backend: str | None = None,
     **settings: Any,
 ) -> tuple[torch.jit.ScriptModule, PartitionReport]:
-    """Compile `model` for `example`, assert it matches eager and has the expected blocks (and that `op`,
-    if given, ran in an engine)."""
+    """Compile `model` for `example` on `backend` (None: DEFAULT_BACKEND), assert it matches eager and has the
+    expected blocks (and that `op`, if given, ran in an engine)."""
+    backend = backend or DEFAULT_BACKEND
+    if backend is not None:
+        settings["backend"] = backend
     model = model.eval()
     with torch.no_grad():
         ref = model(*example)

@@ -182,7 +182,7 @@ def test_tiny_engine_with_a_huge_fill_is_refused_at_load(length):
     graph["network"]["layers"][0]["params"]["length"] = length
     graph["network"]["layers"][0]["outputs"][0]["shape"] = [length]
     data = _pack(graph, weights)
-    assert len(data) < 512  # a few hundred bytes
+    assert len(data) < 1024  # a few hundred bytes
     tracemalloc.start()
     try:
         with pytest.raises(torchkiln.EngineFormatError, match="plans .* bytes .* limit|size calculation overflowed"):
@@ -199,7 +199,7 @@ def test_tiny_engine_with_a_huge_expand_is_refused_at_load():
     expand["name"], expand["outputs"][0]["name"], graph["network"]["outputs"] = "e", "y", ["y"]
     expand["params"]["shape"] = expand["outputs"][0]["shape"] = [1 << 20, 1 << 20]
     data = _pack(graph, weights)
-    assert len(data) < 512  # a few hundred bytes
+    assert len(data) < 1024  # a few hundred bytes
     with pytest.raises(torchkiln.EngineFormatError, match="plans .* bytes .* limit"):
         Engine.deserialize(data)
 
@@ -391,3 +391,36 @@ def test_cached_shape_inference_agrees_with_the_meta_path():
     assert network.add_unary(ints, L.UnaryOperation.NOT).get_output().dtype == torch.bool
     assert network.add_unary(floats, L.UnaryOperation.EXP).get_output().dtype == torch.float64
     assert network.add_cast(floats, torch.int8).get_output().dtype == torch.int8
+
+
+def test_backend_round_trips_and_an_engine_without_one_runs_on_the_reference():
+    data = _engine_of(lambda n, x: [n.add_activation(x, L.ActivationType.RELU).get_output()],
+                      [("x", torch.float32, (2,))])
+    _, graph, weights = _split(data)
+    graph["backend"], graph["ort_threads"] = "onnxruntime", 3
+    engine = Engine.deserialize(Engine.deserialize(_pack(graph, weights)).serialize())
+    assert (engine.backend, engine.backend_options.ort_threads) == ("onnxruntime", 3)
+    del graph["backend"], graph["ort_threads"]  # an engine saved before backends were recorded
+    assert Engine.deserialize(_pack(graph, weights)).backend == "reference"
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("backend", "tensorrt", "backend 'tensorrt'"), ("backend", ["onnxruntime"], "backend"),
+    ("ort_threads", -1, "ort_threads"), ("ort_threads", 1 << 40, "ort_threads"), ("ort_threads", "2", "ort_threads"),
+])
+def test_bad_backend_metadata_is_refused(field, value, message):
+    data = _engine_of(lambda n, x: [n.add_activation(x, L.ActivationType.RELU).get_output()],
+                      [("x", torch.float32, (2,))])
+    _, graph, weights = _split(data)
+    graph[field] = value
+    with pytest.raises(torchkiln.EngineFormatError, match=message):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_onnxruntime_backend_on_cuda_is_refused():
+    data = _engine_of(lambda n, x: [n.add_activation(x, L.ActivationType.RELU).get_output()],
+                      [("x", torch.float32, (2,))])
+    _, graph, weights = _split(data)
+    graph["backend"], graph["device_type"] = "onnxruntime", "cuda"
+    with pytest.raises(torchkiln.EngineFormatError, match="does not run on cuda|not one that runs on cuda"):
+        Engine.deserialize(_pack(graph, weights))

@@ -21,6 +21,7 @@ from torchkiln.errors import (
 )
 from torchkiln import ops as _ops  # noqa: F401  (defines torch.ops.torchkiln.const and attn_bias_from_attn_mask)
 from torchkiln.runtime import execute_op as _execute_op  # noqa: F401  (registers torch.ops.torchkiln.execute_engine)
+from torchkiln.onnx_file import export_onnx
 from torchkiln.runtime.engine import Engine
 from torchkiln.settings import Input
 from torchkiln.stitching.module import load
@@ -28,6 +29,7 @@ from torchkiln.stitching.module import load
 __all__ = [
     "ConversionError", "Engine", "EngineFormatError", "EngineIndexError", "EngineInputError", "Input",
     "TorchkilnError", "TracingError", "TracingWarning", "UnsupportedOperatorError", "__version__",
-    "check_method_op_support", "compile", "convert_method_to_engine", "embed_engine_in_new_module", "load",
+    "check_method_op_support", "compile", "convert_method_to_engine", "embed_engine_in_new_module", "export_onnx",
+    "load",
     "partition_report", "supported_ops", "unsupported_ops",
 ]

@@ -58,6 +58,19 @@ def _print_io(engine) -> None:
         print("  dynamic dims: " + ranges_str(symbols))
 
 
+def _export_onnx(args: argparse.Namespace) -> int:
+    from torchkiln.errors import TorchkilnError
+    from torchkiln.onnx_file import export_onnx
+
+    try:
+        export_onnx(args.input, args.output, args.opset)
+    except (TorchkilnError, ValueError, OSError) as e:
+        print(f"torchkiln export-onnx: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {args.output}")
+    return 0
+
+
 def _coverage(args: argparse.Namespace) -> int:
     from torchkiln.coverage import floor_coverage, format_report, read_floor
 
@@ -80,6 +93,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     info.add_argument("path")
     info.add_argument("--layers", action="store_true", help="print every layer")
     info.set_defaults(fn=_info)
+    export = sub.add_parser("export-onnx", help="write the engine of an engine file, or of a saved compiled module "
+                            "made of one engine, as an ONNX model")
+    export.add_argument("input", metavar="IN", help="engine bytes, or a saved module (torch.jit.save)")
+    export.add_argument("output", metavar="OUT", help="the .onnx file to write")
+    export.add_argument("--opset", type=int, default=None, help="ONNX opset (default: onnx_export.DEFAULT_OPSET)")
+    export.set_defaults(fn=_export_onnx)
     coverage = sub.add_parser("coverage", help="which ops of a floor list have converters or evaluators")
     coverage.add_argument("--floor", metavar="FILE", help="one op name a line (default: the bundled ts_ops_floor.txt)")
     coverage.add_argument("--missing", action="store_true", help="list only the ops not covered")

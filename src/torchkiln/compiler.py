@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import dataclasses
 import keyword
 import logging
 import re
@@ -25,7 +26,7 @@ from torchkiln.lowering.pipeline import rerun
 from torchkiln.lowering.walk import all_nodes
 from torchkiln.ir.symbolic import shape_range
 from torchkiln.lowering.static_control_flow import fold_static_control_flow
-from torchkiln.partitioning.report import PartitionReport, make_report
+from torchkiln.partitioning.report import PartitionReport, ReferenceLayer, make_report
 from torchkiln.partitioning.segment import Partition, partition
 from torchkiln.partitioning.dynamic_shapes import analyze_dynamic_shapes
 from torchkiln.partitioning.signature import check_signature, example_args, unpack_list_inputs
@@ -40,7 +41,7 @@ from torchkiln.torchscript import Node, node_key, source_location, value_key
 logger = logging.getLogger("torchkiln")
 
 _SETTING_NAMES = ("enabled_precisions", "device", "min_block_size", "torch_executed_ops", "torch_executed_modules",
-                  "require_full_compilation", "truncate_long_and_double", "debug")
+                  "require_full_compilation", "truncate_long_and_double", "debug", "backend", "ort_threads")
 
 
 def _module_device(module: torch.nn.Module) -> torch.device | None:
@@ -59,6 +60,23 @@ def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> 
         raise ValueError(f"device: the module's weights are on {module_device} but device is {settings.device}; "
                          f"move the module with module.to({str(settings.device)!r}) first")
     return settings
+
+
+def _build_settings(settings: CompileSettings) -> BuildSettings:
+    """The build settings of a compile's engines: its backend resolved; fp32 where ONNX Runtime would run.
+
+    ONNX Runtime's CPU provider runs float16 and bfloat16 no faster than float32 on CPUs without native
+    half-precision arithmetic (most of its kernels convert per op, many have no half kernel at all), so an
+    onnxruntime engine is built in float32: as fast or faster, and more exact. backend="reference" keeps the
+    lower precision (ATen's CPU kernels)."""
+    dtype, backend = settings.compute_dtype, settings.engine_backend
+    if backend == "onnxruntime" and dtype != torch.float32:
+        logger.warning("enabled_precisions asks for %s, but ONNX Runtime's CPU provider does not run it faster "
+                       "than float32 here, so the engines are built in float32 (backend='reference' keeps %s)",
+                       dtype, dtype)
+        dtype = torch.float32
+    return BuildSettings(compute_dtype=dtype, device=settings.device, backend=backend,
+                         ort_threads=settings.ort_threads)
 
 
 def _module_name(module: torch.nn.Module) -> str:
@@ -123,7 +141,7 @@ def _build_engines(part: Partition, settings: CompileSettings, name: str,
     is added to `failed`, to run in PyTorch. With require_full_compilation the error propagates instead.
     """
     engines: list[Engine] | None = []
-    build = BuildSettings(compute_dtype=settings.compute_dtype, device=settings.device)
+    build = _build_settings(settings)
     blocks = [b for b in part.blocks if b.is_engine]
     for k, block in enumerate(blocks):
         logger.info("converting engine block %d/%d (%d nodes)", k + 1, len(blocks), len(block.nodes))
@@ -165,6 +183,20 @@ def _partition_and_build(lowered: LoweredModule, metas: dict[int, Any], settings
             return part, report, engines
 
 
+def _reference_layers(engines: Sequence[Engine]) -> tuple[ReferenceLayer, ...]:
+    """The layers onnxruntime engines run on the reference backend, each logged with the reason."""
+    found = []
+    for engine in engines:
+        layers = engine.reference_layers()
+        if layers:
+            logger.info("engine %s (onnxruntime): %d of %d layers run on the reference backend", engine.name,
+                        len(layers), len(engine.network.layers))
+        for layer, kind, reason in layers:
+            logger.info("  %s layer %r: %s", kind, layer, reason)
+            found.append(ReferenceLayer(engine.name, layer, kind, reason))
+    return tuple(found)
+
+
 def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = None,
                         **options: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
     """`compile`, also returning the partition report (blocks, ops, fallback reasons)."""
@@ -175,6 +207,7 @@ def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = 
         lowered, metas = _prepare(module, settings)
         name = _module_name(module)
         part, report, engines = _partition_and_build(lowered, metas, settings, name)
+        report = dataclasses.replace(report, reference_layers=_reference_layers(engines))
         compiled = stitch(lowered.module, part, engines)
         logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", name,
                     time.perf_counter() - start, report.num_engine_blocks, report.num_torch_blocks)
@@ -281,7 +314,7 @@ def convert_method_to_engine(module: torch.nn.Module, method_name: str = "forwar
         network = convert_block(nodes, inputs_, outputs, metas, settings, method_name)
         bindings = [InputBinding(t.name, t.dtype, spec.min_shape, spec.opt_shape, spec.max_shape)
                     for t, spec in zip(network.inputs, settings.inputs)]
-        build = BuildSettings(compute_dtype=settings.compute_dtype, device=settings.device)
+        build = _build_settings(settings)
         return build_engine(network, bindings, build, method_name).serialize()
 
 

@@ -22,6 +22,8 @@ _PRECISION_ALIASES = {
 }
 _FORMATS = (torch.contiguous_format, torch.channels_last)
 _OP_NAME = re.compile(r"\w+::\w+(\.\w+)?")
+BACKENDS = ("auto", "reference", "onnxruntime")
+MAX_ORT_THREADS = 1024
 
 
 def _shape_tuple(name: str, shape: Any) -> tuple[int, ...]:
@@ -251,6 +253,11 @@ class CompileSettings:
     require_full_compilation: bool = False
     truncate_long_and_double: bool = False
     debug: bool = False
+    # What runs the engines: "reference" (ATen, layer by layer), "onnxruntime" (CPU only: ONNX Runtime sessions,
+    # with the layers ONNX cannot express on the reference meanings), or "auto": onnxruntime on the CPU,
+    # reference elsewhere.
+    backend: str = "auto"
+    ort_threads: int = 0  # ONNX Runtime's intra-op threads; 0: torch.get_num_threads() where the engine runs
 
     def __post_init__(self) -> None:
         if not self.input_signature:  # built directly from flat Inputs: one tensor per argument
@@ -268,6 +275,8 @@ class CompileSettings:
         require_full_compilation: bool = False,
         truncate_long_and_double: bool = False,
         debug: bool = False,
+        backend: str = "auto",
+        ort_threads: int = 0,
         default_device: torch.device | None = None,
     ) -> CompileSettings:
         """Validate user arguments; every problem is a ValueError naming the argument."""
@@ -297,6 +306,14 @@ class CompileSettings:
                 raise ValueError(f"torch_executed_ops: {op!r} is not an op name; use 'namespace::op' for every "
                                  f"overload (e.g. 'aten::add') or 'namespace::op.overload' (e.g. 'aten::add.Tensor')")
         dev = _device(device if device is not None else (default_device or "cpu"))
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
+        if backend == "onnxruntime" and dev.type != "cpu":
+            raise ValueError(f"backend: 'onnxruntime' runs on the CPU, not on {dev}; use 'auto' or 'reference'")
+        if isinstance(ort_threads, bool) or not isinstance(ort_threads, int) \
+                or not 0 <= ort_threads <= MAX_ORT_THREADS:
+            raise ValueError(f"ort_threads must be an int in [0, {MAX_ORT_THREADS}] (0: torch.get_num_threads()), "
+                             f"got {ort_threads!r}")
         _check_sizes(signature, dev)
         return cls(
             inputs=tuple(flatten_signature(signature)),
@@ -309,7 +326,16 @@ class CompileSettings:
             require_full_compilation=bool(require_full_compilation),
             truncate_long_and_double=bool(truncate_long_and_double),
             debug=bool(debug),
+            backend=backend,
+            ort_threads=ort_threads,
         )
+
+    @property
+    def engine_backend(self) -> str:
+        """The backend engines run on: `backend`, with "auto" resolved by the device."""
+        if self.backend != "auto":
+            return self.backend
+        return "onnxruntime" if self.device.type == "cpu" else "reference"
 
     @property
     def compute_dtype(self) -> torch.dtype:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from torchkiln.builder.pipeline import run_passes
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.ir.network import Network
+from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.engine import Engine, InputBinding
 
 logger = logging.getLogger("torchkiln.builder")
@@ -21,4 +22,5 @@ def build_engine(network: Network, bindings: Sequence[InputBinding], settings: B
     fired = run_passes(network, settings)
     logger.info("built engine %s: %d layers in %.2fs; passes that changed it: %s", name, len(network.layers),
                 time.perf_counter() - start, ", ".join(fired) or "none")
-    return Engine(network, bindings, settings.device.type, settings.compute_dtype, name)
+    return Engine(network, bindings, settings.device.type, settings.compute_dtype, name, settings.backend,
+                  BackendOptions(settings.ort_threads))

@@ -13,3 +13,5 @@ class BuildSettings:
     compute_dtype: torch.dtype = torch.float32
     device: torch.device = torch.device("cpu")
     max_folded_elements: int = 1 << 20  # constant folding never makes a constant larger than this
+    backend: str = "reference"  # what runs the engine (runtime.backends.BACKENDS), recorded in its bytes
+    ort_threads: int = 0  # the onnxruntime backend's intra-op threads; 0: torch.get_num_threads() at run time

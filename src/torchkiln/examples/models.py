@@ -5,6 +5,17 @@ import torch
 from torch import nn
 
 
+def randomize_batch_norm(module: nn.Module) -> None:
+    """Non-trivial batch-norm statistics and affine parameters, as after training."""
+    for m in module.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            with torch.no_grad():
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+
+
 class BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int = 1) -> None:
         super().__init__()
@@ -36,13 +47,7 @@ class SmallResNet(nn.Module):
         self.layer3 = nn.Sequential(BasicBlock(2 * width, 4 * width, 2), BasicBlock(4 * width, 4 * width))
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(4 * width, num_classes)
-        for m in self.modules():  # non-trivial batch-norm statistics, as after training
-            if isinstance(m, nn.BatchNorm2d):
-                with torch.no_grad():
-                    m.running_mean.uniform_(-0.2, 0.2)
-                    m.running_var.uniform_(0.5, 1.5)
-                    m.weight.uniform_(0.5, 1.5)
-                    m.bias.uniform_(-0.2, 0.2)
+        randomize_batch_norm(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.stem(x)

@@ -55,9 +55,9 @@ def infer_on_meta(layer: Layer) -> Outputs:
     from torchkiln.ir.reference import run_layer
 
     meta = torch.device("meta")
-    inputs = [torch.empty(t.shape, dtype=t.dtype, device=meta) for t in layer.inputs]
-    weights = {k: w.to(meta) for k, w in layer.weights.items()}
     try:
+        inputs = [torch.empty(t.shape, dtype=t.dtype, device=meta) for t in layer.inputs]
+        weights = {k: w.to(meta) for k, w in layer.weights.items()}
         outs = run_layer(layer, inputs, weights, meta)
     except NetworkError:
         raise

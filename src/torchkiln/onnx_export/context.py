@@ -194,6 +194,6 @@ def exporter(kind: type[L.Layer]) -> Callable[[Exporter], Exporter]:
 def promoted(a: Tensor, b: Tensor) -> torch.dtype:
     """The dtype torch computes a binary op of network tensors `a` and `b` in (0-d operands promote less)."""
     def meta(t):
-        return torch.empty([max(d, 1) for d in t.shape], dtype=t.dtype, device="meta")
+        return torch.empty([1] * t.rank, dtype=t.dtype, device="meta")  # only 0-d or not matters
 
     return torch.result_type(meta(a), meta(b))

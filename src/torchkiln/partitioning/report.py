@@ -73,11 +73,28 @@ class BlockReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReferenceLayer:
+    """A layer of an onnxruntime engine that runs on the reference backend inside it, and why."""
+
+    engine: str
+    layer: str
+    kind: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} layer {self.layer!r} of engine {self.engine!r}: {self.reason}"
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitionReport:
-    """How a method was split: blocks in execution order (blocks holding only plumbing are left out)."""
+    """How a method was split: blocks in execution order (blocks holding only plumbing are left out).
+
+    `reference_layers` (filled by `compile`, after the engines are built) lists the layers that engines on
+    the onnxruntime backend run on the reference meanings, with the reason."""
 
     blocks: tuple[BlockReport, ...]
     name: str = ""
+    reference_layers: tuple[ReferenceLayer, ...] = ()
 
     @property
     def num_engine_blocks(self) -> int:
@@ -110,7 +127,8 @@ class PartitionReport:
 
         return plain({"name": self.name, "num_engine_blocks": self.num_engine_blocks,
                       "num_torch_blocks": self.num_torch_blocks,
-                      "blocks": [dataclasses.asdict(b) for b in self.blocks]})
+                      "blocks": [dataclasses.asdict(b) for b in self.blocks],
+                      "reference_layers": [dataclasses.asdict(r) for r in self.reference_layers]})
 
     def __str__(self) -> str:
         engine_ops = sum(len(b.ops) for b in self.blocks if b.target == "engine")
@@ -131,6 +149,10 @@ class PartitionReport:
             lines.append("dynamic dims: " + ranges_str(symbols))
         if self.fallback_ops:
             lines.append("left in PyTorch: " + ", ".join(f"{op} x{n}" for op, n in self.fallback_ops.items()))
+        if self.reference_layers:
+            lines.append(f"run on the reference backend inside ONNX Runtime engines: "
+                         f"{_count(len(self.reference_layers), 'layer')}")
+            lines += [f"      {r}" for r in self.reference_layers]
         return "\n".join(lines)
 
 

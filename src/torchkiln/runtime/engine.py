@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 import threading
 from collections.abc import Sequence
 
@@ -12,7 +13,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol, is_symbolic
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime import serialization as S
-from torchkiln.runtime.executor import ReferenceExecutor
+from torchkiln.runtime.backends import BACKENDS, DEVICES, BackendOptions, Runner, make_runner
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +73,10 @@ class Engine:
     """The built form of a network; `execute` runs it, `serialize` gives its bytes."""
 
     def __init__(self, network: Network, bindings: Sequence[InputBinding], device_type: str,
-                 precision: torch.dtype, name: str = "engine") -> None:
+                 precision: torch.dtype, name: str = "engine", backend: str = "reference",
+                 backend_options: BackendOptions = BackendOptions()) -> None:
+        if backend not in BACKENDS or device_type not in DEVICES[backend]:
+            raise EngineFormatError(f"engine {name!r}: backend {backend!r} does not run on {device_type}")
         if len(bindings) != len(network.inputs):
             raise EngineFormatError(f"engine {name!r}: {len(bindings)} bindings for {len(network.inputs)} inputs")
         for b, t in zip(bindings, network.inputs):
@@ -82,8 +86,19 @@ class Engine:
         self.device_type = device_type
         self.precision = precision
         self.name = name
-        self._executors: dict[torch.device, ReferenceExecutor] = {}
+        self.backend = backend
+        self.backend_options = backend_options
+        self._runners: dict[torch.device, Runner] = {}
         self._lock = threading.Lock()
+
+    def reference_layers(self) -> list[tuple[str, str, str]]:
+        """(layer, kind, reason) of the layers an onnxruntime engine runs on the reference meanings; [] for
+        other backends."""
+        if self.backend != "onnxruntime":
+            return []
+        from torchkiln.runtime.backends.onnxruntime import reference_layers
+
+        return reference_layers(self.network)
 
     def check_inputs(self, inputs: Sequence[torch.Tensor]) -> None:
         if len(inputs) != len(self.bindings):
@@ -93,13 +108,15 @@ class Engine:
         for i, (binding, value) in enumerate(zip(self.bindings, inputs)):
             binding.check(i, value, self.device_type)
 
-    def executor(self, device: torch.device) -> ReferenceExecutor:
-        found = self._executors.get(device)
+    def runner(self, device: torch.device) -> Runner:
+        """The engine on its backend, bound to `device`: made at the first call there, then reused."""
+        found = self._runners.get(device)
         if found is None:
             with self._lock:
-                found = self._executors.get(device)
+                found = self._runners.get(device)
                 if found is None:
-                    found = self._executors[device] = ReferenceExecutor(self.network, device)
+                    found = self._runners[device] = make_runner(self.backend, self.network, device,
+                                                                self.backend_options, self.name)
         return found
 
     def execute(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -113,7 +130,7 @@ class Engine:
                 raise EngineInputError(f"engine {self.name!r}: all inputs must be on one device, got "
                                        f"{sorted({str(x.device) for x in inputs})}")
         with torch.no_grad():
-            return self.executor(device).run(list(inputs))
+            return self.runner(device).run(list(inputs))
 
     # ---- bytes ----------------------------------------------------------------------------
     def serialize(self) -> bytes:
@@ -121,6 +138,8 @@ class Engine:
             "name": self.name,
             "device_type": self.device_type,
             "precision": S.dtype_name(self.precision),
+            "backend": self.backend,
+            "ort_threads": self.backend_options.ort_threads,
             "bindings": [{"name": b.name, "dtype": S.dtype_name(b.dtype), "min_shape": list(b.min_shape),
                           "opt_shape": list(b.opt_shape), "max_shape": list(b.max_shape)} for b in self.bindings],
         }
@@ -147,8 +166,17 @@ class Engine:
                 raise EngineFormatError(f"{where}: malformed")
             shapes = [S.parse_shape(b.get(k), where) for k in ("min_shape", "opt_shape", "max_shape")]
             bindings.append(InputBinding(b["name"], S.parse_dtype(b.get("dtype"), where), *shapes))
-        return cls(network, bindings, device_type, S.parse_dtype(meta.get("precision"), "engine precision"), name)
+        backend, threads = meta.get("backend", "reference"), meta.get("ort_threads", 0)
+        if not isinstance(backend, str) or backend not in BACKENDS or device_type not in DEVICES[backend]:
+            raise EngineFormatError(f"engine metadata: backend {reprlib.repr(backend)} is not one that runs on "
+                                    f"{device_type} ({', '.join(b for b in BACKENDS if device_type in DEVICES[b])})")
+        try:
+            options = BackendOptions(ort_threads=threads)
+        except ValueError as e:
+            raise EngineFormatError(f"engine metadata: {e}") from None
+        return cls(network, bindings, device_type, S.parse_dtype(meta.get("precision"), "engine precision"), name,
+                   backend, options)
 
     def __repr__(self) -> str:
-        return (f"Engine({self.name!r}, {self.device_type}, {S.dtype_name(self.precision)}, "
+        return (f"Engine({self.name!r}, {self.device_type}, {self.backend}, {S.dtype_name(self.precision)}, "
                 f"{len(self.network.layers)} layers, inputs={[b.name for b in self.bindings]})")

@@ -112,7 +112,7 @@ def _decode(hint: Any, raw: Any, where: str, symbols: dict[str, DimSymbol] | Non
 
 def parse_shape(raw: Any, where: str) -> tuple[int, ...]:
     if not isinstance(raw, list) or len(raw) > L.MAX_RANK or not all(
-            isinstance(d, int) and not isinstance(d, bool) and -1 <= d < 1 << 40 for d in raw):
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 40 for d in raw):  # dynamic dims are symbols
         raise EngineFormatError(f"{where}: {_show.repr(raw)} is not a shape")
     return tuple(raw)
 

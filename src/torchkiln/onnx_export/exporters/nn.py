@@ -77,6 +77,8 @@ _REDUCE = {L.ReduceOperation.SUM: "ReduceSum", L.ReduceOperation.PROD: "ReducePr
 def _reduce(ctx: ExportContext, layer: L.ReduceLayer, xs: list[str]) -> str:
     src, out, op = layer.inputs[0].dtype, layer.outputs[0].dtype, layer.op
     axes, keep = ctx.ints(layer.axes, "axes"), int(layer.keep_dims)
+    if op == L.ReduceOperation.AVG and any(layer.inputs[0].shape[a] == 0 for a in layer.axes):
+        ctx.decline(f"a mean over axes {list(layer.axes)} of an empty dim: NaN in torch, 0 in ONNX Runtime")
     if op in _REDUCE:  # torch sums integers in int64: the cast to the output dtype comes first
         x = ctx.cast(xs[0], src, out)
         result = ctx.op(_REDUCE[op], [x, axes], out, typed=(0,), keepdims=keep)

@@ -1,0 +1,294 @@
+"""The onnxruntime backend: a CPU engine as ONNX Runtime sessions, with the layers ONNX cannot express run on
+the reference meanings inside the same call, in order.
+
+The plan (`plan_segments`, deterministic, so a loaded engine makes the same one from its network):
+1. each layer goes to ONNX Runtime unless `layer_reason` gives why not: `onnx_export.supports` declines it, it
+   touches bfloat16 (ORT's CPU provider has next to no bfloat16 kernels and numpy no bfloat16 type to hand
+   tensors over in), or it is a gather or scatter whose run-time indices need a check ORT does not make
+   (below);
+2. consecutive layers with the same placement form a segment, in network order;
+3. a run of ORT layers between reference layers that only moves data (views, casts, concatenation, shape,
+   fill) runs on the reference backend too: ATen does those as fast as ORT, and a session boundary would cost
+   a session call (~10-30 us of ORT overhead) for nothing. A network that ORT runs whole is one session
+   however small, so every op test checks ORT's form of its layers.
+Constant layers are not placed: each segment reads the constants it needs as its own (ONNX initializers,
+or the reference executor's weights), so a constant never crosses a segment boundary.
+
+Each ORT segment is one `InferenceSession`, made once per engine and device (at the engine's first call,
+also after loading engine bytes) and reused. Tensors cross as numpy views of torch CPU tensors (no copy for
+contiguous inputs) and come back through `torch.from_numpy` of ORT's fresh output arrays, so ORT outputs
+never alias inputs or weights; reference segments clone what may alias, as the reference executor does.
+
+Gather indices made at run time: ORT's Gather wraps a negative index where torch raises, so the indices a
+session takes in are checked before it runs, and indices it computes are also returned and checked after.
+When ORT fails at run time (an index beyond the end, integer division by zero), the call runs again on the
+reference backend, whose error (or, should it succeed, its result, with a warning) is what the caller gets.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.tensor import Tensor
+from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
+from torchkiln.runtime.executor import ReferenceExecutor
+from torchkiln.ir.reference import _check_indices as check_indices
+
+logger = logging.getLogger(__name__)
+
+# Layers that only move or reinterpret data; a segment of these alone is not worth a session boundary.
+DATA_MOVEMENT = (L.IdentityLayer, L.ShuffleLayer, L.CastLayer, L.SliceLayer, L.ExpandLayer, L.ShapeLayer,
+                 L.FillLayer, L.ConcatenationLayer, L.ConstantLayer)
+TOO_SMALL = "only moves data between reference layers: not worth an ONNX Runtime session boundary"
+SHARED_VIEW = "makes an engine output that shares memory with another output (as on the reference backend)"
+_VIEWS = (L.IdentityLayer, L.ShuffleLayer, L.SliceLayer, L.ExpandLayer, L.CastLayer)  # may return their input's memory
+
+
+def layer_reason(layer: L.Layer) -> str | None:
+    """None if `layer` may run inside an ONNX Runtime session, else why it runs on the reference backend."""
+    from torchkiln.onnx_export import supports
+
+    if isinstance(layer, L.TopKLayer) and layer.k > 1:
+        return "top-k of k > 1: ONNX Runtime orders equal values by index, torch (the reference) otherwise"
+    if any(t.dtype == torch.bfloat16 for t in (*layer.inputs, *layer.outputs)):
+        return "bfloat16: ONNX Runtime's CPU provider has almost no bfloat16 kernels"
+    if isinstance(layer, L.GatherLayer) and _constant_out_of_range(layer):
+        return "constant indices outside [0, size): the reference raises, ONNX Runtime would wrap them"
+    if isinstance(layer, (L.GatherLayer, L.ScatterLayer)) and L.constant_value(layer.inputs[1]) is None:
+        if isinstance(layer, L.ScatterLayer):
+            return "scatter indices computed at run time: ONNX Runtime wraps negative ones, torch raises"
+        if layer.mode == L.GatherMode.ND:
+            return "gather-nd indices computed at run time: ONNX Runtime wraps negative ones, torch raises"
+        if _index_bound(layer) < 0:
+            return "gather along a dynamic dim with indices computed at run time: the range check needs its size"
+    return supports(layer)
+
+
+def _constant_out_of_range(layer: L.GatherLayer) -> bool:
+    """Whether constant indices hold a value outside [0, size) (the layer then raises on the reference)."""
+    idx, data = L.constant_value(layer.inputs[1]), layer.inputs[0]
+    if idx is None or not idx.numel():
+        return False
+    if layer.mode == L.GatherMode.ND:
+        return any(bool(((idx[..., d] < 0) | (idx[..., d] >= data.shape[d])).any()) for d in range(idx.shape[-1]))
+    return int(idx.min()) < 0 or int(idx.max()) >= _index_bound(layer)
+
+
+def _index_bound(layer: L.GatherLayer) -> int:
+    """The size of the gathered dim (-1 if dynamic): indices must lie in [0, size)."""
+    data = layer.inputs[0]
+    return data.shape[layer.axis % data.rank] if data.rank else 1
+
+
+@dataclasses.dataclass
+class Segment:
+    """Consecutive layers placed on one backend (constant layers they read are included, first)."""
+
+    layers: list[L.Layer]
+    on_ort: bool
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)  # reference layer name -> why
+
+
+def _views_of_outputs(network: Network) -> set[int]:
+    """The view layers (reshape, transpose, slice...) by which one engine output views another, or two view
+    one tensor: on the reference backend those outputs share memory, and PyTorch code after the engine may
+    rely on it (an in-place write through one seen in the other), so torch must make those views."""
+    chains: dict[int, list[list[L.Layer]]] = {}
+    for t in network.outputs:
+        chain = []
+        while isinstance(t.producer, _VIEWS):
+            chain.append(t.producer)
+            t = t.producer.inputs[0]
+        if t.producer is not None and not isinstance(t.producer, L.ConstantLayer):  # else the reference copies
+            chains.setdefault(id(t), []).append(chain)
+    return {id(layer) for found in chains.values() if len(found) > 1 for chain in found for layer in chain}
+
+
+def plan_segments(network: Network) -> list[Segment]:
+    """The network's layers in order, grouped into ORT and reference segments (see the module docstring)."""
+    outputs = {id(t) for t in network.outputs}
+    placed = [layer for layer in network.layers
+              if not isinstance(layer, L.ConstantLayer) or any(id(t) in outputs for t in layer.outputs)]
+    views = _views_of_outputs(network)
+    segments: list[Segment] = []
+    for layer in placed:
+        reason = SHARED_VIEW if id(layer) in views else layer_reason(layer)
+        if not segments or segments[-1].on_ort != (reason is None):
+            segments.append(Segment([], reason is None))
+        segments[-1].layers.append(layer)
+        if reason is not None:
+            segments[-1].reasons[layer.name] = reason
+    if len(segments) > 1:
+        for seg in segments:
+            if seg.on_ort and all(isinstance(layer, DATA_MOVEMENT) for layer in seg.layers):
+                seg.on_ort = False
+                seg.reasons = dict.fromkeys((layer.name for layer in seg.layers), TOO_SMALL)
+    merged: list[Segment] = []
+    for seg in segments:
+        if merged and merged[-1].on_ort == seg.on_ort:
+            merged[-1].layers += seg.layers
+            merged[-1].reasons.update(seg.reasons)
+        else:
+            merged.append(seg)
+    for seg in merged:
+        constants = _constants_read(seg.layers)
+        seg.layers = [c for c in network.layers if id(c) in constants] + seg.layers
+    return merged
+
+
+def _constants_read(layers: Sequence[L.Layer]) -> set[int]:
+    own = {id(layer) for layer in layers}
+    return {id(t.producer) for layer in layers for t in layer.inputs
+            if isinstance(t.producer, L.ConstantLayer) and id(t.producer) not in own}
+
+
+def reference_layers(network: Network) -> list[tuple[str, str, str]]:
+    """(layer name, kind, reason) of every layer the onnxruntime backend runs on the reference meanings."""
+    kinds = {layer.name: layer.KIND for layer in network.layers}
+    return [(name, kinds[name], reason) for seg in plan_segments(network) for name, reason in seg.reasons.items()]
+
+
+def _subnetwork(network: Network, seg: Segment, later: set[int], extra: Sequence[Tensor] = ()) -> Network:
+    """The segment as a network of its own layers (no copies): inputs are the tensors it reads from outside,
+    outputs those read after it (`later`: ids of tensors later segments read, and network outputs)."""
+    made = {id(t) for layer in seg.layers for t in layer.outputs}
+    sub = Network(f"{network.name}/{seg.layers[0].name}")
+    seen: set[int] = set()
+    for layer in seg.layers:
+        for t in layer.inputs:
+            if id(t) not in made and id(t) not in seen:
+                seen.add(id(t))
+                sub.inputs.append(t)
+    sub.layers = list(seg.layers)
+    for layer in seg.layers:
+        sub.outputs += [t for t in layer.outputs if id(t) in later]
+    sub.outputs += [t for t in extra if id(t) in made and t not in sub.outputs]
+    return sub
+
+
+def _ort():
+    """The onnxruntime module; BackendUnavailable where it is not installed."""
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise BackendUnavailable(f"onnxruntime is not installed (pip install onnxruntime): {e}") from None
+    return onnxruntime
+
+
+def _ort_errors(ort) -> tuple[type[Exception], ...]:
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    return tuple(v for v in vars(state).values() if isinstance(v, type) and issubclass(v, Exception))
+
+
+class _Session:
+    """One ORT segment: its session, its input and output names, and the index checks around it."""
+
+    def __init__(self, ort, sub: Network, threads: int, checks: list[tuple[L.GatherLayer, Tensor]]) -> None:
+        from torchkiln.onnx_export import OnnxExportError, network_to_onnx
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 3  # run-time errors come back as exceptions, handled by the runner
+        try:
+            model = network_to_onnx(sub)
+            self.session = ort.InferenceSession(model.SerializeToString(), options,
+                                                providers=["CPUExecutionProvider"])
+        except (OnnxExportError, *_ort_errors(ort)) as e:
+            raise BackendUnavailable(f"ONNX Runtime refused the segment {sub.name!r}: {e}") from None
+        self.input_names = [v.name for v in model.graph.input]
+        self.output_names = [v.name for v in model.graph.output]
+        position = {id(t): i for i, t in enumerate(sub.inputs)}
+        out_position = {id(t): i for i, t in enumerate(sub.outputs)}
+        self.before = [(layer, position[id(idx)]) for layer, idx in checks if id(idx) in position]
+        self.after = [(layer, out_position[id(idx)]) for layer, idx in checks if id(idx) not in position]
+
+    def run(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        for layer, i in self.before:
+            _check(layer, xs[i])
+        feeds = {name: x.detach().contiguous().numpy() for name, x in zip(self.input_names, xs)}
+        outs = [torch.from_numpy(o) for o in self.session.run(self.output_names, feeds)]
+        for layer, i in self.after:
+            _check(layer, outs[i])
+        return outs
+
+
+def _check(layer: L.GatherLayer, idx: torch.Tensor) -> None:
+    check_indices(layer, idx, layer.axis % max(layer.inputs[0].rank, 1), _index_bound(layer))
+
+
+class OrtRunner:
+    """A CPU network as ONNX Runtime sessions and reference segments, run in order."""
+
+    def __init__(self, network: Network, device: torch.device, options: BackendOptions) -> None:
+        ort = _ort()
+        if device.type != "cpu":
+            raise BackendUnavailable(f"the onnxruntime backend runs on the CPU, not on {device}")
+        self.network = network
+        self.device = device
+        self.errors = _ort_errors(ort)
+        threads = options.ort_threads or torch.get_num_threads()
+        segments = plan_segments(network)
+        if network.symbols() and not (len(segments) == 1 and segments[0].on_ort):
+            # A reference segment between sessions would take intermediate tensors whose dims are expressions
+            # (s0 // 2 + 1), which only the whole network's symbols define.
+            raise BackendUnavailable("a dynamic-shape engine runs on ONNX Runtime only when all of it exports "
+                                     "(symbolic layer parameters do not yet)")
+        read_after: list[set[int]] = []  # per segment: tensors read by later segments or returned
+        later = {id(t) for t in network.outputs}
+        for seg in reversed(segments):  # constants are each segment's own: they never cross a boundary
+            read_after.append(set(later))
+            later |= {id(t) for layer in seg.layers for t in layer.inputs
+                      if not isinstance(t.producer, L.ConstantLayer)}
+        read_after.reverse()
+        self.steps: list[tuple[ReferenceExecutor | _Session, list[int], list[int]]] = []
+        last_read: dict[int, int] = {}
+        for k, (seg, after) in enumerate(zip(segments, read_after)):
+            checks = [(layer, layer.inputs[1]) for layer in seg.layers
+                      if isinstance(layer, L.GatherLayer) and L.constant_value(layer.inputs[1]) is None] \
+                if seg.on_ort else []
+            sub = _subnetwork(network, seg, after, [idx for _, idx in checks])
+            step = _Session(ort, sub, threads, checks) if seg.on_ort else ReferenceExecutor(sub, device)
+            self.steps.append((step, [id(t) for t in sub.inputs], [id(t) for t in sub.outputs]))
+            for t in sub.inputs:
+                last_read[id(t)] = k
+        kept = {id(t) for t in network.outputs}
+        self.frees: list[list[int]] = [[] for _ in self.steps]
+        for tid, k in last_read.items():
+            if tid not in kept:
+                self.frees[k].append(tid)
+        self.input_ids = [id(t) for t in network.inputs]
+        self.output_ids = [id(t) for t in network.outputs]
+        self.passed_through = {id(t) for t in network.inputs} & kept  # an input returned as is: copied
+        self.sessions = sum(isinstance(s, _Session) for s, _, _ in self.steps)
+        self._reference: ReferenceExecutor | None = None
+        logger.debug("network %s on onnxruntime: %d sessions, %d reference segments, %d threads", network.name,
+                     self.sessions, len(self.steps) - self.sessions, threads)
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        values = dict(zip(self.input_ids, inputs))
+        try:
+            for (step, ins, outs), frees in zip(self.steps, self.frees):
+                values.update(zip(outs, step.run([values[i] for i in ins])))
+                for i in frees:
+                    del values[i]
+        except self.errors as e:
+            return self._run_on_reference(inputs, e)
+        return [values[i].clone() if i in self.passed_through else values[i] for i in self.output_ids]
+
+    def _run_on_reference(self, inputs: list[torch.Tensor], error: Exception) -> list[torch.Tensor]:
+        """ONNX Runtime failed: the reference backend raises the documented error for these inputs (or, where
+        it does not fail, its result is returned and the failure logged)."""
+        if self._reference is None:
+            self._reference = ReferenceExecutor(self.network, self.device)
+        outputs = self._reference.run(inputs)
+        logger.warning("network %s: ONNX Runtime failed where the reference backend did not, so this call ran "
+                       "on the reference backend: %s", self.network.name, error)
+        return outputs

@@ -1,0 +1,234 @@
+"""The backend registry: every layer kind on every backend against the reference meanings; the onnxruntime
+backend's segments (mixed ORT / reference runs, tiny runs, shared output views), its run-time index checks
+and errors, its settings, and a saved module that runs on ORT in a new process."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from harness import assert_matches_eager, check_compiled
+from test_onnx_export import ALL_CASES
+
+import torchkiln
+from torchkiln.errors import EngineIndexError
+from torchkiln.ir import Network
+from torchkiln.ir import layers as L
+from torchkiln.runtime.backends import BACKENDS
+from torchkiln.runtime.backends.onnxruntime import TOO_SMALL, OrtRunner, plan_segments
+from torchkiln.runtime.engine import Engine, InputBinding
+from torchkiln.runtime.executor import ReferenceExecutor
+
+CPU = torch.device("cpu")
+E = L.ElementWiseOperation
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def engine_of(net: Network, backend: str) -> Engine:
+    bindings = [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in net.inputs]
+    return Engine(net, bindings, "cpu", torch.float32, net.name, backend)
+
+
+def reference_outputs(net: Network, inputs: list[torch.Tensor]) -> list[torch.Tensor] | Exception:
+    try:
+        return ReferenceExecutor(net, CPU).run(inputs)
+    except Exception as e:  # the error every backend must raise too
+        return e
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_every_layer_kind_matches_the_reference_meanings(backend):
+    """Every case of every layer kind (the ONNX export's cases) as one engine on `backend`."""
+    for name, build in ALL_CASES:
+        net, inputs = build(torch.Generator().manual_seed(0))
+        ref = reference_outputs(net, inputs)
+        engine = engine_of(net, backend)
+        if isinstance(ref, Exception):
+            with pytest.raises(type(ref)):
+                engine.execute(inputs)
+            continue
+        out = engine.execute(inputs)
+        assert_matches_eager(out, ref, path=name)
+        for o, x in ((o, x) for o in out for x in inputs):
+            assert not (o.numel() and x.numel() and o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()), \
+                f"{name}: an output shares memory with an input"
+
+
+def _mixed_network() -> Network:
+    net = Network("mixed")
+    x = net.add_input("x", torch.float32, (4, 8))
+    h = net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
+                                L.MatrixOperation.NONE).get_output()
+    h = net.add_activation(h, L.ActivationType.RELU).get_output()
+    a = net.add_elementwise(h, x, E.ATAN2).get_output()  # ONNX has no atan2: the reference runs it
+    y = net.add_matrix_multiply(a, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 3)).get_output(),
+                                L.MatrixOperation.NONE).get_output()
+    net.mark_output(net.add_activation(y, L.ActivationType.SIGMOID).get_output())
+    net.mark_output(h)
+    return net
+
+
+def test_layers_onnx_cannot_express_run_between_sessions():
+    net = _mixed_network()
+    assert [(s.on_ort, [layer.KIND for layer in s.layers]) for s in plan_segments(net)] == [
+        (True, ["constant", "matrix_multiply", "activation"]), (False, ["elementwise"]),
+        (True, ["constant", "matrix_multiply", "activation"])]
+    engine = engine_of(net, "onnxruntime")
+    [(layer, kind, reason)] = engine.reference_layers()
+    assert kind == "elementwise" and "ATAN2" in reason
+    x = torch.randn(4, 8)
+    assert_matches_eager(engine.execute([x]), ReferenceExecutor(net, CPU).run([x]))
+    assert engine.runner(CPU).sessions == 2
+
+
+def test_a_run_that_only_moves_data_gets_no_session():
+    net = Network("tiny")
+    x = net.add_input("x", torch.float32, (2, 6))
+    a = net.add_elementwise(x, x, E.ATAN2).get_output()
+    r = net.add_shuffle(a, reshape_dims=(3, 4)).get_output()
+    net.mark_output(net.add_elementwise(r, r, E.ATAN2).get_output())
+    [segment] = plan_segments(net)
+    assert not segment.on_ort and TOO_SMALL in segment.reasons["shuffle"]
+    x = torch.randn(2, 6)
+    assert_matches_eager(engine_of(net, "onnxruntime").execute([x]), ReferenceExecutor(net, CPU).run([x]))
+
+
+class Atan2Between(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        return torch.softmax(self.b(torch.atan2(h, x)), -1)
+
+
+def test_compiled_model_with_a_layer_onnx_cannot_express(caplog):
+    with caplog.at_level(logging.INFO, logger="torchkiln"):
+        compiled, report = check_compiled(Atan2Between(), [torch.randn(2, 16)], backend="onnxruntime")
+    [found] = report.reference_layers
+    assert found.kind == "elementwise" and "ATAN2" in found.reason and "atan2" in found.layer
+    assert "run on the reference backend inside ONNX Runtime engines: 1 layer" in str(report)
+    assert "1 of" in caplog.text and "layers run on the reference backend" in caplog.text
+
+
+class Embed(torch.nn.Module):
+    def __init__(self, shift: int) -> None:
+        super().__init__()
+        self.emb, self.shift = torch.nn.Embedding(10, 8), shift
+
+    def forward(self, ids):
+        return torch.tanh(self.emb(ids + self.shift) * 2)
+
+
+@pytest.mark.parametrize("shift", [0, 1], ids=["input-indices", "computed-indices"])
+@pytest.mark.parametrize("bad", [-1, 10])
+def test_an_index_out_of_range_raises_as_on_the_reference(shift, bad):
+    compiled, _ = check_compiled(Embed(shift), [torch.tensor([[1, 2, 3]])], backend="onnxruntime")
+    with pytest.raises(EngineIndexError, match=f"index {bad}"):
+        compiled(torch.tensor([[1, bad - shift, 3]]))
+
+
+def test_integer_division_by_zero_raises_as_on_the_reference():
+    def fn(x, y):
+        return torch.div(x * 3, y, rounding_mode="floor") + 1
+
+    compiled, _ = check_compiled(torch.jit.script(_Fn2(fn)), [torch.tensor([4, 5]), torch.tensor([2, 3])],
+                                 backend="onnxruntime", min_block_size=1)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compiled(torch.tensor([4, 5]), torch.tensor([0, 3]))
+
+
+class _Fn2(torch.nn.Module):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, y):
+        return self.fn(x, y)
+
+
+def test_backend_is_recorded_in_the_engine_and_auto_means_onnxruntime_on_cpu():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    for backend, expected in (("auto", "onnxruntime"), ("reference", "reference"), ("onnxruntime", "onnxruntime")):
+        data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input((2, 4))], backend=backend)
+        engine = Engine.deserialize(data)
+        assert engine.backend == expected
+        runner = engine.runner(CPU)
+        assert isinstance(runner, OrtRunner) == (expected == "onnxruntime")
+
+
+def test_fp16_on_onnxruntime_builds_fp32_and_says_so(caplog):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).eval()
+    spec = [torchkiln.Input((2, 8))]
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        data = torchkiln.convert_method_to_engine(model, "forward", spec, enabled_precisions={torch.float16})
+    assert "built in float32" in caplog.text and Engine.deserialize(data).precision == torch.float32
+    data = torchkiln.convert_method_to_engine(model, "forward", spec, enabled_precisions={torch.float16},
+                                              backend="reference")
+    assert Engine.deserialize(data).precision == torch.float16
+
+
+@pytest.mark.parametrize("bad", [dict(backend="tensorrt"), dict(ort_threads=-1), dict(ort_threads=True),
+                                 dict(ort_threads=2.0)])
+def test_bad_backend_settings_are_refused(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        torchkiln.compile(torch.nn.ReLU(), [torchkiln.Input((2,))], **bad)
+
+
+def test_ort_threads_reach_the_sessions():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
+    data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input((2, 4))], ort_threads=1)
+    engine = Engine.deserialize(data)
+    assert engine.backend_options.ort_threads == 1
+    [(step, _, _)] = engine.runner(CPU).steps
+    assert step.session.get_session_options().intra_op_num_threads == 1
+
+
+def test_saved_module_runs_on_onnxruntime_in_a_new_process(tmp_path):
+    model = Atan2Between().eval()
+    x = torch.randn(2, 16)
+    compiled = torchkiln.compile(model, [x])
+    path, data = tmp_path / "m.ts", tmp_path / "x.pt"
+    torch.jit.save(compiled, str(path))
+    with torch.no_grad():
+        torch.save({"x": x, "ref": model(x)}, str(data))
+    script = textwrap.dedent(f"""
+        import torch, torchkiln
+        from torchkiln.runtime.backends.onnxruntime import OrtRunner
+        from torchkiln.runtime.execute_op import engine_from_blob
+        m = torchkiln.load({str(path)!r})
+        d = torch.load({str(data)!r})
+        out = m(d["x"])
+        runner = engine_from_blob(m._torchkiln_engine_0).runner(torch.device("cpu"))
+        assert isinstance(runner, OrtRunner) and runner.sessions == 2, runner
+        err = (out - d["ref"]).abs().max().item()
+        assert err <= 1e-4 * d["ref"].abs().max().item(), err
+        print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+def test_without_onnxruntime_engines_run_on_the_reference_with_one_warning():
+    script = textwrap.dedent("""
+        import logging, sys
+        sys.modules["onnxruntime"] = None  # as if not installed
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        import torch, torchkiln
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).eval()
+        x = torch.randn(2, 4)
+        for _ in range(2):
+            out = torchkiln.compile(model, [x])(x)
+            assert torch.allclose(out, model(x), atol=1e-6)
+        print("ok")
+    """)
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+    assert result.stderr.count("onnxruntime is not installed") == 1, result.stderr
