@@ -78,19 +78,12 @@ def _check_twice(compiled, fn, x):
         assert_matches_eager(xs[0], xs[1], path="input after the call")
 
 
+@pytest.mark.parametrize("check", [check_fn, check_traced], ids=["scripted", "traced"])
 @pytest.mark.parametrize("min_block_size", [1, 3])
 @pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
-def test_write_into_view_scripted(fn, min_block_size):
+def test_write_into_view(fn, min_block_size, check):
     x = torch.randn(4, 4)
-    compiled, _ = check_fn(fn, x, engines=None, torch_blocks=None, min_block_size=min_block_size)
-    _check_twice(compiled, fn, torch.randn(4, 4))
-
-
-@pytest.mark.parametrize("min_block_size", [1, 3])
-@pytest.mark.parametrize("fn", CASES, ids=lambda f: f.__name__)
-def test_write_into_view_traced(fn, min_block_size):
-    x = torch.randn(4, 4)
-    compiled, _ = check_traced(fn, x, engines=None, torch_blocks=None, min_block_size=min_block_size)
+    compiled, _ = check(fn, x, engines=None, torch_blocks=None, min_block_size=min_block_size)
     _check_twice(compiled, fn, torch.randn(4, 4))
 
 
