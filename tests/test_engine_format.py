@@ -275,9 +275,9 @@ def test_400k_trivial_layers_load_in_seconds():
     body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(text), 0) + text
     data = body + hashlib.sha256(body).digest()
     assert len(data) > 57_000_000
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: a busy shared machine stretches wall time, not this
     engine = Engine.deserialize(data)
-    assert time.perf_counter() - start < 90  # seconds, on a busy machine; it took about ten minutes before
+    assert time.process_time() - start < 60  # about 15 s of CPU on a 2-core CI machine; ten minutes before
     assert len(engine.network.layers) == n
     x = torch.randn(2, 3)
     assert torch.equal(engine.execute([x])[0], x)
