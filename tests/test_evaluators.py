@@ -210,8 +210,8 @@ _ZERO_D = "%a : {} = prim::Constant[value={}]()\n %c : Tensor = prim::NumToTenso
      ' %e : Dict(str, int) = prim::DictConstruct(%k, %v)\n %d : Dict(str, int) = aten::dict(%e)\n'
      ' %r : int = aten::__getitem__(%d, %k)', 1),
     ('%k : str = prim::Constant[value="a"]()\n %v : int = prim::Constant[value=1]()\n'
-     ' %d : Dict(str, int) = prim::DictConstruct()\n aten::_set_item(%d, %k, %v)\n %r : int = prim::Constant[value=0]()',
-     0),
+     ' %d : Dict(str, int) = prim::DictConstruct()\n aten::_set_item(%d, %k, %v)\n'
+     ' %r : int = prim::Constant[value=0]()', 0),
     ("%a : int = prim::Constant[value=1]()\n %l : int[] = prim::ListConstruct(%a)\n"
      " %m : int[] = prim::ListConstruct(%a, %a)\n aten::extend(%l, %m)\n %r : int = prim::Constant[value=0]()", 0),
 ])

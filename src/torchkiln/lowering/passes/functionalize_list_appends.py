@@ -97,7 +97,7 @@ def _in_order(nodes: list[Node]) -> list[Node]:
 
 @lowering_pass()
 def functionalize_list_appends(graph: Graph, ctx: LoweringContext) -> bool:
-    """Make later readers of an appended or extended list read a new value instead of the mutated one."""
+    """Make later readers of an appended, extended or item-set list (or dict) read a new value, not the mutated one."""
     changed = False
     for construct in graph.findAllNodes("prim::DictConstruct"):
         changed |= _fold_item_sets(graph, construct)
