@@ -1,8 +1,9 @@
 """Evaluators (values known at build time) through the whole pipeline: each feeds a tensor op, so the
 engine's output depends on what the evaluator computed."""
 import logging
+import math
 import warnings
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import pytest
 import torch
@@ -195,6 +196,22 @@ _ZERO_D = "%a : {} = prim::Constant[value={}]()\n %c : Tensor = prim::NumToTenso
      ' %d : Dict(str, int) = prim::DictConstruct(%k, %v)\n %r : int = aten::__getitem__(%d, %k)', 4),
     ("%k : int = prim::Constant[value=-1]()\n %v : float = prim::Constant[value=0.5]()\n"
      " %d : Dict(int, float) = prim::DictConstruct(%k, %v)\n %r : float = aten::__getitem__(%d, %k)", 0.5),
+    ("%a : int = prim::Constant[value=2]()\n %b : int = prim::Constant[value=3]()\n"
+     " %l : int[] = prim::ListConstruct(%a, %b)\n %r : int = aten::sum(%l)", 5),
+    ("%a : float = prim::Constant[value=2.5]()\n %r : int = aten::ceil(%a)", 3),
+    ("%a : int = prim::Constant[value=2]()\n %r : bool = prim::isinstance[types=[float, int]](%a)", True),
+    ("%a : int = prim::Constant[value=2]()\n %l : int[] = prim::ListConstruct(%a)\n"
+     " %r : bool = prim::isinstance[types=[int, str]](%l)", False),
+    ('%a : int = prim::Constant[value=2]()\n %r : str = aten::str(%a)', "2"),
+    ('%a : str = prim::Constant[value="ab"]()\n %b : str = prim::Constant[value="b"]()\n'
+     ' %s : int = prim::Constant[value=0]()\n %e : int = prim::Constant[value=-1]()\n'
+     ' %r : int = aten::find(%a, %b, %s, %e)', -1),
+    ('%k : str = prim::Constant[value="a"]()\n %v : int = prim::Constant[value=1]()\n'
+     ' %e : Dict(str, int) = prim::DictConstruct(%k, %v)\n %d : Dict(str, int) = aten::dict(%e)\n'
+     ' %r : int = aten::__getitem__(%d, %k)', 1),
+    ('%k : str = prim::Constant[value="a"]()\n %v : int = prim::Constant[value=1]()\n'
+     ' %d : Dict(str, int) = prim::DictConstruct()\n aten::_set_item(%d, %k, %v)\n'
+     ' %r : int = prim::Constant[value=0]()', 0),
     ("%a : int = prim::Constant[value=1]()\n %l : int[] = prim::ListConstruct(%a)\n"
      " %m : int[] = prim::ListConstruct(%a, %a)\n aten::extend(%l, %m)\n %r : int = prim::Constant[value=0]()", 0),
 ])
@@ -224,3 +241,112 @@ def test_prim_shape_and_uninitialized_evaluate():
     resolver = Resolver({value_key(x): TensorMeta((2, 5), torch.float32, torch.device("cpu"))})
     assert resolver.resolve(s_node.output()) == [2, 5]
     assert repr(resolver.resolve(u_node.output())) == "<uninitialized>"
+
+
+# Static values in real module patterns: each evaluator lets the op that uses its value run in the engine.
+class SwinShift(torch.nn.Module):
+    """Swin's cyclic window shift: `if sum(self.shift_size) > 0` (aten::sum.int), then torch.roll."""
+
+    def __init__(self, shift_size: List[int]) -> None:
+        super().__init__()
+        self.shift_size = shift_size
+
+    def forward(self, x):
+        shift_size = [self.shift_size[0] % x.size(1), self.shift_size[1] % x.size(2)]  # no shift past the window
+        if sum(shift_size) > 0:
+            x = torch.roll(x, shifts=(-shift_size[0], -shift_size[1]), dims=(1, 2))
+        return x * 2
+
+
+class ResizeLike(torch.nn.Module):
+    """FPN / segmentation heads: `F.interpolate(x, size=y.shape[-2:])` (aten::slice.t)."""
+
+    def forward(self, x, y):
+        return torch.nn.functional.interpolate(x, size=y.shape[-2:], mode="bilinear", align_corners=False) + y
+
+
+class TFSameConv(torch.nn.Module):
+    """TF-"same" padding (EfficientNet ports): math.ceil (aten::ceil.float), a copied list written by index
+    (aten::copy.t, aten::_set_item.t), then F.pad."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, stride=2)
+        self.stride = [2, 2]
+        self.kernel = [3, 3]
+
+    def forward(self, x):
+        ih, iw = x.shape[-2:]
+        oh, ow = math.ceil(ih / self.stride[0]), math.ceil(iw / self.stride[1])
+        pad_h = max((oh - 1) * self.stride[0] + self.kernel[0] - ih, 0)
+        pad_w = max((ow - 1) * self.stride[1] + self.kernel[1] - iw, 0)
+        pad = [0, 0, 0, 0].copy()
+        n = len(pad)  # read before the item sets
+        pad[0] = pad_w // 2
+        pad[1] = pad_w - pad_w // 2
+        pad[2] = pad_h // 2
+        pad[3] = pad_h - pad_h // 2
+        return self.conv(torch.nn.functional.pad(x, pad)) + n
+
+
+class ConfigDict(torch.nn.Module):
+    """Configs in dicts keyed by str (aten::dict, aten::_set_item.str, aten::__getitem__.Dict_str,
+    aten::__contains__.str, aten::str), e.g. a per-device cache key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scales = {"narrow": 2, "wide": 3}
+
+    def forward(self, x):
+        cfg: Dict[str, int] = dict()
+        cfg["rows"] = x.size(0)
+        cfg["cols"] = x.size(1)
+        key = "wide" if "cols" in cfg and str(x.device) == "cpu" else "narrow"
+        scale = self.scales[key] if "3" in str(x.size(1)) else 1
+        return x.view(cfg["cols"], cfg["rows"]) * scale
+
+
+class Pool(torch.nn.Module):
+    """A size that may be an int or a pair (prim::isinstance on a Union attribute)."""
+
+    size: Union[int, List[int]]
+
+    def __init__(self, size: Union[int, List[int]]) -> None:
+        super().__init__()
+        self.size = size
+
+    def forward(self, x):
+        size = self.size
+        if isinstance(size, int):
+            k = [size, size]
+        else:
+            k = size
+        return torch.nn.functional.avg_pool2d(x, k)
+
+
+@pytest.mark.parametrize("model, example, op", [
+    (SwinShift([1, 2]), [R(1, 4, 5, 3)], "aten::roll"),
+    (SwinShift([4, 5]), [R(1, 4, 5, 3)], "aten::mul.Scalar"),
+    (ResizeLike(), [R(1, 2, 3, 3), R(1, 2, 6, 5)], "aten::upsample_bilinear2d.vec"),
+    (TFSameConv(), [R(1, 3, 7, 9)], "aten::pad"),
+    (ConfigDict(), [R(2, 3)], "aten::reshape"),
+    (Pool(2), [R(1, 2, 4, 4)], "aten::avg_pool2d"),
+    (Pool([2, 1]), [R(1, 2, 4, 4)], "aten::avg_pool2d"),
+], ids=["swin_shift", "swin_no_shift", "resize_like", "tf_same_pad", "config_dict", "pool_int", "pool_pair"])
+def test_static_values_of_real_module_patterns(model, example, op):
+    check_compiled(torch.jit.script(model), example, min_block_size=1, op=op)
+
+
+def dict_written_in_a_branch(x):
+    cfg: Dict[str, int] = {"scale": 1}
+    if bool(x.sum() > 0):
+        cfg["scale"] = 2
+    return x * cfg["scale"]
+
+
+def test_dict_written_after_a_read_is_not_static():
+    # the item set in a branch changes the dict at run time: reading it must not use the constructed value
+    for sign in (1.0, -1.0):
+        _, report = check_fn(dict_written_in_a_branch, sign * torch.rand(2, 3) + sign, engines=None, torch_blocks=None)
+    reasons = {f.op: f.detail for b in report.blocks for f in b.fallback}
+    assert "read after aten::_set_item" in reasons["prim::DictConstruct"], reasons

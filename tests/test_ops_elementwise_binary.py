@@ -315,3 +315,49 @@ def test_traced_inplace_forms():
     _, report = check_compiled(torch.jit.trace(TracedInplace(), x), [x], min_block_size=1)
     ops = report.blocks[0].ops
     assert {"aten::__iand__.Tensor", "aten::__ior__.Tensor", "aten::__ixor__.Tensor"} <= set(ops), ops
+
+
+class Affine(torch.nn.Module):
+    """timm ResMLP's Affine: torch.addcmul(beta, alpha, x)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.alpha = torch.nn.Parameter(torch.randn(dim))
+        self.beta = torch.nn.Parameter(torch.randn(dim))
+
+    def forward(self, x):
+        return torch.addcmul(self.beta, self.alpha, x, value=0.5)
+
+
+class Standardize(torch.nn.Module):
+    """Feature standardization with calibrated statistics: bias + gain * (x - mean) / std (addcdiv)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.randn(dim))
+        self.register_buffer("std", torch.rand(dim) + 0.5)
+        self.bias = torch.nn.Parameter(torch.randn(dim))
+
+    def forward(self, x):
+        return torch.addcdiv(self.bias, x - self.mean, self.std, value=1.5)
+
+
+class ResetState(torch.nn.Module):
+    """A cell whose projected state is reset for a sequence batch (zero_ on an intermediate, in a branch)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x):
+        state = self.proj(x)
+        if x.dim() == 3:
+            state = state.zero_()
+        return torch.tanh(x + state)
+
+
+@pytest.mark.parametrize("model, op", [(Affine(6), "aten::addcmul"), (Standardize(6), "aten::addcdiv"),
+                                       (ResetState(6), "aten::zero_")], ids=["addcmul", "addcdiv", "zero_"])
+def test_ternary_and_zero_in_real_modules(model, op):
+    check_compiled(torch.jit.script(model), [torch.randn(2, 5, 6)], op=op, min_block_size=1)
+

@@ -91,10 +91,11 @@ def binding_name(v: Value) -> str:
     return name if not name.isdigit() else f"v{name}"
 
 
-# Nodes whose list output is a new list that no earlier value aliases (append's output is its input,
-# which lowering stops reading after the append).
+# Nodes whose list (or dict) output is a new one that no earlier value aliases (append's and _set_item's output
+# is its input, which lowering stops reading after the append).
 FRESH_LIST_PRODUCERS = frozenset({
     "prim::ListConstruct", "prim::Constant", "aten::list", "aten::size", "aten::add", "aten::append", "aten::slice",
+    "aten::_set_item", "aten::copy", "prim::DictConstruct", "aten::dict",
 })
 # Users that keep a reference to a list inside another value, so changing the list shows through that one.
 ALIASING_USERS = frozenset({

@@ -204,22 +204,22 @@ def _mutates(node: Node, v: Value) -> bool:
 
 
 def read_after_mutation(v: Value) -> str | None:
-    """Lists are mutable: a list's build-time value is its value everywhere only if it is a fresh list
-    that nothing reads, or keeps inside another value, after modifying it in place. (Lowering rewrites
+    """Lists and dicts are mutable: a list's build-time value is its value everywhere only if it is a fresh
+    list that nothing reads, or keeps inside another value, after modifying it in place. (Lowering rewrites
     straight-line appends so that later readers read the append's output.)"""
-    if not isinstance(v.type(), torch._C.ListType):
+    if not isinstance(v.type(), (torch._C.ListType, torch._C.DictType)):
         return None
     users = [u.user for u in v.uses()]
     for node in users:
         if not _mutates(node, v):
             continue
         if v.node().kind() not in FRESH_LIST_PRODUCERS:
-            return f"list %{v.debugName()} from {v.node().kind()} is modified in place by {node.kind()}"
+            return f"%{v.debugName()} from {v.node().kind()} is modified in place by {node.kind()}"
         for other in users:
             if other is node:
                 continue
             if other.owningBlock() != node.owningBlock() or other.isAfter(node) or other.kind() in ALIASING_USERS:
-                return f"list %{v.debugName()} is read after {node.kind()} modifies it in place"
+                return f"%{v.debugName()} is read after {node.kind()} modifies it in place"
     return None
 
 

@@ -1,4 +1,4 @@
-"""Creation converters: arange, full, zeros, ones (and their _like/new_ forms), tensor, fill_.
+"""Creation converters: arange, full, zeros, ones (and their _like/new_ forms), tensor, fill_, zero_.
 
 Their values are known at build time; shape, dtype and device are those eager PyTorch gave
 (shape analysis), so torch's dtype inference rules need no copy here.
@@ -10,6 +10,7 @@ import torch
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import functional_inplace, to_dtype
 from torchkiln.conversion.impl.creation import arange, created_shape, eager_meta, filled
+from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.ir.tensor import Tensor
@@ -72,3 +73,13 @@ def fill(ctx: ConversionCtx, args: Args) -> Tensor:
            capability=lambda args: _zero_dim_value(args) or functional_inplace(args))
 def fill_(ctx: ConversionCtx, args: Args) -> Tensor:
     return fill(ctx, args)
+
+
+@converter("aten::zero")
+def zero(ctx: ConversionCtx, args: Args) -> Tensor:
+    """A tensor like self holding zeros (the functional form of zero_)."""
+    x = ctx.to_tensor(args.self)
+    return filled(ctx, x.shape, 0, x.dtype)
+
+
+register_inplace(zero, "aten::zero_")

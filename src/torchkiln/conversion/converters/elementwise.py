@@ -1,5 +1,5 @@
-"""Binary arithmetic converters: add, sub, rsub, mul, div, floor_divide, remainder, fmod, pow, atan2
-(tensor, scalar and in-place forms)."""
+"""Binary arithmetic converters: add, sub, rsub, mul, div, floor_divide, remainder, fmod, pow, atan2, and the
+ternary addcmul and addcdiv (tensor, scalar and in-place forms)."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
@@ -48,9 +48,35 @@ def div(ctx: ConversionCtx, args: Args) -> Tensor:
     return binary(ctx, args.self, args.other, _ROUNDING[args.get("rounding_mode")])
 
 
+def _integral_value(args: Args) -> str | None:
+    if isinstance(args.value, float) and not args.self.dtype.is_floating_point:
+        return "a float value with integer tensors raises in eager PyTorch"
+    return None
+
+
+def _float_quotient(args: Args) -> str | None:
+    if not args.tensor1.dtype.is_floating_point and not args.tensor2.dtype.is_floating_point:
+        return "addcdiv of integer tensors raises in eager PyTorch"
+    return _integral_value(args)
+
+
+@converter("aten::addcmul", capability=_integral_value)
+def addcmul(ctx: ConversionCtx, args: Args) -> Tensor:
+    """self + value * tensor1 * tensor2 (ResMLP's Affine: torch.addcmul(beta, alpha, x))."""
+    return binary(ctx, args.self, binary(ctx, scaled(ctx, args.tensor1, args.value), args.tensor2, OP.PROD), OP.SUM)
+
+
+@converter("aten::addcdiv", capability=_float_quotient)
+def addcdiv(ctx: ConversionCtx, args: Args) -> Tensor:
+    """self + value * tensor1 / tensor2."""
+    return binary(ctx, args.self, binary(ctx, scaled(ctx, args.tensor1, args.value), args.tensor2, OP.DIV), OP.SUM)
+
+
 register_inplace(add, "aten::add_.Tensor", "aten::add_.Scalar")
 register_inplace(sub, "aten::sub_.Tensor", "aten::sub_.Scalar")
 register_inplace(mul, "aten::mul_.Tensor", "aten::mul_.Scalar")
+register_inplace(addcmul, "aten::addcmul_", capability=_integral_value)
+register_inplace(addcdiv, "aten::addcdiv_", capability=_float_quotient)
 register_inplace(div, "aten::div_.Tensor", "aten::div_.Scalar", "aten::div_.Tensor_mode", "aten::div_.Scalar_mode",
                  capability=_rounding)
 

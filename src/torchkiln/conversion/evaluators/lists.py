@@ -1,9 +1,10 @@
 """Evaluators of list, dict and identity ops. They also run on lists of engine tensors.
 
-Lists are mutable. The lowering pass `functionalize_list_appends` makes later readers of an
-appended list read the append's output, so `append` returns a new list and never changes a
-value the resolver already holds; the resolver refuses lists that are still read after an
-in-place change (see `resolve.read_after_mutation`).
+Lists and dicts are mutable. The lowering pass `functionalize_list_appends` makes later readers of
+an appended (or item-set) list read the append's output, so `append` and `_set_item.t` return a new
+list and never change a value the resolver already holds, and it folds a new dict's leading item sets
+into its construction; the resolver refuses lists and dicts that are still read after an in-place
+change (see `resolve.read_after_mutation`).
 """
 from __future__ import annotations
 
@@ -43,6 +44,37 @@ def append(args: Args) -> list:
     return list(args[0]) + [args[1]]
 
 
+@evaluator("aten::_set_item.t")
+def set_item(args: Args) -> list:
+    """A new list, as for `append`: lowering makes later readers read this output."""
+    out = list(args[0])
+    out[args[1]] = args[2]
+    return out
+
+
+@evaluator("aten::_set_item.str", "aten::_set_item.int")
+def set_dict_item(args: Args) -> None:
+    """A dict item set left by lowering has no reader after it (the resolver refuses the dict otherwise)."""
+    args[0][args[1]] = args[2]
+
+
+@evaluator("aten::slice.t", "aten::slice.str")
+def slice_(args: Args) -> list | str:
+    """`l[start:end:step]` (`x.shape[-2:]`)."""
+    return args[0][args.start:args.end:args.step]
+
+
+@evaluator("aten::copy.t", "aten::copy.Dict_str", "aten::copy.Dict_int")
+def copy(args: Args) -> list | dict:
+    return args[0].copy()
+
+
+@evaluator("aten::dict")
+def dict_(args: Args) -> dict:
+    """`dict()`, `dict(other)` or `dict([(key, value), ...])`."""
+    return dict(args[0]) if len(args) else {}
+
+
 @evaluator("aten::extend.t")
 def extend(args: Args) -> None:
     """An extend left by lowering has no reader after it (the resolver refuses the list otherwise)."""
@@ -76,7 +108,7 @@ def isnot(args: Args) -> bool:
     return not _identical(args[0], args[1])
 
 
-@evaluator("aten::__contains__")
+@evaluator("aten::__contains__", "aten::__contains__.str", "aten::__contains__.int")
 def contains(args: Args) -> bool:
     return args[1] in args[0]
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from torchkiln.analysis.registry import evaluator
 from torchkiln.analysis.resolve import Args, NotStatic
 
@@ -67,3 +69,29 @@ def uninitialized(args: Args) -> _Uninitialized:
 def unchecked_cast(args: Args) -> Any:
     """A type refinement (Optional[T] -> T): the value itself."""
     return args[0]
+
+
+_PYTHON_TYPES = {"IntType": int, "FloatType": float, "BoolType": bool, "StringType": str, "NoneType": type(None),
+                 "DeviceObjType": torch.device}
+
+
+def _is_instance(value: Any, jit_type: Any) -> bool:
+    """Whether a build-time value is of a TorchScript type; NotStatic where the value does not say."""
+    kind = jit_type.kind()
+    if kind in _PYTHON_TYPES:
+        wanted = _PYTHON_TYPES[kind]
+        return isinstance(value, wanted) and (wanted is not int or not isinstance(value, bool))
+    if kind == "ListType" and isinstance(value, list) and value:
+        return all(_is_instance(v, jit_type.getElementType()) for v in value)
+    if kind == "TupleType" and isinstance(value, tuple):
+        elements = jit_type.elements()
+        return len(elements) == len(value) and all(_is_instance(v, t) for v, t in zip(value, elements))
+    if kind in ("ListType", "TupleType") and not isinstance(value, (list, tuple)):
+        return False
+    raise NotStatic(f"isinstance of a {type(value).__name__} and {jit_type} is left to run time")
+
+
+@evaluator("prim::isinstance")
+def isinstance_(args: Args) -> bool:
+    """`isinstance(self.size, int)` on a Union or Optional value known at build time."""
+    return any(_is_instance(args[0], t) for t in args.node.tys("types"))

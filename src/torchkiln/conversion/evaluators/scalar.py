@@ -1,6 +1,7 @@
 """Evaluators of int/float/bool arithmetic and conversions (TorchScript's scalar ops)."""
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -185,3 +186,23 @@ def range_length(args: Args) -> int:
 @evaluator("aten::neg.int", "aten::neg.float", "aten::neg.Scalar")
 def neg(args: Args):
     return as_dim(-args[0]) if is_symbolic(args[0]) else -args[0]
+
+
+@evaluator("aten::sum.int", "aten::sum.float")
+def sum_(args: Args) -> int | float:
+    """`sum(self.shift_size)` (Swin); int sums of dynamic dims stay symbolic."""
+    values = list(args[0])
+    if not any(is_symbolic(v) for v in values):
+        return sum(values)
+    if any(isinstance(v, (float, bool)) for v in values):
+        raise NotStatic("the sum of a dynamic dim and a float is a run-time value")
+    out = 0
+    for v in values:
+        out = as_dim(out + v)
+    return out
+
+
+@evaluator("aten::ceil.float", "aten::ceil.int")
+def ceil(args: Args) -> int:
+    """`math.ceil(h / s)` (TF-"same" padding)."""
+    return math.ceil(_number(args[0]))
