@@ -432,6 +432,8 @@ for opset in (21, 23):
     add_case(L.AttentionLayer, f"opset{opset}-3d-scale", [((2, 5, 8), F32), ((2, 6, 8), F32), ((2, 6, 8), F32)],
              lambda n, q, k, v: n.add_attention(q, k, v, scale=0.3))
 
+add_case(L.DimValueLayer, "static", [], lambda n: n.add_layer(L.DimValueLayer, [], value=5, dtype=F32))
+
 ALL_CASES = [c for cases in CASES.values() for c in cases]
 
 
