@@ -235,6 +235,21 @@ def test_without_onnxruntime_engines_run_on_the_reference_with_one_warning():
     assert result.stderr.count("onnxruntime is not installed") == 1, result.stderr
 
 
+def test_two_gathers_of_one_run_time_index_tensor_share_one_session_output():
+    net = Network("two_gathers")
+    x = net.add_input("x", torch.float32, (4, 3))
+    i = net.add_input("i", torch.int64, (2,))
+    j = net.add_elementwise(i, net.add_constant(torch.tensor(1)).get_output(), E.SUM).get_output()
+    net.mark_output(net.add_gather(x, j, 0).get_output())
+    net.mark_output(net.add_gather(x, j, 0).get_output())
+    engine = engine_of(net, "onnxruntime")
+    inputs = [torch.randn(4, 3), torch.tensor([0, 2])]
+    assert_matches_eager(engine.execute(inputs), ReferenceExecutor(net, CPU).run(inputs))
+    assert engine.runner(CPU).sessions == 1
+    with pytest.raises(EngineIndexError):
+        engine.execute([torch.randn(4, 3), torch.tensor([0, 3])])
+
+
 # ---- dynamic shapes: one session whose symbolic parameters ORT computes from the input shapes ----------------
 def _dynamic_engine(net: Network) -> Engine:
     bindings = [InputBinding(t.name, t.dtype, *shape_range(t.shape)) for t in net.inputs]

@@ -172,7 +172,9 @@ def _subnetwork(network: Network, seg: Segment, later: set[int], extra: Sequence
     sub.layers = list(seg.layers)
     for layer in seg.layers:
         sub.outputs += [t for t in layer.outputs if id(t) in later]
-    sub.outputs += [t for t in extra if id(t) in made and t not in sub.outputs]
+    for t in extra:  # two gathers may read one index tensor: it is returned once
+        if id(t) in made and all(t is not o for o in sub.outputs):
+            sub.outputs.append(t)
     return sub
 
 
