@@ -305,3 +305,16 @@ def test_dynamic_network_with_a_layer_ort_cannot_run_uses_the_reference_backend(
     assert isinstance(runner, ReferenceExecutor) and "ATAN2" in caplog.text and "elementwise" in caplog.text
     x = torch.randn(5, 3)
     assert_matches_eager(engine.execute([x]), ReferenceExecutor(net, CPU).run([x]))
+
+
+def test_dynamic_gather_of_constant_indices_past_a_smaller_run_time_size_raises_engine_index_error():
+    s0 = DimSymbol("s0", 2, 8)
+    net = Network("constant_indices")
+    x = net.add_input("x", torch.float32, (s0, 3))
+    net.mark_output(net.add_gather(x, net.add_constant(torch.tensor([0, 4])).get_output(), 0).get_output())
+    engine = _dynamic_engine(net)
+    x = torch.randn(6, 3)
+    assert_matches_eager(engine.execute([x]), ReferenceExecutor(net, CPU).run([x]))
+    assert isinstance(engine.runner(CPU), OrtRunner) and engine.runner(CPU).sessions == 1
+    with pytest.raises(EngineIndexError, match="index 4"):
+        engine.execute([torch.randn(3, 3)])

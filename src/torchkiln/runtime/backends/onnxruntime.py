@@ -40,7 +40,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import is_symbolic
+from torchkiln.ir.symbolic import Dim, bounds, is_symbolic
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
 from torchkiln.runtime.executor import ReferenceExecutor
@@ -75,17 +75,19 @@ def layer_reason(layer: L.Layer) -> str | None:
 
 
 def _constant_out_of_range(layer: L.GatherLayer) -> bool:
-    """Whether constant indices hold a value outside [0, size) (the layer then raises on the reference)."""
+    """Whether constant indices hold a value outside [0, size) at the largest size (the layer then raises on the
+    reference). Past a dynamic dim's run-time size, ORT raises too, and the call reruns on the reference."""
     idx, data = L.constant_value(layer.inputs[1]), layer.inputs[0]
     if idx is None or not idx.numel():
         return False
     if layer.mode == L.GatherMode.ND:
-        return any(bool(((idx[..., d] < 0) | (idx[..., d] >= data.shape[d])).any()) for d in range(idx.shape[-1]))
-    return int(idx.min()) < 0 or int(idx.max()) >= _index_bound(layer)
+        return any(bool(((idx[..., d] < 0) | (idx[..., d] >= bounds(data.shape[d])[1])).any())
+                   for d in range(idx.shape[-1]))
+    return int(idx.min()) < 0 or int(idx.max()) >= bounds(_index_bound(layer))[1]
 
 
-def _index_bound(layer: L.GatherLayer) -> int:
-    """The size of the gathered dim (-1 if dynamic): indices must lie in [0, size)."""
+def _index_bound(layer: L.GatherLayer) -> Dim:
+    """The size of the gathered dim (a symbol if dynamic): indices must lie in [0, size)."""
     data = layer.inputs[0]
     return data.shape[layer.axis % data.rank] if data.rank else 1
 
