@@ -27,6 +27,18 @@ def _assert_one_engine(report):
         assert report.num_engine_blocks >= 1, str(report)
 
 
+def _assert_one_ort_session(compiled):
+    """The compiled module's one engine runs on ONNX Runtime as one session (no reference segment, no fallback)."""
+    from torchkiln.runtime.backends.onnxruntime import OrtRunner
+    from torchkiln.runtime.execute_op import engine_from_blob
+    from torchkiln.stitching.stitch import ENGINE_ATTR
+
+    blobs = [getattr(m, ENGINE_ATTR.format(0)) for m in compiled.modules() if hasattr(m, ENGINE_ATTR.format(0))]
+    assert len(blobs) == 1 and not any(hasattr(m, ENGINE_ATTR.format(1)) for m in compiled.modules()), blobs
+    runner = engine_from_blob(blobs[0]).runner(torch.device("cpu"))
+    assert isinstance(runner, OrtRunner) and runner.sessions == 1 and len(runner.steps) == 1, runner
+
+
 def _compile(model, inputs, **settings):
     model = model.eval()
     return compile_with_report(model, inputs, **settings)
@@ -240,6 +252,9 @@ def test_bert_dynamic_batch_and_sequence_with_attention_mask_is_one_engine():
         args = [torch.randint(0, 1000, (batch, seq)), mask]
         with torch.no_grad():
             assert_matches_eager(_hidden(compiled(*args)), model(*args).last_hidden_state, path=f"{batch}x{seq}")
+    if FULLY_SYMBOLIC:
+        assert not report.reference_layers, report
+        _assert_one_ort_session(compiled)
 
 
 def test_gpt2_dynamic_sequence_is_one_engine():
@@ -254,3 +269,6 @@ def test_gpt2_dynamic_sequence_is_one_engine():
         ids = torch.randint(0, 1000, (2, seq))
         with torch.no_grad():
             assert_matches_eager(_hidden(compiled(ids)), model(ids).last_hidden_state, path=f"seq {seq}")
+    if FULLY_SYMBOLIC:
+        assert not report.reference_layers, report
+        _assert_one_ort_session(compiled)

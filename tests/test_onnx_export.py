@@ -10,11 +10,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import sympy
 import torch
 from harness import assert_matches_eager
 
 from torchkiln.ir import Network
-from torchkiln.ir.symbolic import DimSymbol
+from torchkiln.ir.symbolic import DimSymbol, floordiv, mod
 from torchkiln.ir import layers as L
 from torchkiln.onnx_export import OnnxExportError, network_to_onnx, supports
 from torchkiln.runtime.executor import ReferenceExecutor
@@ -431,6 +432,8 @@ for opset in (21, 23):
     add_case(L.AttentionLayer, f"opset{opset}-3d-scale", [((2, 5, 8), F32), ((2, 6, 8), F32), ((2, 6, 8), F32)],
              lambda n, q, k, v: n.add_attention(q, k, v, scale=0.3))
 
+add_case(L.DimValueLayer, "static", [], lambda n: n.add_layer(L.DimValueLayer, [], value=5, dtype=F32))
+
 ALL_CASES = [c for cases in CASES.values() for c in cases]
 
 
@@ -461,7 +464,8 @@ def _declined_cases():
          "no Conv kernel for float64"),
         (n.add_unary(d, U.TAN), "no Tan kernel for float64"),
         (n.add_activation(i, L.ActivationType.RELU), "only float inputs"),
-        (n.add_layer(L.DimValueLayer, [], value=DimSymbol("s0", 1, 8)), "symbolic dim"),
+        (n.add_slice(n.add_input("y", F32, (DimSymbol("s0", 1, 8), 4)), (0, 0), (DimSymbol("s1", 1, 8), 4),
+                     (1, 1)), "ranges do not show"),
     ]
 
 
@@ -495,6 +499,77 @@ def test_dynamic_dim_becomes_dim_param():
     for batch in (1, 3):
         data = np.random.rand(batch, 4).astype(np.float32)
         assert np.allclose(session.run(None, {"x": data})[0], np.exp(data), rtol=1e-6)
+
+
+# ---- symbolic parameters (dynamic shapes): values computed at run time -----------------------------------------
+S0, S1 = DimSymbol("s0", 1, 9), DimSymbol("s1", 2, 6)
+
+
+def _symbolic_cases():
+    """(name, body(net, x) for x of shape (s0, s1, 3), int64 dim values) of layers with symbolic parameters."""
+    half, third = S0 // 2, S1 // 3
+    return [
+        ("reshape-merge", lambda n, x: n.add_shuffle(x, reshape_dims=(S0 * S1, 3)).get_output()),
+        ("reshape-placeholder-minus-one", lambda n, x: n.add_shuffle(x, reshape_dims=(0, -1)).get_output()),
+        ("reshape-transpose", lambda n, x: n.add_shuffle(x, first_transpose=(1, 0, 2), reshape_dims=(S1, 3 * S0))
+         .get_output()),
+        ("slice-tail", lambda n, x: n.add_slice(x, (half, 0, 0), (S0 - half, S1, 3), (1, 1, 1)).get_output()),
+        ("slice-stride", lambda n, x: n.add_slice(x, (0, 1, 0), ((S0 + 1) // 2, S1 - 1, 3), (2, 1, 1)).get_output()),
+        ("slice-reverse", lambda n, x: n.add_slice(x, (S0 - 1, 0, 0), (S0, S1, 3), (-1, 1, 1)).get_output()),
+        ("slice-reverse-stride", lambda n, x: n.add_slice(x, (S0 - 1, 0, 0), ((S0 + 1) // 2, S1, 3), (-2, 1, 1))
+         .get_output()),
+        ("expand", lambda n, x: n.add_expand(n.add_slice(x, (0, 0, 0), (1, S1, 3), (1, 1, 1)).get_output(),
+                                             (S0 + 1, S1, 3)).get_output()),
+        ("fill", lambda n, x: n.add_fill(S0 * S1 + 1, 2, 3, I64).get_output()),
+        ("fill-float-start", lambda n, x: n.add_layer(L.FillLayer, [], op=L.FillOperation.LINSPACE, length=S1,
+                                                      start=S0, step=0.5, dtype=F32).get_output()),
+        ("dim-value", lambda n, x: n.add_layer(L.DimValueLayer, [], value=S0 * S1 - 1).get_output()),
+        ("dim-value-float", lambda n, x: n.add_layer(L.DimValueLayer, [], value=S0 + S1, dtype=F32).get_output()),
+        # floor division and Python's modulus of possibly negative values, max, min
+        ("dim-value-floordiv-negative", lambda n, x: n.add_layer(L.DimValueLayer, [],
+                                                                 value=floordiv(3 - S0 * S1, S1 - 4)).get_output()),
+        ("dim-value-mod-negative", lambda n, x: n.add_layer(L.DimValueLayer, [], value=mod(S0, S1 - 4)).get_output()),
+        ("dim-value-max-min", lambda n, x: n.add_layer(L.DimValueLayer, [], value=sympy.Max(S0, 2 * S1) -
+                                                       sympy.Min(S0, third + 3)).get_output()),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_symbolic_cases())), ids=[c[0] for c in _symbolic_cases()])
+def test_symbolic_parameters_match_reference_at_several_shapes(case):
+    name, body = _symbolic_cases()[case]
+    net = Network(name)
+    x = net.add_input("x", F32, (S0, S1, 3))
+    y = body(net, x)
+    net.mark_output(y)
+    net.mark_output(net.add_unary(x, U.NEG).get_output())  # the input is read whether or not the body reads it
+    assert supports(y.producer) is None
+    model = network_to_onnx(net)
+    onnx.checker.check_model(model, full_check=True)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    gen = torch.Generator().manual_seed(0)
+    for s0, s1 in [(1, 2), (9, 6), (4, 5), (7, 3), (2, 6)]:
+        data = sample((s0, s1, 3), F32, gen)
+        ref = ReferenceExecutor(net, CPU).run([data])
+        outs = [torch.from_numpy(np.asarray(o)) for o in session.run(None, {"x": data.numpy()})]
+        for got, want in zip(outs, ref):
+            assert got.dtype == want.dtype and got.shape == want.shape, (s0, s1, got.shape, want.shape)
+            assert torch.equal(got, want), (s0, s1, got, want)
+
+
+def test_causal_attention_with_dynamic_sequence_matches_reference():
+    net = Network("causal")
+    q = net.add_input("q", F32, (2, S0, 8))
+    net.mark_output(net.add_attention(q, q, q, causal=True).get_output())
+    for seq in (1, 5, 9):
+        check(net, [sample((2, seq, 8), F32, torch.Generator().manual_seed(seq))])
+
+
+def test_symbol_no_input_defines_is_declined():
+    net = Network("orphan")
+    net.add_input("x", F32, (S1, 3))
+    net.mark_output(net.add_layer(L.DimValueLayer, [], value=S0).get_output())
+    with pytest.raises(OnnxExportError, match="symbol s0 is no dim of a network input"):
+        network_to_onnx(net)
 
 
 def test_opset_out_of_range_is_refused():

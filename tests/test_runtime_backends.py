@@ -18,6 +18,7 @@ import torchkiln
 from torchkiln.errors import EngineIndexError
 from torchkiln.ir import Network
 from torchkiln.ir import layers as L
+from torchkiln.ir.symbolic import DimSymbol, shape_range
 from torchkiln.runtime.backends import BACKENDS
 from torchkiln.runtime.backends.onnxruntime import TOO_SMALL, OrtRunner, plan_segments
 from torchkiln.runtime.engine import Engine, InputBinding
@@ -232,3 +233,88 @@ def test_without_onnxruntime_engines_run_on_the_reference_with_one_warning():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
     assert result.stderr.count("onnxruntime is not installed") == 1, result.stderr
+
+
+def test_two_gathers_of_one_run_time_index_tensor_share_one_session_output():
+    net = Network("two_gathers")
+    x = net.add_input("x", torch.float32, (4, 3))
+    i = net.add_input("i", torch.int64, (2,))
+    j = net.add_elementwise(i, net.add_constant(torch.tensor(1)).get_output(), E.SUM).get_output()
+    net.mark_output(net.add_gather(x, j, 0).get_output())
+    net.mark_output(net.add_gather(x, j, 0).get_output())
+    engine = engine_of(net, "onnxruntime")
+    inputs = [torch.randn(4, 3), torch.tensor([0, 2])]
+    assert_matches_eager(engine.execute(inputs), ReferenceExecutor(net, CPU).run(inputs))
+    assert engine.runner(CPU).sessions == 1
+    with pytest.raises(EngineIndexError):
+        engine.execute([torch.randn(4, 3), torch.tensor([0, 3])])
+
+
+# ---- dynamic shapes: one session whose symbolic parameters ORT computes from the input shapes ----------------
+def _dynamic_engine(net: Network) -> Engine:
+    bindings = [InputBinding(t.name, t.dtype, *shape_range(t.shape)) for t in net.inputs]
+    return Engine(net, bindings, "cpu", torch.float32, net.name, "onnxruntime")
+
+
+def _symbolic_network() -> Network:
+    s0, s1 = DimSymbol("s0", 1, 8), DimSymbol("s1", 2, 5)
+    net = Network("symbolic")
+    x = net.add_input("x", torch.float32, (s0, s1, 4))
+    i = net.add_input("i", torch.int64, (s0, 1))
+    flat = net.add_shuffle(x, reshape_dims=(s0 * s1, 4)).get_output()
+    tail = net.add_slice(flat, (s1, 0), (s0 * s1 - s1, 4), (1, 1)).get_output()  # all rows but the first s1
+    count = net.add_layer(L.DimValueLayer, [], value=s0 * s1 - s1, dtype=torch.float32).get_output()
+    net.mark_output(tail)
+    net.mark_output(count)
+    positions = net.add_fill(s0, 0, 1, torch.int64).get_output()
+    net.mark_output(net.add_expand(net.add_shuffle(positions, reshape_dims=(s0, 1)).get_output(), (s0, s1))
+                    .get_output())
+    net.mark_output(net.add_gather(x, i, 0, L.GatherMode.ND).get_output())  # gather-nd of run-time indices
+    return net
+
+
+def test_dynamic_network_with_symbolic_parameters_runs_as_one_ort_session():
+    net = _symbolic_network()
+    engine = _dynamic_engine(net)
+    assert not engine.reference_layers()
+    for s0, s1 in [(1, 2), (8, 5), (3, 4), (5, 2)]:
+        inputs = [torch.randn(s0, s1, 4), torch.randint(0, s0, (s0, 1))]
+        out = engine.execute(inputs)
+        for got, want in zip(out, ReferenceExecutor(net, CPU).run(inputs)):
+            assert got.shape == want.shape and torch.equal(got, want), (s0, s1)
+    runner = engine.runner(CPU)
+    assert isinstance(runner, OrtRunner) and runner.sessions == 1 and len(runner.steps) == 1
+
+
+def test_dynamic_gather_nd_of_a_negative_run_time_index_raises_engine_index_error():
+    engine = _dynamic_engine(_symbolic_network())
+    with pytest.raises(EngineIndexError, match="index -1"):
+        engine.execute([torch.randn(3, 2, 4), torch.tensor([[0], [-1], [1]])])
+    assert isinstance(engine.runner(CPU), OrtRunner)
+
+
+def test_dynamic_network_with_a_layer_ort_cannot_run_uses_the_reference_backend(caplog):
+    s0 = DimSymbol("s0", 1, 8)
+    net = Network("dynamic_atan2")
+    x = net.add_input("x", torch.float32, (s0, 3))
+    net.mark_output(net.add_elementwise(net.add_activation(x, L.ActivationType.RELU).get_output(), x, E.ATAN2)
+                    .get_output())
+    engine = _dynamic_engine(net)
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        runner = engine.runner(CPU)
+    assert isinstance(runner, ReferenceExecutor) and "ATAN2" in caplog.text and "elementwise" in caplog.text
+    x = torch.randn(5, 3)
+    assert_matches_eager(engine.execute([x]), ReferenceExecutor(net, CPU).run([x]))
+
+
+def test_dynamic_gather_of_constant_indices_past_a_smaller_run_time_size_raises_engine_index_error():
+    s0 = DimSymbol("s0", 2, 8)
+    net = Network("constant_indices")
+    x = net.add_input("x", torch.float32, (s0, 3))
+    net.mark_output(net.add_gather(x, net.add_constant(torch.tensor([0, 4])).get_output(), 0).get_output())
+    engine = _dynamic_engine(net)
+    x = torch.randn(6, 3)
+    assert_matches_eager(engine.execute([x]), ReferenceExecutor(net, CPU).run([x]))
+    assert isinstance(engine.runner(CPU), OrtRunner) and engine.runner(CPU).sessions == 1
+    with pytest.raises(EngineIndexError, match="index 4"):
+        engine.execute([torch.randn(3, 3)])

@@ -3,11 +3,17 @@
 ONNX Runtime's CPU provider registers each op for some element types only. `ExportContext.op` runs an op
 in the dtype asked for where a kernel exists, else in the narrowest wider dtype that has one (exact: the
 inputs widen without loss and the result is cast back), else declines with an OnnxExportError.
+
+Symbolic dims (dynamic shapes): `ExportContext.dim` gives the int64 [1] value of a dim at run time. Each symbol
+is read off a network input dim that is that symbol (Shape with start/end, once per symbol); an expression
+becomes int64 arithmetic over them following `ir.symbolic.to_tree` (floor division and Python's modulus exactly),
+each distinct subexpression computed once.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 import onnx
@@ -16,7 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from torchkiln.errors import TorchkilnError
 from torchkiln.ir import layers as L
-from torchkiln.ir.symbolic import dim_str
+from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import Dim, DimSymbol, SymbolicError, bounds, dim_str, from_tree, is_symbolic, to_tree
 from torchkiln.ir.tensor import Tensor
 
 
@@ -103,6 +110,18 @@ class ExportContext:
         self.initializers: list[TensorProto] = []
         self.used: set[str] = set()
         self.layer: L.Layer | None = None
+        # Where each symbol is read at run time: (input name, dim); None: any symbol is a placeholder input
+        # (checking one layer alone, `supports`).
+        self.symbol_sources: dict[DimSymbol, tuple[str, int]] | None = None
+        self._dims: dict[str, str] = {}  # a dim's tree (JSON) -> its int64 [1] value
+
+    def read_symbols(self, network: Network) -> None:
+        """Take each of the network's symbols from the first input dim that is that symbol."""
+        self.symbol_sources = {}
+        for t in network.inputs:
+            for d, s in enumerate(t.shape):
+                if isinstance(s, DimSymbol):
+                    self.symbol_sources.setdefault(s, (t.name, d))
 
     # ---- errors ---------------------------------------------------------------------------
     def decline(self, reason: str) -> NoReturn:
@@ -145,6 +164,91 @@ class ExportContext:
         self.nodes.append(helper.make_node(op_type, list(inputs), names, name=self.fresh(f"{prefix}/{op_type}"),
                                            **attrs))
         return names
+
+    # ---- dims computed at run time ---------------------------------------------------------
+    def dim(self, d: Dim) -> str:
+        """The int64 [1] value of a dim (an int or a symbolic expression) at run time."""
+        if not is_symbolic(d):
+            return self.ints([int(d)], "dim")
+        try:
+            tree = to_tree(d)
+        except SymbolicError as e:
+            self.decline(f"symbolic dim {dim_str(d)} has no integer form: {e}")
+        names = {s.name: s for s in d.free_symbols}
+        if len(names) != len(d.free_symbols):
+            self.decline(f"symbolic dim {dim_str(d)} uses two symbols of one name")
+        return self._tree_value(tree, names)
+
+    def dim_scalar(self, d: Dim) -> str:
+        """The 0-d int64 value of a dim at run time."""
+        if not is_symbolic(d):
+            return self.constant(torch.tensor(int(d)), "dim")
+        return self.node("Squeeze", [self.dim(d), self.ints([0], "axes")])[0]
+
+    def shape_tensor(self, dims: Sequence[Dim], base: str = "shape") -> str:
+        """A 1-d int64 tensor of dims (a constant when none is symbolic, else a Concat of their values)."""
+        if not any(is_symbolic(d) for d in dims):
+            return self.ints([int(d) for d in dims], base)
+        parts: list[str] = []
+        run: list[int] = []  # consecutive ints become one constant
+        for d in dims:
+            if is_symbolic(d):
+                if run:
+                    parts.append(self.ints(run, base))
+                    run = []
+                parts.append(self.dim(d))
+            else:
+                run.append(int(d))
+        if run:
+            parts.append(self.ints(run, base))
+        return parts[0] if len(parts) == 1 else self.node("Concat", parts, axis=0)[0]
+
+    def _symbol_value(self, s: DimSymbol) -> str:
+        if self.symbol_sources is None:
+            return self.fresh(f"symbol/{s.name}")
+        source = self.symbol_sources.get(s)
+        if source is None:
+            self.decline(f"symbol {s.name} is no dim of a network input, so its value is unknown here")
+        name, d = source
+        return self.node("Shape", [name], start=d, end=d + 1)[0]
+
+    def _tree_value(self, tree: Any, symbols: dict[str, DimSymbol]) -> str:
+        key = json.dumps(tree, sort_keys=True)
+        found = self._dims.get(key)
+        if found is not None:
+            return found
+        if isinstance(tree, int):
+            value = self.ints([tree], "dim")
+        elif tree["op"] == "sym":
+            value = self._symbol_value(symbols[tree["name"]])
+        else:
+            args = [self._tree_value(a, symbols) for a in tree["args"]]
+            op = tree["op"]
+            if op in ("add", "mul"):
+                value = args[0]
+                for a in args[1:]:
+                    value = self.node("Add" if op == "add" else "Mul", [value, a])[0]
+            elif op in ("max", "min"):
+                value = self.node("Max" if op == "max" else "Min", args)[0]
+            elif op == "mod":  # ONNX's integer Mod (fmod=0) takes the divisor's sign, as Python's % does
+                value = self.node("Mod", args)[0]
+            else:
+                value = self._floordiv(*args, *(from_tree(a, symbols) for a in tree["args"]))
+        self._dims[key] = value
+        return value
+
+    def _floordiv(self, a: str, b: str, da: Dim, db: Dim) -> str:
+        """Python's a // b: ONNX's integer Div truncates, so where the ranges do not show a >= 0 and b > 0 the
+        quotient steps down by one when the remainder is nonzero and its sign differs from b's."""
+        q = self.node("Div", [a, b])[0]
+        if bounds(da)[0] >= 0 and bounds(db)[0] > 0:
+            return q
+        r = self.node("Sub", [a, self.node("Mul", [q, b])[0]])[0]
+        zero = self.ints([0], "zero")
+        nonzero = self.node("Not", [self.node("Equal", [r, zero])[0]])[0]
+        signs = self.node("Xor", [self.node("Less", [r, zero])[0], self.node("Less", [b, zero])[0]])[0]
+        step = self.node("Cast", [self.node("And", [nonzero, signs])[0]], to=TensorProto.INT64)[0]
+        return self.node("Sub", [q, step])[0]
 
     def cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
         if src == dst:

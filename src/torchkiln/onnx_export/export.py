@@ -9,7 +9,6 @@ from onnx import helper
 from torchkiln._version import __version__
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import has_symbols
 from torchkiln.onnx_export import exporters  # noqa: F401  (registers every exporter)
 from torchkiln.onnx_export.context import EXPORTERS, ONNX_DTYPES, ExportContext, OnnxExportError, dtype_name, \
     value_info
@@ -26,8 +25,6 @@ def _export_layer(ctx: ExportContext, layer: L.Layer, xs: list[str]) -> list[str
     for t in [*layer.inputs, *layer.outputs]:
         if t.dtype not in ONNX_DTYPES:
             ctx.decline(f"tensor {t.name} has dtype {dtype_name(t.dtype)}, which has no ONNX type here")
-    if isinstance(layer, L.DimValueLayer) or has_symbols(list(layer.params().values())):
-        ctx.decline("a parameter is a symbolic dim (dynamic shapes), which the ONNX export does not compute yet")
     fn = EXPORTERS.get(type(layer))
     if fn is None:
         ctx.decline("no ONNX exporter for this layer kind")
@@ -43,6 +40,7 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET) -> onnx.ModelP
     if not MIN_OPSET <= opset <= top:
         raise OnnxExportError(f"opset {opset}: ONNX export supports opsets {MIN_OPSET} to {top}")
     ctx = ExportContext(opset)
+    ctx.read_symbols(network)
     names: dict[int, str] = {}
     inputs = []
     for t in [*network.inputs, *network.outputs]:

@@ -7,6 +7,7 @@ import math
 import torch
 
 from torchkiln.ir import layers as L
+from torchkiln.ir.symbolic import decide, has_symbols, is_symbolic
 from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter
 
 
@@ -26,11 +27,12 @@ def _convolution(ctx: ExportContext, layer: L.ConvolutionLayer, xs: list[str]) -
 
 
 def _overhangs(layer: L.PoolingLayer) -> bool:
-    """Whether a ceil_mode window reaches past the padded input (torch and ONNX count such windows differently)."""
+    """Whether a ceil_mode window may reach past the padded input (torch and ONNX count such windows differently);
+    with symbolic dims, unless the ranges show it never does."""
     shape = layer.inputs[0].shape[-len(layer.window):]
     out = layer.outputs[0].shape[-len(layer.window):]
-    return any((o - 1) * s + k > n + 2 * p for n, o, k, s, p in zip(shape, out, layer.window, layer.stride,
-                                                                     layer.padding))
+    return any(decide("gt", (o - 1) * s + k, n + 2 * p) is not False
+               for n, o, k, s, p in zip(shape, out, layer.window, layer.stride, layer.padding))
 
 
 @exporter(L.PoolingLayer)
@@ -77,8 +79,10 @@ _REDUCE = {L.ReduceOperation.SUM: "ReduceSum", L.ReduceOperation.PROD: "ReducePr
 def _reduce(ctx: ExportContext, layer: L.ReduceLayer, xs: list[str]) -> str:
     src, out, op = layer.inputs[0].dtype, layer.outputs[0].dtype, layer.op
     axes, keep = ctx.ints(layer.axes, "axes"), int(layer.keep_dims)
-    if op == L.ReduceOperation.AVG and any(layer.inputs[0].shape[a] == 0 for a in layer.axes):
-        ctx.decline(f"a mean over axes {list(layer.axes)} of an empty dim: NaN in torch, 0 in ONNX Runtime")
+    if op == L.ReduceOperation.AVG and any(decide("eq", layer.inputs[0].shape[a], 0) is not False
+                                           for a in layer.axes):
+        ctx.decline(f"a mean over axes {list(layer.axes)} of a dim that may be empty: NaN in torch, 0 in ONNX "
+                    f"Runtime")
     if op in _REDUCE:  # torch sums integers in int64: the cast to the output dtype comes first
         x = ctx.cast(xs[0], src, out)
         result = ctx.op(_REDUCE[op], [x, axes], out, typed=(0,), keepdims=keep)
@@ -116,7 +120,7 @@ def _normalization(ctx: ExportContext, layer: L.NormalizationLayer, xs: list[str
         op_type, shape = ("GroupNormalization", (x.shape[1],)) if layer.kind == L.NormalizationKind.GROUP \
             else ("InstanceNormalization", (x.shape[1],))
         attrs = dict(num_groups=layer.num_groups) if layer.kind == L.NormalizationKind.GROUP else {}
-        if shape[0] < 0:
+        if is_symbolic(shape[0]):
             ctx.decline(f"kind={layer.kind.name} needs a static channel dim, got shape {x.shape}")
     compute = ctx.compute_dtype(op_type, dt)
     if scale is None:
@@ -166,7 +170,9 @@ def _resize(ctx: ExportContext, layer: L.ResizeLayer, xs: list[str]) -> str:
     if layer.scales is not None:
         spec = ["", ctx.constant(torch.tensor([1.0, 1.0, *layer.scales], dtype=torch.float32), "scales")]
     else:
-        spec = ["", "", ctx.ints([*x.shape[:2], *layer.size], "sizes")]
+        batch_channels = ctx.node("Shape", [xs[0]], start=0, end=2)[0] if has_symbols(x.shape[:2]) else \
+            ctx.ints(x.shape[:2], "sizes")
+        spec = ["", "", ctx.node("Concat", [batch_channels, ctx.shape_tensor(layer.size, "sizes")], axis=0)[0]]
     return ctx.op("Resize", [xs[0], *spec], dt, typed=(0,), **attrs)
 
 
@@ -183,6 +189,16 @@ def _grid_sample(ctx: ExportContext, layer: L.GridSampleLayer, xs: list[str]) ->
                   padding_mode=layer.padding_mode, align_corners=int(layer.align_corners))
 
 
+def _causal_keep(ctx: ExportContext, lq, lk) -> str:
+    """torch's causal mask, ones(lq, lk).tril(): key j is kept for query i where j <= i (lengths may be symbolic)."""
+    if not has_symbols([lq, lk]):
+        return ctx.constant(torch.ones(lq, lk, dtype=torch.bool).tril(), "causal")
+    zero, one, axes = ctx.dim_scalar(0), ctx.dim_scalar(1), ctx.ints([1], "axes")
+    rows = ctx.node("Unsqueeze", [ctx.node("Range", [zero, ctx.dim_scalar(lq), one])[0], axes])[0]  # [lq, 1]
+    columns = ctx.node("Range", [zero, ctx.dim_scalar(lk), one])[0]  # [lk]
+    return ctx.node("LessOrEqual", [columns, rows])[0]
+
+
 @exporter(L.AttentionLayer)
 def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> str:
     """scaled_dot_product_attention: ONNX's Attention op from opset 23 (4-d inputs), else MatMul-Softmax-MatMul."""
@@ -193,15 +209,15 @@ def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> st
             attrs["scale"] = layer.scale
         return ctx.op("Attention", xs, dt, typed=(0, 1, 2), **attrs)
     q, k, v = xs[:3]
+    if layer.scale is None and is_symbolic(tq.shape[-1]):
+        ctx.decline(f"the default scale 1/sqrt({tq.shape[-1]}) of a dynamic head dim")
     scale = layer.scale if layer.scale is not None else 1.0 / math.sqrt(tq.shape[-1])
     scores = ctx.op("MatMul", [q, _swap_last_two(ctx, k, tk.rank)], dt)
     scores = ctx.op("Mul", [scores, ctx.scalar(scale, dt)], dt)
     minus_inf = ctx.scalar(float("-inf"), dt)
     if layer.causal:
-        if tq.shape[-2] < 0 or tk.shape[-2] < 0:
-            ctx.decline(f"causal=True needs static sequence lengths, got {tq.shape} and {tk.shape}")
-        keep = torch.ones(tq.shape[-2], tk.shape[-2], dtype=torch.bool).tril()
-        scores = ctx.op("Where", [ctx.constant(keep, "causal"), scores, minus_inf], dt, typed=(1, 2))
+        scores = ctx.op("Where", [_causal_keep(ctx, tq.shape[-2], tk.shape[-2]), scores, minus_inf], dt,
+                        typed=(1, 2))
     if len(xs) > 3:
         mask, tmask = xs[3], layer.inputs[3]
         if tmask.dtype == torch.bool:  # True keeps a position

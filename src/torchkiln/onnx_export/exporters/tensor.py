@@ -1,12 +1,15 @@
 """Layers that create, move or pick data: constant, fill, identity, cast, shape, shuffle, slice, concatenation,
-expand, gather, scatter, select, padding, topk."""
+expand, gather, scatter, select, padding, topk, dim value. Parameters that are symbolic dims become int64
+values computed at run time (`ExportContext.dim`)."""
 from __future__ import annotations
 
+import sympy
 import torch
 
 from torchkiln.ir import layers as L
-from torchkiln.onnx_export.context import ONNX_DTYPES, ExportContext, exporter
 from torchkiln.ir.reference import run_layer
+from torchkiln.ir.symbolic import Dim, decide, dim_str, has_symbols, is_symbolic
+from torchkiln.onnx_export.context import ONNX_DTYPES, ExportContext, exporter
 
 _INT64_MIN = -(2 ** 63)
 
@@ -18,8 +21,19 @@ def _constant(ctx: ExportContext, layer: L.ConstantLayer, xs: list[str]) -> str:
 
 @exporter(L.FillLayer)
 def _fill(ctx: ExportContext, layer: L.FillLayer, xs: list[str]) -> str:
-    """A fill has no inputs: its values, computed by its reference meaning, become an initializer."""
-    return ctx.constant(run_layer(layer, [], {}, torch.device("cpu"))[0], "fill")
+    """A fill has no inputs: with static parameters its values, computed by its reference meaning, become an
+    initializer; with a symbolic length or start, index * step + start as the meaning computes it (float64)."""
+    if not has_symbols([layer.length, layer.start]):
+        return ctx.constant(run_layer(layer, [], {}, torch.device("cpu"))[0], "fill")
+    if has_symbols(layer.step) or not isinstance(layer.step, (int, float)):
+        ctx.decline(f"step={layer.step} is not a number")
+    index = ctx.node("Range", [ctx.dim_scalar(0), ctx.dim_scalar(layer.length), ctx.dim_scalar(1)])[0]
+    value = ctx.node("Mul", [ctx.cast(index, torch.int64, torch.float64), ctx.scalar(layer.step, torch.float64)])[0]
+    if is_symbolic(layer.start):
+        start = ctx.cast(ctx.dim(layer.start), torch.int64, torch.float64)
+    else:
+        start = ctx.scalar(layer.start, torch.float64)
+    return ctx.cast(ctx.node("Add", [value, start])[0], torch.float64, layer.dtype)
 
 
 @exporter(L.IdentityLayer)
@@ -47,29 +61,55 @@ def _shuffle(ctx: ExportContext, layer: L.ShuffleLayer, xs: list[str]) -> str:
         x = ctx.node("Transpose", [x], perm=list(layer.first_transpose))[0]
     if layer.reshape_dims is not None:  # ONNX's allowzero=0 copies the input dim for a 0, like TensorRT's shuffle
         allowzero = 0 if layer.zero_is_placeholder else 1
-        x = ctx.node("Reshape", [x, ctx.ints(layer.reshape_dims, "shape")], allowzero=allowzero)[0]
+        # A symbolic dim that is 0 at run time is a placeholder too, as in the meaning (which sees ints).
+        x = ctx.node("Reshape", [x, ctx.shape_tensor(layer.reshape_dims)], allowzero=allowzero)[0]
     if layer.second_transpose is not None:
         x = ctx.node("Transpose", [x], perm=list(layer.second_transpose))[0]
     return x if x != xs[0] else ctx.node("Identity", [x])[0]
+
+
+def _symbolic_end(ctx: ExportContext, axis: int, start: Dim, size: Dim, step: int, dim: Dim) -> Dim:
+    """The ONNX end of a slice axis with a symbolic start or size. The meaning raises unless the elements taken
+    lie in [0, dim); that must follow from the symbols' ranges, else ONNX's clamping could give another shape."""
+    last = start + (size - 1) * step
+    first_index, last_index = (start, last) if step > 0 else (last, start)
+    for what, op, a, b in (("size", "ge", size, 0), ("first index", "ge", first_index, 0),
+                           ("last index", "lt", last_index, dim)):
+        if decide(op, a, b) is not True:
+            ctx.decline(f"axis {axis}: the ranges do not show the slice's {what} in bounds (start {dim_str(start)}, "
+                        f"size {dim_str(size)}, stride {step}, dim {dim_str(dim)})")
+    # size 0 ends at start; else one past the last element (one before it for a negative stride)
+    return start + (sympy.Max(last - start + 1, 0) if step > 0 else sympy.Min(last - start - 1, 0))
 
 
 @exporter(L.SliceLayer)
 def _slice(ctx: ExportContext, layer: L.SliceLayer, xs: list[str]) -> str:
     shape = layer.inputs[0].shape
     starts, ends, axes, steps = [], [], [], []
+    symbolic = False
     for axis, (start, size, step) in enumerate(zip(layer.start, layer.shape, layer.stride)):
+        if is_symbolic(step):
+            ctx.decline(f"stride[{axis}] = {dim_str(step)} is symbolic")
         if start == 0 and step == 1 and size == shape[axis]:
             continue
-        end = start + (size - 1) * step + (1 if step > 0 else -1) if size else start
-        if end < 0:  # a negative end would count from the back: "before index 0" is INT64_MIN
-            end = _INT64_MIN
+        if is_symbolic(start) or is_symbolic(size):
+            symbolic = True
+            end = _symbolic_end(ctx, axis, start, size, step, shape[axis])
+        else:
+            end = start + (size - 1) * step + (1 if step > 0 else -1) if size else start
+            if end < 0:  # a negative end would count from the back: "before index 0" is INT64_MIN
+                end = _INT64_MIN
         starts.append(start)
         ends.append(end)
         axes.append(axis)
         steps.append(step)
     if not axes:
         return ctx.node("Identity", xs)[0]
-    return ctx.node("Slice", [xs[0], ctx.ints(starts, "starts"), ctx.ints(ends, "ends"), ctx.ints(axes, "axes"),
+    ends_value = ctx.shape_tensor(ends, "ends")
+    if symbolic:  # a run-time end of -1 (a negative stride down to index 0) means "before index 0" too
+        negative = ctx.node("Less", [ends_value, ctx.ints([0], "zero")])[0]
+        ends_value = ctx.node("Where", [negative, ctx.ints([_INT64_MIN], "before_zero"), ends_value])[0]
+    return ctx.node("Slice", [xs[0], ctx.shape_tensor(starts, "starts"), ends_value, ctx.ints(axes, "axes"),
                               ctx.ints(steps, "steps")])[0]
 
 
@@ -83,7 +123,7 @@ def _concatenation(ctx: ExportContext, layer: L.ConcatenationLayer, xs: list[str
 def _expand(ctx: ExportContext, layer: L.ExpandLayer, xs: list[str]) -> str:
     # ONNX's Expand broadcasts both ways, so a 1 keeps the input's dim, as torch's -1 does.
     shape = [1 if d == -1 else d for d in layer.shape]
-    return ctx.op("Expand", [xs[0], ctx.ints(shape, "shape")], layer.inputs[0].dtype, typed=(0,))
+    return ctx.op("Expand", [xs[0], ctx.shape_tensor(shape)], layer.inputs[0].dtype, typed=(0,))
 
 
 def _indices(ctx: ExportContext, x: str, dtype: torch.dtype) -> str:
@@ -142,7 +182,7 @@ def _padding(ctx: ExportContext, layer: L.PaddingLayer, xs: list[str]) -> str:
     begins, ends = [0] * rank, [0] * rank
     for i in range(len(layer.pad) // 2):  # torch's order: last dim first, (begin, end) pairs
         begins[rank - 1 - i], ends[rank - 1 - i] = layer.pad[2 * i], layer.pad[2 * i + 1]
-    inputs = [xs[0], ctx.ints(begins + ends, "pads")]
+    inputs = [xs[0], ctx.shape_tensor(begins + ends, "pads")]
     if layer.mode == L.PaddingMode.CONSTANT:
         compute = ctx.compute_dtype("Pad", dt)
         inputs.append(ctx.scalar(torch.tensor(layer.value).to(dt).item(), compute))
@@ -153,5 +193,10 @@ def _padding(ctx: ExportContext, layer: L.PaddingLayer, xs: list[str]) -> str:
 @exporter(L.TopKLayer)
 def _topk(ctx: ExportContext, layer: L.TopKLayer, xs: list[str]) -> list[str]:
     # ONNX's TopK puts the lower index first among equal values, as torch.max/min do for k=1.
-    return ctx.op("TopK", [xs[0], ctx.ints([layer.k], "k")], layer.inputs[0].dtype, typed=(0,), outputs=2,
+    return ctx.op("TopK", [xs[0], ctx.dim(layer.k)], layer.inputs[0].dtype, typed=(0,), outputs=2,
                   typed_outputs=(0,), axis=layer.axis, largest=int(layer.op == L.TopKOperation.MAX), sorted=1)
+
+
+@exporter(L.DimValueLayer)
+def _dim_value(ctx: ExportContext, layer: L.DimValueLayer, xs: list[str]) -> str:
+    return ctx.cast(ctx.dim_scalar(layer.value), torch.int64, layer.dtype)

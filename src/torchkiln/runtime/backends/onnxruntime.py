@@ -21,6 +21,12 @@ never alias inputs or weights; reference segments clone what may alias, as the r
 
 Gather indices made at run time: ORT's Gather wraps a negative index where torch raises, so the indices a
 session takes in are checked before it runs, and indices it computes are also returned and checked after.
+Gather-nd indices are not: the exported graph turns a negative one into one past any dim, which ORT's GatherND
+refuses like any index past the end (the call then runs again on the reference backend, which raises).
+
+A dynamic-shape network runs on ORT only as one session (the export computes its symbolic layer parameters
+from the input shapes); a reference segment would take intermediate tensors whose dims are expressions that
+only the whole network's symbols define, so a network with any layer ORT cannot run uses the reference backend.
 When ORT fails at run time (an index beyond the end, integer division by zero), the call runs again on the
 reference backend, whose error (or, should it succeed, its result, with a warning) is what the caller gets.
 """
@@ -34,6 +40,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import Dim, bounds, is_symbolic
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
 from torchkiln.runtime.executor import ReferenceExecutor
@@ -62,25 +69,25 @@ def layer_reason(layer: L.Layer) -> str | None:
     if isinstance(layer, (L.GatherLayer, L.ScatterLayer)) and L.constant_value(layer.inputs[1]) is None:
         if isinstance(layer, L.ScatterLayer):
             return "scatter indices computed at run time: ONNX Runtime wraps negative ones, torch raises"
-        if layer.mode == L.GatherMode.ND:
-            return "gather-nd indices computed at run time: ONNX Runtime wraps negative ones, torch raises"
-        if _index_bound(layer) < 0:
+        if layer.mode != L.GatherMode.ND and is_symbolic(_index_bound(layer)):
             return "gather along a dynamic dim with indices computed at run time: the range check needs its size"
     return supports(layer)
 
 
 def _constant_out_of_range(layer: L.GatherLayer) -> bool:
-    """Whether constant indices hold a value outside [0, size) (the layer then raises on the reference)."""
+    """Whether constant indices hold a value outside [0, size) at the largest size (the layer then raises on the
+    reference). Past a dynamic dim's run-time size, ORT raises too, and the call reruns on the reference."""
     idx, data = L.constant_value(layer.inputs[1]), layer.inputs[0]
     if idx is None or not idx.numel():
         return False
     if layer.mode == L.GatherMode.ND:
-        return any(bool(((idx[..., d] < 0) | (idx[..., d] >= data.shape[d])).any()) for d in range(idx.shape[-1]))
-    return int(idx.min()) < 0 or int(idx.max()) >= _index_bound(layer)
+        return any(bool(((idx[..., d] < 0) | (idx[..., d] >= bounds(data.shape[d])[1])).any())
+                   for d in range(idx.shape[-1]))
+    return int(idx.min()) < 0 or int(idx.max()) >= bounds(_index_bound(layer))[1]
 
 
-def _index_bound(layer: L.GatherLayer) -> int:
-    """The size of the gathered dim (-1 if dynamic): indices must lie in [0, size)."""
+def _index_bound(layer: L.GatherLayer) -> Dim:
+    """The size of the gathered dim (a symbol if dynamic): indices must lie in [0, size)."""
     data = layer.inputs[0]
     return data.shape[layer.axis % data.rank] if data.rank else 1
 
@@ -167,7 +174,9 @@ def _subnetwork(network: Network, seg: Segment, later: set[int], extra: Sequence
     sub.layers = list(seg.layers)
     for layer in seg.layers:
         sub.outputs += [t for t in layer.outputs if id(t) in later]
-    sub.outputs += [t for t in extra if id(t) in made and t not in sub.outputs]
+    for t in extra:  # two gathers may read one index tensor: it is returned once
+        if id(t) in made and all(t is not o for o in sub.outputs):
+            sub.outputs.append(t)
     return sub
 
 
@@ -239,8 +248,9 @@ class OrtRunner:
         if network.symbols() and not (len(segments) == 1 and segments[0].on_ort):
             # A reference segment between sessions would take intermediate tensors whose dims are expressions
             # (s0 // 2 + 1), which only the whole network's symbols define.
-            raise BackendUnavailable("a dynamic-shape engine runs on ONNX Runtime only when all of it exports "
-                                     "(symbolic layer parameters do not yet)")
+            names = ", ".join(f"{name} ({why})" for seg in segments for name, why in seg.reasons.items())
+            raise BackendUnavailable(f"a dynamic-shape engine runs on ONNX Runtime only when all of it exports, and "
+                                     f"these layers do not: {names}")
         read_after: list[set[int]] = []  # per segment: tensors read by later segments or returned
         later = {id(t) for t in network.outputs}
         for seg in reversed(segments):  # constants are each segment's own: they never cross a boundary
@@ -252,8 +262,8 @@ class OrtRunner:
         last_read: dict[int, int] = {}
         for k, (seg, after) in enumerate(zip(segments, read_after)):
             checks = [(layer, layer.inputs[1]) for layer in seg.layers
-                      if isinstance(layer, L.GatherLayer) and L.constant_value(layer.inputs[1]) is None] \
-                if seg.on_ort else []
+                      if isinstance(layer, L.GatherLayer) and layer.mode != L.GatherMode.ND
+                      and L.constant_value(layer.inputs[1]) is None] if seg.on_ort else []
             sub = _subnetwork(network, seg, after, [idx for _, idx in checks])
             step = _Session(ort, sub, threads, checks) if seg.on_ort else ReferenceExecutor(sub, device)
             self.steps.append((step, [id(t) for t in sub.inputs], [id(t) for t in sub.outputs]))
