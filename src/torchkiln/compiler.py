@@ -20,7 +20,7 @@ from torchkiln.conversion import load_all
 from torchkiln.analysis.resolve import Resolver
 from torchkiln.errors import ConversionError, UnsupportedOperatorError
 from torchkiln.frontend import as_module, check_method, to_torchscript
-from torchkiln.log import debug_logging
+from torchkiln.log import debug_logging, warn
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
 from torchkiln.lowering.walk import all_nodes
@@ -83,6 +83,30 @@ def _module_name(module: torch.nn.Module) -> str:
     return getattr(module, "original_name", None) or type(module).__name__
 
 
+_READS_TRAINING = re.compile(r"\bself\.training\b")
+
+
+def _reads_training(module: torch.nn.Module) -> bool:
+    """Whether a submodule's behaviour may depend on its training flag: its TorchScript code reads
+    self.training (dropout, batch norm do); a traced module's code cannot say, so yes."""
+    if isinstance(module, torch.jit.TracedModule) or not isinstance(module, torch.jit.ScriptModule):
+        return True
+    return any(_READS_TRAINING.search(getattr(module, name).code) for name in module._c._method_names())
+
+
+def _warn_training(module: torch.nn.Module, script: torch.jit.ScriptModule) -> None:
+    """Warn when submodules that read their training flag are in training mode: engines compute what they
+    compute in eval mode."""
+    scripted = dict(script.named_modules())
+    training = [path or "<top module>" for path, m in module.named_modules()
+                if m.training and _reads_training(scripted.get(path, m))]
+    if training:
+        shown = ", ".join(training[:5]) + (f" (+{len(training) - 5} more)" if len(training) > 5 else "")
+        warn(logger, f"{_module_name(module)} is in training mode ({shown}), but the compiled module computes its "
+                     f"eval-mode behaviour (dropout off, batch norm with its running statistics); call "
+                     f".eval() on it before compiling")
+
+
 def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "forward"
              ) -> tuple[LoweredModule, dict[int, Any]]:
     """Frontend, lowering and shape analysis: everything before partitioning.
@@ -93,6 +117,7 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     load_all()
     examples = example_args(settings.input_signature, settings.device, "opt")
     script = to_torchscript(module, examples)
+    _warn_training(module, script)
     check_method(script, method)
     lowered = lower(script, settings, method)
     check_signature(lowered.graph, settings.input_signature, method)
