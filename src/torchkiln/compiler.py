@@ -222,6 +222,18 @@ def _reference_layers(engines: Sequence[Engine]) -> tuple[ReferenceLayer, ...]:
     return tuple(found)
 
 
+def _warn_no_engines(report: PartitionReport, settings: CompileSettings) -> None:
+    """Warn that the compiled module runs wholly in PyTorch, with why (the fallback reasons' counts)."""
+    reasons = report.fallback_reasons
+    if not reasons:
+        why = "the method has no op to run in an engine"
+    else:
+        why = "ops left in PyTorch: " + ", ".join(f"{n} {reason.value}" for reason, n in reasons.items())
+    if Fallback.MIN_BLOCK_SIZE in reasons:
+        why += f" (min_block_size={settings.min_block_size}; a lower min_block_size makes smaller engines)"
+    warn(logger, f"{report.name}: compiled with 0 engines, so it runs wholly in PyTorch; {why}")
+
+
 def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = None,
                         **options: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
     """`compile`, also returning the partition report (blocks, ops, fallback reasons)."""
@@ -233,6 +245,8 @@ def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = 
         name = _module_name(module)
         part, report, engines = _partition_and_build(lowered, metas, settings, name)
         report = dataclasses.replace(report, reference_layers=_reference_layers(engines))
+        if not engines:
+            _warn_no_engines(report, settings)
         compiled = stitch(lowered.module, part, engines)
         logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", name,
                     time.perf_counter() - start, report.num_engine_blocks, report.num_torch_blocks)
