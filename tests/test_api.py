@@ -104,3 +104,12 @@ def test_zero_engines_when_everything_is_forced_warns_with_the_reason():
         check_compiled(TwoOutputs(), [torch.randn(2, 3), torch.randn(2, 3)], engines=0, torch_blocks=1,
                        min_block_size=1, torch_executed_ops=["aten::relu", "aten::sigmoid", "aten::add",
                                                              "aten::mul"])
+
+
+def test_a_compile_error_names_its_root_cause_in_its_message():
+    """The TorchScript interpreter's error starts with a fixed header; the cause is its last line."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    with pytest.raises(ValueError, match=r"inputs: running the method .* failed \(RuntimeError: mat1 and mat2 "
+                                         r"shapes cannot be multiplied \(2x7 and 8x4\)\)") as info:
+        torchkiln.compile(model, [torchkiln.Input((2, 7))])
+    assert "TorchScript interpreter" not in str(info.value)
