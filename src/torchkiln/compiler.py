@@ -51,6 +51,12 @@ def _module_device(module: torch.nn.Module) -> torch.device | None:
 
 
 def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> CompileSettings:
+    options = dict(options)
+    if "input_signature" in options:  # Torch-TensorRT's name for inputs, used for nested collections
+        signature = options.pop("input_signature")
+        if inputs is not None:
+            raise ValueError("give inputs or input_signature (another name for it), not both")
+        inputs = (signature,) if isinstance(signature, (Input, torch.Tensor)) else signature
     unknown = sorted(set(options) - set(_SETTING_NAMES))
     if unknown:
         raise ValueError(f"unknown compile settings {unknown}; known: {list(_SETTING_NAMES)}")
@@ -270,6 +276,7 @@ def compile(
 
     `inputs` has one entry per argument of forward: a torchkiln.Input (or an example tensor, or a shape),
     or, for an argument that is a tuple, list or dict of tensors, the same structure of Inputs (nested).
+    `input_signature=` is accepted as another name for `inputs` (Torch-TensorRT's, for nested collections).
     """
     compiled, _ = compile_with_report(
         module, inputs, enabled_precisions=enabled_precisions, device=device, min_block_size=min_block_size,
