@@ -36,7 +36,7 @@ from torchkiln.runtime.execute_op import engine_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input
 from torchkiln.stitching.module import RaisesEngineErrors
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
-from torchkiln.torchscript import Node, node_key, source_location, value_key
+from torchkiln.torchscript import Graph, Node, node_key, source_location, value_key
 
 logger = logging.getLogger("torchkiln")
 
@@ -113,6 +113,34 @@ def _warn_training(module: torch.nn.Module, script: torch.jit.ScriptModule) -> N
                      f".eval() on it before compiling")
 
 
+def _parameter_dtype(module: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of the module's first floating-point parameter or buffer."""
+    return next((t.dtype for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()),
+                None)
+
+
+def _cast_half_inputs(graph: Graph, signature: tuple[Any, ...], dtype: torch.dtype | None) -> list[str]:
+    """Cast each float16/bfloat16 tensor argument to float32 at the graph's entry, when the model's parameters
+    are float32 (Torch-TensorRT accepts a half-precision Input on a float32 model the same way); the names of
+    the arguments cast. The engine's input stays half precision; its first layer is the cast."""
+    if dtype != torch.float32:
+        return []
+    cast = []
+    for param, spec in zip(list(graph.inputs())[1:], signature):
+        if isinstance(spec, Input) and spec.dtype in (torch.float16, torch.bfloat16):
+            with graph.insert_point_guard(next(iter(graph.nodes()), graph.return_node())):
+                value = graph.insert("aten::to", [param, graph.insertConstant(dtype), graph.insertConstant(False),
+                                                  graph.insertConstant(False)])
+            param.replaceAllUsesWith(value)
+            value.node().replaceInputWith(value, param)
+            cast.append(f"{param.debugName()} ({spec.dtype})")
+    if cast:
+        logger.warning("the model's parameters are float32 and it does not run on the half-precision inputs %s, "
+                       "so they are cast to float32 as the engine's first layer (as Torch-TensorRT does); the "
+                       "outputs are the model's on the cast inputs", ", ".join(cast))
+    return cast
+
+
 def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "forward"
              ) -> tuple[LoweredModule, dict[int, Any]]:
     """Frontend, lowering and shape analysis: everything before partitioning.
@@ -130,7 +158,15 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     if unpack_list_inputs(lowered.graph, settings.input_signature):
         logger.debug("graph after unpacking list inputs:\n%s", lowered.graph)
     signature = settings.input_signature
-    metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
+    try:
+        metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
+    except ValueError as error:
+        if not _cast_half_inputs(lowered.graph, signature, _parameter_dtype(script)):
+            raise
+        try:
+            metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
+        except ValueError:
+            raise error from error.__cause__
     # Shapes make more values static: fold the control flow that depends on them, let lists built by the
     # unrolled code become static, and analyse the new top-level values; until nothing changes.
     while fold_static_control_flow(lowered.graph, Resolver(metas)):
