@@ -1,7 +1,7 @@
 """Public API beyond compile: engines as bytes, embedding, support checks."""
 import pytest
 import torch
-from harness import assert_matches_eager
+from harness import assert_matches_eager, check_compiled
 
 import torchkiln
 from torchkiln.examples import MLP, SmallResNet
@@ -86,3 +86,30 @@ def test_embedded_engine_raises_torchkiln_errors():
     module = torchkiln.embed_engine_in_new_module(data)
     with pytest.raises(torchkiln.EngineInputError, match=r"engine input 1 \('y'\): expected shape \(3, 5\)"):
         module(torch.randn(3, 5), torch.randn(3, 4))
+
+
+class OneOp(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x)
+
+
+def test_zero_engines_below_min_block_size_warns_with_the_reason():
+    with pytest.warns(UserWarning, match=r"OneOp.forward: compiled with 0 engines.*1 engine block below "
+                                         r"min_block_size \(min_block_size=3;"):
+        check_compiled(OneOp(), [torch.randn(2, 3)], engines=0, torch_blocks=1)
+
+
+def test_zero_engines_when_everything_is_forced_warns_with_the_reason():
+    with pytest.warns(UserWarning, match=r"0 engines.*ops left in PyTorch: 4 forced by torch_executed_ops"):
+        check_compiled(TwoOutputs(), [torch.randn(2, 3), torch.randn(2, 3)], engines=0, torch_blocks=1,
+                       min_block_size=1, torch_executed_ops=["aten::relu", "aten::sigmoid", "aten::add",
+                                                             "aten::mul"])
+
+
+def test_a_compile_error_names_its_root_cause_in_its_message():
+    """The TorchScript interpreter's error starts with a fixed header; the cause is its last line."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU()).eval()
+    with pytest.raises(ValueError, match=r"inputs: running the method .* failed \(RuntimeError: mat1 and mat2 "
+                                         r"shapes cannot be multiplied \(2x7 and 8x4\)\)") as info:
+        torchkiln.compile(model, [torchkiln.Input((2, 7))])
+    assert "TorchScript interpreter" not in str(info.value)

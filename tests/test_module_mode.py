@@ -1,5 +1,9 @@
-"""Compiling leaves every submodule in the mode the user left it in."""
+"""Compiling leaves every submodule in the mode the user left it in, and warns about training mode."""
+import warnings
+
+import pytest
 import torch
+from harness import assert_matches_eager
 from torch import nn
 
 import torchkiln
@@ -36,3 +40,45 @@ def test_scripted_module_modes_are_restored():
     before = _modes(scripted)
     torchkiln.compile(scripted, inputs=[torchkiln.Input((4, 8))], min_block_size=1)
     assert _modes(scripted) == before
+
+
+class DropoutBatchNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(torch.relu(self.bn(self.conv(x))))
+
+
+def test_a_module_left_in_training_mode_warns_and_computes_eval_behaviour():
+    torch.manual_seed(0)
+    model = DropoutBatchNorm()
+    model.bn.running_mean.uniform_(-1, 1)
+    model.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 6, 6)
+    with pytest.warns(UserWarning, match=r"DropoutBatchNorm is in training mode \(bn, drop\).*"
+                                         r"eval-mode behaviour \(dropout off, batch norm with its running stat"):
+        compiled = torchkiln.compile(model, inputs=[x], min_block_size=1)
+    assert model.training
+    with torch.no_grad():
+        assert_matches_eager(compiled(x), model.eval()(x))
+
+
+def test_a_scripted_module_in_training_mode_warns():
+    with pytest.warns(UserWarning, match=r"DropoutBatchNorm is in training mode \(bn, drop\)"):
+        torchkiln.compile(torch.jit.script(DropoutBatchNorm()), inputs=[torch.randn(2, 3, 6, 6)], min_block_size=1)
+
+
+@pytest.mark.parametrize("which", ["eval", "no training-dependent submodule in training mode"])
+def test_no_warning_when_training_mode_changes_nothing(which):
+    model = DropoutBatchNorm().eval() if which == "eval" else Wrapper()
+    if which != "eval":
+        model.body.eval()  # the wrapper's own forward does not read self.training
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x = torch.randn(2, 3, 6, 6) if which == "eval" else torch.randn(4, 8)
+        torchkiln.compile(model, inputs=[x], min_block_size=1)
+    assert not [w for w in caught if "training mode" in str(w.message)]

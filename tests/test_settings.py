@@ -1,6 +1,9 @@
-"""Bad settings get a ValueError that names the argument, before any work is done."""
+"""Bad settings get a ValueError that names the argument, before any work is done; setting aliases."""
+from typing import Tuple
+
 import pytest
 import torch
+from harness import assert_matches_eager
 
 import torchkiln
 from torchkiln.examples import MLP
@@ -23,7 +26,7 @@ def test_bad_setting_is_named(kwargs, match):
 
 @pytest.mark.parametrize("inputs", [[], None])
 def test_empty_inputs(inputs):
-    with pytest.raises(ValueError, match="inputs must be a non-empty list"):
+    with pytest.raises(ValueError, match=r"inputs \(or input_signature\) must be a non-empty list"):
         torchkiln.compile(MLP().eval(), inputs)
 
 
@@ -80,3 +83,23 @@ def test_input_too_large_fails_fast():
     with pytest.raises(ValueError, match=r"inputs\[0\].*\(1048576, 1048576\).*4398046511104 bytes"):
         torchkiln.compile(MLP().eval(), [torchkiln.Input((1 << 20, 1 << 20))])
     assert time.perf_counter() - start < 5
+
+
+class NestedTupleIn(torch.nn.Module):
+    def forward(self, z: Tuple[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        a, (b, c) = z
+        return torch.relu(a * b) + torch.sigmoid(c)
+
+
+def test_input_signature_is_another_name_for_inputs():
+    """Torch-TensorRT's tutorial form: one entry per argument, here a nested tuple."""
+    model = NestedTupleIn().eval()
+    z = (torch.randn(2, 5), (torch.randn(2, 5), torch.randn(2, 5)))
+    signature = ((torchkiln.Input((2, 5)), (torchkiln.Input((2, 5)), torchkiln.Input((2, 5)))),)
+    compiled = torchkiln.compile(model, input_signature=signature, min_block_size=1)
+    assert_matches_eager(compiled(z), model(z))
+
+
+def test_inputs_and_input_signature_together_are_refused():
+    with pytest.raises(ValueError, match="inputs or input_signature .*not both"):
+        torchkiln.compile(MLP().eval(), SPEC, input_signature=SPEC)

@@ -20,7 +20,7 @@ from torchkiln.conversion import load_all
 from torchkiln.analysis.resolve import Resolver
 from torchkiln.errors import ConversionError, UnsupportedOperatorError
 from torchkiln.frontend import as_module, check_method, to_torchscript
-from torchkiln.log import debug_logging
+from torchkiln.log import debug_logging, warn
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
 from torchkiln.lowering.walk import all_nodes
@@ -36,7 +36,7 @@ from torchkiln.runtime.execute_op import engine_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input
 from torchkiln.stitching.module import RaisesEngineErrors
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
-from torchkiln.torchscript import Node, node_key, source_location, value_key
+from torchkiln.torchscript import Graph, Node, node_key, source_location, value_key
 
 logger = logging.getLogger("torchkiln")
 
@@ -51,6 +51,12 @@ def _module_device(module: torch.nn.Module) -> torch.device | None:
 
 
 def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> CompileSettings:
+    options = dict(options)
+    if "input_signature" in options:  # Torch-TensorRT's name for inputs, used for nested collections
+        signature = options.pop("input_signature")
+        if inputs is not None:
+            raise ValueError("give inputs or input_signature (another name for it), not both")
+        inputs = (signature,) if isinstance(signature, (Input, torch.Tensor)) else signature
     unknown = sorted(set(options) - set(_SETTING_NAMES))
     if unknown:
         raise ValueError(f"unknown compile settings {unknown}; known: {list(_SETTING_NAMES)}")
@@ -83,6 +89,58 @@ def _module_name(module: torch.nn.Module) -> str:
     return getattr(module, "original_name", None) or type(module).__name__
 
 
+_READS_TRAINING = re.compile(r"\bself\.training\b")
+
+
+def _reads_training(module: torch.nn.Module) -> bool:
+    """Whether a submodule's behaviour may depend on its training flag: its TorchScript code reads
+    self.training (dropout, batch norm do); a traced module's code cannot say, so yes."""
+    if isinstance(module, torch.jit.TracedModule) or not isinstance(module, torch.jit.ScriptModule):
+        return True
+    return any(_READS_TRAINING.search(getattr(module, name).code) for name in module._c._method_names())
+
+
+def _warn_training(module: torch.nn.Module, script: torch.jit.ScriptModule) -> None:
+    """Warn when submodules that read their training flag are in training mode: engines compute what they
+    compute in eval mode."""
+    scripted = dict(script.named_modules())
+    training = [path or "<top module>" for path, m in module.named_modules()
+                if m.training and _reads_training(scripted.get(path, m))]
+    if training:
+        shown = ", ".join(training[:5]) + (f" (+{len(training) - 5} more)" if len(training) > 5 else "")
+        warn(logger, f"{_module_name(module)} is in training mode ({shown}), but the compiled module computes its "
+                     f"eval-mode behaviour (dropout off, batch norm with its running statistics); call "
+                     f".eval() on it before compiling")
+
+
+def _parameter_dtype(module: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of the module's first floating-point parameter or buffer."""
+    return next((t.dtype for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()),
+                None)
+
+
+def _cast_half_inputs(graph: Graph, signature: tuple[Any, ...], dtype: torch.dtype | None) -> list[str]:
+    """Cast each float16/bfloat16 tensor argument to float32 at the graph's entry, when the model's parameters
+    are float32 (Torch-TensorRT accepts a half-precision Input on a float32 model the same way); the names of
+    the arguments cast. The engine's input stays half precision; its first layer is the cast."""
+    if dtype != torch.float32:
+        return []
+    cast = []
+    for param, spec in zip(list(graph.inputs())[1:], signature):
+        if isinstance(spec, Input) and spec.dtype in (torch.float16, torch.bfloat16):
+            with graph.insert_point_guard(next(iter(graph.nodes()), graph.return_node())):
+                value = graph.insert("aten::to", [param, graph.insertConstant(dtype), graph.insertConstant(False),
+                                                  graph.insertConstant(False)])
+            param.replaceAllUsesWith(value)
+            value.node().replaceInputWith(value, param)
+            cast.append(f"{param.debugName()} ({spec.dtype})")
+    if cast:
+        logger.warning("the model's parameters are float32 and it does not run on the half-precision inputs %s, "
+                       "so they are cast to float32 as the engine's first layer (as Torch-TensorRT does); the "
+                       "outputs are the model's on the cast inputs", ", ".join(cast))
+    return cast
+
+
 def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "forward"
              ) -> tuple[LoweredModule, dict[int, Any]]:
     """Frontend, lowering and shape analysis: everything before partitioning.
@@ -93,13 +151,22 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     load_all()
     examples = example_args(settings.input_signature, settings.device, "opt")
     script = to_torchscript(module, examples)
+    _warn_training(module, script)
     check_method(script, method)
     lowered = lower(script, settings, method)
     check_signature(lowered.graph, settings.input_signature, method)
     if unpack_list_inputs(lowered.graph, settings.input_signature):
         logger.debug("graph after unpacking list inputs:\n%s", lowered.graph)
     signature = settings.input_signature
-    metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
+    try:
+        metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
+    except ValueError as error:
+        if not _cast_half_inputs(lowered.graph, signature, _parameter_dtype(script)):
+            raise
+        try:
+            metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
+        except ValueError:
+            raise error from error.__cause__
     # Shapes make more values static: fold the control flow that depends on them, let lists built by the
     # unrolled code become static, and analyse the new top-level values; until nothing changes.
     while fold_static_control_flow(lowered.graph, Resolver(metas)):
@@ -197,6 +264,18 @@ def _reference_layers(engines: Sequence[Engine]) -> tuple[ReferenceLayer, ...]:
     return tuple(found)
 
 
+def _warn_no_engines(report: PartitionReport, settings: CompileSettings) -> None:
+    """Warn that the compiled module runs wholly in PyTorch, with why (the fallback reasons' counts)."""
+    reasons = report.fallback_reasons
+    if not reasons:
+        why = "the method has no op to run in an engine"
+    else:
+        why = "ops left in PyTorch: " + ", ".join(f"{n} {reason.value}" for reason, n in reasons.items())
+    if Fallback.MIN_BLOCK_SIZE in reasons:
+        why += f" (min_block_size={settings.min_block_size}; a lower min_block_size makes smaller engines)"
+    warn(logger, f"{report.name}: compiled with 0 engines, so it runs wholly in PyTorch; {why}")
+
+
 def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = None,
                         **options: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
     """`compile`, also returning the partition report (blocks, ops, fallback reasons)."""
@@ -208,6 +287,8 @@ def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = 
         name = _module_name(module)
         part, report, engines = _partition_and_build(lowered, metas, settings, name)
         report = dataclasses.replace(report, reference_layers=_reference_layers(engines))
+        if not engines:
+            _warn_no_engines(report, settings)
         compiled = stitch(lowered.module, part, engines)
         logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", name,
                     time.perf_counter() - start, report.num_engine_blocks, report.num_torch_blocks)
@@ -231,6 +312,7 @@ def compile(
 
     `inputs` has one entry per argument of forward: a torchkiln.Input (or an example tensor, or a shape),
     or, for an argument that is a tuple, list or dict of tensors, the same structure of Inputs (nested).
+    `input_signature=` is accepted as another name for `inputs` (Torch-TensorRT's, for nested collections).
     """
     compiled, _ = compile_with_report(
         module, inputs, enabled_precisions=enabled_precisions, device=device, min_block_size=min_block_size,

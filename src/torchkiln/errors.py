@@ -2,6 +2,21 @@
 from __future__ import annotations
 
 
+_INTERPRETER_HEADER = "The following operation failed in the TorchScript interpreter"
+
+
+def cause_line(error: BaseException) -> str:
+    """The line of an exception's message that says what went wrong, for a message that wraps it.
+
+    That is the first line, except for TorchScript interpreter errors, whose first line is a fixed header
+    and whose last line is the original exception ('RuntimeError: Input type (c10::Half) and bias type...').
+    """
+    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(error).__name__
+    return lines[-1] if lines[0].startswith(_INTERPRETER_HEADER) else lines[0]
+
+
 class TorchkilnError(Exception):
     """Base class of every error torchkiln raises on purpose."""
 

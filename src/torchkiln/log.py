@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Iterator
 
 logger = logging.getLogger("torchkiln")
@@ -27,3 +28,10 @@ def debug_logging(enabled: bool) -> Iterator[None]:
         logger.setLevel(level)
         if handler is not None:
             logger.removeHandler(handler)
+
+
+def warn(log: logging.Logger, message: str) -> None:
+    """Tell the user twice: a logging warning (for log readers) and a Python UserWarning (for notebooks and
+    `pytest.warns`)."""
+    log.warning(message)
+    warnings.warn(message, UserWarning, stacklevel=3)

@@ -281,12 +281,12 @@ class CompileSettings:
     ) -> CompileSettings:
         """Validate user arguments; every problem is a ValueError naming the argument."""
         if inputs is None or isinstance(inputs, (Input, torch.Tensor, dict)):
-            raise ValueError("inputs must be a non-empty list of torchkiln.Input (or example tensors), one per "
-                             "argument of the method")
+            raise ValueError("inputs (or input_signature) must be a non-empty list of torchkiln.Input (or example "
+                             "tensors), one per argument of the method")
         signature = tuple(as_signature(spec, f"inputs[{i}]") for i, spec in enumerate(inputs))
         if not signature:
-            raise ValueError("inputs must be a non-empty list of torchkiln.Input (or example tensors), one per "
-                             "argument of the method")
+            raise ValueError("inputs (or input_signature) must be a non-empty list of torchkiln.Input (or example "
+                             "tensors), one per argument of the method")
         if enabled_precisions is None:
             enabled_precisions = {torch.float32}
         if isinstance(enabled_precisions, (torch.dtype, str)):

@@ -11,7 +11,7 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.analysis.registry import find_converter, find_evaluator
 from torchkiln.conversion import load_all
 from torchkiln.analysis.resolve import NotStatic, is_dynamic
-from torchkiln.errors import ConversionError, NetworkError
+from torchkiln.errors import ConversionError, NetworkError, cause_line
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import agree_on_samples, symbols_of
 from torchkiln.ir.tensor import Tensor
@@ -41,8 +41,8 @@ def _node_error(node: Node, e: Exception) -> ConversionError:
     if isinstance(e, ConversionError) and node.kind() in str(e):
         message = str(e)
     else:
-        kind = "" if isinstance(e, (ConversionError, NotStatic, NetworkError)) else f"{type(e).__name__}: "
-        message = f"{describe_node(node)}: {kind}{e}"
+        ours = isinstance(e, (ConversionError, NotStatic, NetworkError))
+        message = f"{describe_node(node)}: {e}" if ours else f"{describe_node(node)}: {type(e).__name__}: {cause_line(e)}"
     error = ConversionError(message)
     error.node = node
     return error

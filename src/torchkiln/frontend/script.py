@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from torchkiln.errors import cause_line
 from torchkiln.frontend.trace import trace_checked
 
 logger = logging.getLogger("torchkiln.frontend")
@@ -59,7 +60,6 @@ def to_torchscript(module: torch.nn.Module, example_inputs: Sequence[Any]) -> to
     try:
         return torch.jit.script(module)
     except Exception as e:  # TorchScript's compiler raises many kinds of errors
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         logger.warning("scripting %s failed (%s); tracing it with example inputs instead",
-                       type(module).__name__, first_line)
+                       type(module).__name__, cause_line(e))
     return trace_checked(module, example_inputs)

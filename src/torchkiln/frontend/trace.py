@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from torchkiln.errors import TracingError, TracingWarning
+from torchkiln.errors import TracingError, TracingWarning, cause_line
 from torchkiln.module_mode import eval_mode
 
 logger = logging.getLogger("torchkiln.frontend")
@@ -109,7 +109,7 @@ def trace_checked(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tor
             try:
                 difference = _difference(traced(*second), expected)
             except Exception as e:  # e.g. a shape baked into the trace
-                difference = f"the trace failed: {str(e).strip().splitlines()[-1] if str(e).strip() else e!r}"
+                difference = f"the trace failed: {cause_line(e)}"
     if difference is not None:
         why = "; ".join(causes) if causes else "no tracer warning named the cause"
         raise TracingError(

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from torchkiln.errors import cause_line
 from torchkiln.torchscript import Graph, TensorMeta, is_tensor_type, value_key
 
 logger = logging.getLogger("torchkiln.partitioning")
@@ -56,9 +57,8 @@ def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
         with torch.no_grad():
             results = fn(*args)
     except RuntimeError as e:
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"inputs: running the method on random example inputs of the given shapes failed "
-                         f"({message}); check that the Input shapes and dtypes are ones the model accepts") from e
+                         f"({cause_line(e)}); check that the Input shapes and dtypes are ones the model accepts") from e
     if not isinstance(results, tuple):
         results = (results,)
     metas = {}
