@@ -11,6 +11,16 @@ from torchkiln.ir.symbolic import Dim, as_shape, symbols_of
 from torchkiln.ir.tensor import Tensor
 
 
+def unique_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_2`, `base_3`... : the first name not in `taken`, which then holds it."""
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        name = f"{base}_{n}"
+    taken.add(name)
+    return name
+
+
 class Network:
     """A layer graph under construction. Each `add_*` infers its outputs' shapes and dtypes at once."""
 
@@ -24,12 +34,7 @@ class Network:
 
     # ---- naming ---------------------------------------------------------------------------
     def unique_name(self, base: str) -> str:
-        name, n = base, 1
-        while name in self._names:
-            n += 1
-            name = f"{base}_{n}"
-        self._names.add(name)
-        return name
+        return unique_name(base, self._names)
 
     # ---- inputs and outputs ---------------------------------------------------------------
     def add_input(self, name: str, dtype: torch.dtype, shape: Sequence[Dim]) -> Tensor:

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from torchkiln.errors import TorchkilnError
 from torchkiln.ir import layers as L
-from torchkiln.ir.network import Network
+from torchkiln.ir.network import Network, unique_name
 from torchkiln.ir.symbolic import Dim, DimSymbol, SymbolicError, bounds, dim_str, from_tree, is_symbolic, to_tree
 from torchkiln.ir.tensor import Tensor
 
@@ -132,12 +132,7 @@ class ExportContext:
 
     # ---- names, constants, nodes ----------------------------------------------------------
     def fresh(self, base: str) -> str:
-        name, n = base, 1
-        while name in self.used:
-            n += 1
-            name = f"{base}_{n}"
-        self.used.add(name)
-        return name
+        return unique_name(base, self.used)
 
     def constant(self, value: torch.Tensor | np.ndarray, base: str = "const") -> str:
         """An initializer; returns its name."""
