@@ -19,10 +19,9 @@ also after loading engine bytes) and reused. Tensors cross as numpy views of tor
 contiguous inputs) and come back through `torch.from_numpy` of ORT's fresh output arrays, so ORT outputs
 never alias inputs or weights; reference segments clone what may alias, as the reference executor does.
 
-Gather indices made at run time: ORT's Gather wraps a negative index where torch raises, so the indices a
-session takes in are checked before it runs, and indices it computes are also returned and checked after.
-Gather-nd indices are not: the exported graph turns a negative one into one past any dim, which ORT's GatherND
-refuses like any index past the end (the call then runs again on the reference backend, which raises).
+Gather indices made at run time: ORT's gathers wrap a negative index where torch raises, so the exported graph
+turns a negative one into one past any dim, which ORT refuses like any index past the end; the call then runs
+again on the reference backend, which raises the documented EngineIndexError. Nothing is checked per call.
 
 A dynamic-shape network runs on ORT only as one session (the export computes its symbolic layer parameters
 from the input shapes); a reference segment would take intermediate tensors whose dims are expressions that
@@ -40,11 +39,9 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import Dim, bounds, is_symbolic
-from torchkiln.ir.tensor import Tensor
+from torchkiln.ir.symbolic import Dim, bounds
 from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
 from torchkiln.runtime.executor import ReferenceExecutor
-from torchkiln.ir.reference import _check_indices as check_indices
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +66,6 @@ def layer_reason(layer: L.Layer) -> str | None:
     if isinstance(layer, (L.GatherLayer, L.ScatterLayer)) and L.constant_value(layer.inputs[1]) is None:
         if isinstance(layer, L.ScatterLayer):
             return "scatter indices computed at run time: ONNX Runtime wraps negative ones, torch raises"
-        if layer.mode != L.GatherMode.ND and is_symbolic(_index_bound(layer)):
-            return "gather along a dynamic dim with indices computed at run time: the range check needs its size"
     return supports(layer)
 
 
@@ -160,7 +155,7 @@ def reference_layers(network: Network) -> list[tuple[str, str, str]]:
     return [(name, kinds[name], reason) for seg in plan_segments(network) for name, reason in seg.reasons.items()]
 
 
-def _subnetwork(network: Network, seg: Segment, later: set[int], extra: Sequence[Tensor] = ()) -> Network:
+def _subnetwork(network: Network, seg: Segment, later: set[int]) -> Network:
     """The segment as a network of its own layers (no copies): inputs are the tensors it reads from outside,
     outputs those read after it (`later`: ids of tensors later segments read, and network outputs)."""
     made = {id(t) for layer in seg.layers for t in layer.outputs}
@@ -174,9 +169,6 @@ def _subnetwork(network: Network, seg: Segment, later: set[int], extra: Sequence
     sub.layers = list(seg.layers)
     for layer in seg.layers:
         sub.outputs += [t for t in layer.outputs if id(t) in later]
-    for t in extra:  # two gathers may read one index tensor: it is returned once
-        if id(t) in made and all(t is not o for o in sub.outputs):
-            sub.outputs.append(t)
     return sub
 
 
@@ -196,9 +188,9 @@ def _ort_errors(ort) -> tuple[type[Exception], ...]:
 
 
 class _Session:
-    """One ORT segment: its session, its input and output names, and the index checks around it."""
+    """One ORT segment: its session and its input and output names."""
 
-    def __init__(self, ort, sub: Network, threads: int, checks: list[tuple[L.GatherLayer, Tensor]]) -> None:
+    def __init__(self, ort, sub: Network, threads: int) -> None:
         from torchkiln.onnx_export import OnnxExportError, network_to_onnx
 
         options = ort.SessionOptions()
@@ -214,23 +206,10 @@ class _Session:
             raise BackendUnavailable(f"ONNX Runtime refused the segment {sub.name!r}: {e}") from None
         self.input_names = [v.name for v in model.graph.input]
         self.output_names = [v.name for v in model.graph.output]
-        position = {id(t): i for i, t in enumerate(sub.inputs)}
-        out_position = {id(t): i for i, t in enumerate(sub.outputs)}
-        self.before = [(layer, position[id(idx)]) for layer, idx in checks if id(idx) in position]
-        self.after = [(layer, out_position[id(idx)]) for layer, idx in checks if id(idx) not in position]
 
     def run(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        for layer, i in self.before:
-            _check(layer, xs[i])
         feeds = {name: x.detach().contiguous().numpy() for name, x in zip(self.input_names, xs)}
-        outs = [torch.from_numpy(o) for o in self.session.run(self.output_names, feeds)]
-        for layer, i in self.after:
-            _check(layer, outs[i])
-        return outs
-
-
-def _check(layer: L.GatherLayer, idx: torch.Tensor) -> None:
-    check_indices(layer, idx, layer.axis % max(layer.inputs[0].rank, 1), _index_bound(layer))
+        return [torch.from_numpy(o) for o in self.session.run(self.output_names, feeds)]
 
 
 class OrtRunner:
@@ -261,11 +240,8 @@ class OrtRunner:
         self.steps: list[tuple[ReferenceExecutor | _Session, list[int], list[int]]] = []
         last_read: dict[int, int] = {}
         for k, (seg, after) in enumerate(zip(segments, read_after)):
-            checks = [(layer, layer.inputs[1]) for layer in seg.layers
-                      if isinstance(layer, L.GatherLayer) and layer.mode != L.GatherMode.ND
-                      and L.constant_value(layer.inputs[1]) is None] if seg.on_ort else []
-            sub = _subnetwork(network, seg, after, [idx for _, idx in checks])
-            step = _Session(ort, sub, threads, checks) if seg.on_ort else ReferenceExecutor(sub, device)
+            sub = _subnetwork(network, seg, after)
+            step = _Session(ort, sub, threads) if seg.on_ort else ReferenceExecutor(sub, device)
             self.steps.append((step, [id(t) for t in sub.inputs], [id(t) for t in sub.outputs]))
             for t in sub.inputs:
                 last_read[id(t)] = k
