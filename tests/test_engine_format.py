@@ -23,14 +23,34 @@ def engine_bytes():
 
 
 def _split(data: bytes):
-    _, version, _, glen, wlen = S._PREFIX.unpack_from(data)
-    start = S._PREFIX.size
-    return version, json.loads(data[start:start + glen]), data[start + glen:start + glen + wlen]
+    """(version, the metadata with the network under "network", weights); plans are dropped."""
+    sections = dict(S.split_sections(data))
+    graph = json.loads(sections["meta"])
+    graph["network"] = json.loads(sections["graph"])
+    return S.FORMAT_VERSION, graph, sections.get("weights", b"")
 
 
 def _pack(graph, weights: bytes, version: int = S.FORMAT_VERSION) -> bytes:
-    g = json.dumps(graph, separators=(",", ":")).encode()
-    body = S._PREFIX.pack(S.MAGIC, version, 0, len(g), len(weights)) + g + weights
+    graph = dict(graph)
+    network = graph.pop("network")
+    data = _pack_text(json.dumps(graph).encode(), json.dumps(network).encode(), weights)
+    return data if version == S.FORMAT_VERSION else _with_version(data, version)
+
+
+def _pack_text(meta: bytes, network: bytes, weights: bytes) -> bytes:
+    """Format-2 bytes with a correct table and checksum, as an attacker can make them."""
+    return S.join_sections([("meta", meta), ("graph", network)] + ([("weights", weights)] if weights else []))
+
+
+def _with_version(data: bytes, version: int) -> bytes:
+    body = bytearray(data[:-32])
+    struct.pack_into("<I", body, 8, version)
+    return bytes(body) + hashlib.sha256(bytes(body)).digest()
+
+
+def _pack_v1(graph, weights: bytes) -> bytes:
+    g = json.dumps(graph).encode()
+    body = S._PREFIX.pack(S.MAGIC, 1, 0, len(g), len(weights)) + g + weights
     return body + hashlib.sha256(body).digest()
 
 
@@ -63,8 +83,25 @@ def test_bad_magic(engine_bytes):
 
 def test_newer_version_is_refused(engine_bytes):
     _, graph, weights = _split(engine_bytes)
-    with pytest.raises(torchkiln.EngineFormatError, match="version 2 is newer"):
-        Engine.deserialize(_pack(graph, weights, version=2))
+    with pytest.raises(torchkiln.EngineFormatError, match="version 3 is newer"):
+        Engine.deserialize(_pack(graph, weights, version=3))
+
+
+def test_format_1_engines_still_load_and_are_planned_on_load(engine_bytes):
+    """Engines saved before plans existed: the same graph and weights in the old layout."""
+    _, graph, weights = _split(engine_bytes)
+    old = Engine.deserialize(_pack_v1(graph, weights))
+    assert old.plans == []
+    x = torch.randn(1, 3, 32, 32)
+    assert torch.equal(old.execute([x])[0], Engine.deserialize(engine_bytes).execute([x])[0])
+    assert len(old.plans) == 1 and len(Engine.deserialize(old.serialize()).plans) == 1
+
+
+@pytest.mark.parametrize("name", ["code", "plan.x", "meta"])
+def test_unknown_or_repeated_sections_are_refused(engine_bytes, name):
+    sections = S.split_sections(engine_bytes) + [(name, b"{}")]
+    with pytest.raises(torchkiln.EngineFormatError, match="section .* is (unknown|repeated)"):
+        Engine.deserialize(S.join_sections(sections))
 
 
 def test_unknown_layer_kind(engine_bytes):
@@ -109,7 +146,9 @@ def test_undefined_input_reference(engine_bytes):
 
 
 def test_graph_is_not_json(engine_bytes):
-    body = S._PREFIX.pack(S.MAGIC, 1, 0, 5, 0) + b"{nope"
+    with pytest.raises(torchkiln.EngineFormatError, match="not valid JSON"):
+        Engine.deserialize(_pack_text(b"{}", b"{nope", b""))
+    body = S._PREFIX.pack(S.MAGIC, 1, 0, 5, 0) + b"{nope"  # format 1
     with pytest.raises(torchkiln.EngineFormatError, match="not valid JSON"):
         Engine.deserialize(body + hashlib.sha256(body).digest())
 
@@ -118,6 +157,11 @@ def test_huge_declared_lengths(engine_bytes):
     body = struct.pack("<8sIIQQ", S.MAGIC, 1, 0, 1 << 60, 1 << 60)
     with pytest.raises(torchkiln.EngineFormatError, match="truncated"):
         Engine.deserialize(body + b"\0" * 32)
+    body = struct.pack("<8sII16sQ16sQ", S.MAGIC, 2, 2, b"meta", 1 << 60, b"graph", 1 << 60)
+    with pytest.raises(torchkiln.EngineFormatError, match="truncated"):
+        Engine.deserialize(body + b"\0" * 32)
+    with pytest.raises(torchkiln.EngineFormatError, match="sections"):
+        Engine.deserialize(struct.pack("<8sII", S.MAGIC, 2, 1 << 31) + b"\0" * 64)
 
 
 def test_corrupt_engine_inside_a_saved_module_raises_on_call(tmp_path):
@@ -149,31 +193,29 @@ def _fill_engine() -> bytes:
 
 def test_deeply_nested_json_is_a_format_error(engine_bytes):
     _, graph, weights = _split(engine_bytes)
-    graph["pad"] = "@@@"
-    text = json.dumps(graph).replace('"@@@"', "[" * 200_000 + "]" * 200_000)
-    g = text.encode()
-    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(g), len(weights)) + g + weights
-    with pytest.raises(torchkiln.EngineFormatError, match="nested too deeply"):
-        Engine.deserialize(body + hashlib.sha256(body).digest())
+    network = graph.pop("network")
+    deep = ("[" * 200_000 + "]" * 200_000).encode()
+    for meta, net in ((json.dumps(graph).encode(), deep), (deep, json.dumps(network).encode())):
+        with pytest.raises(torchkiln.EngineFormatError, match="nested too deeply"):
+            Engine.deserialize(_pack_text(meta, net, weights))
 
 
 def test_deep_value_in_a_parameter_is_a_format_error():
     _, graph, weights = _split(_fill_engine())
     graph["network"]["layers"][0]["params"]["length"] = "@@@"
-    g = json.dumps(graph).replace('"@@@"', "[" * 950 + "]" * 950).encode()  # deep, yet within JSON's own limit
-    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(g), len(weights)) + g + weights
+    network = graph.pop("network")
+    g = json.dumps(network).replace('"@@@"', "[" * 950 + "]" * 950).encode()  # deep, yet within JSON's own limit
     with pytest.raises(torchkiln.EngineFormatError, match="parameter 'length'|nested too deeply") as e:
-        Engine.deserialize(body + hashlib.sha256(body).digest())
+        Engine.deserialize(_pack_text(json.dumps(graph).encode(), g, weights))
     assert len(str(e.value)) < 300
 
 
 def test_five_thousand_digit_integer_is_a_format_error():
     _, graph, weights = _split(_fill_engine())
-    text = json.dumps(graph).replace('"length": 4', '"length": ' + "7" * 5000)
-    g = text.encode()
-    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(g), len(weights)) + g + weights
+    network = graph.pop("network")
+    g = json.dumps(network).replace('"length": 4', '"length": ' + "7" * 5000).encode()
     with pytest.raises(torchkiln.EngineFormatError, match="integer of 5000 digits"):
-        Engine.deserialize(body + hashlib.sha256(body).digest())
+        Engine.deserialize(_pack_text(json.dumps(graph).encode(), g, weights))
 
 
 @pytest.mark.parametrize("length", [3 << 28, 1 << 62])
@@ -269,11 +311,10 @@ def test_400k_trivial_layers_load_in_seconds():
     layers = ",".join(layer.format(kind="identity" if i % 2 else "unary", i=i, j=i + 1,
                                    params="{}" if i % 2 else '{"op":"neg"}') for i in range(n))
     shape = '"dtype":"float32","min_shape":[2,3],"opt_shape":[2,3],"max_shape":[2,3]'
-    text = (f'{{"name":"chain","device_type":"cpu","precision":"float32","bindings":[{{"name":"t0",{shape}}}],'
-            f'"network":{{"name":"chain","inputs":[{{"name":"t0","dtype":"float32","shape":[2,3]}}],'
-            f'"outputs":["t{n}"],"layers":[{layers}]}}}}').encode()
-    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(text), 0) + text
-    data = body + hashlib.sha256(body).digest()
+    meta = f'{{"name":"chain","device_type":"cpu","precision":"float32","bindings":[{{"name":"t0",{shape}}}]}}'
+    text = (f'{{"name":"chain","inputs":[{{"name":"t0","dtype":"float32","shape":[2,3]}}],'
+            f'"outputs":["t{n}"],"layers":[{layers}]}}').encode()
+    data = _pack_text(meta.encode(), text, b"")
     assert len(data) > 57_000_000
     start = time.process_time()  # CPU time: a busy shared machine stretches wall time, not this
     engine = Engine.deserialize(data)

@@ -96,15 +96,23 @@ def seed_engines() -> tuple[bytes, ...]:
 # ---- mutations ---------------------------------------------------------------------------------------
 
 def split(data: bytes) -> tuple[dict, bytes]:
-    _, _, _, glen, wlen = S._PREFIX.unpack_from(data)
-    start = S._PREFIX.size
-    return json.loads(data[start:start + glen]), data[start + glen:start + glen + wlen]
+    """The metadata with the network under "network" and the plans under "plans", and the weights."""
+    sections = S.split_sections(data)
+    found = dict(sections)
+    graph = json.loads(found["meta"])
+    graph["network"] = json.loads(found["graph"])
+    graph["plans"] = [json.loads(d) for name, d in sections if name.startswith("plan.")]
+    return graph, found.get("weights", b"")
 
 
-def pack(graph_text: bytes, weights: bytes) -> bytes:
-    """Engine bytes with a correct header and checksum, as an attacker can make them."""
-    body = S._PREFIX.pack(S.MAGIC, S.FORMAT_VERSION, 0, len(graph_text), len(weights)) + graph_text + weights
-    return body + hashlib.sha256(body).digest()
+def pack(graph: dict, weights: bytes) -> bytes:
+    """Engine bytes with a correct section table and checksum, as an attacker can make them."""
+    meta = {k: v for k, v in graph.items() if k not in ("network", "plans")}
+    plans = graph.get("plans")
+    sections = [("meta", _encode(meta)), ("graph", _encode(graph.get("network")))]
+    sections += [("weights", weights)] if weights else []
+    sections += [(f"plan.{k}", _encode(p)) for k, p in enumerate(plans if isinstance(plans, list) else [plans])]
+    return S.join_sections(sections)
 
 
 _DEEP = "\0deep{}\0"  # placeholder for nesting too deep for json.dumps; replaced in the encoded text
@@ -219,22 +227,28 @@ def mutate_bytes(data: bytes, choose: Choose) -> bytes:
         return data[:choose(len(data))]
     if op == 2:  # flip bytes after the header, checksum fixed
         for _ in range(1 + choose(4)):
-            body[S._PREFIX.size + choose(len(body) - S._PREFIX.size)] ^= 1 << choose(8)
-    elif op == 3:  # a header field changes, checksum fixed
-        field = choose(5)
-        values = S._PREFIX.unpack_from(body)
-        changed = list(values)
-        changed[field] = (b"TKLNENG\0", 0, 1, 2, 2 ** 32 - 1)[choose(5)] if field == 0 else \
-            (0, 1, 2, 2 ** 32 - 1, values[field] + 1, max(values[field] - 1, 0))[choose(6)] if field < 3 else \
-            (0, 1, values[field] + 1, max(values[field] - 1, 0), 2 ** 63)[choose(5)]
-        if field == 0 and isinstance(changed[0], int):
-            changed[0] = b"TKLNENH\0"
-        body[:S._PREFIX.size] = S._PREFIX.pack(*changed)
+            body[S._HEADER.size + choose(len(body) - S._HEADER.size)] ^= 1 << choose(8)
+    elif op == 3:  # a header or section-table field changes, checksum fixed
+        magic, version, count = S._HEADER.unpack_from(body)
+        field = choose(3 + 2 * count)
+        if field < 3:
+            changed = [magic, version, count]
+            changed[field] = b"TKLNENH\0" if field == 0 else \
+                (0, 1, 2, 3, 2 ** 32 - 1, changed[field] + 1, max(changed[field] - 1, 0))[choose(7)]
+            body[:S._HEADER.size] = S._HEADER.pack(*changed)
+        else:
+            at = S._HEADER.size + (field - 3) // 2 * S._SECTION.size
+            name, n = S._SECTION.unpack_from(body, at)
+            if field % 2:
+                name = (b"graph", b"meta", b"weights", b"plan.0", b"plan.99", b"code")[choose(6)]
+            else:
+                n = (0, 1, n + 1, max(n - 1, 0), 2 ** 63)[choose(5)]
+            body[at:at + S._SECTION.size] = S._SECTION.pack(name, n)
     else:  # bytes inserted into the weights, checksum and lengths fixed
         graph, weights = split(data)
         at = choose(len(weights) + 1)
         weights = weights[:at] + bytes([choose(256)]) * (1 + choose(64)) + weights[at:]
-        return pack(_encode(graph), weights)
+        return pack(graph, weights)
     return bytes(body) + hashlib.sha256(bytes(body)).digest()
 
 
@@ -251,7 +265,7 @@ def fuzz_case(choose: Choose) -> bytes:
                 pass  # an earlier mutation left no place for this one; the graph goes on as it is
         if not choose(8):  # weights of another seed
             weights = split(seeds[choose(len(seeds))])[1]
-        return pack(_encode(graph), weights)
+        return pack(graph, weights)
     return mutate_bytes(data, choose)
 
 

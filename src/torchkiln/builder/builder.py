@@ -22,5 +22,10 @@ def build_engine(network: Network, bindings: Sequence[InputBinding], settings: B
     fired = run_passes(network, settings)
     logger.info("built engine %s: %d layers in %.2fs; passes that changed it: %s", name, len(network.layers),
                 time.perf_counter() - start, ", ".join(fired) or "none")
-    return Engine(network, bindings, settings.device.type, settings.compute_dtype, name, settings.backend,
-                  BackendOptions(settings.ort_threads))
+    engine = Engine(network, bindings, settings.device.type, settings.compute_dtype, name, settings.backend,
+                    BackendOptions(settings.ort_threads))
+    plan = engine.plan_for(settings.device)  # the target's choices (and, on CUDA, its tactic timing) happen now
+    if plan is not None:
+        logger.info("planned engine %s for %s: %s", name, plan.target.describe(),
+                    ", ".join(f"{n} {kind} steps" for kind, n in plan.summary().items()))
+    return engine

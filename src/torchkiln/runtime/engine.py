@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import reprlib
 import threading
 from collections.abc import Sequence
@@ -13,7 +14,11 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol, is_symbolic
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime import serialization as S
-from torchkiln.runtime.backends import BACKENDS, DEVICES, BackendOptions, Runner, make_runner
+from torchkiln.runtime.backends import (BACKENDS, BackendOptions, BackendUnavailable, Runner, make_plan, make_runner,
+                                        runs_on, target_of, warn_unavailable)
+from torchkiln.runtime.plan import Plan
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +79,8 @@ class Engine:
 
     def __init__(self, network: Network, bindings: Sequence[InputBinding], device_type: str,
                  precision: torch.dtype, name: str = "engine", backend: str = "reference",
-                 backend_options: BackendOptions = BackendOptions()) -> None:
-        if backend not in BACKENDS or device_type not in DEVICES[backend]:
+                 backend_options: BackendOptions = BackendOptions(), plans: Sequence[Plan] = ()) -> None:
+        if not runs_on(backend, device_type):
             raise EngineFormatError(f"engine {name!r}: backend {backend!r} does not run on {device_type}")
         if len(bindings) != len(network.inputs):
             raise EngineFormatError(f"engine {name!r}: {len(bindings)} bindings for {len(network.inputs)} inputs")
@@ -88,6 +93,7 @@ class Engine:
         self.name = name
         self.backend = backend
         self.backend_options = backend_options
+        self.plans = list(plans)  # one per target it was planned for; serialized with the engine
         self._runners: dict[torch.device, Runner] = {}
         self._lock = threading.Lock()
 
@@ -108,6 +114,30 @@ class Engine:
         for i, (binding, value) in enumerate(zip(self.bindings, inputs)):
             binding.check(i, value, self.device_type)
 
+    def plan_for(self, device: torch.device) -> Plan | None:
+        """The stored plan whose target is this machine's `device`; else a new one, kept with the engine (with a
+        logged warning where the engine holds plans, none of them for this machine). None where the backend
+        cannot plan here (its library is missing): the engine then runs on the reference backend."""
+        try:
+            here = target_of(self.backend, device)
+        except BackendUnavailable as e:
+            warn_unavailable(self.backend, self.name, e)
+            return None
+        for plan in self.plans:
+            if plan.target == here:
+                return plan
+        try:
+            plan = make_plan(self.backend, self.network, device, self.backend_options)
+        except BackendUnavailable as e:
+            warn_unavailable(self.backend, self.name, e)
+            return None
+        if self.plans:
+            logger.warning("engine %r has no plan for this machine (%s; it holds plans for %s): planning it again "
+                           "from its graph", self.name, plan.target.describe(),
+                           "; ".join(p.target.describe() for p in self.plans))
+        self.plans.append(plan)
+        return plan
+
     def runner(self, device: torch.device) -> Runner:
         """The engine on its backend, bound to `device`: made at the first call there, then reused."""
         found = self._runners.get(device)
@@ -115,8 +145,8 @@ class Engine:
             with self._lock:
                 found = self._runners.get(device)
                 if found is None:
-                    found = self._runners[device] = make_runner(self.backend, self.network, device,
-                                                                self.backend_options, self.name)
+                    found = self._runners[device] = make_runner(self.backend, self.network, self.plan_for(device),
+                                                                device, self.backend_options, self.name)
         return found
 
     def execute(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -143,7 +173,7 @@ class Engine:
             "bindings": [{"name": b.name, "dtype": S.dtype_name(b.dtype), "min_shape": list(b.min_shape),
                           "opt_shape": list(b.opt_shape), "max_shape": list(b.max_shape)} for b in self.bindings],
         }
-        return S.encode_engine(meta, self.network)
+        return S.encode_engine(meta, self.network, [p.to_json() for p in self.plans])
 
     @classmethod
     def deserialize(cls, data: bytes, max_memory: int | None = None) -> Engine:
@@ -151,7 +181,7 @@ class Engine:
 
         `max_memory` caps the bytes of all layer outputs together, checked on shapes before anything is
         allocated; None takes TORCHKILN_MAX_ENGINE_MEMORY or else `serialization.DEFAULT_MAX_ENGINE_MEMORY`."""
-        meta, network = S.decode_engine(data, max_memory)
+        meta, network, raw_plans = S.decode_engine(data, max_memory)
         name = meta.get("name")
         device_type = meta.get("device_type")
         if not isinstance(name, str) or len(name) > S.MAX_STRING or device_type not in ("cpu", "cuda"):
@@ -167,15 +197,18 @@ class Engine:
             shapes = [S.parse_shape(b.get(k), where) for k in ("min_shape", "opt_shape", "max_shape")]
             bindings.append(InputBinding(b["name"], S.parse_dtype(b.get("dtype"), where), *shapes))
         backend, threads = meta.get("backend", "reference"), meta.get("ort_threads", 0)
-        if not isinstance(backend, str) or backend not in BACKENDS or device_type not in DEVICES[backend]:
+        if not isinstance(backend, str) or not runs_on(backend, device_type):
             raise EngineFormatError(f"engine metadata: backend {reprlib.repr(backend)} is not one that runs on "
-                                    f"{device_type} ({', '.join(b for b in BACKENDS if device_type in DEVICES[b])})")
+                                    f"{device_type} ({', '.join(b for b in BACKENDS if runs_on(b, device_type))})")
         try:
             options = BackendOptions(ort_threads=threads)
         except ValueError as e:
             raise EngineFormatError(f"engine metadata: {e}") from None
+        plans = [Plan.from_json(raw, network, f"engine plan {k}") for k, raw in enumerate(raw_plans)]
+        if any(p.target.backend != backend for p in plans):
+            raise EngineFormatError(f"engine metadata: a plan is for another backend than the engine's {backend!r}")
         return cls(network, bindings, device_type, S.parse_dtype(meta.get("precision"), "engine precision"), name,
-                   backend, options)
+                   backend, options, plans)
 
     def __repr__(self) -> str:
         return (f"Engine({self.name!r}, {self.device_type}, {self.backend}, {S.dtype_name(self.precision)}, "

@@ -1,8 +1,15 @@
-"""Engine bytes: a versioned header, the layer graph as JSON, weights as safetensors, a SHA-256.
+"""Engine bytes: a versioned header, a table of sections, a SHA-256.
 
-Layout (little-endian):
-    magic b"TKLNENG\\0" | u32 format version | u32 reserved (0) | u64 graph length | u64 weights length
-    | graph (UTF-8 JSON) | weights (safetensors) | SHA-256 of everything before it
+Format 2 (written; little-endian):
+    magic b"TKLNENG\\0" | u32 format version (2) | u32 number of sections
+    | per section: 16-byte name (ASCII, NUL-padded) | u64 length
+    | the sections, in table order | SHA-256 of everything before it
+Sections: "meta" (JSON: name, device kind, precision, backend and its options, input bindings), "graph"
+(JSON: the portable layer graph), "weights" (safetensors; absent without weights), and one "plan.K" (JSON,
+`runtime.plan.Plan.to_json`) per target the engine was planned for. Unknown sections are refused.
+Format 1 (still read: engines saved before plans existed): magic | u32 1 | u32 0 | u64 graph length | u64
+weights length | graph JSON holding the metadata and the network | weights | SHA-256. It has no plans, so
+its backend plans it on load.
 
 Reading never runs code: JSON and safetensors are data formats, every field is checked against the
 layer kind's declared parameter types, every layer passes its kind's `validate` and the graph is
@@ -37,8 +44,11 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, bounds, from_tree, to_tree
 
 MAGIC = b"TKLNENG\0"
-FORMAT_VERSION = 1
-_PREFIX = struct.Struct("<8sIIQQ")
+FORMAT_VERSION = 2
+_PREFIX = struct.Struct("<8sIIQQ")  # format 1
+_HEADER = struct.Struct("<8sII")  # format 2: magic, version, number of sections
+_SECTION = struct.Struct("<16sQ")
+MAX_SECTIONS = 64  # meta, graph, weights and the plans of up to 61 targets
 _DIGEST = 32
 MAX_GRAPH_BYTES = 256 << 20
 MAX_LAYERS = 1 << 20
@@ -211,8 +221,8 @@ def _nbytes(shape: tuple[Any, ...], dtype: torch.dtype) -> float:
     return math.prod(bounds(d)[1] for d in shape) * dtype.itemsize
 
 
-def encode_engine(meta: dict[str, Any], network: Network) -> bytes:
-    """Serialize engine metadata plus its network."""
+def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, Any]] = ()) -> bytes:
+    """Serialize engine metadata, its network and its plans (JSON objects) in format 2."""
     weights: dict[str, torch.Tensor] = {}
     keys: dict[int, str] = {}
     storages: set[int] = set()
@@ -238,7 +248,7 @@ def encode_engine(meta: dict[str, Any], network: Network) -> bytes:
             "weights": refs,
             "params": {k: _encode(v) for k, v in layer.params().items()},
         })
-    graph = dict(meta)
+    graph = {}
     graph["network"] = {
         "name": network.name,
         "inputs": [{"name": t.name, "dtype": dtype_name(t.dtype), "shape": _encode(t.shape)} for t in network.inputs],
@@ -250,14 +260,38 @@ def encode_engine(meta: dict[str, Any], network: Network) -> bytes:
         if len({s.name for s in symbols}) != len(symbols):
             raise EngineFormatError(f"network {network.name!r}: two dim symbols share a name")
         graph["network"]["symbols"] = [{"name": s.name, "min": s.lo, "max": s.hi} for s in symbols]
-    graph_bytes = json.dumps(graph, separators=(",", ":")).encode("utf-8")
-    weight_bytes = safetensors.torch.save(weights) if weights else b""
-    body = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(graph_bytes), len(weight_bytes)) + graph_bytes + weight_bytes
+    sections = [("meta", _json_bytes(meta)), ("graph", _json_bytes(graph["network"]))]
+    if weights:
+        sections.append(("weights", safetensors.torch.save(weights)))
+    sections += [(f"plan.{k}", _json_bytes(plan)) for k, plan in enumerate(plans)]
+    return join_sections(sections)
+
+
+def join_sections(sections: list[tuple[str, bytes]]) -> bytes:
+    """Format-2 engine bytes of these (name, data) sections, checksum included."""
+    body = _HEADER.pack(MAGIC, FORMAT_VERSION, len(sections)) + b"".join(
+        _SECTION.pack(name.encode("ascii"), len(data)) for name, data in sections) + b"".join(d for _, d in sections)
     return body + hashlib.sha256(body).digest()
 
 
-def decode_engine(data: bytes, max_memory: int | None = None) -> tuple[dict[str, Any], Network]:
-    """Check and parse engine bytes into (metadata, network); any problem is an EngineFormatError.
+def split_sections(data: bytes) -> list[tuple[str, bytes]]:
+    """The (name, data) sections of format-2 engine bytes, in order (the checksum is not checked)."""
+    _magic, _version, count = _HEADER.unpack_from(data)
+    start = _HEADER.size + count * _SECTION.size
+    out = []
+    for k in range(count):
+        raw_name, n = _SECTION.unpack_from(data, _HEADER.size + k * _SECTION.size)
+        out.append((raw_name.rstrip(b"\0").decode("ascii"), data[start:start + n]))
+        start += n
+    return out
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode("utf-8")
+
+
+def decode_engine(data: bytes, max_memory: int | None = None) -> tuple[dict[str, Any], Network, list[Any]]:
+    """Check and parse engine bytes into (metadata, network, raw plans); any problem is an EngineFormatError.
 
     `max_memory` bounds the bytes of all layer outputs together (see `max_engine_memory`)."""
     limit = max_engine_memory(max_memory)
@@ -271,13 +305,13 @@ def decode_engine(data: bytes, max_memory: int | None = None) -> tuple[dict[str,
             gc.enable()
 
 
-def _decode_engine(data: bytes, limit: int) -> tuple[dict[str, Any], Network]:
+def _decode_engine(data: bytes, limit: int) -> tuple[dict[str, Any], Network, list[Any]]:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise EngineFormatError(f"engine data must be bytes, got {type(data).__name__}")
     data = bytes(data)
     if len(data) < _PREFIX.size + _DIGEST:
         raise EngineFormatError(f"engine data is truncated: {len(data)} bytes is shorter than any engine")
-    magic, version, _reserved, graph_len, weights_len = _PREFIX.unpack_from(data)
+    magic, version, _count = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise EngineFormatError("not a torchkiln engine (bad magic bytes)")
     if version > FORMAT_VERSION:
@@ -285,22 +319,71 @@ def _decode_engine(data: bytes, limit: int) -> tuple[dict[str, Any], Network]:
                                 f"(up to {FORMAT_VERSION}); upgrade torchkiln to load it")
     if version < 1:
         raise EngineFormatError(f"engine format version {version} is unknown")
-    expected = _PREFIX.size + graph_len + weights_len + _DIGEST
-    if expected != len(data):
-        raise EngineFormatError(f"engine data is truncated or padded: header declares {expected} bytes, got {len(data)}")
-    if graph_len > MAX_GRAPH_BYTES:
-        raise EngineFormatError(f"engine graph of {graph_len} bytes exceeds the {MAX_GRAPH_BYTES}-byte limit")
-    if hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
-        raise EngineFormatError("engine data is corrupted: checksum mismatch")
-    start = _PREFIX.size
-    graph = _parse_graph(data[start:start + graph_len])
+    sections = _sections_v1(data) if version == 1 else _sections(data)
+    if len(sections["graph"]) > MAX_GRAPH_BYTES:
+        raise EngineFormatError(f"engine graph of {len(sections['graph'])} bytes exceeds the {MAX_GRAPH_BYTES}-byte "
+                                f"limit")
+    graph = _parse_graph(sections["graph"])
+    raw_weights = sections.get("weights", b"")
     try:
-        weights = safetensors.torch.load(data[start + graph_len:start + graph_len + weights_len]) if weights_len else {}
+        weights = safetensors.torch.load(raw_weights) if raw_weights else {}
     except Exception as e:
         raise EngineFormatError(f"engine weights are not valid safetensors: {e}") from None
     if not isinstance(graph, dict):
         raise EngineFormatError("engine graph must be a JSON object")
-    return graph, _decode_network(_field(graph, "network", dict, "engine"), weights, limit)
+    if version == 1:
+        meta, raw_network = graph, _field(graph, "network", dict, "engine")
+    else:
+        meta, raw_network = _parse_graph(sections["meta"]), graph
+        if not isinstance(meta, dict):
+            raise EngineFormatError("engine metadata must be a JSON object")
+    plans = [_parse_graph(sections[k]) for k in sorted((k for k in sections if k.startswith("plan.")),
+                                                         key=lambda k: int(k[5:]))]
+    return meta, _decode_network(raw_network, weights, limit), plans
+
+
+def _check_digest(data: bytes) -> None:
+    if hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
+        raise EngineFormatError("engine data is corrupted: checksum mismatch")
+
+
+def _sections_v1(data: bytes) -> dict[str, bytes]:
+    _magic, _version, _reserved, graph_len, weights_len = _PREFIX.unpack_from(data)
+    expected = _PREFIX.size + graph_len + weights_len + _DIGEST
+    if expected != len(data):
+        raise EngineFormatError(f"engine data is truncated or padded: header declares {expected} bytes, got {len(data)}")
+    _check_digest(data)
+    start = _PREFIX.size
+    return {"graph": data[start:start + graph_len], "weights": data[start + graph_len:start + graph_len + weights_len]}
+
+
+def _sections(data: bytes) -> dict[str, bytes]:
+    """Format 2's sections by name, checked against the table: known names, no repeats, lengths that add up."""
+    _magic, _version, count = _HEADER.unpack_from(data)
+    if count > MAX_SECTIONS:
+        raise EngineFormatError(f"engine declares {count} sections (at most {MAX_SECTIONS})")
+    start = _HEADER.size + count * _SECTION.size
+    if start + _DIGEST > len(data):
+        raise EngineFormatError("engine data is truncated: its section table runs past the end")
+    table = [_SECTION.unpack_from(data, _HEADER.size + k * _SECTION.size) for k in range(count)]
+    expected = start + sum(n for _, n in table) + _DIGEST
+    if expected != len(data):
+        raise EngineFormatError(f"engine data is truncated or padded: its sections declare {expected} bytes, "
+                                f"got {len(data)}")
+    _check_digest(data)
+    sections: dict[str, bytes] = {}
+    for raw_name, n in table:
+        name = raw_name.rstrip(b"\0").decode("ascii", "replace")
+        known = name in ("meta", "graph", "weights") or (name.startswith("plan.") and name[5:].isdigit()
+                                                           and len(name) <= 8)
+        if not known or name in sections:
+            raise EngineFormatError(f"engine section {name!r} is {'repeated' if known else 'unknown'}")
+        sections[name] = data[start:start + n]
+        start += n
+    for name in ("meta", "graph"):
+        if name not in sections:
+            raise EngineFormatError(f"engine has no {name!r} section")
+    return sections
 
 
 def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_memory: int) -> Network:

@@ -4,8 +4,9 @@
 - `onnxruntime` — CPU only: maximal runs of layers that ONNX expresses become ONNX Runtime sessions; the
   layers it cannot express run on the reference meanings inside the same call, in order.
 
-An engine records the name of its backend (and its options) in its bytes; `make_runner` builds the runner
-when the engine first runs on a device. A backend that cannot run here (onnxruntime not installed, a session
+A backend lowers a network to a plan for a device (runtime/plan.py) and runs plans. An engine records the
+name of its backend, its options and its plans in its bytes; `make_runner` builds the runner of a plan when the
+engine first runs on a device. A backend that cannot run here (onnxruntime not installed, a session
 ONNX Runtime refuses) logs one warning and the engine runs on the reference backend.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from torchkiln.ir.network import Network
 from torchkiln.runtime.executor import ReferenceExecutor
+from torchkiln.runtime.plan import Kernel, Plan, Target, one_step_per_layer, target_here
 
 logger = logging.getLogger(__name__)
 
@@ -51,32 +53,84 @@ class BackendOptions:
                              f"got {self.ort_threads!r}")
 
 
-def _reference(network: Network, device: torch.device, options: BackendOptions) -> Runner:
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """A registry row: the device kinds a backend runs on, how it lowers a network to its plan for a device
+    (at build time, or on load where no stored plan fits this machine), and how it runs a plan."""
+
+    devices: frozenset[str]
+    target: Callable[[torch.device], Target]  # what a plan made here is for; a stored plan fits if equal
+    plan: Callable[[Network, torch.device, BackendOptions], Plan]
+    runner: Callable[[Network, Plan, torch.device, BackendOptions], Runner]
+
+
+def _reference_target(device: torch.device) -> Target:
+    return target_here("reference", device)
+
+
+def _reference_plan(network: Network, device: torch.device, options: BackendOptions) -> Plan:
+    kernels, steps = one_step_per_layer(network, lambda layer: Kernel("aten", layer.KIND))
+    return Plan(_reference_target(device), kernels, steps)
+
+
+def _reference_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions) -> Runner:
     return ReferenceExecutor(network, device)
 
 
-def _onnxruntime(network: Network, device: torch.device, options: BackendOptions) -> Runner:
+def _onnxruntime_target(device: torch.device) -> Target:
+    from torchkiln.runtime.backends.onnxruntime import target
+
+    return target(device)
+
+
+def _onnxruntime_plan(network: Network, device: torch.device, options: BackendOptions) -> Plan:
+    from torchkiln.runtime.backends.onnxruntime import make_plan
+
+    return make_plan(network, device)
+
+
+def _onnxruntime_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions) -> Runner:
     from torchkiln.runtime.backends.onnxruntime import OrtRunner
 
-    return OrtRunner(network, device, options)
+    return OrtRunner(network, plan, device, options)
 
 
-Backend = Callable[[Network, torch.device, BackendOptions], Runner]
-BACKENDS: dict[str, Backend] = {"reference": _reference, "onnxruntime": _onnxruntime}
-# The device kinds each backend runs on.
-DEVICES: dict[str, frozenset[str]] = {"reference": frozenset({"cpu", "cuda"}), "onnxruntime": frozenset({"cpu"})}
+BACKENDS: dict[str, Backend] = {
+    "reference": Backend(frozenset({"cpu", "cuda"}), _reference_target, _reference_plan, _reference_runner),
+    "onnxruntime": Backend(frozenset({"cpu"}), _onnxruntime_target, _onnxruntime_plan, _onnxruntime_runner),
+}
 
 
-def make_runner(backend: str, network: Network, device: torch.device, options: BackendOptions,
+def runs_on(backend: str, device_type: str) -> bool:
+    return backend in BACKENDS and device_type in BACKENDS[backend].devices
+
+
+def target_of(backend: str, device: torch.device) -> Target:
+    """The target a plan of `backend` made on `device` now would have; BackendUnavailable if it cannot run."""
+    return BACKENDS[backend].target(device)
+
+
+def make_plan(backend: str, network: Network, device: torch.device, options: BackendOptions) -> Plan:
+    """`backend`'s plan of `network` for `device`; BackendUnavailable where that backend cannot run here."""
+    return BACKENDS[backend].plan(network, device, options)
+
+
+def make_runner(backend: str, network: Network, plan: Plan | None, device: torch.device, options: BackendOptions,
                 engine: str = "engine") -> Runner:
-    """The runner of `backend`, or (with a warning naming `engine` and the cause) the reference one where
-    that backend cannot run here."""
-    if backend != "reference":
+    """The runner of `plan` (None: the backend could not plan here), or (with a warning naming `engine` and the
+    cause) the reference one where that backend cannot run here."""
+    if backend != "reference" and plan is not None:
         try:
-            return BACKENDS[backend](network, device, options)
+            return BACKENDS[backend].runner(network, plan, device, options)
         except BackendUnavailable as e:
-            if str(e) not in _warned:  # once per cause: a missing library is one warning, not one per engine
-                _warned.add(str(e))
-                logger.warning("the %s backend cannot run here, so engine %r (and any other engine it cannot run "
-                               "for this reason) runs on the reference backend: %s", backend, engine, e)
-    return _reference(network, device, options)
+            warn_unavailable(backend, engine, e)
+    return _reference_runner(network, _reference_plan(network, device, options), device, options)
+
+
+def warn_unavailable(backend: str, engine: str, error: Exception) -> None:
+    """Log once per cause (a missing library is one warning, not one per engine) that an engine runs on the
+    reference backend instead of `backend`."""
+    if str(error) not in _warned:
+        _warned.add(str(error))
+        logger.warning("the %s backend cannot run here, so engine %r (and any other engine it cannot run for this "
+                       "reason) runs on the reference backend: %s", backend, engine, error)

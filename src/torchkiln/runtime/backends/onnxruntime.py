@@ -42,6 +42,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import Dim, bounds
 from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
 from torchkiln.runtime.executor import ReferenceExecutor
+from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +173,20 @@ def _subnetwork(network: Network, seg: Segment, later: set[int]) -> Network:
     return sub
 
 
+def target(device: torch.device) -> Target:
+    """Plans depend on what this torchkiln exports and on the ONNX Runtime version."""
+    return target_here("onnxruntime", device, [("onnxruntime", _ort().__version__)])
+
+
+def make_plan(network: Network, device: torch.device) -> Plan:
+    """The plan: a "session" kernel per ORT segment, an "aten" kernel per reference segment (plan_segments)."""
+    index = {id(layer): j for j, layer in enumerate(network.layers)}
+    session, reference = Kernel("session", "onnx"), Kernel("aten", "reference segment")
+    steps = [Step(0 if seg.on_ort else 1, tuple(index[id(layer)] for layer in seg.layers))
+             for seg in plan_segments(network)]
+    return Plan(target(device), [session, reference], steps)
+
+
 def _ort():
     """The onnxruntime module; BackendUnavailable where it is not installed."""
     try:
@@ -215,7 +230,7 @@ class _Session:
 class OrtRunner:
     """A CPU network as ONNX Runtime sessions and reference segments, run in order."""
 
-    def __init__(self, network: Network, device: torch.device, options: BackendOptions) -> None:
+    def __init__(self, network: Network, plan: Plan, device: torch.device, options: BackendOptions) -> None:
         ort = _ort()
         if device.type != "cpu":
             raise BackendUnavailable(f"the onnxruntime backend runs on the CPU, not on {device}")
@@ -223,11 +238,12 @@ class OrtRunner:
         self.device = device
         self.errors = _ort_errors(ort)
         threads = options.ort_threads or torch.get_num_threads()
-        segments = plan_segments(network)
+        segments = [Segment([network.layers[j] for j in step.layers], plan.kernels[step.kernel].kind == "session")
+                    for step in plan.steps]
         if network.symbols() and not (len(segments) == 1 and segments[0].on_ort):
             # A reference segment between sessions would take intermediate tensors whose dims are expressions
             # (s0 // 2 + 1), which only the whole network's symbols define.
-            names = ", ".join(f"{name} ({why})" for seg in segments for name, why in seg.reasons.items())
+            names = ", ".join(f"{name} ({why})" for name, kind, why in reference_layers(network))
             raise BackendUnavailable(f"a dynamic-shape engine runs on ONNX Runtime only when all of it exports, and "
                                      f"these layers do not: {names}")
         read_after: list[set[int]] = []  # per segment: tensors read by later segments or returned
