@@ -14,7 +14,7 @@ from torchkiln.ir import layers as L
 from torchkiln.runtime import serialization as S
 from torchkiln.runtime.backends import BackendOptions, make_plan
 from torchkiln.runtime.engine import Engine, InputBinding
-from torchkiln.runtime.plan import Plan, Step, check_steps, plan_memory
+from torchkiln.runtime.plan import Plan, Step, check_steps
 
 
 @pytest.fixture(scope="module")
