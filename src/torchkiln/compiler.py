@@ -31,6 +31,7 @@ from torchkiln.partitioning.segment import Partition, partition
 from torchkiln.partitioning.dynamic_shapes import analyze_dynamic_shapes
 from torchkiln.partitioning.signature import check_signature, example_args, unpack_list_inputs
 from torchkiln.partitioning.support import Decision, Fallback, Target
+from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.execute_op import engine_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input
@@ -82,7 +83,7 @@ def _build_settings(settings: CompileSettings) -> BuildSettings:
                        dtype, dtype)
         dtype = torch.float32
     return BuildSettings(compute_dtype=dtype, device=settings.device, backend=backend,
-                         ort_threads=settings.ort_threads)
+                         backend_options=BackendOptions(ort_threads=settings.ort_threads))
 
 
 def _module_name(module: torch.nn.Module) -> str:

@@ -22,7 +22,7 @@ _PRECISION_ALIASES = {
 }
 _FORMATS = (torch.contiguous_format, torch.channels_last)
 _OP_NAME = re.compile(r"\w+::\w+(\.\w+)?")
-BACKENDS = ("auto", "reference", "onnxruntime")
+BACKENDS = ("auto", "reference", "onnxruntime", "cuda")
 MAX_ORT_THREADS = 1024
 
 
@@ -254,8 +254,8 @@ class CompileSettings:
     truncate_long_and_double: bool = False
     debug: bool = False
     # What runs the engines: "reference" (ATen, layer by layer), "onnxruntime" (CPU only: ONNX Runtime sessions,
-    # with the layers ONNX cannot express on the reference meanings), or "auto": onnxruntime on the CPU,
-    # reference elsewhere.
+    # with the layers ONNX cannot express on the reference meanings), "cuda" (CUDA only: fused kernels and CUDA
+    # graphs), or "auto": onnxruntime on the CPU, cuda on a GPU.
     backend: str = "auto"
     ort_threads: int = 0  # ONNX Runtime's intra-op threads; 0: torch.get_num_threads() where the engine runs
 
@@ -310,6 +310,8 @@ class CompileSettings:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
         if backend == "onnxruntime" and dev.type != "cpu":
             raise ValueError(f"backend: 'onnxruntime' runs on the CPU, not on {dev}; use 'auto' or 'reference'")
+        if backend == "cuda" and dev.type != "cuda":
+            raise ValueError(f"backend: 'cuda' runs on a CUDA device, not on {dev}; use 'auto' or 'reference'")
         if isinstance(ort_threads, bool) or not isinstance(ort_threads, int) \
                 or not 0 <= ort_threads <= MAX_ORT_THREADS:
             raise ValueError(f"ort_threads must be an int in [0, {MAX_ORT_THREADS}] (0: torch.get_num_threads()), "
@@ -335,7 +337,7 @@ class CompileSettings:
         """The backend engines run on: `backend`, with "auto" resolved by the device."""
         if self.backend != "auto":
             return self.backend
-        return "onnxruntime" if self.device.type == "cpu" else "reference"
+        return {"cpu": "onnxruntime", "cuda": "cuda"}.get(self.device.type, "reference")
 
     @property
     def compute_dtype(self) -> torch.dtype:

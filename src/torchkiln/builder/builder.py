@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from torchkiln.builder.pipeline import run_passes
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.ir.network import Network
-from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.engine import Engine, InputBinding
 
 logger = logging.getLogger("torchkiln.builder")
@@ -23,7 +22,7 @@ def build_engine(network: Network, bindings: Sequence[InputBinding], settings: B
     logger.info("built engine %s: %d layers in %.2fs; passes that changed it: %s", name, len(network.layers),
                 time.perf_counter() - start, ", ".join(fired) or "none")
     engine = Engine(network, bindings, settings.device.type, settings.compute_dtype, name, settings.backend,
-                    BackendOptions(settings.ort_threads))
+                    settings.backend_options)
     plan = engine.plan_for(settings.device)  # the target's choices (and, on CUDA, its tactic timing) happen now
     if plan is not None:
         logger.info("planned engine %s for %s: %s", name, plan.target.describe(),

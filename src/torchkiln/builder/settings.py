@@ -5,6 +5,8 @@ import dataclasses
 
 import torch
 
+from torchkiln.runtime.backends import BackendOptions
+
 
 @dataclasses.dataclass(frozen=True)
 class BuildSettings:
@@ -14,4 +16,4 @@ class BuildSettings:
     device: torch.device = torch.device("cpu")
     max_folded_elements: int = 1 << 20  # constant folding never makes a constant larger than this
     backend: str = "reference"  # what runs the engine (runtime.backends.BACKENDS), recorded in its bytes
-    ort_threads: int = 0  # the onnxruntime backend's intra-op threads; 0: torch.get_num_threads() at run time
+    backend_options: BackendOptions = BackendOptions()  # how the backend is tuned, recorded in the engine's bytes

@@ -169,7 +169,7 @@ class Engine:
             "device_type": self.device_type,
             "precision": S.dtype_name(self.precision),
             "backend": self.backend,
-            "ort_threads": self.backend_options.ort_threads,
+            **self.backend_options.to_json(),
             "bindings": [{"name": b.name, "dtype": S.dtype_name(b.dtype), "min_shape": list(b.min_shape),
                           "opt_shape": list(b.opt_shape), "max_shape": list(b.max_shape)} for b in self.bindings],
         }
@@ -196,13 +196,13 @@ class Engine:
                 raise EngineFormatError(f"{where}: malformed")
             shapes = [S.parse_shape(b.get(k), where) for k in ("min_shape", "opt_shape", "max_shape")]
             bindings.append(InputBinding(b["name"], S.parse_dtype(b.get("dtype"), where), *shapes))
-        backend, threads = meta.get("backend", "reference"), meta.get("ort_threads", 0)
+        backend = meta.get("backend", "reference")
         if not isinstance(backend, str) or not runs_on(backend, device_type):
             raise EngineFormatError(f"engine metadata: backend {reprlib.repr(backend)} is not one that runs on "
                                     f"{device_type} ({', '.join(b for b in BACKENDS if runs_on(b, device_type))})")
         try:
-            options = BackendOptions(ort_threads=threads)
-        except ValueError as e:
+            options = BackendOptions.from_json(meta)
+        except (ValueError, TypeError) as e:
             raise EngineFormatError(f"engine metadata: {e}") from None
         plans = [Plan.from_json(raw, network, f"engine plan {k}") for k, raw in enumerate(raw_plans)]
         if any(p.target.backend != backend for p in plans):

@@ -73,7 +73,7 @@ class ReferenceExecutor:
                                [slot[id(t)] for t in layer.inputs], [slot[id(t)] for t in layer.outputs],
                                frees[step]))
         self.output_slots = [slot[id(t)] for t in network.outputs]
-        self.clone_output = [_may_alias_storage(t) for t in network.outputs]
+        self.clone_output = [may_alias_storage(t) for t in network.outputs]
         self.binder = SymbolBinder.for_network(network)  # dynamic shapes: binds symbols per input signature
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -94,7 +94,7 @@ class ReferenceExecutor:
                 for s, clone in zip(self.output_slots, self.clone_output)]
 
 
-def _may_alias_storage(tensor) -> bool:
+def may_alias_storage(tensor) -> bool:
     """Whether an output may share memory with an engine input or a weight (then it is copied)."""
     while tensor.producer is not None:
         if not isinstance(tensor.producer, _MAY_ALIAS):

@@ -61,6 +61,13 @@ class SymbolBinder:
             first.setdefault(s, (i, j))
         return bindings
 
+    def specialize(self, layer: Any, bindings: dict[DimSymbol, int]) -> Any:
+        """`layer`, or a copy whose symbolic parameters are evaluated at `bindings`."""
+        fields = self.symbolic_layers.get(id(layer))
+        if not fields:
+            return layer
+        return dataclasses.replace(layer, **{f: substitute(getattr(layer, f), bindings) for f in fields})
+
     def steps_for(self, inputs: Sequence[torch.Tensor], steps: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         """`steps` (fn, layer, ...) with each symbolic layer replaced by a copy whose parameters are ints."""
         key = tuple(tuple(x.shape) for x in inputs)
@@ -70,10 +77,8 @@ class SymbolBinder:
         bindings = self.bind(key)
         specialized = []
         for step in steps:
-            layer = step[1]
-            fields = self.symbolic_layers.get(id(layer))
-            if fields:
-                layer = dataclasses.replace(layer, **{f: substitute(getattr(layer, f), bindings) for f in fields})
+            layer = self.specialize(step[1], bindings)
+            if layer is not step[1]:
                 step = (step[0], layer) + tuple(step[2:])
             specialized.append(step)
         with self._lock:

@@ -1,6 +1,8 @@
 """The backend registry: a backend turns (network, device, options) into a Runner that computes the network.
 
 - `reference` — the reference executor (ATen, any device): every layer's meaning, layer by layer.
+- `cuda` — CUDA only: fused library calls (cuDNN, cuBLAS, SDPA through ATen), generated pointwise kernels,
+  channels-last convolutions, and one CUDA graph per input shape (runtime/backends/cuda/).
 - `onnxruntime` — CPU only: maximal runs of layers that ONNX expresses become ONNX Runtime sessions; the
   layers it cannot express run on the reference meanings inside the same call, in order.
 
@@ -25,6 +27,7 @@ from torchkiln.runtime.plan import Kernel, Plan, Target, one_step_per_layer, tar
 logger = logging.getLogger(__name__)
 
 MAX_THREADS = 1024
+MAX_TIMING_ITERATIONS = 10_000
 _warned: set[str] = set()
 
 
@@ -45,12 +48,30 @@ class BackendOptions:
     """What a backend may be tuned with; stored in the engine's bytes."""
 
     ort_threads: int = 0  # ONNX Runtime's intra-op threads; 0: torch.get_num_threads() where the engine runs
+    allow_tf32: bool = False  # cuda: fp32 convolutions and matrix multiplies may use TF32 (10-bit mantissa)
+    timing_iterations: int = 10  # cuda: runs averaged per tactic when the build times them; 0: no timing
+    cuda_graphs: bool = True  # cuda: replay each input shape's launches as one CUDA graph
 
     def __post_init__(self) -> None:
         if isinstance(self.ort_threads, bool) or not isinstance(self.ort_threads, int) \
                 or not 0 <= self.ort_threads <= MAX_THREADS:
             raise ValueError(f"ort_threads must be an int in [0, {MAX_THREADS}] (0: torch.get_num_threads()), "
                              f"got {self.ort_threads!r}")
+        if isinstance(self.timing_iterations, bool) or not isinstance(self.timing_iterations, int) \
+                or not 0 <= self.timing_iterations <= MAX_TIMING_ITERATIONS:
+            raise ValueError(f"timing_iterations must be an int in [0, {MAX_TIMING_ITERATIONS}], got "
+                             f"{self.timing_iterations!r}")
+        for name in ("allow_tf32", "cuda_graphs"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, object]) -> BackendOptions:
+        """Options read from engine metadata (absent keys take their defaults); ValueError if one is bad."""
+        return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +116,28 @@ def _onnxruntime_runner(network: Network, plan: Plan, device: torch.device, opti
     return OrtRunner(network, plan, device, options)
 
 
+def _cuda_target(device: torch.device) -> Target:
+    from torchkiln.runtime.backends.cuda.planner import target
+
+    return target(device)
+
+
+def _cuda_plan(network: Network, device: torch.device, options: BackendOptions) -> Plan:
+    from torchkiln.runtime.backends.cuda.planner import make_plan as plan
+
+    return plan(network, device, options)
+
+
+def _cuda_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions) -> Runner:
+    from torchkiln.runtime.backends.cuda.runner import CudaRunner
+
+    return CudaRunner(network, plan, device, options)
+
+
 BACKENDS: dict[str, Backend] = {
     "reference": Backend(frozenset({"cpu", "cuda"}), _reference_target, _reference_plan, _reference_runner),
     "onnxruntime": Backend(frozenset({"cpu"}), _onnxruntime_target, _onnxruntime_plan, _onnxruntime_runner),
+    "cuda": Backend(frozenset({"cuda"}), _cuda_target, _cuda_plan, _cuda_runner),
 }
 
 

@@ -1,0 +1,177 @@
+"""The CUDA backend's kernels: for each (kind, op) row of a plan's kernel table, how to make the callable that
+runs a step.
+
+A maker takes the step's layers (symbolic parameters already evaluated for the input shapes), its kernel row,
+its weights on the device (laid out and cast once, when the runner is made) and the backend options; it gives
+`fn(inputs) -> outputs` over the step's external inputs and outputs, in `StepIO` order. Nothing here
+synchronizes with the host, so every step can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from torchkiln.ir import layers as L
+from torchkiln.ir.reference import MEANINGS
+from torchkiln.runtime.plan import Kernel
+
+StepFn = Callable[[list[torch.Tensor]], list[torch.Tensor]]
+Weights = dict[str, torch.Tensor]
+Maker = Callable[["StepLayers", Kernel, bool], StepFn]
+MAKERS: dict[tuple[str, str], Maker] = {}
+
+
+class StepLayers:
+    """A step's layers with their device weights, and which tensors it reads and returns (by tensor id)."""
+
+    def __init__(self, layers: Sequence[L.Layer], weights: Sequence[Weights], inputs: Sequence[int],
+                 outputs: Sequence[int]) -> None:
+        self.layers = list(layers)
+        self.weights = list(weights)
+        self.inputs = list(inputs)
+        self.outputs = list(outputs)
+
+
+def maker(kind: str, op: str) -> Callable[[Maker], Maker]:
+    def register(fn: Maker) -> Maker:
+        MAKERS[(kind, op)] = fn
+        return fn
+
+    return register
+
+
+def make_step(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """The callable of one step; a row without a maker of its own runs its layers' ATen meanings in order."""
+    found = MAKERS.get((kernel.kind, kernel.op)) or MAKERS.get((kernel.kind, "*")) or _layer_by_layer
+    return found(step, kernel, allow_tf32)
+
+
+def _layer_fn(layer: L.Layer, weights: Weights, allow_tf32: bool) -> Callable[[list[torch.Tensor]], object]:
+    """One layer on the GPU: its meaning, but with the CUDA variants below where one exists."""
+    special = _LAYER_KERNELS.get(type(layer))
+    if special is not None:
+        return special(layer, weights, allow_tf32)
+    meaning = MEANINGS[type(layer)]
+    device = next(iter(weights.values())).device if weights else None
+    return lambda xs: meaning(layer, xs, weights, device if device is not None else xs[0].device)
+
+
+@maker("aten", "*")
+def _layer_by_layer(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    fns = [_layer_fn(layer, w, allow_tf32) for layer, w in zip(step.layers, step.weights)]
+    if len(step.layers) == 1:
+        fn, single = fns[0], len(step.layers[0].outputs) == 1
+        picks = [[id(t) for t in step.layers[0].outputs].index(o) for o in step.outputs]
+        if single and picks == [0]:
+            return lambda xs: [fn(xs)]
+    ins = step.inputs
+    plan = [(fn, [id(t) for t in layer.inputs], [id(t) for t in layer.outputs]) for fn, layer in zip(fns, step.layers)]
+    outs = step.outputs
+
+    def run(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        values = dict(zip(ins, xs))
+        for fn, reads, writes in plan:
+            result = fn([values[i] for i in reads])
+            if isinstance(result, torch.Tensor):
+                values[writes[0]] = result
+            else:
+                values.update(zip(writes, result))
+        return [values[o] for o in outs]
+
+    return run
+
+
+# ---- single-layer CUDA variants (same values as the meanings, no host synchronisation) ----------------------
+
+def _convolution(layer: L.ConvolutionLayer, ws: Weights, allow_tf32: bool):
+    kernel, bias = ws["kernel"], ws.get("bias")
+    nd = kernel.dim() - 2
+    stride, padding, dilation = list(layer.stride), list(layer.padding), list(layer.dilation)
+    output_padding = list(layer.output_padding) or [0] * nd
+    transposed, groups = layer.transposed, layer.groups
+    tf32 = allow_tf32 and kernel.dtype == torch.float32
+    cudnn = torch.backends.cudnn
+
+    def conv(xs):
+        return torch._convolution(xs[0], kernel, bias, stride, padding, dilation, transposed, output_padding, groups,
+                                  cudnn.benchmark, cudnn.deterministic, cudnn.enabled, tf32)
+
+    return conv
+
+
+def _gather(layer: L.GatherLayer, ws: Weights, allow_tf32: bool):
+    """Gather without the host-side index check of the meaning (it would synchronize every call): on the GPU
+    an index outside [0, size) trips the CUDA kernel's own bounds assertion, as eager PyTorch's does."""
+    axis, mode = layer.axis, layer.mode
+
+    def gather(xs):
+        data, idx = xs
+        if mode == L.GatherMode.ELEMENT:
+            return torch.gather(data, axis, idx)
+        if mode == L.GatherMode.ND:
+            return data[tuple(idx.movedim(-1, 0))]
+        a = axis % data.dim()
+        if a == 0 and data.dim() == 2:
+            return F.embedding(idx, data)
+        flat = torch.index_select(data, a, idx.reshape(-1))
+        return flat.reshape(tuple(data.shape[:a]) + tuple(idx.shape) + tuple(data.shape[a + 1:]))
+
+    return gather
+
+
+def _normalization(layer: L.NormalizationLayer, ws: Weights, allow_tf32: bool):
+    """Layer norm as one kernel: CUDA's layer norm accumulates half-precision inputs in fp32 itself, so the
+    meaning's explicit casts (three kernels) are not needed."""
+    if layer.kind != L.NormalizationKind.LAYER:
+        meaning = MEANINGS[type(layer)]
+        return lambda xs: meaning(layer, xs, ws, xs[0].device)
+    shape, eps = list(layer.normalized_shape), layer.epsilon
+    cache: dict[torch.dtype, tuple] = {}
+
+    def norm(xs):
+        x = xs[0]
+        wb = cache.get(x.dtype)
+        if wb is None:
+            wb = cache[x.dtype] = tuple(None if ws.get(k) is None else ws[k].to(x.dtype) for k in ("scale", "bias"))
+        return F.layer_norm(x, shape, wb[0], wb[1], eps)
+
+    return norm
+
+
+def _softmax(layer: L.SoftMaxLayer, ws: Weights, allow_tf32: bool):
+    """Softmax as one kernel: CUDA's softmax accumulates half-precision inputs in fp32 itself."""
+    axis, log = layer.axis, layer.log
+    return lambda xs: (torch.log_softmax if log else torch.softmax)(xs[0], axis)
+
+
+_LAYER_KERNELS = {
+    L.ConvolutionLayer: _convolution,
+    L.GatherLayer: _gather,
+    L.NormalizationLayer: _normalization,
+    L.SoftMaxLayer: _softmax,
+}
+
+
+# ---- fused library calls --------------------------------------------------------------------------------
+
+@maker("library", "conv_relu")
+def _conv_relu(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """relu(conv(x) + bias) as one cuDNN call."""
+    conv = step.layers[0]
+    w, b = step.weights[0]["kernel"], step.weights[0].get("bias")
+    args = (list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups)
+    return lambda xs: [torch.cudnn_convolution_relu(xs[0], w, b, *args)]
+
+
+@maker("library", "conv_add_relu")
+def _conv_add_relu(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """relu(conv(x) + bias + z) as one cuDNN call; z is the other operand of the add."""
+    conv = step.layers[0]
+    w, b = step.weights[0]["kernel"], step.weights[0].get("bias")
+    args = (list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups)
+    add = step.layers[1]
+    z = next(t for t in add.inputs if t is not conv.outputs[0])
+    x_at, z_at = step.inputs.index(id(conv.inputs[0])), step.inputs.index(id(z))
+    return lambda xs: [torch.cudnn_convolution_add_relu(xs[x_at], w, xs[z_at], 1.0, b, *args)]

@@ -1,0 +1,188 @@
+"""The CUDA backend's planner: a network -> its plan for one GPU.
+
+Decisions, in order (each is a row of the kernel table; `kernels.py` makes the callables):
+1. **Convolution epilogues** (half precision, or fp32 where TF32 is allowed): a 2-D convolution whose only
+   reader is a ReLU becomes one cuDNN call (`conv_relu`); one whose only reader is an add of a tensor of the
+   same shape, read only by a ReLU, becomes `conv_add_relu` (the residual block's tail). Where timing is on,
+   the fused call is timed against the unfused one at the opt shape and kept only if faster.
+   (cuDNN's fused calls read the process-wide TF32 flag, so fp32 convolutions without TF32 permission never
+   use them.)
+2. **Pointwise groups**: elementwise, unary, activation, cast and scale layers over one iteration space join
+   one generated kernel. A layer joins the open group of a producer when its output has the group's shape and
+   everything else it reads is ready before the group's first layer (so the group runs as one step at that
+   point without reordering anything around it).
+3. **Library calls** for the rest of the heavy layers (convolution in channels-last, matrix multiply,
+   attention through SDPA), and the layers' ATen meanings for everything else (CUDA variants in kernels.py).
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import DimSymbol, evaluate
+from torchkiln.runtime.backends import BackendOptions
+from torchkiln.runtime.backends.cuda import timing
+from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
+
+logger = logging.getLogger(__name__)
+
+POINTWISE = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.ScaleLayer)
+HALF = (torch.float16, torch.bfloat16)
+
+
+def target(device: torch.device) -> Target:
+    """Plans depend on the GPU (tactic timing), torch (its cuDNN and cuBLAS) and Triton (generated kernels)."""
+    libraries = [("torch", torch.__version__), ("cudnn", str(torch.backends.cudnn.version()))]
+    try:
+        import triton
+
+        libraries.append(("triton", triton.__version__))
+    except ImportError:
+        pass
+    return target_here("cuda", device, libraries, gpu_specific=True)
+
+
+class _Graph:
+    """Readers of every tensor, and what the network returns."""
+
+    def __init__(self, network: Network) -> None:
+        self.readers: dict[int, list[L.Layer]] = {}
+        for layer in network.layers:
+            for t in layer.inputs:
+                self.readers.setdefault(id(t), []).append(layer)
+        self.returned = {id(t) for t in network.outputs}
+        self.index = {id(layer): j for j, layer in enumerate(network.layers)}
+
+    def sole_reader(self, t) -> L.Layer | None:
+        found = self.readers.get(id(t), [])
+        return found[0] if len(found) == 1 and id(t) not in self.returned else None
+
+
+def _is_relu(layer: L.Layer | None) -> bool:
+    return isinstance(layer, L.ActivationLayer) and layer.type == L.ActivationType.RELU
+
+
+def _epilogue(conv: L.ConvolutionLayer, graph: _Graph) -> tuple[str, list[L.Layer]] | None:
+    """The fusable epilogue after `conv`: ("conv_relu", [relu]) or ("conv_add_relu", [add, relu])."""
+    if conv.transposed or conv.weights["kernel"].dim() != 4:
+        return None
+    out = conv.outputs[0]
+    nxt = graph.sole_reader(out)
+    if _is_relu(nxt):
+        return "conv_relu", [nxt]
+    if isinstance(nxt, L.ElementWiseLayer) and nxt.op == L.ElementWiseOperation.SUM and len(nxt.inputs) == 2:
+        other = nxt.inputs[1] if nxt.inputs[0] is out else nxt.inputs[0]
+        relu = graph.sole_reader(nxt.outputs[0])
+        if other is not out and other.shape == out.shape and other.dtype == out.dtype and _is_relu(relu):
+            return "conv_add_relu", [nxt, relu]
+    return None
+
+
+def _fusable_precision(conv: L.ConvolutionLayer, options: BackendOptions) -> bool:
+    dtype = conv.outputs[0].dtype
+    return dtype in HALF or (dtype == torch.float32 and options.allow_tf32)
+
+
+def _opt(shape: Sequence[object]) -> tuple[int, ...]:
+    """A shape at the opt values of its symbols."""
+    out = []
+    for d in shape:
+        if isinstance(d, int):
+            out.append(d)
+        else:
+            syms = d.free_symbols
+            out.append(evaluate(d, {s: s.opt for s in syms if isinstance(s, DimSymbol)}))
+    return tuple(out)
+
+
+def make_plan(network: Network, device: torch.device, options: BackendOptions) -> Plan:
+    """The CUDA plan of `network` (see the module docstring)."""
+    graph = _Graph(network)
+    groups: list[tuple[Kernel, list[int]]] = []
+    assigned: set[int] = set()
+    cache = timing.TimingCache.load()
+    for j, layer in enumerate(network.layers):
+        if j in assigned:
+            continue
+        if isinstance(layer, L.ConvolutionLayer):
+            found = _epilogue(layer, graph) if _fusable_precision(layer, options) else None
+            if found is not None and any(graph.index[id(x)] in assigned for x in found[1]):
+                found = None  # the add's other operand is a convolution that took this epilogue first
+            if found is not None and timing.fused_is_faster(layer, found[0], _opt(layer.inputs[0].shape),
+                                                             device, options, cache):
+                members = [j] + [graph.index[id(x)] for x in found[1]]
+                assigned.update(members)
+                groups.append((Kernel("library", found[0], (("channels_last", True),)), members))
+                continue
+            groups.append((Kernel("library", "convolution", (("channels_last", _channels_last(layer)),)), [j]))
+        elif isinstance(layer, L.MatrixMultiplyLayer):
+            groups.append((Kernel("library", "matrix_multiply"), [j]))
+        elif isinstance(layer, L.AttentionLayer):
+            groups.append((Kernel("library", "attention"), [j]))
+        else:
+            groups.append((Kernel("aten", layer.KIND), [j]))
+        assigned.add(j)
+    cache.save()
+    # A fused epilogue runs where its last layer is: the residual it adds may be made after the convolution
+    # (a downsample branch), and nothing else reads what the group makes inside itself.
+    groups.sort(key=lambda g: max(g[1]))
+    groups = _group_pointwise(network, groups, graph)
+    return _as_plan(target(device), groups)
+
+
+def _channels_last(conv: L.ConvolutionLayer) -> bool:
+    return conv.weights["kernel"].dim() == 4
+
+
+def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph
+                     ) -> list[tuple[Kernel, list[int]]]:
+    """Merge single pointwise layers into generated pointwise groups (rule 2 of the module docstring)."""
+    out: list[tuple[Kernel, list[int]]] = []
+    group_of: dict[int, int] = {}  # tensor id -> index in `out` of the open pointwise group making it
+    made_at: dict[int, int] = {}  # tensor id -> layer index that makes it
+    for j, layer in enumerate(network.layers):
+        for t in layer.outputs:
+            made_at[id(t)] = j
+    first: dict[int, int] = {}  # group index -> its first layer index
+    for kernel, members in groups:
+        layer = network.layers[members[0]]
+        if len(members) != 1 or not isinstance(layer, POINTWISE) or kernel.kind != "aten":
+            out.append((kernel, members))
+            continue
+        j = members[0]
+        target_group = None
+        for t in layer.inputs:
+            g = group_of.get(id(t))
+            if g is None:
+                continue
+            lead = network.layers[out[g][1][0]]
+            ready = all(id(x) not in made_at or made_at[id(x)] < first[g] or group_of.get(id(x)) == g
+                        for x in layer.inputs)
+            if ready and layer.outputs[0].shape == lead.outputs[0].shape:
+                target_group = g
+                break
+        if target_group is None:
+            out.append((Kernel("generated", "pointwise"), [j]))
+            target_group = len(out) - 1
+            first[target_group] = j
+        else:
+            out[target_group][1].append(j)
+        for t in layer.outputs:
+            group_of[id(t)] = target_group
+    return out
+
+
+def _as_plan(target: Target, groups: list[tuple[Kernel, list[int]]]) -> Plan:
+    kernels: list[Kernel] = []
+    index: dict[Kernel, int] = {}
+    steps = []
+    for kernel, members in groups:
+        if kernel not in index:
+            index[kernel] = len(kernels)
+            kernels.append(kernel)
+        steps.append(Step(index[kernel], tuple(members)))
+    return Plan(target, kernels, steps)

@@ -1,0 +1,164 @@
+"""The CUDA backend's runner: a plan bound to one GPU, replayed as one CUDA graph per input shape.
+
+- Made once per engine and device: weights moved to the GPU once, convolution kernels in channels-last where
+  the plan says so (cuDNN then keeps activations channels-last through the stack).
+- Per input-shape signature (every shape for a static engine; a bounded least-recently-used set of
+  `MAX_GRAPHS` for a dynamic one): symbolic layer parameters are evaluated, every step's callable is made,
+  the steps run once eagerly (which also compiles generated kernels), then are captured as one CUDA graph on
+  a private memory pool. Later calls copy the inputs into the graph's input buffers, replay it, and copy its
+  outputs out, so an output of one call is never overwritten by a later call.
+- A call runs on the caller's current stream and never waits for the host. Calls from several threads are
+  serialized by a lock around the few launches a call makes; a call on another stream first waits (on the
+  GPU, through an event) for the previous call's replay to finish with the shared buffers.
+- Where capture fails (a step synchronizes with the host), the runner logs a warning once and runs that
+  engine's steps eagerly from then on; the values are the same.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from torchkiln.ir.network import Network
+from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
+from torchkiln.runtime.backends.cuda.kernels import StepFn, StepLayers, make_step
+from torchkiln.runtime.executor import may_alias_storage
+from torchkiln.runtime.plan import Plan, slots
+from torchkiln.runtime.symbols import SymbolBinder
+
+logger = logging.getLogger(__name__)
+
+MAX_GRAPHS = 16  # input-shape signatures kept captured per engine and device
+
+
+class _Bound:
+    """The steps for one input-shape signature, and (once captured) their CUDA graph."""
+
+    def __init__(self, fns: list[tuple[StepFn, list[int], list[int], list[int]]], num_slots: int,
+                 num_inputs: int, output_slots: list[int]) -> None:
+        self.fns = fns
+        self.num_slots = num_slots
+        self.num_inputs = num_inputs
+        self.output_slots = output_slots
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_inputs: list[torch.Tensor] = []
+        self.static_outputs: list[torch.Tensor] = []
+
+    def run_eagerly(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        values: list[torch.Tensor | None] = [None] * self.num_slots
+        values[: self.num_inputs] = inputs
+        for fn, ins, outs, frees in self.fns:
+            for slot, value in zip(outs, fn([values[i] for i in ins])):
+                values[slot] = value
+            for slot in frees:
+                values[slot] = None
+        return [values[s] for s in self.output_slots]
+
+    def capture(self, inputs: Sequence[torch.Tensor], pool: object) -> None:
+        self.static_inputs = [x.clone() for x in inputs]
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream(device=inputs[0].device if inputs else None)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.run_eagerly(self.static_inputs)  # warm-up on the capture stream (lazy inits, autotuning)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph, pool=pool):
+            self.static_outputs = self.run_eagerly(self.static_inputs)
+        self.graph = graph
+
+
+class CudaRunner:
+    """A network's CUDA plan bound to one GPU."""
+
+    def __init__(self, network: Network, plan: Plan, device: torch.device, options: BackendOptions) -> None:
+        if device.type != "cuda" or not torch.cuda.is_available():
+            raise BackendUnavailable(f"the cuda backend needs a CUDA device, not {device}")
+        self.network = network
+        self.plan = plan
+        self.device = device
+        self.options = options
+        self.io = plan.io(network)
+        channels_last = {j for step in plan.steps if plan.kernels[step.kernel].option("channels_last")
+                         for j in step.layers}
+        with torch.cuda.device(device):
+            self.weights = [{k: _placed(w, device, j in channels_last and k == "kernel")
+                             for k, w in layer.weights.items()} for j, layer in enumerate(network.layers)]
+        self.binder = SymbolBinder.for_network(network)
+        slot_count = len(network.inputs) + sum(len(layer.outputs) for layer in network.layers)
+        self.num_slots = slot_count
+        self.output_slots = [slots(self.network)[id(t)] for t in network.outputs]
+        self.may_alias = [may_alias_storage(t) for t in network.outputs]
+        self._bound: OrderedDict[tuple, _Bound] = OrderedDict()
+        self._lock = threading.Lock()
+        self._pool = None
+        self._last_call: torch.cuda.Event | None = None
+        self._graphs = options.cuda_graphs
+
+    def _bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
+        bindings = self.binder.bind([tuple(x.shape) for x in inputs]) if self.binder is not None else {}
+        slot_of = slots(self.network)
+        tensor_at = {s: tid for tid, s in slot_of.items()}
+        fns = []
+        for step, sio in zip(self.plan.steps, self.io):
+            layers = [self.network.layers[j] for j in step.layers]
+            if bindings:
+                layers = [self.binder.specialize(layer, bindings) for layer in layers]
+            # specialized layers (dataclasses.replace) share their tensors with the originals, so ids agree
+            own = StepLayers(layers, [self.weights[j] for j in step.layers],
+                             [tensor_at[s] for s in sio.inputs], [tensor_at[s] for s in sio.outputs])
+            fns.append((make_step(own, self.plan.kernels[step.kernel], self.options.allow_tf32),
+                        list(sio.inputs), list(sio.outputs), list(sio.frees)))
+        return _Bound(fns, self.num_slots, len(self.network.inputs), self.output_slots)
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        key = tuple((tuple(x.shape), x.dtype) for x in inputs)
+        with self._lock:
+            bound = self._bound.get(key)
+            if bound is None:
+                bound = self._bound[key] = self._bind(inputs)
+                while len(self._bound) > MAX_GRAPHS:
+                    self._bound.popitem(last=False)
+            else:
+                self._bound.move_to_end(key)
+            stream = torch.cuda.current_stream(self.device)
+            if self._last_call is not None:
+                stream.wait_event(self._last_call)
+            if bound.graph is None and self._graphs:
+                outputs = self._first_call(bound, inputs)
+            elif bound.graph is None:
+                outputs = self._fresh(bound.run_eagerly(inputs))
+            else:
+                for static, x in zip(bound.static_inputs, inputs):
+                    static.copy_(x)
+                bound.graph.replay()
+                outputs = [o.clone() for o in bound.static_outputs]
+            event = torch.cuda.Event()
+            event.record(stream)
+            self._last_call = event
+        return outputs
+
+    def _first_call(self, bound: _Bound, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run eagerly, then capture the graph for later calls (or, where capture fails, stop using graphs)."""
+        outputs = bound.run_eagerly(inputs)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        try:
+            bound.capture(inputs, self._pool)
+        except RuntimeError as e:
+            bound.graph = None
+            self._graphs = False
+            logger.warning("engine %s: CUDA graph capture failed, so its steps run one by one from now on: %s",
+                           self.network.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return self._fresh(outputs)
+
+    def _fresh(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Outputs that may share memory with an input or a weight, copied (as the reference executor does)."""
+        return [o.clone() if copy else o for o, copy in zip(outputs, self.may_alias)]
+
+
+def _placed(w: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
+    w = w.to(device)
+    return w.contiguous(memory_format=torch.channels_last) if channels_last and w.dim() == 4 else w

@@ -1,0 +1,133 @@
+"""Tactic timing for the CUDA planner, and the timing cache that makes a rebuild fast.
+
+Where a layer has several implementations, the build runs each on the device at the opt shape
+(`BackendOptions.timing_iterations` runs each, after warm-up, timed with CUDA events) and the plan keeps the
+fastest. Each result is stored in a JSON file keyed by the layer's signature, the GPU and the library
+versions, so the next build of the same layers on the same machine times nothing:
+`$TORCHKILN_CACHE_DIR/timing.json` (default `~/.cache/torchkiln/timing.json`). A cache file that cannot be read
+is ignored (and rewritten); one that cannot be written only costs the next build its timing again.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import tempfile
+from collections.abc import Callable
+
+import torch
+
+from torchkiln.ir import layers as L
+from torchkiln.runtime.backends import BackendOptions
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "TORCHKILN_CACHE_DIR"
+MAX_ENTRIES = 100_000
+
+
+def cache_dir() -> pathlib.Path:
+    """Where torchkiln keeps what it generates and measures (kernels, timings)."""
+    return pathlib.Path(os.environ.get(CACHE_ENV) or pathlib.Path.home() / ".cache" / "torchkiln")
+
+
+class TimingCache:
+    """Tactic choices by signature, read once per build and written back if anything was added."""
+
+    def __init__(self, path: pathlib.Path, entries: dict[str, str]) -> None:
+        self.path = path
+        self.entries = entries
+        self.changed = False
+
+    @classmethod
+    def load(cls) -> TimingCache:
+        path = cache_dir() / "timing.json"
+        try:
+            raw = json.loads(path.read_text())
+            entries = {k: v for k, v in raw.items() if isinstance(k, str) and isinstance(v, str)} \
+                if isinstance(raw, dict) and len(raw) <= MAX_ENTRIES else {}
+        except (OSError, ValueError):
+            entries = {}
+        return cls(path, entries)
+
+    def get(self, key: str) -> str | None:
+        return self.entries.get(key)
+
+    def put(self, key: str, choice: str) -> None:
+        self.entries[key] = choice
+        self.changed = True
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.path.parent, delete=False, suffix=".tmp") as f:
+                json.dump(self.entries, f)
+            os.replace(f.name, self.path)
+            self.changed = False
+        except OSError as e:
+            logger.warning("could not write the timing cache %s (the next build times its tactics again): %s",
+                           self.path, e)
+
+
+def time_ms(fn: Callable[[], object], iterations: int) -> float:
+    """Mean milliseconds of `fn` on the current stream, after warm-up, by CUDA events."""
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iterations):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iterations
+
+
+def fused_is_faster(conv: L.ConvolutionLayer, op: str, input_shape: tuple[int, ...], device: torch.device,
+                    options: BackendOptions, cache: TimingCache) -> bool:
+    """Whether cuDNN's fused `op` ("conv_relu" or "conv_add_relu") beats the convolution followed by its
+    epilogue as a separate kernel, for this convolution at `input_shape`; True without timing."""
+    if options.timing_iterations == 0 or device.type != "cuda":
+        return True
+    w = conv.weights["kernel"]
+    dtype = conv.outputs[0].dtype
+    key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, op, str(dtype), list(input_shape),
+                      list(w.shape), list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups,
+                      "bias" in conv.weights])
+    found = cache.get(key)
+    if found is not None:
+        return found == "fused"
+    cl = torch.channels_last
+    x = torch.randn(input_shape, device=device, dtype=dtype).contiguous(memory_format=cl)
+    weight = w.to(device=device, dtype=dtype).contiguous(memory_format=cl)
+    bias = conv.weights.get("bias")
+    bias = None if bias is None else bias.to(device=device, dtype=dtype)
+    args = (list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups)
+    with torch.no_grad():
+        out = torch.convolution(x, weight, bias, *args[:3], False, [0, 0], args[3])
+        z = torch.randn_like(out)
+        if op == "conv_relu":
+            def fused():
+                return torch.cudnn_convolution_relu(x, weight, bias, *args)
+
+            def unfused():
+                return torch.relu_(torch.convolution(x, weight, bias, *args[:3], False, [0, 0], args[3]))
+        else:
+            def fused():
+                return torch.cudnn_convolution_add_relu(x, weight, z, 1.0, bias, *args)
+
+            def unfused():
+                return torch.relu_(torch.convolution(x, weight, bias, *args[:3], False, [0, 0], args[3]).add_(z))
+        try:
+            t_fused = time_ms(fused, options.timing_iterations)
+        except RuntimeError as e:  # cuDNN has no fused engine for this configuration
+            logger.debug("cuDNN %s refused %s: %s", op, conv.name, e)
+            t_fused = float("inf")
+        t_unfused = time_ms(unfused, options.timing_iterations)
+    choice = "fused" if t_fused < t_unfused else "unfused"
+    logger.debug("tactic for %s (%s at %s): fused %.4f ms, unfused %.4f ms -> %s", conv.name, op, input_shape,
+                 t_fused, t_unfused, choice)
+    cache.put(key, choice)
+    return choice == "fused"

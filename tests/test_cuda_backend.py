@@ -1,0 +1,126 @@
+"""The CUDA backend on a GPU: fused plans, CUDA graphs per shape, outputs that stay the caller's, threads and
+streams, dynamic shapes, the timing cache (skipped where there is no GPU; run on the GPU machine)."""
+import json
+import threading
+
+import pytest
+import torch
+
+import torchkiln
+from torchkiln.examples import MLP, SmallResNet
+from torchkiln.runtime.backends.cuda import runner as cuda_runner
+from torchkiln.runtime.execute_op import engine_from_blob
+from torchkiln.stitching.stitch import ENGINE_ATTR
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(autouse=True)
+def _true_fp32():
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        yield
+
+
+def _engine(compiled, k=0):
+    return engine_from_blob(getattr(compiled, ENGINE_ATTR.format(k)))
+
+
+def _close(out, ref, fp16=False):
+    ref = ref.float()
+    if fp16:
+        cos = torch.nn.functional.cosine_similarity(out.flatten().double(), ref.flatten().double(), dim=0)
+        assert cos >= 0.999 and (out.float() - ref).abs().max() <= 2e-2 * ref.abs().max()
+    else:
+        assert (out - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    return SmallResNet().eval().cuda()
+
+
+def test_fp32_engine_on_the_cuda_backend_matches_eager_and_replays_a_graph(resnet):
+    x = torch.randn(2, 3, 64, 64, device="cuda")
+    compiled = torchkiln.compile(resnet, [torchkiln.Input(x.shape)], backend="cuda")
+    engine = _engine(compiled)
+    assert engine.backend == "cuda"
+    ref = resnet(x)
+    for _ in range(3):  # the first call captures; later ones replay
+        _close(compiled(x), ref)
+    run = engine.runner(x.device)
+    assert any(b.graph is not None for b in run._bound.values())
+
+
+def test_fp16_plan_fuses_residual_blocks_and_matches(resnet):
+    x = torch.randn(4, 3, 64, 64, device="cuda")
+    compiled = torchkiln.compile(resnet, [torchkiln.Input(x.shape)], enabled_precisions={torch.float16})
+    plan = _engine(compiled).plans[0]
+    assert plan.target.device_name == torch.cuda.get_device_name()
+    assert {"conv_add_relu", "conv_relu"} & {k.op for k in plan.kernels}
+    ref = resnet(x)
+    for _ in range(2):
+        _close(compiled(x), ref, fp16=True)
+
+
+def test_an_output_is_never_overwritten_by_a_later_call(resnet):
+    compiled = torchkiln.compile(resnet, [torchkiln.Input((1, 3, 32, 32))])
+    xs = [torch.randn(1, 3, 32, 32, device="cuda") for _ in range(4)]
+    outs = [compiled(x) for x in xs]
+    for x, out in zip(xs, outs):
+        _close(out, resnet(x))
+
+
+def test_threads_on_their_own_streams_get_their_own_results(resnet):
+    compiled = torchkiln.compile(resnet, [torchkiln.Input((2, 3, 32, 32))])
+    xs = [torch.randn(2, 3, 32, 32, device="cuda") for _ in range(4)]
+    refs = [resnet(x) for x in xs]
+    compiled(xs[0])
+    results: dict[int, list] = {}
+
+    def work(i):
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            results[i] = [compiled(xs[i]) for _ in range(20)]
+        stream.synchronize()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(4):
+        for out in results[i]:
+            _close(out, refs[i])
+
+
+def test_dynamic_batch_captures_per_shape_in_a_bounded_set(monkeypatch):
+    monkeypatch.setattr(cuda_runner, "MAX_GRAPHS", 2)
+    model = MLP().eval().cuda()
+    compiled = torchkiln.compile(model, [torchkiln.Input(min_shape=(1, 64), opt_shape=(4, 64), max_shape=(8, 64))])
+    for b in (1, 8, 3, 1, 5, 8):
+        x = torch.randn(b, 64, device="cuda")
+        _close(compiled(x), model(x))
+    assert len(_engine(compiled).runner(torch.device("cuda"))._bound) <= 2
+    with pytest.raises(torchkiln.EngineInputError, match="dim 0 is 9, outside the range"):
+        compiled(torch.randn(9, 64, device="cuda"))
+
+
+def test_saved_module_reloads_with_its_plan(resnet, tmp_path):
+    x = torch.randn(1, 3, 32, 32, device="cuda")
+    torch.jit.save(torchkiln.compile(resnet, [torchkiln.Input(x.shape)], enabled_precisions={torch.float16}),
+                   tmp_path / "m.ts")
+    loaded = torchkiln.load(tmp_path / "m.ts")
+    assert len(_engine(loaded).plans) == 1
+    _close(loaded(x), resnet(x), fp16=True)
+    assert len(_engine(loaded).plans) == 1  # the stored plan fit this GPU: nothing replanned
+
+
+def test_timing_cache_makes_the_second_build_time_nothing(resnet, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHKILN_CACHE_DIR", str(tmp_path))
+    inputs = [torchkiln.Input((2, 3, 32, 32))]
+    torchkiln.compile(resnet, inputs, enabled_precisions={torch.float16})
+    entries = json.loads((tmp_path / "timing.json").read_text())
+    assert entries and set(entries.values()) <= {"fused", "unfused"}
+    before = (tmp_path / "timing.json").stat().st_mtime_ns
+    torchkiln.compile(resnet, inputs, enabled_precisions={torch.float16})
+    assert (tmp_path / "timing.json").stat().st_mtime_ns == before

@@ -1,0 +1,95 @@
+"""The CUDA planner's decisions, checked on the CPU (planning needs no GPU when tactic timing is off)."""
+import pytest
+import torch
+
+import torchkiln
+from torchkiln.examples import SmallResNet
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import DimSymbol
+from torchkiln.runtime.backends import BackendOptions
+from torchkiln.runtime.backends.cuda import planner
+from torchkiln.runtime.engine import Engine
+from torchkiln.runtime.plan import check_steps
+
+NO_TIMING = BackendOptions(timing_iterations=0)
+
+
+def _ops(plan, network):
+    return [(plan.kernels[s.kernel].op, [network.layers[j].KIND for j in s.layers]) for s in plan.steps]
+
+
+@pytest.fixture(scope="module")
+def resnet_fp16():
+    data = torchkiln.convert_method_to_engine(SmallResNet().eval(), "forward", [torchkiln.Input((1, 3, 32, 32))],
+                                              backend="reference", enabled_precisions={torch.float16})
+    return Engine.deserialize(data).network
+
+
+def test_residual_blocks_fuse_into_cudnn_calls_in_fp16(resnet_fp16):
+    plan = planner.make_plan(resnet_fp16, torch.device("cpu"), NO_TIMING)
+    check_steps(resnet_fp16, plan.steps)
+    ops = [op for op, _ in _ops(plan, resnet_fp16)]
+    assert ops.count("conv_add_relu") >= 4 and ops.count("conv_relu") >= 4
+    assert ops.count("convolution") <= 3  # one per downsampling block: its add is the other conv's epilogue
+    assert all(plan.kernels[s.kernel].option("channels_last") for s in plan.steps
+               if plan.kernels[s.kernel].op.startswith("conv"))
+
+
+def test_fp32_convolutions_fuse_only_where_tf32_is_allowed():
+    data = torchkiln.convert_method_to_engine(SmallResNet().eval(), "forward", [torchkiln.Input((1, 3, 32, 32))],
+                                              backend="reference")
+    network = Engine.deserialize(data).network
+    strict = [op for op, _ in _ops(planner.make_plan(network, torch.device("cpu"), NO_TIMING), network)]
+    assert "conv_relu" not in strict and "conv_add_relu" not in strict and "convolution" in strict
+    # the ReLUs and residual adds then run as generated pointwise kernels
+    assert "pointwise" in strict
+    tf32 = BackendOptions(timing_iterations=0, allow_tf32=True)
+    assert "conv_add_relu" in [op for op, _ in _ops(planner.make_plan(network, torch.device("cpu"), tf32), network)]
+
+
+def test_a_residual_made_after_the_convolution_runs_the_fused_step_at_the_add():
+    """conv(x) + downsample(x): the downsample is after the convolution in layer order."""
+    net = Network("late_residual")
+    x = net.add_input("x", torch.float16, (1, 4, 8, 8))
+    conv = net.add_convolution_nd(x, torch.randn(4, 4, 3, 3).half(), torch.randn(4).half(), stride=(1, 1),
+                                  padding=(1, 1), dilation=(1, 1)).get_output()
+    down = net.add_convolution_nd(x, torch.randn(4, 4, 1, 1).half(), None, stride=(1, 1), padding=(0, 0),
+                                  dilation=(1, 1)).get_output()
+    added = net.add_elementwise(conv, down, L.ElementWiseOperation.SUM).get_output()
+    net.mark_output(net.add_activation(added, L.ActivationType.RELU).get_output())
+    plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
+    check_steps(net, plan.steps)
+    assert _ops(plan, net) == [("convolution", ["convolution"]),
+                               ("conv_add_relu", ["convolution", "elementwise", "activation"])]
+
+
+def test_pointwise_chains_become_one_generated_step():
+    """exp(gelu(x * w)), with a per-channel operand: one step; an op reading a later tensor starts anew."""
+    net = Network("chain")
+    x = net.add_input("x", torch.float32, (2, 8, 4))
+    w = net.add_constant(torch.randn(1, 8, 1)).get_output()
+    a = net.add_elementwise(x, w, L.ElementWiseOperation.PROD).get_output()
+    b = net.add_activation(a, L.ActivationType.GELU_ERF).get_output()
+    c = net.add_unary(b, L.UnaryOperation.EXP).get_output()
+    s = net.add_reduce(c, L.ReduceOperation.SUM, (2,), keep_dims=True).get_output()
+    d = net.add_elementwise(c, s, L.ElementWiseOperation.SUB).get_output()  # reads the reduction: new group
+    net.mark_output(d)
+    plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
+    check_steps(net, plan.steps)
+    assert _ops(plan, net) == [("constant", ["constant"]),
+                               ("pointwise", ["elementwise", "activation", "unary"]),
+                               ("reduce", ["reduce"]), ("pointwise", ["elementwise"])]
+    io = plan.io(net)
+    assert len(io[1].outputs) == 1  # only exp's output leaves the group
+
+
+def test_a_dynamic_network_plans_and_round_trips():
+    s = DimSymbol("s0", 1, 8, (1, 4, 8))
+    net = Network("dyn")
+    x = net.add_input("x", torch.float32, (s, 16))
+    y = net.add_activation(net.add_unary(x, L.UnaryOperation.EXP).get_output(), L.ActivationType.RELU).get_output()
+    net.mark_output(y)
+    plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
+    assert _ops(plan, net) == [("pointwise", ["unary", "activation"])]
+    assert plan.memory(net).arena_bytes == 0  # exp's output never leaves the step
