@@ -27,7 +27,8 @@ class StepLayers:
     """A step's layers with their device weights, and which tensors it reads and returns (by tensor id)."""
 
     def __init__(self, layers: Sequence[L.Layer], weights: Sequence[Weights], inputs: Sequence[int],
-                 outputs: Sequence[int]) -> None:
+                 outputs: Sequence[int], device: torch.device) -> None:
+        self.device = device
         self.layers = list(layers)
         self.weights = list(weights)
         self.inputs = list(inputs)
@@ -48,19 +49,19 @@ def make_step(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     return found(step, kernel, allow_tf32)
 
 
-def _layer_fn(layer: L.Layer, weights: Weights, allow_tf32: bool) -> Callable[[list[torch.Tensor]], object]:
+def _layer_fn(layer: L.Layer, weights: Weights, allow_tf32: bool, device: torch.device
+              ) -> Callable[[list[torch.Tensor]], object]:
     """One layer on the GPU: its meaning, but with the CUDA variants below where one exists."""
     special = _LAYER_KERNELS.get(type(layer))
     if special is not None:
         return special(layer, weights, allow_tf32)
     meaning = MEANINGS[type(layer)]
-    device = next(iter(weights.values())).device if weights else None
-    return lambda xs: meaning(layer, xs, weights, device if device is not None else xs[0].device)
+    return lambda xs: meaning(layer, xs, weights, device)
 
 
 @maker("aten", "*")
 def _layer_by_layer(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
-    fns = [_layer_fn(layer, w, allow_tf32) for layer, w in zip(step.layers, step.weights)]
+    fns = [_layer_fn(layer, w, allow_tf32, step.device) for layer, w in zip(step.layers, step.weights)]
     if len(step.layers) == 1:
         fn, single = fns[0], len(step.layers[0].outputs) == 1
         picks = [[id(t) for t in step.layers[0].outputs].index(o) for o in step.outputs]
@@ -126,7 +127,7 @@ def _normalization(layer: L.NormalizationLayer, ws: Weights, allow_tf32: bool):
     meaning's explicit casts (three kernels) are not needed."""
     if layer.kind != L.NormalizationKind.LAYER:
         meaning = MEANINGS[type(layer)]
-        return lambda xs: meaning(layer, xs, ws, xs[0].device)
+        return lambda xs: meaning(layer, xs, ws, xs[0].device)  # it reads an input: its device is the engine's
     shape, eps = list(layer.normalized_shape), layer.epsilon
     cache: dict[torch.dtype, tuple] = {}
 
@@ -146,11 +147,27 @@ def _softmax(layer: L.SoftMaxLayer, ws: Weights, allow_tf32: bool):
     return lambda xs: (torch.log_softmax if log else torch.softmax)(xs[0], axis)
 
 
+def _shape(layer: L.ShapeLayer, ws: Weights, allow_tf32: bool):
+    """The shape as a device tensor, made once per shape at the first (eager) call: copying it from the host
+    inside a CUDA graph capture is not allowed, and every replay of a graph has the same shapes."""
+    made: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def shape(xs):
+        key = tuple(xs[0].shape)
+        found = made.get(key)
+        if found is None:
+            found = made[key] = torch.tensor(key, dtype=torch.int64, device=xs[0].device)
+        return found.clone()  # a device-to-device copy (capturable): what a call returns is the caller's
+
+    return shape
+
+
 _LAYER_KERNELS = {
     L.ConvolutionLayer: _convolution,
     L.GatherLayer: _gather,
     L.NormalizationLayer: _normalization,
     L.SoftMaxLayer: _softmax,
+    L.ShapeLayer: _shape,
 }
 
 

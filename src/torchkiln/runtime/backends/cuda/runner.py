@@ -108,7 +108,7 @@ class CudaRunner:
                 layers = [self.binder.specialize(layer, bindings) for layer in layers]
             # specialized layers (dataclasses.replace) share their tensors with the originals, so ids agree
             own = StepLayers(layers, [self.weights[j] for j in step.layers],
-                             [tensor_at[s] for s in sio.inputs], [tensor_at[s] for s in sio.outputs])
+                             [tensor_at[s] for s in sio.inputs], [tensor_at[s] for s in sio.outputs], self.device)
             fns.append((make_step(own, self.plan.kernels[step.kernel], self.options.allow_tf32),
                         list(sio.inputs), list(sio.outputs), list(sio.frees)))
         return _Bound(fns, self.num_slots, len(self.network.inputs), self.output_slots)
