@@ -40,8 +40,9 @@ from torchkiln.torchscript import Graph, Node, node_key, source_location, value_
 
 logger = logging.getLogger("torchkiln")
 
-_SETTING_NAMES = ("enabled_precisions", "device", "min_block_size", "torch_executed_ops", "torch_executed_modules",
-                  "require_full_compilation", "truncate_long_and_double", "debug", "backend", "ort_threads")
+# Every keyword compile takes besides module and inputs: CompileSettings' fields, declared once there.
+_SETTING_NAMES = tuple(f.name for f in dataclasses.fields(CompileSettings) if f.name not in ("inputs",
+                                                                                               "input_signature"))
 
 
 def _module_device(module: torch.nn.Module) -> torch.device | None:
@@ -61,6 +62,10 @@ def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> 
     if unknown:
         raise ValueError(f"unknown compile settings {unknown}; known: {list(_SETTING_NAMES)}")
     settings = CompileSettings.create(inputs, default_device=_module_device(module), **options)
+    ignored = settings.settings_without_effect()
+    if ignored:
+        logger.warning("%s: no effect on torchkiln's engines (accepted for Torch-TensorRT compatibility)",
+                       ", ".join(ignored))
     module_device = _module_device(module)
     if module_device is not None and module_device.type != settings.device.type:
         raise ValueError(f"device: the module's weights are on {module_device} but device is {settings.device}; "
