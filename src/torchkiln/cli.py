@@ -129,7 +129,8 @@ def _log_to_stderr(level: int | None) -> Iterator[None]:
         logger.removeHandler(handler)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser: every command and flag with its help text."""
     parser = argparse.ArgumentParser(prog="torchkiln", description="torchkiln: an ahead-of-time inference compiler "
                                      "for PyTorch TorchScript modules. Errors are one line on stderr, exit status 2.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
@@ -157,7 +158,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     coverage.add_argument("--missing", action="store_true", help="list only the ops not covered")
     coverage.add_argument("--require-full", action="store_true", help="exit with status 1 unless every op is covered")
     coverage.set_defaults(fn=_coverage)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     level = compile_command.log_level(args) if args.command == "compile" else logging.INFO if args.verbose else None
     with _log_to_stderr(level):
         try:

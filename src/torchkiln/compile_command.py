@@ -99,9 +99,10 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _map_location(device: str | None) -> Any:
-    from torchkiln.device import to_torch_device
+    """The torch.device of --device (checked: CUDA must be here for cuda), or None."""
+    from torchkiln.settings import as_device
 
-    return to_torch_device(device) if device is not None else None
+    return as_device(device) if device is not None else None
 
 
 def _load(path: str, device: str | None) -> Any:

@@ -268,7 +268,9 @@ def _precision(p: Any) -> torch.dtype:
     )
 
 
-def _device(device: Any) -> torch.device:
+def as_device(device: Any) -> torch.device:
+    """The torch.device a `device` setting means (a string, torch.device, torchkiln.Device or its dict form);
+    ValueError naming it where it is not one torchkiln compiles for here."""
     device = to_torch_device(device)
     try:
         dev = torch.device(device)
@@ -429,7 +431,7 @@ class CompileSettings:
             if not _OP_NAME.fullmatch(op):
                 raise ValueError(f"torch_executed_ops: {op!r} is not an op name; use 'namespace::op' for every "
                                  f"overload (e.g. 'aten::add') or 'namespace::op.overload' (e.g. 'aten::add.Tensor')")
-        dev = _device(device if device is not None else (default_device or "cpu"))
+        dev = as_device(device if device is not None else (default_device or "cpu"))
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
         if backend == "onnxruntime" and dev.type != "cpu":
