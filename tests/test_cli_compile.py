@@ -127,6 +127,11 @@ def test_fp16_precision_and_check_accuracy_failure(cnn, tmp_path, capsys):
     assert main(args + ["--rtol", "2e-2"]) == 0
     engine = engine_from_blob(getattr(torch.jit.load(str(out)), ENGINE_ATTR.format(0)))
     assert any(t.dtype == torch.float16 for layer in engine.network.layers for t in layer.outputs)
+    # a float16 input on the float32 model: compiled with a cast, checked against the model on the cast input
+    assert main(["compile", path, str(out), "-i", "(1,3,8,8)@f16", "--check-accuracy", "-q"]) == 0
+    x = torch.randn(1, 3, 8, 8).half()
+    with torch.no_grad():
+        assert_matches_eager(torch.jit.load(str(out))(x), model(x.float()))
 
 
 def test_save_engine_then_embed_engine(cnn, tmp_path, capsys):
