@@ -18,7 +18,6 @@ from torchkiln.conversion.block_converter import convert_block
 from torchkiln.analysis.registry import is_registered
 from torchkiln.conversion import load_all
 from torchkiln.analysis.resolve import Resolver
-from torchkiln.device import to_torch_device
 from torchkiln.errors import ConversionError, UnsupportedOperatorError
 from torchkiln.frontend import as_module, check_method, to_torchscript
 from torchkiln.log import debug_logging, warn
@@ -34,7 +33,7 @@ from torchkiln.partitioning.signature import check_signature, example_args, unpa
 from torchkiln.partitioning.support import Decision, Fallback, Target
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.execute_op import engine_blob, engine_signature
-from torchkiln.settings import CompileSettings, Input
+from torchkiln.settings import CompileSettings, Input, as_device
 from torchkiln.stitching.module import RaisesEngineErrors
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
 from torchkiln.torchscript import Graph, Node, node_key, source_location, value_key
@@ -432,7 +431,7 @@ def embed_engine_in_new_module(engine_bytes: bytes, input_binding_names: Sequenc
         raise ValueError(f"input_binding_names: the engine has {n_in} inputs, got {len(names)} names")
     if output_binding_names is not None and len(output_binding_names) != n_out:
         raise ValueError(f"output_binding_names: the engine has {n_out} outputs, got {len(output_binding_names)}")
-    if device is not None and torch.device(to_torch_device(device)).type != engine.device_type:
+    if device is not None and as_device(device).type != engine.device_type:
         raise ValueError(f"device: the engine was built for {engine.device_type}, not {device}")
     args = [_identifier(n, i) for i, n in enumerate(names)]
     if len(set(args)) != len(args):
