@@ -142,6 +142,10 @@ def test_save_engine_then_embed_engine(cnn, tmp_path, capsys):
     engine = torchkiln.Engine.deserialize(engine_file.read_bytes())  # engine bytes, not a module
     assert [tuple(b.opt_shape) for b in engine.bindings] == [(2, 3, 8, 8)]
     assert main(["compile", str(engine_file), str(embedded), "--embed-engine", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["info", str(engine_file)]) == 0 and main(["info", str(embedded)]) == 0  # info reads both
+    out = capsys.readouterr().out
+    assert out.count("  inputs:  %x: float32[2, 3, 8, 8]") == 2 and f"1 engine(s) in {embedded}" in out
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
         assert_matches_eager(torch.jit.load(str(embedded))(x), model(x))
