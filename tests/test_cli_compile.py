@@ -193,6 +193,8 @@ def test_truncate_long_double_and_require_full_compilation(tmp_path, capsys):
     (["-i", "(1,3,8,8)", "--min-block-size", "0"], "ValueError: min_block_size must be an int >= 1"),
     (["-i", "(1,3,8,8)", "--torch-executed-op", "relu"], "ValueError: torch_executed_ops: 'relu' is not an op"),
     (["-i", "(1,3,8,8)", "--device", "dla:0"], "torchkiln has no DLA engines"),
+    (["-i", "(1,3,8,8)", "--check-accuracy", "--atol", "-1"], "--atol and --rtol must be >= 0, got -1 and 0.001"),
+    (["--embed-engine", "-i", "(1,3,8,8)"], "--embed-engine takes engine bytes only"),
 ])
 def test_bad_arguments_are_one_line(cnn, tmp_path, capsys, args, message):
     _, path = cnn

@@ -255,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("OUT is needed: where to save the result")
     if args.embed_engine:
         return _embed(args)
+    if not (args.atol >= 0 and args.rtol >= 0):
+        raise CommandError(f"--atol and --rtol must be >= 0, got {args.atol:g} and {args.rtol:g}")
     if not args.inputs:
         raise CommandError("give at least one --input SPEC, one per input of forward, e.g. --input '(1,3,224,224)'")
     try:
@@ -280,8 +282,8 @@ def run(args: argparse.Namespace) -> int:
         logger.info("compiled in %.2fs: %d engines, %d blocks left in PyTorch", time.perf_counter() - start,
                     _engine_count(compiled), report.num_torch_blocks)
     if args.check_accuracy:
-        device = next((a.device for a in list(module.parameters()) + list(module.buffers())), torch.device("cpu"))
-        device = torch.device(_map_location(args.device)) if args.device is not None else device
+        weights = list(module.parameters()) + list(module.buffers())
+        device = _map_location(args.device) or next((w.device for w in weights), torch.device("cpu"))
         if not _accuracy(_load(args.input, args.device), compiled, inputs, device, args):
             print(f"torchkiln compile: --check-accuracy failed (atol {args.atol:g}, rtol {args.rtol:g}); "
                   f"{args.output} not written", file=sys.stderr)
