@@ -9,6 +9,9 @@ from torchkiln.compiler import (
     unsupported_ops,
 )
 from torchkiln.conversion import supported_ops
+from torchkiln.build_info import dump_build_info, set_device
+from torchkiln.device import Device
+from torchkiln.enums import DeviceType, EngineCapability, dtype
 from torchkiln.errors import (
     ConversionError,
     EngineFormatError,
@@ -25,11 +28,12 @@ from torchkiln.onnx_file import export_onnx
 from torchkiln.runtime.engine import Engine
 from torchkiln.settings import Input
 from torchkiln.stitching.module import load
+from torchkiln import logging, ts  # noqa: E402  (Torch-TensorRT's torch_tensorrt.logging and torch_tensorrt.ts)
 
 __all__ = [
-    "ConversionError", "Engine", "EngineFormatError", "EngineIndexError", "EngineInputError", "Input",
+    "ConversionError", "Device", "DeviceType", "Engine", "EngineCapability", "EngineFormatError", "EngineIndexError", "EngineInputError", "Input",
     "TorchkilnError", "TracingError", "TracingWarning", "UnsupportedOperatorError", "__version__",
-    "check_method_op_support", "compile", "convert_method_to_engine", "embed_engine_in_new_module", "export_onnx",
-    "load",
+    "check_method_op_support", "compile", "convert_method_to_engine", "dtype", "dump_build_info",
+    "embed_engine_in_new_module", "export_onnx", "load", "logging", "set_device", "ts",
     "partition_report", "supported_ops", "unsupported_ops",
 ]

@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
-from collections.abc import Sequence
+import time
+import zipfile
+from collections.abc import Iterator, Sequence
+
+from torchkiln import compile_command
+from torchkiln.compile_command import CommandError
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -23,11 +30,18 @@ def _info(args: argparse.Namespace) -> int:
     import torch
 
     import torchkiln
+    from torchkiln.errors import EngineFormatError
     from torchkiln.runtime.execute_op import engine_from_blob
     from torchkiln.stitching.stitch import ENGINE_ATTR
 
-    if args.path.endswith((".ts", ".pt")):
-        module = torch.jit.load(args.path)
+    if not os.path.isfile(args.path):
+        raise CommandError(f"{args.path}: no such file")
+    if zipfile.is_zipfile(args.path):
+        try:
+            module = torch.jit.load(args.path)
+        except RuntimeError as e:
+            raise CommandError(f"{args.path} is a zip file but not a saved TorchScript module "
+                               f"({str(e).strip().splitlines()[0]})") from None
         k = 0
         while hasattr(module, ENGINE_ATTR.format(k)):
             engine = engine_from_blob(getattr(module, ENGINE_ATTR.format(k)))
@@ -39,7 +53,11 @@ def _info(args: argparse.Namespace) -> int:
         print(f"{k} engine(s) in {args.path}")
         return 0
     with open(args.path, "rb") as f:
-        engine = torchkiln.Engine.deserialize(f.read())
+        data = f.read()
+    try:
+        engine = torchkiln.Engine.deserialize(data)
+    except EngineFormatError as e:
+        raise CommandError(f"{args.path} is neither a torchkiln engine nor a saved module: {e}") from None
     print(engine)
     _print_io(engine)
     if args.layers:
@@ -79,18 +97,54 @@ def _coverage(args: argparse.Namespace) -> int:
     return 1 if args.require_full and not all(r.covered for r in rows) else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _one_line(error: BaseException) -> str:
+    """An error as one line: its lines joined (a TorchScript interpreter error: its cause line), after its type
+    unless it is a CommandError."""
+    from torchkiln.errors import cause_line
+
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    joined = "".join(line + (" " if line.endswith(":") else "; ") for line in lines).rstrip("; ")
+    text = cause_line(error) if len(lines) > 1 and cause_line(error) != lines[0] else joined
+    return text if isinstance(error, CommandError) else f"{type(error).__name__}: {text}"
+
+
+@contextlib.contextmanager
+def _log_to_stderr(level: int | None) -> Iterator[None]:
+    """Log torchkiln's messages at `level` and above to stderr, each with the seconds since the command began."""
+    if level is None:
+        yield
+        return
+    logger = logging.getLogger("torchkiln")
+    start = time.perf_counter()
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(lambda record: setattr(record, "elapsed", time.perf_counter() - start) or True)
+    handler.setFormatter(logging.Formatter("[%(elapsed)6.2fs] %(levelname)s %(name)s: %(message)s"))
+    previous = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+        logger.removeHandler(handler)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser: every command and flag with its help text."""
     parser = argparse.ArgumentParser(prog="torchkiln", description="torchkiln: an ahead-of-time inference compiler "
-                                     "for PyTorch TorchScript modules.")
+                                     "for PyTorch TorchScript modules. Errors are one line on stderr, exit status 2.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--traceback", action="store_true",
+                        help="on an error, show Python's traceback instead of one line")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = sub.add_parser("demo", help="compile a bundled model and compare it with eager PyTorch")
-    demo.add_argument("--model", choices=["resnet", "mlp"], default="resnet")
-    demo.add_argument("--device", default="cpu")
-    demo.add_argument("--iters", type=int, default=20)
+    demo.add_argument("--model", choices=["resnet", "mlp"], default="resnet", help="which bundled model")
+    demo.add_argument("--device", default="cpu", help="cpu or cuda")
+    demo.add_argument("--iters", type=int, default=20, help="timed runs of each (the median is shown)")
     demo.set_defaults(fn=_demo)
+    compile_command.add_parser(sub)
     info = sub.add_parser("info", help="describe an engine file or the engines in a saved compiled module")
-    info.add_argument("path")
+    info.add_argument("path", help="engine bytes, or a saved module (torch.jit.save)")
     info.add_argument("--layers", action="store_true", help="print every layer")
     info.set_defaults(fn=_info)
     export = sub.add_parser("export-onnx", help="write the engine of an engine file, or of a saved compiled module "
@@ -104,10 +158,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     coverage.add_argument("--missing", action="store_true", help="list only the ops not covered")
     coverage.add_argument("--require-full", action="store_true", help="exit with status 1 unless every op is covered")
     coverage.set_defaults(fn=_coverage)
-    args = parser.parse_args(argv)
-    if args.verbose:
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    return args.fn(args)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = compile_command.log_level(args) if args.command == "compile" else logging.INFO if args.verbose else None
+    with _log_to_stderr(level):
+        try:
+            return args.fn(args)
+        except Exception as error:  # noqa: BLE001  (a command line reports any error as one line)
+            if args.traceback:
+                raise
+            print(f"torchkiln {args.command}: error: {_one_line(error)}", file=sys.stderr)
+            return 2
 
 
 if __name__ == "__main__":

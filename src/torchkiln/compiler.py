@@ -34,15 +34,16 @@ from torchkiln.partitioning.support import Decision, Fallback, Target
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.execute_op import engine_blob, engine_signature
-from torchkiln.settings import CompileSettings, Input
+from torchkiln.settings import CompileSettings, Input, as_device
 from torchkiln.stitching.module import RaisesEngineErrors
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
 from torchkiln.torchscript import Graph, Node, node_key, source_location, value_key
 
 logger = logging.getLogger("torchkiln")
 
-_SETTING_NAMES = ("enabled_precisions", "device", "min_block_size", "torch_executed_ops", "torch_executed_modules",
-                  "require_full_compilation", "truncate_long_and_double", "debug", "backend", "ort_threads")
+# Every keyword compile takes besides module and inputs: CompileSettings' fields, declared once there.
+_SETTING_NAMES = tuple(f.name for f in dataclasses.fields(CompileSettings) if f.name not in ("inputs",
+                                                                                               "input_signature"))
 
 
 def _module_device(module: torch.nn.Module) -> torch.device | None:
@@ -62,6 +63,10 @@ def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> 
     if unknown:
         raise ValueError(f"unknown compile settings {unknown}; known: {list(_SETTING_NAMES)}")
     settings = CompileSettings.create(inputs, default_device=_module_device(module), **options)
+    ignored = settings.settings_without_effect()
+    if ignored:
+        logger.warning("%s: no effect on torchkiln's engines (accepted for Torch-TensorRT compatibility)",
+                       ", ".join(ignored))
     module_device = _module_device(module)
     if module_device is not None and module_device.type != settings.device.type:
         raise ValueError(f"device: the module's weights are on {module_device} but device is {settings.device}; "
@@ -427,7 +432,7 @@ def embed_engine_in_new_module(engine_bytes: bytes, input_binding_names: Sequenc
         raise ValueError(f"input_binding_names: the engine has {n_in} inputs, got {len(names)} names")
     if output_binding_names is not None and len(output_binding_names) != n_out:
         raise ValueError(f"output_binding_names: the engine has {n_out} outputs, got {len(output_binding_names)}")
-    if device is not None and torch.device(device).type != engine.device_type:
+    if device is not None and as_device(device).type != engine.device_type:
         raise ValueError(f"device: the engine was built for {engine.device_type}, not {device}")
     args = [_identifier(n, i) for i, n in enumerate(names)]
     if len(set(args)) != len(args):

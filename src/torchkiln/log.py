@@ -10,24 +10,31 @@ logger = logging.getLogger("torchkiln")
 
 
 @contextlib.contextmanager
-def debug_logging(enabled: bool) -> Iterator[None]:
-    """While compiling with debug=True, log torchkiln at DEBUG (to stderr if nothing else is set up)."""
-    if not enabled:
-        yield
-        return
-    level = logger.level
+def logging_at(level: int) -> Iterator[None]:
+    """Log torchkiln at `level` for the duration (to stderr if no handler is set up), then restore."""
+    previous = logger.level
     handler = None
     if not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
+    logger.setLevel(level)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.setLevel(previous)
         if handler is not None:
             logger.removeHandler(handler)
+
+
+@contextlib.contextmanager
+def debug_logging(enabled: bool) -> Iterator[None]:
+    """While compiling with debug=True, log torchkiln at DEBUG (to stderr if nothing else is set up)."""
+    if not enabled:
+        yield
+        return
+    with logging_at(logging.DEBUG):
+        yield
 
 
 def warn(log: logging.Logger, message: str) -> None:

@@ -10,6 +10,9 @@ from typing import Any
 
 import torch
 
+from torchkiln.device import to_torch_device
+from torchkiln.enums import EngineCapability, to_torch_dtype
+
 SUPPORTED_INPUT_DTYPES = (
     torch.float32, torch.float16, torch.bfloat16, torch.float64,
     torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool,
@@ -18,7 +21,7 @@ ENGINE_PRECISIONS = (torch.float32, torch.float16, torch.bfloat16)
 _PRECISION_ALIASES = {
     "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
     "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16,
 }
 _FORMATS = (torch.contiguous_format, torch.channels_last)
 _OP_NAME = re.compile(r"\w+::\w+(\.\w+)?")
@@ -37,9 +40,31 @@ def _shape_tuple(name: str, shape: Any) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _domain(tensor_domain: Any) -> tuple[float, float] | None:
+    if tensor_domain is None:
+        return None
+    ok = isinstance(tensor_domain, (tuple, list)) and len(tensor_domain) == 2 and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in tensor_domain)
+    if not ok or not tensor_domain[0] < tensor_domain[1]:
+        raise ValueError(f"Input tensor_domain must be (low, high) with finite numbers and low < high, got "
+                         f"{tensor_domain!r}")
+    return (float(tensor_domain[0]), float(tensor_domain[1]))
+
+
+def _memory_format(tensor: torch.Tensor) -> torch.memory_format:
+    channels_last = tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last)
+    return torch.channels_last if channels_last and not tensor.is_contiguous() else torch.contiguous_format
+
+
 @dataclasses.dataclass(frozen=True, init=False)
 class Input:
-    """Shape range, dtype and memory format of one engine input (mirrors torch_tensorrt.Input)."""
+    """Shape range, dtype and memory format of one engine input (mirrors torch_tensorrt.Input).
+
+    `tensor_domain=(low, high)` is the range random inputs of this spec are drawn from (shape analysis,
+    `torchkiln compile --check-accuracy`): floats uniform in [low, high), integers in [ceil(low), ceil(high)).
+    `torch_tensor=` (or `example_tensor=`) gives the tensor shape analysis runs on; without a shape, the
+    Input takes the tensor's shape, dtype and memory format.
+    """
 
     min_shape: tuple[int, ...]
     opt_shape: tuple[int, ...]
@@ -47,6 +72,7 @@ class Input:
     dtype: torch.dtype
     format: torch.memory_format
     name: str | None
+    tensor_domain: tuple[float, float] | None = None
     example_data: torch.Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __init__(
@@ -56,11 +82,21 @@ class Input:
         min_shape: Sequence[int] | None = None,
         opt_shape: Sequence[int] | None = None,
         max_shape: Sequence[int] | None = None,
-        dtype: torch.dtype = torch.float32,
-        format: torch.memory_format = torch.contiguous_format,
+        dtype: Any = None,
+        format: torch.memory_format | None = None,
         name: str | None = None,
+        tensor_domain: tuple[float, float] | None = None,
+        torch_tensor: torch.Tensor | None = None,
+        example_tensor: torch.Tensor | None = None,
     ) -> None:
+        if torch_tensor is not None and example_tensor is not None:
+            raise ValueError("Input takes torch_tensor or example_tensor (the same thing), not both")
+        tensor = torch_tensor if torch_tensor is not None else example_tensor
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"Input torch_tensor must be a torch.Tensor, got {type(tensor).__name__}")
         ranged = (min_shape, opt_shape, max_shape)
+        if shape is None and tensor is not None and all(s is None for s in ranged):
+            shape = tuple(tensor.shape)
         if shape is not None:
             if any(s is not None for s in ranged):
                 raise ValueError("Input takes either shape or min_shape/opt_shape/max_shape, not both")
@@ -80,40 +116,89 @@ class Input:
                         f"Input dim {i} must satisfy min <= opt <= max, got min_shape {mins}, "
                         f"opt_shape {opts}, max_shape {maxs}"
                     )
+        dtype = to_torch_dtype(dtype)
+        if dtype is None:
+            dtype = tensor.dtype if tensor is not None else torch.float32
+        if format is None:
+            format = _memory_format(tensor) if tensor is not None else torch.contiguous_format
         if dtype not in SUPPORTED_INPUT_DTYPES:
             raise ValueError(f"Input dtype {dtype} is not supported; use one of {list(SUPPORTED_INPUT_DTYPES)}")
         if format not in _FORMATS:
             raise ValueError(f"Input format {format} is not supported; use torch.contiguous_format or torch.channels_last")
         if format == torch.channels_last and len(opts) != 4:
             raise ValueError(f"Input format torch.channels_last needs a 4-d shape, got {opts}")
+        if tensor is not None:
+            if tensor.dtype != dtype:
+                raise ValueError(f"Input torch_tensor has dtype {tensor.dtype} but the Input's dtype is {dtype}")
+            if tensor.dim() != len(opts) or not all(lo <= d <= hi for lo, d, hi in zip(mins, tensor.shape, maxs)):
+                raise ValueError(f"Input torch_tensor of shape {tuple(tensor.shape)} is outside the Input's "
+                                 f"shape range min {mins}, max {maxs}")
+            tensor = tensor.detach()
         for key, value in (("min_shape", mins), ("opt_shape", opts), ("max_shape", maxs), ("dtype", dtype),
-                           ("format", format), ("name", name), ("example_data", None)):
+                           ("format", format), ("name", name), ("tensor_domain", _domain(tensor_domain)),
+                           ("example_data", tensor)):
             object.__setattr__(self, key, value)
 
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor, name: str | None = None) -> Input:
         """An Input of exactly this tensor's shape, dtype and memory format; shape analysis runs on its data."""
-        fmt = torch.channels_last if tensor.dim() == 4 and tensor.is_contiguous(memory_format=torch.channels_last) \
-            and not tensor.is_contiguous() else torch.contiguous_format
-        spec = cls(tuple(tensor.shape), dtype=tensor.dtype, format=fmt, name=name)
-        object.__setattr__(spec, "example_data", tensor.detach())
-        return spec
+        return cls(torch_tensor=tensor, name=name)
+
+    @classmethod
+    def from_tensors(cls, tensors: Sequence[torch.Tensor]) -> list[Input]:
+        """`from_tensor` of each tensor."""
+        if isinstance(tensors, torch.Tensor) or not isinstance(tensors, (tuple, list)):
+            raise ValueError(f"Input.from_tensors takes a list or tuple of tensors, got {type(tensors).__name__}")
+        return [cls.from_tensor(t) for t in tensors]
 
     @property
     def is_dynamic(self) -> bool:
         return self.min_shape != self.max_shape
 
+    @property
+    def shape(self) -> tuple[int, ...] | dict[str, tuple[int, ...]]:
+        """The shape of a static Input; for a range, {"min_shape": ..., "opt_shape": ..., "max_shape": ...}."""
+        if not self.is_dynamic:
+            return self.opt_shape
+        return {"min_shape": self.min_shape, "opt_shape": self.opt_shape, "max_shape": self.max_shape}
+
+    @property
+    def torch_tensor(self) -> torch.Tensor | None:
+        """The tensor this Input was made from, if any."""
+        return self.example_data
+
+    def example_tensor(self, optimization_profile_field: str | None = None) -> torch.Tensor:
+        """A tensor of this spec on the CPU (Torch-TensorRT's name): at "min_shape", "opt_shape" or
+        "max_shape"; a static Input needs no field."""
+        if optimization_profile_field is None:
+            if self.is_dynamic:
+                raise ValueError("Input.example_tensor: this Input is a range; give optimization_profile_field="
+                                 "'min_shape', 'opt_shape' or 'max_shape'")
+            optimization_profile_field = "opt_shape"
+        fields = {"min_shape": "min", "opt_shape": "opt", "max_shape": "max"}
+        if optimization_profile_field not in fields:
+            raise ValueError(f"Input.example_tensor: optimization_profile_field must be one of {list(fields)}, "
+                             f"got {optimization_profile_field!r}")
+        return self.example(torch.device("cpu"), fields[optimization_profile_field])
+
     def example(self, device: torch.device, which: str = "opt") -> torch.Tensor:
         """A tensor of this spec at its min, opt or max shape, for shape analysis: the tensor this Input was
-        made from where its shape fits, else random floats, random bools, or ones for integers (safe as
-        divisors and as indices into any embedding)."""
+        made from where its shape fits; else, with a tensor_domain, random values in it; else random floats,
+        random bools, or ones for integers (safe as divisors and as indices into any embedding)."""
         shape = {"min": self.min_shape, "opt": self.opt_shape, "max": self.max_shape}[which]
         if self.example_data is not None and tuple(self.example_data.shape) == shape:
             return self.example_data.to(device)
-        if self.dtype.is_floating_point:
-            t = torch.randn(shape, device=device).to(self.dtype)
-        elif self.dtype == torch.bool:
+        if self.dtype == torch.bool:
             t = torch.rand(shape, device=device) > 0.5
+        elif self.tensor_domain is not None:
+            low, high = self.tensor_domain
+            if self.dtype.is_floating_point:
+                t = (torch.rand(shape, device=device, dtype=torch.float64) * (high - low) + low).to(self.dtype)
+            else:
+                t = torch.randint(math.ceil(low), max(math.ceil(high), math.ceil(low) + 1), shape, device=device,
+                                  dtype=self.dtype)
+        elif self.dtype.is_floating_point:
+            t = torch.randn(shape, device=device).to(self.dtype)
         else:
             t = torch.ones(shape, device=device, dtype=self.dtype)
         return t.contiguous(memory_format=self.format)
@@ -121,7 +206,8 @@ class Input:
     def __repr__(self) -> str:
         shape = f"shape={self.opt_shape}" if not self.is_dynamic else \
             f"min={self.min_shape}, opt={self.opt_shape}, max={self.max_shape}"
-        return f"Input({shape}, dtype={self.dtype})"
+        domain = f", tensor_domain={self.tensor_domain}" if self.tensor_domain is not None else ""
+        return f"Input({shape}, dtype={self.dtype}{domain})"
 
 
 def as_input(spec: Input | torch.Tensor | Sequence[int]) -> Input:
@@ -172,6 +258,7 @@ def flatten_signature(signature: Any) -> list[Input]:
 
 
 def _precision(p: Any) -> torch.dtype:
+    p = to_torch_dtype(p)
     if isinstance(p, str) and p.lower() in _PRECISION_ALIASES:
         return _PRECISION_ALIASES[p.lower()]
     if isinstance(p, torch.dtype) and p in ENGINE_PRECISIONS:
@@ -181,7 +268,10 @@ def _precision(p: Any) -> torch.dtype:
     )
 
 
-def _device(device: Any) -> torch.device:
+def as_device(device: Any) -> torch.device:
+    """The torch.device a `device` setting means (a string, torch.device, torchkiln.Device or its dict form);
+    ValueError naming it where it is not one torchkiln compiles for here."""
+    device = to_torch_device(device)
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
@@ -235,6 +325,18 @@ def _names(setting: str, names: Iterable[str]) -> frozenset[str]:
     return frozenset(items)
 
 
+def _int_setting(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+# Torch-TensorRT build settings that mean nothing for torchkiln's engines: there is no TensorRT workspace, no
+# structured-sparsity kernel, no safety or DLA engine, no DLA memory, shape computations are symbolic dims of
+# the network, and engines are built the same whether or not `refit` is asked for.
+NO_EFFECT_SETTINGS = ("workspace_size", "sparse_weights", "capability", "refit", "dla_sram_size",
+                      "dla_local_dram_size", "dla_global_dram_size", "allow_shape_tensors")
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileSettings:
     """Every choice one compile makes; built and validated by `CompileSettings.create`.
@@ -258,6 +360,20 @@ class CompileSettings:
     # graphs), or "auto": onnxruntime on the CPU, cuda on a GPU.
     backend: str = "auto"
     ort_threads: int = 0  # ONNX Runtime's intra-op threads; 0: torch.get_num_threads() where the engine runs
+    # Build tuning, Torch-TensorRT's names and defaults. Stored for the CUDA backend, which times kernel
+    # candidates: timing runs averaged per candidate, and whether float32 matmuls/convolutions may use TF32.
+    num_avg_timing_iters: int = 1
+    disable_tf32: bool = False
+    # Accepted so Torch-TensorRT scripts run unchanged; they mean nothing for torchkiln's engines (see
+    # NO_EFFECT_SETTINGS): a value other than the default is logged once as having no effect.
+    workspace_size: int = 0
+    sparse_weights: bool = False
+    capability: EngineCapability = EngineCapability.STANDARD
+    refit: bool = False
+    dla_sram_size: int = 1048576
+    dla_local_dram_size: int = 1073741824
+    dla_global_dram_size: int = 536870912
+    allow_shape_tensors: bool = False
 
     def __post_init__(self) -> None:
         if not self.input_signature:  # built directly from flat Inputs: one tensor per argument
@@ -277,6 +393,16 @@ class CompileSettings:
         debug: bool = False,
         backend: str = "auto",
         ort_threads: int = 0,
+        num_avg_timing_iters: int = 1,
+        disable_tf32: bool = False,
+        workspace_size: int = 0,
+        sparse_weights: bool = False,
+        capability: Any = EngineCapability.STANDARD,
+        refit: bool = False,
+        dla_sram_size: int = 1048576,
+        dla_local_dram_size: int = 1073741824,
+        dla_global_dram_size: int = 536870912,
+        allow_shape_tensors: bool = False,
         default_device: torch.device | None = None,
     ) -> CompileSettings:
         """Validate user arguments; every problem is a ValueError naming the argument."""
@@ -305,7 +431,7 @@ class CompileSettings:
             if not _OP_NAME.fullmatch(op):
                 raise ValueError(f"torch_executed_ops: {op!r} is not an op name; use 'namespace::op' for every "
                                  f"overload (e.g. 'aten::add') or 'namespace::op.overload' (e.g. 'aten::add.Tensor')")
-        dev = _device(device if device is not None else (default_device or "cpu"))
+        dev = as_device(device if device is not None else (default_device or "cpu"))
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
         if backend == "onnxruntime" and dev.type != "cpu":
@@ -316,6 +442,20 @@ class CompileSettings:
                 or not 0 <= ort_threads <= MAX_ORT_THREADS:
             raise ValueError(f"ort_threads must be an int in [0, {MAX_ORT_THREADS}] (0: torch.get_num_threads()), "
                              f"got {ort_threads!r}")
+        _int_setting("num_avg_timing_iters", num_avg_timing_iters, 1)
+        for name, value in (("workspace_size", workspace_size), ("dla_sram_size", dla_sram_size),
+                            ("dla_local_dram_size", dla_local_dram_size),
+                            ("dla_global_dram_size", dla_global_dram_size)):
+            _int_setting(name, value, 0)
+        for name, value in (("disable_tf32", disable_tf32), ("sparse_weights", sparse_weights), ("refit", refit),
+                            ("allow_shape_tensors", allow_shape_tensors)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        try:
+            capability = EngineCapability(capability.lower() if isinstance(capability, str) else capability)
+        except ValueError:
+            raise ValueError(f"capability must be a torchkiln.EngineCapability (or its value: "
+                             f"{[c.value for c in EngineCapability]}), got {capability!r}") from None
         _check_sizes(signature, dev)
         return cls(
             inputs=tuple(flatten_signature(signature)),
@@ -330,7 +470,23 @@ class CompileSettings:
             debug=bool(debug),
             backend=backend,
             ort_threads=ort_threads,
+            num_avg_timing_iters=num_avg_timing_iters,
+            disable_tf32=disable_tf32,
+            workspace_size=workspace_size,
+            sparse_weights=sparse_weights,
+            capability=capability,
+            refit=refit,
+            dla_sram_size=dla_sram_size,
+            dla_local_dram_size=dla_local_dram_size,
+            dla_global_dram_size=dla_global_dram_size,
+            allow_shape_tensors=allow_shape_tensors,
         )
+
+    def settings_without_effect(self) -> list[str]:
+        """The NO_EFFECT_SETTINGS given a value other than their default, as "name=value"."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return [f"{name}={getattr(self, name)!r}" for name in NO_EFFECT_SETTINGS
+                if getattr(self, name) != defaults[name]]
 
     @property
     def engine_backend(self) -> str:

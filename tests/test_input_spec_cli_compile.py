@@ -1,0 +1,56 @@
+"""Input specs as strings (torchtrtc's syntax), as `torchkiln compile --input` takes them."""
+import pytest
+import torch
+
+import torchkiln
+from torchkiln.input_spec import parse_dtype, parse_input_spec
+
+
+def test_static_spec_with_dtype_and_format():
+    spec = parse_input_spec("(1,3,224,224)@f16%contiguous")
+    assert spec == torchkiln.Input((1, 3, 224, 224), dtype=torch.float16)
+    assert spec.format == torch.contiguous_format
+    assert parse_input_spec(" ( 2, 3 ) ") == torchkiln.Input((2, 3))  # default f32, spaces allowed
+    last = parse_input_spec("(2,3,4,5)%channels_last@bf16")  # either order
+    assert (last.dtype, last.format) == (torch.bfloat16, torch.channels_last)
+    assert parse_input_spec("(8)@i64").shape == (8,) and parse_input_spec("(8,)").shape == (8,)
+
+
+def test_range_spec_is_min_opt_max():
+    spec = parse_input_spec("[(1,3,224,224);(8,3,224,224);(32,3,224,224)]@f32")
+    assert spec.shape == {"min_shape": (1, 3, 224, 224), "opt_shape": (8, 3, 224, 224),
+                          "max_shape": (32, 3, 224, 224)}
+    assert spec.dtype == torch.float32 and spec.is_dynamic
+    assert parse_input_spec("[(1,4); (2,4); (3,4)]%linear").opt_shape == (2, 4)
+
+
+@pytest.mark.parametrize("name,dtype", [
+    ("f32", torch.float32), ("float", torch.float32), ("f16", torch.float16), ("half", torch.float16),
+    ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("i32", torch.int32), ("int32", torch.int32),
+    ("i64", torch.int64), ("long", torch.int64), ("bool", torch.bool), ("b", torch.bool), ("f64", torch.float64),
+    ("double", torch.float64), ("u8", torch.uint8), ("i8", torch.int8), ("F16", torch.float16),
+])
+def test_dtype_names(name, dtype):
+    assert parse_dtype(name) == dtype
+    assert parse_input_spec(f"(2,2)@{name}").dtype == dtype
+
+
+@pytest.mark.parametrize("text,part", [
+    ("(1,3", "expected (d0,d1,...)"),
+    ("1,3", "expected (d0,d1,...)"),
+    ("(1,x)@f32", "shape '(1,x)'"),
+    ("(1,3)@f17", "unknown dtype 'f17'"),
+    ("(1,3)%weird", "unknown format 'weird'"),
+    ("(1,3)@f16@f32", "dtype given twice"),
+    ("[(1,2);(3,2)]", "needs three shapes"),
+    ("[(1,2);(2,2);(x)]", "max shape '(x)'"),
+    ("[(4,2);(1,2);(5,2)]", "min <= opt <= max"),
+    ("[(1,2);(2,2);(3,2,1)]", "differ in rank"),
+    ("(1,0)", "non-positive dimension 0"),
+    ("(3,5)%channels_last", "needs a 4-d shape"),
+    ("", "non-empty string"),
+])
+def test_bad_specs_name_the_part(text, part):
+    with pytest.raises(ValueError, match="input spec") as info:
+        parse_input_spec(text)
+    assert part in str(info.value)
