@@ -73,9 +73,9 @@ def test_build_settings_are_stored_and_validated():
     assert (s.num_avg_timing_iters, s.disable_tf32, s.capability) == (8, True, torchkiln.EngineCapability.SAFETY)
     assert s.settings_without_effect() == ["capability=<EngineCapability.SAFETY: 'safety'>",
                                            "dla_global_dram_size=1048576"]
-    assert CompileSettings.create([torchkiln.Input((2,))]).num_avg_timing_iters == 1
+    assert CompileSettings.create([torchkiln.Input((2,))]).num_avg_timing_iters == 10
     for kwargs, message in [
-        ({"num_avg_timing_iters": 0}, "num_avg_timing_iters must be an int >= 1"),
+        ({"num_avg_timing_iters": -1}, "num_avg_timing_iters must be an int >= 0"),
         ({"disable_tf32": "yes"}, "disable_tf32 must be True or False"),
         ({"workspace_size": -1}, "workspace_size must be an int >= 0"),
         ({"dla_sram_size": 1.5}, "dla_sram_size must be an int >= 0"),

@@ -88,7 +88,9 @@ def _build_settings(settings: CompileSettings) -> BuildSettings:
                        dtype, dtype)
         dtype = torch.float32
     return BuildSettings(compute_dtype=dtype, device=settings.device, backend=backend,
-                         backend_options=BackendOptions(ort_threads=settings.ort_threads))
+                         backend_options=BackendOptions(ort_threads=settings.ort_threads,
+                                                        allow_tf32=not settings.disable_tf32,
+                                                        timing_iterations=settings.num_avg_timing_iters))
 
 
 def _module_name(module: torch.nn.Module) -> str:

@@ -362,8 +362,8 @@ class CompileSettings:
     ort_threads: int = 0  # ONNX Runtime's intra-op threads; 0: torch.get_num_threads() where the engine runs
     # Build tuning, Torch-TensorRT's names and defaults. Stored for the CUDA backend, which times kernel
     # candidates: timing runs averaged per candidate, and whether float32 matmuls/convolutions may use TF32.
-    num_avg_timing_iters: int = 1
-    disable_tf32: bool = False
+    num_avg_timing_iters: int = 10  # cuda: runs averaged per tactic candidate at build time; 0: no timing
+    disable_tf32: bool = True  # cuda: fp32 stays true fp32 unless this is False (Torch-TensorRT's default is False)
     # Accepted so Torch-TensorRT scripts run unchanged; they mean nothing for torchkiln's engines (see
     # NO_EFFECT_SETTINGS): a value other than the default is logged once as having no effect.
     workspace_size: int = 0
@@ -393,8 +393,8 @@ class CompileSettings:
         debug: bool = False,
         backend: str = "auto",
         ort_threads: int = 0,
-        num_avg_timing_iters: int = 1,
-        disable_tf32: bool = False,
+        num_avg_timing_iters: int = 10,
+        disable_tf32: bool = True,
         workspace_size: int = 0,
         sparse_weights: bool = False,
         capability: Any = EngineCapability.STANDARD,
@@ -442,7 +442,7 @@ class CompileSettings:
                 or not 0 <= ort_threads <= MAX_ORT_THREADS:
             raise ValueError(f"ort_threads must be an int in [0, {MAX_ORT_THREADS}] (0: torch.get_num_threads()), "
                              f"got {ort_threads!r}")
-        _int_setting("num_avg_timing_iters", num_avg_timing_iters, 1)
+        _int_setting("num_avg_timing_iters", num_avg_timing_iters, 0)
         for name, value in (("workspace_size", workspace_size), ("dla_sram_size", dla_sram_size),
                             ("dla_local_dram_size", dla_local_dram_size),
                             ("dla_global_dram_size", dla_global_dram_size)):
