@@ -78,13 +78,19 @@ def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.
         reference = models[torch.float32](*inputs).float().clone()  # true fp32
     run_inputs = [x.to(precision) if x.is_floating_point() else x for x in inputs]
     case: dict[str, Any] = {"model": model_name, "source": zoo_model.source, "batch": batch, "peers": {}}
+    lost = None
     for name in peers:
-        row = _measure(name, models[precision], run_inputs, precision, reference, iters, warmup)
+        if lost:
+            row = {"peer": name, "status": "failed", "reason": lost}
+        else:
+            row = _measure(name, models[precision], run_inputs, precision, reference, iters, warmup)
+            if row["status"] == "failed" and (error := cuda_context_error(device)):
+                lost = f"not run: the CUDA context is unusable after {name} failed ({error})"
         case["peers"][name] = row
         progress(f"  {model_name} batch {batch} {name}: " + (
             f"{row['ms']:.3f} ms, build {row['build_s']:.1f} s, cosine {row['cosine']:.6f}"
             if row["status"] == "ok" else f"failed ({row['reason']})"))
-        if device.type == "cuda":
+        if device.type == "cuda" and not lost:
             torch.cuda.empty_cache()
     ok = {n: r for n, r in case["peers"].items() if r["status"] == "ok"}
     best = min((n for n in BEST_PEER_CANDIDATES if n in ok), key=lambda n: ok[n]["ms"], default=None)
@@ -95,6 +101,17 @@ def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.
         if best is not None:
             case["ratio"] = ok["torchkiln"]["ms"] / ok[best]["ms"]
     return case
+
+
+def cuda_context_error(device: torch.device) -> str | None:
+    """Why the CUDA context can no longer run anything (a device-side assert is sticky), or None."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as e:
+        return one_line(e)
+    return None
 
 
 def _environment(device: torch.device) -> dict[str, Any]:
@@ -124,7 +141,11 @@ def run_comparison(models: Sequence[str] = DEFAULT_MODELS, batches: Sequence[int
         raise ValueError(f"need iters >= 1, warmup >= 0 and batch sizes >= 1; got iters={iters}, "
                          f"warmup={warmup}, batches={list(batches)}")
     cases: list[dict[str, Any]] = []
+    lost = None  # set once the CUDA context is unusable: every later case is skipped with this reason
     for name in models:
+        if lost:
+            cases += [{"model": name, "batch": b, "skipped": lost, "peers": {}} for b in batches]
+            continue
         try:
             zoo_model = find_zoo_model(name, sources)
             torch.manual_seed(0)
@@ -138,7 +159,15 @@ def run_comparison(models: Sequence[str] = DEFAULT_MODELS, batches: Sequence[int
             continue
         progress(f"{name} ({zoo_model.source})")
         for batch in batches:
-            cases.append(_case(name, zoo_model, built, batch, device, precision, peers, iters, warmup, progress))
+            if lost:
+                cases.append({"model": name, "batch": batch, "skipped": lost, "peers": {}})
+                continue
+            try:
+                cases.append(_case(name, zoo_model, built, batch, device, precision, peers, iters, warmup, progress))
+            except Exception as e:  # the inputs or the fp32 reference failed
+                cases.append({"model": name, "batch": batch, "skipped": one_line(e), "peers": {}})
+            if error := cuda_context_error(device):
+                lost = f"not run: the CUDA context is unusable ({error})"
         del built
     ratios = [c["ratio"] for c in cases if "ratio" in c]
     return {
@@ -204,6 +233,7 @@ def write_png(result: dict[str, Any], path: str) -> bool:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         logger.warning("matplotlib is not installed (pip install 'torchkiln[bench]'); no chart written to %s", path)
         return False
@@ -218,10 +248,11 @@ def write_png(result: dict[str, Any], path: str) -> bool:
     ax.set_xticks([k + 0.4 - step / 2 for k in range(len(cases))])
     ax.set_xticklabels([f"{c['model']}\nbatch {c['batch']}" for c in cases], fontsize=8)
     ax.set_yscale("log")
-    ax.set_ylabel("median latency, ms (log)")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.set_ylabel("median latency, ms (log scale)")
     ax.set_title(f"torchkiln and peers, {result['config']['precision']} on "
-                 f"{result['environment'].get('gpu', result['config']['device'])}")
-    ax.legend(fontsize=7)
+                 f"{result['environment'].get('gpu', result['config']['device'])}", pad=40)
+    ax.legend(fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,27 +46,34 @@ def _specs(shapes: Sequence[str]) -> list[Input]:
 
 
 def _profile(fn: Any, device: torch.device, iters: int, top: int) -> list[dict[str, Any]]:
-    """Per op name (or record_function label): calls, self time total and per call, share of all self time;
-    the `top` largest by self time, over `iters` calls."""
+    """Time per op name (or record_function label) over `iters` calls: on a GPU the device time of the kernels each
+    op launched ("op" rows) and of each kernel ("kernel" rows), on the CPU the op's own CPU time; with calls, total,
+    per call and share of its kind's total; the `top` largest of each kind."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(iters):
-            fn()
-        synchronize(device)
-    on_device = device.type == "cuda"
-    rows = []
-    for event in prof.key_averages():
-        us = getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0)) if on_device \
-            else event.self_cpu_time_total
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(iters):
+                fn()
+            synchronize(device)
+        events = prof.key_averages()
+    rows: dict[str, list[dict[str, Any]]] = {"op": [], "kernel": []}
+    for event in events:
+        kind = "kernel" if event.device_type != torch.autograd.DeviceType.CPU else "op"
+        us = event.self_cpu_time_total if device.type == "cpu" else \
+            getattr(event, "self_device_time_total", getattr(event, "self_cuda_time_total", 0))
         if us > 0:
-            rows.append({"name": event.key, "calls": event.count, "total_ms": us / 1e3})
-    total = sum(r["total_ms"] for r in rows) or 1.0
-    rows.sort(key=lambda r: -r["total_ms"])
-    for r in rows:
-        r.update(ms_per_iter=r["total_ms"] / iters, percent=100 * r["total_ms"] / total)
-    return rows[:top]
+            rows[kind].append({"kind": kind, "name": event.key, "calls": event.count, "total_ms": us / 1e3})
+    table = []
+    for kind_rows in rows.values():
+        total = sum(r["total_ms"] for r in kind_rows) or 1.0
+        kind_rows.sort(key=lambda r: -r["total_ms"])
+        for r in kind_rows[:top]:
+            r.update(ms_per_iter=r["total_ms"] / iters, percent=100 * r["total_ms"] / total)
+            table.append(r)
+    return table
 
 
 def run_saved(path: str, shapes: Sequence[str], device: str | torch.device = "cpu", iters: int = 100,
@@ -133,8 +141,12 @@ def format_report(result: dict[str, Any]) -> str:
              f"throughput: {result['throughput_qps']:.1f} qps, {result['throughput_items_per_s']:.1f} items/s "
              f"(batch {result['batch']})"]
     if "profile" in result:
-        lines += ["", f"profile: self time per op over {result['profile_iters']} calls (top {len(result['profile'])})",
-                  f"{'op':60} {'calls':>7} {'total ms':>10} {'ms/iter':>9} {'%':>6}"]
-        lines += [f"{r['name'][:60]:60} {r['calls']:7d} {r['total_ms']:10.3f} {r['ms_per_iter']:9.4f} "
-                  f"{r['percent']:6.1f}" for r in result["profile"]]
+        what = "device time" if result["device"].startswith("cuda") else "CPU time"
+        for kind in ("op", "kernel"):
+            rows = [r for r in result["profile"] if r["kind"] == kind]
+            if rows:
+                lines += ["", f"profile: {what} per {kind} over {result['profile_iters']} calls (top {len(rows)})",
+                          f"{kind:60} {'calls':>7} {'total ms':>10} {'ms/iter':>9} {'%':>6}"]
+                lines += [f"{r['name'][:60]:60} {r['calls']:7d} {r['total_ms']:10.3f} {r['ms_per_iter']:9.4f} "
+                          f"{r['percent']:6.1f}" for r in rows]
     return "\n".join(lines)
