@@ -244,11 +244,12 @@ def write_png(result: dict[str, Any], path: str) -> bool:
     for i, peer in enumerate(peers):
         xs = [k + i * step for k, c in enumerate(cases) if c["peers"].get(peer, {}).get("status") == "ok"]
         ys = [c["peers"][peer]["ms"] for c in cases if c["peers"].get(peer, {}).get("status") == "ok"]
-        ax.bar(xs, ys, width=step, label=peer)
+        ax.bar(xs, ys, width=step, label=peer, color=f"C{i}")  # a failed peer has no bars but keeps its colour
     ax.set_xticks([k + 0.4 - step / 2 for k in range(len(cases))])
     ax.set_xticklabels([f"{c['model']}\nbatch {c['batch']}" for c in cases], fontsize=8)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.set_ylabel("median latency, ms (log scale)")
     ax.set_title(f"torchkiln and peers, {result['config']['precision']} on "
                  f"{result['environment'].get('gpu', result['config']['device'])}", pad=40)

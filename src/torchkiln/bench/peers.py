@@ -27,7 +27,16 @@ def eager_cuda_graph(model: torch.nn.Module, inputs: Sequence[torch.Tensor], pre
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(3):
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")  # a host sync (.item(), nonzero) cannot be captured: fail here,
+        try:  # before a capture that fails half-way leaves the CUDA context unusable
+            model(*static)
+        except RuntimeError as e:
+            raise RuntimeError(f"the model synchronizes with the host, which a CUDA graph cannot capture ({e})") \
+                from None
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+        for _ in range(2):
             model(*static)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
@@ -72,7 +81,10 @@ def compile_reduce_overhead_freezing(model: torch.nn.Module, inputs: Sequence[to
 
 
 def torchkiln(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
-    specs = [Input(tuple(x.shape), dtype=x.dtype) for x in inputs]
+    """torchkiln.compile for Inputs of the inputs' shapes and dtypes; shape analysis (and tracing, where the model
+    cannot be scripted) runs on the inputs themselves, so that a traced data-dependent branch (transformers'
+    "is the attention mask all ones") is the one these inputs take."""
+    specs = [Input.from_tensor(x) for x in inputs]
     compiled = torchkiln_compile(model, inputs=specs, enabled_precisions={precision}, device=inputs[0].device)
     compiled(*inputs)
     return lambda: compiled(*inputs)
