@@ -31,17 +31,7 @@ import transformers
 
 import torchkiln
 from torchkiln.examples import mobilenet_v2, resnet18
-
-
-class LastHiddenState(torch.nn.Module):
-    """A transformers model returning its last hidden state as a tensor (what every peer can export)."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return self.model(*inputs).last_hidden_state
+from torchkiln.examples.zoo import LastHiddenState
 
 
 def bert() -> tuple[torch.nn.Module, list[torch.Tensor]]:

@@ -16,43 +16,11 @@ import torch
 
 import torchkiln
 from torchkiln.compiler import compile_with_report
+from torchkiln.examples.zoo import find_zoo_model, load_zoo_model
 
 
-def _vision(name: str):
-    def build():
-        import torchvision
-
-        model = getattr(torchvision.models, name)(weights=None)
-        return model, [torch.randn(1, 3, 224, 224)]
-    return build
-
-
-def _bert_base():
-    import transformers
-
-    config = transformers.BertConfig()  # bert-base-uncased's shape, random weights
-    ids = torch.randint(0, config.vocab_size, (1, 128))
-    return transformers.BertModel(config), [ids, torch.ones_like(ids)]
-
-
-def _gpt2():
-    import transformers
-
-    config = transformers.GPT2Config(use_cache=False)  # gpt2 (124M)'s shape, random weights
-    return transformers.GPT2Model(config), [torch.randint(0, config.vocab_size, (1, 128))]
-
-
-MODELS = {
-    "resnet50": _vision("resnet50"),
-    "mobilenet_v2": _vision("mobilenet_v2"),
-    "mobilenet_v3_large": _vision("mobilenet_v3_large"),
-    "efficientnet_b0": _vision("efficientnet_b0"),
-    "densenet121": _vision("densenet121"),
-    "vit_b_16": _vision("vit_b_16"),
-    "convnext_tiny": _vision("convnext_tiny"),
-    "bert-base": _bert_base,
-    "gpt2": _gpt2,
-}
+MODELS = ("resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "densenet121", "vit_b_16",
+          "convnext_tiny", "bert-base", "gpt2")  # torchkiln.examples.zoo builds them
 
 
 def _flatten(out):
@@ -65,20 +33,11 @@ def _flatten(out):
     return []
 
 
-def _no_zero_weights(model: torch.nn.Module) -> None:
-    """Give zero-initialized weight matrices (torchvision's ViT head) random values, so outputs are not all zero."""
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2 and not p.any():
-                p.normal_(0, 0.02)
-
-
 def run(name: str, device: torch.device) -> dict:
     torch.manual_seed(0)
-    model, example = MODELS[name]()
-    _no_zero_weights(model)
-    model = model.eval().to(device)
-    example = [x.to(device) for x in example]
+    zoo_model = find_zoo_model(name)
+    model = load_zoo_model(zoo_model, device)  # random weights, batch norms calibrated
+    example = [x.to(device) for x in zoo_model.inputs(1)]
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         reference = _flatten(model(*example))  # true fp32, as torchkiln's fp32 engines compute
     start = time.perf_counter()

@@ -113,3 +113,47 @@ class VisionTransformer(torch.nn.Module):
 def test_scripted_torchvision_style_vit_is_one_engine():
     with torch.no_grad():  # the inference path (nn.MultiheadAttention's fast path) eager takes
         check_compiled(torch.jit.script(VisionTransformer().eval()), [torch.randn(2, 3, 32, 32)])
+
+
+def test_calibrated_batch_norm_normalizes_the_calibration_data():
+    from torchkiln.examples.zoo import calibrate_batch_norm
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8, momentum=0.3))
+    x = 5 + 3 * torch.randn(16, 3, 12, 12)
+    calibrate_batch_norm(model, lambda: [x], passes=3)
+    assert not model.training and model[1].momentum == 0.3
+    with torch.no_grad():
+        out = model(x)
+    assert out.mean(dim=(0, 2, 3)).abs().max() < 1e-4
+    assert (out.var(dim=(0, 2, 3)) - 1).abs().max() < 1e-3
+
+
+def test_zero_weights_and_gammas_get_random_values():
+    from torchkiln.examples.zoo import reinit_zero_weights
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    with torch.no_grad():
+        model[1].weight.zero_()
+        model[2].weight.zero_()
+        model[2].bias.zero_()
+    kept = model[0].weight.clone()
+    reinit_zero_weights(model)
+    assert model[1].weight.min() >= 0.5 and model[2].weight.abs().min() > 0
+    assert torch.equal(model[0].weight, kept) and not model[2].bias.any()  # only all-zero matrices and gammas
+
+
+def test_zoo_models_come_from_the_first_available_source():
+    from torchkiln.examples.zoo import find_zoo_model, load_zoo_model, source_unavailable
+
+    assert find_zoo_model("mobilenet_v2", ["bundled"]).source == "bundled"
+    with pytest.raises(LookupError, match="no model 'resnet50'"):
+        find_zoo_model("resnet50", ["bundled"])
+    if source_unavailable("torchvision"):
+        assert find_zoo_model("mobilenet_v2").source == "bundled"
+        with pytest.raises(LookupError, match="torchvision is not installed"):
+            find_zoo_model("resnet50")
+    zoo_model = find_zoo_model("small_resnet")
+    model = load_zoo_model(zoo_model)
+    with torch.no_grad():
+        out = model(*zoo_model.inputs(2))
+    assert not model.training and out.shape == (2, 10) and out.std() > 0

@@ -97,6 +97,43 @@ def _coverage(args: argparse.Namespace) -> int:
     return 1 if args.require_full and not all(r.covered for r in rows) else 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    """The zoo comparison (--zoo) or the trtexec-style run of one saved module."""
+    import json
+
+    from torchkiln.bench import compare, options, saved
+    from torchkiln.errors import TorchkilnError
+
+    def fail(message: str, code: int) -> int:
+        print(f"torchkiln bench: {message}", file=sys.stderr)
+        return code
+
+    if args.zoo == bool(args.model):
+        return fail("give either a saved module (MODEL.ts) or --zoo", 2)
+    try:
+        device = options.bench_device(args.device)
+        if args.zoo:
+            result = compare.run_comparison(
+                args.models.split(","), [int(b) for b in args.batch.split(",")], device,
+                options.bench_precision(args.precision, device), args.iters, args.warmup, args.peers.split(","),
+                args.sources.split(","), progress=lambda line: print(line, file=sys.stderr, flush=True))
+            print(compare.format_table(result))
+            if args.png:
+                compare.write_png(result, args.png)
+        else:
+            result = saved.run_saved(args.model, args.shape, device, args.iters, args.warmup,
+                                     options.bench_precision(args.precision or "fp32", device), args.profile)
+            print(saved.format_report(result))
+    except ValueError as e:  # what the user gave (saved.BenchInputError is one)
+        return fail(str(e), 2)
+    except (TorchkilnError, RuntimeError) as e:
+        return fail(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}", 1)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
 def _one_line(error: BaseException) -> str:
     """An error as one line: its lines joined (a TorchScript interpreter error: its cause line), after its type
     unless it is a CommandError."""
@@ -158,6 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     coverage.add_argument("--missing", action="store_true", help="list only the ops not covered")
     coverage.add_argument("--require-full", action="store_true", help="exit with status 1 unless every op is covered")
     coverage.set_defaults(fn=_coverage)
+    _add_bench(sub)
     return parser
 
 
@@ -172,6 +210,48 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise
             print(f"torchkiln {args.command}: error: {_one_line(error)}", file=sys.stderr)
             return 2
+
+
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from torchkiln.bench.compare import DEFAULT_MODELS
+    from torchkiln.bench.peers import PEERS
+    from torchkiln.examples.zoo import SOURCES
+
+    bench = sub.add_parser(
+        "bench", help="latency of a saved module (trtexec-style), or torchkiln against its peers on the model zoo",
+        description="Two modes. `bench MODEL.ts --shape SPEC [--shape SPEC ...]`: load a saved TorchScript module "
+        "(compile it with torchkiln first if it is a plain one), time it on random inputs: latency p50/p90/p99, "
+        "mean, throughput, build time; --profile adds a per-op time table. `bench --zoo`: per model and batch, "
+        "eager, eager in a CUDA graph, torch.compile (default, reduce-overhead, reduce-overhead + freezing) and "
+        "torchkiln on the same inputs: median latency, build time, accuracy against fp32 eager, throughput, and "
+        "the ratio torchkiln / best peer with its geomean.")
+    bench.add_argument("model", nargs="?", metavar="MODEL.ts", help="a saved TorchScript module (torch.jit.save): "
+                       "torchkiln-compiled, or plain (then compiled here for --shape)")
+    bench.add_argument("--shape", action="append", default=[], metavar="SPEC",
+                       help="one input of MODEL.ts, once per input in order: '(1,3,224,224)@f32', "
+                       "'(1,3,224,224)@f16%%channels_last' or a range '[(1,3,224,224);(8,3,224,224);(32,3,224,224)]"
+                       "@f32' (min;opt;max; timed at opt); dtypes f32 f16 bf16 f64 i32 i64 i8 u8 bool")
+    bench.add_argument("--profile", action="store_true", help="print the time per op (torch.profiler, self time, "
+                       "top entries), like trtexec --dumpProfile")
+    bench.add_argument("--zoo", action="store_true", help="compare torchkiln with its peers on the model zoo")
+    bench.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                       help="--zoo: comma-separated zoo models (torchvision: resnet50, mobilenet_v2, vit_b_16, ...; "
+                       "transformers: bert-base, gpt2; bundled: resnet18, mobilenet_v2, small_resnet, "
+                       "small_mobilenet, mlp) (default: %(default)s)")
+    bench.add_argument("--batch", default="1,32", help="--zoo: comma-separated batch sizes (default: %(default)s)")
+    bench.add_argument("--peers", default=",".join(PEERS),
+                       help="--zoo: comma-separated peers to run (default: %(default)s)")
+    bench.add_argument("--sources", default=",".join(SOURCES),
+                       help="--zoo: where models come from, first that has the model and is installed wins "
+                       "(default: %(default)s)")
+    bench.add_argument("--precision", default=None, help="--zoo: fp32, fp16 or bf16 for every peer (default: fp16 "
+                       "on cuda, fp32 on cpu); MODEL.ts: the precision a plain module is compiled in (default fp32)")
+    bench.add_argument("--device", default=None, help="cpu or cuda (default: cuda where available, else cpu)")
+    bench.add_argument("--iters", type=int, default=100, help="timed calls per measurement (default: %(default)s)")
+    bench.add_argument("--warmup", type=int, default=10, help="untimed calls before timing (default: %(default)s)")
+    bench.add_argument("--json", metavar="FILE", help="write every result to this JSON file")
+    bench.add_argument("--png", metavar="FILE", help="--zoo: write a bar chart of the latencies (needs matplotlib)")
+    bench.set_defaults(fn=_bench)
 
 
 if __name__ == "__main__":

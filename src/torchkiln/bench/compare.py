@@ -1,0 +1,260 @@
+"""torchkiln against its peers on the model zoo (`python -m torchkiln bench --zoo`).
+
+For each model and batch size, in one process, on the same inputs and precision, each peer (peers.py) is built
+(wall clock of compile + first call), checked against fp32 eager (cosine similarity, max abs error; TF32 off for
+the reference) and timed (median of many calls after a warm-up). The "best peer" of a case is the fastest of
+BEST_PEER_CANDIDATES; the result holds the ratio torchkiln / best peer per case and its geomean over the cases.
+A peer that fails is recorded with its one-line reason; a model that cannot be built is skipped with its reason.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import platform
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torchkiln._version import __version__
+from torchkiln.bench.peers import BEST_PEER_CANDIDATES, PEERS
+from torchkiln.bench.timing import geomean, summarize, synchronize, time_calls
+from torchkiln.examples.zoo import SOURCES, ZooModel, find_zoo_model, load_zoo_model
+
+logger = logging.getLogger("torchkiln.bench")
+
+DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "vit_b_16", "bert-base")
+
+
+def one_line(error: BaseException) -> str:
+    """`Type: first line of the message`, at most 200 characters."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:200]
+
+
+def _accuracy(out: Any, reference: torch.Tensor) -> dict[str, float]:
+    """Cosine similarity and max abs error of `out` against the fp32 reference, in float64."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"the peer returned {type(out).__name__}, not a tensor")
+    o, r = out.detach().double().flatten(), reference.double().flatten()
+    if o.shape != r.shape:
+        raise ValueError(f"output has {o.numel()} elements, the reference {r.numel()}")
+    cosine = (o @ r / (o.norm() * r.norm()).clamp_min(1e-300)).item()
+    return {"cosine": cosine, "max_abs_error": (o - r).abs().max().item(), "max_abs_reference": r.abs().max().item()}
+
+
+def _measure(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype,
+             reference: torch.Tensor, iters: int, warmup: int) -> dict[str, Any]:
+    """One peer on one case: build time, accuracy, latency; or the reason it failed."""
+    device, batch = inputs[0].device, inputs[0].shape[0]
+    row: dict[str, Any] = {"peer": name}
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            synchronize(device)
+            start = time.perf_counter()
+            run = PEERS[name](model, inputs, precision)
+            synchronize(device)
+            row["build_s"] = time.perf_counter() - start
+            row.update(_accuracy(run(), reference))
+            times = time_calls(run, device, iters, warmup)
+    except Exception as e:  # a peer that cannot run this case is a row note, never the end of the benchmark
+        logger.debug("peer %s failed", name, exc_info=True)
+        row.update(status="failed", reason=one_line(e))
+        return row
+    stats = summarize(times)
+    row.update(status="ok", ms=stats["p50"], latency_ms=stats, items_per_s=batch * 1e3 / stats["p50"])
+    return row
+
+
+def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.nn.Module], batch: int,
+          device: torch.device, precision: torch.dtype, peers: Sequence[str], iters: int, warmup: int,
+          progress: Callable[[str], None]) -> dict[str, Any]:
+    torch.manual_seed(batch)
+    inputs = [x.to(device) for x in zoo_model.inputs(batch)]
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        reference = models[torch.float32](*inputs).float().clone()  # true fp32
+    run_inputs = [x.to(precision) if x.is_floating_point() else x for x in inputs]
+    case: dict[str, Any] = {"model": model_name, "source": zoo_model.source, "batch": batch, "peers": {}}
+    lost = None
+    for name in peers:
+        if lost:
+            row = {"peer": name, "status": "failed", "reason": lost}
+        else:
+            row = _measure(name, models[precision], run_inputs, precision, reference, iters, warmup)
+            if row["status"] == "failed" and (error := cuda_context_error(device)):
+                lost = f"not run: the CUDA context is unusable after {name} failed ({error})"
+        case["peers"][name] = row
+        progress(f"  {model_name} batch {batch} {name}: " + (
+            f"{row['ms']:.3f} ms, build {row['build_s']:.1f} s, cosine {row['cosine']:.6f}"
+            if row["status"] == "ok" else f"failed ({row['reason']})"))
+        if device.type == "cuda" and not lost:
+            torch.cuda.empty_cache()
+    ok = {n: r for n, r in case["peers"].items() if r["status"] == "ok"}
+    best = min((n for n in BEST_PEER_CANDIDATES if n in ok), key=lambda n: ok[n]["ms"], default=None)
+    if best is not None:
+        case.update(best_peer=best, best_ms=ok[best]["ms"], best_items_per_s=ok[best]["items_per_s"])
+    if "torchkiln" in ok:
+        case.update(torchkiln_ms=ok["torchkiln"]["ms"], torchkiln_items_per_s=ok["torchkiln"]["items_per_s"])
+        if best is not None:
+            case["ratio"] = ok["torchkiln"]["ms"] / ok[best]["ms"]
+    return case
+
+
+def cuda_context_error(device: torch.device) -> str | None:
+    """Why the CUDA context can no longer run anything (a device-side assert is sticky), or None."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as e:
+        return one_line(e)
+    return None
+
+
+def _environment(device: torch.device) -> dict[str, Any]:
+    env: dict[str, Any] = {"torch": torch.__version__, "torchkiln": __version__, "python": platform.python_version(),
+                           "platform": platform.platform(), "device": str(device)}
+    if device.type == "cuda":
+        env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
+    for package in ("torchvision", "transformers"):
+        try:
+            env[package] = __import__(package).__version__
+        except ImportError:
+            env[package] = None
+    return env
+
+
+def run_comparison(models: Sequence[str] = DEFAULT_MODELS, batches: Sequence[int] = (1, 32),
+                   device: str | torch.device = "cuda", precision: torch.dtype | None = None, iters: int = 100,
+                   warmup: int = 20, peers: Sequence[str] = tuple(PEERS), sources: Sequence[str] = SOURCES,
+                   progress: Callable[[str], None] = logger.info) -> dict[str, Any]:
+    """Every peer on every (model, batch) case; the whole result as JSON-ready data."""
+    device = torch.device(device)
+    precision = precision or (torch.float16 if device.type == "cuda" else torch.float32)
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise ValueError(f"unknown peer(s) {unknown}; use some of {list(PEERS)}")
+    if iters < 1 or warmup < 0 or not batches or any(b < 1 for b in batches):
+        raise ValueError(f"need iters >= 1, warmup >= 0 and batch sizes >= 1; got iters={iters}, "
+                         f"warmup={warmup}, batches={list(batches)}")
+    cases: list[dict[str, Any]] = []
+    lost = None  # set once the CUDA context is unusable: every later case is skipped with this reason
+    for name in models:
+        if lost:
+            cases += [{"model": name, "batch": b, "skipped": lost, "peers": {}} for b in batches]
+            continue
+        try:
+            zoo_model = find_zoo_model(name, sources)
+            torch.manual_seed(0)
+            built = {torch.float32: load_zoo_model(zoo_model, device)}
+            built[precision] = built[torch.float32] if precision == torch.float32 else \
+                copy.deepcopy(built[torch.float32]).to(precision)
+        except Exception as e:  # unavailable here (no torchvision) or failing to build: skipped, with the reason
+            reason = one_line(e)
+            progress(f"{name}: skipped ({reason})")
+            cases += [{"model": name, "batch": b, "skipped": reason, "peers": {}} for b in batches]
+            continue
+        progress(f"{name} ({zoo_model.source})")
+        for batch in batches:
+            if lost:
+                cases.append({"model": name, "batch": batch, "skipped": lost, "peers": {}})
+                continue
+            try:
+                cases.append(_case(name, zoo_model, built, batch, device, precision, peers, iters, warmup, progress))
+            except Exception as e:  # the inputs or the fp32 reference failed
+                cases.append({"model": name, "batch": batch, "skipped": one_line(e), "peers": {}})
+            if error := cuda_context_error(device):
+                lost = f"not run: the CUDA context is unusable ({error})"
+        del built
+    ratios = [c["ratio"] for c in cases if "ratio" in c]
+    return {
+        "config": {"models": list(models), "batches": list(batches), "device": str(device),
+                   "precision": str(precision).removeprefix("torch."), "iters": iters, "warmup": warmup,
+                   "peers": list(peers), "sources": list(sources), "best_peer_of": list(BEST_PEER_CANDIDATES)},
+        "environment": _environment(device),
+        "cases": cases,
+        "geomean_ratio": geomean(ratios) if ratios else None,
+        "cases_in_geomean": len(ratios),
+    }
+
+
+def _ms(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    return f"{row['ms']:.3f}" if row["status"] == "ok" else "failed"
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Latency per case and peer, best peer, torchkiln, their ratio and throughputs; the peers' build times and
+    accuracy; the failures; the geomean ratio."""
+    peers = result["config"]["peers"]
+    width = max(8, *(len(p) for p in peers))
+    head = f"{'model':14} {'batch':>5} " + " ".join(f"{p:>{width}}" for p in peers)
+    lines = [f"median latency, ms ({result['config']['precision']}, {result['config']['device']}; "
+             f"ratio = torchkiln / best of {', '.join(result['config']['best_peer_of'])})",
+             head + f" {'best peer':>17} {'ratio':>6} {'torchkiln it/s':>14} {'best it/s':>10}"]
+    failures = []
+    for c in result["cases"]:
+        if "skipped" in c:
+            lines.append(f"{c['model']:14} {c['batch']:>5} skipped: {c['skipped']}")
+            continue
+        cells = " ".join(f"{_ms(c['peers'].get(p)):>{width}}" for p in peers)
+        ratio = f"{c['ratio']:.2f}" if "ratio" in c else "-"
+        tk = f"{c['torchkiln_items_per_s']:.1f}" if "torchkiln_items_per_s" in c else "-"
+        best = f"{c['best_items_per_s']:.1f}" if "best_items_per_s" in c else "-"
+        lines.append(f"{c['model']:14} {c['batch']:>5} {cells} {c.get('best_peer', '-'):>17} {ratio:>6} "
+                     f"{tk:>14} {best:>10}")
+        failures += [f"  {c['model']} batch {c['batch']} {p}: {r['reason']}" for p, r in c["peers"].items()
+                     if r["status"] == "failed"]
+    lines += ["", "build s / cosine / max abs error against fp32 eager", head]
+    for c in result["cases"]:
+        if "skipped" not in c:
+            cells = []
+            for p in peers:
+                r = c["peers"].get(p)
+                cells.append(f"{r['build_s']:.1f}/{r['cosine']:.5f}/{r['max_abs_error']:.1e}"
+                             if r and r["status"] == "ok" else "-")
+            lines.append(f"{c['model']:14} {c['batch']:>5} " + " ".join(f"{s:>{width}}" for s in cells))
+    if failures:
+        lines += ["", "failed:"] + failures
+    geo = result["geomean_ratio"]
+    lines += ["", f"geomean ratio torchkiln / best peer: {geo:.3f} over {result['cases_in_geomean']} case(s)"
+              if geo is not None else "geomean ratio torchkiln / best peer: - (no case has both)"]
+    return "\n".join(lines)
+
+
+def write_png(result: dict[str, Any], path: str) -> bool:
+    """A bar chart of the latencies (log scale), one group per case; False (with a warning) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        logger.warning("matplotlib is not installed (pip install 'torchkiln[bench]'); no chart written to %s", path)
+        return False
+    cases = [c for c in result["cases"] if "skipped" not in c]
+    peers = result["config"]["peers"]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(cases) * len(peers) / 3), 4.5))
+    step = 0.8 / max(len(peers), 1)
+    for i, peer in enumerate(peers):
+        xs = [k + i * step for k, c in enumerate(cases) if c["peers"].get(peer, {}).get("status") == "ok"]
+        ys = [c["peers"][peer]["ms"] for c in cases if c["peers"].get(peer, {}).get("status") == "ok"]
+        ax.bar(xs, ys, width=step, label=peer, color=f"C{i}")  # a failed peer has no bars but keeps its colour
+    ax.set_xticks([k + 0.4 - step / 2 for k in range(len(cases))])
+    ax.set_xticklabels([f"{c['model']}\nbatch {c['batch']}" for c in cases], fontsize=8)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.set_ylabel("median latency, ms (log scale)")
+    ax.set_title(f"torchkiln and peers, {result['config']['precision']} on "
+                 f"{result['environment'].get('gpu', result['config']['device'])}", pad=40)
+    ax.legend(fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

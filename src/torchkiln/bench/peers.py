@@ -1,0 +1,102 @@
+"""The peers torchkiln is compared with, each a way to run one model on fixed inputs: eager PyTorch, eager
+captured in a CUDA graph, torch.compile (default, "reduce-overhead", "reduce-overhead" with Inductor's freezing),
+and torchkiln itself. Each builder returns a callable of no arguments that runs the model on the inputs; building
+includes the compile and the first call (torch.compile compiles at its first call)."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from torchkiln.compiler import compile as torchkiln_compile
+from torchkiln.settings import Input
+
+Runner = Callable[[], torch.Tensor]
+
+
+def eager(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
+    return lambda: model(*inputs)
+
+
+def eager_cuda_graph(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
+    """Eager captured once in a CUDA graph (warmed up on a side stream first, as capture requires); a call
+    replays it on the same input buffers."""
+    if inputs[0].device.type != "cuda":
+        raise RuntimeError(f"CUDA graphs need a CUDA device, not {inputs[0].device}")
+    static = [x.clone() for x in inputs]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("error")  # a host sync (.item(), nonzero) cannot be captured: fail here,
+        try:  # before a capture that fails half-way leaves the CUDA context unusable
+            model(*static)
+        except RuntimeError as e:
+            raise RuntimeError(f"the model synchronizes with the host, which a CUDA graph cannot capture ({e})") \
+                from None
+        finally:
+            torch.cuda.set_sync_debug_mode(mode)
+        for _ in range(2):
+            model(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = model(*static)
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return out
+    return replay
+
+
+def _torch_compile(model: torch.nn.Module, inputs: Sequence[torch.Tensor], mode: str | None,
+                   freezing: bool = False) -> Runner:
+    import torch._dynamo
+    import torch._inductor.config
+
+    torch._dynamo.reset()  # no reuse of another peer's compiled code for the same forward
+    compiled = torch.compile(model, mode=mode)
+    with torch._inductor.config.patch(freezing=freezing):
+        compiled(*inputs)  # compiles now, under the setting
+    if mode == "reduce-overhead":
+        def call() -> torch.Tensor:
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(*inputs)
+        return call
+    return lambda: compiled(*inputs)
+
+
+def compile_default(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
+    return _torch_compile(model, inputs, None)
+
+
+def compile_reduce_overhead(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
+                            precision: torch.dtype) -> Runner:
+    return _torch_compile(model, inputs, "reduce-overhead")
+
+
+def compile_reduce_overhead_freezing(model: torch.nn.Module, inputs: Sequence[torch.Tensor],
+                                     precision: torch.dtype) -> Runner:
+    return _torch_compile(model, inputs, "reduce-overhead", freezing=True)
+
+
+def torchkiln(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
+    """torchkiln.compile for Inputs of the inputs' shapes and dtypes; shape analysis (and tracing, where the model
+    cannot be scripted) runs on the inputs themselves, so that a traced data-dependent branch (transformers'
+    "is the attention mask all ones") is the one these inputs take."""
+    specs = [Input.from_tensor(x) for x in inputs]
+    compiled = torchkiln_compile(model, inputs=specs, enabled_precisions={precision}, device=inputs[0].device)
+    compiled(*inputs)
+    return lambda: compiled(*inputs)
+
+
+PEERS: dict[str, Callable[[torch.nn.Module, Sequence[torch.Tensor], torch.dtype], Runner]] = {
+    "eager": eager,
+    "eager+cudagraph": eager_cuda_graph,
+    "compile": compile_default,
+    "compile-ro": compile_reduce_overhead,
+    "compile-ro-freeze": compile_reduce_overhead_freezing,
+    "torchkiln": torchkiln,
+}
+BEST_PEER_CANDIDATES = ("eager+cudagraph", "compile-ro", "compile-ro-freeze")  # "best peer": the fastest of these
+

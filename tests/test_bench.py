@@ -1,0 +1,103 @@
+"""`python -m torchkiln bench`: the trtexec-style run of a saved module and the zoo comparison, on the CPU.
+Timings are only checked to be positive numbers; what is fast is not a test's business."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchkiln
+from torchkiln.cli import main
+from torchkiln.examples import MLP
+
+LATENCY_KEYS = {"p50", "p90", "p99", "mean", "min", "max"}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A torchkiln-compiled MLP and the same MLP scripted, saved with torch.jit.save."""
+    folder = tmp_path_factory.mktemp("bench")
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = torchkiln.compile(model, inputs=[torchkiln.Input((4, 64))])
+    torch.jit.save(compiled, str(folder / "mlp.ts"))
+    torch.jit.save(torch.jit.script(model), str(folder / "plain.ts"))
+    return folder
+
+
+def test_saved_module_through_the_command_line(saved):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(torchkiln.__file__)),
+                                                                    os.environ.get("PYTHONPATH")] if p))
+    out = saved / "out.json"
+    result = subprocess.run([sys.executable, "-m", "torchkiln", "bench", str(saved / "mlp.ts"), "--shape", "(4,64)@f32",
+                             "--iters", "5", "--warmup", "2", "--device", "cpu", "--profile", "--json", str(out)],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "p99" in result.stdout and "throughput" in result.stdout
+    assert "torchkiln::execute_engine" in result.stdout  # the profile table names the engine op
+    data = json.loads(out.read_text())
+    assert data["engines"] == 1 and data["compiled_by_bench"] is False and data["build_s"] is None
+    assert set(data["latency_ms"]) == LATENCY_KEYS and all(v > 0 for v in data["latency_ms"].values())
+    lat = data["latency_ms"]
+    assert lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
+    assert data["throughput_qps"] > 0 and data["throughput_items_per_s"] == pytest.approx(4 * data["throughput_qps"])
+    assert data["batch"] == 4 and data["iters"] == 5 and data["load_s"] > 0
+    rows = data["profile"]
+    assert rows and {"name", "calls", "total_ms", "ms_per_iter", "percent"} <= set(rows[0])
+    assert all(r["total_ms"] > 0 and 0 < r["percent"] <= 100 for r in rows)
+
+
+def test_plain_module_is_compiled_first_and_its_build_time_reported(saved, capsys):
+    out = saved / "plain.json"
+    assert main(["bench", str(saved / "plain.ts"), "--shape", "[(1,64);(4,64);(8,64)]@f32", "--iters", "3",
+                 "--device", "cpu", "--json", str(out)]) == 0
+    assert "compiled here" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["compiled_by_bench"] is True and data["build_s"] > 0 and data["engines"] == 1
+    assert data["batch"] == 4  # timed at the opt shape
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no_such_file.ts", "--shape", "(4,64)"], "no_such_file.ts: no such file"),
+    (["{saved}/mlp.ts", "--shape", "(4,x)"], "'(4,x)' is not a shape"),
+    (["{saved}/mlp.ts"], "--shape"),
+    (["{saved}/mlp.ts", "--shape", "(4,64)", "--device", "tpu"], "device"),
+    (["--zoo", "{saved}/mlp.ts"], "either"),
+])
+def test_bad_input_is_one_line_and_exit_2(saved, capsys, args, message):
+    assert main(["bench"] + [a.format(saved=saved) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_a_file_that_is_not_a_module_is_exit_2(tmp_path, capsys):
+    bad = tmp_path / "junk.ts"
+    bad.write_bytes(b"not a zip archive")
+    assert main(["bench", str(bad), "--shape", "(4,64)"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "cannot be loaded" in err
+
+
+def test_zoo_on_the_cpu_reports_failed_peers_and_skipped_models(tmp_path, capsys):
+    out = tmp_path / "zoo.json"
+    assert main(["bench", "--zoo", "--models", "mlp,no_such_model", "--batch", "2", "--device", "cpu", "--iters", "3",
+                 "--warmup", "1", "--peers", "eager,eager+cudagraph,torchkiln", "--sources", "bundled",
+                 "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "geomean" in table and "CUDA graphs need a CUDA device" in table
+    data = json.loads(out.read_text())
+    assert data["config"]["precision"] == "float32" and data["environment"]["torch"] == torch.__version__
+    mlp, missing = data["cases"]
+    assert missing["model"] == "no_such_model" and "no model 'no_such_model'" in missing["skipped"]
+    assert mlp["model"] == "mlp" and mlp["batch"] == 2 and mlp["source"] == "bundled"
+    peers = mlp["peers"]
+    assert peers["eager+cudagraph"]["status"] == "failed" and "CUDA" in peers["eager+cudagraph"]["reason"]
+    for name in ("eager", "torchkiln"):
+        row = peers[name]
+        assert row["status"] == "ok", row
+        assert row["ms"] > 0 and row["items_per_s"] == pytest.approx(2e3 / row["ms"]) and row["build_s"] >= 0
+        assert row["cosine"] > 0.9999 and row["max_abs_error"] <= 1e-4 * row["max_abs_reference"]
+    assert mlp["torchkiln_ms"] == peers["torchkiln"]["ms"]
+    assert "ratio" not in mlp and data["geomean_ratio"] is None  # no best-peer candidate ran on the CPU
