@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from torchkiln.builder import BuildSettings, build_engine
+from torchkiln.builder.calibration import calibrated_build
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.analysis.registry import is_registered
 from torchkiln.conversion import load_all
@@ -26,9 +27,10 @@ from torchkiln.lowering.pipeline import rerun
 from torchkiln.lowering.walk import all_nodes
 from torchkiln.ir.symbolic import shape_range
 from torchkiln.lowering.static_control_flow import fold_static_control_flow
-from torchkiln.partitioning.report import PartitionReport, ReferenceLayer, make_report
+from torchkiln.partitioning.report import Fp32Layer, PartitionReport, ReferenceLayer, make_report
 from torchkiln.partitioning.segment import Partition, partition
 from torchkiln.partitioning.dynamic_shapes import analyze_dynamic_shapes
+from torchkiln.partitioning.shape_analysis import probe_values
 from torchkiln.partitioning.signature import check_signature, example_args, unpack_list_inputs
 from torchkiln.partitioning.support import Decision, Fallback, Target
 from torchkiln.runtime.engine import Engine, InputBinding
@@ -41,7 +43,8 @@ from torchkiln.torchscript import Graph, Node, node_key, source_location, value_
 logger = logging.getLogger("torchkiln")
 
 _SETTING_NAMES = ("enabled_precisions", "device", "min_block_size", "torch_executed_ops", "torch_executed_modules",
-                  "require_full_compilation", "truncate_long_and_double", "debug", "backend", "ort_threads")
+                  "require_full_compilation", "truncate_long_and_double", "debug", "backend", "ort_threads",
+                  "precision_safety", "calibration_inputs")
 
 
 def _module_device(module: torch.nn.Module) -> torch.device | None:
@@ -200,16 +203,61 @@ def _require_full(part: Partition) -> None:
         + "\n".join(lines or [f"  (none, but the engine nodes form {engines} blocks)"]))
 
 
-def _build_engines(part: Partition, settings: CompileSettings, name: str,
-                   failed: dict[Node, Decision]) -> list[Engine] | None:
+def _calibration_values(part: Partition, module: torch.jit.ScriptModule, settings: CompileSettings,
+                        blocks: Sequence[Any]) -> list[list[list[Any]]]:
+    """For each engine block, its input values on each calibration sample (the user's, or random inputs at
+    the opt shapes): [block][sample][input]."""
+    samples = settings.calibration_inputs or [example_args(settings.input_signature, settings.device, "opt")]
+    wanted = list({value_key(v): v for b in blocks for v in b.inputs}.values())
+    found = []
+    for i, sample in enumerate(samples):
+        try:
+            values = probe_values(part.graph, module, list(sample), wanted)
+        except ValueError as e:
+            raise ValueError(f"calibration_inputs[{i}]: the method does not run on it: {e}") from e
+        found.append(dict(zip((value_key(v) for v in wanted), values)))
+    return [[[values[value_key(v)] for v in b.inputs] for values in found] for b in blocks]
+
+
+def _build(block: Any, k: int, part: Partition, settings: CompileSettings, build: BuildSettings, name: str,
+           network: Any, samples: list[list[Any]] | None, kept: list[Fp32Layer]) -> Engine:
+    """Build one converted block; in fp16/bf16 with precision_safety, calibrated on `samples` (the layers it
+    keeps in fp32 are logged and added to `kept`)."""
+    bindings = [InputBinding(t.name, t.dtype, *shape_range(t.shape)) for t in network.inputs]
+    if samples is None:
+        return build_engine(network, bindings, build, f"{name}_{k}")
+    origins = network.origins
+
+    def convert() -> Any:
+        return convert_block(block.nodes, block.inputs, block.outputs, part.metas, settings, f"{name}_{k}")
+
+    engine, fp32 = calibrated_build(convert, bindings, build, f"{name}_{k}", samples)
+    if fp32:
+        logger.warning("engine %s: %d layers kept in float32 because in %s they overflow or lose precision on the "
+                       "calibration inputs (precision_safety=False turns this off):", engine.name, len(fp32),
+                       str(build.compute_dtype).removeprefix("torch."))
+    kinds = {layer.name: layer.KIND for layer in engine.network.layers}
+    for layer, reason in fp32.items():
+        node = " at ".join(origins.get(layer, ("(made by the builder)",)))
+        logger.warning("  %s layer %r (%s): %s", kinds.get(layer, "?"), layer, node, reason)
+        kept.append(Fp32Layer(engine.name, layer, kinds.get(layer, "?"), node, reason))
+    return engine
+
+
+def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: CompileSettings, name: str,
+                   failed: dict[Node, Decision], kept: list[Fp32Layer]) -> list[Engine] | None:
     """Convert and build every engine block; None if a block's conversion failed.
 
     The failing node (or, when the error names none of the block's nodes, every engine node of the block)
     is added to `failed`, to run in PyTorch. With require_full_compilation the error propagates instead.
+    In fp16/bf16 with precision_safety, each engine is calibrated (`calibrated_build`); the layers kept in fp32
+    are added to `kept`.
     """
     engines: list[Engine] | None = []
     build = _build_settings(settings)
     blocks = [b for b in part.blocks if b.is_engine]
+    calibrate = settings.precision_safety and build.compute_dtype != torch.float32 and blocks
+    samples = _calibration_values(part, module, settings, blocks) if calibrate else [None] * len(blocks)
     for k, block in enumerate(blocks):
         logger.info("converting engine block %d/%d (%d nodes)", k + 1, len(blocks), len(block.nodes))
         try:
@@ -227,8 +275,9 @@ def _build_engines(part: Partition, settings: CompileSettings, name: str,
             engines = None
             continue
         if engines is not None:
-            bindings = [InputBinding(t.name, t.dtype, *shape_range(t.shape)) for t in network.inputs]
-            engines.append(build_engine(network, bindings, build, f"{name}_{k}"))
+            usable = samples[k] is not None and all(isinstance(x, torch.Tensor) for s in samples[k] for x in s)
+            engines.append(_build(block, k, part, settings, build, name, network, samples[k] if usable else None,
+                                  kept))
     return engines
 
 
@@ -236,18 +285,20 @@ def _partition_and_build(lowered: LoweredModule, metas: dict[int, Any], settings
                          name: str) -> tuple[Partition, PartitionReport, list[Engine]]:
     """Partition and build; where a conversion fails, partition again with its node in PyTorch.
 
-    Each round moves at least one engine node to PyTorch, so this ends.
+    Each round moves at least one engine node to PyTorch, so this ends. The report lists the layers that
+    precision calibration kept in fp32.
     """
     failed: dict[Node, Decision] = {}
     while True:
+        kept: list[Fp32Layer] = []
         part = partition(lowered.graph, metas, settings, failed)
         report = make_report(part, f"{name}.forward")
         logger.debug("partition report:\n%s", report)
         if settings.require_full_compilation:
             _require_full(part)
-        engines = _build_engines(part, settings, name, failed)
+        engines = _build_engines(part, lowered.module, settings, name, failed, kept)
         if engines is not None:
-            return part, report, engines
+            return part, dataclasses.replace(report, fp32_layers=tuple(kept)), engines
 
 
 def _reference_layers(engines: Sequence[Engine]) -> tuple[ReferenceLayer, ...]:

@@ -235,6 +235,23 @@ def _names(setting: str, names: Iterable[str]) -> frozenset[str]:
     return frozenset(items)
 
 
+def _calibration_samples(samples: Sequence[Any] | None, num_args: int) -> tuple[tuple[Any, ...], ...]:
+    """calibration_inputs as one tuple of method arguments per sample (a tensor alone: a one-argument sample)."""
+    if samples is None:
+        return ()
+    if isinstance(samples, torch.Tensor) or not isinstance(samples, Sequence):
+        raise ValueError("calibration_inputs must be a list of samples, each a tensor (one-argument methods) or a "
+                         "tuple of the method's arguments")
+    found = []
+    for i, sample in enumerate(samples):
+        args = (sample,) if isinstance(sample, torch.Tensor) else sample
+        if not isinstance(args, (tuple, list)) or len(args) != num_args:
+            raise ValueError(f"calibration_inputs[{i}]: expected a tuple of {num_args} arguments (one per Input), "
+                             f"got {type(sample).__name__}")
+        found.append(tuple(args))
+    return tuple(found)
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileSettings:
     """Every choice one compile makes; built and validated by `CompileSettings.create`.
@@ -258,6 +275,10 @@ class CompileSettings:
     # reference elsewhere.
     backend: str = "auto"
     ort_threads: int = 0  # ONNX Runtime's intra-op threads; 0: torch.get_num_threads() where the engine runs
+    # fp16/bf16: keep in fp32 the layers that overflow or lose precision on calibration inputs (one tuple of
+    # method arguments per sample; none: random inputs at the opt shapes)
+    precision_safety: bool = True
+    calibration_inputs: tuple[tuple[Any, ...], ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.input_signature:  # built directly from flat Inputs: one tensor per argument
@@ -277,6 +298,8 @@ class CompileSettings:
         debug: bool = False,
         backend: str = "auto",
         ort_threads: int = 0,
+        precision_safety: bool = True,
+        calibration_inputs: Sequence[Any] | None = None,
         default_device: torch.device | None = None,
     ) -> CompileSettings:
         """Validate user arguments; every problem is a ValueError naming the argument."""
@@ -315,6 +338,7 @@ class CompileSettings:
             raise ValueError(f"ort_threads must be an int in [0, {MAX_ORT_THREADS}] (0: torch.get_num_threads()), "
                              f"got {ort_threads!r}")
         _check_sizes(signature, dev)
+        samples = _calibration_samples(calibration_inputs, len(signature))
         return cls(
             inputs=tuple(flatten_signature(signature)),
             input_signature=signature,
@@ -328,6 +352,8 @@ class CompileSettings:
             debug=bool(debug),
             backend=backend,
             ort_threads=ort_threads,
+            precision_safety=bool(precision_safety),
+            calibration_inputs=samples,
         )
 
     @property

@@ -77,6 +77,16 @@ class ReferenceExecutor:
         self.binder = SymbolBinder.for_network(network)  # dynamic shapes: binds symbols per input signature
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        values = self._run(inputs, free=True)
+        return [values[s].clone() if clone else values[s]
+                for s, clone in zip(self.output_slots, self.clone_output)]
+
+    def run_keeping_all(self, inputs: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+        """Run, keeping every intermediate: layer name -> its outputs (for layer-wise debugging)."""
+        values = self._run(inputs, free=False)
+        return {layer.name: [values[i] for i in outs] for _, layer, _, _, outs, _ in self.steps}
+
+    def _run(self, inputs: list[torch.Tensor], free: bool) -> list[torch.Tensor | None]:
         values: list[torch.Tensor | None] = [None] * self.num_slots
         values[: self.num_inputs] = inputs
         device = self.device
@@ -88,10 +98,9 @@ class ReferenceExecutor:
             else:
                 for i, r in zip(outs, result):
                     values[i] = r
-            for i in frees:
+            for i in frees if free else ():
                 values[i] = None
-        return [values[s].clone() if clone else values[s]
-                for s, clone in zip(self.output_slots, self.clone_output)]
+        return values
 
 
 def _may_alias_storage(tensor) -> bool:
