@@ -9,6 +9,7 @@ from torchkiln.compiler import (
     unsupported_ops,
 )
 from torchkiln.conversion import supported_ops
+from torchkiln.debug_precision import PrecisionReport, debug_precision
 from torchkiln.errors import (
     ConversionError,
     EngineFormatError,
@@ -29,7 +30,8 @@ from torchkiln.stitching.module import load
 __all__ = [
     "ConversionError", "Engine", "EngineFormatError", "EngineIndexError", "EngineInputError", "Input",
     "TorchkilnError", "TracingError", "TracingWarning", "UnsupportedOperatorError", "__version__",
-    "check_method_op_support", "compile", "convert_method_to_engine", "embed_engine_in_new_module", "export_onnx",
+    "PrecisionReport", "check_method_op_support", "compile", "convert_method_to_engine", "debug_precision",
+    "embed_engine_in_new_module", "export_onnx",
     "load",
     "partition_report", "supported_ops", "unsupported_ops",
 ]

@@ -4,11 +4,12 @@ from __future__ import annotations
 import builtins
 import collections
 import dataclasses
+import functools
 import keyword
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from torchkiln.log import debug_logging, warn
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
 from torchkiln.lowering.walk import all_nodes
+from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import shape_range
 from torchkiln.lowering.static_control_flow import fold_static_control_flow
 from torchkiln.partitioning.report import Fp32Layer, PartitionReport, ReferenceLayer, make_report
@@ -203,35 +205,38 @@ def _require_full(part: Partition) -> None:
         + "\n".join(lines or [f"  (none, but the engine nodes form {engines} blocks)"]))
 
 
-def _calibration_values(part: Partition, module: torch.jit.ScriptModule, settings: CompileSettings,
-                        blocks: Sequence[Any]) -> list[list[list[Any]]]:
-    """For each engine block, its input values on each calibration sample (the user's, or random inputs at
-    the opt shapes): [block][sample][input]."""
-    samples = settings.calibration_inputs or [example_args(settings.input_signature, settings.device, "opt")]
+def calibration_samples(settings: CompileSettings) -> list[Sequence[Any]]:
+    """The method arguments precision calibration runs on: the user's, or random inputs at the opt shapes."""
+    return list(settings.calibration_inputs) or [example_args(settings.input_signature, settings.device, "opt")]
+
+
+def block_input_values(part: Partition, module: torch.jit.ScriptModule, samples: Sequence[Sequence[Any]],
+                       blocks: Sequence[Any]) -> list[list[list[Any]]]:
+    """For each block, its input values when the method runs on each sample: [block][sample][input]."""
     wanted = list({value_key(v): v for b in blocks for v in b.inputs}.values())
     found = []
     for i, sample in enumerate(samples):
         try:
             values = probe_values(part.graph, module, list(sample), wanted)
         except ValueError as e:
-            raise ValueError(f"calibration_inputs[{i}]: the method does not run on it: {e}") from e
+            raise ValueError(f"calibration sample {i}: the method does not run on it: {e}") from e
         found.append(dict(zip((value_key(v) for v in wanted), values)))
     return [[[values[value_key(v)] for v in b.inputs] for values in found] for b in blocks]
 
 
-def _build(block: Any, k: int, part: Partition, settings: CompileSettings, build: BuildSettings, name: str,
-           network: Any, samples: list[list[Any]] | None, kept: list[Fp32Layer]) -> Engine:
-    """Build one converted block; in fp16/bf16 with precision_safety, calibrated on `samples` (the layers it
-    keeps in fp32 are logged and added to `kept`)."""
-    bindings = [InputBinding(t.name, t.dtype, *shape_range(t.shape)) for t in network.inputs]
+def block_bindings(network: Network) -> list[InputBinding]:
+    return [InputBinding(t.name, t.dtype, *shape_range(t.shape)) for t in network.inputs]
+
+
+def build_block(network: Network, convert: Callable[[], Network], build: BuildSettings,
+                samples: Sequence[Sequence[torch.Tensor]] | None, kept: list[Fp32Layer]) -> Engine:
+    """Build one converted block (`convert` makes it again); with `samples` (fp16/bf16 with precision_safety),
+    calibrated on them: the layers it keeps in fp32 are logged and added to `kept`."""
+    bindings = block_bindings(network)
     if samples is None:
-        return build_engine(network, bindings, build, f"{name}_{k}")
+        return build_engine(network, bindings, build, network.name)
     origins = network.origins
-
-    def convert() -> Any:
-        return convert_block(block.nodes, block.inputs, block.outputs, part.metas, settings, f"{name}_{k}")
-
-    engine, fp32 = calibrated_build(convert, bindings, build, f"{name}_{k}", samples)
+    engine, fp32 = calibrated_build(convert, bindings, build, network.name, samples)
     if fp32:
         logger.warning("engine %s: %d layers kept in float32 because in %s they overflow or lose precision on the "
                        "calibration inputs (precision_safety=False turns this off):", engine.name, len(fp32),
@@ -257,7 +262,8 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
     build = _build_settings(settings)
     blocks = [b for b in part.blocks if b.is_engine]
     calibrate = settings.precision_safety and build.compute_dtype != torch.float32 and blocks
-    samples = _calibration_values(part, module, settings, blocks) if calibrate else [None] * len(blocks)
+    samples = block_input_values(part, module, calibration_samples(settings), blocks) if calibrate \
+        else [None] * len(blocks)
     for k, block in enumerate(blocks):
         logger.info("converting engine block %d/%d (%d nodes)", k + 1, len(blocks), len(block.nodes))
         try:
@@ -276,8 +282,9 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
             continue
         if engines is not None:
             usable = samples[k] is not None and all(isinstance(x, torch.Tensor) for s in samples[k] for x in s)
-            engines.append(_build(block, k, part, settings, build, name, network, samples[k] if usable else None,
-                                  kept))
+            convert = functools.partial(convert_block, block.nodes, block.inputs, block.outputs, part.metas, settings,
+                                        f"{name}_{k}")
+            engines.append(build_block(network, convert, build, samples[k] if usable else None, kept))
     return engines
 
 

@@ -52,7 +52,8 @@ class LayerError:
         return self.max_abs / self.max_ref if self.max_ref > 0 else (0.0 if self.max_abs == 0 else math.inf)
 
 
-def _compare_output(name: str, kind: str, ref: torch.Tensor, low: torch.Tensor) -> LayerError:
+def compare_values(ref: torch.Tensor, low: torch.Tensor, name: str = "", kind: str = "") -> LayerError:
+    """`low` against `ref`: max abs error, max |ref|, cosine, and whether `low` overflowed."""
     ref64, low64 = ref.detach().double().cpu().flatten(), low.detach().double().cpu().flatten()
     finite = torch.isfinite(ref64)
     overflow = ""
@@ -95,7 +96,7 @@ def compare_networks(reference: Network, low: Network, inputs: Sequence[torch.Te
             continue
         pairs = [(r, x) for r, x in zip(ref_values[layer.name], low_values[layer.name]) if x.numel()]
         if pairs:
-            errors.append(_worst([_compare_output(layer.name, layer.KIND, r, x) for r, x in pairs]))
+            errors.append(_worst([compare_values(r, x, layer.name, layer.KIND) for r, x in pairs]))
     return errors
 
 
