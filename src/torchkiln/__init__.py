@@ -16,6 +16,7 @@ from torchkiln.errors import (
     EngineIndexError,
     EngineInputError,
     TorchkilnError,
+    RefitError,
     TracingError,
     TracingWarning,
     UnsupportedOperatorError,
@@ -23,6 +24,7 @@ from torchkiln.errors import (
 from torchkiln import ops as _ops  # noqa: F401  (defines torch.ops.torchkiln.const and attn_bias_from_attn_mask)
 from torchkiln.runtime import execute_op as _execute_op  # noqa: F401  (registers torch.ops.torchkiln.execute_engine)
 from torchkiln.onnx_file import export_onnx
+from torchkiln.refit import refit_module_weights
 from torchkiln.runtime.engine import Engine
 from torchkiln.settings import Input
 from torchkiln.stitching.module import load
@@ -30,8 +32,8 @@ from torchkiln.stitching.module import load
 __all__ = [
     "ConversionError", "Engine", "EngineFormatError", "EngineIndexError", "EngineInputError", "Input",
     "TorchkilnError", "TracingError", "TracingWarning", "UnsupportedOperatorError", "__version__",
-    "PrecisionReport", "check_method_op_support", "compile", "convert_method_to_engine", "debug_precision",
+    "PrecisionReport", "RefitError", "check_method_op_support", "compile", "convert_method_to_engine", "debug_precision",
     "embed_engine_in_new_module", "export_onnx",
-    "load",
+    "load", "refit_module_weights",
     "partition_report", "supported_ops", "unsupported_ops",
 ]

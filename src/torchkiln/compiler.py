@@ -334,6 +334,21 @@ def _warn_no_engines(report: PartitionReport, settings: CompileSettings) -> None
     warn(logger, f"{report.name}: compiled with 0 engines, so it runs wholly in PyTorch; {why}")
 
 
+@dataclasses.dataclass(frozen=True)
+class CompileRecord:
+    """What a compiled module was compiled from (kept on it in memory, for refit_module_weights): the inputs and
+    settings given to compile, and the name, shape and dtype of each parameter and buffer of the module."""
+
+    inputs: Any
+    options: dict[str, Any]
+    parameters: dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+def parameter_signature(module: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) of every parameter and buffer (the module's state_dict)."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
+
+
 def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = None,
                         **options: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
     """`compile`, also returning the partition report (blocks, ops, fallback reasons)."""
@@ -348,6 +363,7 @@ def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = 
         if not engines:
             _warn_no_engines(report, settings)
         compiled = stitch(lowered.module, part, engines)
+        compiled._torchkiln_compile = CompileRecord(inputs, options, parameter_signature(module))
         logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", name,
                     time.perf_counter() - start, report.num_engine_blocks, report.num_torch_blocks)
         return compiled, report
