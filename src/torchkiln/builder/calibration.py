@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 
 import torch
 
@@ -100,16 +100,16 @@ def compare_networks(reference: Network, low: Network, inputs: Sequence[torch.Te
     return errors
 
 
-def _source_errors(layer: L.Layer, found: dict[str, LayerError]) -> list[LayerError]:
-    """The errors of the layers `layer` reads, looking through the casts and narrowed constants that the
-    low-precision pass added (a value narrowed for this layer counts as part of this layer's computation)."""
+def _sources(layer: L.Layer, compared: Container[str]) -> list[L.Layer]:
+    """The compared layers `layer` reads, looking through the casts the low-precision pass added (a value
+    narrowed for this layer counts as part of this layer's computation)."""
     sources = []
     for t in layer.inputs:
         producer = t.producer
-        while producer is not None and producer.name not in found and isinstance(producer, L.CastLayer):
+        while producer is not None and producer.name not in compared and isinstance(producer, L.CastLayer):
             producer = producer.inputs[0].producer
-        if producer is not None and producer.name in found:
-            sources.append(found[producer.name])
+        if producer is not None and producer.name in compared:
+            sources.append(producer)
     return sources
 
 
@@ -123,7 +123,7 @@ def unsafe_layers(low: Network, errors: Iterable[LayerError], tolerance: float) 
         e = found.get(layer.name)
         if e is None or not all(t.dtype.is_floating_point for t in layer.outputs):
             continue
-        sources = _source_errors(layer, found)
+        sources = [found[p.name] for p in _sources(layer, found)]
         if any(s.overflow for s in sources):
             continue
         carried = max((s.relative for s in sources), default=0.0)
@@ -150,8 +150,16 @@ def calibrated_build(convert: Callable[[], Network], bindings: Sequence[InputBin
         new: dict[str, str] = {}
         for sample in samples:
             errors = compare_networks(reference, engine.network, sample, settings.device)
-            new.update((k, v) for k, v in unsafe_layers(engine.network, errors, tolerance).items()
-                       if k not in kept and k not in new)
+            for layer, why in unsafe_layers(engine.network, errors, tolerance).items():
+                if layer not in kept:
+                    new.setdefault(layer, why)
+                    continue
+                # Kept in fp32 and still wrong: its inputs were computed too coarsely for it (a cancellation
+                # after a low-precision sum); keep the float layers it reads in fp32 too.
+                reader = next(x for x in engine.network.layers if x.name == layer)
+                for source in _sources(reader, {e.name for e in errors}):
+                    if source.name not in kept and not isinstance(source, L.ConstantLayer):
+                        new.setdefault(source.name, f"its value is read by {layer!r}, which {why}")
         if not new:
             return engine, kept
         logger.debug("calibration round %d of engine %s: keeping %s in float32", round_ + 1, name, sorted(new))
