@@ -38,7 +38,7 @@ logger = logging.getLogger("torchkiln")
 
 def _check_parameters(old: dict[str, tuple[tuple[int, ...], torch.dtype]], module: torch.nn.Module) -> None:
     new = parameter_signature(module)
-    for name in sorted(set(old) | set(new)):
+    for name in list(old) + [n for n in new if n not in old]:  # the module's order
         if name not in new:
             raise RefitError(f"parameter {name!r}: the compiled model has it (shape {list(old[name][0])}), "
                              f"the new model does not")
@@ -91,15 +91,21 @@ def _tensor_constants(graph: torch._C.Graph) -> list[torch.Tensor]:
 
 
 def _check_graphs(old: torch.jit.ScriptModule, new: torch.jit.ScriptModule) -> None:
-    old_kinds, new_kinds = [n.kind() for n in old.graph.nodes()], [n.kind() for n in new.graph.nodes()]
+    # Constants are left out of the comparison of nodes: saving and loading moves them.
+    old_kinds, new_kinds = ([n.kind() for n in m.graph.nodes() if n.kind() != "prim::Constant"] for m in (old, new))
     if old_kinds != new_kinds:
         where = next((i for i, (a, b) in enumerate(zip(old_kinds, new_kinds)) if a != b),
                      min(len(old_kinds), len(new_kinds)))
         raise RefitError(f"the new model compiles to another graph: node {where} is "
                          f"{new_kinds[where] if where < len(new_kinds) else 'missing'} where the compiled module "
                          f"has {old_kinds[where] if where < len(old_kinds) else 'nothing'}")
-    for a, b in zip(_tensor_constants(old.graph), _tensor_constants(new.graph)):
-        if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(a, b):
+    unmatched = _tensor_constants(old.graph)
+    for b in _tensor_constants(new.graph):  # matched by value: saving and loading may reorder them
+        match = next((i for i, a in enumerate(unmatched)
+                      if a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)), None)
+        if match is not None:
+            del unmatched[match]
+        else:
             raise RefitError(f"a weight of shape {list(b.shape)} is used by an op that runs in PyTorch (frozen into "
                              f"the compiled module's code), and it changed; refit swaps engine weights only: "
                              f"compile the new model instead")
@@ -129,9 +135,9 @@ def refit_module_weights(compiled: torch.jit.ScriptModule, new_model: torch.nn.M
     if len(new_engines) != len(old_engines):
         raise RefitError(f"the new model compiles to {len(new_engines)} engines, the compiled module has "
                          f"{len(old_engines)}")
-    _check_graphs(compiled, fresh)
     for (_, old), (_, new) in zip(old_engines, new_engines):
         _check_engine(old, new)
+    _check_graphs(compiled, fresh)
     for (attr, _), (new_attr, _) in zip(old_engines, new_engines):
         setattr(compiled, attr, engine_blob(getattr(fresh, new_attr).numpy().tobytes()))
     if record is not None:
