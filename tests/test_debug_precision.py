@@ -65,7 +65,8 @@ def test_fp32_every_layer_matches_eager_and_names_its_node_and_line():
                                              "elementwise"]
     assert all(r.relative <= 1e-4 and r.cosine >= 1 - 1e-9 for r in report.rows)
     square = report.rows[2]
-    assert square.node.startswith("aten::mul") and square.source == f"test_debug_precision.py:{_line(Overflows, 'z = y * y')}"
+    assert square.node.startswith("aten::mul")
+    assert square.source == f"test_debug_precision.py:{_line(Overflows, 'z = y * y')}"
     (out,) = report.outputs
     ref = model(x)
     assert out.max_abs <= 1e-4 * ref.abs().max().item() and out.max_ref == pytest.approx(ref.abs().max().item())

@@ -52,7 +52,8 @@ def test_refit_fp16_engine():
 
 def test_refit_with_another_shape_names_the_parameter():
     compiled = torchkiln.compile(_model(), INPUTS)
-    with pytest.raises(torchkiln.RefitError, match=r"parameter 'fc.weight': shape \[12, 288\] in the new model, \[10, 288\]"):
+    with pytest.raises(torchkiln.RefitError,
+                       match=r"parameter 'fc.weight': shape \[12, 288\] in the new model, \[10, 288\]"):
         torchkiln.refit_module_weights(compiled, _model(hidden=12))
     with pytest.raises(torchkiln.RefitError, match=r"parameter 'conv.weight': dtype torch.float64"):
         torchkiln.refit_module_weights(compiled, _model().double())

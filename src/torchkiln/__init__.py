@@ -31,9 +31,8 @@ from torchkiln.stitching.module import load
 
 __all__ = [
     "ConversionError", "Engine", "EngineFormatError", "EngineIndexError", "EngineInputError", "Input",
-    "TorchkilnError", "TracingError", "TracingWarning", "UnsupportedOperatorError", "__version__",
-    "PrecisionReport", "RefitError", "check_method_op_support", "compile", "convert_method_to_engine", "debug_precision",
-    "embed_engine_in_new_module", "export_onnx",
-    "load", "refit_module_weights",
-    "partition_report", "supported_ops", "unsupported_ops",
+    "PrecisionReport", "RefitError", "TorchkilnError", "TracingError", "TracingWarning", "UnsupportedOperatorError",
+    "__version__", "check_method_op_support", "compile", "convert_method_to_engine", "debug_precision",
+    "embed_engine_in_new_module", "export_onnx", "load", "partition_report", "refit_module_weights", "supported_ops",
+    "unsupported_ops",
 ]
