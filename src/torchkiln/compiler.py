@@ -205,7 +205,7 @@ def _require_full(part: Partition) -> None:
         + "\n".join(lines or [f"  (none, but the engine nodes form {engines} blocks)"]))
 
 
-def calibration_samples(settings: CompileSettings) -> list[Sequence[Any]]:
+def _calibration_samples(settings: CompileSettings) -> list[Sequence[Any]]:
     """The method arguments precision calibration runs on: the user's, or random inputs at the opt shapes."""
     return list(settings.calibration_inputs) or [example_args(settings.input_signature, settings.device, "opt")]
 
@@ -225,10 +225,11 @@ def block_input_values(part: Partition, module: torch.jit.ScriptModule, samples:
 
 
 def block_bindings(network: Network) -> list[InputBinding]:
+    """An engine's input bindings: each network input's dtype and shape range."""
     return [InputBinding(t.name, t.dtype, *shape_range(t.shape)) for t in network.inputs]
 
 
-def build_block(network: Network, convert: Callable[[], Network], build: BuildSettings,
+def _build_block(network: Network, convert: Callable[[], Network], build: BuildSettings,
                 samples: Sequence[Sequence[torch.Tensor]] | None, kept: list[Fp32Layer]) -> Engine:
     """Build one converted block (`convert` makes it again); with `samples` (fp16/bf16 with precision_safety),
     calibrated on them: the layers it keeps in fp32 are logged and added to `kept`."""
@@ -262,7 +263,7 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
     build = _build_settings(settings)
     blocks = [b for b in part.blocks if b.is_engine]
     calibrate = settings.precision_safety and build.compute_dtype != torch.float32 and blocks
-    samples = block_input_values(part, module, calibration_samples(settings), blocks) if calibrate \
+    samples = block_input_values(part, module, _calibration_samples(settings), blocks) if calibrate \
         else [None] * len(blocks)
     for k, block in enumerate(blocks):
         logger.info("converting engine block %d/%d (%d nodes)", k + 1, len(blocks), len(block.nodes))
@@ -284,7 +285,7 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
             usable = samples[k] is not None and all(isinstance(x, torch.Tensor) for s in samples[k] for x in s)
             convert = functools.partial(convert_block, block.nodes, block.inputs, block.outputs, part.metas, settings,
                                         f"{name}_{k}")
-            engines.append(build_block(network, convert, build, samples[k] if usable else None, kept))
+            engines.append(_build_block(network, convert, build, samples[k] if usable else None, kept))
     return engines
 
 

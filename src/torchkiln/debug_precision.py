@@ -10,7 +10,6 @@ compared with the eager module's.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import math
 import os
@@ -21,13 +20,12 @@ import torch
 
 from torchkiln.builder import build_engine
 from torchkiln.builder.calibration import TOLERANCE, compare_networks, compare_values
-from torchkiln.compiler import (_build_settings, _module_name, _prepare, _settings, block_bindings,
-                                block_input_values, build_block, calibration_samples)
+from torchkiln.compiler import (_build_settings, _module_name, _partition_and_build, _prepare, _settings,
+                                block_bindings, block_input_values)
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.frontend import as_module
 from torchkiln.log import debug_logging
 from torchkiln.partitioning.report import Fp32Layer
-from torchkiln.partitioning.segment import partition
 from torchkiln.partitioning.signature import example_args
 from torchkiln.stitching.stitch import stitch
 
@@ -171,34 +169,24 @@ def debug_precision(module: torch.nn.Module, inputs: Sequence[Any], enabled_prec
         data = example_args(settings.input_signature, settings.device, "opt")
         lowered, metas = _prepare(module, settings)
         name = _module_name(module)
-        part = partition(lowered.graph, metas, settings)
+        part, built, engines = _partition_and_build(lowered, metas, settings, name)
         blocks = [b for b in part.blocks if b.is_engine]
         values = block_input_values(part, lowered.module, [data], blocks)
-        safety = settings.precision_safety and build.compute_dtype != torch.float32
-        calibration = block_input_values(part, lowered.module, calibration_samples(settings), blocks) if safety \
-            else [None] * len(blocks)
+        reasons = {(f.engine, f.layer): f.reason for f in built.fp32_layers}
         rows: list[LayerRow] = []
-        kept: list[Fp32Layer] = []
-        engines = []
-        for k, block in enumerate(blocks):
-            convert = functools.partial(convert_block, block.nodes, block.inputs, block.outputs, part.metas,
-                                        settings, f"{name}_{k}")
-            network = convert()
+        for k, (block, engine) in enumerate(zip(blocks, engines)):
+            network = convert_block(block.nodes, block.inputs, block.outputs, part.metas, settings, engine.name)
             origins = network.origins
-            reference = build_engine(convert(), block_bindings(network),
-                                     dataclasses.replace(build, compute_dtype=torch.float32), f"{name}_{k}_fp32")
-            before = len(kept)
-            engine = build_block(network, convert, build, calibration[k], kept)
-            engines.append(engine)
-            reasons = {f.layer: f.reason for f in kept[before:]}
+            reference = build_engine(network, block_bindings(network),
+                                     dataclasses.replace(build, compute_dtype=torch.float32), f"{engine.name}_fp32")
             for e in compare_networks(reference.network, engine.network, values[k][0], settings.device):
                 node, source = origins.get(e.name, ("(builder)", "-"))
                 rows.append(LayerRow(engine.name, len(rows), e.name, e.kind, node, os.path.basename(source)
                                      if source not in ("-", "<unknown>") else source, e.dtype, e.max_abs, e.max_ref,
-                                     e.relative, e.cosine, e.overflow, reasons.get(e.name, "")))
+                                     e.relative, e.cosine, e.overflow, reasons.get((engine.name, e.name), "")))
         compiled = stitch(lowered.module, part, engines)
         report = PrecisionReport(f"{name}.forward", build.compute_dtype, tolerance, tuple(rows),
-                                 _output_errors(compiled, module, data), tuple(kept))
+                                 _output_errors(compiled, module, data), built.fp32_layers)
         if plot is not None:
             report.plot(plot)
         return report
