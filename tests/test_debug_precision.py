@@ -102,14 +102,49 @@ def test_fp16_overflow_without_safety_gives_nan_and_with_it_matches_eager(caplog
     assert after.rows[2].dtype == torch.float32 and after.rows[1].dtype == torch.float16
 
 
-def test_cancellation_keeps_the_sum_it_reads_in_fp32():
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_cancellation_keeps_the_sum_it_reads_in_fp32(dtype):
     model = Cancels()
     x = torch.randn(4, 8)
-    unsafe, _ = _fp16(model, (4, 8), precision_safety=False, min_block_size=1)
-    assert (unsafe(x) - model(x)).abs().max() > 0.1  # fp16 loses x's digits next to 1000
-    safe, report = _fp16(model, (4, 8), min_block_size=1)
+    options = dict(enabled_precisions={dtype}, backend="reference", min_block_size=1)
+    unsafe, _ = compile_with_report(model, [torchkiln.Input((4, 8))], precision_safety=False, **options)
+    assert (unsafe(x) - model(x)).abs().max() > 0.1  # fp16 and bf16 lose x's digits next to 1000
+    safe, report = compile_with_report(model, [torchkiln.Input((4, 8))], **options)
     assert sorted(f.node.split("(")[0] for f in report.fp32_layers) == ["aten::add", "aten::sub"]
     assert_matches_eager(safe(x), model(x))
+
+
+def test_an_engine_after_a_pytorch_block_is_calibrated_on_its_own_inputs():
+    class Split(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 16)
+            self.ln = torch.nn.LayerNorm(16)
+
+        def forward(self, x):
+            y = torch.relu(self.fc(x) * 300)  # relu runs in PyTorch: the second engine reads its result
+            return self.ln(y * y) + 1
+
+    model = Split().eval()
+    x = torch.randn(4, 16)
+    compiled, report = _fp16(model, (4, 16), torch_executed_ops=["aten::relu"], min_block_size=1)
+    assert report.num_engine_blocks == 2
+    (kept,) = report.fp32_layers
+    assert kept.engine == "Split_1" and kept.node.startswith("aten::mul")
+    _fp16_close(compiled(x), model(x))
+
+
+def test_dynamic_shapes():
+    model = Overflows().eval()
+    spec = torchkiln.Input(min_shape=(1, 16), opt_shape=(4, 16), max_shape=(8, 16))
+    report = torchkiln.debug_precision(model, [spec], backend="reference", precision_safety=False)
+    assert report.first_bad.node.startswith("aten::mul") and report.first_bad.index == 2
+    compiled, partition = compile_with_report(model, [spec], enabled_precisions={torch.float16},
+                                              backend="reference")
+    assert len(partition.fp32_layers) == 1
+    for n in (1, 8):
+        x = torch.randn(n, 16)
+        _fp16_close(compiled(x), model(x))
 
 
 def test_user_calibration_inputs_are_used():
