@@ -1,4 +1,6 @@
 """refit_module_weights (issue 17): new weights into a compiled module's engines, checked against eager."""
+import copy
+
 import pytest
 import torch
 
@@ -38,6 +40,16 @@ def test_refit_gives_the_new_models_outputs_in_place():
     assert torchkiln.refit_module_weights(compiled, new) is compiled
     assert_matches_eager(compiled(x), new(x))
     assert (compiled(x) - old(x)).abs().max() > 0.1  # the old weights are gone
+
+
+def test_a_copy_is_refit_alone():
+    old, new = _model(), _model()
+    compiled = torchkiln.compile(old, INPUTS)
+    copied = copy.deepcopy(compiled)
+    torchkiln.refit_module_weights(copied, new)
+    x = torch.randn(2, 3, 8, 8)
+    assert_matches_eager(copied(x), new(x))
+    assert_matches_eager(compiled(x), old(x))
 
 
 def test_refit_fp16_engine():
