@@ -79,24 +79,30 @@ def _worst(errors: Sequence[LayerError]) -> LayerError:
     return max(errors, key=lambda e: (bool(e.overflow), e.relative))
 
 
-def run_all(network: Network, inputs: Sequence[torch.Tensor], device: torch.device) -> dict[str, list[torch.Tensor]]:
-    """Every layer's outputs (by layer name) for these inputs, cast to the network inputs' dtypes."""
+def _run(network: Network, inputs: Sequence[torch.Tensor], device: torch.device,
+         visit: Callable[[L.Layer, list[torch.Tensor]], None]) -> None:
+    """Run `network` on the reference meanings (inputs cast to its inputs' dtypes), visiting each layer."""
     args = [x.to(device=device, dtype=t.dtype) for x, t in zip(inputs, network.inputs)]
     with torch.no_grad():
-        return ReferenceExecutor(network, device).run_keeping_all(args)
+        ReferenceExecutor(network, device).run(args, visit)
 
 
 def compare_networks(reference: Network, low: Network, inputs: Sequence[torch.Tensor],
                      device: torch.device) -> list[LayerError]:
-    """The error of every layer of `low` that `reference` also has, in `low`'s order."""
-    ref_values, low_values = run_all(reference, inputs, device), run_all(low, inputs, device)
+    """The error of every layer of `low` that `reference` also has, in `low`'s order. The reference's values
+    are all kept; the low network's are compared as they are made and freed as it runs."""
+    ref_values: dict[str, list[torch.Tensor]] = {}
+    _run(reference, inputs, device, lambda layer, outs: ref_values.__setitem__(layer.name, outs))
     errors = []
-    for layer in low.layers:
+
+    def compare(layer: L.Layer, outs: list[torch.Tensor]) -> None:
         if layer.name not in ref_values or isinstance(layer, L.ConstantLayer):
-            continue
-        pairs = [(r, x) for r, x in zip(ref_values[layer.name], low_values[layer.name]) if x.numel()]
+            return
+        pairs = [(r, x) for r, x in zip(ref_values[layer.name], outs) if x.numel()]
         if pairs:
             errors.append(_worst([compare_values(r, x, layer.name, layer.KIND) for r, x in pairs]))
+
+    _run(low, inputs, device, compare)
     return errors
 
 
