@@ -102,6 +102,20 @@ def test_fp16_overflow_without_safety_gives_nan_and_with_it_matches_eager(caplog
     assert after.rows[2].dtype == torch.float32 and after.rows[1].dtype == torch.float16
 
 
+def test_convert_method_to_engine_is_calibrated_too():
+    model = Overflows().eval()
+    x = torch.randn(4, 16)
+    for safety in (False, True):
+        engine = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input((4, 16))],
+                                                    enabled_precisions={torch.float16}, backend="reference",
+                                                    precision_safety=safety)
+        out = torchkiln.embed_engine_in_new_module(engine)(x)
+        if safety:
+            _fp16_close(out, model(x))
+        else:
+            assert not torch.isfinite(out).all()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_cancellation_keeps_the_sum_it_reads_in_fp32(dtype):
     model = Cancels()

@@ -472,6 +472,9 @@ def convert_method_to_engine(module: torch.nn.Module, method_name: str = "forwar
         bindings = [InputBinding(t.name, t.dtype, spec.min_shape, spec.opt_shape, spec.max_shape)
                     for t, spec in zip(network.inputs, settings.inputs)]
         build = _build_settings(settings)
+        if settings.precision_safety and build.compute_dtype != torch.float32:  # the engine's inputs are the method's
+            convert = functools.partial(convert_block, nodes, inputs_, outputs, metas, settings, method_name)
+            return _build_block(network, convert, build, _calibration_samples(settings), []).serialize()
         return build_engine(network, bindings, build, method_name).serialize()
 
 
