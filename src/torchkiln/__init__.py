@@ -12,12 +12,14 @@ from torchkiln.conversion import supported_ops
 from torchkiln.build_info import dump_build_info, set_device
 from torchkiln.device import Device
 from torchkiln.enums import DeviceType, EngineCapability, dtype
+from torchkiln.debug_precision import PrecisionReport, debug_precision
 from torchkiln.errors import (
     ConversionError,
     EngineFormatError,
     EngineIndexError,
     EngineInputError,
     TorchkilnError,
+    RefitError,
     TracingError,
     TracingWarning,
     UnsupportedOperatorError,
@@ -25,15 +27,16 @@ from torchkiln.errors import (
 from torchkiln import ops as _ops  # noqa: F401  (defines torch.ops.torchkiln.const and attn_bias_from_attn_mask)
 from torchkiln.runtime import execute_op as _execute_op  # noqa: F401  (registers torch.ops.torchkiln.execute_engine)
 from torchkiln.onnx_file import export_onnx
+from torchkiln.refit import refit_module_weights
 from torchkiln.runtime.engine import Engine
 from torchkiln.settings import Input
 from torchkiln.stitching.module import load
 from torchkiln import logging, ts  # noqa: E402  (Torch-TensorRT's torch_tensorrt.logging and torch_tensorrt.ts)
 
 __all__ = [
-    "ConversionError", "Device", "DeviceType", "Engine", "EngineCapability", "EngineFormatError", "EngineIndexError", "EngineInputError", "Input",
-    "TorchkilnError", "TracingError", "TracingWarning", "UnsupportedOperatorError", "__version__",
-    "check_method_op_support", "compile", "convert_method_to_engine", "dtype", "dump_build_info",
-    "embed_engine_in_new_module", "export_onnx", "load", "logging", "set_device", "ts",
-    "partition_report", "supported_ops", "unsupported_ops",
+    "ConversionError", "Device", "DeviceType", "Engine", "EngineCapability", "EngineFormatError", "EngineIndexError",
+    "EngineInputError", "Input", "PrecisionReport", "RefitError", "TorchkilnError", "TracingError", "TracingWarning",
+    "UnsupportedOperatorError", "__version__", "check_method_op_support", "compile", "convert_method_to_engine",
+    "debug_precision", "dtype", "dump_build_info", "embed_engine_in_new_module", "export_onnx", "load", "logging",
+    "partition_report", "refit_module_weights", "set_device", "supported_ops", "ts", "unsupported_ops",
 ]

@@ -97,6 +97,30 @@ def _coverage(args: argparse.Namespace) -> int:
     return 1 if args.require_full and not all(r.covered for r in rows) else 0
 
 
+_PRECISIONS = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
+
+def _debug_precision(args: argparse.Namespace) -> int:
+    import torch
+
+    import torchkiln
+    from torchkiln.errors import TorchkilnError
+
+    try:
+        shapes = [tuple(int(d) for d in spec.strip("()[] ").split(",") if d.strip()) for spec in args.input]
+        dtype = getattr(torch, _PRECISIONS.get(args.dtype, args.dtype))
+        module = torch.jit.load(args.model)
+        report = torchkiln.debug_precision(
+            module, [torchkiln.Input(shape, dtype=dtype) for shape in shapes],
+            enabled_precisions={getattr(torch, _PRECISIONS[args.precision])}, tolerance=args.tolerance,
+            plot=args.plot, backend=args.backend, precision_safety=not args.no_precision_safety)
+    except (TorchkilnError, ValueError, TypeError, AttributeError, OSError, RuntimeError) as e:
+        print(f"torchkiln debug-precision: {type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+    print(report)
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     """The zoo comparison (--zoo) or the trtexec-style run of one saved module."""
     import json
@@ -196,6 +220,23 @@ def build_parser() -> argparse.ArgumentParser:
     coverage.add_argument("--require-full", action="store_true", help="exit with status 1 unless every op is covered")
     coverage.set_defaults(fn=_coverage)
     _add_bench(sub)
+    debug = sub.add_parser("debug-precision", help="layer-wise error of a saved TorchScript module's engines "
+                           "against eager float32, and the first layer past the tolerance")
+    debug.add_argument("model", metavar="MODEL.ts", help="a module saved with torch.jit.save")
+    debug.add_argument("--input", action="append", required=True, metavar="SHAPE",
+                       help="one input's shape, e.g. 1,3,224,224 (repeat for each input, in order)")
+    debug.add_argument("--dtype", default="f32", help="the inputs' dtype: f32, f16, bf16 or a torch dtype name "
+                       "such as int64 (default f32)")
+    debug.add_argument("-p", "--precision", choices=sorted(_PRECISIONS), default="f16",
+                       help="the engine precision to debug (default f16)")
+    debug.add_argument("--tolerance", type=float, default=None,
+                       help="relative error past which a layer is flagged (default: 1e-2 f16, 5e-2 bf16, 1e-4 f32)")
+    debug.add_argument("--backend", default="reference", choices=["reference", "onnxruntime", "auto"],
+                       help="the backend to build for (default reference: on the CPU, onnxruntime builds in f32)")
+    debug.add_argument("--no-precision-safety", action="store_true",
+                       help="do not keep overflowing layers in f32 (see what the plain precision does)")
+    debug.add_argument("--plot", metavar="FILE", help="also write a plot of the errors (needs matplotlib)")
+    debug.set_defaults(fn=_debug_precision)
     return parser
 
 

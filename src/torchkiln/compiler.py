@@ -4,16 +4,18 @@ from __future__ import annotations
 import builtins
 import collections
 import dataclasses
+import functools
 import keyword
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
 from torchkiln.builder import BuildSettings, build_engine
+from torchkiln.builder.calibration import calibrated_build
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.analysis.registry import is_registered
 from torchkiln.conversion import load_all
@@ -24,11 +26,13 @@ from torchkiln.log import debug_logging, warn
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
 from torchkiln.lowering.walk import all_nodes
+from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import shape_range
 from torchkiln.lowering.static_control_flow import fold_static_control_flow
-from torchkiln.partitioning.report import PartitionReport, ReferenceLayer, make_report
+from torchkiln.partitioning.report import Fp32Layer, PartitionReport, ReferenceLayer, make_report
 from torchkiln.partitioning.segment import Partition, partition
 from torchkiln.partitioning.dynamic_shapes import analyze_dynamic_shapes
+from torchkiln.partitioning.shape_analysis import probe_values
 from torchkiln.partitioning.signature import check_signature, example_args, unpack_list_inputs
 from torchkiln.partitioning.support import Decision, Fallback, Target
 from torchkiln.runtime.backends import BackendOptions
@@ -208,16 +212,66 @@ def _require_full(part: Partition) -> None:
         + "\n".join(lines or [f"  (none, but the engine nodes form {engines} blocks)"]))
 
 
-def _build_engines(part: Partition, settings: CompileSettings, name: str,
-                   failed: dict[Node, Decision]) -> list[Engine] | None:
+def _calibration_samples(settings: CompileSettings) -> list[Sequence[Any]]:
+    """The method arguments precision calibration runs on: the user's, or random inputs at the opt shapes."""
+    return list(settings.calibration_inputs) or [example_args(settings.input_signature, settings.device, "opt")]
+
+
+def block_input_values(part: Partition, module: torch.jit.ScriptModule, samples: Sequence[Sequence[Any]],
+                       blocks: Sequence[Any]) -> list[list[list[Any]]]:
+    """For each block, its input values when the method runs on each sample: [block][sample][input]."""
+    wanted = list({value_key(v): v for b in blocks for v in b.inputs}.values())
+    found = []
+    for i, sample in enumerate(samples):
+        try:
+            values = probe_values(part.graph, module, list(sample), wanted)
+        except ValueError as e:
+            raise ValueError(f"calibration sample {i}: the method does not run on it: {e}") from e
+        found.append(dict(zip((value_key(v) for v in wanted), values)))
+    return [[[values[value_key(v)] for v in b.inputs] for values in found] for b in blocks]
+
+
+def block_bindings(network: Network) -> list[InputBinding]:
+    """An engine's input bindings: each network input's dtype and shape range."""
+    return [InputBinding(t.name, t.dtype, *shape_range(t.shape)) for t in network.inputs]
+
+
+def _build_block(network: Network, convert: Callable[[], Network], build: BuildSettings,
+                samples: Sequence[Sequence[torch.Tensor]] | None, kept: list[Fp32Layer]) -> Engine:
+    """Build one converted block (`convert` makes it again); with `samples` (fp16/bf16 with precision_safety),
+    calibrated on them: the layers it keeps in fp32 are logged and added to `kept`."""
+    bindings = block_bindings(network)
+    if samples is None:
+        return build_engine(network, bindings, build, network.name)
+    origins = network.origins
+    engine, fp32 = calibrated_build(convert, bindings, build, network.name, samples)
+    if fp32:
+        logger.warning("engine %s: %d layers kept in float32 because in %s they overflow or lose precision on the "
+                       "calibration inputs (precision_safety=False turns this off):", engine.name, len(fp32),
+                       str(build.compute_dtype).removeprefix("torch."))
+    kinds = {layer.name: layer.KIND for layer in engine.network.layers}
+    for layer, reason in fp32.items():
+        node = " at ".join(origins.get(layer, ("(made by the builder)",)))
+        logger.warning("  %s layer %r (%s): %s", kinds.get(layer, "?"), layer, node, reason)
+        kept.append(Fp32Layer(engine.name, layer, kinds.get(layer, "?"), node, reason))
+    return engine
+
+
+def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: CompileSettings, name: str,
+                   failed: dict[Node, Decision], kept: list[Fp32Layer]) -> list[Engine] | None:
     """Convert and build every engine block; None if a block's conversion failed.
 
     The failing node (or, when the error names none of the block's nodes, every engine node of the block)
     is added to `failed`, to run in PyTorch. With require_full_compilation the error propagates instead.
+    In fp16/bf16 with precision_safety, each engine is calibrated (`calibrated_build`); the layers kept in fp32
+    are added to `kept`.
     """
     engines: list[Engine] | None = []
     build = _build_settings(settings)
     blocks = [b for b in part.blocks if b.is_engine]
+    calibrate = settings.precision_safety and build.compute_dtype != torch.float32 and blocks
+    samples = block_input_values(part, module, _calibration_samples(settings), blocks) if calibrate \
+        else [None] * len(blocks)
     for k, block in enumerate(blocks):
         logger.info("converting engine block %d/%d (%d nodes)", k + 1, len(blocks), len(block.nodes))
         try:
@@ -235,8 +289,10 @@ def _build_engines(part: Partition, settings: CompileSettings, name: str,
             engines = None
             continue
         if engines is not None:
-            bindings = [InputBinding(t.name, t.dtype, *shape_range(t.shape)) for t in network.inputs]
-            engines.append(build_engine(network, bindings, build, f"{name}_{k}"))
+            usable = samples[k] is not None and all(isinstance(x, torch.Tensor) for s in samples[k] for x in s)
+            convert = functools.partial(convert_block, block.nodes, block.inputs, block.outputs, part.metas, settings,
+                                        f"{name}_{k}")
+            engines.append(_build_block(network, convert, build, samples[k] if usable else None, kept))
     return engines
 
 
@@ -244,18 +300,20 @@ def _partition_and_build(lowered: LoweredModule, metas: dict[int, Any], settings
                          name: str) -> tuple[Partition, PartitionReport, list[Engine]]:
     """Partition and build; where a conversion fails, partition again with its node in PyTorch.
 
-    Each round moves at least one engine node to PyTorch, so this ends.
+    Each round moves at least one engine node to PyTorch, so this ends. The report lists the layers that
+    precision calibration kept in fp32.
     """
     failed: dict[Node, Decision] = {}
     while True:
+        kept: list[Fp32Layer] = []
         part = partition(lowered.graph, metas, settings, failed)
         report = make_report(part, f"{name}.forward")
         logger.debug("partition report:\n%s", report)
         if settings.require_full_compilation:
             _require_full(part)
-        engines = _build_engines(part, settings, name, failed)
+        engines = _build_engines(part, lowered.module, settings, name, failed, kept)
         if engines is not None:
-            return part, report, engines
+            return part, dataclasses.replace(report, fp32_layers=tuple(kept)), engines
 
 
 def _reference_layers(engines: Sequence[Engine]) -> tuple[ReferenceLayer, ...]:
@@ -284,6 +342,21 @@ def _warn_no_engines(report: PartitionReport, settings: CompileSettings) -> None
     warn(logger, f"{report.name}: compiled with 0 engines, so it runs wholly in PyTorch; {why}")
 
 
+@dataclasses.dataclass(frozen=True)
+class CompileRecord:
+    """What a compiled module was compiled from (kept on it in memory, for refit_module_weights): the inputs and
+    settings given to compile, and the name, shape and dtype of each parameter and buffer of the module."""
+
+    inputs: Any
+    options: dict[str, Any]
+    parameters: dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+def parameter_signature(module: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) of every parameter and buffer (the module's state_dict)."""
+    return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
+
+
 def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = None,
                         **options: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
     """`compile`, also returning the partition report (blocks, ops, fallback reasons)."""
@@ -298,6 +371,7 @@ def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = 
         if not engines:
             _warn_no_engines(report, settings)
         compiled = stitch(lowered.module, part, engines)
+        compiled._torchkiln_compile = CompileRecord(inputs, options, parameter_signature(module))
         logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", name,
                     time.perf_counter() - start, report.num_engine_blocks, report.num_torch_blocks)
         return compiled, report
@@ -405,6 +479,9 @@ def convert_method_to_engine(module: torch.nn.Module, method_name: str = "forwar
         bindings = [InputBinding(t.name, t.dtype, spec.min_shape, spec.opt_shape, spec.max_shape)
                     for t, spec in zip(network.inputs, settings.inputs)]
         build = _build_settings(settings)
+        if settings.precision_safety and build.compute_dtype != torch.float32:  # the engine's inputs are the method's
+            convert = functools.partial(convert_block, nodes, inputs_, outputs, metas, settings, method_name)
+            return _build_block(network, convert, build, _calibration_samples(settings), []).serialize()
         return build_engine(network, bindings, build, method_name).serialize()
 
 

@@ -46,6 +46,10 @@ class EngineIndexError(EngineInputError, IndexError):
     """An index an engine was given (embedding, index_select, gather, indexing) is out of range."""
 
 
+class RefitError(TorchkilnError, ValueError):
+    """New weights do not fit a compiled module: another graph, or a parameter of another shape or dtype."""
+
+
 class TracingError(TorchkilnError):
     """Tracing (used when a module cannot be scripted) baked data-dependent values into the graph."""
 

@@ -335,6 +335,21 @@ def _int_setting(name: str, value: Any, minimum: int) -> None:
 # the network, and engines are built the same whether or not `refit` is asked for.
 NO_EFFECT_SETTINGS = ("workspace_size", "sparse_weights", "capability", "refit", "dla_sram_size",
                       "dla_local_dram_size", "dla_global_dram_size", "allow_shape_tensors")
+def _calibration_samples(samples: Sequence[Any] | None, num_args: int) -> tuple[tuple[Any, ...], ...]:
+    """calibration_inputs as one tuple of method arguments per sample (a tensor alone: a one-argument sample)."""
+    if samples is None:
+        return ()
+    if isinstance(samples, torch.Tensor) or not isinstance(samples, Sequence):
+        raise ValueError("calibration_inputs must be a list of samples, each a tensor (one-argument methods) or a "
+                         "tuple of the method's arguments")
+    found = []
+    for i, sample in enumerate(samples):
+        args = (sample,) if isinstance(sample, torch.Tensor) else sample
+        if not isinstance(args, (tuple, list)) or len(args) != num_args:
+            raise ValueError(f"calibration_inputs[{i}]: expected a tuple of {num_args} arguments (one per Input), "
+                             f"got {type(sample).__name__}")
+        found.append(tuple(args))
+    return tuple(found)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,6 +389,10 @@ class CompileSettings:
     dla_local_dram_size: int = 1073741824
     dla_global_dram_size: int = 536870912
     allow_shape_tensors: bool = False
+    # fp16/bf16: keep in fp32 the layers that overflow or lose precision on calibration inputs (one tuple of
+    # method arguments per sample; none: random inputs at the opt shapes)
+    precision_safety: bool = True
+    calibration_inputs: tuple[tuple[Any, ...], ...] = dataclasses.field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.input_signature:  # built directly from flat Inputs: one tensor per argument
@@ -403,6 +422,8 @@ class CompileSettings:
         dla_local_dram_size: int = 1073741824,
         dla_global_dram_size: int = 536870912,
         allow_shape_tensors: bool = False,
+        precision_safety: bool = True,
+        calibration_inputs: Sequence[Any] | None = None,
         default_device: torch.device | None = None,
     ) -> CompileSettings:
         """Validate user arguments; every problem is a ValueError naming the argument."""
@@ -457,6 +478,7 @@ class CompileSettings:
             raise ValueError(f"capability must be a torchkiln.EngineCapability (or its value: "
                              f"{[c.value for c in EngineCapability]}), got {capability!r}") from None
         _check_sizes(signature, dev)
+        samples = _calibration_samples(calibration_inputs, len(signature))
         return cls(
             inputs=tuple(flatten_signature(signature)),
             input_signature=signature,
@@ -480,6 +502,8 @@ class CompileSettings:
             dla_local_dram_size=dla_local_dram_size,
             dla_global_dram_size=dla_global_dram_size,
             allow_shape_tensors=allow_shape_tensors,
+            precision_safety=bool(precision_safety),
+            calibration_inputs=samples,
         )
 
     def settings_without_effect(self) -> list[str]:

@@ -14,8 +14,9 @@ logger = logging.getLogger("torchkiln.builder")
 
 
 def build_engine(network: Network, bindings: Sequence[InputBinding], settings: BuildSettings,
-                 name: str = "engine") -> Engine:
-    """Optimize `network` in place with the builder pipeline, then wrap it as an Engine."""
+                 name: str = "engine", plan: bool = True) -> Engine:
+    """Optimize `network` in place with the builder pipeline, then wrap it as an Engine, planned for the
+    settings' device unless `plan` is False (an engine only measured, never run by its backend)."""
     start = time.perf_counter()
     logger.info("building engine %s: %d layers", name, len(network.layers))
     fired = run_passes(network, settings)
@@ -23,8 +24,9 @@ def build_engine(network: Network, bindings: Sequence[InputBinding], settings: B
                 time.perf_counter() - start, ", ".join(fired) or "none")
     engine = Engine(network, bindings, settings.device.type, settings.compute_dtype, name, settings.backend,
                     settings.backend_options)
-    plan = engine.plan_for(settings.device)  # the target's choices (and, on CUDA, its tactic timing) happen now
-    if plan is not None:
-        logger.info("planned engine %s for %s: %s", name, plan.target.describe(),
-                    ", ".join(f"{n} {kind} steps" for kind, n in plan.summary().items()))
+    if plan:
+        made = engine.plan_for(settings.device)  # the target's choices (on CUDA, its tactic timing) happen now
+        if made is not None:
+            logger.info("planned engine %s for %s: %s", name, made.target.describe(),
+                        ", ".join(f"{n} {kind} steps" for kind, n in made.summary().items()))
     return engine

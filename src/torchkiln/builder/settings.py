@@ -17,3 +17,6 @@ class BuildSettings:
     max_folded_elements: int = 1 << 20  # constant folding never makes a constant larger than this
     backend: str = "reference"  # what runs the engine (runtime.backends.BACKENDS), recorded in its bytes
     backend_options: BackendOptions = BackendOptions()  # how the backend is tuned, recorded in the engine's bytes
+    # layers (by name) the low-precision pass computes in fp32 whatever their kind: the ones calibration found
+    # overflowing or losing precision in fp16/bf16 (builder/calibration.py)
+    keep_fp32: frozenset[str] = frozenset()

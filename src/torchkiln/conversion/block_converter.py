@@ -123,10 +123,13 @@ def convert_block(
         ctx.value_tensor_map[value_key(v)] = t
     for node in nodes:
         net.scope = f"{node.kind()}(%{node.outputsAt(0).debugName()})" if node.outputsSize() else node.kind()
+        first = len(net.layers)
         try:
             _convert_node(ctx, node)
         except Exception as e:  # a converter's bug too: the compiler falls back to PyTorch for this node
             raise _node_error(node, e) from e
+        origin = (net.scope, source_location(node))
+        net.origins.update((layer.name, origin) for layer in net.layers[first:])
     net.scope = "output"
     for v in outputs:
         t = ctx.value_tensor_map.get(value_key(v))

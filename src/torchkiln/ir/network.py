@@ -31,6 +31,9 @@ class Network:
         self.layers: list[L.Layer] = []
         self._names: set[str] = set()
         self.scope = ""  # prefix of default layer names (the conversion names it after the node)
+        # layer name -> (the TorchScript node it was converted from, its source line): ("aten::mul(%y)",
+        # "model.py:12"), recorded by the conversion for debugging tools; in memory only (not serialized)
+        self.origins: dict[str, tuple[str, str]] = {}
 
     # ---- naming ---------------------------------------------------------------------------
     def unique_name(self, base: str) -> str:

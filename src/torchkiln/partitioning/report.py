@@ -86,15 +86,31 @@ class ReferenceLayer:
 
 
 @dataclasses.dataclass(frozen=True)
+class Fp32Layer:
+    """A layer of an fp16/bf16 engine that precision calibration kept in fp32, and why."""
+
+    engine: str
+    layer: str
+    kind: str
+    node: str  # the TorchScript node it came from and its source line
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} layer {self.layer!r} of engine {self.engine!r} ({self.node}): {self.reason}"
+
+
+@dataclasses.dataclass(frozen=True)
 class PartitionReport:
     """How a method was split: blocks in execution order (blocks holding only plumbing are left out).
 
     `reference_layers` (filled by `compile`, after the engines are built) lists the layers that engines on
-    the onnxruntime backend run on the reference meanings, with the reason."""
+    the onnxruntime backend run on the reference meanings, with the reason; `fp32_layers` the layers of fp16
+    and bf16 engines that precision calibration kept in fp32, with the reason."""
 
     blocks: tuple[BlockReport, ...]
     name: str = ""
     reference_layers: tuple[ReferenceLayer, ...] = ()
+    fp32_layers: tuple[Fp32Layer, ...] = ()
 
     @property
     def num_engine_blocks(self) -> int:
@@ -128,7 +144,8 @@ class PartitionReport:
         return plain({"name": self.name, "num_engine_blocks": self.num_engine_blocks,
                       "num_torch_blocks": self.num_torch_blocks,
                       "blocks": [dataclasses.asdict(b) for b in self.blocks],
-                      "reference_layers": [dataclasses.asdict(r) for r in self.reference_layers]})
+                      "reference_layers": [dataclasses.asdict(r) for r in self.reference_layers],
+                      "fp32_layers": [dataclasses.asdict(r) for r in self.fp32_layers]})
 
     def __str__(self) -> str:
         engine_ops = sum(len(b.ops) for b in self.blocks if b.target == "engine")
@@ -153,6 +170,9 @@ class PartitionReport:
             lines.append(f"run on the reference backend inside ONNX Runtime engines: "
                          f"{_count(len(self.reference_layers), 'layer')}")
             lines += [f"      {r}" for r in self.reference_layers]
+        if self.fp32_layers:
+            lines.append(f"kept in float32 by precision calibration: {_count(len(self.fp32_layers), 'layer')}")
+            lines += [f"      {r}" for r in self.fp32_layers]
         return "\n".join(lines)
 
 

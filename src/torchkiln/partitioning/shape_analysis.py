@@ -34,21 +34,19 @@ def _may_be_uninitialized(v: torch._C.Value) -> bool:
     return False
 
 
-def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
-                   example_inputs: Sequence[Any]) -> dict[int, TensorMeta | list[TensorMeta]]:
-    """TensorMeta for every tensor-typed value of the graph's top-level block (value_key -> meta), and a
-    list of them for every Tensor[] value."""
+def probe_values(graph: Graph, module: torch.jit.ScriptModule | None, example_inputs: Sequence[Any],
+                 values: Sequence[torch._C.Value]) -> list[Any]:
+    """Run the graph on example inputs and return what each of `values` (top-level values of the graph) holds.
+
+    Raises ValueError when the graph cannot run on these inputs."""
     originals = list(graph.inputs()) + [o for n in graph.nodes() for o in n.outputs()]
     probe = graph.copy()
     copies = list(probe.inputs()) + [o for n in probe.nodes() for o in n.outputs()]
-    # Constants are known and unread values sit at no boundary (and may be undefined tensors): never probed.
-    picked = [(orig, copy) for orig, copy in zip(originals, copies)
-              if _holds_shapes(orig.type()) and not _may_be_uninitialized(orig)
-              and orig.node().kind() != "prim::Constant" and bool(orig.uses())]
+    copy_of = {value_key(orig): copy for orig, copy in zip(originals, copies)}
     for i in reversed(range(len(list(probe.outputs())))):
         probe.eraseOutput(i)
-    for _, copy in picked:
-        probe.registerOutput(copy)
+    for v in values:
+        probe.registerOutput(copy_of[value_key(v)])
     probe.makeMultiOutputIntoTuple()
     takes_self = len(list(graph.inputs())) == len(example_inputs) + 1
     fn = torch._C._create_function_from_graph("torchkiln_shape_probe", probe)
@@ -59,10 +57,21 @@ def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
     except RuntimeError as e:
         raise ValueError(f"inputs: running the method on random example inputs of the given shapes failed "
                          f"({cause_line(e)}); check that the Input shapes and dtypes are ones the model accepts") from e
-    if not isinstance(results, tuple):
-        results = (results,)
+    return list(results) if isinstance(results, tuple) else [results]
+
+
+def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
+                   example_inputs: Sequence[Any]) -> dict[int, TensorMeta | list[TensorMeta]]:
+    """TensorMeta for every tensor-typed value of the graph's top-level block (value_key -> meta), and a
+    list of them for every Tensor[] value."""
+    originals = list(graph.inputs()) + [o for n in graph.nodes() for o in n.outputs()]
+    # Constants are known and unread values sit at no boundary (and may be undefined tensors): never probed.
+    picked = [orig for orig in originals
+              if _holds_shapes(orig.type()) and not _may_be_uninitialized(orig)
+              and orig.node().kind() != "prim::Constant" and bool(orig.uses())]
+    results = probe_values(graph, module, example_inputs, picked)
     metas = {}
-    for (orig, _), value in zip(picked, results):
+    for orig, value in zip(picked, results):
         if isinstance(value, torch.Tensor):
             metas[value_key(orig)] = TensorMeta.of(value)
         elif isinstance(value, list):  # Tensor[] (chunk, split, unbind...): one meta per element

@@ -5,6 +5,8 @@ intermediate freed right after its last reader.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from torchkiln.ir import layers as L
@@ -76,7 +78,15 @@ class ReferenceExecutor:
         self.clone_output = [may_alias_storage(t) for t in network.outputs]
         self.binder = SymbolBinder.for_network(network)  # dynamic shapes: binds symbols per input signature
 
-    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, inputs: list[torch.Tensor],
+            visit: Callable[[L.Layer, list[torch.Tensor]], None] | None = None) -> list[torch.Tensor]:
+        """The network's outputs; `visit(layer, its outputs)` is called after each layer (layer-wise debugging)."""
+        values = self._run(inputs, visit)
+        return [values[s].clone() if clone else values[s]
+                for s, clone in zip(self.output_slots, self.clone_output)]
+
+    def _run(self, inputs: list[torch.Tensor],
+             visit: Callable[[L.Layer, list[torch.Tensor]], None] | None) -> list[torch.Tensor | None]:
         values: list[torch.Tensor | None] = [None] * self.num_slots
         values[: self.num_inputs] = inputs
         device = self.device
@@ -88,10 +98,11 @@ class ReferenceExecutor:
             else:
                 for i, r in zip(outs, result):
                     values[i] = r
+            if visit is not None:
+                visit(layer, [values[i] for i in outs])
             for i in frees:
                 values[i] = None
-        return [values[s].clone() if clone else values[s]
-                for s, clone in zip(self.output_slots, self.clone_output)]
+        return values
 
 
 def may_alias_storage(tensor) -> bool:

@@ -31,10 +31,16 @@ class CompiledModule(RaisesEngineErrors, torch.jit.RecursiveScriptModule):
     """A RecursiveScriptModule that raises engine errors as torchkiln's types (and so do its copies)."""
 
     def __copy__(self) -> torch.jit.ScriptModule:
-        return as_compiled_module(super().__copy__())
+        return self._keep_record(as_compiled_module(super().__copy__()))
 
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.jit.ScriptModule:
-        return as_compiled_module(super().__deepcopy__(memo))
+        return self._keep_record(as_compiled_module(super().__deepcopy__(memo)))
+
+    def _keep_record(self, copy: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+        """The copy keeps what compile recorded for refit_module_weights (in memory, never saved)."""
+        if hasattr(self, "_torchkiln_compile"):
+            copy._torchkiln_compile = self._torchkiln_compile
+        return copy
 
 
 def as_compiled_module(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:

@@ -15,7 +15,9 @@ The pass walks the layers in order and gives every float32 value one of three ro
   model casts back. A cast from an int or bool to fp32 makes the model's ordinary float, not such a
   request: in an fp32 model every float is fp32 and `.float()` converts to no cast at all.
 
-Which layers compute in fp32 whatever their inputs is one table, `_policy`.
+Which layers compute in fp32 whatever their inputs is one table, `_policy`; besides it, the layers named in
+`BuildSettings.keep_fp32` (found by calibration to overflow or lose precision, builder/calibration.py) compute
+in fp32 and their results are RULE, as a sum's are.
 """
 from __future__ import annotations
 
@@ -81,9 +83,10 @@ def _policy(layer: L.Layer) -> Policy:
 class _Lowering:
     """One run of the pass: the role of every fp32 tensor, and the copies made in another precision."""
 
-    def __init__(self, network: Network, low: torch.dtype) -> None:
+    def __init__(self, network: Network, low: torch.dtype, keep_fp32: frozenset[str] = frozenset()) -> None:
         self.network = network
         self.low = low
+        self.keep_fp32 = keep_fp32
         self.roles: dict[int, Role] = {id(t): Role.FREE for t in network.inputs if t.dtype == F32}
         self.copies: dict[tuple[int, torch.dtype], Tensor] = {}
         self.order: list[L.Layer] = []
@@ -112,10 +115,15 @@ class _Lowering:
             return F32
         return self.low
 
+    def _policy(self, layer: L.Layer) -> Policy:
+        if layer.name in self.keep_fp32 and _policy(layer) != Policy.AS_IS:
+            return Policy.FP32_WIDE
+        return _policy(layer)
+
     def _place(self, layer: L.Layer) -> None:
         """Choose the layer's precision, give it its inputs and weights in that precision (a layer with
         no float input, a cast or a shape reads its inputs as they are), and infer its outputs."""
-        compute = self._compute_dtype(layer, _policy(layer))
+        compute = self._compute_dtype(layer, self._policy(layer))
         if compute is not None:
             inputs = [self._read(t, compute) if self._is_float(t) else t for t in layer.inputs]
             if any(a is not b for a, b in zip(inputs, layer.inputs)):
@@ -141,7 +149,7 @@ class _Lowering:
             return Role.MODEL
         if isinstance(layer, L.CastLayer):
             return Role.MODEL if layer.inputs[0].dtype in HALF else Role.FREE
-        policy = _policy(layer)
+        policy = self._policy(layer)
         if policy == Policy.FP32_WIDE:
             return Role.RULE
         if policy in (Policy.FOLLOW, Policy.FP32_INPUT_RANGE) and \
@@ -174,7 +182,7 @@ def lower_precision(network: Network, settings: BuildSettings) -> bool:
     if low == F32:
         return False
     declared = [t.dtype for t in network.outputs]
-    pass_ = _Lowering(network, low)
+    pass_ = _Lowering(network, low, settings.keep_fp32)
     pass_.run()
     changed = pass_.changed
     for i, (t, dtype) in enumerate(zip(list(network.outputs), declared)):
