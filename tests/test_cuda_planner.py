@@ -93,3 +93,14 @@ def test_a_dynamic_network_plans_and_round_trips():
     plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
     assert _ops(plan, net) == [("pointwise", ["unary", "activation"])]
     assert plan.memory(net).arena_bytes == 0  # exp's output never leaves the step
+
+
+def test_half_layer_norm_between_casts_is_one_step():
+    net = Network("ln")
+    x = net.add_input("x", torch.float16, (2, 8, 16))
+    up = net.add_cast(x, torch.float32).get_output()
+    norm = net.add_layer(L.NormalizationLayer, [up], weights={"scale": torch.randn(16), "bias": torch.randn(16)},
+                         kind=L.NormalizationKind.LAYER, epsilon=1e-5, normalized_shape=(16,)).get_output()
+    net.mark_output(net.add_cast(norm, torch.float16).get_output())
+    plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
+    assert _ops(plan, net) == [("layer_norm", ["cast", "normalization", "cast"])]

@@ -192,3 +192,12 @@ def _conv_add_relu(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn
     z = next(t for t in add.inputs if t is not conv.outputs[0])
     x_at, z_at = step.inputs.index(id(conv.inputs[0])), step.inputs.index(id(z))
     return lambda xs: [torch.cudnn_convolution_add_relu(xs[x_at], w, xs[z_at], 1.0, b, *args)]
+
+
+@maker("library", "layer_norm")
+def _half_layer_norm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """cast -> fp32 layer norm -> cast back as one kernel on the half-precision input (fp32 statistics)."""
+    norm = step.layers[1]
+    ws = {k: w.to(step.layers[0].inputs[0].dtype) for k, w in step.weights[1].items()}
+    shape, eps = list(norm.normalized_shape), norm.epsilon
+    return lambda xs: [F.layer_norm(xs[0], shape, ws.get("scale"), ws.get("bias"), eps)]

@@ -11,7 +11,9 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    one generated kernel. A layer joins the open group of a producer when its output has the group's shape and
    everything else it reads is ready before the group's first layer (so the group runs as one step at that
    point without reordering anything around it).
-3. **Library calls** for the rest of the heavy layers (convolution in channels-last, matrix multiply,
+3. **Half-precision layer norms**: the precision pass computes them in fp32 between two casts; CUDA's layer
+   norm does that inside one kernel (`layer_norm`).
+4. **Library calls** for the rest of the heavy layers (convolution in channels-last, matrix multiply,
    attention through SDPA), and the layers' ATen meanings for everything else (CUDA variants in kernels.py).
 """
 from __future__ import annotations
@@ -104,6 +106,9 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     graph = _Graph(network)
     groups: list[tuple[Kernel, list[int]]] = []
     assigned: set[int] = set()
+    for members in _half_layer_norms(network, graph):
+        groups.append((Kernel("library", "layer_norm"), members))
+        assigned.update(members)
     cache = timing.TimingCache.load()
     for j, layer in enumerate(network.layers):
         if j in assigned:
@@ -132,6 +137,25 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     groups.sort(key=lambda g: max(g[1]))
     groups = _group_pointwise(network, groups, graph)
     return _as_plan(target(device), groups)
+
+
+def _half_layer_norms(network: Network, graph: _Graph) -> list[list[int]]:
+    """cast(half -> fp32) -> layer norm -> cast(fp32 -> the same half type), each read only by the next: what the
+    precision pass makes of a half-precision layer norm, whose statistics it keeps in fp32. CUDA's layer norm
+    reads half inputs and accumulates in fp32 itself, so the three become one kernel (rounding once, at the end,
+    as the cast after the fp32 layer norm does)."""
+    found = []
+    for j, layer in enumerate(network.layers):
+        if not (isinstance(layer, L.NormalizationLayer) and layer.kind == L.NormalizationKind.LAYER):
+            continue
+        cast_in, cast_out = layer.inputs[0].producer, graph.sole_reader(layer.outputs[0])
+        if not (isinstance(cast_in, L.CastLayer) and isinstance(cast_out, L.CastLayer)):
+            continue
+        half = cast_in.inputs[0].dtype
+        if half in HALF and layer.inputs[0].dtype == torch.float32 and cast_out.to_type == half \
+                and graph.sole_reader(cast_in.outputs[0]) is layer:
+            found.append([graph.index[id(cast_in)], j, graph.index[id(cast_out)]])
+    return found
 
 
 def _channels_last(conv: L.ConvolutionLayer) -> bool:
