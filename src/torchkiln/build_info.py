@@ -21,7 +21,7 @@ def _version(package: str) -> str | None:
 def build_info() -> dict[str, object]:
     """Versions (torchkiln, Python, torch, CUDA, ONNX Runtime, onnx, Triton), the engine format version, the
     engine backends and the devices each runs on, and whether CUDA is available here."""
-    from torchkiln.runtime.backends import DEVICES
+    from torchkiln.runtime.backends import BACKENDS
     from torchkiln.runtime.serialization import FORMAT_VERSION
 
     ort = _version("onnxruntime")
@@ -36,7 +36,7 @@ def build_info() -> dict[str, object]:
         "onnx": _version("onnx"),
         "triton": _version("triton"),
         "engine format version": FORMAT_VERSION,
-        "backends": {name: sorted(devices) for name, devices in DEVICES.items()
+        "backends": {name: sorted(row.devices) for name, row in BACKENDS.items()
                      if name != "onnxruntime" or ort is not None},
     }
 

@@ -201,3 +201,13 @@ def _half_layer_norm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> Step
     ws = {k: w.to(step.layers[0].inputs[0].dtype) for k, w in step.weights[1].items()}
     shape, eps = list(norm.normalized_shape), norm.epsilon
     return lambda xs: [F.layer_norm(xs[0], shape, ws.get("scale"), ws.get("bias"), eps)]
+
+
+@maker("generated", "pointwise")
+def _pointwise(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """The step's pointwise layers as one generated Triton kernel (codegen/pointwise.py)."""
+    from torchkiln.runtime.backends.cuda.codegen.pointwise import compile_group
+
+    tensors = {id(t): t for layer in step.layers for t in (*layer.inputs, *layer.outputs)}
+    launch = compile_group(step.layers, [tensors[i] for i in step.inputs], [tensors[o] for o in step.outputs])
+    return launch

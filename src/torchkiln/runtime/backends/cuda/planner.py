@@ -172,12 +172,16 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
         for t in layer.outputs:
             made_at[id(t)] = j
     first: dict[int, int] = {}  # group index -> its first layer index
+    generated = _fusable()
     for kernel, members in groups:
         layer = network.layers[members[0]]
         if len(members) != 1 or not isinstance(layer, POINTWISE) or kernel.kind != "aten":
             out.append((kernel, members))
             continue
         j = members[0]
+        if generated is None or generated(layer) is not None:  # no Triton, or a layer it cannot compute
+            out.append((kernel, members))
+            continue
         target_group = None
         for t in layer.inputs:
             g = group_of.get(id(t))
@@ -198,6 +202,16 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
         for t in layer.outputs:
             group_of[id(t)] = target_group
     return out
+
+
+def _fusable():
+    """codegen's `fusable(layer) -> why not | None`, or None where Triton is not installed."""
+    try:
+        from torchkiln.runtime.backends.cuda.codegen.pointwise import fusable
+    except ImportError as e:
+        logger.info("no generated kernels (Triton is not importable: %s); pointwise layers run on ATen", e)
+        return None
+    return fusable
 
 
 def _as_plan(target: Target, groups: list[tuple[Kernel, list[int]]]) -> Plan:
