@@ -20,6 +20,7 @@ from torchkiln.conversion import load_all
 from torchkiln.analysis.resolve import Resolver
 from torchkiln.errors import ConversionError, UnsupportedOperatorError
 from torchkiln.frontend import as_module, check_method, to_torchscript
+from torchkiln.frontend.arguments import bind_static_arguments, split_named_inputs
 from torchkiln.log import debug_logging, warn
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
@@ -35,6 +36,7 @@ from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.execute_op import engine_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input
 from torchkiln.stitching.module import RaisesEngineErrors
+from torchkiln.stitching.static_arguments import restore_static_arguments
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
 from torchkiln.torchscript import Graph, Node, node_key, source_location, value_key
 
@@ -60,6 +62,8 @@ def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> 
     unknown = sorted(set(options) - set(_SETTING_NAMES))
     if unknown:
         raise ValueError(f"unknown compile settings {unknown}; known: {list(_SETTING_NAMES)}")
+    if isinstance(inputs, dict):  # argument name -> Input, or -> the constant a non-tensor argument is fixed to
+        inputs, options["input_names"], options["static_arguments"] = split_named_inputs(module, inputs)
     settings = CompileSettings.create(inputs, default_device=_module_device(module), **options)
     module_device = _module_device(module)
     if module_device is not None and module_device.type != settings.device.type:
@@ -153,7 +157,9 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     script = to_torchscript(module, examples)
     _warn_training(module, script)
     check_method(script, method)
-    lowered = lower(script, settings, method)
+    static = bind_static_arguments(script, method, len(settings.input_signature), settings.input_names,
+                                   settings.static_arguments)
+    lowered = lower(script, settings, method, static_arguments=static)
     check_signature(lowered.graph, settings.input_signature, method)
     if unpack_list_inputs(lowered.graph, settings.input_signature):
         logger.debug("graph after unpacking list inputs:\n%s", lowered.graph)
@@ -290,6 +296,7 @@ def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = 
         if not engines:
             _warn_no_engines(report, settings)
         compiled = stitch(lowered.module, part, engines)
+        restore_static_arguments(lowered.graph, lowered.static_arguments, lowered.optional_tensors)
         logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", name,
                     time.perf_counter() - start, report.num_engine_blocks, report.num_torch_blocks)
         return compiled, report

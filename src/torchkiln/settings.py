@@ -258,6 +258,10 @@ class CompileSettings:
     # reference elsewhere.
     backend: str = "auto"
     ort_threads: int = 0  # ONNX Runtime's intra-op threads; 0: torch.get_num_threads() where the engine runs
+    # From a dict `inputs` (frontend/arguments.py): the arguments the tensor specs are for, in order (empty: the
+    # leading arguments), and the non-tensor arguments fixed to a value by name. Others take their defaults.
+    input_names: tuple[str, ...] = ()
+    static_arguments: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.input_signature:  # built directly from flat Inputs: one tensor per argument
@@ -278,6 +282,8 @@ class CompileSettings:
         backend: str = "auto",
         ort_threads: int = 0,
         default_device: torch.device | None = None,
+        input_names: Sequence[str] = (),
+        static_arguments: Sequence[tuple[str, Any]] = (),
     ) -> CompileSettings:
         """Validate user arguments; every problem is a ValueError naming the argument."""
         if inputs is None or isinstance(inputs, (Input, torch.Tensor, dict)):
@@ -328,6 +334,8 @@ class CompileSettings:
             debug=bool(debug),
             backend=backend,
             ort_threads=ort_threads,
+            input_names=tuple(input_names),
+            static_arguments=tuple(static_arguments),
         )
 
     @property

@@ -28,9 +28,10 @@ from torchkiln.analysis.registry import CONVERTERS
 from torchkiln.conversion import load_all
 from torchkiln.lowering import passes as _passes  # noqa: F401  (registers every pass)
 from torchkiln.lowering.registry import PASSES, LoweringContext, LoweringPass
+from torchkiln.lowering.static_arguments import fold_static_arguments
 from torchkiln.module_mode import eval_mode
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Graph
+from torchkiln.torchscript import Graph, StaticArgument
 
 logger = logging.getLogger("torchkiln.lowering")
 
@@ -78,6 +79,8 @@ class LoweredModule:
     module: torch.jit.ScriptModule
     graph: Graph
     fired: list[str]
+    static_arguments: tuple[StaticArgument, ...] = ()  # folded into the graph and erased from its inputs
+    optional_tensors: tuple[int, ...] = ()  # Optional[Tensor] arguments given an Input, typed Tensor in the graph
 
 
 def _forced(op: str, settings: CompileSettings) -> bool:
@@ -100,11 +103,12 @@ def _status(changed: bool) -> str:
 
 
 def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str = "forward",
-          passes: Sequence[str] | None = None) -> LoweredModule:
+          passes: Sequence[str] | None = None, static_arguments: Sequence[StaticArgument] = ()) -> LoweredModule:
     """Freeze `module` (in eval mode) and run the lowering pipeline over `method`'s graph.
 
     `passes` replaces the pipeline by these passes, in this order (tests run one pass this way); a
-    decomposition named there runs even when the engine converts its op whole.
+    decomposition named there runs even when the engine converts its op whole. `static_arguments` are folded
+    into the graph as constants first, and erased from its inputs (lowering/static_arguments.py).
     The caller's module is not changed (module passes only read it; freezing works on a copy).
     """
     load_all()
@@ -121,6 +125,9 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
     ctx.module = frozen
     graph = getattr(frozen, method).graph
     logger.debug("graph after freeze:\n%s", graph)
+    optional_tensors = fold_static_arguments(graph, static_arguments)
+    if static_arguments or optional_tensors:
+        fired.append("fold_static_arguments")
     for p in (p for p in chosen if p.stage == "graph"):
         skip = _skip_reason(p, settings, explicit=passes is not None)
         changed = False if skip else p.fn(graph, ctx)
@@ -129,7 +136,7 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
             fired.append(p.name)
         logger.debug("graph after lowering pass %s (%s):\n%s", p.name, f"skipped: {skip}" if skip else _status(changed),
                      graph)
-    return LoweredModule(frozen, graph, fired)
+    return LoweredModule(frozen, graph, fired, tuple(static_arguments), optional_tensors)
 
 
 def rerun(graph: Graph, settings: CompileSettings, names: Sequence[str]) -> bool:
