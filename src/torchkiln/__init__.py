@@ -9,6 +9,7 @@ from torchkiln.compiler import (
     unsupported_ops,
 )
 from torchkiln.conversion import supported_ops
+from torchkiln.lowering.passes.replace_python_ops import register_python_op
 from torchkiln.errors import (
     ConversionError,
     EngineFormatError,
@@ -31,5 +32,5 @@ __all__ = [
     "TorchkilnError", "TracingError", "TracingWarning", "UnsupportedOperatorError", "__version__",
     "check_method_op_support", "compile", "convert_method_to_engine", "embed_engine_in_new_module", "export_onnx",
     "load",
-    "partition_report", "supported_ops", "unsupported_ops",
+    "partition_report", "register_python_op", "supported_ops", "unsupported_ops",
 ]

@@ -24,6 +24,7 @@ from torchkiln.frontend.arguments import bind_static_arguments, split_named_inpu
 from torchkiln.log import debug_logging, warn
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
+from torchkiln.lowering.passes.replace_python_ops import python_op_names
 from torchkiln.lowering.walk import all_nodes
 from torchkiln.ir.symbolic import shape_range
 from torchkiln.lowering.static_control_flow import fold_static_control_flow
@@ -145,6 +146,16 @@ def _cast_half_inputs(graph: Graph, signature: tuple[Any, ...], dtype: torch.dty
     return cast
 
 
+def _warn_python_ops(graph: Graph) -> None:
+    """Warn that custom autograd Functions left in the graph keep the compiled module from being saved."""
+    names = sorted({python_op_names(n)[0] for n in all_nodes(graph.block()) if n.kind() == "prim::PythonOp"})
+    if names:
+        warn(logger, f"custom torch.autograd.Function {', '.join(names)} (prim::PythonOp) runs in PyTorch, so the "
+                     f"compiled module runs but cannot be saved with torch.jit.save; replace it with TorchScript-able "
+                     f"code, or register an inference-time equivalent with torchkiln.register_python_op("
+                     f"{names[0]!r}, fn)")
+
+
 def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "forward"
              ) -> tuple[LoweredModule, dict[int, Any]]:
     """Frontend, lowering and shape analysis: everything before partitioning.
@@ -160,6 +171,7 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     static = bind_static_arguments(script, method, len(settings.input_signature), settings.input_names,
                                    settings.static_arguments)
     lowered = lower(script, settings, method, static_arguments=static)
+    _warn_python_ops(lowered.graph)
     check_signature(lowered.graph, settings.input_signature, method)
     if unpack_list_inputs(lowered.graph, settings.input_signature):
         logger.debug("graph after unpacking list inputs:\n%s", lowered.graph)

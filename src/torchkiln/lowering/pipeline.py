@@ -6,7 +6,8 @@ The order, and why (docs/lowering_passes.md lists every pass):
 2. freeze: inlines every call, turns attributes (weights) into constants, folds constants,
    removes most dropout and the simple tuple and Int/NumToTensor round trips. This is LibTorch's
    LowerGraph as well: no attribute read is left to lift into an input.
-3. Structure first, so every later pattern sees straight-line functional code: internal tuples,
+3. Custom autograd Functions (prim::PythonOp) with a registered replacement are inlined first, so every
+   later pass sees plain ops. Structure next, so every later pattern sees straight-line functional code: internal tuples,
    mutation, guards the compiled shapes pass, short loops; constants the unrolled loops expose.
 4. Fusions that need the original structure: the addmm/matmul If, FuseLinear (before unpack_addmm).
 5. Removals and normalisations. view_to_reshape comes before remove_contiguous: view() fails on the
@@ -39,6 +40,7 @@ MODULE_PIPELINE: tuple[str, ...] = (
     "notate_module_for_fallback",
 )
 GRAPH_PIPELINE: tuple[str, ...] = (
+    "replace_python_ops",
     "inline_attributes",
     "lower_tuples",
     "remove_mutation",
