@@ -44,6 +44,7 @@ GRAPH_PIPELINE: tuple[str, ...] = (
     "inline_attributes",
     "lower_tuples",
     "remove_mutation",
+    "functionalize_view_writes",
     "functionalize_list_appends",
     "eliminate_exception_or_pass",
     "unroll_loops",
