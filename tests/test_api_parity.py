@@ -147,7 +147,7 @@ def test_dump_build_info():
     text = torchkiln.dump_build_info(buffer)
     assert buffer.getvalue() == text
     assert f"torchkiln: {torchkiln.__version__}\n" in text and f"torch: {torch.__version__}\n" in text
-    assert "backends: {'reference': ['cpu', 'cuda'], 'onnxruntime': ['cpu']}" in text
+    assert "backends: {'reference': ['cpu', 'cuda'], 'onnxruntime': ['cpu'], 'cuda': ['cuda']}" in text
     assert f"cuda available: {torch.cuda.is_available()}" in text
 
 

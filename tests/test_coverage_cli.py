@@ -4,9 +4,13 @@ import re
 import subprocess
 import sys
 
+import torch
+
 import torchkiln
 from torchkiln.cli import main
-from torchkiln.coverage import floor_coverage, read_floor
+from torchkiln.coverage import floor_coverage, floor_overloads, overload_coverage, read_floor, read_seen
+from torchkiln.coverage.overloads import model_overloads
+from torchkiln.examples import SmallResNet
 
 
 def test_bundled_floor_is_packaged():
@@ -59,3 +63,41 @@ def test_module_entry_point_runs():
                             text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert re.search(r"^coverage: \d+/207 ", result.stdout, re.M)
+
+
+def test_the_command_counts_overloads(capsys):
+    assert main(["coverage"]) == 0
+    out = capsys.readouterr().out
+    seen = overload_coverage(read_seen())
+    floor = overload_coverage(floor_overloads())
+    match = re.search(r"^overloads seen in real graphs \(CI zoo, examples\): (\d+)/(\d+) ", out, re.M)
+    assert match and int(match.group(1)) == sum(r.covered for r in seen) and int(match.group(2)) == len(seen)
+    match = re.search(r"^overloads of the floor's ops: (\d+)/(\d+) ", out, re.M)
+    assert match and int(match.group(1)) == sum(r.covered for r in floor) and int(match.group(2)) == len(floor)
+    assert len(floor) > 2 * 207  # overloads, not op names: the count no longer hides them
+
+
+def test_floor_overloads_are_torchscripts_without_out_variants():
+    keys = floor_overloads(["aten::add", "aten::cos", "trt::const"])
+    assert {"aten::add.Tensor", "aten::add.str", "aten::add.t", "aten::cos.float", "torchkiln::const"} <= set(keys)
+    assert not any(k.endswith((".out", "_out")) for k in keys)
+    rows = {r.key: r for r in overload_coverage(keys)}
+    assert rows["aten::add.Tensor"].by == "converter" and rows["aten::add.t"].by == "evaluator"
+    assert rows["aten::add.int"].by == "evaluator"  # numbers only: the op's own evaluator takes it
+    assert rows["aten::cos"].by == "converter" and not rows["aten::cos.float"].covered
+
+
+def test_missing_lists_the_overloads_nothing_covers(capsys):
+    assert main(["coverage", "--missing"]) == 0
+    out = capsys.readouterr().out
+    assert "overloads of the floor's ops with no converter or evaluator:" in out
+    assert re.search(r"^  aten::cos: .*\bfloat\b", out, re.M)
+
+
+def test_the_bundled_overloads_of_real_graphs_are_current():
+    """An example model's lowered graph shows no overload the bundled list lacks (else rerun
+    scripts/collect_overloads.py), and the list names the model for what it shows."""
+    seen = read_seen()
+    found = model_overloads(SmallResNet(), [torch.randn(2, 3, 64, 64)])
+    assert found and found <= set(seen), sorted(found - set(seen))
+    assert all("resnet" in seen[key] for key in found)

@@ -1,6 +1,8 @@
 """Inline Attributes: attribute reads freezing leaves in the graph become constants."""
+from typing import Dict
+
 import torch
-from harness import assert_matches_eager
+from harness import assert_falls_back, assert_matches_eager, check_compiled
 from torch import nn
 
 from torchkiln.lowering import lower
@@ -29,3 +31,61 @@ def test_attribute_reads_become_constants():
     assert "prim::GetAttr" not in str(after.graph)
     with torch.no_grad():
         assert_matches_eager(after.module(x), model(x))
+
+
+class DeviceTables(nn.Module):
+    """Per-device tables in dict attributes keyed by str(device), read only (a frequency table, scales)."""
+
+    table: Dict[str, torch.Tensor]
+    scales: Dict[str, float]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = {"cpu": torch.randn(4), "cuda:0": torch.randn(4)}
+        self.scales = {"cpu": 0.5, "cuda:0": 2.0}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        key = str(x.device)
+        return x * self.table[key] * self.scales[key]
+
+
+class CountsCalls(nn.Module):
+    """The tables inside a module that also writes an attribute of its own (a call counter)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.tables, self.calls = nn.Linear(4, 4), DeviceTables(), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return self.tables(self.fc(x)).relu()
+
+
+class Memoized(nn.Module):
+    """A cache dict filled by forward itself: written, so only known at run time."""
+
+    cache: Dict[str, torch.Tensor]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.cache = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        key = str(x.device)
+        if key not in self.cache:
+            self.cache[key] = torch.arange(4, dtype=x.dtype, device=x.device) * 0.1
+        return self.fc(x) * self.cache[key].cos()
+
+
+def test_dict_attributes_that_are_not_written_are_static():
+    _, report = check_compiled(torch.jit.script(CountsCalls().eval()), [torch.randn(2, 4)], min_block_size=1,
+                               torch_blocks=None)
+    engine_ops = [op for b in report.blocks if b.target == "engine" for op in b.ops]
+    assert "aten::__getitem__.Dict_str" not in str(report) and "aten::mul.Scalar" in engine_ops, report
+
+
+def test_a_written_cache_dict_stays_in_pytorch():
+    model = torch.jit.script(Memoized().eval())
+    _, report = check_compiled(model, [torch.randn(2, 4)], min_block_size=1, engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::__contains__.str", "computed at run time by prim::GetAttr")

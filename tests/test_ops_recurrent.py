@@ -1,4 +1,5 @@
-"""lstm_cell and gru_cell through the whole pipeline, with an nn.LSTMCell's / nn.GRUCell's weights.
+"""lstm_cell and gru_cell through the whole pipeline, with an nn.LSTMCell's / nn.GRUCell's weights; nn.LSTM and
+nn.GRU (aten::lstm.input / aten::gru.input) unrolled over their static sequence length.
 
 The cells are called as torch.lstm_cell / torch.gru_cell: the op a scripted nn.LSTMCell reaches once its
 input checks fold, without depending on the evaluators of those checks.
@@ -6,7 +7,9 @@ input checks fold, without depending on the evaluators of those checks.
 import pytest
 import torch
 import torch.nn as nn
-from harness import check_compiled
+from harness import assert_falls_back, check_compiled
+
+import torchkiln
 
 
 class LSTMCell(nn.Module):
@@ -62,3 +65,67 @@ class Unrolled(nn.Module):
 def test_unrolled_cells():
     _, report = check_compiled(Unrolled(), [torch.randn(2, 6), torch.randn(2, 5), torch.randn(2, 5)])
     assert report.blocks[0].ops.count("aten::lstm_cell") == 2
+
+
+class LSTM(nn.Module):
+    """nn.LSTM as a sequence model calls it: with or without initial states."""
+
+    def __init__(self, layers: int, bidirectional: bool, batch_first: bool, states: bool, **more) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(6, 5, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first,
+                           dropout=0.25 if layers > 1 else 0.0, **more)
+        self.states = states
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor):
+        if self.states:
+            return self.rnn(x, (h, c))
+        return self.rnn(x)
+
+
+class GRU(nn.Module):
+    """nn.GRU as a sequence model calls it: with or without an initial state."""
+
+    def __init__(self, layers: int, bidirectional: bool, batch_first: bool, states: bool, **more) -> None:
+        super().__init__()
+        self.rnn = nn.GRU(6, 5, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first,
+                          dropout=0.25 if layers > 1 else 0.0, **more)
+        self.states = states
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor):
+        if self.states:
+            return self.rnn(x, h)
+        return self.rnn(x)
+
+
+KINDS = {"lstm": LSTM, "gru": GRU}
+
+
+def _example(layers: int, bidirectional: bool, batch_first: bool, steps: int = 4) -> list[torch.Tensor]:
+    x = torch.randn(3, steps, 6) if batch_first else torch.randn(steps, 3, 6)
+    states = layers * (2 if bidirectional else 1)
+    return [x, torch.randn(states, 3, 5), torch.randn(states, 3, 5)]
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("layers, bidirectional, batch_first, states, bias", [
+    (1, False, False, False, True), (1, True, True, True, False), (2, False, True, True, True),
+    (2, True, False, False, True)])
+def test_recurrent_layers(kind, layers, bidirectional, batch_first, states, bias):
+    model = torch.jit.script(KINDS[kind](layers, bidirectional, batch_first, states, bias=bias).eval())
+    check_compiled(model, _example(layers, bidirectional, batch_first), min_block_size=1,
+                   op=f"aten::{kind}.input")
+
+
+def test_recurrent_dynamic_sequence_length_falls_back():
+    model = GRU(1, False, True, False)
+    spec = torchkiln.Input(min_shape=(3, 2, 6), opt_shape=(3, 4, 6), max_shape=(3, 8, 6))
+    _, report = check_compiled(model, _example(1, False, True), min_block_size=1,
+                               inputs=[spec, torchkiln.Input((1, 3, 5)), torchkiln.Input((1, 3, 5))],
+                               engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::gru.input", "a sequence length known only at run time")
+
+
+def test_lstm_with_projections_falls_back():
+    model = LSTM(1, False, False, False, proj_size=3)
+    _, report = check_compiled(model, _example(1, False, False), min_block_size=1, engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::lstm.input", "proj_size")

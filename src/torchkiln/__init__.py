@@ -13,6 +13,7 @@ from torchkiln.build_info import dump_build_info, set_device
 from torchkiln.device import Device
 from torchkiln.enums import DeviceType, EngineCapability, dtype
 from torchkiln.debug_precision import PrecisionReport, debug_precision
+from torchkiln.lowering.passes.replace_python_ops import register_python_op
 from torchkiln.errors import (
     ConversionError,
     EngineFormatError,
@@ -38,5 +39,5 @@ __all__ = [
     "EngineInputError", "Input", "PrecisionReport", "RefitError", "TorchkilnError", "TracingError", "TracingWarning",
     "UnsupportedOperatorError", "__version__", "check_method_op_support", "compile", "convert_method_to_engine",
     "debug_precision", "dtype", "dump_build_info", "embed_engine_in_new_module", "export_onnx", "load", "logging",
-    "partition_report", "refit_module_weights", "set_device", "supported_ops", "ts", "unsupported_ops",
+    "partition_report", "refit_module_weights", "register_python_op", "set_device", "supported_ops", "ts", "unsupported_ops",
 ]

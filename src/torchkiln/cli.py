@@ -90,10 +90,15 @@ def _export_onnx(args: argparse.Namespace) -> int:
 
 
 def _coverage(args: argparse.Namespace) -> int:
-    from torchkiln.coverage import floor_coverage, format_report, read_floor
+    from torchkiln.coverage import (floor_coverage, floor_overloads, format_overload_report, format_report,
+                                    overload_coverage, read_floor, read_seen)
 
-    rows = floor_coverage(read_floor(args.floor) if args.floor else None)
+    floor = read_floor(args.floor) if args.floor else None
+    rows = floor_coverage(floor)
     print(format_report(rows, missing_only=args.missing))
+    seen = read_seen()
+    print(format_overload_report(overload_coverage(floor_overloads(floor)), overload_coverage(seen), seen,
+                                 missing_only=args.missing))
     return 1 if args.require_full and not all(r.covered for r in rows) else 0
 
 

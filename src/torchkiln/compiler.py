@@ -22,9 +22,11 @@ from torchkiln.conversion import load_all
 from torchkiln.analysis.resolve import Resolver
 from torchkiln.errors import ConversionError, UnsupportedOperatorError
 from torchkiln.frontend import as_module, check_method, to_torchscript
+from torchkiln.frontend.arguments import bind_static_arguments, split_named_inputs
 from torchkiln.log import debug_logging, warn
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
+from torchkiln.lowering.passes.replace_python_ops import python_op_names
 from torchkiln.lowering.walk import all_nodes
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import shape_range
@@ -40,14 +42,15 @@ from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.execute_op import engine_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input, as_device
 from torchkiln.stitching.module import RaisesEngineErrors
+from torchkiln.stitching.static_arguments import restore_static_arguments
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
 from torchkiln.torchscript import Graph, Node, node_key, source_location, value_key
 
 logger = logging.getLogger("torchkiln")
 
 # Every keyword compile takes besides module and inputs: CompileSettings' fields, declared once there.
-_SETTING_NAMES = tuple(f.name for f in dataclasses.fields(CompileSettings) if f.name not in ("inputs",
-                                                                                               "input_signature"))
+_SETTING_NAMES = tuple(f.name for f in dataclasses.fields(CompileSettings)
+                       if f.name not in ("inputs", "input_signature", "input_names", "static_arguments"))
 
 
 def _module_device(module: torch.nn.Module) -> torch.device | None:
@@ -66,6 +69,8 @@ def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> 
     unknown = sorted(set(options) - set(_SETTING_NAMES))
     if unknown:
         raise ValueError(f"unknown compile settings {unknown}; known: {list(_SETTING_NAMES)}")
+    if isinstance(inputs, dict):  # argument name -> Input, or -> the constant a non-tensor argument is fixed to
+        inputs, options["input_names"], options["static_arguments"] = split_named_inputs(module, inputs)
     settings = CompileSettings.create(inputs, default_device=_module_device(module), **options)
     ignored = settings.settings_without_effect()
     if ignored:
@@ -153,6 +158,16 @@ def _cast_half_inputs(graph: Graph, signature: tuple[Any, ...], dtype: torch.dty
     return cast
 
 
+def _warn_python_ops(graph: Graph) -> None:
+    """Warn that custom autograd Functions left in the graph keep the compiled module from being saved."""
+    names = sorted({python_op_names(n)[0] for n in all_nodes(graph.block()) if n.kind() == "prim::PythonOp"})
+    if names:
+        warn(logger, f"custom torch.autograd.Function {', '.join(names)} (prim::PythonOp) runs in PyTorch, so the "
+                     f"compiled module runs but cannot be saved with torch.jit.save; replace it with TorchScript-able "
+                     f"code, or register an inference-time equivalent with torchkiln.register_python_op("
+                     f"{names[0]!r}, fn)")
+
+
 def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "forward"
              ) -> tuple[LoweredModule, dict[int, Any]]:
     """Frontend, lowering and shape analysis: everything before partitioning.
@@ -165,7 +180,10 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     script = to_torchscript(module, examples)
     _warn_training(module, script)
     check_method(script, method)
-    lowered = lower(script, settings, method)
+    static = bind_static_arguments(script, method, len(settings.input_signature), settings.input_names,
+                                   settings.static_arguments)
+    lowered = lower(script, settings, method, static_arguments=static)
+    _warn_python_ops(lowered.graph)
     check_signature(lowered.graph, settings.input_signature, method)
     if unpack_list_inputs(lowered.graph, settings.input_signature):
         logger.debug("graph after unpacking list inputs:\n%s", lowered.graph)
@@ -372,6 +390,7 @@ def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = 
             _warn_no_engines(report, settings)
         compiled = stitch(lowered.module, part, engines)
         compiled._torchkiln_compile = CompileRecord(inputs, options, parameter_signature(module))
+        restore_static_arguments(lowered.graph, lowered.static_arguments, lowered.optional_tensors)
         logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", name,
                     time.perf_counter() - start, report.num_engine_blocks, report.num_torch_blocks)
         return compiled, report

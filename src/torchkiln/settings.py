@@ -393,6 +393,10 @@ class CompileSettings:
     # method arguments per sample; none: random inputs at the opt shapes)
     precision_safety: bool = True
     calibration_inputs: tuple[tuple[Any, ...], ...] = dataclasses.field(default=(), compare=False, repr=False)
+    # From a dict `inputs` (frontend/arguments.py): the arguments the tensor specs are for, in order (empty: the
+    # leading arguments), and the non-tensor arguments fixed to a value by name. Others take their defaults.
+    input_names: tuple[str, ...] = ()
+    static_arguments: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.input_signature:  # built directly from flat Inputs: one tensor per argument
@@ -425,6 +429,8 @@ class CompileSettings:
         precision_safety: bool = True,
         calibration_inputs: Sequence[Any] | None = None,
         default_device: torch.device | None = None,
+        input_names: Sequence[str] = (),
+        static_arguments: Sequence[tuple[str, Any]] = (),
     ) -> CompileSettings:
         """Validate user arguments; every problem is a ValueError naming the argument."""
         if inputs is None or isinstance(inputs, (Input, torch.Tensor, dict)):
@@ -504,6 +510,8 @@ class CompileSettings:
             allow_shape_tensors=allow_shape_tensors,
             precision_safety=bool(precision_safety),
             calibration_inputs=samples,
+            input_names=tuple(input_names),
+            static_arguments=tuple(static_arguments),
         )
 
     def settings_without_effect(self) -> list[str]:

@@ -29,6 +29,18 @@ class TensorMeta:
         return cls(tuple(t.shape), t.dtype, t.device)
 
 
+@dataclasses.dataclass(frozen=True)
+class StaticArgument:
+    """A method argument compiled as a constant (its default, or a value `inputs` gave by name): lowering
+    folds it into the graph; the compiled module keeps the argument and refuses any other value."""
+
+    index: int  # among the method's arguments, self not counted
+    name: str
+    type: torch._C.JitType
+    value: object
+    is_default: bool
+
+
 def value_key(v: Value) -> int:
     """A stable key for a Value inside its graph (Python wrappers of one Value are not identical)."""
     return v.unique()

@@ -6,7 +6,8 @@ The order, and why (docs/lowering_passes.md lists every pass):
 2. freeze: inlines every call, turns attributes (weights) into constants, folds constants,
    removes most dropout and the simple tuple and Int/NumToTensor round trips. This is LibTorch's
    LowerGraph as well: no attribute read is left to lift into an input.
-3. Structure first, so every later pattern sees straight-line functional code: internal tuples,
+3. Custom autograd Functions (prim::PythonOp) with a registered replacement are inlined first, so every
+   later pass sees plain ops. Structure next, so every later pattern sees straight-line functional code: internal tuples,
    mutation, guards the compiled shapes pass, short loops; constants the unrolled loops expose.
 4. Fusions that need the original structure: the addmm/matmul If, FuseLinear (before unpack_addmm).
 5. Removals and normalisations. view_to_reshape comes before remove_contiguous: view() fails on the
@@ -28,9 +29,10 @@ from torchkiln.analysis.registry import CONVERTERS
 from torchkiln.conversion import load_all
 from torchkiln.lowering import passes as _passes  # noqa: F401  (registers every pass)
 from torchkiln.lowering.registry import PASSES, LoweringContext, LoweringPass
+from torchkiln.lowering.static_arguments import fold_static_arguments
 from torchkiln.module_mode import eval_mode
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Graph
+from torchkiln.torchscript import Graph, StaticArgument
 
 logger = logging.getLogger("torchkiln.lowering")
 
@@ -38,9 +40,11 @@ MODULE_PIPELINE: tuple[str, ...] = (
     "notate_module_for_fallback",
 )
 GRAPH_PIPELINE: tuple[str, ...] = (
+    "replace_python_ops",
     "inline_attributes",
     "lower_tuples",
     "remove_mutation",
+    "functionalize_view_writes",
     "functionalize_list_appends",
     "eliminate_exception_or_pass",
     "unroll_loops",
@@ -78,6 +82,8 @@ class LoweredModule:
     module: torch.jit.ScriptModule
     graph: Graph
     fired: list[str]
+    static_arguments: tuple[StaticArgument, ...] = ()  # folded into the graph and erased from its inputs
+    optional_tensors: tuple[int, ...] = ()  # Optional[Tensor] arguments given an Input, typed Tensor in the graph
 
 
 def _forced(op: str, settings: CompileSettings) -> bool:
@@ -100,11 +106,12 @@ def _status(changed: bool) -> str:
 
 
 def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str = "forward",
-          passes: Sequence[str] | None = None) -> LoweredModule:
+          passes: Sequence[str] | None = None, static_arguments: Sequence[StaticArgument] = ()) -> LoweredModule:
     """Freeze `module` (in eval mode) and run the lowering pipeline over `method`'s graph.
 
     `passes` replaces the pipeline by these passes, in this order (tests run one pass this way); a
-    decomposition named there runs even when the engine converts its op whole.
+    decomposition named there runs even when the engine converts its op whole. `static_arguments` are folded
+    into the graph as constants first, and erased from its inputs (lowering/static_arguments.py).
     The caller's module is not changed (module passes only read it; freezing works on a copy).
     """
     load_all()
@@ -121,6 +128,9 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
     ctx.module = frozen
     graph = getattr(frozen, method).graph
     logger.debug("graph after freeze:\n%s", graph)
+    optional_tensors = fold_static_arguments(graph, static_arguments)
+    if static_arguments or optional_tensors:
+        fired.append("fold_static_arguments")
     for p in (p for p in chosen if p.stage == "graph"):
         skip = _skip_reason(p, settings, explicit=passes is not None)
         changed = False if skip else p.fn(graph, ctx)
@@ -129,7 +139,7 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
             fired.append(p.name)
         logger.debug("graph after lowering pass %s (%s):\n%s", p.name, f"skipped: {skip}" if skip else _status(changed),
                      graph)
-    return LoweredModule(frozen, graph, fired)
+    return LoweredModule(frozen, graph, fired, tuple(static_arguments), optional_tensors)
 
 
 def rerun(graph: Graph, settings: CompileSettings, names: Sequence[str]) -> bool:

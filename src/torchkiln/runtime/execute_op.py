@@ -128,16 +128,19 @@ torch.library.register_fake("torchkiln::execute_engine", _fake_execute_engine, l
 
 _FROM_INTERPRETER = re.compile(r"^(?:\w+\.)*(" + "|".join(e.__name__ for e in ENGINE_ERRORS) + r"): (.*?)"
                                r"(?:\n\nAt:\n.*)?\Z", re.DOTALL | re.MULTILINE)
+# After the TorchScript traceback: the original type and text ("builtins.RuntimeError" where a graph's own
+# prim::RaiseException raised it, as the guard of a compiled module's static argument does).
+_AFTER_TRACEBACK = re.compile(r"\n(?:builtins\.)?RuntimeError: ")
 
 
-def reraise_engine_error(error: RuntimeError) -> None:
+def reraise_engine_error(error: Exception) -> None:
     """If `error` is TorchScript's RuntimeError for an error the engine op raised, raise that torchkiln error
     type (from it) instead; otherwise return."""
     if isinstance(error, ENGINE_ERRORS):
         return
     text = str(error)
-    marker = text.find("\nRuntimeError: ")  # after the TorchScript traceback: the original type and text
-    found = _FROM_INTERPRETER.match(text[marker + len("\nRuntimeError: "):]) if marker >= 0 else None
+    marker = _AFTER_TRACEBACK.search(text)
+    found = _FROM_INTERPRETER.match(text[marker.end():]) if marker is not None else None
     if found is None:
         return
     kind = next(e for e in ENGINE_ERRORS if e.__name__ == found.group(1))

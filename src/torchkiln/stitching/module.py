@@ -22,7 +22,7 @@ class RaisesEngineErrors:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super().__call__(*args, **kwargs)
-        except RuntimeError as e:
+        except (RuntimeError, torch.jit.Error) as e:  # jit.Error: the graph's own prim::RaiseException
             reraise_engine_error(e)
             raise
 

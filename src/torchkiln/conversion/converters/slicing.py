@@ -5,6 +5,7 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import needs_static, normalize_dim
+from torchkiln.conversion.impl.shuffle import unsqueeze
 from torchkiln.conversion.impl.slicing import meta_of, select, slice_dim, split_as
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
@@ -47,3 +48,40 @@ def unbind(ctx: ConversionCtx, args: Args) -> list[Tensor]:
     x = ctx.to_tensor(args.self)
     dim = normalize_dim(args.dim, x.rank)
     return [select(ctx, x, dim, i) for i in range(x.shape[dim])]
+
+
+def _scatter_bounds(args: Args) -> tuple[int, int] | str:
+    """(first, stop) of the slice slice_scatter / select_scatter writes, or why they are not static."""
+    shape = args.self.shape
+    dim = normalize_dim(args.dim, len(shape))
+    if not isinstance(shape[dim], int):
+        return f"dim {args.dim} has a size known only at run time"
+    if args.node.kind() == "aten::select_scatter":
+        index = args.index
+        if not isinstance(index, int) or not -shape[dim] <= index < shape[dim]:
+            return f"index {index} is not a static index into a dim of size {shape[dim]}"
+        index = index % shape[dim]
+        return index, index + 1
+    if any(not isinstance(v, (int, type(None))) for v in (args.start, args.end)) or args.step != 1:
+        return "bounds known only at run time, or a step other than 1"
+    first, stop, _ = slice(args.start, args.end, 1).indices(shape[dim])
+    return first, max(first, stop)
+
+
+def _scatter_ok(args: Args) -> str | None:
+    found = _scatter_bounds(args)
+    return found if isinstance(found, str) else None
+
+
+@converter("aten::slice_scatter", "aten::select_scatter", capability=_scatter_ok)
+def slice_scatter(ctx: ConversionCtx, args: Args) -> Tensor:
+    """self with self[first:stop] on `dim` replaced by src: the parts around it and src, concatenated."""
+    x = ctx.to_tensor(args.self)
+    src = ctx.to_tensor(args.src, x.dtype)
+    dim = normalize_dim(args.dim, x.rank)
+    first, stop = _scatter_bounds(args)
+    if src.rank < x.rank:  # select_scatter: src lacks the selected dim
+        src = unsqueeze(ctx, src, dim)
+    parts = ([slice_dim(ctx, x, dim, 0, first)] if first > 0 else []) + [src] \
+        + ([slice_dim(ctx, x, dim, stop, None)] if stop < x.shape[dim] else [])
+    return parts[0] if len(parts) == 1 else ctx.network.add_concatenation(parts, dim).get_output()

@@ -1,0 +1,94 @@
+"""Replace Python Ops: a custom torch.autograd.Function call (prim::PythonOp) becomes the inference-time
+equivalent registered for its class with `torchkiln.register_python_op`.
+
+A PythonOp runs Python: it cannot run in an engine, and a module that holds one cannot be saved with
+torch.jit.save. The registered replacement is a TorchScript function taking the arguments `apply` takes, in
+order; its graph is inlined where the call was, so the rest of lowering and the converters see plain ops.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from torchkiln.lowering.registry import LoweringContext, lowering_pass
+from torchkiln.lowering.walk import all_nodes
+from torchkiln.torchscript import Graph, Node, source_location
+
+logger = logging.getLogger("torchkiln.lowering")
+
+# class name (qualified "package.module.Class", or the bare "Class") -> the replacement
+PYTHON_OPS: dict[str, torch.jit.ScriptFunction] = {}
+
+
+def python_op_names(node: Node) -> tuple[str, ...]:
+    """The names a prim::PythonOp's Function class is registered under: qualified first, then bare."""
+    owner = getattr(node.pyobj(), "__self__", None)
+    bare = node.pyname()
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}", bare
+    return (bare,)
+
+
+def register_python_op(name: str | type, fn: Callable[..., Any]) -> None:
+    """Replace every call of the custom autograd Function `name` (its class, its qualified name
+    'package.module.Class', or its bare class name) by `fn`: a TorchScript-able function (or a
+    torch.jit.ScriptFunction) taking the arguments the Function's `apply` takes, in order."""
+    if isinstance(name, type):
+        name = f"{name.__module__}.{name.__qualname__}"
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a torch.autograd.Function class or its name, got {name!r}")
+    if isinstance(fn, torch.jit.ScriptFunction):
+        scripted = fn
+    else:
+        try:
+            scripted = torch.jit.script(fn)
+        except Exception as e:  # TorchScript's compiler raises many kinds of errors
+            raise ValueError(f"fn: the replacement for {name} must be TorchScript-able; scripting "
+                             f"{getattr(fn, '__name__', fn)!r} failed: {str(e).strip().splitlines()[0]}") from e
+    PYTHON_OPS[name] = scripted
+
+
+def _replacement(node: Node) -> tuple[str, torch.jit.ScriptFunction] | None:
+    return next(((n, PYTHON_OPS[n]) for n in python_op_names(node) if n in PYTHON_OPS), None)
+
+
+def _arguments(graph: Graph, node: Node) -> list[torch._C.Value]:
+    """The call's arguments in order: tensors (and traced scalars) are inputs, 'c' arguments are constants."""
+    inputs, scalars = iter(node.inputs()), iter(node.scalar_args())
+    return [next(inputs) if kind == "d" else graph.insertConstant(next(scalars)) for kind in node.cconv()]
+
+
+@lowering_pass(replaces=("prim::PythonOp",))
+def replace_python_ops(graph: Graph, ctx: LoweringContext) -> bool:
+    """Inline the registered replacement of each custom autograd Function call (prim::PythonOp)."""
+    changed = False
+    for node in [n for n in all_nodes(graph.block()) if n.kind() == "prim::PythonOp"]:
+        found = _replacement(node)
+        if found is None:
+            continue
+        name, fn = found
+        with graph.insert_point_guard(node):
+            try:
+                outputs = graph.insertGraph(fn.inlined_graph, _arguments(graph, node))
+            except RuntimeError as e:
+                raise ValueError(f"the replacement registered for {name} does not take the arguments its apply "
+                                 f"was called with ({source_location(node)}): {str(e).strip().splitlines()[0]}") from e
+            if len(outputs) == 1 and node.outputsSize() > 1:
+                elements = outputs[0].type().elements()
+                unpack = graph.create("prim::TupleUnpack", [outputs[0]], len(elements))
+                for out, t in zip(unpack.outputs(), elements):
+                    out.setType(t)
+                graph.insertNode(unpack)
+                outputs = list(unpack.outputs())
+        if len(outputs) != node.outputsSize():
+            raise ValueError(f"the replacement registered for {name} returns {len(outputs)} values; its apply "
+                             f"returns {node.outputsSize()}")
+        for old, new in zip(node.outputs(), outputs):
+            old.replaceAllUsesWith(new)
+        node.destroy()
+        logger.debug("replaced custom autograd Function %s by its registered equivalent", name)
+        changed = True
+    return changed
