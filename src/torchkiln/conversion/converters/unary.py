@@ -17,7 +17,7 @@ U, E = L.UnaryOperation, L.ElementWiseOperation
 _UNARY = {
     "abs": U.ABS, "neg": U.NEG, "sign": U.SIGN, "reciprocal": U.RECIP, "square": U.SQUARE,
     "exp": U.EXP, "expm1": U.EXPM1, "log": U.LOG, "log2": U.LOG2, "log10": U.LOG10, "log1p": U.LOG1P,
-    "sqrt": U.SQRT, "rsqrt": U.RSQRT, "erf": U.ERF,
+    "sqrt": U.SQRT, "rsqrt": U.RSQRT, "erf": U.ERF, "erfinv": U.ERFINV,
     "sin": U.SIN, "cos": U.COS, "tan": U.TAN, "asin": U.ASIN, "acos": U.ACOS, "atan": U.ATAN,
     "sinh": U.SINH, "cosh": U.COSH, "asinh": U.ASINH, "acosh": U.ACOSH, "atanh": U.ATANH,
     "ceil": U.CEIL, "floor": U.FLOOR, "round": U.ROUND, "trunc": U.TRUNC,
