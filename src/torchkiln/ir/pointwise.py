@@ -182,7 +182,7 @@ UNARY: dict[L.UnaryOperation, PointwiseOp] = {
 # alpha and beta are the layer's parameters (see ActivationType); every activation keeps its input's dtype.
 ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
     A.RELU: P(lambda x, a, b: torch.relu(x), node("Relu"), "tl.where({x} < 0, 0.0, {x})"),
-    A.SIGMOID: P(lambda x, a, b: torch.sigmoid(x), node("Sigmoid"), "tl.sigmoid({x})"),
+    A.SIGMOID: P(lambda x, a, b: torch.sigmoid(x), node("Sigmoid"), "tl.div_rn(1.0, 1.0 + tl.exp(-{x}))"),
     A.TANH: P(lambda x, a, b: torch.tanh(x), node("Tanh"), "libdevice.tanh({x})"),
     A.LEAKY_RELU: P(lambda x, a, b: F.leaky_relu(x, a), node("LeakyRelu", alpha="alpha"),
                     "tl.where({x} > 0, {x}, {x} * {alpha})"),
