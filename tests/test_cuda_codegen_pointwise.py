@@ -112,6 +112,8 @@ PARAMS = {A.LEAKY_RELU: (0.1, 0.0), A.ELU: (1.3, 0.0), A.CELU: (0.7, 0.0), A.SOF
 @pytest.mark.parametrize("kind", [k for k, row in P.ACTIVATION.items() if checked(row)], ids=lambda k: k.name)
 def test_activation_row_matches_reference(kind):
     x = _unary_values()
+    if kind == A.GELU_ERF:  # torch's GELU of +inf is inf or NaN by the element's place in its vectorized loop
+        x = x[x != math.inf]
     net = Network()
     net.mark_output(net.add_activation(net.add_input("x", F32, x.shape), kind, *PARAMS.get(kind, (0.0, 0.0)))
                     .get_output())

@@ -122,9 +122,11 @@ ELEMENTWISE: dict[L.ElementWiseOperation, PointwiseOp] = {
                    DtypeRule.PROMOTE),
     E.POW: P(torch.pow, node("Pow"), "libdevice.pow({a}, {b})", DtypeRule.PROMOTE),
     E.REMAINDER: P(torch.remainder, recipe("remainder"),
-                   "tl.where(({a} % {b} != 0) & (({a} % {b} < 0) != ({b} < 0)), {a} % {b} + {b}, {a} % {b})",
+                   "tl.where((libdevice.fmod({a}, {b}) != 0) & ((libdevice.fmod({a}, {b}) < 0) != ({b} < 0)), "
+                   "libdevice.fmod({a}, {b}) + {b}, libdevice.fmod({a}, {b}))",
                    DtypeRule.PROMOTE),
-    E.FMOD: P(torch.fmod, node("Mod", fmod=1), "{a} % {b}", DtypeRule.PROMOTE),
+    # Triton's float % is not C's fmod at the edges (on CUDA, inf % inf gives inf, not NaN): libdevice's is.
+    E.FMOD: P(torch.fmod, node("Mod", fmod=1), "libdevice.fmod({a}, {b})", DtypeRule.PROMOTE),
     E.ATAN2: P(torch.atan2, declined(f"ONNX has no atan2 op, and {_INEXACT_EDGES}"), "libdevice.atan2({a}, {b})",
                DtypeRule.FLOAT),
     E.AND: P(torch.logical_and, node("And"), "({a} != 0) & ({b} != 0)", DtypeRule.LOGICAL),
