@@ -88,7 +88,7 @@ def _literal(value: float) -> str:
     return repr(float(value))
 
 
-def _broadcastable(weight: torch.Tensor, rank: int) -> torch.Tensor:
+def _broadcastable(weight: torch.Tensor) -> torch.Tensor:
     """A weight as an operand: a single value as 0-d, else as is (its rank must fit the iteration space)."""
     return weight.reshape(()) if weight.numel() == 1 else weight
 
@@ -113,13 +113,13 @@ class _Builder:
         load = f"tl.load({name} + o_{name}, mask=mask)"
         return self.emit(load if dtype == torch.bool else f"{load}.to(tl.float32)", dtype == torch.bool)
 
-    def weight(self, weight: torch.Tensor, rank: int) -> str:
-        """A weight as a float32 value (loaded through its broadcast strides)."""
-        w = _broadcastable(weight, rank)
+    def weight(self, weight: torch.Tensor) -> tuple[str, bool]:
+        """A weight's value (loaded through its broadcast strides)."""
+        w = _broadcastable(weight)
         if w.dim() > self.rank:
             raise NetworkError(f"a weight of shape {list(weight.shape)} does not broadcast to rank {self.rank}")
         self.weights.append(w)
-        return self.as_float(self.load(f"w{len(self.weights) - 1}", w.dtype))
+        return self.load(f"w{len(self.weights) - 1}", w.dtype)
 
     @staticmethod
     def as_float(value: tuple[str, bool]) -> str:
@@ -132,9 +132,7 @@ def _layer(b: _Builder, layer: L.Layer, xs: list[tuple[str, bool]]) -> tuple[str
     out = layer.outputs[0].dtype
     is_bool = out == torch.bool
     if isinstance(layer, L.ConstantLayer):
-        w = _broadcastable(layer.weights["value"], b.rank)
-        b.weights.append(w)
-        return b.load(f"w{len(b.weights) - 1}", w.dtype)
+        return b.weight(layer.weights["value"])
     if isinstance(layer, L.CastLayer):
         var, was_bool = xs[0]
         if is_bool:
@@ -150,14 +148,14 @@ def _layer(b: _Builder, layer: L.Layer, xs: list[tuple[str, bool]]) -> tuple[str
                 continue
             if layer.mode == L.ScaleMode.CHANNEL and w.numel() > 1:
                 w = w.reshape([-1] + [1] * (rank - layer.channel_axis % rank - 1))
-            x = b.emit(template.format(x=x, w=b.weight(w, rank)), False)[0]
+            x = b.emit(template.format(x=x, w=b.as_float(b.weight(w))), False)[0]
         return b.emit(x, False)
     if isinstance(layer, L.ParametricReLULayer):
         slope, rank = layer.weights["slope"], layer.inputs[0].rank
         if slope.numel() > 1:
             slope = slope.reshape([-1] + [1] * (rank - 2))
         x = b.as_float(xs[0])
-        return b.emit(f"tl.where({x} > 0, {x}, {b.weight(slope, rank)} * {x})", False)
+        return b.emit(f"tl.where({x} > 0, {x}, {b.as_float(b.weight(slope))} * {x})", False)
     row = P.row(layer)
     operands = [var for var, _ in xs] if row.dtype == P.DtypeRule.LOGICAL else [b.as_float(x) for x in xs]
     if isinstance(layer, L.ElementWiseLayer):
