@@ -4,7 +4,7 @@ and non-dense inputs, float16, several outputs, casts, bool values, one kernel f
 
 On a machine without CUDA the kernels run in Triton's CPU interpreter, which runs no libdevice function: rows whose
 expression calls one are checked on CUDA only. fp32: |err| <= 1e-5 * (|ref| + max|ref|). fp16 (the reference rounds
-to float16 after every op, the kernel once at the end): |err| <= 4e-3 * max|ref|.
+to float16 after every op, the kernel once at the end): |err| <= 1e-3 * max|ref| (seen: 5e-4).
 """
 import math
 
@@ -13,7 +13,7 @@ import torch
 
 triton = pytest.importorskip("triton", reason="triton is not installed")
 
-from torchkiln.errors import NetworkError  # noqa: E402
+from torchkiln.errors import EngineInputError, NetworkError  # noqa: E402
 from torchkiln.ir import layers as L, pointwise as P  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.ir.reference import run_layer  # noqa: E402
@@ -152,7 +152,7 @@ def test_fused_epilogue_with_broadcast_bias(dtype, bias_shape, channels_last):
     got, ref = run(net, values), reference(net, values)
     for g, r in zip(got, ref):
         if dtype == F16:
-            assert_close(g, r, rel=0.0, of_max=4e-3)
+            assert_close(g, r, rel=0.0, of_max=1e-3)
         else:
             assert_close(g, r)
         assert g.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
@@ -247,3 +247,13 @@ def test_what_cannot_be_fused_is_refused_with_the_layer_named():
     relu = net.add_activation(x, A.RELU)
     with pytest.raises(NetworkError, match="neither group inputs"):
         generate([relu], [], relu.outputs)
+
+
+def test_launcher_names_a_wrong_input():
+    net = _epilogue(F32, (3, 1, 1))
+    launcher = compile_group(net.layers, net.inputs, net.outputs)
+    x, bias = torch.randn(2, 3, 4, 5, device=DEVICE), torch.randn(3, 1, 1, device=DEVICE)
+    with pytest.raises(EngineInputError, match="takes 2 inputs"):
+        launcher([x])
+    with pytest.raises(EngineInputError, match="'bias': expected torch.float32"):
+        launcher([x, bias.half()])

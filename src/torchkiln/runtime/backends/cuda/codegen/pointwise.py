@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from torchkiln.errors import NetworkError
+from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L, pointwise as P
 from torchkiln.ir.tensor import Tensor
 
@@ -257,10 +257,10 @@ class PointwiseLauncher:
         """The group's outputs for `inputs` (one tensor per group input, of its dtype and a broadcastable shape)."""
         kernel = self.kernel
         if len(inputs) != len(kernel.inputs):
-            raise ValueError(f"the pointwise kernel takes {len(kernel.inputs)} inputs, got {len(inputs)}")
+            raise EngineInputError(f"the pointwise kernel takes {len(kernel.inputs)} inputs, got {len(inputs)}")
         for x, t in zip(inputs, kernel.inputs):
             if x.dtype != t.dtype or x.dim() != t.rank:
-                raise ValueError(f"input {t.name!r}: expected {t.dtype} of rank {t.rank}, got {x.dtype} of rank "
+                raise EngineInputError(f"input {t.name!r}: expected {t.dtype} of rank {t.rank}, got {x.dtype} of rank "
                                  f"{x.dim()}")
         device = inputs[0].device if inputs else torch.device("cuda")
         operands = [*inputs, *self._device_weights(device)]
