@@ -17,6 +17,7 @@ triton = pytest.importorskip("triton", reason="triton is not installed")
 from torchkiln.errors import EngineInputError, NetworkError  # noqa: E402
 from torchkiln.ir import layers as L, pointwise as P  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
+from torchkiln.ir.symbolic import DimSymbol  # noqa: E402
 from torchkiln.ir.reference import run_layer  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen import compile as kernel_files  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.pointwise import compile_group, fusable, generate  # noqa: E402
@@ -181,9 +182,10 @@ def test_one_kernel_serves_every_shape():
         net.mark_output(net.add_activation(net.add_unary(x, U.ABS).get_output(), A.SIGMOID).get_output())
         return net
 
-    small, large = network((2, 3)), network((5, 7))
+    small, large, dynamic = network((2, 3)), network((5, 7)), network((DimSymbol("n", 1, 64), 7))
     kernel = generate(small.layers, small.inputs, small.outputs)
-    assert kernel.source == generate(large.layers, large.inputs, large.outputs).source
+    for other in (large, dynamic):
+        assert kernel.source == generate(other.layers, other.inputs, other.outputs).source
     launcher = compile_group(small.layers, small.inputs, small.outputs)
     for shape in [(2, 3), (5, 7), (1, 1), (0, 4)]:
         x = torch.randn(shape)
