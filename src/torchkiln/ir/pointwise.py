@@ -77,12 +77,15 @@ def declined(reason: str) -> Onnx:
 
 @dataclasses.dataclass(frozen=True)
 class PointwiseOp:
-    """One row: the reference meaning (ATen), the ONNX slot and the Triton expression slot."""
+    """One row: the reference meaning (ATen), the ONNX slot, the Triton expression slot, the dtype rule, and the
+    ATen op (`aten::<name>` and its in-place form) the family's generic converter maps to it ("": a converter of
+    its own reads more arguments)."""
 
     reference: Callable[..., torch.Tensor]
     onnx: Onnx
     triton: str | None
     dtype: DtypeRule = DtypeRule.SAME
+    aten: str = ""
 
     @property
     def uses_libdevice(self) -> bool:
@@ -144,54 +147,57 @@ ELEMENTWISE: dict[L.ElementWiseOperation, PointwiseOp] = {
 }
 
 UNARY: dict[L.UnaryOperation, PointwiseOp] = {
-    U.EXP: P(torch.exp, node("Exp"), "tl.exp({x})", DtypeRule.FLOAT),
-    U.EXPM1: P(torch.expm1, recipe("expm1"), "libdevice.expm1({x})", DtypeRule.FLOAT),
-    U.LOG: P(torch.log, node("Log"), "tl.log({x})", DtypeRule.FLOAT),
-    U.LOG2: P(torch.log2, recipe("log2"), "tl.log2({x})", DtypeRule.FLOAT),
-    U.LOG10: P(torch.log10, recipe("log10"), "libdevice.log10({x})", DtypeRule.FLOAT),
-    U.LOG1P: P(torch.log1p, recipe("log1p"), "libdevice.log1p({x})", DtypeRule.FLOAT),
-    U.SQRT: P(torch.sqrt, node("Sqrt"), "tl.sqrt_rn({x})", DtypeRule.FLOAT),
-    U.RSQRT: P(torch.rsqrt, recipe("rsqrt"), "tl.rsqrt({x})", DtypeRule.FLOAT),
-    U.RECIP: P(torch.reciprocal, node("Reciprocal"), "tl.div_rn(1.0, {x})", DtypeRule.FLOAT),
-    U.ABS: P(torch.abs, node("Abs"), "tl.abs({x})"),
-    U.NEG: P(torch.neg, node("Neg"), "-{x}"),
-    U.SIN: P(torch.sin, node("Sin"), "tl.sin({x})", DtypeRule.FLOAT),
-    U.COS: P(torch.cos, node("Cos"), "tl.cos({x})", DtypeRule.FLOAT),
-    U.TAN: P(torch.tan, node("Tan"), "libdevice.tan({x})", DtypeRule.FLOAT),
-    U.SINH: P(torch.sinh, node("Sinh"), "libdevice.sinh({x})", DtypeRule.FLOAT),
-    U.COSH: P(torch.cosh, node("Cosh"), "libdevice.cosh({x})", DtypeRule.FLOAT),
-    U.ASIN: P(torch.asin, node("Asin"), "libdevice.asin({x})", DtypeRule.FLOAT),
-    U.ACOS: P(torch.acos, node("Acos"), "libdevice.acos({x})", DtypeRule.FLOAT),
-    U.ATAN: P(torch.atan, node("Atan"), "libdevice.atan({x})", DtypeRule.FLOAT),
-    U.ASINH: P(torch.asinh, node("Asinh"), "libdevice.asinh({x})", DtypeRule.FLOAT),
-    U.ACOSH: P(torch.acosh, node("Acosh"), "libdevice.acosh({x})", DtypeRule.FLOAT),
-    U.ATANH: P(torch.atanh, node("Atanh"), "libdevice.atanh({x})", DtypeRule.FLOAT),
-    U.CEIL: P(torch.ceil, node("Ceil"), "tl.ceil({x})"),
-    U.FLOOR: P(torch.floor, node("Floor"), "tl.floor({x})"),
-    U.ROUND: P(torch.round, node("Round"), "libdevice.rint({x})"),  # half to even
-    U.TRUNC: P(torch.trunc, recipe("trunc"), "tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))"),
-    U.ERF: P(torch.erf, node("Erf"), "tl.erf({x})", DtypeRule.FLOAT),
-    U.ERFINV: P(torch.erfinv, declined("ONNX has no Erfinv op"), "libdevice.erfinv({x})", DtypeRule.FLOAT),
-    U.SIGN: P(torch.sign, recipe("sign"), "tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))"),
-    U.NOT: P(torch.logical_not, node("Not"), "{x} == 0", DtypeRule.LOGICAL),
-    U.BITWISE_NOT: P(torch.bitwise_not, node("BitwiseNot"), None),
-    U.ISINF: P(torch.isinf, node("IsInf"), "tl.abs({x}) > 3.4028234663852886e+38", DtypeRule.PREDICATE),
-    U.ISNAN: P(torch.isnan, node("IsNaN"), "{x} != {x}", DtypeRule.PREDICATE),
-    U.ISFINITE: P(torch.isfinite, recipe("isfinite"), "tl.abs({x}) <= 3.4028234663852886e+38", DtypeRule.PREDICATE),
-    U.SQUARE: P(torch.square, recipe("square"), "{x} * {x}", DtypeRule.SQUARE),
+    U.EXP: P(torch.exp, node("Exp"), "tl.exp({x})", DtypeRule.FLOAT, aten="exp"),
+    U.EXPM1: P(torch.expm1, recipe("expm1"), "libdevice.expm1({x})", DtypeRule.FLOAT, aten="expm1"),
+    U.LOG: P(torch.log, node("Log"), "tl.log({x})", DtypeRule.FLOAT, aten="log"),
+    U.LOG2: P(torch.log2, recipe("log2"), "tl.log2({x})", DtypeRule.FLOAT, aten="log2"),
+    U.LOG10: P(torch.log10, recipe("log10"), "libdevice.log10({x})", DtypeRule.FLOAT, aten="log10"),
+    U.LOG1P: P(torch.log1p, recipe("log1p"), "libdevice.log1p({x})", DtypeRule.FLOAT, aten="log1p"),
+    U.SQRT: P(torch.sqrt, node("Sqrt"), "tl.sqrt_rn({x})", DtypeRule.FLOAT, aten="sqrt"),
+    U.RSQRT: P(torch.rsqrt, recipe("rsqrt"), "tl.rsqrt({x})", DtypeRule.FLOAT, aten="rsqrt"),
+    U.RECIP: P(torch.reciprocal, node("Reciprocal"), "tl.div_rn(1.0, {x})", DtypeRule.FLOAT, aten="reciprocal"),
+    U.ABS: P(torch.abs, node("Abs"), "tl.abs({x})", aten="abs"),
+    U.NEG: P(torch.neg, node("Neg"), "-{x}", aten="neg"),
+    U.SIN: P(torch.sin, node("Sin"), "tl.sin({x})", DtypeRule.FLOAT, aten="sin"),
+    U.COS: P(torch.cos, node("Cos"), "tl.cos({x})", DtypeRule.FLOAT, aten="cos"),
+    U.TAN: P(torch.tan, node("Tan"), "libdevice.tan({x})", DtypeRule.FLOAT, aten="tan"),
+    U.SINH: P(torch.sinh, node("Sinh"), "libdevice.sinh({x})", DtypeRule.FLOAT, aten="sinh"),
+    U.COSH: P(torch.cosh, node("Cosh"), "libdevice.cosh({x})", DtypeRule.FLOAT, aten="cosh"),
+    U.ASIN: P(torch.asin, node("Asin"), "libdevice.asin({x})", DtypeRule.FLOAT, aten="asin"),
+    U.ACOS: P(torch.acos, node("Acos"), "libdevice.acos({x})", DtypeRule.FLOAT, aten="acos"),
+    U.ATAN: P(torch.atan, node("Atan"), "libdevice.atan({x})", DtypeRule.FLOAT, aten="atan"),
+    U.ASINH: P(torch.asinh, node("Asinh"), "libdevice.asinh({x})", DtypeRule.FLOAT, aten="asinh"),
+    U.ACOSH: P(torch.acosh, node("Acosh"), "libdevice.acosh({x})", DtypeRule.FLOAT, aten="acosh"),
+    U.ATANH: P(torch.atanh, node("Atanh"), "libdevice.atanh({x})", DtypeRule.FLOAT, aten="atanh"),
+    U.CEIL: P(torch.ceil, node("Ceil"), "tl.ceil({x})", aten="ceil"),
+    U.FLOOR: P(torch.floor, node("Floor"), "tl.floor({x})", aten="floor"),
+    U.ROUND: P(torch.round, node("Round"), "libdevice.rint({x})", aten="round"),  # half to even
+    U.TRUNC: P(torch.trunc, recipe("trunc"), "tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))", aten="trunc"),
+    U.ERF: P(torch.erf, node("Erf"), "tl.erf({x})", DtypeRule.FLOAT, aten="erf"),
+    U.ERFINV: P(torch.erfinv, declined("ONNX has no Erfinv op"), "libdevice.erfinv({x})", DtypeRule.FLOAT,
+                aten="erfinv"),
+    U.SIGN: P(torch.sign, recipe("sign"), "tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))", aten="sign"),
+    U.NOT: P(torch.logical_not, node("Not"), "{x} == 0", DtypeRule.LOGICAL, aten="logical_not"),
+    U.BITWISE_NOT: P(torch.bitwise_not, node("BitwiseNot"), None, aten="bitwise_not"),
+    U.ISINF: P(torch.isinf, node("IsInf"), "tl.abs({x}) > 3.4028234663852886e+38", DtypeRule.PREDICATE, aten="isinf"),
+    U.ISNAN: P(torch.isnan, node("IsNaN"), "{x} != {x}", DtypeRule.PREDICATE, aten="isnan"),
+    U.ISFINITE: P(torch.isfinite, recipe("isfinite"), "tl.abs({x}) <= 3.4028234663852886e+38", DtypeRule.PREDICATE,
+                  aten="isfinite"),
+    U.SQUARE: P(torch.square, recipe("square"), "{x} * {x}", DtypeRule.SQUARE, aten="square"),
 }
 
 # alpha and beta are the layer's parameters (see ActivationType); every activation keeps its input's dtype.
 ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
-    A.RELU: P(lambda x, a, b: torch.relu(x), node("Relu"), "tl.where({x} < 0, 0.0, {x})"),
-    A.SIGMOID: P(lambda x, a, b: torch.sigmoid(x), node("Sigmoid"), "tl.div_rn(1.0, 1.0 + tl.exp(-{x}))"),
-    A.TANH: P(lambda x, a, b: torch.tanh(x), node("Tanh"), "libdevice.tanh({x})"),
+    A.RELU: P(lambda x, a, b: torch.relu(x), node("Relu"), "tl.where({x} < 0, 0.0, {x})", aten="relu"),
+    A.SIGMOID: P(lambda x, a, b: torch.sigmoid(x), node("Sigmoid"), "tl.div_rn(1.0, 1.0 + tl.exp(-{x}))",
+                 aten="sigmoid"),
+    A.TANH: P(lambda x, a, b: torch.tanh(x), node("Tanh"), "libdevice.tanh({x})", aten="tanh"),
     A.LEAKY_RELU: P(lambda x, a, b: F.leaky_relu(x, a), node("LeakyRelu", alpha="alpha"),
                     "tl.where({x} > 0, {x}, {x} * {alpha})"),
     A.ELU: P(lambda x, a, b: F.elu(x, a), node("Elu", alpha="alpha"),  # the meaning uses alpha only
              "tl.where({x} > 0, {x}, {alpha} * libdevice.expm1({x}))"),
     A.SELU: P(lambda x, a, b: F.selu(x), node("Selu"),  # ONNX's default alpha and gamma are torch's
-              f"{_SELU_SCALE!r} * tl.where({{x}} > 0, {{x}}, {_SELU_ALPHA!r} * libdevice.expm1({{x}}))"),
+              f"{_SELU_SCALE!r} * tl.where({{x}} > 0, {{x}}, {_SELU_ALPHA!r} * libdevice.expm1({{x}}))", aten="selu"),
     A.CELU: P(lambda x, a, b: F.celu(x, a), node("Celu", alpha="alpha"),
               "tl.where({x} > 0, {x}, {alpha} * libdevice.expm1(tl.div_rn({x}, {alpha})))"),
     A.SOFTSIGN: P(lambda x, a, b: F.softsign(x), node("Softsign"), "tl.div_rn({x}, 1.0 + tl.abs({x}))"),
@@ -199,18 +205,19 @@ ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
                   "tl.where({x} * {alpha} > {beta}, {x}, tl.div_rn(libdevice.log1p(tl.exp({x} * {alpha})), {alpha}))"),
     A.CLIP: P(lambda x, a, b: _clip(x, a, b), recipe("clip"), _CLAMP),
     A.HARD_SIGMOID: P(lambda x, a, b: F.hardsigmoid(x), node("HardSigmoid", alpha=1.0 / 6.0, beta=0.5),
-                      f"tl.where({{x}} != {{x}}, {{x}}, {_RELU6_OVER_6})"),
-    A.HARD_SWISH: P(lambda x, a, b: F.hardswish(x), node("HardSwish"), f"{{x}} * {_RELU6_OVER_6}"),
+                      f"tl.where({{x}} != {{x}}, {{x}}, {_RELU6_OVER_6})", aten="hardsigmoid"),
+    A.HARD_SWISH: P(lambda x, a, b: F.hardswish(x), node("HardSwish"), f"{{x}} * {_RELU6_OVER_6}", aten="hardswish"),
     A.HARD_TANH: P(lambda x, a, b: F.hardtanh(x, a, b), recipe("clip"), _CLAMP),
     A.THRESHOLDED_RELU: P(lambda x, a, b: F.threshold(x, a, b), recipe("threshold"),
                           "tl.where({x} <= {alpha}, {beta}, {x})"),
     A.GELU_ERF: P(lambda x, a, b: F.gelu(x), node("Gelu"), "0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"),
     A.GELU_TANH: P(lambda x, a, b: F.gelu(x, approximate="tanh"), node("Gelu", approximate="tanh"),
                    "0.5 * {x} * (1.0 + libdevice.tanh(0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})))"),
-    A.SILU: P(lambda x, a, b: F.silu(x), recipe("silu"), "tl.div_rn({x}, 1.0 + tl.exp(-{x}))"),
-    A.MISH: P(lambda x, a, b: F.mish(x), node("Mish"), "{x} * libdevice.tanh(libdevice.log1p(tl.exp({x})))"),
+    A.SILU: P(lambda x, a, b: F.silu(x), recipe("silu"), "tl.div_rn({x}, 1.0 + tl.exp(-{x}))", aten="silu"),
+    A.MISH: P(lambda x, a, b: F.mish(x), node("Mish"), "{x} * libdevice.tanh(libdevice.log1p(tl.exp({x})))",
+              aten="mish"),
     A.LOG_SIGMOID: P(lambda x, a, b: F.logsigmoid(x), recipe("log_sigmoid"),
-                     "tl.minimum({x}, 0.0) - libdevice.log1p(tl.exp(-tl.abs({x})))"),
+                     "tl.minimum({x}, 0.0) - libdevice.log1p(tl.exp(-tl.abs({x})))", aten="log_sigmoid"),
 }
 
 FAMILIES: dict[type[L.Layer], tuple[type[enum.Enum], dict]] = {
