@@ -260,3 +260,5 @@ def test_launcher_names_a_wrong_input():
         launcher([x])
     with pytest.raises(EngineInputError, match="'bias': expected torch.float32"):
         launcher([x, bias.half()])
+    with pytest.raises(EngineInputError, match="do not broadcast"):
+        launcher([x, torch.randn(4, 1, 1, device=DEVICE)])

@@ -260,11 +260,15 @@ class PointwiseLauncher:
             raise EngineInputError(f"the pointwise kernel takes {len(kernel.inputs)} inputs, got {len(inputs)}")
         for x, t in zip(inputs, kernel.inputs):
             if x.dtype != t.dtype or x.dim() != t.rank:
-                raise EngineInputError(f"input {t.name!r}: expected {t.dtype} of rank {t.rank}, got {x.dtype} of rank "
-                                 f"{x.dim()}")
+                raise EngineInputError(f"input {t.name!r}: expected {t.dtype} of rank {t.rank}, got {x.dtype} of "
+                                       f"rank {x.dim()}")
         device = inputs[0].device if inputs else torch.device("cuda")
         operands = [*inputs, *self._device_weights(device)]
-        shape = torch.broadcast_shapes(*(x.shape for x in operands)) if operands else torch.Size()
+        try:
+            shape = torch.broadcast_shapes(*(x.shape for x in operands))
+        except RuntimeError as e:
+            raise EngineInputError(f"inputs of shapes {[list(x.shape) for x in inputs]} do not broadcast "
+                                   f"together: {e}") from None
         shape = torch.Size([1] * (kernel.rank - len(shape)) + list(shape))
         layout = next((x for x in inputs if x.shape == shape and _dense(x)), None)
         outputs = [torch.empty_like(layout, dtype=t.dtype) if layout is not None else
