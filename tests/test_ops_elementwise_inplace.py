@@ -33,6 +33,7 @@ INPLACE = [
     ("y.log2_()", "aten::log2_", "pos", None), ("y.log10_()", "aten::log10_", "pos", None),
     ("y.log1p_()", "aten::log1p_", "pos", None), ("y.sqrt_()", "aten::sqrt_", "pos", None),
     ("y.rsqrt_()", "aten::rsqrt_", "pos", None), ("y.erf_()", "aten::erf_", "float", None),
+    ("y.erfinv_()", "aten::erfinv_", "unit", None),
     ("y.sin_()", "aten::sin_", "float", None), ("y.cos_()", "aten::cos_", "float", None),
     ("y.tan_()", "aten::tan_", "unit", None), ("y.asin_()", "aten::asin_", "unit", None),
     ("y.acos_()", "aten::acos_", "unit", None), ("y.atan_()", "aten::atan_", "float", None),

@@ -31,6 +31,7 @@ UNARY = [
     (torch.exp, "any", True, True), (torch.expm1, "any", True, False), (torch.log, "pos", True, False),
     (torch.log2, "pos", True, False), (torch.log10, "pos", True, False), (torch.log1p, "pos", True, True),
     (torch.sqrt, "pos", True, True), (torch.rsqrt, "pos", True, False), (torch.erf, "any", True, False),
+    (torch.erfinv, "unit", True, False),
     (torch.sin, "any", True, False), (torch.cos, "any", True, False), (torch.tan, "unit", True, False),
     (torch.asin, "unit", True, False), (torch.acos, "unit", True, False), (torch.atan, "any", True, False),
     (torch.sinh, "any", True, False), (torch.cosh, "any", True, False), (torch.asinh, "any", True, False),

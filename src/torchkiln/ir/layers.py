@@ -200,6 +200,7 @@ class UnaryOperation(enum.Enum):
     ROUND = "round"  # half to even, like torch.round
     TRUNC = "trunc"
     ERF = "erf"
+    ERFINV = "erfinv"
     SIGN = "sign"
     NOT = "not"  # logical not; output bool
     BITWISE_NOT = "bitwise_not"

@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 import torch.nn.functional as F
 
 from torchkiln.errors import EngineIndexError, NetworkError
-from torchkiln.ir import layers as L
+from torchkiln.ir import layers as L, pointwise
 
 Meaning = Callable[[L.Layer, list[torch.Tensor], dict[str, torch.Tensor], torch.device],
                    "torch.Tensor | list[torch.Tensor]"]
@@ -85,41 +85,9 @@ def _scale(layer, xs, ws, device):
     return x
 
 
-def _clip(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
-    def bound(v: float) -> float | int | None:
-        if v in (float("inf"), float("-inf")):
-            return None
-        return int(v) if not x.dtype.is_floating_point and float(v).is_integer() else v
-
-    return torch.clamp(x, bound(lo), bound(hi))
-
-
-_ACTIVATIONS: dict[L.ActivationType, Callable[[torch.Tensor, float, float], torch.Tensor]] = {
-    L.ActivationType.RELU: lambda x, a, b: torch.relu(x),
-    L.ActivationType.SIGMOID: lambda x, a, b: torch.sigmoid(x),
-    L.ActivationType.TANH: lambda x, a, b: torch.tanh(x),
-    L.ActivationType.LEAKY_RELU: lambda x, a, b: F.leaky_relu(x, a),
-    L.ActivationType.ELU: lambda x, a, b: F.elu(x, a),
-    L.ActivationType.SELU: lambda x, a, b: F.selu(x),
-    L.ActivationType.CELU: lambda x, a, b: F.celu(x, a),
-    L.ActivationType.SOFTSIGN: lambda x, a, b: F.softsign(x),
-    L.ActivationType.SOFTPLUS: lambda x, a, b: F.softplus(x, a, b),
-    L.ActivationType.CLIP: lambda x, a, b: _clip(x, a, b),
-    L.ActivationType.HARD_SIGMOID: lambda x, a, b: F.hardsigmoid(x),
-    L.ActivationType.HARD_SWISH: lambda x, a, b: F.hardswish(x),
-    L.ActivationType.HARD_TANH: lambda x, a, b: F.hardtanh(x, a, b),
-    L.ActivationType.THRESHOLDED_RELU: lambda x, a, b: F.threshold(x, a, b),
-    L.ActivationType.GELU_ERF: lambda x, a, b: F.gelu(x),
-    L.ActivationType.GELU_TANH: lambda x, a, b: F.gelu(x, approximate="tanh"),
-    L.ActivationType.SILU: lambda x, a, b: F.silu(x),
-    L.ActivationType.MISH: lambda x, a, b: F.mish(x),
-    L.ActivationType.LOG_SIGMOID: lambda x, a, b: F.logsigmoid(x),
-}
-
-
 @meaning(L.ActivationLayer)
 def _activation(layer, xs, ws, device):
-    return _ACTIVATIONS[layer.type](xs[0], layer.alpha, layer.beta)
+    return pointwise.ACTIVATION[layer.type].reference(xs[0], layer.alpha, layer.beta)
 
 
 @meaning(L.ParametricReLULayer)
@@ -127,80 +95,14 @@ def _prelu(layer, xs, ws, device):
     return F.prelu(xs[0], ws["slope"])
 
 
-_ELEMENTWISE: dict[L.ElementWiseOperation, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    L.ElementWiseOperation.SUM: torch.add,
-    L.ElementWiseOperation.PROD: torch.mul,
-    L.ElementWiseOperation.MAX: torch.maximum,
-    L.ElementWiseOperation.MIN: torch.minimum,
-    L.ElementWiseOperation.SUB: torch.sub,
-    L.ElementWiseOperation.DIV: torch.div,
-    L.ElementWiseOperation.FLOOR_DIV: lambda a, b: torch.div(a, b, rounding_mode="floor"),
-    L.ElementWiseOperation.TRUNC_DIV: lambda a, b: torch.div(a, b, rounding_mode="trunc"),
-    L.ElementWiseOperation.POW: torch.pow,
-    L.ElementWiseOperation.REMAINDER: torch.remainder,
-    L.ElementWiseOperation.FMOD: torch.fmod,
-    L.ElementWiseOperation.ATAN2: torch.atan2,
-    L.ElementWiseOperation.AND: torch.logical_and,
-    L.ElementWiseOperation.OR: torch.logical_or,
-    L.ElementWiseOperation.XOR: torch.logical_xor,
-    L.ElementWiseOperation.EQUAL: torch.eq,
-    L.ElementWiseOperation.NOT_EQUAL: torch.ne,
-    L.ElementWiseOperation.GREATER: torch.gt,
-    L.ElementWiseOperation.GREATER_EQUAL: torch.ge,
-    L.ElementWiseOperation.LESS: torch.lt,
-    L.ElementWiseOperation.LESS_EQUAL: torch.le,
-    L.ElementWiseOperation.BITWISE_AND: torch.bitwise_and,
-    L.ElementWiseOperation.BITWISE_OR: torch.bitwise_or,
-    L.ElementWiseOperation.BITWISE_XOR: torch.bitwise_xor,
-}
-
-
 @meaning(L.ElementWiseLayer)
 def _elementwise(layer, xs, ws, device):
-    return _ELEMENTWISE[layer.op](xs[0], xs[1])
-
-
-_UNARY: dict[L.UnaryOperation, Callable[[torch.Tensor], torch.Tensor]] = {
-    L.UnaryOperation.EXP: torch.exp,
-    L.UnaryOperation.EXPM1: torch.expm1,
-    L.UnaryOperation.LOG: torch.log,
-    L.UnaryOperation.LOG2: torch.log2,
-    L.UnaryOperation.LOG10: torch.log10,
-    L.UnaryOperation.LOG1P: torch.log1p,
-    L.UnaryOperation.SQRT: torch.sqrt,
-    L.UnaryOperation.RSQRT: torch.rsqrt,
-    L.UnaryOperation.RECIP: torch.reciprocal,
-    L.UnaryOperation.ABS: torch.abs,
-    L.UnaryOperation.NEG: torch.neg,
-    L.UnaryOperation.SIN: torch.sin,
-    L.UnaryOperation.COS: torch.cos,
-    L.UnaryOperation.TAN: torch.tan,
-    L.UnaryOperation.SINH: torch.sinh,
-    L.UnaryOperation.COSH: torch.cosh,
-    L.UnaryOperation.ASIN: torch.asin,
-    L.UnaryOperation.ACOS: torch.acos,
-    L.UnaryOperation.ATAN: torch.atan,
-    L.UnaryOperation.ASINH: torch.asinh,
-    L.UnaryOperation.ACOSH: torch.acosh,
-    L.UnaryOperation.ATANH: torch.atanh,
-    L.UnaryOperation.CEIL: torch.ceil,
-    L.UnaryOperation.FLOOR: torch.floor,
-    L.UnaryOperation.ROUND: torch.round,
-    L.UnaryOperation.TRUNC: torch.trunc,
-    L.UnaryOperation.ERF: torch.erf,
-    L.UnaryOperation.SIGN: torch.sign,
-    L.UnaryOperation.NOT: torch.logical_not,
-    L.UnaryOperation.BITWISE_NOT: torch.bitwise_not,
-    L.UnaryOperation.ISINF: torch.isinf,
-    L.UnaryOperation.ISNAN: torch.isnan,
-    L.UnaryOperation.ISFINITE: torch.isfinite,
-    L.UnaryOperation.SQUARE: torch.square,
-}
+    return pointwise.ELEMENTWISE[layer.op].reference(xs[0], xs[1])
 
 
 @meaning(L.UnaryLayer)
 def _unary(layer, xs, ws, device):
-    return _UNARY[layer.op](xs[0])
+    return pointwise.UNARY[layer.op].reference(xs[0])
 
 
 @meaning(L.PoolingLayer)

@@ -9,15 +9,10 @@ from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.ir import layers as L
+from torchkiln.ir.pointwise import ACTIVATION
 from torchkiln.ir.tensor import Tensor
 
 A, E = L.ActivationType, L.ElementWiseOperation
-
-# Activations without parameters: op -> layer type. Each has an in-place form `op_` but log_sigmoid.
-_PLAIN = {
-    "relu": A.RELU, "sigmoid": A.SIGMOID, "tanh": A.TANH, "selu": A.SELU, "silu": A.SILU, "mish": A.MISH,
-    "hardsigmoid": A.HARD_SIGMOID, "hardswish": A.HARD_SWISH, "log_sigmoid": A.LOG_SIGMOID,
-}
 
 
 def _plain(kind: L.ActivationType):
@@ -27,10 +22,12 @@ def _plain(kind: L.ActivationType):
     return convert
 
 
-for _name, _kind in _PLAIN.items():
-    _convert = converter(f"aten::{_name}")(_plain(_kind))
-    if _name != "log_sigmoid":
-        register_inplace(_convert, f"aten::{_name}_")
+# Activations without parameters: their rows name the ATen op. Each has an in-place form `op_` but log_sigmoid.
+for _kind, _row in ACTIVATION.items():
+    if _row.aten:
+        _convert = converter(f"aten::{_row.aten}")(_plain(_kind))
+        if _row.aten != "log_sigmoid":
+            register_inplace(_convert, f"aten::{_row.aten}_")
 
 
 @converter("aten::leaky_relu")

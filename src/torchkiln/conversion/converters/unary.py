@@ -10,28 +10,20 @@ from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.ir import layers as L
+from torchkiln.ir.pointwise import UNARY
 from torchkiln.ir.tensor import Tensor
 
 U, E = L.UnaryOperation, L.ElementWiseOperation
 
-_UNARY = {
-    "abs": U.ABS, "neg": U.NEG, "sign": U.SIGN, "reciprocal": U.RECIP, "square": U.SQUARE,
-    "exp": U.EXP, "expm1": U.EXPM1, "log": U.LOG, "log2": U.LOG2, "log10": U.LOG10, "log1p": U.LOG1P,
-    "sqrt": U.SQRT, "rsqrt": U.RSQRT, "erf": U.ERF,
-    "sin": U.SIN, "cos": U.COS, "tan": U.TAN, "asin": U.ASIN, "acos": U.ACOS, "atan": U.ATAN,
-    "sinh": U.SINH, "cosh": U.COSH, "asinh": U.ASINH, "acosh": U.ACOSH, "atanh": U.ATANH,
-    "ceil": U.CEIL, "floor": U.FLOOR, "round": U.ROUND, "trunc": U.TRUNC,
-    "logical_not": U.NOT, "bitwise_not": U.BITWISE_NOT,
-    "isinf": U.ISINF, "isnan": U.ISNAN, "isfinite": U.ISFINITE,
-}
 # No in-place forms: isinf & co. have none; logical_not_ is rewritten by lowering (remove_mutation) so that
 # it keeps its tensor's dtype.
 _NO_INPLACE = ("isinf", "isnan", "isfinite", "logical_not")
 
-for _name, _op in _UNARY.items():
-    _convert = converter(f"aten::{_name}")(unary_converter(_op))
-    if _name not in _NO_INPLACE:
-        register_inplace(_convert, f"aten::{_name}_")
+for _op, _row in UNARY.items():  # each unary op's row names the ATen op it converts
+    if _row.aten:
+        _convert = converter(f"aten::{_row.aten}")(unary_converter(_op))
+        if _row.aten not in _NO_INPLACE:
+            register_inplace(_convert, f"aten::{_row.aten}_")
 
 converter("prim::abs")(unary_converter(U.ABS))  # Python's abs() on a tensor
 

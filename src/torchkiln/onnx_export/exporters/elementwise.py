@@ -6,10 +6,9 @@ from collections.abc import Callable
 
 import torch
 
-from torchkiln.ir import layers as L
+from torchkiln.ir import layers as L, pointwise as P
 from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter, promoted
 
-E = L.ElementWiseOperation
 U = L.UnaryOperation
 A = L.ActivationType
 
@@ -57,45 +56,60 @@ def _float_remainder(ctx: ExportContext, a: str, b: str, dtype: torch.dtype) -> 
     return ctx.op("Where", [fix, ctx.op("Add", [mod, b], dtype), mod], dtype, typed=(1, 2))
 
 
-_ARITHMETIC = {E.SUM: "Add", E.PROD: "Mul", E.SUB: "Sub", E.DIV: "Div", E.MAX: "Max", E.MIN: "Min", E.POW: "Pow"}
-_COMPARE = {E.EQUAL: "Equal", E.GREATER: "Greater", E.GREATER_EQUAL: "GreaterOrEqual", E.LESS: "Less",
-            E.LESS_EQUAL: "LessOrEqual"}
-_LOGICAL = {E.AND: "And", E.OR: "Or", E.XOR: "Xor"}
-_BITWISE = {E.BITWISE_AND: ("BitwiseAnd", "And"), E.BITWISE_OR: ("BitwiseOr", "Or"),
-            E.BITWISE_XOR: ("BitwiseXor", "Xor")}
+def _not_equal(ctx: ExportContext, a: str, b: str, dtype: torch.dtype) -> str:
+    return ctx.node("Not", [ctx.op("Equal", [a, b], dtype, typed_outputs=())])[0]
+
+
+def _remainder(ctx: ExportContext, a: str, b: str, dtype: torch.dtype) -> str:
+    return _float_remainder(ctx, a, b, dtype) if dtype.is_floating_point else ctx.op("Mod", [a, b], dtype, fmod=0)
+
+
+def _trunc_div(ctx: ExportContext, a: str, b: str, dtype: torch.dtype) -> str:
+    quotient = ctx.op("Div", [a, b], dtype)
+    return _trunc(ctx, quotient, dtype) if dtype.is_floating_point else quotient
+
+
+def _floor_div(ctx: ExportContext, a: str, b: str, dtype: torch.dtype) -> str:
+    return (_float_floor_div if dtype.is_floating_point else _int_floor_div)(ctx, a, b, dtype)
+
+
+# The compositions the binary table's ONNX slots name, on operands already in `dtype`.
+_BINARY_RECIPES: dict[str, Callable[[ExportContext, str, str, torch.dtype], str]] = {
+    "not_equal": _not_equal, "remainder": _remainder, "trunc_div": _trunc_div, "floor_div": _floor_div,
+}
+
+
+def _attrs(form: P.Onnx, layer: L.Layer) -> dict[str, object]:
+    """A node's attributes; "alpha" and "beta" read the layer's parameters."""
+    return {k: getattr(layer, v) if v in ("alpha", "beta") else v for k, v in form.attrs}
+
+
+def _declined(ctx: ExportContext, what: str, form: P.Onnx) -> None:
+    if form.declined:
+        ctx.decline(f"{what}: {form.declined}")
 
 
 @exporter(L.ElementWiseLayer)
 def _elementwise(ctx: ExportContext, layer: L.ElementWiseLayer, xs: list[str]) -> str:
     op, out = layer.op, layer.outputs[0].dtype
     (ta, tb), (a, b) = layer.inputs, xs
-    if op in _LOGICAL:
-        return ctx.node(_LOGICAL[op], [ctx.cast(a, ta.dtype, torch.bool), ctx.cast(b, tb.dtype, torch.bool)])[0]
-    if op in _COMPARE or op == E.NOT_EQUAL:
+    row = P.ELEMENTWISE[op]
+    form = row.onnx
+    _declined(ctx, f"op={op.name}", form)
+    if row.dtype == P.DtypeRule.LOGICAL:
+        return ctx.node(form.op_type, [ctx.cast(a, ta.dtype, torch.bool), ctx.cast(b, tb.dtype, torch.bool)])[0]
+    if row.dtype == P.DtypeRule.COMPARE:
         dtype = promoted(ta, tb)
         a, b = ctx.cast(a, ta.dtype, dtype), ctx.cast(b, tb.dtype, dtype)
-        equal = ctx.op(_COMPARE.get(op, "Equal"), [a, b], dtype, typed_outputs=())
-        return ctx.node("Not", [equal])[0] if op == E.NOT_EQUAL else equal
+        if form.recipe:
+            return _BINARY_RECIPES[form.recipe](ctx, a, b, dtype)
+        return ctx.op(form.op_type, [a, b], dtype, typed_outputs=())
     a, b = ctx.cast(a, ta.dtype, out), ctx.cast(b, tb.dtype, out)
-    if op in _ARITHMETIC:
-        return ctx.op(_ARITHMETIC[op], [a, b], out)
-    if op in _BITWISE:
-        bitwise, logical = _BITWISE[op]
-        return ctx.node(logical, [a, b])[0] if out == torch.bool else ctx.op(bitwise, [a, b], out)
-    if op == E.FMOD:
-        return ctx.op("Mod", [a, b], out, fmod=1)
-    if op == E.REMAINDER:
-        return _float_remainder(ctx, a, b, out) if out.is_floating_point else ctx.op("Mod", [a, b], out, fmod=0)
-    if op == E.TRUNC_DIV:
-        return _trunc(ctx, ctx.op("Div", [a, b], out), out) if out.is_floating_point else ctx.op("Div", [a, b], out)
-    if op == E.FLOOR_DIV:
-        return (_float_floor_div if out.is_floating_point else _int_floor_div)(ctx, a, b, out)
-    ctx.decline(f"op={op.name}: ONNX has no {op.value} op, and composing one would not be exact at its "
-                f"edges (signed zeros, infinities)")
-
-
-def _single(op_type: str) -> Callable[[ExportContext, str, torch.dtype], str]:
-    return lambda ctx, x, dt: ctx.op(op_type, [x], dt)
+    if form.recipe:
+        return _BINARY_RECIPES[form.recipe](ctx, a, b, out)
+    if form.op_type.startswith("Bitwise") and out == torch.bool:  # bitwise ops of bools are the logical ones
+        return ctx.node(form.op_type.removeprefix("Bitwise"), [a, b])[0]
+    return ctx.op(form.op_type, [a, b], out, **_attrs(form, layer))
 
 
 def _log_base(base: float) -> Callable[[ExportContext, str, torch.dtype], str]:
@@ -115,52 +129,43 @@ def _sign(ctx: ExportContext, x: str, dt: torch.dtype) -> str:
     return ctx.op("Where", [nan, ctx.scalar(0, dt), ctx.op("Sign", [x], dt)], dt, typed=(1, 2))
 
 
-# Unary ops on a float input of dtype `dt` (ints are cast to the output's float dtype first, as torch does).
-_UNARY: dict[L.UnaryOperation, Callable[[ExportContext, str, torch.dtype], str]] = {
-    U.EXP: _single("Exp"),
-    U.EXPM1: lambda ctx, x, dt: ctx.op("Sub", [ctx.op("Exp", [x], dt), ctx.scalar(1, dt)], dt),
-    U.LOG: _single("Log"),
-    U.LOG2: _log_base(2.0),
-    U.LOG10: _log_base(10.0),
-    U.LOG1P: lambda ctx, x, dt: ctx.op("Log", [ctx.op("Add", [x, ctx.scalar(1, dt)], dt)], dt),
-    U.SQRT: _single("Sqrt"),
-    U.RSQRT: lambda ctx, x, dt: ctx.op("Reciprocal", [ctx.op("Sqrt", [x], dt)], dt),
-    U.RECIP: _single("Reciprocal"),
-    U.ABS: _single("Abs"),
-    U.NEG: _single("Neg"),
-    U.SIN: _single("Sin"), U.COS: _single("Cos"), U.TAN: _single("Tan"),
-    U.SINH: _single("Sinh"), U.COSH: _single("Cosh"),
-    U.ASIN: _single("Asin"), U.ACOS: _single("Acos"), U.ATAN: _single("Atan"),
-    U.ASINH: _single("Asinh"), U.ACOSH: _single("Acosh"), U.ATANH: _single("Atanh"),
-    U.CEIL: _single("Ceil"), U.FLOOR: _single("Floor"), U.ROUND: _single("Round"),
-    U.TRUNC: _trunc,
-    U.ERF: _single("Erf"),
-    U.SIGN: lambda ctx, x, dt: _sign(ctx, x, dt),
-    U.ISINF: lambda ctx, x, dt: ctx.op("IsInf", [x], dt, typed_outputs=()),
-    U.ISNAN: lambda ctx, x, dt: ctx.op("IsNaN", [x], dt, typed_outputs=()),
-    U.ISFINITE: _is_finite,
-    U.SQUARE: lambda ctx, x, dt: ctx.op("Mul", [x, x], dt),
+# The compositions the unary table's ONNX slots name, on an input of dtype `dt` (ints are cast to the output's
+# float dtype first, as torch does).
+_UNARY_RECIPES: dict[str, Callable[[ExportContext, str, torch.dtype], str]] = {
+    "expm1": lambda ctx, x, dt: ctx.op("Sub", [ctx.op("Exp", [x], dt), ctx.scalar(1, dt)], dt),
+    "log2": _log_base(2.0),
+    "log10": _log_base(10.0),
+    "log1p": lambda ctx, x, dt: ctx.op("Log", [ctx.op("Add", [x, ctx.scalar(1, dt)], dt)], dt),
+    "rsqrt": lambda ctx, x, dt: ctx.op("Reciprocal", [ctx.op("Sqrt", [x], dt)], dt),
+    "trunc": _trunc,
+    "sign": _sign,
+    "isfinite": _is_finite,
+    "square": lambda ctx, x, dt: ctx.op("Mul", [x, x], dt),
 }
 _INTEGER_IDENTITY = (U.CEIL, U.FLOOR, U.ROUND, U.TRUNC)  # torch returns integers unchanged
-_INTEGER_NATIVE = (U.ABS, U.NEG, U.SIGN, U.SQUARE)
 
 
 @exporter(L.UnaryLayer)
 def _unary(ctx: ExportContext, layer: L.UnaryLayer, xs: list[str]) -> str:
     op, src, out = layer.op, layer.inputs[0].dtype, layer.outputs[0].dtype
-    x = xs[0]
-    if op == U.NOT or (op == U.BITWISE_NOT and src == torch.bool):
+    x, row = xs[0], P.UNARY[layer.op]
+    form = row.onnx
+    _declined(ctx, f"op={op.name}", form)
+    if row.dtype == P.DtypeRule.LOGICAL or (form.op_type == "BitwiseNot" and src == torch.bool):
         return ctx.node("Not", [ctx.cast(x, src, torch.bool)])[0]
-    if op == U.BITWISE_NOT:
+    if form.op_type == "BitwiseNot":
         return ctx.op("BitwiseNot", [x], src)
-    if op in (U.ISINF, U.ISNAN, U.ISFINITE):  # integers are finite: test them as float32, exactly
+    if row.dtype == P.DtypeRule.PREDICATE:  # integers are finite: test them as float32, exactly
         dt = src if src.is_floating_point else torch.float32
-        return _UNARY[op](ctx, ctx.cast(x, src, dt), dt)
+        x = ctx.cast(x, src, dt)
+        return _UNARY_RECIPES[form.recipe](ctx, x, dt) if form.recipe else ctx.op(form.op_type, [x], dt,
+                                                                                  typed_outputs=())
     if not src.is_floating_point and op in _INTEGER_IDENTITY:
         return ctx.node("Identity", [x])[0]
-    if not out.is_floating_point and op not in _INTEGER_NATIVE:
+    if not out.is_floating_point and row.dtype not in (P.DtypeRule.SAME, P.DtypeRule.SQUARE):
         ctx.decline(f"op={op.name} on {dtype_name(src)} gives {dtype_name(out)}, which has no ONNX form here")
-    return _UNARY[op](ctx, ctx.cast(x, src, out), out)
+    x = ctx.cast(x, src, out)
+    return _UNARY_RECIPES[form.recipe](ctx, x, out) if form.recipe else ctx.op(form.op_type, [x], out)
 
 
 def _softplus(ctx: ExportContext, x: str, dt: torch.dtype, beta: float, threshold: float) -> str:
@@ -187,35 +192,31 @@ def _threshold(ctx: ExportContext, x: str, dt: torch.dtype, threshold: float, va
     return ctx.op("Where", [_is(ctx, "LessOrEqual", x, threshold, dt), ctx.scalar(value, dt), x], dt, typed=(1, 2))
 
 
-_ACTIVATIONS: dict[L.ActivationType, Callable[[ExportContext, str, torch.dtype, float, float], str]] = {
-    A.RELU: lambda ctx, x, dt, a, b: ctx.op("Relu", [x], dt),
-    A.SIGMOID: lambda ctx, x, dt, a, b: ctx.op("Sigmoid", [x], dt),
-    A.TANH: lambda ctx, x, dt, a, b: ctx.op("Tanh", [x], dt),
-    A.LEAKY_RELU: lambda ctx, x, dt, a, b: ctx.op("LeakyRelu", [x], dt, alpha=a),
-    A.ELU: lambda ctx, x, dt, a, b: ctx.op("Elu", [x], dt, alpha=a),  # the meaning uses alpha only
-    A.SELU: lambda ctx, x, dt, a, b: ctx.op("Selu", [x], dt),  # ONNX's default alpha and gamma are torch's
-    A.CELU: lambda ctx, x, dt, a, b: ctx.op("Celu", [x], dt, alpha=a),
-    A.SOFTSIGN: lambda ctx, x, dt, a, b: ctx.op("Softsign", [x], dt),
-    A.SOFTPLUS: _softplus,
-    A.CLIP: _clip,
-    A.HARD_SIGMOID: lambda ctx, x, dt, a, b: ctx.op("HardSigmoid", [x], dt, alpha=1.0 / 6.0, beta=0.5),
-    A.HARD_SWISH: lambda ctx, x, dt, a, b: ctx.op("HardSwish", [x], dt),
-    A.HARD_TANH: _clip,
-    A.THRESHOLDED_RELU: _threshold,
-    A.GELU_ERF: lambda ctx, x, dt, a, b: ctx.op("Gelu", [x], dt),
-    A.GELU_TANH: lambda ctx, x, dt, a, b: ctx.op("Gelu", [x], dt, approximate="tanh"),
-    A.SILU: lambda ctx, x, dt, a, b: ctx.op("Mul", [x, ctx.op("Sigmoid", [x], dt)], dt),
-    A.MISH: lambda ctx, x, dt, a, b: ctx.op("Mish", [x], dt),
-    A.LOG_SIGMOID: lambda ctx, x, dt, a, b: ctx.op("Neg", [ctx.op("Softplus", [ctx.op("Neg", [x], dt)], dt)], dt),
+def _silu(ctx: ExportContext, x: str, dt: torch.dtype, alpha: float, beta: float) -> str:
+    return ctx.op("Mul", [x, ctx.op("Sigmoid", [x], dt)], dt)
+
+
+def _log_sigmoid(ctx: ExportContext, x: str, dt: torch.dtype, alpha: float, beta: float) -> str:
+    return ctx.op("Neg", [ctx.op("Softplus", [ctx.op("Neg", [x], dt)], dt)], dt)
+
+
+# The compositions the activation table's ONNX slots name.
+_ACTIVATION_RECIPES: dict[str, Callable[[ExportContext, str, torch.dtype, float, float], str]] = {
+    "softplus": _softplus, "clip": _clip, "threshold": _threshold, "silu": _silu, "log_sigmoid": _log_sigmoid,
 }
 
 
 @exporter(L.ActivationLayer)
 def _activation(ctx: ExportContext, layer: L.ActivationLayer, xs: list[str]) -> str:
     src, out = layer.inputs[0].dtype, layer.outputs[0].dtype
+    form = P.ACTIVATION[layer.type].onnx
+    _declined(ctx, f"type={layer.type.name}", form)
     if not out.is_floating_point and layer.type != A.CLIP:
         ctx.decline(f"type={layer.type.name} on {dtype_name(src)}: only float inputs are exported")
-    return _ACTIVATIONS[layer.type](ctx, ctx.cast(xs[0], src, out), out, layer.alpha, layer.beta)
+    x = ctx.cast(xs[0], src, out)
+    if form.recipe:
+        return _ACTIVATION_RECIPES[form.recipe](ctx, x, out, layer.alpha, layer.beta)
+    return ctx.op(form.op_type, [x], out, **_attrs(form, layer))
 
 
 @exporter(L.ParametricReLULayer)

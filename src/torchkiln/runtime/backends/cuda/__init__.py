@@ -1,0 +1,1 @@
+"""The CUDA backend: engines whose pointwise layers run as generated Triton kernels."""

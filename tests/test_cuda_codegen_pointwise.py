@@ -1,0 +1,267 @@
+"""Generated Triton kernels for fused pointwise groups (runtime/backends/cuda/codegen) against the layers' reference
+meanings chained: every table row with a Triton expression on real and special values, broadcast bias, channels-last
+and non-dense inputs, float16, several outputs, casts, bool values, one kernel for every shape.
+
+On a machine without CUDA the kernels run in Triton's CPU interpreter, which runs no libdevice function: rows whose
+expression calls one are checked on CUDA only. fp32: |err| <= 1e-5 * (|ref| + max|ref|). fp16 (the reference rounds
+to float16 after every op, the kernel once at the end): |err| <= 1e-3 * max|ref| (seen: 5e-4);
+bfloat16 likewise: 8e-3 (seen: 4e-3).
+"""
+import math
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="triton is not installed")
+
+from torchkiln.errors import EngineInputError, NetworkError  # noqa: E402
+from torchkiln.ir import layers as L, pointwise as P  # noqa: E402
+from torchkiln.ir.network import Network  # noqa: E402
+from torchkiln.ir.symbolic import DimSymbol  # noqa: E402
+from torchkiln.ir.reference import run_layer  # noqa: E402
+from torchkiln.runtime.backends.cuda.codegen import compile as kernel_files  # noqa: E402
+from torchkiln.runtime.backends.cuda.codegen.pointwise import compile_group, fusable, generate  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on NaN and inf in the interpreter
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+E, U, A = L.ElementWiseOperation, L.UnaryOperation, L.ActivationType
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 2.5, 3.0, float("inf"), float("-inf"), float("nan")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter(tmp_path_factory):
+    """Triton's CPU interpreter where there is no GPU (read when a kernel module is loaded); kernel files in a
+    temporary cache folder."""
+    with pytest.MonkeyPatch.context() as mp:
+        if not CUDA:
+            mp.setenv("TRITON_INTERPRET", "1")
+        mp.setenv(kernel_files.CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
+        yield
+
+
+def reference(net: Network, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The network's outputs, its layers' reference meanings chained."""
+    env = {id(t): values[t.name] for t in net.inputs}
+    for layer in net.layers:
+        outs = run_layer(layer, [env[id(t)] for t in layer.inputs], layer.weights, DEVICE)
+        env.update({id(t): o for t, o in zip(layer.outputs, outs)})
+    return [env[id(t)] for t in net.outputs]
+
+
+def run(net: Network, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    launcher = compile_group(net.layers, net.inputs, net.outputs)
+    return launcher([values[t.name].to(DEVICE) for t in net.inputs])
+
+
+def assert_close(got: torch.Tensor, ref: torch.Tensor, rel: float = 1e-5, of_max: float = 1e-5) -> None:
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    got, ref = got.cpu(), ref.cpu()
+    if ref.dtype == torch.bool:
+        assert torch.equal(got, ref), (got, ref)
+        return
+    got, ref = got.double(), ref.double()
+    assert torch.equal(got.isnan(), ref.isnan()), (got, ref)
+    finite = ref.isfinite()
+    assert torch.equal(got[~finite & ~ref.isnan()], ref[~finite & ~ref.isnan()]), (got, ref)
+    scale = ref[finite].abs().max().item() if finite.any() else 0.0
+    err = (got[finite] - ref[finite]).abs()
+    bound = rel * ref[finite].abs() + of_max * scale
+    assert bool((err <= bound).all()), f"max error {err.max().item()} (max|ref| {scale})"
+
+
+def rows(table: dict) -> list:
+    """The ops of `table` with a Triton expression; those calling libdevice are skipped without CUDA."""
+    skip = pytest.mark.skip(reason="calls libdevice, which Triton's CPU interpreter does not run")
+    return [pytest.param(op, marks=() if CUDA or not row.uses_libdevice else skip, id=op.name)
+            for op, row in table.items() if row.triton is not None]
+
+
+def _grid(values: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every pair of special values, and random pairs."""
+    special = torch.tensor(values)
+    a, b = torch.cartesian_prod(special, special).unbind(1)
+    gen = torch.Generator().manual_seed(0)
+    ra, rb = (torch.rand(64, generator=gen) * 8 - 4 for _ in range(2))
+    return torch.cat([a, ra]), torch.cat([b, rb])
+
+
+@pytest.mark.parametrize("op", rows(P.ELEMENTWISE))
+def test_binary_row_matches_reference(op):
+    a, b = _grid(SPECIAL)
+    net = Network()
+    x, y = net.add_input("a", F32, a.shape), net.add_input("b", F32, b.shape)
+    net.mark_output(net.add_elementwise(x, y, op).get_output())
+    assert_close(run(net, {"a": a, "b": b})[0], reference(net, {"a": a, "b": b})[0])
+
+
+def _unary_values() -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    return torch.cat([torch.tensor(SPECIAL + [0.3, -0.7, 0.99, -0.99, 1e-3, 20.0, -20.0, 100.0, -100.0]),
+                      torch.rand(64, generator=gen) * 8 - 4])
+
+
+@pytest.mark.parametrize("op", rows(P.UNARY))
+def test_unary_row_matches_reference(op):
+    x = _unary_values()
+    net = Network()
+    net.mark_output(net.add_unary(net.add_input("x", F32, x.shape), op).get_output())
+    assert_close(run(net, {"x": x})[0], reference(net, {"x": x})[0])
+
+
+PARAMS = {A.LEAKY_RELU: (0.1, 0.0), A.ELU: (1.3, 0.0), A.CELU: (0.7, 0.0), A.SOFTPLUS: (2.0, 5.0),
+          A.CLIP: (-1.5, math.inf), A.HARD_TANH: (-1.0, 2.0), A.THRESHOLDED_RELU: (0.5, -2.0)}
+
+
+@pytest.mark.parametrize("kind", rows(P.ACTIVATION))
+def test_activation_row_matches_reference(kind):
+    x = _unary_values()
+    if kind == A.GELU_ERF:  # torch's GELU of +inf is inf or NaN by the element's place in its vectorized loop
+        x = x[x != math.inf]
+    net = Network()
+    net.mark_output(net.add_activation(net.add_input("x", F32, x.shape), kind, *PARAMS.get(kind, (0.0, 0.0)))
+                    .get_output())
+    assert_close(run(net, {"x": x})[0], reference(net, {"x": x})[0])
+
+
+def test_clip_with_an_infinite_lower_bound():
+    x = _unary_values()
+    net = Network()
+    net.mark_output(net.add_activation(net.add_input("x", F32, x.shape), A.CLIP, -math.inf, 1.5).get_output())
+    assert_close(run(net, {"x": x})[0], reference(net, {"x": x})[0])
+
+
+def _epilogue(dtype: torch.dtype, bias_shape: tuple[int, ...]) -> Network:
+    """x + bias -> gelu (an output) -> per-channel scale and shift -> relu6 (an output)."""
+    net = Network()
+    x, bias = net.add_input("x", dtype, (2, 3, 4, 5)), net.add_input("bias", dtype, bias_shape)
+    gelu = net.add_activation(net.add_elementwise(x, bias, E.SUM).get_output(), A.GELU_ERF).get_output()
+    scaled = net.add_scale(gelu, L.ScaleMode.CHANNEL, scale=torch.tensor([0.5, -1.0, 2.0], dtype=dtype),
+                           shift=torch.tensor([0.1, 0.2, -0.3], dtype=dtype)).get_output()
+    net.mark_output(gelu)
+    net.mark_output(net.add_activation(scaled, A.HARD_TANH, 0.0, 6.0).get_output())
+    return net
+
+
+@pytest.mark.parametrize("dtype", [F32, F16, BF16], ids=str)
+@pytest.mark.parametrize("bias_shape", [(3, 1, 1), (1, 3, 1, 1)], ids=str)
+@pytest.mark.parametrize("channels_last", [False, True], ids=["contiguous", "channels_last"])
+def test_fused_epilogue_with_broadcast_bias(dtype, bias_shape, channels_last):
+    net = _epilogue(dtype, bias_shape)
+    gen = torch.Generator().manual_seed(2)
+    x = (torch.randn(2, 3, 4, 5, generator=gen) * 3).to(dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    values = {"x": x, "bias": torch.randn(bias_shape, generator=gen).to(dtype)}
+    got, ref = run(net, values), reference(net, values)
+    for g, r in zip(got, ref):
+        if dtype != F32:
+            assert_close(g, r, rel=0.0, of_max=1e-3 if dtype == F16 else 8e-3)
+        else:
+            assert_close(g, r)
+        assert g.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def test_inputs_of_different_layouts_and_a_non_dense_input():
+    """Channels-last next to contiguous (the general path), and a strided view (contiguous outputs)."""
+    net = Network()
+    a, b = net.add_input("a", F32, (2, 3, 4, 5)), net.add_input("b", F32, (2, 3, 4, 5))
+    net.mark_output(net.add_elementwise(a, b, E.PROD).get_output())
+    gen = torch.Generator().manual_seed(3)
+    for a_value, b_value in [
+        (torch.randn(2, 3, 4, 5, generator=gen).to(memory_format=torch.channels_last), torch.randn(2, 3, 4, 5)),
+        (torch.randn(2, 3, 4, 10, generator=gen)[..., ::2], torch.randn(2, 3, 4, 5)),
+    ]:
+        values = {"a": a_value, "b": b_value}
+        got = run(net, values)[0]
+        assert_close(got, reference(net, values)[0])
+
+
+def test_one_kernel_serves_every_shape():
+    def network(shape):
+        net = Network()
+        x = net.add_input("x", F32, shape)
+        net.mark_output(net.add_activation(net.add_unary(x, U.ABS).get_output(), A.SIGMOID).get_output())
+        return net
+
+    small, large, dynamic = network((2, 3)), network((5, 7)), network((DimSymbol("n", 1, 64), 7))
+    kernel = generate(small.layers, small.inputs, small.outputs)
+    for other in (large, dynamic):
+        assert kernel.source == generate(other.layers, other.inputs, other.outputs).source
+    launcher = compile_group(small.layers, small.inputs, small.outputs)
+    for shape in [(2, 3), (5, 7), (1, 1), (0, 4)]:
+        x = torch.randn(shape)
+        assert_close(launcher([x.to(DEVICE)])[0], reference(small, {"x": x})[0])
+
+
+def test_casts_round_and_bool_values_flow():
+    """A float16 cast rounds mid-chain; comparisons give bool, logical ops read bool and float, bool casts to
+    float; a constant joins as a weight."""
+    net = Network()
+    x, m = net.add_input("x", F32, (4, 6)), net.add_input("m", torch.bool, (6,))
+    rounded = net.add_cast(net.add_cast(x, F16).get_output(), F32).get_output()
+    net.mark_output(net.add_elementwise(rounded, x, E.SUB).get_output())
+    positive = net.add_elementwise(x, net.add_constant(torch.tensor(0.0)).get_output(), E.GREATER).get_output()
+    both = net.add_elementwise(positive, m, E.AND).get_output()
+    net.mark_output(both)
+    net.mark_output(net.add_elementwise(net.add_cast(both, F32).get_output(), x, E.PROD).get_output())
+    gen = torch.Generator().manual_seed(4)
+    values = {"x": torch.randn(4, 6, generator=gen), "m": torch.rand(6, generator=gen) > 0.5}
+    values["x"][0, :3] = torch.tensor([float("nan"), float("inf"), 1e-4])
+    for got, ref in zip(run(net, values), reference(net, values)):
+        assert_close(got, ref, rel=0.0, of_max=0.0)
+
+
+@pytest.mark.parametrize("mode", [L.ScaleMode.UNIFORM, L.ScaleMode.CHANNEL, L.ScaleMode.ELEMENTWISE],
+                         ids=lambda m: m.name)
+def test_scale_and_prelu_weights(mode):
+    shapes = {L.ScaleMode.UNIFORM: (1,), L.ScaleMode.CHANNEL: (3,), L.ScaleMode.ELEMENTWISE: (4, 1)}
+    gen = torch.Generator().manual_seed(5)
+    weights = {name: torch.rand(shapes[mode], generator=gen) + 0.5 for name in ("scale", "shift")}
+    if CUDA:  # the power is libdevice.pow
+        weights["power"] = torch.full(shapes[mode], 2.0)
+    net = Network()
+    x = net.add_input("x", F32, (2, 3, 4, 5))
+    scaled = net.add_scale(x, mode, **weights).get_output()
+    net.mark_output(net.add_parametric_relu(scaled, torch.tensor([0.1, 0.2, 0.3])).get_output())
+    values = {"x": torch.randn(2, 3, 4, 5, generator=gen) * 2 - 1}
+    assert_close(run(net, values)[0], reference(net, values)[0])
+
+
+def test_source_is_deterministic_and_cached_by_its_hash():
+    net = _epilogue(F32, (3, 1, 1))
+    first, second = (generate(net.layers, net.inputs, net.outputs) for _ in range(2))
+    assert first.source == second.source
+    module = kernel_files.load_source(first.source)
+    assert kernel_files.load_source(second.source) is module
+    assert module.__file__.startswith(str(kernel_files.kernel_dir()))
+    with open(module.__file__) as f:
+        assert f.read() == first.source
+
+
+def test_what_cannot_be_fused_is_refused_with_the_layer_named():
+    net = Network()
+    x, i = net.add_input("x", F32, (4,)), net.add_input("i", torch.int64, (4,))
+    floor_div = net.add_elementwise(x, x, E.FLOOR_DIV)
+    softmax = net.add_softmax(x, 0)
+    assert "no Triton expression" in fusable(floor_div)
+    assert "softmax" in fusable(softmax)
+    assert "int64" in fusable(net.add_unary(i, U.ABS))
+    with pytest.raises(NetworkError, match=floor_div.name):
+        generate([floor_div], [x], floor_div.outputs)
+    relu = net.add_activation(x, A.RELU)
+    with pytest.raises(NetworkError, match="neither group inputs"):
+        generate([relu], [], relu.outputs)
+
+
+def test_launcher_names_a_wrong_input():
+    net = _epilogue(F32, (3, 1, 1))
+    launcher = compile_group(net.layers, net.inputs, net.outputs)
+    x, bias = torch.randn(2, 3, 4, 5, device=DEVICE), torch.randn(3, 1, 1, device=DEVICE)
+    with pytest.raises(EngineInputError, match="takes 2 inputs"):
+        launcher([x])
+    with pytest.raises(EngineInputError, match="'bias': expected torch.float32"):
+        launcher([x, bias.half()])
+    with pytest.raises(EngineInputError, match="do not broadcast"):
+        launcher([x, torch.randn(4, 1, 1, device=DEVICE)])
