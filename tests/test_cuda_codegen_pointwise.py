@@ -19,6 +19,7 @@ from torchkiln.ir import layers as L, pointwise as P  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.ir.symbolic import DimSymbol  # noqa: E402
 from torchkiln.ir.reference import run_layer  # noqa: E402
+from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen import compile as kernel_files  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.pointwise import compile_group, fusable, generate  # noqa: E402
 
@@ -37,7 +38,7 @@ def interpreter(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         if not CUDA:
             mp.setenv("TRITON_INTERPRET", "1")
-        mp.setenv(kernel_files.CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
+        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
         yield
 
 

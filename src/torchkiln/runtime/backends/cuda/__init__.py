@@ -1,1 +1,2 @@
-"""The CUDA backend: engines whose pointwise layers run as generated Triton kernels."""
+"""The CUDA backend: a planner (fused library calls, generated pointwise kernels, tactic timing) and a runner
+that replays each input shape's launches as one CUDA graph."""

@@ -20,16 +20,11 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.runtime.backends import BackendOptions
+from torchkiln.runtime.backends.cuda.cache import cache_dir
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "TORCHKILN_CACHE_DIR"
 MAX_ENTRIES = 100_000
-
-
-def cache_dir() -> pathlib.Path:
-    """Where torchkiln keeps what it generates and measures (kernels, timings)."""
-    return pathlib.Path(os.environ.get(CACHE_ENV) or pathlib.Path.home() / ".cache" / "torchkiln")
 
 
 class TimingCache:

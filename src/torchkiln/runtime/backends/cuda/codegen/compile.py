@@ -13,15 +13,14 @@ import pathlib
 import tempfile
 from types import ModuleType
 
-CACHE_ENV = "TORCHKILN_CACHE_DIR"
+from torchkiln.runtime.backends.cuda.cache import cache_dir
+
 _LOADED: dict[tuple[str, str], ModuleType] = {}
 
 
 def kernel_dir() -> pathlib.Path:
     """Where generated kernel sources are written."""
-    root = os.environ.get(CACHE_ENV)
-    base = pathlib.Path(root) if root else pathlib.Path.home() / ".cache" / "torchkiln"
-    return base / "kernels"
+    return cache_dir() / "kernels"
 
 
 def load_source(source: str) -> ModuleType:
