@@ -41,9 +41,9 @@ def test_fp32_convolutions_fuse_only_where_tf32_is_allowed():
                                               backend="reference")
     network = Engine.deserialize(data).network
     strict = [op for op, _ in _ops(planner.make_plan(network, torch.device("cpu"), NO_TIMING), network)]
-    assert "conv_relu" not in strict and "conv_add_relu" not in strict and "convolution" in strict
-    # the ReLUs and residual adds then run as generated pointwise kernels
-    assert "pointwise" in strict
+    assert "conv_relu" not in strict and "conv_add_relu" not in strict
+    # each convolution runs without its bias; bias, ReLU and residual add are its generated epilogue
+    assert strict.count("conv_epilogue") == sum(isinstance(x, L.ConvolutionLayer) for x in network.layers)
     tf32 = BackendOptions(timing_iterations=0, allow_tf32=True)
     assert "conv_add_relu" in [op for op, _ in _ops(planner.make_plan(network, torch.device("cpu"), tf32), network)]
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.reference import MEANINGS
+from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.plan import Kernel
 
 StepFn = Callable[[list[torch.Tensor]], list[torch.Tensor]]
@@ -211,3 +212,35 @@ def _pointwise(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     tensors = {id(t): t for layer in step.layers for t in (*layer.inputs, *layer.outputs)}
     launch = compile_group(step.layers, [tensors[i] for i in step.inputs], [tensors[o] for o in step.outputs])
     return launch
+
+
+@maker("library", "conv_epilogue")
+def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """A convolution without its bias, then one generated kernel: the bias (a per-channel scale layer made here,
+    outside the network) and the pointwise layers after it."""
+    from torchkiln.runtime.backends.cuda.codegen.pointwise import compile_group
+
+    conv, rest = step.layers[0], step.layers[1:]
+    ws = step.weights[0]
+    out = conv.outputs[0]
+    raw = Tensor(f"{out.name}:without_bias", out.shape, out.dtype)
+    first: list[L.Layer] = []
+    if "bias" in ws:
+        first.append(L.ScaleLayer(name=f"{conv.name}/bias", inputs=[raw], outputs=[out],
+                                  weights={"shift": ws["bias"]}, mode=L.ScaleMode.CHANNEL, channel_axis=1))
+    convolve = _convolution(conv, {"kernel": ws["kernel"]}, allow_tf32)
+    made = {id(t) for layer in rest for t in layer.outputs}
+    tensors = {id(t): t for layer in rest for t in layer.inputs}
+    reads = [i for i in step.inputs if i in tensors and i not in made and i != id(out)]
+    at = [step.inputs.index(i) for i in reads]
+    launch = compile_group(first + rest, [raw if first else out, *(tensors[i] for i in reads)],
+                           [_output(rest, o) for o in step.outputs])
+
+    def run(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        return launch([convolve(xs[:1]), *(xs[k] for k in at)])
+
+    return run
+
+
+def _output(layers: Sequence[L.Layer], tid: int) -> Tensor:
+    return next(t for layer in layers for t in layer.outputs if id(t) == tid)

@@ -11,6 +11,9 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    one generated kernel. A layer joins the open group of a producer when its output has the group's shape and
    everything else it reads is ready before the group's first layer (so the group runs as one step at that
    point without reordering anything around it).
+   A plain convolution whose only reader is such a layer (of its shape) leads that layer's group: it runs
+   without its bias, and the bias (a per-channel scale layer made for the kernel) is the group's first
+   operation (`conv_epilogue`).
 3. **Half-precision layer norms**: the precision pass computes them in fp32 between two casts; CUDA's layer
    norm does that inside one kernel (`layer_norm`).
 4. **Library calls** for the rest of the heavy layers (convolution in channels-last, matrix multiply,
@@ -186,6 +189,12 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
         for t in layer.inputs:
             g = group_of.get(id(t))
             if g is None:
+                g = _open_convolution(t, out, network, graph, layer)
+                if g is not None:  # the convolution's bias and this layer become its generated epilogue
+                    out[g] = (Kernel("library", "conv_epilogue", out[g][0].tactic), out[g][1])
+                    first[g] = out[g][1][0]
+                    group_of[id(t)] = g
+            if g is None:
                 continue
             lead = network.layers[out[g][1][0]]
             ready = all(id(x) not in made_at or made_at[id(x)] < first[g] or group_of.get(id(x)) == g
@@ -202,6 +211,22 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
         for t in layer.outputs:
             group_of[id(t)] = target_group
     return out
+
+
+def _open_convolution(t, out: list[tuple[Kernel, list[int]]], network: Network, graph: _Graph,
+                      reader: L.Layer) -> int | None:
+    """The index in `out` of the plain convolution step making `t`, if `reader` is the only reader of `t` and
+    keeps its shape: then the convolution runs without its bias, and the bias joins `reader`'s generated
+    kernel (one kernel after the convolution instead of cuDNN's separate bias add and the pointwise one)."""
+    if graph.sole_reader(t) is not reader or reader.outputs[0].shape != t.shape or \
+            not isinstance(t.producer, L.ConvolutionLayer):
+        return None
+    j = graph.index[id(t.producer)]
+    for g in range(len(out) - 1, -1, -1):
+        kernel, members = out[g]
+        if members == [j] and kernel.op == "convolution":
+            return g
+    return None
 
 
 def _fusable():

@@ -70,6 +70,33 @@ class _Bound:
         self.graph = graph
 
 
+def place_weights(network: Network, plan: Plan, device: torch.device) -> list[dict[str, torch.Tensor]]:
+    """Every layer's weights on `device`, convolution kernels channels-last where the plan says so."""
+    channels_last = {j for step in plan.steps if plan.kernels[step.kernel].option("channels_last")
+                     for j in step.layers}
+    return [{k: _placed(w, device, j in channels_last and k == "kernel") for k, w in layer.weights.items()}
+            for j, layer in enumerate(network.layers)]
+
+
+def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tensor]], binder: SymbolBinder | None,
+               shapes: Sequence[tuple[int, ...]], device: torch.device, allow_tf32: bool) -> _Bound:
+    """The plan's steps as callables for these input shapes (symbolic parameters evaluated)."""
+    bindings = binder.bind(shapes) if binder is not None else {}
+    slot_of = slots(network)
+    tensor_at = {s: tid for tid, s in slot_of.items()}
+    fns = []
+    for step, sio in zip(plan.steps, plan.io(network)):
+        layers = [network.layers[j] for j in step.layers]
+        if bindings:
+            layers = [binder.specialize(layer, bindings) for layer in layers]
+        # specialized layers (dataclasses.replace) share their tensors with the originals, so ids agree
+        own = StepLayers(layers, [weights[j] for j in step.layers], [tensor_at[s] for s in sio.inputs],
+                         [tensor_at[s] for s in sio.outputs], device)
+        fns.append((make_step(own, plan.kernels[step.kernel], allow_tf32), list(sio.inputs), list(sio.outputs),
+                    list(sio.frees)))
+    return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs])
+
+
 class CudaRunner:
     """A network's CUDA plan bound to one GPU."""
 
@@ -80,16 +107,9 @@ class CudaRunner:
         self.plan = plan
         self.device = device
         self.options = options
-        self.io = plan.io(network)
-        channels_last = {j for step in plan.steps if plan.kernels[step.kernel].option("channels_last")
-                         for j in step.layers}
         with torch.cuda.device(device):
-            self.weights = [{k: _placed(w, device, j in channels_last and k == "kernel")
-                             for k, w in layer.weights.items()} for j, layer in enumerate(network.layers)]
+            self.weights = place_weights(network, plan, device)
         self.binder = SymbolBinder.for_network(network)
-        slot_count = len(network.inputs) + sum(len(layer.outputs) for layer in network.layers)
-        self.num_slots = slot_count
-        self.output_slots = [slots(self.network)[id(t)] for t in network.outputs]
         self.may_alias = [may_alias_storage(t) for t in network.outputs]
         self._bound: OrderedDict[tuple, _Bound] = OrderedDict()
         self._lock = threading.Lock()
@@ -98,20 +118,8 @@ class CudaRunner:
         self._graphs = options.cuda_graphs
 
     def _bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
-        bindings = self.binder.bind([tuple(x.shape) for x in inputs]) if self.binder is not None else {}
-        slot_of = slots(self.network)
-        tensor_at = {s: tid for tid, s in slot_of.items()}
-        fns = []
-        for step, sio in zip(self.plan.steps, self.io):
-            layers = [self.network.layers[j] for j in step.layers]
-            if bindings:
-                layers = [self.binder.specialize(layer, bindings) for layer in layers]
-            # specialized layers (dataclasses.replace) share their tensors with the originals, so ids agree
-            own = StepLayers(layers, [self.weights[j] for j in step.layers],
-                             [tensor_at[s] for s in sio.inputs], [tensor_at[s] for s in sio.outputs], self.device)
-            fns.append((make_step(own, self.plan.kernels[step.kernel], self.options.allow_tf32),
-                        list(sio.inputs), list(sio.outputs), list(sio.frees)))
-        return _Bound(fns, self.num_slots, len(self.network.inputs), self.output_slots)
+        return bind_steps(self.network, self.plan, self.weights, self.binder, [tuple(x.shape) for x in inputs],
+                          self.device, self.options.allow_tf32)
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         key = tuple((tuple(x.shape), x.dtype) for x in inputs)

@@ -1,0 +1,66 @@
+"""The CUDA backend's steps run eagerly on the CPU (generated kernels in Triton's interpreter) against the
+reference meanings: the planner's groups and the kernel makers compute what the layers mean. (cuDNN's fused
+calls need a GPU: tests/test_cuda_backend.py; fp32 plans without TF32 do not use them.)"""
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+import torchkiln  # noqa: E402
+from torchkiln.examples import SmallMobileNet, SmallResNet  # noqa: E402
+from torchkiln.ir import layers as L  # noqa: E402
+from torchkiln.ir.network import Network  # noqa: E402
+from torchkiln.runtime.backends import BackendOptions  # noqa: E402
+from torchkiln.runtime.backends.cuda import planner  # noqa: E402
+from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
+from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
+from torchkiln.runtime.engine import Engine  # noqa: E402
+from torchkiln.runtime.executor import ReferenceExecutor  # noqa: E402
+from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
+
+CPU = torch.device("cpu")
+pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs these plans in test_cuda_backend"),
+              pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "1")
+        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
+        yield
+
+
+def run_plan(network: Network, inputs: list[torch.Tensor]):
+    plan = planner.make_plan(network, CPU, BackendOptions(timing_iterations=0))
+    bound = bind_steps(network, plan, place_weights(network, plan, CPU), SymbolBinder.for_network(network),
+                       [tuple(x.shape) for x in inputs], CPU, allow_tf32=False)
+    return plan, bound.run_eagerly(inputs)
+
+
+@pytest.mark.parametrize("build", [SmallResNet, SmallMobileNet], ids=["resnet", "mobilenet"])
+def test_fp32_cnn_plan_matches_the_reference(build):
+    data = torchkiln.convert_method_to_engine(build().eval(), "forward", [torchkiln.Input((1, 3, 16, 16))],
+                                              backend="reference")
+    network = Engine.deserialize(data).network
+    x = torch.randn(1, 3, 16, 16)
+    plan, out = run_plan(network, [x])
+    ops = {plan.kernels[s.kernel].op for s in plan.steps}
+    assert "conv_epilogue" in ops  # convolutions with their bias and activation in a generated kernel
+    ref = ReferenceExecutor(network, CPU).run([x])
+    assert (out[0] - ref[0]).abs().max() <= 1e-4 * ref[0].abs().max()
+
+
+def test_conv_epilogue_with_relu6_and_residual():
+    """conv -> +bias -> clip(0, 6) -> + x: the residual and clip join the convolution's generated epilogue."""
+    net = Network("block")
+    x = net.add_input("x", torch.float32, (2, 4, 6, 6))
+    conv = net.add_convolution_nd(x, torch.randn(4, 4, 3, 3), torch.randn(4), stride=(1, 1), padding=(1, 1),
+                                  dilation=(1, 1)).get_output()
+    act = net.add_activation(conv, L.ActivationType.CLIP, 0.0, 6.0).get_output()
+    net.mark_output(net.add_elementwise(act, x, L.ElementWiseOperation.SUM).get_output())
+    xv = torch.randn(2, 4, 6, 6)
+    plan, out = run_plan(net, [xv])
+    assert [plan.kernels[s.kernel].op for s in plan.steps] == ["conv_epilogue"]
+    ref = ReferenceExecutor(net, CPU).run([xv])[0]
+    assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
