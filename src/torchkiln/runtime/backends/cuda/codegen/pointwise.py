@@ -9,8 +9,9 @@ to float16 or bfloat16 rounds where it stands. Each op's expression is its row i
 The kernel iterates over the outputs' shape (all outputs have one shape). Every operand (group input or weight) is
 read through its strides broadcast to that shape (stride 0 along a broadcast dim), so sizes and strides are
 run-time ints and one compiled kernel serves every shape. Where every full-size operand and output is dense with
-the same strides (contiguous, channels-last, ...) and the others are single values, the kernel takes its LINEAR
-path: the flat index is the memory offset, no div/mod.
+the same strides (contiguous, channels-last, ...) and the others are single values or vary along one dim only
+(a per-channel bias), the kernel takes its LINEAR path: the flat index is the memory offset, and such a vector is
+read at (offset // the layout's stride of its dim) % its size — one div/mod instead of one per dim.
 
 `PointwiseLauncher(kernel)(inputs)` allocates the outputs (the strides of the first dense full-size input, so a
 channels-last input gives channels-last outputs; else contiguous) and launches the kernel.
@@ -203,11 +204,15 @@ def _source(b: _Builder, outputs: Sequence[Tensor]) -> str:
     outs = [f"out{k}" for k in range(len(outputs))]
     dims = [f"s{d}" for d in range(b.rank)]
     strides = [f"{p}_t{d}" for p in b.operands + outs for d in range(b.rank)]
-    params = [*b.operands, *outs, "numel", *dims, *strides, *[f"{p}_lin" for p in b.operands], "LINEAR: tl.constexpr",
-              "BLOCK: tl.constexpr"]
+    params = [*b.operands, *outs, "numel", *dims, *strides,
+              *[f"{p}_{k}" for p in b.operands for k in ("lin", "div", "mod")],
+              *[f"{p}_MODE: tl.constexpr" for p in b.operands], "LINEAR: tl.constexpr", "BLOCK: tl.constexpr"]
     body = ["offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel",
             "if LINEAR:"]
-    body += [f"    o_{p} = offs * {p}_lin" for p in b.operands] + [f"    o_{p} = offs" for p in outs]
+    for p in b.operands:  # MODE 0: one value; 1: the layout's strides; 2: varies along one dim only
+        body += [f"    if {p}_MODE == 0:", f"        o_{p} = offs * 0", f"    elif {p}_MODE == 1:",
+                 f"        o_{p} = offs", "    else:", f"        o_{p} = (offs // {p}_div) % {p}_mod * {p}_lin"]
+    body += [f"    o_{p} = offs" for p in outs]
     body += ["else:", "    rem = offs"]
     for d in reversed(range(b.rank)):
         body += [f"    i{d} = rem % s{d}", f"    rem = rem // s{d}"] if d else [f"    i{d} = rem"]
@@ -231,6 +236,22 @@ def _dense(t: torch.Tensor) -> bool:
             return False
         expected *= t.shape[d]
     return True
+
+
+def _linear_mode(x: torch.Tensor, expanded: torch.Tensor, shape: torch.Size, layout: torch.Tensor
+                 ) -> tuple[int, int, int, int] | None:
+    """How an operand is read along the layout's memory order: (mode, lin, div, mod) as the kernel's LINEAR path
+    takes them (mode 0: one value; 1: the layout's own strides; 2: a value per index of one dim d, at
+    (offset // layout.stride(d)) % size(d) times its stride there, e.g. a per-channel bias), or None."""
+    if x.numel() == 1:
+        return 0, 0, 1, 1
+    if x.shape == shape and _same_strides(x, layout):
+        return 1, 1, 1, 1
+    varying = [d for d in range(len(shape)) if expanded.stride(d) != 0 and shape[d] != 1]
+    if len(varying) == 1:
+        d = varying[0]
+        return 2, expanded.stride(d), layout.stride(d), shape[d]
+    return None
 
 
 def _same_strides(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -277,12 +298,16 @@ class PointwiseLauncher:
         if numel == 0:
             return outputs
         expanded = [x.expand(shape) for x in operands]
-        linear = layout is not None and all(
-            x.numel() == 1 or (x.shape == shape and _same_strides(x, layout)) for x in operands)
+        modes = [_linear_mode(x, e, shape, layout) for x, e in zip(operands, expanded)] if layout is not None else []
+        linear = layout is not None and all(m is not None for m in modes)
+        if not linear:
+            modes = [(0, 0, 1, 1)] * len(operands)
         strides = [s for x in (*expanded, *outputs) for s in x.stride()]
-        lin = [0 if x.numel() == 1 else 1 for x in operands]
+        steps = [v for m in modes for v in m[1:]]
+        names = [f"in{i}" for i in range(len(inputs))] + [f"w{k}" for k in range(len(kernel.weights))]
+        flags = {f"{p}_MODE": m[0] for p, m in zip(names, modes)}
         grid = ((numel + BLOCK - 1) // BLOCK,)
-        self._fn[grid](*operands, *outputs, numel, *shape, *strides, *lin, LINEAR=linear, BLOCK=BLOCK)
+        self._fn[grid](*operands, *outputs, numel, *shape, *strides, *steps, **flags, LINEAR=linear, BLOCK=BLOCK)
         return outputs
 
 
