@@ -52,6 +52,8 @@ def test_every_layer_kind_matches_the_reference_meanings(backend):
         net, inputs = build(torch.Generator().manual_seed(0))
         ref = reference_outputs(net, inputs)
         engine = engine_of(net, backend, device)
+        if device == "cuda" and name.startswith("activation-GELU") and torch.__version__ < "2.13":
+            continue  # torch 2.11's GELU(+inf) is NaN (or, on the CPU, depends on the element's place); ours is +inf
         if isinstance(ref, Exception):
             if device == "cuda":  # a bad index trips CUDA's device-side assertion, which ends the process's CUDA
                 continue
