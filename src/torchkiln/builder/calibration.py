@@ -54,7 +54,7 @@ class LayerError:
 
 def compare_values(ref: torch.Tensor, low: torch.Tensor, name: str = "", kind: str = "") -> LayerError:
     """`low` against `ref`: max abs error, max |ref|, cosine, and whether `low` overflowed."""
-    ref64, low64 = ref.detach().double().cpu().flatten(), low.detach().double().cpu().flatten()
+    ref64, low64 = ref.detach().double().flatten(), low.detach().double().flatten()  # on the device: no copies
     finite = torch.isfinite(ref64)
     overflow = ""
     if bool((finite & ~torch.isfinite(low64)).any()):
