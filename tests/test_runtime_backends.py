@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 import torch
-from harness import assert_matches_eager, check_compiled
+from harness import FP32_RTOL, assert_matches_eager, check_compiled
 from test_onnx_export import ALL_CASES
 
 import torchkiln
@@ -61,7 +61,10 @@ def test_every_layer_kind_matches_the_reference_meanings(backend):
                 engine.execute(inputs)
             continue
         out = [o.cpu() for o in engine.execute([x.to(device) for x in inputs])]
-        assert_matches_eager(out, ref, path=name)
+        # a generated kernel rounds a half-precision chain once, at its end; the reference after every layer
+        half = device == "cuda" and any(t.dtype in (torch.float16, torch.bfloat16)
+                                        for layer in net.layers for t in layer.outputs)
+        assert_matches_eager(out, ref, rtol=8e-3 if half else FP32_RTOL, path=name)
         for o, x in ((o, x) for o in out for x in inputs):
             assert not (o.numel() and x.numel() and o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()), \
                 f"{name}: an output shares memory with an input"
