@@ -64,3 +64,22 @@ def test_conv_epilogue_with_relu6_and_residual():
     assert [plan.kernels[s.kernel].op for s in plan.steps] == ["conv_epilogue"]
     ref = ReferenceExecutor(net, CPU).run([xv])[0]
     assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_projections_of_one_input_are_one_gemm():
+    """query, key and value projections of one x: one GEMM over the concatenated weights, outputs its columns."""
+    net = Network("qkv")
+    x = net.add_input("x", torch.float32, (2, 5, 8))
+    outs = []
+    for n in (8, 8, 4):
+        w = net.add_constant(torch.randn(n, 8)).get_output()
+        mm = net.add_layer(L.MatrixMultiplyLayer, [x, w], weights={"bias": torch.randn(n)},
+                           op1=L.MatrixOperation.TRANSPOSE).get_output()
+        outs.append(net.add_activation(mm, L.ActivationType.RELU).get_output())
+    for t in outs:
+        net.mark_output(t)
+    xv = torch.randn(2, 5, 8)
+    plan, got = run_plan(net, [xv])
+    assert [plan.kernels[s.kernel].op for s in plan.steps].count("linear_group") == 1
+    for g, r in zip(got, ReferenceExecutor(net, CPU).run([xv])):
+        assert (g - r).abs().max() <= 1e-5 * r.abs().max()

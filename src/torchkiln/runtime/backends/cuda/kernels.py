@@ -244,3 +244,21 @@ def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn
 
 def _output(layers: Sequence[L.Layer], tid: int) -> Tensor:
     return next(t for layer in layers for t in layer.outputs if id(t) == tid)
+
+
+@maker("library", "linear_group")
+def _linear_group(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """Several x @ W.T + b of one x as one GEMM over the concatenated weights; the outputs are column views."""
+    pairs = [(step.weights[k - 1]["value"], step.weights[k].get("bias"), layer)
+             for k, layer in enumerate(step.layers) if isinstance(layer, L.MatrixMultiplyLayer)]
+    weight = torch.cat([w for w, _, _ in pairs])
+    bias = torch.cat([b for _, b, _ in pairs]) if pairs[0][1] is not None else None
+    sizes = [w.shape[0] for w, _, _ in pairs]
+    order = {id(layer.outputs[0]): k for k, (_, _, layer) in enumerate(pairs)}
+    picks = [order[o] for o in step.outputs]
+
+    def run(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        parts = F.linear(xs[0], weight, bias).split(sizes, dim=-1)
+        return [parts[k] for k in picks]
+
+    return run

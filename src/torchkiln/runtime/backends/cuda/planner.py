@@ -14,9 +14,11 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    A plain convolution whose only reader is such a layer (of its shape) leads that layer's group: it runs
    without its bias, and the bias (a per-channel scale layer made for the kernel) is the group's first
    operation (`conv_epilogue`).
-3. **Half-precision layer norms**: the precision pass computes them in fp32 between two casts; CUDA's layer
+3. **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
+   become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
+4. **Half-precision layer norms**: the precision pass computes them in fp32 between two casts; CUDA's layer
    norm does that inside one kernel (`layer_norm`).
-4. **Library calls** for the rest of the heavy layers (convolution in channels-last, matrix multiply,
+5. **Library calls** for the rest of the heavy layers (convolution in channels-last, matrix multiply,
    attention through SDPA), and the layers' ATen meanings for everything else (CUDA variants in kernels.py).
 """
 from __future__ import annotations
@@ -112,6 +114,11 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     for members in _half_layer_norms(network, graph):
         groups.append((Kernel("library", "layer_norm"), members))
         assigned.update(members)
+    first_at: dict[int, int] = {}  # a group placed at its first layer (default: at its last)
+    for members in _shared_input_linears(network, graph):
+        first_at[len(groups)] = min(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
+        groups.append((Kernel("library", "linear_group"), members))
+        assigned.update(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
     cache = timing.TimingCache.load()
     for j, layer in enumerate(network.layers):
         if j in assigned:
@@ -137,9 +144,35 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     cache.save()
     # A fused epilogue runs where its last layer is: the residual it adds may be made after the convolution
     # (a downsample branch), and nothing else reads what the group makes inside itself.
-    groups.sort(key=lambda g: max(g[1]))
+    # A linear group runs at its first matrix multiply (what reads its outputs comes after that).
+    order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
+    groups = [groups[k] for k in order]
     groups = _group_pointwise(network, groups, graph)
     return _as_plan(target(device), groups)
+
+
+def _shared_input_linears(network: Network, graph: _Graph) -> list[list[int]]:
+    """Matrix multiplies x @ W.T (+ b) of one input x and constant weights W of one dtype (attention's query, key
+    and value projections): one GEMM of the weights concatenated at load, its outputs column views of it. Each
+    group lists, per multiply, its weight's constant layer and the multiply."""
+    by_input: dict[int, list[tuple[int, int]]] = {}
+    for j, layer in enumerate(network.layers):
+        if not (isinstance(layer, L.MatrixMultiplyLayer) and layer.op0 == L.MatrixOperation.NONE
+                and layer.op1 == L.MatrixOperation.TRANSPOSE):
+            continue
+        w = layer.inputs[1]
+        if not isinstance(w.producer, L.ConstantLayer) or w.rank != 2 or layer.inputs[0].rank < 2:
+            continue
+        by_input.setdefault(id(layer.inputs[0]), []).append((graph.index[id(w.producer)], j))
+    groups = []
+    for pairs in by_input.values():
+        first = network.layers[pairs[0][1]]
+        same = [(c, j) for c, j in pairs if network.layers[j].outputs[0].dtype == first.outputs[0].dtype
+                and network.layers[j].inputs[1].shape[1] == first.inputs[1].shape[1]
+                and ("bias" in network.layers[j].weights) == ("bias" in first.weights)]
+        if len(same) >= 2:
+            groups.append([k for pair in same for k in pair])
+    return groups
 
 
 def _half_layer_norms(network: Network, graph: _Graph) -> list[list[int]]:
