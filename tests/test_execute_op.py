@@ -72,3 +72,77 @@ def test_fake_engine_blob_uses_the_recorded_signature():
         blob = mode.from_tensor(compiled._torchkiln_engine_0)
         (out,) = torch.ops.torchkiln.execute_engine([mode.from_tensor(torch.randn(2, 64))], blob, signature)
     assert isinstance(out, FakeTensor) and tuple(out.shape) == (2, 10) and out.dtype == torch.float32
+
+
+class _Strided(torch.nn.Module):
+    """Output dims that are expressions of dynamic input dims: ((h - 1) // 2 + 1 - 3) // 2 + 1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.b = torch.nn.Conv2d(4, 5, 3, stride=2)
+
+    def forward(self, x):
+        return torch.relu(self.b(torch.relu(self.a(x))))
+
+
+@pytest.fixture(scope="module")
+def dynamic_strided():
+    torch.manual_seed(0)
+    model = _Strided().eval()
+    spec = torchkiln.Input(min_shape=(1, 3, 8, 8), opt_shape=(2, 3, 16, 16), max_shape=(4, 3, 32, 32))
+    compiled = torchkiln.compile(model, [spec])
+    signature = compiled.graph.findNode("torchkiln::execute_engine").inputsAt(2).toIValue()
+    assert "s0=1..4" in signature, signature  # the dynamic input dims name their symbols
+    return model, compiled, signature
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 9, 8), (3, 3, 32, 17)])
+def test_fake_tensor_mode_gives_a_dynamic_engine_output_shapes(dynamic_strided, shape):
+    model, compiled, _ = dynamic_strided
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        out = compiled(mode.from_tensor(torch.randn(shape)))
+    with torch.no_grad():
+        assert isinstance(out, FakeTensor) and out.shape == model(torch.randn(shape)).shape
+
+
+def test_symbolic_input_sizes_give_output_sizes_as_expressions(dynamic_strided):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    _, compiled, signature = dynamic_strided
+    graph = make_fx(lambda x, blob: torch.ops.torchkiln.execute_engine([x], blob, signature)[0],
+                    tracing_mode="symbolic")(torch.randn(2, 3, 20, 11), compiled._torchkiln_engine_0)
+    x, _, call, out = (n.meta["val"] for n in graph.graph.nodes if "val" in n.meta)
+    assert out.shape[1] == 5
+    for d in (0, 2, 3):
+        assert isinstance(out.shape[d], torch.SymInt), out.shape
+        assert out.shape[d].node.expr.free_symbols == x.shape[d].node.expr.free_symbols
+    assert [s.node.hint for s in (out.shape[0], out.shape[2], out.shape[3])] == [2, 4, 2]
+
+
+def test_a_module_recording_the_old_dynamic_signature_still_runs(dynamic_strided):
+    """Modules compiled before input dims named their symbols record `1..4` where now `s0=1..4` stands."""
+    from torchkiln.runtime.execute_op import legacy_signature
+
+    model, compiled, signature = dynamic_strided
+    old = legacy_signature(signature)
+    assert "=" not in old and old != signature
+    x = torch.randn(2, 3, 12, 10)
+    blob = compiled._torchkiln_engine_0
+    (out,) = torch.ops.torchkiln.execute_engine([x], blob, old)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-5, atol=1e-5)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_x = mode.from_tensor(x)
+        with pytest.raises(torchkiln.EngineFormatError, match="no input dim names"):
+            torch.ops.torchkiln.execute_engine([fake_x], mode.from_tensor(blob), old)
+    (meta,) = torch.ops.torchkiln.execute_engine([x.to("meta")], blob, old)  # the real engine's bytes tell
+    assert meta.shape == out.shape
+
+
+@pytest.mark.parametrize("dim", ["__import__('os').getpid()", "s0.real", "(s0", "s9", "s0 ** s0", "Max(s0, s0/2)"])
+def test_an_output_dim_that_is_no_expression_of_the_inputs_is_refused(dim):
+    signature = f"inputs: float32[s0=1..4,3]; outputs: float32[{dim},2]"
+    with pytest.raises(torchkiln.EngineFormatError, match="output dim"):
+        torch.ops.torchkiln.execute_engine([torch.empty(2, 3, device="meta")], torch.empty(4, dtype=torch.uint8,
+                                                                                          device="meta"), signature)

@@ -9,6 +9,7 @@ from onnx import helper
 from torchkiln._version import __version__
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import has_symbols
 from torchkiln.onnx_export import exporters  # noqa: F401  (registers every exporter)
 from torchkiln.onnx_export.context import EXPORTERS, ONNX_DTYPES, ExportContext, OnnxExportError, dtype_name, \
     value_info
@@ -35,7 +36,12 @@ def _export_layer(ctx: ExportContext, layer: L.Layer, xs: list[str]) -> list[str
 
 def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
     """The network as an ONNX model: inputs and outputs keep the network's tensor names, weights become
-    initializers. Raises OnnxExportError naming the first layer (kind, param) that has no exact ONNX form."""
+    initializers. Raises OnnxExportError naming the first layer (kind, param) that has no exact ONNX form.
+
+    Layer outputs with symbolic dims get a value_info with those dims as dim_params (`s0`, `((s0-1)//2)+1`):
+    ONNX's shape inference loses a dim behind a shape computed at run time (a slice to an input's length), and
+    ONNX Runtime fuses an add and layer norm (SkipLayerNormalization) only where it sees both addends' shapes
+    equal."""
     top = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= top:
         raise OnnxExportError(f"opset {opset}: ONNX export supports opsets {MIN_OPSET} to {top}")
@@ -50,16 +56,21 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET) -> onnx.ModelP
             ctx.decline(f"input {t.name} has dtype {dtype_name(t.dtype)}, which has no ONNX type here")
         names[id(t)] = t.name
         inputs.append(value_info(t.name, t.dtype, t.shape))
+    shapes = []  # value_info of every layer output with symbolic dims (see network_to_onnx's docstring)
     for layer in network.layers:
         outs = _export_layer(ctx, layer, [names[id(t)] for t in layer.inputs])
         for t, name in zip(layer.outputs, outs):
             names[id(t)] = name
+            if has_symbols(t.shape) and not isinstance(layer, L.ConstantLayer):
+                shapes.append(value_info(name, t.dtype, t.shape))
     outputs = []
     for t in network.outputs:  # each output gets the network tensor's name (ORT removes the Identity)
         name = t.name if names[id(t)] != t.name else ctx.fresh(f"{t.name}:output")  # an input passed through
         ctx.nodes.append(helper.make_node("Identity", [names[id(t)]], [name], name=ctx.fresh(f"{t.name}/output")))
         outputs.append(value_info(name, t.dtype, t.shape))
-    graph = helper.make_graph(ctx.nodes, network.name, inputs, outputs, initializer=ctx.initializers)
+    outputs_named = {v.name for v in outputs}
+    graph = helper.make_graph(ctx.nodes, network.name, inputs, outputs, initializer=ctx.initializers,
+                              value_info=[v for v in shapes if v.name not in outputs_named])
     opsets = [helper.make_opsetid("", opset)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="torchkiln", producer_version=__version__)
     # The oldest IR version the opset allows (not the onnx package's newest), so older ONNX Runtimes load it.

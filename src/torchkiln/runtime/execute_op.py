@@ -6,18 +6,22 @@ counter, so writing other bytes into it (in place or by setattr) loads the new e
 
 The call also carries the engine signature the module was compiled against (its inputs' and outputs'
 dtypes and shapes, as text); an engine that does not match it is refused, and meta and fake tensors get
-their outputs from it without running anything.
+their outputs from it without running anything (a dynamic engine's output dims evaluated from the inputs' sizes).
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
+import reprlib
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from torchkiln.errors import EngineFormatError, EngineIndexError, EngineInputError, TorchkilnError
+from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.engine import Engine
 from torchkiln.runtime.serialization import dtype_name, parse_dtype
 
@@ -36,31 +40,164 @@ def engine_blob(data: bytes) -> torch.Tensor:
         return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def _spec(dtype: torch.dtype, shape: Sequence[int]) -> str:
+def _spec(dtype: torch.dtype, shape: Sequence[Any]) -> str:
     return f"{dtype_name(dtype)}[{','.join(str(d) for d in shape)}]"
 
 
 def engine_signature(engine: Engine) -> str:
-    """What a module expects of an engine: `inputs: float32[2,64]; outputs: float32[2,10]` (an input with a
-    shape range lists each dim as min..max)."""
+    """What a module expects of an engine: `inputs: float32[2,64]; outputs: float32[2,10]`. A dynamic input dim
+    is its symbol and range, `s0=1..8`, and an output dim over symbols their expression, `(s0//2) + 1`."""
     ins = []
-    for b in engine.bindings:
-        dims = [str(lo) if lo == hi else f"{lo}..{hi}" for lo, hi in zip(b.min_shape, b.max_shape)]
+    for b, t in zip(engine.bindings, engine.network.inputs):
+        dims = []
+        for d, lo, hi in zip(t.shape, b.min_shape, b.max_shape):
+            text = str(lo) if lo == hi else f"{lo}..{hi}"
+            dims.append(f"{d.name}={text}" if isinstance(d, DimSymbol) else text)
         ins.append(f"{dtype_name(b.dtype)}[{','.join(dims)}]")
     outs = [_spec(t.dtype, t.shape) for t in engine.network.outputs]
     return f"inputs: {', '.join(ins)}; outputs: {', '.join(outs)}"
 
 
-_OUTPUT = re.compile(r"(\w+)\[([\d,]*)\]")
+_SYMBOL_NAME = re.compile(r"(?<=[\[,])[A-Za-z_]\w*=")
 
 
-def signature_outputs(signature: str) -> list[tuple[torch.dtype, tuple[int, ...]]]:
-    """The outputs' dtypes and shapes an engine signature names."""
-    _, sep, outs = signature.partition("; outputs: ")
-    found = _OUTPUT.findall(outs) if sep else []
-    if not sep or (outs and len(found) != outs.count("[")):
+def legacy_signature(signature: str) -> str:
+    """The signature as modules compiled before dynamic input dims named their symbols recorded it."""
+    ins, sep, outs = signature.partition("; outputs: ")
+    return _SYMBOL_NAME.sub("", ins) + sep + outs
+
+
+_SPEC = re.compile(r"(\w+)\[([^\[\]]*)\]")
+_INPUT_DIM = re.compile(r"(?:([A-Za-z_]\w*)=)?\d+(?:\.\.\d+)?\Z")
+MAX_SIGNATURE = 1 << 16  # characters a signature may have; more is a malformed module
+MAX_DIM_NODES = 256  # syntax nodes of one output dim's expression
+
+
+def _specs(text: str, signature: str) -> list[tuple[str, list[str]]]:
+    """(dtype, dim texts) of each `dtype[dims]` in a comma-separated list (dims split at top-level commas)."""
+    found = _SPEC.findall(text)
+    if sum(len(d) + len(ds) + 2 for d, ds in found) + 2 * max(len(found) - 1, 0) != len(text):
         raise EngineFormatError(f"malformed engine signature {signature!r}")
-    return [(parse_dtype(d, "engine signature"), tuple(int(n) for n in dims.split(",") if n)) for d, dims in found]
+    specs = []
+    for dtype, dims in found:
+        parts, depth, start = [], 0, 0
+        for i, c in enumerate(dims):
+            depth += (c == "(") - (c == ")")
+            if c == "," and depth == 0:
+                parts.append(dims[start:i])
+                start = i + 1
+        parts.append(dims[start:])
+        specs.append((dtype, [p.strip() for p in parts] if dims else []))
+    return specs
+
+
+def signature_outputs(signature: str, input_shapes: Sequence[Sequence[Any]] | None = None
+                      ) -> list[tuple[torch.dtype, tuple[Any, ...]]]:
+    """The outputs' dtypes and shapes an engine signature names; a dim over the inputs' symbols is evaluated
+    from `input_shapes` (ints, or SymInts under a FakeTensorMode with symbolic shapes). EngineFormatError for a
+    malformed signature or one whose output dims use symbols that no input dim names."""
+    ins, sep, outs = signature.partition("; outputs: ")
+    if not sep or not ins.startswith("inputs: ") or len(signature) > MAX_SIGNATURE:
+        raise EngineFormatError(f"malformed engine signature {reprlib.repr(signature)}")
+    symbols: dict[str, Any] = {}
+    for i, (_, dims) in enumerate(_specs(ins.removeprefix("inputs: "), signature)):
+        for d, text in enumerate(dims):
+            found = _INPUT_DIM.match(text)
+            if found is None:
+                raise EngineFormatError(f"malformed engine signature {reprlib.repr(signature)}: input dim {text!r}")
+            if found.group(1) and input_shapes is not None:
+                if i >= len(input_shapes) or d >= len(input_shapes[i]):
+                    raise EngineInputError(f"engine input {i} has no dim {d} (the engine's signature is "
+                                           f"{reprlib.repr(signature)})")
+                symbols.setdefault(found.group(1), input_shapes[i][d])
+    return [(parse_dtype(dtype, "engine signature"), tuple(_output_dim(t, symbols, signature) for t in dims))
+            for dtype, dims in _specs(outs, signature)]
+
+
+def _output_dim(text: str, symbols: dict[str, Any], signature: str) -> Any:
+    """An output dim's text evaluated: an int, or the expression over `symbols` (never Python's eval)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        tree = ast.parse(text, mode="eval").body
+        if sum(1 for _ in ast.walk(tree)) > MAX_DIM_NODES:
+            raise ValueError("too large")
+        num, den = _rational(tree, symbols)
+    except _Unbound as e:
+        raise EngineFormatError(f"engine signature {reprlib.repr(signature)}: output dim {text!r} uses symbol {e} "
+                                f"that no input dim names (a module compiled before inputs named their symbols)"
+                                ) from None
+    except (SyntaxError, ValueError, TypeError, ZeroDivisionError, RecursionError, MemoryError):
+        raise EngineFormatError(f"engine signature {reprlib.repr(signature)}: output dim {text!r} is no "
+                                f"expression of the input dims") from None
+    return num if den == 1 else num // den
+
+
+class _Unbound(Exception):
+    pass
+
+
+_BINARY = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "floordiv",
+           ast.Mod: "mod"}
+_CALLS = {"FloorDiv": "floordiv", "CleanDiv": "floordiv", "PythonMod": "mod", "Mod": "mod", "Max": "max",
+          "Min": "min", "floor": "floor", "FloorToInt": "floor", "ceiling": "ceil", "CeilToInt": "ceil",
+          "IntTrueDiv": "div"}
+
+
+def _rational(node: ast.AST, symbols: dict[str, Any]) -> tuple[Any, int]:
+    """(numerator, positive int denominator) of a dim expression as sympy prints it; the numerator may be a SymInt."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value, 1
+    if isinstance(node, ast.Name):
+        if node.id not in symbols:
+            raise _Unbound(node.id)
+        return symbols[node.id], 1
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        n, d = _rational(node.operand, symbols)
+        return (-n if isinstance(node.op, ast.USub) else n), d
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):  # sympy's s0**2: a small constant power
+        if not (isinstance(node.right, ast.Constant) and type(node.right.value) is int and 0 <= node.right.value <= 8):
+            raise ValueError("only small constant powers")
+        n, d = _rational(node.left, symbols)
+        return n ** node.right.value, d ** node.right.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        return _apply(_BINARY[type(node.op)], [_rational(node.left, symbols), _rational(node.right, symbols)])
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS and \
+            not node.keywords and node.args:
+        return _apply(_CALLS[node.func.id], [_rational(a, symbols) for a in node.args])
+    raise ValueError(f"unsupported {type(node).__name__}")
+
+
+def _apply(op: str, args: list[tuple[Any, int]]) -> tuple[Any, int]:
+    (an, ad), *rest = args
+    if op in ("floor", "ceil"):
+        return (an // ad if op == "floor" else -((-an) // ad)), 1
+    if op in ("max", "min"):
+        if any(d != 1 for _, d in args):
+            raise ValueError("max/min of a fraction")
+        pick = torch.sym_max if op == "max" else torch.sym_min
+        value = an
+        for n, _ in rest:
+            value = pick(value, n)
+        return value, 1
+    if len(rest) != 1:
+        raise ValueError(f"{op} takes two arguments")
+    bn, bd = rest[0]
+    if op == "add":
+        return an * bd + bn * ad, ad * bd
+    if op == "sub":
+        return an * bd - bn * ad, ad * bd
+    if op == "mul":
+        return an * bn, ad * bd
+    if op == "div":  # by a constant (sympy's rationals): the denominator stays an int
+        if not isinstance(bn, int) or bn == 0:
+            raise ValueError("division by a symbol")
+        return (an * bd, ad * bn) if bn > 0 else (-an * bd, -ad * bn)
+    if op == "floordiv":
+        return (an * bd) // (ad * bn), 1
+    if ad != 1 or bd != 1:  # mod
+        raise ValueError("modulus of a fraction")
+    return an % bn, 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +205,7 @@ class _Loaded:
     key: tuple[int, int, int]
     engine: Engine
     signature: str
+    legacy: str  # the signature in the form modules compiled before symbols were named record
 
 
 def _blob_key(blob: torch.Tensor) -> tuple[int, int, int]:
@@ -86,9 +224,10 @@ def engine_from_blob(blob: torch.Tensor, expected: str = "") -> Engine:
             loaded = getattr(blob, "_torchkiln_engine", None)
             if loaded is None or loaded.key != key:
                 engine = Engine.deserialize(blob.detach().cpu().contiguous().numpy().tobytes())
-                loaded = _Loaded(key, engine, engine_signature(engine))
+                signature = engine_signature(engine)
+                loaded = _Loaded(key, engine, signature, legacy_signature(signature))
                 blob._torchkiln_engine = loaded
-    if expected and loaded.signature != expected:
+    if expected and expected not in (loaded.signature, loaded.legacy):
         raise EngineFormatError(f"engine {loaded.engine.name!r} does not fit this module: the module expects "
                                 f"{expected!r}, the engine has {loaded.signature!r}")
     return loaded.engine
@@ -108,16 +247,25 @@ def _below_autograd(inputs: list[torch.Tensor], engine: torch.Tensor,
 
 def _fake_execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor,
                          signature: str = "") -> list[torch.Tensor]:
-    """Meta and fake tensors: empty outputs of the engine's dtypes and shapes, on the inputs' device."""
+    """Meta and fake tensors: empty outputs of the engine's dtypes and shapes, on the inputs' device; a dynamic
+    engine's output dims are its expressions of the inputs' sizes (SymInts under symbolic shapes)."""
     from torch._subclasses.fake_tensor import is_fake
 
+    real = not (engine.device.type == "meta" or is_fake(engine))
     if not signature:  # a module saved before signatures were recorded: read the engine itself
-        if engine.device.type == "meta" or is_fake(engine):
+        if not real:
             raise EngineFormatError("this module records no engine signature, so its engine's output shapes "
                                     "are unknown without the engine's bytes (a real tensor attribute)")
         signature = engine_signature(engine_from_blob(engine))
+    shapes = [x.shape for x in inputs]
+    try:
+        outputs = signature_outputs(signature, shapes)
+    except EngineFormatError:
+        if not real or legacy_signature(signature) != signature:
+            raise
+        outputs = signature_outputs(engine_signature(engine_from_blob(engine, signature)), shapes)
     device = inputs[0].device if inputs else engine.device
-    return [torch.empty(shape, dtype=dtype, device=device) for dtype, shape in signature_outputs(signature)]
+    return [torch.empty(shape, dtype=dtype, device=device) for dtype, shape in outputs]
 
 
 for _key in ("CPU", "CUDA"):

@@ -60,12 +60,43 @@ def _shuffle(ctx: ExportContext, layer: L.ShuffleLayer, xs: list[str]) -> str:
     if layer.first_transpose is not None:
         x = ctx.node("Transpose", [x], perm=list(layer.first_transpose))[0]
     if layer.reshape_dims is not None:  # ONNX's allowzero=0 copies the input dim for a 0, like TensorRT's shuffle
-        allowzero = 0 if layer.zero_is_placeholder else 1
-        # A symbolic dim that is 0 at run time is a placeholder too, as in the meaning (which sees ints).
-        x = ctx.node("Reshape", [x, ctx.shape_tensor(layer.reshape_dims)], allowzero=allowzero)[0]
+        target = _placeholder_target(layer)
+        if target is not None:
+            x = ctx.node("Reshape", [x, ctx.ints(target, "shape")], allowzero=0)[0]
+        else:  # a symbolic dim that is 0 at run time is a placeholder too, as in the meaning (which sees ints)
+            allowzero = 0 if layer.zero_is_placeholder else 1
+            x = ctx.node("Reshape", [x, ctx.shape_tensor(layer.reshape_dims)], allowzero=allowzero)[0]
     if layer.second_transpose is not None:
         x = ctx.node("Transpose", [x], perm=list(layer.second_transpose))[0]
     return x if x != xs[0] else ctx.node("Identity", [x])[0]
+
+
+def _placeholder_target(layer: L.ShuffleLayer) -> list[int] | None:
+    """A constant Reshape target for symbolic reshape dims, or None: 0 (copy the input dim) where the result dim
+    is the input dim at that index, -1 (inferred) for at most one other symbolic dim, ints elsewhere. ONNX
+    Runtime's shape inference keeps the symbolic dims through such a Reshape (not through a computed target),
+    which its fusions (SkipLayerNormalization, Gemm) need. Only where every result dim is at least 1 over the
+    ranges, so neither a run-time 0 nor an empty tensor can make 0 or -1 mean something else."""
+    if not has_symbols(layer.reshape_dims):
+        return None
+    x, out = layer.inputs[0].shape, layer.outputs[0].shape
+    if layer.first_transpose is not None:
+        x = tuple(x[p] for p in layer.first_transpose)
+    result: list[Dim] = list(out)
+    if layer.second_transpose is not None:
+        for k, p in enumerate(layer.second_transpose):
+            result[p] = out[k]
+    if any(decide("ge", d, 1) is not True for d in result):
+        return None
+    target: list[int] = []
+    for i, d in enumerate(result):
+        if i < len(x) and decide("eq", d, x[i]) is True:
+            target.append(0)
+        elif is_symbolic(d):
+            target.append(-1)
+        else:
+            target.append(int(d))
+    return target if target.count(-1) <= 1 else None
 
 
 def _symbolic_end(ctx: ExportContext, axis: int, start: Dim, size: Dim, step: int, dim: Dim) -> Dim:
