@@ -78,13 +78,13 @@ def _eager_fp32_error(model, example: list, reference: list) -> float | None:
 
 
 def _reasons(report) -> dict[str, int]:
-    """'op: why' -> how many of its nodes stay in PyTorch, most frequent first."""
-    def detail(text: str) -> str:
-        text = re.sub(r"\S*site-packages/", "", text)  # a library's source location from its package on
-        return f" ({text[:100]})" if text else ""
-    counts = collections.Counter(f"{f.op}: {f.reason.value}" + (detail(f.detail) if f.detail != f.op else "")
-                                 for b in report.blocks for f in b.fallback)
-    return dict(counts.most_common())
+    """'op: why (first detail)' -> how many of its nodes stay in PyTorch for that reason, most frequent first."""
+    counts = collections.Counter((f.op, f.reason.value) for b in report.blocks for f in b.fallback)
+    details: dict[tuple[str, str], str] = {}
+    for f in (f for b in report.blocks for f in b.fallback if f.detail and f.detail != f.op):
+        details.setdefault((f.op, f.reason.value), re.sub(r"\S*site-packages/", "", f.detail)[:100])
+    return {f"{op}: {why}" + (f" (e.g. {details[op, why]})" if (op, why) in details else ""): n
+            for (op, why), n in counts.most_common()}
 
 
 def _why(row: dict) -> str:
