@@ -250,10 +250,9 @@ def _segmentation(name: str, size: int = 64) -> ZooModel:
 
 def _resnet_fpn(size: int = 64) -> ZooModel:
     def build() -> nn.Module:
-        from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
-
-        import_torchvision()
-        return FeatureList(resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=5))
+        backbone_utils = import_torchvision().models.detection.backbone_utils
+        return FeatureList(backbone_utils.resnet_fpn_backbone(backbone_name="resnet18", weights=None,
+                                                              trainable_layers=5))
     return ZooModel("resnet18_fpn_backbone", "torchvision", build, _images(size))
 
 
