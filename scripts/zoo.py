@@ -23,7 +23,7 @@ import torch
 
 import torchkiln
 from torchkiln.compiler import compile_with_report
-from torchkiln.examples.zoo import CPU_WAVE2, find_zoo_model, load_zoo_model
+from torchkiln.examples.zoo import CPU_WAVE2, find_zoo_model, import_torchvision, load_zoo_model, source_unavailable
 
 
 MODELS = ("resnet50", "mobilenet_v2", "mobilenet_v3_large", "efficientnet_b0", "densenet121", "vit_b_16",
@@ -126,6 +126,8 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
+    if source_unavailable("torchvision") is None:
+        import_torchvision()  # first: transformers and timm import torchvision, which needs it with a CPU torch
     device = torch.device(args.device)
     rows = []
     names = CPU_WAVE2 if args.cpu_wave2 else args.models.split(",")
