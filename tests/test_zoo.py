@@ -157,3 +157,20 @@ def test_zoo_models_come_from_the_first_available_source():
     with torch.no_grad():
         out = model(*zoo_model.inputs(2))
     assert not model.training and out.shape == (2, 10) and out.std() > 0
+
+
+def test_cpu_wave2_names_models_each_source_provides():
+    from torchkiln.examples.zoo import CPU_WAVE2, ZOO, find_zoo_model, load_zoo_model, source_unavailable
+
+    assert len(CPU_WAVE2) >= 30 and len(set(CPU_WAVE2)) == len(CPU_WAVE2)
+    holders = {name: [s for s in ZOO if name in ZOO[s]] for name in CPU_WAVE2}
+    assert all(len(sources) == 1 for sources in holders.values()), holders
+    assert {s for (s,) in holders.values()} == {"torchvision", "timm", "transformers", "bundled"}
+    if source_unavailable("timm"):
+        with pytest.raises(LookupError, match="timm is not installed"):
+            find_zoo_model("mixer_s16_224")
+    zoo_model = find_zoo_model("lstm_classifier")
+    model = load_zoo_model(zoo_model)
+    with torch.no_grad():
+        out = model(*zoo_model.inputs(2))
+    assert out.shape == (2, 10) and out.std() > 0

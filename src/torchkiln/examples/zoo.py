@@ -1,14 +1,17 @@
 """The model zoo: full-size models with random weights, for the benchmarks and scripts/zoo.py.
 
 Two parts: ImageNet CNNs built in code as torchvision builds them (torchvision is not needed): ResNet-18 and
-MobileNetV2; and the registry of zoo models by source (torchvision, transformers, or bundled: built in code here),
-with `load_zoo_model`, which gives each random-weight model meaningful outputs (no all-zero weight matrices,
-batch-norm statistics calibrated on random inputs).
+MobileNetV2; and the registry of zoo models by source (torchvision, timm, transformers, or bundled: built in code
+here), with `load_zoo_model`, which gives each random-weight model meaningful outputs (no all-zero weight
+matrices, batch-norm statistics calibrated on random inputs). `CPU_WAVE2` names a second, wider set of real
+models at small sizes (segmentation, detection backbones, window attention, MLP-mixers, recurrent networks,
+decoder-only LLM families) for `scripts/zoo.py --cpu-wave2`. No builder downloads weights.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import sys
 from collections.abc import Callable, Sequence
 
 import torch
@@ -117,19 +120,40 @@ class ZooModel:
     inputs: Callable[[int], list[torch.Tensor]]  # batch -> random example inputs, on the CPU
 
 
-SOURCES = ("torchvision", "transformers", "bundled")  # the default search order of `find_zoo_model`
+SOURCES = ("torchvision", "timm", "transformers", "bundled")  # the default search order of `find_zoo_model`
 
 
 def _images(size: int = 224) -> Callable[[int], list[torch.Tensor]]:
     return lambda batch: [torch.randn(batch, 3, size, size)]
 
 
-def _torchvision(name: str) -> ZooModel:
-    def build() -> nn.Module:
+def import_torchvision():
+    """torchvision, also where its compiled ops cannot load: PyPI's wheels are built against CUDA torch, so with
+    a CPU torch the C extension fails to load and the import then fails registering meta kernels of
+    `torchvision::nms` and `qnms`; declaring those two schemas (no kernels: calling them raises) lets the
+    pure-Python models import. Detection heads that run nms stay unusable there."""
+    try:
         import torchvision
+    except RuntimeError as e:
+        if "torchvision::nms does not exist" not in str(e):
+            raise
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        library = torch.library.Library("torchvision", "DEF")
+        library.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        library.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        _SCHEMA_ONLY_LIBRARIES.append(library)  # the definitions live as long as the library object
+        import torchvision
+    return torchvision
 
-        return getattr(torchvision.models, name)(weights=None)
-    return ZooModel(name, "torchvision", build, _images())
+
+_SCHEMA_ONLY_LIBRARIES: list[torch.library.Library] = []
+
+
+def _torchvision(name: str, size: int = 224, **kwargs) -> ZooModel:
+    def build() -> nn.Module:
+        return getattr(import_torchvision().models, name)(weights=None, **kwargs)
+    return ZooModel(name, "torchvision", build, _images(size))
 
 
 def _token_inputs(vocab: int, seq: int) -> Callable[[int], list[torch.Tensor]]:
@@ -169,7 +193,157 @@ ZOO: dict[str, dict[str, ZooModel]] = {
         "mlp": ZooModel("mlp", "bundled", MLP, lambda batch: [torch.randn(batch, 64)]),
     },
 }
-_REQUIRES = {"torchvision": "torchvision", "transformers": "transformers"}  # source -> the package it needs
+
+
+class SelectOutput(nn.Module):
+    """One entry of a model's dict output (torchvision's segmentation models return {"out": ..., "aux": ...})."""
+
+    def __init__(self, model: nn.Module, key: str) -> None:
+        super().__init__()
+        self.model, self.key = model, key
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)[self.key]
+
+
+class FeatureList(nn.Module):
+    """A feature pyramid's levels as a list (a detection backbone returns them as an ordered dict)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return list(self.model(x).values())
+
+
+class RecurrentClassifier(nn.Module):
+    """Token embedding, a two-layer bidirectional batch-first LSTM or GRU, and a linear head on the last step."""
+
+    def __init__(self, cell: str = "lstm", vocab: int = 1000, dim: int = 64, classes: int = 10) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(dim, dim, num_layers=2, batch_first=True,
+                                                           bidirectional=True)
+        self.head = nn.Linear(2 * dim, classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.embed(ids))
+        return self.head(out[:, -1])
+
+
+def _timm(name: str, size: int = 64, **kwargs) -> ZooModel:
+    def build() -> nn.Module:
+        import_torchvision()  # timm imports torchvision
+        import timm
+
+        return timm.create_model(name, pretrained=False, **kwargs)
+    return ZooModel(name, "timm", build, _images(size))
+
+
+def _segmentation(name: str, size: int = 64) -> ZooModel:
+    def build() -> nn.Module:
+        models = import_torchvision().models.segmentation
+        return SelectOutput(getattr(models, name)(weights=None, weights_backbone=None, aux_loss=False), "out")
+    return ZooModel(name, "torchvision", build, _images(size))
+
+
+def _resnet_fpn(size: int = 64) -> ZooModel:
+    def build() -> nn.Module:
+        backbone_utils = import_torchvision().models.detection.backbone_utils
+        return FeatureList(backbone_utils.resnet_fpn_backbone(backbone_name="resnet18", weights=None,
+                                                              trainable_layers=5))
+    return ZooModel("resnet18_fpn_backbone", "torchvision", build, _images(size))
+
+
+def _mobilenet_fpn(size: int = 64) -> ZooModel:
+    def build() -> nn.Module:
+        detection = import_torchvision().models.detection
+        model = detection.fasterrcnn_mobilenet_v3_large_fpn(weights=None, weights_backbone=None)
+        return FeatureList(model.backbone)
+    return ZooModel("fasterrcnn_mobilenet_v3_fpn_backbone", "torchvision", build, _images(size))
+
+
+def _raft_small(size: int = 64) -> ZooModel:
+    def build() -> nn.Module:
+        return import_torchvision().models.optical_flow.raft_small(weights=None)
+    return ZooModel("raft_small", "torchvision", build, lambda batch: [torch.randn(batch, 3, size, size),
+                                                                       torch.randn(batch, 3, size, size)])
+
+
+_TINY = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+             max_position_embeddings=64)  # the transformers configs' common names
+
+
+def _transformer(name: str, model_class: str, config_class: str, seq: int = 16, masked: bool = True,
+                 **config) -> ZooModel:
+    """A transformers model from a tiny config (random weights), returning its last hidden state."""
+    def build() -> nn.Module:
+        import transformers
+
+        model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
+        return LastHiddenState(model)
+    vocab = config.get("vocab_size", 1000)
+    inputs = _token_inputs(vocab, seq) if masked else (lambda batch: [torch.randint(0, vocab, (batch, seq))])
+    return ZooModel(name, "transformers", build, inputs)
+
+
+def _whisper_encoder(frames: int = 64) -> ZooModel:
+    def build() -> nn.Module:
+        import transformers
+
+        config = transformers.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
+                                            decoder_layers=2, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                            decoder_ffn_dim=128, num_mel_bins=80, max_source_positions=frames // 2)
+        return LastHiddenState(transformers.WhisperModel(config).get_encoder())
+    return ZooModel("whisper_encoder", "transformers", build, lambda batch: [torch.randn(batch, 80, frames)])
+
+
+_WAVE2: list[ZooModel] = [
+    # torchvision: CNN families, window attention, segmentation, detection backbones, optical flow
+    _torchvision("resnet34", 64), _torchvision("resnext50_32x4d", 64), _torchvision("wide_resnet50_2", 64),
+    _torchvision("regnet_y_400mf", 64), _torchvision("shufflenet_v2_x1_0", 64), _torchvision("squeezenet1_1", 64),
+    _torchvision("mnasnet0_5", 64), _torchvision("mobilenet_v3_small", 64), _torchvision("efficientnet_v2_s", 64),
+    _torchvision("swin_t", 64), _torchvision("googlenet", 64, aux_logits=False, init_weights=True),
+    _torchvision("inception_v3", 96, aux_logits=False, init_weights=True), _torchvision("vgg11_bn", 64),
+    _torchvision("alexnet", 64), _segmentation("fcn_resnet50"), _segmentation("deeplabv3_mobilenet_v3_large"),
+    _segmentation("lraspp_mobilenet_v3_large"), _resnet_fpn(), _mobilenet_fpn(), _raft_small(128),
+    # timm: MLP-mixers, vision transformers, metaformers, hybrid attention, TF-"same" padding, multi-resolution
+    _timm("mixer_s16_224", img_size=64), _timm("resmlp_12_224", img_size=64),
+    _timm("vit_tiny_patch16_224", img_size=64), _timm("deit_tiny_patch16_224", img_size=64),
+    _timm("convmixer_768_32"), _timm("poolformer_s12"), _timm("efficientformer_l1", 224),
+    _timm("levit_128s", 224), _timm("coatnet_nano_rw_224", img_size=64), _timm("regnetz_b16"),
+    _timm("cspresnet50"), _timm("ghostnet_100"), _timm("mobilevit_xxs"), _timm("tf_efficientnet_b0"),
+    _timm("hrnet_w18_small"),
+    # transformers: decoder-only LLM families, encoders, a speech encoder
+    _transformer("gpt2-tiny", "GPT2Model", "GPT2Config", masked=False, vocab_size=1000, n_embd=64, n_layer=2,
+                 n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0, use_cache=False),
+    _transformer("opt-tiny", "OPTModel", "OPTConfig", masked=False, vocab_size=1000, hidden_size=64,
+                 num_hidden_layers=2, num_attention_heads=4, ffn_dim=128, max_position_embeddings=64,
+                 word_embed_proj_dim=64, use_cache=False),
+    _transformer("llama-tiny", "LlamaModel", "LlamaConfig", masked=False, num_key_value_heads=2, use_cache=False,
+                 **_TINY),
+    _transformer("mistral-tiny", "MistralModel", "MistralConfig", masked=False, num_key_value_heads=2,
+                 sliding_window=8, use_cache=False, **_TINY),
+    _transformer("qwen2-tiny", "Qwen2Model", "Qwen2Config", masked=False, num_key_value_heads=2, use_cache=False,
+                 **_TINY),
+    _transformer("t5-encoder-tiny", "T5EncoderModel", "T5Config", vocab_size=1000, d_model=64, d_kv=16, d_ff=128,
+                 num_layers=2, num_heads=4),
+    _transformer("distilbert-tiny", "DistilBertModel", "DistilBertConfig", vocab_size=1000, dim=64, n_layers=2,
+                 n_heads=4, hidden_dim=128, max_position_embeddings=64),
+    _transformer("roberta-tiny", "RobertaModel", "RobertaConfig", **{**_TINY, "max_position_embeddings": 66}),
+    _transformer("albert-tiny", "AlbertModel", "AlbertConfig", embedding_size=32, **_TINY),
+    _whisper_encoder(),
+    # bundled recurrent networks
+    ZooModel("lstm_classifier", "bundled", RecurrentClassifier, lambda batch: [torch.randint(0, 1000, (batch, 16))]),
+    ZooModel("gru_classifier", "bundled", lambda: RecurrentClassifier("gru"),
+             lambda batch: [torch.randint(0, 1000, (batch, 16))]),
+]
+CPU_WAVE2 = tuple(m.name for m in _WAVE2)  # `scripts/zoo.py --cpu-wave2`: small inputs, CPU-sized
+ZOO.setdefault("timm", {})
+for _model in _WAVE2:
+    ZOO[_model.source][_model.name] = _model
+_REQUIRES = {"torchvision": "torchvision", "timm": "timm", "transformers": "transformers"}  # source -> package
 
 
 def source_unavailable(source: str) -> str | None:
