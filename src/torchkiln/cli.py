@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 
 from torchkiln import compile_command
 from torchkiln.compile_command import CommandError
+from torchkiln.log import logging_at
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -180,19 +181,12 @@ def _log_to_stderr(level: int | None) -> Iterator[None]:
     if level is None:
         yield
         return
-    logger = logging.getLogger("torchkiln")
     start = time.perf_counter()
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(lambda record: setattr(record, "elapsed", time.perf_counter() - start) or True)
     handler.setFormatter(logging.Formatter("[%(elapsed)6.2fs] %(levelname)s %(name)s: %(message)s"))
-    previous = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    try:
+    with logging_at(level, handler):
         yield
-    finally:
-        logger.setLevel(previous)
-        logger.removeHandler(handler)
 
 
 def build_parser() -> argparse.ArgumentParser:

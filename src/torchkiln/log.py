@@ -10,13 +10,14 @@ logger = logging.getLogger("torchkiln")
 
 
 @contextlib.contextmanager
-def logging_at(level: int) -> Iterator[None]:
-    """Log torchkiln at `level` for the duration (to stderr if no handler is set up), then restore."""
+def logging_at(level: int, handler: logging.Handler | None = None) -> Iterator[None]:
+    """Log torchkiln at `level` for the duration, through `handler` (None: to stderr if no handler is set up),
+    then restore."""
     previous = logger.level
-    handler = None
-    if not logger.handlers and not logging.getLogger().handlers:
+    if handler is None and not logger.handlers and not logging.getLogger().handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    if handler is not None:
         logger.addHandler(handler)
     logger.setLevel(level)
     try:
