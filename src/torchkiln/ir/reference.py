@@ -229,17 +229,25 @@ def _check_indices(layer: L.Layer, idx: torch.Tensor, dim: int, size: int) -> No
 
 @meaning(L.GatherLayer)
 def _gather(layer, xs, ws, device):
-    data, idx = xs
+    return gather(layer, xs[0], xs[1])
+
+
+def gather(layer: L.GatherLayer, data: torch.Tensor, idx: torch.Tensor, check: bool = True) -> torch.Tensor:
+    """The gather meaning; `check=False` leaves out the index check (a backend whose kernels check on the device,
+    where a host check would synchronize every call)."""
     if layer.mode == L.GatherMode.ELEMENT:
         axis = layer.axis % data.dim()
-        _check_indices(layer, idx, axis, data.shape[axis])
+        if check:
+            _check_indices(layer, idx, axis, data.shape[axis])
         return torch.gather(data, layer.axis, idx)
     if layer.mode == L.GatherMode.ND:
-        for dim in range(idx.shape[-1]):
-            _check_indices(layer, idx[..., dim], dim, data.shape[dim])
+        if check:
+            for dim in range(idx.shape[-1]):
+                _check_indices(layer, idx[..., dim], dim, data.shape[dim])
         return data[tuple(idx.movedim(-1, 0))]
     axis = layer.axis % data.dim()
-    _check_indices(layer, idx, axis, data.shape[axis])
+    if check:
+        _check_indices(layer, idx, axis, data.shape[axis])
     flat = torch.index_select(data, axis, idx.reshape(-1))
     return flat.reshape(tuple(data.shape[:axis]) + tuple(idx.shape) + tuple(data.shape[axis + 1:]))
 

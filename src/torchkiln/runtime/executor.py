@@ -33,12 +33,19 @@ def _convolution_in_true_fp32(layer: L.ConvolutionLayer, xs: list[torch.Tensor],
     torch.backends.cuda.matmul's precision, true fp32 by default; a user who allows TF32 there (a
     process-wide choice) gets it in eager and engines alike.
     """
-    nd = ws["kernel"].dim() - 2
+    return convolve(layer, xs[0], ws["kernel"], ws.get("bias"), allow_tf32=False)
+
+
+def convolve(layer: L.ConvolutionLayer, x: torch.Tensor, kernel: torch.Tensor, bias: torch.Tensor | None,
+             allow_tf32: bool) -> torch.Tensor:
+    """The convolution of `layer` with TF32 permission given for this call alone (see above)."""
+    nd = kernel.dim() - 2
     cudnn = torch.backends.cudnn
     return torch._convolution(
-        xs[0], ws["kernel"], ws.get("bias"), list(layer.stride), list(layer.padding), list(layer.dilation),
-        layer.transposed, list(layer.output_padding) or [0] * nd, layer.groups, cudnn.benchmark,
-        cudnn.deterministic or torch.are_deterministic_algorithms_enabled(), cudnn.enabled, False)
+        x, kernel, bias, list(layer.stride), list(layer.padding), list(layer.dilation), layer.transposed,
+        list(layer.output_padding) or [0] * nd, layer.groups, cudnn.benchmark,
+        cudnn.deterministic or torch.are_deterministic_algorithms_enabled(), cudnn.enabled,
+        allow_tf32 and kernel.dtype == torch.float32)
 
 
 # Kernels that replace a layer's reference meaning in the executor (each computes the same values).

@@ -28,7 +28,7 @@ import torch
 from torchkiln.errors import EngineFormatError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, dim_str, evaluate, product
+from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, evaluate, product
 
 # What a kernel is: an ATen call of a layer's reference meaning, a kernel torchkiln generated (Triton), a
 # library call through ATen (cuDNN, cuBLAS, SDPA), or an ONNX Runtime session.
@@ -339,12 +339,3 @@ def plan_memory(network: Network, steps: Sequence[Step], io: Sequence[StepIO]) -
 
 def _align(n: int) -> int:
     return (n + ARENA_ALIGN - 1) // ARENA_ALIGN * ARENA_ALIGN
-
-
-def describe_memory(memory: MemoryPlan) -> str:
-    """One line: tensors in the arena, its size at the largest shapes, symbolic sizes shown by name."""
-    symbolic = sum(not isinstance(b, int) for b in memory.slot_bytes.values())
-    return (f"{len(memory.slot_bytes)} arena tensors ({symbolic} of symbolic size), arena "
-            f"{memory.arena_bytes / 2**20:.2f} MiB at the largest shapes"
-            + (f", e.g. {dim_str(next(b for b in memory.slot_bytes.values() if not isinstance(b, int)))} bytes"
-               if symbolic else ""))

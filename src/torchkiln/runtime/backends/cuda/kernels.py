@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from torchkiln.ir import layers as L
-from torchkiln.ir.reference import MEANINGS
+from torchkiln.ir.reference import MEANINGS, gather
 from torchkiln.ir.tensor import Tensor
+from torchkiln.runtime.executor import convolve
 from torchkiln.runtime.plan import Kernel
 
 StepFn = Callable[[list[torch.Tensor]], list[torch.Tensor]]
@@ -46,8 +47,7 @@ def maker(kind: str, op: str) -> Callable[[Maker], Maker]:
 
 def make_step(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """The callable of one step; a row without a maker of its own runs its layers' ATen meanings in order."""
-    found = MAKERS.get((kernel.kind, kernel.op)) or MAKERS.get((kernel.kind, "*")) or _layer_by_layer
-    return found(step, kernel, allow_tf32)
+    return MAKERS.get((kernel.kind, kernel.op), _layer_by_layer)(step, kernel, allow_tf32)
 
 
 def _layer_fn(layer: L.Layer, weights: Weights, allow_tf32: bool, device: torch.device
@@ -60,14 +60,11 @@ def _layer_fn(layer: L.Layer, weights: Weights, allow_tf32: bool, device: torch.
     return lambda xs: meaning(layer, xs, weights, device)
 
 
-@maker("aten", "*")
 def _layer_by_layer(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     fns = [_layer_fn(layer, w, allow_tf32, step.device) for layer, w in zip(step.layers, step.weights)]
-    if len(step.layers) == 1:
-        fn, single = fns[0], len(step.layers[0].outputs) == 1
-        picks = [[id(t) for t in step.layers[0].outputs].index(o) for o in step.outputs]
-        if single and picks == [0]:
-            return lambda xs: [fn(xs)]
+    if len(step.layers) == 1 and len(step.outputs) == 1 and [id(t) for t in step.layers[0].outputs] == step.outputs:
+        fn = fns[0]  # one layer of one output: no bookkeeping
+        return lambda xs: [fn(xs)]
     ins = step.inputs
     plan = [(fn, [id(t) for t in layer.inputs], [id(t) for t in layer.outputs]) for fn, layer in zip(fns, step.layers)]
     outs = step.outputs
@@ -89,38 +86,13 @@ def _layer_by_layer(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepF
 
 def _convolution(layer: L.ConvolutionLayer, ws: Weights, allow_tf32: bool):
     kernel, bias = ws["kernel"], ws.get("bias")
-    nd = kernel.dim() - 2
-    stride, padding, dilation = list(layer.stride), list(layer.padding), list(layer.dilation)
-    output_padding = list(layer.output_padding) or [0] * nd
-    transposed, groups = layer.transposed, layer.groups
-    tf32 = allow_tf32 and kernel.dtype == torch.float32
-    cudnn = torch.backends.cudnn
-
-    def conv(xs):
-        return torch._convolution(xs[0], kernel, bias, stride, padding, dilation, transposed, output_padding, groups,
-                                  cudnn.benchmark, cudnn.deterministic, cudnn.enabled, tf32)
-
-    return conv
+    return lambda xs: convolve(layer, xs[0], kernel, bias, allow_tf32)
 
 
 def _gather(layer: L.GatherLayer, ws: Weights, allow_tf32: bool):
     """Gather without the host-side index check of the meaning (it would synchronize every call): on the GPU
     an index outside [0, size) trips the CUDA kernel's own bounds assertion, as eager PyTorch's does."""
-    axis, mode = layer.axis, layer.mode
-
-    def gather(xs):
-        data, idx = xs
-        if mode == L.GatherMode.ELEMENT:
-            return torch.gather(data, axis, idx)
-        if mode == L.GatherMode.ND:
-            return data[tuple(idx.movedim(-1, 0))]
-        a = axis % data.dim()
-        if a == 0 and data.dim() == 2:
-            return F.embedding(idx, data)
-        flat = torch.index_select(data, a, idx.reshape(-1))
-        return flat.reshape(tuple(data.shape[:a]) + tuple(idx.shape) + tuple(data.shape[a + 1:]))
-
-    return gather
+    return lambda xs: gather(layer, xs[0], xs[1], check=False)
 
 
 def _normalization(layer: L.NormalizationLayer, ws: Weights, allow_tf32: bool):

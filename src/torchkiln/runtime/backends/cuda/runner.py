@@ -114,7 +114,7 @@ class CudaRunner:
         self._bound: OrderedDict[tuple, _Bound] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = None
-        self._last_call: torch.cuda.Event | None = None
+        self._last_call = torch.cuda.Event()  # recorded at the end of every call (a wait before any record is a no-op)
         self._graphs = options.cuda_graphs
 
     def _bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
@@ -122,7 +122,7 @@ class CudaRunner:
                           self.device, self.options.allow_tf32)
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        key = tuple((tuple(x.shape), x.dtype) for x in inputs)
+        key = tuple(tuple(x.shape) for x in inputs)  # dtypes are the bindings' (checked by the engine)
         with self._lock:
             bound = self._bound.get(key)
             if bound is None:
@@ -132,8 +132,7 @@ class CudaRunner:
             else:
                 self._bound.move_to_end(key)
             stream = torch.cuda.current_stream(self.device)
-            if self._last_call is not None:
-                stream.wait_event(self._last_call)
+            stream.wait_event(self._last_call)  # the previous call, maybe on another stream, is done with the buffers
             if bound.graph is None and self._graphs:
                 outputs = self._first_call(bound, inputs)
             elif bound.graph is None:
@@ -143,9 +142,7 @@ class CudaRunner:
                     static.copy_(x)
                 bound.graph.replay()
                 outputs = [o.clone() for o in bound.static_outputs]
-            event = torch.cuda.Event()
-            event.record(stream)
-            self._last_call = event
+            self._last_call.record(stream)  # one event, re-recorded: a wait takes the record made before it
         return outputs
 
     def _first_call(self, bound: _Bound, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
