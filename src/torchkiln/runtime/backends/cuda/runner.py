@@ -58,13 +58,10 @@ class _Bound:
         return [values[s] for s in self.output_slots]
 
     def capture(self, inputs: Sequence[torch.Tensor], pool: object) -> None:
+        """Capture the steps as one graph. The eager call just before it did the lazy work (cuDNN's algorithm
+        choice, Triton's compiles, weight casts), so it is not warmed up again."""
         self.static_inputs = [x.clone() for x in inputs]
         graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream(device=inputs[0].device if inputs else None)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.run_eagerly(self.static_inputs)  # warm-up on the capture stream (lazy inits, autotuning)
-        torch.cuda.current_stream().wait_stream(side)
         with torch.cuda.graph(graph, pool=pool):
             self.static_outputs = self.run_eagerly(self.static_inputs)
         self.graph = graph
