@@ -124,3 +124,28 @@ def test_timing_cache_makes_the_second_build_time_nothing(resnet, tmp_path, monk
     before = (tmp_path / "timing.json").stat().st_mtime_ns
     torchkiln.compile(resnet, inputs, enabled_precisions={torch.float16})
     assert (tmp_path / "timing.json").stat().st_mtime_ns == before
+
+
+class _MaskedAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(64, 192)
+
+    def forward(self, x, keep):
+        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 4, 16).permute(2, 0, 3, 1, 4)
+        mask = (1.0 - keep[:, None, None, :].to(x.dtype)) * -10000.0  # BERT's additive padding mask
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def test_attention_runs_through_the_sdpa_backend_timed_fastest(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHKILN_CACHE_DIR", str(tmp_path))
+    model = _MaskedAttention().eval().cuda()
+    x = torch.randn(2, 32, 64, device="cuda")
+    keep = torch.ones(2, 32, dtype=torch.int64, device="cuda")
+    keep[1, 20:] = 0
+    compiled = torchkiln.compile(model, [torchkiln.Input(x.shape), torchkiln.Input(keep.shape, dtype=torch.int64)],
+                                 enabled_precisions={torch.float16})
+    kernels = [k for k in _engine(compiled).plans[0].kernels if k.op == "attention"]
+    assert kernels and dict(kernels[0].tactic)["backend"] in {"cudnn", "efficient", "flash", "math"}
+    assert "attention" in (tmp_path / "timing.json").read_text()
+    _close(compiled(x, keep), model(x, keep), fp16=True)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torchkiln.ir import layers as L
 from torchkiln.ir.reference import MEANINGS, gather
 from torchkiln.ir.tensor import Tensor
+from torchkiln.runtime.backends.cuda.timing import sdpa
 from torchkiln.runtime.executor import convolve
 from torchkiln.runtime.plan import Kernel
 
@@ -174,6 +175,14 @@ def _half_layer_norm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> Step
     ws = {k: w.to(step.layers[0].inputs[0].dtype) for k, w in step.weights[1].items()}
     shape, eps = list(norm.normalized_shape), norm.epsilon
     return lambda xs: [F.layer_norm(xs[0], shape, ws.get("scale"), ws.get("bias"), eps)]
+
+
+@maker("library", "attention")
+def _attention(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """SDPA through the backend the build timed fastest (the tactic "backend"; "" = PyTorch's choice)."""
+    layer = step.layers[0]
+    run = sdpa(str(dict(kernel.tactic).get("backend", "")), layer.causal, layer.scale)
+    return lambda xs: [run(xs[0], xs[1], xs[2], xs[3] if len(xs) > 3 else None)]
 
 
 @maker("generated", "pointwise")

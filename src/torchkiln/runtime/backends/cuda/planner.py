@@ -20,6 +20,8 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    norm does that inside one kernel (`layer_norm`).
 5. **Library calls** for the rest of the heavy layers (convolution in channels-last, matrix multiply,
    attention through SDPA), and the layers' ATen meanings for everything else (CUDA variants in kernels.py).
+   Attention's SDPA backend (cuDNN, memory-efficient, flash, math) is a tactic: each that accepts the inputs is
+   timed in a CUDA graph at the opt shapes and the fastest is kept (PyTorch's own choice without timing).
 """
 from __future__ import annotations
 
@@ -137,7 +139,8 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
         elif isinstance(layer, L.MatrixMultiplyLayer):
             groups.append((Kernel("library", "matrix_multiply"), [j]))
         elif isinstance(layer, L.AttentionLayer):
-            groups.append((Kernel("library", "attention"), [j]))
+            backend = timing.attention_backend(layer, [_opt(t.shape) for t in layer.inputs], device, options, cache)
+            groups.append((Kernel("library", "attention", (("backend", backend),) if backend else ()), [j]))
         else:
             groups.append((Kernel("aten", layer.KIND), [j]))
         assigned.add(j)

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from torchkiln.ir import layers as L
 from torchkiln.runtime.backends import BackendOptions
@@ -78,6 +79,76 @@ def time_ms(fn: Callable[[], object], iterations: int) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iterations
+
+
+def time_graphed_ms(fn: Callable[[], object], iterations: int) -> float:
+    """Mean milliseconds of `fn` replayed from one CUDA graph of `iterations` calls: how the runner runs it, so
+    launch costs count as they will (a tactic of more, shorter kernels pays for each)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iterations):
+            fn()
+    return time_ms(graph.replay, 1) / iterations
+
+
+# tactic name -> torch.nn.attention.SDPBackend member
+ATTENTION_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "flash": "FLASH_ATTENTION",
+                      "math": "MATH"}
+
+
+def sdpa(backend: str, causal: bool, scale: float | None
+         ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
+    """Scaled dot-product attention through one backend ("" = PyTorch's own choice)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if not backend:
+        return lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                                    scale=scale)
+    member = getattr(SDPBackend, ATTENTION_BACKENDS[backend])
+
+    def run(q, k, v, mask):
+        with sdpa_kernel(member):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+
+    return run
+
+
+def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], device: torch.device,
+                      options: BackendOptions, cache: TimingCache) -> str:
+    """The fastest SDPA backend for `layer` with inputs of `shapes` (its opt shapes), or "" (PyTorch's own
+    choice) without timing. Backends that refuse the inputs (flash with a mask, say) are skipped."""
+    if options.timing_iterations == 0 or device.type != "cuda":
+        return ""
+    dtypes = [t.dtype for t in layer.inputs]
+    key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, "attention", layer.causal,
+                      layer.scale, [str(d) for d in dtypes], [list(s) for s in shapes]])
+    found = cache.get(key)
+    if found is not None:
+        return found
+    q, k, v = (torch.randn(s, device=device, dtype=d) for s, d in zip(shapes[:3], dtypes[:3]))
+    mask = None
+    if len(shapes) > 3:  # everything visible: random masks can hide whole rows
+        mask = torch.ones(shapes[3], device=device, dtype=dtypes[3]) if dtypes[3] == torch.bool else \
+            torch.zeros(shapes[3], device=device, dtype=dtypes[3])
+    times = {}
+    for name in ATTENTION_BACKENDS:
+        run = sdpa(name, layer.causal, layer.scale)
+        try:
+            with torch.no_grad():
+                times[name] = time_graphed_ms(lambda: run(q, k, v, mask), options.timing_iterations)
+        except RuntimeError as e:  # no kernel of this backend for these inputs (refused in the warm-up)
+            logger.debug("SDPA backend %s refused %s: %s", name, layer.name, str(e).splitlines()[0])
+    choice = min(times, key=times.get) if times else ""
+    logger.debug("tactic for %s (attention at %s): %s -> %s", layer.name, shapes,
+                 {k: round(t, 4) for k, t in times.items()}, choice or "PyTorch's choice")
+    cache.put(key, choice)
+    return choice
 
 
 def fused_is_faster(conv: L.ConvolutionLayer, op: str, input_shape: tuple[int, ...], device: torch.device,
