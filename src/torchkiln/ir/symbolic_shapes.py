@@ -96,9 +96,13 @@ def _infer(state: _Env, layer: Layer, params: dict[str, object], run: Callable[.
     fake_layer = dataclasses.replace(layer, **{k: convert(v) for k, v in params.items()})
     try:
         with mode:
-            inputs = [torch.empty([sym_int(d) for d in t.shape], dtype=t.dtype) for t in layer.inputs]
-            weights = {k: torch.empty_strided(w.shape, w.stride(), dtype=w.dtype) for k, w in layer.weights.items()}
-            outs = run(fake_layer, inputs, weights, torch.device("cpu"))
+            # on the meta device: its shape rules are the generic ones (torch 2.11's CPU linear in half precision
+            # asks for numel() and cannot run on symbolic sizes)
+            meta = torch.device("meta")
+            inputs = [torch.empty([sym_int(d) for d in t.shape], dtype=t.dtype, device=meta) for t in layer.inputs]
+            weights = {k: torch.empty_strided(w.shape, w.stride(), dtype=w.dtype, device=meta)
+                       for k, w in layer.weights.items()}
+            outs = run(fake_layer, inputs, weights, meta)
     except NetworkError:
         raise
     except Exception as e:  # a shape decision the ranges do not settle, or an op without symbolic support
