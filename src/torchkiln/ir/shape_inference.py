@@ -33,15 +33,14 @@ def infer_outputs(layer: Layer) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """The layer's output (shape, dtype) pairs; a layer that rejects its inputs is a NetworkError."""
     from torchkiln.ir.reference import run_layer
 
-    if any_symbolic(layer, layer.inputs):  # dynamic shapes: symbolic inference (ir/symbolic_shapes.py), uncached
-        return infer_symbolic(layer, run_layer)
-    key: tuple | None = signature(layer)
+    symbolic = any_symbolic(layer, layer.inputs)  # dynamic shapes: symbolic inference (ir/symbolic_shapes.py)
+    key: tuple | None = signature(layer)  # symbols are told apart by identity, so a key holds their ranges
     try:
         found = _cache.get(key)
     except TypeError:  # an unhashable parameter value: no caching
         key = found = None
     if found is None:
-        found = infer_on_meta(layer)
+        found = tuple(infer_symbolic(layer, run_layer)) if symbolic else infer_on_meta(layer)
         if key is not None:
             with _lock:
                 if len(_cache) >= CACHE_SIZE:

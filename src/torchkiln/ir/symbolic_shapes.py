@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.ir.layers import Layer, SliceLayer
+from torchkiln.ir.layers import Layer, MatrixMultiplyLayer, MatrixOperation, SliceLayer
 from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, as_shape, has_symbols, symbols_of
 
 Outputs = list[tuple[tuple, torch.dtype]]
@@ -72,6 +72,9 @@ def infer_symbolic(layer: Layer, run: Callable[..., list[torch.Tensor]]) -> Outp
         # expression later shape rules could not match. Conversion checked the bounds; the run-time meaning
         # checks them again on ints.
         return [(as_shape(layer.shape), layer.inputs[0].dtype)]
+    direct = _linear_shape(layer) if isinstance(layer, MatrixMultiplyLayer) else None
+    if direct is not None:
+        return direct
     params = symbolic_params(layer)
     symbols: set[DimSymbol] = set()
     for t in layer.inputs:
@@ -81,6 +84,22 @@ def infer_symbolic(layer: Layer, run: Callable[..., list[torch.Tensor]]) -> Outp
     with _ENVS_LOCK:  # one env per symbol set, reused while no meaning has added an assumption to it
         found = _ENVS.pop(key, None)
     return _infer(found or _Env(key), layer, params, run)
+
+
+def _linear_shape(layer: MatrixMultiplyLayer) -> Outputs | None:
+    """x @ W (+ bias) of a 2-D constant-shaped W: [..., M, K] x [K, N] -> [..., M, N], read off the shapes (torch
+    2.11's fake linear asks for numel() on symbolic sizes). None where the rule does not plainly apply."""
+    a, b = layer.inputs
+    bias = layer.weights.get("bias")
+    if a.rank < 2 or b.rank != 2 or a.dtype != b.dtype or has_symbols(b.shape):
+        return None
+    rows = list(a.shape)
+    if layer.op0 == MatrixOperation.TRANSPOSE:
+        rows[-1], rows[-2] = rows[-2], rows[-1]
+    k, n = b.shape if layer.op1 == MatrixOperation.NONE else b.shape[::-1]
+    if rows[-1] != k or (bias is not None and (bias.dim() > 1 or bias.numel() not in (1, n))):
+        return None
+    return [(tuple(rows[:-1]) + (n,), a.dtype)]
 
 
 def _infer(state: _Env, layer: Layer, params: dict[str, object], run: Callable[..., list[torch.Tensor]]) -> Outputs:
