@@ -8,7 +8,8 @@ dtype and applied in float32, and the result is rounded once, to the output dtyp
 precision pass's cast -> fp32 layer norm -> cast back means).
 
 One program normalizes ROWS rows of BLOCK elements (BLOCK the next power of two of `size`; ROWS > 1 only for short
-rows), so the whole row sits in registers: one read of each input and one write of each output per element.
+rows, and at most the next power of two of the row count), so the whole row sits in registers: one read of each input
+and one write of each output per element.
 """
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ import triton.language as tl
 
 
 @triton.jit
+def _add(x, y):  # tl.sum's combining function, defined here: Triton's interpreter runs only this module's
+    return x + y
+
+
+@triton.jit
 def {KERNEL_NAME}(
         a, b, s, w, bias, out, rows, n, a_row, b_row, eps,
         HAS_ADD: tl.constexpr, WRITE_SUM: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
@@ -44,9 +50,9 @@ def {KERNEL_NAME}(
         if WRITE_SUM:
             tl.store(s + row * n + col, x, mask=mask)
     x = x.to(tl.float32)
-    mean = tl.sum(x, axis=1) / n
+    mean = tl.reduce(x, 1, _add) / n
     centered = tl.where(mask, x - mean[:, None], 0.0)
-    var = tl.sum(centered * centered, axis=1) / n
+    var = tl.reduce(centered * centered, 1, _add) / n
     result = centered * tl.rsqrt(var + eps)[:, None]
     if HAS_W:
         result = result * tl.load(w + col, mask=in_row, other=0.0).to(tl.float32)
@@ -121,7 +127,7 @@ class RowNorm:
             b2 = self._rows(b, "b")
         rows = a2.shape[0]
         if rows:
-            rpp = self.rows_per_program
+            rpp = min(self.rows_per_program, _next_power_of_two(rows))
             self._fn[((rows + rpp - 1) // rpp,)](
                 a2, b2, out if total is None else total, out if self.weight is None else self.weight,
                 out if self.bias is None else self.bias, out, rows, self.size, a2.stride(0), b2.stride(0),
