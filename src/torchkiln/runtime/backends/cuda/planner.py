@@ -203,7 +203,7 @@ def _row_norms(network: Network, graph: _Graph) -> list[list[int]]:
     taken: set[int] = set()  # adds already joined to a norm (a sum read by two layer norms joins the first)
     for j, layer in enumerate(network.layers):
         if not (isinstance(layer, L.NormalizationLayer) and layer.kind == L.NormalizationKind.LAYER
-                and all(isinstance(d, int) for d in layer.normalized_shape)
+                and layer.normalized_shape and all(isinstance(d, int) for d in layer.normalized_shape)
                 and 1 <= math.prod(layer.normalized_shape) <= MAX_SIZE
                 and all(w.dtype in DTYPES for w in layer.weights.values())):
             continue
