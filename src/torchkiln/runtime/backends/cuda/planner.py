@@ -150,6 +150,7 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     # A fused epilogue runs where its last layer is: the residual it adds may be made after the convolution
     # (a downsample branch), and nothing else reads what the group makes inside itself.
     # A linear group runs at its first matrix multiply (what reads its outputs comes after that).
+    # A layer norm group runs at its first layer: it reads only what its first layer (the add, or the cast) reads.
     order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
     groups = [groups[k] for k in order]
     groups = _group_pointwise(network, groups, graph)
