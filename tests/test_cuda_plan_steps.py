@@ -8,6 +8,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 import torchkiln  # noqa: E402
 from torchkiln.examples import SmallMobileNet, SmallResNet  # noqa: E402
+from torchkiln.errors import NetworkError  # noqa: E402
 from torchkiln.ir import layers as L  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.runtime.backends import BackendOptions  # noqa: E402
@@ -16,6 +17,7 @@ from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
 from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
 from torchkiln.runtime.engine import Engine  # noqa: E402
 from torchkiln.runtime.executor import ReferenceExecutor  # noqa: E402
+from torchkiln.runtime.plan import Kernel, Plan, Step  # noqa: E402
 from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -83,3 +85,40 @@ def test_projections_of_one_input_are_one_gemm():
     assert [plan.kernels[s.kernel].op for s in plan.steps].count("linear_group") == 1
     for g, r in zip(got, ReferenceExecutor(net, CPU).run([xv])):
         assert (g - r).abs().max() <= 1e-5 * r.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_residual_add_and_layer_norm_step_writes_the_sum_it_returns(dtype):
+    """y = ln(x + r) with the precision pass's casts around an fp16 layer norm; the sum is returned too: one
+    generated step writing both, as the layers' meanings compute them (the sum rounded before the statistics)."""
+    net = Network("add_norm")
+    x = net.add_input("x", dtype, (3, 5, 40))
+    r = net.add_input("r", dtype, (3, 5, 40))
+    s = net.add_elementwise(x, r, L.ElementWiseOperation.SUM).get_output()
+    up = net.add_cast(s, torch.float32).get_output() if dtype == torch.float16 else s
+    norm = net.add_layer(L.NormalizationLayer, [up], weights={"scale": torch.randn(40), "bias": torch.randn(40)},
+                         kind=L.NormalizationKind.LAYER, epsilon=1e-5, normalized_shape=(40,)).get_output()
+    net.mark_output(net.add_cast(norm, dtype).get_output() if dtype == torch.float16 else norm)
+    net.mark_output(s)
+    xs = [torch.randn(3, 5, 40).to(dtype) * 4, torch.randn(3, 5, 40).to(dtype)]
+    plan, got = run_plan(net, xs)
+    assert [(plan.kernels[st.kernel].kind, plan.kernels[st.kernel].op) for st in plan.steps] == [
+        ("generated", "layer_norm")]
+    ref = ReferenceExecutor(net, CPU).run(xs)
+    assert torch.equal(got[1], ref[1])
+    err = (got[0].double() - ref[0].double()).abs()
+    if dtype == torch.float16:  # one unit in the last place
+        bound = torch.clamp(2.0 ** -10 * ref[0].double().abs(), min=2.0 ** -24)
+    else:
+        bound = 1e-5 * ref[0].abs().max().item()
+    assert bool((err <= bound).all()), err.max()
+
+
+def test_a_layer_norm_step_of_other_layers_is_refused_by_name():
+    """A plan read from engine bytes may name any layers for a kernel row: its maker checks what it computes."""
+    net = Network("not_a_norm")
+    x = net.add_input("x", torch.float32, (2, 8))
+    net.mark_output(net.add_unary(x, L.UnaryOperation.EXP).get_output())
+    plan = Plan(planner.target(CPU), [Kernel("generated", "layer_norm")], [Step(0, (0,))])
+    with pytest.raises(NetworkError, match=r"layer norm \[-> cast\], got \['unary'\]"):
+        bind_steps(net, plan, place_weights(net, plan, CPU), None, [(2, 8)], CPU, allow_tf32=False)

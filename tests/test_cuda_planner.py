@@ -1,6 +1,9 @@
 """The CUDA planner's decisions, checked on the CPU (planning needs no GPU when tactic timing is off)."""
+import sys
+
 import pytest
 import torch
+from torch import nn
 
 import torchkiln
 from torchkiln.examples import SmallResNet
@@ -9,6 +12,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.backends.cuda import planner
+from torchkiln.runtime.backends.cuda.codegen.norm import MAX_SIZE
 from torchkiln.runtime.engine import Engine
 from torchkiln.runtime.plan import check_steps
 
@@ -106,3 +110,79 @@ def test_half_layer_norm_between_casts_is_one_step():
     net.mark_output(net.add_cast(norm, torch.float16).get_output())
     plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
     assert _ops(plan, net) == [("layer_norm", ["cast", "normalization", "cast"])]
+    assert plan.kernels[0].kind == "generated"
+    with pytest.MonkeyPatch.context() as mp:  # without Triton: CUDA's layer norm on the half input
+        mp.setitem(sys.modules, "triton", None)
+        plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
+    assert [(k.kind, k.op) for k in plan.kernels] == [("library", "layer_norm")]
+
+
+class ResidualNorms(nn.Module):
+    """Two transformer sublayers (a linear layer standing in for attention, then a feed-forward one): post-norm
+    (BERT: x = ln(x + f(x))) or pre-norm (ViT, GPT-2: x = x + f(ln(x)))."""
+
+    def __init__(self, pre_norm: bool, d: int = 16) -> None:
+        super().__init__()
+        self.pre_norm = pre_norm
+        self.attn, self.ffn = nn.Linear(d, d), nn.Linear(d, d)
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+
+    def forward(self, x):
+        if self.pre_norm:
+            x = x + self.attn(self.ln1(x))
+            return x + torch.relu(self.ffn(self.ln2(x)))
+        x = self.ln1(x + self.attn(x))
+        return self.ln2(x + torch.relu(self.ffn(x)))
+
+
+def _block(pre_norm: bool, dtype: torch.dtype) -> Network:
+    module = ResidualNorms(pre_norm).to(dtype).eval()
+    data = torchkiln.convert_method_to_engine(module, "forward", [torchkiln.Input((2, 5, 16), dtype=dtype)],
+                                              backend="reference", enabled_precisions={dtype})
+    return Engine.deserialize(data).network
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
+def test_post_norm_residual_adds_join_their_layer_norms(dtype):
+    """BERT's layer: the residual add, the precision casts and the layer norm are one generated kernel."""
+    net = _block(False, dtype)
+    plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
+    check_steps(net, plan.steps)
+    norm = ["elementwise", "cast", "normalization", "cast"] if dtype == torch.float16 else ["elementwise",
+                                                                                           "normalization"]
+    ops = _ops(plan, net)
+    assert ops.count(("layer_norm", norm)) == 2 and ("pointwise", ["elementwise"]) not in ops
+    assert {plan.kernels[s.kernel].kind for s in plan.steps if plan.kernels[s.kernel].op == "layer_norm"} \
+        == {"generated"}
+    assert all(len(io.outputs) == 1 for s, io in zip(plan.steps, plan.io(net))
+               if plan.kernels[s.kernel].op == "layer_norm")  # nothing else reads the sums
+
+
+def test_pre_norm_residual_add_joins_the_next_layer_norm_and_writes_the_sum():
+    """ViT, GPT-2: x = x + attn(ln1(x)) is the residual stream that the next sublayer adds to, and ln2's input."""
+    net = _block(True, torch.float16)
+    plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
+    check_steps(net, plan.steps)
+    steps = [(op, kinds, len(io.outputs)) for (op, kinds), io in zip(_ops(plan, net), plan.io(net))
+             if op == "layer_norm"]
+    assert steps == [("layer_norm", ["cast", "normalization", "cast"], 1),
+                     ("layer_norm", ["elementwise", "cast", "normalization", "cast"], 2)]
+
+
+def _norm_of_sum(shape_b: tuple[int, ...], size: int = 16) -> Network:
+    net = Network("sum_norm")
+    x = net.add_input("x", torch.float32, (2, size))
+    r = net.add_input("r", torch.float32, shape_b)
+    s = net.add_elementwise(x, r, L.ElementWiseOperation.SUM).get_output()
+    net.mark_output(net.add_layer(L.NormalizationLayer, [s], weights={}, kind=L.NormalizationKind.LAYER,
+                                  epsilon=1e-5, normalized_shape=(size,)).get_output())
+    return net
+
+
+def test_only_an_add_of_one_shape_joins_and_long_rows_stay_on_aten():
+    net = _norm_of_sum((1, 16))  # a broadcast operand: the add stays a pointwise kernel
+    assert _ops(planner.make_plan(net, torch.device("cpu"), NO_TIMING), net) == [
+        ("pointwise", ["elementwise"]), ("layer_norm", ["normalization"])]
+    net = _norm_of_sum((2, MAX_SIZE + 1), MAX_SIZE + 1)
+    assert _ops(planner.make_plan(net, torch.device("cpu"), NO_TIMING), net) == [
+        ("pointwise", ["elementwise"]), ("normalization", ["normalization"])]

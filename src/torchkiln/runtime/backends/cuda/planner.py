@@ -16,8 +16,11 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    operation (`conv_epilogue`).
 3. **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
    become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
-4. **Half-precision layer norms**: the precision pass computes them in fp32 between two casts; CUDA's layer
-   norm does that inside one kernel (`layer_norm`).
+4. **Layer norms** become one generated Triton row norm each (`generated`/`layer_norm`, codegen/norm.py): with
+   the casts the precision pass puts around a half-precision layer norm (fp32 statistics inside the kernel,
+   one rounding at the end) and the residual add making its input (writing the sum too where another layer
+   reads it, as a pre-norm transformer does). Without Triton, the half-precision ones between their casts
+   become CUDA's layer norm on the half input (`library`/`layer_norm`); the rest run on ATen.
 5. **Library calls** for the rest of the heavy layers (convolution in channels-last, matrix multiply,
    attention through SDPA), and the layers' ATen meanings for everything else (CUDA variants in kernels.py).
    Attention's SDPA backend (cuDNN, memory-efficient, flash, math) is a tactic: each that accepts the inputs is
@@ -26,6 +29,7 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 
 import torch
@@ -113,10 +117,11 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     graph = _Graph(network)
     groups: list[tuple[Kernel, list[int]]] = []
     assigned: set[int] = set()
-    for members in _half_layer_norms(network, graph):
-        groups.append((Kernel("library", "layer_norm"), members))
-        assigned.update(members)
     first_at: dict[int, int] = {}  # a group placed at its first layer (default: at its last)
+    for kernel, members in _layer_norms(network, graph):
+        first_at[len(groups)] = members[0]
+        groups.append((kernel, members))
+        assigned.update(members)
     for members in _shared_input_linears(network, graph):
         first_at[len(groups)] = min(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
         groups.append((Kernel("library", "linear_group"), members))
@@ -148,6 +153,7 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     # A fused epilogue runs where its last layer is: the residual it adds may be made after the convolution
     # (a downsample branch), and nothing else reads what the group makes inside itself.
     # A linear group runs at its first matrix multiply (what reads its outputs comes after that).
+    # A layer norm group runs at its first layer: it reads only what its first layer (the add, or the cast) reads.
     order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
     groups = [groups[k] for k in order]
     groups = _group_pointwise(network, groups, graph)
@@ -176,6 +182,55 @@ def _shared_input_linears(network: Network, graph: _Graph) -> list[list[int]]:
         if len(same) >= 2:
             groups.append([k for pair in same for k in pair])
     return groups
+
+
+def _layer_norms(network: Network, graph: _Graph) -> list[tuple[Kernel, list[int]]]:
+    """Layer norm steps (rule 4 of the module docstring): generated row norms where Triton is importable, else
+    ATen's layer norm for the half-precision ones."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return [(Kernel("library", "layer_norm"), members) for members in _half_layer_norms(network, graph)]
+    return [(Kernel("generated", "layer_norm"), members) for members in _row_norms(network, graph)]
+
+
+def _row_norms(network: Network, graph: _Graph) -> list[list[int]]:
+    """Each layer norm over at most codegen.norm.MAX_SIZE elements per row, with what a generated row norm computes
+    in the same kernel: the cast from half before it and the cast to half after it (what the precision pass puts
+    around a half-precision layer norm; fp32 statistics, one rounding at the end), and the add of two tensors of
+    one shape and dtype making its input (a transformer's residual add; the sum is rounded to that dtype before
+    the statistics, as the add's output is). Each group lists [add,] [cast,] norm [, cast] in order; it runs at its
+    first layer (everything it reads is made before the add), and writes the sum too where others read it."""
+    from torchkiln.runtime.backends.cuda.codegen.norm import DTYPES, MAX_SIZE
+
+    found: list[list[int]] = []
+    taken: set[int] = set()  # adds already joined to a norm (a sum read by two layer norms joins the first)
+    for j, layer in enumerate(network.layers):
+        if not (isinstance(layer, L.NormalizationLayer) and layer.kind == L.NormalizationKind.LAYER
+                and layer.normalized_shape and all(isinstance(d, int) for d in layer.normalized_shape)
+                and 1 <= math.prod(layer.normalized_shape) <= MAX_SIZE
+                and all(w.dtype in DTYPES for w in layer.weights.values())):
+            continue
+        chain, stored = [j], layer.inputs[0]
+        cast_in = stored.producer
+        if isinstance(cast_in, L.CastLayer) and cast_in.inputs[0].dtype in HALF and \
+                stored.dtype == torch.float32 and graph.sole_reader(stored) is layer:
+            chain.insert(0, graph.index[id(cast_in)])
+            stored = cast_in.inputs[0]
+        out = layer.outputs[0]
+        if stored.dtype not in DTYPES or out.dtype not in DTYPES:
+            continue
+        cast_out = graph.sole_reader(out)
+        if isinstance(cast_out, L.CastLayer) and out.dtype == torch.float32 and cast_out.to_type in HALF:
+            chain.append(graph.index[id(cast_out)])
+        add = stored.producer
+        if isinstance(add, L.ElementWiseLayer) and add.op == L.ElementWiseOperation.SUM and len(add.inputs) == 2 \
+                and all(t.shape == stored.shape and t.dtype == stored.dtype for t in add.inputs) \
+                and graph.index[id(add)] not in taken:
+            taken.add(graph.index[id(add)])
+            chain.insert(0, graph.index[id(add)])
+        found.append(chain)
+    return found
 
 
 def _half_layer_norms(network: Network, graph: _Graph) -> list[list[int]]:
