@@ -44,3 +44,31 @@ def test_deep_trees_are_refused():
         tree = {"op": "add", "args": [tree, 1]}
     with pytest.raises(S.SymbolicError, match="too deep"):
         S.from_tree(tree, {"s0": s0})
+
+
+@pytest.mark.parametrize("kind", ["linear", "linear_transposed_input", "attention"])
+def test_shapes_read_off_inputs_agree_with_the_fake_run(kind):
+    """Linear and attention shapes are read off the input shapes (torch 2.11's fake kernels fail on symbolic
+    sizes); on this torch the fake run of their meaning works, and both must agree."""
+    import torch
+
+    from torchkiln.ir import layers as L
+    from torchkiln.ir import symbolic_shapes
+    from torchkiln.ir.reference import run_layer
+    from torchkiln.ir.tensor import Tensor
+
+    b, s = S.DimSymbol("b", 1, 8), S.DimSymbol("s", 4, 64)
+    if kind == "attention":
+        q, k, v = (Tensor(n, (b, 12, s, 64), torch.float16) for n in "qkv")
+        layer = L.AttentionLayer(name="attn", inputs=[q, k, v], outputs=[])
+    else:
+        x = Tensor("x", (b, s, 32) if kind == "linear" else (b, 32, s), torch.float16)
+        w = Tensor("w", (48, 32), torch.float16)
+        op0 = L.MatrixOperation.NONE if kind == "linear" else L.MatrixOperation.TRANSPOSE
+        layer = L.MatrixMultiplyLayer(name="mm", inputs=[x, w], outputs=[], op0=op0, op1=L.MatrixOperation.TRANSPOSE,
+                                      weights={"bias": torch.zeros(48, dtype=torch.float16)})
+    rule = symbolic_shapes._DIRECT_RULES[type(layer)]
+    direct = rule(layer)
+    assert direct is not None
+    faked = symbolic_shapes._infer(symbolic_shapes._Env(frozenset({b, s})), layer, {}, run_layer)
+    assert [(tuple(shape), dtype) for shape, dtype in faked] == direct

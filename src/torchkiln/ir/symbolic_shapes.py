@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.ir.layers import Layer, MatrixMultiplyLayer, MatrixOperation, SliceLayer
+from torchkiln.ir.layers import AttentionLayer, Layer, MatrixMultiplyLayer, MatrixOperation, SliceLayer
 from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, as_shape, has_symbols, symbols_of
 
 Outputs = list[tuple[tuple, torch.dtype]]
@@ -72,7 +72,8 @@ def infer_symbolic(layer: Layer, run: Callable[..., list[torch.Tensor]]) -> Outp
         # expression later shape rules could not match. Conversion checked the bounds; the run-time meaning
         # checks them again on ints.
         return [(as_shape(layer.shape), layer.inputs[0].dtype)]
-    direct = _linear_shape(layer) if isinstance(layer, MatrixMultiplyLayer) else None
+    rule = _DIRECT_RULES.get(type(layer))
+    direct = rule(layer) if rule is not None else None
     if direct is not None:
         return direct
     params = symbolic_params(layer)
@@ -100,6 +101,23 @@ def _linear_shape(layer: MatrixMultiplyLayer) -> Outputs | None:
     if rows[-1] != k or (bias is not None and (bias.dim() > 1 or bias.numel() not in (1, n))):
         return None
     return [(tuple(rows[:-1]) + (n,), a.dtype)]
+
+
+def _attention_shape(layer: AttentionLayer) -> Outputs | None:
+    """SDPA of q [..., L, E], k [..., S, E], v [..., S, Ev] with the same leading dims: [..., L, Ev] (torch 2.11's
+    fake SDPA cannot run on symbolic sizes). The mask only has to broadcast, which the run-time meaning checks."""
+    q, k, v = layer.inputs[:3]
+    if not (q.rank == k.rank == v.rank >= 2 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
+            and q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2] and q.dtype == k.dtype == v.dtype):
+        return None
+    return [(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)]
+
+
+# layers whose output shapes are read off their input shapes instead of a fake run of their meaning
+_DIRECT_RULES: dict[type, Callable[[Layer], Outputs | None]] = {
+    MatrixMultiplyLayer: _linear_shape,
+    AttentionLayer: _attention_shape,
+}
 
 
 def _infer(state: _Env, layer: Layer, params: dict[str, object], run: Callable[..., list[torch.Tensor]]) -> Outputs:
