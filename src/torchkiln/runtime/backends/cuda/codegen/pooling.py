@@ -13,6 +13,9 @@ its left padding).
 """
 from __future__ import annotations
 
+import functools
+import importlib.util
+
 import torch
 
 from torchkiln.errors import EngineInputError
@@ -66,8 +69,15 @@ def _pairs(values: tuple[int, ...], default: int) -> tuple[int, int]:
     return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
 
 
+@functools.cache
+def _have_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def poolable(layer: L.Layer) -> str | None:
     """None if `layer` runs in the generated max pool kernel, else why not."""
+    if not _have_triton():
+        return "Triton is not installed"
     if not isinstance(layer, L.PoolingLayer) or layer.type != L.PoolingType.MAX:
         return "not a max pooling layer"
     if len(layer.window) != 2 or layer.inputs[0].rank != 4 or len(layer.outputs) != 1:
