@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton", reason="triton is not installed")
 
-from torchkiln.errors import EngineInputError  # noqa: E402
+from torchkiln.errors import EngineInputError, NetworkError  # noqa: E402
 from torchkiln.ir import layers as L  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
@@ -122,6 +122,8 @@ def test_what_the_kernel_refuses():
                                                         padding=(0,)))
     assert "2-d" in poolable(pool_layer(F32, (2, 4, 4), (2, 2), (2, 2)))
     assert "int32" in poolable(pool_layer(torch.int32, (1, 2, 4, 4), (2, 2), (2, 2)))
+    with pytest.raises(NetworkError, match="not a 2-d max pool"):
+        MaxPool2d(pool_layer(F32, (2, 4, 4), (2, 2), (2, 2)))
     launch = MaxPool2d(pool_layer(F32, (1, 2, 4, 4), (3, 3), (1, 1)))
     with pytest.raises(EngineInputError, match="too small"):
         launch(torch.randn(1, 2, 2, 2, device=DEVICE))

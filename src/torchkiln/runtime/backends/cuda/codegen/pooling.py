@@ -18,7 +18,7 @@ import importlib.util
 
 import torch
 
-from torchkiln.errors import EngineInputError
+from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 
 KERNEL_NAME = "max_pool2d_kernel"
@@ -90,7 +90,7 @@ def poolable(layer: L.Layer) -> str | None:
 def output_size(size: int, window: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
     """torch's pooled size along one dim (its `pooling_output_shape`)."""
     out = (size + 2 * pad - dilation * (window - 1) - 1 + (stride - 1 if ceil_mode else 0)) // stride + 1
-    if ceil_mode and (out - 1) * stride >= size + pad:  # the last window must start inside the input
+    if ceil_mode and (out - 1) * stride >= size + pad:  # the last window starts in the input or left padding
         out -= 1
     return out
 
@@ -103,7 +103,7 @@ class MaxPool2d:
 
         reason = poolable(layer)
         if reason is not None:
-            raise EngineInputError(f"pooling layer {layer.name!r} cannot run in the generated kernel: {reason}")
+            raise NetworkError(f"pooling layer {layer.name!r} cannot run in the generated kernel: {reason}")
         self.layer = layer
         self.window = (layer.window[0], layer.window[1])
         self.stride = _pairs(layer.stride, 0) if layer.stride else self.window  # torch: no stride = the window
