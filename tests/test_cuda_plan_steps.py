@@ -122,3 +122,23 @@ def test_a_layer_norm_step_of_other_layers_is_refused_by_name():
     plan = Plan(planner.target(CPU), [Kernel("generated", "layer_norm")], [Step(0, (0,))])
     with pytest.raises(NetworkError, match=r"layer norm \[-> cast\], got \['unary'\]"):
         bind_steps(net, plan, place_weights(net, plan, CPU), None, [(2, 8)], CPU, allow_tf32=False)
+
+
+def test_max_pool_step_keeps_the_convolutions_channels_last():
+    """conv -> relu -> max pool 3x3/2/1 with a NaN: the generated pool step gives the reference's values, and
+    keeps the channels-last layout the convolution (channels-last kernel) leaves, for a contiguous input."""
+    net = Network("stem")
+    x = net.add_input("x", torch.float32, (2, 3, 9, 9))
+    conv = net.add_convolution_nd(x, torch.randn(6, 3, 3, 3), torch.randn(6), stride=(1, 1), padding=(1, 1),
+                                  dilation=(1, 1)).get_output()
+    relu = net.add_activation(conv, L.ActivationType.RELU).get_output()
+    net.mark_output(net.add_pooling_nd(relu, L.PoolingType.MAX, (3, 3), stride=(2, 2), padding=(1, 1))
+                    .get_output())
+    xv = torch.randn(2, 3, 9, 9)
+    xv[1, :, 4, 4] = float("nan")
+    plan, out = run_plan(net, [xv])
+    assert [plan.kernels[s.kernel].op for s in plan.steps] == ["conv_epilogue", "max_pool"]
+    ref = ReferenceExecutor(net, CPU).run([xv])[0]
+    assert torch.equal(out[0].isnan(), ref.isnan()) and out[0][1].isnan().any()
+    assert (out[0] - ref).nan_to_num(0.0).abs().max() <= 1e-5 * ref.nan_to_num(0.0).abs().max()
+    assert out[0].is_contiguous(memory_format=torch.channels_last) and not out[0].is_contiguous()

@@ -1,5 +1,4 @@
 """The CUDA planner's decisions, checked on the CPU (planning needs no GPU when tactic timing is off)."""
-import sys
 
 import pytest
 import torch
@@ -112,7 +111,7 @@ def test_half_layer_norm_between_casts_is_one_step():
     assert _ops(plan, net) == [("layer_norm", ["cast", "normalization", "cast"])]
     assert plan.kernels[0].kind == "generated"
     with pytest.MonkeyPatch.context() as mp:  # without Triton: CUDA's layer norm on the half input
-        mp.setitem(sys.modules, "triton", None)
+        mp.setattr(planner, "have_triton", lambda: False)
         plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
     assert [(k.kind, k.op) for k in plan.kernels] == [("library", "layer_norm")]
 
@@ -186,3 +185,23 @@ def test_only_an_add_of_one_shape_joins_and_long_rows_stay_on_aten():
     net = _norm_of_sum((2, MAX_SIZE + 1), MAX_SIZE + 1)
     assert _ops(planner.make_plan(net, torch.device("cpu"), NO_TIMING), net) == [
         ("pointwise", ["elementwise"]), ("normalization", ["normalization"])]
+
+
+def test_a_2d_max_pool_is_a_generated_step():
+    """conv -> relu -> max pool 3x3/2/1 (a ResNet stem): the pool runs in the generated kernel; an average pool
+    and a 1-d max pool stay on ATen."""
+    net = Network("stem")
+    x = net.add_input("x", torch.float16, (1, 3, 16, 16))
+    conv = net.add_convolution_nd(x, torch.randn(8, 3, 3, 3).half(), torch.randn(8).half(), stride=(1, 1),
+                                  padding=(1, 1), dilation=(1, 1)).get_output()
+    relu = net.add_activation(conv, L.ActivationType.RELU).get_output()
+    pooled = net.add_pooling_nd(relu, L.PoolingType.MAX, (3, 3), stride=(2, 2), padding=(1, 1)).get_output()
+    net.mark_output(net.add_pooling_nd(pooled, L.PoolingType.AVERAGE, (2, 2), stride=(2, 2), padding=(0,))
+                    .get_output())
+    flat = net.add_input("flat", torch.float32, (1, 4, 9))
+    net.mark_output(net.add_pooling_nd(flat, L.PoolingType.MAX, (2,), stride=(2,), padding=(0,)).get_output())
+    plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
+    check_steps(net, plan.steps)
+    assert _ops(plan, net) == [("conv_relu", ["convolution", "activation"]), ("max_pool", ["pooling"]),
+                               ("pooling", ["pooling"]), ("pooling", ["pooling"])]
+    assert plan.kernels[plan.steps[1].kernel].kind == "generated"

@@ -240,6 +240,15 @@ def _pointwise(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     return launch
 
 
+@maker("generated", "max_pool")
+def _max_pool(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """A 2-D max pool as the generated Triton kernel (codegen/pooling.py), in its input's memory format."""
+    from torchkiln.runtime.backends.cuda.codegen.pooling import MaxPool2d
+
+    pool = MaxPool2d(step.layers[0])
+    return lambda xs: [pool(xs[0])]
+
+
 @maker("library", "conv_epilogue")
 def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """A convolution without its bias, then one generated kernel: the bias (a per-channel scale layer made here,

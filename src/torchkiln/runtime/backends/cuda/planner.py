@@ -25,6 +25,9 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    attention through SDPA), and the layers' ATen meanings for everything else (CUDA variants in kernels.py).
    Attention's SDPA backend (cuDNN, memory-efficient, flash, math) is a tactic: each that accepts the inputs is
    timed in a CUDA graph at the opt shapes and the fastest is kept (PyTorch's own choice without timing).
+
+A 2-D max pool of a batched input runs in a generated Triton kernel over any strides, vectorized along the
+channels of channels-last tensors (`max_pool`); its output keeps its input's memory format.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol, evaluate
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.backends.cuda import timing
+from torchkiln.runtime.backends.cuda.codegen import have_triton
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
 logger = logging.getLogger(__name__)
@@ -143,6 +147,8 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
             groups.append((Kernel("library", "convolution", (("channels_last", _channels_last(layer)),)), [j]))
         elif isinstance(layer, L.MatrixMultiplyLayer):
             groups.append((Kernel("library", "matrix_multiply"), [j]))
+        elif _generated_max_pool(layer):
+            groups.append((Kernel("generated", "max_pool"), [j]))
         elif isinstance(layer, L.AttentionLayer):
             backend = timing.attention_backend(layer, [_opt(t.shape) for t in layer.inputs], device, options, cache)
             groups.append((Kernel("library", "attention", (("backend", backend),) if backend else ()), [j]))
@@ -187,9 +193,7 @@ def _shared_input_linears(network: Network, graph: _Graph) -> list[list[int]]:
 def _layer_norms(network: Network, graph: _Graph) -> list[tuple[Kernel, list[int]]]:
     """Layer norm steps (rule 4 of the module docstring): generated row norms where Triton is importable, else
     ATen's layer norm for the half-precision ones."""
-    try:
-        import triton  # noqa: F401
-    except ImportError:
+    if not have_triton():
         return [(Kernel("library", "layer_norm"), members) for members in _half_layer_norms(network, graph)]
     return [(Kernel("generated", "layer_norm"), members) for members in _row_norms(network, graph)]
 
@@ -250,6 +254,14 @@ def _half_layer_norms(network: Network, graph: _Graph) -> list[list[int]]:
                 and graph.sole_reader(cast_in.outputs[0]) is layer:
             found.append([graph.index[id(cast_in)], j, graph.index[id(cast_out)]])
     return found
+
+
+def _generated_max_pool(layer: L.Layer) -> bool:
+    """A 2-D max pool the generated Triton kernel computes (codegen/pooling.py; ATen's channels-last max pool is
+    several times slower than its bytes need)."""
+    from torchkiln.runtime.backends.cuda.codegen.pooling import poolable
+
+    return isinstance(layer, L.PoolingLayer) and poolable(layer) is None
 
 
 def _channels_last(conv: L.ConvolutionLayer) -> bool:
@@ -322,11 +334,11 @@ def _open_convolution(t, out: list[tuple[Kernel, list[int]]], network: Network, 
 
 def _fusable():
     """codegen's `fusable(layer) -> why not | None`, or None where Triton is not installed."""
-    try:
-        from torchkiln.runtime.backends.cuda.codegen.pointwise import fusable
-    except ImportError as e:
-        logger.info("no generated kernels (Triton is not importable: %s); pointwise layers run on ATen", e)
+    if not have_triton():
+        logger.info("no generated kernels (Triton is not installed); pointwise layers run on ATen")
         return None
+    from torchkiln.runtime.backends.cuda.codegen.pointwise import fusable
+
     return fusable
 
 
