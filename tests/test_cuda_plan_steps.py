@@ -142,3 +142,20 @@ def test_max_pool_step_keeps_the_convolutions_channels_last():
     assert torch.equal(out[0].isnan(), ref.isnan()) and out[0][1].isnan().any()
     assert (out[0] - ref).nan_to_num(0.0).abs().max() <= 1e-5 * ref.nan_to_num(0.0).abs().max()
     assert out[0].is_contiguous(memory_format=torch.channels_last) and not out[0].is_contiguous()
+
+
+def test_a_convolution_read_by_no_pointwise_layer_adds_its_bias_in_a_generated_kernel():
+    """conv (with bias) -> average pool: nothing pointwise reads the convolution, yet its bias is a generated
+    kernel after the convolution run without it (ATen's bias add over channels-last is not vectorized)."""
+    net = Network("downsample")
+    x = net.add_input("x", torch.float32, (2, 3, 8, 8))
+    conv = net.add_convolution_nd(x, torch.randn(5, 3, 1, 1), torch.randn(5), stride=(2, 2), padding=(0, 0),
+                                  dilation=(1, 1)).get_output()
+    net.mark_output(net.add_pooling_nd(conv, L.PoolingType.AVERAGE, (2, 2), stride=(2, 2), padding=(0, 0))
+                    .get_output())
+    xv = torch.randn(2, 3, 8, 8)
+    plan, out = run_plan(net, [xv])
+    assert [(plan.kernels[s.kernel].kind, plan.kernels[s.kernel].op) for s in plan.steps] == [
+        ("library", "conv_epilogue"), ("aten", "pooling")]
+    ref = ReferenceExecutor(net, CPU).run([xv])[0]
+    assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()

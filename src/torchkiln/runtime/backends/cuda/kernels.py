@@ -269,7 +269,7 @@ def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn
     reads = [i for i in step.inputs if i in tensors and i not in made and i != id(out)]
     at = [step.inputs.index(i) for i in reads]
     launch = compile_group(first + rest, [raw if first else out, *(tensors[i] for i in reads)],
-                           [_output(rest, o) for o in step.outputs])
+                           [_output(first + rest, o) for o in step.outputs])
 
     def run(xs: list[torch.Tensor]) -> list[torch.Tensor]:
         return launch([convolve(xs[:1]), *(xs[k] for k in at)])
