@@ -1,0 +1,189 @@
+"""Containers of tensors built in forward (torchvision's IntermediateLayerGetter and FPN, timm's attention bias
+cache) become one engine: lowering reads their elements where they are stored (resolve_static_containers,
+resolve_attribute_caches). Where the structure is not known at build time the container stays in PyTorch."""
+from collections import OrderedDict
+from typing import Dict, List
+
+import pytest
+import torch
+import torch.nn.functional as F
+from harness import check_compiled
+from torch import nn
+
+import torchkiln
+from torchkiln.lowering import lower
+from torchkiln.settings import CompileSettings
+
+
+class LayerGetter(nn.ModuleDict):
+    """torchvision's IntermediateLayerGetter: runs its children in order, returns some outputs in a dict."""
+
+    def __init__(self, return_layers: Dict[str, str]) -> None:
+        super().__init__(OrderedDict([("stem", nn.Conv2d(3, 8, 3, padding=1)), ("act", nn.ReLU()),
+                                      ("down", nn.Conv2d(8, 8, 3, stride=2, padding=1)), ("act2", nn.Sigmoid())]))
+        self.return_layers = return_layers
+
+    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        out = OrderedDict()
+        for name, module in self.items():
+            x = module(x)
+            if name in self.return_layers:
+                out[self.return_layers[name]] = x
+        return out
+
+
+class Segmentation(nn.Module):
+    """torchvision's segmentation models: a dict of features in, `result["out"] = ...` out (a Dict)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = LayerGetter({"act": "low", "act2": "high"})
+        self.low = nn.Conv2d(8, 2, 1)
+        self.high = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> Dict[str, torch.Tensor]:
+        features = self.backbone(x)
+        low, high = features["low"], features["high"]
+        y = self.high(high)
+        y = F.interpolate(y, size=low.shape[-2:], mode="bilinear", align_corners=False) + self.low(low)
+        result = OrderedDict()
+        result["out"] = F.interpolate(y, size=x.shape[-2:], mode="bilinear", align_corners=False)
+        if "aux" in features:
+            result["aux"] = features["aux"]
+        return result
+
+
+class SelectOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Segmentation()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)["out"]
+
+
+@pytest.mark.parametrize("model", [Segmentation, SelectOut])
+def test_intermediate_layer_getter_and_a_dict_result_are_one_engine(model):
+    _, report = check_compiled(model(), [torch.randn(1, 3, 16, 16)], engines=1, torch_blocks=0)
+    assert report.fallback_ops == {}
+
+
+class Pyramid(nn.Module):
+    """torchvision's FeaturePyramidNetwork: dict in, list built by insert(0, ...), extra level appended, then an
+    OrderedDict zipped from names and results; the caller returns `list(d.values())`."""
+
+    def __init__(self, channels: List[int]) -> None:
+        super().__init__()
+        self.inner = nn.ModuleList([nn.Conv2d(c, 4, 1) for c in channels])
+        self.layer = nn.ModuleList([nn.Conv2d(4, 4, 3, padding=1) for _ in channels])
+
+    def inner_at(self, x: torch.Tensor, idx: int) -> torch.Tensor:
+        out = x
+        for i, module in enumerate(self.inner):
+            if i == idx % len(self.inner):
+                out = module(x)
+        return out
+
+    def layer_at(self, x: torch.Tensor, idx: int) -> torch.Tensor:
+        out = x
+        for i, module in enumerate(self.layer):
+            if i == idx % len(self.layer):
+                out = module(x)
+        return out
+
+    def forward(self, x: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        names = list(x.keys())
+        x = list(x.values())
+        last = self.inner_at(x[-1], -1)
+        results = []
+        results.append(self.layer_at(last, -1))
+        for idx in range(len(x) - 2, -1, -1):
+            lateral = self.inner_at(x[idx], idx)
+            last = lateral + F.interpolate(last, size=lateral.shape[-2:], mode="nearest")
+            results.insert(0, self.layer_at(last, idx))
+        names.append("pool")
+        results.append(F.max_pool2d(results[-1], 1, 2, 0))
+        return OrderedDict([(k, v) for k, v in zip(names, results)])
+
+
+class Backbone(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = LayerGetter({"stem": "0", "act": "1", "down": "2"})
+        self.fpn = Pyramid([8, 8, 8])
+
+    def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
+        return list(self.fpn(self.body(x)).values())
+
+
+def test_feature_pyramid_lists_are_one_engine():
+    _, report = check_compiled(Backbone(), [torch.randn(1, 3, 16, 16)], engines=1, torch_blocks=0)
+    assert report.fallback_ops == {}
+
+
+class DynamicKey(nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        d: Dict[str, torch.Tensor] = {}
+        d["a"] = x + 1
+        d["b"] = x * 2
+        return d["a" if bool(i > 0) else "b"] * 3
+
+
+def test_a_key_known_only_at_run_time_keeps_the_dict():
+    x = torch.randn(3)
+    specs = [torchkiln.Input.from_tensor(x), torchkiln.Input((), dtype=torch.int64)]
+    graph = lower(torch.jit.script(DynamicKey()), CompileSettings.create(specs)).graph
+    assert "aten::__getitem__" in str(graph)
+    compiled = torchkiln.compile(DynamicKey().eval(), specs, min_block_size=1)
+    for i in (0, 1):
+        torch.testing.assert_close(compiled(x, torch.tensor(i)), DynamicKey()(x, torch.tensor(i)))
+
+
+class ReadAfterEscape(nn.Module):
+    """The list goes into a tuple (kept elsewhere) before it is read: the read is not rewritten."""
+
+    def forward(self, x: torch.Tensor) -> List[torch.Tensor]:
+        xs = [x]
+        held = (xs, 1)
+        held[0].append(x * 2)
+        return [xs[-1] + 1, xs[0]]
+
+
+class ReadInLoop(nn.Module):
+    def forward(self, x: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        xs = [x, x * 2]
+        for _ in range(int(n)):
+            xs.append(xs[-1] + 1)
+        return xs[-1] * 1.5
+
+
+def test_containers_that_escape_stay_correct():
+    x = torch.randn(4)
+    model = ReadAfterEscape().eval()
+    compiled = torchkiln.compile(model, [torchkiln.Input.from_tensor(x)], min_block_size=1)
+    for out, ref in zip(compiled(x), model(x)):
+        torch.testing.assert_close(out, ref)
+    loop = ReadInLoop().eval()
+    compiled = torchkiln.compile(loop, [torchkiln.Input.from_tensor(x), torchkiln.Input((), dtype=torch.int64)],
+                                 min_block_size=1)
+    for n in (0, 3):
+        torch.testing.assert_close(compiled(x, torch.tensor(n)), loop(x, torch.tensor(n)))
+
+
+class ListEdits(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        xs = [x]
+        xs.insert(0, y)
+        xs.extend([x + y])
+        xs[1] = xs[1] * 2.0
+        a, b, c = xs
+        return torch.cat(xs[1:] + [a, b, c], 0) + float(len(xs))
+
+
+def test_list_reads_become_elements():
+    example = [torch.randn(2), torch.randn(2)]
+    specs = [torchkiln.Input.from_tensor(x) for x in example]
+    ops = {n.kind() for n in lower(torch.jit.script(ListEdits()), CompileSettings.create(specs)).graph.nodes()}
+    assert not {"aten::insert", "aten::extend", "aten::_set_item", "aten::__getitem__", "prim::ListUnpack",
+                "aten::len"} & ops
+    check_compiled(ListEdits(), example, engines=1, torch_blocks=0, min_block_size=1)
