@@ -7,10 +7,11 @@ from typing import Dict, List
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import check_compiled
+from harness import assert_matches_eager, check_compiled
 from torch import nn
 
 import torchkiln
+from torchkiln.compiler import compile_with_report
 from torchkiln.lowering import lower
 from torchkiln.settings import CompileSettings
 
@@ -187,3 +188,75 @@ def test_list_reads_become_elements():
     assert not {"aten::insert", "aten::extend", "aten::_set_item", "aten::__getitem__", "prim::ListUnpack",
                 "aten::len"} & ops
     check_compiled(ListEdits(), example, engines=1, torch_blocks=0, min_block_size=1)
+
+
+class BiasCache(nn.Module):
+    """timm's LeViT / EfficientFormer attention: a per-device cache of the gathered attention biases."""
+
+    attention_bias_cache: Dict[str, torch.Tensor]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention_biases = nn.Parameter(torch.randn(2, 5))
+        self.register_buffer("attention_bias_idxs", torch.randint(0, 5, (4, 4)), persistent=False)
+        self.attention_bias_cache = {}
+        self.proj = nn.Linear(4, 4)
+
+    def get_attention_biases(self, device: torch.device) -> torch.Tensor:
+        if torch.jit.is_tracing() or self.training:
+            return self.attention_biases[:, self.attention_bias_idxs]
+        device_key = str(device)
+        if device_key not in self.attention_bias_cache:
+            self.attention_bias_cache[device_key] = self.attention_biases[:, self.attention_bias_idxs]
+        return self.attention_bias_cache[device_key]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.proj(x)
+        attn = q @ q.transpose(-2, -1) + self.get_attention_biases(x.device)
+        return attn.softmax(-1) @ q
+
+
+class TwoCaches(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(BiasCache(), nn.ReLU(), BiasCache())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+@pytest.mark.parametrize("filled", [False, True], ids=["empty", "filled"])
+def test_attention_bias_cache_is_one_engine(filled):
+    model, x = TwoCaches().eval(), torch.randn(2, 4, 4)
+    if filled:  # an eager call before compiling fills the caches: the compiled module reads what they hold
+        with torch.no_grad():
+            model(x)
+    compiled, report = compile_with_report(model, [torchkiln.Input.from_tensor(x)])
+    assert (report.num_engine_blocks, report.num_torch_blocks) == (1, 0), str(report)
+    for _ in range(2):  # the second eager call reads the cache its first call filled
+        with torch.no_grad():
+            assert_matches_eager(compiled(x), model(x))
+
+
+class CacheOfInputs(BiasCache):
+    """Filled from the input: the first call's value is what later calls read, so it is not a constant."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if "x" not in self.attention_bias_cache:
+            self.attention_bias_cache["x"] = x * 2.0
+        return self.attention_bias_cache["x"] + self.proj(x)
+
+
+class CacheLength(BiasCache):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = float(len(self.attention_bias_cache))  # 0 on eager's first call, 1 after
+        return self.proj(x) * n + self.get_attention_biases(x.device)
+
+
+@pytest.mark.parametrize("model", [CacheOfInputs, CacheLength])
+def test_caches_outside_the_pattern_stay_in_pytorch(model):
+    model, x, y = model().eval(), torch.randn(2, 4, 4), torch.randn(2, 4, 4)
+    compiled = torchkiln.compile(model, [torchkiln.Input.from_tensor(x)], min_block_size=1)
+    with torch.no_grad():
+        for inputs in (x, y):  # eager's second call reads what its first call left in the cache
+            assert_matches_eager(compiled(inputs), model(inputs))

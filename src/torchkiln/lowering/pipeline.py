@@ -46,6 +46,7 @@ GRAPH_PIPELINE: tuple[str, ...] = (
     "remove_mutation",
     "functionalize_view_writes",
     "functionalize_list_appends",
+    "resolve_attribute_caches",
     "resolve_static_containers",
     "eliminate_exception_or_pass",
     "unroll_loops",
