@@ -8,7 +8,8 @@ The order, and why (docs/lowering_passes.md lists every pass):
    LowerGraph as well: no attribute read is left to lift into an input.
 3. Custom autograd Functions (prim::PythonOp) with a registered replacement are inlined first, so every
    later pass sees plain ops. Structure next, so every later pattern sees straight-line functional code: internal tuples,
-   mutation, guards the compiled shapes pass, short loops; constants the unrolled loops expose.
+   mutation, containers whose keys and indices are static (read where their elements are stored, before and
+   after unrolling), guards the compiled shapes pass, short loops; constants the unrolled loops expose.
 4. Fusions that need the original structure: the addmm/matmul If, FuseLinear (before unpack_addmm).
 5. Removals and normalisations. view_to_reshape comes before remove_contiguous: view() fails on the
    strided tensor contiguous() used to copy.

@@ -152,14 +152,17 @@ class ContainerWalk:
 
     def drop_unread(self) -> None:
         """Remove the changes of objects nothing reads any more (their creation goes with dead-code elimination)."""
-        for obj in self.all:
-            changes = set(obj.changes)
-            readers = [u.user for v in obj.values for u in v.uses()]
-            if not obj.changes or any(r not in changes for r in readers):
-                continue
-            for node in reversed(obj.changes):
-                node.destroy()
-            self.changed = True
+        dropped = True
+        while dropped:  # dropping `a.extend(b)` may leave `b` unread
+            dropped = False
+            for obj in (o for o in self.all if o.changes):
+                changes = set(obj.changes)
+                if any(u.user not in changes for v in obj.values for u in v.uses()):
+                    continue
+                for node in reversed(obj.changes):
+                    node.destroy()
+                obj.changes = []
+                dropped = self.changed = True
 
 
 def _list_index(obj: Container, index: int) -> int | None:
