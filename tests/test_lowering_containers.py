@@ -55,18 +55,8 @@ class Segmentation(nn.Module):
         return result
 
 
-class SelectOut(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.model = Segmentation()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)["out"]
-
-
-@pytest.mark.parametrize("model", [Segmentation, SelectOut])
-def test_intermediate_layer_getter_and_a_dict_result_are_one_engine(model):
-    _, report = check_compiled(model(), [torch.randn(1, 3, 16, 16)], engines=1, torch_blocks=0)
+def test_intermediate_layer_getter_and_a_dict_result_are_one_engine():
+    _, report = check_compiled(Segmentation(), [torch.randn(1, 3, 16, 16)], engines=1, torch_blocks=0)
     assert report.fallback_ops == {}
 
 
@@ -278,3 +268,53 @@ def test_caches_outside_the_pattern_stay_in_pytorch():
     assert "aten::_set_item" in _ops_after_cache_pass(CacheOfInputs(), x)
     assert "aten::_set_item" not in _ops_after_cache_pass(ConstantKeyCache(), x)
     assert {"aten::len", "aten::__contains__", "aten::_set_item"} <= _ops_after_cache_pass(CacheLength(), x)
+
+
+class Pyramid2(nn.Module):
+    """torchvision's RAFT CorrBlock: `self.pyramid = [x]` then appends, read by a loop that stays a loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pyramid: List[torch.Tensor] = [torch.tensor(0)]
+
+    def build(self, x: torch.Tensor) -> None:
+        self.pyramid = [x]
+        for _ in range(2):
+            x = F.avg_pool2d(x, 2, 2)
+            self.pyramid.append(x)
+
+    def forward(self, x: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        self.build(torch.relu(x * 2.0))
+        out = x.mean()
+        for _ in range(int(steps)):  # known only at run time: a loop in PyTorch
+            for level in self.pyramid:
+                out = out + level.mean()
+        return out * 1.5
+
+
+def test_an_assigned_attribute_list_is_read_from_its_elements():
+    x = torch.randn(1, 2, 8, 8)
+    model = Pyramid2().eval()
+    compiled, report = compile_with_report(model, [torchkiln.Input.from_tensor(x), torchkiln.Input((), dtype=torch.int64)],
+                                           min_block_size=1)
+    assert not {"prim::GetAttr", "aten::append.t", "prim::SetAttr"} & set(report.fallback_ops), str(report)
+    for steps in (0, 2):
+        assert_matches_eager(compiled(x, torch.tensor(steps)), model(x, torch.tensor(steps)))
+
+
+class PyramidGrownInALoop(Pyramid2):
+    def forward(self, x: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        self.build(torch.relu(x * 2.0))
+        for _ in range(int(steps)):  # changes the list through the attribute: later reads see the new levels
+            self.pyramid.append(self.pyramid[-1] * 0.5)
+        return torch.stack([level.mean() for level in self.pyramid]).sum() + float(len(self.pyramid))
+
+
+def test_an_attribute_list_changed_in_a_loop_stays_correct():
+    x = torch.randn(1, 2, 8, 8)
+    model = PyramidGrownInALoop().eval()
+    specs = [torchkiln.Input.from_tensor(x), torchkiln.Input((), dtype=torch.int64)]
+    lowered = lower(torch.jit.script(model), CompileSettings.create(specs))
+    assert "prim::SetAttr" in {n.kind() for n in lowered.graph.nodes()}
+    for steps in (0, 3):  # the lowered graph runs in its frozen module
+        torch.testing.assert_close(lowered.module(x, torch.tensor(steps)), model(x, torch.tensor(steps)))

@@ -28,7 +28,7 @@ import torch
 from torchkiln.analysis.resolve import NotStatic, Resolver
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
 from torchkiln.lowering.static_values import context_resolver
-from torchkiln.lowering.walk import all_nodes
+from torchkiln.lowering.walk import all_nodes, attribute_path
 from torchkiln.torchscript import Graph, Node, Value, node_schema, writes_to_arguments
 
 _CONSTANT_ELEMENTS = (torch.Tensor, bool, int, float, str)
@@ -43,18 +43,6 @@ class _Guard:
     key: Any
     set_item: Node
     value: Value
-
-
-def _attribute_path(v: Value, self_value: Value) -> tuple[str, ...] | None:
-    """The attribute names from `self` to `v` (a chain of prim::GetAttr), or None."""
-    names: list[str] = []
-    while v.unique() != self_value.unique():
-        node = v.node()
-        if node.kind() != "prim::GetAttr":
-            return None
-        names.append(node.s("name"))
-        v = node.inputsAt(0)
-    return tuple(reversed(names))
 
 
 def _current_contents(module: torch.jit.ScriptModule, path: tuple[str, ...]) -> dict[Any, Any] | None:
@@ -203,13 +191,12 @@ def resolve_attribute_caches(graph: Graph, ctx: LoweringContext) -> bool:
     if ctx.module is None:
         return False
     nodes = list(all_nodes(graph.block()))
-    self_value = next(graph.inputs())
-    assigned = {(_attribute_path(n.inputsAt(0), self_value), n.s("name")) for n in nodes if n.kind() == "prim::SetAttr"}
+    assigned = {(attribute_path(n.inputsAt(0), graph), n.s("name")) for n in nodes if n.kind() == "prim::SetAttr"}
     by_path: dict[tuple[str, ...], list[Value]] = {}
     for node in nodes:
         if node.kind() != "prim::GetAttr" or not isinstance(node.output().type(), torch._C.DictType):
             continue
-        path = _attribute_path(node.output(), self_value)
+        path = attribute_path(node.output(), graph)
         if path is not None and (path[:-1], path[-1]) not in assigned:
             by_path.setdefault(path, []).append(node.output())
     changed = False

@@ -31,7 +31,7 @@ import torch
 from torchkiln.analysis.resolve import NotStatic, Resolver, alias_flags
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
 from torchkiln.lowering.static_values import context_resolver
-from torchkiln.lowering.walk import all_nodes
+from torchkiln.lowering.walk import all_nodes, attribute_path
 from torchkiln.torchscript import Graph, Node, Value, node_key
 
 _KEY_TYPES = (str, int)
@@ -62,6 +62,11 @@ class ContainerWalk:
         self.objects: dict[int, Container] = {}  # Value.unique() -> the object it holds
         self.all: list[Container] = []
         self.changed = False
+        # attributes the method assigns a followed container to (`self.pyramid = [x]`), by path from self
+        self.slots: dict[tuple[str, ...], Container] = {}
+        nested = [n for n in all_nodes(graph.block()) if n.owningBlock() != graph.block()]
+        owners = [(attribute_path(n.inputsAt(0), graph), n.s("name")) for n in nested if n.kind() == "prim::SetAttr"]
+        self.unsafe_slots = {None if owner is None else owner + (name,) for owner, name in owners}
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def of(self, v: Value) -> Container | None:
@@ -124,7 +129,9 @@ class ContainerWalk:
         return self.changed
 
     def poison_nested(self, node: Node) -> None:
-        """A loop or branch: what it uses (in its blocks too) is no longer followed."""
+        """A loop or branch: what it uses (in its blocks too) is no longer followed. It reads an assigned
+        attribute's container from a new literal made before it, if it only reads it (`len`, `l[i]`)."""
+        self.read_slots_in(node)
         used = list(node.inputs())
         for inner in node.blocks():
             used += list(inner.outputs())
@@ -132,6 +139,33 @@ class ContainerWalk:
                 used += list(n.inputs()) + [v for b in n.blocks() for v in b.outputs()]
         for v in used:
             self.poison(v)
+
+    def read_slots_in(self, node: Node) -> None:
+        inner = [n for b in node.blocks() for n in all_nodes(b)]
+        for obj in {id(o): o for o in self.slots.values() if o.known}.values():
+            paths = {p for p, o in self.slots.items() if o is obj}
+            reads = [n for n in inner if n.kind() == "prim::GetAttr" and attribute_path(n.output(), self.graph) in paths]
+            if not reads:
+                continue
+            held = {v.unique() for v in obj.values}
+            if any(v.unique() in held for n in inner for v in n.inputs()) or any(
+                    u.user.kind() not in ("aten::len", "aten::__getitem__") or u.offset != 0
+                    for n in reads for u in n.output().uses()):
+                obj.known = False  # the loop or branch may change it through the attribute
+                continue
+            literal = self.materialize(obj, node)
+            for n in reads:
+                n.output().replaceAllUsesWith(literal)
+            self.changed = True
+
+    def assigned_everywhere(self, setter: Node) -> bool:
+        """Whether every read of the attribute `setter` assigns reads the container it assigns (nothing else in
+        the method reads the attribute)."""
+        path = attribute_path(setter.inputsAt(0), self.graph) + (setter.s("name"),)
+        obj = self.slots.get(path)
+        held = set() if obj is None else {v.unique() for v in obj.values}
+        return all(n.output().unique() in held or not n.output().uses() for n in all_nodes(self.graph.block())
+                   if n.kind() == "prim::GetAttr" and attribute_path(n.output(), self.graph) == path)
 
     def other_use(self, node: Node) -> None:
         """A use the walk does not model: a plain read gets a new container; anything else stops the object."""
@@ -157,7 +191,8 @@ class ContainerWalk:
             dropped = False
             for obj in (o for o in self.all if o.changes):
                 changes = set(obj.changes)
-                if any(u.user not in changes for v in obj.values for u in v.uses()):
+                if any(u.user not in changes for v in obj.values for u in v.uses()) or not all(
+                        self.assigned_everywhere(n) for n in obj.changes if n.kind() == "prim::SetAttr"):
                     continue
                 for node in reversed(obj.changes):
                     node.destroy()
@@ -320,6 +355,26 @@ def _set_item(walk: ContainerWalk, node: Node) -> bool:
     return _changed(walk, obj, node)
 
 
+def _set_attribute(walk: ContainerWalk, node: Node) -> bool:
+    """`self.a = l`: later reads of `self.a` read `l`'s object (the assignment is a change of it)."""
+    obj = walk.of(node.inputsAt(1))
+    owner = attribute_path(node.inputsAt(0), walk.graph)
+    if obj is None or owner is None or None in walk.unsafe_slots or owner + (node.s("name"),) in walk.unsafe_slots:
+        return False
+    walk.slots[owner + (node.s("name"),)] = obj
+    obj.changes.append(node)
+    return True
+
+
+def _get_attribute(walk: ContainerWalk, node: Node) -> bool:
+    path = attribute_path(node.output(), walk.graph)
+    obj = walk.slots.get(path) if path is not None else None
+    if obj is None or not obj.known:
+        return False
+    walk.track(node.output(), obj)
+    return True
+
+
 # -- reads -----------------------------------------------------------------------------------------------------
 def _element(obj: Container, key: Any) -> Value | None:
     if obj.is_dict:
@@ -387,7 +442,7 @@ _HANDLERS: dict[str, Callable[[ContainerWalk, Node], bool]] = {
     "aten::__getitem__.t": _get_item, "aten::__getitem__.Dict_str": _get_item, "aten::__getitem__.Dict_int": _get_item,
     "aten::len.t": _length, "aten::len.Dict_str": _length, "aten::len.Dict_int": _length,
     "aten::__contains__.str": _contains, "aten::__contains__.int": _contains,
-    "prim::ListUnpack": _unpack,
+    "prim::ListUnpack": _unpack, "prim::SetAttr": _set_attribute, "prim::GetAttr": _get_attribute,
 }
 
 
