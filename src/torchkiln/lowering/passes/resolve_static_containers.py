@@ -17,8 +17,14 @@ Reading an element gives the very value that was stored, so a rewrite is exact w
 later. From the first use that this pass does not model (a dynamic index, an op that may keep or change the
 container, a use inside a loop or branch, storing it in another container) the object's contents count as
 unknown and nothing after it is rewritten. An object that nothing reads any more loses its creation and its
-changes. Containers that come from outside (method inputs, attributes) are left alone here (module dict
-caches: `resolve_attribute_caches`).
+changes.
+
+An attribute the method assigns such a container to (RAFT's `self.corr_pyramid = [x]`, then appends) is
+followed through its later reads; a loop or branch that only reads it (`len`, `l[i]`) reads a literal of its
+elements made before it. When no read of the attribute is left, the assignment goes with the container's other
+changes: **the compiled module does not set that attribute** (every read in the method came after the
+assignment, so the outputs do not depend on it). Other containers from outside (method inputs, attributes the
+method does not assign) are left alone here (module dict caches: `resolve_attribute_caches`).
 """
 from __future__ import annotations
 
