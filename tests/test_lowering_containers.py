@@ -295,8 +295,8 @@ class Pyramid2(nn.Module):
 def test_an_assigned_attribute_list_is_read_from_its_elements():
     x = torch.randn(1, 2, 8, 8)
     model = Pyramid2().eval()
-    compiled, report = compile_with_report(model, [torchkiln.Input.from_tensor(x), torchkiln.Input((), dtype=torch.int64)],
-                                           min_block_size=1)
+    specs = [torchkiln.Input.from_tensor(x), torchkiln.Input((), dtype=torch.int64)]
+    compiled, report = compile_with_report(model, specs, min_block_size=1)
     assert not {"prim::GetAttr", "aten::append.t", "prim::SetAttr"} & set(report.fallback_ops), str(report)
     for steps in (0, 2):
         assert_matches_eager(compiled(x, torch.tensor(steps)), model(x, torch.tensor(steps)))

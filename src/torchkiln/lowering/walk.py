@@ -1,4 +1,4 @@
-"""Walking a TorchScript graph's nodes, nested blocks included, attribute paths, and replacing one node by another op."""
+"""Walking a TorchScript graph's nodes (nested blocks included) and attribute paths; replacing a node by another op."""
 from __future__ import annotations
 
 from collections.abc import Iterator

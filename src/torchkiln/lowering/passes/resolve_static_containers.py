@@ -150,7 +150,8 @@ class ContainerWalk:
         inner = [n for b in node.blocks() for n in all_nodes(b)]
         for obj in {id(o): o for o in self.slots.values() if o.known}.values():
             paths = {p for p, o in self.slots.items() if o is obj}
-            reads = [n for n in inner if n.kind() == "prim::GetAttr" and attribute_path(n.output(), self.graph) in paths]
+            reads = [n for n in inner
+                     if n.kind() == "prim::GetAttr" and attribute_path(n.output(), self.graph) in paths]
             if not reads:
                 continue
             held = {v.unique() for v in obj.values}
