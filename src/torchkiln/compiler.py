@@ -168,6 +168,11 @@ def _warn_python_ops(graph: Graph) -> None:
                      f"{names[0]!r}, fn)")
 
 
+# Lowering passes that run again once shape analysis made more values static (the device a cache is keyed by).
+_AFTER_SHAPES = ("lower_tuples", "functionalize_list_appends", "resolve_attribute_caches", "resolve_static_containers",
+                 "eliminate_dead_code")
+
+
 def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "forward"
              ) -> tuple[LoweredModule, dict[int, Any]]:
     """Frontend, lowering and shape analysis: everything before partitioning.
@@ -197,10 +202,11 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
             metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
         except ValueError:
             raise error from error.__cause__
-    # Shapes make more values static: fold the control flow that depends on them, let lists built by the
-    # unrolled code become static, and analyse the new top-level values; until nothing changes.
-    while fold_static_control_flow(lowered.graph, Resolver(metas)):
-        rerun(lowered.graph, settings, ("lower_tuples", "functionalize_list_appends", "eliminate_dead_code"))
+    # Shapes make more values static: fold the control flow that depends on them, run the passes that read
+    # containers again (the unrolled code's lists, a cache keyed by a device), and analyse the new top-level
+    # values; until nothing changes.
+    while fold_static_control_flow(lowered.graph, Resolver(metas)) | rerun(
+            lowered.graph, settings, _AFTER_SHAPES, lowered.module, metas):
         metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
     return lowered, metas
 

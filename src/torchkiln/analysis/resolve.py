@@ -104,7 +104,7 @@ def _schema_alias_flags(schema: str) -> _AliasFlags | None:
                        tuple(r.alias_info is not None for r in parsed.returns))
 
 
-def _alias_flags(node: Node) -> _AliasFlags | None:
+def alias_flags(node: Node) -> _AliasFlags | None:
     """The node's alias annotations; None for a node without a (parsable) schema, which may alias anything."""
     schema = node_schema(node)
     return None if schema is None else _schema_alias_flags(schema)
@@ -130,7 +130,7 @@ def alias_sources(v: Value) -> list[Value]:
         return _holding_tensors([node.inputsAt(v.offset() + 2), list(body.outputs())[v.offset() + 1]])
     if kind in ("prim::Constant", "prim::GetAttr"):
         return []
-    flags = _alias_flags(node)
+    flags = alias_flags(node)
     inputs = list(node.inputs())
     if flags is None:
         return _holding_tensors(inputs)
@@ -160,7 +160,7 @@ def alias_users(v: Value) -> tuple[list[Value], list[Node]]:
         elif kind == "prim::If":
             continue  # the condition
         else:
-            flags = _alias_flags(user)
+            flags = alias_flags(user)
             if flags is None or offset >= len(flags.kept):
                 aliases += list(user.outputs())
                 continue
@@ -198,7 +198,7 @@ class SharedMemory:
 
 def _mutates(node: Node, v: Value) -> bool:
     """Whether `node` modifies `v` in place (its schema marks that argument as written)."""
-    flags = _alias_flags(node)
+    flags = alias_flags(node)
     return flags is not None and any(i < len(flags.written) and flags.written[i]
                                      for i, inp in enumerate(node.inputs()) if inp.unique() == v.unique())
 

@@ -8,7 +8,8 @@ The order, and why (docs/lowering_passes.md lists every pass):
    LowerGraph as well: no attribute read is left to lift into an input.
 3. Custom autograd Functions (prim::PythonOp) with a registered replacement are inlined first, so every
    later pass sees plain ops. Structure next, so every later pattern sees straight-line functional code: internal tuples,
-   mutation, guards the compiled shapes pass, short loops; constants the unrolled loops expose.
+   mutation, containers whose keys and indices are static (read where their elements are stored, before and
+   after unrolling), guards the compiled shapes pass, short loops; constants the unrolled loops expose.
 4. Fusions that need the original structure: the addmm/matmul If, FuseLinear (before unpack_addmm).
 5. Removals and normalisations. view_to_reshape comes before remove_contiguous: view() fails on the
    strided tensor contiguous() used to copy.
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -32,7 +33,7 @@ from torchkiln.lowering.registry import PASSES, LoweringContext, LoweringPass
 from torchkiln.lowering.static_arguments import fold_static_arguments
 from torchkiln.module_mode import eval_mode
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Graph, StaticArgument
+from torchkiln.torchscript import Graph, StaticArgument, TensorMeta
 
 logger = logging.getLogger("torchkiln.lowering")
 
@@ -46,8 +47,11 @@ GRAPH_PIPELINE: tuple[str, ...] = (
     "remove_mutation",
     "functionalize_view_writes",
     "functionalize_list_appends",
+    "resolve_attribute_caches",
+    "resolve_static_containers",
     "eliminate_exception_or_pass",
     "unroll_loops",
+    "resolve_static_containers",
     "constant_propagation",
     "fuse_addmm_branches",
     "fuse_linear",
@@ -142,9 +146,10 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
     return LoweredModule(frozen, graph, fired, tuple(static_arguments), optional_tensors)
 
 
-def rerun(graph: Graph, settings: CompileSettings, names: Sequence[str]) -> bool:
-    """Run these graph passes again (after shape analysis made more values static); True if any changed."""
-    ctx = LoweringContext(settings)
+def rerun(graph: Graph, settings: CompileSettings, names: Sequence[str], module: torch.jit.ScriptModule | None = None,
+          metas: Mapping[int, TensorMeta] | None = None) -> bool:
+    """Run these graph passes again (after shape analysis made more values static, `metas`); True if any changed."""
+    ctx = LoweringContext(settings, module=module, metas=metas)
     changed = False
     for name in names:
         if PASSES[name].fn(graph, ctx):

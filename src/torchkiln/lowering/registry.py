@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 
 from torchkiln.lowering.walk import all_nodes
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Graph, Value
+from torchkiln.torchscript import Graph, TensorMeta, Value
 
 
 @dataclasses.dataclass
@@ -25,6 +25,8 @@ class LoweringContext:
     # instance path ('' is the root, 'layer1.0' a submodule) -> class name, for torch_executed_modules
     fallback_modules: dict[str, str] = dataclasses.field(default_factory=dict)
     module: torch.jit.ScriptModule | None = None  # the frozen module, once frozen
+    # what shape analysis saw of every top-level tensor, when passes run again after it (value key -> meta)
+    metas: Mapping[int, TensorMeta] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,15 @@
 """Values lowering can know before run time: constants, and what depends only on the compiled input shapes."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from torchkiln.conversion import load_all
 from torchkiln.analysis.resolve import Resolver
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import Graph, TensorMeta, is_tensor_type, value_key
+
+if TYPE_CHECKING:
+    from torchkiln.lowering.registry import LoweringContext
 
 
 def input_resolver(graph: Graph, settings: CompileSettings) -> Resolver:
@@ -18,3 +23,8 @@ def input_resolver(graph: Graph, settings: CompileSettings) -> Resolver:
     metas = {value_key(v): TensorMeta(spec.opt_shape, spec.dtype, settings.device)
              for v, spec in zip(params, settings.inputs) if is_tensor_type(v.type())}
     return Resolver(metas)
+
+
+def context_resolver(graph: Graph, ctx: LoweringContext) -> Resolver:
+    """What shape analysis saw, when a pass runs again after it (`ctx.metas`); else `input_resolver`."""
+    return Resolver(ctx.metas) if ctx.metas is not None else input_resolver(graph, ctx.settings)

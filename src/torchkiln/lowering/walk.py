@@ -1,4 +1,4 @@
-"""Walking a TorchScript graph's nodes, nested blocks included, and replacing one node by another op."""
+"""Walking a TorchScript graph's nodes (nested blocks included) and attribute paths; replacing a node by another op."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -30,3 +30,16 @@ def replace_node(graph: Graph, node: Node, kind: str, inputs: list[Value]) -> No
     node.output().replaceAllUsesWith(new.output())
     node.destroy()
     return new
+
+
+def attribute_path(v: Value, graph: Graph) -> tuple[str, ...] | None:
+    """The attribute names from the method's `self` to `v` (a chain of prim::GetAttr); None if `v` is not one."""
+    self_value = next(graph.inputs())
+    names: list[str] = []
+    while v.unique() != self_value.unique():
+        node = v.node()
+        if node.kind() != "prim::GetAttr":
+            return None
+        names.append(node.s("name"))
+        v = node.inputsAt(0)
+    return tuple(reversed(names))
