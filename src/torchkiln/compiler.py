@@ -200,7 +200,8 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     # Shapes make more values static: fold the control flow that depends on them, let lists built by the
     # unrolled code become static, and analyse the new top-level values; until nothing changes.
     while fold_static_control_flow(lowered.graph, Resolver(metas)):
-        rerun(lowered.graph, settings, ("lower_tuples", "functionalize_list_appends", "eliminate_dead_code"))
+        rerun(lowered.graph, settings, ("lower_tuples", "functionalize_list_appends", "functionalize_view_writes",
+                                        "eliminate_dead_code"))
         metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
     return lowered, metas
 
