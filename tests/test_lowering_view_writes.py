@@ -54,6 +54,13 @@ def write_into_the_input(x):
     return x * 2
 
 
+def shape_change_in_place(x):
+    y = x * 2
+    v = y[1:3]
+    v.unsqueeze_(0)  # changes the view's shape, not the memory: no scatter
+    return y + 1.0, v
+
+
 def test_writes_into_slices_of_a_fresh_tensor_convert():
     _, report = check_fn(shifted_window_update, torch.randn(4, 5))
     assert "aten::slice_scatter" in report.blocks[0].ops and "aten::select_scatter" in report.blocks[0].ops
@@ -209,6 +216,10 @@ def test_ghostnet_in_place_add_into_a_slice_of_a_fresh_tensor_is_one_engine(in_c
     _, report = check_compiled(torch.jit.script(GhostBottleneck(in_chs, out_chs)), [torch.randn(1, in_chs, 6, 6)],
                                min_block_size=1)
     assert_converted(report, "aten::add.Tensor")
+
+
+def test_an_in_place_shape_change_of_a_view_is_no_write():
+    check_fn(shape_change_in_place, torch.randn(4, 5), engines=None, torch_blocks=None)
 
 
 def test_a_written_view_that_must_see_a_later_write_stays_in_pytorch():

@@ -98,9 +98,9 @@ def _functional(graph: Graph, writer: Node, view_value: Value) -> Value:
         node = graph.create(writer.kind()[:-1], args)
         node.output().setType(torch._C.TensorType.get())
         graph.insertNode(node)
-        if node_schema(node) is None:
-            node.destroy()
-            raise RuntimeError(f"{writer.kind()[:-1]} has no overload for these arguments")
+        if node_schema(node) is None or alias_sources(node.output()):
+            node.destroy()  # no functional form, or a view (unsqueeze_, t_ change the view's shape, not its data)
+            raise RuntimeError(f"{writer.kind()[:-1]} has no overload for these arguments that makes new memory")
         value = node.output()
     # in place keeps the view's shape (an operand broadcast past it raises, as in place does) and dtype
     value = graph.insert("aten::expand_as", [value, view_value])
@@ -127,7 +127,7 @@ def functionalize_view_writes(graph: Graph, ctx: LoweringContext) -> bool:
             with graph.insert_point_guard(writer):
                 try:
                     value = _functional(graph, writer, chain[0].output())
-                except RuntimeError:  # no functional form with these arguments
+                except RuntimeError:  # no functional form with these arguments that makes new memory
                     continue
                 for out in writer.outputs():
                     _read_later_from(out, value, writer)
