@@ -444,3 +444,27 @@ def test_scalar_round_trip_keeps_the_number_type():
     graph.lint()
     assert "prim::NumToTensor" not in str(graph) and "aten::Float(%n)" in str(graph)
     assert torch._C._create_function_from_graph("f", graph)(3, 0.5) == 3.5
+
+
+class ItemSetThenBranch(nn.Module):
+    """Swin's shift logic: a copied list set by index, then read inside a later branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shift = [2, 3]
+
+    def forward(self, x: torch.Tensor):
+        shift = self.shift.copy()
+        shift[0] = 0
+        if bool(x.sum() > 0):  # a run-time branch: its read of the list still follows the item set
+            x = torch.roll(x, shifts=(shift[0], shift[1]), dims=(0, 1))
+        return x * sum(shift)
+
+
+def test_functionalize_list_appends_redirects_reads_nested_in_later_branches():
+    _, lowered = lower_only(ItemSetThenBranch(), _x(4, 5), "functionalize_list_appends")
+    copied = lowered.graph.findNode("aten::copy")
+    assert [u.user.kind() for u in copied.output().uses()] == ["aten::_set_item"], str(lowered.graph)
+    assert "functionalize_list_appends" in lowered.fired
+    for x in (torch.randn(4, 5), -torch.rand(4, 5)):
+        assert_matches_eager(lowered.module(x), ItemSetThenBranch()(x))

@@ -28,6 +28,15 @@ def slice_write_read_back(x):
     return (y * 3 + 1).sin() + z, w
 
 
+def slice_write_read_back_after_another_write(x):
+    y = (x * 2).relu().exp()
+    z = torch.zeros(4, 4)
+    w = z[1:, 1:]
+    w.copy_(y[1:, 1:])
+    z[1] = y[0]  # w must see this row too
+    return (y * 3 + 1).sin() + z, w
+
+
 def select_write(x):
     y = (x * 2).relu().exp()
     z = torch.zeros(4, 4)
@@ -108,13 +117,20 @@ def test_a_slice_write_no_one_reads_back_converts():
     assert "aten::slice_scatter" in report.blocks[0].ops
 
 
+def test_a_written_slice_read_back_converts():
+    """Nothing writes into z after the copy_: the slice read back reads the value copied in, z the scatter."""
+    _, report = check_fn(slice_write_read_back, torch.randn(4, 4))
+    assert "aten::slice_scatter" in report.blocks[0].ops
+
+
 def test_view_and_writer_stay_together_in_pytorch():
-    """The safe minimum where the written slice is read back: the base z, its slices and the copy_ all run in
-    PyTorch; the rest in engines."""
-    _, report = check_fn(slice_write_read_back, torch.randn(4, 4), engines=None, torch_blocks=None)
-    left = [(f.op, f.reason) for b in report.blocks for f in b.fallback]
-    assert left == [("aten::zeros", Fallback.WRITTEN_VIEW), ("aten::slice.Tensor", Fallback.WRITTEN_VIEW),
-                    ("aten::slice.Tensor", Fallback.WRITTEN_VIEW), ("aten::copy_", Fallback.CAPABILITY)]
+    """The safe minimum where the written slice is read back after another write into its base: the base z, its
+    views and the copy_s all run in PyTorch; the rest in engines."""
+    _, report = check_fn(slice_write_read_back_after_another_write, torch.randn(4, 4), engines=None,
+                         torch_blocks=None)
+    left = {(f.op, f.reason) for b in report.blocks for f in b.fallback}
+    assert left == {("aten::zeros", Fallback.WRITTEN_VIEW), ("aten::slice.Tensor", Fallback.WRITTEN_VIEW),
+                    ("aten::select.int", Fallback.WRITTEN_VIEW), ("aten::copy_", Fallback.CAPABILITY)}
     engine_ops = [op for b in report.blocks if b.target == "engine" for op in b.ops]
     assert {"aten::exp", "aten::sin", "aten::add.Tensor"} <= set(engine_ops)
 

@@ -169,8 +169,8 @@ def _warn_python_ops(graph: Graph) -> None:
 
 
 # Lowering passes that run again once shape analysis made more values static (the device a cache is keyed by).
-_AFTER_SHAPES = ("lower_tuples", "functionalize_list_appends", "resolve_attribute_caches", "resolve_static_containers",
-                 "eliminate_dead_code")
+_AFTER_SHAPES = ("lower_tuples", "functionalize_list_appends", "functionalize_view_writes", "resolve_attribute_caches",
+                 "resolve_static_containers", "eliminate_dead_code")
 
 
 def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "forward"

@@ -6,8 +6,9 @@ what later nodes read (likewise `aten::_set_item.t`, `l[i] = x`), and `aten::ext
 `%l2 = aten::add(%l, %m)` read the same way. Build-time evaluation can then give every list value one
 meaning (`append` copies). A dict's item sets (`d[k] = v`, which return nothing) that come before any
 other use of a new dict are folded into a `prim::DictConstruct` placed after them.
-Lists and dicts whose uses sit in other blocks (loops, branches) or that other values alias are left
-alone; the resolver treats those as run-time values.
+Reads nested in later nodes' blocks (`if sum(shift_size) > 0: ... shift_size[0]`) are redirected too; lists and
+dicts with uses in enclosing or sibling blocks, or that other values alias, are left alone; the resolver treats
+those as run-time values.
 """
 from __future__ import annotations
 
@@ -25,7 +26,16 @@ def _rewritable(lst: Value, node: Node) -> bool:
         return False
     if lst.node().kind() not in FRESH_LIST_PRODUCERS:
         return False
-    return all(u.user.owningBlock() == node.owningBlock() and u.user.kind() not in ALIASING_USERS for u in lst.uses())
+    return all(_within(u.user, node.owningBlock()) and u.user.kind() not in ALIASING_USERS for u in lst.uses())
+
+
+def _within(user: Node, block: torch._C.Block) -> bool:
+    """Whether `user` sits in `block` or in a block nested in one of its nodes (a branch that reads the list)."""
+    inner: torch._C.Block | None = user.owningBlock()
+    while inner is not None and inner != block:
+        owner = inner.owningNode()
+        inner = owner.owningBlock() if owner is not None else None
+    return inner is not None
 
 
 def _read_later_from(lst: Value, node: Node, replacement: Value) -> None:

@@ -3,9 +3,13 @@
 so the write converts instead of splitting the graph.
 
 A write into a view must never change what anything reads, so the rewrite is made only where alias analysis
-(analysis/resolve.py) shows every value sharing the memory: the base is new memory made in the graph's own
-block (not a method input), its only aliases are slices and selections of it, the view written is read by
-nothing after the write, and every other view of the base is made after it. Anything else stays as it is
+(analysis/resolve.py) shows every value sharing the memory: the base is new memory that an op with a schema
+makes in the graph's own block (not a method input, a constant or a module attribute, whose memory outlives
+the call), its only aliases are slices and selections of it, and every other view of the base is made after
+the write. Later reads of the base read the scatter's result. Where the view written (or a view it was sliced
+from) is read after the write too (timm's GhostNet returns `x += shortcut` on a slice of a fresh cat), those
+reads read the functional op's result instead, which needs one more fact: nothing writes into that memory
+after this write, which the old view would see and the new value would not. Anything else stays as it is
 (and partitioning keeps it in PyTorch).
 """
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torchkiln.torchscript import Graph, Node, Value, node_key, node_schema, val
 logger = logging.getLogger("torchkiln.lowering")
 
 SCATTERS = {"aten::slice.Tensor": "aten::slice_scatter", "aten::select.int": "aten::select_scatter"}
+_NOT_NEW = ("prim::Param", "prim::Constant", "prim::GetAttr")  # the caller's or the module's memory
 
 
 def _writes_first_argument_only(node: Node) -> bool:
@@ -30,6 +35,13 @@ def _writes_first_argument_only(node: Node) -> bool:
         return False
     written = [a.alias_info is not None and a.alias_info.is_write for a in schema.arguments]
     return bool(written) and written[0] and not any(written[1:])
+
+
+def _made_here(base: Value) -> bool:
+    """Whether `base` is new memory that lives only in this call: made by an op whose schema says its result
+    aliases none of its arguments."""
+    node = base.node()
+    return node.kind() not in _NOT_NEW and node_schema(node) is not None and not alias_sources(base)
 
 
 def _view_write(graph: Graph, writer: Node) -> tuple[list[Node], Value] | None:
@@ -42,16 +54,22 @@ def _view_write(graph: Graph, writer: Node) -> tuple[list[Node], Value] | None:
         chain.append(value.node())
         value = value.node().inputsAt(0)
     base = value
-    if not chain or base.node().kind() == "prim::Param" or alias_sources(base):
-        return None  # not a view, a view of a method input (the caller's memory), or of something else
-    if any(o.uses() for o in writer.outputs()) or any(u.user.isAfter(writer) for n in chain for u in n.output().uses()):
-        return None  # the written view is read afterwards: it would have to see later writes too
+    if not chain or not _made_here(base):
+        return None  # not a view, or a view of memory that outlives the call (or of something else)
     if any(u.user.owningBlock() != graph.block() for u in base.uses()):
         return None
-    allowed = {value_key(v) for v in [base, *writer.outputs(), *(n.output() for n in chain)]}
-    if any(value_key(v) not in allowed and not v.node().isAfter(writer) for v in _aliases(base)):
+    views = [*writer.outputs(), *(n.output() for n in chain)]
+    allowed = {value_key(v) for v in [base, *views]}
+    aliases = _aliases(base)
+    if any(value_key(v) not in allowed and not v.node().isAfter(writer) for v in aliases):
         return None  # an alias made before the write would still see the old memory
+    if _read_after(views, writer) and any(w is not writer and w.isAfter(writer) for w in _writers(aliases)):
+        return None  # the view read afterwards would have to see the later write too
     return chain, base
+
+
+def _read_after(values: list[Value], node: Node) -> bool:
+    return any(u.user.isAfter(node) for v in values for u in v.uses())
 
 
 def _aliases(base: Value) -> list[Value]:
@@ -66,20 +84,33 @@ def _aliases(base: Value) -> list[Value]:
     return list(found.values())
 
 
+def _writers(aliases: list[Value]) -> list[Node]:
+    """The nodes that write in place into any of `aliases`."""
+    return [w for v in aliases for w in alias_users(v)[1]]
+
+
 def _functional(graph: Graph, writer: Node, view_value: Value) -> Value:
     """What the in-place op writes into the view, as a new tensor of the view's shape and dtype."""
     args = list(writer.inputs())
     if writer.kind() == "aten::copy_":
-        value = graph.insert("aten::expand_as", [args[1], view_value])
+        value = args[1]
     else:  # the functional overload of the same arguments (graph.insert could pick another one)
         node = graph.create(writer.kind()[:-1], args)
         node.output().setType(torch._C.TensorType.get())
         graph.insertNode(node)
-        if node_schema(node) is None:
-            node.destroy()
-            raise RuntimeError(f"{writer.kind()[:-1]} has no overload for these arguments")
+        if node_schema(node) is None or alias_sources(node.output()):
+            node.destroy()  # no functional form, or a view (unsqueeze_, t_ change the view's shape, not its data)
+            raise RuntimeError(f"{writer.kind()[:-1]} has no overload for these arguments that makes new memory")
         value = node.output()
-    return graph.insert("aten::type_as", [value, view_value])  # in place keeps the view's dtype
+    # in place keeps the view's shape (an operand broadcast past it raises, as in place does) and dtype
+    value = graph.insert("aten::expand_as", [value, view_value])
+    return graph.insert("aten::type_as", [value, view_value])
+
+
+def _read_later_from(old: Value, new: Value, writer: Node) -> None:
+    for use in list(old.uses()):
+        if use.user.isAfter(writer):
+            use.user.replaceInput(use.offset, new)
 
 
 @lowering_pass(replaces=())
@@ -96,13 +127,14 @@ def functionalize_view_writes(graph: Graph, ctx: LoweringContext) -> bool:
             with graph.insert_point_guard(writer):
                 try:
                     value = _functional(graph, writer, chain[0].output())
-                except RuntimeError:  # no functional form with these arguments
+                except RuntimeError:  # no functional form with these arguments that makes new memory
                     continue
+                for out in writer.outputs():
+                    _read_later_from(out, value, writer)
                 for view in chain:  # the written view's new value, then its parent's, up to the base's
+                    _read_later_from(view.output(), value, writer)
                     value = graph.insert(SCATTERS[node_key(view)], [view.inputsAt(0), value, *list(view.inputs())[1:]])
-            for use in list(base.uses()):
-                if use.user.isAfter(writer):
-                    use.user.replaceInput(use.offset, value)
+            _read_later_from(base, value, writer)
             logger.debug("%s into a view of %%%s rewritten as %s", writer.kind(), base.debugName(),
                          value.node().kind())
             writer.destroy()
