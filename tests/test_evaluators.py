@@ -350,3 +350,37 @@ def test_dict_written_after_a_read_is_not_static():
         _, report = check_fn(dict_written_in_a_branch, sign * torch.rand(2, 3) + sign, engines=None, torch_blocks=None)
     reasons = {f.op: f.detail for b in report.blocks for f in b.fallback}
     assert "read after aten::_set_item" in reasons["prim::DictConstruct"], reasons
+
+
+def test_nested_static_ifs_fold_in_one_round():
+    """An If inside a folded If's taken branch is tried in the same round (nn.MultiheadAttention's chain of
+    fast-path checks is seven deep: one shape analysis per level made vit_b_16's build 2x slower)."""
+    from torchkiln.lowering.static_control_flow import fold_static_control_flow
+
+    load_all()
+    graph = torch._C.parse_ir("""
+        graph(%x : Tensor):
+            %four : int = prim::Constant[value=4]()
+            %three : int = prim::Constant[value=3]()
+            %one : int = prim::Constant[value=1]()
+            %d : int = aten::dim(%x)
+            %c : bool = aten::eq(%d, %four)
+            %r : Tensor = prim::If(%c)
+              block0():
+                %s : int = aten::size(%x, %one)
+                %c2 : bool = aten::eq(%s, %three)
+                %inner : Tensor = prim::If(%c2)
+                  block0():
+                    %y : Tensor = aten::relu(%x)
+                    -> (%y)
+                  block1():
+                    -> (%x)
+                -> (%inner)
+              block1():
+                -> (%x)
+            return (%r)""")
+    x = next(iter(graph.inputs()))
+    resolver = Resolver({value_key(x): TensorMeta((2, 3, 8, 8), torch.float32, torch.device("cpu"))})
+    assert fold_static_control_flow(graph, resolver)
+    assert [n.kind() for n in graph.nodes() if n.kind() == "prim::If"] == []
+    assert next(graph.outputs()).node().kind() == "aten::relu"

@@ -24,9 +24,9 @@ def fold_static_conditionals(graph: Graph, resolver: Resolver) -> bool:
     A taken branch that raises is left alone: the module raises at run time, as eager PyTorch does.
     """
     changed = False
-    for node in list(graph.nodes()):
-        if node.kind() != "prim::If":
-            continue
+    pending = [n for n in graph.nodes() if n.kind() == "prim::If"]
+    while pending:  # a taken branch's own Ifs come to the top level: they are tried in the same round
+        node = pending.pop(0)
         try:
             condition = resolver.resolve(node.inputsAt(0))
         except NotStatic:
@@ -36,8 +36,10 @@ def fold_static_conditionals(graph: Graph, resolver: Resolver) -> bool:
         taken = list(node.blocks())[0 if condition else 1]
         if _raises(taken):
             continue
+        inner_ifs = [inner for inner in taken.nodes() if inner.kind() == "prim::If"]
         for inner in list(taken.nodes()):
             inner.moveBefore(node)
+        pending[:0] = inner_ifs
         for out, value in zip(node.outputs(), taken.outputs()):
             out.replaceAllUsesWith(value)
         logger.debug("folded a static prim::If (condition %s)", condition)
