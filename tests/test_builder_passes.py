@@ -132,3 +132,24 @@ def test_bias_of_another_shape_is_not_folded():
     n.mark_output(n.add_elementwise(mm, n.add_constant(torch.randn(4, 1)).get_output(),
                                     L.ElementWiseOperation.SUM).get_output())
     assert not _run_pass("fold_bias_into_matrix_multiply", n)
+
+
+@pytest.mark.parametrize("dtype", [F32, torch.float16])
+def test_a_boolean_attention_mask_becomes_its_additive_form_once(dtype):
+    """Two attention layers reading one boolean mask: one select makes SDPA's additive mask before the first, both
+    read it, and the outputs are what SDPA gives with the boolean mask (exactly: the same conversion)."""
+    n = Network()
+    q = n.add_input("q", dtype, (2, 4, 8, 16))
+    mask = n.add_input("mask", torch.bool, (2, 1, 8, 8))
+    first = n.add_layer(L.AttentionLayer, [q, q, q, mask]).get_output()
+    n.mark_output(n.add_layer(L.AttentionLayer, [first, first, first, mask]).get_output())
+    q_in = torch.randn(2, 4, 8, 16, dtype=dtype)
+    m_in = torch.rand(2, 1, 8, 8) > 0.3
+    m_in[..., 0] = True  # no row wholly masked
+    before = Engine(n, _bindings(n), "cpu", dtype).execute([q_in, m_in])[0]
+    assert _run_pass("additive_attention_masks", n)
+    assert _kinds(n) == ["constant", "constant", "select", "attention", "attention"]
+    assert n.layers[3].inputs[3] is n.layers[4].inputs[3] and n.layers[3].inputs[3].dtype == dtype
+    after = Engine(n, _bindings(n), "cpu", dtype).execute([q_in, m_in])[0]
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+    assert not _run_pass("additive_attention_masks", n)  # nothing boolean is left

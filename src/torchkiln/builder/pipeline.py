@@ -10,13 +10,16 @@ The order, and why:
    constant the bias fold can take.
 4. remove_dead_layers, so precision does not cast values nothing reads.
 5. lower_precision last of the rewrites: it picks each layer's precision on the final graph.
-6. remove_dead_layers again: precision replaces fp32 constants read in low precision by narrowed copies.
+6. additive_attention_masks after precision, so each boolean mask becomes its additive form once in the dtype
+   its attention layers finally compute in.
+7. remove_dead_layers again: precision replaces fp32 constants read in low precision by narrowed copies.
 """
 from __future__ import annotations
 
 import logging
 
 from torchkiln.builder.passes import BuildPass
+from torchkiln.builder.passes.additive_attention_masks import additive_attention_masks
 from torchkiln.builder.passes.constant_folding import fold_constants
 from torchkiln.builder.passes.dead_layer_removal import remove_dead_layers
 from torchkiln.builder.passes.fold_bias_into_matrix_multiply import fold_bias_into_matrix_multiply
@@ -35,6 +38,7 @@ BUILD_PIPELINE: tuple[BuildPass, ...] = (
     fold_bias_into_matrix_multiply,
     remove_dead_layers,
     lower_precision,
+    additive_attention_masks,
     remove_dead_layers,
 )
 PASSES: dict[str, BuildPass] = {p.__name__: p for p in BUILD_PIPELINE}
