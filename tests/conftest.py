@@ -22,3 +22,16 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def triton_interpreter(tmp_path_factory):
+    """Triton's CPU interpreter where there is no GPU (read when a kernel module is loaded); generated kernel files
+    in a temporary cache folder. Modules of generated-kernel tests use it through `pytestmark`."""
+    from torchkiln.runtime.backends.cuda.cache import CACHE_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        if not torch.cuda.is_available():
+            mp.setenv("TRITON_INTERPRET", "1")
+        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
+        yield

@@ -14,22 +14,13 @@ import torch.nn.functional as F
 pytest.importorskip("triton", reason="triton is not installed")
 
 from torchkiln.errors import EngineInputError, NetworkError  # noqa: E402
-from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.norm import MAX_SIZE, RowNorm  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 MANTISSA_BITS = {F16: 10, BF16: 7}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def interpreter(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        if not CUDA:
-            mp.setenv("TRITON_INTERPRET", "1")
-        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
-        yield
 
 
 def reference(a, b, shape, weight, bias, eps, out_dtype):

@@ -19,27 +19,16 @@ from torchkiln.ir import layers as L, pointwise as P  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.ir.symbolic import DimSymbol  # noqa: E402
 from torchkiln.ir.reference import run_layer  # noqa: E402
-from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen import compile as kernel_files  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.pointwise import compile_group, fusable, generate  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on NaN and inf in the interpreter
+pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
+              pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # numpy on NaN and inf in the interpreter
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 E, U, A = L.ElementWiseOperation, L.UnaryOperation, L.ActivationType
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 SPECIAL = [0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 2.5, 3.0, float("inf"), float("-inf"), float("nan")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def interpreter(tmp_path_factory):
-    """Triton's CPU interpreter where there is no GPU (read when a kernel module is loaded); kernel files in a
-    temporary cache folder."""
-    with pytest.MonkeyPatch.context() as mp:
-        if not CUDA:
-            mp.setenv("TRITON_INTERPRET", "1")
-        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
-        yield
 
 
 def reference(net: Network, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:

@@ -13,22 +13,13 @@ pytest.importorskip("triton", reason="triton is not installed")
 from torchkiln.errors import EngineInputError, NetworkError  # noqa: E402
 from torchkiln.ir import layers as L  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
-from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.pooling import MaxPool2d, output_size, poolable  # noqa: E402
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on NaN and inf in the interpreter
+pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
+              pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # numpy on NaN and inf in the interpreter
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
-
-
-@pytest.fixture(scope="module", autouse=True)
-def interpreter(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        if not CUDA:
-            mp.setenv("TRITON_INTERPRET", "1")
-        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
-        yield
 
 
 def pool_layer(dtype, shape, window, stride=(), padding=(0,), dilation=(), ceil_mode=False) -> L.PoolingLayer:
