@@ -11,11 +11,13 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.backends.cuda import planner
+from torchkiln.runtime.backends.cuda.codegen import have_triton
 from torchkiln.runtime.backends.cuda.codegen.norm import MAX_SIZE
 from torchkiln.runtime.engine import Engine
 from torchkiln.runtime.plan import check_steps
 
 NO_TIMING = BackendOptions(timing_iterations=0)
+needs_triton = pytest.mark.skipif(not have_triton(), reason="generated steps are planned only where Triton is installed")
 
 
 def _ops(plan, network):
@@ -39,6 +41,7 @@ def test_residual_blocks_fuse_into_cudnn_calls_in_fp16(resnet_fp16):
                if plan.kernels[s.kernel].op.startswith("conv"))
 
 
+@needs_triton
 def test_fp32_convolutions_fuse_only_where_tf32_is_allowed():
     data = torchkiln.convert_method_to_engine(SmallResNet().eval(), "forward", [torchkiln.Input((1, 3, 32, 32))],
                                               backend="reference")
@@ -69,6 +72,7 @@ def test_a_residual_made_after_the_convolution_runs_the_fused_step_at_the_add():
                                ("conv_add_relu", ["convolution", "elementwise", "activation"])]
 
 
+@needs_triton
 def test_pointwise_chains_become_one_generated_step():
     """exp(gelu(x * w)), with a per-channel operand: one step; an op reading a later tensor starts anew."""
     net = Network("chain")
@@ -89,6 +93,7 @@ def test_pointwise_chains_become_one_generated_step():
     assert len(io[1].outputs) == 1  # only exp's output leaves the group
 
 
+@needs_triton
 def test_a_dynamic_network_plans_and_round_trips():
     s = DimSymbol("s0", 1, 8, (1, 4, 8))
     net = Network("dyn")
@@ -100,6 +105,7 @@ def test_a_dynamic_network_plans_and_round_trips():
     assert plan.memory(net).arena_bytes == 0  # exp's output never leaves the step
 
 
+@needs_triton
 def test_half_layer_norm_between_casts_is_one_step():
     net = Network("ln")
     x = net.add_input("x", torch.float16, (2, 8, 16))
@@ -141,6 +147,7 @@ def _block(pre_norm: bool, dtype: torch.dtype) -> Network:
     return Engine.deserialize(data).network
 
 
+@needs_triton
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=["fp16", "fp32"])
 def test_post_norm_residual_adds_join_their_layer_norms(dtype):
     """BERT's layer: the residual add, the precision casts and the layer norm are one generated kernel."""
@@ -157,6 +164,7 @@ def test_post_norm_residual_adds_join_their_layer_norms(dtype):
                if plan.kernels[s.kernel].op == "layer_norm")  # nothing else reads the sums
 
 
+@needs_triton
 def test_pre_norm_residual_add_joins_the_next_layer_norm_and_writes_the_sum():
     """ViT, GPT-2: x = x + attn(ln1(x)) is the residual stream that the next sublayer adds to, and ln2's input."""
     net = _block(True, torch.float16)
@@ -178,6 +186,7 @@ def _norm_of_sum(shape_b: tuple[int, ...], size: int = 16) -> Network:
     return net
 
 
+@needs_triton
 def test_only_an_add_of_one_shape_joins_and_long_rows_stay_on_aten():
     net = _norm_of_sum((1, 16))  # a broadcast operand: the add stays a pointwise kernel
     assert _ops(planner.make_plan(net, torch.device("cpu"), NO_TIMING), net) == [
@@ -187,6 +196,7 @@ def test_only_an_add_of_one_shape_joins_and_long_rows_stay_on_aten():
         ("pointwise", ["elementwise"]), ("normalization", ["normalization"])]
 
 
+@needs_triton
 def test_a_2d_max_pool_is_a_generated_step():
     """conv -> relu -> max pool 3x3/2/1 (a ResNet stem): the pool runs in the generated kernel; an average pool
     and a 1-d max pool stay on ATen."""
