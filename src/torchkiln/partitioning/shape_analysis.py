@@ -6,6 +6,7 @@ The examples mirror the method's arguments (tensors, or tuples, lists and dicts 
 cross an engine boundary, since those bodies run in PyTorch."""
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -50,7 +51,9 @@ def probe_values(graph: Graph, module: torch.jit.ScriptModule | None, example_in
     probe.makeMultiOutputIntoTuple()
     takes_self = len(list(graph.inputs())) == len(example_inputs) + 1
     fn = torch._C._create_function_from_graph("torchkiln_shape_probe", probe)
-    args = ([module._c] if takes_self else []) + list(example_inputs)
+    # a copy: a forward that updates the module's own state (a buffer written in place, a counter) must not have
+    # run once more in the compiled module than in eager
+    args = ([copy.deepcopy(module)._c] if takes_self else []) + list(example_inputs)
     try:
         with torch.no_grad():
             results = fn(*args)
