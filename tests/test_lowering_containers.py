@@ -318,3 +318,23 @@ def test_an_attribute_list_changed_in_a_loop_stays_correct():
     assert "prim::SetAttr" in {n.kind() for n in lowered.graph.nodes()}
     for steps in (0, 3):  # the lowered graph runs in its frozen module
         torch.testing.assert_close(lowered.module(x, torch.tensor(steps)), model(x, torch.tensor(steps)))
+
+
+class PyramidSummedAfterALoop(Pyramid2):
+    def forward(self, x: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        self.build(torch.relu(x * 2.0))
+        for _ in range(int(steps)):  # the attribute list's length is known only at run time
+            self.pyramid.append(self.pyramid[-1] * 0.5)
+        out = x.mean()
+        for level in self.pyramid:  # so this loop must not be unrolled to the length the example run saw
+            out = out + level.mean()
+        return out * 1.5
+
+
+def test_a_list_whose_length_depends_on_data_is_not_taken_from_the_example_run():
+    x = torch.randn(1, 2, 8, 8)
+    model = PyramidSummedAfterALoop().eval()
+    compiled = torchkiln.compile(model, [torchkiln.Input.from_tensor(x), torchkiln.Input((), dtype=torch.int64)],
+                                 min_block_size=1)
+    for steps in (0, 1, 3, 5):
+        assert_matches_eager(compiled(x, torch.tensor(steps)), model(x, torch.tensor(steps)))

@@ -35,6 +35,13 @@ def _may_be_uninitialized(v: torch._C.Value) -> bool:
     return False
 
 
+def _length_varies(v: torch._C.Value) -> bool:
+    """A list of tensors whose length the example run does not settle: one read from a module attribute (what
+    freezing leaves as an attribute is written in the method, maybe by a loop of run-time length) or made by a
+    loop or branch that stayed (its trip count or condition is known only at run time)."""
+    return isinstance(v.type(), torch._C.ListType) and v.node().kind() in ("prim::GetAttr", "prim::Loop", "prim::If")
+
+
 def probe_values(graph: Graph, module: torch.jit.ScriptModule | None, example_inputs: Sequence[Any],
                  values: Sequence[torch._C.Value]) -> list[Any]:
     """Run the graph on example inputs and return what each of `values` (top-level values of the graph) holds.
@@ -71,7 +78,7 @@ def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
     # Constants are known and unread values sit at no boundary (and may be undefined tensors): never probed.
     picked = [orig for orig in originals
               if _holds_shapes(orig.type()) and not _may_be_uninitialized(orig)
-              and orig.node().kind() != "prim::Constant" and bool(orig.uses())]
+              and orig.node().kind() != "prim::Constant" and bool(orig.uses()) and not _length_varies(orig)]
     results = probe_values(graph, module, example_inputs, picked)
     metas = {}
     for orig, value in zip(picked, results):
