@@ -139,6 +139,23 @@ def alias_sources(v: Value) -> list[Value]:
     return _holding_tensors(i for k, i in enumerate(inputs) if k >= len(flags.kept) or flags.kept[k])
 
 
+def aliases_of(base: Value) -> list[Value]:
+    """Every value that may share memory with `base` (views, views of views, what holds them), by `alias_users`'
+    one-step walk repeated."""
+    found, stack = {value_key(base): base}, [base]
+    while stack:
+        for v in alias_users(stack.pop())[0]:
+            if value_key(v) not in found:
+                found[value_key(v)] = v
+                stack.append(v)
+    return list(found.values())
+
+
+def writers_into(aliases: list[Value]) -> list[Node]:
+    """The nodes that write in place into any of `aliases`."""
+    return [w for v in aliases for w in alias_users(v)[1]]
+
+
 def alias_users(v: Value) -> tuple[list[Value], list[Node]]:
     """One step forward: the values that may be views of `v` (or hold it), and the nodes that write to `v`."""
     aliases: list[Value] = []

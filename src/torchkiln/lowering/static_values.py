@@ -5,8 +5,9 @@ from typing import TYPE_CHECKING
 
 from torchkiln.conversion import load_all
 from torchkiln.analysis.resolve import Resolver
+from torchkiln.analysis.input_shapes import input_meta
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Graph, TensorMeta, is_tensor_type, value_key
+from torchkiln.torchscript import Graph, is_tensor_type, value_key
 
 if TYPE_CHECKING:
     from torchkiln.lowering.registry import LoweringContext
@@ -20,8 +21,8 @@ def input_resolver(graph: Graph, settings: CompileSettings) -> Resolver:
     """
     load_all()
     params = list(graph.inputs())[1:]  # after self
-    metas = {value_key(v): TensorMeta(spec.opt_shape, spec.dtype, settings.device)
-             for v, spec in zip(params, settings.inputs) if is_tensor_type(v.type())}
+    metas = {value_key(v): input_meta(k, spec.min_shape, spec.opt_shape, spec.max_shape, spec.dtype, settings.device)
+             for k, (v, spec) in enumerate(zip(params, settings.inputs)) if is_tensor_type(v.type())}
     return Resolver(metas)
 
 

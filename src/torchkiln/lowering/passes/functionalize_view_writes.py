@@ -18,7 +18,7 @@ import logging
 
 import torch
 
-from torchkiln.analysis.resolve import alias_sources, alias_users
+from torchkiln.analysis.resolve import alias_sources, aliases_of, writers_into
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
 from torchkiln.torchscript import Graph, Node, Value, node_key, node_schema, value_key
 
@@ -60,10 +60,12 @@ def _view_write(graph: Graph, writer: Node) -> tuple[list[Node], Value] | None:
         return None
     views = [*writer.outputs(), *(n.output() for n in chain)]
     allowed = {value_key(v) for v in [base, *views]}
-    aliases = _aliases(base)
+    aliases = aliases_of(base)
+    if any(u.user.kind() == "prim::SetAttr" for v in aliases for u in v.uses()):
+        return None  # stored in a module attribute: read through it, it would still see the old memory
     if any(value_key(v) not in allowed and not v.node().isAfter(writer) for v in aliases):
         return None  # an alias made before the write would still see the old memory
-    if _read_after(views, writer) and any(w is not writer and w.isAfter(writer) for w in _writers(aliases)):
+    if _read_after(views, writer) and any(w is not writer and w.isAfter(writer) for w in writers_into(aliases)):
         return None  # the view read afterwards would have to see the later write too
     return chain, base
 
@@ -72,28 +74,11 @@ def _read_after(values: list[Value], node: Node) -> bool:
     return any(u.user.isAfter(node) for v in values for u in v.uses())
 
 
-def _aliases(base: Value) -> list[Value]:
-    """Every value that may share memory with `base` (views, views of views, what holds them), with alias
-    analysis's one-step walk (analysis/resolve.py)."""
-    found, stack = {value_key(base): base}, [base]
-    while stack:
-        for v in alias_users(stack.pop())[0]:
-            if value_key(v) not in found:
-                found[value_key(v)] = v
-                stack.append(v)
-    return list(found.values())
-
-
-def _writers(aliases: list[Value]) -> list[Node]:
-    """The nodes that write in place into any of `aliases`."""
-    return [w for v in aliases for w in alias_users(v)[1]]
-
-
 def _functional(graph: Graph, writer: Node, view_value: Value) -> Value:
     """What the in-place op writes into the view, as a new tensor of the view's shape and dtype."""
     args = list(writer.inputs())
-    if writer.kind() == "aten::copy_":
-        value = args[1]
+    if writer.kind() == "aten::copy_":  # a copy: the source may be written later, the view must not see that
+        value = graph.insert("aten::clone", [args[1]])
     else:  # the functional overload of the same arguments (graph.insert could pick another one)
         node = graph.create(writer.kind()[:-1], args)
         node.output().setType(torch._C.TensorType.get())

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from torchkiln.analysis.resolve import NotStatic, Resolver
+from torchkiln.analysis.resolve import NotStatic, Resolver, aliases_of, writers_into
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
 from torchkiln.lowering.static_values import context_resolver
 from torchkiln.lowering.walk import all_nodes, attribute_path
@@ -138,6 +138,8 @@ class _CacheAttribute:
                     guarded_sets.add(guard.set_item)
                 elif user.kind() == "aten::__getitem__" and use.offset == 0 \
                         and user.owningBlock() == self.graph.block():
+                    if writers_into(aliases_of(user.output())):
+                        return None  # written in place: eager keeps the change in the cache for later calls
                     try:
                         reads.append((user, self._key(user.inputsAt(1))))
                     except NotStatic:

@@ -229,11 +229,12 @@ def _list_construct(walk: ContainerWalk, node: Node) -> bool:
 
 def _dict_construct(walk: ContainerWalk, node: Node) -> bool:
     inputs = list(node.inputs())
+    values = [_store(walk, v) for v in inputs[1::2]]  # stored: each is no longer followed, whatever the keys
     try:
         keys = [walk.static(k) for k in inputs[::2]]
     except NotStatic:
         keys = None
-    walk.new(node.output(), None if keys is None else dict(zip(keys, (_store(walk, v) for v in inputs[1::2]))))
+    walk.new(node.output(), None if keys is None else dict(zip(keys, values)))
     return True
 
 
@@ -367,6 +368,11 @@ def _set_attribute(walk: ContainerWalk, node: Node) -> bool:
     obj = walk.of(node.inputsAt(1))
     owner = attribute_path(node.inputsAt(0), walk.graph)
     if obj is None or owner is None or None in walk.unsafe_slots or owner + (node.s("name"),) in walk.unsafe_slots:
+        if owner is not None:  # the attribute now holds something not followed: reads of it are no longer known
+            walk.slots.pop(owner + (node.s("name"),), None)
+        else:
+            walk.slots.clear()
+        walk.poison(node.inputsAt(1))
         return False
     walk.slots[owner + (node.s("name"),)] = obj
     obj.changes.append(node)
