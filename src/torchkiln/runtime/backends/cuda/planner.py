@@ -171,7 +171,7 @@ def _generated_biases(network: Network, groups: list[tuple[Kernel, list[int]]]) 
     without it, and the bias is a generated kernel (`conv_epilogue` of no further layers): the library's separate
     bias add over channels-last activations is not vectorized (79 us of ResNet-50's first downsample at batch 32
     on an H100, against about 30 for one read and one write)."""
-    if _fusable() is None:
+    if not have_triton():
         return groups
     out = []
     for kernel, members in groups:
