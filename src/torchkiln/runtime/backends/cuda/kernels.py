@@ -281,6 +281,28 @@ def _output(layers: Sequence[L.Layer], tid: int) -> Tensor:
     return next(t for layer in layers for t in layer.outputs if id(t) == tid)
 
 
+@maker("generated", "gemm")
+def _gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """A matrix product (x @ W.T + b, or a 1x1 convolution with its bias) and the pointwise layers after it as one
+    generated Triton GEMM (codegen/gemm.py) of the tile configuration the build timed fastest."""
+    from torchkiln.runtime.backends.cuda.codegen.gemm import Config, GemmLauncher, generate
+
+    product, rest = step.layers[0], step.layers[1:]
+    made = {id(t) for layer in rest for t in layer.outputs}
+    tensors = {id(t): t for layer in rest for t in layer.inputs}
+    reads = [i for i in step.inputs if i in tensors and i not in made and i != id(product.outputs[0])]
+    launch = GemmLauncher(generate(product, rest, [tensors[i] for i in reads],
+                                   [_output(step.layers, o) for o in step.outputs]),
+                          product, Config.parse(str(kernel.option("config", ""))))
+    x_at, at = step.inputs.index(id(product.inputs[0])), [step.inputs.index(i) for i in reads]
+    bias = step.weights[0].get("bias")
+    if isinstance(product, L.ConvolutionLayer):
+        weight = step.weights[0]["kernel"]
+        return lambda xs: launch(xs[x_at], weight, bias, [xs[k] for k in at])
+    w_at = step.inputs.index(id(product.inputs[1]))
+    return lambda xs: launch(xs[x_at], xs[w_at], bias, [xs[k] for k in at])
+
+
 @maker("library", "linear_group")
 def _linear_group(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """Several x @ W.T + b of one x as one GEMM over the concatenated weights; the outputs are column views."""

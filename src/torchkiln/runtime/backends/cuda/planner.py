@@ -26,6 +26,13 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    Attention's SDPA backend (cuDNN, memory-efficient, flash, math) is a tactic: each that accepts the inputs is
    timed in a CUDA graph at the opt shapes and the fastest is kept (PyTorch's own choice without timing).
 
+6. **Generated GEMMs** (half precision, where timing is on): a matrix product x @ W.T [+ b] whose only reader leads
+   a generated pointwise group (a transformer's FFN and its GELU), or a 1x1 convolution of stride 1 with its
+   generated epilogue (MobileNet's expand and project convolutions, bias, ReLU6 and residual), is timed as one
+   generated Triton GEMM with the group as its epilogue (codegen/gemm.py, a few tile configurations) against the
+   library product followed by the pointwise kernel (`gemm_tactic.py`); the fastest is kept (`generated`/`gemm`,
+   the tile configuration its tactic).
+
 A 2-D max pool of a batched input runs in a generated Triton kernel over any strides, vectorized along the
 channels of channels-last tensors (`max_pool`); its output keeps its input's memory format.
 """
@@ -33,15 +40,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable
 
 import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import DimSymbol, evaluate
 from torchkiln.runtime.backends import BackendOptions
-from torchkiln.runtime.backends.cuda import timing
+from torchkiln.runtime.backends.cuda import gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
@@ -104,18 +110,6 @@ def _fusable_precision(conv: L.ConvolutionLayer, options: BackendOptions) -> boo
     return dtype in HALF or (dtype == torch.float32 and options.allow_tf32)
 
 
-def _opt(shape: Sequence[object]) -> tuple[int, ...]:
-    """A shape at the opt values of its symbols."""
-    out = []
-    for d in shape:
-        if isinstance(d, int):
-            out.append(d)
-        else:
-            syms = d.free_symbols
-            out.append(evaluate(d, {s: s.opt for s in syms if isinstance(s, DimSymbol)}))
-    return tuple(out)
-
-
 def make_plan(network: Network, device: torch.device, options: BackendOptions) -> Plan:
     """The CUDA plan of `network` (see the module docstring)."""
     graph = _Graph(network)
@@ -138,7 +132,7 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
             found = _epilogue(layer, graph) if _fusable_precision(layer, options) else None
             if found is not None and any(graph.index[id(x)] in assigned for x in found[1]):
                 found = None  # the add's other operand is a convolution that took this epilogue first
-            if found is not None and timing.fused_is_faster(layer, found[0], _opt(layer.inputs[0].shape),
+            if found is not None and timing.fused_is_faster(layer, found[0], timing.opt_shape(layer.inputs[0].shape),
                                                              device, options, cache):
                 members = [j] + [graph.index[id(x)] for x in found[1]]
                 assigned.update(members)
@@ -150,20 +144,61 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
         elif _generated_max_pool(layer):
             groups.append((Kernel("generated", "max_pool"), [j]))
         elif isinstance(layer, L.AttentionLayer):
-            backend = timing.attention_backend(layer, [_opt(t.shape) for t in layer.inputs], device, options, cache)
+            backend = timing.attention_backend(layer, [timing.opt_shape(t.shape) for t in layer.inputs], device, options, cache)
             groups.append((Kernel("library", "attention", (("backend", backend),) if backend else ()), [j]))
         else:
             groups.append((Kernel("aten", layer.KIND), [j]))
         assigned.add(j)
-    cache.save()
     # A fused epilogue runs where its last layer is: the residual it adds may be made after the convolution
     # (a downsample branch), and nothing else reads what the group makes inside itself.
     # A linear group runs at its first matrix multiply (what reads its outputs comes after that).
     # A layer norm group runs at its first layer: it reads only what its first layer (the add, or the cast) reads.
     order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
     groups = [groups[k] for k in order]
-    groups = _group_pointwise(network, groups, graph)
-    return _as_plan(target(device), _generated_biases(network, groups))
+    groups = _generated_biases(network, _group_pointwise(network, groups, graph))
+    groups = _generated_gemms(network, groups, graph, lambda product, epilogue, library: gemm_tactic.choose(
+        network, product, epilogue, library, graph.readers, graph.returned, device, options, cache))
+    cache.save()
+    return _as_plan(target(device), groups)
+
+
+GemmChooser = Callable[[int, list[int], list[tuple[Kernel, list[int]]]], "str | None"]
+
+
+def _generated_gemms(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph,
+                     choose: GemmChooser) -> list[tuple[Kernel, list[int]]]:
+    """Rule 6 of the module docstring: a matrix product whose only reader leads a generated pointwise group (or a
+    1x1 convolution with its generated epilogue) becomes one generated GEMM step with that epilogue where
+    `choose(product, epilogue, library steps)` names a tile configuration (the timed tactic; None keeps the
+    library steps). The merged step runs where the pointwise group ran: everything it reads is made by then."""
+    if not have_triton():
+        return groups
+    from torchkiln.runtime.backends.cuda.codegen.gemm import gemm_layer
+
+    products = {members[0]: g for g, (kernel, members) in enumerate(groups)
+                if kernel.op == "matrix_multiply" and len(members) == 1}
+    out, dropped = list(groups), set()
+    for g, (kernel, members) in enumerate(groups):
+        found = None
+        if kernel.op == "conv_epilogue" and gemm_layer(network.layers[members[0]]) is None:
+            found = members[0], members[1:], [groups[g]]
+        elif kernel.kind == "generated" and kernel.op == "pointwise":
+            first = network.layers[members[0]]
+            for t in first.inputs:
+                h = products.get(graph.index.get(id(t.producer), -1))
+                if h is not None and graph.sole_reader(t) is first and gemm_layer(t.producer) is None and \
+                        all(x.shape == t.shape for j in members for x in network.layers[j].outputs):
+                    found = graph.index[id(t.producer)], members, [groups[h], groups[g]]
+                    break
+        if found is None:
+            continue
+        config = choose(*found)
+        if config is None:
+            continue
+        out[g] = (Kernel("generated", "gemm", (("config", config),)), [found[0], *found[1]])
+        if len(found[2]) == 2:
+            dropped.add(products[found[0]])
+    return [group for k, group in enumerate(out) if k not in dropped]
 
 
 def _generated_biases(network: Network, groups: list[tuple[Kernel, list[int]]]) -> list[tuple[Kernel, list[int]]]:

@@ -71,7 +71,7 @@ def place_weights(network: Network, plan: Plan, device: torch.device) -> list[di
     """Every layer's weights on `device`, convolution kernels channels-last where the plan says so."""
     channels_last = {j for step in plan.steps if plan.kernels[step.kernel].option("channels_last")
                      for j in step.layers}
-    return [{k: _placed(w, device, j in channels_last and k == "kernel") for k, w in layer.weights.items()}
+    return [{k: placed_weight(w, device, j in channels_last and k == "kernel") for k, w in layer.weights.items()}
             for j, layer in enumerate(network.layers)]
 
 
@@ -161,6 +161,7 @@ class CudaRunner:
         return [o.clone() if copy else o for o, copy in zip(outputs, self.may_alias)]
 
 
-def _placed(w: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
+def placed_weight(w: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
+    """A weight on `device`, channels-last if asked and 4-D (a 2-D convolution's kernel)."""
     w = w.to(device)
     return w.contiguous(memory_format=torch.channels_last) if channels_last and w.dim() == 4 else w

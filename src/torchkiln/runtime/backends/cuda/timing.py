@@ -14,12 +14,13 @@ import logging
 import os
 import pathlib
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from torchkiln.ir import layers as L
+from torchkiln.ir.symbolic import DimSymbol, evaluate
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.backends.cuda.cache import cache_dir
 
@@ -66,6 +67,17 @@ class TimingCache:
         except OSError as e:
             logger.warning("could not write the timing cache %s (the next build times its tactics again): %s",
                            self.path, e)
+
+
+def opt_shape(shape: Sequence[object]) -> tuple[int, ...]:
+    """A shape at the opt values of its symbols."""
+    out = []
+    for d in shape:
+        if isinstance(d, int):
+            out.append(d)
+        else:
+            out.append(evaluate(d, {s: s.opt for s in d.free_symbols if isinstance(s, DimSymbol)}))
+    return tuple(out)
 
 
 def time_ms(fn: Callable[[], object], iterations: int) -> float:

@@ -1,0 +1,274 @@
+"""A Triton GEMM whose epilogue is a generated pointwise group: `epilogue(x @ W.T + bias)` in one kernel.
+
+The product is a 2-D [M, N] = [M, K] @ [K, N] over views of the operands: a linear layer's input [..., K] is [M, K]
+with M its leading dims; a 1x1 convolution (stride 1, no padding, one group) is the same product over the channels
+of a channels-last input, M = batch x height x width. `Gemm.m_dims` / `n_dim` say which dims of the output are M
+and N. The accumulator is float32 (half-precision operands only); the bias is added in float32 and the sum rounded
+to the product's dtype, as the library GEMM's output is, before the epilogue reads it. The epilogue's layers are
+the pointwise generator's (`pointwise.emit_layers`), so an op computes the same expression as in a pointwise
+kernel; the group's other operands (a residual, a per-channel vector, a single value) are read through 2-D strides
+over the same M and N.
+
+Tile sizes are a tactic (`Config`): the planner times a few against the library GEMM followed by the pointwise
+kernel, at the opt shape, and keeps the fastest.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from torchkiln.errors import EngineInputError, NetworkError
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
+from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER, TL, Builder, emit_layers
+
+KERNEL_NAME = "gemm_epilogue_kernel"
+DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One tile configuration: the block sizes, software-pipelining stages and warps of a program."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    stages: int
+    warps: int
+    group_m: int = 8
+
+    def text(self) -> str:
+        return ",".join(str(v) for v in dataclasses.astuple(self))
+
+    @classmethod
+    def parse(cls, text: str) -> Config:
+        try:
+            values = [int(v) for v in text.split(",")]
+            return cls(*values)
+        except (ValueError, TypeError):
+            raise NetworkError(f"malformed GEMM tile configuration {text!r}") from None
+
+
+def candidates(m: int, n: int, k: int) -> list[Config]:
+    """The tile configurations worth timing for an [m, k] @ [k, n] product (Hopper-sized; wgmma wants 64-row
+    blocks per warp group)."""
+    if m <= 256:
+        return [Config(64, 64, 64, 4, 4), Config(64, 128, 64, 4, 4)]
+    if m * n <= 4096 * 512:
+        return [Config(64, 128, 64, 4, 4), Config(128, 128, 64, 4, 8)]
+    return [Config(128, 128, 64, 4, 8), Config(128, 256, 64, 3, 8)]
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmKernel:
+    """Generated source and what its launcher binds: the epilogue's other inputs (in launch order), the weights it
+    reads (shaped to broadcast against the output) and its outputs."""
+
+    source: str
+    inputs: tuple[Tensor, ...]
+    weights: tuple[torch.Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    rank: int
+
+
+def _product_layout(product: L.Layer) -> tuple[tuple[int, ...], int]:
+    """(m_dims, n_dim) of the product's output, or NetworkError if the layer is not a GEMM this kernel runs."""
+    why = gemm_layer(product)
+    if why is not None:
+        raise NetworkError(f"{product.KIND} layer {product.name!r} is not a generated GEMM: {why}")
+    rank = product.outputs[0].rank
+    if isinstance(product, L.ConvolutionLayer):
+        return (0, 2, 3), 1
+    return tuple(range(rank - 1)), rank - 1
+
+
+def gemm_layer(layer: L.Layer) -> str | None:
+    """None if `layer` is a product this kernel computes (x @ W.T [+ b] of a 2-D W, or a 1x1 convolution of
+    stride 1, no padding and one group), in half precision; else why not."""
+    out = layer.outputs[0]
+    if out.dtype not in DTYPES:
+        return f"dtype {out.dtype}: generated GEMMs are half precision"
+    if isinstance(layer, L.MatrixMultiplyLayer):
+        if layer.op0 != L.MatrixOperation.NONE or layer.op1 != L.MatrixOperation.TRANSPOSE:
+            return "only x @ W.T"
+        x, w = layer.inputs
+        if w.rank != 2 or x.rank < 2 or x.dtype != out.dtype or w.dtype != out.dtype:
+            return "only an input of rank >= 2 times a 2-D weight of its dtype"
+        if "bias" in layer.weights and layer.weights["bias"].dim() > 1:
+            return "only a bias of one value per output column"
+        return None
+    if isinstance(layer, L.ConvolutionLayer):
+        w = layer.weights["kernel"]
+        if layer.transposed or w.dim() != 4 or tuple(w.shape[2:]) != (1, 1) or layer.groups != 1 or \
+                any(s != 1 for s in layer.stride) or any(p != 0 for p in layer.padding) or \
+                layer.inputs[0].dtype != out.dtype:
+            return "only a 1x1 convolution of stride 1, no padding and one group"
+        return None
+    return f"{layer.KIND} is not a matrix product"
+
+
+def generate(product: L.Layer, layers: Sequence[L.Layer], inputs: Sequence[Tensor],
+             outputs: Sequence[Tensor]) -> GemmKernel:
+    """The kernel computing `outputs` from the product's output through the pointwise `layers` (the product's
+    output is their first layer's input; `inputs` are the epilogue's other inputs)."""
+    m_dims, n_dim = _product_layout(product)
+    made = product.outputs[0]
+    rank = made.rank
+    if any(tuple(t.shape) != tuple(made.shape) for t in outputs):
+        raise NetworkError(f"GEMM epilogue outputs {[list(t.shape) for t in outputs]} are not all of the product's "
+                           f"shape {list(made.shape)}")
+    b = Builder(rank)
+    b.values[id(made)] = b.emit(f"acc.to({TL[made.dtype]}).to(tl.float32)", False)  # the product's rounding
+    for i, t in enumerate(inputs):
+        if t.rank > rank:
+            raise NetworkError(f"epilogue input {t.name!r} of rank {t.rank} does not broadcast to rank {rank}")
+        b.values[id(t)] = b.load(f"in{i}", t.dtype)
+    if layers:
+        emit_layers(b, layers, outputs, [made, *inputs])
+    elif [id(t) for t in outputs] != [id(made)]:
+        raise NetworkError(f"a GEMM without epilogue layers returns its product only, not "
+                           f"{[t.name for t in outputs]}")
+    return GemmKernel(_source(b, outputs), tuple(inputs), tuple(b.weights), tuple(outputs), rank)
+
+
+def _source(b: Builder, outputs: Sequence[Tensor]) -> str:
+    outs = [f"out{k}" for k in range(len(outputs))]
+    params = ["a", "w", "bias", *b.operands, *outs, "M", "N", "K", "a_m", "a_k", "w_n", "w_k",
+              *[f"{p}_{d}" for p in b.operands + outs for d in ("m", "n")],
+              "HAS_BIAS: tl.constexpr", "EVEN_K: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
+              "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr"]
+    body = [
+        "pid = tl.program_id(0)",
+        "grid_m = (M + BLOCK_M - 1) // BLOCK_M",
+        "grid_n = (N + BLOCK_N - 1) // BLOCK_N",
+        "in_group = GROUP_M * grid_n",  # programs of GROUP_M rows of blocks run together: W tiles stay in L2
+        "first_m = (pid // in_group) * GROUP_M",
+        "rows = tl.minimum(grid_m - first_m, GROUP_M)",
+        "pid_m = first_m + (pid % in_group) % rows",
+        "pid_n = (pid % in_group) // rows",
+        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        "rk = tl.arange(0, BLOCK_K)",
+        "a_ptr = a + rm[:, None].to(tl.int64) * a_m + rk[None, :] * a_k",
+        "w_ptr = w + rn[None, :].to(tl.int64) * w_n + rk[:, None] * w_k",
+        "in_m = rm[:, None] < M",
+        "in_n = rn[None, :] < N",
+        "acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)",
+        "for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):",
+        "    if EVEN_K:",
+        "        x = tl.load(a_ptr, mask=in_m, other=0.0)",
+        "        y = tl.load(w_ptr, mask=in_n, other=0.0)",
+        "    else:",
+        "        left = K - k * BLOCK_K",
+        "        x = tl.load(a_ptr, mask=in_m & (rk[None, :] < left), other=0.0)",
+        "        y = tl.load(w_ptr, mask=in_n & (rk[:, None] < left), other=0.0)",
+        "    acc = tl.dot(x, y, acc)",
+        "    a_ptr += BLOCK_K * a_k",
+        "    w_ptr += BLOCK_K * w_k",
+        "if HAS_BIAS:",
+        "    acc = acc + tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]",
+        "mask = in_m & in_n",
+        "m64 = rm[:, None].to(tl.int64)",
+        "n64 = rn[None, :].to(tl.int64)",
+    ]
+    body += [f"o_{p} = m64 * {p}_m + n64 * {p}_n" for p in b.operands + outs]
+    body += b.lines
+    for out, t in zip(outs, outputs):
+        var, is_bool = b.values[id(t)]
+        body.append(f"tl.store({out} + o_{out}, {var if is_bool else f'{var}.to({TL[t.dtype]})'}, mask=mask)")
+    signature = ",\n        ".join(params)
+    return (f"# Generated by {__name__} from the engine's layers; do not edit.\n{HEADER}\n\n@triton.jit\n"
+            f"def {KERNEL_NAME}(\n        {signature},\n):\n" + "".join(f"    {line}\n" for line in body))
+
+
+def strides_2d(x: torch.Tensor, shape: Sequence[int], m_dims: Sequence[int], n_dim: int) -> tuple[int, int] | None:
+    """(stride of m, stride of n) such that element (m, n) of `x` broadcast to `shape` is at m * sm + n * sn, m the
+    flat index over `m_dims` (in order) and n the index along `n_dim`; None where no such pair exists."""
+    e = x.expand(*shape)
+    sn = e.stride(n_dim) if shape[n_dim] != 1 else 0
+    sm, span = 0, None
+    for d in reversed(m_dims):
+        if shape[d] == 1:
+            continue
+        if span is None:
+            sm = e.stride(d)
+        elif e.stride(d) != span:
+            return None
+        span = e.stride(d) * shape[d]
+    return sm, sn
+
+
+class GemmLauncher:
+    """Runs a generated GEMM on CUDA tensors (or CPU tensors under Triton's interpreter) for one product layer."""
+
+    def __init__(self, kernel: GemmKernel, product: L.Layer, config: Config) -> None:
+        from torchkiln.runtime.backends.cuda.codegen.compile import load_source
+
+        self.kernel = kernel
+        self.config = config
+        self.m_dims, self.n_dim = _product_layout(product)
+        self.conv = isinstance(product, L.ConvolutionLayer)
+        self._fn = getattr(load_source(kernel.source), KERNEL_NAME)
+        self._weights: dict[torch.device, list[torch.Tensor]] = {}
+
+    def _layout(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` in the memory format the product reads and writes (channels-last for a convolution)."""
+        return x.contiguous(memory_format=torch.channels_last) if self.conv else x.contiguous()
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                 inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The epilogue's outputs for the product of `x` and `weight` ([N, K], or a [N, K, 1, 1] kernel) plus
+        `bias`, and the epilogue's other `inputs`."""
+        kernel, cfg = self.kernel, self.config
+        if len(inputs) != len(kernel.inputs):
+            raise EngineInputError(f"the GEMM epilogue takes {len(kernel.inputs)} inputs, got {len(inputs)}")
+        w = weight.reshape(weight.shape[0], -1)
+        n, k = w.shape
+        if self.conv:
+            shape = (x.shape[0], n, x.shape[2], x.shape[3])
+            x_dims, k_dim = self.m_dims, 1
+        else:
+            shape = (*x.shape[:-1], n)
+            x_dims, k_dim = self.m_dims, x.dim() - 1
+        if x.shape[k_dim] != k:
+            raise EngineInputError(f"GEMM input of shape {list(x.shape)} does not fit a weight of shape "
+                                   f"{list(weight.shape)}")
+        a = strides_2d(x, x.shape, x_dims, k_dim)
+        if a is None:
+            x = self._layout(x)
+            a = strides_2d(x, x.shape, x_dims, k_dim)
+        device = x.device
+        if bias is not None and tuple(bias.shape) != (n,):
+            bias = bias.expand(n).contiguous()  # one value for every column
+        weights = self._weights.get(device)
+        if weights is None:
+            weights = self._weights[device] = [t.to(device) for t in kernel.weights]
+        operands = []
+        for t in (*inputs, *weights):
+            found = strides_2d(t, shape, self.m_dims, self.n_dim)
+            if found is None:
+                t = self._layout(t.expand(*shape))
+                found = strides_2d(t, shape, self.m_dims, self.n_dim)
+            operands.append((t, found))
+        outputs = [torch.empty(shape, dtype=t.dtype, device=device,
+                               memory_format=torch.channels_last if self.conv else torch.contiguous_format)
+                   for t in kernel.outputs]
+        m = 1
+        for d in self.m_dims:
+            m *= shape[d]
+        if m == 0 or n == 0:
+            return outputs
+        out_strides = [s for o in outputs for s in strides_2d(o, shape, self.m_dims, self.n_dim)]
+        grid = (_cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n),)
+        self._fn[grid](x, w, w if bias is None else bias, *(t for t, _ in operands), *outputs,
+                       m, n, k, *a, w.stride(0), w.stride(1), *(s for _, st in operands for s in st), *out_strides,
+                       HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m,
+                       BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_stages=cfg.stages,
+                       num_warps=cfg.warps)
+        return outputs
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)

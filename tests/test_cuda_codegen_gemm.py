@@ -1,0 +1,239 @@
+"""The generated GEMM with a pointwise epilogue (codegen/gemm.py) and the planner's rule that makes it: on the CPU in
+Triton's interpreter against the layers' meanings in fp32, and (where CUDA is present) through the CUDA runner."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from torchkiln.errors import NetworkError  # noqa: E402
+from torchkiln.ir import layers as L  # noqa: E402
+from torchkiln.ir.network import Network  # noqa: E402
+from torchkiln.ir.tensor import Tensor  # noqa: E402
+from torchkiln.runtime.backends import BackendOptions  # noqa: E402
+from torchkiln.runtime.backends.cuda import gemm_tactic, planner  # noqa: E402
+from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
+from torchkiln.runtime.backends.cuda.codegen.gemm import (Config, GemmLauncher, candidates, gemm_layer,  # noqa: E402
+                                                          generate, strides_2d)
+from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
+from torchkiln.runtime.executor import ReferenceExecutor  # noqa: E402
+from torchkiln.runtime.plan import Kernel, Plan, Step  # noqa: E402
+from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
+
+H = torch.float16
+SMALL = Config(16, 16, 16, 1, 4, 2)  # blocks the interpreter runs quickly; M, N and K below are not multiples
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        if not CUDA:
+            mp.setenv("TRITON_INTERPRET", "1")
+        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
+        yield
+
+
+def close_to(got: torch.Tensor, ref: torch.Tensor) -> None:
+    """fp16 against the meaning with the layers' roundings: within two units in the last place of the largest
+    value (a rounding of an intermediate may differ by one unit where the GEMM's sums run in another order)."""
+    err = (got.double() - ref.double()).abs().max().item()
+    assert err <= 2.0 ** -9 * ref.double().abs().max().item(), err
+    assert F.cosine_similarity(got.double().flatten(), ref.double().flatten(), dim=0) >= 0.9999
+
+
+def t(name, *shape, dtype=H):
+    return Tensor(name, shape, dtype)
+
+
+def linear(x: Tensor, n: int, bias: bool = True) -> tuple[L.MatrixMultiplyLayer, Tensor]:
+    w = t("w", n, x.shape[-1], dtype=x.dtype)
+    y = t("y", *x.shape[:-1], n, dtype=x.dtype)
+    layer = L.MatrixMultiplyLayer(name="mm", inputs=[x, w], outputs=[y], weights={"bias": torch.randn(n).half()}
+                                  if bias else {}, op0=L.MatrixOperation.NONE, op1=L.MatrixOperation.TRANSPOSE)
+    return layer, y
+
+
+def product_ref(x, w, b):
+    """The library product as the network's fp16 tensor: fp32 accumulation, the bias added, rounded once."""
+    return (x.float() @ w.float().T + (0 if b is None else b.float())).half().float()
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_with_gelu_epilogue(bias):
+    x = t("x", 2, 19, 40)
+    mm, y = linear(x, 36, bias)
+    z = t("z", 2, 19, 36)
+    gelu = L.ActivationLayer(name="gelu", inputs=[y], outputs=[z], weights={}, type=L.ActivationType.GELU_ERF)
+    run = GemmLauncher(generate(mm, [gelu], [], [z]), mm, SMALL)
+    xv, wv = torch.randn(2, 19, 40, device=DEVICE).half(), (torch.randn(36, 40, device=DEVICE) / 6).half()
+    b = mm.weights["bias"].to(DEVICE) if bias else None
+    got = run(xv, wv, b, [])[0]
+    assert got.shape == (2, 19, 36) and got.dtype == H
+    close_to(got, F.gelu(product_ref(xv, wv, b)).half())
+
+
+@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
+def test_pointwise_convolution_with_bias_residual_and_relu6(layout):
+    """conv 1x1 + bias -> + residual -> clip(0, 6): the GEMM over channels-last pixels; a contiguous input is laid
+    out first, and the output is channels-last either way."""
+    x, y, r, s, z = t("x", 3, 20, 5, 7), t("y", 3, 24, 5, 7), t("r", 3, 24, 5, 7), t("s", 3, 24, 5, 7), t("z", 3, 24, 5, 7)
+    kernel = (torch.randn(24, 20, 1, 1) / 4).half()
+    conv = L.ConvolutionLayer(name="conv", inputs=[x], outputs=[y], weights={"kernel": kernel, "bias": torch.randn(24)
+                              .half()}, stride=(1, 1), padding=(0, 0), dilation=(1, 1))
+    add = L.ElementWiseLayer(name="add", inputs=[y, r], outputs=[s], weights={}, op=L.ElementWiseOperation.SUM)
+    clip = L.ActivationLayer(name="clip", inputs=[s], outputs=[z], weights={}, type=L.ActivationType.CLIP,
+                             alpha=0.0, beta=6.0)
+    run = GemmLauncher(generate(conv, [add, clip], [r], [z]), conv, SMALL)
+    xv = torch.randn(3, 20, 5, 7, device=DEVICE).half()
+    if layout == "channels_last":
+        xv = xv.contiguous(memory_format=torch.channels_last)
+    rv = torch.randn(3, 24, 5, 7, device=DEVICE).half()
+    w, b = kernel.to(DEVICE), conv.weights["bias"].to(DEVICE)
+    got = run(xv, w, b, [rv])[0]
+    ref = F.conv2d(xv.float(), w.float(), b.float()).half().float()
+    close_to(got, (ref + rv.float()).half().float().clamp(0, 6).half())
+    assert got.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_epilogue_operands_broadcast_and_several_outputs():
+    """A per-column constant, a residual broadcast over the batch (read after a copy to the output's layout) and
+    two outputs (the sum and its ReLU) from one GEMM."""
+    x = t("x", 2, 9, 24)
+    mm, y = linear(x, 20)
+    c, cv = t("c", 20), torch.randn(20).half()
+    const = L.ConstantLayer(name="c", inputs=[], outputs=[c], weights={"value": cv})
+    r, s, u, z = t("r", 1, 9, 20), t("s", 2, 9, 20), t("u", 2, 9, 20), t("z", 2, 9, 20)
+    mul = L.ElementWiseLayer(name="mul", inputs=[y, c], outputs=[u], weights={}, op=L.ElementWiseOperation.PROD)
+    add = L.ElementWiseLayer(name="add", inputs=[u, r], outputs=[s], weights={}, op=L.ElementWiseOperation.SUM)
+    relu = L.ActivationLayer(name="relu", inputs=[s], outputs=[z], weights={}, type=L.ActivationType.RELU)
+    run = GemmLauncher(generate(mm, [const, mul, add, relu], [r], [s, z]), mm, SMALL)
+    xv, wv = torch.randn(2, 9, 24, device=DEVICE).half(), (torch.randn(20, 24, device=DEVICE) / 5).half()
+    rv = torch.randn(1, 9, 20, device=DEVICE).half()
+    b = mm.weights["bias"].to(DEVICE)
+    got_s, got_z = run(xv, wv, b, [rv])
+    ref_u = (product_ref(xv, wv, b) * cv.to(DEVICE).float()).half().float()
+    ref_s = (ref_u + rv.float()).half()
+    close_to(got_s, ref_s)
+    close_to(got_z, ref_s.float().relu().half())
+
+
+def test_strides_2d():
+    cl = torch.empty(2, 8, 3, 5).contiguous(memory_format=torch.channels_last)
+    assert strides_2d(cl, cl.shape, (0, 2, 3), 1) == (8, 1)
+    assert strides_2d(torch.empty(2, 8, 3, 5), (2, 8, 3, 5), (0, 2, 3), 1) is None  # NCHW pixels are not rows
+    assert strides_2d(torch.empty(8, 1, 1), (2, 8, 3, 5), (0, 2, 3), 1) == (0, 1)  # a per-channel vector
+    assert strides_2d(torch.empty(()), (4, 6), (0,), 1) == (0, 0)
+    assert strides_2d(torch.empty(3, 1), (3, 7), (0,), 1) == (1, 0)
+    assert strides_2d(torch.empty(1, 3, 7), (2, 3, 7), (0, 1), 2) is None  # repeats over the batch: no one stride
+
+
+def test_which_layers_are_generated_gemms_and_configurations():
+    x = t("x", 4, 16, 3, 3)
+    conv3 = L.ConvolutionLayer(name="c3", inputs=[x], outputs=[t("y", 4, 8, 1, 1)], weights={"kernel": torch.randn(
+        8, 16, 3, 3).half()}, stride=(1, 1), padding=(0, 0), dilation=(1, 1))
+    assert "1x1" in gemm_layer(conv3)
+    mm32, _ = linear(t("x", 4, 8, dtype=torch.float32), 8)
+    assert "half precision" in gemm_layer(mm32)
+    assert Config.parse(SMALL.text()) == SMALL
+    with pytest.raises(NetworkError, match="malformed GEMM tile configuration"):
+        Config.parse("64,64")
+    assert all(c.block_m >= 64 for m in (1, 300, 10 ** 6) for c in candidates(m, 3072, 768))
+
+
+# ---- the planner's rule, through bind_steps (Triton's interpreter on the CPU) ----------------------------------
+
+def ffn(n_in: int = 24, n_hidden: int = 40) -> Network:
+    """x @ W1.T + b1 -> GELU -> x @ W2.T + b2, fp16."""
+    net = Network("ffn")
+    x = net.add_input("x", H, (2, 7, n_in))
+    h = x
+    for k, n in enumerate((n_hidden, n_in)):
+        w = net.add_constant((torch.randn(n, h.shape[-1]) / 5).half()).get_output()
+        h = net.add_layer(L.MatrixMultiplyLayer, [h, w], weights={"bias": torch.randn(n).half()},
+                          op1=L.MatrixOperation.TRANSPOSE).get_output()
+        if k == 0:
+            h = net.add_activation(h, L.ActivationType.GELU_ERF).get_output()
+    net.mark_output(h)
+    return net
+
+
+def inverted_residual() -> Network:
+    """1x1 expand + ReLU6 -> 1x1 project + residual, fp16 (MobileNet-v2's block without its depthwise step)."""
+    net = Network("inverted_residual")
+    x = net.add_input("x", H, (2, 8, 5, 5))
+    e = net.add_convolution_nd(x, (torch.randn(24, 8, 1, 1) / 3).half(), torch.randn(24).half(), stride=(1, 1),
+                               padding=(0, 0), dilation=(1, 1)).get_output()
+    e = net.add_activation(e, L.ActivationType.CLIP, 0.0, 6.0).get_output()
+    p = net.add_convolution_nd(e, (torch.randn(8, 24, 1, 1) / 5).half(), torch.randn(8).half(), stride=(1, 1),
+                               padding=(0, 0), dilation=(1, 1)).get_output()
+    net.mark_output(net.add_elementwise(p, x, L.ElementWiseOperation.SUM).get_output())
+    return net
+
+
+def plan_with(network: Network, monkeypatch, config: str | None) -> Plan:
+    monkeypatch.setattr(gemm_tactic, "choose", lambda *args, **kwargs: config)
+    return planner.make_plan(network, torch.device("cpu"), BackendOptions(timing_iterations=0))
+
+
+def run_bound(network: Network, plan: Plan, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    cpu = torch.device("cpu")
+    bound = bind_steps(network, plan, place_weights(network, plan, cpu), SymbolBinder.for_network(network),
+                       [tuple(x.shape) for x in xs], cpu, allow_tf32=False)
+    return bound.run_eagerly(xs)
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU plan runs in Triton's interpreter")
+@pytest.mark.parametrize("build", [ffn, inverted_residual], ids=["ffn", "inverted_residual"])
+def test_planned_gemm_steps_match_the_reference(build, monkeypatch):
+    network = build()
+    plan = plan_with(network, monkeypatch, SMALL.text())
+    ops = [plan.kernels[s.kernel].op for s in plan.steps]
+    expected = {"ffn": ["gemm", "matrix_multiply"], "inverted_residual": ["gemm", "gemm"]}[network.name]
+    assert [op for op in ops if op not in ("constant",)] == expected
+    xs = [torch.randn(network.inputs[0].shape).half()]
+    got = run_bound(network, plan, xs)[0]
+    close_to(got, ReferenceExecutor(network, torch.device("cpu")).run(xs)[0])
+
+
+def test_the_library_steps_stay_where_the_tactic_says_so(monkeypatch):
+    plan = plan_with(ffn(), monkeypatch, None)
+    assert "gemm" not in {plan.kernels[s.kernel].op for s in plan.steps}
+
+
+def test_a_product_read_twice_keeps_its_library_step(monkeypatch):
+    """The product is also a network output: the GEMM cannot keep it to itself."""
+    net = ffn()
+    net.mark_output(next(layer for layer in net.layers if isinstance(layer, L.MatrixMultiplyLayer)).outputs[0])
+    plan = plan_with(net, monkeypatch, SMALL.text())
+    assert "gemm" not in {plan.kernels[s.kernel].op for s in plan.steps}
+
+
+def test_a_gemm_row_of_another_layer_is_refused_by_name():
+    net = Network("not_a_product")
+    x = net.add_input("x", H, (2, 8))
+    net.mark_output(net.add_activation(x, L.ActivationType.RELU).get_output())
+    plan = Plan(planner.target(torch.device("cpu")), [Kernel("generated", "gemm", (("config", SMALL.text()),))],
+                [Step(0, (0,))])
+    with pytest.raises(NetworkError, match="is not a generated GEMM"):
+        run_bound(net, plan, [torch.randn(2, 8).half()])
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("build", [ffn, inverted_residual], ids=["ffn", "inverted_residual"])
+def test_generated_gemm_engines_on_the_gpu(build, monkeypatch):
+    """The CUDA runner (captured in a CUDA graph) with every product a generated GEMM of a Hopper-sized tile."""
+    from torchkiln.runtime.backends.cuda.runner import CudaRunner
+
+    network = build()
+    monkeypatch.setattr(gemm_tactic, "choose", lambda *args, **kwargs: Config(64, 64, 64, 3, 4).text())
+    device = torch.device("cuda")
+    plan = planner.make_plan(network, device, BackendOptions(timing_iterations=0))
+    assert "gemm" in {plan.kernels[s.kernel].op for s in plan.steps}
+    runner = CudaRunner(network, plan, device, BackendOptions())
+    xs = [torch.randn(network.inputs[0].shape).half()]
+    ref = ReferenceExecutor(network, torch.device("cpu")).run(xs)[0]
+    for _ in range(3):  # eager and capture, then replays
+        got = runner.run([xs[0].to(device)])[0]
+    close_to(got.cpu(), ref)
