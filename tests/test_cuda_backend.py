@@ -120,7 +120,8 @@ def test_timing_cache_makes_the_second_build_time_nothing(resnet, tmp_path, monk
     inputs = [torchkiln.Input((2, 3, 32, 32))]
     torchkiln.compile(resnet, inputs, enabled_precisions={torch.float16})
     entries = json.loads((tmp_path / "timing.json").read_text())
-    assert entries and set(entries.values()) <= {"fused", "unfused"}
+    convolutions = {v for k, v in entries.items() if '"gemm"' not in k}
+    assert convolutions and convolutions <= {"fused", "unfused"}
     before = (tmp_path / "timing.json").stat().st_mtime_ns
     torchkiln.compile(resnet, inputs, enabled_precisions={torch.float16})
     assert (tmp_path / "timing.json").stat().st_mtime_ns == before

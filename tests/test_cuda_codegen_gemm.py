@@ -140,6 +140,8 @@ def test_which_layers_are_generated_gemms_and_configurations():
     with pytest.raises(NetworkError, match="malformed GEMM tile configuration"):
         Config.parse("64,64")
     assert all(c.block_m >= 64 for m in (1, 300, 10 ** 6) for c in candidates(m, 3072, 768))
+    narrow = candidates(401408, 16, 24)[0]  # MobileNet-v2's first projection at batch 32: taller, narrower blocks
+    assert (narrow.block_m, narrow.block_n, narrow.block_k) == (256, 16, 32)
 
 
 # ---- the planner's rule, through bind_steps (Triton's interpreter on the CPU) ----------------------------------
@@ -173,7 +175,7 @@ def inverted_residual() -> Network:
 
 
 def plan_with(network: Network, monkeypatch, config: str | None) -> Plan:
-    monkeypatch.setattr(gemm_tactic, "choose", lambda *args, **kwargs: config)
+    monkeypatch.setattr(gemm_tactic, "choose", lambda network, requests, *args: [config] * len(requests))
     return planner.make_plan(network, torch.device("cpu"), BackendOptions(timing_iterations=0))
 
 
@@ -227,7 +229,8 @@ def test_generated_gemm_engines_on_the_gpu(build, monkeypatch):
     from torchkiln.runtime.backends.cuda.runner import CudaRunner
 
     network = build()
-    monkeypatch.setattr(gemm_tactic, "choose", lambda *args, **kwargs: Config(64, 64, 64, 3, 4).text())
+    monkeypatch.setattr(gemm_tactic, "choose",
+                        lambda network, requests, *args: [Config(64, 64, 64, 3, 4).text()] * len(requests))
     device = torch.device("cuda")
     plan = planner.make_plan(network, device, BackendOptions(timing_iterations=0))
     assert "gemm" in {plan.kernels[s.kernel].op for s in plan.steps}

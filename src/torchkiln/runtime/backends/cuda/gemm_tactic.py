@@ -8,10 +8,13 @@ epilogue's generated source. Without timing (or off a GPU) the library path is k
 """
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
 import hashlib
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -21,7 +24,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.backends.cuda import timing
-from torchkiln.runtime.backends.cuda.codegen.gemm import candidates, generate
+from torchkiln.runtime.backends.cuda.codegen.gemm import Config, candidates, generate
 from torchkiln.runtime.backends.cuda.kernels import StepLayers, make_step
 from torchkiln.runtime.backends.cuda.runner import placed_weight
 from torchkiln.runtime.plan import Kernel
@@ -46,48 +49,86 @@ def group_io(network: Network, members: Sequence[int], readers: dict[int, list[L
     return inputs, outputs
 
 
-def choose(network: Network, product: int, epilogue: Sequence[int], library: Sequence[Group],
-           readers: dict[int, list[L.Layer]], returned: set[int], device: torch.device, options: BackendOptions,
-           cache: timing.TimingCache) -> str | None:
-    """The tile configuration (`Config.text()`) of the fastest generated GEMM for `product` and its `epilogue`
-    layers, or None where the `library` steps (what the planner makes otherwise) are as fast, or nothing is
-    timed."""
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A product (layer index), the pointwise layers of its epilogue, and the library steps that compute the same."""
+
+    product: int
+    epilogue: tuple[int, ...]
+    library: tuple[Group, ...]
+
+
+def choose(network: Network, requests: Sequence[Request], readers: dict[int, list[L.Layer]], returned: set[int],
+           device: torch.device, options: BackendOptions, cache: timing.TimingCache) -> list[str | None]:
+    """For each request, the tile configuration (`Config.text()`) of the fastest generated GEMM, or None where the
+    library steps are as fast (or nothing is timed). Every candidate kernel is compiled first, several at once
+    (Triton compiles at a kernel's first call; its compiler and ptxas run outside the interpreter lock for the
+    most part), then each is timed alone."""
     if options.timing_iterations == 0 or device.type != "cuda":
-        return None
-    members = [product, *epilogue]
-    inputs, outputs = group_io(network, members, readers, returned)
-    layer = network.layers[product]
-    rest = [network.layers[j] for j in epilogue]
+        return [None] * len(requests)
+    results: list[str | None] = [None] * len(requests)
+    pending = []
+    for i, request in enumerate(requests):
+        key, inputs, configs = _describe(network, request, readers, returned, device)
+        found = cache.get(key)
+        if found is not None:
+            results[i] = found or None
+            continue
+        values = {id(t): _sample(t, timing.opt_shape(t.shape), device) for t in inputs}
+        runs = {"library": _steps(network, request.library, values, readers, returned, device, options)}
+        for config in configs:
+            kernel = Kernel("generated", "gemm", (("config", config.text()),))
+            runs[config.text()] = _steps(network, [(kernel, [request.product, *request.epilogue])], values, readers,
+                                         returned, device, options)
+        pending.append((i, key, runs))
+    first_calls = [run for _, _, runs in pending for run in runs.values()]
+    with torch.no_grad(), concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        failed = {id(run): error for run, error in zip(first_calls, pool.map(_first_call, first_calls)) if error}
+    for i, key, runs in pending:
+        layer = network.layers[requests[i].product]
+        times = {}
+        for name, run in runs.items():
+            if id(run) in failed:  # a configuration Triton cannot build here (its shared memory, say)
+                logger.debug("GEMM tactic %s refused for %s: %s", name, layer.name, failed[id(run)])
+                continue
+            with torch.no_grad():
+                times[name] = timing.time_graphed_ms(run, options.timing_iterations)
+        choice = min(times, key=times.get) if times else "library"
+        logger.debug("tactic for %s (GEMM + %d epilogue layers): %s -> %s", layer.name, len(requests[i].epilogue),
+                     {c: round(t * 1e3, 1) for c, t in times.items()}, choice)
+        cache.put(key, "" if choice == "library" else choice)
+        results[i] = None if choice == "library" else choice
+    return results
+
+
+def _describe(network: Network, request: Request, readers: dict[int, list[L.Layer]], returned: set[int],
+              device: torch.device) -> tuple[str, list[Tensor], list[Config]]:
+    """The request's timing-cache key, the merged step's inputs, and the configurations to time."""
+    inputs, outputs = group_io(network, [request.product, *request.epilogue], readers, returned)
+    layer = network.layers[request.product]
+    rest = [network.layers[j] for j in request.epilogue]
     made = {id(t) for x in rest for t in x.outputs}
     others = [t for t in inputs if any(t is i for x in rest for i in x.inputs) and id(t) not in made
               and t is not layer.outputs[0]]
     source = generate(layer, rest, others, outputs).source
-    shapes = [timing.opt_shape(t.shape) for t in inputs]
     weight = layer.weights.get("kernel")
     key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, _triton_version(), "gemm",
-                      hashlib.sha256(source.encode()).hexdigest()[:24], [list(s) for s in shapes],
+                      hashlib.sha256(source.encode()).hexdigest()[:24], [list(timing.opt_shape(t.shape)) for t in inputs],
                       [str(t.dtype) for t in inputs], None if weight is None else list(weight.shape)])
-    found = cache.get(key)
-    if found is not None:
-        return found or None
-    values = {id(t): _sample(t, s, device) for t, s in zip(inputs, shapes)}
-    times = {"library": _time([(network, k, m) for k, m in library], values, device, options)}
     out, x = timing.opt_shape(layer.outputs[0].shape), timing.opt_shape(layer.inputs[0].shape)
     conv = isinstance(layer, L.ConvolutionLayer)
     n = out[1] if conv else out[-1]
-    m, k = math.prod(out) // max(n, 1), x[1] if conv else x[-1]
-    for config in candidates(m, n, k):
-        try:
-            times[config.text()] = _time([(network, Kernel("generated", "gemm", (("config", config.text()),)),
-                                           members)], values, device, options)
-        except Exception as e:  # noqa: BLE001 - a configuration Triton cannot build here (shared memory) is skipped
-            logger.debug("GEMM configuration %s refused for %s: %s", config.text(), layer.name,
-                         str(e).splitlines()[0] if str(e) else type(e).__name__)
-    choice = min(times, key=times.get)
-    logger.debug("tactic for %s (GEMM + %d epilogue layers at %s): %s -> %s", layer.name, len(rest), shapes,
-                 {c: round(t * 1e3, 1) for c, t in times.items()}, choice)
-    cache.put(key, "" if choice == "library" else choice)
-    return None if choice == "library" else choice
+    return key, inputs, candidates(math.prod(out) // max(n, 1), n, x[1] if conv else x[-1])
+
+
+def _first_call(run: Callable[[], None]) -> str | None:
+    """Run once (compiling what it generates); why it failed, or None."""
+    try:
+        with torch.no_grad():
+            run()
+        return None
+    except Exception as e:  # noqa: BLE001 - reported per candidate, which is then not timed
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _triton_version() -> str:
@@ -105,17 +146,12 @@ def _sample(t: Tensor, shape: tuple[int, ...], device: torch.device) -> torch.Te
     return torch.ones(shape, device=device, dtype=t.dtype)
 
 
-def _time(steps: Sequence[tuple[Network, Kernel, Sequence[int]]], values: dict[int, torch.Tensor],
-          device: torch.device, options: BackendOptions) -> float:
-    """Milliseconds of the steps run in order on `values` (tensor id -> value), replayed from a CUDA graph."""
-    readers: dict[int, list[L.Layer]] = {}
+def _steps(network: Network, steps: Sequence[Group], values: dict[int, torch.Tensor],
+           readers: dict[int, list[L.Layer]], returned: set[int], device: torch.device,
+           options: BackendOptions) -> Callable[[], None]:
+    """The steps, run in order on `values` (tensor id -> value), as one callable."""
     fns: list[tuple[Callable, list[int], list[int]]] = []
-    network = steps[0][0]
-    for layer in network.layers:
-        for t in layer.inputs:
-            readers.setdefault(id(t), []).append(layer)
-    returned = {id(t) for t in network.outputs}
-    for _, kernel, members in steps:
+    for kernel, members in steps:
         inputs, outputs = group_io(network, members, readers, returned)
         layers = [network.layers[j] for j in members]
         channels_last = bool(kernel.option("channels_last"))
@@ -129,7 +165,4 @@ def _time(steps: Sequence[tuple[Network, Kernel, Sequence[int]]], values: dict[i
         for fn, ins, outs in fns:
             env.update(zip(outs, fn([env[i] for i in ins])))
 
-    with torch.no_grad():
-        run()  # compiles generated kernels and picks cuDNN's algorithm outside the timed graph
-        return timing.time_graphed_ms(run, options.timing_iterations)
-
+    return run

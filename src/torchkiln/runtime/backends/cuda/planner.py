@@ -156,48 +156,46 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
     groups = [groups[k] for k in order]
     groups = _generated_biases(network, _group_pointwise(network, groups, graph))
-    groups = _generated_gemms(network, groups, graph, lambda product, epilogue, library: gemm_tactic.choose(
-        network, product, epilogue, library, graph.readers, graph.returned, device, options, cache))
+    groups = _generated_gemms(network, groups, graph, lambda requests: gemm_tactic.choose(
+        network, requests, graph.readers, graph.returned, device, options, cache))
     cache.save()
     return _as_plan(target(device), groups)
 
 
-GemmChooser = Callable[[int, list[int], list[tuple[Kernel, list[int]]]], "str | None"]
+GemmChooser = Callable[[list[gemm_tactic.Request]], list["str | None"]]
 
 
 def _generated_gemms(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph,
                      choose: GemmChooser) -> list[tuple[Kernel, list[int]]]:
     """Rule 6 of the module docstring: a matrix product whose only reader leads a generated pointwise group (or a
     1x1 convolution with its generated epilogue) becomes one generated GEMM step with that epilogue where
-    `choose(product, epilogue, library steps)` names a tile configuration (the timed tactic; None keeps the
-    library steps). The merged step runs where the pointwise group ran: everything it reads is made by then."""
+    `choose(requests)` names a tile configuration for its request (the timed tactic; None keeps the library
+    steps). The merged step runs where the pointwise group ran: everything it reads is made by then."""
     if not have_triton():
         return groups
     from torchkiln.runtime.backends.cuda.codegen.gemm import gemm_layer
 
     products = {members[0]: g for g, (kernel, members) in enumerate(groups)
                 if kernel.op == "matrix_multiply" and len(members) == 1}
-    out, dropped = list(groups), set()
+    found: dict[int, gemm_tactic.Request] = {}  # group index -> its request
     for g, (kernel, members) in enumerate(groups):
-        found = None
         if kernel.op == "conv_epilogue" and gemm_layer(network.layers[members[0]]) is None:
-            found = members[0], members[1:], [groups[g]]
+            found[g] = gemm_tactic.Request(members[0], tuple(members[1:]), (groups[g],))
         elif kernel.kind == "generated" and kernel.op == "pointwise":
             first = network.layers[members[0]]
             for t in first.inputs:
                 h = products.get(graph.index.get(id(t.producer), -1))
                 if h is not None and graph.sole_reader(t) is first and gemm_layer(t.producer) is None and \
                         all(x.shape == t.shape for j in members for x in network.layers[j].outputs):
-                    found = graph.index[id(t.producer)], members, [groups[h], groups[g]]
+                    found[g] = gemm_tactic.Request(groups[h][1][0], tuple(members), (groups[h], groups[g]))
                     break
-        if found is None:
-            continue
-        config = choose(*found)
+    out, dropped = list(groups), set()
+    for (g, request), config in zip(found.items(), choose(list(found.values())) if found else []):
         if config is None:
             continue
-        out[g] = (Kernel("generated", "gemm", (("config", config),)), [found[0], *found[1]])
-        if len(found[2]) == 2:
-            dropped.add(products[found[0]])
+        out[g] = (Kernel("generated", "gemm", (("config", config),)), [request.product, *request.epilogue])
+        if len(request.library) == 2:
+            dropped.add(products[request.product])
     return [group for k, group in enumerate(out) if k not in dropped]
 
 
