@@ -3,7 +3,8 @@
 - Made once per engine and device: weights moved to the GPU once, convolution kernels in channels-last where
   the plan says so (cuDNN then keeps activations channels-last through the stack).
 - Per input-shape signature (every shape for a static engine; a bounded least-recently-used set of
-  `MAX_GRAPHS` for a dynamic one): symbolic layer parameters are evaluated, every step's callable is made,
+  `MAX_GRAPHS` for a dynamic one): symbolic layer parameters are evaluated, a step whose layers depend on the
+  input shapes alone becomes its values, computed then (`runtime/fold_shapes.py`), every step's callable is made,
   the steps run once eagerly (which also compiles generated kernels), then are captured as one CUDA graph on
   a private memory pool. Later calls copy the inputs into the graph's input buffers, replay it, and copy its
   outputs out, so an output of one call is never overwritten by a later call.
