@@ -188,8 +188,7 @@ def test_the_cuda_plans_step_of_shape_only_and_value_layers_runs_whole(interpret
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_dynamic_engine_on_the_gpu_matches_eager_at_two_shapes():
-    compiled = torchkiln.compile(Mask().eval().cuda(), [RANGE])
-    runner = engine_from_blob(getattr(compiled, ENGINE_ATTR.format(0))).runner(torch.device("cuda"))
+    compiled = torchkiln.compile(Mask().eval(), [RANGE], device="cuda")
     for shape in [(3, 5), (2, 12), (3, 5)]:
         x = torch.randn(shape, device="cuda")
         first = compiled(x)
@@ -197,6 +196,9 @@ def test_dynamic_engine_on_the_gpu_matches_eager_at_two_shapes():
         second = compiled(x)  # a replay of the captured graph
         assert second[1].data_ptr() != first[1].data_ptr()
         assert_matches_eager(second, Mask()(x))
-    network, plan = runner.network, runner.plan
-    folded = ShapeFolding(network, plan.steps).steps
-    assert folded and all(bound.fns[k][1] == [] for bound in runner._bound.values() for k in folded)
+    engine = engine_from_blob(getattr(compiled, ENGINE_ATTR.format(0)))
+    assert engine.backend == "cuda"
+    runner = engine.runner(x.device)  # the runner the calls above used (runners are kept per device)
+    folded = ShapeFolding(runner.network, runner.plan.steps).steps
+    assert folded and len(runner._bound) == 2
+    assert all(bound.fns[k][1] == [] for bound in runner._bound.values() for k in folded)

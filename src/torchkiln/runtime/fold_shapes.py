@@ -58,7 +58,7 @@ class ShapeFolding:
                       and not all(isinstance(network.layers[j], L.ConstantLayer) for j in step.layers)]
 
     def fold(self, io: Sequence[StepIO], tensor_at: Mapping[int, int], bindings: Mapping[DimSymbol, int],
-             specialize: Specialize, weights: Sequence[Mapping[str, torch.Tensor]], device: torch.device
+             specialize: Specialize, weights: Sequence[dict[str, torch.Tensor]], device: torch.device
              ) -> dict[int, list[torch.Tensor]]:
         """For each foldable step (within the byte budget at these bindings): its output values, in
         `io[k].outputs` order. `tensor_at` maps a slot to its tensor id; `weights` are the layers' own, on
@@ -76,7 +76,7 @@ class ShapeFolding:
         return {k: [values[id(t)] for t in outs] for k, outs in chosen.items()}
 
     def values(self, tensors: Sequence[Tensor], bindings: Mapping[DimSymbol, int], specialize: Specialize,
-               weights: Sequence[Mapping[str, torch.Tensor]], device: torch.device) -> dict[int, torch.Tensor]:
+               weights: Sequence[dict[str, torch.Tensor]], device: torch.device) -> dict[int, torch.Tensor]:
         """The values of shape-only `tensors` (by tensor id) at these bindings, by the reference meanings."""
         needed: set[int] = set()
         todo = [self.index[id(t.producer)] for t in tensors]
@@ -98,11 +98,12 @@ class ShapeFolding:
                 xs = [torch.empty(substitute(x.shape, bindings), dtype=x.dtype, device="meta")]
             else:
                 xs = [values[id(t)] for t in layer.inputs]
-            values.update(zip(map(id, layer.outputs), run_layer(layer, xs, dict(weights[j]), device)))
+            values.update(zip(map(id, layer.outputs), run_layer(layer, xs, weights[j], device)))
         return {id(t): values[id(t)] for t in tensors}
 
 
-def precomputed(values: Sequence[torch.Tensor], returned: Sequence[bool]) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+def precomputed(values: Sequence[torch.Tensor], returned: Sequence[bool]
+                ) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
     """A step's callable that gives folded values; one the engine returns is copied each call, so what a call
     returns is the caller's (a later call never hands out the same tensor)."""
     values, returned = list(values), list(returned)
