@@ -3,7 +3,8 @@
 - Made once per engine and device: weights moved to the GPU once, convolution kernels in channels-last where
   the plan says so (cuDNN then keeps activations channels-last through the stack).
 - Per input-shape signature (every shape for a static engine; a bounded least-recently-used set of
-  `MAX_GRAPHS` for a dynamic one): symbolic layer parameters are evaluated, every step's callable is made,
+  `MAX_GRAPHS` for a dynamic one): symbolic layer parameters are evaluated, a step whose layers depend on the
+  input shapes alone becomes its values, computed then (`runtime/fold_shapes.py`), every step's callable is made,
   the steps run once eagerly (which also compiles generated kernels), then are captured as one CUDA graph on
   a private memory pool. Later calls copy the inputs into the graph's input buffers, replay it, and copy its
   outputs out, so an output of one call is never overwritten by a later call.
@@ -22,10 +23,12 @@ from collections.abc import Sequence
 
 import torch
 
+from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda.kernels import StepFn, StepLayers, make_step
 from torchkiln.runtime.executor import may_alias_storage
+from torchkiln.runtime.fold_shapes import ShapeFolding, precomputed
 from torchkiln.runtime.plan import Plan, slots
 from torchkiln.runtime.symbols import SymbolBinder
 
@@ -77,15 +80,25 @@ def place_weights(network: Network, plan: Plan, device: torch.device) -> list[di
 
 def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tensor]], binder: SymbolBinder | None,
                shapes: Sequence[tuple[int, ...]], device: torch.device, allow_tf32: bool) -> _Bound:
-    """The plan's steps as callables for these input shapes (symbolic parameters evaluated)."""
+    """The plan's steps as callables for these input shapes (symbolic parameters evaluated; a step of
+    shape-only layers replaced by its values, computed now: runtime/fold_shapes.py)."""
     bindings = binder.bind(shapes) if binder is not None else {}
     slot_of = slots(network)
     tensor_at = {s: tid for tid, s in slot_of.items()}
+    io = plan.io(network)
+
+    def specialize(layer: L.Layer) -> L.Layer:
+        return binder.specialize(layer, bindings) if binder is not None else layer
+
+    folded = ShapeFolding(network, plan.steps).fold(io, tensor_at, bindings, specialize, weights, device)
+    returned = {slot_of[id(t)] for t in network.outputs}
     fns = []
-    for step, sio in zip(plan.steps, plan.io(network)):
-        layers = [network.layers[j] for j in step.layers]
-        if bindings:
-            layers = [binder.specialize(layer, bindings) for layer in layers]
+    for k, (step, sio) in enumerate(zip(plan.steps, io)):
+        if k in folded:
+            fns.append((precomputed(folded[k], [s in returned for s in sio.outputs]), [], list(sio.outputs),
+                        list(sio.frees)))
+            continue
+        layers = [specialize(network.layers[j]) for j in step.layers]
         # specialized layers (dataclasses.replace) share their tensors with the originals, so ids agree
         own = StepLayers(layers, [weights[j] for j in step.layers], [tensor_at[s] for s in sio.inputs],
                          [tensor_at[s] for s in sio.outputs], device)
