@@ -100,7 +100,8 @@ def test_dynamic_batch_captures_per_shape_in_a_bounded_set(monkeypatch):
     for b in (1, 8, 3, 1, 5, 8):
         x = torch.randn(b, 64, device="cuda")
         _close(compiled(x), model(x))
-    assert len(_engine(compiled).runner(torch.device("cuda"))._bound) <= 2
+    bound = _engine(compiled).runner(x.device)._bound  # the runner the calls used (keyed by cuda:N)
+    assert 1 <= len(bound) <= 2
     with pytest.raises(torchkiln.EngineInputError, match="dim 0 is 9, outside the range"):
         compiled(torch.randn(9, 64, device="cuda"))
 
