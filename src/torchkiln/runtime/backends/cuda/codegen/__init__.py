@@ -9,3 +9,13 @@ import importlib.util
 def have_triton() -> bool:
     """Whether Triton is installed (without it, the planner keeps every layer on ATen and the libraries)."""
     return importlib.util.find_spec("triton") is not None
+
+
+def needs_int64(*tensors) -> bool:
+    """Whether an element offset of any of `tensors` (over its strides) or its element count reaches 2**31, so a
+    generated kernel must index in int64 (int32 indexing is cheaper)."""
+    limit = 1 << 31
+    for t in tensors:
+        if t.numel() >= limit or sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if n) >= limit:
+            return True
+    return False

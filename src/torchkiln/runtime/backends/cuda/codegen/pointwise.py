@@ -27,6 +27,7 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L, pointwise as P
 from torchkiln.ir.tensor import Tensor
+from torchkiln.runtime.backends.cuda.codegen import needs_int64
 
 BLOCK = 1024  # elements per program
 KERNEL_NAME = "pointwise_kernel"
@@ -211,8 +212,10 @@ def _source(b: Builder, outputs: Sequence[Tensor]) -> str:
     strides = [f"{p}_t{d}" for p in b.operands + outs for d in range(b.rank)]
     params = [*b.operands, *outs, "numel", *dims, *strides,
               *[f"{p}_{k}" for p in b.operands for k in ("lin", "div", "mod")],
-              *[f"{p}_MODE: tl.constexpr" for p in b.operands], "LINEAR: tl.constexpr", "BLOCK: tl.constexpr"]
-    body = ["offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel",
+              *[f"{p}_MODE: tl.constexpr" for p in b.operands], "LINEAR: tl.constexpr", "INT64: tl.constexpr",
+              "BLOCK: tl.constexpr"]
+    body = ["if INT64:", "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "else:",
+            "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel",
             "if LINEAR:"]
     for p in b.operands:  # MODE 0: one value; 1: the layout's strides; 2: varies along one dim only
         body += [f"    if {p}_MODE == 0:", f"        o_{p} = offs * 0", f"    elif {p}_MODE == 1:",
@@ -312,7 +315,8 @@ class PointwiseLauncher:
         names = [f"in{i}" for i in range(len(inputs))] + [f"w{k}" for k in range(len(kernel.weights))]
         flags = {f"{p}_MODE": m[0] for p, m in zip(names, modes)}
         grid = ((numel + BLOCK - 1) // BLOCK,)
-        self._fn[grid](*operands, *outputs, numel, *shape, *strides, *steps, **flags, LINEAR=linear, BLOCK=BLOCK)
+        self._fn[grid](*operands, *outputs, numel, *shape, *strides, *steps, **flags, LINEAR=linear,
+                 INT64=needs_int64(*expanded, *outputs), BLOCK=BLOCK)
         return outputs
 
 
