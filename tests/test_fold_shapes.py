@@ -31,7 +31,7 @@ class Mask(torch.nn.Module):
 
     def forward(self, x):
         n = x.size(1)
-        keep = (torch.arange(n) < n // 2).to(x.dtype)
+        keep = (torch.arange(n, device=x.device) < n // 2).to(x.dtype)
         return x + keep * 2.0, keep, x.amax(0) > 0
 
 
@@ -39,7 +39,7 @@ class Positions(torch.nn.Module):
     """1-d: sin(arange(n)) (shape-only) added to x * 3; the CUDA planner puts the sin and the add in one step."""
 
     def forward(self, x):
-        return x * 3.0 + torch.sin(torch.arange(x.size(0)).float())
+        return x * 3.0 + torch.sin(torch.arange(x.size(0), device=x.device).float())
 
 
 def _network(model, inp=RANGE):
