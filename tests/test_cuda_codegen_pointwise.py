@@ -255,3 +255,13 @@ def test_launcher_names_a_wrong_input():
         launcher([x, bias.half()])
     with pytest.raises(EngineInputError, match="do not broadcast"):
         launcher([x, torch.randn(4, 1, 1, device=DEVICE)])
+
+
+def test_kernels_index_in_int64_only_where_an_offset_needs_it():
+    from torchkiln.runtime.backends.cuda.codegen import needs_int64
+
+    meta = torch.device("meta")
+    assert not needs_int64(torch.empty(4, 1024, device=meta), torch.empty(0, device=meta))
+    assert needs_int64(torch.empty(1 << 31, device=meta, dtype=torch.int8))
+    assert needs_int64(torch.empty_strided((2, 3), (1 << 31, 1), device=meta))  # the last row starts past 2**31
+    assert not needs_int64(torch.empty(3, device=meta).expand(1 << 20, 3))  # broadcast: stride 0

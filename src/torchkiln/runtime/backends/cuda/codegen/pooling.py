@@ -10,6 +10,8 @@ float32 (exact: every input value is one, and the result is one of them).
 Values are those of `torch.nn.functional.max_pool2d`: padded positions are ignored (-inf), a NaN in a window gives
 NaN, and the output size follows torch's rule, ceil mode included (the last window must start inside the input or
 its left padding).
+
+Indices are int32 unless an offset of the input or output reaches 2**31.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
-from torchkiln.runtime.backends.cuda.codegen import have_triton
+from torchkiln.runtime.backends.cuda.codegen import have_triton, needs_int64
 
 KERNEL_NAME = "max_pool2d_kernel"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -34,10 +36,15 @@ def max_pool2d_kernel(
         x, out, positions, channels, in_h, in_w, out_h, out_w,
         x_sn, x_sc, x_sh, x_sw, o_sn, o_sc, o_sh, o_sw,
         stride_h, stride_w, pad_h, pad_w, dil_h, dil_w,
-        KH: tl.constexpr, KW: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+        KH: tl.constexpr, KW: tl.constexpr, INT64: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
-    p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    if INT64:
+        p = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+        c_at = c.to(tl.int64)
+    else:
+        p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+        c_at = c
     p_mask = p < positions
     c_mask = c < channels
     ow = p % out_w
@@ -45,7 +52,7 @@ def max_pool2d_kernel(
     n = p // (out_w * out_h)
     h0 = oh * stride_h - pad_h
     w0 = ow * stride_w - pad_w
-    x_c = (c.to(tl.int64) * x_sc)[None, :]
+    x_c = (c_at * x_sc)[None, :]
     acc = tl.full([BLOCK_P, BLOCK_C], float("-inf"), tl.float32)
     for kh in tl.static_range(KH):
         ih = h0 + kh * dil_h
@@ -56,7 +63,7 @@ def max_pool2d_kernel(
             v = tl.load(x + (n * x_sn + ih * x_sh + iw * x_sw)[:, None] + x_c,
                         mask=ok[:, None] & c_mask[None, :], other=float("-inf")).to(tl.float32)
             acc = tl.where((v > acc) | (v != v), v, acc)  # NaN wins, and stays (nothing compares greater)
-    o = (n * o_sn + oh * o_sh + ow * o_sw)[:, None] + (c.to(tl.int64) * o_sc)[None, :]
+    o = (n * o_sn + oh * o_sh + ow * o_sw)[:, None] + (c_at * o_sc)[None, :]
     tl.store(out + o, acc.to(out.dtype.element_ty), mask=p_mask[:, None] & c_mask[None, :])
 '''
 
@@ -127,6 +134,7 @@ class MaxPool2d:
         block_p = TILE // block_c
         grid = ((positions + block_p - 1) // block_p, (c + block_c - 1) // block_c)
         self._fn[grid](x, out, positions, c, h, w, oh, ow, *x.stride(), *out.stride(), *self.stride,
-                       *self.padding, *self.dilation, KH=self.window[0], KW=self.window[1], BLOCK_P=block_p,
+                       *self.padding, *self.dilation, KH=self.window[0], KW=self.window[1],
+                       INT64=needs_int64(x, out), BLOCK_P=block_p,
                        BLOCK_C=block_c)
         return out
