@@ -74,26 +74,34 @@ def test_linear_with_gelu_epilogue(bias):
     close_to(got, F.gelu(product_ref(xv, wv, b)).half())
 
 
+@pytest.mark.parametrize("dtype", [H, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
+    not CUDA, reason="Triton's interpreter truncates fp32 to bfloat16 where the GPU rounds to nearest"))],
+    ids=["fp16", "bf16"])
 @pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
-def test_pointwise_convolution_with_bias_residual_and_relu6(layout):
+def test_pointwise_convolution_with_bias_residual_and_relu6(layout, dtype):
     """conv 1x1 + bias -> + residual -> clip(0, 6): the GEMM over channels-last pixels; a contiguous input is laid
     out first, and the output is channels-last either way."""
-    x, y, r, s, z = t("x", 3, 20, 5, 7), t("y", 3, 24, 5, 7), t("r", 3, 24, 5, 7), t("s", 3, 24, 5, 7), t("z", 3, 24, 5, 7)
-    kernel = (torch.randn(24, 20, 1, 1) / 4).half()
+    x, y, r, s, z = (t(name, 3, 20 if name == "x" else 24, 5, 7, dtype=dtype) for name in "xyrsz")
+    kernel = (torch.randn(24, 20, 1, 1) / 4).to(dtype)
     conv = L.ConvolutionLayer(name="conv", inputs=[x], outputs=[y], weights={"kernel": kernel, "bias": torch.randn(24)
-                              .half()}, stride=(1, 1), padding=(0, 0), dilation=(1, 1))
+                              .to(dtype)}, stride=(1, 1), padding=(0, 0), dilation=(1, 1))
     add = L.ElementWiseLayer(name="add", inputs=[y, r], outputs=[s], weights={}, op=L.ElementWiseOperation.SUM)
     clip = L.ActivationLayer(name="clip", inputs=[s], outputs=[z], weights={}, type=L.ActivationType.CLIP,
                              alpha=0.0, beta=6.0)
     run = GemmLauncher(generate(conv, [add, clip], [r], [z]), conv, SMALL)
-    xv = torch.randn(3, 20, 5, 7, device=DEVICE).half()
+    xv = torch.randn(3, 20, 5, 7, device=DEVICE).to(dtype)
     if layout == "channels_last":
         xv = xv.contiguous(memory_format=torch.channels_last)
-    rv = torch.randn(3, 24, 5, 7, device=DEVICE).half()
+    rv = torch.randn(3, 24, 5, 7, device=DEVICE).to(dtype)
     w, b = kernel.to(DEVICE), conv.weights["bias"].to(DEVICE)
     got = run(xv, w, b, [rv])[0]
-    ref = F.conv2d(xv.float(), w.float(), b.float()).half().float()
-    close_to(got, (ref + rv.float()).half().float().clamp(0, 6).half())
+    assert got.dtype == dtype
+    ref = F.conv2d(xv.float(), w.float(), b.float()).to(dtype).float()
+    expected = (ref + rv.float()).to(dtype).float().clamp(0, 6)
+    if dtype == H:
+        close_to(got, expected.half())
+    else:  # bfloat16's unit in the last place is 8 times fp16's
+        assert (got.double() - expected.double()).abs().max() <= 2.0 ** -6 * expected.abs().max()
     assert got.is_contiguous(memory_format=torch.channels_last)
 
 
