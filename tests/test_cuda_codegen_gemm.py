@@ -13,8 +13,9 @@ from torchkiln.ir.tensor import Tensor  # noqa: E402
 from torchkiln.runtime.backends import BackendOptions  # noqa: E402
 from torchkiln.runtime.backends.cuda import gemm_tactic, planner  # noqa: E402
 from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
+from torchkiln.runtime.backends.cuda.codegen.epilogue import strides_2d  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.gemm import (Config, GemmLauncher, candidates, gemm_layer,  # noqa: E402
-                                                          generate, strides_2d)
+                                                          generate)
 from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
 from torchkiln.runtime.executor import ReferenceExecutor  # noqa: E402
 from torchkiln.runtime.plan import Kernel, Plan, Step  # noqa: E402
