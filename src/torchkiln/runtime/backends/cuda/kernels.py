@@ -283,14 +283,19 @@ def _output(layers: Sequence[L.Layer], tid: int) -> Tensor:
 
 @maker("generated", "gemm")
 def _gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
-    """A 1x1 convolution (or x @ W.T + b) with its bias and the pointwise layers after it as one generated Triton
-    GEMM (codegen/gemm.py) of the tile configuration the build timed fastest."""
+    """A matrix product (x @ W.T + b, or a 1x1 convolution with its bias) and the pointwise layers after it as one
+    generated Triton GEMM (codegen/gemm.py) of the tile configuration the build timed fastest."""
     from torchkiln.runtime.backends.cuda.codegen.gemm import Config, GemmLauncher, generate
 
-    product, rest, others, at = _epilogue_io(step)
-    launch = GemmLauncher(generate(product, rest, others, [_output(step.layers, o) for o in step.outputs]),
+    product, rest = step.layers[0], step.layers[1:]
+    made = {id(t) for layer in rest for t in layer.outputs}
+    tensors = {id(t): t for layer in rest for t in layer.inputs}
+    reads = [i for i in step.inputs if i in tensors and i not in made and i != id(product.outputs[0])]
+    launch = GemmLauncher(generate(product, rest, [tensors[i] for i in reads],
+                                   [_output(step.layers, o) for o in step.outputs]),
                           product, Config.parse(str(kernel.option("config", ""))))
-    x_at, bias = step.inputs.index(id(product.inputs[0])), step.weights[0].get("bias")
+    x_at, at = step.inputs.index(id(product.inputs[0])), [step.inputs.index(i) for i in reads]
+    bias = step.weights[0].get("bias")
     if isinstance(product, L.ConvolutionLayer):
         weight = step.weights[0]["kernel"]
         return lambda xs: launch(xs[x_at], weight, bias, [xs[k] for k in at])
@@ -298,25 +303,19 @@ def _gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     return lambda xs: launch(xs[x_at], xs[w_at], bias, [xs[k] for k in at])
 
 
-@maker("generated", "depthwise")
-def _depthwise(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
-    """A depthwise convolution with its bias and the pointwise layers after it as one generated Triton kernel
-    (codegen/depthwise.py) of the tile configuration the build timed fastest."""
-    from torchkiln.runtime.backends.cuda.codegen.depthwise import Config, DepthwiseLauncher, generate, lay_out
+@maker("library", "linear_group")
+def _linear_group(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """Several x @ W.T + b of one x as one GEMM over the concatenated weights; the outputs are column views."""
+    pairs = [(step.weights[k - 1]["value"], step.weights[k].get("bias"), layer)
+             for k, layer in enumerate(step.layers) if isinstance(layer, L.MatrixMultiplyLayer)]
+    weight = torch.cat([w for w, _, _ in pairs])
+    bias = torch.cat([b for _, b, _ in pairs]) if pairs[0][1] is not None else None
+    sizes = [w.shape[0] for w, _, _ in pairs]
+    order = {id(layer.outputs[0]): k for k, (_, _, layer) in enumerate(pairs)}
+    picks = [order[o] for o in step.outputs]
 
-    conv, rest, others, at = _epilogue_io(step)
-    launch = DepthwiseLauncher(generate(conv, rest, others, [_output(step.layers, o) for o in step.outputs]), conv,
-                               Config.parse(str(kernel.option("config", ""))))
-    weight, bias = lay_out(step.weights[0]["kernel"]), step.weights[0].get("bias")
-    x_at = step.inputs.index(id(conv.inputs[0]))
-    return lambda xs: launch(xs[x_at], weight, bias, [xs[k] for k in at])
+    def run(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        parts = F.linear(xs[0], weight, bias).split(sizes, dim=-1)
+        return [parts[k] for k in picks]
 
-
-def _epilogue_io(step: StepLayers) -> tuple[L.Layer, list[L.Layer], list[Tensor], list[int]]:
-    """A product step's product layer, its epilogue layers, the epilogue's other inputs and where they are in the
-    step's inputs."""
-    product, rest = step.layers[0], step.layers[1:]
-    made = {id(t) for layer in rest for t in layer.outputs}
-    tensors = {id(t): t for layer in rest for t in layer.inputs}
-    reads = [i for i in step.inputs if i in tensors and i not in made and i != id(product.outputs[0])]
-    return product, rest, [tensors[i] for i in reads], [step.inputs.index(i) for i in reads]
+    return run

@@ -26,14 +26,12 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    Attention's SDPA backend (cuDNN, memory-efficient, flash, math) is a tactic: each that accepts the inputs is
    timed in a CUDA graph at the opt shapes and the fastest is kept (PyTorch's own choice without timing).
 
-6. **Generated products** (half precision, where timing is on): a 1x1 convolution of stride 1 (a GEMM over
-   channels-last pixels, codegen/gemm.py) or a depthwise convolution (codegen/depthwise.py) with its generated
-   epilogue (MobileNet's expand, depthwise and project convolutions: bias, ReLU6, residual) is timed as one generated
-   Triton kernel with the epilogue fused (a tile configuration by the product's size) against the library
-   convolution followed by the pointwise kernel (`product_tactic.py`); the faster is kept (`generated`/`gemm` or
-   `generated`/`depthwise`, the tile configuration its tactic). Linear layers stay on cuBLAS: BERT-base's FFN GEMM
-   with its GELU fused timed faster alone, but ran slower inside the engine (62 against 51 us per layer at batch 32
-   on an H100).
+6. **Generated GEMMs** (half precision, where timing is on): a 1x1 convolution of stride 1 with its generated
+   epilogue (MobileNet's expand and project convolutions: bias, ReLU6, residual) is timed as one generated Triton
+   GEMM with the epilogue fused (codegen/gemm.py, a tile configuration by the product's size) against the library
+   convolution followed by the pointwise kernel (`gemm_tactic.py`); the faster is kept (`generated`/`gemm`, the
+   tile configuration its tactic). Linear layers stay on cuBLAS: BERT-base's FFN GEMM with its GELU fused timed
+   faster alone, but ran slower inside the engine (62 against 51 us per layer at batch 32 on an H100).
 
 A 2-D max pool of a batched input runs in a generated Triton kernel over any strides, vectorized along the
 channels of channels-last tensors (`max_pool`); its output keeps its input's memory format.
@@ -49,7 +47,7 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.backends import BackendOptions
-from torchkiln.runtime.backends.cuda import product_tactic, timing
+from torchkiln.runtime.backends.cuda import gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
@@ -158,37 +156,32 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
     groups = [groups[k] for k in order]
     groups = _generated_biases(network, _group_pointwise(network, groups, graph))
-    groups = _generated_products(network, groups, graph, lambda requests: product_tactic.choose(
+    groups = _generated_gemms(network, groups, graph, lambda requests: gemm_tactic.choose(
         network, requests, graph.readers, graph.returned, device, options, cache))
     cache.save()
     return _as_plan(target(device), groups)
 
 
-ProductChooser = Callable[[list[product_tactic.Request]], list["str | None"]]
+GemmChooser = Callable[[list[gemm_tactic.Request]], list["str | None"]]
 
 
-def _generated_products(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph,
-                        choose: ProductChooser) -> list[tuple[Kernel, list[int]]]:
-    """Rule 6 of the module docstring: a 1x1 or depthwise convolution step with its generated epilogue
-    (`conv_epilogue`) becomes one generated GEMM or depthwise step where `choose(requests)` names a tile
-    configuration for its request (the timed tactic; None keeps the library steps)."""
+def _generated_gemms(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph,
+                     choose: GemmChooser) -> list[tuple[Kernel, list[int]]]:
+    """Rule 6 of the module docstring: a 1x1 convolution step with its generated epilogue (`conv_epilogue`) becomes
+    one generated GEMM step where `choose(requests)` names a tile configuration for its request (the timed
+    tactic; None keeps the library steps)."""
     if not have_triton():
         return groups
-    from torchkiln.runtime.backends.cuda.codegen.depthwise import depthwise_layer
     from torchkiln.runtime.backends.cuda.codegen.gemm import gemm_layer
 
-    found: dict[int, product_tactic.Request] = {}  # group index -> its request
+    found: dict[int, gemm_tactic.Request] = {}  # group index -> its request
     for g, (kernel, members) in enumerate(groups):
-        if kernel.op != "conv_epilogue":
-            continue
-        conv = network.layers[members[0]]
-        kind = "gemm" if gemm_layer(conv) is None else "depthwise" if depthwise_layer(conv) is None else None
-        if kind is not None:
-            found[g] = product_tactic.Request(kind, members[0], tuple(members[1:]), (groups[g],))
+        if kernel.op == "conv_epilogue" and gemm_layer(network.layers[members[0]]) is None:
+            found[g] = gemm_tactic.Request(members[0], tuple(members[1:]), (groups[g],))
     out = list(groups)
     for (g, request), config in zip(found.items(), choose(list(found.values())) if found else []):
         if config is not None:
-            out[g] = (Kernel("generated", request.kind, (("config", config),)), [request.product, *request.epilogue])
+            out[g] = (Kernel("generated", "gemm", (("config", config),)), [request.product, *request.epilogue])
     return out
 
 

@@ -1,6 +1,5 @@
-"""Generated products with a pointwise epilogue (codegen/gemm.py, codegen/depthwise.py, codegen/epilogue.py) and the
-planner's rule that makes them: on the CPU in Triton's interpreter against the layers' meanings in fp32, and (where
-CUDA is present) on the GPU and through the CUDA runner."""
+"""The generated GEMM with a pointwise epilogue (codegen/gemm.py) and the planner's rule that makes it: on the CPU in
+Triton's interpreter against the layers' meanings in fp32, and (where CUDA is present) through the CUDA runner."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -12,11 +11,8 @@ from torchkiln.ir import layers as L  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.ir.tensor import Tensor  # noqa: E402
 from torchkiln.runtime.backends import BackendOptions  # noqa: E402
-from torchkiln.runtime.backends.cuda import product_tactic, planner  # noqa: E402
+from torchkiln.runtime.backends.cuda import gemm_tactic, planner  # noqa: E402
 from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
-from torchkiln.runtime.backends.cuda.codegen.depthwise import Config as DepthwiseConfig  # noqa: E402
-from torchkiln.runtime.backends.cuda.codegen.depthwise import DepthwiseLauncher, depthwise_layer, lay_out  # noqa: E402
-from torchkiln.runtime.backends.cuda.codegen.depthwise import generate as generate_depthwise  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.epilogue import strides_2d  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.gemm import (Config, GemmLauncher, candidates, gemm_layer,  # noqa: E402
                                                           generate)
@@ -27,7 +23,6 @@ from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
 
 H = torch.float16
 SMALL = Config(16, 16, 16, 1, 4, 2)  # blocks the interpreter runs quickly; M, N and K below are not multiples
-SMALL_DEPTHWISE = DepthwiseConfig(16, 16, 4)
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 
@@ -158,57 +153,6 @@ def test_which_layers_are_generated_gemms_and_configurations():
     assert (narrow.block_m, narrow.block_n, narrow.block_k) == (256, 16, 32)
 
 
-@pytest.mark.parametrize("window,stride,padding,dilation", [(3, 1, 1, 1), (3, 2, 1, 1), (5, 1, 2, 1), (3, 1, 2, 2)],
-                         ids=["3x3", "3x3/2", "5x5", "3x3 dilated"])
-@pytest.mark.parametrize("layout", ["channels_last", "contiguous"])
-def test_depthwise_convolution_with_bias_and_relu6(window, stride, padding, dilation, layout):
-    """MobileNet's depthwise step: conv (one group per channel) + bias -> clip(0, 6), channels not a multiple of
-    the tile's; a contiguous input is read through its strides, the output is channels-last."""
-    c, size = 20, 9
-    out_size = (size + 2 * padding - dilation * (window - 1) - 1) // stride + 1
-    x, y, z = t("x", 2, c, size, size), t("y", 2, c, out_size, out_size), t("z", 2, c, out_size, out_size)
-    kernel = (torch.randn(c, 1, window, window) / window).half()
-    conv = L.ConvolutionLayer(name="dw", inputs=[x], outputs=[y], weights={"kernel": kernel,
-                              "bias": torch.randn(c).half()}, stride=(stride, stride), padding=(padding, padding),
-                              dilation=(dilation, dilation), groups=c)
-    assert depthwise_layer(conv) is None
-    clip = L.ActivationLayer(name="clip", inputs=[y], outputs=[z], weights={}, type=L.ActivationType.CLIP,
-                             alpha=0.0, beta=6.0)
-    run = DepthwiseLauncher(generate_depthwise(conv, [clip], [], [z]), conv, SMALL_DEPTHWISE)
-    xv = torch.randn(2, c, size, size, device=DEVICE).half()
-    if layout == "channels_last":
-        xv = xv.contiguous(memory_format=torch.channels_last)
-    w, b = kernel.to(DEVICE), conv.weights["bias"].to(DEVICE)
-    got = run(xv, lay_out(w), b, [])[0]
-    ref = F.conv2d(xv.float(), w.float(), b.float(), stride, padding, dilation, c).half().float()
-    assert got.shape == ref.shape and got.is_contiguous(memory_format=torch.channels_last)
-    close_to(got, ref.clamp(0, 6).half())
-
-
-def test_depthwise_convolution_without_bias_or_epilogue():
-    x, y = t("x", 1, 8, 6, 6), t("y", 1, 8, 6, 6)
-    kernel = torch.randn(8, 1, 3, 3).half()
-    conv = L.ConvolutionLayer(name="dw", inputs=[x], outputs=[y], weights={"kernel": kernel}, stride=(1, 1),
-                              padding=(1, 1), dilation=(1, 1), groups=8)
-    run = DepthwiseLauncher(generate_depthwise(conv, [], [], [y]), conv, SMALL_DEPTHWISE)
-    xv, w = torch.randn(1, 8, 6, 6, device=DEVICE).half(), kernel.to(DEVICE)
-    close_to(run(xv, lay_out(w), None, [])[0], F.conv2d(xv.float(), w.float(), None, 1, 1, 1, 8).half())
-
-
-def test_which_convolutions_are_generated_depthwise():
-    def conv(cin, cout, groups, dtype=H):
-        return L.ConvolutionLayer(name="c", inputs=[t("x", 1, cin, 5, 5, dtype=dtype)],
-                                  outputs=[t("y", 1, cout, 5, 5, dtype=dtype)], weights={"kernel": torch.randn(
-                                      cout, cin // groups, 3, 3).to(dtype)}, stride=(1, 1), padding=(1, 1),
-                                  dilation=(1, 1), groups=groups)
-    assert depthwise_layer(conv(8, 8, 8)) is None
-    assert "one group per channel" in depthwise_layer(conv(8, 16, 8))  # a channel multiplier of 2
-    assert "one group per channel" in depthwise_layer(conv(8, 8, 2))
-    assert "half precision" in depthwise_layer(conv(8, 8, 8, torch.float32))
-    with pytest.raises(NetworkError, match="malformed depthwise tile configuration"):
-        DepthwiseConfig.parse("16")
-
-
 # ---- the planner's rule, through bind_steps (Triton's interpreter on the CPU) ----------------------------------
 
 def ffn(n_in: int = 24, n_hidden: int = 40) -> Network:
@@ -227,14 +171,11 @@ def ffn(n_in: int = 24, n_hidden: int = 40) -> Network:
 
 
 def inverted_residual() -> Network:
-    """1x1 expand + ReLU6 -> depthwise 3x3 + ReLU6 -> 1x1 project + residual, fp16 (MobileNet-v2's block)."""
+    """1x1 expand + ReLU6 -> 1x1 project + residual, fp16 (MobileNet-v2's block without its depthwise step)."""
     net = Network("inverted_residual")
     x = net.add_input("x", H, (2, 8, 5, 5))
     e = net.add_convolution_nd(x, (torch.randn(24, 8, 1, 1) / 3).half(), torch.randn(24).half(), stride=(1, 1),
                                padding=(0, 0), dilation=(1, 1)).get_output()
-    e = net.add_activation(e, L.ActivationType.CLIP, 0.0, 6.0).get_output()
-    e = net.add_convolution_nd(e, (torch.randn(24, 1, 3, 3) / 3).half(), torch.randn(24).half(), stride=(1, 1),
-                               padding=(1, 1), dilation=(1, 1), groups=24).get_output()
     e = net.add_activation(e, L.ActivationType.CLIP, 0.0, 6.0).get_output()
     p = net.add_convolution_nd(e, (torch.randn(8, 24, 1, 1) / 5).half(), torch.randn(8).half(), stride=(1, 1),
                                padding=(0, 0), dilation=(1, 1)).get_output()
@@ -243,10 +184,7 @@ def inverted_residual() -> Network:
 
 
 def plan_with(network: Network, monkeypatch, config: str | None) -> Plan:
-    """The CPU plan with the tactic naming `config` for every GEMM (and SMALL_DEPTHWISE for every depthwise
-    convolution) where a config is given, the library steps otherwise."""
-    monkeypatch.setattr(product_tactic, "choose", lambda network, requests, *args: [
-        config and (config if r.kind == "gemm" else SMALL_DEPTHWISE.text()) for r in requests])
+    monkeypatch.setattr(gemm_tactic, "choose", lambda network, requests, *args: [config] * len(requests))
     return planner.make_plan(network, torch.device("cpu"), BackendOptions(timing_iterations=0))
 
 
@@ -264,7 +202,7 @@ def test_planned_gemm_steps_match_the_reference(build, monkeypatch):
     plan = plan_with(network, monkeypatch, SMALL.text())
     ops = [plan.kernels[s.kernel].op for s in plan.steps]
     expected = {"ffn": ["matrix_multiply", "pointwise", "matrix_multiply"],  # linear layers stay on cuBLAS
-                "inverted_residual": ["gemm", "depthwise", "gemm"]}[network.name]
+                "inverted_residual": ["gemm", "gemm"]}[network.name]
     assert [op for op in ops if op not in ("constant",)] == expected
     xs = [torch.randn(network.inputs[0].shape).half()]
     got = run_bound(network, plan, xs)[0]
@@ -273,7 +211,7 @@ def test_planned_gemm_steps_match_the_reference(build, monkeypatch):
 
 def test_the_library_steps_stay_where_the_tactic_says_so(monkeypatch):
     plan = plan_with(inverted_residual(), monkeypatch, None)
-    assert [plan.kernels[s.kernel].op for s in plan.steps] == ["conv_epilogue"] * 3
+    assert [plan.kernels[s.kernel].op for s in plan.steps] == ["conv_epilogue", "conv_epilogue"]
 
 
 def test_a_gemm_row_of_another_layer_is_refused_by_name():
@@ -292,11 +230,11 @@ def test_generated_gemm_engine_on_the_gpu(monkeypatch):
     from torchkiln.runtime.backends.cuda.runner import CudaRunner
 
     network = inverted_residual()
-    monkeypatch.setattr(product_tactic, "choose", lambda network, requests, *args: [
-        Config(64, 64, 64, 3, 4).text() if r.kind == "gemm" else DepthwiseConfig(32, 64, 4).text() for r in requests])
+    monkeypatch.setattr(gemm_tactic, "choose",
+                        lambda network, requests, *args: [Config(64, 64, 64, 3, 4).text()] * len(requests))
     device = torch.device("cuda")
     plan = planner.make_plan(network, device, BackendOptions(timing_iterations=0))
-    assert {"gemm", "depthwise"} <= {plan.kernels[s.kernel].op for s in plan.steps}
+    assert "gemm" in {plan.kernels[s.kernel].op for s in plan.steps}
     runner = CudaRunner(network, plan, device, BackendOptions())
     xs = [torch.randn(network.inputs[0].shape).half()]
     ref = ReferenceExecutor(network, torch.device("cpu")).run(xs)[0]

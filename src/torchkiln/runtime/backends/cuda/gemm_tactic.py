@@ -1,8 +1,7 @@
-"""The generated-product tactic: whether a convolution and the pointwise layers after it run as one generated Triton
-kernel (a GEMM for a 1x1 convolution, codegen/gemm.py; a depthwise convolution, codegen/depthwise.py), and in
-which tile configuration.
+"""The generated-GEMM tactic: whether a matrix product and the pointwise layers after it run as one generated Triton
+GEMM (codegen/gemm.py), and in which tile configuration.
 
-The library path (cuDNN or cuBLAS for the product, then the generated pointwise kernel) and each candidate tile
+The library path (cuBLAS or cuDNN for the product, then the generated pointwise kernel) and each candidate tile
 configuration run as the runner would run them (the kernel makers of `kernels.py`, replayed from a CUDA graph) at
 the opt shapes; the fastest wins, and the choice is kept in the timing cache under the product's shapes and the
 epilogue's generated source. Without timing (or off a GPU) the library path is kept.
@@ -25,7 +24,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.backends.cuda import timing
-from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm
+from torchkiln.runtime.backends.cuda.codegen.gemm import Config, candidates, generate
 from torchkiln.runtime.backends.cuda.kernels import StepLayers, make_step
 from torchkiln.runtime.backends.cuda.runner import placed_weight
 from torchkiln.runtime.plan import Kernel
@@ -33,7 +32,6 @@ from torchkiln.runtime.plan import Kernel
 logger = logging.getLogger(__name__)
 
 Group = tuple[Kernel, list[int]]
-GENERATORS = {"gemm": gemm, "depthwise": depthwise}  # Request.kind -> its codegen module
 
 
 def group_io(network: Network, members: Sequence[int], readers: dict[int, list[L.Layer]],
@@ -53,10 +51,8 @@ def group_io(network: Network, members: Sequence[int], readers: dict[int, list[L
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """A product (layer index) for a generated kernel of `kind` ("gemm" or "depthwise"), the pointwise layers of
-    its epilogue, and the library steps that compute the same."""
+    """A product (layer index), the pointwise layers of its epilogue, and the library steps that compute the same."""
 
-    kind: str
     product: int
     epilogue: tuple[int, ...]
     library: tuple[Group, ...]
@@ -81,8 +77,8 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
         values = {id(t): _sample(t, timing.opt_shape(t.shape), device) for t in inputs}
         runs = {"library": _steps(network, request.library, values, readers, returned, device, options)}
         for config in configs:
-            kernel = Kernel("generated", request.kind, (("config", config),))
-            runs[config] = _steps(network, [(kernel, [request.product, *request.epilogue])], values, readers,
+            kernel = Kernel("generated", "gemm", (("config", config.text()),))
+            runs[config.text()] = _steps(network, [(kernel, [request.product, *request.epilogue])], values, readers,
                                          returned, device, options)
         pending.append((i, key, runs))
     first_calls = [run for _, _, runs in pending for run in runs.values()]
@@ -106,24 +102,23 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
 
 
 def _describe(network: Network, request: Request, readers: dict[int, list[L.Layer]], returned: set[int],
-              device: torch.device) -> tuple[str, list[Tensor], list[str]]:
-    """The request's timing-cache key, the merged step's inputs, and the configurations to time (as text)."""
+              device: torch.device) -> tuple[str, list[Tensor], list[Config]]:
+    """The request's timing-cache key, the merged step's inputs, and the configurations to time."""
     inputs, outputs = group_io(network, [request.product, *request.epilogue], readers, returned)
     layer = network.layers[request.product]
     rest = [network.layers[j] for j in request.epilogue]
     made = {id(t) for x in rest for t in x.outputs}
     others = [t for t in inputs if any(t is i for x in rest for i in x.inputs) and id(t) not in made
               and t is not layer.outputs[0]]
-    source = GENERATORS[request.kind].generate(layer, rest, others, outputs).source
+    source = generate(layer, rest, others, outputs).source
     weight = layer.weights.get("kernel")
-    key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, _triton_version(), request.kind,
+    key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, _triton_version(), "gemm",
                       hashlib.sha256(source.encode()).hexdigest()[:24], [list(timing.opt_shape(t.shape)) for t in inputs],
-                      [str(t.dtype) for t in inputs], None if weight is None else list(weight.shape),
-                      list(layer.stride), list(layer.padding), list(layer.dilation)])
+                      [str(t.dtype) for t in inputs], None if weight is None else list(weight.shape)])
     out, x = timing.opt_shape(layer.outputs[0].shape), timing.opt_shape(layer.inputs[0].shape)
-    if request.kind == "depthwise":
-        return key, inputs, [c.text() for c in depthwise.candidates(out[1])]
-    return key, inputs, [c.text() for c in gemm.candidates(math.prod(out) // max(out[1], 1), out[1], x[1])]
+    conv = isinstance(layer, L.ConvolutionLayer)
+    n = out[1] if conv else out[-1]
+    return key, inputs, candidates(math.prod(out) // max(n, 1), n, x[1] if conv else x[-1])
 
 
 def _first_call(run: Callable[[], None]) -> str | None:
