@@ -8,17 +8,25 @@ import torch
 from torchkiln.torchscript import Graph, Node, Value
 
 
+def _may_hold_blocks(kind: str) -> bool:
+    """False for the kinds that never hold blocks: ATen operators and constants (blocks belong to control flow:
+    prim::If, prim::Loop, closures, a traced fork). Asking a node for its blocks costs more than the whole rest of
+    a walk, so a walk asks only the others."""
+    return not kind.startswith("aten::") and kind != "prim::Constant"
+
+
 def all_nodes(block: torch._C.Block) -> Iterator[Node]:
     """Every node of `block`, each followed by the nodes of its own blocks (a snapshot: safe to edit)."""
-    stack = [list(block.nodes())[::-1]]
+    stack = [iter(list(block.nodes()))]
     while stack:
-        pending = stack[-1]
-        if not pending:
+        for node in stack[-1]:
+            yield node
+            inner = list(node.blocks()) if _may_hold_blocks(node.kind()) else ()
+            if inner:
+                stack.extend([iter(list(b.nodes())) for b in reversed(inner)])
+                break
+        else:
             stack.pop()
-            continue
-        node = pending.pop()
-        yield node
-        stack.extend(list(inner.nodes())[::-1] for inner in reversed(list(node.blocks())))
 
 
 def replace_node(graph: Graph, node: Node, kind: str, inputs: list[Value]) -> Node:

@@ -1,0 +1,44 @@
+"""lowering/walk.py: all_nodes visits every node, nested blocks included, in pre-order."""
+import torch
+
+from torchkiln.lowering.walk import all_nodes
+
+
+def _reference(block):
+    """Pre-order by recursion, asking every node for its blocks."""
+    for node in block.nodes():
+        yield node
+        for inner in node.blocks():
+            yield from _reference(inner)
+
+
+def _nested(x: torch.Tensor, n: int) -> torch.Tensor:
+    for i in range(n):
+        if bool(x.sum() > i):
+            x = x + 1
+            for _ in range(2):
+                x = x * 2 if i % 2 else x - 1
+        else:
+            x = torch.relu(x)
+    return x
+
+
+def test_all_nodes_is_pre_order_with_nested_blocks():
+    graph = torch.jit.script(_nested).graph
+    expected = list(_reference(graph.block()))
+    assert list(all_nodes(graph.block())) == expected
+    assert sum(n.kind() in ("prim::If", "prim::Loop") for n in expected) >= 4
+
+
+def test_all_nodes_is_a_snapshot_safe_to_edit():
+    """Nodes inserted during the walk are not visited; every node there before is, once."""
+    graph = torch.jit.script(_nested).graph
+    before = list(_reference(graph.block()))
+    seen = []
+    for node in all_nodes(graph.block()):
+        seen.append(node)
+        if node.kind() == "aten::relu":
+            with graph.insert_point_guard(node):
+                graph.insert("aten::neg", [node.inputsAt(0)])
+    assert seen == before
+    assert sum(n.kind() == "aten::neg" for n in all_nodes(graph.block())) == 1
