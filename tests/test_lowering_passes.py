@@ -516,3 +516,18 @@ def test_functionalize_list_appends_redirects_reads_nested_in_later_branches():
     assert "functionalize_list_appends" in lowered.fired
     for x in (torch.randn(4, 5), -torch.rand(4, 5)):
         assert_matches_eager(lowered.module(x), ItemSetThenBranch()(x))
+
+
+def _silu_in_branch(x: torch.Tensor) -> torch.Tensor:
+    if bool(x.sum() > 0):
+        x = F.silu(x) * 2
+    return x
+
+
+def test_pattern_rewrite_finds_its_op_inside_a_branch():
+    """rewrite() skips a pattern whose op is nowhere in the graph; an op only inside an If's block counts."""
+    graph = torch.jit.script(_silu_in_branch).graph
+    torch._C._jit_pass_inline(graph)
+    assert graph.findNode("aten::silu", True) is not None and graph.findNode("aten::silu", False) is None
+    assert PASSES["unpack_silu"].fn(graph, LoweringContext(CompileSettings.create([torch.randn(2)])))
+    assert graph.findNode("aten::silu", True) is None and graph.findNode("aten::sigmoid", True) is not None
