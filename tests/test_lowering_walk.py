@@ -42,3 +42,12 @@ def test_all_nodes_is_a_snapshot_safe_to_edit():
                 graph.insert("aten::neg", [node.inputsAt(0)])
     assert seen == before
     assert sum(n.kind() == "aten::neg" for n in all_nodes(graph.block())) == 1
+
+
+def test_node_blocks_are_the_nodes_blocks():
+    from torchkiln.torchscript import node_blocks
+
+    graph = torch.jit.script(_nested).graph
+    nodes = list(_reference(graph.block()))
+    assert all([b for b in node_blocks(n)] == list(n.blocks()) for n in nodes)
+    assert sum(bool(node_blocks(n)) for n in nodes) >= 4

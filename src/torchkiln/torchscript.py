@@ -126,10 +126,19 @@ def writes_to_arguments(schema: str) -> bool:
     return any(a.alias_info is not None and a.alias_info.is_write for a in arguments)
 
 
+def node_blocks(node: Node) -> list[torch._C.Block]:
+    """The node's blocks. Only control flow holds blocks (prim::If, prim::Loop, a closure, a traced fork), never an
+    ATen operator or a constant, and asking a node for its blocks costs more than a graph walk's other work per
+    node, so those are not asked."""
+    if node.kind().startswith("aten::") or node.kind() == "prim::Constant":
+        return []
+    return list(node.blocks())
+
+
 def used_values(node: Node) -> list[Value]:
     """Every value a node reads, its nested blocks' reads and results included."""
     values = list(node.inputs())
-    for block in node.blocks():
+    for block in node_blocks(node):
         for inner in block.nodes():
             values.extend(used_values(inner))
         values.extend(block.outputs())

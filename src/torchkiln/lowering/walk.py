@@ -5,14 +5,7 @@ from collections.abc import Iterator
 
 import torch
 
-from torchkiln.torchscript import Graph, Node, Value
-
-
-def _may_hold_blocks(kind: str) -> bool:
-    """False for the kinds that never hold blocks: ATen operators and constants (blocks belong to control flow:
-    prim::If, prim::Loop, closures, a traced fork). Asking a node for its blocks costs more than the whole rest of
-    a walk, so a walk asks only the others."""
-    return not kind.startswith("aten::") and kind != "prim::Constant"
+from torchkiln.torchscript import Graph, Node, Value, node_blocks
 
 
 def all_nodes(block: torch._C.Block) -> Iterator[Node]:
@@ -21,7 +14,7 @@ def all_nodes(block: torch._C.Block) -> Iterator[Node]:
     while stack:
         for node in stack[-1]:
             yield node
-            inner = list(node.blocks()) if _may_hold_blocks(node.kind()) else ()
+            inner = node_blocks(node)
             if inner:
                 stack.extend([iter(list(b.nodes())) for b in reversed(inner)])
                 break
