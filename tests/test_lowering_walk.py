@@ -51,3 +51,13 @@ def test_node_blocks_are_the_nodes_blocks():
     nodes = list(_reference(graph.block()))
     assert all([b for b in node_blocks(n)] == list(n.blocks()) for n in nodes)
     assert sum(bool(node_blocks(n)) for n in nodes) >= 4
+
+
+def test_prims_taken_as_blockless_hold_no_blocks_in_real_graphs():
+    """The prims node_blocks does not ask are ones that hold no block, in the graphs of scripted control flow."""
+    from torchkiln.torchscript import _BLOCKLESS_PRIMS
+
+    graph = torch.jit.script(_nested).graph
+    for node in _reference(graph.block()):
+        if node.kind() in _BLOCKLESS_PRIMS or node.kind().startswith("aten::"):
+            assert not list(node.blocks())

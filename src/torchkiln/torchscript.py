@@ -126,11 +126,21 @@ def writes_to_arguments(schema: str) -> bool:
     return any(a.alias_info is not None and a.alias_info.is_write for a in arguments)
 
 
+# Kinds that never hold blocks besides ATen operators: nodes made like operators (Graph::create), never given a
+# block. Blocks belong to control flow (prim::If, prim::Loop, closures, a traced fork), which is not listed.
+_BLOCKLESS_PRIMS = frozenset({
+    "prim::Constant", "prim::ListConstruct", "prim::ListUnpack", "prim::TupleConstruct", "prim::TupleUnpack",
+    "prim::TupleIndex", "prim::DictConstruct", "prim::GetAttr", "prim::SetAttr", "prim::NumToTensor", "prim::dtype",
+    "prim::device", "prim::unchecked_cast", "prim::RaiseException", "prim::Uninitialized", "prim::CallMethod",
+    "prim::CallFunction", "prim::PythonOp", "prim::max", "prim::min", "prim::isinstance", "prim::Print",
+})
+
+
 def node_blocks(node: Node) -> list[torch._C.Block]:
-    """The node's blocks. Only control flow holds blocks (prim::If, prim::Loop, a closure, a traced fork), never an
-    ATen operator or a constant, and asking a node for its blocks costs more than a graph walk's other work per
-    node, so those are not asked."""
-    if node.kind().startswith("aten::") or node.kind() == "prim::Constant":
+    """The node's blocks. Asking a node for them costs more than the rest of a graph walk's work per node, so
+    ATen operators and the prims above, which never hold blocks, are not asked."""
+    kind = node.kind()
+    if kind.startswith("aten::") or kind in _BLOCKLESS_PRIMS:
         return []
     return list(node.blocks())
 
