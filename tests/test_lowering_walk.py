@@ -61,3 +61,21 @@ def test_prims_taken_as_blockless_hold_no_blocks_in_real_graphs():
     for node in _reference(graph.block()):
         if node.kind() in _BLOCKLESS_PRIMS or node.kind().startswith("aten::"):
             assert not list(node.blocks())
+
+
+def _no_else(x: torch.Tensor) -> torch.Tensor:
+    if bool(x.sum() > 0):
+        x = _nested(x, 2)
+    return x
+
+
+def test_block_nodes_read_back_from_the_return_node():
+    from torchkiln.lowering.walk import _block_nodes
+
+    graph = torch.jit.script(_no_else).graph
+    torch._C._jit_pass_inline(graph)
+    blocks = [graph.block()] + [b for n in _reference(graph.block()) for b in n.blocks()]
+    assert len(blocks) >= 5
+    for block in blocks:
+        assert _block_nodes(block) == list(block.nodes())
+    assert any(not list(b.nodes()) for b in blocks)  # the missing else: a block that only returns
