@@ -465,3 +465,75 @@ def test_onnxruntime_backend_on_cuda_is_refused():
     graph["backend"], graph["device_type"] = "onnxruntime", "cuda"
     with pytest.raises(torchkiln.EngineFormatError, match="does not run on cuda|not one that runs on cuda"):
         Engine.deserialize(_pack(graph, weights))
+
+
+# ---- writing: the weights section is safetensors' own bytes, copied once into the engine ----
+
+def _weights_of_every_dtype():
+    """Tensors of every weight dtype (names sharing a dtype, 0-d, empty, a view into a larger storage)."""
+    gen = torch.Generator().manual_seed(0)
+    tensors = {}
+    for i, dtype in enumerate(L.TENSOR_DTYPES):
+        values = (torch.rand(3, 5, generator=gen) * 100 - 50).to(dtype)
+        tensors[f"w{i}"] = values
+        tensors[f"v{i}"] = values[1:]  # shares the storage, at an offset
+        tensors[f"s{i}"] = values[0, 0].clone()  # 0-d
+        tensors[f"e{i}"] = values[:0]  # empty
+    return tensors
+
+
+def test_weights_section_is_what_safetensors_writes():
+    import safetensors.torch
+
+    tensors = _weights_of_every_dtype()
+    expected = safetensors.torch.save({k: t.clone() for k, t in tensors.items()})
+    assert b"".join(S.safetensors_chunks(tensors)) == expected
+    loaded = safetensors.torch.load(expected)
+    assert all(torch.equal(loaded[k], t) for k, t in tensors.items())
+
+
+def test_weights_of_a_dtype_outside_the_table_are_written_by_safetensors():
+    import safetensors.torch
+
+    tensors = {"a": torch.ones(2, dtype=torch.complex64), "b": torch.arange(3.0)}
+    assert b"".join(S.safetensors_chunks(tensors)) == safetensors.torch.save(tensors)
+
+
+def test_join_sections_of_pieces_is_join_of_their_bytes():
+    sections = [("meta", b"{}"), ("graph", [b"[", memoryview(b"12345"), b"]"]), ("plan.0", bytearray(b"{}"))]
+    flat = [(name, b"".join(bytes(p) for p in data) if isinstance(data, list) else bytes(data))
+            for name, data in sections]
+    assert S.join_sections(sections) == S.join_sections(flat)
+    body = S.join_sections(flat)[:-32]
+    assert S.join_sections(flat)[-32:] == hashlib.sha256(body).digest()
+
+
+def test_engine_bytes_are_the_format_as_written_before(engine_bytes):
+    """Writing without intermediate copies changed no byte: the same sections, safetensors' weights, sha256."""
+    import safetensors.torch
+
+    engine = Engine.deserialize(engine_bytes)
+    data = engine.serialize()
+    sections = S.split_sections(data)
+    weights = safetensors.torch.load(dict(sections)["weights"])
+    sections = [(n, safetensors.torch.save(weights) if n == "weights" else d) for n, d in sections]
+    body = S._HEADER.pack(S.MAGIC, S.FORMAT_VERSION, len(sections)) + b"".join(
+        S._SECTION.pack(n.encode(), len(d)) for n, d in sections) + b"".join(d for _, d in sections)
+    assert data == body + hashlib.sha256(body).digest()
+
+
+def test_weights_sharing_storage_round_trip():
+    """Two layers whose weights are views of one tensor (and one a slice of a larger storage) save and load."""
+    base = torch.randn(2, 4, 3, 3, 3)
+    n = Network("shared")
+    x = n.add_input("x", torch.float32, (1, 3, 8, 8))
+    a = n.add_convolution_nd(x, base[0], torch.zeros(4), stride=(1, 1), padding=(1, 1), dilation=(1, 1))
+    b = n.add_convolution_nd(x, base[1], base[0, :, 0, 0, 0], stride=(1, 1), padding=(1, 1), dilation=(1, 1))
+    n.mark_output(a.get_output())
+    n.mark_output(b.get_output())
+    engine = Engine(n, [InputBinding("x", torch.float32, (1, 3, 8, 8), (1, 3, 8, 8), (1, 3, 8, 8))], "cpu",
+                    torch.float32)
+    again = Engine.deserialize(engine.serialize())
+    xs = torch.randn(1, 3, 8, 8)
+    for got, expected in zip(again.execute([xs]), engine.execute([xs])):
+        assert torch.equal(got, expected)

@@ -76,6 +76,54 @@ def test_lower_tuples_splits_tuple_outputs_of_if(sign):
                gone=("(Tensor, Tensor) = prim::If", "prim::TupleUnpack"))
 
 
+class NestedTupleIfs(nn.Module):
+    """Tuples out of nested Ifs (an inner one makes its outer one flattenable), siblings, and two tuple outputs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool(x.sum() > 0):
+            if bool(x.mean() > 0.5):
+                pair = (x + 1, x * 2)
+            else:
+                pair = (x * 3, x - 1)
+            other = (x, x + 2)
+        else:
+            pair = (x * 5, x + 4)
+            if bool(x.max() > 0):
+                other = (x - 2, x * 4)
+            else:
+                other = (x + 3, x)
+        if bool(x.min() < 0):
+            third = (x.sin(), x.cos())
+        else:
+            third = (x.cos(), x.sin())
+        a, b = pair
+        c, d = other
+        e, f = third
+        return a * b + c * d + e * f
+
+
+def _lower_tuples_by_fresh_walks(graph) -> None:
+    """The reference: flatten the first flattenable If of a walk of the whole graph, until none is left."""
+    from torchkiln.lowering.passes.lower_tuples import _flatten_if_output
+    from torchkiln.lowering.walk import all_nodes
+
+    while any(_flatten_if_output(graph, n) for n in all_nodes(graph.block()) if n.kind() == "prim::If"):
+        pass
+
+
+def test_lower_tuples_flattens_as_fresh_walks_would():
+    """Resuming the search at the outermost If around the last one flattened gives the same graph, node for node
+    and name for name, as searching the whole graph again after each one."""
+    from torchkiln.lowering.passes.lower_tuples import _flatten_if_outputs
+
+    scripted = torch.jit.script(NestedTupleIfs()).forward.graph
+    graph, expected = scripted.copy(), scripted.copy()
+    _lower_tuples_by_fresh_walks(expected)
+    assert _flatten_if_outputs(graph)
+    assert str(graph) == str(expected)
+    assert "(Tensor, Tensor) = prim::If" not in str(graph)
+
+
 class ListAndInplace(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts: List[torch.Tensor] = []
@@ -468,3 +516,18 @@ def test_functionalize_list_appends_redirects_reads_nested_in_later_branches():
     assert "functionalize_list_appends" in lowered.fired
     for x in (torch.randn(4, 5), -torch.rand(4, 5)):
         assert_matches_eager(lowered.module(x), ItemSetThenBranch()(x))
+
+
+def _silu_in_branch(x: torch.Tensor) -> torch.Tensor:
+    if bool(x.sum() > 0):
+        x = F.silu(x) * 2
+    return x
+
+
+def test_pattern_rewrite_finds_its_op_inside_a_branch():
+    """rewrite() skips a pattern whose op is nowhere in the graph; an op only inside an If's block counts."""
+    graph = torch.jit.script(_silu_in_branch).graph
+    torch._C._jit_pass_inline(graph)
+    assert graph.findNode("aten::silu", True) is not None and graph.findNode("aten::silu", False) is None
+    assert PASSES["unpack_silu"].fn(graph, LoweringContext(CompileSettings.create([torch.randn(2)])))
+    assert graph.findNode("aten::silu", True) is None and graph.findNode("aten::sigmoid", True) is not None

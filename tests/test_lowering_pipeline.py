@@ -137,3 +137,44 @@ def test_freezing_leaves_no_attribute_reads(mixed_lowered):
 
 def test_compiled_mixed_model_matches_eager():
     check_compiled(Mixed(), [torch.randn(2, 3, 8, 8)], engines=None, torch_blocks=None, min_block_size=1)
+
+
+class _Relu2(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x) * 2
+
+
+def _count_lints(monkeypatch) -> list[int]:
+    """Count Graph.lint calls (each still runs the real lint)."""
+    calls = [0]
+    real = torch._C.Graph.lint
+
+    def counted(graph):
+        calls[0] += 1
+        return real(graph)
+    monkeypatch.setattr(torch._C.Graph, "lint", counted)
+    return calls
+
+
+def test_graph_is_linted_as_frozen_and_after_each_pass_that_changed_it(monkeypatch):
+    calls = _count_lints(monkeypatch)
+    settings = CompileSettings.create([torch.randn(2, 3)])
+    script = torch.jit.script(_Relu2().eval())
+    lowered = lower(script, settings, passes=["eliminate_dead_code", "unpack_gelu", "eliminate_dead_code"])
+    assert lowered.fired == [] and calls[0] == 1  # nothing changed: the frozen graph, linted once
+    calls[0] = 0
+    lowered = lower(script, settings, passes=["eliminate_dead_code", "remove_mutation"])
+    assert calls[0] == 1 + len(lowered.fired)
+
+
+def test_a_pass_that_breaks_the_graph_is_caught_by_the_lint_after_it(monkeypatch):
+    from torchkiln.lowering.registry import LoweringPass
+
+    def breaks(graph, ctx):
+        """Move the last node before its inputs' producer: a use before its definition."""
+        nodes = list(graph.nodes())
+        nodes[-1].moveBefore(nodes[0])
+        return True
+    monkeypatch.setitem(PASSES, "breaks_graph", LoweringPass("breaks_graph", breaks, "graph", "", (), False))
+    with pytest.raises(RuntimeError):
+        lower(torch.jit.script(_Relu2().eval()), CompileSettings.create([torch.randn(2, 3)]), passes=["breaks_graph"])

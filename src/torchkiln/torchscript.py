@@ -126,10 +126,29 @@ def writes_to_arguments(schema: str) -> bool:
     return any(a.alias_info is not None and a.alias_info.is_write for a in arguments)
 
 
+# Kinds that never hold blocks besides ATen operators: nodes made like operators (Graph::create), never given a
+# block. Blocks belong to control flow (prim::If, prim::Loop, closures, a traced fork), which is not listed.
+_BLOCKLESS_PRIMS = frozenset({
+    "prim::Constant", "prim::ListConstruct", "prim::ListUnpack", "prim::TupleConstruct", "prim::TupleUnpack",
+    "prim::TupleIndex", "prim::DictConstruct", "prim::GetAttr", "prim::SetAttr", "prim::NumToTensor", "prim::dtype",
+    "prim::device", "prim::unchecked_cast", "prim::RaiseException", "prim::Uninitialized", "prim::CallMethod",
+    "prim::CallFunction", "prim::PythonOp", "prim::max", "prim::min", "prim::isinstance", "prim::Print",
+})
+
+
+def node_blocks(node: Node) -> list[torch._C.Block]:
+    """The node's blocks. Asking a node for them costs more than the rest of a graph walk's work per node, so
+    ATen operators and the prims above, which never hold blocks, are not asked."""
+    kind = node.kind()
+    if kind.startswith("aten::") or kind in _BLOCKLESS_PRIMS:
+        return []
+    return list(node.blocks())
+
+
 def used_values(node: Node) -> list[Value]:
     """Every value a node reads, its nested blocks' reads and results included."""
     values = list(node.inputs())
-    for block in node.blocks():
+    for block in node_blocks(node):
         for inner in block.nodes():
             values.extend(used_values(inner))
         values.extend(block.outputs())

@@ -19,7 +19,7 @@ from torchkiln.ir.symbolic import as_dim, floordiv, has_symbols, is_symbolic
 from torchkiln.ir.tensor import Tensor
 from torchkiln.torchscript import (
     ALIASING_USERS, FRESH_LIST_PRODUCERS, Node, TensorMeta, Value, argument_names, holds_tensor_type,
-    is_tensor_type, node_key, node_schema, source_location, value_key, writes_to_arguments,
+    is_tensor_type, node_blocks, node_key, node_schema, source_location, value_key, writes_to_arguments,
 )
 
 FOLD_MAX_ELEMENTS = 4096  # a tensor op on build-time values runs at build time if its outputs are this small
@@ -280,7 +280,7 @@ class Resolver:
 
     def _needs(self, node: Node) -> list[Value]:
         """The inputs evaluating (or folding) `node` reads."""
-        if node.kind() != "prim::Param" and not list(node.blocks()) and find_evaluator(node) is not None:
+        if node.kind() != "prim::Param" and not node_blocks(node) and find_evaluator(node) is not None:
             return list(node.inputs())
         return list(node.inputs()) if self.foldable(node) else []
 
@@ -313,7 +313,7 @@ class Resolver:
         """Evaluate `v` from inputs already settled; static results go to `_memo`, the rest is returned."""
         node = v.node()
         key = value_key(v)
-        evaluator = None if node.kind() == "prim::Param" or list(node.blocks()) else find_evaluator(node)
+        evaluator = None if node.kind() == "prim::Param" or node_blocks(node) else find_evaluator(node)
         if evaluator is None:
             if self.foldable(node):
                 folded = self.fold(node)

@@ -135,11 +135,14 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
     optional_tensors = fold_static_arguments(graph, static_arguments)
     if static_arguments or optional_tensors:
         fired.append("fold_static_arguments")
+    # The graph is linted as frozen, then after every pass that changed it: a pass that reports no change leaves
+    # the graph it was given, which was linted already.
+    graph.lint()
     for p in (p for p in chosen if p.stage == "graph"):
         skip = _skip_reason(p, settings, explicit=passes is not None)
         changed = False if skip else p.fn(graph, ctx)
-        graph.lint()
         if changed:
+            graph.lint()
             fired.append(p.name)
         logger.debug("graph after lowering pass %s (%s):\n%s", p.name, f"skipped: {skip}" if skip else _status(changed),
                      graph)

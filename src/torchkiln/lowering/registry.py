@@ -141,7 +141,7 @@ def rewrite(graph: Graph, pattern: str, replacement: str) -> bool:
     New nodes keep the source range and module call stack of the node they replace.
     """
     needed = set(_PATTERN_OPS.findall(pattern)) - {"prim::Constant"}
-    if not needed <= {n.kind() for n in all_nodes(graph.block())}:
+    if any(graph.findNode(kind, True) is None for kind in needed):  # LibTorch's search, nested blocks included
         return False  # an op of the pattern is nowhere in the graph: nothing can match
     _unpool_constants(graph)
     changed = changes(graph, lambda: torch._C._jit_pass_custom_pattern_based_rewrite_graph(

@@ -5,20 +5,33 @@ from collections.abc import Iterator
 
 import torch
 
-from torchkiln.torchscript import Graph, Node, Value
+from torchkiln.torchscript import Graph, Node, Value, node_blocks
+
+
+def _block_nodes(block: torch._C.Block) -> list[Node]:
+    """The nodes of a block, in order, read back from its return node: Block.nodes() costs as much as reading
+    a dozen nodes this way, and most blocks (an If's branches) hold a few."""
+    found = []
+    node = block.returnNode().prev()
+    while node.kind() != "prim::Param":  # the block's own param node, before its first node
+        found.append(node)
+        node = node.prev()
+    found.reverse()
+    return found
 
 
 def all_nodes(block: torch._C.Block) -> Iterator[Node]:
     """Every node of `block`, each followed by the nodes of its own blocks (a snapshot: safe to edit)."""
-    stack = [list(block.nodes())[::-1]]
+    stack = [iter(list(block.nodes()))]
     while stack:
-        pending = stack[-1]
-        if not pending:
+        for node in stack[-1]:
+            yield node
+            inner = node_blocks(node)
+            if inner:
+                stack.extend([iter(_block_nodes(b)) for b in reversed(inner)])
+                break
+        else:
             stack.pop()
-            continue
-        node = pending.pop()
-        yield node
-        stack.extend(list(inner.nodes())[::-1] for inner in reversed(list(node.blocks())))
 
 
 def replace_node(graph: Graph, node: Node, kind: str, inputs: list[Value]) -> Node:

@@ -7,7 +7,7 @@ import enum
 from torchkiln.analysis.registry import FALLBACK_ATTR, find_converter, find_evaluator
 from torchkiln.analysis.resolve import NotStatic, Resolver, is_dynamic
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Node, TensorMeta, is_tensor_type, node_key, value_key
+from torchkiln.torchscript import Node, TensorMeta, is_tensor_type, node_blocks, node_key, value_key
 
 
 
@@ -77,7 +77,7 @@ def _not_static(node: Node, resolver: Resolver, error: NotStatic) -> Decision:
 
 
 def _classify(node: Node, resolver: Resolver) -> Decision:
-    if list(node.blocks()):
+    if node_blocks(node):
         return Decision.torch(Fallback.CONTROL_FLOW, "the ops in its blocks run in PyTorch")
     converter = find_converter(node)
     if converter is not None:

@@ -30,8 +30,10 @@ import math
 import os
 import reprlib
 import struct
+import sys
 import types
 import typing
+from collections.abc import Sequence
 from typing import Any
 
 import safetensors.torch
@@ -225,7 +227,6 @@ def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, 
     """Serialize engine metadata, its network and its plans (JSON objects) in format 2."""
     weights: dict[str, torch.Tensor] = {}
     keys: dict[int, str] = {}
-    storages: set[int] = set()
     layers = []
     for layer in network.layers:
         refs = {}
@@ -233,12 +234,7 @@ def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, 
             if id(w) not in keys:
                 key = f"w{len(keys)}"
                 keys[id(w)] = key
-                data = w.detach().cpu().contiguous()
-                ptr = data.untyped_storage().data_ptr()
-                if ptr in storages or data.untyped_storage().nbytes() != data.nbytes:
-                    data = data.clone()
-                storages.add(data.untyped_storage().data_ptr())
-                weights[key] = data
+                weights[key] = w.detach().cpu().contiguous()
             refs[wname] = keys[id(w)]
         layers.append({
             "kind": layer.KIND,
@@ -260,18 +256,58 @@ def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, 
         if len({s.name for s in symbols}) != len(symbols):
             raise EngineFormatError(f"network {network.name!r}: two dim symbols share a name")
         graph["network"]["symbols"] = [{"name": s.name, "min": s.lo, "max": s.hi} for s in symbols]
-    sections = [("meta", _json_bytes(meta)), ("graph", _json_bytes(graph["network"]))]
+    sections: list[tuple[str, Chunks]] = [("meta", _json_bytes(meta)), ("graph", _json_bytes(graph["network"]))]
     if weights:
-        sections.append(("weights", safetensors.torch.save(weights)))
+        sections.append(("weights", safetensors_chunks(weights)))
     sections += [(f"plan.{k}", _json_bytes(plan)) for k, plan in enumerate(plans)]
     return join_sections(sections)
 
 
-def join_sections(sections: list[tuple[str, bytes]]) -> bytes:
-    """Format-2 engine bytes of these (name, data) sections, checksum included."""
-    body = _HEADER.pack(MAGIC, FORMAT_VERSION, len(sections)) + b"".join(
-        _SECTION.pack(name.encode("ascii"), len(data)) for name, data in sections) + b"".join(d for _, d in sections)
-    return body + hashlib.sha256(body).digest()
+# safetensors' dtype names, in the order its writer lays tensors out (then by name): larger alignment first.
+_SAFETENSORS_DTYPES = {torch.int64: "I64", torch.float64: "F64", torch.float32: "F32", torch.int32: "I32",
+                       torch.bfloat16: "BF16", torch.float16: "F16", torch.int16: "I16", torch.int8: "I8",
+                       torch.uint8: "U8", torch.bool: "BOOL"}
+_SAFETENSORS_ORDER = {d: k for k, d in enumerate(_SAFETENSORS_DTYPES)}
+
+
+def safetensors_chunks(tensors: dict[str, torch.Tensor]) -> list[bytes | memoryview]:
+    """The bytes `safetensors.torch.save(tensors)` returns, in pieces: its header, then a view of each contiguous
+    CPU tensor's own bytes, so that the weights are copied once (into the engine's bytes) instead of three times.
+    safetensors itself writes them for a dtype outside the table or on a big-endian machine (on copies: it refuses
+    tensors that share storage)."""
+    if sys.byteorder != "little" or any(t.dtype not in _SAFETENSORS_DTYPES for t in tensors.values()):
+        return [safetensors.torch.save({k: t.clone() for k, t in tensors.items()})]
+    header: dict[str, Any] = {}
+    chunks: list[bytes | memoryview] = []
+    offset = 0
+    for key in sorted(tensors, key=lambda k: (_SAFETENSORS_ORDER[tensors[k].dtype], k)):
+        t = tensors[key]
+        size = t.numel() * t.element_size()
+        header[key] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                       "data_offsets": [offset, offset + size]}
+        offset += size
+        if size:
+            chunks.append(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+    text = _json_bytes(header)
+    text += b" " * (-len(text) % 8)  # safetensors pads its header with spaces to a multiple of 8 bytes
+    return [struct.pack("<Q", len(text)) + text, *chunks]
+
+
+Chunks = bytes | Sequence[bytes | memoryview]  # a section's data: its bytes, or pieces to join in order
+
+
+def join_sections(sections: Sequence[tuple[str, Chunks]]) -> bytes:
+    """Format-2 engine bytes of these (name, data) sections, checksum included. The data is hashed where it lies
+    and copied once, into the result."""
+    pieces = [[data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data) for _, data in sections]
+    lengths = [sum(memoryview(p).nbytes for p in section) for section in pieces]
+    body = [_HEADER.pack(MAGIC, FORMAT_VERSION, len(sections)),
+            *(_SECTION.pack(name.encode("ascii"), n) for (name, _), n in zip(sections, lengths)),
+            *(p for section in pieces for p in section)]
+    digest = hashlib.sha256()
+    for piece in body:
+        digest.update(piece)
+    return b"".join([*body, digest.digest()])
 
 
 def split_sections(data: bytes) -> list[tuple[str, bytes]]:
@@ -343,7 +379,7 @@ def _decode_engine(data: bytes, limit: int) -> tuple[dict[str, Any], Network, li
 
 
 def _check_digest(data: bytes) -> None:
-    if hashlib.sha256(data[:-_DIGEST]).digest() != data[-_DIGEST:]:
+    if hashlib.sha256(memoryview(data)[:-_DIGEST]).digest() != data[-_DIGEST:]:  # a view: the engine is not copied
         raise EngineFormatError("engine data is corrupted: checksum mismatch")
 
 

@@ -68,7 +68,25 @@ def _fold_accesses(graph: Graph, ctx: LoweringContext) -> bool:
 @lowering_pass()
 def lower_tuples(graph: Graph, ctx: LoweringContext) -> bool:
     """Give tuple outputs of prim::If one output per element and read tuple elements where they are built."""
-    changed = False
-    while any(_flatten_if_output(graph, n) for n in all_nodes(graph.block()) if n.kind() == "prim::If"):
+    return _flatten_if_outputs(graph) | _fold_accesses(graph, ctx)
+
+
+def _flatten_if_outputs(graph: Graph) -> bool:
+    """Flatten tuple outputs of prim::If one at a time, each time the first flattenable If in pre-order.
+
+    Flattening an If changes only it and the Ifs around it (a branch of an enclosing If may now return a
+    TupleConstruct), and no If moves, so after each one the search resumes at the outermost If around it
+    rather than at the top of the graph: the same Ifs in the same order as searching the whole graph again."""
+    ifs = [n for n in all_nodes(graph.block()) if n.kind() == "prim::If"]
+    changed, i = False, 0
+    while i < len(ifs):
+        if not _flatten_if_output(graph, ifs[i]):
+            i += 1
+            continue
         changed = True
-    return _fold_accesses(graph, ctx) or changed
+        outer = ifs[i].owningBlock().owningNode()
+        while outer is not None:
+            if outer.kind() == "prim::If":
+                i = ifs.index(outer)
+            outer = outer.owningBlock().owningNode()
+    return changed

@@ -29,7 +29,7 @@ from torchkiln.analysis.resolve import NotStatic, Resolver, aliases_of, writers_
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
 from torchkiln.lowering.static_values import context_resolver
 from torchkiln.lowering.walk import all_nodes, attribute_path
-from torchkiln.torchscript import Graph, Node, Value, node_schema, writes_to_arguments
+from torchkiln.torchscript import Graph, Node, Value, node_blocks, node_schema, writes_to_arguments
 
 _CONSTANT_ELEMENTS = (torch.Tensor, bool, int, float, str)
 _LITERALS = ("prim::Constant", "prim::ListConstruct", "prim::TupleConstruct")
@@ -59,7 +59,7 @@ def _pure(node: Node) -> bool:
     if node.kind() in _LITERALS:
         return True
     schema = node_schema(node)
-    return schema is not None and not list(node.blocks()) and not node.isNondeterministic() \
+    return schema is not None and not node_blocks(node) and not node.isNondeterministic() \
         and not writes_to_arguments(schema)
 
 

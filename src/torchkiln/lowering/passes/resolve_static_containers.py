@@ -38,7 +38,7 @@ from torchkiln.analysis.resolve import NotStatic, Resolver, alias_flags
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
 from torchkiln.lowering.static_values import context_resolver
 from torchkiln.lowering.walk import all_nodes, attribute_path
-from torchkiln.torchscript import Graph, Node, Value, node_key
+from torchkiln.torchscript import Graph, Node, Value, node_blocks, node_key
 
 _KEY_TYPES = (str, int)
 _LITERALS = ("prim::ListConstruct", "prim::DictConstruct")
@@ -124,7 +124,7 @@ class ContainerWalk:
     # -- the walk ----------------------------------------------------------------------------------------------
     def run(self, block: torch._C.Block) -> bool:
         for node in list(block.nodes()):
-            if list(node.blocks()):
+            if node_blocks(node):
                 self.poison_nested(node)
                 continue
             handler = _HANDLERS.get(node_key(node)) or _HANDLERS.get(node.kind())
@@ -142,7 +142,7 @@ class ContainerWalk:
         for inner in node.blocks():
             used += list(inner.outputs())
             for n in all_nodes(inner):
-                used += list(n.inputs()) + [v for b in n.blocks() for v in b.outputs()]
+                used += list(n.inputs()) + [v for b in node_blocks(n) for v in b.outputs()]
         for v in used:
             self.poison(v)
 
