@@ -161,20 +161,22 @@ def test_graph_is_linted_as_frozen_and_after_each_pass_that_changed_it(monkeypat
     settings = CompileSettings.create([torch.randn(2, 3)])
     script = torch.jit.script(_Relu2().eval())
     lowered = lower(script, settings, passes=["eliminate_dead_code", "unpack_gelu", "eliminate_dead_code"])
-    assert lowered.fired == [] and calls[0] == 1  # nothing changed: the frozen graph, linted once
+    assert lowered.fired == [] and calls[0] == 2  # nothing changed: linted as frozen and once at the end
     calls[0] = 0
     lowered = lower(script, settings, passes=["eliminate_dead_code", "remove_mutation"])
-    assert calls[0] == 1 + len(lowered.fired)
+    assert 1 + len(lowered.fired) <= calls[0] <= 2 + len(lowered.fired)
 
 
-def test_a_pass_that_breaks_the_graph_is_caught_by_the_lint_after_it(monkeypatch):
+@pytest.mark.parametrize("says_changed", [True, False], ids=["reported", "unreported"])
+def test_a_pass_that_breaks_the_graph_is_caught_by_a_lint(monkeypatch, says_changed):
+    """By the lint after it, or (where it says it changed nothing) by the lint at the end of lowering."""
     from torchkiln.lowering.registry import LoweringPass
 
     def breaks(graph, ctx):
         """Move the last node before its inputs' producer: a use before its definition."""
         nodes = list(graph.nodes())
         nodes[-1].moveBefore(nodes[0])
-        return True
+        return says_changed
     monkeypatch.setitem(PASSES, "breaks_graph", LoweringPass("breaks_graph", breaks, "graph", "", (), False))
     with pytest.raises(RuntimeError):
         lower(torch.jit.script(_Relu2().eval()), CompileSettings.create([torch.randn(2, 3)]), passes=["breaks_graph"])

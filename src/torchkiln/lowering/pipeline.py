@@ -135,17 +135,22 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
     optional_tensors = fold_static_arguments(graph, static_arguments)
     if static_arguments or optional_tensors:
         fired.append("fold_static_arguments")
-    # The graph is linted as frozen, then after every pass that changed it: a pass that reports no change leaves
-    # the graph it was given, which was linted already.
+    # The graph is linted as frozen, then after every pass that changed it (a pass that reports no change leaves
+    # the graph it was given, which was linted already), and once more at the end where the last pass to run
+    # reported no change: a pass that changed the graph without saying so is caught there at the latest.
     graph.lint()
+    linted = True
     for p in (p for p in chosen if p.stage == "graph"):
         skip = _skip_reason(p, settings, explicit=passes is not None)
         changed = False if skip else p.fn(graph, ctx)
         if changed:
             graph.lint()
             fired.append(p.name)
+        linted = bool(changed) or (linted and bool(skip))
         logger.debug("graph after lowering pass %s (%s):\n%s", p.name, f"skipped: {skip}" if skip else _status(changed),
                      graph)
+    if not linted:
+        graph.lint()
     return LoweredModule(frozen, graph, fired, tuple(static_arguments), optional_tensors)
 
 
