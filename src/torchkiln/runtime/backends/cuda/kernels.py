@@ -17,6 +17,7 @@ from torchkiln.errors import NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.reference import MEANINGS, gather
 from torchkiln.ir.tensor import Tensor
+from torchkiln.runtime.backends.cuda.patches import patch_gemm
 from torchkiln.runtime.backends.cuda.timing import sdpa
 from torchkiln.runtime.executor import convolve
 from torchkiln.runtime.plan import Kernel
@@ -167,6 +168,13 @@ def _conv_add_relu(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn
     z = next(t for t in add.inputs if t is not conv.outputs[0])
     x_at, z_at = step.inputs.index(id(conv.inputs[0])), step.inputs.index(id(z))
     return lambda xs: [torch.cudnn_convolution_add_relu(xs[x_at], w, xs[z_at], 1.0, b, *args)]
+
+
+@maker("library", "patch_conv")
+def _patch_conv(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """A convolution whose windows tile its input as one GEMM over the patches (patches.py)."""
+    w, b = step.weights[0]["kernel"], step.weights[0].get("bias")
+    return lambda xs: [patch_gemm(xs[0], w, b)]
 
 
 @maker("library", "layer_norm")

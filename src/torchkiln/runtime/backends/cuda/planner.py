@@ -33,6 +33,9 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    tile configuration its tactic). Linear layers stay on cuBLAS: BERT-base's FFN GEMM with its GELU fused timed
    faster alone, but ran slower inside the engine (62 against 51 us per layer at batch 32 on an H100).
 
+A convolution whose windows tile its input (stride == kernel, no padding: ViT's patch embedding) is timed in half
+precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) against cuDNN.
+
 A 2-D max pool of a batched input runs in a generated Triton kernel over any strides, vectorized along the
 channels of channels-last tensors (`max_pool`); its output keeps its input's memory format.
 """
@@ -49,6 +52,7 @@ from torchkiln.ir.network import Network
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.backends.cuda import gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
+from torchkiln.runtime.backends.cuda.patches import patch_convolution
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
 logger = logging.getLogger(__name__)
@@ -128,7 +132,11 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     for j, layer in enumerate(network.layers):
         if j in assigned:
             continue
-        if isinstance(layer, L.ConvolutionLayer):
+        if isinstance(layer, L.ConvolutionLayer) and layer.outputs[0].dtype in HALF and patch_convolution(layer) \
+                and timing.patch_gemm_is_faster(layer, timing.opt_shape(layer.inputs[0].shape), device, options,
+                                                cache):
+            groups.append((Kernel("library", "patch_conv"), [j]))
+        elif isinstance(layer, L.ConvolutionLayer):
             found = _epilogue(layer, graph) if _fusable_precision(layer, options) else None
             if found is not None and any(graph.index[id(x)] in assigned for x in found[1]):
                 found = None  # the add's other operand is a convolution that took this epilogue first

@@ -23,6 +23,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import DimSymbol, evaluate
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.backends.cuda.cache import cache_dir
+from torchkiln.runtime.backends.cuda.patches import patch_gemm
 
 logger = logging.getLogger(__name__)
 
@@ -212,3 +213,30 @@ def fused_is_faster(conv: L.ConvolutionLayer, op: str, input_shape: tuple[int, .
                  t_fused, t_unfused, choice)
     cache.put(key, choice)
     return choice == "fused"
+
+
+def patch_gemm_is_faster(conv: L.ConvolutionLayer, input_shape: tuple[int, ...], device: torch.device,
+                         options: BackendOptions, cache: TimingCache) -> bool:
+    """Whether the patch GEMM (patches.py) beats cuDNN for this patchifying convolution at `input_shape`; False
+    without timing."""
+    if options.timing_iterations == 0 or device.type != "cuda":
+        return False
+    w = conv.weights["kernel"]
+    dtype = conv.outputs[0].dtype
+    key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, "patch_conv", str(dtype),
+                      list(input_shape), list(w.shape), "bias" in conv.weights])
+    found = cache.get(key)
+    if found is not None:
+        return found == "gemm"
+    x = torch.randn(input_shape, device=device, dtype=dtype)
+    weight, bias = w.to(device=device, dtype=dtype), conv.weights.get("bias")
+    bias = None if bias is None else bias.to(device=device, dtype=dtype)
+    stride = list(w.shape[2:])
+    with torch.no_grad():
+        t_gemm = time_ms(lambda: patch_gemm(x, weight, bias), options.timing_iterations)
+        t_conv = time_ms(lambda: F.conv2d(x, weight, bias, stride), options.timing_iterations)
+    choice = "gemm" if t_gemm < t_conv else "cudnn"
+    logger.debug("tactic for %s (patch convolution at %s): GEMM %.4f ms, cuDNN %.4f ms -> %s", conv.name, input_shape,
+                 t_gemm, t_conv, choice)
+    cache.put(key, choice)
+    return choice == "gemm"
