@@ -31,7 +31,8 @@ def test_patch_gemm_is_the_convolution(size, bias):
 
 def conv_layer(stride, padding=(0, 0), window=(4, 4), groups=1):
     x = Network("n").add_input("x", torch.float16, (1, 4, 8, 8))
-    return L.ConvolutionLayer(name="c", inputs=[x], outputs=[x], weights={"kernel": torch.randn(4, 4 // groups, *window)},
+    kernel = torch.randn(4, 4 // groups, *window)
+    return L.ConvolutionLayer(name="c", inputs=[x], outputs=[x], weights={"kernel": kernel},
                               stride=stride, padding=padding, dilation=(1, 1), groups=groups)
 
 

@@ -113,7 +113,8 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
     source = generate(layer, rest, others, outputs).source
     weight = layer.weights.get("kernel")
     key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, _triton_version(), "gemm",
-                      hashlib.sha256(source.encode()).hexdigest()[:24], [list(timing.opt_shape(t.shape)) for t in inputs],
+                      hashlib.sha256(source.encode()).hexdigest()[:24],
+                      [list(timing.opt_shape(t.shape)) for t in inputs],
                       [str(t.dtype) for t in inputs], None if weight is None else list(weight.shape)])
     out, x = timing.opt_shape(layer.outputs[0].shape), timing.opt_shape(layer.inputs[0].shape)
     conv = isinstance(layer, L.ConvolutionLayer)

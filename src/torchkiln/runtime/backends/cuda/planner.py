@@ -152,7 +152,8 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
         elif _generated_max_pool(layer):
             groups.append((Kernel("generated", "max_pool"), [j]))
         elif isinstance(layer, L.AttentionLayer):
-            backend = timing.attention_backend(layer, [timing.opt_shape(t.shape) for t in layer.inputs], device, options, cache)
+            shapes = [timing.opt_shape(t.shape) for t in layer.inputs]
+            backend = timing.attention_backend(layer, shapes, device, options, cache)
             groups.append((Kernel("library", "attention", (("backend", backend),) if backend else ()), [j]))
         else:
             groups.append((Kernel("aten", layer.KIND), [j]))

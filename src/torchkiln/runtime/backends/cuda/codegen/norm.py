@@ -8,8 +8,8 @@ dtype and applied in float32, and the result is rounded once, to the output dtyp
 precision pass's cast -> fp32 layer norm -> cast back means).
 
 One program normalizes ROWS rows of BLOCK elements (BLOCK the next power of two of `size`; ROWS > 1 only for short
-rows, at most the next power of two of the row count, and only while MIN_PROGRAMS programs remain), so the whole row sits in registers: one read of each input
-and one write of each output per element.
+rows, at most the next power of two of the row count, and only while MIN_PROGRAMS programs remain), so the whole row
+sits in registers: one read of each input and one write of each output per element.
 """
 from __future__ import annotations
 
