@@ -25,7 +25,7 @@ from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.backends.cuda import timing
 from torchkiln.runtime.backends.cuda.codegen.gemm import Config, candidates, generate
-from torchkiln.runtime.backends.cuda.kernels import StepLayers, make_step
+from torchkiln.runtime.backends.cuda.kernels import StepLayers, epilogue_inputs, make_step
 from torchkiln.runtime.backends.cuda.runner import placed_weight
 from torchkiln.runtime.plan import Kernel
 
@@ -107,10 +107,7 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
     inputs, outputs = group_io(network, [request.product, *request.epilogue], readers, returned)
     layer = network.layers[request.product]
     rest = [network.layers[j] for j in request.epilogue]
-    made = {id(t) for x in rest for t in x.outputs}
-    others = [t for t in inputs if any(t is i for x in rest for i in x.inputs) and id(t) not in made
-              and t is not layer.outputs[0]]
-    source = generate(layer, rest, others, outputs).source
+    source = generate(layer, rest, epilogue_inputs(layer, rest, [id(t) for t in inputs]), outputs).source
     weight = layer.weights.get("kernel")
     key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, _triton_version(), "gemm",
                       hashlib.sha256(source.encode()).hexdigest()[:24],
@@ -139,9 +136,7 @@ def _triton_version() -> str:
 
 
 def _sample(t: Tensor, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """A value of `t`'s dtype at `shape` for timing: the constant itself where a constant layer makes it."""
-    if isinstance(t.producer, L.ConstantLayer):
-        return t.producer.weights["value"].to(device).reshape(shape)
+    """A value of `t`'s dtype at `shape` for timing."""
     if t.dtype.is_floating_point:
         return torch.randn(shape, device=device).to(t.dtype)
     return torch.ones(shape, device=device, dtype=t.dtype)

@@ -272,11 +272,9 @@ def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn
         first.append(L.ScaleLayer(name=f"{conv.name}/bias", inputs=[raw], outputs=[out],
                                   weights={"shift": ws["bias"]}, mode=L.ScaleMode.CHANNEL, channel_axis=1))
     convolve = _convolution(conv, {"kernel": ws["kernel"]}, allow_tf32)
-    made = {id(t) for layer in rest for t in layer.outputs}
-    tensors = {id(t): t for layer in rest for t in layer.inputs}
-    reads = [i for i in step.inputs if i in tensors and i not in made and i != id(out)]
-    at = [step.inputs.index(i) for i in reads]
-    launch = compile_group(first + rest, [raw if first else out, *(tensors[i] for i in reads)],
+    reads = epilogue_inputs(conv, rest, step.inputs)
+    at = [step.inputs.index(id(t)) for t in reads]
+    launch = compile_group(first + rest, [raw if first else out, *reads],
                            [_output(first + rest, o) for o in step.outputs])
 
     def run(xs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -289,6 +287,14 @@ def _output(layers: Sequence[L.Layer], tid: int) -> Tensor:
     return next(t for layer in layers for t in layer.outputs if id(t) == tid)
 
 
+def epilogue_inputs(product: L.Layer, rest: Sequence[L.Layer], inputs: Sequence[int]) -> list[Tensor]:
+    """What the pointwise layers after a product read from outside its step (in the order of the step's `inputs`,
+    tensor ids), the product's output aside."""
+    made = {id(t) for layer in rest for t in layer.outputs}
+    tensors = {id(t): t for layer in rest for t in layer.inputs}
+    return [tensors[i] for i in inputs if i in tensors and i not in made and i != id(product.outputs[0])]
+
+
 @maker("generated", "gemm")
 def _gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """A matrix product (x @ W.T + b, or a 1x1 convolution with its bias) and the pointwise layers after it as one
@@ -296,13 +302,10 @@ def _gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     from torchkiln.runtime.backends.cuda.codegen.gemm import Config, GemmLauncher, generate
 
     product, rest = step.layers[0], step.layers[1:]
-    made = {id(t) for layer in rest for t in layer.outputs}
-    tensors = {id(t): t for layer in rest for t in layer.inputs}
-    reads = [i for i in step.inputs if i in tensors and i not in made and i != id(product.outputs[0])]
-    launch = GemmLauncher(generate(product, rest, [tensors[i] for i in reads],
-                                   [_output(step.layers, o) for o in step.outputs]),
+    reads = epilogue_inputs(product, rest, step.inputs)
+    launch = GemmLauncher(generate(product, rest, reads, [_output(step.layers, o) for o in step.outputs]),
                           product, Config.parse(str(kernel.option("config", ""))))
-    x_at, at = step.inputs.index(id(product.inputs[0])), [step.inputs.index(i) for i in reads]
+    x_at, at = step.inputs.index(id(product.inputs[0])), [step.inputs.index(id(t)) for t in reads]
     bias = step.weights[0].get("bias")
     if isinstance(product, L.ConvolutionLayer):
         weight = step.weights[0]["kernel"]
