@@ -215,3 +215,30 @@ def test_a_2d_max_pool_is_a_generated_step():
     assert _ops(plan, net) == [("conv_relu", ["convolution", "activation"]), ("max_pool", ["pooling"]),
                                ("pooling", ["pooling"]), ("pooling", ["pooling"])]
     assert plan.kernels[plan.steps[1].kernel].kind == "generated"
+
+
+def test_a_timed_choice_is_the_fastest_candidate_cached_and_skips_refusals(tmp_path, monkeypatch):
+    """The tactics' shared chooser, with a timer that reports each candidate's own number (CUDA events need a GPU):
+    the fastest accepted candidate wins, a refused one (RuntimeError) is skipped, and a cached choice is returned
+    without making the candidates."""
+    from torchkiln.runtime.backends.cuda import timing
+    from torchkiln.runtime.backends.cuda.cache import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    cache = timing.TimingCache.load()
+
+    def refused():
+        raise RuntimeError("no kernel for these inputs")
+
+    made = []
+
+    def candidates():
+        made.append(1)
+        return {"slow": lambda: 3.0, "fast_but_refused": refused, "fast": lambda: 1.0}
+
+    def timer(run, iterations):
+        return run()
+
+    assert timing._timed_choice(cache, "k", candidates, timer, 1, "test") == "fast"
+    assert timing._timed_choice(cache, "k", candidates, timer, 1, "test") == "fast" and made == [1]
+    assert timing._timed_choice(cache, "all refused", lambda: {"a": refused}, timer, 1, "test") == ""

@@ -132,6 +132,26 @@ def sdpa(backend: str, causal: bool, scale: float | None
     return run
 
 
+def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[str, Callable[[], object]]],
+                  timer: Callable[[Callable[[], object], int], float], iterations: int, what: str) -> str:
+    """The cached choice for `key`; else the fastest of `candidates()` (made only then), timed by `timer` and
+    cached. A candidate the library refuses (a RuntimeError) is skipped; "" where every one is."""
+    found = cache.get(key)
+    if found is not None:
+        return found
+    times = {}
+    with torch.no_grad():
+        for name, run in candidates().items():
+            try:
+                times[name] = timer(run, iterations)
+            except RuntimeError as e:  # no kernel of this kind for these inputs (refused in the warm-up)
+                logger.debug("%s: %s refused: %s", what, name, str(e).splitlines()[0] if str(e) else "")
+    choice = min(times, key=times.get) if times else ""
+    logger.debug("tactic for %s: %s -> %s", what, {k: round(t, 4) for k, t in times.items()}, choice or "none")
+    cache.put(key, choice)
+    return choice
+
+
 def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], device: torch.device,
                       options: BackendOptions, cache: TimingCache) -> str:
     """The fastest SDPA backend for `layer` with inputs of `shapes` (its opt shapes), or "" (PyTorch's own
@@ -141,27 +161,18 @@ def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], de
     dtypes = [t.dtype for t in layer.inputs]
     key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, "attention", layer.causal,
                       layer.scale, [str(d) for d in dtypes], [list(s) for s in shapes]])
-    found = cache.get(key)
-    if found is not None:
-        return found
-    q, k, v = (torch.randn(s, device=device, dtype=d) for s, d in zip(shapes[:3], dtypes[:3]))
-    mask = None
-    if len(shapes) > 3:  # everything visible: random masks can hide whole rows
-        mask = torch.ones(shapes[3], device=device, dtype=dtypes[3]) if dtypes[3] == torch.bool else \
-            torch.zeros(shapes[3], device=device, dtype=dtypes[3])
-    times = {}
-    for name in ATTENTION_BACKENDS:
-        run = sdpa(name, layer.causal, layer.scale)
-        try:
-            with torch.no_grad():
-                times[name] = time_graphed_ms(lambda: run(q, k, v, mask), options.timing_iterations)
-        except RuntimeError as e:  # no kernel of this backend for these inputs (refused in the warm-up)
-            logger.debug("SDPA backend %s refused %s: %s", name, layer.name, str(e).splitlines()[0])
-    choice = min(times, key=times.get) if times else ""
-    logger.debug("tactic for %s (attention at %s): %s -> %s", layer.name, shapes,
-                 {k: round(t, 4) for k, t in times.items()}, choice or "PyTorch's choice")
-    cache.put(key, choice)
-    return choice
+
+    def candidates() -> dict[str, Callable[[], object]]:
+        q, k, v = (torch.randn(s, device=device, dtype=d) for s, d in zip(shapes[:3], dtypes[:3]))
+        mask = None
+        if len(shapes) > 3:  # everything visible: random masks can hide whole rows
+            mask = torch.ones(shapes[3], device=device, dtype=dtypes[3]) if dtypes[3] == torch.bool else \
+                torch.zeros(shapes[3], device=device, dtype=dtypes[3])
+        runs = {name: sdpa(name, layer.causal, layer.scale) for name in ATTENTION_BACKENDS}
+        return {name: (lambda run=run: run(q, k, v, mask)) for name, run in runs.items()}
+
+    return _timed_choice(cache, key, candidates, time_graphed_ms, options.timing_iterations,
+                         f"{layer.name} (attention at {shapes})")
 
 
 def fused_is_faster(conv: L.ConvolutionLayer, op: str, input_shape: tuple[int, ...], device: torch.device,
@@ -178,41 +189,27 @@ def fused_is_faster(conv: L.ConvolutionLayer, op: str, input_shape: tuple[int, .
     key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, op, str(dtype), list(input_shape),
                       list(w.shape), list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups,
                       "bias" in conv.weights])
-    found = cache.get(key)
-    if found is not None:
-        return found == "fused"
-    cl = torch.channels_last
-    x = torch.randn(input_shape, device=device, dtype=dtype).contiguous(memory_format=cl)
-    weight = w.to(device=device, dtype=dtype).contiguous(memory_format=cl)
-    bias = conv.weights.get("bias")
-    bias = None if bias is None else bias.to(device=device, dtype=dtype)
-    args = (list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups)
-    with torch.no_grad():
-        out = torch.convolution(x, weight, bias, *args[:3], False, [0, 0], args[3])
-        z = torch.randn_like(out)
+
+    def candidates() -> dict[str, Callable[[], object]]:
+        cl = torch.channels_last
+        x = torch.randn(input_shape, device=device, dtype=dtype).contiguous(memory_format=cl)
+        weight = w.to(device=device, dtype=dtype).contiguous(memory_format=cl)
+        bias = conv.weights.get("bias")
+        bias = None if bias is None else bias.to(device=device, dtype=dtype)
+        args = (list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups)
+
+        def plain():
+            return torch.convolution(x, weight, None, *args[:3], False, [0, 0], args[3])
+
         if op == "conv_relu":
-            def fused():
-                return torch.cudnn_convolution_relu(x, weight, bias, *args)
+            return {"fused": lambda: torch.cudnn_convolution_relu(x, weight, bias, *args),
+                    "unfused": lambda: torch.relu(plain())}
+        z = torch.randn_like(plain())
+        return {"fused": lambda: torch.cudnn_convolution_add_relu(x, weight, z, 1.0, bias, *args),
+                "unfused": lambda: torch.add(plain(), z)}
 
-            def unfused():
-                return torch.relu(torch.convolution(x, weight, None, *args[:3], False, [0, 0], args[3]))
-        else:
-            def fused():
-                return torch.cudnn_convolution_add_relu(x, weight, z, 1.0, bias, *args)
-
-            def unfused():
-                return torch.add(torch.convolution(x, weight, None, *args[:3], False, [0, 0], args[3]), z)
-        try:
-            t_fused = time_ms(fused, options.timing_iterations)
-        except RuntimeError as e:  # cuDNN has no fused engine for this configuration
-            logger.debug("cuDNN %s refused %s: %s", op, conv.name, e)
-            t_fused = float("inf")
-        t_unfused = time_ms(unfused, options.timing_iterations)
-    choice = "fused" if t_fused < t_unfused else "unfused"
-    logger.debug("tactic for %s (%s at %s): fused %.4f ms, unfused %.4f ms -> %s", conv.name, op, input_shape,
-                 t_fused, t_unfused, choice)
-    cache.put(key, choice)
-    return choice == "fused"
+    return _timed_choice(cache, key, candidates, time_ms, options.timing_iterations,
+                         f"{conv.name} ({op} at {input_shape})") == "fused"
 
 
 def patch_gemm_is_faster(conv: L.ConvolutionLayer, input_shape: tuple[int, ...], device: torch.device,
@@ -225,18 +222,13 @@ def patch_gemm_is_faster(conv: L.ConvolutionLayer, input_shape: tuple[int, ...],
     dtype = conv.outputs[0].dtype
     key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, "patch_conv", str(dtype),
                       list(input_shape), list(w.shape), "bias" in conv.weights])
-    found = cache.get(key)
-    if found is not None:
-        return found == "gemm"
-    x = torch.randn(input_shape, device=device, dtype=dtype)
-    weight, bias = w.to(device=device, dtype=dtype), conv.weights.get("bias")
-    bias = None if bias is None else bias.to(device=device, dtype=dtype)
-    stride = list(w.shape[2:])
-    with torch.no_grad():
-        t_gemm = time_ms(lambda: patch_gemm(x, weight, bias), options.timing_iterations)
-        t_conv = time_ms(lambda: F.conv2d(x, weight, bias, stride), options.timing_iterations)
-    choice = "gemm" if t_gemm < t_conv else "cudnn"
-    logger.debug("tactic for %s (patch convolution at %s): GEMM %.4f ms, cuDNN %.4f ms -> %s", conv.name, input_shape,
-                 t_gemm, t_conv, choice)
-    cache.put(key, choice)
-    return choice == "gemm"
+
+    def candidates() -> dict[str, Callable[[], object]]:
+        x = torch.randn(input_shape, device=device, dtype=dtype)
+        weight, bias = w.to(device=device, dtype=dtype), conv.weights.get("bias")
+        bias = None if bias is None else bias.to(device=device, dtype=dtype)
+        return {"gemm": lambda: patch_gemm(x, weight, bias),
+                "cudnn": lambda: F.conv2d(x, weight, bias, list(w.shape[2:]))}
+
+    return _timed_choice(cache, key, candidates, time_ms, options.timing_iterations,
+                         f"{conv.name} (patch convolution at {input_shape})") == "gemm"
