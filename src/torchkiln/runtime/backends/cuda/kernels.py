@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from torchkiln.errors import NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.reference import MEANINGS, gather
 from torchkiln.ir.tensor import Tensor
@@ -194,58 +193,27 @@ def _attention(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     return lambda xs: [run(xs[0], xs[1], xs[2], xs[3] if len(xs) > 3 else None)]
 
 
-@maker("generated", "layer_norm")
-def _generated_layer_norm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
-    """[add ->] [cast up ->] layer norm [-> cast down] as one generated Triton kernel (codegen/norm.py); it also
-    returns the add's sum where the step's outputs include it."""
-    from torchkiln.runtime.backends.cuda.codegen.norm import RowNorm
-
-    at = _norm_chain(step.layers)
-    add = step.layers[0] if isinstance(step.layers[0], L.ElementWiseLayer) else None
-    norm, ws = step.layers[at], step.weights[at]
-    result, total = step.layers[-1].outputs[0], None if add is None else add.outputs[0]
-    picks = [0 if o == id(result) else 1 if total is not None and o == id(total) else -1 for o in step.outputs]
-    if -1 in picks:
-        raise NetworkError(f"a generated layer norm step returns only its result and its add's sum; layer "
-                           f"{norm.name!r}'s step returns another tensor")
-    run = RowNorm(norm.normalized_shape, norm.epsilon, ws.get("scale"), ws.get("bias"), result.dtype,
-                  add=add is not None, write_sum=1 in picks)
-    reads = [step.inputs.index(id(t)) for t in (add.inputs if add is not None else step.layers[0].inputs[:1])]
-
-    def norm_step(xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        made = run(*(xs[k] for k in reads))
-        return [made[k] for k in picks]
-
-    return norm_step
-
-
-def _norm_chain(layers: Sequence[L.Layer]) -> int:
-    """Where the layer norm is in a generated layer norm step: [sum of two ->] [cast to fp32 ->] layer norm
-    [-> cast], each reading the one before; NetworkError naming the layers otherwise (a plan from engine bytes)."""
-    kinds = [layer.KIND for layer in layers]
-    at = next((k for k, layer in enumerate(layers) if isinstance(layer, L.NormalizationLayer)), None)
-    ok = at is not None and layers[at].kind == L.NormalizationKind.LAYER and len(layers) - at <= 2
-    for k, layer in enumerate(layers):
-        if k == 0 and isinstance(layer, L.ElementWiseLayer):
-            ok = ok and layer.op == L.ElementWiseOperation.SUM and len(layer.inputs) == 2
-        elif k != at:
-            ok = ok and isinstance(layer, L.CastLayer) and (k > at or layer.to_type == torch.float32)
-        if k:
-            ok = ok and len(layer.inputs) == 1 and layer.inputs[0] is layers[k - 1].outputs[0]
-    if not ok:
-        raise NetworkError(f"a generated layer norm step is [add ->] [cast to fp32 ->] layer norm [-> cast], "
-                           f"got {kinds}")
-    return at
-
-
 @maker("generated", "pointwise")
 def _pointwise(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """The step's pointwise layers as one generated Triton kernel (codegen/pointwise.py)."""
     from torchkiln.runtime.backends.cuda.codegen.pointwise import compile_group
 
+    return _generated(step, compile_group)
+
+
+@maker("generated", "rows")
+def _rows(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """The step's reductions over trailing axes, with their pointwise prologue and epilogue, as one generated
+    Triton kernel (codegen/reduction.py)."""
+    from torchkiln.runtime.backends.cuda.codegen.reduction import compile_group
+
+    return _generated(step, compile_group)
+
+
+def _generated(step: StepLayers, compile_group: Callable) -> StepFn:
+    """A generated kernel over the step's layers, reading its inputs and writing its outputs."""
     tensors = {id(t): t for layer in step.layers for t in (*layer.inputs, *layer.outputs)}
-    launch = compile_group(step.layers, [tensors[i] for i in step.inputs], [tensors[o] for o in step.outputs])
-    return launch
+    return compile_group(step.layers, [tensors[i] for i in step.inputs], [tensors[o] for o in step.outputs])
 
 
 @maker("generated", "max_pool")

@@ -16,11 +16,12 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    operation (`conv_epilogue`).
 3. **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
    become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
-4. **Layer norms** become one generated Triton row norm each (`generated`/`layer_norm`, codegen/norm.py): with
-   the casts the precision pass puts around a half-precision layer norm (fp32 statistics inside the kernel,
-   one rounding at the end) and the residual add making its input (writing the sum too where another layer
-   reads it, as a pre-norm transformer does). Without Triton, the half-precision ones between their casts
-   become CUDA's layer norm on the half input (`library`/`layer_norm`); the rest run on ATen.
+4. **Row groups** (fusion.py): each reduction over trailing axes (reduce, softmax, layer and instance norm) with
+   the pointwise layers making its input and using its result, and the other reductions over the same rows, as one
+   generated Triton kernel (`generated`/`rows`, codegen/reduction.py): a residual add, the precision pass's casts
+   and a layer norm; scale, mask and softmax; RMSNorm written as a mean between pointwise layers. Without Triton,
+   the half-precision layer norms between their casts become CUDA's layer norm on the half input
+   (`library`/`layer_norm`); the rest run on ATen.
 5. **Library calls** for the rest of the heavy layers (convolution in channels-last, matrix multiply,
    attention through SDPA), and the layers' ATen meanings for everything else (CUDA variants in kernels.py).
    Attention's SDPA backend (cuDNN, memory-efficient, flash, math) is a tactic: each that accepts the inputs is
@@ -50,7 +51,7 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.backends import BackendOptions
-from torchkiln.runtime.backends.cuda import gemm_tactic, timing
+from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
 from torchkiln.runtime.backends.cuda.patches import patch_convolution
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
@@ -120,7 +121,7 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     groups: list[tuple[Kernel, list[int]]] = []
     assigned: set[int] = set()
     first_at: dict[int, int] = {}  # a group placed at its first layer (default: at its last)
-    for kernel, members in _layer_norms(network, graph):
+    for kernel, members in _row_groups(network, graph):
         first_at[len(groups)] = members[0]
         groups.append((kernel, members))
         assigned.update(members)
@@ -235,51 +236,12 @@ def _shared_input_linears(network: Network, graph: _Graph) -> list[list[int]]:
     return groups
 
 
-def _layer_norms(network: Network, graph: _Graph) -> list[tuple[Kernel, list[int]]]:
-    """Layer norm steps (rule 4 of the module docstring): generated row norms where Triton is importable, else
-    ATen's layer norm for the half-precision ones."""
+def _row_groups(network: Network, graph: _Graph) -> list[tuple[Kernel, list[int]]]:
+    """Reductions with their prologue and epilogue (rule 4 of the module docstring): generated kernels where Triton
+    is importable, else CUDA's layer norm for the half-precision ones between their casts."""
     if not have_triton():
         return [(Kernel("library", "layer_norm"), members) for members in _half_layer_norms(network, graph)]
-    return [(Kernel("generated", "layer_norm"), members) for members in _row_norms(network, graph)]
-
-
-def _row_norms(network: Network, graph: _Graph) -> list[list[int]]:
-    """Each layer norm over at most codegen.norm.MAX_SIZE elements per row, with what a generated row norm computes
-    in the same kernel: the cast from half before it and the cast to half after it (what the precision pass puts
-    around a half-precision layer norm; fp32 statistics, one rounding at the end), and the add of two tensors of
-    one shape and dtype making its input (a transformer's residual add; the sum is rounded to that dtype before
-    the statistics, as the add's output is). Each group lists [add,] [cast,] norm [, cast] in order; it runs at its
-    first layer (everything it reads is made before the add), and writes the sum too where others read it."""
-    from torchkiln.runtime.backends.cuda.codegen.norm import DTYPES, MAX_SIZE
-
-    found: list[list[int]] = []
-    taken: set[int] = set()  # adds already joined to a norm (a sum read by two layer norms joins the first)
-    for j, layer in enumerate(network.layers):
-        if not (isinstance(layer, L.NormalizationLayer) and layer.kind == L.NormalizationKind.LAYER
-                and layer.normalized_shape and all(isinstance(d, int) for d in layer.normalized_shape)
-                and 1 <= math.prod(layer.normalized_shape) <= MAX_SIZE
-                and all(w.dtype in DTYPES for w in layer.weights.values())):
-            continue
-        chain, stored = [j], layer.inputs[0]
-        cast_in = stored.producer
-        if isinstance(cast_in, L.CastLayer) and cast_in.inputs[0].dtype in HALF and \
-                stored.dtype == torch.float32 and graph.sole_reader(stored) is layer:
-            chain.insert(0, graph.index[id(cast_in)])
-            stored = cast_in.inputs[0]
-        out = layer.outputs[0]
-        if stored.dtype not in DTYPES or out.dtype not in DTYPES:
-            continue
-        cast_out = graph.sole_reader(out)
-        if isinstance(cast_out, L.CastLayer) and out.dtype == torch.float32 and cast_out.to_type in HALF:
-            chain.append(graph.index[id(cast_out)])
-        add = stored.producer
-        if isinstance(add, L.ElementWiseLayer) and add.op == L.ElementWiseOperation.SUM and len(add.inputs) == 2 \
-                and all(t.shape == stored.shape and t.dtype == stored.dtype for t in add.inputs) \
-                and graph.index[id(add)] not in taken:
-            taken.add(graph.index[id(add)])
-            chain.insert(0, graph.index[id(add)])
-        found.append(chain)
-    return found
+    return [(Kernel("generated", "rows"), members) for members in fusion.row_groups(network)]
 
 
 def _half_layer_norms(network: Network, graph: _Graph) -> list[list[int]]:

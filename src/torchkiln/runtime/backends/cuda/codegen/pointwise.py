@@ -4,7 +4,8 @@
 cast, scale, parametric ReLU, constant) into Triton source text: a deterministic function of the layers, their
 parameters and dtypes, so a backend regenerates it when an engine loads (the source is never stored in an engine).
 Every value is computed in float32 (bool values as int1): operands are cast on load, results on store; a cast layer
-to float16 or bfloat16 rounds where it stands. Each op's expression is its row in `torchkiln.ir.pointwise`.
+to float16 or bfloat16 rounds where it stands, and one from such a type rounds its input to it first (the value of
+a half-precision tensor, as the layers before it would have stored it). Each op's expression is its row in `torchkiln.ir.pointwise`.
 
 The kernel iterates over the outputs' shape (all outputs have one shape). Every operand (group input or weight) is
 read through its strides broadcast to that shape (stride 0 along a broadcast dim), so sizes and strides are
@@ -138,6 +139,9 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[tuple[str, bool]]) -> tuple[
         var, was_bool = xs[0]
         if is_bool:
             return b.emit(f"{var} != 0", True)
+        source = layer.inputs[0].dtype
+        if source in (torch.float16, torch.bfloat16) and not was_bool:  # the value is of that type: round it here
+            return b.emit(f"{var}.to({TL[source]}).to(tl.float32)", False)  # (then a wider cast is exact)
         if out == torch.float32 or was_bool:
             return b.emit(b.as_float(xs[0]), False)
         return b.emit(f"{var}.to({TL[out]}).to(tl.float32)", False)  # rounds to the narrower float

@@ -1,0 +1,155 @@
+"""The CUDA planner's fusion rules, stated over layer classes rather than patterns.
+
+Every layer has a class (`classify`): pointwise (what the pointwise generator computes: elementwise, unary,
+activation, cast, scale, parametric ReLU), reduction (a reduce, softmax or norm over trailing axes that the
+reduction generator computes: codegen/reduction.py lowers each into row reductions and pointwise work), view
+(shuffle, slice, expand, concatenation, padding, gather), library (convolution, matrix multiply, attention) or
+opaque (the rest, run on ATen).
+
+A *row group* grows from each reduction, in layer order: it takes, to a fixpoint,
+- the pointwise layers making its members' inputs (prologue) and the pointwise layers reading its members'
+  outputs (epilogue), where their output is the reduction's whole iteration space or one value per row of it;
+- other reductions over the same space and axes (a softmax after the mask add, the second statistic of a norm
+  written out in layers, the next norm of a residual stream).
+A layer joins only where the group stays legal: it is in no other group; the group runs at its first layer, so
+everything it reads from outside is made before that layer (no cycle, nothing reordered); and the kernel reads at
+most `MAX_OPERANDS` tensors. Each join saves at least one write and one read of the joined layer's output (an
+output read outside the group is still written once), so the rule takes every legal join; the reasons for the
+refused ones are logged at debug level, naming both layers.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Collection
+
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.runtime.backends.cuda.codegen.pointwise import fusable
+from torchkiln.runtime.backends.cuda.codegen.reduction import reduced_axes, reduction_fusable
+
+logger = logging.getLogger(__name__)
+
+MAX_OPERANDS = 16  # tensors one generated kernel reads (inputs and weights)
+
+
+class OpClass(enum.Enum):
+    POINTWISE = "pointwise"
+    REDUCTION = "reduction"
+    VIEW = "view"
+    LIBRARY = "library"
+    OPAQUE = "opaque"
+
+
+_VIEWS = (L.ShuffleLayer, L.SliceLayer, L.ExpandLayer, L.ConcatenationLayer, L.PaddingLayer, L.GatherLayer)
+_LIBRARY = (L.ConvolutionLayer, L.MatrixMultiplyLayer, L.AttentionLayer)
+
+
+def classify(layer: L.Layer) -> OpClass:
+    """The layer's class for fusion (see the module docstring)."""
+    if fusable(layer) is None and not isinstance(layer, L.ConstantLayer):
+        return OpClass.POINTWISE
+    if reduction_fusable(layer) is None:
+        return OpClass.REDUCTION
+    if isinstance(layer, _VIEWS):
+        return OpClass.VIEW
+    if isinstance(layer, _LIBRARY):
+        return OpClass.LIBRARY
+    return OpClass.OPAQUE
+
+
+class _Space:
+    """A row group's iteration space: the shape of its reductions' inputs and how many trailing axes they reduce."""
+
+    def __init__(self, seed: L.Layer) -> None:
+        self.shape = tuple(seed.inputs[0].shape)
+        self.reduced = reduced_axes(seed)
+
+    def holds(self, layer: L.Layer) -> str | None:
+        """None if `layer`'s values lie in this space (the whole of it, or one per row), else why not."""
+        rank = len(self.shape)
+        cls = classify(layer)
+        if cls == OpClass.REDUCTION:
+            if tuple(layer.inputs[0].shape) != self.shape or reduced_axes(layer) != self.reduced:
+                return f"it reduces another space ({list(layer.inputs[0].shape)}, last {reduced_axes(layer)} axes)"
+            return None
+        if cls != OpClass.POINTWISE:
+            return f"it is a {cls.value} layer"
+        out = tuple(layer.outputs[0].shape)
+        lead = rank - self.reduced
+        if out == self.shape or (len(out) == rank and out[:lead] == self.shape[:lead]
+                                 and all(d == 1 for d in out[lead:])):
+            return None
+        return f"its output {list(out)} is neither the space {list(self.shape)} nor one value per row of it"
+
+
+class _Graph:
+    """Who reads each tensor, and where each layer stands."""
+
+    def __init__(self, network: Network) -> None:
+        self.layers = network.layers
+        self.index = {id(layer): j for j, layer in enumerate(network.layers)}
+        self.readers: dict[int, list[int]] = {}
+        for j, layer in enumerate(network.layers):
+            for t in layer.inputs:
+                self.readers.setdefault(id(t), []).append(j)
+
+    def made_at(self, t) -> int:
+        """The index of the layer making `t` (-1 for a network input)."""
+        return -1 if t.producer is None else self.index[id(t.producer)]
+
+
+def _why_not(j: int, members: set[int], space: _Space, graph: _Graph, taken: Collection[int]) -> str | None:
+    """None if layer `j` may join the group of `members`, else why not."""
+    layer = graph.layers[j]
+    if j in taken:
+        return "it is in another group"
+    reason = space.holds(layer)
+    if reason is not None:
+        return reason
+    dropped = [t.name for t in layer.inputs if t.producer is not None and graph.index[id(t.producer)] in members
+               and t.rank < len(space.shape)]
+    if dropped:
+        return f"it reads {dropped}, reduced without their kept dims"
+    joined = members | {j}
+    first = min(joined)
+    outside = {id(t): t for m in joined for t in graph.layers[m].inputs
+               if t.producer is None or graph.index[id(t.producer)] not in joined}
+    late = [t.name for t in outside.values() if graph.made_at(t) >= first]
+    if late:
+        return f"the group would read {late[:3]} before they are made (it runs at its first layer)"
+    weights = sum(len(graph.layers[m].weights) for m in joined)
+    if len(outside) + weights > MAX_OPERANDS:
+        return f"the kernel would read {len(outside) + weights} tensors (at most {MAX_OPERANDS})"
+    return None
+
+
+def row_groups(network: Network, taken: Collection[int] = ()) -> list[list[int]]:
+    """The row groups of `network` (module docstring), each its layer indices in order; layers in `taken` are left
+    out."""
+    graph = _Graph(network)
+    used = set(taken)
+    groups = []
+    for j, layer in enumerate(network.layers):
+        if j in used or classify(layer) != OpClass.REDUCTION:
+            continue
+        space, members = _Space(layer), {j}
+        grew = True
+        while grew:
+            grew = False
+            for m in sorted(members):
+                near = [graph.index[id(t.producer)] for t in graph.layers[m].inputs if t.producer is not None]
+                near += [r for t in graph.layers[m].outputs for r in graph.readers.get(id(t), [])]
+                for k in near:
+                    if k in members:
+                        continue
+                    reason = _why_not(k, members, space, graph, used)
+                    if reason is None:
+                        members.add(k)
+                        grew = True
+                    else:
+                        logger.debug("%s %r stays out of the row group of %r: %s", graph.layers[k].KIND,
+                                     graph.layers[k].name, layer.name, reason)
+        used |= members
+        groups.append(sorted(members))
+    return groups

@@ -1,0 +1,235 @@
+"""Generated Triton kernels for reduction groups (runtime/backends/cuda/codegen/reduction.py) against the layers'
+reference meanings chained: reduce (sum, mean, max, min; kept dims or not), softmax and log-softmax, layer norm over
+one and two trailing dims, instance norm, RMSNorm written as pointwise layers around a mean, a residual add before
+a norm, half-precision casts around it; NaN and infinities; rows kept in registers and rows reduced in passes;
+strided and broadcast operands.
+
+On a machine without CUDA the kernels run in Triton's CPU interpreter. fp32: |err| <= 1e-5 * max|ref| (the kernel's
+fp32 sums differ from torch's in their order); fp16 outputs: |err| <= 2**-10 * |ref| + 2**-14 (one unit in the last
+place: the kernel rounds once, at the end).
+"""
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+from torchkiln.errors import NetworkError  # noqa: E402
+from torchkiln.ir import layers as L  # noqa: E402
+from torchkiln.ir.network import Network  # noqa: E402
+from torchkiln.ir.reference import run_layer  # noqa: E402
+from torchkiln.runtime.backends.cuda.codegen import reduction  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
+              pytest.mark.filterwarnings("ignore::RuntimeWarning")]  # numpy on NaN and inf in the interpreter
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+F32, F16 = torch.float32, torch.float16
+R = L.ReduceOperation
+
+
+def reference(net: Network, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    env = {id(t): values[t.name].to(DEVICE) for t in net.inputs}
+    for layer in net.layers:
+        outs = run_layer(layer, [env[id(t)] for t in layer.inputs], layer.weights, DEVICE)
+        env.update({id(t): o for t, o in zip(layer.outputs, outs)})
+    return [env[id(t)] for t in net.outputs]
+
+
+def assert_close(got: torch.Tensor, ref: torch.Tensor) -> None:
+    assert got.dtype == ref.dtype and got.shape == ref.shape, (got.dtype, got.shape, ref.dtype, ref.shape)
+    got, ref = got.cpu().double(), ref.cpu().double()
+    assert torch.equal(got.isnan(), ref.isnan()), "NaN positions differ"
+    inf = ref.isinf()
+    assert torch.equal(got[inf], ref[inf])
+    finite = ref.isfinite()
+    if not finite.any():
+        return
+    err = (got[finite] - ref[finite]).abs()
+    scale = ref[finite].abs().max().item()
+    assert err.max().item() <= 1e-5 * scale + 1e-7, f"max error {err.max().item()} (max|ref| {scale})"
+
+
+def assert_close_half(got: torch.Tensor, ref: torch.Tensor) -> None:
+    assert got.dtype == ref.dtype == F16 and got.shape == ref.shape
+    got, ref = got.cpu().double(), ref.cpu().double()
+    assert torch.equal(got.isnan(), ref.isnan())
+    err = (got - ref).abs()
+    assert bool((err <= ref.abs() * 2.0 ** -10 + 2.0 ** -14).all()), f"max error {err.max().item()}"
+
+
+def check(net: Network, values: dict[str, torch.Tensor], half: bool = False) -> list[torch.Tensor]:
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    got = launcher([values[t.name].to(DEVICE) for t in net.inputs])
+    refs = reference(net, values)
+    for g, r in zip(got, refs):
+        (assert_close_half if half else assert_close)(g, r)
+    return got
+
+
+def data(*shape, dtype=F32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * 2 + 0.5).to(dtype)
+
+
+@pytest.mark.parametrize("op", [R.SUM, R.AVG, R.MAX, R.MIN])
+@pytest.mark.parametrize("keep", [True, False], ids=["keep", "drop"])
+@pytest.mark.parametrize("axes", [(2,), (1, 2)], ids=["last", "last2"])
+def test_reduce_over_trailing_axes(op, keep, axes):
+    net = Network("r")
+    x = net.add_input("x", F32, (3, 5, 37))
+    net.mark_output(net.add_reduce(x, op, axes, keep).get_output())
+    check(net, {"x": data(3, 5, 37)})
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_softmax_with_a_scale_and_mask_prologue(log):
+    """scores * scale + mask -> softmax: the attention written by hand, one kernel; the mask is one value per
+    column, broadcast over rows (a padding mask)."""
+    net = Network("s")
+    x = net.add_input("x", F32, (2, 3, 7, 40))
+    mask = net.add_input("mask", F32, (2, 1, 1, 40))
+    scaled = net.add_scale(x, L.ScaleMode.UNIFORM, scale=torch.tensor([0.125])).get_output()
+    masked = net.add_elementwise(scaled, mask, L.ElementWiseOperation.SUM).get_output()
+    net.mark_output(net.add_softmax(masked, 3, log=log).get_output())
+    m = torch.zeros(2, 1, 1, 40)
+    m[1, ..., 30:] = float("-inf")
+    check(net, {"x": data(2, 3, 7, 40), "mask": m})
+
+
+def test_softmax_of_special_values():
+    """A row with NaN is NaN; a row of -inf is NaN (torch's softmax of it); +inf in a row is NaN there too."""
+    net = Network("s")
+    x = net.add_input("x", F32, (5, 6))
+    net.mark_output(net.add_softmax(x, 1).get_output())
+    v = data(5, 6)
+    v[1, 2] = float("nan")
+    v[2] = float("-inf")
+    v[3, 0] = float("inf")
+    v[4, :3] = float("-inf")
+    check(net, {"x": v})
+
+
+def test_max_and_min_propagate_nan():
+    net = Network("r")
+    x = net.add_input("x", F32, (4, 9))
+    net.mark_output(net.add_reduce(x, R.MAX, (1,), False).get_output())
+    net.mark_output(net.add_reduce(x, R.MIN, (1,), True).get_output())
+    v = data(4, 9)
+    v[0, 3] = float("nan")
+    v[2, 8] = float("nan")
+    v[3, 0] = float("-inf")
+    got = check(net, {"x": v})
+    assert got[0][0].isnan() and got[1][2, 0].isnan()
+
+
+def layer_norm_net(shape, normalized, dtype=F32, residual=False):
+    net = Network("ln")
+    x = net.add_input("x", dtype, shape)
+    h = x
+    if residual:
+        y = net.add_input("y", dtype, shape)
+        h = net.add_elementwise(x, y, L.ElementWiseOperation.SUM).get_output()
+    up = net.add_cast(h, F32).get_output() if dtype != F32 else h
+    g = torch.Generator().manual_seed(3)
+    w, b = torch.randn(normalized, generator=g), torch.randn(normalized, generator=g)
+    norm = net.add_normalization(up, L.NormalizationKind.LAYER, 1e-5, normalized_shape=normalized,
+                                 scale=w, bias=b).get_output()
+    net.mark_output(net.add_cast(norm, dtype).get_output() if dtype != F32 else norm)
+    if residual:
+        net.mark_output(h)
+    return net
+
+
+@pytest.mark.parametrize("normalized", [(48,), (6, 8)], ids=["1d", "2d"])
+def test_layer_norm(normalized):
+    check(layer_norm_net((3, 4, *normalized), normalized), {"x": data(3, 4, *normalized)})
+
+
+def test_half_layer_norm_of_a_residual_sum_writes_the_sum():
+    """add -> cast up -> layer norm -> cast down (what the precision pass makes of a half-precision pre-norm
+    block): the sum is an output too, rounded once as the add's output is."""
+    net = layer_norm_net((4, 7, 64), (64,), F16, residual=True)
+    values = {"x": data(4, 7, 64, dtype=F16), "y": data(4, 7, 64, dtype=F16, seed=1)}
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    got = launcher([values[t.name].to(DEVICE) for t in net.inputs])
+    ref = reference(net, values)
+    assert_close_half(got[0], ref[0])
+    assert torch.equal(got[1].cpu(), ref[1].cpu())
+
+
+def test_instance_norm():
+    net = Network("in")
+    x = net.add_input("x", F32, (2, 3, 5, 6))
+    g = torch.Generator().manual_seed(3)
+    net.mark_output(net.add_normalization(x, L.NormalizationKind.INSTANCE, 1e-5, scale=torch.randn(3, generator=g),
+                                          bias=torch.randn(3, generator=g)).get_output())
+    check(net, {"x": data(2, 3, 5, 6)})
+
+
+def rms_norm_net(shape, dtype=F32):
+    """x * rsqrt(mean(x^2) + eps) * w, as the layers a converter makes of RMSNorm written in PyTorch."""
+    net = Network("rms")
+    x = net.add_input("x", dtype, shape)
+    h = net.add_cast(x, F32).get_output() if dtype != F32 else x
+    sq = net.add_elementwise(h, h, L.ElementWiseOperation.PROD).get_output()
+    mean = net.add_reduce(sq, R.AVG, (len(shape) - 1,), True).get_output()
+    eps = net.add_constant(torch.tensor(1e-6)).get_output()
+    inv = net.add_unary(net.add_elementwise(mean, eps, L.ElementWiseOperation.SUM).get_output(),
+                        L.UnaryOperation.SQRT).get_output()
+    normed = net.add_elementwise(h, inv, L.ElementWiseOperation.DIV).get_output()
+    w = net.add_constant(torch.randn(shape[-1], generator=torch.Generator().manual_seed(5))).get_output()
+    out = net.add_elementwise(normed, w, L.ElementWiseOperation.PROD).get_output()
+    net.mark_output(net.add_cast(out, dtype).get_output() if dtype != F32 else out)
+    return net
+
+
+def test_rms_norm_from_pointwise_layers():
+    check(rms_norm_net((3, 5, 64)), {"x": data(3, 5, 64)})
+
+
+def test_half_rms_norm():
+    check(rms_norm_net((2, 9, 96), F16), {"x": data(2, 9, 96, dtype=F16)}, half=True)
+
+
+def test_long_rows_are_reduced_in_passes(monkeypatch):
+    """Rows longer than a program keeps in registers: one pass per reduction depth, then the stores (a softmax
+    and a layer norm, each of depth 2), with a partial last block."""
+    monkeypatch.setattr(reduction, "MAX_PERSISTENT", 64)
+    monkeypatch.setattr(reduction, "LOOP_BLOCK", 32)
+    net = Network("long")
+    x = net.add_input("x", F32, (3, 150))
+    s = net.add_softmax(x, 1).get_output()
+    net.mark_output(s)
+    g = torch.Generator().manual_seed(3)
+    net.mark_output(net.add_normalization(x, L.NormalizationKind.LAYER, 1e-5, normalized_shape=(150,),
+                                          scale=torch.randn(150, generator=g)).get_output())
+    net.mark_output(net.add_reduce(x, R.MAX, (1,), False).get_output())
+    check(net, {"x": data(3, 150)})
+
+
+def test_strided_and_broadcast_operands():
+    """A transposed input, a per-row operand and a per-column weight, one compiled kernel for two shapes."""
+    net = Network("b")
+    x = net.add_input("x", F32, (4, 6, 20))
+    r = net.add_input("r", F32, (4, 6, 1))
+    shifted = net.add_elementwise(x, r, L.ElementWiseOperation.SUB).get_output()
+    net.mark_output(net.add_softmax(shifted, 2).get_output())
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    xt = data(4, 20, 6).transpose(1, 2)
+    for xv, rv in ((xt, data(4, 6, 1, seed=2)), (data(4, 6, 20, seed=3), data(4, 6, 1, seed=4))):
+        got = launcher([xv.to(DEVICE), rv.to(DEVICE)])
+        assert_close(got[0], reference(net, {"x": xv, "r": rv})[0])
+
+
+def test_refusals_name_the_layer():
+    net = Network("bad")
+    x = net.add_input("x", F32, (4, 6))
+    mid = net.add_reduce(x, R.SUM, (0,), True).get_output()
+    net.mark_output(mid)
+    with pytest.raises(NetworkError, match="reduction over trailing axes"):
+        reduction.generate(net.layers, net.inputs, net.outputs)
+    net = Network("drop")
+    x = net.add_input("x", F32, (4, 6))
+    s = net.add_reduce(x, R.SUM, (1,), False).get_output()
+    net.mark_output(net.add_unary(s, L.UnaryOperation.EXP).get_output())
+    with pytest.raises(NetworkError, match="rank 1 is not over the group's space"):
+        reduction.generate(net.layers, net.inputs, net.outputs)
