@@ -74,7 +74,7 @@ class _Space:
                 return f"it reduces another space ({list(layer.inputs[0].shape)}, last {reduced_axes(layer)} axes)"
             return None
         if cls != OpClass.POINTWISE:
-            return f"it is a {cls.value} layer"
+            return f"it is of the {cls.value} class"
         out = tuple(layer.outputs[0].shape)
         lead = rank - self.reduced
         if out == self.shape or (len(out) == rank and out[:lead] == self.shape[:lead]
@@ -95,8 +95,9 @@ class _Graph:
                 self.readers.setdefault(id(t), []).append(j)
 
     def made_at(self, t) -> int:
-        """The index of the layer making `t` (-1 for a network input)."""
-        return -1 if t.producer is None else self.index[id(t.producer)]
+        """The index of the layer making `t`; -1 for a network input or a constant (the plan makes its constants
+        first)."""
+        return -1 if t.producer is None or isinstance(t.producer, L.ConstantLayer) else self.index[id(t.producer)]
 
 
 def _why_not(j: int, members: set[int], space: _Space, graph: _Graph, taken: Collection[int]) -> str | None:

@@ -163,6 +163,10 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     # (a downsample branch), and nothing else reads what the group makes inside itself.
     # A linear group runs at its first matrix multiply (what reads its outputs comes after that).
     # A layer norm group runs at its first layer: it reads only what its first layer (the add, or the cast) reads.
+    # Constants come first: they cost nothing to hold (the engine's weights), and any group may read them.
+    for k, (kernel, members) in enumerate(groups):
+        if all(isinstance(network.layers[j], L.ConstantLayer) for j in members):
+            first_at[k] = -1
     order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
     groups = [groups[k] for k in order]
     groups = _generated_biases(network, _group_pointwise(network, groups, graph))
@@ -280,20 +284,22 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
     """Merge single pointwise layers into generated pointwise groups (rule 2 of the module docstring)."""
     out: list[tuple[Kernel, list[int]]] = []
     group_of: dict[int, int] = {}  # tensor id -> index in `out` of the open pointwise group making it
-    made_at: dict[int, int] = {}  # tensor id -> layer index that makes it
-    for j, layer in enumerate(network.layers):
-        for t in layer.outputs:
-            made_at[id(t)] = j
-    first: dict[int, int] = {}  # group index -> its first layer index
+    made = {id(t) for layer in network.layers for t in layer.outputs}
+    placed: dict[int, int] = {}  # tensor id -> index in `out` of the step making it
+
+    def place(kernel: Kernel, members: list[int]) -> None:
+        out.append((kernel, members))
+        placed.update((id(t), len(out) - 1) for j in members for t in network.layers[j].outputs)
+
     generated = _fusable()
     for kernel, members in groups:
         layer = network.layers[members[0]]
         if len(members) != 1 or not isinstance(layer, POINTWISE) or kernel.kind != "aten":
-            out.append((kernel, members))
+            place(kernel, members)
             continue
         j = members[0]
         if generated is None or generated(layer) is not None:  # no Triton, or a layer it cannot compute
-            out.append((kernel, members))
+            place(kernel, members)
             continue
         target_group = None
         for t in layer.inputs:
@@ -302,22 +308,22 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
                 g = _open_convolution(t, out, network, graph, layer)
                 if g is not None:  # the convolution's bias and this layer become its generated epilogue
                     out[g] = (Kernel("library", "conv_epilogue", out[g][0].tactic), out[g][1])
-                    first[g] = out[g][1][0]
                     group_of[id(t)] = g
             if g is None:
                 continue
             lead = network.layers[out[g][1][0]]
-            ready = all(id(x) not in made_at or made_at[id(x)] < first[g] or group_of.get(id(x)) == g
+            # what the layer reads is made by a step before the group's, or by the group itself
+            ready = all(id(x) not in made or placed.get(id(x), g) < g or group_of.get(id(x)) == g
                         for x in layer.inputs)
             if ready and layer.outputs[0].shape == lead.outputs[0].shape:
                 target_group = g
                 break
         if target_group is None:
-            out.append((Kernel("generated", "pointwise"), [j]))
+            place(Kernel("generated", "pointwise"), [j])
             target_group = len(out) - 1
-            first[target_group] = j
         else:
             out[target_group][1].append(j)
+            placed.update((id(t), target_group) for t in layer.outputs)
         for t in layer.outputs:
             group_of[id(t)] = target_group
     return out

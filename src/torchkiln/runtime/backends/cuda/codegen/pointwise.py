@@ -163,13 +163,22 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[tuple[str, bool]]) -> tuple[
         return b.emit(f"tl.where({x} > 0, {x}, {b.as_float(b.weight(slope))} * {x})", False)
     row = P.row(layer)
     operands = [var for var, _ in xs] if row.dtype == P.DtypeRule.LOGICAL else [b.as_float(x) for x in xs]
-    if isinstance(layer, L.ElementWiseLayer):
+    if isinstance(layer, L.ElementWiseLayer) and _squares(layer):
+        expr = f"{operands[0]} * {operands[0]}"
+    elif isinstance(layer, L.ElementWiseLayer):
         expr = row.triton.format(a=operands[0], b=operands[1])
     elif isinstance(layer, L.ActivationLayer):
         expr = row.triton.format(x=operands[0], alpha=_literal(layer.alpha), beta=_literal(layer.beta))
     else:
         expr = row.triton.format(x=operands[0])
     return b.emit(expr, is_bool)
+
+
+def _squares(layer: L.ElementWiseLayer) -> bool:
+    """x ** 2 of a constant exponent 2: x * x, as ATen computes it (RMSNorm's x.pow(2))."""
+    exponent = L.constant_value(layer.inputs[1])
+    return layer.op == L.ElementWiseOperation.POW and exponent is not None and exponent.numel() == 1 \
+        and float(exponent.reshape(())) == 2.0
 
 
 def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> PointwiseKernel:

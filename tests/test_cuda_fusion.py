@@ -1,0 +1,160 @@
+"""The CUDA planner's fusion rules (runtime/backends/cuda/fusion.py) on generic blocks: how many steps each block
+becomes, which layers stay apart and why, and that the planned steps (generated kernels in Triton's interpreter on
+a machine without CUDA) compute what eager PyTorch does: fp32, |err| <= 1e-4 * max|eager|."""
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+import torchkiln  # noqa: E402
+from torchkiln.ir import layers as L  # noqa: E402
+from torchkiln.ir.network import Network  # noqa: E402
+from torchkiln.runtime.backends import BackendOptions  # noqa: E402
+from torchkiln.runtime.backends.cuda import fusion, planner  # noqa: E402
+from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
+from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
+from torchkiln.runtime.engine import Engine  # noqa: E402
+from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy on NaN and inf in the interpreter
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreter(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        if not torch.cuda.is_available():
+            mp.setenv("TRITON_INTERPRET", "1")
+        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
+        yield
+
+
+class RMSNormSwiGLU(nn.Module):
+    """A decoder-only LLM's MLP sublayer: x + down(silu(gate(rms(x))) * up(rms(x)))."""
+
+    def __init__(self, d: int = 32, hidden: int = 48) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+        self.gate, self.up, self.down = nn.Linear(d, hidden, bias=False), nn.Linear(d, hidden, bias=False), \
+            nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight
+        return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+
+class HandAttention(nn.Module):
+    """Attention written by hand: softmax(q k^T * scale + mask) v."""
+
+    def forward(self, q, k, v, mask):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.125 + mask, dim=-1) @ v
+
+
+class ConvNeXtBlock(nn.Module):
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c)
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.rand(c))
+
+    def forward(self, x):
+        h = self.dw(x).permute(0, 2, 3, 1)
+        h = self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(h)))) * self.gamma
+        return x + h.permute(0, 3, 1, 2)
+
+
+def network(module: nn.Module, *shapes) -> Network:
+    data = torchkiln.convert_method_to_engine(module.eval(), "forward", [torchkiln.Input(s) for s in shapes],
+                                              backend="reference")
+    return Engine.deserialize(data).network
+
+
+def planned(net: Network, inputs: list[torch.Tensor]):
+    plan = planner.make_plan(net, DEVICE, BackendOptions(timing_iterations=0))
+    bound = bind_steps(net, plan, place_weights(net, plan, DEVICE), SymbolBinder.for_network(net),
+                       [tuple(x.shape) for x in inputs], DEVICE, allow_tf32=False)
+    steps = [(plan.kernels[s.kernel].op, [net.layers[j].KIND for j in s.layers]) for s in plan.steps]
+    return steps, bound.run_eagerly([x.to(DEVICE) for x in inputs])
+
+
+def assert_matches(got: torch.Tensor, ref: torch.Tensor) -> None:
+    got, ref = got.cpu(), ref.cpu()
+    assert got.shape == ref.shape and torch.equal(got.isnan(), ref.isnan())
+    finite = ref.isfinite()
+    scale = ref[finite].abs().max().item()
+    assert scale > 0 and (got[finite] - ref[finite]).abs().max().item() <= 1e-4 * scale
+
+
+def rows(steps):
+    return [kinds for op, kinds in steps if op == "rows"]
+
+
+def test_rms_norm_is_one_kernel_and_the_swiglu_product_another():
+    module = RMSNormSwiGLU()
+    x = torch.randn(2, 5, 32)
+    steps, got = planned(network(module, (2, 5, 32)), [x])
+    assert len(rows(steps)) == 1 and "reduce" in rows(steps)[0]
+    assert ("pointwise", ["activation", "elementwise"]) in steps  # silu(gate) * up
+    assert sum(op in ("rows", "pointwise") for op, _ in steps) == 3  # rms norm; silu * up; the residual add
+    assert_matches(got[0], module(x))
+
+
+def test_scale_mask_and_softmax_are_one_kernel():
+    """The two products stay library calls; everything between them is one generated kernel, with a fully
+    masked row (all -inf: NaN, as eager's softmax gives) and a partly masked one."""
+    mask = torch.zeros(2, 1, 1, 9)
+    mask[1, ..., 5:] = float("-inf")
+    q, k, v = torch.randn(2, 3, 6, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
+    steps, got = planned(network(HandAttention(), (2, 3, 6, 8), (2, 3, 9, 8), (2, 3, 9, 8), (2, 1, 1, 9)),
+                         [q, k, v, mask])
+    assert [op for op, _ in steps if op not in ("constant", "shuffle")] == [  # k's transpose: an ATen view
+        "matrix_multiply", "rows", "matrix_multiply"]
+    assert_matches(got[0], HandAttention()(q, k, v, mask))
+    mask[0, ..., :] = float("-inf")
+    steps, got = planned(network(HandAttention(), (2, 3, 6, 8), (2, 3, 9, 8), (2, 3, 9, 8), (2, 1, 1, 9)),
+                         [q, k, v, mask])
+    ref = HandAttention()(q, k, v, mask)
+    assert bool(ref[0].isnan().all()) and torch.equal(got[0].cpu().isnan(), ref.isnan())
+
+
+def test_convnext_block_norm_is_one_kernel_over_the_permuted_view():
+    module = ConvNeXtBlock()
+    x = torch.randn(2, 16, 6, 6)
+    steps, got = planned(network(module, (2, 16, 6, 6)), [x])
+    assert len(rows(steps)) == 1 and "normalization" in rows(steps)[0]
+    assert_matches(got[0], module(x))
+
+
+def test_classes():
+    net = Network("classes")
+    x = net.add_input("x", torch.float32, (2, 8))
+    layers = [net.add_unary(x, L.UnaryOperation.EXP), net.add_softmax(x, 1), net.add_softmax(x, 0),
+              net.add_shuffle(x, reshape_dims=(8, 2)), net.add_matrix_multiply(x, L.MatrixOperation.NONE, x,
+                                                                                L.MatrixOperation.TRANSPOSE),
+              net.add_topk(x, L.TopKOperation.MAX, 2, 1)]
+    assert [fusion.classify(layer) for layer in layers] == [
+        fusion.OpClass.POINTWISE, fusion.OpClass.REDUCTION, fusion.OpClass.OPAQUE, fusion.OpClass.VIEW,
+        fusion.OpClass.LIBRARY, fusion.OpClass.OPAQUE]
+
+
+def test_refused_joins_are_logged_with_their_reason(caplog):
+    """softmax(x) * y where y is made after the softmax (a later product): the multiply cannot join the group,
+    which runs at its first layer; the two reductions of another space stay apart too."""
+    net = Network("late")
+    x = net.add_input("x", torch.float32, (4, 8))
+    s = net.add_softmax(x, 1).get_output()
+    y = net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
+                                L.MatrixOperation.NONE).get_output()
+    net.mark_output(net.add_elementwise(s, y, L.ElementWiseOperation.PROD).get_output())
+    net.mark_output(net.add_reduce(s, L.ReduceOperation.SUM, (0,), False).get_output())
+    with caplog.at_level(logging.DEBUG, logger=fusion.__name__):
+        groups = fusion.row_groups(net)
+    assert groups == [[0]]
+    assert "elementwise 'elementwise' stays out of the row group of 'softmax': the group would read " \
+        "['matrix_multiply:0'] before they are made" in caplog.text
+    assert "reduce 'reduce' stays out of the row group of 'softmax': it is of the opaque class" \
+        in caplog.text
