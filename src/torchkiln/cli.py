@@ -138,8 +138,13 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"torchkiln bench: {message}", file=sys.stderr)
         return code
 
+    if args.blocks:  # the zoo comparison on the generic blocks
+        from torchkiln.examples.blocks import BLOCKS
+
+        args.zoo, args.models = True, ",".join(BLOCKS) if args.models == ",".join(compare.DEFAULT_MODELS) \
+            else args.models
     if args.zoo == bool(args.model):
-        return fail("give either a saved module (MODEL.ts) or --zoo", 2)
+        return fail("give either a saved module (MODEL.ts), --zoo or --blocks", 2)
     try:
         device = options.bench_device(args.device)
         if args.zoo:
@@ -274,6 +279,9 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--profile", action="store_true", help="print the time per op (torch.profiler, self time, "
                        "top entries), like trtexec --dumpProfile")
     bench.add_argument("--zoo", action="store_true", help="compare torchkiln with its peers on the model zoo")
+    bench.add_argument("--blocks", action="store_true", help="--zoo on generic blocks of real models (RMSNorm + "
+                       "SwiGLU, ConvNeXt, GroupNorm ResBlock, attention by hand, squeeze-excitation, LayerNorm MLP: "
+                       "torchkiln.examples.blocks); --batch scales their inputs")
     bench.add_argument("--models", default=",".join(DEFAULT_MODELS),
                        help="--zoo: comma-separated zoo models (torchvision: resnet50, mobilenet_v2, vit_b_16, ...; "
                        "transformers: bert-base, gpt2; bundled: resnet18, mobilenet_v2, small_resnet, "

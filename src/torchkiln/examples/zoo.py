@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from torchkiln.examples.blocks import BLOCKS
 from torchkiln.examples.models import MLP, BasicBlock, SmallMobileNet, SmallResNet, randomize_batch_norm
 
 
@@ -343,6 +344,8 @@ CPU_WAVE2 = tuple(m.name for m in _WAVE2)  # `scripts/zoo.py --cpu-wave2`: small
 ZOO.setdefault("timm", {})
 for _model in _WAVE2:
     ZOO[_model.source][_model.name] = _model
+for _name, (_build, _inputs) in BLOCKS.items():  # `python -m torchkiln bench --blocks`
+    ZOO["bundled"][_name] = ZooModel(_name, "bundled", _build, _inputs)
 _REQUIRES = {"torchvision": "torchvision", "timm": "timm", "transformers": "transformers"}  # source -> package
 
 

@@ -1,0 +1,109 @@
+"""Generic blocks of real models, for `python -m torchkiln bench --blocks`: each a small module in the shapes a real
+model runs it at, with random weights that give meaningful outputs. No block is tuned for: they are the shapes of
+work (norms, softmax, gated MLPs, squeeze-excitation, depthwise convolutions) that any model is made of."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNormSwiGLU(nn.Module):
+    """A decoder-only LLM's MLP sublayer: x + down(silu(gate(rms(x))) * up(rms(x)))."""
+
+    def __init__(self, d: int = 1024, hidden: int = 2816) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(d) + 0.5)
+        self.gate = nn.Linear(d, hidden, bias=False)
+        self.up = nn.Linear(d, hidden, bias=False)
+        self.down = nn.Linear(hidden, d, bias=False)
+
+    def forward(self, x):
+        h = x.float()
+        h = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * self.weight
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class ConvNeXtBlock(nn.Module):
+    """depthwise 7x7 -> channels-last layer norm -> MLP with GELU -> layer scale -> residual."""
+
+    def __init__(self, c: int = 192) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c, eps=1e-6)
+        self.fc1, self.fc2 = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+        self.gamma = nn.Parameter(torch.rand(c) * 0.5 + 0.5)
+
+    def forward(self, x):
+        h = self.norm(self.dw(x).permute(0, 2, 3, 1))
+        h = self.fc2(F.gelu(self.fc1(h))) * self.gamma
+        return x + h.permute(0, 3, 1, 2)
+
+
+class GroupNormResBlock(nn.Module):
+    """A diffusion UNet's residual block: (GroupNorm -> SiLU -> 3x3 conv) twice, plus the input."""
+
+    def __init__(self, c: int = 128, groups: int = 32) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.GroupNorm(groups, c), nn.GroupNorm(groups, c)
+        self.conv1, self.conv2 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x):
+        h = self.conv1(F.silu(self.norm1(x)))
+        return x + self.conv2(F.silu(self.norm2(h)))
+
+
+class HandAttention(nn.Module):
+    """Attention written by hand: softmax(q k^T / sqrt(d) + mask) v, over projections of x."""
+
+    def __init__(self, d: int = 768, heads: int = 12) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.out = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x, mask):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) * (d // self.heads) ** -0.5 + mask
+        return self.out((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, s, d))
+
+
+class SqueezeExcite(nn.Module):
+    """An inverted residual's squeeze-excitation: global mean -> 1x1 reduce -> SiLU -> 1x1 expand -> sigmoid gate."""
+
+    def __init__(self, c: int = 240, squeezed: int = 10) -> None:
+        super().__init__()
+        self.reduce, self.expand = nn.Conv2d(c, squeezed, 1), nn.Conv2d(squeezed, c, 1)
+
+    def forward(self, x):
+        s = x.mean((2, 3), keepdim=True)
+        return x * torch.sigmoid(self.expand(F.silu(self.reduce(s))))
+
+
+class LayerNormGeLUMLP(nn.Module):
+    """A pre-norm transformer's MLP sublayer: x + fc2(gelu(fc1(layer_norm(x))))."""
+
+    def __init__(self, d: int = 768) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
+
+
+def _mask(batch: int, seq: int) -> torch.Tensor:
+    """An additive padding mask: the last quarter of every other sequence masked."""
+    mask = torch.zeros(batch, 1, 1, seq)
+    mask[::2, ..., seq - seq // 4:] = float("-inf")
+    return mask
+
+
+BLOCKS = {  # name -> (module builder, inputs at a batch size)
+    "block-rmsnorm-swiglu": (RMSNormSwiGLU, lambda batch: [torch.randn(batch, 512, 1024)]),
+    "block-convnext": (ConvNeXtBlock, lambda batch: [torch.randn(batch, 192, 56, 56)]),
+    "block-groupnorm-resblock": (GroupNormResBlock, lambda batch: [torch.randn(batch, 128, 64, 64)]),
+    "block-attention": (HandAttention, lambda batch: [torch.randn(batch, 128, 768), _mask(batch, 128)]),
+    "block-squeeze-excite": (SqueezeExcite, lambda batch: [torch.randn(batch, 240, 28, 28)]),
+    "block-layernorm-mlp": (LayerNormGeLUMLP, lambda batch: [torch.randn(batch, 197, 768)]),
+}
