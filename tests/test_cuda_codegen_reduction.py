@@ -27,9 +27,10 @@ R = L.ReduceOperation
 
 
 def reference(net: Network, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    env = {id(t): values[t.name].to(DEVICE) for t in net.inputs}
+    """The layers' meanings chained, on the CPU."""
+    env = {id(t): values[t.name] for t in net.inputs}
     for layer in net.layers:
-        outs = run_layer(layer, [env[id(t)] for t in layer.inputs], layer.weights, DEVICE)
+        outs = run_layer(layer, [env[id(t)] for t in layer.inputs], layer.weights, torch.device("cpu"))
         env.update({id(t): o for t, o in zip(layer.outputs, outs)})
     return [env[id(t)] for t in net.outputs]
 

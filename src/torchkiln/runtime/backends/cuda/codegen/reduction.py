@@ -354,18 +354,18 @@ class _Source:
         lead = self.rank - self.reduced
         lines = ["if INT64:", "    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]",
                  "else:", "    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]",
-                 "rmask = row < rows", "rem = row"]
+                 "rmask = row < rows", "rrem = row"]
         for d in reversed(range(lead)):
-            lines += [f"i{d} = rem % s{d}", f"rem = rem // s{d}"]
+            lines += [f"i{d} = rrem % s{d}", f"rrem = rrem // s{d}"]
         for p in self.names():
             lines.append(f"ro_{p} = {' + '.join(f'i{d} * {p}_t{d}' for d in range(lead)) or 'row * 0'}")
         return lines
 
     def column_offsets(self) -> list[str]:
         lead = self.rank - self.reduced
-        lines = ["rem = col"]
+        lines = ["crem = col"]  # not `rrem`: a pass's loop may not change the type of a value made before it
         for d in reversed(range(lead, self.rank)):
-            lines += [f"j{d} = rem % s{d}", f"rem = rem // s{d}"] if d > lead else [f"j{d} = rem"]
+            lines += [f"j{d} = crem % s{d}", f"crem = crem // s{d}"] if d > lead else [f"j{d} = crem"]
         for p, row in zip(self.names(), [*self.row_operand.values(), *self.row_outputs()]):
             if not row:
                 lines.append(f"co_{p} = {' + '.join(f'j{d} * {p}_t{d}' for d in range(lead, self.rank))}")
