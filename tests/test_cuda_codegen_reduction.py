@@ -157,13 +157,33 @@ def test_half_layer_norm_of_a_residual_sum_writes_the_sum():
     assert torch.equal(got[1].cpu(), ref[1].cpu())
 
 
-def test_instance_norm():
+def test_instance_norm_of_a_channels_last_input():
     net = Network("in")
     x = net.add_input("x", F32, (2, 3, 5, 6))
     g = torch.Generator().manual_seed(3)
     net.mark_output(net.add_normalization(x, L.NormalizationKind.INSTANCE, 1e-5, scale=torch.randn(3, generator=g),
                                           bias=torch.randn(3, generator=g)).get_output())
     check(net, {"x": data(2, 3, 5, 6)})
+    check(net, {"x": data(2, 3, 5, 6).contiguous(memory_format=torch.channels_last)})
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+def test_group_norm_with_silu(channels_last):
+    """GroupNorm -> SiLU (a diffusion UNet's): rows are (sample, group); a channels-last input is read along its
+    channels (the reduced dims are walked in the order of its strides)."""
+    net = Network("gn")
+    x = net.add_input("x", F32, (2, 12, 5, 6))
+    g = torch.Generator().manual_seed(3)
+    norm = net.add_normalization(x, L.NormalizationKind.GROUP, 1e-5, scale=torch.randn(12, generator=g),
+                                 bias=torch.randn(12, generator=g), num_groups=4).get_output()
+    net.mark_output(net.add_activation(norm, L.ActivationType.SIGMOID).get_output())
+    net.mark_output(net.add_elementwise(norm, net.layers[-1].outputs[0], L.ElementWiseOperation.PROD).get_output())
+    v = data(2, 12, 5, 6)
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    xv = v.contiguous(memory_format=torch.channels_last) if channels_last else v
+    got = launcher([xv.to(DEVICE)])
+    for gv, rv in zip(got, reference(net, {"x": v})):
+        assert_close(gv, rv)
 
 
 def rms_norm_net(shape, dtype=F32):

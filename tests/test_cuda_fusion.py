@@ -129,6 +129,20 @@ def test_convnext_block_norm_is_one_kernel_over_the_permuted_view():
     assert_matches(got[0], module(x))
 
 
+def test_group_norm_and_silu_are_one_kernel():
+    from torchkiln.examples.blocks import GroupNormResBlock
+
+    module = GroupNormResBlock(16, 4)
+    with torch.no_grad():
+        for norm in (module.norm1, module.norm2):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 16, 6, 6)
+    steps, got = planned(network(module, (2, 16, 6, 6)), [x])
+    assert len(rows(steps)) == 2 and all("normalization" in kinds and len(kinds) >= 2 for kinds in rows(steps))
+    assert_matches(got[0], module(x))
+
+
 def test_classes():
     net = Network("classes")
     x = net.add_input("x", torch.float32, (2, 8))

@@ -2,7 +2,8 @@
 
 Every layer has a class (`classify`): pointwise (what the pointwise generator computes: elementwise, unary,
 activation, cast, scale, parametric ReLU), reduction (a reduce, softmax or norm over trailing axes that the
-reduction generator computes: codegen/reduction.py lowers each into row reductions and pointwise work), view
+reduction generator computes: codegen/reduction.py lowers each into row reductions and pointwise work; a group
+norm's rows are its (sample, group) pairs), view
 (shuffle, slice, expand, concatenation, padding, gather), library (convolution, matrix multiply, attention) or
 opaque (the rest, run on ATen).
 
@@ -26,7 +27,7 @@ from collections.abc import Collection
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.backends.cuda.codegen.pointwise import fusable
-from torchkiln.runtime.backends.cuda.codegen.reduction import reduced_axes, reduction_fusable
+from torchkiln.runtime.backends.cuda.codegen.reduction import groups_of, reduced_axes, reduction_fusable
 
 logger = logging.getLogger(__name__)
 
@@ -64,20 +65,23 @@ class _Space:
     def __init__(self, seed: L.Layer) -> None:
         self.shape = tuple(seed.inputs[0].shape)
         self.reduced = reduced_axes(seed)
+        self.groups = groups_of(seed)  # a group norm's rows are (N, group): its dim 1 is split
 
     def holds(self, layer: L.Layer) -> str | None:
         """None if `layer`'s values lie in this space (the whole of it, or one per row), else why not."""
         rank = len(self.shape)
         cls = classify(layer)
         if cls == OpClass.REDUCTION:
-            if tuple(layer.inputs[0].shape) != self.shape or reduced_axes(layer) != self.reduced:
-                return f"it reduces another space ({list(layer.inputs[0].shape)}, last {reduced_axes(layer)} axes)"
+            if tuple(layer.inputs[0].shape) != self.shape or reduced_axes(layer) != self.reduced \
+                    or groups_of(layer) != self.groups:
+                return f"it reduces another space ({list(layer.inputs[0].shape)}, last {reduced_axes(layer)} axes" + \
+                    (f", {groups_of(layer)} groups)" if groups_of(layer) else ")")
             return None
         if cls != OpClass.POINTWISE:
             return f"it is of the {cls.value} class"
         out = tuple(layer.outputs[0].shape)
         lead = rank - self.reduced
-        if out == self.shape or (len(out) == rank and out[:lead] == self.shape[:lead]
+        if out == self.shape or (len(out) == rank and out[:lead] == self.shape[:lead] and self.groups is None
                                  and all(d == 1 for d in out[lead:])):
             return None
         return f"its output {list(out)} is neither the space {list(self.shape)} nor one value per row of it"

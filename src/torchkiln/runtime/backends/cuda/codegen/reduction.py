@@ -86,7 +86,15 @@ def reduced_axes(layer: L.Layer) -> int | None:
             return len(layer.normalized_shape) or None
         if layer.kind == L.NormalizationKind.INSTANCE and x.rank >= 3:
             return x.rank - 2
+        if layer.kind == L.NormalizationKind.GROUP and x.rank >= 2:
+            return x.rank - 1  # the channels (split into groups: `groups_of`) and the spatial dims
     return None
+
+
+def groups_of(layer: L.Layer) -> int | None:
+    """G where `layer` is a group norm: its dim 1 is split into (G, C / G) and the rows are (N, G)."""
+    return layer.num_groups if isinstance(layer, L.NormalizationLayer) and \
+        layer.kind == L.NormalizationKind.GROUP else None
 
 
 def reduction_fusable(layer: L.Layer) -> str | None:
@@ -112,10 +120,11 @@ class RowKernel:
     inputs: tuple[Tensor, ...]
     weights: tuple[torch.Tensor, ...]
     outputs: tuple[Tensor, ...]
-    rank: int
+    rank: int  # of the tensors; the kernel's space has one more dim where `groups` splits dim 1
     reduced: int
     row_outputs: tuple[bool, ...]
     has_max: bool
+    groups: int | None = None
 
 
 @dataclasses.dataclass
@@ -210,7 +219,7 @@ class _Lowering:
                 w = layer.weights.get(wname)
                 if w is None:
                     continue
-                if layer.kind == L.NormalizationKind.INSTANCE:
+                if layer.kind != L.NormalizationKind.LAYER:  # per channel
                     w = w.reshape([-1] + [1] * (self.rank - 2))
                 key = self.add(_Op("weight", (name, wname), weight=w), row=self.is_row_shape(w.shape))
                 value = self.expr((name, f"{wname}d"), template, value, key)
@@ -245,9 +254,9 @@ class _Emitter(Builder):
 class _Source:
     """Both bodies of a group's kernel."""
 
-    def __init__(self, lowering: _Lowering, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> None:
+    def __init__(self, lowering: _Lowering, inputs: Sequence[Tensor], outputs: Sequence[Tensor], split: bool) -> None:
         self.lowering = lowering
-        self.rank, self.reduced = lowering.rank, lowering.reduced
+        self.rank, self.reduced = lowering.rank + split, lowering.reduced  # the kernel's space
         self.inputs, self.outputs = list(inputs), list(outputs)
         self.row_operand = {f"in{i}": lowering.row[id(t)] for i, t in enumerate(inputs)}
         self.weights: list[torch.Tensor] = []
@@ -409,6 +418,11 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
         if reason is not None:
             raise NetworkError(f"{layer.KIND} layer {layer.name!r} cannot be generated: {reason}")
     space = found[0].inputs[0]
+    groups = {groups_of(layer) for layer in found}
+    if len(groups) > 1:
+        raise NetworkError(f"a reduction group mixes group norms of other group counts with other reductions: "
+                           f"{[layer.name for layer in found]}")
+    split = groups.pop()
     for t in inputs:
         if t.dtype not in VALUE_DTYPES or t.rank > space.rank:
             raise NetworkError(f"group input {t.name!r} ({t.dtype}, rank {t.rank}) is not a float or bool operand "
@@ -419,14 +433,15 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
         if row is None or any(t is i for i in inputs):
             raise NetworkError(f"group output {t.name!r} is not computed by the group's layers")
         lead = space.rank - lowering.reduced
-        if not (t.rank == space.rank or row and t.rank == lead):
+        if not (t.rank == space.rank or row and t.rank == lead) or (row and split):
             raise NetworkError(f"group output {t.name!r} of rank {t.rank} is neither of the space's rank "
-                               f"{space.rank} nor a row value of rank {lead}")
-    source = _Source(lowering, inputs, outputs)
+                               f"{space.rank} nor a row value of rank {lead}" + (" (a group norm's group returns "
+                                                                                  "no row values)" if split else ""))
+    source = _Source(lowering, inputs, outputs, split is not None)
     text = source.source()
     has_max = any(op.kind == "reduce" and op.template != "sum" for op in lowering.ops)
     return RowKernel(text, tuple(inputs), tuple(source.weights), tuple(outputs), space.rank, lowering.reduced,
-                     tuple(source.row_outputs()), has_max)
+                     tuple(source.row_outputs()), has_max, split)
 
 
 def _next_power_of_two(n: int) -> int:
@@ -471,9 +486,13 @@ class RowLauncher:
         except RuntimeError as e:
             raise EngineInputError(f"inputs of shapes {[list(x.shape) for x in inputs]} do not broadcast "
                                    f"together: {e}") from None
-        rank, lead = kernel.rank, kernel.rank - kernel.reduced
+        rank, groups = kernel.rank, kernel.groups
         shape = torch.Size([1] * (rank - len(shape)) + list(shape))
-        rows, cols = math.prod(shape[:lead]), math.prod(shape[lead:])
+        if groups is not None and shape[1] % groups:
+            raise EngineInputError(f"{shape[1]} channels do not split into {groups} groups")
+        space = shape if groups is None else torch.Size([shape[0], groups, shape[1] // groups, *shape[2:]])
+        lead = len(space) - kernel.reduced
+        rows, cols = math.prod(space[:lead]), math.prod(space[lead:])
         if cols == 0 and kernel.has_max:
             raise EngineInputError(f"a max or min over the last {kernel.reduced} dims of a {list(shape)} tensor, "
                                    f"which hold no elements")
@@ -483,9 +502,14 @@ class RowLauncher:
             outputs.append(torch.empty(out_shape, dtype=t.dtype, device=device))
         if rows == 0:
             return outputs
-        strides = [s for x in operands for s in x.expand(shape).stride()]
+        views = [self._in_space(x, space) for x in operands]
+        strides = [list(v.stride()) for v in views]
         for out, row in zip(outputs, kernel.row_outputs):
-            strides += list(out.stride()) + [0] * kernel.reduced if out.dim() == lead else list(out.stride())
+            strides.append(list(out.stride()) + [0] * kernel.reduced if out.dim() == lead else
+                           list(self._in_space(out, space).stride()))
+        order = _column_order(strides[:len(views)], lead, len(space))
+        sizes = [*space[:lead], *(space[d] for d in order)]
+        strides = [s[:lead] + [s[d] for d in order] for s in strides]
         if cols <= MAX_PERSISTENT:
             fn, block = self._persistent, max(_next_power_of_two(cols), 16)
             packed = max(1, min(_TILE // block, _next_power_of_two(rows)))
@@ -494,11 +518,28 @@ class RowLauncher:
             warps = _num_warps(packed * block)
         else:
             fn, block, packed, warps = self._looped, LOOP_BLOCK, 1, 8
-        int64 = needs_int64(*(x.expand(shape) for x in operands), *outputs)
+        int64 = needs_int64(*views, *outputs)
         grid = ((rows + packed - 1) // packed,)
-        fn[grid](*operands, *outputs, rows, cols, *shape, *strides, INT64=int64, ROWS=packed, BLOCK=block,
-                 num_warps=warps)
+        fn[grid](*operands, *outputs, rows, cols, *sizes, *(v for s in strides for v in s), INT64=int64, ROWS=packed,
+                 BLOCK=block, num_warps=warps)
         return outputs
+
+    def _in_space(self, x: torch.Tensor, space: torch.Size) -> torch.Tensor:
+        """`x` as a view over the kernel's space: right-aligned to the tensors' rank, dim 1 split into groups for a
+        group norm, broadcast."""
+        x = x.reshape([1] * (self.kernel.rank - x.dim()) + list(x.shape)) if x.dim() < self.kernel.rank else x
+        if self.kernel.groups is not None:
+            x = x.unsqueeze(1) if x.shape[1] == 1 else x.unflatten(1, (self.kernel.groups, -1))
+        return x.expand(space)
+
+
+def _column_order(strides: list[list[int]], lead: int, rank: int) -> list[int]:
+    """The reduced dims in the order the kernel walks a row, innermost last: by the strides of the first operand that
+    varies along the row, largest first (a reduction may take its elements in any order, so a channels-last tensor's
+    group is read along its channels)."""
+    full = next((s for s in strides if any(s[d] for d in range(lead, rank))), None)
+    dims = list(range(lead, rank))
+    return dims if full is None else sorted(dims, key=lambda d: -abs(full[d]))
 
 
 def compile_group(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> RowLauncher:
