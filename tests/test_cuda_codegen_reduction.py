@@ -184,6 +184,7 @@ def test_group_norm_with_silu(channels_last):
     got = launcher([xv.to(DEVICE)])
     for gv, rv in zip(got, reference(net, {"x": v})):
         assert_close(gv, rv)
+        assert gv.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
 def rms_norm_net(shape, dtype=F32):

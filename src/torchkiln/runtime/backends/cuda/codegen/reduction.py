@@ -37,7 +37,8 @@ from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import needs_int64
-from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER, TL, VALUE_DTYPES, Builder, emit_layer, fusable
+from torchkiln.runtime.backends.cuda.codegen.pointwise import (HEADER, TL, VALUE_DTYPES, Builder, dense, emit_layer,
+                                                                fusable)
 
 KERNEL = "rows_kernel"
 LOOPED = "rows_kernel_looped"
@@ -496,9 +497,14 @@ class RowLauncher:
         if cols == 0 and kernel.has_max:
             raise EngineInputError(f"a max or min over the last {kernel.reduced} dims of a {list(shape)} tensor, "
                                    f"which hold no elements")
+        layout = next((x for x in inputs if x.shape == shape and dense(x)), None)  # full outputs keep its layout
         outputs = []
         for t, row in zip(kernel.outputs, kernel.row_outputs):
-            out_shape = ((*shape[:lead], *[1] * kernel.reduced) if t.rank == rank else shape[:lead]) if row else shape
+            if not row:
+                outputs.append(torch.empty_like(layout, dtype=t.dtype) if layout is not None else
+                               torch.empty(shape, dtype=t.dtype, device=device))
+                continue
+            out_shape = (*shape[:lead], *[1] * kernel.reduced) if t.rank == rank else shape[:lead]
             outputs.append(torch.empty(out_shape, dtype=t.dtype, device=device))
         if rows == 0:
             return outputs
