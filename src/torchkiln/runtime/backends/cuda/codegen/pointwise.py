@@ -249,7 +249,7 @@ def _source(b: Builder, outputs: Sequence[Tensor]) -> str:
             f"@triton.jit\ndef {KERNEL_NAME}(\n        {signature},\n):\n" + "".join(f"    {line}\n" for line in body))
 
 
-def dense(t: torch.Tensor) -> bool:
+def _dense(t: torch.Tensor) -> bool:
     """Non-overlapping and dense: some order of the dims makes the strides those of a contiguous tensor."""
     expected = 1
     for d in sorted((d for d in range(t.dim()) if t.shape[d] != 1), key=t.stride):
@@ -312,7 +312,7 @@ class PointwiseLauncher:
             raise EngineInputError(f"inputs of shapes {[list(x.shape) for x in inputs]} do not broadcast "
                                    f"together: {e}") from None
         shape = torch.Size([1] * (kernel.rank - len(shape)) + list(shape))
-        layout = next((x for x in inputs if x.shape == shape and dense(x)), None)
+        layout = next((x for x in inputs if x.shape == shape and _dense(x)), None)
         outputs = [torch.empty_like(layout, dtype=t.dtype) if layout is not None else
                    torch.empty(shape, dtype=t.dtype, device=device) for t in kernel.outputs]
         numel = shape.numel()

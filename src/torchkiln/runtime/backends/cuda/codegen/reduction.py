@@ -37,8 +37,7 @@ from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import needs_int64
-from torchkiln.runtime.backends.cuda.codegen.pointwise import (HEADER, TL, VALUE_DTYPES, Builder, dense, emit_layer,
-                                                                fusable)
+from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER, TL, VALUE_DTYPES, Builder, emit_layer, fusable
 
 KERNEL = "rows_kernel"
 LOOPED = "rows_kernel_looped"
@@ -497,7 +496,8 @@ class RowLauncher:
         if cols == 0 and kernel.has_max:
             raise EngineInputError(f"a max or min over the last {kernel.reduced} dims of a {list(shape)} tensor, "
                                    f"which hold no elements")
-        layout = next((x for x in inputs if x.shape == shape and dense(x)), None)  # full outputs keep its layout
+        layout = next((x for x in inputs if x.shape == shape and x.dim() == 4  # full outputs keep a channels-last
+                       and x.is_contiguous(memory_format=torch.channels_last)), None)  # input's layout
         outputs = []
         for t, row in zip(kernel.outputs, kernel.row_outputs):
             if not row:
