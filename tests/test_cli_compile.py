@@ -219,10 +219,21 @@ def test_missing_and_unreadable_files_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-def test_cuda_device_without_cuda_is_one_line(cnn, tmp_path, capsys):
+@pytest.mark.parametrize("mode", [["-i", "(1,3,8,8)"], ["--check-method-support"], ["--embed-engine"]],
+                         ids=["compile", "check-method-support", "embed-engine"])
+def test_cuda_device_without_cuda_is_one_line(cnn, tmp_path, capsys, mode):
+    """The device is the error, not the file (it was once reported as 'not a saved TorchScript module')."""
     _, path = cnn
-    assert main(["compile", path, str(tmp_path / "o.ts"), "-i", "(1,3,8,8)", "--device", "cuda:0"]) == 2
-    assert "CUDA is not available" in _one_error_line(capsys.readouterr().err)
+    assert main(["compile", path, str(tmp_path / "o.ts"), *mode, "--device", "cuda:0"]) == 2
+    assert _one_error_line(capsys.readouterr().err) == \
+        "torchkiln compile: error: --device cuda:0 was asked for but CUDA is not available here"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_demo_on_cuda_without_cuda_is_one_line(capsys):
+    assert main(["demo", "--device", "cuda"]) == 2
+    assert _one_error_line(capsys.readouterr().err, "demo") == \
+        "torchkiln demo: error: ValueError: device: cuda was asked for but CUDA is not available here"
 
 
 def test_every_command_and_flag_has_help():

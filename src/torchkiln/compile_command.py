@@ -102,7 +102,12 @@ def _map_location(device: str | None) -> Any:
     """The torch.device of --device (checked: CUDA must be here for cuda), or None."""
     from torchkiln.settings import as_device
 
-    return as_device(device) if device is not None else None
+    if device is None:
+        return None
+    try:
+        return as_device(device)
+    except ValueError as e:
+        raise CommandError(f"--device {str(e).removeprefix('device: ')}") from None
 
 
 def _load(path: str, device: str | None) -> Any:
@@ -110,8 +115,9 @@ def _load(path: str, device: str | None) -> Any:
 
     if not os.path.isfile(path):
         raise CommandError(f"{path}: no such file")
+    map_location = _map_location(device)
     try:
-        return torch.jit.load(path, map_location=_map_location(device))
+        return torch.jit.load(path, map_location=map_location)
     except (RuntimeError, ValueError) as e:
         raise CommandError(f"{path} is not a saved TorchScript module ({str(e).strip().splitlines()[0]})") from None
 
@@ -249,6 +255,7 @@ def run(args: argparse.Namespace) -> int:
     from torchkiln.errors import UnsupportedOperatorError
     from torchkiln.input_spec import parse_input_spec
 
+    _map_location(args.device)  # a device that cannot be used here is the first error, before any file is read
     if args.check_method_support:
         return _check_support(args)
     if args.output is None:
