@@ -198,13 +198,11 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     signature = settings.input_signature
     try:
         metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
-    except ValueError as error:
+    except ValueError:
         if not _cast_half_inputs(lowered.graph, signature, _parameter_dtype(script)):
             raise
-        try:
-            metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
-        except ValueError:
-            raise error from error.__cause__
+        # the cast is what compile does with these inputs: an error left after it (a shape) is the one to report
+        metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
     # Shapes make more values static: fold the control flow that depends on them, run the passes that read
     # containers again (the unrolled code's lists, a cache keyed by a device), and analyse the new top-level
     # values; until nothing changes.
