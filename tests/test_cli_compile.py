@@ -11,6 +11,7 @@ from harness import assert_matches_eager
 
 import torchkiln
 from torchkiln.cli import build_parser, main
+from torchkiln.compile_command import check_accuracy
 from torchkiln.runtime.execute_op import engine_from_blob
 from torchkiln.stitching.stitch import ENGINE_ATTR
 
@@ -132,6 +133,24 @@ def test_fp16_precision_and_check_accuracy_failure(cnn, tmp_path, capsys):
     x = torch.randn(1, 3, 8, 8).half()
     with torch.no_grad():
         assert_matches_eager(torch.jit.load(str(out))(x), model(x.float()))
+
+
+class LogOfZero(torch.nn.Module):
+    def __init__(self, sign: float) -> None:
+        super().__init__()
+        self.sign = sign
+
+    def forward(self, x):
+        return torch.stack([x, self.sign * torch.log(x * 0), torch.log(-x.abs() - 1)])
+
+
+@pytest.mark.parametrize("sign, ok", [(1.0, True), (-1.0, False)], ids=["same", "inf-sign"])
+def test_check_accuracy_compares_infinities_with_their_signs(sign, ok):
+    """An output that is +inf where the original gives -inf (both not finite) is an error, not a match."""
+    spec = torchkiln.Input((2, 3))
+    rows = check_accuracy(LogOfZero(1.0), LogOfZero(sign), [spec], torch.device("cpu"), 1e-5, 1e-3)
+    assert [row.ok for row in rows] == [ok], rows
+    assert ok or "NaN or infinities differ" in str(rows[0])
 
 
 def test_save_engine_then_embed_engine(cnn, tmp_path, capsys):

@@ -197,9 +197,10 @@ def check_accuracy(original: Any, compiled: Any, inputs: Sequence[Any], device: 
                 raise CommandError(f"--check-accuracy: {path} at inputs {shapes}: the compiled module returned {got}"
                                    f", the original shape {tuple(r.shape)}")
             r64, o64 = r.detach().double().cpu(), o.detach().double().cpu()
-            finite = torch.isfinite(r64)
-            if not torch.equal(finite, torch.isfinite(o64)):
-                rows.append(AccuracyRow(shapes, path + " (inf/nan positions differ)", math.inf, 0.0, 0.0))
+            finite, inf = torch.isfinite(r64), torch.isinf(r64)
+            if not (torch.equal(finite, torch.isfinite(o64)) and torch.equal(r64.isnan(), o64.isnan())
+                    and torch.equal(r64[inf], o64[inf])):
+                rows.append(AccuracyRow(shapes, path + " (NaN or infinities differ)", math.inf, 0.0, 0.0))
                 continue
             err = (o64[finite] - r64[finite]).abs().max().item() if finite.any() else 0.0
             scale = r64[finite].abs().max().item() if finite.any() else 0.0
