@@ -17,8 +17,11 @@ FP32_RTOL = 1e-4  # max abs error <= FP32_RTOL * max|reference|
 DEFAULT_BACKEND: str | None = None
 
 
-def assert_matches_eager(out: Any, ref: Any, rtol: float = FP32_RTOL, path: str = "output") -> None:
-    """Tensors: max abs error <= rtol * max|ref| (exact for integers and bools); collections recursively."""
+def assert_matches_eager(out: Any, ref: Any, rtol: float = FP32_RTOL, path: str = "output",
+                         min_cosine: float | None = None) -> None:
+    """Tensors: the same NaN and infinities (with their signs) and max abs error <= rtol * max|ref| (exact for
+    integers and bools), and with `min_cosine` (half precision) a cosine similarity at least that; collections
+    recursively."""
     if isinstance(ref, torch.Tensor):
         assert isinstance(out, torch.Tensor), f"{path}: expected a tensor, got {type(out).__name__}"
         assert out.shape == ref.shape, f"{path}: shape {tuple(out.shape)} != eager {tuple(ref.shape)}"
@@ -28,22 +31,28 @@ def assert_matches_eager(out: Any, ref: Any, rtol: float = FP32_RTOL, path: str 
             assert torch.equal(out, ref), f"{path}: integer/bool values differ from eager"
             return
         finite = torch.isfinite(ref)
-        assert torch.equal(finite, torch.isfinite(out)), f"{path}: inf/nan positions differ from eager"
-        assert torch.equal(ref[~finite], out[~finite]) or torch.equal(ref[~finite].isnan(), out[~finite].isnan())
+        special = (finite != out.isfinite()) | (ref.isnan() != out.isnan()) | (ref.isinf() & (out != ref))
+        if special.any():
+            at = tuple(special.nonzero()[0].tolist())
+            raise AssertionError(f"{path}: {out[at].item()} at {at} where eager gives {ref[at].item()} (NaN and "
+                                 f"infinities must match eager's)")
         if not finite.any():
             return
         err = (out[finite].double() - ref[finite].double()).abs().max().item()
         scale = ref[finite].double().abs().max().item()
         assert err <= rtol * scale or err <= 1e-7, (
             f"{path}: max abs error {err:.3e} > {rtol:g} x max|ref| {scale:.3e}")
+        if min_cosine is not None:
+            cosine = torch.nn.functional.cosine_similarity(out[finite].double(), ref[finite].double(), dim=0).item()
+            assert cosine >= min_cosine, f"{path}: cosine similarity {cosine:.6f} < {min_cosine}"
     elif isinstance(ref, (tuple, list)):
         assert type(out) is type(ref) and len(out) == len(ref), f"{path}: {type(out)} != eager {type(ref)}"
         for i, (o, r) in enumerate(zip(out, ref)):
-            assert_matches_eager(o, r, rtol, f"{path}[{i}]")
+            assert_matches_eager(o, r, rtol, f"{path}[{i}]", min_cosine)
     elif isinstance(ref, dict):
         assert isinstance(out, dict) and set(out) == set(ref), f"{path}: keys differ from eager"
         for k in ref:
-            assert_matches_eager(out[k], ref[k], rtol, f"{path}[{k!r}]")
+            assert_matches_eager(out[k], ref[k], rtol, f"{path}[{k!r}]", min_cosine)
     else:
         assert out == ref, f"{path}: {out!r} != eager {ref!r}"
 
@@ -56,6 +65,7 @@ def check_compiled(
     engines: int | None = 1,
     torch_blocks: int | None = 0,
     rtol: float = FP32_RTOL,
+    min_cosine: float | None = None,
     op: str | None = None,
     backend: str | None = None,
     **settings: Any,
@@ -72,7 +82,7 @@ def check_compiled(
     compiled, report = compile_with_report(model, specs, **settings)
     with torch.no_grad():
         out = compiled(*example)
-    assert_matches_eager(out, ref, rtol)
+    assert_matches_eager(out, ref, rtol, min_cosine=min_cosine)
     if engines is not None:
         assert report.num_engine_blocks == engines, f"expected {engines} engine blocks:\n{report}"
     if torch_blocks is not None:

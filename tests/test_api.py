@@ -71,6 +71,12 @@ def test_unknown_method_is_named():
         torchkiln.convert_method_to_engine(MLP().eval(), "nope", [torchkiln.Input((2, 64))])
 
 
+def test_a_containers_len_is_not_a_method_to_compile():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
+    with pytest.raises(ValueError, match=r"'__len__' of Sequential is the container's own __len__"):
+        torchkiln.convert_method_to_engine(model, "__len__", [torchkiln.Input((2, 4))])
+
+
 @pytest.mark.parametrize("names", [["torch", "None"], ["self", "def"], ["int", "outs"], ["List", "x y"]])
 def test_binding_names_that_are_not_usable_as_arguments(names):
     model = TwoOutputs()

@@ -11,6 +11,7 @@ from harness import assert_matches_eager
 
 import torchkiln
 from torchkiln.cli import build_parser, main
+from torchkiln.compile_command import check_accuracy
 from torchkiln.runtime.execute_op import engine_from_blob
 from torchkiln.stitching.stitch import ENGINE_ATTR
 
@@ -134,6 +135,24 @@ def test_fp16_precision_and_check_accuracy_failure(cnn, tmp_path, capsys):
         assert_matches_eager(torch.jit.load(str(out))(x), model(x.float()))
 
 
+class LogOfZero(torch.nn.Module):
+    def __init__(self, sign: float) -> None:
+        super().__init__()
+        self.sign = sign
+
+    def forward(self, x):
+        return torch.stack([x, self.sign * torch.log(x * 0), torch.log(-x.abs() - 1)])
+
+
+@pytest.mark.parametrize("sign, ok", [(1.0, True), (-1.0, False)], ids=["same", "inf-sign"])
+def test_check_accuracy_compares_infinities_with_their_signs(sign, ok):
+    """An output that is +inf where the original gives -inf (both not finite) is an error, not a match."""
+    spec = torchkiln.Input((2, 3))
+    rows = check_accuracy(LogOfZero(1.0), LogOfZero(sign), [spec], torch.device("cpu"), 1e-5, 1e-3)
+    assert [row.ok for row in rows] == [ok], rows
+    assert ok or "NaN or infinities differ" in str(rows[0])
+
+
 def test_save_engine_then_embed_engine(cnn, tmp_path, capsys):
     model, path = cnn
     engine_file, embedded = tmp_path / "cnn.engine", tmp_path / "embedded.ts"
@@ -219,10 +238,21 @@ def test_missing_and_unreadable_files_are_one_line(tmp_path, capsys):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
-def test_cuda_device_without_cuda_is_one_line(cnn, tmp_path, capsys):
+@pytest.mark.parametrize("mode", [["-i", "(1,3,8,8)"], ["--check-method-support"], ["--embed-engine"]],
+                         ids=["compile", "check-method-support", "embed-engine"])
+def test_cuda_device_without_cuda_is_one_line(cnn, tmp_path, capsys, mode):
+    """The device is the error, not the file (it was once reported as 'not a saved TorchScript module')."""
     _, path = cnn
-    assert main(["compile", path, str(tmp_path / "o.ts"), "-i", "(1,3,8,8)", "--device", "cuda:0"]) == 2
-    assert "CUDA is not available" in _one_error_line(capsys.readouterr().err)
+    assert main(["compile", path, str(tmp_path / "o.ts"), *mode, "--device", "cuda:0"]) == 2
+    assert _one_error_line(capsys.readouterr().err) == \
+        "torchkiln compile: error: --device cuda:0 was asked for but CUDA is not available here"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_demo_on_cuda_without_cuda_is_one_line(capsys):
+    assert main(["demo", "--device", "cuda"]) == 2
+    assert _one_error_line(capsys.readouterr().err, "demo") == \
+        "torchkiln demo: error: ValueError: device: cuda was asked for but CUDA is not available here"
 
 
 def test_every_command_and_flag_has_help():

@@ -1,6 +1,7 @@
 """A module that cannot be scripted is traced: tracing's warnings reach the user as torchkiln warnings, and a
 trace that baked in data-dependent values is refused instead of compiling to a constant."""
 import logging
+import warnings
 
 import pytest
 import torch
@@ -40,9 +41,12 @@ class Clean(torch.nn.Module):
 
 
 @pytest.mark.parametrize("model, example", [(BakesNumpy(), torch.randn(2, 3)),
-                                            (BakesBranch(), torch.full((2, 3), 1000.0))],
-                         ids=["numpy", "branch"])
+                                            (BakesBranch(), torch.full((2, 3), 1000.0)),
+                                            (BakesNumpy(), torch.randn(2, 3).half()),
+                                            (BakesBranch(), torch.full((2, 3), 1000.0, dtype=torch.bfloat16))],
+                         ids=["numpy", "branch", "numpy-float16", "branch-bfloat16"])
 def test_trace_that_bakes_in_data_is_refused(model, example):
+    """Also in half precision, where the check allows for rounding (a baked-in trace is off by far more)."""
     with pytest.warns(torchkiln.TracingWarning, match="Converting a tensor to"):
         with pytest.raises(torchkiln.TracingError, match=rf"{type(model).__name__}.*baked.*scriptable"):
             torchkiln.compile(model, [example])
@@ -65,3 +69,73 @@ def test_clean_trace_compiles_without_warning(recwarn):
     assert not [w for w in recwarn if issubclass(w.category, torchkiln.TracingWarning)]
     y = torch.randn(2, 3)
     assert_matches_eager(compiled(y), model(y))
+
+
+class TracedPathRoundsDifferently(torch.nn.Module):
+    """Causal attention computed another way when traced, as transformers does (traced, it materialises the mask
+    and SDPA then runs another kernel on CUDA): the same values, rounded differently in half precision. `**kwargs`
+    keeps it from being scripted, as it does transformers' models."""
+
+    def __init__(self, dim: int = 32) -> None:
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x, **kwargs):
+        q, k, v = self.qkv(x).chunk(3, -1)
+        if torch.jit.is_tracing():
+            n = x.shape[1]
+            mask = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+            scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+            y = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+        else:
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y)
+
+
+# fp16 and bf16 against eager in the same precision: cosine >= 0.999 and max abs error <= this x max|eager|
+HALF_RTOL = {torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_half_precision_rounding_of_a_trace_is_not_baked_in_data(dtype):
+    """The trace check's tolerance follows the precision: fp16 once refused a trace off by 4 units of fp16."""
+    model = TracedPathRoundsDifferently().eval().to(dtype)
+    x = torch.randn(2, 16, 32).to(dtype)
+    compiled = torchkiln.compile(model, [x], enabled_precisions={dtype})
+    y = torch.randn(2, 16, 32).to(dtype)
+    with torch.no_grad():
+        assert_matches_eager(compiled(y), model(y), rtol=HALF_RTOL[dtype], min_cosine=0.999)
+
+
+def _bert(transformers):
+    config = transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, max_position_embeddings=64)
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[0, 13:] = 0
+    return transformers.BertModel(config), [torch.randint(0, 1000, (2, 16)), mask]
+
+
+def _gpt2(transformers):
+    config = transformers.GPT2Config(vocab_size=1000, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                     use_cache=False)
+    return transformers.GPT2Model(config), [torch.randint(0, 1000, (2, 16))]
+
+
+def _llama(transformers):
+    config = transformers.LlamaConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
+                                      use_cache=False)
+    return transformers.LlamaModel(config), [torch.randint(0, 1000, (2, 16))]
+
+
+@pytest.mark.parametrize("build", [_bert, _gpt2, _llama], ids=lambda f: f.__name__[1:])
+def test_float16_transformers_compile_and_match_eager(build):
+    """model.half() on transformers' models (traced: they cannot be scripted), compiled for fp16."""
+    model, example = build(pytest.importorskip("transformers"))
+    model = model.eval().half()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torchkiln.TracingWarning)
+        compiled = torchkiln.compile(model, example, enabled_precisions={torch.half})
+    with torch.no_grad():
+        assert_matches_eager(dict(compiled(*example)), dict(model(*example)), rtol=HALF_RTOL[torch.float16],
+                             min_cosine=0.999)

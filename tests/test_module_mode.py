@@ -82,3 +82,33 @@ def test_no_warning_when_training_mode_changes_nothing(which):
         x = torch.randn(2, 3, 6, 6) if which == "eval" else torch.randn(4, 8)
         torchkiln.compile(model, inputs=[x], min_block_size=1)
     assert not [w for w in caught if "training mode" in str(w.message)]
+
+
+class Containers(nn.Module):
+    """Sequential, ModuleList and ModuleDict: their TorchScript methods include __len__ (and __contains__), whose
+    Python attribute is the container's own Python method."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seq = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5), nn.ReLU())
+        self.layers = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+        self.heads = nn.ModuleDict({"a": nn.Linear(8, 4), "b": nn.Dropout(0.2)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.seq(x)
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return self.heads["a"](self.heads["b"](x))
+
+
+@pytest.mark.parametrize("scripted", [False, True], ids=["module", "scripted"])
+def test_a_training_mode_model_with_containers_warns_and_computes_eval_behaviour(scripted):
+    torch.manual_seed(0)
+    model = Containers()
+    x = torch.randn(4, 8)
+    given = torch.jit.script(model) if scripted else model
+    with pytest.warns(UserWarning, match=r"Containers is in training mode \(seq.1, heads.b\)"):
+        compiled = torchkiln.compile(given, inputs=[x], min_block_size=1)
+    assert all(_modes(given))
+    with torch.no_grad():
+        assert_matches_eager(compiled(x), model.eval()(x))

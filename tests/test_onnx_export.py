@@ -131,16 +131,25 @@ _ACT_PARAMS = {L.ActivationType.LEAKY_RELU: (0.1, 0.0), L.ActivationType.ELU: (0
                L.ActivationType.THRESHOLDED_RELU: (0.2, -3.0)}
 
 
-def _act_data(gen):  # large values (softplus, log-sigmoid overflow paths), NaN, infinities, zeros
-    x = torch.randn(4, 16, generator=gen) * 4
-    x[0, :6] = torch.tensor([30.0, -30.0, float("nan"), float("inf"), float("-inf"), 0.0])
-    return [x]
+def _act_data(kind: L.ActivationType):
+    """Large values (softplus, log-sigmoid overflow paths), NaN, infinities, zeros; for the erf GELU not +inf: torch's
+    GELU(+inf) is +inf or NaN by the CPU's vector path and the element's place in its vectorized loop (torch 2.13 on
+    AVX-512 gives NaN), so the reference is no reference there."""
+    special = [30.0, -30.0, float("nan"), float("inf"), float("-inf"), 0.0]
+    if kind == L.ActivationType.GELU_ERF:
+        special.remove(float("inf"))
+
+    def data(gen):
+        x = torch.randn(4, 16, generator=gen) * 4
+        x[0, :len(special)] = torch.tensor(special)
+        return [x]
+    return data
 
 
 for t in L.ActivationType:
     a, b = _ACT_PARAMS.get(t, (0.0, 0.0))
     add_case(L.ActivationLayer, t.name, [((4, 16), F32)], lambda n, x, t=t, a=a, b=b: n.add_activation(x, t, a, b),
-             data=_act_data)
+             data=_act_data(t))
 add_case(L.ActivationLayer, "CLIP-both", [(S, F32)], lambda n, x: n.add_activation(x, L.ActivationType.CLIP, -0.3, 0.4))
 add_case(L.ActivationLayer, "CLIP-i64", [(S, I64)], lambda n, x: n.add_activation(x, L.ActivationType.CLIP, -2, 3))
 add_case(L.ActivationLayer, "RELU-f64", [(S, F64)], lambda n, x: n.add_activation(x, L.ActivationType.RELU))

@@ -24,6 +24,13 @@ def test_bad_setting_is_named(kwargs, match):
         torchkiln.compile(MLP().eval(), SPEC, **kwargs)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda"), "gpu:0"], ids=str)
+def test_a_cuda_device_without_cuda_is_named(device):
+    with pytest.raises(ValueError, match=r"^device: cuda(:0)? was asked for but CUDA is not available here$"):
+        torchkiln.compile(MLP().eval(), SPEC, device=device)
+
+
 @pytest.mark.parametrize("inputs", [[], None])
 def test_empty_inputs(inputs):
     with pytest.raises(ValueError, match=r"inputs \(or input_signature\) must be a non-empty list"):

@@ -102,7 +102,12 @@ def _map_location(device: str | None) -> Any:
     """The torch.device of --device (checked: CUDA must be here for cuda), or None."""
     from torchkiln.settings import as_device
 
-    return as_device(device) if device is not None else None
+    if device is None:
+        return None
+    try:
+        return as_device(device)
+    except ValueError as e:
+        raise CommandError(f"--device {str(e).removeprefix('device: ')}") from None
 
 
 def _load(path: str, device: str | None) -> Any:
@@ -110,8 +115,9 @@ def _load(path: str, device: str | None) -> Any:
 
     if not os.path.isfile(path):
         raise CommandError(f"{path}: no such file")
+    map_location = _map_location(device)
     try:
-        return torch.jit.load(path, map_location=_map_location(device))
+        return torch.jit.load(path, map_location=map_location)
     except (RuntimeError, ValueError) as e:
         raise CommandError(f"{path} is not a saved TorchScript module ({str(e).strip().splitlines()[0]})") from None
 
@@ -191,9 +197,10 @@ def check_accuracy(original: Any, compiled: Any, inputs: Sequence[Any], device: 
                 raise CommandError(f"--check-accuracy: {path} at inputs {shapes}: the compiled module returned {got}"
                                    f", the original shape {tuple(r.shape)}")
             r64, o64 = r.detach().double().cpu(), o.detach().double().cpu()
-            finite = torch.isfinite(r64)
-            if not torch.equal(finite, torch.isfinite(o64)):
-                rows.append(AccuracyRow(shapes, path + " (inf/nan positions differ)", math.inf, 0.0, 0.0))
+            finite, inf = torch.isfinite(r64), torch.isinf(r64)
+            if not (torch.equal(finite, torch.isfinite(o64)) and torch.equal(r64.isnan(), o64.isnan())
+                    and torch.equal(r64[inf], o64[inf])):
+                rows.append(AccuracyRow(shapes, path + " (NaN or infinities differ)", math.inf, 0.0, 0.0))
                 continue
             err = (o64[finite] - r64[finite]).abs().max().item() if finite.any() else 0.0
             scale = r64[finite].abs().max().item() if finite.any() else 0.0
@@ -249,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
     from torchkiln.errors import UnsupportedOperatorError
     from torchkiln.input_spec import parse_input_spec
 
+    _map_location(args.device)  # a device that cannot be used here is the first error, before any file is read
     if args.check_method_support:
         return _check_support(args)
     if args.output is None:

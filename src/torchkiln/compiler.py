@@ -111,10 +111,13 @@ _READS_TRAINING = re.compile(r"\bself\.training\b")
 
 def _reads_training(module: torch.nn.Module) -> bool:
     """Whether a submodule's behaviour may depend on its training flag: its TorchScript code reads
-    self.training (dropout, batch norm do); a traced module's code cannot say, so yes."""
+    self.training (dropout, batch norm do); a traced module's code cannot say, so yes.
+
+    Methods are read from the compiled module (`_c`): a container's `__len__` or `__contains__` is a TorchScript
+    method whose Python attribute is the container's own Python method, which has no `.code`."""
     if isinstance(module, torch.jit.TracedModule) or not isinstance(module, torch.jit.ScriptModule):
         return True
-    return any(_READS_TRAINING.search(getattr(module, name).code) for name in module._c._method_names())
+    return any(_READS_TRAINING.search(module._c._get_method(name).code) for name in module._c._method_names())
 
 
 def _warn_training(module: torch.nn.Module, script: torch.jit.ScriptModule) -> None:
@@ -195,13 +198,11 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     signature = settings.input_signature
     try:
         metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
-    except ValueError as error:
+    except ValueError:
         if not _cast_half_inputs(lowered.graph, signature, _parameter_dtype(script)):
             raise
-        try:
-            metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
-        except ValueError:
-            raise error from error.__cause__
+        # the cast is what compile does with these inputs: an error left after it (a shape) is the one to report
+        metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
     # Shapes make more values static: fold the control flow that depends on them, run the passes that read
     # containers again (the unrolled code's lists, a cache keyed by a device), and analyse the new top-level
     # values; until nothing changes.

@@ -10,7 +10,7 @@ import torch
 
 from torchkiln.compiler import compile
 from torchkiln.examples import MLP, SmallResNet
-from torchkiln.settings import Input
+from torchkiln.settings import Input, as_device
 
 MODELS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...]]] = {
     "resnet": (SmallResNet, (1, 3, 224, 224)),
@@ -51,7 +51,7 @@ def _median_ms(fn: Callable[[], object], device: torch.device, iters: int) -> fl
 def run_demo(model_name: str = "resnet", device: str = "cpu", iters: int = 20, seed: int = 0) -> DemoResult:
     torch.manual_seed(seed)
     factory, shape = MODELS[model_name]
-    dev = torch.device(device)
+    dev = as_device(device)
     model = factory().eval().to(dev)
     x = torch.randn(shape, device=dev)
     start = time.perf_counter()

@@ -44,12 +44,16 @@ def as_module(obj: Any) -> torch.nn.Module:
 
 
 def check_method(module: torch.jit.ScriptModule, method: str) -> None:
-    """Raise ValueError naming `method` and the module's methods unless it has that method."""
+    """Raise ValueError naming `method` and the module's methods unless it has that method, one of its own (not a
+    container's `__len__` or `__contains__`, which TorchScript compiles but Python answers)."""
     names = module._c._method_names()
     if method not in names:
         raise ValueError(f"method_name: {module.original_name} has no TorchScript method {method!r}; available "
                          f"methods: {sorted(names)} (a Python method other than forward must be marked "
                          f"@torch.jit.export to be scripted)")
+    if not isinstance(getattr(module, method, None), torch._C.ScriptMethod):
+        raise ValueError(f"method_name: {method!r} of {module.original_name} is the container's own {method}, not a "
+                         f"method that computes tensors; compile forward or a method marked @torch.jit.export")
 
 
 def to_torchscript(module: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.jit.ScriptModule:

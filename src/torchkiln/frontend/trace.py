@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -17,6 +17,11 @@ from torchkiln.module_mode import eval_mode
 logger = logging.getLogger("torchkiln.frontend")
 
 RTOL = 1e-4  # the trace and the module run the same ops; this only absorbs fusion's rounding
+# A trace may also take another, equal path (transformers materialises its causal mask when traced, and on CUDA its
+# attention then runs another kernel), so a half-precision model's outputs may differ by a few units of its
+# rounding: the tolerance is at least this many units of the coarsest precision the values were computed in
+# (float16: 1e-2, bfloat16: 8e-2 of the largest output); a trace that baked in data is off by the outputs' size.
+ULPS = 10
 
 
 def _tensors(tree: Any) -> list[Any]:
@@ -47,8 +52,14 @@ def _resample(tree: Any) -> Any:
     return torch.randint(lo, hi + 1, tree.shape, device=tree.device, dtype=tree.dtype)
 
 
-def _difference(got: Any, expected: Any) -> str | None:
-    """How the trace's outputs differ from the module's, or None if they agree."""
+def _rtol(dtypes: Iterable[torch.dtype]) -> float:
+    """The check's tolerance, relative to the largest output, for values computed in `dtypes`."""
+    return max([RTOL] + [ULPS * torch.finfo(d).eps for d in dtypes if d.is_floating_point])
+
+
+def _difference(got: Any, expected: Any, computed_in: Iterable[torch.dtype] = ()) -> str | None:
+    """How the trace's outputs differ from the module's, or None if they agree; an output's tolerance follows its
+    dtype and `computed_in` (the dtypes of the module's weights and inputs)."""
     got_leaves, expected_leaves = _tensors(got), _tensors(expected)
     if len(got_leaves) != len(expected_leaves):
         return f"{len(got_leaves)} outputs instead of {len(expected_leaves)}"
@@ -70,8 +81,9 @@ def _difference(got: Any, expected: Any) -> str | None:
             continue
         err = (g[finite].double() - e[finite].double()).abs().max().item()
         scale = e[finite].double().abs().max().item()
-        if err > RTOL * scale + 1e-6:
-            return f"output {i} differs by up to {err:.3g} (max |output| {scale:.3g})"
+        rtol = _rtol([e.dtype, *computed_in])
+        if err > rtol * scale + 1e-6:
+            return f"output {i} differs by up to {err:.3g} (max |output| {scale:.3g}, tolerance {rtol:g} of it)"
     return None
 
 
@@ -106,8 +118,10 @@ def trace_checked(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tor
             except Exception as e:  # the module itself rejects the second input: nothing to compare
                 logger.warning("could not check the trace of %s on a second input: %s", name, e)
                 return traced
+            computed_in = {t.dtype for t in [*module.parameters(), *module.buffers(), *_tensors(second)]
+                           if isinstance(t, torch.Tensor)}
             try:
-                difference = _difference(traced(*second), expected)
+                difference = _difference(traced(*second), expected, computed_in)
             except Exception as e:  # e.g. a shape baked into the trace
                 difference = f"the trace failed: {cause_line(e)}"
     if difference is not None:

@@ -42,6 +42,18 @@ def _length_varies(v: torch._C.Value) -> bool:
     return isinstance(v.type(), torch._C.ListType) and v.node().kind() in ("prim::GetAttr", "prim::Loop", "prim::If")
 
 
+def describe_examples(examples: Any) -> str:
+    """Example inputs as their shapes and dtypes, e.g. `(1, 3, 8, 8) float16, [(2, 4) int64]`."""
+    if isinstance(examples, torch.Tensor):
+        return f"{tuple(examples.shape)} {str(examples.dtype).removeprefix('torch.')}"
+    if isinstance(examples, dict):
+        return "{" + ", ".join(f"{k!r}: {describe_examples(v)}" for k, v in examples.items()) + "}"
+    if isinstance(examples, (tuple, list)):
+        inner = ", ".join(describe_examples(v) for v in examples)
+        return f"[{inner}]" if isinstance(examples, list) else f"({inner})"
+    return repr(examples)
+
+
 def probe_values(graph: Graph, module: torch.jit.ScriptModule | None, example_inputs: Sequence[Any],
                  values: Sequence[torch._C.Value]) -> list[Any]:
     """Run the graph on example inputs and return what each of `values` (top-level values of the graph) holds.
@@ -65,8 +77,9 @@ def probe_values(graph: Graph, module: torch.jit.ScriptModule | None, example_in
         with torch.no_grad():
             results = fn(*args)
     except RuntimeError as e:
-        raise ValueError(f"inputs: running the method on random example inputs of the given shapes failed "
-                         f"({cause_line(e)}); check that the Input shapes and dtypes are ones the model accepts") from e
+        given = ", ".join(describe_examples(x) for x in example_inputs)
+        raise ValueError(f"inputs: running the method on random example inputs {given} failed ({cause_line(e)}); "
+                         f"check that the Input shapes and dtypes are ones the model accepts") from e
     return list(results) if isinstance(results, tuple) else [results]
 
 
