@@ -27,6 +27,9 @@ from torchkiln.runtime.serialization import dtype_name, parse_dtype
 
 _lib = torch.library.Library("torchkiln", "DEF")
 _lib.define("execute_engine(Tensor[] inputs, Tensor engine, str signature='') -> Tensor[]")
+# A copy that TorchScript's constant propagation leaves to run time (CONSERVATIVE: it may have side effects), so
+# that an output which would be a graph constant is a new tensor per call (stitching/fresh_outputs.py).
+_lib.define("fresh_copy(Tensor self) -> Tensor", alias_analysis="CONSERVATIVE")
 _load_lock = threading.Lock()
 # The errors the op raises on purpose; TorchScript's interpreter turns them into RuntimeErrors whose text
 # names them, and `reraise_engine_error` turns them back.
@@ -359,6 +362,7 @@ def _fake_execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor,
 # Every backend key, so that an engine attribute of another layout (sparse, quantized...) reaches check_blob.
 _lib.impl("execute_engine", _execute_engine, "CompositeExplicitAutograd")
 _lib.impl("execute_engine", _below_autograd, "Autograd")
+_lib.impl("fresh_copy", torch.clone, "CompositeExplicitAutograd")
 torch.library.register_fake("torchkiln::execute_engine", _fake_execute_engine, lib=_lib)
 
 
