@@ -146,3 +146,36 @@ def test_an_output_dim_that_is_no_expression_of_the_inputs_is_refused(dim):
     with pytest.raises(torchkiln.EngineFormatError, match="output dim"):
         torch.ops.torchkiln.execute_engine([torch.empty(2, 3, device="meta")], torch.empty(4, dtype=torch.uint8,
                                                                                           device="meta"), signature)
+
+
+@pytest.mark.parametrize("dim, message", [
+    ("((s0**8)**8)**8", "too large"), ("(((((((((s0**8)**8)**8)**8)**8)**8)**8)**8)**8)", "too large"),
+    ("(s0+1)**8*(s0+2)**8", "too large"), ("((s0+7)**8+1)**8", "too large"),
+    ("s0-9", "is -6 for these input sizes"), ("99999999999999999999", "is 99999999999999999999 for these"),
+    ("s0*1" + "0" * 5000, "output dim"), ("²", "output dim"),
+])
+def test_an_output_dim_too_large_to_evaluate_is_refused_before_evaluating_it(dim, message):
+    """An output dim's value may need at most MAX_DIM_BITS bits, input dims counted at 64: ((s0**8)**8)**8 is
+    refused unevaluated (nine such powers took minutes on meta tensors, longer under symbolic shapes)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    signature = f"inputs: float32[s0=1..4,3]; outputs: float32[{dim},2]"
+    blob = torch.empty(4, dtype=torch.uint8, device="meta")
+    with pytest.raises(torchkiln.EngineFormatError, match=message):
+        torch.ops.torchkiln.execute_engine([torch.empty(3, 3, device="meta")], blob, signature)
+    if message == "too large":
+        with pytest.raises(torchkiln.EngineFormatError, match=message):
+            make_fx(lambda x, b: torch.ops.torchkiln.execute_engine([x], b, signature)[0],
+                    tracing_mode="symbolic")(torch.randn(3, 3), torch.empty(4, dtype=torch.uint8))
+
+
+def test_meta_inputs_the_engine_does_not_take_are_refused():
+    """As real inputs are: a meta or fake tensor of another shape would otherwise get the engine's output shape."""
+    compiled = torchkiln.compile(MLP().eval(), SPEC)
+    with pytest.raises(torchkiln.EngineInputError, match=r"engine input 0: dim 0 is 3, outside \[2, 2\]"):
+        compiled(torch.empty(3, 64, device="meta"))
+    with pytest.raises(torchkiln.EngineInputError, match=r"engine input 0: expected 2 dims, got shape \(2, 64, 1\)"):
+        compiled(torch.empty(2, 64, 1, device="meta"))
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode, \
+            pytest.raises(torchkiln.EngineInputError, match="dim 1 is 63, outside"):
+        compiled(mode.from_tensor(torch.randn(2, 63)))

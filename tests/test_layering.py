@@ -18,7 +18,7 @@ ALLOWED = {
     "partitioning": {"analysis", "ir"},
     "lowering": {"analysis", "conversion"},
     "frontend": set(),
-    "stitching": {"partitioning", "runtime"},
+    "stitching": {"partitioning", "analysis", "runtime"},
     "compiler": {"frontend", "lowering", "partitioning", "analysis", "conversion", "ir", "builder", "runtime",
                  "stitching"},
     "input_spec": set(),  # text -> Input, for the command line

@@ -160,3 +160,25 @@ def test_damaged_engine_is_an_engine_format_error():
     blob[len(blob) // 2] ^= 0xFF
     with pytest.raises(torchkiln.EngineFormatError):
         compiled(torch.randn(2, 64))
+
+
+# ---- a module loaded with map_location="meta" has no engine bytes: real inputs are refused -----------------
+
+def test_a_module_loaded_on_meta_refuses_real_inputs(compiled, tmp_path):
+    torch.jit.save(compiled, tmp_path / "m.ts")
+    on_meta = torchkiln.load(tmp_path / "m.ts", map_location="meta")
+    assert on_meta._torchkiln_engine_0.device.type == "meta"
+    with pytest.raises(torchkiln.EngineFormatError, match=r"engine attribute is on the meta device.*inputs on cpu"
+                                                          r".*map_location='cpu'"):
+        on_meta(torch.randn(2, 64))
+    with pytest.raises(RuntimeError, match=r"EngineFormatError: the engine attribute is on the meta device"):
+        torch.jit.load(tmp_path / "m.ts", map_location="meta")(torch.randn(2, 64))
+    out = on_meta(torch.empty(2, 64, device="meta"))  # meta inputs still get the output shapes
+    assert out.device.type == "meta" and out.shape == (2, 10)
+
+
+def test_inputs_on_meta_and_on_the_cpu_together_are_refused(compiled):
+    blob = compiled._torchkiln_engine_0
+    signature = compiled.graph.findNode("torchkiln::execute_engine").inputsAt(2).toIValue()
+    with pytest.raises(torchkiln.EngineInputError, match="must be on one device, got meta and cpu"):
+        torch.ops.torchkiln.execute_engine([torch.empty(2, 64, device="meta"), torch.randn(2, 64)], blob, signature)

@@ -72,3 +72,43 @@ def test_shapes_read_off_inputs_agree_with_the_fake_run(kind):
     assert direct is not None
     faked = symbolic_shapes._infer(symbolic_shapes._Env(frozenset({b, s})), layer, {}, run_layer)
     assert [(tuple(shape), dtype) for shape, dtype in faked] == direct
+
+
+def _chain(op, length):
+    """max(max(12*s1, s0 + 11*s1), 2*s0 + 10*s1)...: sympy merges nested ones into one of many arguments (the
+    ranges do not order these)."""
+    terms = [{"op": "add", "args": [{"op": "mul", "args": [k, {"op": "sym", "name": "s0"}]},
+                                    {"op": "mul", "args": [12 - k, {"op": "sym", "name": "s1"}]}]}
+             for k in range(length + 1)]
+    tree = terms[0]
+    for term in terms[1:]:
+        tree = {"op": op, "args": [tree, term]}
+    return tree
+
+
+S0_TREE, S1_TREE = {"op": "sym", "name": "s0"}, {"op": "sym", "name": "s1"}
+
+
+@pytest.mark.parametrize("tree, message", [
+    ({"op": "mul", "args": [S0_TREE] * 9}, r"s0\*\*9 is a power above 8"),  # the tree could not be written back
+    ({"op": "mul", "args": [{"op": "mul", "args": [S0_TREE] * 8}] * 8}, r"s0\*\*64 is a power above 8"),
+    ({"op": "mul", "args": [{"op": "add", "args": [S0_TREE, S1_TREE, 1]}] * 60}, "over 256 terms"),
+    ({"op": "mul", "args": [{"op": "add", "args": [S0_TREE, S1_TREE, k]} for k in range(1, 9)]}, "over 256 terms"),
+    ({"op": "max", "args": [{"op": "add", "args": [S1_TREE, k]} for k in range(5)]}, "a max of 5 arguments"),
+    (_chain("min", 12), "a min of over 4 arguments"),
+])
+def test_trees_that_blow_up_are_refused(tree, message):
+    """Bounded depth and node count are not enough: nodes combine into powers (repeated squaring), products of
+    sums expand, and sympy compares every pair of a Max's arguments; such trees are refused as they are built."""
+    s0, s1 = _symbols()
+    with pytest.raises(S.SymbolicError, match=message):
+        S.from_tree(tree, {"s0": s0, "s1": s1})
+
+
+def test_the_largest_trees_allowed_round_trip():
+    s0, s1 = _symbols()
+    for tree in ({"op": "mul", "args": [S0_TREE] * S.MAX_POWER}, _chain("max", S.MAX_EXTREMUM_ARGS - 1),
+                 {"op": "mul", "args": [{"op": "add", "args": [S0_TREE, S1_TREE]}] * 8}):
+        d = S.from_tree(tree, {"s0": s0, "s1": s1})
+        assert S.evaluate(S.from_tree(S.to_tree(d), {"s0": s0, "s1": s1}), {s0: 3, s1: 5}) == S.evaluate(
+            d, {s0: 3, s1: 5})

@@ -3,7 +3,9 @@
 Expressions are sympy expressions over `DimSymbol`s (sympy ships with torch). A symbol carries its own
 range, so any code holding a dim can decide a comparison that the ranges settle (`decide`) and refuse
 one they do not. Engines store an expression as a small JSON tree (`to_tree` / `from_tree`), never as
-code: loading builds the expression node by node, with a bounded depth and size.
+code: loading builds the expression node by node, with a bounded depth and size, and refuses one that could not
+be stored again (a power above MAX_POWER) or whose expanded form is large (repeated squaring of sums), so that
+what later expands or evaluates it runs in bounded time.
 
 The torch-specific integer functions (FloorDiv, PythonMod, Max, Min...) that torch's symbolic shape
 inference produces are read here too; this module and `symbolic_shapes` are the only users of torch's
@@ -25,6 +27,9 @@ Dim = Union[int, sympy.Expr]
 
 MAX_TREE_DEPTH = 32
 MAX_TREE_NODES = 512
+MAX_POWER = 8  # the largest power of one factor a dim may hold (s0**8; a tree stores it as a product)
+MAX_EXPANDED_TERMS = 256  # terms a dim's expanded form (products spread over sums) may have
+MAX_EXTREMUM_ARGS = 4  # arguments of one Max or Min (sympy compares each pair when it makes one)
 
 
 class SymbolicError(ValueError):
@@ -374,10 +379,35 @@ def ranges_str(symbols: Iterable[DimSymbol]) -> str:
 _TREE_OPS = ("add", "mul", "floordiv", "mod", "max", "min")
 
 
+def _short(d: Any, limit: int = 120) -> str:
+    text = str(d)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def expanded_terms(e: sympy.Basic) -> int:
+    """An upper bound on the terms of `sympy.expand(e)`, past MAX_EXPANDED_TERMS counted as one more; a function's
+    arguments (FloorDiv, Max...) are expanded inside it and each counted the same way."""
+    cap = MAX_EXPANDED_TERMS + 1
+    if isinstance(e, sympy.Add):
+        return min(sum(expanded_terms(a) for a in e.args), cap)
+    if isinstance(e, sympy.Mul):
+        count = 1
+        for a in e.args:
+            count = min(count * expanded_terms(a), cap)
+        return count
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer:
+        base = expanded_terms(e.base)
+        return base if base == 1 else min(base ** min(abs(int(e.exp)), MAX_TREE_NODES), cap)
+    return max([1] + [cap for a in e.args if expanded_terms(a) == cap])
+
+
 def to_tree(d: Dim) -> Any:
     """A JSON-able tree of the dim: an int, or {"op": ..., "args": [...]} / {"op": "sym", "name": ...}."""
     if isinstance(d, int):
         return d
+    if expanded_terms(d) > MAX_EXPANDED_TERMS:
+        raise SymbolicError(f"symbolic dim {_short(d)} is too large to store: expanded, it has over "
+                            f"{MAX_EXPANDED_TERMS} terms")
     count = [0]
 
     def rational_floor(x: sympy.Expr) -> Any:
@@ -398,7 +428,7 @@ def to_tree(d: Dim) -> Any:
             return {"op": "add", "args": [build(a, depth + 1) for a in e.args]}
         if isinstance(e, sympy.Mul):
             return {"op": "mul", "args": [build(a, depth + 1) for a in e.args]}
-        if isinstance(e, sympy.Pow) and e.exp.is_Integer and 1 <= int(e.exp) <= 8:
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and 1 <= int(e.exp) <= MAX_POWER:
             return {"op": "mul", "args": [build(e.base, depth + 1)] * int(e.exp)}
         if isinstance(e, _FLOORDIV):
             return {"op": "floordiv", "args": [build(a, depth + 1) for a in e.args]}
@@ -409,17 +439,21 @@ def to_tree(d: Dim) -> Any:
             return {"op": "mul", "args": [-1, inner]}
         if isinstance(e, _MOD):
             return {"op": "mod", "args": [build(a, depth + 1) for a in e.args]}
-        if isinstance(e, _MAX):
-            return {"op": "max", "args": [build(a, depth + 1) for a in e.args]}
-        if isinstance(e, _MIN):
-            return {"op": "min", "args": [build(a, depth + 1) for a in e.args]}
-        raise SymbolicError(f"cannot store symbolic dim {d}: {type(e).__name__} is not supported")
+        if isinstance(e, _MAX + _MIN):
+            if len(e.args) > MAX_EXTREMUM_ARGS:
+                raise SymbolicError(f"cannot store symbolic dim {_short(d)}: a Max or Min of over "
+                                    f"{MAX_EXTREMUM_ARGS} arguments")
+            return {"op": "max" if isinstance(e, _MAX) else "min", "args": [build(a, depth + 1) for a in e.args]}
+        if isinstance(e, sympy.Pow):
+            raise SymbolicError(f"cannot store symbolic dim {_short(d)}: {_short(e)} is a power above {MAX_POWER}")
+        raise SymbolicError(f"cannot store symbolic dim {_short(d)}: {type(e).__name__} is not supported")
 
     return build(sympy.sympify(d), 0)
 
 
 def from_tree(tree: Any, symbols: Mapping[str, DimSymbol]) -> Dim:
-    """Build a dim back from `to_tree`'s form; raises SymbolicError for anything malformed or too large."""
+    """Build a dim back from `to_tree`'s form; raises SymbolicError for anything malformed or too large, or that
+    `to_tree` would not store (the nodes may combine: a product of nine s0 is s0**9)."""
     count = [0]
 
     def build(t: Any, depth: int) -> Any:
@@ -448,12 +482,19 @@ def from_tree(tree: Any, symbols: Mapping[str, DimSymbol]) -> Dim:
         if op == "mul":
             return sympy.Mul(*built)
         if op in ("max", "min"):
-            return (sympy.Max if op == "max" else sympy.Min)(*built)
+            if len(built) > MAX_EXTREMUM_ARGS:
+                raise SymbolicError(f"a {op} of {len(built)} arguments (at most {MAX_EXTREMUM_ARGS})")
+            extremum = (sympy.Max if op == "max" else sympy.Min)(*built)
+            if isinstance(extremum, _MAX + _MIN) and len(extremum.args) > MAX_EXTREMUM_ARGS:  # nested ones merge
+                raise SymbolicError(f"a {op} of over {MAX_EXTREMUM_ARGS} arguments")
+            return extremum
         if len(built) != 2:
             raise SymbolicError(f"{op} takes 2 arguments, got {len(built)}")
         return (TF.FloorDiv if op == "floordiv" else TF.PythonMod)(*built)
 
     try:
-        return as_dim(build(tree, 0))
+        d = as_dim(build(tree, 0))
     except (TypeError, ZeroDivisionError) as e:
         raise SymbolicError(f"bad symbolic dim: {e}") from None
+    to_tree(d)
+    return d

@@ -17,7 +17,7 @@ import torch
 
 from torchkiln.errors import NetworkError
 from torchkiln.ir.layers import AttentionLayer, Layer, MatrixMultiplyLayer, MatrixOperation, SliceLayer
-from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, as_shape, has_symbols, symbols_of
+from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, as_shape, has_symbols, symbols_of, to_tree
 
 Outputs = list[tuple[tuple, torch.dtype]]
 
@@ -162,7 +162,9 @@ def _infer(state: _Env, layer: Layer, params: dict[str, object], run: Callable[.
                 if unknown:
                     raise NetworkError(f"{layer.KIND} layer {layer.name!r}: output dim {expr} depends on data")
                 try:
-                    shape.append(as_dim(expr.xreplace(from_env)))
+                    dim = as_dim(expr.xreplace(from_env))
+                    to_tree(dim)  # an engine must be able to store it (s0**9 it cannot)
+                    shape.append(dim)
                 except SymbolicError as e:
                     raise NetworkError(f"{layer.KIND} layer {layer.name!r}: {e}") from None
             else:

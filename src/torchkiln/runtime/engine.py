@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import reprlib
 import threading
 from collections.abc import Sequence
@@ -74,6 +75,25 @@ class InputBinding:
             raise EngineInputError(f"{what}: expected shape {expected}, got {shape}")
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def options_here(options: BackendOptions, backend: str, name: str) -> BackendOptions:
+    """`options` as this machine runs them: an onnxruntime engine asking for more threads than there are usable
+    cores (made on a larger machine, or altered) gets one per core, with a logged warning."""
+    cores = usable_cores()
+    if backend != "onnxruntime" or options.ort_threads <= cores:
+        return options
+    logger.warning("engine %r asks for %d ONNX Runtime threads; this machine has %d usable cores, so it runs with %d",
+                   name, options.ort_threads, cores, cores)
+    return dataclasses.replace(options, ort_threads=cores)
+
+
 class Engine:
     """The built form of a network; `execute` runs it, `serialize` gives its bytes."""
 
@@ -92,7 +112,8 @@ class Engine:
         self.precision = precision
         self.name = name
         self.backend = backend
-        self.backend_options = backend_options
+        self.backend_options = backend_options  # as stored; `run_options` as this machine runs them
+        self.run_options = options_here(backend_options, backend, name)
         self.plans = list(plans)  # one per target it was planned for; serialized with the engine
         self._runners: dict[torch.device, Runner] = {}
         self._lock = threading.Lock()
@@ -146,7 +167,7 @@ class Engine:
                 found = self._runners.get(device)
                 if found is None:
                     found = self._runners[device] = make_runner(self.backend, self.network, self.plan_for(device),
-                                                                device, self.backend_options, self.name)
+                                                                device, self.run_options, self.name)
         return found
 
     def execute(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -27,10 +27,14 @@ from torchkiln.runtime.serialization import dtype_name, parse_dtype
 
 _lib = torch.library.Library("torchkiln", "DEF")
 _lib.define("execute_engine(Tensor[] inputs, Tensor engine, str signature='') -> Tensor[]")
+# A copy that TorchScript's constant propagation leaves to run time (CONSERVATIVE: it may have side effects), so
+# that an output which would be a graph constant is a new tensor per call (stitching/fresh_outputs.py).
+_lib.define("fresh_copy(Tensor self) -> Tensor", alias_analysis="CONSERVATIVE")
 _load_lock = threading.Lock()
 # The errors the op raises on purpose; TorchScript's interpreter turns them into RuntimeErrors whose text
 # names them, and `reraise_engine_error` turns them back.
 ENGINE_ERRORS: tuple[type[TorchkilnError], ...] = (EngineIndexError, EngineInputError, EngineFormatError)
+_META_LOAD = "was the module loaded with map_location='meta'?"
 
 
 def engine_blob(data: bytes) -> torch.Tensor:
@@ -68,9 +72,11 @@ def legacy_signature(signature: str) -> str:
 
 
 _SPEC = re.compile(r"(\w+)\[([^\[\]]*)\]")
-_INPUT_DIM = re.compile(r"(?:([A-Za-z_]\w*)=)?\d+(?:\.\.\d+)?\Z")
+_INPUT_DIM = re.compile(r"(?:([A-Za-z_]\w*)=)?(\d{1,19})(?:\.\.(\d{1,19}))?\Z")
 MAX_SIGNATURE = 1 << 16  # characters a signature may have; more is a malformed module
 MAX_DIM_NODES = 256  # syntax nodes of one output dim's expression
+MAX_DIM_BITS = 1024  # bits any value in an output dim's expression may need, input dims counted at 64 bits
+MAX_SIZE = 1 << 63  # an output dim above this is no tensor size
 
 
 def _specs(text: str, signature: str) -> list[tuple[str, list[str]]]:
@@ -95,42 +101,60 @@ def signature_outputs(signature: str, input_shapes: Sequence[Sequence[Any]] | No
                       ) -> list[tuple[torch.dtype, tuple[Any, ...]]]:
     """The outputs' dtypes and shapes an engine signature names; a dim over the inputs' symbols is evaluated
     from `input_shapes` (ints, or SymInts under a FakeTensorMode with symbolic shapes). EngineFormatError for a
-    malformed signature or one whose output dims use symbols that no input dim names."""
+    malformed signature or one whose output dims use symbols that no input dim names; EngineInputError for input
+    shapes the signature does not take (their number, rank, or an int dim outside its range)."""
     ins, sep, outs = signature.partition("; outputs: ")
     if not sep or not ins.startswith("inputs: ") or len(signature) > MAX_SIGNATURE:
         raise EngineFormatError(f"malformed engine signature {reprlib.repr(signature)}")
     symbols: dict[str, Any] = {}
-    for i, (_, dims) in enumerate(_specs(ins.removeprefix("inputs: "), signature)):
+    specs = _specs(ins.removeprefix("inputs: "), signature)
+    if input_shapes is not None and len(input_shapes) != len(specs):
+        raise EngineInputError(f"the engine takes {len(specs)} inputs, got {len(input_shapes)} (its signature is "
+                               f"{reprlib.repr(signature)})")
+    for i, (_, dims) in enumerate(specs):
+        if input_shapes is not None and len(input_shapes[i]) != len(dims):
+            raise EngineInputError(f"engine input {i}: expected {len(dims)} dims, got shape "
+                                   f"{tuple(input_shapes[i])} (the engine's signature is {reprlib.repr(signature)})")
         for d, text in enumerate(dims):
             found = _INPUT_DIM.match(text)
             if found is None:
                 raise EngineFormatError(f"malformed engine signature {reprlib.repr(signature)}: input dim {text!r}")
-            if found.group(1) and input_shapes is not None:
-                if i >= len(input_shapes) or d >= len(input_shapes[i]):
-                    raise EngineInputError(f"engine input {i} has no dim {d} (the engine's signature is "
-                                           f"{reprlib.repr(signature)})")
-                symbols.setdefault(found.group(1), input_shapes[i][d])
+            if input_shapes is None:
+                continue
+            size, lo = input_shapes[i][d], int(found.group(2))
+            hi = lo if found.group(3) is None else int(found.group(3))
+            if isinstance(size, int) and not lo <= size <= hi:
+                raise EngineInputError(f"engine input {i}: dim {d} is {size}, outside [{lo}, {hi}] (shape "
+                                       f"{tuple(input_shapes[i])}; the engine's signature is "
+                                       f"{reprlib.repr(signature)})")
+            if found.group(1):
+                symbols.setdefault(found.group(1), size)
     return [(parse_dtype(dtype, "engine signature"), tuple(_output_dim(t, symbols, signature) for t in dims))
             for dtype, dims in _specs(outs, signature)]
 
 
 def _output_dim(text: str, symbols: dict[str, Any], signature: str) -> Any:
     """An output dim's text evaluated: an int, or the expression over `symbols` (never Python's eval)."""
-    if text.isdigit():
+    if text.isascii() and text.isdigit() and len(text) < 19:
         return int(text)
     try:
         tree = ast.parse(text, mode="eval").body
         if sum(1 for _ in ast.walk(tree)) > MAX_DIM_NODES:
-            raise ValueError("too large")
+            raise ValueError(f"more than {MAX_DIM_NODES} syntax nodes")
+        _bits(tree)
         num, den = _rational(tree, symbols)
     except _Unbound as e:
         raise EngineFormatError(f"engine signature {reprlib.repr(signature)}: output dim {text!r} uses symbol {e} "
                                 f"that no input dim names (a module compiled before inputs named their symbols)"
                                 ) from None
-    except (SyntaxError, ValueError, TypeError, ZeroDivisionError, RecursionError, MemoryError):
+    except (SyntaxError, ValueError, TypeError, ZeroDivisionError, RecursionError, MemoryError) as e:
         raise EngineFormatError(f"engine signature {reprlib.repr(signature)}: output dim {text!r} is no "
-                                f"expression of the input dims") from None
-    return num if den == 1 else num // den
+                                f"expression of the input dims ({e})") from None
+    value = num if den == 1 else num // den
+    if isinstance(value, int) and not 0 <= value < MAX_SIZE:
+        raise EngineFormatError(f"engine signature {reprlib.repr(signature)}: output dim {text!r} is {value} for "
+                                f"these input sizes, not a tensor size")
+    return value
 
 
 class _Unbound(Exception):
@@ -166,6 +190,46 @@ def _rational(node: ast.AST, symbols: dict[str, Any]) -> tuple[Any, int]:
             not node.keywords and node.args:
         return _apply(_CALLS[node.func.id], [_rational(a, symbols) for a in node.args])
     raise ValueError(f"unsupported {type(node).__name__}")
+
+
+def _bits(node: ast.AST) -> tuple[int, int]:
+    """(b, c): the numerator of `_rational`'s value for `node` is below 2**b and its denominator below 2**c, an
+    input dim counted below 2**64 (a tensor size). ValueError where some value of the expression may need more
+    than MAX_DIM_BITS bits: checked before evaluating, so that a huge power or a deep nesting of products is
+    refused before it is computed, on ints and SymInts alike."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        found = abs(node.value).bit_length(), 1
+    elif isinstance(node, ast.UnaryOp):
+        found = _bits(node.operand)
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        k = node.right.value if isinstance(node.right, ast.Constant) and type(node.right.value) is int else 1
+        n, d = _bits(node.left)
+        found = (n * k, d * k) if k > 0 else (1, 1)
+    elif isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        found = _op_bits(_BINARY[type(node.op)], [_bits(node.left), _bits(node.right)])
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _CALLS and node.args:
+        found = _op_bits(_CALLS[node.func.id], [_bits(a) for a in node.args])
+    else:  # a symbol (anything else, _rational refuses)
+        found = 64, 1
+    if max(found) > MAX_DIM_BITS:
+        raise ValueError(f"too large: its values may need more than {MAX_DIM_BITS} bits")
+    return found
+
+
+def _op_bits(op: str, parts: list[tuple[int, int]]) -> tuple[int, int]:
+    """`_bits` of `_apply(op, ...)` on values of these bits."""
+    (an, ad), (bn, bd) = parts[0], parts[-1]
+    if op in ("floor", "ceil"):
+        return an + 1, 1
+    if op in ("max", "min"):
+        return max(n for n, _ in parts), 1
+    if op in ("add", "sub"):
+        return max(an + bd, bn + ad) + 1, ad + bd
+    if op == "mul":
+        return an + bn, ad + bd
+    if op == "div":
+        return an + bd, ad + bn
+    return an + bd + bn + 1, 1  # floordiv and mod: |floor(a / b)| <= |a| + 1, |a mod b| < |b|
 
 
 def _apply(op: str, args: list[tuple[Any, int]]) -> tuple[Any, int]:
@@ -214,9 +278,28 @@ def _blob_key(blob: torch.Tensor) -> tuple[int, int, int]:
     return blob.data_ptr(), version, blob.numel()
 
 
+def check_blob(blob: Any, holds_bytes: bool = True) -> None:
+    """EngineFormatError naming what a module's engine attribute holds, unless it is a uint8 tensor (of bytes, not
+    on the meta device, where `holds_bytes`)."""
+    if not isinstance(blob, torch.Tensor):
+        got = "None" if blob is None else type(blob).__name__
+    elif blob.is_quantized:
+        got = f"a quantized tensor ({blob.dtype})"
+    elif blob.layout != torch.strided or blob.is_nested:
+        got = f"a {'nested' if blob.is_nested else blob.layout} tensor"
+    elif blob.dtype != torch.uint8:
+        got = f"a {blob.dtype} tensor"
+    elif holds_bytes and blob.device.type == "meta":
+        got = f"a tensor on the meta device, which holds no bytes ({_META_LOAD})"
+    else:
+        return
+    raise EngineFormatError(f"an engine attribute must be a uint8 tensor of engine bytes, got {got}")
+
+
 def engine_from_blob(blob: torch.Tensor, expected: str = "") -> Engine:
     """The Engine a module's blob holds, deserialized when the bytes are new; refused (EngineFormatError)
-    if `expected` names another engine signature."""
+    if `expected` names another engine signature or the blob is no uint8 tensor."""
+    check_blob(blob)
     key = _blob_key(blob)
     loaded = getattr(blob, "_torchkiln_engine", None)
     if loaded is None or loaded.key != key:
@@ -251,7 +334,15 @@ def _fake_execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor,
     engine's output dims are its expressions of the inputs' sizes (SymInts under symbolic shapes)."""
     from torch._subclasses.fake_tensor import is_fake
 
+    check_blob(engine, holds_bytes=False)
     real = not (engine.device.type == "meta" or is_fake(engine))
+    live = sorted({str(x.device) for x in inputs if not (x.device.type == "meta" or is_fake(x))})
+    if live and not real:
+        raise EngineFormatError(f"the engine attribute is on the meta device and holds no bytes ({_META_LOAD}), "
+                                f"so the engine cannot run on inputs on {', '.join(live)}: load the module with "
+                                f"map_location='cpu' (or call it on meta tensors, for shapes only)")
+    if live:
+        raise EngineInputError(f"all engine inputs must be on one device, got meta and {', '.join(live)}")
     if not signature:  # a module saved before signatures were recorded: read the engine itself
         if not real:
             raise EngineFormatError("this module records no engine signature, so its engine's output shapes "
@@ -268,9 +359,10 @@ def _fake_execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor,
     return [torch.empty(shape, dtype=dtype, device=device) for dtype, shape in outputs]
 
 
-for _key in ("CPU", "CUDA"):
-    _lib.impl("execute_engine", _execute_engine, _key)
+# Every backend key, so that an engine attribute of another layout (sparse, quantized...) reaches check_blob.
+_lib.impl("execute_engine", _execute_engine, "CompositeExplicitAutograd")
 _lib.impl("execute_engine", _below_autograd, "Autograd")
+_lib.impl("fresh_copy", torch.clone, "CompositeExplicitAutograd")
 torch.library.register_fake("torchkiln::execute_engine", _fake_execute_engine, lib=_lib)
 
 

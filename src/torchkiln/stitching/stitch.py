@@ -9,6 +9,7 @@ import torch
 from torchkiln.partitioning.segment import Partition
 from torchkiln.runtime.engine import Engine
 from torchkiln.runtime.execute_op import engine_blob, engine_signature
+from torchkiln.stitching.fresh_outputs import copy_constant_outputs
 from torchkiln.stitching.module import as_compiled_module
 from torchkiln.torchscript import Graph, Value
 
@@ -40,8 +41,9 @@ def insert_engine_call(graph: Graph, self_value: Value, attr: str, inputs: Seque
 
 
 def stitch(module: torch.jit.ScriptModule, partition: Partition, engines: Sequence[Engine]) -> torch.jit.ScriptModule:
-    """Edit `module`'s lowered graph in place so engine blocks run through their engines; return the module,
-    which raises the engine's errors as torchkiln's types (see `as_compiled_module`)."""
+    """Edit `module`'s lowered graph in place so engine blocks run through their engines, and outputs never share
+    memory with a constant (`copy_constant_outputs`); return the module, which raises the engine's errors as
+    torchkiln's types (see `as_compiled_module`)."""
     graph = partition.graph
     self_value = next(graph.inputs())
     engine_blocks = [b for b in partition.blocks if b.is_engine]
@@ -60,6 +62,9 @@ def stitch(module: torch.jit.ScriptModule, partition: Partition, engines: Sequen
                 original.replaceAllUsesWith(graph.insertConstant(value))
         for node in reversed(block.nodes):
             node.destroy()
+    copied = copy_constant_outputs(graph)
+    if copied:
+        logger.debug("%d constants an output may alias are copied per call", copied)
     torch._C._jit_pass_dce(graph)
     graph.lint()
     logger.debug("stitched graph:\n%s", graph)
