@@ -224,4 +224,12 @@ def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> st
             scores = ctx.op("Where", [mask, scores, minus_inf], dt, typed=(1, 2))
         else:
             scores = ctx.op("Add", [scores, ctx.cast(mask, tmask.dtype, dt)], dt)
-    return ctx.op("MatMul", [ctx.op("Softmax", [scores], dt, axis=-1), v], dt)
+    return ctx.op("MatMul", [_safe_softmax(ctx, scores, dt), v], dt)
+
+
+def _safe_softmax(ctx: ExportContext, scores: str, dt: torch.dtype) -> str:
+    """Softmax over the last axis, 0 for a query whose every score is -inf (all its keys masked), as torch's
+    SDPA computes it (ATen's _safe_softmax); a plain Softmax gives NaN there."""
+    masked = ctx.op("Equal", [scores, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())
+    every = ctx.op("ReduceMin", [masked, ctx.ints([-1], "axes")], torch.bool, typed=(0,), keepdims=1)
+    return ctx.op("Where", [every, ctx.scalar(0, dt), ctx.op("Softmax", [scores], dt, axis=-1)], dt, typed=(1, 2))
