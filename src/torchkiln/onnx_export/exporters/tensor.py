@@ -224,8 +224,18 @@ def _padding(ctx: ExportContext, layer: L.PaddingLayer, xs: list[str]) -> str:
 @exporter(L.TopKLayer)
 def _topk(ctx: ExportContext, layer: L.TopKLayer, xs: list[str]) -> list[str]:
     # ONNX's TopK puts the lower index first among equal values, as torch.max/min do for k=1.
-    return ctx.op("TopK", [xs[0], ctx.dim(layer.k)], layer.inputs[0].dtype, typed=(0,), outputs=2,
-                  typed_outputs=(0,), axis=layer.axis, largest=int(layer.op == L.TopKOperation.MAX), sorted=1)
+    dt = layer.inputs[0].dtype
+    values, indices = ctx.op("TopK", [xs[0], ctx.dim(layer.k)], dt, typed=(0,), outputs=2, typed_outputs=(0,),
+                             axis=layer.axis, largest=int(layer.op == L.TopKOperation.MAX), sorted=1)
+    if layer.k != 1 or not dt.is_floating_point:
+        return [values, indices]
+    # torch.max/min(x, dim) propagate NaN (the value, and the first NaN's index); ONNX Runtime's TopK skips it
+    nan = ctx.cast(ctx.op("IsNaN", [xs[0]], dt, typed_outputs=()), torch.bool, torch.int32)
+    first = ctx.node("ArgMax", [nan], axis=layer.axis, keepdims=1, select_last_index=0)[0]
+    found = ctx.cast(ctx.node("ReduceMax", [nan, ctx.ints([layer.axis], "axes")], keepdims=1)[0], torch.int32,
+                     torch.bool)
+    return [ctx.op("Where", [found, ctx.scalar(float("nan"), dt), values], dt, typed=(1, 2)),
+            ctx.node("Where", [found, first, indices])[0]]
 
 
 @exporter(L.DimValueLayer)
