@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 import onnx
+import torch
 from onnx import helper
 
 from torchkiln._version import __version__
@@ -29,9 +30,20 @@ def _export_layer(ctx: ExportContext, layer: L.Layer, xs: list[str]) -> list[str
     fn = EXPORTERS.get(type(layer))
     if fn is None:
         ctx.decline("no ONNX exporter for this layer kind")
-    outs = fn(ctx, layer, xs)
+    outs = _empty_results(ctx, layer) or fn(ctx, layer, xs)
     ctx.layer = None
     return [outs] if isinstance(outs, str) else list(outs)
+
+
+def _empty_results(ctx: ExportContext, layer: L.Layer) -> list[str] | None:
+    """Empty initializers for a layer whose outputs all have a static dim 0 (their only possible values), else None.
+    ONNX Runtime refuses some such layers at run time (an edge Pad that leaves nothing of its input), and its
+    optimizer drops an Expand to 0 before a Reshape (repeat or tile by 0). Gathers and scatters are exported as they are: their indices
+    must still be checked."""
+    if isinstance(layer, (L.GatherLayer, L.ScatterLayer)) or not all(
+            0 in t.shape and not has_symbols(t.shape) for t in layer.outputs):
+        return None
+    return [ctx.constant(torch.empty(t.shape, dtype=t.dtype), "empty") for t in layer.outputs]
 
 
 def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:

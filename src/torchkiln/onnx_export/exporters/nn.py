@@ -22,6 +22,9 @@ def _convolution(ctx: ExportContext, layer: L.ConvolutionLayer, xs: list[str]) -
     attrs = dict(strides=list(layer.stride), pads=list(layer.padding) * 2, dilations=list(layer.dilation),
                  group=layer.groups, kernel_shape=list(layer.weights["kernel"].shape[2:]))
     if layer.transposed and any(layer.output_padding):
+        if any(p >= s for p, s in zip(layer.output_padding, layer.stride)):
+            ctx.decline(f"output_padding={list(layer.output_padding)} not below stride={list(layer.stride)} (torch "
+                        f"allows it below the dilation): ONNX Runtime's ConvTranspose refuses it")
         attrs["output_padding"] = list(layer.output_padding)
     return ctx.cast(ctx.node(op_type, inputs, **attrs)[0], compute, dt)
 
@@ -145,6 +148,8 @@ def _cumulative(ctx: ExportContext, layer: L.CumulativeLayer, xs: list[str]) -> 
         ctx.decline(f"op={layer.op.name}: ONNX has no cumulative product before opset 26, which ONNX Runtime's "
                     f"CPU provider does not run")
     src, out = layer.inputs[0].dtype, layer.outputs[0].dtype  # torch.cumsum of integers gives int64
+    if layer.inputs[0].rank == 0:  # the sum of one value (ONNX's CumSum takes no 0-d input)
+        return ctx.node("Identity", [ctx.cast(xs[0], src, out)])[0]
     return ctx.op("CumSum", [ctx.cast(xs[0], src, out), ctx.constant(torch.tensor(layer.axis), "axis")], out,
                   typed=(0,))
 
