@@ -37,12 +37,15 @@ from collections.abc import Sequence
 
 import torch
 
+from torchkiln.errors import EngineFormatError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import Dim, bounds
+from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, substitute
 from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
 from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
+from torchkiln.runtime.serialization import dtype_name
+from torchkiln.runtime.symbols import MAX_CACHED_SIGNATURES, SymbolBinder
 
 logger = logging.getLogger(__name__)
 
@@ -221,10 +224,23 @@ class _Session:
             raise BackendUnavailable(f"ONNX Runtime refused the segment {sub.name!r}: {e}") from None
         self.input_names = [v.name for v in model.graph.input]
         self.output_names = [v.name for v in model.graph.output]
+        self.outputs = list(sub.outputs)
 
     def run(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         feeds = {name: x.detach().contiguous().numpy() for name, x in zip(self.input_names, xs)}
         return [torch.from_numpy(o) for o in self.session.run(self.output_names, feeds)]
+
+    def check(self, outs: list[torch.Tensor], bindings: dict[DimSymbol, int]) -> None:
+        """EngineFormatError unless each output has the dtype and shape the network declares (its symbolic dims
+        evaluated at `bindings`): ONNX Runtime only warns where they differ."""
+        for t, out in zip(self.outputs, outs):
+            shape = tuple(substitute(t.shape, bindings))
+            if out.dtype != t.dtype or tuple(out.shape) != shape:
+                where = f"{t.producer.KIND} layer {t.producer.name!r}" if t.producer is not None else "an input"
+                raise EngineFormatError(
+                    f"ONNX Runtime gave {dtype_name(out.dtype)}{list(out.shape)} for tensor {t.name!r} (output of "
+                    f"{where}), where the engine declares {dtype_name(t.dtype)}{list(shape)}: the layer's ONNX "
+                    f"export is wrong; compile with backend='reference' to run this engine")
 
 
 class OrtRunner:
@@ -271,18 +287,29 @@ class OrtRunner:
         self.passed_through = {id(t) for t in network.inputs} & kept  # an input returned as is: copied
         self.sessions = sum(isinstance(s, _Session) for s, _, _ in self.steps)
         self._reference: ReferenceExecutor | None = None
+        self._binder = SymbolBinder.for_network(network)
+        self._checked: set[tuple[tuple[int, ...], ...]] = set()  # input shapes whose outputs were checked
         logger.debug("network %s on onnxruntime: %d sessions, %d reference segments, %d threads", network.name,
                      self.sessions, len(self.steps) - self.sessions, threads)
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         values = dict(zip(self.input_ids, inputs))
+        signature = tuple(tuple(x.shape) for x in inputs)
+        bindings = None if signature in self._checked else self._binder.bind(signature) if self._binder else {}
         try:
             for (step, ins, outs), frees in zip(self.steps, self.frees):
-                values.update(zip(outs, step.run([values[i] for i in ins])))
+                results = step.run([values[i] for i in ins])
+                if bindings is not None and isinstance(step, _Session):  # once per input-shape signature
+                    step.check(results, bindings)
+                values.update(zip(outs, results))
                 for i in frees:
                     del values[i]
         except self.errors as e:
             return self._run_on_reference(inputs, e)
+        if bindings is not None:
+            if len(self._checked) >= MAX_CACHED_SIGNATURES:
+                self._checked.clear()
+            self._checked.add(signature)
         return [values[i].clone() if i in self.passed_through else values[i] for i in self.output_ids]
 
     def _run_on_reference(self, inputs: list[torch.Tensor], error: Exception) -> list[torch.Tensor]:
