@@ -119,6 +119,18 @@ def test_attention_with_fully_masked_rows_gives_zeros_as_eager(kind):
     check_traced(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask, op=OP)
 
 
+@pytest.mark.parametrize("kind", ["bool", "causal"])
+def test_attention_with_inf_and_nan_keys_where_masked_matches_eager(kind):
+    """torch adds masks (-inf where masked), so a NaN or +inf score at a masked key still makes NaN."""
+    q, k, v = _qkv()
+    k[0, 0, 6, 1], k[1, 2, 3, 0] = float("inf"), float("nan")
+    keep = torch.ones(5, 7, dtype=torch.bool).tril()  # the causal pattern: key 6 is masked for every query
+    if kind == "bool":
+        check_traced(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, keep, op=OP)
+    else:
+        check_traced(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v, op=OP)
+
+
 class _LastHiddenState(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()

@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 21  # LayerNormalization, Gelu (20), GroupNormalization with per-channel affine (21)
 MIN_OPSET = 21
+GUARD_OUTPUT = "torchkiln/outside_exact_range"  # the guard output's name (`network_to_onnx(guard=True)`)
 # ONNX's Attention op (opset 23) replaces the MatMul-Softmax-MatMul form of attention layers from there on.
 
 
@@ -46,9 +47,13 @@ def _empty_results(ctx: ExportContext, layer: L.Layer) -> list[str] | None:
     return [ctx.constant(torch.empty(t.shape, dtype=t.dtype), "empty") for t in layer.outputs]
 
 
-def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = False) -> onnx.ModelProto:
     """The network as an ONNX model: inputs and outputs keep the network's tensor names, weights become
     initializers. Raises OnnxExportError naming the first layer (kind, param) that has no exact ONNX form.
+
+    Some layers' ONNX forms are exact only for finite values (`ExportContext.exact_below`: linear and cubic
+    resize, grid sample). With `guard`, such a model has one more output, last: a bool [] that is true when a call
+    gave them other values (a backend then computes that call otherwise).
 
     Layer outputs with symbolic dims get a value_info with those dims as dim_params (`s0`, `((s0-1)//2)+1`):
     ONNX's shape inference loses a dim behind a shape computed at run time (a slice to an input's length), and
@@ -80,6 +85,10 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET) -> onnx.ModelP
         name = t.name if names[id(t)] != t.name else ctx.fresh(f"{t.name}:output")  # an input passed through
         ctx.nodes.append(helper.make_node("Identity", [names[id(t)]], [name], name=ctx.fresh(f"{t.name}/output")))
         outputs.append(value_info(name, t.dtype, t.shape))
+    if guard and ctx.guards:
+        name = ctx.fresh(GUARD_OUTPUT)
+        ctx.nodes.append(helper.make_node("Identity", [ctx.guard_flag()], [name], name=ctx.fresh(f"{name}/output")))
+        outputs.append(value_info(name, torch.bool, ()))
     outputs_named = {v.name for v in outputs}
     graph = helper.make_graph(ctx.nodes, network.name, inputs, outputs, initializer=ctx.initializers,
                               value_info=[v for v in shapes if v.name not in outputs_named])

@@ -205,6 +205,10 @@ def _ort_errors(ort) -> tuple[type[Exception], ...]:
     return tuple(v for v in vars(state).values() if isinstance(v, type) and issubclass(v, Exception))
 
 
+class OutsideExactRange(Exception):
+    """A call gave a layer values its ONNX form does not compute exactly (`ExportContext.exact_below`)."""
+
+
 class _Session:
     """One ORT segment: its session and its input and output names."""
 
@@ -215,9 +219,10 @@ class _Session:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self.session_name = sub.name
         options.log_severity_level = 3  # run-time errors come back as exceptions, handled by the runner
         try:
-            model = network_to_onnx(sub)
+            model = network_to_onnx(sub, guard=True)
             self.session = ort.InferenceSession(model.SerializeToString(), options,
                                                 providers=["CPUExecutionProvider"])
         except (OnnxExportError, *_ort_errors(ort)) as e:
@@ -225,10 +230,15 @@ class _Session:
         self.input_names = [v.name for v in model.graph.input]
         self.output_names = [v.name for v in model.graph.output]
         self.outputs = list(sub.outputs)
+        self.guarded = len(self.output_names) > len(self.outputs)  # the guard output (network_to_onnx) is last
 
     def run(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         feeds = {name: x.detach().contiguous().numpy() for name, x in zip(self.input_names, xs)}
-        return [torch.from_numpy(o) for o in self.session.run(self.output_names, feeds)]
+        outs = self.session.run(self.output_names, feeds)
+        if self.guarded and outs.pop():
+            raise OutsideExactRange(f"values outside the range ONNX Runtime computes exactly reached a layer of "
+                                    f"{self.session_name} (NaN or inf into a linear resize, for example)")
+        return [torch.from_numpy(o) for o in outs]
 
     def check(self, outs: list[torch.Tensor], bindings: dict[DimSymbol, int]) -> None:
         """EngineFormatError unless each output has the dtype and shape the network declares (its symbolic dims
@@ -306,18 +316,24 @@ class OrtRunner:
                     del values[i]
         except self.errors as e:
             return self._run_on_reference(inputs, e)
+        except OutsideExactRange as e:
+            logger.debug("network %s: this call runs on the reference backend: %s", self.network.name, e)
+            return self._reference_executor().run(inputs)
         if bindings is not None:
             if len(self._checked) >= MAX_CACHED_SIGNATURES:
                 self._checked.clear()
             self._checked.add(signature)
         return [values[i].clone() if i in self.passed_through else values[i] for i in self.output_ids]
 
+    def _reference_executor(self) -> ReferenceExecutor:
+        if self._reference is None:
+            self._reference = ReferenceExecutor(self.network, self.device)
+        return self._reference
+
     def _run_on_reference(self, inputs: list[torch.Tensor], error: Exception) -> list[torch.Tensor]:
         """ONNX Runtime failed: the reference backend raises the documented error for these inputs (or, where
         it does not fail, its result is returned and the failure logged)."""
-        if self._reference is None:
-            self._reference = ReferenceExecutor(self.network, self.device)
-        outputs = self._reference.run(inputs)
+        outputs = self._reference_executor().run(inputs)
         logger.warning("network %s: ONNX Runtime failed where the reference backend did not, so this call ran "
                        "on the reference backend: %s", self.network.name, error)
         return outputs
