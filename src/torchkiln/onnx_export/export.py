@@ -39,8 +39,8 @@ def _export_layer(ctx: ExportContext, layer: L.Layer, xs: list[str]) -> list[str
 def _empty_results(ctx: ExportContext, layer: L.Layer) -> list[str] | None:
     """Empty initializers for a layer whose outputs all have a static dim 0 (their only possible values), else None.
     ONNX Runtime refuses some such layers at run time (an edge Pad that leaves nothing of its input), and its
-    optimizer drops an Expand to 0 before a Reshape (repeat or tile by 0). Gathers and scatters are exported as they are: their indices
-    must still be checked."""
+    optimizer drops an Expand to 0 before a Reshape (repeat or tile by 0). Gathers and scatters are exported as
+    they are: their indices must still be checked."""
     if isinstance(layer, (L.GatherLayer, L.ScatterLayer)) or not all(
             0 in t.shape and not has_symbols(t.shape) for t in layer.outputs):
         return None

@@ -250,6 +250,6 @@ def _additive(ctx: ExportContext, keep: str, dt: torch.dtype) -> str:
 def _safe_softmax(ctx: ExportContext, scores: str, dt: torch.dtype) -> str:
     """Softmax over the last axis, 0 for a query whose every score is -inf (all its keys masked), as torch's
     SDPA computes it (ATen's _safe_softmax); a plain Softmax gives NaN there."""
-    masked = ctx.op("Equal", [scores, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())
-    every = ctx.op("ReduceMin", [masked, ctx.ints([-1], "axes")], torch.bool, typed=(0,), keepdims=1)
+    kept = ctx.node("Not", [ctx.op("Equal", [scores, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())])[0]
+    every = _count(ctx, kept, ctx.ints([-1], "axes"), 1, "Equal")  # no key kept (a sum: there may be no keys)
     return ctx.op("Where", [every, ctx.scalar(0, dt), ctx.op("Softmax", [scores], dt, axis=-1)], dt, typed=(1, 2))
