@@ -28,6 +28,11 @@ from the input shapes); a reference segment would take intermediate tensors whos
 only the whole network's symbols define, so a network with any layer ORT cannot run uses the reference backend.
 When ORT fails at run time (an index beyond the end, integer division by zero), the call runs again on the
 reference backend, whose error (or, should it succeed, its result, with a warning) is what the caller gets.
+A call that gives a layer values its ONNX form is not exact for (NaN or inf into a linear resize: the session's
+guard output, `network_to_onnx(guard=True)`) runs on the reference backend too, logged at DEBUG only.
+
+Outputs: the first call with each input-shape signature checks every session output's dtype and shape against the
+network's (ONNX Runtime only warns where they differ); a mismatch raises EngineFormatError naming the tensor.
 """
 from __future__ import annotations
 
