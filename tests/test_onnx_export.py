@@ -59,7 +59,15 @@ CASES: dict[str, list[tuple[str, Build]]] = {}
 
 def add_case(kind: type[L.Layer], name: str, inputs: list[tuple[tuple[int, ...], torch.dtype]],
              body: Callable[..., object], data: Callable[[torch.Generator], list[torch.Tensor]] | None = None) -> None:
-    """A network with `inputs` whose outputs are `body(net, *input_tensors)` (a tensor, a layer or a list)."""
+    """Register `case(...)` under its layer kind."""
+    CASES.setdefault(kind.KIND, []).append(case(kind, name, inputs, body, data))
+
+
+def case(kind: type[L.Layer], name: str, inputs: list[tuple[tuple[int, ...], torch.dtype]],
+         body: Callable[..., object], data: Callable[[torch.Generator], list[torch.Tensor]] | None = None
+         ) -> tuple[str, Build]:
+    """(name, builder of a network with `inputs` whose outputs are `body(net, *input_tensors)` (a tensor, a layer or
+    a list), and its input data: `data(gen)`, or random `sample`s)."""
     def build(gen: torch.Generator) -> tuple[Network, list[torch.Tensor]]:
         net = Network(name)
         xs = [net.add_input(f"x{i}", dt, shape) for i, (shape, dt) in enumerate(inputs)]
@@ -69,7 +77,7 @@ def add_case(kind: type[L.Layer], name: str, inputs: list[tuple[tuple[int, ...],
             net.mark_output(t)
         return net, (data(gen) if data else [sample(s, dt, gen) for s, dt in inputs])
 
-    CASES.setdefault(kind.KIND, []).append((f"{kind.KIND}-{name}", build))
+    return f"{kind.KIND}-{name}", build
 
 
 def cast_in(dtype: torch.dtype, make: Callable[[Network, object], object]) -> Callable[..., object]:

@@ -157,6 +157,15 @@ def test_prelu_module(channels):
     check_compiled(model, [torch.randn(2, 4, 3, 3)], min_block_size=1)
 
 
+def prelu_shared_0d(x):
+    return F.prelu(x * 2, torch.tensor([0.25]))
+
+
+@pytest.mark.parametrize("x", [torch.tensor(-3.0), torch.randn(2, 3, 4)], ids=["0d", "3d"])
+def test_prelu_with_one_shared_slope_keeps_the_input_shape(x):
+    check_fn(prelu_shared_0d, x)
+
+
 def test_inplace_modules_convert():
     """nn modules with inplace=True act on intermediates; lowering makes them functional."""
     model = torch.nn.Sequential(

@@ -1,4 +1,6 @@
 """scaled_dot_product_attention through the whole pipeline: masks (bool, float, constant), causal, scale."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,7 +30,7 @@ def test_attention_3d_inputs():
 def test_attention_with_run_time_masks():
     q, k, v = _qkv()
     bool_mask = torch.rand(2, 1, 5, 7) > 0.3
-    bool_mask[..., 0] = True  # every query sees a key: no all-masked rows (eager gives nan there)
+    bool_mask[..., 0] = True  # every query sees a key (fully masked rows: the test below)
     float_mask = torch.randn(5, 7)
     check_traced(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, bool_mask, op=OP)
     check_traced(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, float_mask, op=OP)
@@ -101,3 +103,56 @@ def test_multihead_attention_returning_weights_still_matches():
     with torch.no_grad():
         check_compiled(torch.jit.script(MultiheadAttentionWithWeights().eval()), [torch.randn(2, 5, 16)],
                        engines=None, torch_blocks=None)
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_attention_with_fully_masked_rows_gives_zeros_as_eager(kind):
+    """A query whose every key is masked: eager's SDPA gives 0 there (a plain softmax would give NaN)."""
+    q, k, v = _qkv()
+    keep = torch.rand(2, 1, 5, 7) > 0.3
+    keep[..., 0] = True
+    keep[0, :, 1], keep[1, :, 4] = False, False  # two fully masked queries
+    mask = keep if kind == "bool" else torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    with torch.no_grad():
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    assert torch.equal(ref[0, :, 1], torch.zeros_like(ref[0, :, 1]))
+    check_traced(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask, op=OP)
+
+
+@pytest.mark.parametrize("kind", ["bool", "causal"])
+def test_attention_with_inf_and_nan_keys_where_masked_matches_eager(kind):
+    """torch adds masks (-inf where masked), so a NaN or +inf score at a masked key still makes NaN."""
+    q, k, v = _qkv()
+    k[0, 0, 6, 1], k[1, 2, 3, 0] = float("inf"), float("nan")
+    keep = torch.ones(5, 7, dtype=torch.bool).tril()  # the causal pattern: key 6 is masked for every query
+    if kind == "bool":
+        check_traced(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, keep, op=OP)
+    else:
+        check_traced(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), q, k, v, op=OP)
+
+
+class _LastHiddenState(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(ids, attention_mask=mask).last_hidden_state
+
+
+@pytest.mark.parametrize("shapes", ["static", "dynamic"])
+def test_bert_batch_with_an_all_zero_attention_mask_row_matches_eager(shapes):
+    """transformers' BERT (its SDPA attention) with one sequence wholly masked: eager gives finite values there."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=32)
+    model = _LastHiddenState(transformers.BertModel(config)).eval()
+    ids, mask = torch.randint(0, 100, (2, 8)), torch.ones(2, 8, dtype=torch.long)
+    mask[0] = 0
+    inputs = None
+    if shapes == "dynamic":
+        inputs = [torchkiln.Input(min_shape=(2, 4), opt_shape=(2, 8), max_shape=(2, 16), dtype=torch.long)] * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracing's warnings about the mask checks
+        check_compiled(model, [ids, mask], inputs=inputs)

@@ -74,6 +74,15 @@ def test_adaptive_max_pool_nan_propagates():
     check_traced(lambda t: F.adaptive_max_pool2d(t, (4, 3)), x, op="aten::adaptive_max_pool2d")
 
 
+@pytest.mark.parametrize("kw", [dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2, ceil_mode=True)],
+                         ids=["padded", "ceil"])
+def test_max_pool_nan_propagates(kw):
+    """ONNX Runtime's MaxPool skips NaN; eager's max pooling returns it for every window that holds one."""
+    x = torch.randn(1, 2, 7, 7)
+    x[0, 0, 0, 0], x[0, 1, 3, 4], x[0, 1, 6, 6] = float("nan"), float("nan"), float("inf")
+    check_traced(lambda t: F.max_pool2d(t * 2, **kw), x, op="aten::max_pool2d")
+
+
 def adaptive_max_pool_values(x):
     return F.adaptive_max_pool2d_with_indices(x, [3, 2])[0] * 2
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import assert_falls_back, check_fn, check_traced
+from harness import assert_falls_back, assert_matches_eager, check_fn, check_traced
 
 _SHAPES = {1: (2, 3, 7), 2: (2, 3, 5, 7), 3: (1, 2, 3, 4, 5)}
 _MODES = [("nearest", 1), ("nearest", 2), ("nearest", 3), ("nearest-exact", 1), ("nearest-exact", 2),
@@ -84,6 +84,18 @@ def test_upsample_whose_size_and_scales_disagree_falls_back():
     assert_falls_back(report, "aten::upsample_bilinear2d", "these scales do not give this size")
 
 
+@pytest.mark.parametrize("mode,nd,align_corners", [("linear", 1, False), ("bilinear", 2, True), ("bicubic", 2, False),
+                                                   ("trilinear", 3, True)])
+def test_interpolate_of_nan_and_inf_matches_eager(mode, nd, align_corners):
+    """NaN and inf propagate through torch's weighted sums (0 * inf is NaN) otherwise than through ONNX Runtime's
+    Resize: an onnxruntime engine computes such a call on the reference meanings."""
+    x = torch.randn(_SHAPES[nd]).view(-1)
+    x[3], x[10], x[17] = float("nan"), float("inf"), float("-inf")
+    fn = lambda t: F.interpolate(t * 2, scale_factor=2.0, mode=mode, align_corners=align_corners)  # noqa: E731
+    compiled, _ = check_traced(fn, x.view(_SHAPES[nd]))
+    assert_matches_eager(compiled(torch.ones(_SHAPES[nd])), fn(torch.ones(_SHAPES[nd])))  # and finite ones after
+
+
 _GRID_2D = [(m, p) for m in ("bilinear", "nearest", "bicubic") for p in ("zeros", "border", "reflection")]
 
 
@@ -92,6 +104,14 @@ _GRID_2D = [(m, p) for m in ("bilinear", "nearest", "bicubic") for p in ("zeros"
 def test_grid_sample_2d(mode, padding, align_corners):
     grid = torch.rand(2, 4, 5, 2) * 2.4 - 1.2  # some samples fall outside, where padding matters
     check_traced(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding, align_corners=align_corners),
+                 torch.randn(2, 3, 6, 7), grid, op="aten::grid_sampler")
+
+
+@pytest.mark.parametrize("mode,padding", [("nearest", "reflection"), ("bilinear", "border"), ("bicubic", "zeros")])
+def test_grid_sample_of_far_or_non_finite_coordinates_matches_eager(mode, padding):
+    grid = torch.rand(2, 4, 5, 2) * 2 - 1
+    grid[0, 0, :4, 0] = torch.tensor([1e5, -3e7, float("nan"), float("inf")])
+    check_traced(lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding, align_corners=False),
                  torch.randn(2, 3, 6, 7), grid, op="aten::grid_sampler")
 
 

@@ -166,6 +166,10 @@ def circular_pad(x):
     return F.pad(x, (1, 2, 2, 1), mode="circular")
 
 
+def permute_0d(x):
+    return (x * 2).permute([])
+
+
 def pixel_shuffle(x):
     return F.pixel_shuffle(x, 2) * 2
 
@@ -211,6 +215,7 @@ CASES = [
     (reflection_pad3d, [R(1, 2, 3, 3, 4)]),
     (circular_pad, [R(1, 2, 3, 4)]),
     (pixel_shuffle, [R(2, 8, 3, 4)]),
+    (permute_0d, [torch.tensor(-1.5)]),
 ]
 
 

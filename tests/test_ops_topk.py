@@ -55,3 +55,39 @@ def topk_k1_indices(x):
 def test_topk_falls_back_where_only_pytorch_defines_the_order(fn, reason):
     _, report = check_fn(fn, torch.randn(3, 6), engines=0, torch_blocks=1)
     assert_falls_back(report, "aten::topk", reason)
+
+
+def _with_nan(*shape: int) -> torch.Tensor:
+    """NaN in some rows (twice in one, alone in one), beside infinities: eager's max/min return the first NaN."""
+    x = torch.randn(*shape)
+    x[0, 1], x[0, 3], x[1, 0] = float("nan"), float("nan"), float("inf")
+    x[2, :] = float("nan")
+    x[3, 2], x[3, 4] = float("-inf"), float("nan")
+    return x
+
+
+NAN_CASES = [
+    ("argmin", lambda x: x.argmin(1), "aten::argmin"),
+    ("argmax", lambda x: x.argmax(1), "aten::argmax"),
+    ("argmin-dim0", lambda x: x.argmin(0), "aten::argmin"),
+    ("argmax-all", lambda x: x.argmax(), "aten::argmax"),
+    ("min-dim", lambda x: x.min(1), "aten::min.dim"),
+    ("max-dim-keepdim", lambda x: x.max(1, keepdim=True), "aten::max.dim"),
+    ("topk-k1-values", lambda x: torch.topk(x, 1, dim=1)[0], "aten::topk"),
+    ("topk-k3", lambda x: torch.topk(x, 3, dim=1), "aten::topk"),
+    ("topk-k3-smallest", lambda x: torch.topk(x, 3, dim=1, largest=False), "aten::topk"),
+]
+
+
+@pytest.mark.parametrize("fn,op", [c[1:] for c in NAN_CASES], ids=[c[0] for c in NAN_CASES])
+def test_selection_with_nan_matches_eager(fn, op):
+    check_traced(fn, _with_nan(4, 6), op=op)
+
+
+def topk_k1_smallest(x):
+    return torch.topk(x, 1, dim=1, largest=False)[0]
+
+
+def test_topk_k1_smallest_of_floats_falls_back_as_it_skips_nan():
+    _, report = check_fn(topk_k1_smallest, _with_nan(4, 6), engines=0, torch_blocks=1)
+    assert_falls_back(report, "aten::topk", "skips NaN")

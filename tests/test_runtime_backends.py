@@ -11,11 +11,12 @@ import textwrap
 
 import pytest
 import torch
-from harness import FP32_RTOL, assert_matches_eager, check_compiled
+import torch.nn.functional as F
+from harness import FP32_RTOL, assert_matches_eager, check_compiled, check_fn
 from test_onnx_export import ALL_CASES
 
 import torchkiln
-from torchkiln.errors import EngineIndexError
+from torchkiln.errors import EngineFormatError, EngineIndexError
 from torchkiln.ir import Network
 from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import DimSymbol, shape_range
@@ -341,3 +342,72 @@ def test_dynamic_gather_of_constant_indices_past_a_smaller_run_time_size_raises_
     assert isinstance(engine.runner(CPU), OrtRunner) and engine.runner(CPU).sessions == 1
     with pytest.raises(EngineIndexError, match="index 4"):
         engine.execute([torch.randn(3, 3)])
+
+
+# ---- shapes ONNX Runtime would refuse at every call: exported another way, or refused at build -----------------
+def _conv_transpose_past_stride(x):
+    return F.conv_transpose1d(x, torch.ones(2, 3, 3) / 4, torch.tensor([0.5, -1.0, 2.0]), stride=1,
+                              output_padding=1, dilation=2)
+
+
+def _replicate_pad_to_nothing(x):
+    return F.pad(x, (1, 2, -2, -2), mode="replicate") * 2
+
+
+def _reflect_pad_past_a_crop(x):
+    return F.pad(x, (-3, 2), mode="reflect") * 2
+
+
+def _cumsum_0d(x):
+    return torch.cumsum(x * 2, 0)
+
+
+def _repeat_by_zero(x):
+    return (x * 2).repeat(0, 1, 1) + 1
+
+
+def _tile_by_zero(x):
+    return torch.tile(x * 2, (0,)) + 1
+
+
+def _scatter_0d(x):
+    return torch.scatter(x * 2, 0, torch.tensor(0), torch.tensor(5.0)) + 1
+
+
+ROBUST = [  # (function, example, reason the onnxruntime backend gives where it refuses the layer at build)
+    (_conv_transpose_past_stride, torch.randn(1, 2, 5), "output_padding=[1] not below stride=[1]"),
+    (_replicate_pad_to_nothing, torch.randn(1, 2, 4, 5), None),
+    (_reflect_pad_past_a_crop, torch.randn(1, 2, 5), "ONNX Runtime reflects only the 2 elements"),
+    (_cumsum_0d, torch.tensor(3.0), None),
+    (_repeat_by_zero, torch.randn(2, 3), None),
+    (_tile_by_zero, torch.randn(2, 3), None),
+    (_scatter_0d, torch.tensor(3.0), "0-d index"),
+]
+
+
+@pytest.mark.parametrize("fn,x,reason", ROBUST, ids=[c[0].__name__.strip("_") for c in ROBUST])
+def test_shapes_onnx_runtime_refuses_at_run_time_are_settled_at_build(fn, x, reason, caplog):
+    """Each gives eager's answer with no ONNX Runtime failure at run time: exported in a form ORT runs, or (with
+    the reason in the partition report) run on the reference meaning inside the engine."""
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        compiled, report = check_fn(fn, x, backend="onnxruntime")
+        compiled(x)
+    assert "ONNX Runtime failed" not in caplog.text
+    found = [r.reason for r in report.reference_layers]
+    assert any(reason in r for r in found) if reason else not found, found
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_an_ort_output_unlike_the_declared_one_raises_engine_format_error(dynamic):
+    """ONNX Runtime only warns where an output's shape differs from the model's declared one. An engine whose
+    network declares another shape than its export computes (as a wrong exporter would) raises, naming it."""
+    s0 = DimSymbol("s0", 1, 8)
+    net = Network("declared")
+    x = net.add_input("x", torch.float32, (s0 if dynamic else 2, 3))
+    y = net.add_unary(x, L.UnaryOperation.EXP).get_output()
+    net.mark_output(y)
+    y.shape = (3, s0) if dynamic else (3, 2)  # the declaration no longer matches what the layer computes
+    engine = _dynamic_engine(net) if dynamic else engine_of(net, "onnxruntime")
+    for _ in range(2):  # checked once per input shapes, raised every call while wrong
+        with pytest.raises(EngineFormatError, match=r"float32\[2, 3\] for tensor 'unary:0'.*declares float32\[3, 2\]"):
+            engine.execute([torch.randn(2, 3)])

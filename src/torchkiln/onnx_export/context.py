@@ -12,6 +12,7 @@ each distinct subexpression computed once.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
@@ -114,6 +115,8 @@ class ExportContext:
         # (checking one layer alone, `supports`).
         self.symbol_sources: dict[DimSymbol, tuple[str, int]] | None = None
         self._dims: dict[str, str] = {}  # a dim's tree (JSON) -> its int64 [1] value
+        # Tensors the exported ops match the meanings for only while every |value| < bound (see `exact_below`).
+        self.guards: list[tuple[str, torch.dtype, float]] = []
 
     def read_symbols(self, network: Network) -> None:
         """Take each of the network's symbols from the first input dim that is that symbol."""
@@ -129,6 +132,23 @@ class ExportContext:
         layer = self.layer
         where = f"{layer.KIND} layer {layer.name!r}" if layer is not None else "network"
         raise OnnxExportError(f"{where}: {reason}; run it on the reference backend instead")
+
+    # ---- exact only for some values --------------------------------------------------------
+    def exact_below(self, x: str, dtype: torch.dtype, bound: float = math.inf) -> None:
+        """Record that the current layer's ONNX form computes its meaning only while every |x| < `bound` (NaN and
+        inf never are): a backend can ask the model to say when a call breaks that (`guard_flag`)."""
+        self.guards.append((x, dtype, bound))
+
+    def guard_flag(self) -> str:
+        """A bool [] that is true when some tensor recorded by `exact_below` has a value outside its bound."""
+        flags = []
+        for x, dtype, bound in self.guards:
+            inside = self.op("Less", [self.op("Abs", [x], dtype), self.scalar(bound, dtype)], dtype, typed_outputs=())
+            flags.append(self.node("Not", [self.op("ReduceMin", [inside], torch.bool, keepdims=0)])[0])
+        flag = flags[0]
+        for other in flags[1:]:
+            flag = self.node("Or", [flag, other])[0]
+        return flag
 
     # ---- names, constants, nodes ----------------------------------------------------------
     def fresh(self, base: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 
 import onnx
+import torch
 from onnx import helper
 
 from torchkiln._version import __version__
@@ -18,6 +19,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 21  # LayerNormalization, Gelu (20), GroupNormalization with per-channel affine (21)
 MIN_OPSET = 21
+GUARD_OUTPUT = "torchkiln/outside_exact_range"  # the guard output's name (`network_to_onnx(guard=True)`)
 # ONNX's Attention op (opset 23) replaces the MatMul-Softmax-MatMul form of attention layers from there on.
 
 
@@ -29,14 +31,29 @@ def _export_layer(ctx: ExportContext, layer: L.Layer, xs: list[str]) -> list[str
     fn = EXPORTERS.get(type(layer))
     if fn is None:
         ctx.decline("no ONNX exporter for this layer kind")
-    outs = fn(ctx, layer, xs)
+    outs = _empty_results(ctx, layer) or fn(ctx, layer, xs)
     ctx.layer = None
     return [outs] if isinstance(outs, str) else list(outs)
 
 
-def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET) -> onnx.ModelProto:
+def _empty_results(ctx: ExportContext, layer: L.Layer) -> list[str] | None:
+    """Empty initializers for a layer whose outputs all have a static dim 0 (their only possible values), else None.
+    ONNX Runtime refuses some such layers at run time (an edge Pad that leaves nothing of its input), and its
+    optimizer drops an Expand to 0 before a Reshape (repeat or tile by 0). Gathers and scatters are exported as
+    they are: their indices must still be checked."""
+    if isinstance(layer, (L.GatherLayer, L.ScatterLayer)) or not all(
+            0 in t.shape and not has_symbols(t.shape) for t in layer.outputs):
+        return None
+    return [ctx.constant(torch.empty(t.shape, dtype=t.dtype), "empty") for t in layer.outputs]
+
+
+def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = False) -> onnx.ModelProto:
     """The network as an ONNX model: inputs and outputs keep the network's tensor names, weights become
     initializers. Raises OnnxExportError naming the first layer (kind, param) that has no exact ONNX form.
+
+    Some layers' ONNX forms are exact only for finite values (`ExportContext.exact_below`: linear and cubic
+    resize, grid sample). With `guard`, such a model has one more output, last: a bool [] that is true when a call
+    gave them other values (a backend then computes that call otherwise).
 
     Layer outputs with symbolic dims get a value_info with those dims as dim_params (`s0`, `((s0-1)//2)+1`):
     ONNX's shape inference loses a dim behind a shape computed at run time (a slice to an input's length), and
@@ -68,6 +85,10 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET) -> onnx.ModelP
         name = t.name if names[id(t)] != t.name else ctx.fresh(f"{t.name}:output")  # an input passed through
         ctx.nodes.append(helper.make_node("Identity", [names[id(t)]], [name], name=ctx.fresh(f"{t.name}/output")))
         outputs.append(value_info(name, t.dtype, t.shape))
+    if guard and ctx.guards:
+        name = ctx.fresh(GUARD_OUTPUT)
+        ctx.nodes.append(helper.make_node("Identity", [ctx.guard_flag()], [name], name=ctx.fresh(f"{name}/output")))
+        outputs.append(value_info(name, torch.bool, ()))
     outputs_named = {v.name for v in outputs}
     graph = helper.make_graph(ctx.nodes, network.name, inputs, outputs, initializer=ctx.initializers,
                               value_info=[v for v in shapes if v.name not in outputs_named])

@@ -37,6 +37,8 @@ def _topk_ok(args: Args) -> str | None:
         return "topk with sorted=False returns its values in an order only PyTorch's kernel defines"
     if args.k == 1 and args.node.outputsAt(1).uses():
         return "topk with k=1 picks among tied values an index only PyTorch's kernel defines"
+    if args.k == 1 and not args.largest and args.self.dtype.is_floating_point:
+        return "topk with k=1 and largest=False skips NaN, where an engine's k=1 minimum (torch.min) propagates it"
     return None
 
 

@@ -225,6 +225,8 @@ def _prelu(ctx: ExportContext, layer: L.ParametricReLULayer, xs: list[str]) -> s
     slope = layer.weights["slope"]
     if slope.numel() > 1:  # one slope per channel (dim 1): align it with dim 1 for ONNX's trailing broadcast
         slope = slope.reshape([-1] + [1] * (x.rank - 2))
+    else:  # one shared slope: 0-d, so that it broadcasts to any input, a 0-d one included
+        slope = slope.reshape([])
     return ctx.op("PRelu", [xs[0], ctx.constant(slope.to(dt), "slope")], dt)
 
 

@@ -22,6 +22,9 @@ def _convolution(ctx: ExportContext, layer: L.ConvolutionLayer, xs: list[str]) -
     attrs = dict(strides=list(layer.stride), pads=list(layer.padding) * 2, dilations=list(layer.dilation),
                  group=layer.groups, kernel_shape=list(layer.weights["kernel"].shape[2:]))
     if layer.transposed and any(layer.output_padding):
+        if any(p >= s for p, s in zip(layer.output_padding, layer.stride)):
+            ctx.decline(f"output_padding={list(layer.output_padding)} not below stride={list(layer.stride)} (torch "
+                        f"allows it below the dilation): ONNX Runtime's ConvTranspose refuses it")
         attrs["output_padding"] = list(layer.output_padding)
     return ctx.cast(ctx.node(op_type, inputs, **attrs)[0], compute, dt)
 
@@ -41,7 +44,14 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
     attrs = dict(kernel_shape=list(layer.window), strides=list(layer.stride), pads=list(layer.padding) * 2,
                  ceil_mode=int(layer.ceil_mode))
     if layer.type == L.PoolingType.MAX:
-        return ctx.op("MaxPool", xs, dt, dilations=list(layer.dilation or (1,) * len(layer.window)), **attrs)
+        attrs["dilations"] = list(layer.dilation or (1,) * len(layer.window))
+        result = ctx.op("MaxPool", xs, dt, **attrs)
+        if dt.is_floating_point:  # torch's max pooling propagates NaN; ONNX Runtime's MaxPool skips it
+            nan = ctx.op("MaxPool", [ctx.cast(ctx.op("IsNaN", xs, dt, typed_outputs=()), torch.bool, dt)], dt,
+                         **attrs)
+            found = ctx.op("Greater", [nan, ctx.scalar(0, dt)], dt, typed_outputs=())
+            result = ctx.op("Where", [found, ctx.scalar(float("nan"), dt), result], dt, typed=(1, 2))
+        return result
     if layer.ceil_mode and _overhangs(layer):
         ctx.decline("average pooling with ceil_mode=True whose last window passes the padding: ONNX Runtime "
                     "divides it by another count than torch")
@@ -145,6 +155,8 @@ def _cumulative(ctx: ExportContext, layer: L.CumulativeLayer, xs: list[str]) -> 
         ctx.decline(f"op={layer.op.name}: ONNX has no cumulative product before opset 26, which ONNX Runtime's "
                     f"CPU provider does not run")
     src, out = layer.inputs[0].dtype, layer.outputs[0].dtype  # torch.cumsum of integers gives int64
+    if layer.inputs[0].rank == 0:  # the sum of one value (ONNX's CumSum takes no 0-d input)
+        return ctx.node("Identity", [ctx.cast(xs[0], src, out)])[0]
     return ctx.op("CumSum", [ctx.cast(xs[0], src, out), ctx.constant(torch.tensor(layer.axis), "axis")], out,
                   typed=(0,))
 
@@ -163,6 +175,9 @@ def _resize(ctx: ExportContext, layer: L.ResizeLayer, xs: list[str]) -> str:
     elif layer.mode in _RESIZE_MODES:
         if not dt.is_floating_point:
             ctx.decline(f"mode={layer.mode!r} on {dtype_name(dt)}: only float inputs are exported")
+        # torch weighs every neighbour, zero weights too (0 * inf is NaN); ORT skips some and mixes channels of
+        # a 1-d resize with zero weights: the NaN and inf they give differ
+        ctx.exact_below(xs[0], dt)
         attrs = dict(mode=_RESIZE_MODES[layer.mode], cubic_coeff_a=-0.75, exclude_outside=0,
                      coordinate_transformation_mode="align_corners" if layer.align_corners else "half_pixel")
     else:
@@ -177,6 +192,7 @@ def _resize(ctx: ExportContext, layer: L.ResizeLayer, xs: list[str]) -> str:
 
 
 _GRID_MODES = {"bilinear": "linear", "nearest": "nearest", "bicubic": "cubic"}
+_GRID_BOUND = 1e3  # |grid coordinates| ORT samples as torch does (measured to 3e4; reflection differs from 1e5)
 
 
 @exporter(L.GridSampleLayer)
@@ -185,6 +201,9 @@ def _grid_sample(ctx: ExportContext, layer: L.GridSampleLayer, xs: list[str]) ->
         ctx.decline(f"mode={layer.mode!r} has no ONNX GridSample form")
     if layer.padding_mode not in ("zeros", "border", "reflection"):
         ctx.decline(f"padding_mode={layer.padding_mode!r} has no ONNX GridSample form")
+    # NaN, inf (and, in the grid, coordinates far outside [-1, 1]) propagate or round otherwise in ORT
+    ctx.exact_below(xs[0], layer.inputs[0].dtype)
+    ctx.exact_below(xs[1], layer.inputs[1].dtype, _GRID_BOUND)
     return ctx.op("GridSample", xs, layer.outputs[0].dtype, mode=_GRID_MODES[layer.mode],
                   padding_mode=layer.padding_mode, align_corners=int(layer.align_corners))
 
@@ -203,25 +222,34 @@ def _causal_keep(ctx: ExportContext, lq, lk) -> str:
 def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> str:
     """scaled_dot_product_attention: ONNX's Attention op from opset 23 (4-d inputs), else MatMul-Softmax-MatMul."""
     (tq, tk, tv), dt = layer.inputs[:3], layer.outputs[0].dtype
+    # Masks are added, as torch adds them (-inf where a key is masked): a NaN or +inf score there gives NaN.
+    bias = _additive(ctx, _causal_keep(ctx, tq.shape[-2], tk.shape[-2]), dt) if layer.causal else None
+    if len(xs) > 3:
+        mask, tmask = xs[3], layer.inputs[3]
+        mask = _additive(ctx, mask, dt) if tmask.dtype == torch.bool else ctx.cast(mask, tmask.dtype, dt)
+        bias = mask if bias is None else ctx.op("Add", [bias, mask], dt)
     if ctx.opset >= 23 and tq.rank == tk.rank == tv.rank == 4 and tq.shape[1] == tk.shape[1] == tv.shape[1]:
-        attrs = dict(is_causal=int(layer.causal))
-        if layer.scale is not None:
-            attrs["scale"] = layer.scale
-        return ctx.op("Attention", xs, dt, typed=(0, 1, 2), **attrs)
+        attrs = {"scale": layer.scale} if layer.scale is not None else {}
+        return ctx.op("Attention", [*xs[:3], *([bias] if bias else [])], dt, **attrs)
     q, k, v = xs[:3]
     if layer.scale is None and is_symbolic(tq.shape[-1]):
         ctx.decline(f"the default scale 1/sqrt({tq.shape[-1]}) of a dynamic head dim")
     scale = layer.scale if layer.scale is not None else 1.0 / math.sqrt(tq.shape[-1])
     scores = ctx.op("MatMul", [q, _swap_last_two(ctx, k, tk.rank)], dt)
     scores = ctx.op("Mul", [scores, ctx.scalar(scale, dt)], dt)
-    minus_inf = ctx.scalar(float("-inf"), dt)
-    if layer.causal:
-        scores = ctx.op("Where", [_causal_keep(ctx, tq.shape[-2], tk.shape[-2]), scores, minus_inf], dt,
-                        typed=(1, 2))
-    if len(xs) > 3:
-        mask, tmask = xs[3], layer.inputs[3]
-        if tmask.dtype == torch.bool:  # True keeps a position
-            scores = ctx.op("Where", [mask, scores, minus_inf], dt, typed=(1, 2))
-        else:
-            scores = ctx.op("Add", [scores, ctx.cast(mask, tmask.dtype, dt)], dt)
-    return ctx.op("MatMul", [ctx.op("Softmax", [scores], dt, axis=-1), v], dt)
+    if bias:
+        scores = ctx.op("Add", [scores, bias], dt)
+    return ctx.op("MatMul", [_safe_softmax(ctx, scores, dt), v], dt)
+
+
+def _additive(ctx: ExportContext, keep: str, dt: torch.dtype) -> str:
+    """A bool mask (True keeps a key) as the float mask torch adds to the scores: 0 where kept, else -inf."""
+    return ctx.op("Where", [keep, ctx.scalar(0, dt), ctx.scalar(float("-inf"), dt)], dt, typed=(1, 2))
+
+
+def _safe_softmax(ctx: ExportContext, scores: str, dt: torch.dtype) -> str:
+    """Softmax over the last axis, 0 for a query whose every score is -inf (all its keys masked), as torch's
+    SDPA computes it (ATen's _safe_softmax); a plain Softmax gives NaN there."""
+    kept = ctx.node("Not", [ctx.op("Equal", [scores, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())])[0]
+    every = _count(ctx, kept, ctx.ints([-1], "axes"), 1, "Equal")  # no key kept (a sum: there may be no keys)
+    return ctx.op("Where", [every, ctx.scalar(0, dt), ctx.op("Softmax", [scores], dt, axis=-1)], dt, typed=(1, 2))

@@ -57,7 +57,7 @@ def _shape(ctx: ExportContext, layer: L.ShapeLayer, xs: list[str]) -> str:
 @exporter(L.ShuffleLayer)
 def _shuffle(ctx: ExportContext, layer: L.ShuffleLayer, xs: list[str]) -> str:
     x = xs[0]
-    if layer.first_transpose is not None:
+    if layer.first_transpose:  # a 0-d tensor's permutation () moves nothing (and ONNX cannot type perm=[])
         x = ctx.node("Transpose", [x], perm=list(layer.first_transpose))[0]
     if layer.reshape_dims is not None:  # ONNX's allowzero=0 copies the input dim for a 0, like TensorRT's shuffle
         target = _placeholder_target(layer)
@@ -66,7 +66,7 @@ def _shuffle(ctx: ExportContext, layer: L.ShuffleLayer, xs: list[str]) -> str:
         else:  # a symbolic dim that is 0 at run time is a placeholder too, as in the meaning (which sees ints)
             allowzero = 0 if layer.zero_is_placeholder else 1
             x = ctx.node("Reshape", [x, ctx.shape_tensor(layer.reshape_dims)], allowzero=allowzero)[0]
-    if layer.second_transpose is not None:
+    if layer.second_transpose:
         x = ctx.node("Transpose", [x], perm=list(layer.second_transpose))[0]
     return x if x != xs[0] else ctx.node("Identity", [x])[0]
 
@@ -187,6 +187,8 @@ def _gather(ctx: ExportContext, layer: L.GatherLayer, xs: list[str]) -> str:
 @exporter(L.ScatterLayer)
 def _scatter(ctx: ExportContext, layer: L.ScatterLayer, xs: list[str]) -> str:
     (data, idx, updates), (_, tidx, tupd) = xs, layer.inputs
+    if tidx.rank == 0:
+        ctx.decline("0-d index: ONNX's ScatterElements takes tensors of rank 1 and up")
     if tidx.is_dynamic or tupd.is_dynamic:
         layer_dims = [t.shape for t in layer.inputs]
         ctx.decline(f"dynamic dims in {layer_dims}: the updates' slice to the index shape must be static")
@@ -213,6 +215,8 @@ def _padding(ctx: ExportContext, layer: L.PaddingLayer, xs: list[str]) -> str:
     begins, ends = [0] * rank, [0] * rank
     for i in range(len(layer.pad) // 2):  # torch's order: last dim first, (begin, end) pairs
         begins[rank - 1 - i], ends[rank - 1 - i] = layer.pad[2 * i], layer.pad[2 * i + 1]
+    if layer.mode == L.PaddingMode.REFLECT:
+        _check_reflect_pads(ctx, layer.inputs[0].shape, begins, ends)
     inputs = [xs[0], ctx.shape_tensor(begins + ends, "pads")]
     if layer.mode == L.PaddingMode.CONSTANT:
         compute = ctx.compute_dtype("Pad", dt)
@@ -221,11 +225,32 @@ def _padding(ctx: ExportContext, layer: L.PaddingLayer, xs: list[str]) -> str:
     return ctx.op("Pad", inputs, dt, typed=(0,), mode=_PAD_MODES[layer.mode])
 
 
+def _check_reflect_pads(ctx: ExportContext, shape: tuple[Dim, ...], begins: list[Dim], ends: list[Dim]) -> None:
+    """ONNX Runtime crops the negative pads first and reflects what is left, so a positive pad must be below the
+    length left (torch measures it against the whole dim)."""
+    for axis, (begin, end, n) in enumerate(zip(begins, ends, shape)):
+        left = n + sympy.Min(begin, 0) + sympy.Min(end, 0)
+        if decide("lt", sympy.Max(begin, end), left) is not True:
+            ctx.decline(f"reflect pads ({dim_str(begin)}, {dim_str(end)}) of axis {axis} (size {dim_str(n)}): ONNX "
+                        f"Runtime reflects only the {dim_str(left)} elements a negative pad leaves, and refuses a pad "
+                        f"of that many or more")
+
+
 @exporter(L.TopKLayer)
 def _topk(ctx: ExportContext, layer: L.TopKLayer, xs: list[str]) -> list[str]:
     # ONNX's TopK puts the lower index first among equal values, as torch.max/min do for k=1.
-    return ctx.op("TopK", [xs[0], ctx.dim(layer.k)], layer.inputs[0].dtype, typed=(0,), outputs=2,
-                  typed_outputs=(0,), axis=layer.axis, largest=int(layer.op == L.TopKOperation.MAX), sorted=1)
+    dt = layer.inputs[0].dtype
+    values, indices = ctx.op("TopK", [xs[0], ctx.dim(layer.k)], dt, typed=(0,), outputs=2, typed_outputs=(0,),
+                             axis=layer.axis, largest=int(layer.op == L.TopKOperation.MAX), sorted=1)
+    if layer.k != 1 or not dt.is_floating_point:
+        return [values, indices]
+    # torch.max/min(x, dim) propagate NaN (the value, and the first NaN's index); ONNX Runtime's TopK skips it
+    nan = ctx.cast(ctx.op("IsNaN", [xs[0]], dt, typed_outputs=()), torch.bool, torch.int32)
+    first = ctx.node("ArgMax", [nan], axis=layer.axis, keepdims=1, select_last_index=0)[0]
+    found = ctx.cast(ctx.node("ReduceMax", [nan, ctx.ints([layer.axis], "axes")], keepdims=1)[0], torch.int32,
+                     torch.bool)
+    return [ctx.op("Where", [found, ctx.scalar(float("nan"), dt), values], dt, typed=(1, 2)),
+            ctx.node("Where", [found, first, indices])[0]]
 
 
 @exporter(L.DimValueLayer)

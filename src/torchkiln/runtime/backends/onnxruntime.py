@@ -28,6 +28,11 @@ from the input shapes); a reference segment would take intermediate tensors whos
 only the whole network's symbols define, so a network with any layer ORT cannot run uses the reference backend.
 When ORT fails at run time (an index beyond the end, integer division by zero), the call runs again on the
 reference backend, whose error (or, should it succeed, its result, with a warning) is what the caller gets.
+A call that gives a layer values its ONNX form is not exact for (NaN or inf into a linear resize: the session's
+guard output, `network_to_onnx(guard=True)`) runs on the reference backend too, logged at DEBUG only.
+
+Outputs: the first call with each input-shape signature checks every session output's dtype and shape against the
+network's (ONNX Runtime only warns where they differ); a mismatch raises EngineFormatError naming the tensor.
 """
 from __future__ import annotations
 
@@ -37,12 +42,15 @@ from collections.abc import Sequence
 
 import torch
 
+from torchkiln.errors import EngineFormatError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import Dim, bounds
+from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, substitute
 from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
 from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
+from torchkiln.runtime.serialization import dtype_name
+from torchkiln.runtime.symbols import MAX_CACHED_SIGNATURES, SymbolBinder
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +210,10 @@ def _ort_errors(ort) -> tuple[type[Exception], ...]:
     return tuple(v for v in vars(state).values() if isinstance(v, type) and issubclass(v, Exception))
 
 
+class OutsideExactRange(Exception):
+    """A call gave a layer values its ONNX form does not compute exactly (`ExportContext.exact_below`)."""
+
+
 class _Session:
     """One ORT segment: its session and its input and output names."""
 
@@ -212,19 +224,38 @@ class _Session:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self.session_name = sub.name
         options.log_severity_level = 3  # run-time errors come back as exceptions, handled by the runner
         try:
-            model = network_to_onnx(sub)
+            model = network_to_onnx(sub, guard=True)
             self.session = ort.InferenceSession(model.SerializeToString(), options,
                                                 providers=["CPUExecutionProvider"])
         except (OnnxExportError, *_ort_errors(ort)) as e:
             raise BackendUnavailable(f"ONNX Runtime refused the segment {sub.name!r}: {e}") from None
         self.input_names = [v.name for v in model.graph.input]
         self.output_names = [v.name for v in model.graph.output]
+        self.outputs = list(sub.outputs)
+        self.guarded = len(self.output_names) > len(self.outputs)  # the guard output (network_to_onnx) is last
 
     def run(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         feeds = {name: x.detach().contiguous().numpy() for name, x in zip(self.input_names, xs)}
-        return [torch.from_numpy(o) for o in self.session.run(self.output_names, feeds)]
+        outs = self.session.run(self.output_names, feeds)
+        if self.guarded and outs.pop():
+            raise OutsideExactRange(f"values outside the range ONNX Runtime computes exactly reached a layer of "
+                                    f"{self.session_name} (NaN or inf into a linear resize, for example)")
+        return [torch.from_numpy(o) for o in outs]
+
+    def check(self, outs: list[torch.Tensor], bindings: dict[DimSymbol, int]) -> None:
+        """EngineFormatError unless each output has the dtype and shape the network declares (its symbolic dims
+        evaluated at `bindings`): ONNX Runtime only warns where they differ."""
+        for t, out in zip(self.outputs, outs):
+            shape = tuple(substitute(t.shape, bindings))
+            if out.dtype != t.dtype or tuple(out.shape) != shape:
+                where = f"{t.producer.KIND} layer {t.producer.name!r}" if t.producer is not None else "an input"
+                raise EngineFormatError(
+                    f"ONNX Runtime gave {dtype_name(out.dtype)}{list(out.shape)} for tensor {t.name!r} (output of "
+                    f"{where}), where the engine declares {dtype_name(t.dtype)}{list(shape)}: the layer's ONNX "
+                    f"export is wrong; compile with backend='reference' to run this engine")
 
 
 class OrtRunner:
@@ -271,26 +302,43 @@ class OrtRunner:
         self.passed_through = {id(t) for t in network.inputs} & kept  # an input returned as is: copied
         self.sessions = sum(isinstance(s, _Session) for s, _, _ in self.steps)
         self._reference: ReferenceExecutor | None = None
+        self._binder = SymbolBinder.for_network(network)
+        self._checked: set[tuple[tuple[int, ...], ...]] = set()  # input shapes whose outputs were checked
         logger.debug("network %s on onnxruntime: %d sessions, %d reference segments, %d threads", network.name,
                      self.sessions, len(self.steps) - self.sessions, threads)
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         values = dict(zip(self.input_ids, inputs))
+        signature = tuple(tuple(x.shape) for x in inputs)
+        bindings = None if signature in self._checked else self._binder.bind(signature) if self._binder else {}
         try:
             for (step, ins, outs), frees in zip(self.steps, self.frees):
-                values.update(zip(outs, step.run([values[i] for i in ins])))
+                results = step.run([values[i] for i in ins])
+                if bindings is not None and isinstance(step, _Session):  # once per input-shape signature
+                    step.check(results, bindings)
+                values.update(zip(outs, results))
                 for i in frees:
                     del values[i]
         except self.errors as e:
             return self._run_on_reference(inputs, e)
+        except OutsideExactRange as e:
+            logger.debug("network %s: this call runs on the reference backend: %s", self.network.name, e)
+            return self._reference_executor().run(inputs)
+        if bindings is not None:
+            if len(self._checked) >= MAX_CACHED_SIGNATURES:
+                self._checked.clear()
+            self._checked.add(signature)
         return [values[i].clone() if i in self.passed_through else values[i] for i in self.output_ids]
+
+    def _reference_executor(self) -> ReferenceExecutor:
+        if self._reference is None:
+            self._reference = ReferenceExecutor(self.network, self.device)
+        return self._reference
 
     def _run_on_reference(self, inputs: list[torch.Tensor], error: Exception) -> list[torch.Tensor]:
         """ONNX Runtime failed: the reference backend raises the documented error for these inputs (or, where
         it does not fail, its result is returned and the failure logged)."""
-        if self._reference is None:
-            self._reference = ReferenceExecutor(self.network, self.device)
-        outputs = self._reference.run(inputs)
+        outputs = self._reference_executor().run(inputs)
         logger.warning("network %s: ONNX Runtime failed where the reference backend did not, so this call ran "
                        "on the reference backend: %s", self.network.name, error)
         return outputs
