@@ -180,6 +180,20 @@ class ExportContext:
                                            **attrs))
         return names
 
+    def branch(self, condition: str, dtype: torch.dtype, then: Callable[[], str], otherwise: str) -> str:
+        """An If node: `then()`'s result (its nodes built into the branch, computed only when the bool []
+        `condition` is true), else `otherwise` (a tensor of `dtype` computed before)."""
+        outer, self.nodes = self.nodes, []
+        result = then()
+        then_nodes, self.nodes = self.nodes, outer
+        passed = self.fresh(f"{otherwise}/unchanged")
+        branches = {}
+        for key, nodes, name in (("then_branch", then_nodes, result),
+                                 ("else_branch", [helper.make_node("Identity", [otherwise], [passed])], passed)):
+            info = helper.make_tensor_value_info(name, ONNX_DTYPES[dtype], None)
+            branches[key] = helper.make_graph(nodes, self.fresh(key), [], [info])
+        return self.node("If", [condition], **branches)[0]
+
     # ---- dims computed at run time ---------------------------------------------------------
     def dim(self, d: Dim) -> str:
         """The int64 [1] value of a dim (an int or a symbolic expression) at run time."""

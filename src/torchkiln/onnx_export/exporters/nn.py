@@ -46,12 +46,12 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
     if layer.type == L.PoolingType.MAX:
         attrs["dilations"] = list(layer.dilation or (1,) * len(layer.window))
         result = ctx.op("MaxPool", xs, dt, **attrs)
-        if dt.is_floating_point:  # torch's max pooling propagates NaN; ONNX Runtime's MaxPool skips it
-            nan = ctx.op("MaxPool", [ctx.cast(ctx.op("IsNaN", xs, dt, typed_outputs=()), torch.bool, dt)], dt,
-                         **attrs)
-            found = ctx.op("Greater", [nan, ctx.scalar(0, dt)], dt, typed_outputs=())
-            result = ctx.op("Where", [found, ctx.scalar(float("nan"), dt), result], dt, typed=(1, 2))
-        return result
+        if not dt.is_floating_point:
+            return result
+        # torch's max pooling propagates NaN, ONNX Runtime's MaxPool skips it: a window holding NaN is made NaN,
+        # computed only where the input holds NaN (its sum is NaN then; inf - inf runs it for nothing)
+        any_nan = ctx.op("IsNaN", [ctx.op("ReduceSum", xs, dt, keepdims=0)], dt, typed_outputs=())
+        return ctx.branch(any_nan, dt, lambda: _nan_windows(ctx, xs[0], result, dt, attrs), result)
     if layer.ceil_mode and _overhangs(layer):
         ctx.decline("average pooling with ceil_mode=True whose last window passes the padding: ONNX Runtime "
                     "divides it by another count than torch")
@@ -60,6 +60,13 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
     # sum / divisor_override = (mean over the whole window, padding included) * window size / divisor
     mean = ctx.op("AveragePool", xs, dt, count_include_pad=1, **attrs)
     return ctx.op("Mul", [mean, ctx.scalar(math.prod(layer.window) / layer.divisor_override, dt)], dt)
+
+
+def _nan_windows(ctx: ExportContext, x: str, pooled: str, dt: torch.dtype, attrs: dict[str, object]) -> str:
+    """`pooled` with NaN where its max pooling window of `x` holds a NaN."""
+    flags = ctx.op("MaxPool", [ctx.cast(ctx.op("IsNaN", [x], dt, typed_outputs=()), torch.bool, dt)], dt, **attrs)
+    found = ctx.op("Greater", [flags, ctx.scalar(0, dt)], dt, typed_outputs=())
+    return ctx.op("Where", [found, ctx.scalar(float("nan"), dt), pooled], dt, typed=(1, 2))
 
 
 def _swap_last_two(ctx: ExportContext, x: str, rank: int) -> str:
@@ -250,6 +257,9 @@ def _additive(ctx: ExportContext, keep: str, dt: torch.dtype) -> str:
 def _safe_softmax(ctx: ExportContext, scores: str, dt: torch.dtype) -> str:
     """Softmax over the last axis, 0 for a query whose every score is -inf (all its keys masked), as torch's
     SDPA computes it (ATen's _safe_softmax); a plain Softmax gives NaN there."""
-    kept = ctx.node("Not", [ctx.op("Equal", [scores, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())])[0]
-    every = _count(ctx, kept, ctx.ints([-1], "axes"), 1, "Equal")  # no key kept (a sum: there may be no keys)
+    masked = ctx.op("Equal", [scores, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())
+    kept = ctx.op("Where", [masked, ctx.scalar(0, dt), ctx.scalar(1, dt)], dt, typed=(1, 2))
+    # no key kept: a float max (-inf over no keys at all; ORT's bool ReduceMin refuses that, an int64 sum is slow)
+    most = ctx.op("ReduceMax", [kept, ctx.ints([-1], "axes")], dt, typed=(0,), keepdims=1)
+    every = ctx.op("Less", [most, ctx.scalar(0.5, dt)], dt, typed_outputs=())
     return ctx.op("Where", [every, ctx.scalar(0, dt), ctx.op("Softmax", [scores], dt, axis=-1)], dt, typed=(1, 2))
