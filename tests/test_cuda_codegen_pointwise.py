@@ -153,6 +153,19 @@ def test_fused_epilogue_with_broadcast_bias(dtype, bias_shape, channels_last):
         assert g.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
+def test_outputs_asked_channels_last_from_contiguous_inputs():
+    """The planner asks for channels-last outputs where channels-last convolutions read them: a contiguous input is
+    then read through its strides (the general path), the outputs written channels-last."""
+    net = _epilogue(F32, (3, 1, 1))
+    gen = torch.Generator().manual_seed(2)
+    values = {"x": torch.randn(2, 3, 4, 5, generator=gen) * 3, "bias": torch.randn(3, 1, 1, generator=gen)}
+    launcher = compile_group(net.layers, net.inputs, net.outputs, channels_last=True)
+    got = launcher([values[t.name].to(DEVICE) for t in net.inputs])
+    for g, r in zip(got, reference(net, values)):
+        assert_close(g, r)
+        assert g.is_contiguous(memory_format=torch.channels_last) and not g.is_contiguous()
+
+
 def test_inputs_of_different_layouts_and_a_non_dense_input():
     """Channels-last next to contiguous (the general path), and a strided view (contiguous outputs)."""
     net = Network()

@@ -185,6 +185,11 @@ def test_group_norm_with_silu(channels_last):
     for gv, rv in zip(got, reference(net, {"x": v})):
         assert_close(gv, rv)
         assert gv.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    # asked to (its readers are channels-last convolutions), it writes channels-last whatever its input's layout
+    for gv, rv in zip(reduction.compile_group(net.layers, net.inputs, net.outputs, channels_last=True)(
+            [xv.to(DEVICE)]), reference(net, {"x": v})):
+        assert_close(gv, rv)
+        assert gv.is_contiguous(memory_format=torch.channels_last)
 
 
 def rms_norm_net(shape, dtype=F32):

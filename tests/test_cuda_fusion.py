@@ -15,6 +15,7 @@ from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.runtime.backends import BackendOptions  # noqa: E402
 from torchkiln.runtime.backends.cuda import fusion, planner  # noqa: E402
 from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
+from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT  # noqa: E402
 from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
 from torchkiln.runtime.engine import Engine  # noqa: E402
 from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
@@ -138,9 +139,14 @@ def test_group_norm_and_silu_are_one_kernel():
             norm.weight.uniform_(0.5, 1.5)
             norm.bias.uniform_(-0.5, 0.5)
     x = torch.randn(2, 16, 6, 6)
-    steps, got = planned(network(module, (2, 16, 6, 6)), [x])
+    net = network(module, (2, 16, 6, 6))
+    steps, got = planned(net, [x])
     assert len(rows(steps)) == 2 and all("normalization" in kinds and len(kinds) >= 2 for kinds in rows(steps))
     assert_matches(got[0], module(x))
+    # each norm's output is read only by a channels-last convolution: it is written in that layout
+    plan = planner.make_plan(net, DEVICE, BackendOptions(timing_iterations=0))
+    assert [bool(plan.kernels[s.kernel].option(CHANNELS_LAST_OUT)) for s in plan.steps
+            if plan.kernels[s.kernel].op == "rows"] == [True, True]
 
 
 def test_classes():

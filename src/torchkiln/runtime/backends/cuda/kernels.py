@@ -25,6 +25,7 @@ StepFn = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 Weights = dict[str, torch.Tensor]
 Maker = Callable[["StepLayers", Kernel, bool], StepFn]
 MAKERS: dict[tuple[str, str], Maker] = {}
+CHANNELS_LAST_OUT = "channels_last_out"  # a generated step's option: its 4-D outputs feed channels-last convolutions
 
 
 class StepLayers:
@@ -89,6 +90,22 @@ def _layer_by_layer(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepF
 def _convolution(layer: L.ConvolutionLayer, ws: Weights, allow_tf32: bool):
     kernel, bias = ws["kernel"], ws.get("bias")
     return lambda xs: convolve(layer, xs[0], kernel, bias, allow_tf32)
+
+
+def channels_last_input(x: torch.Tensor) -> torch.Tensor:
+    """A 4-D input of a channels-last convolution in that layout (a no-op where it is): ATen picks the memory format
+    of a convolution from its input and weight, and a weight with one input channel per group (a depthwise
+    convolution's) is contiguous in both formats, so an NCHW input took ATen's generic depthwise kernel instead of
+    cuDNN's (ConvNeXt's 7x7 at [8,192,56,56] fp16 on an H100: 170 us)."""
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+
+
+@maker("library", "convolution")
+def _library_convolution(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    conv = _convolution(step.layers[0], step.weights[0], allow_tf32)
+    if not kernel.option("channels_last"):
+        return lambda xs: [conv(xs)]
+    return lambda xs: [conv([channels_last_input(xs[0])])]
 
 
 def _gather(layer: L.GatherLayer, ws: Weights, allow_tf32: bool):
@@ -198,7 +215,7 @@ def _pointwise(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """The step's pointwise layers as one generated Triton kernel (codegen/pointwise.py)."""
     from torchkiln.runtime.backends.cuda.codegen.pointwise import compile_group
 
-    return _generated(step, compile_group)
+    return _generated(step, kernel, compile_group)
 
 
 @maker("generated", "rows")
@@ -207,13 +224,15 @@ def _rows(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     Triton kernel (codegen/reduction.py)."""
     from torchkiln.runtime.backends.cuda.codegen.reduction import compile_group
 
-    return _generated(step, compile_group)
+    return _generated(step, kernel, compile_group)
 
 
-def _generated(step: StepLayers, compile_group: Callable) -> StepFn:
-    """A generated kernel over the step's layers, reading its inputs and writing its outputs."""
+def _generated(step: StepLayers, kernel: Kernel, compile_group: Callable) -> StepFn:
+    """A generated kernel over the step's layers, reading its inputs and writing its outputs (channels-last where
+    the kernel row says its outputs feed channels-last convolutions)."""
     tensors = {id(t): t for layer in step.layers for t in (*layer.inputs, *layer.outputs)}
-    return compile_group(step.layers, [tensors[i] for i in step.inputs], [tensors[o] for o in step.outputs])
+    return compile_group(step.layers, [tensors[i] for i in step.inputs], [tensors[o] for o in step.outputs],
+                         bool(kernel.option(CHANNELS_LAST_OUT)))
 
 
 @maker("generated", "max_pool")
@@ -239,7 +258,8 @@ def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn
     if "bias" in ws:
         first.append(L.ScaleLayer(name=f"{conv.name}/bias", inputs=[raw], outputs=[out],
                                   weights={"shift": ws["bias"]}, mode=L.ScaleMode.CHANNEL, channel_axis=1))
-    convolve = _convolution(conv, {"kernel": ws["kernel"]}, allow_tf32)
+    conv_fn = _convolution(conv, {"kernel": ws["kernel"]}, allow_tf32)
+    convolve = (lambda xs: conv_fn([channels_last_input(xs[0])])) if kernel.option("channels_last") else conv_fn
     reads = epilogue_inputs(conv, rest, step.inputs)
     at = [step.inputs.index(id(t)) for t in reads]
     launch = compile_group(first + rest, [raw if first else out, *reads],

@@ -37,6 +37,10 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
 A convolution whose windows tile its input (stride == kernel, no padding: ViT's patch embedding) is timed in half
 precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) against cuDNN.
 
+7. **Layouts**: a channels-last convolution takes its input in that layout (converted where it is not: a depthwise
+   weight is contiguous in both formats, so ATen chose its layout from the input), and a generated pointwise or
+   row step whose 4-D outputs are read only as such inputs writes them channels-last (no conversion then).
+
 A 2-D max pool of a batched input runs in a generated Triton kernel over any strides, vectorized along the
 channels of channels-last tensors (`max_pool`); its output keeps its input's memory format.
 """
@@ -53,6 +57,7 @@ from torchkiln.ir.network import Network
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
+from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT
 from torchkiln.runtime.backends.cuda.patches import patch_convolution
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
@@ -173,7 +178,7 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     groups = _generated_gemms(network, groups, graph, lambda requests: gemm_tactic.choose(
         network, requests, graph.readers, graph.returned, device, options, cache))
     cache.save()
-    return _as_plan(target(device), groups)
+    return _as_plan(target(device), _channels_last_outputs(network, groups))
 
 
 GemmChooser = Callable[[list[gemm_tactic.Request]], list["str | None"]]
@@ -196,6 +201,31 @@ def _generated_gemms(network: Network, groups: list[tuple[Kernel, list[int]]], g
     for (g, request), config in zip(found.items(), choose(list(found.values())) if found else []):
         if config is not None:
             out[g] = (Kernel("generated", "gemm", (("config", config),)), [request.product, *request.epilogue])
+    return out
+
+
+def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int]]]
+                           ) -> list[tuple[Kernel, list[int]]]:
+    """Rule 7 of the module docstring: a generated step whose outputs are all 4-D and read by other steps only as
+    the input of channels-last convolutions writes them channels-last (each convolution would otherwise copy its
+    input into that layout)."""
+    wants: dict[int, bool] = {}  # tensor id -> every read of it from another step is a channels-last convolution's
+    for kernel, members in groups:
+        made = {id(t) for j in members for t in network.layers[j].outputs}
+        lead = network.layers[members[0]]
+        takes = isinstance(lead, L.ConvolutionLayer) and (kernel.option("channels_last") or kernel.op == "gemm")
+        for j in members:
+            for k, t in enumerate(network.layers[j].inputs):
+                if id(t) not in made:
+                    wants[id(t)] = wants.get(id(t), True) and takes and j == members[0] and k == 0
+    returned = {id(t) for t in network.outputs}
+    out = []
+    for kernel, members in groups:
+        if kernel.kind == "generated" and kernel.op in ("pointwise", "rows"):
+            leaving = [t for j in members for t in network.layers[j].outputs if id(t) in wants or id(t) in returned]
+            if leaving and all(t.rank == 4 and wants.get(id(t)) and id(t) not in returned for t in leaving):
+                kernel = Kernel(kernel.kind, kernel.op, (*kernel.tactic, (CHANNELS_LAST_OUT, True)))
+        out.append((kernel, members))
     return out
 
 

@@ -15,7 +15,8 @@ the same strides (contiguous, channels-last, ...) and the others are single valu
 read at (offset // the layout's stride of its dim) % its size — one div/mod instead of one per dim.
 
 `PointwiseLauncher(kernel)(inputs)` allocates the outputs (the strides of the first dense full-size input, so a
-channels-last input gives channels-last outputs; else contiguous) and launches the kernel.
+channels-last input gives channels-last outputs; else contiguous; 4-D outputs channels-last where the planner says
+their readers are channels-last convolutions) and launches the kernel.
 """
 from __future__ import annotations
 
@@ -282,10 +283,11 @@ def _same_strides(a: torch.Tensor, b: torch.Tensor) -> bool:
 class PointwiseLauncher:
     """Runs a generated kernel on CUDA tensors (or on CPU tensors under Triton's interpreter)."""
 
-    def __init__(self, kernel: PointwiseKernel) -> None:
+    def __init__(self, kernel: PointwiseKernel, channels_last: bool = False) -> None:
         from torchkiln.runtime.backends.cuda.codegen.compile import load_source
 
         self.kernel = kernel
+        self.channels_last = channels_last  # 4-D outputs channels-last (their readers are channels-last convolutions)
         self._fn = getattr(load_source(kernel.source), KERNEL_NAME)
         self._weights: dict[torch.device, list[torch.Tensor]] = {}
 
@@ -312,9 +314,14 @@ class PointwiseLauncher:
             raise EngineInputError(f"inputs of shapes {[list(x.shape) for x in inputs]} do not broadcast "
                                    f"together: {e}") from None
         shape = torch.Size([1] * (kernel.rank - len(shape)) + list(shape))
-        layout = next((x for x in inputs if x.shape == shape and _dense(x)), None)
-        outputs = [torch.empty_like(layout, dtype=t.dtype) if layout is not None else
-                   torch.empty(shape, dtype=t.dtype, device=device) for t in kernel.outputs]
+        if self.channels_last and len(shape) == 4:
+            outputs = [torch.empty(shape, dtype=t.dtype, device=device, memory_format=torch.channels_last)
+                       for t in kernel.outputs]
+            layout = outputs[0]
+        else:
+            layout = next((x for x in inputs if x.shape == shape and _dense(x)), None)
+            outputs = [torch.empty_like(layout, dtype=t.dtype) if layout is not None else
+                       torch.empty(shape, dtype=t.dtype, device=device) for t in kernel.outputs]
         numel = shape.numel()
         if numel == 0:
             return outputs
@@ -333,6 +340,7 @@ class PointwiseLauncher:
         return outputs
 
 
-def compile_group(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> PointwiseLauncher:
-    """Generate, load and wrap the kernel of a pointwise group."""
-    return PointwiseLauncher(generate(layers, inputs, outputs))
+def compile_group(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+                  channels_last: bool = False) -> PointwiseLauncher:
+    """Generate, load and wrap the kernel of a pointwise group (4-D outputs channels-last if asked)."""
+    return PointwiseLauncher(generate(layers, inputs, outputs), channels_last)

@@ -457,11 +457,12 @@ def _num_warps(tile: int) -> int:
 class RowLauncher:
     """Runs a generated reduction kernel on CUDA tensors (or on CPU tensors under Triton's interpreter)."""
 
-    def __init__(self, kernel: RowKernel) -> None:
+    def __init__(self, kernel: RowKernel, channels_last: bool = False) -> None:
         from torchkiln.runtime.backends.cuda.codegen.compile import load_source
 
         module = load_source(kernel.source)
         self.kernel = kernel
+        self.channels_last = channels_last  # 4-D full outputs channels-last (read by channels-last convolutions)
         self._persistent, self._looped = getattr(module, KERNEL), getattr(module, LOOPED)
         self._weights: dict[torch.device, list[torch.Tensor]] = {}
 
@@ -496,13 +497,14 @@ class RowLauncher:
         if cols == 0 and kernel.has_max:
             raise EngineInputError(f"a max or min over the last {kernel.reduced} dims of a {list(shape)} tensor, "
                                    f"which hold no elements")
-        layout = next((x for x in inputs if x.shape == shape and x.dim() == 4  # full outputs keep a channels-last
-                       and x.is_contiguous(memory_format=torch.channels_last)), None)  # input's layout
+        # full outputs are channels-last for channels-last readers, or after a channels-last input; else contiguous
+        last = len(shape) == 4 and (self.channels_last or any(
+            x.shape == shape and x.is_contiguous(memory_format=torch.channels_last) for x in inputs))
         outputs = []
         for t, row in zip(kernel.outputs, kernel.row_outputs):
             if not row:
-                outputs.append(torch.empty_like(layout, dtype=t.dtype) if layout is not None else
-                               torch.empty(shape, dtype=t.dtype, device=device))
+                outputs.append(torch.empty(shape, dtype=t.dtype, device=device,
+                                           memory_format=torch.channels_last if last else torch.contiguous_format))
                 continue
             out_shape = (*shape[:lead], *[1] * kernel.reduced) if t.rank == rank else shape[:lead]
             outputs.append(torch.empty(out_shape, dtype=t.dtype, device=device))
@@ -548,6 +550,7 @@ def _column_order(strides: list[list[int]], lead: int, rank: int) -> list[int]:
     return dims if full is None else sorted(dims, key=lambda d: -abs(full[d]))
 
 
-def compile_group(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> RowLauncher:
-    """Generate, load and wrap the kernel of a reduction group."""
-    return RowLauncher(generate(layers, inputs, outputs))
+def compile_group(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+                  channels_last: bool = False) -> RowLauncher:
+    """Generate, load and wrap the kernel of a reduction group (4-D full outputs channels-last if asked)."""
+    return RowLauncher(generate(layers, inputs, outputs), channels_last)
