@@ -143,10 +143,32 @@ def test_group_norm_and_silu_are_one_kernel():
     steps, got = planned(net, [x])
     assert len(rows(steps)) == 2 and all("normalization" in kinds and len(kinds) >= 2 for kinds in rows(steps))
     assert_matches(got[0], module(x))
-    # each norm's output is read only by a channels-last convolution: it is written in that layout
+    # a row step writes in its input's layout, whatever reads it
     plan = planner.make_plan(net, DEVICE, BackendOptions(timing_iterations=0))
-    assert [bool(plan.kernels[s.kernel].option(CHANNELS_LAST_OUT)) for s in plan.steps
-            if plan.kernels[s.kernel].op == "rows"] == [True, True]
+    assert not any(plan.kernels[s.kernel].option(CHANNELS_LAST_OUT) for s in plan.steps)
+
+
+def test_pointwise_outputs_read_by_channels_last_convolutions_are_written_channels_last():
+    """silu(x) * 2 -> conv: the pointwise step writes channels-last; silu(x) -> conv and an output: contiguous."""
+    class Block(nn.Module):
+        def __init__(self, returns_act: bool) -> None:
+            super().__init__()
+            self.conv, self.returns_act = nn.Conv2d(8, 8, 3, padding=1), returns_act
+
+        def forward(self, x):
+            a = torch.nn.functional.silu(x) * 2
+            return (self.conv(a), a) if self.returns_act else self.conv(a)
+
+    for returns_act, expected in ((False, True), (True, False)):
+        module, x = Block(returns_act).eval(), torch.randn(2, 8, 5, 5)
+        net = network(module, (2, 8, 5, 5))
+        plan = planner.make_plan(net, DEVICE, BackendOptions(timing_iterations=0))
+        assert [bool(plan.kernels[s.kernel].option(CHANNELS_LAST_OUT)) for s in plan.steps
+                if plan.kernels[s.kernel].op == "pointwise"] == [expected]
+        steps, got = planned(net, [x])
+        want = module(x)
+        for g, w in zip(got, want if returns_act else [want]):
+            assert_matches(g, w)
 
 
 def test_classes():
