@@ -216,6 +216,22 @@ def test_casts_round_and_bool_values_flow():
         assert_close(got, ref, rel=0.0, of_max=0.0)
 
 
+def test_select_of_numbers_and_of_bools():
+    """where(m, x, -inf) (a masked fill) with NaN among the taken and the dropped values; where over bools; a
+    condition broadcast along rows."""
+    net = Network()
+    x, m = net.add_input("x", F32, (4, 6)), net.add_input("m", torch.bool, (6,))
+    ninf = net.add_constant(torch.tensor(float("-inf"))).get_output()
+    net.mark_output(net.add_select(m, x, ninf).get_output())
+    positive = net.add_elementwise(x, net.add_constant(torch.tensor(0.0)).get_output(), E.GREATER).get_output()
+    net.mark_output(net.add_select(m, positive, net.add_unary(positive, U.NOT).get_output()).get_output())
+    gen = torch.Generator().manual_seed(4)
+    values = {"x": torch.randn(4, 6, generator=gen), "m": torch.tensor([True, False] * 3)}
+    values["x"][0, :2] = float("nan")
+    for got, ref in zip(run(net, values), reference(net, values)):
+        assert_close(got, ref, rel=0.0, of_max=0.0)
+
+
 @pytest.mark.parametrize("mode", [L.ScaleMode.UNIFORM, L.ScaleMode.CHANNEL, L.ScaleMode.ELEMENTWISE],
                          ids=lambda m: m.name)
 def test_scale_and_prelu_weights(mode):

@@ -122,6 +122,22 @@ def test_scale_mask_and_softmax_are_one_kernel():
     assert bool(ref[0].isnan().all()) and torch.equal(got[0].cpu().isnan(), ref.isnan())
 
 
+def test_masked_fill_and_softmax_are_one_kernel():
+    """scores.masked_fill(~keep, -inf) -> softmax (attention masks written with masked_fill)."""
+    class Masked(nn.Module):
+        def forward(self, scores, keep):
+            return torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1)
+
+    scores, keep = torch.randn(2, 3, 5, 7), torch.rand(2, 1, 1, 7) > 0.3
+    keep[..., 0] = True
+    data = torchkiln.convert_method_to_engine(Masked().eval(), "forward", [
+        torchkiln.Input((2, 3, 5, 7)), torchkiln.Input((2, 1, 1, 7), dtype=torch.bool)], backend="reference")
+    net = Engine.deserialize(data).network
+    steps, got = planned(net, [scores, keep])
+    assert [op for op, _ in steps if op != "constant"] == ["rows"] and "select" in rows(steps)[0]
+    assert_matches(got[0], Masked()(scores, keep))
+
+
 def test_convnext_block_norm_is_one_kernel_over_the_permuted_view():
     module = ConvNeXtBlock()
     x = torch.randn(2, 16, 6, 6)

@@ -9,7 +9,8 @@ opaque (the rest, run on ATen).
 
 A *row group* grows from each reduction, in layer order: it takes, to a fixpoint,
 - the pointwise layers making its members' inputs (prologue) and the pointwise layers reading its members'
-  outputs (epilogue), where their output is the reduction's whole iteration space or one value per row of it;
+  outputs (epilogue), where their output is the reduction's whole iteration space or one value per row of it, or
+  a tensor broadcast over it that only the group reads (a mask's `~keep`: computed where the group reads it);
 - other reductions over the same space and axes (a softmax after the mask add, the second statistic of a norm
   written out in layers, the next norm of a residual stream).
 A layer joins only where the group stays legal: it is in no other group; the group runs at its first layer, so
@@ -80,11 +81,24 @@ class _Space:
         if cls != OpClass.POINTWISE:
             return f"it is of the {cls.value} class"
         out = tuple(layer.outputs[0].shape)
-        lead = rank - self.reduced
-        if out == self.shape or (len(out) == rank and out[:lead] == self.shape[:lead] and self.groups is None
-                                 and all(d == 1 for d in out[lead:])):
+        if self.fits(out) is not None:
             return None
-        return f"its output {list(out)} is neither the space {list(self.shape)} nor one value per row of it"
+        return f"its output {list(out)} is neither the space {list(self.shape)}, one value per row of it, nor a " \
+               f"tensor broadcast over it"
+
+    def fits(self, shape: tuple) -> str | None:
+        """How a value of `shape` lies in the space: "whole", "row" (one value per row, kept dims), "broadcast" (a
+        [N, 1, 1, S] mask of [N, H, Q, S] scores: computed for every element where the group reads it) or None."""
+        rank, lead = len(self.shape), len(self.shape) - self.reduced
+        if shape == self.shape:
+            return "whole"
+        if len(shape) == rank and shape[:lead] == self.shape[:lead] and self.groups is None \
+                and all(d == 1 for d in shape[lead:]):
+            return "row"
+        padded = (1,) * (rank - len(shape)) + shape
+        if len(shape) <= rank and all(d == 1 or d == s for d, s in zip(padded, self.shape)):
+            return "broadcast"
+        return None
 
 
 class _Graph:
@@ -94,6 +108,7 @@ class _Graph:
         self.layers = network.layers
         self.index = {id(layer): j for j, layer in enumerate(network.layers)}
         self.readers: dict[int, list[int]] = {}
+        self.returned = {id(t) for t in network.outputs}
         for j, layer in enumerate(network.layers):
             for t in layer.inputs:
                 self.readers.setdefault(id(t), []).append(j)
@@ -113,10 +128,14 @@ def _why_not(j: int, members: set[int], space: _Space, graph: _Graph, taken: Col
     if reason is not None:
         return reason
     dropped = [t.name for t in layer.inputs if t.producer is not None and graph.index[id(t.producer)] in members
-               and t.rank < len(space.shape)]
+               and t.rank < len(space.shape) and classify(t.producer) == OpClass.REDUCTION]
     if dropped:
         return f"it reads {dropped}, reduced without their kept dims"
     joined = members | {j}
+    out = layer.outputs[0]
+    if classify(layer) == OpClass.POINTWISE and space.fits(tuple(out.shape)) == "broadcast" and (
+            id(out) in graph.returned or any(r not in joined for r in graph.readers.get(id(out), []))):
+        return "its output is broadcast over the group's space, so the group computes it but cannot write it"
     first = min(joined)
     outside = {id(t): t for m in joined for t in graph.layers[m].inputs
                if t.producer is None or graph.index[id(t.producer)] not in joined}

@@ -1,7 +1,7 @@
 """A Triton kernel for a fused group of pointwise layers, and its launcher.
 
 `generate(layers, inputs, outputs)` turns an ordered DAG of pointwise layers (elementwise, unary, activation,
-cast, scale, parametric ReLU, constant) into Triton source text: a deterministic function of the layers, their
+cast, scale, parametric ReLU, select, constant) into Triton source text: a deterministic function of the layers, their
 parameters and dtypes, so a backend regenerates it when an engine loads (the source is never stored in an engine).
 Every value is computed in float32 (bool values as int1): operands are cast on load, results on store; a cast layer
 to float16 or bfloat16 rounds where it stands, and one from such a type rounds its input to it first (the value of
@@ -37,7 +37,7 @@ VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.bool)
 TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.bool: "tl.int1"}
 _BOOL_RULES = (P.DtypeRule.COMPARE, P.DtypeRule.LOGICAL, P.DtypeRule.PREDICATE)
 _KINDS = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.ScaleLayer, L.ParametricReLULayer,
-          L.ConstantLayer)
+          L.ConstantLayer, L.SelectLayer)
 HEADER = '''import triton
 import triton.language as tl
 from triton.language.extra import libdevice
@@ -59,12 +59,20 @@ def fusable(layer: L.Layer) -> str | None:
     if isinstance(layer, (L.ScaleLayer, L.ParametricReLULayer)) and out == torch.bool:
         return "a bool result"
     if isinstance(layer, (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer)):
-        row = P.row(layer)
+        row = _row(layer)
         if row.triton is None:
             return f"{_op_name(layer)} has no Triton expression"
         if (out == torch.bool) != (row.dtype in _BOOL_RULES):
             return f"{_op_name(layer)} giving {out} is computed by its reference only"
     return None
+
+
+def _row(layer: L.Layer) -> P.PointwiseOp:
+    """The table row computing `layer`; the bitwise not of bools is their logical not (`~mask`)."""
+    if isinstance(layer, L.UnaryLayer) and layer.op == L.UnaryOperation.BITWISE_NOT \
+            and layer.inputs[0].dtype == torch.bool:
+        return P.UNARY[L.UnaryOperation.NOT]
+    return P.row(layer)
 
 
 def _op_name(layer: L.Layer) -> str:
@@ -156,13 +164,18 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[tuple[str, bool]]) -> tuple[
                 w = w.reshape([-1] + [1] * (rank - layer.channel_axis % rank - 1))
             x = b.emit(template.format(x=x, w=b.as_float(b.weight(w))), False)[0]
         return b.emit(x, False)
+    if isinstance(layer, L.SelectLayer):  # torch.where
+        cond, then, other = xs
+        if is_bool:
+            return b.emit(f"tl.where({cond[0]}, {then[0]}, {other[0]})", True)
+        return b.emit(f"tl.where({cond[0]}, {b.as_float(then)}, {b.as_float(other)})", False)
     if isinstance(layer, L.ParametricReLULayer):
         slope, rank = layer.weights["slope"], layer.inputs[0].rank
         if slope.numel() > 1:
             slope = slope.reshape([-1] + [1] * (rank - 2))
         x = b.as_float(xs[0])
         return b.emit(f"tl.where({x} > 0, {x}, {b.as_float(b.weight(slope))} * {x})", False)
-    row = P.row(layer)
+    row = _row(layer)
     operands = [var for var, _ in xs] if row.dtype == P.DtypeRule.LOGICAL else [b.as_float(x) for x in xs]
     if isinstance(layer, L.ElementWiseLayer) and _squares(layer):
         expr = f"{operands[0]} * {operands[0]}"

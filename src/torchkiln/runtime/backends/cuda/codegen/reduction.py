@@ -187,7 +187,7 @@ class _Lowering:
             if isinstance(layer, L.ConstantLayer):  # an operand, broadcast by its readers like a group input
                 self.add(_Op("layer", out, layer=layer), row=self.is_row_shape(layer.outputs[0].shape))
                 return
-            if layer.outputs[0].rank != self.rank:
+            if layer.outputs[0].rank > self.rank:
                 raise NetworkError(f"{layer.KIND} layer {name!r} of rank {layer.outputs[0].rank} is not over the "
                                    f"group's space of rank {self.rank}")
             dropped = [t.name for t in layer.inputs if t.rank < self.rank and self.depth.get(id(t), 0)]
@@ -433,10 +433,13 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
         if row is None or any(t is i for i in inputs):
             raise NetworkError(f"group output {t.name!r} is not computed by the group's layers")
         lead = space.rank - lowering.reduced
-        if not (t.rank == space.rank or row and t.rank == lead) or (row and split):
-            raise NetworkError(f"group output {t.name!r} of rank {t.rank} is neither of the space's rank "
-                               f"{space.rank} nor a row value of rank {lead}" + (" (a group norm's group returns "
-                                                                                  "no row values)" if split else ""))
+        whole = tuple(t.shape) == tuple(space.shape)
+        per_row = row and tuple(t.shape[:lead]) == tuple(space.shape[:lead]) and not split and (
+            t.rank == lead or all(d == 1 for d in t.shape[lead:]))
+        if not (whole or per_row):
+            raise NetworkError(f"group output {t.name!r} of shape {list(t.shape)} is neither the space "
+                               f"{list(space.shape)} nor one value per row of it" +
+                               (" (a group norm's group returns no row values)" if split and row else ""))
     source = _Source(lowering, inputs, outputs, split is not None)
     text = source.source()
     has_max = any(op.kind == "reduce" and op.template != "sum" for op in lowering.ops)
