@@ -101,3 +101,24 @@ def test_zoo_on_the_cpu_reports_failed_peers_and_skipped_models(tmp_path, capsys
         assert row["cosine"] > 0.9999 and row["max_abs_error"] <= 1e-4 * row["max_abs_reference"]
     assert mlp["torchkiln_ms"] == peers["torchkiln"]["ms"]
     assert "ratio" not in mlp and data["geomean_ratio"] is None  # no best-peer candidate ran on the CPU
+
+
+def test_kernel_classes_of_a_profile():
+    """Kernel names as torch.profiler gives them on an H100: cuBLAS and cuDNN are library calls, Triton kernels
+    torchkiln generated, ATen's own, copies; idle is what the kernels leave of the wall time."""
+    from torchkiln.bench.kernel_classes import by_class, classify_kernel
+
+    names = {"nvjet_sm90_hsh_192x192_64x4_1x2_h_bz_coopB_TNN": "library",
+             "sm90_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc": "library",
+             "pointwise_kernel": "generated", "rows_kernel_looped": "generated",
+             "void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel_generic<c10::Half, int>": "aten",
+             "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocast<at::native::"
+             "direct_copy_kernel_cuda": "copies",
+             "Memcpy DtoD (Device -> Device)": "copies"}
+    assert {n: classify_kernel(n) for n in names} == names
+    rows = [{"name": n, "total_ms": 1.0} for n in names]  # over 10 calls: 0.1 ms a call each
+    classes = by_class(rows, 10, 1.0)
+    assert classes["library"] == pytest.approx(0.2) and classes["generated"] == pytest.approx(0.2)
+    assert classes["aten"] == pytest.approx(0.1) and classes["copies"] == pytest.approx(0.2)
+    assert classes["idle"] == pytest.approx(0.3)
+    assert by_class(rows, 10, 0.5)["idle"] == 0.0

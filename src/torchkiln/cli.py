@@ -151,7 +151,8 @@ def _bench(args: argparse.Namespace) -> int:
             result = compare.run_comparison(
                 args.models.split(","), [int(b) for b in args.batch.split(",")], device,
                 options.bench_precision(args.precision, device), args.iters, args.warmup, args.peers.split(","),
-                args.sources.split(","), progress=lambda line: print(line, file=sys.stderr, flush=True))
+                args.sources.split(","), progress=lambda line: print(line, file=sys.stderr, flush=True),
+                profile=args.profile)
             print(compare.format_table(result))
             if args.png:
                 compare.write_png(result, args.png)
@@ -277,7 +278,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                        "'(1,3,224,224)@f16%%channels_last' or a range '[(1,3,224,224);(8,3,224,224);(32,3,224,224)]"
                        "@f32' (min;opt;max; timed at opt); dtypes f32 f16 bf16 f64 i32 i64 i8 u8 bool")
     bench.add_argument("--profile", action="store_true", help="print the time per op (torch.profiler, self time, "
-                       "top entries), like trtexec --dumpProfile")
+                       "top entries), like trtexec --dumpProfile, and on a GPU the time per call by kernel class "
+                       "(library, generated, ATen, copies, idle); with --zoo or --blocks, torchkiln's by kernel class")
     bench.add_argument("--zoo", action="store_true", help="compare torchkiln with its peers on the model zoo")
     bench.add_argument("--blocks", action="store_true", help="--zoo on generic blocks of real models (RMSNorm + "
                        "SwiGLU, ConvNeXt, GroupNorm ResBlock, attention by hand, squeeze-excitation, LayerNorm MLP: "

@@ -19,13 +19,16 @@ from typing import Any
 import torch
 
 from torchkiln._version import __version__
+from torchkiln.bench.kernel_classes import by_class, format_classes
 from torchkiln.bench.peers import BEST_PEER_CANDIDATES, PEERS
+from torchkiln.bench.saved import profile_calls
 from torchkiln.bench.timing import geomean, summarize, synchronize, time_calls
 from torchkiln.examples.zoo import SOURCES, ZooModel, find_zoo_model, load_zoo_model
 
 logger = logging.getLogger("torchkiln.bench")
 
 DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "vit_b_16", "bert-base")
+PROFILE_ITERS = 10  # calls profiled per case with --profile
 
 
 def one_line(error: BaseException) -> str:
@@ -46,8 +49,9 @@ def _accuracy(out: Any, reference: torch.Tensor) -> dict[str, float]:
 
 
 def _measure(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype,
-             reference: torch.Tensor, iters: int, warmup: int) -> dict[str, Any]:
-    """One peer on one case: build time, accuracy, latency; or the reason it failed."""
+             reference: torch.Tensor, iters: int, warmup: int, profile: bool = False) -> dict[str, Any]:
+    """One peer on one case: build time, accuracy, latency (and with `profile`, its GPU time per call by kernel
+    class); or the reason it failed."""
     device, batch = inputs[0].device, inputs[0].shape[0]
     row: dict[str, Any] = {"peer": name}
     try:
@@ -60,6 +64,9 @@ def _measure(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor], 
             row["build_s"] = time.perf_counter() - start
             row.update(_accuracy(run(), reference))
             times = time_calls(run, device, iters, warmup)
+            if profile and device.type == "cuda":
+                _, kernels = profile_calls(run, device, PROFILE_ITERS, 0)
+                row["kernel_classes"] = by_class(kernels, PROFILE_ITERS, summarize(times)["p50"])
     except Exception as e:  # a peer that cannot run this case is a row note, never the end of the benchmark
         logger.debug("peer %s failed", name, exc_info=True)
         row.update(status="failed", reason=one_line(e))
@@ -71,7 +78,7 @@ def _measure(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor], 
 
 def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.nn.Module], batch: int,
           device: torch.device, precision: torch.dtype, peers: Sequence[str], iters: int, warmup: int,
-          progress: Callable[[str], None]) -> dict[str, Any]:
+          progress: Callable[[str], None], profile: bool = False) -> dict[str, Any]:
     torch.manual_seed(batch)
     inputs = [x.to(device) for x in zoo_model.inputs(batch)]
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
@@ -83,7 +90,8 @@ def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.
         if lost:
             row = {"peer": name, "status": "failed", "reason": lost}
         else:
-            row = _measure(name, models[precision], run_inputs, precision, reference, iters, warmup)
+            row = _measure(name, models[precision], run_inputs, precision, reference, iters, warmup,
+                           profile and name == "torchkiln")
             if row["status"] == "failed" and (error := cuda_context_error(device)):
                 lost = f"not run: the CUDA context is unusable after {name} failed ({error})"
         case["peers"][name] = row
@@ -130,8 +138,9 @@ def _environment(device: torch.device) -> dict[str, Any]:
 def run_comparison(models: Sequence[str] = DEFAULT_MODELS, batches: Sequence[int] = (1, 32),
                    device: str | torch.device = "cuda", precision: torch.dtype | None = None, iters: int = 100,
                    warmup: int = 20, peers: Sequence[str] = tuple(PEERS), sources: Sequence[str] = SOURCES,
-                   progress: Callable[[str], None] = logger.info) -> dict[str, Any]:
-    """Every peer on every (model, batch) case; the whole result as JSON-ready data."""
+                   progress: Callable[[str], None] = logger.info, profile: bool = False) -> dict[str, Any]:
+    """Every peer on every (model, batch) case; the whole result as JSON-ready data (with `profile`, torchkiln's GPU
+    time per call by kernel class too)."""
     device = torch.device(device)
     precision = precision or (torch.float16 if device.type == "cuda" else torch.float32)
     unknown = [p for p in peers if p not in PEERS]
@@ -163,7 +172,8 @@ def run_comparison(models: Sequence[str] = DEFAULT_MODELS, batches: Sequence[int
                 cases.append({"model": name, "batch": batch, "skipped": lost, "peers": {}})
                 continue
             try:
-                cases.append(_case(name, zoo_model, built, batch, device, precision, peers, iters, warmup, progress))
+                cases.append(_case(name, zoo_model, built, batch, device, precision, peers, iters, warmup, progress,
+                                   profile))
             except Exception as e:  # the inputs or the fp32 reference failed
                 cases.append({"model": name, "batch": batch, "skipped": one_line(e), "peers": {}})
             if error := cuda_context_error(device):
@@ -218,6 +228,11 @@ def format_table(result: dict[str, Any]) -> str:
                 cells.append(f"{r['build_s']:.1f}/{r['cosine']:.5f}/{r['max_abs_error']:.1e}"
                              if r and r["status"] == "ok" else "-")
             lines.append(f"{c['model']:14} {c['batch']:>5} " + " ".join(f"{s:>{width}}" for s in cells))
+    profiled = [c for c in result["cases"] if "kernel_classes" in c["peers"].get("torchkiln", {})]
+    if profiled:
+        lines += ["", "torchkiln's time per call by kernel class (ms, share of the call)"]
+        lines += [f"{c['model']:14} {c['batch']:>5} {format_classes(c['peers']['torchkiln']['kernel_classes'])}"
+                  for c in profiled]
     if failures:
         lines += ["", "failed:"] + failures
     geo = result["geomean_ratio"]

@@ -4,7 +4,7 @@ A module compiled by torchkiln is run as it is; a plain one is compiled first fo
 build time is reported). Random inputs of the specs (at their opt shape) go through `iters` timed calls after
 `warmup` untimed ones: latency p50/p90/p99, mean, min, max and throughput. `profile` adds a per-op table from
 torch.profiler (aggregated by op name or record_function label, top entries by self time), like trtexec's
---dumpProfile.
+--dumpProfile, and on a GPU the time per call by kernel class (kernel_classes.py).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from torchkiln.bench.kernel_classes import by_class, format_classes
 from torchkiln.bench.timing import summarize, synchronize, time_calls
 from torchkiln.compiler import compile as torchkiln_compile
 from torchkiln.input_spec import parse_input_spec
@@ -45,10 +46,12 @@ def _specs(shapes: Sequence[str]) -> list[Input]:
         raise BenchInputError(str(e)) from None
 
 
-def _profile(fn: Any, device: torch.device, iters: int, top: int) -> list[dict[str, Any]]:
+def profile_calls(fn: Any, device: torch.device, iters: int, top: int
+                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Time per op name (or record_function label) over `iters` calls: on a GPU the device time of the kernels each
     op launched ("op" rows) and of each kernel ("kernel" rows), on the CPU the op's own CPU time; with calls, total,
-    per call and share of its kind's total; the `top` largest of each kind."""
+    per call and share of its kind's total; the `top` largest of each kind. Also every kernel row (for
+    kernel_classes.by_class)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -73,7 +76,7 @@ def _profile(fn: Any, device: torch.device, iters: int, top: int) -> list[dict[s
         for r in kind_rows[:top]:
             r.update(ms_per_iter=r["total_ms"] / iters, percent=100 * r["total_ms"] / total)
             table.append(r)
-    return table
+    return table, rows["kernel"]
 
 
 def run_saved(path: str, shapes: Sequence[str], device: str | torch.device = "cpu", iters: int = 100,
@@ -123,8 +126,10 @@ def run_saved(path: str, shapes: Sequence[str], device: str | torch.device = "cp
         result.update(latency_ms=latency, batch=batch, throughput_qps=1e3 / latency["mean"],
                       throughput_items_per_s=batch * 1e3 / latency["mean"])
         if profile:
-            result["profile"] = _profile(call, dev, profile_iters, profile_top)
+            result["profile"], kernels = profile_calls(call, dev, profile_iters, profile_top)
             result["profile_iters"] = profile_iters
+            if dev.type == "cuda":
+                result["kernel_classes"] = by_class(kernels, profile_iters, latency["p50"])
     return result
 
 
@@ -140,6 +145,8 @@ def format_report(result: dict[str, Any]) -> str:
              f"min {lat['min']:.3f} ms, max {lat['max']:.3f} ms",
              f"throughput: {result['throughput_qps']:.1f} qps, {result['throughput_items_per_s']:.1f} items/s "
              f"(batch {result['batch']})"]
+    if "kernel_classes" in result:
+        lines += ["", "time per call by kernel class: " + format_classes(result["kernel_classes"])]
     if "profile" in result:
         what = "device time" if result["device"].startswith("cuda") else "CPU time"
         for kind in ("op", "kernel"):
