@@ -387,6 +387,27 @@ def test_too_many_layers_is_refused_before_inference(monkeypatch):
         Engine.deserialize(_pack(graph, weights))
 
 
+def _fill_network_engine() -> Engine:
+    network = Network("h")
+    network.mark_output(network.add_fill(4, 0.0, 1.0, torch.float32).get_output())
+    return Engine(network, [], "cpu", torch.float32, "h")
+
+
+@pytest.mark.parametrize("limit, match", [
+    ("MAX_GRAPH_BYTES", r"graph of \d+ bytes(,| exceeds) .*100-byte limit"),
+    ("MAX_META_BYTES", r"metadata and plans of \d+ bytes(,| exceed) .*100-byte limit"),
+])
+def test_json_sections_are_bounded_before_they_are_parsed_and_when_written(monkeypatch, limit, match):
+    engine = _fill_network_engine()
+    data = engine.serialize()
+    monkeypatch.setattr(S, limit, 100)
+    monkeypatch.setattr(S, "_parse_graph", None)  # refused before any JSON is read
+    with pytest.raises(torchkiln.EngineFormatError, match=match):
+        Engine.deserialize(data)
+    with pytest.raises(torchkiln.EngineFormatError, match=match):
+        engine.serialize()
+
+
 def test_long_parameter_list_is_refused(engine_bytes):
     _, graph, weights = _split(engine_bytes)
     conv = next(entry for entry in graph["network"]["layers"] if entry["kind"] == "convolution")

@@ -52,7 +52,8 @@ _HEADER = struct.Struct("<8sII")  # format 2: magic, version, number of sections
 _SECTION = struct.Struct("<16sQ")
 MAX_SECTIONS = 64  # meta, graph, weights and the plans of up to 61 targets
 _DIGEST = 32
-MAX_GRAPH_BYTES = 256 << 20
+MAX_GRAPH_BYTES = 64 << 20  # ~500 bytes for each of MAX_LAYERS layers; parsing it takes a few seconds
+MAX_META_BYTES = 16 << 20  # the metadata and the plans together (a plan takes ~10 bytes a layer)
 MAX_LIST = 64  # entries of a parameter list (strides, shapes, pads, axes...)
 MAX_TENSORS = 1 << 12  # network inputs, network outputs, bindings, inputs of one layer
 MAX_INT_DIGITS = 20  # a JSON integer beyond int64 is no shape, index or parameter
@@ -233,10 +234,16 @@ def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, 
         if len({s.name for s in symbols}) != len(symbols):
             raise EngineFormatError(f"network {network.name!r}: two dim symbols share a name")
         graph["network"]["symbols"] = [{"name": s.name, "min": s.lo, "max": s.hi} for s in symbols]
-    sections: list[tuple[str, Chunks]] = [("meta", _json_bytes(meta)), ("graph", _json_bytes(graph["network"]))]
+    text, others = _json_bytes(graph["network"]), [_json_bytes(meta), *(_json_bytes(plan) for plan in plans)]
+    for what, n, limit in (("graph", len(text), MAX_GRAPH_BYTES),
+                           ("metadata and plans", sum(map(len, others)), MAX_META_BYTES)):
+        if n > limit:  # writing refuses what reading would
+            raise EngineFormatError(f"network {network.name!r}: {what} of {n} bytes, over the {limit}-byte limit "
+                                    f"of engines")
+    sections: list[tuple[str, Chunks]] = [("meta", others[0]), ("graph", text)]
     if weights:
         sections.append(("weights", safetensors_chunks(weights)))
-    sections += [(f"plan.{k}", _json_bytes(plan)) for k, plan in enumerate(plans)]
+    sections += [(f"plan.{k}", data) for k, data in enumerate(others[1:])]
     return join_sections(sections)
 
 
@@ -337,6 +344,10 @@ def _decode_engine(data: bytes, max_memory: int | None,
     sections = _sections_v1(data) if version == 1 else _sections(data)
     if len(sections["graph"]) > MAX_GRAPH_BYTES:
         raise EngineFormatError(f"engine graph of {len(sections['graph'])} bytes exceeds the {MAX_GRAPH_BYTES}-byte "
+                                f"limit")
+    meta_bytes = sum(len(v) for k, v in sections.items() if k not in ("graph", "weights"))
+    if meta_bytes > MAX_META_BYTES:
+        raise EngineFormatError(f"engine metadata and plans of {meta_bytes} bytes exceed the {MAX_META_BYTES}-byte "
                                 f"limit")
     graph = _parse_graph(sections["graph"])
     raw_weights = sections.get("weights", b"")
