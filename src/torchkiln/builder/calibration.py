@@ -20,7 +20,7 @@ from collections.abc import Callable, Container, Iterable, Sequence
 
 import torch
 
-from torchkiln.builder.builder import build_engine
+from torchkiln.builder.builder import build_engine, ship
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
@@ -168,7 +168,7 @@ def calibrated_build(convert: Callable[[], Network], bindings: Sequence[InputBin
                     if source.name not in kept and not isinstance(source, L.ConstantLayer):
                         new.setdefault(source.name, f"its value is read by {layer!r}, which {why}")
         if not new:
-            engine.plan_for(settings.device)  # the target's choices (tactic timing) for the engine that ships
+            ship(engine, settings.device)  # checked against the loader's ceilings, then planned
             return engine, kept
         logger.debug("calibration round %d of engine %s: keeping %s in float32", round_ + 1, name, sorted(new))
         kept.update(new)

@@ -197,12 +197,14 @@ class Engine:
         return S.encode_engine(meta, self.network, [p.to_json() for p in self.plans])
 
     @classmethod
-    def deserialize(cls, data: bytes, max_memory: int | None = None) -> Engine:
+    def deserialize(cls, data: bytes, max_memory: int | None = None, max_flops: int | None = None) -> Engine:
         """Load engine bytes; anything wrong with them raises EngineFormatError.
 
-        `max_memory` caps the bytes of all layer outputs together, checked on shapes before anything is
-        allocated; None takes TORCHKILN_MAX_ENGINE_MEMORY or else `serialization.DEFAULT_MAX_ENGINE_MEMORY`."""
-        meta, network, raw_plans = S.decode_engine(data, max_memory)
+        `max_memory` caps the bytes the engine may hold at once (weights, live intermediates and a layer's
+        workspace) and `max_flops` the FLOPs of one call, both checked on shapes before anything is allocated;
+        None takes TORCHKILN_MAX_ENGINE_MEMORY / TORCHKILN_MAX_ENGINE_FLOPS, or else a default scaled to the
+        engine's device (`runtime/limits.py`)."""
+        meta, network, raw_plans = S.decode_engine(data, max_memory, max_flops)
         name = meta.get("name")
         device_type = meta.get("device_type")
         if not isinstance(name, str) or len(name) > S.MAX_STRING or device_type not in ("cpu", "cuda"):

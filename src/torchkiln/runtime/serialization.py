@@ -14,10 +14,11 @@ its backend plans it on load.
 Reading never runs code: JSON and safetensors are data formats, every field is checked against the
 layer kind's declared parameter types, every layer passes its kind's `validate` and the graph is
 re-inferred layer by layer. Reading is bounded: JSON nesting, integer digits, the number of layers and
-the length of every list are limited, and the bytes of all layer outputs together (what running the
-engine may allocate) must stay under a ceiling, checked on shapes alone before anything is allocated:
-`DEFAULT_MAX_ENGINE_MEMORY` (4 GiB), or the environment variable TORCHKILN_MAX_ENGINE_MEMORY (bytes),
-or the `max_memory` argument of `decode_engine` / `Engine.deserialize`.
+the length of every list are limited, and what running the engine would hold in memory and compute per call
+must stay under ceilings (`runtime/limits.py`), checked on shapes alone, layer by layer, before anything is
+allocated: the `max_memory` and `max_flops` arguments of `decode_engine` / `Engine.deserialize`, else
+TORCHKILN_MAX_ENGINE_MEMORY (bytes) and TORCHKILN_MAX_ENGINE_FLOPS, else defaults scaled to the device the
+engine runs on.
 """
 from __future__ import annotations
 
@@ -26,8 +27,6 @@ import functools
 import gc
 import hashlib
 import json
-import math
-import os
 import reprlib
 import struct
 import sys
@@ -43,7 +42,8 @@ import torch
 from torchkiln.errors import EngineFormatError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, bounds, from_tree, to_tree
+from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, from_tree, to_tree
+from torchkiln.runtime.limits import MAX_LAYERS, Budget, last_readers, max_engine_flops, max_engine_memory
 
 MAGIC = b"TKLNENG\0"
 FORMAT_VERSION = 2
@@ -52,14 +52,12 @@ _HEADER = struct.Struct("<8sII")  # format 2: magic, version, number of sections
 _SECTION = struct.Struct("<16sQ")
 MAX_SECTIONS = 64  # meta, graph, weights and the plans of up to 61 targets
 _DIGEST = 32
-MAX_GRAPH_BYTES = 256 << 20
-MAX_LAYERS = 1 << 20
+MAX_GRAPH_BYTES = 64 << 20  # ~500 bytes for each of MAX_LAYERS layers; parsing it takes a few seconds
+MAX_META_BYTES = 16 << 20  # the metadata and the plans together (a plan takes ~10 bytes a layer)
 MAX_LIST = 64  # entries of a parameter list (strides, shapes, pads, axes...)
 MAX_TENSORS = 1 << 12  # network inputs, network outputs, bindings, inputs of one layer
 MAX_INT_DIGITS = 20  # a JSON integer beyond int64 is no shape, index or parameter
 MAX_STRING = 1 << 12
-DEFAULT_MAX_ENGINE_MEMORY = 4 << 30
-MEMORY_ENV = "TORCHKILN_MAX_ENGINE_MEMORY"
 MAX_SYMBOLS = 64
 
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in L.TENSOR_DTYPES}
@@ -180,21 +178,6 @@ def _list(obj: Any, key: str, where: str, limit: int = MAX_TENSORS) -> list[Any]
     return value
 
 
-def max_engine_memory(max_memory: int | None = None) -> int:
-    """The ceiling on an engine's planned bytes: the argument, else TORCHKILN_MAX_ENGINE_MEMORY, else 4 GiB."""
-    if max_memory is None:
-        raw = os.environ.get(MEMORY_ENV)
-        if raw is None:
-            return DEFAULT_MAX_ENGINE_MEMORY
-        try:
-            max_memory = int(raw)
-        except ValueError:
-            raise ValueError(f"{MEMORY_ENV}={raw!r} is not a number of bytes") from None
-    if isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 0:
-        raise ValueError(f"max_memory must be a non-negative number of bytes, got {max_memory!r}")
-    return max_memory
-
-
 def _parse_int(text: str) -> int:
     digits = len(text.lstrip("-"))
     if digits > MAX_INT_DIGITS:
@@ -216,11 +199,6 @@ def _parse_graph(raw: bytes) -> Any:
 def _param_hints(kind: type[L.Layer]) -> tuple[tuple[str, Any], ...]:
     hints = typing.get_type_hints(kind)
     return tuple((f.name, hints[f.name]) for f in kind.param_fields())
-
-
-def _nbytes(shape: tuple[Any, ...], dtype: torch.dtype) -> float:
-    """Bytes of a tensor of this shape at its largest (a symbolic dim counts at its upper bound)."""
-    return math.prod(bounds(d)[1] for d in shape) * dtype.itemsize
 
 
 def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, Any]] = ()) -> bytes:
@@ -256,10 +234,16 @@ def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, 
         if len({s.name for s in symbols}) != len(symbols):
             raise EngineFormatError(f"network {network.name!r}: two dim symbols share a name")
         graph["network"]["symbols"] = [{"name": s.name, "min": s.lo, "max": s.hi} for s in symbols]
-    sections: list[tuple[str, Chunks]] = [("meta", _json_bytes(meta)), ("graph", _json_bytes(graph["network"]))]
+    text, others = _json_bytes(graph["network"]), [_json_bytes(meta), *(_json_bytes(plan) for plan in plans)]
+    for what, n, limit in (("graph", len(text), MAX_GRAPH_BYTES),
+                           ("metadata and plans", sum(map(len, others)), MAX_META_BYTES)):
+        if n > limit:  # writing refuses what reading would
+            raise EngineFormatError(f"network {network.name!r}: {what} of {n} bytes, over the {limit}-byte limit "
+                                    f"of engines")
+    sections: list[tuple[str, Chunks]] = [("meta", others[0]), ("graph", text)]
     if weights:
         sections.append(("weights", safetensors_chunks(weights)))
-    sections += [(f"plan.{k}", _json_bytes(plan)) for k, plan in enumerate(plans)]
+    sections += [(f"plan.{k}", data) for k, data in enumerate(others[1:])]
     return join_sections(sections)
 
 
@@ -326,22 +310,24 @@ def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("utf-8")
 
 
-def decode_engine(data: bytes, max_memory: int | None = None) -> tuple[dict[str, Any], Network, list[Any]]:
+def decode_engine(data: bytes, max_memory: int | None = None,
+                  max_flops: int | None = None) -> tuple[dict[str, Any], Network, list[Any]]:
     """Check and parse engine bytes into (metadata, network, raw plans); any problem is an EngineFormatError.
 
-    `max_memory` bounds the bytes of all layer outputs together (see `max_engine_memory`)."""
-    limit = max_engine_memory(max_memory)
+    `max_memory` and `max_flops` bound what the engine may plan (see `runtime/limits.py`; None: the environment's
+    or the default ceiling of the engine's device kind). A bad ceiling is a ValueError."""
     # Loading makes many small objects; the cycle collector would rescan the growing heap again and again.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _decode_engine(data, limit)
+        return _decode_engine(data, max_memory, max_flops)
     finally:
         if collecting:
             gc.enable()
 
 
-def _decode_engine(data: bytes, limit: int) -> tuple[dict[str, Any], Network, list[Any]]:
+def _decode_engine(data: bytes, max_memory: int | None,
+                   max_flops: int | None) -> tuple[dict[str, Any], Network, list[Any]]:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise EngineFormatError(f"engine data must be bytes, got {type(data).__name__}")
     data = bytes(data)
@@ -359,6 +345,10 @@ def _decode_engine(data: bytes, limit: int) -> tuple[dict[str, Any], Network, li
     if len(sections["graph"]) > MAX_GRAPH_BYTES:
         raise EngineFormatError(f"engine graph of {len(sections['graph'])} bytes exceeds the {MAX_GRAPH_BYTES}-byte "
                                 f"limit")
+    meta_bytes = sum(len(v) for k, v in sections.items() if k not in ("graph", "weights"))
+    if meta_bytes > MAX_META_BYTES:
+        raise EngineFormatError(f"engine metadata and plans of {meta_bytes} bytes exceed the {MAX_META_BYTES}-byte "
+                                f"limit")
     graph = _parse_graph(sections["graph"])
     raw_weights = sections.get("weights", b"")
     try:
@@ -375,7 +365,9 @@ def _decode_engine(data: bytes, limit: int) -> tuple[dict[str, Any], Network, li
             raise EngineFormatError("engine metadata must be a JSON object")
     plans = [_parse_graph(sections[k]) for k in sorted((k for k in sections if k.startswith("plan.")),
                                                          key=lambda k: int(k[5:]))]
-    return meta, _decode_network(raw_network, weights, limit), plans
+    device_type = "cuda" if meta.get("device_type") == "cuda" else "cpu"  # another kind is refused after this
+    ceilings = max_engine_memory(max_memory, device_type), max_engine_flops(max_flops, device_type)
+    return meta, _decode_network(raw_network, weights, *ceilings), plans
 
 
 def _check_digest(data: bytes) -> None:
@@ -422,7 +414,14 @@ def _sections(data: bytes) -> dict[str, bytes]:
     return sections
 
 
-def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_memory: int) -> Network:
+def _input_names(entry: Any) -> list[str]:
+    """The input names a raw layer entry lists (what is malformed there is refused when the layer is read)."""
+    names = entry.get("inputs") if isinstance(entry, dict) else None
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
+
+
+def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_memory: int,
+                    max_flops: int) -> Network:
     network = Network(str(_field(raw, "name", str, "network")))
     symbols = _parse_symbols(raw.get("symbols", []))
     tensors: dict[str, Any] = {}
@@ -440,7 +439,9 @@ def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_m
         t = network.add_input(name, parse_dtype(entry.get("dtype"), where), _parse_dims(entry.get("shape"), where, symbols))
         tensors[name] = t
     raw_layers = _list(raw, "layers", "network", MAX_LAYERS)
-    planned = 0
+    raw_outputs = _list(raw, "outputs", "network")
+    budget = Budget(max_memory, max_flops, last_readers(_input_names(entry) for entry in raw_layers),
+                    [name for name in raw_outputs if isinstance(name, str)])
     for i, entry in enumerate(raw_layers):
         where = f"layer {i}"
         kind_name = _field(entry, "kind", str, where)
@@ -489,13 +490,9 @@ def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_m
                                         f"{dtype_name(out.dtype)}{list(out.shape)}")
             out.name = oname
             tensors[oname] = out
-            planned += _nbytes(out.shape, out.dtype)
-        if planned > max_memory:
-            raise EngineFormatError(f"{where}: the engine plans {planned} bytes of layer outputs by here, over the "
-                                    f"{max_memory}-byte limit (raise it with Engine.deserialize(max_memory=...) "
-                                    f"or {MEMORY_ENV})")
+        budget.add(i, layer, where)
     marked: set[str] = set()
-    for tname in _list(raw, "outputs", "network"):
+    for tname in raw_outputs:
         if not isinstance(tname, str) or tname not in tensors or tname in marked:
             raise EngineFormatError(f"network output {_show.repr(tname)} is not defined or listed twice")
         marked.add(tname)
