@@ -16,7 +16,7 @@ from torchkiln.runtime.backends import BackendOptions  # noqa: E402
 from torchkiln.runtime.backends.cuda import fusion, planner  # noqa: E402
 from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
 from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT  # noqa: E402
-from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
+from torchkiln.runtime.backends.cuda.runner import bind_steps, channels_last_inputs, place_weights  # noqa: E402
 from torchkiln.runtime.engine import Engine  # noqa: E402
 from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
 
@@ -159,9 +159,11 @@ def test_group_norm_and_silu_are_one_kernel():
     steps, got = planned(net, [x])
     assert len(rows(steps)) == 2 and all("normalization" in kinds and len(kinds) >= 2 for kinds in rows(steps))
     assert_matches(got[0], module(x))
-    # a row step writes in its input's layout, whatever reads it
+    # a row step writes in its input's layout, whatever reads it; the runner takes the input channels-last (the
+    # first convolution and the residual add read it next to channels-last tensors)
     plan = planner.make_plan(net, DEVICE, BackendOptions(timing_iterations=0))
     assert not any(plan.kernels[s.kernel].option(CHANNELS_LAST_OUT) for s in plan.steps)
+    assert channels_last_inputs(net, plan) == [True]
 
 
 def test_pointwise_outputs_read_by_channels_last_convolutions_are_written_channels_last():
@@ -181,6 +183,7 @@ def test_pointwise_outputs_read_by_channels_last_convolutions_are_written_channe
         plan = planner.make_plan(net, DEVICE, BackendOptions(timing_iterations=0))
         assert [bool(plan.kernels[s.kernel].option(CHANNELS_LAST_OUT)) for s in plan.steps
                 if plan.kernels[s.kernel].op == "pointwise"] == [expected]
+        assert channels_last_inputs(net, plan) == [True]  # a generated step reads it, convolutions run channels-last
         steps, got = planned(net, [x])
         want = module(x)
         for g, w in zip(got, want if returns_act else [want]):

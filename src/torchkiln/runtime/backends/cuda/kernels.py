@@ -100,6 +100,11 @@ def channels_last_input(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
 
 
+def takes_channels_last(kernel: Kernel, lead: L.Layer) -> bool:
+    """Whether a step of this kernel row, led by `lead`, is a convolution that reads its input channels-last."""
+    return isinstance(lead, L.ConvolutionLayer) and (bool(kernel.option("channels_last")) or kernel.op == "gemm")
+
+
 @maker("library", "convolution")
 def _library_convolution(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     conv = _convolution(step.layers[0], step.weights[0], allow_tf32)

@@ -57,7 +57,7 @@ from torchkiln.ir.network import Network
 from torchkiln.runtime.backends import BackendOptions
 from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
-from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT
+from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT, takes_channels_last
 from torchkiln.runtime.backends.cuda.patches import patch_convolution
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
@@ -214,8 +214,7 @@ def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int
     wants: dict[int, bool] = {}  # tensor id -> every read of it from another step is a channels-last convolution's
     for kernel, members in groups:
         made = {id(t) for j in members for t in network.layers[j].outputs}
-        lead = network.layers[members[0]]
-        takes = isinstance(lead, L.ConvolutionLayer) and (kernel.option("channels_last") or kernel.op == "gemm")
+        takes = takes_channels_last(kernel, network.layers[members[0]])
         for j in members:
             for k, t in enumerate(network.layers[j].inputs):
                 if id(t) not in made:

@@ -1,7 +1,8 @@
 """The CUDA backend's runner: a plan bound to one GPU, replayed as one CUDA graph per input shape.
 
 - Made once per engine and device: weights moved to the GPU once, convolution kernels in channels-last where
-  the plan says so (cuDNN then keeps activations channels-last through the stack).
+  the plan says so (cuDNN then keeps activations channels-last through the stack); a 4-D input such a
+  convolution reads is taken channels-last (`channels_last_inputs`).
 - Per input-shape signature (every shape for a static engine; a bounded least-recently-used set of
   `MAX_GRAPHS` for a dynamic one): symbolic layer parameters are evaluated, a step whose layers depend on the
   input shapes alone becomes its values, computed then (`runtime/fold_shapes.py`), every step's callable is made,
@@ -26,7 +27,8 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
-from torchkiln.runtime.backends.cuda.kernels import StepFn, StepLayers, make_step
+from torchkiln.runtime.backends.cuda.kernels import (StepFn, StepLayers, channels_last_input, make_step,
+                                                    takes_channels_last)
 from torchkiln.runtime.executor import may_alias_storage
 from torchkiln.runtime.fold_shapes import ShapeFolding, precomputed
 from torchkiln.runtime.plan import Plan, slots
@@ -121,6 +123,7 @@ class CudaRunner:
             self.weights = place_weights(network, plan, device)
         self.binder = SymbolBinder.for_network(network)
         self.may_alias = [may_alias_storage(t) for t in network.outputs]
+        self.channels_last = channels_last_inputs(network, plan)
         self._bound: OrderedDict[tuple, _Bound] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = None
@@ -143,6 +146,8 @@ class CudaRunner:
                 self._bound.move_to_end(key)
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(self._last_call)  # the previous call, maybe on another stream, is done with the buffers
+            if bound.graph is None:  # (a replay's copy into its channels-last input buffers converts them)
+                inputs = [channels_last_input(x) if last else x for x, last in zip(inputs, self.channels_last)]
             if bound.graph is None and self._graphs:
                 outputs = self._first_call(bound, inputs)
             elif bound.graph is None:
@@ -172,6 +177,24 @@ class CudaRunner:
     def _fresh(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Outputs that may share memory with an input or a weight, copied (as the reference executor does)."""
         return [o.clone() if copy else o for o, copy in zip(outputs, self.may_alias)]
+
+
+def channels_last_inputs(network: Network, plan: Plan) -> list[bool]:
+    """Per network input: whether the runner takes it channels-last (planner rule 7): it is 4-D, the plan runs
+    channels-last convolutions, and every step reading it is one of them or a generated kernel (which reads any
+    layout, and then reads it in the layout of the convolutions' activations it meets)."""
+    takes, others = set(), set()
+    for step in plan.steps:
+        kernel = plan.kernels[step.kernel]
+        lead = network.layers[step.layers[0]]
+        made = {id(t) for j in step.layers for t in network.layers[j].outputs}
+        reads = {id(t) for j in step.layers for t in network.layers[j].inputs if id(t) not in made}
+        if takes_channels_last(kernel, lead):
+            takes.add(id(lead.inputs[0]))
+            others |= reads - {id(lead.inputs[0])} if kernel.op not in ("conv_epilogue", "gemm") else set()
+        elif kernel.kind != "generated":
+            others |= reads
+    return [t.rank == 4 and bool(takes) and id(t) not in others for t in network.inputs]
 
 
 def placed_weight(w: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
