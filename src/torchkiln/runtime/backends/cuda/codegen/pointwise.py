@@ -293,15 +293,15 @@ def _same_strides(a: torch.Tensor, b: torch.Tensor) -> bool:
     return all(a.stride(d) == b.stride(d) for d in range(a.dim()) if a.shape[d] != 1)
 
 
-class PointwiseLauncher:
-    """Runs a generated kernel on CUDA tensors (or on CPU tensors under Triton's interpreter)."""
+class GroupLauncher:
+    """What the launchers of generated group kernels share: the kernel's weights on each device, and a call's checked
+    operands (inputs, then weights) with their broadcast shape, padded to the kernel's rank."""
 
-    def __init__(self, kernel: PointwiseKernel, channels_last: bool = False) -> None:
-        from torchkiln.runtime.backends.cuda.codegen.compile import load_source
+    WHAT = "pointwise"
 
+    def __init__(self, kernel, channels_last: bool = False) -> None:
         self.kernel = kernel
         self.channels_last = channels_last  # 4-D outputs channels-last (their readers are channels-last convolutions)
-        self._fn = getattr(load_source(kernel.source), KERNEL_NAME)
         self._weights: dict[torch.device, list[torch.Tensor]] = {}
 
     def _device_weights(self, device: torch.device) -> list[torch.Tensor]:
@@ -310,11 +310,10 @@ class PointwiseLauncher:
             weights = self._weights[device] = [w.to(device) for w in self.kernel.weights]
         return weights
 
-    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The group's outputs for `inputs` (one tensor per group input, of its dtype and a broadcastable shape)."""
+    def operands(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.device, list[torch.Tensor], torch.Size]:
         kernel = self.kernel
         if len(inputs) != len(kernel.inputs):
-            raise EngineInputError(f"the pointwise kernel takes {len(kernel.inputs)} inputs, got {len(inputs)}")
+            raise EngineInputError(f"the {self.WHAT} kernel takes {len(kernel.inputs)} inputs, got {len(inputs)}")
         for x, t in zip(inputs, kernel.inputs):
             if x.dtype != t.dtype or x.dim() != t.rank:
                 raise EngineInputError(f"input {t.name!r}: expected {t.dtype} of rank {t.rank}, got {x.dtype} of "
@@ -326,7 +325,22 @@ class PointwiseLauncher:
         except RuntimeError as e:
             raise EngineInputError(f"inputs of shapes {[list(x.shape) for x in inputs]} do not broadcast "
                                    f"together: {e}") from None
-        shape = torch.Size([1] * (kernel.rank - len(shape)) + list(shape))
+        return device, operands, torch.Size([1] * (kernel.rank - len(shape)) + list(shape))
+
+
+class PointwiseLauncher(GroupLauncher):
+    """Runs a generated kernel on CUDA tensors (or on CPU tensors under Triton's interpreter)."""
+
+    def __init__(self, kernel: PointwiseKernel, channels_last: bool = False) -> None:
+        from torchkiln.runtime.backends.cuda.codegen.compile import load_source
+
+        super().__init__(kernel, channels_last)
+        self._fn = getattr(load_source(kernel.source), KERNEL_NAME)
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The group's outputs for `inputs` (one tensor per group input, of its dtype and a broadcastable shape)."""
+        kernel = self.kernel
+        device, operands, shape = self.operands(inputs)
         if self.channels_last and len(shape) == 4:
             outputs = [torch.empty(shape, dtype=t.dtype, device=device, memory_format=torch.channels_last)
                        for t in kernel.outputs]

@@ -37,7 +37,8 @@ from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import needs_int64
-from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER, TL, VALUE_DTYPES, Builder, emit_layer, fusable
+from torchkiln.runtime.backends.cuda.codegen.pointwise import (HEADER, TL, VALUE_DTYPES, Builder, GroupLauncher,
+                                                                emit_layer, fusable)
 
 KERNEL = "rows_kernel"
 LOOPED = "rows_kernel_looped"
@@ -457,41 +458,22 @@ def _num_warps(tile: int) -> int:
     return 2 if tile <= 1024 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
 
 
-class RowLauncher:
+class RowLauncher(GroupLauncher):
     """Runs a generated reduction kernel on CUDA tensors (or on CPU tensors under Triton's interpreter)."""
+
+    WHAT = "reduction"
 
     def __init__(self, kernel: RowKernel, channels_last: bool = False) -> None:
         from torchkiln.runtime.backends.cuda.codegen.compile import load_source
 
+        super().__init__(kernel, channels_last)  # 4-D full outputs channels-last (read by channels-last convolutions)
         module = load_source(kernel.source)
-        self.kernel = kernel
-        self.channels_last = channels_last  # 4-D full outputs channels-last (read by channels-last convolutions)
         self._persistent, self._looped = getattr(module, KERNEL), getattr(module, LOOPED)
-        self._weights: dict[torch.device, list[torch.Tensor]] = {}
-
-    def _device_weights(self, device: torch.device) -> list[torch.Tensor]:
-        weights = self._weights.get(device)
-        if weights is None:
-            weights = self._weights[device] = [w.to(device) for w in self.kernel.weights]
-        return weights
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         kernel = self.kernel
-        if len(inputs) != len(kernel.inputs):
-            raise EngineInputError(f"the reduction kernel takes {len(kernel.inputs)} inputs, got {len(inputs)}")
-        for x, t in zip(inputs, kernel.inputs):
-            if x.dtype != t.dtype or x.dim() != t.rank:
-                raise EngineInputError(f"input {t.name!r}: expected {t.dtype} of rank {t.rank}, got {x.dtype} of "
-                                       f"rank {x.dim()}")
-        device = inputs[0].device if inputs else torch.device("cuda")
-        operands = [*inputs, *self._device_weights(device)]
-        try:
-            shape = torch.broadcast_shapes(*(x.shape for x in operands))
-        except RuntimeError as e:
-            raise EngineInputError(f"inputs of shapes {[list(x.shape) for x in inputs]} do not broadcast "
-                                   f"together: {e}") from None
+        device, operands, shape = self.operands(inputs)
         rank, groups = kernel.rank, kernel.groups
-        shape = torch.Size([1] * (rank - len(shape)) + list(shape))
         if groups is not None and shape[1] % groups:
             raise EngineInputError(f"{shape[1]} channels do not split into {groups} groups")
         space = shape if groups is None else torch.Size([shape[0], groups, shape[1] // groups, *shape[2:]])
