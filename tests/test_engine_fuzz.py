@@ -10,6 +10,7 @@ import copy
 import functools
 import hashlib
 import json
+import math
 import os
 import resource
 import tempfile
@@ -21,13 +22,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchkiln.errors import EngineFormatError, EngineInputError
+from torchkiln.errors import EngineFormatError, EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime import serialization as S
 from torchkiln.runtime.engine import Engine, InputBinding
 
-MAX_MEMORY = 16 << 20  # the ceiling fuzzed engines load under, so that an engine that loads runs quickly
+MAX_MEMORY = 16 << 20  # the ceilings fuzzed engines load under, so that an engine that loads runs quickly
+MAX_FLOPS = 10 ** 9
 CASE_SECONDS = 2.0
 
 # A chooser picks an index below n: hypothesis' data.draw in the test, random.randrange in the script.
@@ -80,17 +82,86 @@ def _attention(n: Network) -> list:
     return [a, n.add_einsum([sel, sel], "bij,bkj->bik").get_output()]
 
 
+def _workspace(n: Network) -> list:
+    """Layers that allocate inside beyond their outputs (ir/cost.py): a reversed slice, a float64 convolution,
+    a bilinear resize of bytes, a batched product that broadcasts, a product of three operands."""
+    x = n.add_input("x", torch.float64, (1, 2, 6, 6))
+    flipped = n.add_slice(x, (0, 1, 5, 0), (1, 2, 6, 6), (1, -1, -1, 1)).get_output()
+    conv = n.add_convolution_nd(flipped, torch.randn(3, 2, 3, 3, dtype=torch.float64), None, stride=(1, 1),
+                                padding=(1, 1), dilation=(1, 1)).get_output()
+    image = n.add_input("image", torch.uint8, (1, 1, 3, 3))
+    resized = n.add_resize(image, "bilinear", size=(5, 7), align_corners=False).get_output()
+    a = n.add_input("a", torch.float32, (4, 5))
+    b = n.add_constant(torch.randn(2, 5, 3)).get_output()
+    product = n.add_matrix_multiply(a, L.MatrixOperation.NONE, b, L.MatrixOperation.NONE).get_output()
+    three = n.add_einsum([a, a, a], "ij,ij,kj->ik").get_output()
+    return [conv, resized, product, three]
+
+
+def _engine(name: str, build: Callable[[Network], list]) -> bytes:
+    network = Network(name)
+    for out in build(network):
+        network.mark_output(out)
+    bindings = [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in network.inputs]
+    return Engine(network, bindings, "cpu", torch.float32, network.name).serialize()
+
+
 @functools.cache
 def seed_engines() -> tuple[bytes, ...]:
     torch.manual_seed(0)
-    seeds = []
-    for build in (_cnn, _indexing, _attention):
-        network = Network(build.__name__.strip("_"))
-        for out in build(network):
-            network.mark_output(out)
-        bindings = [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in network.inputs]
-        seeds.append(Engine(network, bindings, "cpu", torch.float32, network.name).serialize())
-    return tuple(seeds)
+    return tuple(_engine(build.__name__.strip("_"), build) for build in (_cnn, _indexing, _attention, _workspace))
+
+
+# ---- hostile engines: well-formed networks of extents the chooser picks, for the memory and FLOPs ceilings ----
+
+_EXTENTS = (1, 3, 64, 1000, 1 << 12, 1 << 16, 1 << 20, 1 << 24, 1 << 30)
+
+
+def _hostile_fill(n: Network, extent: Callable[[], int], choose: Choose) -> list:
+    return [n.add_fill(extent(), 0.0, 1.0, (torch.bool, torch.float64)[choose(2)]).get_output()]
+
+
+def _hostile_attention(n: Network, extent: Callable[[], int], choose: Choose) -> list:
+    x = n.add_expand(n.add_input("x", torch.float32, (1, 1, 1, 1)), (1, 1, extent(), 1 + choose(3))).get_output()
+    return [n.add_attention(x, x, x, causal=bool(choose(2))).get_output()]
+
+
+def _hostile_resize(n: Network, extent: Callable[[], int], choose: Choose) -> list:
+    x = n.add_input("x", (torch.uint8, torch.float32)[choose(2)], (1, 1, 2, 2))
+    return [n.add_resize(x, ("nearest", "bilinear")[choose(2)], size=(extent(), extent())).get_output()]
+
+
+def _hostile_slice(n: Network, extent: Callable[[], int], choose: Choose) -> list:
+    x = n.add_expand(n.add_input("x", torch.uint8, (1, 1)), (2, extent())).get_output()
+    return [n.add_slice(x, (1, 0), (2, 1), (-1, 1)).get_output()]
+
+
+def _hostile_products(n: Network, extent: Callable[[], int], choose: Choose) -> list:
+    side = extent()
+    row = n.add_shuffle(n.add_fill(side, 0.0, 1e-3, torch.float32).get_output(), reshape_dims=(1, side)).get_output()
+    y = m = n.add_expand(row, (side, side)).get_output()
+    for _ in range(1 + choose(60)):
+        y = n.add_matrix_multiply(y, L.MatrixOperation.NONE, m, L.MatrixOperation.NONE).get_output()
+    return [y]
+
+
+def _hostile_chain(n: Network, extent: Callable[[], int], choose: Choose) -> list:
+    y = n.add_input("x", torch.float32, (2, 3))
+    for _ in range(min(extent(), 1 << 12)):  # longer chains are the graph size's and layer count's cases
+        y = n.add_identity(y).get_output()
+    return [y]
+
+
+HOSTILE = (_hostile_fill, _hostile_attention, _hostile_resize, _hostile_slice, _hostile_products, _hostile_chain)
+
+
+def hostile_engine(choose: Choose) -> bytes | None:
+    """A well-formed engine of one hostile kind and chosen extents; None where the network refuses them."""
+    build = HOSTILE[choose(len(HOSTILE))]
+    try:
+        return _engine(build.__name__, lambda n: build(n, lambda: _EXTENTS[choose(len(_EXTENTS))], choose))
+    except NetworkError:
+        return None
 
 
 # ---- mutations ---------------------------------------------------------------------------------------
@@ -173,7 +244,7 @@ def _parent(graph: object, path: tuple) -> object:
 def mutate_graph(graph: dict, choose: Choose) -> None:
     """One structure-aware mutation of a decoded engine graph, in place."""
     layers = graph["network"]["layers"]
-    op = choose(7)
+    op = choose(8)
     if op == 0 or not layers:  # any value: replaced
         path = _nodes(graph)[choose(len(_nodes(graph)))]
         parent = _parent(graph, path)
@@ -204,6 +275,17 @@ def mutate_graph(graph: dict, choose: Choose) -> None:
         if params:
             key = sorted(params)[choose(len(params))]
             params[key] = _values(choose, params[key])
+    elif op == 7:  # a layer repeated in a chain, each copy reading the one before (memory and FLOPs add up)
+        i = choose(len(layers))
+        chain = [copy.deepcopy(layers[i]) for _ in range((2, 30, 1000)[choose(3)])]
+        for k, twin in enumerate(chain):
+            twin["name"] += f"#{k}"
+            previous = layers[i] if k == 0 else chain[k - 1]
+            if twin.get("inputs") and previous.get("outputs"):
+                twin["inputs"][0] = previous["outputs"][0]["name"]
+            for out in twin["outputs"]:
+                out["name"] += f"#{k}"
+        layers[i + 1:i + 1] = chain
     else:  # a layer is dropped, or shapes and dtypes change
         i = choose(len(layers))
         if choose(2):
@@ -253,7 +335,11 @@ def mutate_bytes(data: bytes, choose: Choose) -> bytes:
 
 
 def fuzz_case(choose: Choose) -> bytes:
-    """A damaged or hostile engine: a seed, then structure-aware or raw mutations."""
+    """A damaged or hostile engine: a hostile network, or a seed then structure-aware or raw mutations."""
+    if not choose(5):
+        hostile = hostile_engine(choose)
+        if hostile is not None:
+            return hostile
     seeds = seed_engines()
     data = seeds[choose(len(seeds))]
     if choose(4):
@@ -283,13 +369,16 @@ def valid_inputs(engine: Engine) -> list[torch.Tensor]:
 
 
 def run_case(data: bytes) -> tuple[str, str]:
-    """(outcome, detail): 'loaded', 'run-input-error', 'format-error' or 'FAILURE' with its reason."""
+    """(outcome, detail): 'loaded', 'run-input-error', 'format-error' or 'FAILURE' with its reason. An engine
+    whose inputs alone (the caller's, outside the ceilings) are over MAX_MEMORY loads but is not run."""
     try:
-        engine = Engine.deserialize(data, max_memory=MAX_MEMORY)
+        engine = Engine.deserialize(data, max_memory=MAX_MEMORY, max_flops=MAX_FLOPS)
     except EngineFormatError as e:
         return "format-error", str(e)
     except Exception:
         return "FAILURE", "load: " + traceback.format_exc(limit=-4)
+    if sum(math.prod(b.opt_shape) * b.dtype.itemsize for b in engine.bindings) > MAX_MEMORY:
+        return "loaded", "inputs too large to run"
     try:
         engine.execute(valid_inputs(engine))
     except (EngineInputError, EngineFormatError) as e:

@@ -19,6 +19,7 @@ import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -39,8 +40,12 @@ COMPUTE_SECONDS = 60  # the default compute ceiling: about a minute of the devic
 
 @functools.cache
 def cpu_memory() -> int:
-    """Bytes of RAM this process may use: the machine's, or its cgroup's limit where lower."""
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """Bytes of RAM this process may use: the machine's, or its cgroup's limit where lower (8 GiB where the
+    platform does not say, which makes the default ceiling the 4 GiB it was before it scaled)."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows) or no such name
+        total = 8 << 30
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             with open(path) as f:
@@ -59,7 +64,8 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _gpu() -> torch.cuda.device_properties | None:  # type: ignore[name-defined]
+def _gpu() -> Any:
+    """The current GPU's properties, or None without CUDA."""
     return torch.cuda.get_device_properties(torch.cuda.current_device()) if torch.cuda.is_available() else None
 
 
@@ -147,7 +153,7 @@ class Budget:
                 self.weight_bytes += w.numel() * w.element_size()
         made = [] if isinstance(layer, L.ConstantLayer) else [(t.name, cost.nbytes(t)) for t in layer.outputs]
         for name, n in made:
-            self.live[name] = self.live.get(name, 0.0) + n
+            self.live[name] = n
             self.live_bytes += n
         workspace = cost.workspace_bytes(layer)
         need = self.weight_bytes + self.live_bytes + workspace
