@@ -65,6 +65,10 @@ def test_plain_module_is_compiled_first_and_its_build_time_reported(saved, capsy
     (["{saved}/mlp.ts"], "--shape"),
     (["{saved}/mlp.ts", "--shape", "(4,64)", "--device", "tpu"], "device"),
     (["--zoo", "{saved}/mlp.ts"], "either"),
+    (["--zoo", "wid"], "not one of the zoo sets"),
+    (["--blocks", "--zoo"], "either"),
+    (["--zoo", "wide", "--chunk", "3/2"], "--chunk '3/2': need K/N"),
+    (["--merge", "{saved}/no_such.json"], "no_such.json cannot be read"),
 ])
 def test_bad_input_is_one_line_and_exit_2(saved, capsys, args, message):
     assert main(["bench"] + [a.format(saved=saved) for a in args]) == 2
@@ -122,3 +126,51 @@ def test_kernel_classes_of_a_profile():
     assert classes["aten"] == pytest.approx(0.1) and classes["copies"] == pytest.approx(0.2)
     assert classes["idle"] == pytest.approx(0.3)
     assert by_class(rows, 10, 0.5)["idle"] == 0.0
+
+
+def test_zoo_sets_chunks_and_batch_caps():
+    from torchkiln.bench.compare import DEFAULT_MODELS, model_batches, zoo_models
+    from torchkiln.cli import build_parser
+    from torchkiln.examples.zoo import WIDE
+
+    def models(*argv):
+        args = build_parser().parse_args(["bench", *argv])
+        return zoo_models(args.zoo, args.models, args.chunk)
+    assert models("--zoo") == list(DEFAULT_MODELS) and models("--zoo", "wide") == list(WIDE)
+    assert models("--zoo", "wide", "--models", "mlp,gpt2") == ["mlp", "gpt2"]
+    chunks = [models("--zoo", "wide", "--chunk", f"{k}/5") for k in range(1, 6)]
+    assert sum(chunks, []) == list(WIDE) and {len(c) for c in chunks} == {len(WIDE) // 5, len(WIDE) // 5 + 1}
+    for bad in ("0/5", "6/5", f"1/{len(WIDE) + 1}", "a/b", "2"):
+        with pytest.raises(ValueError, match="--chunk"):
+            zoo_models("wide", chunk=bad)
+    assert model_batches((1, 32), 8) == [1, 8] and model_batches((1, 32), None) == [1, 32]
+    assert model_batches((16, 32), 8) == [8]
+
+
+def test_chunks_merge_into_one_table(tmp_path, capsys):
+    run = ["--batch", "2", "--device", "cpu", "--iters", "2", "--warmup", "0", "--peers", "eager", "--sources",
+           "bundled"]
+    paths = [str(tmp_path / f"{k}.json") for k in (1, 2)]
+    for k, path in enumerate(paths, 1):
+        assert main(["bench", "--zoo", "--models", "mlp,small_mobilenet", "--chunk", f"{k}/2", "--json", path,
+                     *run]) == 0
+    parts = [json.loads(open(path).read()) for path in paths]
+    assert [[c["model"] for c in part["cases"]] for part in parts] == [["mlp"], ["small_mobilenet"]]
+    for path, part, ratio in zip(paths, parts, (0.5, 2.0)):  # the ratios a GPU run would have recorded
+        part["cases"][0]["ratio"] = ratio
+        open(path, "w").write(json.dumps(part))
+    capsys.readouterr()
+    merged = str(tmp_path / "merged.json")
+    assert main(["bench", "--merge", *paths, "--json", merged]) == 0
+    table = capsys.readouterr().out
+    assert table.count("small_mobilenet") == 2 and "geomean ratio torchkiln / best peer: 1.000 over 2 case(s)" in table
+    data = json.loads(open(merged).read())
+    assert [c["model"] for c in data["cases"]] == data["config"]["models"] == ["mlp", "small_mobilenet"]
+    assert data["geomean_ratio"] == pytest.approx(1.0) and data["config"]["merged_from"] == paths
+
+    assert main(["bench", "--merge", paths[0], paths[0]]) == 2
+    assert "mlp batch 2 is in both" in capsys.readouterr().err
+    parts[1]["config"]["precision"] = "float16"
+    open(paths[1], "w").write(json.dumps(parts[1]))
+    assert main(["bench", "--merge", *paths]) == 2
+    assert "differ in precision: 'float16' and 'float32'" in capsys.readouterr().err

@@ -60,7 +60,14 @@ def unet():
     return SmallUNet(), [torch.randn(1, 3, 32, 32)]
 
 
-@pytest.mark.parametrize("build", [bert, gpt2, distilbert, t5_encoder, vit, resnet, mobilenet, unet],
+def diffusion_block():
+    """The wide set's diffusion block (GroupNorm ResBlock, spatial SDPA attention) at 64 channels, 8x8."""
+    from torchkiln.examples.blocks import DiffusionBlock
+
+    return DiffusionBlock(64, heads=4, groups=16), [torch.randn(2, 64, 8, 8)]
+
+
+@pytest.mark.parametrize("build", [bert, gpt2, distilbert, t5_encoder, vit, resnet, mobilenet, unet, diffusion_block],
                          ids=lambda f: f.__name__)
 def test_zoo_model_is_one_engine_and_matches_eager(build):
     model, example = build()
@@ -174,3 +181,39 @@ def test_cpu_wave2_names_models_each_source_provides():
     with torch.no_grad():
         out = model(*zoo_model.inputs(2))
     assert out.shape == (2, 10) and out.std() > 0
+
+
+WIDE_FAMILIES = {  # what `bench --zoo wide` must span (issue 24), family -> its models
+    "depthwise convolutions with squeeze-excitation": {"efficientnet_b0", "mobilenet_v3_large"},
+    "grouped convolutions": {"resnext50_32x4d-224", "regnet_y_800mf"},
+    "ConvNeXt blocks": {"convnext_tiny"},
+    "window attention": {"swin_t-224"},
+    "segmentation with upsampling": {"deeplabv3_mobilenet_v3_large-224", "fcn_resnet50-224"},
+    "detection backbone with FPN": {"resnet50_fpn_backbone"},
+    "ViT/DeiT": {"deit_small_patch16_224"},
+    "diffusion UNet stage (GroupNorm, SiLU, attention)": {"diffusion-block"},
+    "BERT-family and T5 encoders": {"roberta-base", "t5-encoder-small"},
+    "GPT-2": {"gpt2"},
+    "decoder-only LLMs (RMSNorm, RoPE, GQA, SwiGLU)": {"llama-3.2-1b", "qwen2-0.5b"},
+}
+
+
+def test_wide_set_spans_the_families_at_real_sizes():
+    """Names and inputs only: the full-size models are built by `bench --zoo wide`, not here."""
+    from torchkiln.bench.compare import DEFAULT_MODELS
+    from torchkiln.examples.zoo import CPU_WAVE2, WIDE, ZOO
+
+    assert len(WIDE) >= 16 and len(set(WIDE)) == len(WIDE)
+    assert set().union(*WIDE_FAMILIES.values()) == set(WIDE)
+    assert not set(WIDE) & (set(DEFAULT_MODELS) | set(CPU_WAVE2))
+    holders = {name: [ZOO[s][name] for s in ZOO if name in ZOO[s]] for name in WIDE}
+    assert all(len(models) == 1 for models in holders.values()), holders
+    for name, (model,) in holders.items():
+        first = model.inputs(1)[0]
+        if model.source in ("torchvision", "timm"):
+            assert first.shape == (1, 3, 224, 224), name
+        elif model.source == "transformers":
+            assert first.dtype == torch.int64 and 128 <= first.shape[1] <= 512, name
+        assert model.max_batch == (8 if name in WIDE_FAMILIES["decoder-only LLMs (RMSNorm, RoPE, GQA, SwiGLU)"]
+                                   else None), name
+    assert ZOO["torchvision"]["swin_t"].inputs(1)[0].shape[-1] == 64  # the CPU wave-2 model of that name stays

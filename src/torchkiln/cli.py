@@ -128,7 +128,8 @@ def _debug_precision(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    """The zoo comparison (--zoo) or the trtexec-style run of one saved module."""
+    """The zoo comparison (--zoo [SET] or --blocks; --merge: of several runs' results) or the trtexec-style run of
+    one saved module."""
     import json
 
     from torchkiln.bench import compare, options, saved
@@ -138,28 +139,29 @@ def _bench(args: argparse.Namespace) -> int:
         print(f"torchkiln bench: {message}", file=sys.stderr)
         return code
 
-    if args.blocks:  # the zoo comparison on the generic blocks
-        from torchkiln.examples.blocks import BLOCKS
-
-        args.zoo, args.models = True, ",".join(BLOCKS) if args.models == ",".join(compare.DEFAULT_MODELS) \
-            else args.models
-    if args.zoo == bool(args.model):
-        return fail("give either a saved module (MODEL.ts), --zoo or --blocks", 2)
+    if args.zoo not in (None, *compare.ZOO_SETS):  # a set's name, or MODEL.ts given after --zoo
+        return fail(f"--zoo {args.zoo!r} is not one of the zoo sets {list(compare.ZOO_SETS)}: give either a saved "
+                    "module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...", 2)
+    if [bool(args.model), args.zoo is not None, args.blocks, bool(args.merge)].count(True) != 1:
+        return fail("give either a saved module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...", 2)
     try:
         device = options.bench_device(args.device)
-        if args.zoo:
-            result = compare.run_comparison(
-                args.models.split(","), [int(b) for b in args.batch.split(",")], device,
-                options.bench_precision(args.precision, device), args.iters, args.warmup, args.peers.split(","),
-                args.sources.split(","), progress=lambda line: print(line, file=sys.stderr, flush=True),
-                profile=args.profile)
-            print(compare.format_table(result))
-            if args.png:
-                compare.write_png(result, args.png)
-        else:
+        if args.model:
             result = saved.run_saved(args.model, args.shape, device, args.iters, args.warmup,
                                      options.bench_precision(args.precision or "fp32", device), args.profile)
             print(saved.format_report(result))
+        else:
+            if args.merge:
+                result = compare.merge_results(compare.load_results(args.merge))
+            else:
+                result = compare.run_comparison(
+                    compare.zoo_models("blocks" if args.blocks else args.zoo, args.models, args.chunk),
+                    [int(b) for b in args.batch.split(",")], device, options.bench_precision(args.precision, device),
+                    args.iters, args.warmup, args.peers.split(","), args.sources.split(","),
+                    progress=lambda line: print(line, file=sys.stderr, flush=True), profile=args.profile)
+            print(compare.format_table(result))
+            if args.png:
+                compare.write_png(result, args.png)
     except ValueError as e:  # what the user gave (saved.BenchInputError is one)
         return fail(str(e), 2)
     except (TorchkilnError, RuntimeError) as e:
@@ -259,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from torchkiln.bench.compare import DEFAULT_MODELS
+    from torchkiln.bench.compare import ZOO_SETS
     from torchkiln.bench.peers import PEERS
     from torchkiln.examples.zoo import SOURCES
 
@@ -270,7 +272,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "mean, throughput, build time; --profile adds a per-op time table. `bench --zoo`: per model and batch, "
         "eager, eager in a CUDA graph, torch.compile (default, reduce-overhead, reduce-overhead + freezing) and "
         "torchkiln on the same inputs: median latency, build time, accuracy against fp32 eager, throughput, and "
-        "the ratio torchkiln / best peer with its geomean.")
+        "the ratio torchkiln / best peer with its geomean; `bench --merge FILE...`: one table of several --zoo runs' "
+        "--json results (the chunks of one model list, --chunk).")
     bench.add_argument("model", nargs="?", metavar="MODEL.ts", help="a saved TorchScript module (torch.jit.save): "
                        "torchkiln-compiled, or plain (then compiled here for --shape)")
     bench.add_argument("--shape", action="append", default=[], metavar="SPEC",
@@ -280,15 +283,25 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--profile", action="store_true", help="print the time per op (torch.profiler, self time, "
                        "top entries), like trtexec --dumpProfile, and on a GPU the time per call by kernel class "
                        "(library, generated, ATen, copies, idle); with --zoo or --blocks, torchkiln's by kernel class")
-    bench.add_argument("--zoo", action="store_true", help="compare torchkiln with its peers on the model zoo")
+    bench.add_argument("--zoo", nargs="?", const="default", metavar="SET",
+                       help="compare torchkiln with its peers on a set of zoo models: default (" +
+                       ", ".join(ZOO_SETS["default"]) + "), wide (16 real models at their real sizes: CNNs with "
+                       "depthwise, grouped and ConvNeXt convolutions, Swin, segmentation, an FPN backbone, DeiT, a "
+                       "diffusion block, RoBERTa, T5's encoder, GPT-2, Llama and Qwen2 decoders; "
+                       "torchkiln.examples.zoo.WIDE) or blocks (= --blocks)")
     bench.add_argument("--blocks", action="store_true", help="--zoo on generic blocks of real models (RMSNorm + "
                        "SwiGLU, ConvNeXt, GroupNorm ResBlock, attention by hand, squeeze-excitation, LayerNorm MLP: "
                        "torchkiln.examples.blocks); --batch scales their inputs")
-    bench.add_argument("--models", default=",".join(DEFAULT_MODELS),
-                       help="--zoo: comma-separated zoo models (torchvision: resnet50, mobilenet_v2, vit_b_16, ...; "
-                       "transformers: bert-base, gpt2; bundled: resnet18, mobilenet_v2, small_resnet, "
-                       "small_mobilenet, mlp) (default: %(default)s)")
-    bench.add_argument("--batch", default="1,32", help="--zoo: comma-separated batch sizes (default: %(default)s)")
+    bench.add_argument("--models", default=None,
+                       help="--zoo: comma-separated zoo models instead of the set's (torchvision: resnet50, "
+                       "mobilenet_v2, vit_b_16, ...; transformers: bert-base, gpt2; bundled: resnet18, mobilenet_v2, "
+                       "small_resnet, small_mobilenet, mlp)")
+    bench.add_argument("--chunk", metavar="K/N", help="--zoo: run only the K-th (from 1) of N contiguous slices of "
+                       "the models, e.g. to keep each call short; --merge joins the chunks' --json results")
+    bench.add_argument("--merge", nargs="+", metavar="FILE", help="print one table of the --json results of several "
+                       "--zoo runs on one machine (with --json, write the merged result)")
+    bench.add_argument("--batch", default="1,32", help="--zoo: comma-separated batch sizes, each capped at a model's "
+                       "largest (the wide set's LLMs: 8) (default: %(default)s)")
     bench.add_argument("--peers", default=",".join(PEERS),
                        help="--zoo: comma-separated peers to run (default: %(default)s)")
     bench.add_argument("--sources", default=",".join(SOURCES),

@@ -5,10 +5,14 @@ For each model and batch size, in one process, on the same inputs and precision,
 the reference) and timed (median of many calls after a warm-up). The "best peer" of a case is the fastest of
 BEST_PEER_CANDIDATES; the result holds the ratio torchkiln / best peer per case and its geomean over the cases.
 A peer that fails is recorded with its one-line reason; a model that cannot be built is skipped with its reason.
+A model list can be run in chunks (`zoo_models(..., chunk="K/N")`, one call each) and their results merged
+(`merge_results`) into one.
 """
 from __future__ import annotations
 
 import copy
+import importlib.metadata
+import json
 import logging
 import platform
 import time
@@ -23,11 +27,13 @@ from torchkiln.bench.kernel_classes import by_class, format_classes
 from torchkiln.bench.peers import BEST_PEER_CANDIDATES, PEERS
 from torchkiln.bench.saved import profile_calls
 from torchkiln.bench.timing import geomean, summarize, synchronize, time_calls
-from torchkiln.examples.zoo import SOURCES, ZooModel, find_zoo_model, load_zoo_model
+from torchkiln.examples.blocks import BLOCKS
+from torchkiln.examples.zoo import SOURCES, WIDE, ZooModel, find_zoo_model, load_zoo_model
 
 logger = logging.getLogger("torchkiln.bench")
 
 DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "vit_b_16", "bert-base")
+ZOO_SETS = {"default": DEFAULT_MODELS, "wide": WIDE, "blocks": tuple(BLOCKS)}  # `bench --zoo [SET]`, `--blocks`
 PROFILE_ITERS = 10  # calls profiled per case with --profile
 
 
@@ -127,10 +133,10 @@ def _environment(device: torch.device) -> dict[str, Any]:
                            "platform": platform.platform(), "device": str(device)}
     if device.type == "cuda":
         env.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
-    for package in ("torchvision", "transformers"):
+    for package in ("torchvision", "transformers"):  # installed: the import can fail (zoo.import_torchvision)
         try:
-            env[package] = __import__(package).__version__
-        except ImportError:
+            env[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
             env[package] = None
     return env
 
@@ -167,7 +173,7 @@ def run_comparison(models: Sequence[str] = DEFAULT_MODELS, batches: Sequence[int
             cases += [{"model": name, "batch": b, "skipped": reason, "peers": {}} for b in batches]
             continue
         progress(f"{name} ({zoo_model.source})")
-        for batch in batches:
+        for batch in model_batches(batches, zoo_model.max_batch):
             if lost:
                 cases.append({"model": name, "batch": batch, "skipped": lost, "peers": {}})
                 continue
@@ -179,16 +185,89 @@ def run_comparison(models: Sequence[str] = DEFAULT_MODELS, batches: Sequence[int
             if error := cuda_context_error(device):
                 lost = f"not run: the CUDA context is unusable ({error})"
         del built
-    ratios = [c["ratio"] for c in cases if "ratio" in c]
     return {
         "config": {"models": list(models), "batches": list(batches), "device": str(device),
                    "precision": str(precision).removeprefix("torch."), "iters": iters, "warmup": warmup,
                    "peers": list(peers), "sources": list(sources), "best_peer_of": list(BEST_PEER_CANDIDATES)},
         "environment": _environment(device),
         "cases": cases,
-        "geomean_ratio": geomean(ratios) if ratios else None,
-        "cases_in_geomean": len(ratios),
+        **_geomean_of(cases),
     }
+
+
+def zoo_models(zoo_set: str = "default", models: str | None = None, chunk: str | None = None) -> list[str]:
+    """The models of a zoo set, or the comma-separated `models` instead; with `chunk` "K/N", the K-th (from 1) of N
+    contiguous slices of them, as even as can be. ValueError naming what is wrong."""
+    if zoo_set not in ZOO_SETS:
+        raise ValueError(f"unknown zoo set {zoo_set!r}; use one of {list(ZOO_SETS)}")
+    names = [m for m in models.split(",") if m] if models else list(ZOO_SETS[zoo_set])
+    if chunk is None:
+        return names
+    k, _, n = chunk.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n) <= len(names)):
+        raise ValueError(f"--chunk {chunk!r}: need K/N with 1 <= K <= N <= {len(names)} (the number of models)")
+    k, n = int(k), int(n)
+    return names[(k - 1) * len(names) // n:k * len(names) // n]
+
+
+def model_batches(batches: Sequence[int], max_batch: int | None) -> list[int]:
+    """The batch sizes a model runs at: each of `batches` capped at the model's largest, without repeats."""
+    return list(dict.fromkeys(min(b, max_batch) if max_batch else b for b in batches))
+
+
+def _geomean_of(cases: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    ratios = [c["ratio"] for c in cases if "ratio" in c]
+    return {"geomean_ratio": geomean(ratios) if ratios else None, "cases_in_geomean": len(ratios)}
+
+
+MERGE_MUST_MATCH = (("config", "device"), ("config", "precision"), ("config", "iters"), ("config", "warmup"),
+                    ("config", "best_peer_of"), ("environment", "gpu"), ("environment", "torch"),
+                    ("environment", "torchkiln"))  # what makes the timings of two results comparable
+
+
+def load_results(paths: Sequence[str]) -> list[tuple[str, dict[str, Any]]]:
+    """The JSON results (`bench --zoo ... --json FILE`) of `paths`, each with its path; ValueError naming a file
+    that cannot be read."""
+    results = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                results.append((path, json.load(f)))
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path} cannot be read as JSON ({one_line(e)})") from None
+    return results
+
+
+def merge_results(results: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """One result of several, each with a name (the chunks of one model list, each run in its own call on the same
+    machine): their cases in order, the models, batches and peers of all, the geomean over all cases. ValueError
+    where two differ in what makes timings comparable (device, GPU, precision, versions, iterations) or repeat a
+    case."""
+    if not results:
+        raise ValueError("no results to merge")
+    for name, result in results:
+        if not isinstance(result, dict) or not {"config", "environment", "cases"} <= set(result):
+            raise ValueError(f"{name} is not a result of `bench --zoo` or `--blocks`")
+    (first_name, first), *rest = results
+    for name, result in rest:
+        for part, key in MERGE_MUST_MATCH:
+            if result[part].get(key) != first[part].get(key):
+                raise ValueError(f"{name} and {first_name} differ in {key}: {result[part].get(key)!r} and "
+                                 f"{first[part].get(key)!r}")
+    cases, where = [], {}
+    for name, result in results:
+        for case in result["cases"]:
+            key = (case["model"], case["batch"])
+            if key in where:
+                raise ValueError(f"{case['model']} batch {case['batch']} is in both {where[key]} and {name}")
+            where[key] = name
+            cases.append(case)
+
+    def union(key: str) -> list[Any]:
+        return list(dict.fromkeys(x for _, result in results for x in result["config"][key]))
+    config = {**first["config"], "models": union("models"), "batches": union("batches"), "peers": union("peers"),
+              "merged_from": [name for name, _ in results]}
+    return {"config": config, "environment": first["environment"], "cases": cases, **_geomean_of(cases)}
 
 
 def _ms(row: dict[str, Any] | None) -> str:
@@ -202,20 +281,21 @@ def format_table(result: dict[str, Any]) -> str:
     accuracy; the failures; the geomean ratio."""
     peers = result["config"]["peers"]
     width = max(8, *(len(p) for p in peers))
-    head = f"{'model':14} {'batch':>5} " + " ".join(f"{p:>{width}}" for p in peers)
+    name = max([14, *(len(c["model"]) for c in result["cases"])])  # the model column's width
+    head = f"{'model':{name}} {'batch':>5} " + " ".join(f"{p:>{width}}" for p in peers)
     lines = [f"median latency, ms ({result['config']['precision']}, {result['config']['device']}; "
              f"ratio = torchkiln / best of {', '.join(result['config']['best_peer_of'])})",
              head + f" {'best peer':>17} {'ratio':>6} {'torchkiln it/s':>14} {'best it/s':>10}"]
     failures = []
     for c in result["cases"]:
         if "skipped" in c:
-            lines.append(f"{c['model']:14} {c['batch']:>5} skipped: {c['skipped']}")
+            lines.append(f"{c['model']:{name}} {c['batch']:>5} skipped: {c['skipped']}")
             continue
         cells = " ".join(f"{_ms(c['peers'].get(p)):>{width}}" for p in peers)
         ratio = f"{c['ratio']:.2f}" if "ratio" in c else "-"
         tk = f"{c['torchkiln_items_per_s']:.1f}" if "torchkiln_items_per_s" in c else "-"
         best = f"{c['best_items_per_s']:.1f}" if "best_items_per_s" in c else "-"
-        lines.append(f"{c['model']:14} {c['batch']:>5} {cells} {c.get('best_peer', '-'):>17} {ratio:>6} "
+        lines.append(f"{c['model']:{name}} {c['batch']:>5} {cells} {c.get('best_peer', '-'):>17} {ratio:>6} "
                      f"{tk:>14} {best:>10}")
         failures += [f"  {c['model']} batch {c['batch']} {p}: {r['reason']}" for p, r in c["peers"].items()
                      if r["status"] == "failed"]
@@ -227,11 +307,11 @@ def format_table(result: dict[str, Any]) -> str:
                 r = c["peers"].get(p)
                 cells.append(f"{r['build_s']:.1f}/{r['cosine']:.5f}/{r['max_abs_error']:.1e}"
                              if r and r["status"] == "ok" else "-")
-            lines.append(f"{c['model']:14} {c['batch']:>5} " + " ".join(f"{s:>{width}}" for s in cells))
+            lines.append(f"{c['model']:{name}} {c['batch']:>5} " + " ".join(f"{s:>{width}}" for s in cells))
     profiled = [c for c in result["cases"] if "kernel_classes" in c["peers"].get("torchkiln", {})]
     if profiled:
         lines += ["", "torchkiln's time per call by kernel class (ms, share of the call)"]
-        lines += [f"{c['model']:14} {c['batch']:>5} {format_classes(c['peers']['torchkiln']['kernel_classes'])}"
+        lines += [f"{c['model']:{name}} {c['batch']:>5} {format_classes(c['peers']['torchkiln']['kernel_classes'])}"
                   for c in profiled]
     if failures:
         lines += ["", "failed:"] + failures

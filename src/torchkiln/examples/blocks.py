@@ -92,6 +92,26 @@ class LayerNormGeLUMLP(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
 
 
+class DiffusionBlock(nn.Module):
+    """A diffusion UNet's stage at one resolution: a GroupNorm ResBlock, then spatial self-attention over its H*W
+    positions (GroupNorm -> 1x1 q, k, v -> multi-head scaled dot-product attention -> 1x1 projection -> residual),
+    in Stable Diffusion's first-stage width (320 channels, 8 heads)."""
+
+    def __init__(self, c: int = 320, heads: int = 8, groups: int = 32) -> None:
+        super().__init__()
+        self.heads = heads
+        self.res = GroupNormResBlock(c, groups)
+        self.norm = nn.GroupNorm(groups, c)
+        self.qkv, self.out = nn.Conv2d(c, 3 * c, 1), nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        x = self.res(x)
+        b, c, h, w = x.shape
+        qkv = self.qkv(self.norm(x)).reshape(b, 3, self.heads, c // self.heads, h * w).transpose(-2, -1)
+        a = F.scaled_dot_product_attention(qkv[:, 0], qkv[:, 1], qkv[:, 2])  # [b, heads, h * w, c // heads]
+        return x + self.out(a.transpose(-2, -1).reshape(b, c, h, w))
+
+
 def _mask(batch: int, seq: int) -> torch.Tensor:
     """An additive padding mask: the last quarter of every other sequence masked."""
     mask = torch.zeros(batch, 1, 1, seq)

@@ -5,7 +5,8 @@ MobileNetV2; and the registry of zoo models by source (torchvision, timm, transf
 here), with `load_zoo_model`, which gives each random-weight model meaningful outputs (no all-zero weight
 matrices, batch-norm statistics calibrated on random inputs). `CPU_WAVE2` names a second, wider set of real
 models at small sizes (segmentation, detection backbones, window attention, MLP-mixers, recurrent networks,
-decoder-only LLM families) for `scripts/zoo.py --cpu-wave2`. No builder downloads weights.
+decoder-only LLM families) for `scripts/zoo.py --cpu-wave2`; `WIDE` names the wide benchmark set, real models at
+their real sizes, for `python -m torchkiln bench --zoo wide`. No builder downloads weights.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from torchkiln.examples.blocks import BLOCKS
+from torchkiln.examples.blocks import BLOCKS, DiffusionBlock
 from torchkiln.examples.models import MLP, BasicBlock, SmallMobileNet, SmallResNet, randomize_batch_norm
 
 
@@ -119,6 +120,7 @@ class ZooModel:
     source: str  # "torchvision", "transformers" or "bundled"
     build: Callable[[], nn.Module]
     inputs: Callable[[int], list[torch.Tensor]]  # batch -> random example inputs, on the CPU
+    max_batch: int | None = None  # the largest batch the benchmark runs it at (a larger one is capped); None: any
 
 
 SOURCES = ("torchvision", "timm", "transformers", "bundled")  # the default search order of `find_zoo_model`
@@ -166,15 +168,23 @@ def _token_inputs(vocab: int, seq: int) -> Callable[[int], list[torch.Tensor]]:
     return inputs
 
 
-def _bert_base() -> nn.Module:
+def import_transformers():
+    """transformers, after `import_torchvision` where torchvision is installed: transformers imports torchvision,
+    which with a CPU torch and PyPI's CUDA-built torchvision fails unless its op schemas were declared first."""
+    if importlib.util.find_spec("torchvision") is not None:
+        import_torchvision()
     import transformers
 
+    return transformers
+
+
+def _bert_base() -> nn.Module:
+    transformers = import_transformers()
     return LastHiddenState(transformers.BertModel(transformers.BertConfig()))  # bert-base's shape
 
 
 def _gpt2() -> nn.Module:
-    import transformers
-
+    transformers = import_transformers()
     return LastHiddenState(transformers.GPT2Model(transformers.GPT2Config(use_cache=False)))  # gpt2 (124M)
 
 
@@ -218,6 +228,14 @@ class FeatureList(nn.Module):
         return list(self.model(x).values())
 
 
+class ConcatenatedLevels(FeatureList):
+    """A feature pyramid's levels, each flattened per image, concatenated: [batch, sum of C*H*W] (the benchmark
+    compares one output tensor)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([level.flatten(1) for level in self.model(x).values()], 1)
+
+
 class RecurrentClassifier(nn.Module):
     """Token embedding, a two-layer bidirectional batch-first LSTM or GRU, and a linear head on the last step."""
 
@@ -249,12 +267,13 @@ def _segmentation(name: str, size: int = 64) -> ZooModel:
     return ZooModel(name, "torchvision", build, _images(size))
 
 
-def _resnet_fpn(size: int = 64) -> ZooModel:
+def _resnet_fpn(size: int = 64, backbone: str = "resnet18", output: type[FeatureList] = FeatureList,
+                **kwargs) -> ZooModel:
     def build() -> nn.Module:
         backbone_utils = import_torchvision().models.detection.backbone_utils
-        return FeatureList(backbone_utils.resnet_fpn_backbone(backbone_name="resnet18", weights=None,
-                                                              trainable_layers=5))
-    return ZooModel("resnet18_fpn_backbone", "torchvision", build, _images(size))
+        return output(backbone_utils.resnet_fpn_backbone(backbone_name=backbone, weights=None, trainable_layers=5,
+                                                         **kwargs))
+    return ZooModel(f"{backbone}_fpn_backbone", "torchvision", build, _images(size))
 
 
 def _mobilenet_fpn(size: int = 64) -> ZooModel:
@@ -280,8 +299,7 @@ def _transformer(name: str, model_class: str, config_class: str, seq: int = 16, 
                  **config) -> ZooModel:
     """A transformers model from a tiny config (random weights), returning its last hidden state."""
     def build() -> nn.Module:
-        import transformers
-
+        transformers = import_transformers()
         model = getattr(transformers, model_class)(getattr(transformers, config_class)(**config))
         return LastHiddenState(model)
     vocab = config.get("vocab_size", 1000)
@@ -291,8 +309,7 @@ def _transformer(name: str, model_class: str, config_class: str, seq: int = 16, 
 
 def _whisper_encoder(frames: int = 64) -> ZooModel:
     def build() -> nn.Module:
-        import transformers
-
+        transformers = import_transformers()
         config = transformers.WhisperConfig(d_model=64, encoder_layers=2, encoder_attention_heads=4,
                                             decoder_layers=2, decoder_attention_heads=4, encoder_ffn_dim=128,
                                             decoder_ffn_dim=128, num_mel_bins=80, max_source_positions=frames // 2)
@@ -341,8 +358,44 @@ _WAVE2: list[ZooModel] = [
              lambda batch: [torch.randint(0, 1000, (batch, 16))]),
 ]
 CPU_WAVE2 = tuple(m.name for m in _WAVE2)  # `scripts/zoo.py --cpu-wave2`: small inputs, CPU-sized
+
+
+def _named(model: ZooModel, name: str | None = None, max_batch: int | None = None) -> ZooModel:
+    """`model` under another zoo name (its size, where the name is taken at a smaller one) or with a largest batch."""
+    return dataclasses.replace(model, name=name or model.name, max_batch=max_batch)
+
+
+_WIDE: list[ZooModel] = [  # real models at their real sizes: 224x224 images, transformers at real widths
+    # grouped convolutions; window attention (ZOO has depthwise + squeeze-excitation and ConvNeXt at 224 already)
+    _named(_torchvision("resnext50_32x4d"), "resnext50_32x4d-224"), _torchvision("regnet_y_800mf"),
+    _named(_torchvision("swin_t"), "swin_t-224"),
+    # segmentation with upsampling; a detection backbone's feature pyramid; a DeiT
+    _named(_segmentation("deeplabv3_mobilenet_v3_large", 224), "deeplabv3_mobilenet_v3_large-224"),
+    _named(_segmentation("fcn_resnet50", 224), "fcn_resnet50-224"),
+    _resnet_fpn(224, "resnet50", ConcatenatedLevels, norm_layer=nn.BatchNorm2d),  # calibrated, not frozen at 0, 1
+    _timm("deit_small_patch16_224", 224),
+    # a diffusion UNet's stage: GroupNorm ResBlock and spatial attention, [batch, 320, 32, 32]
+    ZooModel("diffusion-block", "bundled", DiffusionBlock, lambda batch: [torch.randn(batch, 320, 32, 32)]),
+    # encoders: roberta-base's and t5-small's configurations; decoder-only LLMs with RMSNorm, RoPE, GQA and SwiGLU
+    # in Llama-3.2-1B's and Qwen2-0.5B's shapes (RoPE's base and scaling aside), at sequence 256 and batch <= 8
+    _transformer("roberta-base", "RobertaModel", "RobertaConfig", seq=128, vocab_size=50265, hidden_size=768,
+                 num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, max_position_embeddings=514,
+                 type_vocab_size=1, pad_token_id=1),
+    _transformer("t5-encoder-small", "T5EncoderModel", "T5Config", seq=512, vocab_size=32128, d_model=512, d_kv=64,
+                 d_ff=2048, num_layers=6, num_heads=8),
+    _named(_transformer("llama-3.2-1b", "LlamaModel", "LlamaConfig", seq=256, masked=False, vocab_size=128256,
+                        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                        num_key_value_heads=8, max_position_embeddings=2048, use_cache=False), max_batch=8),
+    _named(_transformer("qwen2-0.5b", "Qwen2Model", "Qwen2Config", seq=256, masked=False, vocab_size=151936,
+                        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                        num_key_value_heads=2, max_position_embeddings=2048, use_cache=False), max_batch=8),
+]
+WIDE = (  # `python -m torchkiln bench --zoo wide`: the models above and four of ZOO's, by family
+    "efficientnet_b0", "mobilenet_v3_large", "resnext50_32x4d-224", "regnet_y_800mf", "convnext_tiny", "swin_t-224",
+    "deeplabv3_mobilenet_v3_large-224", "fcn_resnet50-224", "resnet50_fpn_backbone", "deit_small_patch16_224",
+    "diffusion-block", "roberta-base", "t5-encoder-small", "gpt2", "llama-3.2-1b", "qwen2-0.5b")
 ZOO.setdefault("timm", {})
-for _model in _WAVE2:
+for _model in _WAVE2 + _WIDE:
     ZOO[_model.source][_model.name] = _model
 for _name, (_build, _inputs) in BLOCKS.items():  # `python -m torchkiln bench --blocks`
     ZOO["bundled"][_name] = ZooModel(_name, "bundled", _build, _inputs)
