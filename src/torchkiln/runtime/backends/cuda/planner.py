@@ -28,13 +28,13 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    timed in a CUDA graph at the opt shapes and the fastest is kept (PyTorch's own choice without timing).
 
 6. **Generated GEMMs** (half precision, where timing is on): a 1x1 convolution of stride 1 with its generated
-   epilogue (MobileNet's expand and project convolutions: bias, ReLU6, residual) is timed as one generated Triton
+   epilogue (an inverted residual's expand and project convolutions: bias, ReLU6, residual) is timed as one generated Triton
    GEMM with the epilogue fused (codegen/gemm.py, a tile configuration by the product's size) against the library
    convolution followed by the pointwise kernel (`gemm_tactic.py`); the faster is kept (`generated`/`gemm`, the
-   tile configuration its tactic). Linear layers stay on cuBLAS: BERT-base's FFN GEMM with its GELU fused timed
+   tile configuration its tactic). Linear layers stay on cuBLAS: a 768x3072 feed-forward GEMM with its GELU fused timed
    faster alone, but ran slower inside the engine (62 against 51 us per layer at batch 32 on an H100).
 
-A convolution whose windows tile its input (stride == kernel, no padding: ViT's patch embedding) is timed in half
+A convolution whose windows tile its input (stride == kernel, no padding: a patch embedding) is timed in half
 precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) against cuDNN.
 
 7. **Layouts**: a channels-last convolution takes its input in that layout (converted where it is not: a depthwise
@@ -233,8 +233,8 @@ def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int
 def _generated_biases(network: Network, groups: list[tuple[Kernel, list[int]]]) -> list[tuple[Kernel, list[int]]]:
     """A 2-D convolution left on its own with a bias (a residual branch's downsample, read by a fused step) runs
     without it, and the bias is a generated kernel (`conv_epilogue` of no further layers): the library's separate
-    bias add over channels-last activations is not vectorized (79 us of ResNet-50's first downsample at batch 32
-    on an H100, against about 30 for one read and one write)."""
+    bias add over channels-last activations is not vectorized (79 us for a 1x1 downsample convolution's
+    [32,256,56,56] output on an H100, against about 30 for one read and one write)."""
     if not have_triton():
         return groups
     out = []

@@ -53,8 +53,9 @@ class Config:
 
 def candidates(m: int, n: int, k: int) -> list[Config]:
     """The tile configuration worth timing for an [m, k] @ [k, n] product, by its size: the fastest of 11 on an
-    H100 for MobileNet-v2's, ResNet-50's and BERT's products, its N and K blocks no wider than the product (a
-    narrow product gets taller blocks instead). One per product: each is one more Triton compile in a cold build."""
+    H100 over products of inverted-residual, bottleneck-convolution and encoder-FFN shapes, its N and K blocks no
+    wider than the product (a narrow product gets taller blocks instead). One per product: each is one more Triton
+    compile in a cold build."""
     if m * n <= 1 << 20:
         base = Config(64, 32, 64, 4, 4) if n <= 1024 else Config(64, 64, 128, 3, 4)
     elif m * n <= 1 << 23:
