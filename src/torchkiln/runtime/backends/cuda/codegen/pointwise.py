@@ -5,7 +5,8 @@ cast, scale, parametric ReLU, select, constant) into Triton source text: a deter
 parameters and dtypes, so a backend regenerates it when an engine loads (the source is never stored in an engine).
 Every value is computed in float32 (bool values as int1): operands are cast on load, results on store; a cast layer
 to float16 or bfloat16 rounds where it stands, and one from such a type rounds its input to it first (the value of
-a half-precision tensor, as the layers before it would have stored it). Each op's expression is its row in `torchkiln.ir.pointwise`.
+a half-precision tensor, as the layers before it would have stored it). Each op's expression is its row in
+`torchkiln.ir.pointwise`.
 
 The kernel iterates over the outputs' shape (all outputs have one shape). Every operand (group input or weight) is
 read through its strides broadcast to that shape (stride 0 along a broadcast dim), so sizes and strides are
