@@ -29,10 +29,10 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
 
 6. **Generated GEMMs** (half precision, where timing is on): a 1x1 convolution of stride 1 with its generated
    epilogue (an inverted residual's expand and project convolutions: bias, ReLU6, residual) is timed as one
-   generated Triton GEMM with the epilogue fused (codegen/gemm.py, a tile configuration by the product's size) against the library
-   convolution followed by the pointwise kernel (`gemm_tactic.py`); the faster is kept (`generated`/`gemm`, the
-   tile configuration its tactic). Linear layers stay on cuBLAS: a 768x3072 feed-forward GEMM with its GELU fused timed
-   faster alone, but ran slower inside the engine (62 against 51 us per layer at batch 32 on an H100).
+   generated Triton GEMM with the epilogue fused (codegen/gemm.py, a tile configuration by the product's size)
+   against the library convolution followed by the pointwise kernel (`gemm_tactic.py`); the faster is kept
+   (`generated`/`gemm`, the tile configuration its tactic). Linear layers stay on cuBLAS: a 768x3072 feed-forward
+   GEMM with its GELU fused timed faster alone, but ran slower inside the engine (62 against 51 us per layer at batch 32 on an H100).
 
 A convolution whose windows tile its input (stride == kernel, no padding: a patch embedding) is timed in half
 precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) against cuDNN.
