@@ -151,6 +151,14 @@ def test_dump_build_info():
     assert f"cuda available: {torch.cuda.is_available()}" in text
 
 
+def test_a_module_without_weights_takes_its_device_from_the_example_inputs():
+    from torchkiln.compiler import _example_device
+
+    meta = torch.empty(2, device="meta")
+    assert _example_device([torchkiln.Input((2,)), {"x": (3, meta)}]) == torch.device("meta")
+    assert _example_device([torchkiln.Input((2,))]) is None
+
+
 def test_set_device():
     with pytest.raises(ValueError, match="there is no CUDA device 99"):
         torchkiln.set_device(99)

@@ -38,6 +38,15 @@ def test_cpu_input_to_a_cuda_engine_is_named():
         compiled(torch.randn(2, 64))
 
 
+def test_a_module_without_weights_runs_where_its_example_inputs_are():
+    model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Sigmoid()).eval()
+    x = torch.randn(8, 16, device="cuda")
+    compiled = torchkiln.compile(model, [x], min_block_size=1)
+    out = compiled(x)
+    ref = model(x)
+    assert out.device == x.device and (out - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
 def test_save_and_load_on_cuda(tmp_path):
     model = SmallResNet().eval().cuda()
     x = torch.randn(1, 3, 32, 32, device="cuda")

@@ -59,6 +59,14 @@ def _module_device(module: torch.nn.Module) -> torch.device | None:
     return None
 
 
+def _example_device(inputs: Any) -> torch.device | None:
+    """The device of the first example tensor among `inputs` (nested lists, tuples and dicts), if any."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.device
+    items = inputs.values() if isinstance(inputs, dict) else inputs if isinstance(inputs, (list, tuple)) else ()
+    return next((d for d in map(_example_device, items) if d is not None), None)
+
+
 def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> CompileSettings:
     options = dict(options)
     if "input_signature" in options:  # Torch-TensorRT's name for inputs, used for nested collections
@@ -71,7 +79,9 @@ def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> 
         raise ValueError(f"unknown compile settings {unknown}; known: {list(_SETTING_NAMES)}")
     if isinstance(inputs, dict):  # argument name -> Input, or -> the constant a non-tensor argument is fixed to
         inputs, options["input_names"], options["static_arguments"] = split_named_inputs(module, inputs)
-    settings = CompileSettings.create(inputs, default_device=_module_device(module), **options)
+    # a module without parameters or buffers runs where its example inputs are
+    default_device = _module_device(module) or _example_device(inputs)
+    settings = CompileSettings.create(inputs, default_device=default_device, **options)
     ignored = settings.settings_without_effect()
     if ignored:
         logger.warning("%s: no effect on torchkiln's engines (accepted for Torch-TensorRT compatibility)",

@@ -63,6 +63,8 @@ class InputBinding:
         if value.dtype != self.dtype:
             raise EngineInputError(f"{what}: expected dtype {self.dtype}, got {value.dtype}")
         shape = tuple(value.shape)
+        if shape == self.opt_shape:
+            return
         if len(shape) == len(self.opt_shape) and self.min_shape != self.max_shape:  # name the dim out of range
             for dim, (d, lo, hi) in enumerate(zip(shape, self.min_shape, self.max_shape)):
                 if not lo <= d <= hi:

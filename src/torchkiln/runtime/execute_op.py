@@ -316,14 +316,23 @@ def engine_from_blob(blob: torch.Tensor, expected: str = "") -> Engine:
     return loaded.engine
 
 
-def _execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor,
-                    signature: str = "") -> list[torch.Tensor]:
+def plain_tensors(tensors: Sequence[Any]) -> bool:
+    """Whether these are all plain tensors that hold data (no subclass such as fake tensors, not on meta)."""
+    return all(type(x) is torch.Tensor and x.device.type != "meta" for x in tensors)
+
+
+def execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, signature: str = "") -> list[torch.Tensor]:
+    """What the op does on real tensors: run the engine the blob holds (if it fits `signature`) on `inputs`."""
     return engine_from_blob(engine, signature).execute(inputs)
 
 
 def _below_autograd(inputs: list[torch.Tensor], engine: torch.Tensor,
                     signature: str = "") -> list[torch.Tensor]:
-    """Engines are inference-only: under autograd the engine runs as is and its outputs do not require grad."""
+    """Engines are inference-only: under autograd the engine runs as is and its outputs do not require grad (the
+    engine runs under no_grad). Plain tensors run here, one Python call less; meta, fake and other tensor
+    subclasses go below autograd to their own kernels."""
+    if plain_tensors([engine, *inputs]):
+        return execute_engine(inputs, engine, signature)
     with torch._C._AutoDispatchBelowADInplaceOrView():
         return torch.ops.torchkiln.execute_engine.default(inputs, engine, signature)
 
@@ -360,7 +369,7 @@ def _fake_execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor,
 
 
 # Every backend key, so that an engine attribute of another layout (sparse, quantized...) reaches check_blob.
-_lib.impl("execute_engine", _execute_engine, "CompositeExplicitAutograd")
+_lib.impl("execute_engine", execute_engine, "CompositeExplicitAutograd")
 _lib.impl("execute_engine", _below_autograd, "Autograd")
 _lib.impl("fresh_copy", torch.clone, "CompositeExplicitAutograd")
 torch.library.register_fake("torchkiln::execute_engine", _fake_execute_engine, lib=_lib)
