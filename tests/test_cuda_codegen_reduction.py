@@ -192,6 +192,33 @@ def test_group_norm_with_silu(channels_last):
         assert gv.is_contiguous(memory_format=torch.channels_last)
 
 
+@pytest.mark.parametrize("tile", [4096, 64], ids=["rows-in-registers", "passes"])
+def test_rows_tiled_across_a_channels_last_input(monkeypatch, tile):
+    """Channels-last rows (a mean over the spatial dims, a group norm with SiLU) are tiled across neighbouring rows,
+    whose elements share sectors; a tile smaller than a row (`passes`) reduces in passes with a partial last block,
+    and the row count is no multiple of the rows a program takes."""
+    monkeypatch.setattr(reduction, "_ACROSS_TILE", tile)
+    net = Network("se")
+    x = net.add_input("x", F16, (3, 40, 5, 7))
+    net.mark_output(net.add_reduce(x, R.AVG, (2, 3), True).get_output())
+    v = data(3, 40, 5, 7, dtype=F16).contiguous(memory_format=torch.channels_last)
+    strides = [list(v.stride())]
+    assert reduction._rows_per_sector(strides, list(v.shape), 2, [v]) == 16
+    check(net, {"x": v}, half=True)
+    net = Network("gn")
+    x = net.add_input("x", F16, (2, 24, 5, 6))
+    g = torch.Generator().manual_seed(3)
+    norm = net.add_normalization(x, L.NormalizationKind.GROUP, 1e-5, scale=torch.randn(24, generator=g),
+                                 bias=torch.randn(24, generator=g), num_groups=6).get_output()
+    net.mark_output(net.add_activation(norm, L.ActivationType.SIGMOID).get_output())
+    v = data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)
+    split = v.unflatten(1, (6, 4))
+    order = [0, 1, 3, 4, 2]  # the kernel's column order: the channels of a group innermost
+    assert reduction._rows_per_sector([[split.stride(d) for d in order]], [split.shape[d] for d in order], 2,
+                                      [v]) == 4
+    check(net, {"x": v}, half=True)
+
+
 def rms_norm_net(shape, dtype=F32):
     """x * rsqrt(mean(x^2) + eps) * w, as the layers a converter makes of RMSNorm written in PyTorch."""
     net = Network("rms")

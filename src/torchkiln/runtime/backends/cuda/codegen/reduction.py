@@ -46,6 +46,7 @@ MAX_PERSISTENT = 16384  # columns a program keeps in registers; longer rows are 
 LOOP_BLOCK = 2048  # columns a pass of the looped body covers
 _TILE = 1024  # elements per program that short rows are packed up to...
 MIN_PROGRAMS = 256  # ... while that leaves at least this many programs (about two per streaming multiprocessor)
+_ACROSS_TILE = 4096  # elements per program tile where rows are tiled across (`_rows_per_sector`)
 _NEUTRAL = {"sum": "0.0", "max": "-INF", "min": "INF"}
 _COMBINE = '''
 @triton.jit
@@ -503,7 +504,14 @@ class RowLauncher(GroupLauncher):
         order = _column_order(strides[:len(views)], lead, len(space))
         sizes = [*space[:lead], *(space[d] for d in order)]
         strides = [s[:lead] + [s[d] for d in order] for s in strides]
-        if cols <= MAX_PERSISTENT:
+        across = _rows_per_sector(strides[:len(views)], sizes, lead, operands)
+        if across > 1:  # neighbouring rows are nearer in memory than a row's own elements: tile across rows
+            packed = min(64, _next_power_of_two(rows))
+            while packed > across and (rows + packed - 1) // packed < MIN_PROGRAMS:
+                packed //= 2
+            block = max(16, min(_next_power_of_two(cols), _ACROSS_TILE // packed))
+            fn, warps = self._persistent if cols <= block else self._looped, _num_warps(packed * block)
+        elif cols <= MAX_PERSISTENT:
             fn, block = self._persistent, max(_next_power_of_two(cols), 16)
             packed = max(1, min(_TILE // block, _next_power_of_two(rows)))
             while packed > 1 and (rows + packed - 1) // packed < MIN_PROGRAMS:
@@ -524,6 +532,25 @@ class RowLauncher(GroupLauncher):
         if self.kernel.groups is not None:
             x = x.unsqueeze(1) if x.shape[1] == 1 else x.unflatten(1, (self.kernel.groups, -1))
         return x.expand(space)
+
+
+def _rows_per_sector(strides: list[list[int]], sizes: Sequence[int], lead: int,
+                     operands: Sequence[torch.Tensor]) -> int:
+    """How many consecutive rows share a 32-byte sector of the first operand that varies along the row, where each
+    row's contiguous run of elements is shorter than a sector and the next row's run follows it in memory (a
+    channels-last tensor reduced over its spatial dims: a row per channel; or a group norm's: a row per group of
+    channels); else 1 (a program walks its rows one by one)."""
+    found = next(((s, x) for s, x in zip(strides, operands) if any(s[d] for d in range(lead, len(s)))), None)
+    if found is None or lead == 0:
+        return 1
+    s, x = found
+    run = 1  # elements of a row contiguous in memory from its first
+    for d in sorted(range(lead, len(s)), key=lambda d: abs(s[d])):
+        if abs(s[d]) != run:
+            break
+        run *= sizes[d]
+    sector = 32 // x.element_size()
+    return max(2, sector // run) if abs(s[lead - 1]) == run < sector and sizes[lead - 1] > 1 else 1
 
 
 def _column_order(strides: list[list[int]], lead: int, rank: int) -> list[int]:
