@@ -181,6 +181,20 @@ def test_inputs_of_different_layouts_and_a_non_dense_input():
         assert_close(got, reference(net, values)[0])
 
 
+def test_a_per_sample_and_channel_gate_over_a_channels_last_input():
+    """x * sigmoid(gate) with a [N, C, 1, 1] gate (squeeze-excitation's): the gate varies along two dims, so the
+    general path runs, walking the space in the output's memory order (channels-last here)."""
+    net = Network()
+    x, gate = net.add_input("x", F32, (2, 6, 3, 5)), net.add_input("gate", F32, (2, 6, 1, 1))
+    net.mark_output(net.add_elementwise(x, net.add_activation(gate, A.SIGMOID).get_output(), E.PROD).get_output())
+    gen = torch.Generator().manual_seed(4)
+    values = {"x": torch.randn(2, 6, 3, 5, generator=gen).to(memory_format=torch.channels_last),
+              "gate": torch.randn(2, 6, 1, 1, generator=gen)}
+    got = run(net, values)[0]
+    assert_close(got, reference(net, values)[0])
+    assert got.is_contiguous(memory_format=torch.channels_last)
+
+
 def test_one_kernel_serves_every_shape():
     def network(shape):
         net = Network()

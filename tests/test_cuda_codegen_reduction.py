@@ -192,31 +192,62 @@ def test_group_norm_with_silu(channels_last):
         assert gv.is_contiguous(memory_format=torch.channels_last)
 
 
-@pytest.mark.parametrize("tile", [4096, 64], ids=["rows-in-registers", "passes"])
-def test_rows_tiled_across_a_channels_last_input(monkeypatch, tile):
+class _Recording:
+    """A kernel whose launches record their meta-parameters."""
+
+    def __init__(self, fn, seen):
+        self.fn, self.seen = fn, seen
+
+    def __getitem__(self, grid):
+        def launch(*args, **meta):
+            self.seen.append((self.fn.fn.__name__, meta["ROWS"], meta["BLOCK"]))
+            return self.fn[grid](*args, **meta)
+        return launch
+
+
+def _check_recorded(net, values):
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    seen = []
+    launcher._persistent, launcher._looped = _Recording(launcher._persistent, seen), _Recording(launcher._looped, seen)
+    got = launcher([values[t.name].to(DEVICE) for t in net.inputs])
+    for g, r in zip(got, reference(net, values)):
+        assert_close_half(g, r)
+    return seen[0]
+
+
+@pytest.mark.parametrize("passes", [False, True], ids=["rows-in-registers", "passes"])
+def test_rows_tiled_across_a_channels_last_input(monkeypatch, passes):
     """Channels-last rows (a mean over the spatial dims, a group norm with SiLU) are tiled across neighbouring rows,
-    whose elements share sectors; a tile smaller than a row (`passes`) reduces in passes with a partial last block,
-    and the row count is no multiple of the rows a program takes."""
-    monkeypatch.setattr(reduction, "_ACROSS_TILE", tile)
+    whose elements share sectors; rows longer than a program keeps (`passes`) are reduced in passes with a partial
+    last block, and the row count is no multiple of the rows a program takes."""
+    monkeypatch.setattr(reduction, "MIN_PROGRAMS", 2)
+    if passes:
+        monkeypatch.setattr(reduction, "MAX_PERSISTENT", 32)
+        monkeypatch.setattr(reduction, "_ACROSS_TILE", 64)
     net = Network("se")
     x = net.add_input("x", F16, (3, 40, 5, 7))
     net.mark_output(net.add_reduce(x, R.AVG, (2, 3), True).get_output())
     v = data(3, 40, 5, 7, dtype=F16).contiguous(memory_format=torch.channels_last)
-    strides = [list(v.stride())]
-    assert reduction._rows_per_sector(strides, list(v.shape), 2, [v]) == 16
-    check(net, {"x": v}, half=True)
+    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 16, 16) if passes else ("rows_kernel", 16, 64))
     net = Network("gn")
     x = net.add_input("x", F16, (2, 24, 5, 6))
     g = torch.Generator().manual_seed(3)
     norm = net.add_normalization(x, L.NormalizationKind.GROUP, 1e-5, scale=torch.randn(24, generator=g),
                                  bias=torch.randn(24, generator=g), num_groups=6).get_output()
     net.mark_output(net.add_activation(norm, L.ActivationType.SIGMOID).get_output())
-    v = data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)
-    split = v.unflatten(1, (6, 4))
-    order = [0, 1, 3, 4, 2]  # the kernel's column order: the channels of a group innermost
-    assert reduction._rows_per_sector([[split.stride(d) for d in order]], [split.shape[d] for d in order], 2,
-                                      [v]) == 4
-    check(net, {"x": v}, half=True)
+    v = data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)  # a group: 4 channels, 8 bytes
+    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 4, 16) if passes else ("rows_kernel", 4, 128))
+
+
+def test_rows_of_a_contiguous_input_are_not_tiled_across():
+    net = Network("mean")
+    x = net.add_input("x", F16, (3, 40, 5, 7))
+    net.mark_output(net.add_reduce(x, R.AVG, (2, 3), True).get_output())
+    assert _check_recorded(net, {"x": data(3, 40, 5, 7, dtype=F16)}) == ("rows_kernel", 1, 64)  # a row at a time
+    v = data(3, 40, 5, 7, dtype=F16).contiguous(memory_format=torch.channels_last)
+    assert reduction._rows_per_sector([list(v.stride())], list(v.shape), 2, [v]) == 16
+    c = data(3, 40, 5, 7, dtype=F16)
+    assert reduction._rows_per_sector([list(c.stride())], list(c.shape), 2, [c]) == 1
 
 
 def rms_norm_net(shape, dtype=F32):

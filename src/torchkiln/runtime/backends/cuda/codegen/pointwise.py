@@ -356,9 +356,14 @@ class PointwiseLauncher(GroupLauncher):
         expanded = [x.expand(shape) for x in operands]
         modes = [_linear_mode(x, e, shape, layout) for x, e in zip(operands, expanded)] if layout is not None else []
         linear = layout is not None and all(m is not None for m in modes)
-        if not linear:
+        if not linear:  # walk the space in the first output's memory order, so its stores (and like reads) coalesce
             modes = [(0, 0, 1, 1)] * len(operands)
-        strides = [s for x in (*expanded, *outputs) for s in x.stride()]
+            order = sorted(range(len(shape)), key=lambda d: -outputs[0].stride(d) if shape[d] != 1 else 0)
+            shape = torch.Size(shape[d] for d in order)
+            expanded, outputs_walked = [x.permute(order) for x in expanded], [o.permute(order) for o in outputs]
+        else:
+            outputs_walked = outputs
+        strides = [s for x in (*expanded, *outputs_walked) for s in x.stride()]
         steps = [v for m in modes for v in m[1:]]
         names = [f"in{i}" for i in range(len(inputs))] + [f"w{k}" for k in range(len(kernel.weights))]
         flags = {f"{p}_MODE": m[0] for p, m in zip(names, modes)}

@@ -127,6 +127,7 @@ class RowKernel:
     row_outputs: tuple[bool, ...]
     has_max: bool
     groups: int | None = None
+    depth: int = 1  # reductions chained (a norm: 2): the passes over a row the looped body makes before its stores
 
 
 @dataclasses.dataclass
@@ -445,8 +446,9 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
     source = _Source(lowering, inputs, outputs, split is not None)
     text = source.source()
     has_max = any(op.kind == "reduce" and op.template != "sum" for op in lowering.ops)
+    depth = max(lowering.depth[op.out] for op in lowering.ops if op.kind == "reduce")
     return RowKernel(text, tuple(inputs), tuple(source.weights), tuple(outputs), space.rank, lowering.reduced,
-                     tuple(source.row_outputs()), has_max, split)
+                     tuple(source.row_outputs()), has_max, split, depth)
 
 
 def _next_power_of_two(n: int) -> int:
@@ -504,12 +506,15 @@ class RowLauncher(GroupLauncher):
         order = _column_order(strides[:len(views)], lead, len(space))
         sizes = [*space[:lead], *(space[d] for d in order)]
         strides = [s[:lead] + [s[d] for d in order] for s in strides]
-        across = _rows_per_sector(strides[:len(views)], sizes, lead, operands)
-        if across > 1:  # neighbouring rows are nearer in memory than a row's own elements: tile across rows
-            packed = min(64, _next_power_of_two(rows))
-            while packed > across and (rows + packed - 1) // packed < MIN_PROGRAMS:
-                packed //= 2
-            block = max(16, min(_next_power_of_two(cols), _ACROSS_TILE // packed))
+        # Neighbouring rows share sectors (a row's contiguous run is shorter than one): a program takes `packed` of
+        # them, as many as fill a sector while about one program per multiprocessor remains. Taken where it adds no
+        # pass over the input: whole rows fit the tile, or one reduction deep (a mean), or rows too long for one.
+        packed = _rows_per_sector(strides[:len(views)], sizes, lead, operands)
+        while packed > 1 and (rows + packed - 1) // packed < MIN_PROGRAMS // 2:
+            packed //= 2
+        whole = max(16, _next_power_of_two(cols))
+        if packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth == 1 or cols > MAX_PERSISTENT):
+            block = whole if packed * whole <= MAX_PERSISTENT else max(16, _ACROSS_TILE // packed)
             fn, warps = self._persistent if cols <= block else self._looped, _num_warps(packed * block)
         elif cols <= MAX_PERSISTENT:
             fn, block = self._persistent, max(_next_power_of_two(cols), 16)
