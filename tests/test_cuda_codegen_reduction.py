@@ -167,16 +167,23 @@ def test_instance_norm_of_a_channels_last_input():
     check(net, {"x": data(2, 3, 5, 6).contiguous(memory_format=torch.channels_last)})
 
 
+def group_norm_sigmoid_net(shape, groups, dtype):
+    """GroupNorm (scale and shift) -> sigmoid (an output), over an input "x" of `shape`."""
+    net = Network("gn")
+    x = net.add_input("x", dtype, shape)
+    g = torch.Generator().manual_seed(3)
+    norm = net.add_normalization(x, L.NormalizationKind.GROUP, 1e-5, scale=torch.randn(shape[1], generator=g),
+                                 bias=torch.randn(shape[1], generator=g), num_groups=groups).get_output()
+    net.mark_output(net.add_activation(norm, L.ActivationType.SIGMOID).get_output())
+    return net
+
+
 @pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
 def test_group_norm_with_silu(channels_last):
     """GroupNorm -> SiLU (a diffusion UNet's): rows are (sample, group); a channels-last input is read along its
     channels (the reduced dims are walked in the order of its strides)."""
-    net = Network("gn")
-    x = net.add_input("x", F32, (2, 12, 5, 6))
-    g = torch.Generator().manual_seed(3)
-    norm = net.add_normalization(x, L.NormalizationKind.GROUP, 1e-5, scale=torch.randn(12, generator=g),
-                                 bias=torch.randn(12, generator=g), num_groups=4).get_output()
-    net.mark_output(net.add_activation(norm, L.ActivationType.SIGMOID).get_output())
+    net = group_norm_sigmoid_net((2, 12, 5, 6), 4, F32)
+    norm = net.layers[0].outputs[0]
     net.mark_output(net.add_elementwise(norm, net.layers[-1].outputs[0], L.ElementWiseOperation.PROD).get_output())
     v = data(2, 12, 5, 6)
     launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
@@ -229,12 +236,7 @@ def test_rows_tiled_across_a_channels_last_input(monkeypatch, passes):
     net.mark_output(net.add_reduce(x, R.AVG, (2, 3), True).get_output())
     v = data(3, 40, 5, 7, dtype=F16).contiguous(memory_format=torch.channels_last)
     assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 16, 16) if passes else ("rows_kernel", 16, 64))
-    net = Network("gn")
-    x = net.add_input("x", F16, (2, 24, 5, 6))
-    g = torch.Generator().manual_seed(3)
-    norm = net.add_normalization(x, L.NormalizationKind.GROUP, 1e-5, scale=torch.randn(24, generator=g),
-                                 bias=torch.randn(24, generator=g), num_groups=6).get_output()
-    net.mark_output(net.add_activation(norm, L.ActivationType.SIGMOID).get_output())
+    net = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
     v = data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)  # a group: 4 channels, 8 bytes
     assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 4, 16) if passes else ("rows_kernel", 4, 128))
 
