@@ -241,15 +241,64 @@ def test_rows_tiled_across_a_channels_last_input(monkeypatch, passes):
     assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 4, 16) if passes else ("rows_kernel", 4, 128))
 
 
+def _split_launches(launcher, seen):
+    stats, apply = launcher._split
+    launcher._split = (_Recording(stats, seen), _Recording(apply, seen))
+
+
+@pytest.mark.parametrize("case", ["group-norm-channels-last", "layer-norm-few-rows", "instance-norm-channels-last"])
+def test_norms_reduced_in_spans(monkeypatch, case):
+    """A norm over few rows, or over rows apart in memory, is reduced in spans: partial mean and squared deviations
+    of each span, merged per row, then the outputs; the last span is partial. Rows far from zero against their spread
+    (mean 10, deviation 0.1) check the merge of squared deviations, where E[x^2] - E[x]^2 would lose 3 digits."""
+    monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
+    monkeypatch.setattr(reduction, "_ACROSS_TILE", 64)
+    g = torch.Generator().manual_seed(7)
+    if case == "group-norm-channels-last":
+        net = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
+        values = {"x": data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)}
+        expected = ("rows_split_stats_kernel", 16, 16)  # 4 channels a group: 16 groups fill 128 bytes
+    elif case == "layer-norm-few-rows":
+        net = layer_norm_net((3, 150), (150,), F32, residual=True)
+        values = {"x": torch.randn(3, 150, generator=g) * 0.1 + 10, "y": torch.randn(3, 150, generator=g) * 0.1}
+        expected = ("rows_split_stats_kernel", 1, 64)
+    else:
+        net = Network("in")
+        x = net.add_input("x", F32, (2, 3, 9, 10))
+        net.mark_output(net.add_normalization(x, L.NormalizationKind.INSTANCE, 1e-5, scale=torch.randn(3, generator=g),
+                                              bias=torch.randn(3, generator=g)).get_output())
+        values = {"x": (data(2, 3, 9, 10) * 0.05 + 10).contiguous(memory_format=torch.channels_last)}
+        expected = ("rows_split_stats_kernel", 8, 16)  # a row per channel, 4 bytes apart
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    assert launcher.kernel.splittable
+    seen = []
+    _split_launches(launcher, seen)
+    got = launcher([values[t.name].to(DEVICE) for t in net.inputs])
+    assert seen and seen[0] == expected and seen[1][0] == "rows_split_apply_kernel"
+    for g_, r in zip(got, reference(net, values)):
+        (assert_close_half if g_.dtype == F16 else assert_close)(g_, r)
+
+
+def test_groups_with_other_reductions_or_row_outputs_are_not_split():
+    net = Network("softmax")
+    x = net.add_input("x", F32, (2, 64))
+    net.mark_output(net.add_softmax(x, 1).get_output())
+    assert not reduction.generate(net.layers, net.inputs, net.outputs).splittable
+    net = Network("mean")
+    x = net.add_input("x", F32, (2, 64))
+    net.mark_output(net.add_reduce(x, R.AVG, (1,), True).get_output())
+    assert not reduction.generate(net.layers, net.inputs, net.outputs).splittable
+
+
 def test_rows_of_a_contiguous_input_are_not_tiled_across():
     net = Network("mean")
     x = net.add_input("x", F16, (3, 40, 5, 7))
     net.mark_output(net.add_reduce(x, R.AVG, (2, 3), True).get_output())
     assert _check_recorded(net, {"x": data(3, 40, 5, 7, dtype=F16)}) == ("rows_kernel", 1, 64)  # a row at a time
     v = data(3, 40, 5, 7, dtype=F16).contiguous(memory_format=torch.channels_last)
-    assert reduction._rows_per_sector([list(v.stride())], list(v.shape), 2, [v]) == 16
+    assert reduction._rows_sharing([list(v.stride())], list(v.shape), 2, [v], 32) == 16
     c = data(3, 40, 5, 7, dtype=F16)
-    assert reduction._rows_per_sector([list(c.stride())], list(c.shape), 2, [c]) == 1
+    assert reduction._rows_sharing([list(c.stride())], list(c.shape), 2, [c], 32) == 1
 
 
 def rms_norm_net(shape, dtype=F32):

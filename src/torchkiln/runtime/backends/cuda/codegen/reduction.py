@@ -42,11 +42,14 @@ from torchkiln.runtime.backends.cuda.codegen.pointwise import (HEADER, TL, VALUE
 
 KERNEL = "rows_kernel"
 LOOPED = "rows_kernel_looped"
+SPLIT_STATS, SPLIT_APPLY = "rows_split_stats_kernel", "rows_split_apply_kernel"
 MAX_PERSISTENT = 16384  # columns a program keeps in registers; longer rows are reduced in passes
 LOOP_BLOCK = 2048  # columns a pass of the looped body covers
 _TILE = 1024  # elements per program that short rows are packed up to...
 MIN_PROGRAMS = 256  # ... while that leaves at least this many programs (about two per streaming multiprocessor)
-_ACROSS_TILE = 4096  # elements per program tile where rows are tiled across (`_rows_per_sector`)
+_ACROSS_TILE = 4096  # elements per program tile where rows are tiled across (`_rows_sharing`)
+SPLIT_MIN_COLS = 4096  # a norm's rows at least this long may be reduced in spans (`RowLauncher._split_reduction`)
+MAX_SPLITS = 256  # spans of a row at most
 _NEUTRAL = {"sum": "0.0", "max": "-INF", "min": "INF"}
 _COMBINE = '''
 @triton.jit
@@ -128,6 +131,7 @@ class RowKernel:
     has_max: bool
     groups: int | None = None
     depth: int = 1  # reductions chained (a norm: 2): the passes over a row the looped body makes before its stores
+    splittable: bool = False  # one norm and no row outputs: the source has the split reduction's two kernels
 
 
 @dataclasses.dataclass
@@ -149,6 +153,7 @@ class _Lowering:
     def __init__(self, layers: Sequence[L.Layer], inputs: Sequence[Tensor], rank: int, reduced: int) -> None:
         self.rank, self.reduced = rank, reduced
         self.ops: list[_Op] = []
+        self.norms: list[tuple[object, object]] = []  # a norm's mean and variance reductions
         self.row: dict[object, bool] = {id(t): self.is_row_shape(t.shape) for t in inputs}
         self.depth: dict[object, int] = {id(t): 0 for t in inputs}
         for layer in layers:
@@ -158,6 +163,12 @@ class _Lowering:
         """Whether a value of this shape (right-aligned to the space) is constant along the reduced axes."""
         padded = [1] * (self.rank - len(shape)) + list(shape)
         return all(isinstance(d, int) and d == 1 for d in padded[self.rank - self.reduced:])
+
+    def splittable(self) -> bool:
+        """Whether the group's only reductions are one norm's mean and variance, which a split reduction computes
+        from partial statistics of spans of each row (`_Source.split_stats`, `_Source.split_apply`)."""
+        reductions = [op.out for op in self.ops if op.kind == "reduce"]
+        return len(self.norms) == 1 and reductions == list(self.norms[0])
 
     def add(self, op: _Op, row: bool | None = None) -> object:
         if op.kind == "reduce":
@@ -217,6 +228,7 @@ class _Lowering:
             centered = self.expr((name, "centered"), "{} - {}", x, mean)
             var = self.reduce((name, "var"), self.expr((name, "square"), "{} * {}", centered, centered), "sum",
                               mean=True)
+            self.norms.append((mean, var))
             value = self.expr((name, "normed"), f"{{}} * tl.rsqrt({{}} + {layer.epsilon!r})", centered, var)
             for wname, template in (("scale", "{} * {}"), ("bias", "{} + {}")):
                 w = layer.weights.get(wname)
@@ -350,6 +362,54 @@ class _Source:
             lines += self.column_pass(body + self.stores(row=False))
         return self.offsets() + lines + self.stores(row=True)
 
+    def split_stats(self) -> list[str]:
+        """A split reduction's first kernel: over one span of BLOCK columns of ROWS rows (program ids: row block, span),
+        the norm input's mean and sum of squared deviations, stored to `st` as [row, span, 2] float32."""
+        mean = next(op for op in self.lowering.ops if op.out == self.lowering.norms[0][0])
+        body: list[str] = []
+        b = _Emitter(self, "v", body)
+        self.load_inputs(b, True)
+        self.load_inputs(b, False)
+        for op in self.lowering.ops:
+            if op is mean:
+                break
+            self.emit_op(b, op)
+        x = Builder.as_float(self.values[mean.args[0]])
+        body += ["count = tl.minimum(cols - start, BLOCK).to(tl.float32)",
+                 f"span_mean = tl.reduce(tl.where(mask, {x}, 0.0), 1, _sum)[:, None] / count",
+                 f"dev = tl.where(mask, {x} - span_mean, 0.0)",
+                 "span_m2 = tl.reduce(dev * dev, 1, _sum)[:, None]",
+                 "where = st + row * (splits * 2) + tl.program_id(1) * 2",
+                 "tl.store(where, span_mean, mask=rmask)", "tl.store(where + 1, span_m2, mask=rmask)"]
+        columns = ["start = tl.program_id(1) * BLOCK", "col = start + tl.arange(0, BLOCK)[None, :]",
+                   "mask = rmask & (col < cols)", *self.column_offsets()]
+        return self.offsets() + columns + body
+
+    def split_apply(self) -> list[str]:
+        """A split reduction's second kernel: each row's mean and variance merged from its spans' statistics (Chan's
+        parallel formulas), then the group's values and stores over BLOCK columns (program ids: row block, block)."""
+        mean, var = self.lowering.norms[0]
+        merge = ["span = tl.arange(0, SPLITS)[None, :]", "smask = rmask & (span < splits)",
+                 "where = st + row * (splits * 2) + span * 2",
+                 "span_mean = tl.load(where, mask=smask, other=0.0)",
+                 "span_m2 = tl.load(where + 1, mask=smask, other=0.0)",
+                 "count = tl.where(span < splits, tl.minimum(cols - span * chunk, chunk), 0).to(tl.float32)",
+                 "row_mean = tl.reduce(count * span_mean, 1, _sum)[:, None] / cols",
+                 "dev = span_mean - row_mean",
+                 "row_var = tl.reduce(span_m2 + count * dev * dev, 1, _sum)[:, None] / cols"]
+        self.values[mean], self.values[var] = ("row_mean", False), ("row_var", False)
+        body: list[str] = []
+        b = _Emitter(self, "v", body)
+        self.load_inputs(b, True)
+        self.load_inputs(b, False)
+        for op in self.lowering.ops:
+            if op.kind != "reduce":
+                self.emit_op(b, op)
+        body += self.stores(row=False)
+        columns = ["col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]", "mask = rmask & (col < cols)",
+                   *self.column_offsets()]
+        return self.offsets() + merge + columns + body
+
     def column_pass(self, body: list[str]) -> list[str]:
         """A loop over the row's columns, BLOCK at a time, running `body`."""
         header = ["col = start + tl.arange(0, BLOCK)[None, :]", "mask = rmask & (col < cols)", *self.column_offsets()]
@@ -397,14 +457,18 @@ class _Source:
         return lines
 
     def source(self) -> str:
-        persistent, looped = self.persistent(), self.looped()
+        bodies = [(KERNEL, self.persistent(), ()), (LOOPED, self.looped(), ())]
+        if self.lowering.splittable() and not any(self.row_outputs()):
+            split = ("st", "splits", "chunk")
+            bodies += [(SPLIT_STATS, self.split_stats(), split), (SPLIT_APPLY, self.split_apply(), split)]
         names = self.names()
-        params = [*names, "rows", "cols", *(f"s{d}" for d in range(self.rank)),
-                  *(f"{p}_t{d}" for p in names for d in range(self.rank)),
-                  "INT64: tl.constexpr", "ROWS: tl.constexpr", "BLOCK: tl.constexpr"]
-        signature = ",\n        ".join(params)
         out = [f"# Generated by {__name__} from the engine's layers; do not edit.\n{HEADER}{_COMBINE}"]
-        for fn, body in ((KERNEL, persistent), (LOOPED, looped)):
+        for fn, body, extra in bodies:
+            params = [*names, *extra, "rows", "cols", *(f"s{d}" for d in range(self.rank)),
+                      *(f"{p}_t{d}" for p in names for d in range(self.rank)),
+                      "INT64: tl.constexpr", "ROWS: tl.constexpr", "BLOCK: tl.constexpr",
+                      *(["SPLITS: tl.constexpr"] if fn == SPLIT_APPLY else [])]
+            signature = ",\n        ".join(params)
             out.append(f"\n\n@triton.jit\ndef {fn}(\n        {signature},\n):\n" +
                        "".join(f"    {line}\n" for line in body))
         return "".join(out)
@@ -448,7 +512,7 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
     has_max = any(op.kind == "reduce" and op.template != "sum" for op in lowering.ops)
     depth = max(lowering.depth[op.out] for op in lowering.ops if op.kind == "reduce")
     return RowKernel(text, tuple(inputs), tuple(source.weights), tuple(outputs), space.rank, lowering.reduced,
-                     tuple(source.row_outputs()), has_max, split, depth)
+                     tuple(source.row_outputs()), has_max, split, depth, SPLIT_STATS in text)
 
 
 def _next_power_of_two(n: int) -> int:
@@ -472,6 +536,7 @@ class RowLauncher(GroupLauncher):
         super().__init__(kernel, channels_last)  # 4-D full outputs channels-last (read by channels-last convolutions)
         module = load_source(kernel.source)
         self._persistent, self._looped = getattr(module, KERNEL), getattr(module, LOOPED)
+        self._split = (getattr(module, SPLIT_STATS), getattr(module, SPLIT_APPLY)) if kernel.splittable else None
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         kernel = self.kernel
@@ -509,11 +574,20 @@ class RowLauncher(GroupLauncher):
         # Neighbouring rows share sectors (a row's contiguous run is shorter than one): a program takes `packed` of
         # them, as many as fill a sector while about one program per multiprocessor remains. Taken where it adds no
         # pass over the input: whole rows fit the tile, or one reduction deep (a mean), or rows too long for one.
-        packed = _rows_per_sector(strides[:len(views)], sizes, lead, operands)
+        # A norm whose rows this leaves to one program each, over few rows or rows apart in memory, is reduced in
+        # spans instead (`_split_reduction`).
+        sector = packed = _rows_sharing(strides[:len(views)], sizes, lead, operands, 32)
         while packed > 1 and (rows + packed - 1) // packed < MIN_PROGRAMS // 2:
             packed //= 2
         whole = max(16, _next_power_of_two(cols))
-        if packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth == 1 or cols > MAX_PERSISTENT):
+        int64 = needs_int64(*views, *outputs)
+        across = packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth == 1 or cols > MAX_PERSISTENT)
+        if self._split is not None and not across and cols >= SPLIT_MIN_COLS and (
+                sector > 1 or rows < MIN_PROGRAMS // 2):
+            self._split_reduction(operands, outputs, rows, cols, sizes, strides, int64,
+                                  _rows_sharing(strides[:len(views)], sizes, lead, operands, 128))
+            return outputs
+        if across:
             block = whole if packed * whole <= MAX_PERSISTENT else max(16, _ACROSS_TILE // packed)
             fn, warps = self._persistent if cols <= block else self._looped, _num_warps(packed * block)
         elif cols <= MAX_PERSISTENT:
@@ -524,11 +598,26 @@ class RowLauncher(GroupLauncher):
             warps = _num_warps(packed * block)
         else:
             fn, block, packed, warps = self._looped, LOOP_BLOCK, 1, 8
-        int64 = needs_int64(*views, *outputs)
         grid = ((rows + packed - 1) // packed,)
         fn[grid](*operands, *outputs, rows, cols, *sizes, *(v for s in strides for v in s), INT64=int64, ROWS=packed,
                  BLOCK=block, num_warps=warps)
         return outputs
+
+    def _split_reduction(self, operands: list[torch.Tensor], outputs: list[torch.Tensor], rows: int, cols: int,
+                         sizes: list[int], strides: list[list[int]], int64: bool, line: int) -> None:
+        """A norm's partial statistics over spans of `chunk` columns of the rows that fill a 128-byte line together
+        (`line` of them; many programs, every read coalesced), then each row's statistics merged and the outputs
+        made from them."""
+        packed = min(_next_power_of_two(rows), 64, line)
+        chunk = max(16, _ACROSS_TILE // packed, _next_power_of_two((cols + MAX_SPLITS - 1) // MAX_SPLITS))
+        splits = (cols + chunk - 1) // chunk
+        stats = torch.empty(rows * splits * 2, dtype=torch.float32, device=outputs[0].device)
+        grid = ((rows + packed - 1) // packed, splits)
+        args = (*operands, *outputs, stats, splits, chunk, rows, cols, *sizes, *(v for s in strides for v in s))
+        meta = {"INT64": int64, "ROWS": packed, "BLOCK": chunk, "num_warps": _num_warps(packed * chunk)}
+        stats_fn, apply_fn = self._split
+        stats_fn[grid](*args, **meta)
+        apply_fn[grid](*args, SPLITS=_next_power_of_two(splits), **meta)
 
     def _in_space(self, x: torch.Tensor, space: torch.Size) -> torch.Tensor:
         """`x` as a view over the kernel's space: right-aligned to the tensors' rank, dim 1 split into groups for a
@@ -539,10 +628,10 @@ class RowLauncher(GroupLauncher):
         return x.expand(space)
 
 
-def _rows_per_sector(strides: list[list[int]], sizes: Sequence[int], lead: int,
-                     operands: Sequence[torch.Tensor]) -> int:
-    """How many consecutive rows share a 32-byte sector of the first operand that varies along the row, where each
-    row's contiguous run of elements is shorter than a sector and the next row's run follows it in memory (a
+def _rows_sharing(strides: list[list[int]], sizes: Sequence[int], lead: int, operands: Sequence[torch.Tensor],
+                  nbytes: int) -> int:
+    """How many consecutive rows fill `nbytes` of the first operand that varies along the row together, where each
+    row's contiguous run of elements is shorter than that and the next row's run follows it in memory (a
     channels-last tensor reduced over its spatial dims: a row per channel; or a group norm's: a row per group of
     channels); else 1 (a program walks its rows one by one)."""
     found = next(((s, x) for s, x in zip(strides, operands) if any(s[d] for d in range(lead, len(s)))), None)
@@ -554,8 +643,8 @@ def _rows_per_sector(strides: list[list[int]], sizes: Sequence[int], lead: int,
         if abs(s[d]) != run:
             break
         run *= sizes[d]
-    sector = 32 // x.element_size()
-    return max(2, sector // run) if abs(s[lead - 1]) == run < sector and sizes[lead - 1] > 1 else 1
+    span = nbytes // x.element_size()
+    return max(2, span // run) if abs(s[lead - 1]) == run < span and sizes[lead - 1] > 1 else 1
 
 
 def _column_order(strides: list[list[int]], lead: int, rank: int) -> list[int]:
