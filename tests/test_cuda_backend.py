@@ -151,3 +151,16 @@ def test_attention_runs_through_the_sdpa_backend_timed_fastest(tmp_path, monkeyp
     assert kernels and dict(kernels[0].tactic)["backend"] in {"cudnn", "efficient", "flash", "math"}
     assert "attention" in (tmp_path / "timing.json").read_text()
     _close(compiled(x, keep), model(x, keep), fp16=True)
+
+
+def test_a_backend_refusing_a_calls_inputs_gives_way_to_pytorchs_choice():
+    """The build times backends on contiguous inputs; a call's may be laid out otherwise (a mask expanded over the
+    batch) and refused by the chosen backend: PyTorch's own choice runs them (flash never takes a mask)."""
+    from torchkiln.runtime.backends.cuda.timing import sdpa
+
+    q, k, v = (torch.randn(2, 4, 64, 32, device="cuda", dtype=torch.float16) for _ in range(3))
+    mask = torch.randn(1, 4, 64, 64, device="cuda", dtype=torch.float16).expand(2, 4, 64, 64)
+    run = sdpa("flash", False, None)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask.float())
+    for _ in range(2):  # the refusal, then the remembered fallback
+        _close(run(q, k, v, mask), ref, fp16=True)

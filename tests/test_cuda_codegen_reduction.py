@@ -246,7 +246,8 @@ def _split_launches(launcher, seen):
     launcher._split = (_Recording(stats, seen), _Recording(apply, seen))
 
 
-@pytest.mark.parametrize("case", ["group-norm-channels-last", "layer-norm-few-rows", "instance-norm-channels-last"])
+@pytest.mark.parametrize("case", ["group-norm-channels-last", "group-norm-3-channels-a-group", "layer-norm-few-rows",
+                                  "instance-norm-channels-last"])
 def test_norms_reduced_in_spans(monkeypatch, case):
     """A norm over few rows, or over rows apart in memory, is reduced in spans: partial mean and squared deviations
     of each span, merged per row, then the outputs; the last span is partial. Rows far from zero against their spread
@@ -258,6 +259,10 @@ def test_norms_reduced_in_spans(monkeypatch, case):
         net = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
         values = {"x": data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)}
         expected = ("rows_split_stats_kernel", 16, 16)  # 4 channels a group: 16 groups fill 128 bytes
+    elif case == "group-norm-3-channels-a-group":  # 6 bytes a group: 21 groups to 128 bytes, taken as 16
+        net = group_norm_sigmoid_net((2, 18, 5, 6), 6, F16)
+        values = {"x": data(2, 18, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)}
+        expected = ("rows_split_stats_kernel", 16, 16)
     elif case == "layer-norm-few-rows":
         net = layer_norm_net((3, 150), (150,), F32, residual=True)
         values = {"x": torch.randn(3, 150, generator=g) * 0.1 + 10, "y": torch.randn(3, 150, generator=g) * 0.1}

@@ -124,12 +124,26 @@ def sdpa(backend: str, causal: bool, scale: float | None
         return lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                                                     scale=scale)
     member = getattr(SDPBackend, ATTENTION_BACKENDS[backend])
+    declined = []  # the backend refused a call's inputs (a layout the timed inputs did not have): PyTorch chooses
 
     def run(q, k, v, mask):
-        with sdpa_kernel(member):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+        if not declined:
+            try:
+                with sdpa_kernel(member):
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+            except RuntimeError as e:  # refused on the host, before anything ran
+                if "No available kernel" not in str(e):
+                    raise
+                declined.append(True)
+                logger.info("attention: the %s backend chosen at build time refuses these inputs (%s); PyTorch's "
+                            "own choice runs them", backend, _shapes_and_strides(q, k, v, mask))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
 
     return run
+
+
+def _shapes_and_strides(*tensors: torch.Tensor | None) -> str:
+    return "; ".join(f"{list(t.shape)} strides {list(t.stride())}" for t in tensors if t is not None)
 
 
 def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[str, Callable[[], object]]],

@@ -644,7 +644,9 @@ def _rows_sharing(strides: list[list[int]], sizes: Sequence[int], lead: int, ope
             break
         run *= sizes[d]
     span = nbytes // x.element_size()
-    return max(2, span // run) if abs(s[lead - 1]) == run < span and sizes[lead - 1] > 1 else 1
+    if not abs(s[lead - 1]) == run < span or sizes[lead - 1] == 1:
+        return 1
+    return max(2, 1 << ((span // run).bit_length() - 1))  # a power of two: a program's rows are a tl.arange
 
 
 def _column_order(strides: list[list[int]], lead: int, rank: int) -> list[int]:
