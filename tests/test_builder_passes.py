@@ -107,11 +107,15 @@ def test_precision_lowering_keeps_declared_input_and_output_dtypes(low):
     assert cosine >= 0.999 and (out - reference).abs().max() <= 2e-2
 
 
-def test_bias_folds_into_matrix_multiply():
+@pytest.mark.parametrize("transposed", [True, False], ids=["linear", "in-out-weight"])
+def test_bias_folds_into_matrix_multiply(transposed):
+    """x @ W.t() + b (nn.Linear) and x @ W + b (a weight stored [in, out], GPT-2's Conv1D): one GEMM with its
+    bias either way (F.linear, addmm), the same values."""
     n = Network()
     x = n.add_input("x", F32, (4, 3, 16))
-    w = n.add_constant(torch.randn(8, 16)).get_output()
-    mm = n.add_matrix_multiply(x, L.MatrixOperation.NONE, w, L.MatrixOperation.TRANSPOSE).get_output()
+    w = n.add_constant(torch.randn(8, 16) if transposed else torch.randn(16, 8)).get_output()
+    op1 = L.MatrixOperation.TRANSPOSE if transposed else L.MatrixOperation.NONE
+    mm = n.add_matrix_multiply(x, L.MatrixOperation.NONE, w, op1).get_output()
     biased = n.add_elementwise(n.add_constant(torch.randn(8)).get_output(), mm, L.ElementWiseOperation.SUM)
     n.mark_output(n.add_activation(biased.get_output(), L.ActivationType.RELU).get_output())
     x_in = torch.randn(4, 3, 16)

@@ -131,6 +131,11 @@ def _matmul(layer, xs, ws, device):
     if layer.op0 == L.MatrixOperation.NONE and layer.op1 == L.MatrixOperation.TRANSPOSE and b.dim() == 2 \
             and a.dim() >= 1 and (bias is None or bias.dim() <= 1):
         return F.linear(a, b, bias)  # x @ W.t() + bias as one GEMM, as nn.Linear computes it
+    if layer.op0 == L.MatrixOperation.NONE and layer.op1 == L.MatrixOperation.NONE and b.dim() == 2 \
+            and a.dim() >= 2 and bias is not None and bias.dim() <= 1 and a.is_floating_point():
+        # x @ W + bias (W stored [in, out], as GPT-2's Conv1D holds it) as one GEMM with the bias in its epilogue
+        out = torch.addmm(bias, a.reshape(-1, a.shape[-1]), b)
+        return out.reshape(*a.shape[:-1], b.shape[-1])
     if layer.op0 == L.MatrixOperation.TRANSPOSE:
         a = a.transpose(-1, -2)
     if layer.op1 == L.MatrixOperation.TRANSPOSE:
