@@ -174,3 +174,24 @@ def test_chunks_merge_into_one_table(tmp_path, capsys):
     open(paths[1], "w").write(json.dumps(parts[1]))
     assert main(["bench", "--merge", *paths]) == 2
     assert "differ in precision: 'float16' and 'float32'" in capsys.readouterr().err
+
+
+def test_every_generated_kernel_is_classed_generated():
+    """Each kernel function a generator's source defines (a group norm's has the split reduction's two) is counted as
+    generated time, not library time."""
+    import re
+
+    from torchkiln.bench.kernel_classes import classify_kernel
+    from torchkiln.ir import layers as L
+    from torchkiln.ir.network import Network
+    from torchkiln.runtime.backends.cuda.codegen import pointwise, reduction
+
+    net = Network("gn")
+    x = net.add_input("x", torch.float16, (2, 8, 4, 4))
+    norm = net.add_normalization(x, L.NormalizationKind.GROUP, 1e-5, num_groups=2).get_output()
+    net.mark_output(net.add_activation(norm, L.ActivationType.SIGMOID).get_output())
+    sources = [reduction.generate(net.layers, net.inputs, net.outputs).source,
+               pointwise.generate(net.layers[1:], [norm], net.outputs).source]
+    names = [n for source in sources for n in re.findall(r"@triton\.jit\ndef (\w+)\(", source) if not n.startswith("_")]
+    assert "rows_split_apply_kernel" in names
+    assert {n: classify_kernel(n) for n in names} == {n: "generated" for n in names}

@@ -6,8 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from torchkiln.runtime.backends.cuda.codegen import gemm, pointwise, pooling, reduction
+
 CLASSES = ("library", "generated", "aten", "copies", "idle")
-GENERATED = ("pointwise_kernel", "rows_kernel", "rows_kernel_looped", "gemm_epilogue_kernel", "max_pool2d_kernel")
+GENERATED = (pointwise.KERNEL_NAME, reduction.KERNEL, reduction.LOOPED, reduction.SPLIT_STATS, reduction.SPLIT_APPLY,
+             gemm.KERNEL_NAME, pooling.KERNEL_NAME)  # every kernel function the generators name
 
 
 def classify_kernel(name: str) -> str:
