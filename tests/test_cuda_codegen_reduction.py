@@ -207,6 +207,8 @@ class _Recording:
 
     def __getitem__(self, grid):
         def launch(*args, **meta):
+            sizes = [meta[k] for k in ("ROWS", "BLOCK", "SPLITS") if k in meta]
+            assert all(n & (n - 1) == 0 for n in sizes), f"Triton's ranges must be powers of two: {meta}"
             self.seen.append((self.fn.fn.__name__, meta["ROWS"], meta["BLOCK"]))
             return self.fn[grid](*args, **meta)
         return launch
@@ -374,3 +376,26 @@ def test_refusals_name_the_layer():
     net.mark_output(net.add_unary(s, L.UnaryOperation.EXP).get_output())
     with pytest.raises(NetworkError, match="reduced without their kept dims"):
         reduction.generate(net.layers, net.inputs, net.outputs)
+
+
+@pytest.mark.parametrize("per_group", [1, 2, 3, 5, 10])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "nhwc"])
+@pytest.mark.parametrize("dtype", [F16, F32], ids=str)
+def test_every_launch_takes_power_of_two_tiles(monkeypatch, per_group, channels_last, dtype):
+    """Group norms of every group width, both layouts, through whichever path the launcher takes (rows, across,
+    spans: thresholds lowered so small shapes reach them all): each launch's tile sizes are powers of two, as
+    Triton's compiler requires (its interpreter does not check), and the values match."""
+    monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
+    monkeypatch.setattr(reduction, "MIN_PROGRAMS", 8)
+    shape = (8, 4 * per_group, 3, 5)
+    net = group_norm_sigmoid_net(shape, 4, dtype)
+    v = data(*shape, dtype=dtype)
+    v = v.contiguous(memory_format=torch.channels_last) if channels_last else v
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    seen = []
+    launcher._persistent, launcher._looped = _Recording(launcher._persistent, seen), _Recording(launcher._looped, seen)
+    _split_launches(launcher, seen)
+    got = launcher([v.to(DEVICE)])
+    assert seen
+    for g_, r in zip(got, reference(net, {"x": v})):
+        (assert_close_half if dtype == F16 else assert_close)(g_, r)
