@@ -157,3 +157,36 @@ def test_a_boolean_attention_mask_becomes_its_additive_form_once(dtype):
     after = Engine(n, _bindings(n), "cpu", dtype).execute([q_in, m_in])[0]
     torch.testing.assert_close(after, before, rtol=0, atol=0)
     assert not _run_pass("additive_attention_masks", n)  # nothing boolean is left
+
+
+def _cast_after_reshapes(to_type, extra_reader=False):
+    """exp(x) -> reshape -> transpose -> cast: the shape of GPT-2's MLP leaving its fp32 GELU for a flattened GEMM."""
+    n = Network()
+    x = n.add_input("x", F32, (2, 3, 4))
+    e = n.add_unary(x, L.UnaryOperation.EXP).get_output()
+    flat = n.add_shuffle(e, reshape_dims=(6, 4)).get_output()
+    moved = n.add_shuffle(flat, first_transpose=(1, 0)).get_output()
+    n.mark_output(n.add_cast(moved, to_type).get_output())
+    if extra_reader:
+        n.mark_output(n.add_unary(moved, L.UnaryOperation.ABS).get_output())
+    return n
+
+
+def test_a_narrowing_cast_moves_above_the_shuffles_it_reads():
+    n = _cast_after_reshapes(torch.float16)
+    x_in = torch.randn(2, 3, 4)
+    before = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    assert _run_pass("casts_before_movement", n)
+    assert _kinds(n) == ["unary", "cast", "shuffle", "shuffle"]  # the cast now reads what exp makes
+    assert n.layers[1].inputs[0] is n.layers[0].outputs[0] and n.layers[2].outputs[0].dtype == torch.float16
+    after = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    assert after.dtype == torch.float16 and after.shape == (4, 6) and torch.equal(after, before)
+    assert not _run_pass("casts_before_movement", n)
+
+
+@pytest.mark.parametrize("case", ["widening", "shuffle-read-twice"])
+def test_other_casts_stay(case):
+    n = _cast_after_reshapes(torch.float64) if case == "widening" else \
+        _cast_after_reshapes(torch.float16, extra_reader=True)
+    kinds = _kinds(n)  # shuffle-read-twice: the transpose's output has another reader than the cast
+    assert not _run_pass("casts_before_movement", n) and _kinds(n) == kinds

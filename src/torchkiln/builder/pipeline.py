@@ -10,9 +10,11 @@ The order, and why:
    constant the bias fold can take.
 4. remove_dead_layers, so precision does not cast values nothing reads.
 5. lower_precision last of the rewrites: it picks each layer's precision on the final graph.
-6. additive_attention_masks after precision, so each boolean mask becomes its additive form once in the dtype
+6. casts_before_movement after precision: a narrowing cast the precision pass put after a reshape moves before it,
+   so it joins the kernel that makes the value instead of being a pass of its own.
+7. additive_attention_masks after precision, so each boolean mask becomes its additive form once in the dtype
    its attention layers finally compute in.
-7. remove_dead_layers again: precision replaces fp32 constants read in low precision by narrowed copies.
+8. remove_dead_layers again: precision replaces fp32 constants read in low precision by narrowed copies.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import logging
 
 from torchkiln.builder.passes import BuildPass
 from torchkiln.builder.passes.additive_attention_masks import additive_attention_masks
+from torchkiln.builder.passes.casts_before_movement import casts_before_movement
 from torchkiln.builder.passes.constant_folding import fold_constants
 from torchkiln.builder.passes.dead_layer_removal import remove_dead_layers
 from torchkiln.builder.passes.fold_bias_into_matrix_multiply import fold_bias_into_matrix_multiply
@@ -38,6 +41,7 @@ BUILD_PIPELINE: tuple[BuildPass, ...] = (
     fold_bias_into_matrix_multiply,
     remove_dead_layers,
     lower_precision,
+    casts_before_movement,
     additive_attention_masks,
     remove_dead_layers,
 )
