@@ -159,3 +159,45 @@ def test_a_convolution_read_by_no_pointwise_layer_adds_its_bias_in_a_generated_k
         ("library", "conv_epilogue"), ("aten", "pooling")]
     ref = ReferenceExecutor(net, CPU).run([xv])[0]
     assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_sibling_pointwise_groups_over_one_input_become_one_pass():
+    """GELU's shape as GPT-2 writes it, 0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3))), with a sigmoid for the
+    tanh: 0.5 * x starts one group and the branch another (both read x first); their product joins the branch's group, and the 0.5 * x group,
+    which nothing between the two reads, runs inside it: one generated step, the reference's values."""
+    net = Network("gelu")
+    x = net.add_input("x", torch.float32, (4, 8, 32))
+
+    def const(v):
+        return net.add_constant(torch.tensor(v)).get_output()
+
+    def ew(a, b, op):
+        return net.add_elementwise(a, b, op).get_output()
+
+    E = L.ElementWiseOperation
+    half = ew(x, const(0.5), E.PROD)
+    cube = ew(ew(x, x, E.PROD), x, E.PROD)  # (pow calls libdevice, which the interpreter does not run)
+    inner = ew(ew(x, ew(cube, const(0.044715), E.PROD), E.SUM), const(0.7978845608), E.PROD)
+    t = net.add_activation(inner, L.ActivationType.SIGMOID).get_output()  # (tanh calls libdevice: see above)
+    net.mark_output(ew(half, ew(t, const(1.0), E.SUM), E.PROD))
+    value = torch.randn(4, 8, 32) * 3
+    plan, out = run_plan(net, [value])
+    ops = [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"]
+    assert ops == ["pointwise"]
+    ref = ReferenceExecutor(net, CPU).run([value])
+    assert (out[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()
+
+
+def test_a_group_read_between_is_not_merged():
+    """exp(x) is read by a reduction placed before the group that reads it again: the two groups stay apart."""
+    net = Network("apart")
+    x = net.add_input("x", torch.float32, (4, 8))
+    e = net.add_unary(x, L.UnaryOperation.EXP).get_output()
+    s = net.add_reduce(e, L.ReduceOperation.SUM, (0,), keep_dims=True).get_output()  # not over trailing axes: ATen
+    y = net.add_elementwise(net.add_unary(x, L.UnaryOperation.ABS).get_output(), s, L.ElementWiseOperation.SUM)
+    net.mark_output(net.add_elementwise(y.get_output(), e, L.ElementWiseOperation.PROD).get_output())
+    value = torch.randn(4, 8)
+    plan, out = run_plan(net, [value])
+    assert [plan.kernels[s.kernel].op for s in plan.steps].count("pointwise") == 2
+    ref = ReferenceExecutor(net, CPU).run([value])
+    assert (out[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()

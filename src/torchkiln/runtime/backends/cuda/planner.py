@@ -10,7 +10,9 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
 2. **Pointwise groups**: elementwise, unary, activation, cast and scale layers over one iteration space join
    one generated kernel. A layer joins the open group of a producer when its output has the group's shape and
    everything else it reads is ready before the group's first layer (so the group runs as one step at that
-   point without reordering anything around it).
+   point without reordering anything around it). An earlier open group of the same shape that such a layer also
+   reads runs inside its group, where no step between the two reads it (GELU's 0.5 * x and its tanh branch: one
+   pass over x).
    A plain convolution whose only reader is such a layer (of its shape) leads that layer's group: it runs
    without its bias, and the bias (a per-channel scale layer made for the kernel) is the group's first
    operation (`conv_epilogue`).
@@ -313,7 +315,7 @@ def _channels_last(conv: L.ConvolutionLayer) -> bool:
 def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph
                      ) -> list[tuple[Kernel, list[int]]]:
     """Merge single pointwise layers into generated pointwise groups (rule 2 of the module docstring)."""
-    out: list[tuple[Kernel, list[int]]] = []
+    out: list[tuple[Kernel, list[int]] | None] = []  # None: a group merged into a later one
     group_of: dict[int, int] = {}  # tensor id -> index in `out` of the open pointwise group making it
     made = {id(t) for layer in network.layers for t in layer.outputs}
     placed: dict[int, int] = {}  # tensor id -> index in `out` of the step making it
@@ -357,10 +359,35 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
             placed.update((id(t), target_group) for t in layer.outputs)
         for t in layer.outputs:
             group_of[id(t)] = target_group
-    return out
+        for t in layer.inputs:  # an earlier open group this layer also reads joins its group
+            earlier = group_of.get(id(t))
+            if earlier is not None and earlier < target_group and _mergeable(network, out, earlier, target_group):
+                moved = out[earlier][1]
+                out[target_group] = (out[target_group][0], moved + out[target_group][1])
+                out[earlier] = None
+                for m in moved:
+                    for x in network.layers[m].outputs:
+                        group_of[id(x)] = placed[id(x)] = target_group
+    return [step for step in out if step is not None]
 
 
-def _open_convolution(t, out: list[tuple[Kernel, list[int]]], network: Network, graph: _Graph,
+def _mergeable(network: Network, out: list[tuple[Kernel, list[int]] | None], earlier: int, later: int) -> bool:
+    """Whether the generated pointwise group at `earlier` can run inside the one at `later` (a layer of `later` reads
+    it): both are pointwise groups over one shape, and no step between them reads what `earlier` makes (its layers
+    read only what was made before it, so they can run later). Sibling passes over one input, such as GELU's
+    0.5 * x and its tanh branch, become one pass."""
+    kernels = [out[earlier][0], out[later][0]]
+    if any(k.kind != "generated" or k.op != "pointwise" for k in kernels):
+        return False
+    lead = [network.layers[out[g][1][0]].outputs[0].shape for g in (earlier, later)]
+    if lead[0] != lead[1]:
+        return False
+    made = {id(t) for m in out[earlier][1] for t in network.layers[m].outputs}
+    return not any(id(x) in made for step in out[earlier + 1:later] if step is not None
+                   for m in step[1] for x in network.layers[m].inputs)
+
+
+def _open_convolution(t, out: list[tuple[Kernel, list[int]] | None], network: Network, graph: _Graph,
                       reader: L.Layer) -> int | None:
     """The index in `out` of the plain convolution step making `t`, if `reader` is the only reader of `t` and
     keeps its shape: then the convolution runs without its bias, and the bias joins `reader`'s generated
@@ -370,8 +397,7 @@ def _open_convolution(t, out: list[tuple[Kernel, list[int]]], network: Network, 
         return None
     j = graph.index[id(t.producer)]
     for g in range(len(out) - 1, -1, -1):
-        kernel, members = out[g]
-        if members == [j] and kernel.op == "convolution":
+        if out[g] is not None and out[g][1] == [j] and out[g][0].op == "convolution":
             return g
     return None
 
