@@ -179,6 +179,7 @@ def test_a_narrowing_cast_moves_above_the_shuffles_it_reads():
     assert _run_pass("casts_before_movement", n)
     assert _kinds(n) == ["unary", "cast", "shuffle", "shuffle"]  # the cast now reads what exp makes
     assert n.layers[1].inputs[0] is n.layers[0].outputs[0] and n.layers[2].outputs[0].dtype == torch.float16
+    assert all(t.producer is layer for layer in n.layers for t in layer.outputs)
     after = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
     assert after.dtype == torch.float16 and after.shape == (4, 6) and torch.equal(after, before)
     assert not _run_pass("casts_before_movement", n)

@@ -37,7 +37,8 @@ def casts_before_movement(network: Network, settings: BuildSettings) -> bool:
             # makes the cast's, which its readers keep reading
             result = cast.outputs[0]
             cast.inputs, cast.outputs = [shuffle.inputs[0]], [shuffled]
-            shuffle.inputs, shuffle.outputs = [shuffled], [result]
+            shuffle.inputs, shuffle.outputs = [shuffled, *shuffle.inputs[1:]], [result]
+            shuffled.producer, result.producer = cast, shuffle
             network.move_before(cast, shuffle)
             moved = changed = True
         if not moved:
