@@ -234,7 +234,7 @@ def _unary_data(op):
         elif op in _UNIT:
             x = torch.rand(3, 8, generator=gen) * 1.8 - 0.9
         x[0, 0], x[0, 1], x[0, 2], x[0, 3] = 2.5, -0.5, float("nan"), 0.5  # halves (round, trunc), NaN
-        if op in (U.ISINF, U.ISFINITE, U.ABS, U.NEG, U.SIGN, U.EXP):
+        if op in (U.ISINF, U.ISNEGINF, U.ISPOSINF, U.ISFINITE, U.ABS, U.NEG, U.SIGN, U.EXP):
             x[1, :2] = torch.tensor([float("inf"), float("-inf")])
         return [x]
     return data
@@ -244,8 +244,8 @@ for op in U:
     if op not in (U.NOT, U.BITWISE_NOT, U.ERFINV):  # ERFINV is declined (below)
         add_case(L.UnaryLayer, f"{op.name}-f32", [((3, 8), F32)], lambda n, x, op=op: n.add_unary(x, op),
                  _unary_data(op))
-for op in (U.ABS, U.NEG, U.SIGN, U.SQUARE, U.CEIL, U.FLOOR, U.ROUND, U.TRUNC, U.ISINF, U.ISNAN, U.ISFINITE, U.NOT,
-           U.BITWISE_NOT, U.EXP, U.SQRT):
+for op in (U.ABS, U.NEG, U.SIGN, U.SQUARE, U.CEIL, U.FLOOR, U.ROUND, U.TRUNC, U.ISINF, U.ISNEGINF, U.ISPOSINF, U.ISNAN,
+           U.ISFINITE, U.NOT, U.BITWISE_NOT, U.EXP, U.SQRT):
     for dt in (I64, I8):
         add_case(L.UnaryLayer, f"{op.name}-{dt}", [((3, 8), dt)], lambda n, x, op=op: n.add_unary(x, op),
                  lambda gen, dt=dt, op=op: [sample((3, 8), dt, gen).abs() if op == U.SQRT else sample((3, 8), dt, gen)])

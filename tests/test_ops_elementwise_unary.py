@@ -39,7 +39,7 @@ UNARY = [
     (torch.ceil, "any", True, False), (torch.floor, "any", True, False), (torch.round, "any", True, False),
     (torch.trunc, "any", True, False), (torch.logical_not, "any", True, True),
     (torch.bitwise_not, "any", True, True), (torch.isinf, "any", True, True), (torch.isnan, "any", True, True),
-    (torch.isfinite, "any", True, True),
+    (torch.isfinite, "any", True, True), (torch.isneginf, "any", True, True), (torch.isposinf, "any", True, True),
 ]
 FLOAT_ONLY = {torch.bitwise_not}  # bitwise_not has no float kernel
 
@@ -72,8 +72,9 @@ def test_unary_int64_truncated(op):
 SPECIAL = torch.tensor([[0.5, 1.5, 2.5, -0.5, -2.5, 0.0], [float("inf"), -float("inf"), float("nan"), -0.0, 1e30, 3.7]])
 
 
-@pytest.mark.parametrize("op", [torch.round, torch.isinf, torch.isnan, torch.isfinite, torch.sign, torch.abs,
-                                torch.trunc, torch.ceil, torch.floor, torch.exp], ids=lambda v: v.__name__)
+@pytest.mark.parametrize("op", [torch.round, torch.isinf, torch.isneginf, torch.isposinf, torch.isnan, torch.isfinite,
+                                torch.sign, torch.abs, torch.trunc, torch.ceil, torch.floor, torch.exp],
+                         ids=lambda v: v.__name__)
 def test_unary_special_values(op):
     """Half-to-even rounding, infinities, NaN and signed zero, as eager treats them."""
     check_fn(unary(op), SPECIAL)

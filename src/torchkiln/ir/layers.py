@@ -205,6 +205,8 @@ class UnaryOperation(enum.Enum):
     NOT = "not"  # logical not; output bool
     BITWISE_NOT = "bitwise_not"
     ISINF = "isinf"
+    ISNEGINF = "isneginf"
+    ISPOSINF = "isposinf"
     ISNAN = "isnan"
     ISFINITE = "isfinite"
     SQUARE = "square"

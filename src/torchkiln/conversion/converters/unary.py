@@ -17,7 +17,7 @@ U, E = L.UnaryOperation, L.ElementWiseOperation
 
 # No in-place forms: isinf & co. have none; logical_not_ is rewritten by lowering (remove_mutation) so that
 # it keeps its tensor's dtype.
-_NO_INPLACE = ("isinf", "isnan", "isfinite", "logical_not")
+_NO_INPLACE = ("isinf", "isneginf", "isposinf", "isnan", "isfinite", "logical_not")
 
 for _op, _row in UNARY.items():  # each unary op's row names the ATen op it converts
     if _row.aten:

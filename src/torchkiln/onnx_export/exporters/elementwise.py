@@ -159,7 +159,7 @@ def _unary(ctx: ExportContext, layer: L.UnaryLayer, xs: list[str]) -> str:
         dt = src if src.is_floating_point else torch.float32
         x = ctx.cast(x, src, dt)
         return _UNARY_RECIPES[form.recipe](ctx, x, dt) if form.recipe else ctx.op(form.op_type, [x], dt,
-                                                                                  typed_outputs=())
+                                                                                  typed_outputs=(), **dict(form.attrs))
     if not src.is_floating_point and op in _INTEGER_IDENTITY:
         return ctx.node("Identity", [x])[0]
     if not out.is_floating_point and row.dtype not in (P.DtypeRule.SAME, P.DtypeRule.SQUARE):
