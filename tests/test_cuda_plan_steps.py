@@ -1,6 +1,8 @@
 """The CUDA backend's steps run eagerly on the CPU (generated kernels in Triton's interpreter) against the
 reference meanings: the planner's groups and the kernel makers compute what the layers mean. (cuDNN's fused
 calls need a GPU: tests/test_cuda_backend.py; fp32 plans without TF32 do not use them.)"""
+import logging
+
 import pytest
 import torch
 
@@ -188,8 +190,9 @@ def test_sibling_pointwise_groups_over_one_input_become_one_pass():
     assert (out[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()
 
 
-def test_a_group_read_between_is_not_merged():
-    """exp(x) is read by a reduction placed before the group that reads it again: the two groups stay apart."""
+def test_a_group_read_between_is_not_merged(caplog):
+    """exp(x) is read by a reduction placed before the group that reads it again: the two groups stay apart, with the
+    reason logged."""
     net = Network("apart")
     x = net.add_input("x", torch.float32, (4, 8))
     e = net.add_unary(x, L.UnaryOperation.EXP).get_output()
@@ -197,7 +200,9 @@ def test_a_group_read_between_is_not_merged():
     y = net.add_elementwise(net.add_unary(x, L.UnaryOperation.ABS).get_output(), s, L.ElementWiseOperation.SUM)
     net.mark_output(net.add_elementwise(y.get_output(), e, L.ElementWiseOperation.PROD).get_output())
     value = torch.randn(4, 8)
-    plan, out = run_plan(net, [value])
+    with caplog.at_level(logging.DEBUG, logger=planner.__name__):
+        plan, out = run_plan(net, [value])
     assert [plan.kernels[s.kernel].op for s in plan.steps].count("pointwise") == 2
+    assert "which runs between them, reads it" in caplog.text
     ref = ReferenceExecutor(net, CPU).run([value])
     assert (out[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()

@@ -361,7 +361,13 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
             group_of[id(t)] = target_group
         for t in layer.inputs:  # an earlier open group this layer also reads joins its group
             earlier = group_of.get(id(t))
-            if earlier is not None and earlier < target_group and _mergeable(network, out, earlier, target_group):
+            if earlier is None or earlier >= target_group:
+                continue
+            refused = _merge_refusal(network, out, earlier, target_group)
+            if refused:
+                logger.debug("pointwise group of %r stays apart from the group of %r that reads it: %s",
+                             network.layers[out[earlier][1][0]].name, layer.name, refused)
+            else:
                 moved = out[earlier][1]
                 out[target_group] = (out[target_group][0], moved + out[target_group][1])
                 out[earlier] = None
@@ -371,20 +377,20 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
     return [step for step in out if step is not None]
 
 
-def _mergeable(network: Network, out: list[tuple[Kernel, list[int]] | None], earlier: int, later: int) -> bool:
-    """Whether the generated pointwise group at `earlier` can run inside the one at `later` (a layer of `later` reads
-    it): both are pointwise groups over one shape, and no step between them reads what `earlier` makes (its layers
-    read only what was made before it, so they can run later). Sibling passes over one input, such as GELU's
-    0.5 * x and its tanh branch, become one pass."""
-    kernels = [out[earlier][0], out[later][0]]
-    if any(k.kind != "generated" or k.op != "pointwise" for k in kernels):
-        return False
+def _merge_refusal(network: Network, out: list[tuple[Kernel, list[int]] | None], earlier: int, later: int) -> str:
+    """Why the generated pointwise group at `earlier` cannot run inside the one at `later` (a layer of `later` reads
+    it), or "" if it can: both are pointwise groups over one shape, and no step between them reads what `earlier`
+    makes (its layers read only what was made before it, so they can run later). Sibling passes over one input,
+    such as GELU's 0.5 * x and its tanh branch, become one pass."""
+    if any(out[g][0].kind != "generated" or out[g][0].op != "pointwise" for g in (earlier, later)):
+        return "one of them is not a generated pointwise group"
     lead = [network.layers[out[g][1][0]].outputs[0].shape for g in (earlier, later)]
     if lead[0] != lead[1]:
-        return False
+        return f"their shapes differ ({list(lead[0])} and {list(lead[1])})"
     made = {id(t) for m in out[earlier][1] for t in network.layers[m].outputs}
-    return not any(id(x) in made for step in out[earlier + 1:later] if step is not None
-                   for m in step[1] for x in network.layers[m].inputs)
+    between = [network.layers[m].name for step in out[earlier + 1:later] if step is not None for m in step[1]
+               if any(id(x) in made for x in network.layers[m].inputs)]
+    return f"{between[0]!r}, which runs between them, reads it" if between else ""
 
 
 def _open_convolution(t, out: list[tuple[Kernel, list[int]] | None], network: Network, graph: _Graph,
