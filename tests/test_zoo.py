@@ -5,6 +5,7 @@ import torch
 from harness import check_compiled
 
 from torchkiln.examples import SmallMobileNet, SmallResNet, SmallUNet
+from torchkiln.examples.blocks import BLOCKS
 
 transformers = pytest.importorskip("transformers")
 
@@ -217,3 +218,11 @@ def test_wide_set_spans_the_families_at_real_sizes():
         assert model.max_batch == (8 if name in WIDE_FAMILIES["decoder-only LLMs (RMSNorm, RoPE, GQA, SwiGLU)"]
                                    else None), name
     assert ZOO["torchvision"]["swin_t"].inputs(1)[0].shape[-1] == 64  # the CPU wave-2 model of that name stays
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_every_benchmark_block_is_one_engine_and_matches_eager(name):
+    """`bench --blocks`' blocks, at batch 1 on the CPU: each becomes one engine with eager's values."""
+    build, inputs = BLOCKS[name]
+    torch.manual_seed(0)
+    check_compiled(build().eval(), inputs(1), engines=1, torch_blocks=0)

@@ -92,6 +92,21 @@ class LayerNormGeLUMLP(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.norm(x))))
 
 
+class TanhGeluMLP(nn.Module):
+    """A decoder's MLP sublayer with its weights stored [in, out] (x @ W + b) and GELU's tanh form written out, pow
+    included: x + (gelu_tanh(x @ W1 + b1) @ W2 + b2)."""
+
+    def __init__(self, d: int = 768) -> None:
+        super().__init__()
+        self.w1, self.b1 = nn.Parameter(torch.randn(d, 4 * d) * d ** -0.5), nn.Parameter(torch.randn(4 * d) * 0.1)
+        self.w2, self.b2 = nn.Parameter(torch.randn(4 * d, d) * (4 * d) ** -0.5), nn.Parameter(torch.randn(d) * 0.1)
+
+    def forward(self, x):
+        h = x @ self.w1 + self.b1
+        h = 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * torch.pow(h, 3.0))))
+        return x + (h @ self.w2 + self.b2)
+
+
 class DiffusionBlock(nn.Module):
     """A diffusion UNet's stage at one resolution: a GroupNorm ResBlock, then spatial self-attention over its H*W
     positions (GroupNorm -> 1x1 q, k, v -> multi-head scaled dot-product attention -> 1x1 projection -> residual),
@@ -126,4 +141,5 @@ BLOCKS = {  # name -> (module builder, inputs at a batch size)
     "block-attention": (HandAttention, lambda batch: [torch.randn(batch, 128, 768), _mask(batch, 128)]),
     "block-squeeze-excite": (SqueezeExcite, lambda batch: [torch.randn(batch, 240, 28, 28)]),
     "block-layernorm-mlp": (LayerNormGeLUMLP, lambda batch: [torch.randn(batch, 197, 768)]),
+    "block-tanh-gelu-mlp": (TanhGeluMLP, lambda batch: [torch.randn(batch, 128, 768)]),
 }
