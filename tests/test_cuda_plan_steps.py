@@ -206,3 +206,24 @@ def test_a_group_read_between_is_not_merged(caplog):
     assert "which runs between them, reads it" in caplog.text
     ref = ReferenceExecutor(net, CPU).run([value])
     assert (out[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()
+
+
+def test_a_group_whose_merge_would_keep_a_value_alive_longer_stays_apart(caplog):
+    """abs(a) is read only by its own group; merging it into the later group (which reads b, not a) would keep a alive
+    until then: refused, with the reason logged."""
+    net = Network("alive")
+    x = net.add_input("x", torch.float32, (4, 8))
+    a = net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
+                                L.MatrixOperation.NONE).get_output()
+    early = net.add_unary(a, L.UnaryOperation.ABS).get_output()
+    b = net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
+                                L.MatrixOperation.NONE).get_output()
+    net.mark_output(net.add_elementwise(net.add_unary(b, L.UnaryOperation.NEG).get_output(), early,
+                                        L.ElementWiseOperation.SUM).get_output())
+    value = torch.randn(4, 8)
+    with caplog.at_level(logging.DEBUG, logger=planner.__name__):
+        plan, out = run_plan(net, [value])
+    assert [plan.kernels[s.kernel].op for s in plan.steps].count("pointwise") == 2
+    assert "alive until the later group runs" in caplog.text
+    ref = ReferenceExecutor(net, CPU).run([value])
+    assert (out[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()

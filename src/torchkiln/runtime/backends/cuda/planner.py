@@ -379,9 +379,10 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
 
 def _merge_refusal(network: Network, out: list[tuple[Kernel, list[int]] | None], earlier: int, later: int) -> str:
     """Why the generated pointwise group at `earlier` cannot run inside the one at `later` (a layer of `later` reads
-    it), or "" if it can: both are pointwise groups over one shape, and no step between them reads what `earlier`
-    makes (its layers read only what was made before it, so they can run later). Sibling passes over one input,
-    such as GELU's 0.5 * x and its tanh branch, become one pass."""
+    it), or "" if it can: both are pointwise groups over one shape, no step between them reads what `earlier` makes
+    (its layers read only what was made before it, so they can run later), and what `earlier` reads from other
+    steps `later` reads too (no value lives longer). Sibling passes over one input, such as GELU's 0.5 * x and its
+    tanh branch, become one pass."""
     if any(out[g][0].kind != "generated" or out[g][0].op != "pointwise" for g in (earlier, later)):
         return "one of them is not a generated pointwise group"
     lead = [network.layers[out[g][1][0]].outputs[0].shape for g in (earlier, later)]
@@ -390,7 +391,14 @@ def _merge_refusal(network: Network, out: list[tuple[Kernel, list[int]] | None],
     made = {id(t) for m in out[earlier][1] for t in network.layers[m].outputs}
     between = [network.layers[m].name for step in out[earlier + 1:later] if step is not None for m in step[1]
                if any(id(x) in made for x in network.layers[m].inputs)]
-    return f"{between[0]!r}, which runs between them, reads it" if between else ""
+    if between:
+        return f"{between[0]!r}, which runs between them, reads it"
+    # bounded memory: what it reads from other steps the later group reads too, so nothing is kept alive longer
+    later_reads = {id(x) for m in out[later][1] for x in network.layers[m].inputs}
+    kept = [x.name for m in out[earlier][1] for x in network.layers[m].inputs
+            if id(x) not in made and id(x) not in later_reads and x.producer is not None
+            and not isinstance(x.producer, L.ConstantLayer)]
+    return f"it would keep {kept[0]!r} alive until the later group runs" if kept else ""
 
 
 def _open_convolution(t, out: list[tuple[Kernel, list[int]] | None], network: Network, graph: _Graph,
