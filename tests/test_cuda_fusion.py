@@ -219,3 +219,37 @@ def test_refused_joins_are_logged_with_their_reason(caplog):
         "['matrix_multiply:0'] before they are made" in caplog.text
     assert "reduce 'reduce' stays out of the row group of 'softmax': it is of the opaque class" \
         in caplog.text
+
+
+def _blocks():
+    from torchkiln.examples import blocks as B
+
+    return {
+        "rmsnorm-swiglu": (B.RMSNormSwiGLU(32, 48), (2, 8, 32),
+                           ["rows", "linear_group", "pointwise", "matrix_multiply", "pointwise"]),
+        "groupnorm-resblock": (B.GroupNormResBlock(16, 4), (2, 16, 8, 8),
+                               ["rows", "conv_epilogue", "rows", "conv_epilogue"]),
+        "squeeze-excite": (B.SqueezeExcite(16, 4), (2, 16, 6, 6),
+                           ["rows", "conv_epilogue", "conv_epilogue", "pointwise"]),
+        "layernorm-mlp": (B.LayerNormGeLUMLP(32), (2, 5, 32),
+                          ["rows", "matrix_multiply", "pointwise", "matrix_multiply", "pointwise"]),
+        "tanh-gelu-mlp": (B.TanhGeluMLP(32), (2, 5, 32), ["matrix_multiply", "pointwise", "matrix_multiply", "pointwise"]),
+    }
+
+
+@pytest.mark.parametrize("name", ["rmsnorm-swiglu", "groupnorm-resblock", "squeeze-excite", "layernorm-mlp",
+                                  "tanh-gelu-mlp"])
+def test_each_benchmark_block_becomes_these_steps(name):
+    """The scheduler's decisions on `bench --blocks`' blocks (fp32, no timing), step by step: a norm with what makes
+    and uses it is one row kernel; a tanh GELU written out (0.5 * x and its tanh branch) is one pass; a bias joins
+    its GEMM or convolution; and the values are eager's."""
+    module, shape, expected = _blocks()[name]
+    torch.manual_seed(0)
+    net = network(module, shape)
+    plan = planner.make_plan(net, DEVICE, BackendOptions(timing_iterations=0))
+    assert [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"] == expected
+    if name == "tanh-gelu-mlp" and not torch.cuda.is_available():
+        return  # tanh and pow call libdevice, which Triton's CPU interpreter does not run
+    x = torch.randn(shape)
+    _, out = planned(net, [x])
+    assert_matches(out[0], module.eval()(x).detach())
