@@ -190,40 +190,41 @@ def test_sibling_pointwise_groups_over_one_input_become_one_pass():
     assert (out[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()
 
 
-def test_a_group_read_between_is_not_merged(caplog):
-    """exp(x) is read by a reduction placed before the group that reads it again: the two groups stay apart, with the
-    reason logged."""
+def _read_between() -> Network:
+    """exp(x) is read by a reduction placed before the group that reads it again."""
     net = Network("apart")
     x = net.add_input("x", torch.float32, (4, 8))
     e = net.add_unary(x, L.UnaryOperation.EXP).get_output()
     s = net.add_reduce(e, L.ReduceOperation.SUM, (0,), keep_dims=True).get_output()  # not over trailing axes: ATen
     y = net.add_elementwise(net.add_unary(x, L.UnaryOperation.ABS).get_output(), s, L.ElementWiseOperation.SUM)
     net.mark_output(net.add_elementwise(y.get_output(), e, L.ElementWiseOperation.PROD).get_output())
-    value = torch.randn(4, 8)
-    with caplog.at_level(logging.DEBUG, logger=planner.__name__):
-        plan, out = run_plan(net, [value])
-    assert [plan.kernels[s.kernel].op for s in plan.steps].count("pointwise") == 2
-    assert "which runs between them, reads it" in caplog.text
-    ref = ReferenceExecutor(net, CPU).run([value])
-    assert (out[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()
+    return net
 
 
-def test_a_group_whose_merge_would_keep_a_value_alive_longer_stays_apart(caplog):
-    """abs(a) is read only by its own group; merging it into the later group (which reads b, not a) would keep a alive
-    until then: refused, with the reason logged."""
+def _kept_alive() -> Network:
+    """abs(a) is read only by its own group; the later group reads b, not a: merging would keep a alive until then."""
     net = Network("alive")
     x = net.add_input("x", torch.float32, (4, 8))
-    a = net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
-                                L.MatrixOperation.NONE).get_output()
-    early = net.add_unary(a, L.UnaryOperation.ABS).get_output()
-    b = net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
-                                L.MatrixOperation.NONE).get_output()
-    net.mark_output(net.add_elementwise(net.add_unary(b, L.UnaryOperation.NEG).get_output(), early,
-                                        L.ElementWiseOperation.SUM).get_output())
+
+    def product():
+        return net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
+                                       L.MatrixOperation.NONE).get_output()
+
+    early = net.add_unary(product(), L.UnaryOperation.ABS).get_output()
+    late = net.add_unary(product(), L.UnaryOperation.NEG).get_output()
+    net.mark_output(net.add_elementwise(late, early, L.ElementWiseOperation.SUM).get_output())
+    return net
+
+
+@pytest.mark.parametrize("build, reason", [(_read_between, "which runs between them, reads it"),
+                                           (_kept_alive, "alive until the later group runs")],
+                         ids=["read-between", "kept-alive"])
+def test_groups_that_cannot_merge_stay_apart_with_the_reason_logged(caplog, build, reason):
+    net = build()
     value = torch.randn(4, 8)
     with caplog.at_level(logging.DEBUG, logger=planner.__name__):
         plan, out = run_plan(net, [value])
     assert [plan.kernels[s.kernel].op for s in plan.steps].count("pointwise") == 2
-    assert "alive until the later group runs" in caplog.text
+    assert reason in caplog.text
     ref = ReferenceExecutor(net, CPU).run([value])
     assert (out[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()
