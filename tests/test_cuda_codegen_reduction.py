@@ -303,9 +303,9 @@ def test_rows_of_a_contiguous_input_are_not_tiled_across():
     net.mark_output(net.add_reduce(x, R.AVG, (2, 3), True).get_output())
     assert _check_recorded(net, {"x": data(3, 40, 5, 7, dtype=F16)}) == ("rows_kernel", 1, 64)  # a row at a time
     v = data(3, 40, 5, 7, dtype=F16).contiguous(memory_format=torch.channels_last)
-    assert reduction._rows_sharing([list(v.stride())], list(v.shape), 2, [v], 32) == 16
+    assert reduction._rows_filling(32, reduction._interleaved_run([list(v.stride())], list(v.shape), 2, [v])) == 16
     c = data(3, 40, 5, 7, dtype=F16)
-    assert reduction._rows_sharing([list(c.stride())], list(c.shape), 2, [c], 32) == 1
+    assert reduction._rows_filling(32, reduction._interleaved_run([list(c.stride())], list(c.shape), 2, [c])) == 1
 
 
 def rms_norm_net(shape, dtype=F32):

@@ -47,7 +47,7 @@ MAX_PERSISTENT = 16384  # columns a program keeps in registers; longer rows are 
 LOOP_BLOCK = 2048  # columns a pass of the looped body covers
 _TILE = 1024  # elements per program that short rows are packed up to...
 MIN_PROGRAMS = 256  # ... while that leaves at least this many programs (about two per streaming multiprocessor)
-_ACROSS_TILE = 4096  # elements per program tile where rows are tiled across (`_rows_sharing`)
+_ACROSS_TILE = 4096  # elements per program tile where rows are tiled across (`_interleaved_run`)
 SPLIT_MIN_COLS = 4096  # a norm's rows at least this long may be reduced in spans (`RowLauncher._split_reduction`)
 MAX_SPLITS = 256  # spans of a row at most
 _NEUTRAL = {"sum": "0.0", "max": "-INF", "min": "INF"}
@@ -576,7 +576,8 @@ class RowLauncher(GroupLauncher):
         # pass over the input: whole rows fit the tile, or one reduction deep (a mean), or rows too long for one.
         # A norm whose rows this leaves to one program each, over few rows or rows apart in memory, is reduced in
         # spans instead (`_split_reduction`).
-        sector = packed = _rows_sharing(strides[:len(views)], sizes, lead, operands, 32)
+        run = _interleaved_run(strides[:len(views)], sizes, lead, operands)
+        sector = packed = _rows_filling(32, run)
         while packed > 1 and (rows + packed - 1) // packed < MIN_PROGRAMS // 2:
             packed //= 2
         whole = max(16, _next_power_of_two(cols))
@@ -584,8 +585,7 @@ class RowLauncher(GroupLauncher):
         across = packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth == 1 or cols > MAX_PERSISTENT)
         if self._split is not None and not across and cols >= SPLIT_MIN_COLS and (
                 sector > 1 or rows < MIN_PROGRAMS // 2):
-            self._split_reduction(operands, outputs, rows, cols, sizes, strides, int64,
-                                  _rows_sharing(strides[:len(views)], sizes, lead, operands, 128))
+            self._split_reduction(operands, outputs, rows, cols, sizes, strides, int64, _rows_filling(128, run))
             return outputs
         if across:
             block = whole if packed * whole <= MAX_PERSISTENT else max(16, _ACROSS_TILE // packed)
@@ -628,25 +628,29 @@ class RowLauncher(GroupLauncher):
         return x.expand(space)
 
 
-def _rows_sharing(strides: list[list[int]], sizes: Sequence[int], lead: int, operands: Sequence[torch.Tensor],
-                  nbytes: int) -> int:
-    """How many consecutive rows fill `nbytes` of the first operand that varies along the row together, where each
-    row's contiguous run of elements is shorter than that and the next row's run follows it in memory (a
-    channels-last tensor reduced over its spatial dims: a row per channel; or a group norm's: a row per group of
-    channels); else 1 (a program walks its rows one by one)."""
+def _interleaved_run(strides: list[list[int]], sizes: Sequence[int], lead: int,
+                     operands: Sequence[torch.Tensor]) -> int | None:
+    """The bytes of a row's contiguous run of elements in the first operand that varies along the row, where the
+    next row's run follows it in memory (rows interleave: a channels-last tensor reduced over its spatial dims, a
+    row per channel; or a group norm's, a row per group of channels); else None."""
     found = next(((s, x) for s, x in zip(strides, operands) if any(s[d] for d in range(lead, len(s)))), None)
     if found is None or lead == 0:
-        return 1
+        return None
     s, x = found
     run = 1  # elements of a row contiguous in memory from its first
     for d in sorted(range(lead, len(s)), key=lambda d: abs(s[d])):
         if abs(s[d]) != run:
             break
         run *= sizes[d]
-    span = nbytes // x.element_size()
-    if not abs(s[lead - 1]) == run < span or sizes[lead - 1] == 1:
+    return run * x.element_size() if abs(s[lead - 1]) == run and sizes[lead - 1] > 1 else None
+
+
+def _rows_filling(nbytes: int, run: int | None) -> int:
+    """How many interleaved rows of `run` bytes each fill `nbytes` together, as a power of two (a program's rows are
+    a tl.arange); 1 where rows do not interleave or one run fills it alone."""
+    if run is None or run >= nbytes:
         return 1
-    return max(2, 1 << ((span // run).bit_length() - 1))  # a power of two: a program's rows are a tl.arange
+    return max(2, 1 << ((nbytes // run).bit_length() - 1))
 
 
 def _column_order(strides: list[list[int]], lead: int, rank: int) -> list[int]:
