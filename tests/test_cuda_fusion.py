@@ -233,7 +233,8 @@ def _blocks():
                            ["rows", "conv_epilogue", "conv_epilogue", "pointwise"]),
         "layernorm-mlp": (B.LayerNormGeLUMLP(32), (2, 5, 32),
                           ["rows", "matrix_multiply", "pointwise", "matrix_multiply", "pointwise"]),
-        "tanh-gelu-mlp": (B.TanhGeluMLP(32), (2, 5, 32), ["matrix_multiply", "pointwise", "matrix_multiply", "pointwise"]),
+        "tanh-gelu-mlp": (B.TanhGeluMLP(32), (2, 5, 32),
+                          ["matrix_multiply", "pointwise", "matrix_multiply", "pointwise"]),
     }
 
 

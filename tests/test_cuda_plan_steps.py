@@ -165,8 +165,9 @@ def test_a_convolution_read_by_no_pointwise_layer_adds_its_bias_in_a_generated_k
 
 def test_sibling_pointwise_groups_over_one_input_become_one_pass():
     """GELU's shape as GPT-2 writes it, 0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3))), with a sigmoid for the
-    tanh: 0.5 * x starts one group and the branch another (both read x first); their product joins the branch's group, and the 0.5 * x group,
-    which nothing between the two reads, runs inside it: one generated step, the reference's values."""
+    tanh: 0.5 * x starts one group and the branch another (both read x first); their product joins the branch's
+    group, and the 0.5 * x group, which nothing between the two reads, runs inside it: one generated step, the
+    reference's values."""
     net = Network("gelu")
     x = net.add_input("x", torch.float32, (4, 8, 32))
 

@@ -11,8 +11,8 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    one generated kernel. A layer joins the open group of a producer when its output has the group's shape and
    everything else it reads is ready before the group's first layer (so the group runs as one step at that
    point without reordering anything around it). An earlier open group of the same shape that such a layer also
-   reads runs inside its group, where no step between the two reads it (GELU's 0.5 * x and its tanh branch: one
-   pass over x).
+   reads runs inside its group, where no step between the two reads it and nothing it reads lives longer for it
+   (GELU's 0.5 * x and its tanh branch: one pass over x); a refused merge logs why.
    A plain convolution whose only reader is such a layer (of its shape) leads that layer's group: it runs
    without its bias, and the bias (a per-channel scale layer made for the kernel) is the group's first
    operation (`conv_epilogue`).
@@ -34,7 +34,8 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    generated Triton GEMM with the epilogue fused (codegen/gemm.py, a tile configuration by the product's size)
    against the library convolution followed by the pointwise kernel (`gemm_tactic.py`); the faster is kept
    (`generated`/`gemm`, the tile configuration its tactic). Linear layers stay on cuBLAS: a 768x3072 feed-forward
-   GEMM with its GELU fused timed faster alone, but ran slower inside the engine (62 against 51 us per layer at batch 32 on an H100).
+   GEMM with its GELU fused timed faster alone, but ran slower inside the engine (62 against 51 us per layer at
+   batch 32 on an H100).
 
 A convolution whose windows tile its input (stride == kernel, no padding: a patch embedding) is timed in half
 precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) against cuDNN.
