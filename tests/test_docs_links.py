@@ -12,6 +12,7 @@ PENDING = {"docs/settings.md", "docs/porting.md", "docs/cli.md", "docs/engine_ca
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 _CODE_SPAN = re.compile(r"`[^`\n]*`")
 _LINK = re.compile(r"\[[^\]\n]*\]\(([^)\s]+)\)")
+_REPO_PATH = re.compile(r"(?<![\w/.])((?:src|docs|scripts|tests)/[\w/.\-]*\w)(?![\w<*{])")
 _TRACKER = re.compile(r"\b(issues?|PR|pull request) ?#?\d+\b|\(#\d+\)", re.I)
 
 
@@ -61,6 +62,15 @@ def test_readme_links_every_page_of_docs():
     linked = {(ROOT / link.partition("#")[0]).resolve() for link in _links((ROOT / "README.md").read_text())}
     unlinked = [p.name for p in (ROOT / "docs").glob("*.md") if p.resolve() not in linked]
     assert not unlinked, f"docs pages README.md does not link: {unlinked}"
+
+
+def test_named_repository_paths_exist():
+    """A path such as `src/torchkiln/runtime/limits.py` named in a doc, docstring or message exists."""
+    files = [*DOCS, *(ROOT / "src").rglob("*.py"), *(ROOT / "scripts").glob("*.py"), *(ROOT / "tests").glob("*.py")]
+    missing = sorted({f"{path.relative_to(ROOT)}: {name}" for path in files
+                      for name in _REPO_PATH.findall(path.read_text())
+                      if not (ROOT / name).exists() and name not in PENDING})
+    assert not missing, missing
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=_ids(DOCS))
