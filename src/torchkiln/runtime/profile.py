@@ -20,6 +20,7 @@ import contextvars
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import statistics
 import tempfile
@@ -296,21 +297,28 @@ def _session_runs(events_path: str) -> tuple[list[dict[str, float]], dict[str, s
 
 def _named_layers(model_path: str, layers: Sequence[L.Layer]) -> dict[str, list[str]]:
     """Per node of the graph ONNX Runtime ran (subgraphs included), the layers its name, its outputs and its
-    initializers are named after (a fused node keeps some of the names of what it fused)."""
+    initializers are named after (a fused node keeps some of the names of what it fused); a node named after none
+    (one ONNX Runtime added, such as a reshape around a Gemm) takes those of the first node reading its outputs."""
     import onnx
 
-    names = {layer.name for layer in layers}
+    names = {layer.name for layer in layers if not isinstance(layer, L.ConstantLayer)}  # constants: weights
     model = onnx.load(model_path, load_external_data=False)
     named: dict[str, list[str]] = {}
 
     def walk(graph: onnx.GraphProto, initializers: set[str]) -> None:
         initializers = initializers | {t.name for t in graph.initializer}
+        readers: dict[str, list[str]] = {}
         for node in graph.node:
             parts = [node.name, *node.output, *(i for i in node.input if i in initializers)]
             named[node.name] = list(dict.fromkeys(x for part in parts for x in _layers_named(part, names)))
+            for i in node.input:
+                readers.setdefault(i, []).append(node.name)
             for attr in node.attribute:
                 for sub in [attr.g] if attr.HasField("g") else attr.graphs:
                     walk(sub, initializers)
+        for node in reversed(graph.node):  # readers come after: their layers are known by then
+            if not named[node.name]:
+                named[node.name] = next((named[r] for o in node.output for r in readers.get(o, []) if named[r]), [])
     walk(model.graph, set())
     return named
 
@@ -345,11 +353,12 @@ def _node_layers(nodes: Sequence[str], named: dict[str, list[str]], layers: Sequ
 
 
 def _layers_named(name: str, layer_names: set[str]) -> list[str]:
-    """The layer an exported name (node, tensor or initializer) belongs to: the longest layer name it starts with,
-    followed by "/" or ":" (or all of it); [] if none."""
-    for end in range(len(name), 0, -1):
-        if (end == len(name) or name[end] in "/:") and name[:end] in layer_names:
-            return [name[:end]]
+    """The layer an exported name (node, tensor or initializer) belongs to: the longest layer name it starts with
+    (or, as ONNX Runtime's "fused {node}", starts with after a space), followed by "/" or ":" or nothing; [] if none."""
+    for start in [0, *(i + 1 for i, c in enumerate(name) if c == " ")]:
+        for end in range(len(name), start, -1):
+            if (end == len(name) or name[end] in "/:") and name[start:end] in layer_names:
+                return [name[start:end]]
     return []
 
 
@@ -400,7 +409,9 @@ class StepProfiler:
         device = inputs[0].device if inputs else torch.device(engine.device_type)
         key = (id(engine), device)
         if key not in self._timers:
-            self._timers[key] = _timer(engine, runner, device, self._folder)
+            folder = os.path.join(self._folder, str(len(self._timers)))  # each engine's session files apart
+            os.mkdir(folder)
+            self._timers[key] = _timer(engine, runner, device, folder)
         return self._timers[key].run(inputs)
 
     def profiles(self) -> list[EngineProfile]:
