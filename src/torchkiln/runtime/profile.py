@@ -274,8 +274,8 @@ class _OrtTimer(_Timer):
 
 
 def _session_runs(events_path: str) -> tuple[list[dict[str, float]], dict[str, str]]:
-    """From ONNX Runtime's profile of a session: per run, in order, the ms of each node's kernels; and each node's
-    op, in the order the nodes first ran."""
+    """From ONNX Runtime's profile of a session: per run, in order, the ms of each node's kernels (a node that runs
+    a subgraph, an If, includes the nodes it ran); and each node's op, in the order the nodes first ran."""
     with open(events_path) as f:
         events = json.load(f)
     runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events
@@ -283,12 +283,14 @@ def _session_runs(events_path: str) -> tuple[list[dict[str, float]], dict[str, s
     starts = [start for start, _ in runs]
     per_run: list[dict[str, float]] = [{} for _ in runs]
     ops: dict[str, str] = {}
+    end = -1  # where the last node counted ended: a node starting before it ran inside it (a subgraph's)
     for e in sorted((e for e in events if e.get("cat") == "Node"), key=lambda e: e["ts"]):
-        if not e.get("name", "").endswith("_kernel_time"):
+        if not e.get("name", "").endswith("_kernel_time") or e["ts"] < end:
             continue
         k = bisect.bisect_right(starts, e["ts"]) - 1
         if k < 0 or e["ts"] > runs[k][1]:
             continue
+        end = e["ts"] + e["dur"]
         node = e["name"].removesuffix("_kernel_time")
         per_run[k][node] = per_run[k].get(node, 0.0) + e["dur"] / 1e3
         ops.setdefault(node, e.get("args", {}).get("op_name", "?"))
@@ -296,30 +298,24 @@ def _session_runs(events_path: str) -> tuple[list[dict[str, float]], dict[str, s
 
 
 def _named_layers(model_path: str, layers: Sequence[L.Layer]) -> dict[str, list[str]]:
-    """Per node of the graph ONNX Runtime ran (subgraphs included), the layers its name, its outputs and its
-    initializers are named after (a fused node keeps some of the names of what it fused); a node named after none
-    (one ONNX Runtime added, such as a reshape around a Gemm) takes those of the first node reading its outputs."""
+    """Per node of the graph ONNX Runtime ran, the layers its name, its outputs and its initializers are named
+    after (a fused node keeps some of the names of what it fused); a node named after none (one ONNX Runtime added,
+    such as a reshape around a Gemm) takes those of the first node reading its outputs."""
     import onnx
 
     names = {layer.name for layer in layers if not isinstance(layer, L.ConstantLayer)}  # constants: weights
-    model = onnx.load(model_path, load_external_data=False)
+    graph = onnx.load(model_path, load_external_data=False).graph
+    initializers = {t.name for t in graph.initializer}
     named: dict[str, list[str]] = {}
-
-    def walk(graph: onnx.GraphProto, initializers: set[str]) -> None:
-        initializers = initializers | {t.name for t in graph.initializer}
-        readers: dict[str, list[str]] = {}
-        for node in graph.node:
-            parts = [node.name, *node.output, *(i for i in node.input if i in initializers)]
-            named[node.name] = list(dict.fromkeys(x for part in parts for x in _layers_named(part, names)))
-            for i in node.input:
-                readers.setdefault(i, []).append(node.name)
-            for attr in node.attribute:
-                for sub in [attr.g] if attr.HasField("g") else attr.graphs:
-                    walk(sub, initializers)
-        for node in reversed(graph.node):  # readers come after: their layers are known by then
-            if not named[node.name]:
-                named[node.name] = next((named[r] for o in node.output for r in readers.get(o, []) if named[r]), [])
-    walk(model.graph, set())
+    readers: dict[str, list[str]] = {}
+    for node in graph.node:
+        parts = [node.name, *node.output, *(i for i in node.input if i in initializers)]
+        named[node.name] = list(dict.fromkeys(x for part in parts for x in _layers_named(part, names)))
+        for i in node.input:
+            readers.setdefault(i, []).append(node.name)
+    for node in reversed(graph.node):  # readers come after: their layers are known by then
+        if not named[node.name]:
+            named[node.name] = next((named[r] for o in node.output for r in readers.get(o, []) if named[r]), [])
     return named
 
 
