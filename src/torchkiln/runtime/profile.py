@@ -5,13 +5,14 @@ context runs a profiled replay of its plan instead of its runner's usual path, w
 - reference backend: each layer's ATen meaning, timed between layers (the executor's `visit`);
 - onnxruntime backend: the engine's sessions made again with ONNX Runtime's profiler on. Each node's kernel time
   (the `end_profiling` JSON) is a row, mapped back to the layers it computes by the names the ONNX export gives
-  (`{layer}/{Op}` nodes, `{layer}/{Op}:{i}` and `{layer}:{i}` tensors, `{layer}/...` initializers) and that ONNX
-  Runtime's fusions build theirs from; what a session call takes outside its kernels (feeds, fetches, ORT's own
-  work) is a row of its own. Reference segments are timed per layer;
+  (`{layer}/{Op}` nodes, `{layer}/{Op}:{i}` and `{layer}:{i}` tensors, `{layer}/...` initializers), which ONNX
+  Runtime's fused nodes keep some of; a layer none is named after goes with the first node computing a layer that
+  reads it. What a session call takes outside its kernels (feeds, fetches, ORT's own work) is a row of its own.
+  Reference segments are timed per layer;
 - cuda backend: the plan's steps launched one by one (no CUDA graph), a CUDA event after each.
-A row's time runs from the end of the step before it to its own end (wall clock on the CPU, CUDA events on a GPU),
-so the rows of a call add up to the call. Each engine's first `warmup` profiled calls are not counted: they make
-the profiled sessions and compile kernels.
+A row's time runs from the end of the step before it to its own end (wall clock on the CPU; CUDA events on a GPU,
+where it includes any time the GPU waited for the step's launch), so the rows of a call add up to the call. Each
+engine's first `warmup` profiled calls are not counted: they make the profiled sessions and compile kernels.
 """
 from __future__ import annotations
 
@@ -127,13 +128,14 @@ class _Clock:
     """Marks of the wall clock on the CPU, or CUDA events on the current stream; read (`deltas`) after the calls."""
 
     def __init__(self, device: torch.device) -> None:
+        self.device = device
         self.cuda = device.type == "cuda"
 
     def mark(self) -> Any:
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def deltas(self, marks: Sequence[Any]) -> list[float]:
@@ -171,15 +173,20 @@ class _Timer:
 
     def finish(self, warmup: int) -> EngineProfile:
         rows = self.steps()
-        totals = []
-        for marks in self.calls[warmup:]:
-            deltas = self.clock.deltas(marks)
-            if len(deltas) != len(rows) + 1:  # the call took another path (ONNX Runtime failed): not counted
-                continue
-            for row, ms in zip(rows, deltas):
-                row.times.append(ms)
-            totals.append(sum(deltas))
-        return EngineProfile(self.engine.name, self.backend, rows, totals)
+        calls, counted = self.deltas(warmup, len(rows))
+        for j, row in enumerate(rows):
+            row.times = [calls[k][j] for k in counted]
+        return EngineProfile(self.engine.name, self.backend, rows, [sum(calls[k]) for k in counted])
+
+    def deltas(self, warmup: int, steps: int) -> tuple[list[list[float]], list[int]]:
+        """Each call's ms between its marks, and the calls counted: after the first `warmup`, those that made a mark
+        after each of the `steps` (a call ONNX Runtime failed took another path)."""
+        calls = [self.clock.deltas(marks) for marks in self.calls]
+        counted = [k for k in range(warmup, len(calls)) if len(calls[k]) == steps + 1]
+        if len(counted) < len(calls) - warmup:
+            logger.debug("engine %s: %d profiled calls took another path and are not counted", self.engine.name,
+                         len(calls) - warmup - len(counted))
+        return calls, counted
 
 
 class _ReferenceTimer(_Timer):
@@ -252,8 +259,7 @@ class _OrtTimer(_Timer):
 
     def finish(self, warmup: int) -> EngineProfile:
         profiled = self.runner.end_profiling()
-        calls = [self.clock.deltas(marks) for marks in self.calls]
-        counted = [k for k in range(warmup, len(calls)) if len(calls[k]) == len(self.order) + 1]
+        calls, counted = self.deltas(warmup, len(self.order))
         rows = []
         for j, what in enumerate(self.order):
             if isinstance(what, L.Layer):
