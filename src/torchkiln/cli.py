@@ -132,7 +132,7 @@ def _bench(args: argparse.Namespace) -> int:
     one saved module."""
     import json
 
-    from torchkiln.bench import compare, options, saved
+    from torchkiln.bench import chart, compare, options, saved
     from torchkiln.errors import TorchkilnError
 
     def fail(message: str, code: int) -> int:
@@ -161,7 +161,7 @@ def _bench(args: argparse.Namespace) -> int:
                     progress=lambda line: print(line, file=sys.stderr, flush=True), profile=args.profile)
             print(compare.format_table(result))
             if args.png:
-                compare.write_png(result, args.png)
+                chart.write_png(result, args.png)
     except ValueError as e:  # what the user gave (saved.BenchInputError is one)
         return fail(str(e), 2)
     except (TorchkilnError, RuntimeError) as e:
