@@ -366,12 +366,14 @@ def _layers_named(name: str, layer_names: set[str]) -> list[str]:
 
 def _timer(engine: Engine, runner: Any, device: torch.device, folder: str) -> _Timer:
     """How to profile `runner` (the engine's runner on `device`, maybe the reference one its backend fell back to)."""
+    from torchkiln.runtime.backends.cuda.runner import CudaRunner
+    from torchkiln.runtime.backends.onnxruntime import OrtRunner
+
     if isinstance(runner, ReferenceExecutor):
         return _ReferenceTimer(engine, device, runner)
-    kind = type(runner).__name__
-    if kind == "OrtRunner":
+    if isinstance(runner, OrtRunner):
         return _OrtTimer(engine, device, folder)
-    if kind == "CudaRunner":
+    if isinstance(runner, CudaRunner):
         return _CudaTimer(engine, device, runner)
     return _Timer(engine, device, runner)  # a runner this module does not know: the whole call, no steps
 
