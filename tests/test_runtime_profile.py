@@ -1,7 +1,5 @@
 """runtime/profile.py: each engine step timed (bench --profile's table, like trtexec's --dumpProfile). Times are only
 checked to be positive and to add up to the call; what is fast is not a test's business."""
-import statistics
-
 import pytest
 import torch
 from harness import assert_matches_eager, check_compiled
@@ -180,15 +178,16 @@ def test_warmup_is_checked_and_a_profiler_runs_once():
 def test_cuda_backend_times_every_plan_step():
     model = ConvHead().eval().cuda()
     x = torch.randn(2, 3, 16, 16, device="cuda")
-    compiled, _ = check_compiled(model, [x], backend="cuda")
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # eager in true fp32, as the engine
+        compiled, _ = check_compiled(model, [x], backend="cuda")
+        [profile] = _profile(compiled, x, model)
     [engine] = _engines(compiled)
     plan = engine.plan_for(x.device)
-    [profile] = _profile(compiled, x, model)
     assert profile["backend"] == "cuda"
     rows = profile["steps"]
     assert [r["layers"] for r in rows] == [[engine.network.layers[j].name for j in s.layers] for s in plan.steps]
     assert [r["kind"] for r in rows] == [f"{plan.kernels[s.kernel].kind} {plan.kernels[s.kernel].op}"
                                          for s in plan.steps]
-    assert all(r["mean_ms"] > 0 for r in rows)
+    assert all(r["mean_ms"] >= 0 for r in rows)  # a step that launches nothing (a constant) may take no GPU time
+    assert all(r["mean_ms"] > 0 for r in rows if r["kind"].split()[0] in ("generated", "library"))
     _check_sums(profile)
-    assert statistics.median([r["median_ms"] for r in rows]) > 0
