@@ -328,11 +328,14 @@ class OrtRunner:
         try:
             for (step, ins, outs), frees in zip(self.steps, self.frees):
                 xs = [values[i] for i in ins]
-                results = step.run(xs) if isinstance(step, _Session) else step.run(xs, visit)
-                if bindings is not None and isinstance(step, _Session):  # once per input-shape signature
-                    step.check(results, bindings)
-                if visit is not None and isinstance(step, _Session):
-                    visit(None, results)
+                if isinstance(step, _Session):
+                    results = step.run(xs)
+                    if bindings is not None:  # once per input-shape signature
+                        step.check(results, bindings)
+                    if visit is not None:
+                        visit(None, results)
+                else:
+                    results = step.run(xs, visit)
                 values.update(zip(outs, results))
                 for i in frees:
                     del values[i]
