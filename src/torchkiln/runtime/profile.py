@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-SORTS = ("order", "time")  # how `EngineProfile.format` orders its rows: the engine's order, or slowest first
+KIND_WIDTH = 30
+SORTS = ("order", "time")  # how `format_profile` orders its rows: the engine's order, or slowest first
 _ACTIVE: contextvars.ContextVar[StepProfiler | None] = contextvars.ContextVar("torchkiln_step_profiler",
                                                                                 default=None)
 
@@ -101,22 +102,24 @@ def format_profile(profile: dict[str, Any], sort: str = "order", width: int = 60
     rows = profile["steps"]
     if sort == "time":
         rows = sorted(rows, key=lambda r: -r["mean_ms"])
-    lines = [f"engine {profile['engine']!r} on {profile['backend']}: {len(rows)} steps, time per call over "
-             f"{profile['calls']} calls (steps run one by one, each timed)",
-             f"{'#':>4}  {'step (layers)':{width}} {'kind':24} {'mean ms':>9} {'median ms':>9} {'%':>6}"]
-    for r in rows:
-        lines.append(f"{r['index']:>4}  {_cut(r['name'], width):{width}} {_cut(r['kind'], 24):24} "
-                     f"{r['mean_ms']:9.4f} {r['median_ms']:9.4f} {r['percent']:6.1f}")
+
+    def line(index: str, name: str, kind: str, mean: str, median: str, percent: str) -> str:
+        return f"{index:>4}  {_cut(name, width):{width}} {_cut(kind, KIND_WIDTH):{KIND_WIDTH}} {mean:>9} " \
+               f"{median:>9} {percent:>6}"
     total, steps = profile["total_ms"], profile["steps_sum_ms"]
     share = 100 * steps["mean"] / total["mean"] if total["mean"] else 0.0
-    lines += [f"{'':4}  {'sum of the steps':{width}} {'':24} {steps['mean']:9.4f} {steps['median']:9.4f} "
-              f"{share:6.1f}",
-              f"{'':4}  {'engine call':{width}} {'':24} {total['mean']:9.4f} {total['median']:9.4f} {100.0:6.1f}"]
-    return "\n".join(lines)
+    return "\n".join([
+        f"engine {profile['engine']!r} on {profile['backend']}: {len(rows)} steps, time per call over "
+        f"{profile['calls']} calls (steps run one by one, each timed)",
+        line("#", "step (layers)", "kind", "mean ms", "median ms", "%"),
+        *(line(str(r["index"]), r["name"], r["kind"], f"{r['mean_ms']:.4f}", f"{r['median_ms']:.4f}",
+               f"{r['percent']:.1f}") for r in rows),
+        line("", "sum of the steps", "", f"{steps['mean']:.4f}", f"{steps['median']:.4f}", f"{share:.1f}"),
+        line("", "engine call", "", f"{total['mean']:.4f}", f"{total['median']:.4f}", "100.0")])
 
 
 def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def step_name(layers: Sequence[str]) -> str:
