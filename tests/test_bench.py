@@ -32,7 +32,8 @@ def test_saved_module_through_the_command_line(saved):
                                                                     os.environ.get("PYTHONPATH")] if p))
     out = saved / "out.json"
     result = subprocess.run([sys.executable, "-m", "torchkiln", "bench", str(saved / "mlp.ts"), "--shape", "(4,64)@f32",
-                             "--iters", "5", "--warmup", "2", "--device", "cpu", "--profile", "--json", str(out)],
+                             "--iters", "5", "--warmup", "2", "--device", "cpu", "--profile", "--profile-sort", "time",
+                             "--json", str(out)],
                             capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert "p99" in result.stdout and "throughput" in result.stdout
@@ -47,6 +48,11 @@ def test_saved_module_through_the_command_line(saved):
     rows = data["profile"]
     assert rows and {"name", "calls", "total_ms", "ms_per_iter", "percent"} <= set(rows[0])
     assert all(r["total_ms"] > 0 and 0 < r["percent"] <= 100 for r in rows)
+    from torchkiln.runtime.profile import format_profile
+
+    [engine] = data["step_profile"]  # the engine's steps (tests/test_runtime_profile.py), printed as in the JSON
+    assert engine["backend"] == "onnxruntime" and engine["calls"] == 10 and engine["steps"]
+    assert format_profile(engine, "time") in result.stdout
 
 
 def test_plain_module_is_compiled_first_and_its_build_time_reported(saved, capsys):

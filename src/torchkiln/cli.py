@@ -132,7 +132,7 @@ def _bench(args: argparse.Namespace) -> int:
     one saved module."""
     import json
 
-    from torchkiln.bench import compare, options, saved
+    from torchkiln.bench import chart, compare, options, saved
     from torchkiln.errors import TorchkilnError
 
     def fail(message: str, code: int) -> int:
@@ -149,7 +149,7 @@ def _bench(args: argparse.Namespace) -> int:
         if args.model:
             result = saved.run_saved(args.model, args.shape, device, args.iters, args.warmup,
                                      options.bench_precision(args.precision or "fp32", device), args.profile)
-            print(saved.format_report(result))
+            print(saved.format_report(result, args.profile_sort))
         else:
             if args.merge:
                 result = compare.merge_results(compare.load_results(args.merge))
@@ -161,7 +161,7 @@ def _bench(args: argparse.Namespace) -> int:
                     progress=lambda line: print(line, file=sys.stderr, flush=True), profile=args.profile)
             print(compare.format_table(result))
             if args.png:
-                compare.write_png(result, args.png)
+                chart.write_png(result, args.png)
     except ValueError as e:  # what the user gave (saved.BenchInputError is one)
         return fail(str(e), 2)
     except (TorchkilnError, RuntimeError) as e:
@@ -269,7 +269,8 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "bench", help="latency of a saved module (trtexec-style), or torchkiln against its peers on the model zoo",
         description="Two modes. `bench MODEL.ts --shape SPEC [--shape SPEC ...]`: load a saved TorchScript module "
         "(compile it with torchkiln first if it is a plain one), time it on random inputs: latency p50/p90/p99, "
-        "mean, throughput, build time; --profile adds a per-op time table. `bench --zoo`: per model and batch, "
+        "mean, throughput, build time; --profile adds each engine's steps with their time per call (trtexec "
+        "--dumpProfile) and a per-op time table. `bench --zoo`: per model and batch, "
         "eager, eager in a CUDA graph, torch.compile (default, reduce-overhead, reduce-overhead + freezing) and "
         "torchkiln on the same inputs: median latency, build time, accuracy against fp32 eager, throughput, and "
         "the ratio torchkiln / best peer with its geomean; `bench --merge FILE...`: one table of several --zoo runs' "
@@ -280,9 +281,14 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
                        help="one input of MODEL.ts, once per input in order: '(1,3,224,224)@f32', "
                        "'(1,3,224,224)@f16%%channels_last' or a range '[(1,3,224,224);(8,3,224,224);(32,3,224,224)]"
                        "@f32' (min;opt;max; timed at opt); dtypes f32 f16 bf16 f64 i32 i64 i8 u8 bool")
-    bench.add_argument("--profile", action="store_true", help="print the time per op (torch.profiler, self time, "
-                       "top entries), like trtexec --dumpProfile, and on a GPU the time per call by kernel class "
-                       "(library, generated, ATen, copies, idle); with --zoo or --blocks, torchkiln's by kernel class")
+    bench.add_argument("--profile", action="store_true", help="print each engine's steps (a layer, an ONNX Runtime "
+                       "node or a fused kernel, run one by one) with their time per call and share, like trtexec "
+                       "--dumpProfile; the time per op (torch.profiler, self time, top entries); on a GPU the time "
+                       "per call by kernel class (library, generated, ATen, copies, idle); with --zoo or --blocks, "
+                       "torchkiln's by kernel class")
+    bench.add_argument("--profile-sort", choices=("order", "time"), default="order",
+                       help="--profile: order of the per-step table, the engine's or slowest first (default: "
+                       "%(default)s)")
     bench.add_argument("--zoo", nargs="?", const="default", metavar="SET",
                        help="compare torchkiln with its peers on a set of zoo models: default (" +
                        ", ".join(ZOO_SETS["default"]) + "), wide (16 real models at their real sizes: CNNs with "

@@ -319,37 +319,3 @@ def format_table(result: dict[str, Any]) -> str:
     lines += ["", f"geomean ratio torchkiln / best peer: {geo:.3f} over {result['cases_in_geomean']} case(s)"
               if geo is not None else "geomean ratio torchkiln / best peer: - (no case has both)"]
     return "\n".join(lines)
-
-
-def write_png(result: dict[str, Any], path: str) -> bool:
-    """A bar chart of the latencies (log scale), one group per case; False (with a warning) without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
-        logger.warning("matplotlib is not installed (pip install 'torchkiln[bench]'); no chart written to %s", path)
-        return False
-    cases = [c for c in result["cases"] if "skipped" not in c]
-    peers = result["config"]["peers"]
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(cases) * len(peers) / 3), 4.5))
-    step = 0.8 / max(len(peers), 1)
-    for i, peer in enumerate(peers):
-        xs = [k + i * step for k, c in enumerate(cases) if c["peers"].get(peer, {}).get("status") == "ok"]
-        ys = [c["peers"][peer]["ms"] for c in cases if c["peers"].get(peer, {}).get("status") == "ok"]
-        ax.bar(xs, ys, width=step, label=peer, color=f"C{i}")  # a failed peer has no bars but keeps its colour
-    ax.set_xticks([k + 0.4 - step / 2 for k in range(len(cases))])
-    ax.set_xticklabels([f"{c['model']}\nbatch {c['batch']}" for c in cases], fontsize=8)
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.set_ylabel("median latency, ms (log scale)")
-    ax.set_title(f"torchkiln and peers, {result['config']['precision']} on "
-                 f"{result['environment'].get('gpu', result['config']['device'])}", pad=40)
-    ax.legend(fontsize=7, ncol=3, loc="lower center", bbox_to_anchor=(0.5, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True

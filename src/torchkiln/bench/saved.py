@@ -2,9 +2,11 @@
 
 A module compiled by torchkiln is run as it is; a plain one is compiled first for the given input specs (its
 build time is reported). Random inputs of the specs (at their opt shape) go through `iters` timed calls after
-`warmup` untimed ones: latency p50/p90/p99, mean, min, max and throughput. `profile` adds a per-op table from
-torch.profiler (aggregated by op name or record_function label, top entries by self time), like trtexec's
---dumpProfile, and on a GPU the time per call by kernel class (kernel_classes.py).
+`warmup` untimed ones: latency p50/p90/p99, mean, min, max and throughput. `profile` adds, like trtexec's
+--dumpProfile, each engine's steps (a layer, an ONNX Runtime node or a fused kernel) with their time per call
+(runtime/profile.py: the steps run one by one, each timed), a per-op table from torch.profiler (aggregated by op
+name or record_function label, top entries by self time: what runs outside the engines too), and on a GPU the time
+per call by kernel class (kernel_classes.py).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from torchkiln.bench.kernel_classes import by_class, format_classes
 from torchkiln.bench.timing import summarize, synchronize, time_calls
 from torchkiln.compiler import compile as torchkiln_compile
 from torchkiln.input_spec import parse_input_spec
+from torchkiln.runtime.profile import StepProfiler, format_profile
 from torchkiln.settings import ENGINE_PRECISIONS, Input
 from torchkiln.stitching.module import load
 from torchkiln.stitching.stitch import ENGINE_ATTR
@@ -128,12 +131,24 @@ def run_saved(path: str, shapes: Sequence[str], device: str | torch.device = "cp
         if profile:
             result["profile"], kernels = profile_calls(call, dev, profile_iters, profile_top)
             result["profile_iters"] = profile_iters
+            result["step_profile"] = profile_steps(call, dev, profile_iters)
             if dev.type == "cuda":
                 result["kernel_classes"] = by_class(kernels, profile_iters, latency["p50"])
     return result
 
 
-def format_report(result: dict[str, Any]) -> str:
+def profile_steps(fn: Any, device: torch.device, iters: int) -> list[dict[str, Any]]:
+    """Each engine's step table (runtime/profile.py) over `iters` calls of `fn`, after one profiled warm-up call
+    (which makes the profiled sessions and compiles kernels)."""
+    with StepProfiler(warmup=1) as profiler:
+        for _ in range(iters + 1):
+            fn()
+        synchronize(device)
+    return [p.to_json() for p in profiler.profiles()]
+
+
+def format_report(result: dict[str, Any], sort: str = "order") -> str:
+    """The report as text; `sort` orders the step tables: "order" (the engine's) or "time" (slowest first)."""
     lat = result["latency_ms"]
     build = f"{result['build_s']:.2f} s (compiled here, {result['precision']})" if result["compiled_by_bench"] \
         else "- (a torchkiln-compiled module)"
@@ -145,6 +160,8 @@ def format_report(result: dict[str, Any]) -> str:
              f"min {lat['min']:.3f} ms, max {lat['max']:.3f} ms",
              f"throughput: {result['throughput_qps']:.1f} qps, {result['throughput_items_per_s']:.1f} items/s "
              f"(batch {result['batch']})"]
+    for profile in result.get("step_profile", []):
+        lines += ["", format_profile(profile, sort)]
     if "kernel_classes" in result:
         lines += ["", "time per call by kernel class: " + format_classes(result["kernel_classes"])]
     if "profile" in result:

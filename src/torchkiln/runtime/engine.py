@@ -18,6 +18,7 @@ from torchkiln.runtime import serialization as S
 from torchkiln.runtime.backends import (BACKENDS, BackendOptions, BackendUnavailable, Runner, make_plan, make_runner,
                                         runs_on, target_of, warn_unavailable)
 from torchkiln.runtime.plan import Plan
+from torchkiln.runtime.profile import active_profiler
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +184,9 @@ class Engine:
                 raise EngineInputError(f"engine {self.name!r}: all inputs must be on one device, got "
                                        f"{sorted({str(x.device) for x in inputs})}")
         with torch.no_grad():
-            return self.runner(device).run(list(inputs))
+            runner = self.runner(device)
+            profiler = active_profiler()  # bench --profile: the call runs its steps one by one, each timed
+            return runner.run(list(inputs)) if profiler is None else profiler.run(self, runner, list(inputs))
 
     # ---- bytes ----------------------------------------------------------------------------
     def serialize(self) -> bytes:

@@ -38,7 +38,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+import os
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -217,7 +218,7 @@ class OutsideExactRange(Exception):
 class _Session:
     """One ORT segment: its session and its input and output names."""
 
-    def __init__(self, ort, sub: Network, threads: int) -> None:
+    def __init__(self, ort, sub: Network, threads: int, profile_prefix: str | None = None) -> None:
         from torchkiln.onnx_export import OnnxExportError, network_to_onnx
 
         options = ort.SessionOptions()
@@ -226,6 +227,13 @@ class _Session:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         self.session_name = sub.name
         options.log_severity_level = 3  # run-time errors come back as exceptions, handled by the runner
+        self.optimized_model = None
+        if profile_prefix is not None:  # ORT's profiler on, and the graph it runs written (weights apart)
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
+            self.optimized_model = options.optimized_model_filepath = f"{profile_prefix}.onnx"
+            options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                             f"{os.path.basename(profile_prefix)}.weights")
         try:
             model = network_to_onnx(sub, guard=True)
             self.session = ort.InferenceSession(model.SerializeToString(), options,
@@ -261,7 +269,9 @@ class _Session:
 class OrtRunner:
     """A CPU network as ONNX Runtime sessions and reference segments, run in order."""
 
-    def __init__(self, network: Network, plan: Plan, device: torch.device, options: BackendOptions) -> None:
+    def __init__(self, network: Network, plan: Plan, device: torch.device, options: BackendOptions,
+                 profile_dir: str | None = None) -> None:
+        """`profile_dir`: make each session with ONNX Runtime's profiler on, its files there (`end_profiling`)."""
         ort = _ort()
         if device.type != "cpu":
             raise BackendUnavailable(f"the onnxruntime backend runs on the CPU, not on {device}")
@@ -288,7 +298,8 @@ class OrtRunner:
         last_read: dict[int, int] = {}
         for k, (seg, after) in enumerate(zip(segments, read_after)):
             sub = _subnetwork(network, seg, after)
-            step = _Session(ort, sub, threads) if seg.on_ort else ReferenceExecutor(sub, device)
+            prefix = None if profile_dir is None else os.path.join(profile_dir, f"session{k}")
+            step = _Session(ort, sub, threads, prefix) if seg.on_ort else ReferenceExecutor(sub, device)
             self.steps.append((step, [id(t) for t in sub.inputs], [id(t) for t in sub.outputs]))
             for t in sub.inputs:
                 last_read[id(t)] = k
@@ -307,15 +318,24 @@ class OrtRunner:
         logger.debug("network %s on onnxruntime: %d sessions, %d reference segments, %d threads", network.name,
                      self.sessions, len(self.steps) - self.sessions, threads)
 
-    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def run(self, inputs: list[torch.Tensor],
+            visit: Callable[[L.Layer | None, list[torch.Tensor]], None] | None = None) -> list[torch.Tensor]:
+        """The network's outputs; `visit(layer, its outputs)` is called after each layer of a reference segment and
+        `visit(None, the session's outputs)` after each session (per-step timing: runtime/profile.py)."""
         values = dict(zip(self.input_ids, inputs))
         signature = tuple(tuple(x.shape) for x in inputs)
         bindings = None if signature in self._checked else self._binder.bind(signature) if self._binder else {}
         try:
             for (step, ins, outs), frees in zip(self.steps, self.frees):
-                results = step.run([values[i] for i in ins])
-                if bindings is not None and isinstance(step, _Session):  # once per input-shape signature
-                    step.check(results, bindings)
+                xs = [values[i] for i in ins]
+                if isinstance(step, _Session):
+                    results = step.run(xs)
+                    if bindings is not None:  # once per input-shape signature
+                        step.check(results, bindings)
+                    if visit is not None:
+                        visit(None, results)
+                else:
+                    results = step.run(xs, visit)
                 values.update(zip(outs, results))
                 for i in frees:
                     del values[i]
@@ -329,6 +349,12 @@ class OrtRunner:
                 self._checked.clear()
             self._checked.add(signature)
         return [values[i].clone() if i in self.passed_through else values[i] for i in self.output_ids]
+
+    def end_profiling(self) -> list[tuple[str, str]]:
+        """Per session made with `profile_dir`, in step order: ONNX Runtime's profile (a JSON file of events) and
+        the graph it ran (an ONNX file); its profiler is off from now on."""
+        return [(step.session.end_profiling(), step.optimized_model) for step, _, _ in self.steps
+                if isinstance(step, _Session) and step.optimized_model is not None]
 
     def _reference_executor(self) -> ReferenceExecutor:
         if self._reference is None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -52,14 +52,18 @@ class _Bound:
         self.static_inputs: list[torch.Tensor] = []
         self.static_outputs: list[torch.Tensor] = []
 
-    def run_eagerly(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def run_eagerly(self, inputs: Sequence[torch.Tensor],
+                    visit: Callable[[int], None] | None = None) -> list[torch.Tensor]:
+        """The steps launched one by one; `visit(k)` after step k's launch (per-step timing: runtime/profile.py)."""
         values: list[torch.Tensor | None] = [None] * self.num_slots
         values[: self.num_inputs] = inputs
-        for fn, ins, outs, frees in self.fns:
+        for k, (fn, ins, outs, frees) in enumerate(self.fns):
             for slot, value in zip(outs, fn([values[i] for i in ins])):
                 values[slot] = value
             for slot in frees:
                 values[slot] = None
+            if visit is not None:
+                visit(k)
         return [values[s] for s in self.output_slots]
 
     def capture(self, inputs: Sequence[torch.Tensor], pool: object) -> None:
