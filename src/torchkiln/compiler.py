@@ -37,10 +37,11 @@ from torchkiln.partitioning.dynamic_shapes import analyze_dynamic_shapes
 from torchkiln.partitioning.shape_analysis import probe_values
 from torchkiln.partitioning.signature import check_signature, example_args, unpack_list_inputs
 from torchkiln.partitioning.support import Decision, Fallback, Target
-from torchkiln.runtime.backends import BackendOptions
+from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.execute_op import engine_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input, as_device
+from torchkiln.settings_table import SETTINGS, backend_values
 from torchkiln.stitching.module import RaisesEngineErrors
 from torchkiln.stitching.static_arguments import restore_static_arguments
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
@@ -48,9 +49,8 @@ from torchkiln.torchscript import Graph, Node, node_key, source_location, value_
 
 logger = logging.getLogger("torchkiln")
 
-# Every keyword compile takes besides module and inputs: CompileSettings' fields, declared once there.
-_SETTING_NAMES = tuple(f.name for f in dataclasses.fields(CompileSettings)
-                       if f.name not in ("inputs", "input_signature", "input_names", "static_arguments"))
+# Every keyword compile takes besides module and inputs: the settings table's.
+_SETTING_NAMES = tuple(s.name for s in SETTINGS)
 
 
 def _module_device(module: torch.nn.Module) -> torch.device | None:
@@ -107,9 +107,7 @@ def _build_settings(settings: CompileSettings) -> BuildSettings:
                        dtype, dtype)
         dtype = torch.float32
     return BuildSettings(compute_dtype=dtype, device=settings.device, backend=backend,
-                         backend_options=BackendOptions(ort_threads=settings.ort_threads,
-                                                        allow_tf32=not settings.disable_tf32,
-                                                        timing_iterations=settings.num_avg_timing_iters))
+                         backend_options=BackendOptions(**backend_values(settings)))
 
 
 def _module_name(module: torch.nn.Module) -> str:
