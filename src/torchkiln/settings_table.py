@@ -3,7 +3,8 @@ backend option it feeds. `CompileSettings` (its fields and `create`), `BackendOp
 flags and docs/settings.md are all derived from `SETTINGS`; adding a setting is adding one row.
 
 This module imports nothing but the standard library, so the command line can build its parser before torch is
-imported (load it by file path, or as `torchkiln.settings_table` where `torchkiln/__init__` does not import torch).
+imported: as `torchkiln.settings_table` where `torchkiln/__init__` does not import torch, or by file path
+(importlib.util.spec_from_file_location, the module put in sys.modules before it runs, as dataclasses need).
 A check runs when settings are made, and imports what it needs (torch, torchkiln.settings) then.
 """
 from __future__ import annotations
@@ -37,10 +38,14 @@ ENGINE_BACKENDS: dict[str, EngineBackend] = {
     "reference": EngineBackend(("cpu", "cuda"), "any device", "ATen, layer by layer, on any device"),
     "onnxruntime": EngineBackend(("cpu",), "the CPU", "ONNX Runtime sessions on the CPU; layers ONNX cannot express "
                                                      "run on the reference"),
-    "cuda": EngineBackend(("cuda",), "a CUDA device", "fused kernels (cuDNN, cuBLAS, generated Triton kernels) and "
-                                                     "one CUDA graph per input shape, on a CUDA device"),
+    "cuda": EngineBackend(("cuda",), "a CUDA device", "fused kernels from cuDNN, cuBLAS and Triton, one CUDA graph per "
+                                                     "input shape, on a CUDA device"),
 }
 AUTO_BACKEND = {"cpu": "onnxruntime", "cuda": "cuda"}  # what backend="auto" means on each device kind
+
+
+def _auto_doc() -> str:
+    return ", ".join(f"{b} on {ENGINE_BACKENDS[b].where}" for b in AUTO_BACKEND.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,12 +204,13 @@ def _dtype(text: str) -> Any:
 _CUDA_ONLY = "cuda backend: "
 SETTINGS: tuple[Setting, ...] = (
     Setting("enabled_precisions", "frozenset[torch.dtype]", None,
-            "precisions engine layers may run in (torch.float32, torch.float16, torch.bfloat16, or names such as "
-            "f16); float layers run in the lowest one enabled", _precisions,
+            "precisions engine layers may run in: float32, float16, bfloat16 (torch dtypes, or names such as f16); "
+            "float layers run in the lowest one enabled", _precisions,
             Flag(("-p", "--enabled-precision"), "P", repeat=True, parse=_dtype),
             shown_default="{torch.float32}", example={"float16", "float32"}, example_args=("-p", "f16", "-p", "f32")),
     Setting("device", "torch.device", None,
-            "where the engines run: cpu, cuda:N or gpu:N (a string, torch.device or torchkiln.Device)", _device,
+            "where the engines run: cpu, cuda:N or gpu:N; from Python also a torch.device or torchkiln.Device",
+            _device,
             Flag(("--device",), "DEVICE"), shown_default="the module's device, else cpu", example="cpu",
             example_args=("--device", "cpu")),
     Setting("min_block_size", "int", 3, "the fewest ops an engine block may have", IntRange(1),
@@ -226,7 +232,7 @@ SETTINGS: tuple[Setting, ...] = (
             Flag(("--debug",)), example=True, example_args=("--debug",)),
     Setting("backend", "str", "auto",
             "what runs the engines: " + ", ".join(f"{n} ({b.doc})" for n, b in ENGINE_BACKENDS.items())
-            + ", or auto: " + ", ".join(f"{b} on {d}" for d, b in AUTO_BACKEND.items()), _backend,
+            + "; or auto: " + _auto_doc(), _backend,
             Flag(("--backend",), "BACKEND"), example="reference", example_args=("--backend", "reference")),
     Setting("ort_threads", "int", 0, "onnxruntime backend: intra-op threads; 0: torch.get_num_threads() where the "
             "engine runs", IntRange(0, MAX_ORT_THREADS, "0: torch.get_num_threads()"),
@@ -347,10 +353,11 @@ def render_markdown() -> str:
     ]
     for s in SETTINGS:
         backend = f"`{s.backend.name}`" if s.backend is not None else ""
-        lines.append(f"| `{s.name}` | `{s.type}` | `{s.default_text()}` | {_flags(s)} | {backend} | {s.doc} |")
+        default = s.default_text() if " " in s.default_text() else f"`{s.default_text()}`"  # words, or a value
+        lines.append(f"| `{s.name}` | `{s.type}` | {default} | {_flags(s)} | {backend} | {s.doc} |")
     lines += ["", "## Backends", "", "| `backend` | runs on | what runs the engines |", "|---|---|---|"]
     lines += [f"| `{name}` | {', '.join(b.devices)} | {b.doc} |" for name, b in ENGINE_BACKENDS.items()]
-    lines.append("| `auto` (default) | any | " + ", ".join(f"{b} on {d}" for d, b in AUTO_BACKEND.items()) + " |")
+    lines.append(f"| `auto` (default) | any | {_auto_doc()} |")
     return "\n".join(lines) + "\n"
 
 
