@@ -105,7 +105,7 @@ def test_unknown_settings_are_named():
 def test_backend_choices_are_the_registry():
     action = next(a for a in build_parser()._subparsers._group_actions[0].choices["compile"]._actions
                   if a.dest == "backend")
-    assert action.choices == ["auto", *BACKENDS]
+    assert list(action.choices) == ["auto", *BACKENDS]
     assert {name: row.devices for name, row in BACKENDS.items()} == \
         {name: frozenset(row.devices) for name, row in ENGINE_BACKENDS.items()}
     args = build_parser().parse_args(["compile", "in.ts", "out.ts", "--backend", "cuda"])

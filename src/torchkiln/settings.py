@@ -12,7 +12,7 @@ import torch
 
 from torchkiln.device import to_torch_device
 from torchkiln.enums import to_torch_dtype
-from torchkiln.settings_table import AUTO_BACKEND, BY_NAME, SETTINGS
+from torchkiln.settings_table import AUTO_BACKEND, BY_NAME, SETTINGS, with_fields
 
 SUPPORTED_INPUT_DTYPES = (
     torch.float32, torch.float16, torch.bfloat16, torch.float64,
@@ -331,18 +331,6 @@ def calibration_samples(samples: Sequence[Any] | None, num_args: int) -> tuple[t
     return tuple(found)
 
 
-def _with_settings(cls: type) -> type:
-    """Add a field for each setting of the table, after `inputs` and `input_signature` (before dataclass runs)."""
-    own = dict(cls.__annotations__)
-    fields = {name: own.pop(name) for name in ("inputs", "input_signature")}
-    for s in SETTINGS:
-        fields[s.name] = s.type
-        setattr(cls, s.name, dataclasses.field(default=s.check(s.name, s.default, {}), compare=s.compare,
-                                               repr=s.compare))
-    cls.__annotations__ = {**fields, **own}
-    return cls
-
-
 def _create_signature() -> inspect.Signature:
     """create()'s signature as help() shows it: the inputs, every setting with its default, and the keywords the
     compiler passes."""
@@ -359,7 +347,7 @@ _CREATE_KEYWORDS = {"default_device": None, "input_names": (), "static_arguments
 
 
 @dataclasses.dataclass(frozen=True)
-@_with_settings
+@with_fields(SETTINGS, after=("inputs", "input_signature"))
 class CompileSettings:
     """Every choice one compile makes; built and validated by `CompileSettings.create`. Besides these fields it
     has one per setting of `settings_table.SETTINGS` (docs/settings.md).

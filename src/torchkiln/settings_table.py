@@ -44,6 +44,9 @@ ENGINE_BACKENDS: dict[str, EngineBackend] = {
 AUTO_BACKEND = {"cpu": "onnxruntime", "cuda": "cuda"}  # what backend="auto" means on each device kind
 
 
+BACKEND_CHOICES = ("auto", *ENGINE_BACKENDS)
+
+
 def _auto_doc() -> str:
     return ", ".join(f"{b} on {ENGINE_BACKENDS[b].where}" for b in AUTO_BACKEND.values())
 
@@ -57,6 +60,7 @@ class Flag:
     options: tuple[str, ...]
     metavar: str | None = None
     repeat: bool = False  # one value per flag, collected in a list
+    choices: tuple[str, ...] | None = None
     type: Callable[[str], Any] | None = None
     parse: Callable[[str], Any] | None = None
 
@@ -167,9 +171,8 @@ def _op_names(name: str, value: Any, context: Mapping[str, Any]) -> frozenset[st
 
 
 def _backend(name: str, value: Any, context: Mapping[str, Any]) -> str:
-    choices = ["auto", *ENGINE_BACKENDS]
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    if value not in BACKEND_CHOICES:
+        raise ValueError(f"{name} must be one of {list(BACKEND_CHOICES)}, got {value!r}")
     device = context.get("device")
     if value != "auto" and device is not None and device.type not in ENGINE_BACKENDS[value].devices:
         raise ValueError(f"{name}: {value!r} runs on {ENGINE_BACKENDS[value].where}, not on {device}; use 'auto' or "
@@ -233,7 +236,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backend", "str", "auto",
             "what runs the engines: " + ", ".join(f"{n} ({b.doc})" for n, b in ENGINE_BACKENDS.items())
             + "; or auto: " + _auto_doc(), _backend,
-            Flag(("--backend",), "BACKEND"), example="reference", example_args=("--backend", "reference")),
+            Flag(("--backend",), "BACKEND", choices=BACKEND_CHOICES), example="reference", example_args=("--backend", "reference")),
     Setting("ort_threads", "int", 0, "onnxruntime backend: intra-op threads; 0: torch.get_num_threads() where the "
             "engine runs", IntRange(0, MAX_ORT_THREADS, "0: torch.get_num_threads()"),
             Flag(("--ort-threads",), "N", type=int), BackendField("ort_threads"), example=2,
@@ -273,6 +276,22 @@ SETTINGS: tuple[Setting, ...] = (
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 
 
+def with_fields(rows: Iterable[Setting], after: tuple[str, ...] = ()) -> Callable[[type], type]:
+    """A class decorator (applied before dataclasses.dataclass) that adds a field for each row, with its checked
+    default and its doc (field metadata), after the class's own fields named in `after` and before its others."""
+    def add(cls: type) -> type:
+        own = dict(cls.__dict__.get("__annotations__", {}))
+        annotations = {name: own.pop(name) for name in after}
+        for row in rows:
+            annotations[row.name] = row.type
+            setattr(cls, row.name, dataclasses.field(default=row.check(row.name, row.default, {}), compare=row.compare,
+                                                     repr=row.compare, metadata={"doc": row.doc}))
+        cls.__annotations__ = {**annotations, **own}
+        return cls
+
+    return add
+
+
 def backend_fields() -> list[Setting]:
     """The BackendOptions fields settings feed, as rows named for the field (default and doc converted)."""
     return [dataclasses.replace(s, name=s.backend.name, default=s.backend.convert(s.default),
@@ -302,9 +321,8 @@ def add_setting_arguments(parser: argparse.ArgumentParser) -> None:
             action = argparse.BooleanOptionalAction if s.default is True else "store_true"
             parser.add_argument(*flag.options, dest=s.name, action=action, default=None, help=_help(s))
             continue
-        choices = ["auto", *ENGINE_BACKENDS] if s.name == "backend" else None
         parser.add_argument(*flag.options, dest=s.name, action="append" if flag.repeat else "store", default=None,
-                            metavar=flag.metavar, type=flag.type, choices=choices, help=_help(s))
+                            metavar=flag.metavar, type=flag.type, choices=flag.choices, help=_help(s))
 
 
 def settings_from_args(namespace: argparse.Namespace) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Protocol
 
-from torchkiln.settings_table import Setting, backend_fields, boolean
+from torchkiln.settings_table import Setting, backend_fields, boolean, with_fields
 
 if TYPE_CHECKING:
     import torch
@@ -31,18 +31,8 @@ _BACKEND_ONLY = (
 OPTIONS: tuple[Setting, ...] = (*backend_fields(), *_BACKEND_ONLY)
 
 
-def _with_options(cls: type) -> type:
-    """Add a field for each of OPTIONS (before dataclass runs)."""
-    annotations = dict(cls.__dict__.get("__annotations__", {}))
-    for option in OPTIONS:
-        annotations[option.name] = option.type
-        setattr(cls, option.name, dataclasses.field(default=option.default, metadata={"doc": option.doc}))
-    cls.__annotations__ = annotations
-    return cls
-
-
 @dataclasses.dataclass(frozen=True)
-@_with_options
+@with_fields(OPTIONS)
 class BackendOptions:
     """What a backend may be tuned with; stored in the engine's bytes. One field per row of OPTIONS, each
     checked as its compile setting is (docs/settings.md)."""
