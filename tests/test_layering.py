@@ -5,7 +5,8 @@ import pathlib
 import torchkiln
 
 ROOT = pathlib.Path(torchkiln.__file__).parent
-SHARED = {"errors", "torchscript", "settings", "settings_table", "log", "module_mode", "ops", "_version"}  # small helpers anyone uses
+# small helpers anyone uses
+SHARED = {"errors", "torchscript", "settings", "settings_table", "log", "module_mode", "ops", "_version"}
 
 # part -> the parts it may import (besides SHARED). The pipeline's phases, top to bottom, and the tools on top.
 ALLOWED = {

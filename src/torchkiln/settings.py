@@ -346,6 +346,8 @@ def _create_signature() -> inspect.Signature:
 _CREATE_KEYWORDS = {"default_device": None, "input_names": (), "static_arguments": ()}
 
 
+# The fields' defaults are the table's defaults checked, which calls as_device, engine_precision and
+# calibration_samples above.
 @dataclasses.dataclass(frozen=True)
 @with_fields(SETTINGS, after=("inputs", "input_signature"))
 class CompileSettings:

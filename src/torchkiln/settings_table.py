@@ -88,7 +88,7 @@ class Setting:
     no_effect: bool = False  # Torch-TensorRT's, accepted; a value other than the default is logged as without effect
     shown_default: str | None = None  # the default as the docs show it, where repr(default) does not say it
     compare: bool = True  # part of the settings' equality and repr
-    example: Any = None  # a value other than the default, for the tests derived from this table
+    example: Any = None  # a value other than the default where one exists here, for the tests derived from the table
     example_args: tuple[str, ...] = ()  # the flag and value(s) giving `example` on the command line
 
     def default_text(self) -> str:
@@ -236,7 +236,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("backend", "str", "auto",
             "what runs the engines: " + ", ".join(f"{n} ({b.doc})" for n, b in ENGINE_BACKENDS.items())
             + "; or auto: " + _auto_doc(), _backend,
-            Flag(("--backend",), "BACKEND", choices=BACKEND_CHOICES), example="reference", example_args=("--backend", "reference")),
+            Flag(("--backend",), "BACKEND", choices=BACKEND_CHOICES), example="reference",
+            example_args=("--backend", "reference")),
     Setting("ort_threads", "int", 0, "onnxruntime backend: intra-op threads; 0: torch.get_num_threads() where the "
             "engine runs", IntRange(0, MAX_ORT_THREADS, "0: torch.get_num_threads()"),
             Flag(("--ort-threads",), "N", type=int), BackendField("ort_threads"), example=2,
