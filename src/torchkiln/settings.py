@@ -331,6 +331,10 @@ def calibration_samples(samples: Sequence[Any] | None, num_args: int) -> tuple[t
     return tuple(found)
 
 
+# create()'s keywords besides the settings: the device when `device` is not given, and what a dict `inputs` gives
+_CREATE_KEYWORDS = {"default_device": None, "input_names": (), "static_arguments": ()}
+
+
 def _create_signature() -> inspect.Signature:
     """create()'s signature as help() shows it: the inputs, every setting with its default, and the keywords the
     compiler passes."""
@@ -341,9 +345,6 @@ def _create_signature() -> inspect.Signature:
         *(inspect.Parameter(s.name, keyword, default=s.default) for s in SETTINGS),
         *(inspect.Parameter(name, keyword, default=default) for name, default in _CREATE_KEYWORDS.items()),
     ])
-
-
-_CREATE_KEYWORDS = {"default_device": None, "input_names": (), "static_arguments": ()}
 
 
 # The fields' defaults are the table's defaults checked, which calls as_device, engine_precision and
