@@ -5,7 +5,8 @@ import pathlib
 import torchkiln
 
 ROOT = pathlib.Path(torchkiln.__file__).parent
-SHARED = {"errors", "torchscript", "settings", "log", "module_mode", "ops", "_version"}  # small helpers anyone uses
+# small helpers anyone uses
+SHARED = {"errors", "torchscript", "settings", "settings_table", "log", "module_mode", "ops", "_version"}
 
 # part -> the parts it may import (besides SHARED). The pipeline's phases, top to bottom, and the tools on top.
 ALLOWED = {
@@ -58,3 +59,15 @@ def test_every_phase_imports_only_what_lies_below_it():
 def test_the_table_names_every_folder():
     folders = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert folders - {"examples", "coverage"} <= set(ALLOWED), folders - set(ALLOWED)
+
+
+def test_backends_import_what_they_share_from_base_not_from_the_registry_above_them():
+    backends = ROOT / "runtime" / "backends"
+    upward = []
+    for path in sorted(backends.rglob("*.py")):
+        if path == backends / "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "torchkiln.runtime.backends":
+                upward.append(str(path.relative_to(ROOT)))
+    assert not upward, upward

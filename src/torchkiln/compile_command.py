@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from torchkiln.settings_table import add_setting_arguments, settings_from_args
+
 logger = logging.getLogger("torchkiln.cli")
 
 DEFAULT_ATOL = 1e-5
@@ -40,23 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="where to save the compiled module (with --save-engine: the engine bytes)")
     p.add_argument("-i", "--input", dest="inputs", action="append", default=[], metavar="SPEC",
                    help="one input of forward, in order (repeat for each); see input specs below")
-    p.add_argument("-p", "--enabled-precision", dest="precisions", action="append", default=[], metavar="P",
-                   help="a precision engine layers may run in: f32, f16 or bf16 (repeatable; default f32)")
-    p.add_argument("--torch-executed-op", dest="torch_executed_ops", action="append", default=[], metavar="OP",
-                   help="an op to keep in PyTorch, e.g. aten::relu or aten::add.Tensor (repeatable)")
-    p.add_argument("--torch-executed-module", dest="torch_executed_modules", action="append", default=[],
-                   metavar="MODULE", help="a submodule type to keep in PyTorch, e.g. torchvision.models.resnet."
-                                          "BasicBlock (repeatable)")
-    p.add_argument("--min-block-size", type=int, default=3, metavar="N",
-                   help="the fewest ops an engine block may have (default 3)")
-    p.add_argument("--require-full-compilation", action="store_true",
-                   help="fail unless forward compiles to one engine with nothing left in PyTorch")
-    p.add_argument("--truncate-long-double", action="store_true",
-                   help="run int64 and float64 values in 32 bits inside engines")
-    p.add_argument("--device", default=None, metavar="DEVICE",
-                   help="cpu, cuda:N or gpu:N (default: where the module's weights are)")
-    p.add_argument("--backend", choices=["auto", "reference", "onnxruntime"], default="auto",
-                   help="what runs the engines (default auto: onnxruntime on the CPU, reference elsewhere)")
+    add_setting_arguments(p)
     p.add_argument("--check-method-support", action="store_true",
                    help="only list the ops of forward that no converter or evaluator handles; exit 0 if there "
                         "are none, else 1 (OUT not needed)")
@@ -74,8 +60,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                                       f"(default {DEFAULT_ATOL:g})")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"--check-accuracy's tolerance relative to "
                                                                       f"max|ref| (default {DEFAULT_RTOL:g})")
-    p.add_argument("--debug", action="store_true", help="log at DEBUG: the graph after each phase, the partition "
-                                                        "report, each network")
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
     p.set_defaults(fn=run, log_level=None)
 
@@ -86,16 +70,10 @@ def log_level(args: argparse.Namespace) -> int:
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
-    from torchkiln.input_spec import parse_dtype
-
     try:
-        precisions = {parse_dtype(p) for p in args.precisions} or None
+        return settings_from_args(args)
     except ValueError as e:
-        raise CommandError(f"-p: {e}") from None
-    return dict(enabled_precisions=precisions, device=args.device, min_block_size=args.min_block_size,
-                torch_executed_ops=args.torch_executed_ops, torch_executed_modules=args.torch_executed_modules,
-                require_full_compilation=args.require_full_compilation,
-                truncate_long_and_double=args.truncate_long_double, backend=args.backend, debug=args.debug)
+        raise CommandError(str(e)) from None
 
 
 def _map_location(device: str | None) -> Any:

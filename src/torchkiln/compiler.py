@@ -19,28 +19,35 @@ from torchkiln.builder.calibration import calibrated_build
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.analysis.registry import is_registered
 from torchkiln.conversion import load_all
+from torchkiln.analysis.dynamic_shapes import analyze_dynamic_shapes
 from torchkiln.analysis.resolve import Resolver
+from torchkiln.analysis.shape_analysis import example_args, probe_values
 from torchkiln.errors import ConversionError, UnsupportedOperatorError
 from torchkiln.frontend import as_module, check_method, to_torchscript
 from torchkiln.frontend.arguments import bind_static_arguments, split_named_inputs
 from torchkiln.log import debug_logging, warn
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
+from torchkiln.lowering.passes.functionalize_list_appends import functionalize_list_appends
+from torchkiln.lowering.passes.functionalize_view_writes import functionalize_view_writes
+from torchkiln.lowering.passes.libtorch import eliminate_dead_code
+from torchkiln.lowering.passes.lower_tuples import lower_tuples
 from torchkiln.lowering.passes.replace_python_ops import python_op_names
+from torchkiln.lowering.passes.resolve_attribute_caches import resolve_attribute_caches
+from torchkiln.lowering.passes.resolve_static_containers import resolve_static_containers
 from torchkiln.lowering.walk import all_nodes
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import shape_range
 from torchkiln.lowering.static_control_flow import fold_static_control_flow
 from torchkiln.partitioning.report import Fp32Layer, PartitionReport, ReferenceLayer, make_report
 from torchkiln.partitioning.segment import Partition, partition
-from torchkiln.partitioning.dynamic_shapes import analyze_dynamic_shapes
-from torchkiln.partitioning.shape_analysis import probe_values
-from torchkiln.partitioning.signature import check_signature, example_args, unpack_list_inputs
+from torchkiln.partitioning.signature import check_signature, unpack_list_inputs
 from torchkiln.partitioning.support import Decision, Fallback, Target
-from torchkiln.runtime.backends import BackendOptions
+from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.execute_op import engine_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input, as_device
+from torchkiln.settings_table import SETTINGS, backend_values
 from torchkiln.stitching.module import RaisesEngineErrors
 from torchkiln.stitching.static_arguments import restore_static_arguments
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
@@ -48,9 +55,8 @@ from torchkiln.torchscript import Graph, Node, node_key, source_location, value_
 
 logger = logging.getLogger("torchkiln")
 
-# Every keyword compile takes besides module and inputs: CompileSettings' fields, declared once there.
-_SETTING_NAMES = tuple(f.name for f in dataclasses.fields(CompileSettings)
-                       if f.name not in ("inputs", "input_signature", "input_names", "static_arguments"))
+# Every keyword compile takes besides module and inputs: the settings table's.
+_SETTING_NAMES = tuple(s.name for s in SETTINGS)
 
 
 def _module_device(module: torch.nn.Module) -> torch.device | None:
@@ -107,9 +113,7 @@ def _build_settings(settings: CompileSettings) -> BuildSettings:
                        dtype, dtype)
         dtype = torch.float32
     return BuildSettings(compute_dtype=dtype, device=settings.device, backend=backend,
-                         backend_options=BackendOptions(ort_threads=settings.ort_threads,
-                                                        allow_tf32=not settings.disable_tf32,
-                                                        timing_iterations=settings.num_avg_timing_iters))
+                         backend_options=BackendOptions(**backend_values(settings)))
 
 
 def _module_name(module: torch.nn.Module) -> str:
@@ -182,8 +186,8 @@ def _warn_python_ops(graph: Graph) -> None:
 
 
 # Lowering passes that run again once shape analysis made more values static (the device a cache is keyed by).
-_AFTER_SHAPES = ("lower_tuples", "functionalize_list_appends", "functionalize_view_writes", "resolve_attribute_caches",
-                 "resolve_static_containers", "eliminate_dead_code")
+_AFTER_SHAPES = (lower_tuples, functionalize_list_appends, functionalize_view_writes, resolve_attribute_caches,
+                 resolve_static_containers, eliminate_dead_code)
 
 
 def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "forward"
@@ -191,7 +195,7 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     """Frontend, lowering and shape analysis: everything before partitioning.
 
     Shape analysis runs the method on examples at each Input's opt shape, and with dynamic inputs also at
-    min and max, so each top-level tensor's varying dims are symbols (partitioning/dynamic_shapes.py).
+    min and max, so each top-level tensor's varying dims are symbols (analysis/dynamic_shapes.py).
     """
     load_all()
     examples = example_args(settings.input_signature, settings.device, "opt")

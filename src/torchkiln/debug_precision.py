@@ -26,7 +26,7 @@ from torchkiln.conversion.block_converter import convert_block
 from torchkiln.frontend import as_module
 from torchkiln.log import debug_logging
 from torchkiln.partitioning.report import Fp32Layer
-from torchkiln.partitioning.signature import example_args
+from torchkiln.analysis.shape_analysis import example_args
 from torchkiln.stitching.stitch import stitch
 
 logger = logging.getLogger("torchkiln")

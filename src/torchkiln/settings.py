@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from torchkiln.device import to_torch_device
-from torchkiln.enums import EngineCapability, to_torch_dtype
+from torchkiln.enums import to_torch_dtype
+from torchkiln.settings_table import AUTO_BACKEND, BY_NAME, SETTINGS, with_fields
 
 SUPPORTED_INPUT_DTYPES = (
     torch.float32, torch.float16, torch.bfloat16, torch.float64,
@@ -24,9 +25,6 @@ _PRECISION_ALIASES = {
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16,
 }
 _FORMATS = (torch.contiguous_format, torch.channels_last)
-_OP_NAME = re.compile(r"\w+::\w+(\.\w+)?")
-BACKENDS = ("auto", "reference", "onnxruntime", "cuda")
-MAX_ORT_THREADS = 1024
 
 
 def _shape_tuple(name: str, shape: Any) -> tuple[int, ...]:
@@ -257,7 +255,8 @@ def flatten_signature(signature: Any) -> list[Input]:
     return [leaf for item in items for leaf in flatten_signature(item)]
 
 
-def _precision(p: Any) -> torch.dtype:
+def engine_precision(p: Any) -> torch.dtype:
+    """The engine precision `p` names (a torch.dtype, torchkiln.dtype or a name such as "fp16")."""
     p = to_torch_dtype(p)
     if isinstance(p, str) and p.lower() in _PRECISION_ALIASES:
         return _PRECISION_ALIASES[p.lower()]
@@ -315,27 +314,7 @@ def _check_sizes(signature: tuple[Any, ...], device: torch.device) -> None:
                              f"more than the {memory / 2**30:.1f} GiB of memory on {device}")
 
 
-def _names(setting: str, names: Iterable[str]) -> frozenset[str]:
-    try:
-        items = tuple(names) if not isinstance(names, str) else None
-    except TypeError:
-        items = None
-    if items is None or not all(isinstance(n, str) for n in items):
-        raise ValueError(f"{setting} must be a collection of strings, got {names!r}")
-    return frozenset(items)
-
-
-def _int_setting(name: str, value: Any, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-
-
-# Torch-TensorRT build settings that mean nothing for torchkiln's engines: there is no TensorRT workspace, no
-# structured-sparsity kernel, no safety or DLA engine, no DLA memory, shape computations are symbolic dims of
-# the network, and engines are built the same whether or not `refit` is asked for.
-NO_EFFECT_SETTINGS = ("workspace_size", "sparse_weights", "capability", "refit", "dla_sram_size",
-                      "dla_local_dram_size", "dla_global_dram_size", "allow_shape_tensors")
-def _calibration_samples(samples: Sequence[Any] | None, num_args: int) -> tuple[tuple[Any, ...], ...]:
+def calibration_samples(samples: Sequence[Any] | None, num_args: int) -> tuple[tuple[Any, ...], ...]:
     """calibration_inputs as one tuple of method arguments per sample (a tensor alone: a one-argument sample)."""
     if samples is None:
         return ()
@@ -352,9 +331,29 @@ def _calibration_samples(samples: Sequence[Any] | None, num_args: int) -> tuple[
     return tuple(found)
 
 
+# create()'s keywords besides the settings: the device when `device` is not given, and what a dict `inputs` gives
+_CREATE_KEYWORDS = {"default_device": None, "input_names": (), "static_arguments": ()}
+
+
+def _create_signature() -> inspect.Signature:
+    """create()'s signature as help() shows it: the inputs, every setting with its default, and the keywords the
+    compiler passes."""
+    keyword = inspect.Parameter.KEYWORD_ONLY
+    return inspect.Signature([
+        inspect.Parameter("cls", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        inspect.Parameter("inputs", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        *(inspect.Parameter(s.name, keyword, default=s.default) for s in SETTINGS),
+        *(inspect.Parameter(name, keyword, default=default) for name, default in _CREATE_KEYWORDS.items()),
+    ])
+
+
+# The fields' defaults are the table's defaults checked, which calls as_device, engine_precision and
+# calibration_samples above.
 @dataclasses.dataclass(frozen=True)
+@with_fields(SETTINGS, after=("inputs", "input_signature"))
 class CompileSettings:
-    """Every choice one compile makes; built and validated by `CompileSettings.create`.
+    """Every choice one compile makes; built and validated by `CompileSettings.create`. Besides these fields it
+    has one per setting of `settings_table.SETTINGS` (docs/settings.md).
 
     `input_signature` holds one entry per method argument: an Input, or a tuple/list/dict of them
     (nested) for an argument that is a collection of tensors. `inputs` is every Input of it, flattened.
@@ -362,37 +361,6 @@ class CompileSettings:
 
     inputs: tuple[Input, ...]
     input_signature: tuple[Any, ...] = ()
-    enabled_precisions: frozenset[torch.dtype] = frozenset({torch.float32})
-    device: torch.device = torch.device("cpu")
-    min_block_size: int = 3
-    torch_executed_ops: frozenset[str] = frozenset()
-    torch_executed_modules: frozenset[str] = frozenset()
-    require_full_compilation: bool = False
-    truncate_long_and_double: bool = False
-    debug: bool = False
-    # What runs the engines: "reference" (ATen, layer by layer), "onnxruntime" (CPU only: ONNX Runtime sessions,
-    # with the layers ONNX cannot express on the reference meanings), "cuda" (CUDA only: fused kernels and CUDA
-    # graphs), or "auto": onnxruntime on the CPU, cuda on a GPU.
-    backend: str = "auto"
-    ort_threads: int = 0  # ONNX Runtime's intra-op threads; 0: torch.get_num_threads() where the engine runs
-    # Build tuning, Torch-TensorRT's names and defaults. Stored for the CUDA backend, which times kernel
-    # candidates: timing runs averaged per candidate, and whether float32 matmuls/convolutions may use TF32.
-    num_avg_timing_iters: int = 10  # cuda: runs averaged per tactic candidate at build time; 0: no timing
-    disable_tf32: bool = True  # cuda: fp32 stays true fp32 unless this is False (Torch-TensorRT's default is False)
-    # Accepted so Torch-TensorRT scripts run unchanged; they mean nothing for torchkiln's engines (see
-    # NO_EFFECT_SETTINGS): a value other than the default is logged once as having no effect.
-    workspace_size: int = 0
-    sparse_weights: bool = False
-    capability: EngineCapability = EngineCapability.STANDARD
-    refit: bool = False
-    dla_sram_size: int = 1048576
-    dla_local_dram_size: int = 1073741824
-    dla_global_dram_size: int = 536870912
-    allow_shape_tensors: bool = False
-    # fp16/bf16: keep in fp32 the layers that overflow or lose precision on calibration inputs (one tuple of
-    # method arguments per sample; none: random inputs at the opt shapes)
-    precision_safety: bool = True
-    calibration_inputs: tuple[tuple[Any, ...], ...] = dataclasses.field(default=(), compare=False, repr=False)
     # From a dict `inputs` (frontend/arguments.py): the arguments the tensor specs are for, in order (empty: the
     # leading arguments), and the non-tensor arguments fixed to a value by name. Others take their defaults.
     input_names: tuple[str, ...] = ()
@@ -403,36 +371,13 @@ class CompileSettings:
             object.__setattr__(self, "input_signature", tuple(self.inputs))
 
     @classmethod
-    def create(
-        cls,
-        inputs: Sequence[Any] | None,
-        enabled_precisions: Iterable[Any] | None = None,
-        device: Any = None,
-        min_block_size: int = 3,
-        torch_executed_ops: Iterable[str] = (),
-        torch_executed_modules: Iterable[str] = (),
-        require_full_compilation: bool = False,
-        truncate_long_and_double: bool = False,
-        debug: bool = False,
-        backend: str = "auto",
-        ort_threads: int = 0,
-        num_avg_timing_iters: int = 10,
-        disable_tf32: bool = True,
-        workspace_size: int = 0,
-        sparse_weights: bool = False,
-        capability: Any = EngineCapability.STANDARD,
-        refit: bool = False,
-        dla_sram_size: int = 1048576,
-        dla_local_dram_size: int = 1073741824,
-        dla_global_dram_size: int = 536870912,
-        allow_shape_tensors: bool = False,
-        precision_safety: bool = True,
-        calibration_inputs: Sequence[Any] | None = None,
-        default_device: torch.device | None = None,
-        input_names: Sequence[str] = (),
-        static_arguments: Sequence[tuple[str, Any]] = (),
-    ) -> CompileSettings:
-        """Validate user arguments; every problem is a ValueError naming the argument."""
+    def create(cls, inputs: Sequence[Any] | None, **settings: Any) -> CompileSettings:
+        """Validate user arguments; every problem is a ValueError naming the argument. The keywords are the
+        settings of `settings_table.SETTINGS`, and `default_device` (the device when `device` is not given),
+        `input_names` and `static_arguments` (from a dict `inputs`)."""
+        unknown = sorted(set(settings) - set(BY_NAME) - set(_CREATE_KEYWORDS))
+        if unknown:
+            raise ValueError(f"unknown compile settings {unknown}; known: {list(BY_NAME)}")
         if inputs is None or isinstance(inputs, (Input, torch.Tensor, dict)):
             raise ValueError("inputs (or input_signature) must be a non-empty list of torchkiln.Input (or example "
                              "tensors), one per argument of the method")
@@ -440,92 +385,30 @@ class CompileSettings:
         if not signature:
             raise ValueError("inputs (or input_signature) must be a non-empty list of torchkiln.Input (or example "
                              "tensors), one per argument of the method")
-        if enabled_precisions is None:
-            enabled_precisions = {torch.float32}
-        if isinstance(enabled_precisions, (torch.dtype, str)):
-            enabled_precisions = {enabled_precisions}
-        if not isinstance(enabled_precisions, Iterable):
-            raise ValueError(f"enabled_precisions must be a set of precisions such as {{torch.float32}}, got "
-                             f"{enabled_precisions!r}")
-        precisions = frozenset(_precision(p) for p in enabled_precisions)
-        if not precisions:
-            raise ValueError("enabled_precisions must name at least one precision")
-        if not isinstance(min_block_size, int) or isinstance(min_block_size, bool) or min_block_size < 1:
-            raise ValueError(f"min_block_size must be an int >= 1, got {min_block_size!r}")
-        torch_executed_ops = _names("torch_executed_ops", torch_executed_ops)
-        torch_executed_modules = _names("torch_executed_modules", torch_executed_modules)
-        for op in sorted(torch_executed_ops):
-            if not _OP_NAME.fullmatch(op):
-                raise ValueError(f"torch_executed_ops: {op!r} is not an op name; use 'namespace::op' for every "
-                                 f"overload (e.g. 'aten::add') or 'namespace::op.overload' (e.g. 'aten::add.Tensor')")
-        dev = as_device(device if device is not None else (default_device or "cpu"))
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {list(BACKENDS)}, got {backend!r}")
-        if backend == "onnxruntime" and dev.type != "cpu":
-            raise ValueError(f"backend: 'onnxruntime' runs on the CPU, not on {dev}; use 'auto' or 'reference'")
-        if backend == "cuda" and dev.type != "cuda":
-            raise ValueError(f"backend: 'cuda' runs on a CUDA device, not on {dev}; use 'auto' or 'reference'")
-        if isinstance(ort_threads, bool) or not isinstance(ort_threads, int) \
-                or not 0 <= ort_threads <= MAX_ORT_THREADS:
-            raise ValueError(f"ort_threads must be an int in [0, {MAX_ORT_THREADS}] (0: torch.get_num_threads()), "
-                             f"got {ort_threads!r}")
-        _int_setting("num_avg_timing_iters", num_avg_timing_iters, 0)
-        for name, value in (("workspace_size", workspace_size), ("dla_sram_size", dla_sram_size),
-                            ("dla_local_dram_size", dla_local_dram_size),
-                            ("dla_global_dram_size", dla_global_dram_size)):
-            _int_setting(name, value, 0)
-        for name, value in (("disable_tf32", disable_tf32), ("sparse_weights", sparse_weights), ("refit", refit),
-                            ("allow_shape_tensors", allow_shape_tensors)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be True or False, got {value!r}")
-        try:
-            capability = EngineCapability(capability.lower() if isinstance(capability, str) else capability)
-        except ValueError:
-            raise ValueError(f"capability must be a torchkiln.EngineCapability (or its value: "
-                             f"{[c.value for c in EngineCapability]}), got {capability!r}") from None
-        _check_sizes(signature, dev)
-        samples = _calibration_samples(calibration_inputs, len(signature))
+        checked: dict[str, Any] = {"inputs": signature, "default_device": settings.get("default_device")}
+        for s in SETTINGS:
+            checked[s.name] = s.check(s.name, settings.get(s.name, s.default), checked)
+        _check_sizes(signature, checked["device"])
         return cls(
             inputs=tuple(flatten_signature(signature)),
             input_signature=signature,
-            enabled_precisions=precisions,
-            device=dev,
-            min_block_size=min_block_size,
-            torch_executed_ops=torch_executed_ops,
-            torch_executed_modules=torch_executed_modules,
-            require_full_compilation=bool(require_full_compilation),
-            truncate_long_and_double=bool(truncate_long_and_double),
-            debug=bool(debug),
-            backend=backend,
-            ort_threads=ort_threads,
-            num_avg_timing_iters=num_avg_timing_iters,
-            disable_tf32=disable_tf32,
-            workspace_size=workspace_size,
-            sparse_weights=sparse_weights,
-            capability=capability,
-            refit=refit,
-            dla_sram_size=dla_sram_size,
-            dla_local_dram_size=dla_local_dram_size,
-            dla_global_dram_size=dla_global_dram_size,
-            allow_shape_tensors=allow_shape_tensors,
-            precision_safety=bool(precision_safety),
-            calibration_inputs=samples,
-            input_names=tuple(input_names),
-            static_arguments=tuple(static_arguments),
+            input_names=tuple(settings.get("input_names", ())),
+            static_arguments=tuple(settings.get("static_arguments", ())),
+            **{s.name: checked[s.name] for s in SETTINGS},
         )
 
     def settings_without_effect(self) -> list[str]:
-        """The NO_EFFECT_SETTINGS given a value other than their default, as "name=value"."""
+        """The settings marked no_effect given a value other than their default, as "name=value"."""
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        return [f"{name}={getattr(self, name)!r}" for name in NO_EFFECT_SETTINGS
-                if getattr(self, name) != defaults[name]]
+        return [f"{s.name}={getattr(self, s.name)!r}" for s in SETTINGS
+                if s.no_effect and getattr(self, s.name) != defaults[s.name]]
 
     @property
     def engine_backend(self) -> str:
         """The backend engines run on: `backend`, with "auto" resolved by the device."""
         if self.backend != "auto":
             return self.backend
-        return {"cpu": "onnxruntime", "cuda": "cuda"}.get(self.device.type, "reference")
+        return AUTO_BACKEND.get(self.device.type, "reference")
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -534,3 +417,6 @@ class CompileSettings:
             if p in self.enabled_precisions:
                 return p
         return torch.float32
+
+
+CompileSettings.create.__func__.__signature__ = _create_signature()

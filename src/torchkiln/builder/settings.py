@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from torchkiln.runtime.backends import BackendOptions
+from torchkiln.runtime.backends.base import BackendOptions
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -154,13 +154,14 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
     return LoweredModule(frozen, graph, fired, tuple(static_arguments), optional_tensors)
 
 
-def rerun(graph: Graph, settings: CompileSettings, names: Sequence[str], module: torch.jit.ScriptModule | None = None,
-          metas: Mapping[int, TensorMeta] | None = None) -> bool:
-    """Run these graph passes again (after shape analysis made more values static, `metas`); True if any changed."""
+def rerun(graph: Graph, settings: CompileSettings, passes: Sequence[Callable[[Graph, LoweringContext], bool]],
+          module: torch.jit.ScriptModule | None = None, metas: Mapping[int, TensorMeta] | None = None) -> bool:
+    """Run these graph passes (registered pass functions) again, after shape analysis made more values static
+    (`metas`); True if any changed."""
     ctx = LoweringContext(settings, module=module, metas=metas)
     changed = False
-    for name in names:
-        if PASSES[name].fn(graph, ctx):
+    for p in passes:
+        if p(graph, ctx):
             changed = True
-            logger.debug("graph after lowering pass %s (again, after shape analysis):\n%s", name, graph)
+            logger.debug("graph after lowering pass %s (again, after shape analysis):\n%s", p.__name__, graph)
     return changed

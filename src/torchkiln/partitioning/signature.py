@@ -1,8 +1,8 @@
 """The method's input signature: tensors, and tuples, lists and dicts of them (nested).
 
-`inputs` mirrors the method's arguments. These helpers check it against the graph's argument types,
-build example inputs of the same structure for shape analysis, and give engines the tensors of
-list arguments. Engines themselves only ever take and return flat tensors: the nodes that unpack
+`inputs` mirrors the method's arguments. These helpers check it against the graph's argument types and give
+engines the tensors of list arguments (shape analysis builds example inputs of the same structure:
+analysis/shape_analysis.py). Engines themselves only ever take and return flat tensors: the nodes that unpack
 collection arguments and pack returned collections stay in TorchScript around them.
 """
 from __future__ import annotations
@@ -17,18 +17,6 @@ from torchkiln.settings import Input
 from torchkiln.torchscript import Graph, Node, Value
 
 logger = logging.getLogger("torchkiln.partitioning")
-
-
-def example_args(signature: tuple[Any, ...], device: torch.device, which: str = "opt") -> list[Any]:
-    """Random arguments of the signature's structure, each tensor at its Input's min, opt or max shape."""
-    def build(spec: Any) -> Any:
-        if isinstance(spec, Input):
-            return spec.example(device, which)
-        if isinstance(spec, dict):
-            return {k: build(s) for k, s in spec.items()}
-        return type(spec)(build(s) for s in spec)
-
-    return [build(spec) for spec in signature]
 
 
 def _describe(spec: Any) -> str:

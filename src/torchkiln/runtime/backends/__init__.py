@@ -10,68 +10,28 @@ A backend lowers a network to a plan for a device (runtime/plan.py) and runs pla
 name of its backend, its options and its plans in its bytes; `make_runner` builds the runner of a plan when the
 engine first runs on a device. A backend that cannot run here (onnxruntime not installed, a session
 ONNX Runtime refuses) logs one warning and the engine runs on the reference backend.
+
+The backends a user can name, with their devices and docs, are `settings_table.ENGINE_BACKENDS` (the command
+line reads them before torch is imported); this registry implements exactly those. What backends share (their
+options, the runner protocol, BackendUnavailable) is in `base.py`, which they import instead of this module.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Protocol
 
 import torch
 
 from torchkiln.ir.network import Network
+from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable, Runner
 from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.plan import Kernel, Plan, Target, one_step_per_layer, target_here
+from torchkiln.settings_table import ENGINE_BACKENDS
 
 logger = logging.getLogger(__name__)
 
-MAX_THREADS = 1024
-MAX_TIMING_ITERATIONS = 10_000
 _warned: set[str] = set()
-
-
-class BackendUnavailable(Exception):
-    """A backend cannot run a network here (its library is missing, or it refused the network)."""
-
-
-class Runner(Protocol):
-    """A network bound to one device and backend, ready to run."""
-
-    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The network's outputs for `inputs` (checked by the engine); never aliasing an input or a weight
-        unless the reference executor's would."""
-
-
-@dataclasses.dataclass(frozen=True)
-class BackendOptions:
-    """What a backend may be tuned with; stored in the engine's bytes."""
-
-    ort_threads: int = 0  # ONNX Runtime's intra-op threads; 0: torch.get_num_threads() where the engine runs
-    allow_tf32: bool = False  # cuda: fp32 convolutions and matrix multiplies may use TF32 (10-bit mantissa)
-    timing_iterations: int = 10  # cuda: runs averaged per tactic when the build times them; 0: no timing
-    cuda_graphs: bool = True  # cuda: replay each input shape's launches as one CUDA graph
-
-    def __post_init__(self) -> None:
-        if isinstance(self.ort_threads, bool) or not isinstance(self.ort_threads, int) \
-                or not 0 <= self.ort_threads <= MAX_THREADS:
-            raise ValueError(f"ort_threads must be an int in [0, {MAX_THREADS}] (0: torch.get_num_threads()), "
-                             f"got {self.ort_threads!r}")
-        if isinstance(self.timing_iterations, bool) or not isinstance(self.timing_iterations, int) \
-                or not 0 <= self.timing_iterations <= MAX_TIMING_ITERATIONS:
-            raise ValueError(f"timing_iterations must be an int in [0, {MAX_TIMING_ITERATIONS}], got "
-                             f"{self.timing_iterations!r}")
-        for name in ("allow_tf32", "cuda_graphs"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-
-    def to_json(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, raw: dict[str, object]) -> BackendOptions:
-        """Options read from engine metadata (absent keys take their defaults); ValueError if one is bad."""
-        return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,11 +94,16 @@ def _cuda_runner(network: Network, plan: Plan, device: torch.device, options: Ba
     return CudaRunner(network, plan, device, options)
 
 
-BACKENDS: dict[str, Backend] = {
-    "reference": Backend(frozenset({"cpu", "cuda"}), _reference_target, _reference_plan, _reference_runner),
-    "onnxruntime": Backend(frozenset({"cpu"}), _onnxruntime_target, _onnxruntime_plan, _onnxruntime_runner),
-    "cuda": Backend(frozenset({"cuda"}), _cuda_target, _cuda_plan, _cuda_runner),
+_IMPLEMENTATIONS = {
+    "reference": (_reference_target, _reference_plan, _reference_runner),
+    "onnxruntime": (_onnxruntime_target, _onnxruntime_plan, _onnxruntime_runner),
+    "cuda": (_cuda_target, _cuda_plan, _cuda_runner),
 }
+if set(_IMPLEMENTATIONS) != set(ENGINE_BACKENDS):  # a backend a user can name is one the registry has, and back
+    raise ImportError(f"backends implemented {sorted(_IMPLEMENTATIONS)} differ from settings_table.ENGINE_BACKENDS "
+                      f"{sorted(ENGINE_BACKENDS)}")
+BACKENDS: dict[str, Backend] = {name: Backend(frozenset(row.devices), *_IMPLEMENTATIONS[name])
+                                for name, row in ENGINE_BACKENDS.items()}
 
 
 def runs_on(backend: str, device_type: str) -> bool:

@@ -47,7 +47,7 @@ from torchkiln.errors import EngineFormatError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, substitute
-from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
+from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 from torchkiln.runtime.serialization import dtype_name

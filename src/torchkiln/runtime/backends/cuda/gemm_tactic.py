@@ -22,7 +22,7 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends import BackendOptions
+from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda import timing
 from torchkiln.runtime.backends.cuda.codegen.gemm import Config, candidates, generate
 from torchkiln.runtime.backends.cuda.kernels import StepLayers, epilogue_inputs, make_step

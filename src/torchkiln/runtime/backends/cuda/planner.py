@@ -57,7 +57,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.runtime.backends import BackendOptions
+from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
 from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT, takes_channels_last

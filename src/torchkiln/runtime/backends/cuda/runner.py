@@ -26,7 +26,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
+from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda.kernels import (StepFn, StepLayers, channels_last_input, make_step,
                                                     takes_channels_last)
 from torchkiln.runtime.executor import may_alias_storage

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import DimSymbol, evaluate
-from torchkiln.runtime.backends import BackendOptions
+from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda.cache import cache_dir
 from torchkiln.runtime.backends.cuda.patches import patch_gemm
 

@@ -1,9 +1,9 @@
 """Shape analysis: run the lowered graph once on example inputs and record every top-level
 tensor's shape, dtype and device, so each block boundary is known before conversion.
 
-The examples mirror the method's arguments (tensors, or tuples, lists and dicts of them); see
-`signature.example_args`. Only top-level values are recorded: values inside If/Loop bodies never
-cross an engine boundary, since those bodies run in PyTorch."""
+Lowering's passes run again on what it finds (compiler._prepare), and partitioning reads it. The examples mirror
+the method's arguments (tensors, or tuples, lists and dicts of them): `example_args`. Only top-level values are
+recorded: values inside If/Loop bodies never cross an engine boundary, since those bodies run in PyTorch."""
 from __future__ import annotations
 
 import copy
@@ -14,9 +14,22 @@ from typing import Any
 import torch
 
 from torchkiln.errors import cause_line
+from torchkiln.settings import Input
 from torchkiln.torchscript import Graph, TensorMeta, is_tensor_type, value_key
 
-logger = logging.getLogger("torchkiln.partitioning")
+logger = logging.getLogger("torchkiln.analysis")
+
+
+def example_args(signature: tuple[Any, ...], device: torch.device, which: str = "opt") -> list[Any]:
+    """Random arguments of the signature's structure, each tensor at its Input's min, opt or max shape."""
+    def build(spec: Any) -> Any:
+        if isinstance(spec, Input):
+            return spec.example(device, which)
+        if isinstance(spec, dict):
+            return {k: build(s) for k, s in spec.items()}
+        return type(spec)(build(s) for s in spec)
+
+    return [build(spec) for spec in signature]
 
 
 def _holds_shapes(t: torch._C.JitType) -> bool:

@@ -18,12 +18,11 @@ import logging
 import torch
 
 from torchkiln.ir.symbolic import DimSymbol
-from torchkiln.partitioning.shape_analysis import analyze_shapes
-from torchkiln.partitioning.signature import example_args
+from torchkiln.analysis.shape_analysis import analyze_shapes, example_args
 from torchkiln.settings import Input
 from torchkiln.torchscript import Graph, TensorMeta
 
-logger = logging.getLogger("torchkiln.partitioning")
+logger = logging.getLogger("torchkiln.analysis")
 
 
 class SymbolTable:
