@@ -45,7 +45,8 @@ class _Version(argparse.Action):
             torch = f"torch {importlib.metadata.version('torch')}"
         except importlib.metadata.PackageNotFoundError:
             torch = "torch not installed"
-        parser.exit(0, f"torchkiln {__version__} ({torch}, Python {platform.python_version()})\n")
+        print(f"torchkiln {__version__} ({torch}, Python {platform.python_version()})")
+        parser.exit()
 
 
 def _verbosity() -> argparse.ArgumentParser:
@@ -190,9 +191,9 @@ def _bench(args: argparse.Namespace) -> int:
 
     if args.zoo not in (None, *compare.ZOO_SETS):  # a set's name, or MODEL.ts given after --zoo
         return fail(f"--zoo {args.zoo!r} is not one of the zoo sets {list(compare.ZOO_SETS)}: give either a saved "
-                    "module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...", 2)
+                    "module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...")
     if [bool(args.model), args.zoo is not None, args.blocks, bool(args.merge)].count(True) != 1:
-        return fail("give either a saved module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...", 2)
+        return fail("give either a saved module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...")
     try:
         device = options.bench_device(args.device)
         if args.model:
