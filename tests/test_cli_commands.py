@@ -4,6 +4,7 @@ command. Through `cli.main` in this process; in a subprocess only where the proc
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -98,6 +99,18 @@ def test_log_levels_warnings_by_default_then_v_vv_and_q(saved, tmp_path, capsys)
         assert _levels(capsys.readouterr().err) == levels, flags
     assert main(["-v", *base]) == 0  # -v before the command, as before
     assert _levels(capsys.readouterr().err) == {"WARNING", "INFO"}
+
+
+def test_a_warning_is_shown_once(saved, tmp_path, capsys):
+    """torchkiln's warnings are logged and also raised as Python warnings (for notebooks): the command line shows
+    the log line only."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["compile", saved[0], str(tmp_path / "o.ts"), "(2,8)", "--teo", "aten::linear",
+                     "--teo", "aten::relu", "--teo", "aten::mul", "--teo", "aten::add"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if "compiled with 0 engines" in line]
+    assert len(lines) == 1 and "] WARNING torchkiln: " in lines[0]
+    assert not [w for w in caught if "compiled with 0 engines" in str(w.message)]
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -15,6 +15,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 import zipfile
 from collections.abc import Collection, Iterator, Sequence
 from typing import Any, NoReturn
@@ -235,12 +236,14 @@ def _one_line(error: BaseException) -> str:
 
 @contextlib.contextmanager
 def _log_to_stderr(level: int) -> Iterator[None]:
-    """Log torchkiln's messages at `level` and above to stderr, each with the seconds since the command began."""
+    """Log torchkiln's messages at `level` and above to stderr, each with the seconds since the command began.
+    torchkiln's warnings are logged (log.warn), so Python's copy of them is not shown again."""
     start = time.perf_counter()
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(lambda record: setattr(record, "elapsed", time.perf_counter() - start) or True)
     handler.setFormatter(logging.Formatter("[%(elapsed)6.2fs] %(levelname)s %(name)s: %(message)s"))
-    with logging_at(level, handler):
+    with logging_at(level, handler), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torchkiln\.")
         yield
 
 

@@ -241,11 +241,13 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     from torchkiln.input_spec import parse_dtype
 
     try:
-        precisions = {parse_dtype(p) for p in args.precisions} or None
+        dtypes = {p: parse_dtype(p) for p in args.precisions}
     except ValueError as e:
         raise CommandError(f"-p: {e}") from None
-    if precisions and torch.int8 in precisions:
-        raise CommandError(f"-p int8: {_NO_INT8}")
+    for name, dtype in dtypes.items():
+        if dtype == torch.int8:
+            raise CommandError(f"-p {name}: {_NO_INT8}")
+    precisions = set(dtypes.values()) or None
     more = {k: v for k, v in (args.torchtrtc or {}).items() if k not in _NOT_SETTINGS}
     return dict(enabled_precisions=precisions, device=args.device, min_block_size=args.min_block_size,
                 torch_executed_ops=args.torch_executed_ops, torch_executed_modules=args.torch_executed_modules,
