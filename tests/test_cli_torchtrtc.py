@@ -1,6 +1,8 @@
 """`torchkiln compile` as torchtrtc users type it: positional input specs, torchtrtc's spellings of the flags, its
 flags that do not apply (refused with the reason), and --check-method-support agreeing with
 --require-full-compilation. Through `cli.main` in this process, on real saved modules."""
+import pathlib
+
 import pytest
 import torch
 from harness import assert_matches_eager
@@ -206,3 +208,9 @@ def test_check_method_support_follows_the_flags(cnn, capsys):
     assert main(["compile", path, "--check-method-support", "forward", "-i", "(2,3,8,8)", "--teo", "aten::relu"]) == 1
     out = capsys.readouterr().out
     assert "aten::relu x2 (forced by torch_executed_ops)" in out
+
+
+def test_docs_list_every_torchtrtc_flag():
+    doc = (pathlib.Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    missing = [o for flag in TORCHTRTC_FLAGS for o in flag.options if f"`{o}" not in doc]
+    assert not missing, missing
