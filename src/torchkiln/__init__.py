@@ -1,9 +1,10 @@
 """torchkiln: an ahead-of-time inference compiler for PyTorch (TorchScript in, engine-backed TorchScript out).
 
-`import torchkiln` imports the API (torchkiln/api.py), and with it torch and torchkiln's TorchScript ops, except
-while the command line starts (`python -m torchkiln`, the `torchkiln` script): it parses its arguments first, so
-that `--help` and `--version` do not wait for torch, and imports the API for the command it runs. Then, and only
-then, the API's names are imported on first use.
+`import torchkiln` imports the API (torchkiln/api.py), and with it torch and torchkiln's TorchScript ops
+(torch.jit.load of a compiled module needs torch.ops.torchkiln.execute_engine). The exception is the command line
+starting (`python -m torchkiln`, the `torchkiln` script): it parses its arguments first, so that `--help` and
+`--version` do not wait for torch, then imports the API for the command it runs; until then, using a name of the
+API imports it.
 """
 from __future__ import annotations
 

@@ -131,7 +131,8 @@ TORCHTRTC_FLAGS = (
     TorchtrtcFlag(("-w", "--warnings"), same_as="--quiet"),
     TorchtrtcFlag(("-d", "--device-type"), setting="device_type", value=_device_type, metavar="TYPE",
                   help="gpu (cuda:0, or --gpu-id's) or cpu: where the engines run; another way to give --device"),
-    TorchtrtcFlag(("--gpu-id",), setting="gpu_id", value=int, metavar="N", help="the GPU the engines run on: --device cuda:N"),
+    TorchtrtcFlag(("--gpu-id",), setting="gpu_id", value=int, metavar="N",
+                  help="the GPU the engines run on: --device cuda:N"),
     TorchtrtcFlag(("--disable-tf32",), setting="disable_tf32",
                   help="float32 layers do not use TF32 (torchkiln's default already)"),
     TorchtrtcFlag(("--num-avg-timing-iters",), setting="num_avg_timing_iters", value=int, metavar="N",
@@ -186,6 +187,8 @@ def add_torchtrtc_flags(parser: argparse.ArgumentParser) -> None:
         if not options:
             continue
         if flag.same_as:
+            if flag.same_as not in known:
+                raise LookupError(f"TORCHTRTC_FLAGS: {flag.options} name {flag.same_as}, which compile does not have")
             action = known[flag.same_as]
             action.option_strings.extend(options)
             known.update(dict.fromkeys(options, action))
