@@ -119,6 +119,8 @@ def test_a_warning_is_shown_once(saved, tmp_path, capsys):
                                                "compiled module made of one engine; this one has 0 engines"),
     (["debug-precision", "{missing}", "(2,8)"], "torchkiln debug-precision: error: {missing}: no such file"),
     (["debug-precision", "{plain}"], "torchkiln debug-precision: error: give each input of forward"),
+    (["debug-precision", "{plain}", "(2,8)", "-i", "2,8"], "torchkiln debug-precision: error: give the input specs "
+                                                           "after MODEL.ts or with --input, not both"),
     (["debug-precision", "{plain}", "(2,8)@f17"], "torchkiln debug-precision: error: input spec '(2,8)@f17': "
                                                   "unknown dtype 'f17'"),
     (["debug-precision", "{compiled}", "(2,8)"], "torchkiln debug-precision: error: ValueError: debug_precision "

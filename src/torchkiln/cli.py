@@ -160,9 +160,9 @@ _PRECISIONS = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 def _debug_precision(args: argparse.Namespace) -> int:
     import torch
 
-    import torchkiln
-
-    specs = args.input + args.specs
+    if args.input and args.specs:
+        raise CommandError("give the input specs after MODEL.ts or with --input, not both")
+    specs = args.input or args.specs
     if not specs:
         raise CommandError("give each input of forward: a spec as compile takes them, e.g. '(1,3,224,224)@f32', "
                            "or --input 1,3,224,224 (with --dtype)")
