@@ -291,7 +291,7 @@ def build_parser(words: Collection[str] | None = None) -> argparse.ArgumentParse
     debug = sub.add_parser("debug-precision", parents=[_verbosity()], help="layer-wise error of a saved TorchScript "
                            "module's engines against eager float32, and the first layer past the tolerance")
     debug.add_argument("model", metavar="MODEL.ts", help="a module saved with torch.jit.save, not compiled yet")
-    debug.add_argument("specs", nargs="*", metavar="SPEC",
+    debug.add_argument("specs", nargs="*", default=[], metavar="SPEC",
                        help="one input of forward, in order, as compile takes them: '(1,3,224,224)@f16', "
                             "'[(1,3,224,224);(4,3,224,224);(8,3,224,224)]' (run at the opt shape)")
     debug.add_argument("-i", "--input", action="append", default=[], metavar="SHAPE",

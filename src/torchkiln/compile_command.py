@@ -41,7 +41,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: Sequence[argparse.Argum
     p.add_argument("input", metavar="IN", help="the saved TorchScript module (with --embed-engine: engine bytes)")
     p.add_argument("output", metavar="OUT", nargs="?",
                    help="where to save the compiled module (with --save-engine: the engine bytes)")
-    p.add_argument("specs", metavar="SPEC", nargs="*",
+    p.add_argument("specs", metavar="SPEC", nargs="*", default=[],
                    help="one input of forward, in order, as torchtrtc takes them; see input specs below")
     p.add_argument("-i", "--input", dest="inputs", action="append", default=[], metavar="SPEC",
                    help="one input of forward, in order (repeat for each): another way to give the SPECs")
