@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torchkiln._version import __version__
 
@@ -22,7 +22,7 @@ def _started_as_command() -> bool:
     is "-m" until then), or the `torchkiln` console script."""
     argv0 = sys.argv[0] if sys.argv else ""
     if argv0 == "-m":
-        orig = getattr(sys, "orig_argv", [])
+        orig = sys.orig_argv
         return any(a == "-mtorchkiln" or (a == "-m" and b == "torchkiln") for a, b in zip(orig, orig[1:] + [""]))
     name = os.path.basename(argv0)
     return name in ("torchkiln", "torchkiln.exe", "torchkiln-script.py")
@@ -45,5 +45,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+if TYPE_CHECKING:  # what type checkers and editors see: the API's names
+    from torchkiln.api import *  # noqa: F403
 if not _started_as_command():
     _import_api()
