@@ -204,7 +204,7 @@ def test_cli_debug_precision(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "first layer past the tolerance: #2 'aten::mul" in done.stdout and "inf where float32" in done.stdout
     done = _run_cli("debug-precision", str(tmp_path / "missing.ts"), "--input", "4,16")
-    assert done.returncode == 1 and done.stderr.startswith("torchkiln debug-precision:")
+    assert done.returncode == 2 and done.stderr.startswith("torchkiln debug-precision: error: ")
     assert len(done.stderr.strip().splitlines()) == 1
 
 

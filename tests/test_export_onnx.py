@@ -83,4 +83,4 @@ def test_a_module_with_ops_outside_its_engine_is_refused(tmp_path):
     saved = str(tmp_path / "m.ts")
     torch.jit.save(compiled, saved)
     result = cli("export-onnx", saved, str(tmp_path / "m.onnx"))
-    assert result.returncode == 1 and "made of one engine" in result.stderr
+    assert result.returncode == 2 and "made of one engine" in result.stderr

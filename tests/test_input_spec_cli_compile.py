@@ -29,6 +29,7 @@ def test_range_spec_is_min_opt_max():
     ("bf16", torch.bfloat16), ("bfloat16", torch.bfloat16), ("i32", torch.int32), ("int32", torch.int32),
     ("i64", torch.int64), ("long", torch.int64), ("bool", torch.bool), ("b", torch.bool), ("f64", torch.float64),
     ("double", torch.float64), ("u8", torch.uint8), ("i8", torch.int8), ("F16", torch.float16),
+    ("char", torch.int8),
 ])
 def test_dtype_names(name, dtype):
     assert parse_dtype(name) == dtype

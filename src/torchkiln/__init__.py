@@ -1,43 +1,51 @@
-"""torchkiln: an ahead-of-time inference compiler for PyTorch (TorchScript in, engine-backed TorchScript out)."""
-from torchkiln._version import __version__
-from torchkiln.compiler import (
-    check_method_op_support,
-    compile,
-    convert_method_to_engine,
-    embed_engine_in_new_module,
-    partition_report,
-    unsupported_ops,
-)
-from torchkiln.conversion import supported_ops
-from torchkiln.build_info import dump_build_info, set_device
-from torchkiln.device import Device
-from torchkiln.enums import DeviceType, EngineCapability, dtype
-from torchkiln.debug_precision import PrecisionReport, debug_precision
-from torchkiln.lowering.passes.replace_python_ops import register_python_op
-from torchkiln.errors import (
-    ConversionError,
-    EngineFormatError,
-    EngineIndexError,
-    EngineInputError,
-    TorchkilnError,
-    RefitError,
-    TracingError,
-    TracingWarning,
-    UnsupportedOperatorError,
-)
-from torchkiln import ops as _ops  # noqa: F401  (defines torch.ops.torchkiln.const and attn_bias_from_attn_mask)
-from torchkiln.runtime import execute_op as _execute_op  # noqa: F401  (registers torch.ops.torchkiln.execute_engine)
-from torchkiln.onnx_file import export_onnx
-from torchkiln.refit import refit_module_weights
-from torchkiln.runtime.engine import Engine
-from torchkiln.settings import Input
-from torchkiln.stitching.module import load
-from torchkiln import logging, ts  # noqa: E402  (Torch-TensorRT's torch_tensorrt.logging and torch_tensorrt.ts)
+"""torchkiln: an ahead-of-time inference compiler for PyTorch (TorchScript in, engine-backed TorchScript out).
 
-__all__ = [
-    "ConversionError", "Device", "DeviceType", "Engine", "EngineCapability", "EngineFormatError", "EngineIndexError",
-    "EngineInputError", "Input", "PrecisionReport", "RefitError", "TorchkilnError", "TracingError", "TracingWarning",
-    "UnsupportedOperatorError", "__version__", "check_method_op_support", "compile", "convert_method_to_engine",
-    "debug_precision", "dtype", "dump_build_info", "embed_engine_in_new_module", "export_onnx", "load", "logging",
-    "partition_report", "refit_module_weights", "register_python_op", "set_device", "supported_ops", "ts", "unsupported_ops",
-]
+`import torchkiln` imports the API (torchkiln/api.py), and with it torch and torchkiln's TorchScript ops
+(torch.jit.load of a compiled module needs torch.ops.torchkiln.execute_engine). The exception is the command line
+starting (`python -m torchkiln`, the `torchkiln` script): it parses its arguments first, so that `--help` and
+`--version` do not wait for torch, then imports the API for the command it runs; until then, using a name of the
+API imports it.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+from torchkiln._version import __version__
+
+
+def _started_as_command() -> bool:
+    """Whether this import is the command line starting: `python -m torchkiln` locating its __main__ (sys.argv[0]
+    is "-m" until then), or the `torchkiln` console script."""
+    argv0 = sys.argv[0] if sys.argv else ""
+    if argv0 == "-m":
+        orig = sys.orig_argv
+        return any(a == "-mtorchkiln" or (a == "-m" and b == "torchkiln") for a, b in zip(orig, orig[1:] + [""]))
+    name = os.path.basename(argv0)
+    return name in ("torchkiln", "torchkiln.exe", "torchkiln-script.py")
+
+
+def _import_api() -> None:
+    """Import the API (torch with it, and torchkiln's TorchScript ops) into the package's namespace."""
+    api = importlib.import_module("torchkiln.api")
+    globals().update({name: getattr(api, name) for name in api.__all__}, __all__=api.__all__)
+
+
+def __getattr__(name: str) -> Any:
+    """A submodule not imported yet, or, while the command line starts, an API name: that imports the API."""
+    if not name.startswith("__"):
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f"{__name__}.{name}")
+        _import_api()
+        if name in globals():
+            return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if TYPE_CHECKING:  # what type checkers and editors see: the API's names
+    from torchkiln.api import *  # noqa: F403
+if not _started_as_command():
+    _import_api()

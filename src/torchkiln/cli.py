@@ -1,18 +1,72 @@
-"""Command line: `python -m torchkiln <command>`."""
+"""Command line: `python -m torchkiln <command>` (or the `torchkiln` script).
+
+The arguments are parsed before torch is imported (torchkiln/__init__.py imports the API later while the command
+line starts), so `--help` and `--version` answer at once; each command imports what it needs. Errors are one
+`torchkiln COMMAND: error: ...` line on stderr with exit status 2; warnings are logged, -v adds INFO, -v -v DEBUG.
+"""
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import logging
 import os
+import platform
 import sys
 import time
+import warnings
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from typing import Any, NoReturn
 
+import torchkiln
 from torchkiln import compile_command
-from torchkiln.compile_command import CommandError
+from torchkiln._version import __version__
+from torchkiln.compile_command import CommandError, load_saved
 from torchkiln.log import logging_at
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its errors one line (`torchkiln compile: error: ...`, exit status 2) like the commands'."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+class _Version(argparse.Action):
+    """--version: torchkiln's version, and torch's and Python's (read from the installed metadata, not imported)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        try:
+            torch = f"torch {importlib.metadata.version('torch')}"
+        except importlib.metadata.PackageNotFoundError:
+            torch = "torch not installed"
+        print(f"torchkiln {__version__} ({torch}, Python {platform.python_version()})")
+        parser.exit()
+
+
+def _verbosity() -> argparse.ArgumentParser:
+    """-v and -q, which every command takes after its name (as torchtrtc takes them); a new parser for each
+    command, so that compile may add torchtrtc's spellings to them."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log progress (INFO); twice (-vv): debugging (DEBUG). Default: warnings and errors")
+    p.add_argument("-q", "--quiet", action="store_true", help="log errors only")
+    return p
+
+
+def _log_level(args: argparse.Namespace) -> int:
+    """WARNING, INFO with -v, DEBUG with -vv or compile's --debug, ERROR with -q."""
+    verbose = args.verbose + args.verbose_before
+    if args.quiet:
+        return logging.ERROR
+    if verbose >= 2 or getattr(args, "debug", False):
+        return logging.DEBUG
+    return logging.INFO if verbose else logging.WARNING
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -78,14 +132,11 @@ def _print_io(engine) -> None:
 
 
 def _export_onnx(args: argparse.Namespace) -> int:
-    from torchkiln.errors import TorchkilnError
     from torchkiln.onnx_file import export_onnx
 
-    try:
-        export_onnx(args.input, args.output, args.opset)
-    except (TorchkilnError, ValueError, OSError) as e:
-        print(f"torchkiln export-onnx: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+    if not os.path.isfile(args.input):
+        raise CommandError(f"{args.input}: no such file")
+    export_onnx(args.input, args.output, args.opset)
     print(f"wrote {args.output}")
     return 0
 
@@ -109,20 +160,19 @@ _PRECISIONS = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
 def _debug_precision(args: argparse.Namespace) -> int:
     import torch
 
-    import torchkiln
-    from torchkiln.errors import TorchkilnError
-
-    try:
-        shapes = [tuple(int(d) for d in spec.strip("()[] ").split(",") if d.strip()) for spec in args.input]
-        dtype = getattr(torch, _PRECISIONS.get(args.dtype, args.dtype))
-        module = torch.jit.load(args.model)
-        report = torchkiln.debug_precision(
-            module, [torchkiln.Input(shape, dtype=dtype) for shape in shapes],
-            enabled_precisions={getattr(torch, _PRECISIONS[args.precision])}, tolerance=args.tolerance,
-            plot=args.plot, backend=args.backend, precision_safety=not args.no_precision_safety)
-    except (TorchkilnError, ValueError, TypeError, AttributeError, OSError, RuntimeError) as e:
-        print(f"torchkiln debug-precision: {type(e).__name__}: {str(e).strip().splitlines()[0]}", file=sys.stderr)
-        return 1
+    if args.input and args.specs:
+        raise CommandError("give the input specs after MODEL.ts or with --input, not both")
+    specs = args.input or args.specs
+    if not specs:
+        raise CommandError("give each input of forward: a spec as compile takes them, e.g. '(1,3,224,224)@f32', "
+                           "or --input 1,3,224,224 (with --dtype)")
+    # compile's specs; a shape without parentheses (1,3,224,224) and a spec without @dtype take --dtype
+    specs = [s if s.lstrip().startswith(("(", "[")) else f"({s})" for s in specs]
+    inputs = compile_command.parse_specs([s if "@" in s else f"{s}@{args.dtype}" for s in specs])
+    report = torchkiln.debug_precision(
+        load_saved(args.model), inputs, enabled_precisions={getattr(torch, _PRECISIONS[args.precision])},
+        tolerance=args.tolerance, plot=args.plot, backend=args.backend,
+        precision_safety=not args.no_precision_safety)
     print(report)
     return 0
 
@@ -135,15 +185,15 @@ def _bench(args: argparse.Namespace) -> int:
     from torchkiln.bench import chart, compare, options, saved
     from torchkiln.errors import TorchkilnError
 
-    def fail(message: str, code: int) -> int:
-        print(f"torchkiln bench: {message}", file=sys.stderr)
-        return code
+    def fail(message: str) -> int:
+        print(f"torchkiln bench: error: {message}", file=sys.stderr)
+        return 2
 
     if args.zoo not in (None, *compare.ZOO_SETS):  # a set's name, or MODEL.ts given after --zoo
         return fail(f"--zoo {args.zoo!r} is not one of the zoo sets {list(compare.ZOO_SETS)}: give either a saved "
-                    "module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...", 2)
+                    "module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...")
     if [bool(args.model), args.zoo is not None, args.blocks, bool(args.merge)].count(True) != 1:
-        return fail("give either a saved module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...", 2)
+        return fail("give either a saved module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...")
     try:
         device = options.bench_device(args.device)
         if args.model:
@@ -163,9 +213,9 @@ def _bench(args: argparse.Namespace) -> int:
             if args.png:
                 chart.write_png(result, args.png)
     except ValueError as e:  # what the user gave (saved.BenchInputError is one)
-        return fail(str(e), 2)
+        return fail(str(e))
     except (TorchkilnError, RuntimeError) as e:
-        return fail(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}", 1)
+        return fail(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
@@ -184,56 +234,71 @@ def _one_line(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def _log_to_stderr(level: int | None) -> Iterator[None]:
-    """Log torchkiln's messages at `level` and above to stderr, each with the seconds since the command began."""
-    if level is None:
-        yield
-        return
+def _log_to_stderr(level: int) -> Iterator[None]:
+    """Log torchkiln's messages at `level` and above to stderr, each with the seconds since the command began.
+    torchkiln's warnings are logged (log.warn), so Python's copy of them is not shown again."""
     start = time.perf_counter()
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(lambda record: setattr(record, "elapsed", time.perf_counter() - start) or True)
     handler.setFormatter(logging.Formatter("[%(elapsed)6.2fs] %(levelname)s %(name)s: %(message)s"))
-    with logging_at(level, handler):
+    with logging_at(level, handler), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torchkiln\.")
         yield
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line's parser: every command and flag with its help text."""
-    parser = argparse.ArgumentParser(prog="torchkiln", description="torchkiln: an ahead-of-time inference compiler "
-                                     "for PyTorch TorchScript modules. Errors are one line on stderr, exit status 2.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress (INFO)")
+def build_parser(words: Collection[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command and flag with its help text.
+
+    The flags of bench and export-onnx show values of modules that import torch (the zoo's sets, the peers, the
+    exporter's opset): given `words` (the command line's), they are added only where their command is one of them,
+    so that other commands, --help and --version start without torch."""
+    parser = _Parser(prog="torchkiln", description="torchkiln: an ahead-of-time inference compiler for PyTorch "
+                     "TorchScript modules. Errors are one line on stderr, exit status 2.")
+    parser.add_argument("--version", action=_Version, help="print torchkiln's version (and torch's) and exit")
+    parser.add_argument("-v", "--verbose", dest="verbose_before", action="count", default=0,
+                        help="log progress (INFO); twice: DEBUG (also after the command)")
     parser.add_argument("--traceback", action="store_true",
                         help="on an error, show Python's traceback instead of one line")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    demo = sub.add_parser("demo", help="compile a bundled model and compare it with eager PyTorch")
+    demo = sub.add_parser("demo", parents=[_verbosity()], help="compile a bundled model and compare it with eager "
+                          "PyTorch")
     demo.add_argument("--model", choices=["resnet", "mlp"], default="resnet", help="which bundled model")
     demo.add_argument("--device", default="cpu", help="cpu or cuda")
     demo.add_argument("--iters", type=int, default=20, help="timed runs of each (the median is shown)")
     demo.set_defaults(fn=_demo)
-    compile_command.add_parser(sub)
-    info = sub.add_parser("info", help="describe an engine file or the engines in a saved compiled module")
+    compile_command.add_parser(sub, parents=[_verbosity()])
+    info = sub.add_parser("info", parents=[_verbosity()], help="describe an engine file or the engines in a saved "
+                          "compiled module")
     info.add_argument("path", help="engine bytes, or a saved module (torch.jit.save)")
     info.add_argument("--layers", action="store_true", help="print every layer")
     info.set_defaults(fn=_info)
-    export = sub.add_parser("export-onnx", help="write the engine of an engine file, or of a saved compiled module "
-                            "made of one engine, as an ONNX model")
+    export = sub.add_parser("export-onnx", parents=[_verbosity()], help="write the engine of an engine file, or of a "
+                            "saved compiled module made of one engine, as an ONNX model")
     export.add_argument("input", metavar="IN", help="engine bytes, or a saved module (torch.jit.save)")
     export.add_argument("output", metavar="OUT", help="the .onnx file to write")
-    export.add_argument("--opset", type=int, default=None, help="ONNX opset (default: onnx_export.DEFAULT_OPSET)")
+    if words is None or "export-onnx" in words:
+        from torchkiln.onnx_export import DEFAULT_OPSET
+
+        export.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (default: %(default)s)")
     export.set_defaults(fn=_export_onnx)
-    coverage = sub.add_parser("coverage", help="which ops of a floor list have converters or evaluators")
+    coverage = sub.add_parser("coverage", parents=[_verbosity()], help="which ops of a floor list have converters "
+                              "or evaluators")
     coverage.add_argument("--floor", metavar="FILE", help="one op name a line (default: the bundled ts_ops_floor.txt)")
     coverage.add_argument("--missing", action="store_true", help="list only the ops not covered")
     coverage.add_argument("--require-full", action="store_true", help="exit with status 1 unless every op is covered")
     coverage.set_defaults(fn=_coverage)
-    _add_bench(sub)
-    debug = sub.add_parser("debug-precision", help="layer-wise error of a saved TorchScript module's engines "
-                           "against eager float32, and the first layer past the tolerance")
-    debug.add_argument("model", metavar="MODEL.ts", help="a module saved with torch.jit.save")
-    debug.add_argument("--input", action="append", required=True, metavar="SHAPE",
-                       help="one input's shape, e.g. 1,3,224,224 (repeat for each input, in order)")
-    debug.add_argument("--dtype", default="f32", help="the inputs' dtype: f32, f16, bf16 or a torch dtype name "
-                       "such as int64 (default f32)")
+    _add_bench(sub, flags=words is None or "bench" in words)
+    debug = sub.add_parser("debug-precision", parents=[_verbosity()], help="layer-wise error of a saved TorchScript "
+                           "module's engines against eager float32, and the first layer past the tolerance")
+    debug.add_argument("model", metavar="MODEL.ts", help="a module saved with torch.jit.save, not compiled yet")
+    debug.add_argument("specs", nargs="*", default=[], metavar="SPEC",
+                       help="one input of forward, in order, as compile takes them: '(1,3,224,224)@f16', "
+                            "'[(1,3,224,224);(4,3,224,224);(8,3,224,224)]' (run at the opt shape)")
+    debug.add_argument("-i", "--input", action="append", default=[], metavar="SHAPE",
+                       help="one input's shape, e.g. 1,3,224,224 (with --dtype), or a SPEC (repeat for each input, in "
+                            "order): another way to give them")
+    debug.add_argument("--dtype", default="f32", help="the dtype of the inputs given without @dtype: f32, f16, bf16, "
+                       "int64... (default f32)")
     debug.add_argument("-p", "--precision", choices=sorted(_PRECISIONS), default="f16",
                        help="the engine precision to debug (default f16)")
     debug.add_argument("--tolerance", type=float, default=None,
@@ -247,11 +312,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line's arguments; SystemExit after --help, --version or a usage error."""
+    parser = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    if args.command == "compile":
+        compile_command.take_positionals(args, extra, command)
+    elif extra:
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    level = compile_command.log_level(args) if args.command == "compile" else logging.INFO if args.verbose else None
-    with _log_to_stderr(level):
+    """Run the command line (`argv`: sys.argv[1:] by default); returns the exit status."""
+    try:
+        args = _parse(compile_command.normalize_argv(sys.argv[1:] if argv is None else argv))
+    except SystemExit as done:  # --help, --version, or a usage error (already printed)
+        return done.code if isinstance(done.code, int) else 2
+    with _log_to_stderr(_log_level(args)):
         try:
+            torchkiln._import_api()  # torch, and torchkiln's TorchScript ops (torch.jit.load of compiled modules)
             return args.fn(args)
         except Exception as error:  # noqa: BLE001  (a command line reports any error as one line)
             if args.traceback:
@@ -260,13 +341,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
 
 
-def _add_bench(sub: argparse._SubParsersAction) -> None:
-    from torchkiln.bench.compare import ZOO_SETS
-    from torchkiln.bench.peers import PEERS
-    from torchkiln.examples.zoo import SOURCES
-
+def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
+    """The bench command; its flags (which import torch for the zoo's sets, the peers and the model sources) only
+    with `flags`."""
     bench = sub.add_parser(
-        "bench", help="latency of a saved module (trtexec-style), or torchkiln against its peers on the model zoo",
+        "bench", parents=[_verbosity()],
+        help="latency of a saved module (trtexec-style), or torchkiln against its peers on the model zoo",
         description="Two modes. `bench MODEL.ts --shape SPEC [--shape SPEC ...]`: load a saved TorchScript module "
         "(compile it with torchkiln first if it is a plain one), time it on random inputs: latency p50/p90/p99, "
         "mean, throughput, build time; --profile adds each engine's steps with their time per call (trtexec "
@@ -275,6 +355,13 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
         "torchkiln on the same inputs: median latency, build time, accuracy against fp32 eager, throughput, and "
         "the ratio torchkiln / best peer with its geomean; `bench --merge FILE...`: one table of several --zoo runs' "
         "--json results (the chunks of one model list, --chunk).")
+    bench.set_defaults(fn=_bench)
+    if not flags:
+        return
+    from torchkiln.bench.compare import ZOO_SETS
+    from torchkiln.bench.peers import PEERS
+    from torchkiln.examples.zoo import SOURCES
+
     bench.add_argument("model", nargs="?", metavar="MODEL.ts", help="a saved TorchScript module (torch.jit.save): "
                        "torchkiln-compiled, or plain (then compiled here for --shape)")
     bench.add_argument("--shape", action="append", default=[], metavar="SPEC",
@@ -320,7 +407,6 @@ def _add_bench(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--warmup", type=int, default=10, help="untimed calls before timing (default: %(default)s)")
     bench.add_argument("--json", metavar="FILE", help="write every result to this JSON file")
     bench.add_argument("--png", metavar="FILE", help="--zoo: write a bar chart of the latencies (needs matplotlib)")
-    bench.set_defaults(fn=_bench)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
-"""`torchkiln compile IN OUT`: torchtrtc's command line over a saved TorchScript module.
+"""`torchkiln compile IN OUT [SPEC ...]`: torchtrtc's command line over a saved TorchScript module.
 
-Everything heavy is imported when the command runs, so `torchkiln --help` stays fast.
+Everything heavy is imported when the command runs, so `torchkiln --help` stays fast. torchtrtc's spellings of
+flags torchkiln names otherwise, and its flags that do not apply, are one table: TORCHTRTC_FLAGS (docs/cli.md).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torchkiln.settings_table import add_setting_arguments, settings_from_args
@@ -26,26 +27,32 @@ class CommandError(Exception):
     """A problem with the command's arguments or files, reported as one line with exit status 2."""
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    """Register `compile` and its flags (each with its help text)."""
+def add_parser(sub: argparse._SubParsersAction, parents: Sequence[argparse.ArgumentParser] = ()) -> None:
+    """Register `compile` and its flags (each with its help text), torchtrtc's spellings included."""
     p = sub.add_parser(
-        "compile", help="compile a saved TorchScript module (torch.jit.save) into a saved torchkiln module",
-        description="Compile IN, a module saved with torch.jit.save, and save the result to OUT (like torchtrtc). "
-                    "Progress is logged to stderr at INFO.",
+        "compile", parents=parents,
+        help="compile a saved TorchScript module (torch.jit.save) into a saved torchkiln module",
+        description="Compile IN, a module saved with torch.jit.save, for the inputs SPEC... and save the result to "
+                    "OUT, as torchtrtc does: `torchkiln compile model.ts model_kiln.ts '(1,3,224,224)@f32'`. "
+                    "Warnings and errors are logged to stderr; -v adds the progress, -v -v (or --debug) debugging.",
         epilog="input specs: SHAPE[@DTYPE][%FORMAT], SHAPE being (d0,d1,...) or [(min);(opt);(max)], e.g. "
                "'(1,3,224,224)@f16%contiguous' or '[(1,3,224,224);(8,3,224,224);(32,3,224,224)]@f32'. DTYPE: f32 "
-               "(default), f16, bf16, f64, i64, i32, i8, u8, bool (or half, float, long...); FORMAT: contiguous "
-               "(default) or channels_last. Exit status: 0 done, 1 --check-accuracy or --check-method-support "
-               "failed, 2 an error (one line on stderr).")
+               "(default), f16, bf16, f64, i64, i32, i8, u8, bool (or half, float, long, char...); FORMAT: "
+               "contiguous (default) or channels_last (or nchw, nhwc...). Exit status: 0 done, 1 --check-accuracy "
+               "or --check-method-support failed, 2 an error (one line on stderr).")
     p.add_argument("input", metavar="IN", help="the saved TorchScript module (with --embed-engine: engine bytes)")
     p.add_argument("output", metavar="OUT", nargs="?",
                    help="where to save the compiled module (with --save-engine: the engine bytes)")
+    p.add_argument("specs", metavar="SPEC", nargs="*", default=[],
+                   help="one input of forward, in order, as torchtrtc takes them; see input specs below")
     p.add_argument("-i", "--input", dest="inputs", action="append", default=[], metavar="SPEC",
-                   help="one input of forward, in order (repeat for each); see input specs below")
+                   help="one input of forward, in order (repeat for each): another way to give the SPECs")
     add_setting_arguments(p)
-    p.add_argument("--check-method-support", action="store_true",
-                   help="only list the ops of forward that no converter or evaluator handles; exit 0 if there "
-                        "are none, else 1 (OUT not needed)")
+    p.add_argument("--check-method-support", metavar="METHOD", default=None,
+                   help="only check METHOD (alone: forward; OUT not needed): with the input specs, whether it "
+                        "compiles to one engine with nothing left in PyTorch, as --require-full-compilation "
+                        "needs (the ops left and why); without, the ops no converter or evaluator handles. Exit 0 "
+                        "if it does (there are none), else 1")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--save-engine", action="store_true",
                       help="write the engine's bytes to OUT instead of a module (forward must compile to exactly "
@@ -60,20 +67,173 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                                       f"(default {DEFAULT_ATOL:g})")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"--check-accuracy's tolerance relative to "
                                                                       f"max|ref| (default {DEFAULT_RTOL:g})")
-    p.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
-    p.set_defaults(fn=run, log_level=None)
+    add_torchtrtc_flags(p)
+    p.set_defaults(fn=run)
 
 
-def log_level(args: argparse.Namespace) -> int:
-    """The level the compile command logs at: INFO (its progress), DEBUG with --debug, WARNING with --quiet."""
-    return logging.DEBUG if args.debug else logging.WARNING if args.quiet else logging.INFO
+# ---- torchtrtc's command line ----------------------------------------------------------------------------------
+# torchtrtc's flags where torchkiln's differ: another spelling of a torchkiln flag, a compile setting no torchkiln
+# flag names, or a flag that does not apply here (an error saying why). Its other flags are torchkiln's own.
+
+_NO_DLA = "torchkiln has no DLA engines: they run on the CPU or a CUDA GPU (-d gpu, --gpu-id N, or --device)"
+_NO_INT8 = "INT8 post-training quantization (a calibration cache) is not supported yet"
+
+
+def _device_type(text: str) -> str:
+    """torchtrtc's -d: gpu (or cuda) or cpu; dla is refused."""
+    kind = text.strip().lower()
+    if kind == "dla":
+        raise argparse.ArgumentTypeError(_NO_DLA)
+    if kind not in ("gpu", "cuda", "cpu"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device type; use gpu or cpu")
+    return kind
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchtrtcFlag:
+    """One of torchtrtc's flags and what it means here: another spelling of the torchkiln flag `same_as`; or the
+    compile setting `setting`, its value read by `value` (None: a switch, True when given); or, with `refused`, an
+    error saying why it does not apply (`value`: str where the flag takes one)."""
+
+    options: tuple[str, ...]
+    same_as: str | None = None
+    setting: str | None = None
+    value: Callable[[str], Any] | None = None
+    refused: str | None = None
+    help: str = ""
+    metavar: str = "VALUE"
+
+
+TORCHTRTC_FLAGS = (
+    TorchtrtcFlag(("--enable-precision",), same_as="--enabled-precision"),
+    TorchtrtcFlag(("--teo",), same_as="--torch-executed-op"),
+    TorchtrtcFlag(("--tem", "--torch-executed-mod"), same_as="--torch-executed-module"),
+    TorchtrtcFlag(("--mbs",), same_as="--min-block-size"),
+    TorchtrtcFlag(("--truncate", "--truncate-64bit"), same_as="--truncate-long-double"),
+    TorchtrtcFlag(("--build-debuggable-engine",), same_as="--debug"),
+    TorchtrtcFlag(("--i", "--info"), same_as="--verbose"),
+    TorchtrtcFlag(("-w", "--warnings"), same_as="--quiet"),
+    TorchtrtcFlag(("-d", "--device-type"), setting="device_type", value=_device_type, metavar="TYPE",
+                  help="gpu (cuda:0, or --gpu-id's) or cpu: where the engines run; another way to give --device"),
+    TorchtrtcFlag(("--gpu-id",), setting="gpu_id", value=int, metavar="N",
+                  help="the GPU the engines run on: --device cuda:N"),
+    TorchtrtcFlag(("--disable-tf32",), setting="disable_tf32",
+                  help="float32 layers do not use TF32 (torchkiln's default already)"),
+    TorchtrtcFlag(("--num-avg-timing-iters",), setting="num_avg_timing_iters", value=int, metavar="N",
+                  help="cuda backend: runs averaged per kernel candidate when timing them at build (default 10)"),
+    TorchtrtcFlag(("--workspace-size",), setting="workspace_size", value=int, metavar="BYTES",
+                  help="accepted, no effect (logged): torchkiln's engines have no TensorRT workspace"),
+    TorchtrtcFlag(("--sparse-weights",), setting="sparse_weights",
+                  help="accepted, no effect (logged): there are no structured-sparsity kernels"),
+    TorchtrtcFlag(("--engine-capability",), setting="capability", value=str,
+                  help="standard (safety and dla_standalone: accepted, no effect, logged)"),
+    TorchtrtcFlag(("--allow-shape-tensors",), setting="allow_shape_tensors",
+                  help="accepted, no effect (logged): shape computations are symbolic dims of the network"),
+    TorchtrtcFlag(("--no-threshold-check",), setting="no_threshold_check",
+                  help="accepted: torchkiln checks accuracy only with --check-accuracy"),
+    TorchtrtcFlag(("--allow-gpu-fallback",), refused=_NO_DLA),
+    TorchtrtcFlag(("--dla-core", "--dla-sram-size", "--dla-local-dram-size", "--dla-global-dram-size"), value=str,
+                  refused=_NO_DLA),
+    TorchtrtcFlag(("--calibration-cache-file",), value=str, metavar="FILE", refused=_NO_INT8),
+    TorchtrtcFlag(("--custom-torch-ops",), value=str, metavar="LIB",
+                  refused="load the library in Python (torch.ops.load_library) and compile with torchkiln.compile"),
+    TorchtrtcFlag(("--custom-converters",), value=str, metavar="LIB",
+                  refused="TensorRT converter libraries do not apply: torchkiln's converters are Python "
+                          "(torchkiln.conversion)"),
+)
+_DEVICE_FLAGS = ("device_type", "gpu_id")  # settings of TORCHTRTC_FLAGS that make --device
+_NOT_SETTINGS = (*_DEVICE_FLAGS, "no_threshold_check")
+
+
+class _TorchtrtcAction(argparse.Action):
+    """Records a TorchtrtcFlag's setting in `namespace.torchtrtc` (setting -> value), or refuses the flag."""
+
+    def __init__(self, option_strings: list[str], dest: str, flag: TorchtrtcFlag, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0 if flag.value is None else None, type=flag.value, **kwargs)
+        self.flag = flag
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if self.flag.refused:
+            parser.error(f"{option_string}: {self.flag.refused}")
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest) or {}),
+                                       self.flag.setting: True if self.flag.value is None else values})
+
+
+def add_torchtrtc_flags(parser: argparse.ArgumentParser) -> None:
+    """Add TORCHTRTC_FLAGS to compile's parser: a spelling of a torchkiln flag joins that flag (its help shows both);
+    the others form the "torchtrtc's flags" group. A spelling the parser already has stays torchkiln's."""
+    known = parser._option_string_actions  # argparse has no public lookup of an action by its flag
+    group = parser.add_argument_group("torchtrtc's flags", "torchtrtc's flags that torchkiln has under no other "
+                                      "name, or refuses (docs/cli.md)")
+    for flag in TORCHTRTC_FLAGS:
+        options = [o for o in flag.options if o not in known]
+        if not options:
+            continue
+        if flag.same_as:
+            if flag.same_as not in known:
+                raise LookupError(f"TORCHTRTC_FLAGS: {flag.options} name {flag.same_as}, which compile does not have")
+            action = known[flag.same_as]
+            action.option_strings.extend(options)
+            known.update(dict.fromkeys(options, action))
+        else:
+            group.add_argument(*options, dest="torchtrtc", action=_TorchtrtcAction, flag=flag, default=None,
+                               metavar=flag.metavar,
+                               help=flag.help or f"refused: {flag.refused}")
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """`--check-method-support` alone is `--check-method-support=forward`: torchtrtc's takes a method, torchkiln's
+    took none; a word after it that is not a method name (IN, a spec) is not its value."""
+    flag = "--check-method-support"
+    return [f"{a}=forward" if a == flag and (i + 1 == len(argv) or not argv[i + 1].isidentifier()) else a
+            for i, a in enumerate(argv)]
+
+
+def _looks_like_spec(text: str) -> bool:
+    return text.lstrip().startswith(("(", "["))
+
+
+def take_positionals(args: argparse.Namespace, extra: Sequence[str], parser: argparse.ArgumentParser) -> None:
+    """IN OUT SPEC...: argparse leaves those given after a flag (`IN -p f16 OUT SPEC`) in `extra`; put them, in
+    order, with the others. OUT is no spec: where the first after IN is one, OUT is missing."""
+    unknown = [a for a in extra if a.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    rest = ([args.output] if args.output is not None else []) + list(args.specs) + list(extra)
+    if rest and not _looks_like_spec(rest[0]):
+        args.output, args.specs = rest[0], rest[1:]
+    else:
+        args.output, args.specs = None, rest
+
+
+def _device(args: argparse.Namespace) -> str | None:
+    """--device, or the device torchtrtc's -d and --gpu-id make."""
+    given = {k: v for k, v in (args.torchtrtc or {}).items() if k in _DEVICE_FLAGS}
+    if not given:
+        return args.device
+    if args.device is not None:
+        raise CommandError("give --device, or torchtrtc's -d/--device-type and --gpu-id, not both")
+    kind = given.get("device_type", "gpu")
+    if kind == "cpu":
+        if "gpu_id" in given:
+            raise CommandError("--gpu-id goes with -d gpu, not -d cpu")
+        return "cpu"
+    return f"cuda:{given.get('gpu_id', 0)}"
 
 
 def _settings(args: argparse.Namespace) -> dict[str, Any]:
     try:
-        return settings_from_args(args)
+        given = settings_from_args(args)
     except ValueError as e:
         raise CommandError(str(e)) from None
+    import torch
+
+    for dtype in given.get("enabled_precisions") or ():
+        if dtype == torch.int8:
+            raise CommandError(f"-p int8: {_NO_INT8}")
+    more = {k: v for k, v in (args.torchtrtc or {}).items() if k not in _NOT_SETTINGS}
+    return {**given, **more}
 
 
 def _map_location(device: str | None) -> Any:
@@ -88,7 +248,8 @@ def _map_location(device: str | None) -> Any:
         raise CommandError(f"--device {str(e).removeprefix('device: ')}") from None
 
 
-def _load(path: str, device: str | None) -> Any:
+def load_saved(path: str, device: str | None = None) -> Any:
+    """The TorchScript module saved at `path` (torch.jit.load), on `device`; CommandError naming the problem."""
     import torch
 
     if not os.path.isfile(path):
@@ -194,36 +355,53 @@ def _accuracy(original: Any, compiled: Any, inputs: Sequence[Any], device: Any, 
     return all(row.ok for row in rows)
 
 
-def _engine_count(module: Any) -> int:
-    from torchkiln.stitching.stitch import ENGINE_ATTR
-
-    k = 0
-    while hasattr(module, ENGINE_ATTR.format(k)):
-        k += 1
-    return k
-
-
-def _embed(args: argparse.Namespace) -> int:
+def _embed(args: argparse.Namespace, specs: Sequence[str]) -> int:
     import torch
 
     from torchkiln.compiler import embed_engine_in_new_module
 
-    if args.check_accuracy or args.inputs:
-        raise CommandError("--embed-engine takes engine bytes only: no --input or --check-accuracy")
+    if args.check_accuracy or specs:
+        raise CommandError("--embed-engine takes engine bytes only: no input specs or --check-accuracy")
     module = embed_engine_in_new_module(_read(args.input), device=_map_location(args.device))
     torch.jit.save(module, args.output)
     logger.info("wrote %s: a module running the engine of %s", args.output, args.input)
     return 0
 
 
-def _check_support(args: argparse.Namespace) -> int:
-    from torchkiln.compiler import unsupported_ops
+def parse_specs(specs: Sequence[str]) -> list[Any]:
+    """The torchkiln.Input of each input spec; CommandError naming the bad one."""
+    from torchkiln.input_spec import parse_input_spec
 
-    missing = unsupported_ops(_load(args.input, args.device))
-    for op, count in missing.items():
-        print(f"unsupported: {op} x{count}")
-    print(f"{args.input}: {'every op of forward is supported' if not missing else f'{len(missing)} ops unsupported'}")
-    return 1 if missing else 0
+    try:
+        return [parse_input_spec(s) for s in specs]
+    except ValueError as e:
+        raise CommandError(str(e)) from None
+
+
+def _check_support(args: argparse.Namespace, specs: Sequence[str]) -> int:
+    """--check-method-support: with input specs, what compile with --require-full-compilation does (a dry run: no
+    engine is built); without, which ops of the method no converter or evaluator handles."""
+    from torchkiln.compiler import check_full_compilation, unsupported_ops
+    from torchkiln.errors import ConversionError, UnsupportedOperatorError
+
+    method = args.check_method_support
+    module = load_saved(args.input, args.device)
+    if not specs:
+        missing = unsupported_ops(module, method)
+        for op, count in missing.items():
+            print(f"unsupported: {op} x{count}")
+        print(f"{args.input}: " + (f"{len(missing)} ops of {method} have no converter or evaluator" if missing else
+                                   f"every op of {method} has a converter or evaluator; give the input specs to "
+                                   f"check that it compiles to one engine (that depends on them)"))
+        return 1 if missing else 0
+    try:
+        check_full_compilation(module, parse_specs(specs), method, **_settings(args))
+    except (UnsupportedOperatorError, ConversionError) as e:
+        print(f"{args.input}: {method} does not compile to one engine: "
+              f"{str(e).removeprefix('require_full_compilation=True but ')}")
+        return 1
+    print(f"{args.input}: {method} compiles to one engine, with nothing left in PyTorch")
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,26 +410,28 @@ def run(args: argparse.Namespace) -> int:
 
     from torchkiln.compiler import compile_with_report, convert_method_to_engine, embed_engine_in_new_module
     from torchkiln.errors import UnsupportedOperatorError
-    from torchkiln.input_spec import parse_input_spec
+    from torchkiln.stitching.stitch import engine_count
 
+    args.device = _device(args)
     _map_location(args.device)  # a device that cannot be used here is the first error, before any file is read
+    if args.inputs and args.specs:
+        raise CommandError("give the input specs after IN OUT or with -i, not both")
+    specs = args.inputs or args.specs
     if args.check_method_support:
-        return _check_support(args)
+        return _check_support(args, specs)
     if args.output is None:
-        raise CommandError("OUT is needed: where to save the result")
+        raise CommandError("OUT is needed, where to save the result: compile IN OUT SPEC..., e.g. compile model.ts "
+                           "model_kiln.ts '(1,3,224,224)@f32'")
     if args.embed_engine:
-        return _embed(args)
+        return _embed(args, specs)
     if not (args.atol >= 0 and args.rtol >= 0):
         raise CommandError(f"--atol and --rtol must be >= 0, got {args.atol:g} and {args.rtol:g}")
-    if not args.inputs:
-        raise CommandError("give at least one --input SPEC, one per input of forward, e.g. --input '(1,3,224,224)'")
-    try:
-        inputs = [parse_input_spec(s) for s in args.inputs]
-    except ValueError as e:
-        raise CommandError(f"--input: {e}") from None
+    if not specs:
+        raise CommandError("give the input specs after IN OUT, one per input of forward, e.g. '(1,3,224,224)@f32'")
+    inputs = parse_specs(specs)
     settings = _settings(args)
     logger.info("loading %s", args.input)
-    module = _load(args.input, args.device)
+    module = load_saved(args.input, args.device)
     logger.info("compiling %s for inputs %s", args.input, ", ".join(map(repr, inputs)))
     start = time.perf_counter()
     engine_bytes = None
@@ -266,11 +446,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         compiled, report = compile_with_report(module, inputs, **settings)
         logger.info("compiled in %.2fs: %d engines, %d blocks left in PyTorch", time.perf_counter() - start,
-                    _engine_count(compiled), report.num_torch_blocks)
+                    engine_count(compiled), report.num_torch_blocks)
     if args.check_accuracy:
         weights = list(module.parameters()) + list(module.buffers())
         device = _map_location(args.device) or next((w.device for w in weights), torch.device("cpu"))
-        if not _accuracy(_load(args.input, args.device), compiled, inputs, device, args):
+        if not _accuracy(load_saved(args.input, args.device), compiled, inputs, device, args):
             print(f"torchkiln compile: --check-accuracy failed (atol {args.atol:g}, rtol {args.rtol:g}); "
                   f"{args.output} not written", file=sys.stderr)
             return 1

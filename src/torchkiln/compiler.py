@@ -458,6 +458,22 @@ def partition_report(module: torch.nn.Module, inputs: Sequence[Any], **options: 
         return report
 
 
+def check_full_compilation(module: torch.nn.Module, inputs: Sequence[Any], method_name: str = "forward",
+                           **options: Any) -> None:
+    """Dry run of compile with require_full_compilation=True: lower, partition and convert the method as compile
+    does, build no engine, and raise what compile would raise where the method is not one engine (the ops left in
+    PyTorch and why, or the conversion error)."""
+    with debug_logging(bool(options.get("debug"))):
+        module = as_module(module)
+        settings = _settings(module, inputs, dict(options, require_full_compilation=True))
+        lowered, metas = _prepare(module, settings, method_name)
+        part = partition(lowered.graph, metas, settings)
+        _require_full(part)
+        for k, block in enumerate(b for b in part.blocks if b.is_engine):
+            convert_block(block.nodes, block.inputs, block.outputs, part.metas, settings,
+                          f"{_module_name(module)}_{k}")
+
+
 def unsupported_ops(module: torch.nn.Module, method_name: str = "forward",
                     inputs: Sequence[Any] | None = None) -> dict[str, int]:
     """Ops of the lowered method that no converter or evaluator handles, with their counts.

@@ -15,7 +15,7 @@ DTYPE_NAMES: dict[str, torch.dtype] = {
     "f64": torch.float64, "fp64": torch.float64, "float64": torch.float64, "double": torch.float64,
     "i64": torch.int64, "int64": torch.int64, "long": torch.int64,
     "i32": torch.int32, "int32": torch.int32, "int": torch.int32,
-    "i8": torch.int8, "int8": torch.int8, "u8": torch.uint8, "uint8": torch.uint8,
+    "i8": torch.int8, "int8": torch.int8, "char": torch.int8, "u8": torch.uint8, "uint8": torch.uint8,
     "b": torch.bool, "bool": torch.bool,
 }
 FORMAT_NAMES: dict[str, torch.memory_format] = {

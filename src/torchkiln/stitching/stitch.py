@@ -18,6 +18,14 @@ logger = logging.getLogger("torchkiln.stitching")
 ENGINE_ATTR = "_torchkiln_engine_{}"
 
 
+def engine_count(module: torch.nn.Module) -> int:
+    """How many engines a compiled module holds (ENGINE_ATTR 0, 1, ...); 0 for any other module."""
+    k = 0
+    while hasattr(module, ENGINE_ATTR.format(k)):
+        k += 1
+    return k
+
+
 def insert_engine_call(graph: Graph, self_value: Value, attr: str, inputs: Sequence[Value],
                        num_outputs: int, signature: str) -> list[Value]:
     """Insert `execute_engine([inputs], self.<attr>, signature)` at the graph's insert point; return its outputs.

@@ -1,0 +1,44 @@
+"""The public API, every name `import torchkiln` gives; importing it imports torch and registers torchkiln's
+TorchScript ops (torch.ops.torchkiln.execute_engine, which torch.jit.load of a compiled module needs)."""
+from torchkiln._version import __version__
+from torchkiln.compiler import (
+    check_method_op_support,
+    compile,
+    convert_method_to_engine,
+    embed_engine_in_new_module,
+    partition_report,
+    unsupported_ops,
+)
+from torchkiln.conversion import supported_ops
+from torchkiln.build_info import dump_build_info, set_device
+from torchkiln.device import Device
+from torchkiln.enums import DeviceType, EngineCapability, dtype
+from torchkiln.debug_precision import PrecisionReport, debug_precision
+from torchkiln.lowering.passes.replace_python_ops import register_python_op
+from torchkiln.errors import (
+    ConversionError,
+    EngineFormatError,
+    EngineIndexError,
+    EngineInputError,
+    TorchkilnError,
+    RefitError,
+    TracingError,
+    TracingWarning,
+    UnsupportedOperatorError,
+)
+from torchkiln import ops as _ops  # noqa: F401  (defines torch.ops.torchkiln.const and attn_bias_from_attn_mask)
+from torchkiln.runtime import execute_op as _execute_op  # noqa: F401  (registers torch.ops.torchkiln.execute_engine)
+from torchkiln.onnx_file import export_onnx
+from torchkiln.refit import refit_module_weights
+from torchkiln.runtime.engine import Engine
+from torchkiln.settings import Input
+from torchkiln.stitching.module import load
+from torchkiln import logging, ts  # noqa: E402  (Torch-TensorRT's torch_tensorrt.logging and torch_tensorrt.ts)
+
+__all__ = [
+    "ConversionError", "Device", "DeviceType", "Engine", "EngineCapability", "EngineFormatError", "EngineIndexError",
+    "EngineInputError", "Input", "PrecisionReport", "RefitError", "TorchkilnError", "TracingError", "TracingWarning",
+    "UnsupportedOperatorError", "__version__", "check_method_op_support", "compile", "convert_method_to_engine",
+    "debug_precision", "dtype", "dump_build_info", "embed_engine_in_new_module", "export_onnx", "load", "logging",
+    "partition_report", "refit_module_weights", "register_python_op", "set_device", "supported_ops", "ts", "unsupported_ops",
+]
