@@ -121,7 +121,7 @@ def test_torchtrtc_spellings_parse_as_torchkiln_flags():
         got = parser.parse_args(["compile", "in.ts", "out.ts", alias, *value])
         want = parser.parse_args(["compile", "in.ts", "out.ts", flag, *value])
         assert got == want, (alias, flag)
-    assert parser.parse_args(["compile", "in.ts", "--enable-precision=f16"]).precisions == ["f16"]
+    assert parser.parse_args(["compile", "in.ts", "--enable-precision=f16"]).enabled_precisions == ["f16"]
 
 
 def test_torchtrtc_fallback_flags_compile(cnn, tmp_path, capsys):

@@ -229,9 +229,9 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         raise CommandError(str(e)) from None
     import torch
 
-    for dtype in given.get("enabled_precisions") or ():
+    for name, dtype in zip(args.enabled_precisions or (), given.get("enabled_precisions") or ()):
         if dtype == torch.int8:
-            raise CommandError(f"-p int8: {_NO_INT8}")
+            raise CommandError(f"-p {name}: {_NO_INT8}")
     more = {k: v for k, v in (args.torchtrtc or {}).items() if k not in _NOT_SETTINGS}
     return {**given, **more}
 
