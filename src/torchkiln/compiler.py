@@ -16,6 +16,7 @@ import torch
 
 from torchkiln.builder import BuildSettings, build_engine
 from torchkiln.builder.calibration import calibrated_build
+from torchkiln.cache import EngineCache
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.analysis.registry import is_registered
 from torchkiln.conversion import load_all
@@ -307,7 +308,15 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
     calibrate = settings.precision_safety and build.compute_dtype != torch.float32 and blocks
     samples = block_input_values(part, module, _calibration_samples(settings), blocks) if calibrate \
         else [None] * len(blocks)
+    cache = EngineCache(settings.reuse_cached_engines, settings.cache_built_engines)
     for k, block in enumerate(blocks):
+        key = cache.key(block.nodes, block.inputs, block.outputs, part.nodes, part.metas, module, settings, build,
+                        f"{name}_{k}")
+        cached = cache.load(key, f"{name}_{k}") if engines is not None else None
+        if cached is not None:
+            engines.append(cached[0])
+            kept.extend(Fp32Layer(cached[0].name, *row) for row in cached[1])
+            continue
         logger.info("converting engine block %d/%d (%d nodes)", k + 1, len(blocks), len(block.nodes))
         try:
             network = convert_block(block.nodes, block.inputs, block.outputs, part.metas, settings, f"{name}_{k}")
@@ -327,7 +336,9 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
             usable = samples[k] is not None and all(isinstance(x, torch.Tensor) for s in samples[k] for x in s)
             convert = functools.partial(convert_block, block.nodes, block.inputs, block.outputs, part.metas, settings,
                                         f"{name}_{k}")
+            before = len(kept)
             engines.append(_build_block(network, convert, build, samples[k] if usable else None, kept))
+            cache.save(key, engines[-1], [(r.layer, r.kind, r.node, r.reason) for r in kept[before:]])
     return engines
 
 

@@ -393,6 +393,10 @@ class CompileSettings:
     # method arguments per sample; none: random inputs at the opt shapes)
     precision_safety: bool = True
     calibration_inputs: tuple[tuple[Any, ...], ...] = dataclasses.field(default=(), compare=False, repr=False)
+    # The engine cache (docs/engine_cache.md), Torch-TensorRT's names: store each built engine in
+    # $TORCHKILN_CACHE_DIR, and take an engine from there instead of building it when its key matches.
+    cache_built_engines: bool = False
+    reuse_cached_engines: bool = False
     # From a dict `inputs` (frontend/arguments.py): the arguments the tensor specs are for, in order (empty: the
     # leading arguments), and the non-tensor arguments fixed to a value by name. Others take their defaults.
     input_names: tuple[str, ...] = ()
@@ -428,6 +432,8 @@ class CompileSettings:
         allow_shape_tensors: bool = False,
         precision_safety: bool = True,
         calibration_inputs: Sequence[Any] | None = None,
+        cache_built_engines: bool = False,
+        reuse_cached_engines: bool = False,
         default_device: torch.device | None = None,
         input_names: Sequence[str] = (),
         static_arguments: Sequence[tuple[str, Any]] = (),
@@ -475,7 +481,8 @@ class CompileSettings:
                             ("dla_global_dram_size", dla_global_dram_size)):
             _int_setting(name, value, 0)
         for name, value in (("disable_tf32", disable_tf32), ("sparse_weights", sparse_weights), ("refit", refit),
-                            ("allow_shape_tensors", allow_shape_tensors)):
+                            ("allow_shape_tensors", allow_shape_tensors), ("cache_built_engines", cache_built_engines),
+                            ("reuse_cached_engines", reuse_cached_engines)):
             if not isinstance(value, bool):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         try:
@@ -510,6 +517,8 @@ class CompileSettings:
             allow_shape_tensors=allow_shape_tensors,
             precision_safety=bool(precision_safety),
             calibration_inputs=samples,
+            cache_built_engines=cache_built_engines,
+            reuse_cached_engines=reuse_cached_engines,
             input_names=tuple(input_names),
             static_arguments=tuple(static_arguments),
         )
