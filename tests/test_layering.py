@@ -21,8 +21,9 @@ ALLOWED = {
     "stitching": {"partitioning", "analysis", "runtime"},
     "cache": {"ir", "runtime"},  # engines by a key of their TorchScript block, settings and target
     "compiler": {"frontend", "lowering", "partitioning", "analysis", "conversion", "ir", "builder", "runtime",
-                 "stitching", "cache"},
+                 "stitching", "cache", "progress"},
     "input_spec": set(),  # text -> Input, for the command line
+    "progress": set(),  # the build progress display (tqdm), driven by compiler.py
 }
 ALLOWED["bench"] = set(ALLOWED) | {"examples"}  # on top, like cli.py: may import everything
 
