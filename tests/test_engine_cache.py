@@ -125,11 +125,15 @@ def test_no_file_is_written_unless_cache_built_engines(cache, caplog, options):
     assert not cache.exists() or not any(cache.iterdir())
 
 
-def test_a_write_is_atomic_and_leaves_no_temporary_file(tmp_path):
+def test_a_write_leaves_no_temporary_file_and_removes_stale_ones(tmp_path):
     store = EngineStore(tmp_path, limit=1 << 20)
+    stale, fresh = tmp_path / ".0123456789ab.x.tmp", tmp_path / ".0123456789ab.y.tmp"  # a dead and a live writer's
+    stale.write_bytes(b"half an entry")
+    fresh.write_bytes(b"half an entry")
+    os.utime(stale, (time.time() - 2 * 3600,) * 2)
     key = "ab" * 32
     store.put(key, {"engine": "e"}, b"engine bytes")
-    assert [p.name for p in tmp_path.iterdir()] == [f"{key}.engine"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, f"{key}.engine"])
     header, data = store.get(key)
     assert header["key"] == key and data == b"engine bytes"
 
@@ -145,3 +149,8 @@ def test_a_bad_size_cap_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("TORCHKILN_CACHE_SIZE", "lots")
     with pytest.raises(ValueError, match="TORCHKILN_CACHE_SIZE"):
         EngineStore()
+
+
+def test_the_switches_take_booleans_only(cache):
+    with pytest.raises(ValueError, match="cache_built_engines must be True or False"):
+        torchkiln.compile(_model(), [torchkiln.Input((2, 3, 8, 8))], cache_built_engines="yes")

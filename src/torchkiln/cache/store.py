@@ -8,6 +8,7 @@ import pathlib
 import re
 import struct
 import tempfile
+import time
 
 from torchkiln.runtime.backends.cuda.cache import cache_dir
 
@@ -17,6 +18,7 @@ DEFAULT_MAX_BYTES = 5 * 2 ** 30
 MAGIC = b"TKCACHE1"
 _HEADER = struct.Struct("<8sI")  # magic, length of the JSON header that follows
 MAX_HEADER = 1 << 20
+STALE_SECONDS = 3600  # a temporary file this old was left by a writer that died: eviction deletes it
 _SUFFIX = ".engine"
 _KEY = re.compile(r"[0-9a-f]{64}")
 _UNITS = {"": 1, "k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30, "t": 2 ** 40}
@@ -118,7 +120,13 @@ class EngineStore:
         return sorted(found)
 
     def evict(self) -> None:
-        """Delete the least recently used entries until the entries fit the size cap."""
+        """Delete the least recently used entries until the entries fit the size cap, and stale temporary files."""
+        for tmp in self.directory.glob(".*.tmp"):
+            try:
+                if tmp.stat().st_mtime < time.time() - STALE_SECONDS:
+                    tmp.unlink()
+            except FileNotFoundError:  # renamed or deleted by its writer meanwhile
+                pass
         entries = self.entries()
         total = sum(size for _, size, _ in entries)
         for _, size, path in entries:
