@@ -154,3 +154,29 @@ def test_a_bad_size_cap_is_a_clear_error(monkeypatch):
 def test_the_switches_take_booleans_only(cache):
     with pytest.raises(ValueError, match="cache_built_engines must be True or False"):
         torchkiln.compile(_model(), [torchkiln.Input((2, 3, 8, 8))], cache_built_engines="yes")
+
+
+class Overflows(nn.Module):
+    """In float16, the square overflows: precision calibration keeps it in float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.fc(x) * 300
+        return torch.sqrt(y * y + 1) - y.abs()
+
+
+def test_a_calibrated_engine_keeps_its_fp32_layers_on_a_hit(cache, caplog):
+    from torchkiln.compiler import compile_with_report
+
+    model, x = Overflows().eval(), torch.randn(4, 16)
+    options = dict(enabled_precisions={torch.float16}, backend="reference", **CACHE)
+    cold, cold_report = compile_with_report(model, [torchkiln.Input((4, 16))], **options)
+    with caplog.at_level(logging.INFO, logger="torchkiln"):
+        warm, warm_report = compile_with_report(model, [torchkiln.Input((4, 16))], **options)
+    assert "engine cache hit" in caplog.text
+    assert cold_report.fp32_layers and warm_report.fp32_layers == cold_report.fp32_layers
+    with torch.no_grad():
+        assert torch.equal(warm(x), cold(x))

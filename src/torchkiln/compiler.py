@@ -310,8 +310,9 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
     build = _build_settings(settings)
     blocks = [b for b in part.blocks if b.is_engine]
     calibrate = settings.precision_safety and build.compute_dtype != torch.float32 and blocks
-    samples = block_input_values(part, module, _calibration_samples(settings), blocks) if calibrate \
-        else [None] * len(blocks)
+    # run once, at the first block built (a block whose engine comes from the cache needs no samples)
+    samples = functools.cache(lambda: block_input_values(part, module, _calibration_samples(settings), blocks)
+                              if calibrate else [None] * len(blocks))
     cache = EngineCache(settings.reuse_cached_engines, settings.cache_built_engines)
     progress.add_steps(len(blocks))
     for k, block in enumerate(blocks):
@@ -339,11 +340,11 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
             engines = None
             continue
         if engines is not None:
-            usable = samples[k] is not None and all(isinstance(x, torch.Tensor) for s in samples[k] for x in s)
+            usable = samples()[k] is not None and all(isinstance(x, torch.Tensor) for s in samples()[k] for x in s)
             convert = functools.partial(convert_block, block.nodes, block.inputs, block.outputs, part.metas, settings,
                                         f"{name}_{k}")
             before = len(kept)
-            engines.append(_build_block(network, convert, build, samples[k] if usable else None, kept))
+            engines.append(_build_block(network, convert, build, samples()[k] if usable else None, kept))
             cache.save(key, engines[-1], [(r.layer, r.kind, r.node, r.reason) for r in kept[before:]])
     return engines
 
