@@ -106,6 +106,7 @@ def test_the_least_recently_used_entries_go_over_the_size_cap(cache, caplog, mon
     pytest.param(lambda data: data[:-1] + bytes([data[-1] ^ 1]), id="a flipped byte"),
     pytest.param(lambda data: data[:len(data) // 2], id="truncated"),
     pytest.param(lambda data: b"not an entry", id="garbage"),
+    pytest.param(lambda data: data.replace(b'"fp32_layers": []', b'"fp32_layers": 12'), id="a bad header field"),
 ])
 def test_a_damaged_entry_is_a_logged_miss_and_deleted(cache, caplog, damage):
     model, x = _model(), torch.randn(2, 3, 8, 8)
@@ -180,3 +181,15 @@ def test_a_calibrated_engine_keeps_its_fp32_layers_on_a_hit(cache, caplog):
     assert cold_report.fp32_layers and warm_report.fp32_layers == cold_report.fp32_layers
     with torch.no_grad():
         assert torch.equal(warm(x), cold(x))
+
+
+def test_each_engine_block_of_a_split_model_hits(cache, caplog):
+    model, x = _model(), torch.randn(2, 3, 8, 8)
+    options = dict(torch_executed_ops=["aten::mean"], min_block_size=1, **CACHE)
+    cold = _compile(model, caplog, **options)
+    assert caplog.text.count("engine cache miss") == 2
+    warm = _compile(model, caplog, **options)
+    assert caplog.text.count("engine cache hit") == 2 and len(_entries(cache)) == 2
+    with torch.no_grad():
+        assert torch.equal(warm(x), cold(x))
+        assert_matches_eager(warm(x), model(x))

@@ -46,13 +46,18 @@ class EngineCache:
             logger.info("engine cache miss for %s (key %s)", name, key[:12])
             return None
         header, data = found
+        rows = header.get("fp32_layers", [])
+        if not isinstance(rows, list) or not all(isinstance(r, list) and len(r) == 4 and
+                                                 all(isinstance(f, str) for f in r) for r in rows):
+            self.store.discard(key, "damaged header (fp32_layers)")
+            return None
         try:
             engine = Engine.deserialize(data)
         except EngineFormatError as e:
             self.store.discard(key, f"damaged engine ({e})")
             return None
         logger.info("engine cache hit for %s (key %s): conversion and build skipped", name, key[:12])
-        return engine, list(header.get("fp32_layers", []))
+        return engine, rows
 
     def save(self, key: str | None, engine: Engine, fp32_layers: Sequence[Sequence[str]]) -> None:
         """Store a built engine (with its planned targets) under `key`, when cache_built_engines is on."""
