@@ -14,9 +14,6 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
-
 ENV = "TORCHKILN_PROGRESS"
 DELAY = 3.0  # seconds a compile runs before an automatic display appears
 _SWITCH = {"0": False, "off": False, "false": False, "no": False, "1": True, "on": True, "true": True, "yes": True,
@@ -36,6 +33,8 @@ class _Display:
     seconds have passed (tqdm's own delay holds back updates, not description changes)."""
 
     def __init__(self, name: str, steps: int, stream: TextIO, delay: float) -> None:
+        from tqdm import tqdm  # imported when a display is shown, not with torchkiln
+
         self.name = name
         self.bar = tqdm(total=steps, desc=f"compiling {name}", unit="step", file=stream, delay=delay, mininterval=0,
                         miniters=1, dynamic_ncols=True, bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} [{elapsed}]")
@@ -59,10 +58,12 @@ def display(name: str, steps: int, stream: TextIO | None = None) -> Iterator[Non
     body runs; log lines go above the bar meanwhile. A compile inside a compile shows only the outer one."""
     stream = stream if stream is not None else sys.stderr
     forced = mode()
-    on = forced if forced is not None else stream.isatty()
-    if not on or _current.get() is not None:
+    on = forced if forced is not None else bool(getattr(stream, "isatty", lambda: False)())
+    if stream is None or not on or _current.get() is not None:  # no stderr at all: pythonw
         yield
         return
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
     shown = _Display(name, steps, stream, 0 if forced else DELAY)
     token = _current.set(shown)
     try:
