@@ -317,9 +317,9 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
     progress.add_steps(len(blocks))
     for k, block in enumerate(blocks):
         progress.step(f"engine block {k + 1}/{len(blocks)} ({len(block.nodes)} nodes)")
-        key = cache.key(block.nodes, block.inputs, block.outputs, part.nodes, part.metas, module, settings, build,
-                        f"{name}_{k}")
-        cached = cache.load(key, f"{name}_{k}") if engines is not None else None
+        key = None if engines is None else cache.key(block.nodes, block.inputs, block.outputs, part.nodes, part.metas,
+                                                     module, settings, build, f"{name}_{k}")
+        cached = cache.load(key, f"{name}_{k}")
         if cached is not None:
             engines.append(cached[0])
             kept.extend(Fp32Layer(cached[0].name, *row) for row in cached[1])
@@ -396,8 +396,8 @@ def _warn_no_engines(report: PartitionReport, settings: CompileSettings) -> None
     warn(logger, f"{report.name}: compiled with 0 engines, so it runs wholly in PyTorch; {why}")
 
 
-_PHASES = 5  # the progress display's steps besides the engine blocks: scripting, lowering, shape analysis,
-# partitioning, stitching
+# The progress display's steps besides the engine blocks: scripting, lowering, shape analysis, partitioning, stitching.
+_PHASES = 5
 
 
 @dataclasses.dataclass(frozen=True)
