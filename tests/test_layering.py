@@ -20,9 +20,11 @@ ALLOWED = {
     "lowering": {"analysis", "conversion"},
     "frontend": set(),
     "stitching": {"partitioning", "analysis", "runtime"},
+    "cache": {"ir", "runtime"},  # engines by a key of their TorchScript block, settings and target
     "compiler": {"frontend", "lowering", "partitioning", "analysis", "conversion", "ir", "builder", "runtime",
-                 "stitching"},
+                 "stitching", "cache", "progress"},
     "input_spec": set(),  # text -> Input, for the command line
+    "progress": set(),  # the build progress display (tqdm), driven by compiler.py
 }
 ALLOWED["bench"] = set(ALLOWED) | {"examples"}  # on top, like cli.py: may import everything
 

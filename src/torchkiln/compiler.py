@@ -14,8 +14,10 @@ from typing import Any
 
 import torch
 
+from torchkiln import progress
 from torchkiln.builder import BuildSettings, build_engine
 from torchkiln.builder.calibration import calibrated_build
+from torchkiln.cache import EngineCache
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.analysis.registry import is_registered
 from torchkiln.conversion import load_all
@@ -199,17 +201,20 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     """
     load_all()
     examples = example_args(settings.input_signature, settings.device, "opt")
+    progress.step("scripting")
     script = to_torchscript(module, examples)
     _warn_training(module, script)
     check_method(script, method)
     static = bind_static_arguments(script, method, len(settings.input_signature), settings.input_names,
                                    settings.static_arguments)
+    progress.step("lowering")
     lowered = lower(script, settings, method, static_arguments=static)
     _warn_python_ops(lowered.graph)
     check_signature(lowered.graph, settings.input_signature, method)
     if unpack_list_inputs(lowered.graph, settings.input_signature):
         logger.debug("graph after unpacking list inputs:\n%s", lowered.graph)
     signature = settings.input_signature
+    progress.step("shape analysis")
     try:
         metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
     except ValueError:
@@ -309,9 +314,20 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
     build = _build_settings(settings)
     blocks = [b for b in part.blocks if b.is_engine]
     calibrate = settings.precision_safety and build.compute_dtype != torch.float32 and blocks
-    samples = block_input_values(part, module, _calibration_samples(settings), blocks) if calibrate \
-        else [None] * len(blocks)
+    # run once, at the first block built (a block whose engine comes from the cache needs no samples)
+    samples = functools.cache(lambda: block_input_values(part, module, _calibration_samples(settings), blocks)
+                              if calibrate else [None] * len(blocks))
+    cache = EngineCache(settings.reuse_cached_engines, settings.cache_built_engines)
+    progress.add_steps(len(blocks))
     for k, block in enumerate(blocks):
+        progress.step(f"engine block {k + 1}/{len(blocks)} ({len(block.nodes)} nodes)")
+        key = None if engines is None else cache.key(block.nodes, block.inputs, block.outputs, part.nodes, part.metas,
+                                                     module, settings, build, f"{name}_{k}")
+        cached = cache.load(key, f"{name}_{k}")
+        if cached is not None:
+            engines.append(cached[0])
+            kept.extend(Fp32Layer(cached[0].name, *row) for row in cached[1])
+            continue
         logger.info("converting engine block %d/%d (%d nodes)", k + 1, len(blocks), len(block.nodes))
         try:
             network = convert_block(block.nodes, block.inputs, block.outputs, part.metas, settings, f"{name}_{k}")
@@ -328,10 +344,12 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
             engines = None
             continue
         if engines is not None:
-            usable = samples[k] is not None and all(isinstance(x, torch.Tensor) for s in samples[k] for x in s)
+            usable = samples()[k] is not None and all(isinstance(x, torch.Tensor) for s in samples()[k] for x in s)
             convert = functools.partial(convert_block, block.nodes, block.inputs, block.outputs, part.metas, settings,
                                         f"{name}_{k}")
-            engines.append(_build_block(network, convert, build, samples[k] if usable else None, kept))
+            before = len(kept)
+            engines.append(_build_block(network, convert, build, samples()[k] if usable else None, kept))
+            cache.save(key, engines[-1], [(r.layer, r.kind, r.node, r.reason) for r in kept[before:]])
     return engines
 
 
@@ -345,6 +363,7 @@ def _partition_and_build(lowered: LoweredModule, metas: dict[int, Any], settings
     failed: dict[Node, Decision] = {}
     while True:
         kept: list[Fp32Layer] = []
+        progress.step("partitioning")
         part = partition(lowered.graph, metas, settings, failed)
         report = make_report(part, f"{name}.forward")
         logger.debug("partition report:\n%s", report)
@@ -381,6 +400,10 @@ def _warn_no_engines(report: PartitionReport, settings: CompileSettings) -> None
     warn(logger, f"{report.name}: compiled with 0 engines, so it runs wholly in PyTorch; {why}")
 
 
+# The progress display's steps besides the engine blocks: scripting, lowering, shape analysis, partitioning, stitching.
+_PHASES = 5
+
+
 @dataclasses.dataclass(frozen=True)
 class CompileRecord:
     """What a compiled module was compiled from (kept on it in memory, for refit_module_weights): the inputs and
@@ -399,7 +422,7 @@ def parameter_signature(module: torch.nn.Module) -> dict[str, tuple[tuple[int, .
 def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = None,
                         **options: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
     """`compile`, also returning the partition report (blocks, ops, fallback reasons)."""
-    with debug_logging(bool(options.get("debug"))):
+    with debug_logging(bool(options.get("debug"))), progress.display(_module_name(module), _PHASES):
         start = time.perf_counter()
         module = as_module(module)
         settings = _settings(module, inputs, options)
@@ -409,6 +432,7 @@ def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = 
         report = dataclasses.replace(report, reference_layers=_reference_layers(engines))
         if not engines:
             _warn_no_engines(report, settings)
+        progress.step("stitching")
         compiled = stitch(lowered.module, part, engines)
         compiled._torchkiln_compile = CompileRecord(inputs, options, parameter_signature(module))
         restore_static_arguments(lowered.graph, lowered.static_arguments, lowered.optional_tensors)
