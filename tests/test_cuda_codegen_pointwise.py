@@ -230,6 +230,20 @@ def test_casts_round_and_bool_values_flow():
         assert_close(got, ref, rel=0.0, of_max=0.0)
 
 
+@pytest.mark.parametrize("exponent", [2.0, 3.0])
+def test_small_constant_powers_are_atens_multiplications(exponent):
+    """x ** 2 and x ** 3 by a constant are ATen's multiply chains, so bit-equal to torch.pow (libdevice.pow, which
+    Triton's interpreter cannot run, was neither exact to them nor cheap), special values included."""
+    net = Network()
+    x = net.add_input("x", F32, (4, 11))
+    net.mark_output(net.add_elementwise(x, net.add_constant(torch.tensor(exponent)).get_output(), E.POW).get_output())
+    values = {"x": torch.cat([torch.randn(4, 11 - len(SPECIAL), generator=torch.Generator().manual_seed(6)) * 40,
+                              torch.tensor(SPECIAL).expand(4, -1)], dim=1)}
+    got = run(net, values)[0].cpu()
+    assert torch.equal(got.isnan(), torch.pow(values["x"], exponent).isnan())
+    torch.testing.assert_close(got, torch.pow(values["x"], exponent), rtol=0, atol=0, equal_nan=True)
+
+
 def test_select_of_numbers_and_of_bools():
     """where(m, x, -inf) (a masked fill) with NaN among the taken and the dropped values; where over bools; a
     condition broadcast along rows."""

@@ -178,8 +178,9 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[tuple[str, bool]]) -> tuple[
         return b.emit(f"tl.where({x} > 0, {x}, {b.as_float(b.weight(slope))} * {x})", False)
     row = _row(layer)
     operands = [var for var, _ in xs] if row.dtype == P.DtypeRule.LOGICAL else [b.as_float(x) for x in xs]
-    if isinstance(layer, L.ElementWiseLayer) and _squares(layer):
-        expr = f"{operands[0]} * {operands[0]}"
+    power = _small_power(layer) if isinstance(layer, L.ElementWiseLayer) else None
+    if power is not None:
+        expr = power.format(x=operands[0])
     elif isinstance(layer, L.ElementWiseLayer):
         expr = row.triton.format(a=operands[0], b=operands[1])
     elif isinstance(layer, L.ActivationLayer):
@@ -189,11 +190,20 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[tuple[str, bool]]) -> tuple[
     return b.emit(expr, is_bool)
 
 
-def _squares(layer: L.ElementWiseLayer) -> bool:
-    """x ** 2 of a constant exponent 2: x * x, as ATen computes it (RMSNorm's x.pow(2))."""
+# x ** c for the constant exponents ATen's pow kernels compute by multiplication (its pow_tensor_scalar special
+# cases, on the CPU and on CUDA): the same operations in the same order, so the same values; and libdevice.pow is
+# ~10x the instructions of a multiply chain, enough to make a tanh-GELU's x ** 3 compute-bound.
+_POWERS = {2.0: "{x} * {x}", 3.0: "{x} * {x} * {x}"}
+
+
+def _small_power(layer: L.ElementWiseLayer) -> str | None:
+    """The multiply-chain template of a pow by one of _POWERS' constant exponents, else None."""
+    if layer.op != L.ElementWiseOperation.POW:
+        return None
     exponent = L.constant_value(layer.inputs[1])
-    return layer.op == L.ElementWiseOperation.POW and exponent is not None and exponent.numel() == 1 \
-        and float(exponent.reshape(())) == 2.0
+    if exponent is None or exponent.numel() != 1:
+        return None
+    return _POWERS.get(float(exponent.reshape(())))
 
 
 def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> PointwiseKernel:
