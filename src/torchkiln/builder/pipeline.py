@@ -7,7 +7,8 @@ The order, and why:
 2. fold_scale_into_convolution: a batch norm (a per-channel scale) after a convolution goes into its
    kernel and bias, in fp32, before precision narrows the weights.
 3. fold_constants before fold_bias_into_matrix_multiply: a bias computed from constants becomes one
-   constant the bias fold can take.
+   constant the bias fold can take. attention_from_matmuls between them: a position bias computed from constants
+   is then one constant whose rows it can check, and the bias fold does not take the scores' matrix multiply.
 4. remove_dead_layers, so precision does not cast values nothing reads.
 5. lower_precision last of the rewrites: it picks each layer's precision on the final graph.
 6. casts_before_movement after precision: a narrowing cast the precision pass put after a reshape moves before it,
@@ -22,6 +23,7 @@ import logging
 
 from torchkiln.builder.passes import BuildPass
 from torchkiln.builder.passes.additive_attention_masks import additive_attention_masks
+from torchkiln.builder.passes.attention_from_matmuls import attention_from_matmuls
 from torchkiln.builder.passes.casts_before_movement import casts_before_movement
 from torchkiln.builder.passes.constant_folding import fold_constants
 from torchkiln.builder.passes.dead_layer_removal import remove_dead_layers
@@ -38,6 +40,7 @@ BUILD_PIPELINE: tuple[BuildPass, ...] = (
     eliminate_identities,
     fold_scale_into_convolution,
     fold_constants,
+    attention_from_matmuls,
     fold_bias_into_matrix_multiply,
     remove_dead_layers,
     lower_precision,

@@ -1,0 +1,158 @@
+"""Attention written by hand becomes one attention layer: softmax(q @ k^T * scale + bias) @ v.
+
+Written out, attention makes the score matrix ([..., L, S] per head, often in fp32) and passes over it four or five
+times (the product, the scale, the bias, the softmax, the second product). As an attention layer it runs as
+SDPA's fused kernels, which keep the scores on chip. The match, from each softmax over the last axis:
+- before it, at most one add of a bias (any tensor that broadcasts to the scores without widening them), before
+  that any multiplies or divides by a constant scalar (the scale), and before those a matrix multiply of q by k
+  transposed (its op1, or a shuffle swapping k's last two dims);
+- after it, a matrix multiply of the probabilities by v;
+- q, k and v of rank 4 (what the fused kernels take) with the same leading dims, and every value in between read
+  by the next step only.
+
+One difference is made exact. Where every bias value of a row is -inf, or one is +inf or NaN, softmax written out
+gives NaN for the row, and SDPA gives zeros. For a constant bias the rows are checked here (none: nothing to add);
+otherwise the layer's output is `where(row max of the bias is finite, attention, NaN)`. A row whose scores are
+infinite because q or k hold infinities is not covered: written out it may be NaN where SDPA is not.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from torchkiln.builder.settings import BuildSettings
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.tensor import Tensor
+
+logger = logging.getLogger("torchkiln.builder")
+
+E = L.ElementWiseOperation
+RANK = 4
+
+
+def attention_from_matmuls(network: Network, settings: BuildSettings) -> bool:
+    readers = network.consumers()
+    changed = False
+    for softmax in [x for x in network.layers if isinstance(x, L.SoftMaxLayer)]:
+        match = _match(network, softmax, readers)
+        if isinstance(match, str):
+            logger.debug("softmax %r is not attention: %s", softmax.name, match)
+            continue
+        _rewrite(network, *match)
+        changed = True
+    return changed
+
+
+def _only_reader(network: Network, t: Tensor, readers: dict[int, list[L.Layer]]) -> L.Layer | None:
+    users = readers.get(id(t), [])
+    return users[0] if len(users) == 1 and t not in network.outputs else None
+
+
+def _scalar(t: Tensor) -> float | None:
+    value = L.constant_value(t)
+    if value is None or value.numel() != 1 or not value.is_floating_point():
+        return None
+    number = float(value.reshape(()))
+    return number if math.isfinite(number) and number != 0.0 else None
+
+
+def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.Layer]]):
+    """(q, k, v, bias, scale, the last matrix multiply), or why `softmax` does not start attention."""
+    scores = softmax.inputs[0]
+    if softmax.log or scores.rank != RANK or softmax.axis % RANK != RANK - 1:
+        return "not a softmax over the last axis of a 4-D tensor"
+    after = _only_reader(network, softmax.get_output(), readers)
+    if not isinstance(after, L.MatrixMultiplyLayer) or after.inputs[0] is not softmax.get_output() \
+            or after.op0 != L.MatrixOperation.NONE or after.op1 != L.MatrixOperation.NONE or after.weights:
+        return "its output is not the left operand of one plain matrix multiply"
+    bias, scale, t = None, 1.0, scores
+    while True:
+        layer = t.producer
+        if _only_reader(network, t, readers) is None:
+            return f"{t.name!r} has other readers"
+        if isinstance(layer, L.ElementWiseLayer) and layer.op == E.SUM and bias is None and scale == 1.0:
+            sides = [x for x in layer.inputs if _scores_like(x)]
+            if len(sides) != 1:
+                return f"add {layer.name!r}: not one product side and one bias side"
+            product = sides[0]
+            other = layer.inputs[1] if layer.inputs[0] is product else layer.inputs[0]
+            if product.shape != layer.get_output().shape or other.rank > RANK or other.dtype != product.dtype:
+                return f"add {layer.name!r} widens the scores"
+            bias, t = other, product
+        elif isinstance(layer, L.ElementWiseLayer) and layer.op in (E.PROD, E.DIV) \
+                and (_scalar(layer.inputs[1]) is not None or layer.op == E.PROD and _scalar(layer.inputs[0])):
+            number = _scalar(layer.inputs[1])
+            if number is not None:
+                scale, t = (scale * number if layer.op == E.PROD else scale / number), layer.inputs[0]
+            else:
+                scale, t = scale * _scalar(layer.inputs[0]), layer.inputs[1]
+        else:
+            break
+    first = t.producer
+    if not isinstance(first, L.MatrixMultiplyLayer) or first.weights or first.op0 != L.MatrixOperation.NONE:
+        return "the scores are not a plain matrix multiply (scaled, plus a bias)"
+    q, k_side = first.inputs
+    k = _untransposed(k_side) if first.op1 == L.MatrixOperation.NONE else \
+        k_side if first.op1 == L.MatrixOperation.TRANSPOSE else None
+    v = after.inputs[1]
+    if k is None:
+        return "the right operand of the scores is not k transposed"
+    if any(x.rank != RANK for x in (q, k, v)) or not (q.shape[:2] == k.shape[:2] == v.shape[:2]) \
+            or q.shape[3] != k.shape[3] or k.shape[2] != v.shape[2] or not (q.dtype == k.dtype == v.dtype) \
+            or not q.dtype.is_floating_point:
+        return "q, k and v are not 4-D of the same float dtype and matching dims"
+    return q, k, v, bias, scale, after
+
+
+def _scores_like(t: Tensor) -> bool:
+    """Whether `t` is made by a matrix multiply, or by a multiply or divide by a constant scalar."""
+    layer = t.producer
+    if isinstance(layer, L.MatrixMultiplyLayer):
+        return True
+    return isinstance(layer, L.ElementWiseLayer) and layer.op in (E.PROD, E.DIV) \
+        and any(_scalar(x) is not None for x in layer.inputs)
+
+
+def _untransposed(t: Tensor) -> Tensor | None:
+    """x where `t` is x with its last two dims swapped by a shuffle, else None."""
+    shuffle = t.producer
+    swap = tuple(range(RANK - 2)) + (RANK - 1, RANK - 2)
+    if isinstance(shuffle, L.ShuffleLayer) and shuffle.reshape_dims is None and shuffle.second_transpose is None \
+            and shuffle.first_transpose is not None and tuple(shuffle.first_transpose) == swap:
+        return shuffle.inputs[0]
+    return None
+
+
+def _rewrite(network: Network, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float,
+             last: L.MatrixMultiplyLayer) -> None:
+    start = len(network.layers)
+    out = network.add_attention(q, k, v, bias, scale=scale).get_output()
+    valid = _valid_rows(network, bias) if bias is not None else None
+    if valid is not None:
+        nan = network.add_constant(torch.full((), float("nan"), dtype=out.dtype)).get_output()
+        out = network.add_select(valid, out, nan).get_output()
+    added = network.layers[start:]
+    del network.layers[start:]
+    at = network.layers.index(last) + 1
+    network.layers[at:at] = added
+    network.replace_all_uses(last.get_output(), out)
+    logger.debug("attention by hand ending in %r is one attention layer (scale %g%s)", last.name, scale,
+                 ", its bias's blocked rows NaN as written" if valid is not None else "")
+
+
+def _valid_rows(network: Network, bias: Tensor) -> Tensor | None:
+    """A bool tensor, True where the bias row's max is finite (written-out softmax is not NaN there), or None when a
+    constant bias has no other row."""
+    value = L.constant_value(bias)
+    if value is not None:
+        finite = value.float().amax(dim=-1, keepdim=True).isfinite() if value.dim() else value.isfinite()
+        return None if bool(finite.all()) else network.add_constant(finite).get_output()
+    last = bias.rank - 1
+    top = network.add_reduce(bias, L.ReduceOperation.MAX, (last,), True).get_output() if bias.rank else bias
+    inf = [network.add_constant(torch.full((), sign * float("inf"), dtype=bias.dtype)).get_output() for sign in (-1, 1)]
+    above = network.add_elementwise(top, inf[0], E.GREATER).get_output()
+    below = network.add_elementwise(top, inf[1], E.LESS).get_output()
+    return network.add_elementwise(above, below, E.AND).get_output()

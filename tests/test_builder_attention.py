@@ -1,0 +1,152 @@
+"""attention_from_matmuls: attention written by hand (matmul, scale, bias, softmax, matmul) becomes one attention
+layer, with the written-out form's NaN rows where a bias row blocks every key, and is left alone where the match
+fails. Compared with eager PyTorch on real numbers (fp32: 1e-4 * max|ref|), NaN positions exactly."""
+import pytest
+import torch
+from torch import nn
+
+import torchkiln
+from torchkiln.builder import BuildSettings
+from torchkiln.builder.pipeline import PASSES
+from torchkiln.ir import Network
+from torchkiln.ir import layers as L
+from torchkiln.runtime.engine import Engine, InputBinding
+
+F32 = torch.float32
+E = L.ElementWiseOperation
+
+
+def _bindings(net):
+    return [InputBinding(t.name, t.dtype, t.shape, t.shape, t.shape) for t in net.inputs]
+
+
+def _hand_attention(bias=None, scale=0.125, transposed_by_shuffle=True, probs_out=False):
+    """softmax(q @ k^T * scale + bias) @ v over inputs q, k, v (and an input bias, or a constant one)."""
+    n = Network()
+    q, k, v = (n.add_input(name, F32, (2, 3, 5, 8)) for name in "qkv")
+    if transposed_by_shuffle:
+        kt = n.add_shuffle(k, first_transpose=(0, 1, 3, 2)).get_output()
+        scores = n.add_matrix_multiply(q, L.MatrixOperation.NONE, kt, L.MatrixOperation.NONE).get_output()
+    else:
+        scores = n.add_matrix_multiply(q, L.MatrixOperation.NONE, k, L.MatrixOperation.TRANSPOSE).get_output()
+    if scale is not None:
+        scores = n.add_elementwise(scores, n.add_constant(torch.tensor(scale)).get_output(), E.PROD).get_output()
+    if isinstance(bias, torch.Tensor):
+        scores = n.add_elementwise(n.add_constant(bias).get_output(), scores, E.SUM).get_output()
+    elif bias is not None:
+        scores = n.add_elementwise(scores, n.add_input("bias", F32, bias), E.SUM).get_output()
+    probs = n.add_softmax(scores, axis=3).get_output()
+    n.mark_output(n.add_matrix_multiply(probs, L.MatrixOperation.NONE, v, L.MatrixOperation.NONE).get_output())
+    if probs_out:
+        n.mark_output(probs)
+    return n
+
+
+def _inputs(net, blocked_row=True):
+    gen = torch.Generator().manual_seed(0)
+    values = [torch.randn(t.shape, generator=gen) for t in net.inputs]
+    if len(values) == 4:  # a padding mask with -inf, one row blocking every key, one +inf and one NaN
+        bias = torch.zeros(values[3].shape)
+        bias[..., 3:] = float("-inf")
+        if blocked_row and bias.shape[-2] == 1:  # a padding mask: every key of sequence 1 blocked
+            bias[1] = float("-inf")
+        elif blocked_row:
+            bias[1, ..., 1, :] = float("-inf")
+            bias[0, ..., 2, 0] = float("inf")
+            bias[0, ..., 4, 1] = float("nan")
+        values[3] = bias
+    return values
+
+
+def _run(net, values):
+    return Engine(net, _bindings(net), "cpu", F32).execute(values)
+
+
+def _assert_same(got, ref):
+    assert torch.equal(got.isnan(), ref.isnan())
+    finite = ~ref.isnan()
+    assert (got[finite] - ref[finite]).abs().max() <= 1e-4 * ref[finite].abs().max()
+
+
+@pytest.mark.parametrize("bias_shape", [None, (2, 1, 5, 5), (2, 1, 1, 5)], ids=["no-bias", "rows", "padding"])
+@pytest.mark.parametrize("transposed_by_shuffle", [True, False], ids=["shuffle", "op1"])
+def test_hand_attention_becomes_one_layer_with_the_written_out_values(bias_shape, transposed_by_shuffle):
+    net = _hand_attention(bias_shape, transposed_by_shuffle=transposed_by_shuffle)
+    values = _inputs(net)
+    before = _run(net, values)[0]
+    if bias_shape == (2, 1, 5, 5):
+        assert before.isnan().any() and (~before.isnan()).any()  # the blocked, +inf and NaN rows are NaN
+    assert PASSES["attention_from_matmuls"](net, BuildSettings())
+    PASSES["remove_dead_layers"](net, BuildSettings())
+    kinds = [x.KIND for x in net.layers]
+    assert kinds.count("attention") == 1 and "softmax" not in kinds and "matrix_multiply" not in kinds
+    attention = next(x for x in net.layers if x.KIND == "attention")
+    assert attention.scale == pytest.approx(0.125)
+    assert ("select" in kinds) == (bias_shape is not None)  # an input bias: its rows are checked at run time
+    _assert_same(_run(net, values)[0], before)
+
+
+def test_a_constant_bias_is_checked_once():
+    """A finite constant bias (a position bias) adds nothing; one with a blocked row adds a constant row mask."""
+    finite = torch.randn(1, 3, 5, 5)
+    net = _hand_attention(finite, scale=None)
+    values = _inputs(net)
+    before = _run(net, values)[0]
+    assert PASSES["attention_from_matmuls"](net, BuildSettings())
+    PASSES["remove_dead_layers"](net, BuildSettings())
+    assert [x.KIND for x in net.layers if x.KIND != "constant"] == ["attention"]
+    assert net.layers[-1].scale == 1.0
+    _assert_same(_run(net, values)[0], before)
+    blocked = finite.clone()
+    blocked[0, 1, 2] = float("-inf")
+    net = _hand_attention(blocked, scale=None)
+    before = _run(net, values)[0]
+    assert before.isnan().any()
+    assert PASSES["attention_from_matmuls"](net, BuildSettings())
+    PASSES["remove_dead_layers"](net, BuildSettings())
+    assert [x.KIND for x in net.layers if x.KIND != "constant"] == ["attention", "select"]
+    _assert_same(_run(net, values)[0], before)
+
+
+def test_probabilities_read_elsewhere_stay_written_out():
+    net = _hand_attention((2, 1, 5, 5), probs_out=True)
+    kinds = [x.KIND for x in net.layers]
+    assert not PASSES["attention_from_matmuls"](net, BuildSettings())
+    assert [x.KIND for x in net.layers] == kinds
+
+
+class _Block(nn.Module):
+    """Projections, heads, softmax(q k^T / sqrt(d) + mask) v, as encoders write it by hand."""
+
+    def __init__(self, d=32, heads=4):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x, mask):
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        scores = q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5 + mask
+        return self.out((torch.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(b, s, d))
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_a_hand_written_encoder_block_compiles_to_attention_and_matches_eager(backend):
+    torch.manual_seed(0)
+    model = _Block().eval()
+    x = torch.randn(2, 6, 32)
+    mask = torch.zeros(2, 1, 1, 6)
+    mask[1, ..., 4:] = float("-inf")
+    data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input.from_tensor(t) for t in (x, mask)],
+                                              backend=backend)
+    kinds = [x.KIND for x in Engine.deserialize(data).network.layers]
+    assert kinds.count("attention") == 1 and "softmax" not in kinds
+    compiled = torchkiln.compile(model, inputs=[x, mask], backend=backend, min_block_size=1)
+    with torch.no_grad():
+        ref = model(x, mask)
+    for blocked in (False, True):
+        if blocked:  # every key of sequence 0 blocked: eager's rows are NaN, and so are the engine's
+            mask[0] = float("-inf")
+            with torch.no_grad():
+                ref = model(x, mask)
+            assert ref[0].isnan().all() and not ref[1].isnan().any()
+        _assert_same(compiled(x, mask), ref)
