@@ -6,7 +6,8 @@ SDPA's fused kernels, which keep the scores on chip. The match, from each softma
 - before it, at most one add of a bias (any tensor that broadcasts to the scores without widening them), before
   that any multiplies or divides by a constant scalar (the scale), and before those a matrix multiply of q by k
   transposed (its op1, or a shuffle swapping k's last two dims);
-- after it, a matrix multiply of the probabilities by v;
+- after it, a matrix multiply of the probabilities by v (a float16/bfloat16 softmax may be widened to float32 and
+  cast back around it, as `softmax(scores.float()).type_as(scores)` writes it);
 - q, k and v of rank 4 (what the fused kernels take) with the same leading dims, and every value in between read
   by the next step only.
 
@@ -64,8 +65,15 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
     scores = softmax.inputs[0]
     if softmax.log or scores.rank != RANK or softmax.axis % RANK != RANK - 1:
         return "not a softmax over the last axis of a 4-D tensor"
-    after = _only_reader(network, softmax.get_output(), readers)
-    if not isinstance(after, L.MatrixMultiplyLayer) or after.inputs[0] is not softmax.get_output() \
+    probs = softmax.get_output()
+    after = _only_reader(network, probs, readers)
+    widened = _widening(scores)
+    if widened is not None:  # softmax(scores.float()).type_as(scores): SDPA's softmax is in fp32 already
+        if not isinstance(after, L.CastLayer) or after.to_type != widened.dtype:
+            return "a softmax widened to float32 is not cast back to the scores' dtype"
+        probs, scores = after.get_output(), widened
+        after = _only_reader(network, probs, readers)
+    if not isinstance(after, L.MatrixMultiplyLayer) or after.inputs[0] is not probs \
             or after.op0 != L.MatrixOperation.NONE or after.op1 != L.MatrixOperation.NONE or after.weights:
         return "its output is not the left operand of one plain matrix multiply"
     bias, scale, t = None, 1.0, scores
@@ -105,6 +113,15 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
             or not q.dtype.is_floating_point:
         return "q, k and v are not 4-D of the same float dtype and matching dims"
     return q, k, v, bias, scale, after
+
+
+def _widening(t: Tensor) -> Tensor | None:
+    """x where `t` is x (float16 or bfloat16) cast to float32, else None."""
+    cast = t.producer
+    if isinstance(cast, L.CastLayer) and t.dtype == torch.float32 \
+            and cast.inputs[0].dtype in (torch.float16, torch.bfloat16):
+        return cast.inputs[0]
+    return None
 
 
 def _scores_like(t: Tensor) -> bool:
