@@ -153,6 +153,19 @@ def test_attention_runs_through_the_sdpa_backend_timed_fastest(tmp_path, monkeyp
     _close(compiled(x, keep), model(x, keep), fp16=True)
 
 
+def test_a_mask_strided_along_the_keys_runs_on_a_fused_backend(caplog):
+    """A position bias permuted from [L, S, heads] (T5's) is strided along the keys; the efficient backend refused
+    it and only the math backend ran (fp32 scores). Now no refusal is logged and the values match."""
+    from torchkiln.runtime.backends.cuda.timing import sdpa
+
+    q, k, v = (torch.randn(2, 4, 64, 32, device="cuda", dtype=torch.float16) for _ in range(3))
+    mask = torch.randn(64, 64, 4, device="cuda", dtype=torch.float16).permute(2, 0, 1)[None].expand(2, 4, 64, 64)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask.float())
+    with caplog.at_level("INFO", logger="torchkiln"):
+        _close(sdpa("efficient", False, None)(q, k, v, mask), ref, fp16=True)
+    assert "refuses these inputs" not in caplog.text
+
+
 def test_a_backend_refusing_a_calls_inputs_gives_way_to_pytorchs_choice():
     """The build times backends on contiguous inputs; a call's may be laid out otherwise (a mask expanded over the
     batch) and refused by the chosen backend: PyTorch's own choice runs them (flash never takes a mask)."""

@@ -238,3 +238,16 @@ def test_a_timed_choice_is_the_fastest_candidate_cached_and_skips_refusals(tmp_p
     assert timing._timed_choice(cache, "k", candidates, timer, 1, "test") == "fast"
     assert timing._timed_choice(cache, "k", candidates, timer, 1, "test") == "fast" and made == [1]
     assert timing._timed_choice(cache, "all refused", lambda: {"a": refused}, timer, 1, "test") == ""
+
+
+def test_an_attention_mask_reaches_sdpa_with_contiguous_key_positions():
+    """SDPA's fused kernels refuse a mask strided along the keys (a position bias permuted from [L, S, heads]):
+    it is copied to row-major first, values unchanged; a mask contiguous along the keys (expanded over the batch
+    included) is passed as it is."""
+    from torchkiln.runtime.backends.cuda.timing import rows_contiguous
+
+    permuted = torch.randn(6, 5, 4).permute(2, 0, 1)[None].expand(3, 4, 6, 5)
+    fixed = rows_contiguous(permuted)
+    assert permuted.stride(-1) != 1 and fixed.stride(-1) == 1 and torch.equal(fixed, permuted)
+    expanded = torch.randn(1, 4, 6, 5).expand(3, 4, 6, 5)
+    assert rows_contiguous(expanded) is expanded and rows_contiguous(None) is None

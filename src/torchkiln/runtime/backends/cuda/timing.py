@@ -121,12 +121,13 @@ def sdpa(backend: str, causal: bool, scale: float | None
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     if not backend:
-        return lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                                                    scale=scale)
+        return lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=rows_contiguous(mask),
+                                                                    is_causal=causal, scale=scale)
     member = getattr(SDPBackend, ATTENTION_BACKENDS[backend])
-    declined = []  # the backend refused a call's inputs (a layout the timed inputs did not have): PyTorch chooses
+    declined: list[bool] = []  # the backend refused a call's inputs (a layout the timed inputs did not have): PyTorch chooses
 
     def run(q, k, v, mask):
+        mask = rows_contiguous(mask)
         if not declined:
             try:
                 with sdpa_kernel(member):
@@ -140,6 +141,16 @@ def sdpa(backend: str, causal: bool, scale: float | None
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
 
     return run
+
+
+def rows_contiguous(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """`mask` with its last dim contiguous (copied only where it is not): SDPA's fused kernels refuse a mask whose
+    key positions are strided, and then only the math backend runs, materializing the scores in fp32 (a position
+    bias gathered as [L, S, heads] and permuted, as T5's is: 1.65 ms against 0.10 for cuDNN's kernel at
+    [32,8,512,64] fp16 on an H100)."""
+    if mask is None or mask.shape[-1] == 1 or mask.stride(-1) == 1:
+        return mask
+    return mask.contiguous()
 
 
 def _shapes_and_strides(*tensors: torch.Tensor | None) -> str:
