@@ -23,6 +23,8 @@ from torchkiln.analysis.resolve import Resolver
 from torchkiln.errors import ConversionError, UnsupportedOperatorError
 from torchkiln.frontend import as_module, check_method, to_torchscript
 from torchkiln.frontend.arguments import bind_static_arguments, split_named_inputs
+from torchkiln.frontend.entry_arguments import take_entry_arguments
+from torchkiln.frontend.input_dtypes import infer_input_dtypes, parameter_dtype
 from torchkiln.log import debug_logging, warn
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
@@ -69,6 +71,7 @@ def _example_device(inputs: Any) -> torch.device | None:
 
 def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> CompileSettings:
     options = dict(options)
+    inputs = take_entry_arguments(inputs, options)
     if "input_signature" in options:  # Torch-TensorRT's name for inputs, used for nested collections
         signature = options.pop("input_signature")
         if inputs is not None:
@@ -81,7 +84,7 @@ def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> 
         inputs, options["input_names"], options["static_arguments"] = split_named_inputs(module, inputs)
     # a module without parameters or buffers runs where its example inputs are
     default_device = _module_device(module) or _example_device(inputs)
-    settings = CompileSettings.create(inputs, default_device=default_device, **options)
+    settings = infer_input_dtypes(CompileSettings.create(inputs, default_device=default_device, **options), module)
     ignored = settings.settings_without_effect()
     if ignored:
         logger.warning("%s: no effect on torchkiln's engines (accepted for Torch-TensorRT compatibility)",
@@ -143,21 +146,20 @@ def _warn_training(module: torch.nn.Module, script: torch.jit.ScriptModule) -> N
                      f".eval() on it before compiling")
 
 
-def _parameter_dtype(module: torch.nn.Module) -> torch.dtype | None:
-    """The dtype of the module's first floating-point parameter or buffer."""
-    return next((t.dtype for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()),
-                None)
+# A model whose parameters are one of these float types runs an input of another one cast to its type.
+_CASTABLE = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _cast_half_inputs(graph: Graph, signature: tuple[Any, ...], dtype: torch.dtype | None) -> list[str]:
-    """Cast each float16/bfloat16 tensor argument to float32 at the graph's entry, when the model's parameters
-    are float32 (Torch-TensorRT accepts a half-precision Input on a float32 model the same way); the names of
-    the arguments cast. The engine's input stays half precision; its first layer is the cast."""
-    if dtype != torch.float32:
+def _cast_float_inputs(graph: Graph, signature: tuple[Any, ...], dtype: torch.dtype | None) -> list[str]:
+    """Cast each float32/float16/bfloat16 tensor argument of another of these types than the model's parameters
+    to theirs at the graph's entry (Torch-TensorRT accepts a half-precision Input on a float32 model, and a
+    float32 one on a float16 model); the names of the arguments cast. The engine's input keeps its dtype; its
+    first layer is the cast."""
+    if dtype not in _CASTABLE:
         return []
     cast = []
     for param, spec in zip(list(graph.inputs())[1:], signature):
-        if isinstance(spec, Input) and spec.dtype in (torch.float16, torch.bfloat16):
+        if isinstance(spec, Input) and spec.dtype in _CASTABLE and spec.dtype != dtype:
             with graph.insert_point_guard(next(iter(graph.nodes()), graph.return_node())):
                 value = graph.insert("aten::to", [param, graph.insertConstant(dtype), graph.insertConstant(False),
                                                   graph.insertConstant(False)])
@@ -165,9 +167,9 @@ def _cast_half_inputs(graph: Graph, signature: tuple[Any, ...], dtype: torch.dty
             value.node().replaceInputWith(value, param)
             cast.append(f"{param.debugName()} ({spec.dtype})")
     if cast:
-        logger.warning("the model's parameters are float32 and it does not run on the half-precision inputs %s, "
-                       "so they are cast to float32 as the engine's first layer (as Torch-TensorRT does); the "
-                       "outputs are the model's on the cast inputs", ", ".join(cast))
+        logger.warning("the model's parameters are %s and it does not run on the inputs %s, so they are cast to %s "
+                       "as the engine's first layer (as Torch-TensorRT does); the outputs are the model's on the "
+                       "cast inputs", dtype, ", ".join(cast), dtype)
     return cast
 
 
@@ -209,7 +211,7 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     try:
         metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
     except ValueError:
-        if not _cast_half_inputs(lowered.graph, signature, _parameter_dtype(script)):
+        if not _cast_float_inputs(lowered.graph, signature, parameter_dtype(script)):
             raise
         # the cast is what compile does with these inputs: an error left after it (a shape) is the one to report
         metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
@@ -424,19 +426,21 @@ def compile(
     require_full_compilation: bool = False,
     truncate_long_and_double: bool = False,
     debug: bool = False,
+    ir: str = "default",
     **more: Any,
 ) -> torch.jit.ScriptModule:
     """Compile a module into a ScriptModule whose convertible parts run through torchkiln engines.
 
     `inputs` has one entry per argument of forward: a torchkiln.Input (or an example tensor, or a shape),
     or, for an argument that is a tuple, list or dict of tensors, the same structure of Inputs (nested).
-    `input_signature=` is accepted as another name for `inputs` (Torch-TensorRT's, for nested collections).
+    `input_signature=` and `arg_inputs=` are accepted as other names for `inputs` (Torch-TensorRT's); `ir`
+    may be "default", "ts" or "torchscript" (torchkiln compiles TorchScript).
     """
     compiled, _ = compile_with_report(
         module, inputs, enabled_precisions=enabled_precisions, device=device, min_block_size=min_block_size,
         torch_executed_ops=torch_executed_ops, torch_executed_modules=torch_executed_modules,
         require_full_compilation=require_full_compilation, truncate_long_and_double=truncate_long_and_double,
-        debug=debug, **more)
+        debug=debug, ir=ir, **more)
     return compiled
 
 

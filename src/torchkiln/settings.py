@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from torchkiln.device import to_torch_device
-from torchkiln.enums import EngineCapability, to_torch_dtype
+from torchkiln.enums import EngineCapability, to_torch_dtype, to_torch_format
 
 SUPPORTED_INPUT_DTYPES = (
     torch.float32, torch.float16, torch.bfloat16, torch.float64,
@@ -56,7 +56,7 @@ def _memory_format(tensor: torch.Tensor) -> torch.memory_format:
     return torch.channels_last if channels_last and not tensor.is_contiguous() else torch.contiguous_format
 
 
-@dataclasses.dataclass(frozen=True, init=False)
+@dataclasses.dataclass(init=False)
 class Input:
     """Shape range, dtype and memory format of one engine input (mirrors torch_tensorrt.Input).
 
@@ -64,6 +64,11 @@ class Input:
     `torchkiln compile --check-accuracy`): floats uniform in [low, high), integers in [ceil(low), ceil(high)).
     `torch_tensor=` (or `example_tensor=`) gives the tensor shape analysis runs on; without a shape, the
     Input takes the tensor's shape, dtype and memory format.
+
+    Without a dtype (or with `torchkiln.dtype.unknown`), `dtype` reads torch.float32 and `explicit_dtype` is
+    False: compile then takes the model's floating-point parameter dtype, as Torch-TensorRT infers an unset
+    input type. Fields can be set after construction (`spec.dtype = torch.half`), checked as the constructor
+    checks them; `memory_format` is another name for `format`.
     """
 
     min_shape: tuple[int, ...]
@@ -74,6 +79,9 @@ class Input:
     name: str | None
     tensor_domain: tuple[float, float] | None = None
     example_data: torch.Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
+    explicit_dtype: bool = dataclasses.field(default=True, repr=False)
+    _SETTABLE = ("shape", "min_shape", "opt_shape", "max_shape", "dtype", "format", "memory_format", "name",
+                 "tensor_domain")  # not a field: no annotation
 
     def __init__(
         self,
@@ -117,8 +125,10 @@ class Input:
                         f"opt_shape {opts}, max_shape {maxs}"
                     )
         dtype = to_torch_dtype(dtype)
+        explicit = dtype is not None or tensor is not None
         if dtype is None:
             dtype = tensor.dtype if tensor is not None else torch.float32
+        format = to_torch_format(format)
         if format is None:
             format = _memory_format(tensor) if tensor is not None else torch.contiguous_format
         if dtype not in SUPPORTED_INPUT_DTYPES:
@@ -136,8 +146,25 @@ class Input:
             tensor = tensor.detach()
         for key, value in (("min_shape", mins), ("opt_shape", opts), ("max_shape", maxs), ("dtype", dtype),
                            ("format", format), ("name", name), ("tensor_domain", _domain(tensor_domain)),
-                           ("example_data", tensor)):
+                           ("example_data", tensor), ("explicit_dtype", explicit)):
             object.__setattr__(self, key, value)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        """Set a field, checked as the constructor checks it (ValueError naming the problem)."""
+        key = "format" if key == "memory_format" else key
+        if key not in self._SETTABLE:
+            raise AttributeError(f"Input.{key} cannot be set; settable: {', '.join(self._SETTABLE)}")
+        fields = dict(min_shape=self.min_shape, opt_shape=self.opt_shape, max_shape=self.max_shape,
+                      dtype=self.dtype if self.explicit_dtype else None, format=self.format, name=self.name,
+                      tensor_domain=self.tensor_domain, torch_tensor=self.example_data)
+        fields.update(dict.fromkeys(("min_shape", "opt_shape", "max_shape"), value) if key == "shape" else
+                      {key: value})
+        self.__dict__.update(Input(**fields).__dict__)
+
+    @property
+    def memory_format(self) -> torch.memory_format:
+        """The layout inputs of this spec come in (Torch-TensorRT's other name for `format`)."""
+        return self.format
 
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor, name: str | None = None) -> Input:
