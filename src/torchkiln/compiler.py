@@ -20,7 +20,7 @@ from torchkiln.conversion.block_converter import convert_block
 from torchkiln.analysis.registry import is_registered
 from torchkiln.conversion import load_all
 from torchkiln.analysis.resolve import Resolver
-from torchkiln.errors import ConversionError, UnsupportedOperatorError
+from torchkiln.errors import ConversionError, EngineInputError, UnsupportedOperatorError
 from torchkiln.frontend import as_module, check_method, to_torchscript
 from torchkiln.frontend.arguments import bind_static_arguments, split_named_inputs
 from torchkiln.frontend.entry_arguments import take_entry_arguments
@@ -540,32 +540,57 @@ def _identifier(name: str, index: int) -> str:
     return clean if usable else f"input_{index}"
 
 
+def _binding_order(given: Sequence[str] | None, names: Sequence[str], kind: str) -> list[int]:
+    """The index of the engine binding each of `given` names, by its own name or by position ('input_0',
+    'output_1', Torch-TensorRT's binding names); every binding once. None: the engine's order."""
+    if given is None:
+        return list(range(len(names)))
+    if isinstance(given, str) or len(given) != len(names):
+        raise EngineInputError(f"{kind}_binding_names: the engine has {len(names)} {kind}s {list(names)}, got "
+                               f"{given!r}")
+    order = []
+    for name in given:
+        position = re.fullmatch(rf"{kind}_(\d+)", name) if isinstance(name, str) else None
+        if name in names:
+            order.append(list(names).index(name))
+        elif position and int(position.group(1)) < len(names):
+            order.append(int(position.group(1)))
+        else:
+            last = f" to {kind}_{len(names) - 1}" if len(names) > 1 else ""
+            raise EngineInputError(f"{kind}_binding_names: {name!r} is not an {kind} binding of the engine; its "
+                                   f"{kind}s are {list(names)} (by position {kind}_0{last})")
+    if len(set(order)) != len(order):
+        raise EngineInputError(f"{kind}_binding_names: {list(given)} names an engine {kind} twice")
+    return order
+
+
 def embed_engine_in_new_module(engine_bytes: bytes, input_binding_names: Sequence[str] | None = None,
                                output_binding_names: Sequence[str] | None = None,
                                device: Any = None) -> torch.jit.ScriptModule:
-    """A ScriptModule whose forward(*inputs) runs the engine (one output: a tensor; several: a tuple)."""
+    """A ScriptModule whose forward(*inputs) runs the engine (one output: a tensor; several: a tuple).
+
+    `input_binding_names` and `output_binding_names` name the engine's bindings in the order forward takes and
+    returns them: a binding's own name, or its position as 'input_<i>' / 'output_<i>' (Torch-TensorRT's);
+    EngineInputError for a name that is no binding of the engine."""
     engine = Engine.deserialize(engine_bytes)
-    n_in, n_out = len(engine.bindings), len(engine.network.outputs)
-    names = list(input_binding_names) if input_binding_names is not None else [b.name for b in engine.bindings]
-    if len(names) != n_in:
-        raise ValueError(f"input_binding_names: the engine has {n_in} inputs, got {len(names)} names")
-    if output_binding_names is not None and len(output_binding_names) != n_out:
-        raise ValueError(f"output_binding_names: the engine has {n_out} outputs, got {len(output_binding_names)}")
+    inputs = _binding_order(input_binding_names, [b.name for b in engine.bindings], "input")
+    outputs = _binding_order(output_binding_names, [t.name for t in engine.network.outputs], "output")
     if device is not None and as_device(device).type != engine.device_type:
         raise ValueError(f"device: the engine was built for {engine.device_type}, not {device}")
-    args = [_identifier(n, i) for i, n in enumerate(names)]
+    args = [_identifier(engine.bindings[i].name, k) for k, i in enumerate(inputs)]
     if len(set(args)) != len(args):
-        args = [f"input_{i}" for i in range(n_in)]
+        args = [f"input_{k}" for k in range(len(inputs))]
+    in_engine_order = [args[inputs.index(i)] for i in range(len(inputs))]
     # A fresh class each time: TorchScript cannot define forward twice on one class.
     module = type("EmbeddedEngine", (RaisesEngineErrors, torch.jit.ScriptModule),
                   {"__module__": "torchkiln.embedded"})()
     module._c._register_attribute(ENGINE_ATTR.format(0), torch._C.TensorType.get(), engine_blob(engine_bytes))
-    result = "outs[0]" if n_out == 1 else "(" + ", ".join(f"outs[{i}]" for i in range(n_out)) + ")"
-    rtype = "Tensor" if n_out == 1 else f"Tuple[{', '.join(['Tensor'] * n_out)}]"
+    result = f"outs[{outputs[0]}]" if len(outputs) == 1 else "(" + ", ".join(f"outs[{i}]" for i in outputs) + ")"
+    rtype = "Tensor" if len(outputs) == 1 else f"Tuple[{', '.join(['Tensor'] * len(outputs))}]"
     signature = ", ".join(f"{a}: Tensor" for a in args)
     module.define(
         f"def forward(self, {signature}) -> {rtype}:\n"
-        f"    outs = torch.ops.torchkiln.execute_engine([{', '.join(args)}], self.{ENGINE_ATTR.format(0)}, "
+        f"    outs = torch.ops.torchkiln.execute_engine([{', '.join(in_engine_order)}], self.{ENGINE_ATTR.format(0)}, "
         f"{engine_signature(engine)!r})\n"
         f"    return {result}\n")
     return module
