@@ -60,7 +60,8 @@ def test_names_that_are_not_the_engines_bindings_are_refused(inputs, outputs, me
     with pytest.raises(torchkiln.EngineInputError, match=message) as info:
         torchkiln.embed_engine_in_new_module(data, input_binding_names=inputs, output_binding_names=outputs)
     assert isinstance(info.value, RuntimeError)
-    module = torchkiln.embed_engine_in_new_module(data, input_binding_names=["input_0"], output_binding_names=["output_0"])
+    module = torchkiln.embed_engine_in_new_module(data, input_binding_names=["input_0"],
+                                                  output_binding_names=["output_0"])
     x = torch.randn(2, 10)
     with torch.no_grad():
         assert_matches_eager(module(x), model(x))

@@ -287,7 +287,8 @@ def test_ir_ts_and_default_are_accepted_and_any_other_ir_is_refused(model):
         engine = torchkiln.convert_method_to_trt_engine(script, "forward", inputs=[x], ir="ts")
         assert_matches_eager(torchkiln.embed_engine_in_new_module(engine)(x), model(x))
     for call in (torchkiln.compile, torchkiln.ts.compile, torchkiln.convert_method_to_trt_engine):
-        with pytest.raises(ValueError, match="ir='dynamo': torchkiln compiles TorchScript; use ir='ts' or ir='default'"):
+        with pytest.raises(ValueError, match="ir='dynamo': torchkiln compiles TorchScript; use ir='ts' or "
+                                             "ir='default'"):
             call(model, inputs=[x], ir="dynamo")
 
 
@@ -391,7 +392,8 @@ def test_ts_logging_prefix_colour_and_level():
         assert Formatter().format(record) == "Python API Test: WARNING torchkiln.partitioning: two blocks"
         tslog.set_is_colored_output_on(True)
         assert tslog.get_is_colored_output_on()
-        assert Formatter().format(record) == "Python API Test: \033[33mWARNING\033[0m torchkiln.partitioning: two blocks"
+        assert Formatter().format(record) == \
+            "Python API Test: \033[33mWARNING\033[0m torchkiln.partitioning: two blocks"
         tslog.set_reportable_log_level(tslog.Level.Error)
         assert tslog.get_reportable_log_level() == tslog.Level.Error
         with pytest.raises(ValueError, match="set_logging_prefix takes a str"):
