@@ -345,10 +345,11 @@ def test_memory_format_names_and_a_channels_last_input(model):
         assert_matches_eager(compiled(x), model(x))
 
 
-def test_dtype_unknown_leaves_the_input_dtype_unset():
+def test_an_input_without_a_dtype_has_dtype_unknown():
     for spec in (torchkiln.Input((2, 3)), torchkiln.Input((2, 3), dtype=torchkiln.dtype.unknown),
                  torchkiln.ts.TorchScriptInput(shape=(2, 3), dtype=None)):
-        assert (spec.dtype, spec.explicit_dtype) == (torch.float32, False)
+        assert (spec.dtype, spec.explicit_dtype) == (torchkiln.dtype.unknown, False)
+        assert spec.example_tensor().dtype == torch.float32
     assert torchkiln.Input((2, 3), dtype=torchkiln.dtype.half).explicit_dtype
     assert torchkiln.Input.from_tensor(torch.zeros(2, dtype=torch.half)).explicit_dtype
     assert torchkiln.ts.TorchScriptInput is torchkiln.Input and torchkiln.ts.TorchScriptDevice is torchkiln.Device

@@ -10,7 +10,7 @@ def test_static_spec_with_dtype_and_format():
     spec = parse_input_spec("(1,3,224,224)@f16%contiguous")
     assert spec == torchkiln.Input((1, 3, 224, 224), dtype=torch.float16)
     assert spec.format == torch.contiguous_format
-    assert parse_input_spec(" ( 2, 3 ) ") == torchkiln.Input((2, 3))  # default f32, spaces allowed
+    assert parse_input_spec(" ( 2, 3 ) ") == torchkiln.Input((2, 3))  # no dtype: the model's; spaces allowed
     last = parse_input_spec("(2,3,4,5)%channels_last@bf16")  # either order
     assert (last.dtype, last.format) == (torch.bfloat16, torch.channels_last)
     assert parse_input_spec("(8)@i64").shape == (8,) and parse_input_spec("(8,)").shape == (8,)

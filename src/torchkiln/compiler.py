@@ -84,7 +84,7 @@ def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> 
         inputs, options["input_names"], options["static_arguments"] = split_named_inputs(module, inputs)
     # a module without parameters or buffers runs where its example inputs are
     default_device = _module_device(module) or _example_device(inputs)
-    settings = infer_input_dtypes(CompileSettings.create(inputs, default_device=default_device, **options), module)
+    settings = CompileSettings.create(infer_input_dtypes(inputs, module), default_device=default_device, **options)
     ignored = settings.settings_without_effect()
     if ignored:
         logger.warning("%s: no effect on torchkiln's engines (accepted for Torch-TensorRT compatibility)",

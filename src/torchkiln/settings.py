@@ -1,6 +1,7 @@
 """Public settings: engine input specifications and the validated compile settings."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -12,6 +13,7 @@ import torch
 
 from torchkiln.device import to_torch_device
 from torchkiln.enums import EngineCapability, to_torch_dtype, to_torch_format
+from torchkiln.enums import dtype as DType
 
 SUPPORTED_INPUT_DTYPES = (
     torch.float32, torch.float16, torch.bfloat16, torch.float64,
@@ -65,21 +67,20 @@ class Input:
     `torch_tensor=` (or `example_tensor=`) gives the tensor shape analysis runs on; without a shape, the
     Input takes the tensor's shape, dtype and memory format.
 
-    Without a dtype (or with `torchkiln.dtype.unknown`), `dtype` reads torch.float32 and `explicit_dtype` is
-    False: compile then takes the model's floating-point parameter dtype, as Torch-TensorRT infers an unset
-    input type. Fields can be set after construction (`spec.dtype = torch.half`), checked as the constructor
-    checks them; `memory_format` is another name for `format`.
+    Without a dtype, `dtype` is `torchkiln.dtype.unknown` (as in Torch-TensorRT): compile takes the model's
+    floating-point parameter dtype when it is float16 or bfloat16, else float32. Fields can be set after
+    construction (`spec.dtype = torch.half`), checked as the constructor checks them; `memory_format` is another
+    name for `format`.
     """
 
     min_shape: tuple[int, ...]
     opt_shape: tuple[int, ...]
     max_shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: torch.dtype | DType  # DType.unknown: not given
     format: torch.memory_format
     name: str | None
     tensor_domain: tuple[float, float] | None = None
     example_data: torch.Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
-    explicit_dtype: bool = dataclasses.field(default=True, repr=False)
     _SETTABLE = ("shape", "min_shape", "opt_shape", "max_shape", "dtype", "format", "memory_format", "name",
                  "tensor_domain")  # not a field: no annotation
 
@@ -125,13 +126,12 @@ class Input:
                         f"opt_shape {opts}, max_shape {maxs}"
                     )
         dtype = to_torch_dtype(dtype)
-        explicit = dtype is not None or tensor is not None
         if dtype is None:
-            dtype = tensor.dtype if tensor is not None else torch.float32
+            dtype = tensor.dtype if tensor is not None else DType.unknown
         format = to_torch_format(format)
         if format is None:
             format = _memory_format(tensor) if tensor is not None else torch.contiguous_format
-        if dtype not in SUPPORTED_INPUT_DTYPES:
+        if dtype is not DType.unknown and dtype not in SUPPORTED_INPUT_DTYPES:
             raise ValueError(f"Input dtype {dtype} is not supported; use one of {list(SUPPORTED_INPUT_DTYPES)}")
         if format not in _FORMATS:
             raise ValueError(f"Input format {format} is not supported; use torch.contiguous_format or torch.channels_last")
@@ -146,7 +146,7 @@ class Input:
             tensor = tensor.detach()
         for key, value in (("min_shape", mins), ("opt_shape", opts), ("max_shape", maxs), ("dtype", dtype),
                            ("format", format), ("name", name), ("tensor_domain", _domain(tensor_domain)),
-                           ("example_data", tensor), ("explicit_dtype", explicit)):
+                           ("example_data", tensor)):
             object.__setattr__(self, key, value)
 
     def __setattr__(self, key: str, value: Any) -> None:
@@ -155,11 +155,24 @@ class Input:
         if key not in self._SETTABLE:
             raise AttributeError(f"Input.{key} cannot be set; settable: {', '.join(self._SETTABLE)}")
         fields = dict(min_shape=self.min_shape, opt_shape=self.opt_shape, max_shape=self.max_shape,
-                      dtype=self.dtype if self.explicit_dtype else None, format=self.format, name=self.name,
+                      dtype=self.dtype, format=self.format, name=self.name,
                       tensor_domain=self.tensor_domain, torch_tensor=self.example_data)
         fields.update(dict.fromkeys(("min_shape", "opt_shape", "max_shape"), value) if key == "shape" else
                       {key: value})
         self.__dict__.update(Input(**fields).__dict__)
+
+    @property
+    def explicit_dtype(self) -> bool:
+        """Whether the dtype was given (or taken from torch_tensor), not left to compile."""
+        return self.dtype is not DType.unknown
+
+    def with_default_dtype(self, dtype: torch.dtype) -> Input:
+        """This Input, or where its dtype was not given a copy of it with `dtype`."""
+        if self.explicit_dtype:
+            return self
+        spec = copy.copy(self)
+        spec.dtype = dtype
+        return spec
 
     @property
     def memory_format(self) -> torch.memory_format:
@@ -213,6 +226,8 @@ class Input:
         made from where its shape fits; else, with a tensor_domain, random values in it; else random floats,
         random bools, or ones for integers (safe as divisors and as indices into any embedding)."""
         shape = {"min": self.min_shape, "opt": self.opt_shape, "max": self.max_shape}[which]
+        if not self.explicit_dtype:
+            return self.with_default_dtype(torch.float32).example(device, which)
         if self.example_data is not None and tuple(self.example_data.shape) == shape:
             return self.example_data.to(device)
         if self.dtype == torch.bool:
@@ -240,11 +255,11 @@ class Input:
 def as_input(spec: Input | torch.Tensor | Sequence[int]) -> Input:
     """Accept an Input, an example tensor or a plain shape."""
     if isinstance(spec, Input):
-        return spec
+        return spec.with_default_dtype(torch.float32)
     if isinstance(spec, torch.Tensor):
         return Input.from_tensor(spec)
     if isinstance(spec, (tuple, list, torch.Size)):
-        return Input(tuple(spec))
+        return Input(tuple(spec), dtype=torch.float32)
     raise ValueError(f"inputs entries must be torchkiln.Input, torch.Tensor or a shape tuple, got {type(spec).__name__}")
 
 

@@ -1,16 +1,14 @@
 """Inputs given without a dtype take the model's: Torch-TensorRT infers an unset input type from the graph's
 first calculation (a float16 model's inputs are float16); torchkiln takes the dtype of the model's first
-floating-point parameter or buffer, and float32 for a model without one."""
+floating-point parameter or buffer when it is float16 or bfloat16. Other unset Inputs become float32 (as_input)."""
 from __future__ import annotations
 
-import copy
-import dataclasses
 import logging
 from typing import Any
 
 import torch
 
-from torchkiln.settings import CompileSettings, Input, flatten_signature
+from torchkiln.settings import Input
 
 logger = logging.getLogger("torchkiln")
 HALF_DTYPES = (torch.float16, torch.bfloat16)
@@ -22,29 +20,27 @@ def parameter_dtype(module: torch.nn.Module) -> torch.dtype | None:
                 None)
 
 
-def _map(signature: Any, fn: Any) -> Any:
-    if isinstance(signature, Input):
-        return fn(signature)
-    if isinstance(signature, dict):
-        return {k: _map(v, fn) for k, v in signature.items()}
-    return type(signature)(_map(v, fn) for v in signature)
+def _map_inputs(inputs: Any, dtype: torch.dtype, found: list[Input]) -> Any:
+    if isinstance(inputs, Input):
+        if not inputs.explicit_dtype:
+            found.append(inputs)
+        return inputs.with_default_dtype(dtype)
+    if isinstance(inputs, dict):
+        return {k: _map_inputs(v, dtype, found) for k, v in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(_map_inputs(v, dtype, found) for v in inputs)
+    return inputs
 
 
-def infer_input_dtypes(settings: CompileSettings, module: torch.nn.Module) -> CompileSettings:
-    """`settings` with each Input given without a dtype set to the module's half-precision parameter dtype
-    (unchanged where the parameters are float32 or there are none: those Inputs are float32 already)."""
+def infer_input_dtypes(inputs: Any, module: torch.nn.Module) -> Any:
+    """`inputs` (nested lists, tuples and dicts) with each Input given without a dtype set to the module's
+    half-precision parameter dtype; unchanged where the parameters are float32 or there are none."""
     dtype = parameter_dtype(module)
-    if dtype not in HALF_DTYPES or all(spec.explicit_dtype for spec in settings.inputs):
-        return settings
-
-    def infer(spec: Input) -> Input:
-        if spec.explicit_dtype:
-            return spec
-        spec = copy.copy(spec)
-        spec.dtype = dtype
-        return spec
-
-    signature = tuple(_map(settings.input_signature, infer))
-    logger.info("inputs given without a dtype take the model's parameter dtype %s (as Torch-TensorRT infers "
-                "an unset input type)", dtype)
-    return dataclasses.replace(settings, input_signature=signature, inputs=tuple(flatten_signature(signature)))
+    if dtype not in HALF_DTYPES:
+        return inputs
+    found: list[Input] = []
+    inputs = _map_inputs(inputs, dtype, found)
+    if found:
+        logger.info("%d inputs given without a dtype take the model's parameter dtype %s (as Torch-TensorRT infers "
+                    "an unset input type)", len(found), dtype)
+    return inputs
