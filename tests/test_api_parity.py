@@ -2,6 +2,7 @@
 torchkiln.ts, ir= and arg_inputs=, save, the build-tuning compile settings and Input's extras (tensor_domain,
 torch_tensor, from_tensors, shape, settable fields)."""
 import io
+import re
 import logging
 
 import pytest
@@ -404,3 +405,14 @@ def test_ts_logging_prefix_colour_and_level():
     finally:
         STYLE.prefix, STYLE.colored = before[0], before[1]
         logging.getLogger("torchkiln").setLevel(before[2])
+
+
+@pytest.mark.parametrize("settings,named", [
+    ({"calibrator": object()}, "calibrator"),
+    ({"enabled_precisions": {torch.float, torch.int8}}, "enabled_precisions torch.int8"),
+    ({"enabled_precisions": {torchkiln.dtype.int8}}, "enabled_precisions <dtype.i8: 'i8'>"),
+])
+def test_int8_quantization_is_refused_by_name(model, settings, named):
+    with pytest.raises(ValueError, match=f"{re.escape(named)}: INT8 post-training quantization \\(Torch-TensorRT's ptq "
+                                         f"calibrators\\) is not supported by torchkiln yet"):
+        torchkiln.compile(model, [torchkiln.Input((1, 3, 6, 6))], **settings)
