@@ -26,11 +26,45 @@ def test_embedded_engine_with_two_inputs_and_outputs(tmp_path):
     model = TwoOutputs()
     specs = [torchkiln.Input((3, 5)), torchkiln.Input((3, 5))]
     data = torchkiln.convert_method_to_engine(model, "forward", specs)
-    module = torchkiln.embed_engine_in_new_module(data, input_binding_names=["a", "b"])
+    module = torchkiln.embed_engine_in_new_module(data, input_binding_names=["x", "input_1"])
     torch.jit.save(module, tmp_path / "e.ts")
     loaded = torch.jit.load(tmp_path / "e.ts")
     x, y = torch.randn(3, 5), torch.randn(3, 5)
     assert_matches_eager(loaded(x, y), model(x, y))
+    # the names order the bindings: forward(y, x) returning (sigmoid, sum)
+    swapped = torchkiln.embed_engine_in_new_module(data, ["y", "x"], ["output_1", "output_0"])
+    assert_matches_eager(swapped(y, x), model(x, y)[::-1])
+
+
+class TwoLinear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(10, 5), torch.nn.Linear(5, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.fc1(x))
+
+
+@pytest.mark.parametrize("inputs,outputs,message", [
+    (["x.1"], ["output_0"], r"input_binding_names: 'x.1' is not an input binding of the engine; its inputs are "
+                            r"\['x'\] \(by position input_0\)"),
+    (["input_0"], ["z.1"], r"output_binding_names: 'z.1' is not an output binding"),
+    (["input_1"], None, r"'input_1' is not an input binding"),
+    (["x", "x"], None, r"the engine has 1 inputs \['x'\], got \['x', 'x'\]"),
+])
+def test_names_that_are_not_the_engines_bindings_are_refused(inputs, outputs, message):
+    """Torch-TensorRT's test_detect_invalid_input_binding / _output_binding: a name that is no binding raises
+    RuntimeError (EngineInputError is one)."""
+    model = TwoLinear().eval()
+    data = torchkiln.convert_method_to_trt_engine(torch.jit.script(model), "forward", inputs=[torchkiln.Input((2, 10))])
+    with pytest.raises(torchkiln.EngineInputError, match=message) as info:
+        torchkiln.embed_engine_in_new_module(data, input_binding_names=inputs, output_binding_names=outputs)
+    assert isinstance(info.value, RuntimeError)
+    module = torchkiln.embed_engine_in_new_module(data, input_binding_names=["input_0"],
+                                                  output_binding_names=["output_0"])
+    x = torch.randn(2, 10)
+    with torch.no_grad():
+        assert_matches_eager(module(x), model(x))
 
 
 def test_check_method_op_support():
@@ -77,13 +111,20 @@ def test_a_containers_len_is_not_a_method_to_compile():
         torchkiln.convert_method_to_engine(model, "__len__", [torchkiln.Input((2, 4))])
 
 
-@pytest.mark.parametrize("names", [["torch", "None"], ["self", "def"], ["int", "outs"], ["List", "x y"]])
-def test_binding_names_that_are_not_usable_as_arguments(names):
-    model = TwoOutputs()
+class ReservedArgumentNames(torch.nn.Module):
+    def forward(self, input: torch.Tensor, outs: torch.Tensor):  # noqa: A002  (a builtin's name, on purpose)
+        return torch.relu(input) + outs, torch.sigmoid(input * outs)
+
+
+def test_binding_names_that_are_not_usable_as_arguments():
+    """Bindings named like a builtin or the generated code's own variable still make a forward that runs."""
+    model = ReservedArgumentNames()
     data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input((3, 5)), torchkiln.Input((3, 5))])
-    module = torchkiln.embed_engine_in_new_module(data, input_binding_names=names)
-    x, y = torch.randn(3, 5), torch.randn(3, 5)
-    assert_matches_eager(module(x, y), model(x, y))
+    for names in (None, ["input", "outs"], ["outs", "input"]):
+        module = torchkiln.embed_engine_in_new_module(data, input_binding_names=names)
+        x, y = torch.randn(3, 5), torch.randn(3, 5)
+        expected = model(x, y) if names != ["outs", "input"] else model(y, x)
+        assert_matches_eager(module(x, y), expected)
 
 
 def test_embedded_engine_raises_torchkiln_errors():

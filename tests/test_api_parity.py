@@ -1,6 +1,8 @@
-"""Torch-TensorRT's names in torchkiln: Device, dtype, logging, dump_build_info, set_device, torchkiln.ts, the
-build-tuning compile settings and Input's extras (tensor_domain, torch_tensor, from_tensors, shape)."""
+"""Torch-TensorRT's names in torchkiln: Device, dtype, memory_format, logging, dump_build_info, set_device,
+torchkiln.ts, ir= and arg_inputs=, save, the build-tuning compile settings and Input's extras (tensor_domain,
+torch_tensor, from_tensors, shape, settable fields)."""
 import io
+import re
 import logging
 
 import pytest
@@ -272,3 +274,145 @@ def test_tensor_domain_reaches_shape_analysis():
     idx = torch.tensor([0, 9, 3, 3, 7])
     with torch.no_grad():
         assert_matches_eager(compiled(idx), model(idx))
+
+
+# --- ir=, arg_inputs=, top-level names ---------------------------------------------------------------------------
+
+def test_ir_ts_and_default_are_accepted_and_any_other_ir_is_refused(model):
+    x = torch.randn(1, 3, 6, 6)
+    script = torch.jit.script(model)
+    with torch.no_grad():
+        for compiled in (torchkiln.compile(model, inputs=[x], ir="ts"), torchkiln.compile(model, [x], ir="default"),
+                         torchkiln.ts.compile(script, inputs=[x], ir="torchscript")):
+            assert_matches_eager(compiled(x), model(x))
+        engine = torchkiln.convert_method_to_trt_engine(script, "forward", inputs=[x], ir="ts")
+        assert_matches_eager(torchkiln.embed_engine_in_new_module(engine)(x), model(x))
+    for call in (torchkiln.compile, torchkiln.ts.compile, torchkiln.convert_method_to_trt_engine):
+        with pytest.raises(ValueError, match="ir='dynamo': torchkiln compiles TorchScript; use ir='ts' or "
+                                             "ir='default'"):
+            call(model, inputs=[x], ir="dynamo")
+
+
+def test_arg_inputs_is_another_name_for_inputs(model):
+    x = torch.randn(1, 3, 6, 6)
+    with torch.no_grad():
+        assert_matches_eager(torchkiln.compile(model, arg_inputs=[torchkiln.Input((1, 3, 6, 6))])(x), model(x))
+        engine = torchkiln.convert_method_to_trt_engine(model, arg_inputs=[x])
+        assert_matches_eager(torchkiln.embed_engine_in_new_module(engine)(x), model(x))
+    with pytest.raises(ValueError, match="give inputs or arg_inputs \\(another name for it\\), not both"):
+        torchkiln.compile(model, inputs=[x], arg_inputs=[x])
+
+
+def test_save_writes_torchscript_that_load_reads(model, tmp_path):
+    x = torch.randn(1, 3, 6, 6)
+    compiled = torchkiln.compile(model, ir="ts", inputs=[x], min_block_size=1)
+    for output_format in ("torchscript", "ts"):
+        path = tmp_path / f"{output_format}.ts"
+        torchkiln.save(compiled, path, output_format=output_format, inputs=[x], extra_files={"note": "hi"})
+        files = {"note": ""}
+        loaded = torch.jit.load(path, _extra_files=files)
+        assert files["note"] in ("hi", b"hi")
+        with torch.no_grad():
+            assert_matches_eager(torchkiln.load(path)(x), model(x))
+            assert_matches_eager(loaded(x), model(x))
+    with pytest.raises(ValueError, match="output_format='exported_program': torchkiln saves TorchScript"):
+        torchkiln.save(compiled, tmp_path / "m.ep", output_format="exported_program")
+    with pytest.raises(ValueError, match="save takes a compiled \\(TorchScript\\) module, got ConvNet"):
+        torchkiln.save(model, tmp_path / "m.ts")
+
+
+def test_engine_capability_default_is_standard(model, caplog):
+    assert torchkiln.EngineCapability.default is torchkiln.EngineCapability.STANDARD
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        torchkiln.compile(model, [torchkiln.Input((1, 3, 6, 6))], capability=torchkiln.EngineCapability.default)
+    assert not [r for r in caplog.records if "no effect" in r.getMessage()]
+
+
+# --- Input: memory_format, dtype.unknown, settable fields --------------------------------------------------------
+
+def test_memory_format_names_and_a_channels_last_input(model):
+    mf = torchkiln.memory_format
+    assert (mf.linear, mf.hwc) == (mf.contiguous, mf.channels_last)
+    assert mf._from(torch.channels_last) is mf.channels_last and mf.contiguous.to(torch.memory_format) == \
+        torch.contiguous_format
+    for fmt in (mf.channels_last, torch.channels_last, "channels_last"):
+        spec = torchkiln.Input((1, 3, 6, 6), format=mf._from(fmt))
+        assert spec.format == spec.memory_format == torch.channels_last
+    with pytest.raises(ValueError, match="is not a layout torchkiln's engines take"):
+        mf._from(torch.preserve_format)
+    x = torch.randn(1, 3, 6, 6).contiguous(memory_format=torch.channels_last)
+    compiled = torchkiln.compile(model, [torchkiln.Input((1, 3, 6, 6), format=mf.channels_last)])
+    with torch.no_grad():
+        assert_matches_eager(compiled(x), model(x))
+
+
+def test_an_input_without_a_dtype_has_dtype_unknown():
+    for spec in (torchkiln.Input((2, 3)), torchkiln.Input((2, 3), dtype=torchkiln.dtype.unknown),
+                 torchkiln.ts.TorchScriptInput(shape=(2, 3), dtype=None)):
+        assert (spec.dtype, spec.explicit_dtype) == (torchkiln.dtype.unknown, False)
+        assert spec.example_tensor().dtype == torch.float32
+    assert torchkiln.Input((2, 3), dtype=torchkiln.dtype.half).explicit_dtype
+    assert torchkiln.Input.from_tensor(torch.zeros(2, dtype=torch.half)).explicit_dtype
+    assert torchkiln.ts.TorchScriptInput is torchkiln.Input and torchkiln.ts.TorchScriptDevice is torchkiln.Device
+    with pytest.raises(ValueError, match="dtype.unknown has no torch dtype"):
+        torchkiln.dtype.unknown.to(torch.dtype)
+
+
+def test_input_fields_can_be_set_and_are_checked_when_set():
+    spec = torchkiln.Input((1, 3, 4, 4))
+    spec.dtype = torch.half
+    assert (spec.dtype, spec.explicit_dtype) == (torch.float16, True)
+    spec.memory_format = torchkiln.memory_format.channels_last
+    spec.shape = (2, 3, 4, 4)
+    spec.name = "image"
+    assert (spec.format, spec.opt_shape, spec.name) == (torch.channels_last, (2, 3, 4, 4), "image")
+    for field, value, message in [
+        ("dtype", torch.complex64, "Input dtype torch.complex64 is not supported"),
+        ("shape", (2, 3), "channels_last needs a 4-d shape"),
+        ("max_shape", (1, 3, 4, 4), "min <= opt <= max"),
+        ("format", torch.preserve_format, "not supported; use torch.contiguous_format or torch.channels_last"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            setattr(spec, field, value)
+    assert (spec.dtype, spec.format, spec.opt_shape) == (torch.float16, torch.channels_last, (2, 3, 4, 4))
+    with pytest.raises(AttributeError, match="Input.example_data cannot be set; settable: shape"):
+        spec.example_data = torch.zeros(1)
+
+
+# --- logging: Torch-TensorRT's torch_tensorrt.ts.logging names ----------------------------------------------------
+
+def test_ts_logging_prefix_colour_and_level():
+    from torchkiln.log import STYLE, Formatter
+
+    tslog = torchkiln.ts.logging
+    assert tslog is torchkiln.logging
+    before = (tslog.get_logging_prefix(), tslog.get_is_colored_output_on(), logging.getLogger("torchkiln").level)
+    record = logging.LogRecord("torchkiln.partitioning", logging.WARNING, __file__, 1, "two blocks", None, None)
+    try:
+        tslog.set_logging_prefix("Python API Test: ")
+        assert tslog.get_logging_prefix() == "Python API Test: "
+        assert Formatter().format(record) == "Python API Test: WARNING torchkiln.partitioning: two blocks"
+        tslog.set_is_colored_output_on(True)
+        assert tslog.get_is_colored_output_on()
+        assert Formatter().format(record) == \
+            "Python API Test: \033[33mWARNING\033[0m torchkiln.partitioning: two blocks"
+        tslog.set_reportable_log_level(tslog.Level.Error)
+        assert tslog.get_reportable_log_level() == tslog.Level.Error
+        with pytest.raises(ValueError, match="set_logging_prefix takes a str"):
+            tslog.set_logging_prefix(None)
+        with pytest.raises(ValueError, match="set_is_colored_output_on takes True or False"):
+            tslog.set_is_colored_output_on("yes")
+    finally:
+        STYLE.prefix, STYLE.colored = before[0], before[1]
+        logging.getLogger("torchkiln").setLevel(before[2])
+
+
+@pytest.mark.parametrize("settings,named", [
+    ({"calibrator": object()}, "calibrator"),
+    ({"enabled_precisions": {torch.float, torch.int8}}, "enabled_precisions torch.int8"),
+    ({"enabled_precisions": {torchkiln.dtype.int8}}, "enabled_precisions <dtype.i8: 'i8'>"),
+])
+def test_int8_quantization_is_refused_by_name(model, settings, named):
+    with pytest.raises(ValueError, match=f"{re.escape(named)}: INT8 post-training quantization \\(Torch-TensorRT's ptq "
+                                         f"calibrators\\) is not supported by torchkiln yet"):
+        torchkiln.compile(model, [torchkiln.Input((1, 3, 6, 6))], **settings)

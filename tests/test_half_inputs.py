@@ -1,4 +1,5 @@
-"""A float16/bfloat16 Input on a float32 model: cast to float32 as the engine's first layer (as Torch-TensorRT)."""
+"""A float16/bfloat16 Input on a float32 model: cast to float32 as the engine's first layer (as Torch-TensorRT);
+a float32 Input on a float16 model: cast to float16; an Input without a dtype on a float16 model: float16."""
 import pytest
 import torch
 from harness import assert_matches_eager
@@ -77,3 +78,50 @@ def test_a_float16_model_takes_float16_inputs_uncast():
     assert not any(op.startswith("aten::to") for b in report.blocks for op in b.ops)
     with torch.no_grad():
         assert_matches_eager(compiled(x, y), model(x, y), rtol=1e-2)
+
+
+def _half_model() -> nn.Module:
+    torch.manual_seed(0)
+    model = ConvBn().eval()
+    with torch.no_grad():  # batch norm statistics from data, so the outputs are not the convolution's alone
+        model.bn.running_mean.copy_(torch.randn(4) * 0.1)
+        model.bn.running_var.copy_(torch.rand(4) + 0.5)
+    return torch.jit.script(model.half())
+
+
+def _fp32_spec_set_after_construction() -> torchkiln.Input:
+    spec = torchkiln.Input((2, 3, 6, 6))
+    spec.dtype = torchkiln.dtype.float
+    return spec
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["partial", "full"])
+@pytest.mark.parametrize("make_spec,input_dtype", [
+    (lambda: torchkiln.Input((2, 3, 6, 6)), torch.float16),  # no dtype: the model's
+    (lambda: torchkiln.Input((2, 3, 6, 6), dtype=torch.float), torch.float32),
+    (lambda: torch.randn(2, 3, 6, 6), torch.float32),
+    (_fp32_spec_set_after_construction, torch.float32),
+], ids=["unset", "float32", "fp32-tensor", "set-after"])
+def test_a_float16_model_runs_on_float32_or_dtype_less_inputs(make_spec, input_dtype, full):
+    """Torch-TensorRT's fp16-weight cases: a dtype-less Input becomes float16 (the model's type); a float32 one
+    stays float32 and is cast to float16 at the engine's entry. Outputs: the float16 model's on x.half()."""
+    model = _half_model()
+    x, y = torch.randn(2, 3, 6, 6), torch.randn(2, 4, 6, 6).half()
+    compiled, report = compile_with_report(model, [make_spec(), torchkiln.Input((2, 4, 6, 6))],
+                                           enabled_precisions={torch.float, torch.half},
+                                           require_full_compilation=full)
+    assert report.num_torch_blocks == 0 and report.blocks[0].inputs[0].dtype == input_dtype, report
+    with torch.no_grad():
+        out, ref = compiled(x.to(input_dtype), y), model(x.half(), y)
+    assert out.dtype == torch.float16 and ref.abs().max() > 0.5
+    assert_matches_eager(out.float(), ref.float(), rtol=1e-2, min_cosine=0.999)
+
+
+def test_an_input_without_a_dtype_on_a_float32_model_stays_float32():
+    torch.manual_seed(0)
+    model = ConvBn().eval()
+    x, y = torch.randn(2, 3, 6, 6), torch.randn(2, 4, 6, 6)
+    compiled, report = compile_with_report(model, [torchkiln.Input((2, 3, 6, 6)), torchkiln.Input((2, 4, 6, 6))])
+    assert report.blocks[0].inputs[0].dtype == torch.float32
+    with torch.no_grad():
+        assert_matches_eager(compiled(x, y), model(x, y))

@@ -1,6 +1,7 @@
 """Input specs as strings (torchtrtc's syntax), as `torchkiln compile --input` takes them."""
 import pytest
 import torch
+from harness import assert_matches_eager
 
 import torchkiln
 from torchkiln.input_spec import parse_dtype, parse_input_spec
@@ -10,7 +11,7 @@ def test_static_spec_with_dtype_and_format():
     spec = parse_input_spec("(1,3,224,224)@f16%contiguous")
     assert spec == torchkiln.Input((1, 3, 224, 224), dtype=torch.float16)
     assert spec.format == torch.contiguous_format
-    assert parse_input_spec(" ( 2, 3 ) ") == torchkiln.Input((2, 3))  # default f32, spaces allowed
+    assert parse_input_spec(" ( 2, 3 ) ") == torchkiln.Input((2, 3))  # no dtype: the model's; spaces allowed
     last = parse_input_spec("(2,3,4,5)%channels_last@bf16")  # either order
     assert (last.dtype, last.format) == (torch.bfloat16, torch.channels_last)
     assert parse_input_spec("(8)@i64").shape == (8,) and parse_input_spec("(8,)").shape == (8,)
@@ -55,3 +56,21 @@ def test_bad_specs_name_the_part(text, part):
     with pytest.raises(ValueError, match="input spec") as info:
         parse_input_spec(text)
     assert part in str(info.value)
+
+
+def test_a_spec_without_a_dtype_on_a_float16_model_is_float16_in_compile_and_its_accuracy_check(tmp_path, capsys):
+    """As torchtrtc: no @dtype leaves the type to the model; --check-accuracy runs both modules on float16."""
+    from torchkiln.cli import main
+
+    torch.manual_seed(0)
+    model = torch.jit.script(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                                 torch.nn.Linear(64, 5)).eval().half())
+    path, out = tmp_path / "half.ts", tmp_path / "out.ts"
+    torch.jit.save(model, path)
+    assert main(["compile", str(path), str(out), "-i", "(2,3,6,6)", "--check-accuracy", "--rtol", "1e-2"]) == 0
+    assert "accuracy:" in capsys.readouterr().out
+    x = torch.randn(2, 3, 6, 6).half()
+    with torch.no_grad():
+        out_, ref = torchkiln.load(out)(x), model(x)
+    assert out_.dtype == torch.float16 and ref.abs().max() > 0.1
+    assert_matches_eager(out_.float(), ref.float(), rtol=1e-2, min_cosine=0.999)

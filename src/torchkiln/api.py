@@ -12,7 +12,7 @@ from torchkiln.compiler import (
 from torchkiln.conversion import supported_ops
 from torchkiln.build_info import dump_build_info, set_device
 from torchkiln.device import Device
-from torchkiln.enums import DeviceType, EngineCapability, dtype
+from torchkiln.enums import DeviceType, EngineCapability, dtype, memory_format
 from torchkiln.debug_precision import PrecisionReport, debug_precision
 from torchkiln.lowering.passes.replace_python_ops import register_python_op
 from torchkiln.errors import (
@@ -33,12 +33,14 @@ from torchkiln.refit import refit_module_weights
 from torchkiln.runtime.engine import Engine
 from torchkiln.settings import Input
 from torchkiln.stitching.module import load
+from torchkiln.ts import convert_method_to_trt_engine, save
 from torchkiln import logging, ts  # noqa: E402  (Torch-TensorRT's torch_tensorrt.logging and torch_tensorrt.ts)
 
 __all__ = [
     "ConversionError", "Device", "DeviceType", "Engine", "EngineCapability", "EngineFormatError", "EngineIndexError",
     "EngineInputError", "Input", "PrecisionReport", "RefitError", "TorchkilnError", "TracingError", "TracingWarning",
     "UnsupportedOperatorError", "__version__", "check_method_op_support", "compile", "convert_method_to_engine",
-    "debug_precision", "dtype", "dump_build_info", "embed_engine_in_new_module", "export_onnx", "load", "logging",
-    "partition_report", "refit_module_weights", "register_python_op", "set_device", "supported_ops", "ts", "unsupported_ops",
+    "convert_method_to_trt_engine", "debug_precision", "dtype", "dump_build_info", "embed_engine_in_new_module",
+    "export_onnx", "load", "logging", "memory_format", "partition_report", "refit_module_weights",
+    "register_python_op", "save", "set_device", "supported_ops", "ts", "unsupported_ops",
 ]

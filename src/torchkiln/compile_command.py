@@ -321,6 +321,9 @@ def check_accuracy(original: Any, compiled: Any, inputs: Sequence[Any], device: 
     |out - ref| <= atol + rtol * max|ref|."""
     import torch
 
+    from torchkiln.frontend.input_dtypes import infer_input_dtypes
+
+    inputs = infer_input_dtypes(list(inputs), original)  # the dtypes compile gave Inputs without one
     rows = []
     for which in ("min", "opt", "max") if any(spec.is_dynamic for spec in inputs) else ("opt",):
         args = [spec.example(device, which) for spec in inputs]

@@ -24,9 +24,11 @@ from torchkiln.conversion import load_all
 from torchkiln.analysis.dynamic_shapes import analyze_dynamic_shapes
 from torchkiln.analysis.resolve import Resolver
 from torchkiln.analysis.shape_analysis import example_args, probe_values
-from torchkiln.errors import ConversionError, UnsupportedOperatorError
+from torchkiln.errors import ConversionError, EngineInputError, UnsupportedOperatorError
 from torchkiln.frontend import as_module, check_method, to_torchscript
 from torchkiln.frontend.arguments import bind_static_arguments, split_named_inputs
+from torchkiln.frontend.entry_arguments import take_entry_arguments
+from torchkiln.frontend.input_dtypes import infer_input_dtypes, parameter_dtype
 from torchkiln.log import debug_logging, warn
 from torchkiln.lowering import LoweredModule, lower
 from torchkiln.lowering.pipeline import rerun
@@ -77,6 +79,7 @@ def _example_device(inputs: Any) -> torch.device | None:
 
 def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> CompileSettings:
     options = dict(options)
+    inputs = take_entry_arguments(inputs, options)
     if "input_signature" in options:  # Torch-TensorRT's name for inputs, used for nested collections
         signature = options.pop("input_signature")
         if inputs is not None:
@@ -89,7 +92,7 @@ def _settings(module: torch.nn.Module, inputs: Any, options: dict[str, Any]) -> 
         inputs, options["input_names"], options["static_arguments"] = split_named_inputs(module, inputs)
     # a module without parameters or buffers runs where its example inputs are
     default_device = _module_device(module) or _example_device(inputs)
-    settings = CompileSettings.create(inputs, default_device=default_device, **options)
+    settings = CompileSettings.create(infer_input_dtypes(inputs, module), default_device=default_device, **options)
     ignored = settings.settings_without_effect()
     if ignored:
         logger.warning("%s: no effect on torchkiln's engines (accepted for Torch-TensorRT compatibility)",
@@ -149,21 +152,20 @@ def _warn_training(module: torch.nn.Module, script: torch.jit.ScriptModule) -> N
                      f".eval() on it before compiling")
 
 
-def _parameter_dtype(module: torch.nn.Module) -> torch.dtype | None:
-    """The dtype of the module's first floating-point parameter or buffer."""
-    return next((t.dtype for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()),
-                None)
+# A model whose parameters are one of these float types runs an input of another one cast to its type.
+_CASTABLE = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _cast_half_inputs(graph: Graph, signature: tuple[Any, ...], dtype: torch.dtype | None) -> list[str]:
-    """Cast each float16/bfloat16 tensor argument to float32 at the graph's entry, when the model's parameters
-    are float32 (Torch-TensorRT accepts a half-precision Input on a float32 model the same way); the names of
-    the arguments cast. The engine's input stays half precision; its first layer is the cast."""
-    if dtype != torch.float32:
+def _cast_float_inputs(graph: Graph, signature: tuple[Any, ...], dtype: torch.dtype | None) -> list[str]:
+    """Cast each float32/float16/bfloat16 tensor argument of another of these types than the model's parameters
+    to theirs at the graph's entry (Torch-TensorRT accepts a half-precision Input on a float32 model, and a
+    float32 one on a float16 model); the names of the arguments cast. The engine's input keeps its dtype; its
+    first layer is the cast."""
+    if dtype not in _CASTABLE:
         return []
     cast = []
     for param, spec in zip(list(graph.inputs())[1:], signature):
-        if isinstance(spec, Input) and spec.dtype in (torch.float16, torch.bfloat16):
+        if isinstance(spec, Input) and spec.dtype in _CASTABLE and spec.dtype != dtype:
             with graph.insert_point_guard(next(iter(graph.nodes()), graph.return_node())):
                 value = graph.insert("aten::to", [param, graph.insertConstant(dtype), graph.insertConstant(False),
                                                   graph.insertConstant(False)])
@@ -171,9 +173,9 @@ def _cast_half_inputs(graph: Graph, signature: tuple[Any, ...], dtype: torch.dty
             value.node().replaceInputWith(value, param)
             cast.append(f"{param.debugName()} ({spec.dtype})")
     if cast:
-        logger.warning("the model's parameters are float32 and it does not run on the half-precision inputs %s, "
-                       "so they are cast to float32 as the engine's first layer (as Torch-TensorRT does); the "
-                       "outputs are the model's on the cast inputs", ", ".join(cast))
+        logger.warning("the model's parameters are %s and it does not run on the inputs %s, so they are cast to %s "
+                       "as the engine's first layer (as Torch-TensorRT does); the outputs are the model's on the "
+                       "cast inputs", dtype, ", ".join(cast), dtype)
     return cast
 
 
@@ -218,7 +220,7 @@ def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "
     try:
         metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
     except ValueError:
-        if not _cast_half_inputs(lowered.graph, signature, _parameter_dtype(script)):
+        if not _cast_float_inputs(lowered.graph, signature, parameter_dtype(script)):
             raise
         # the cast is what compile does with these inputs: an error left after it (a shape) is the one to report
         metas = analyze_dynamic_shapes(lowered.graph, lowered.module, signature, settings.device, examples)
@@ -452,19 +454,21 @@ def compile(
     require_full_compilation: bool = False,
     truncate_long_and_double: bool = False,
     debug: bool = False,
+    ir: str = "default",
     **more: Any,
 ) -> torch.jit.ScriptModule:
     """Compile a module into a ScriptModule whose convertible parts run through torchkiln engines.
 
     `inputs` has one entry per argument of forward: a torchkiln.Input (or an example tensor, or a shape),
     or, for an argument that is a tuple, list or dict of tensors, the same structure of Inputs (nested).
-    `input_signature=` is accepted as another name for `inputs` (Torch-TensorRT's, for nested collections).
+    `input_signature=` and `arg_inputs=` are accepted as other names for `inputs` (Torch-TensorRT's); `ir`
+    may be "default", "ts" or "torchscript" (torchkiln compiles TorchScript).
     """
     compiled, _ = compile_with_report(
         module, inputs, enabled_precisions=enabled_precisions, device=device, min_block_size=min_block_size,
         torch_executed_ops=torch_executed_ops, torch_executed_modules=torch_executed_modules,
         require_full_compilation=require_full_compilation, truncate_long_and_double=truncate_long_and_double,
-        debug=debug, **more)
+        debug=debug, ir=ir, **more)
     return compiled
 
 
@@ -580,32 +584,57 @@ def _identifier(name: str, index: int) -> str:
     return clean if usable else f"input_{index}"
 
 
+def _binding_order(given: Sequence[str] | None, names: Sequence[str], kind: str) -> list[int]:
+    """The index of the engine binding each of `given` names, by its own name or by position ('input_0',
+    'output_1', Torch-TensorRT's binding names); every binding once. None: the engine's order."""
+    if given is None:
+        return list(range(len(names)))
+    if isinstance(given, str) or len(given) != len(names):
+        raise EngineInputError(f"{kind}_binding_names: the engine has {len(names)} {kind}s {list(names)}, got "
+                               f"{given!r}")
+    order = []
+    for name in given:
+        position = re.fullmatch(rf"{kind}_(\d+)", name) if isinstance(name, str) else None
+        if name in names:
+            order.append(list(names).index(name))
+        elif position and int(position.group(1)) < len(names):
+            order.append(int(position.group(1)))
+        else:
+            last = f" to {kind}_{len(names) - 1}" if len(names) > 1 else ""
+            raise EngineInputError(f"{kind}_binding_names: {name!r} is not an {kind} binding of the engine; its "
+                                   f"{kind}s are {list(names)} (by position {kind}_0{last})")
+    if len(set(order)) != len(order):
+        raise EngineInputError(f"{kind}_binding_names: {list(given)} names an engine {kind} twice")
+    return order
+
+
 def embed_engine_in_new_module(engine_bytes: bytes, input_binding_names: Sequence[str] | None = None,
                                output_binding_names: Sequence[str] | None = None,
                                device: Any = None) -> torch.jit.ScriptModule:
-    """A ScriptModule whose forward(*inputs) runs the engine (one output: a tensor; several: a tuple)."""
+    """A ScriptModule whose forward(*inputs) runs the engine (one output: a tensor; several: a tuple).
+
+    `input_binding_names` and `output_binding_names` name the engine's bindings in the order forward takes and
+    returns them: a binding's own name, or its position as 'input_<i>' / 'output_<i>' (Torch-TensorRT's);
+    EngineInputError for a name that is no binding of the engine."""
     engine = Engine.deserialize(engine_bytes)
-    n_in, n_out = len(engine.bindings), len(engine.network.outputs)
-    names = list(input_binding_names) if input_binding_names is not None else [b.name for b in engine.bindings]
-    if len(names) != n_in:
-        raise ValueError(f"input_binding_names: the engine has {n_in} inputs, got {len(names)} names")
-    if output_binding_names is not None and len(output_binding_names) != n_out:
-        raise ValueError(f"output_binding_names: the engine has {n_out} outputs, got {len(output_binding_names)}")
+    inputs = _binding_order(input_binding_names, [b.name for b in engine.bindings], "input")
+    outputs = _binding_order(output_binding_names, [t.name for t in engine.network.outputs], "output")
     if device is not None and as_device(device).type != engine.device_type:
         raise ValueError(f"device: the engine was built for {engine.device_type}, not {device}")
-    args = [_identifier(n, i) for i, n in enumerate(names)]
+    args = [_identifier(engine.bindings[i].name, k) for k, i in enumerate(inputs)]
     if len(set(args)) != len(args):
-        args = [f"input_{i}" for i in range(n_in)]
+        args = [f"input_{k}" for k in range(len(inputs))]
+    in_engine_order = [args[inputs.index(i)] for i in range(len(inputs))]
     # A fresh class each time: TorchScript cannot define forward twice on one class.
     module = type("EmbeddedEngine", (RaisesEngineErrors, torch.jit.ScriptModule),
                   {"__module__": "torchkiln.embedded"})()
     module._c._register_attribute(ENGINE_ATTR.format(0), torch._C.TensorType.get(), engine_blob(engine_bytes))
-    result = "outs[0]" if n_out == 1 else "(" + ", ".join(f"outs[{i}]" for i in range(n_out)) + ")"
-    rtype = "Tensor" if n_out == 1 else f"Tuple[{', '.join(['Tensor'] * n_out)}]"
+    result = f"outs[{outputs[0]}]" if len(outputs) == 1 else "(" + ", ".join(f"outs[{i}]" for i in outputs) + ")"
+    rtype = "Tensor" if len(outputs) == 1 else f"Tuple[{', '.join(['Tensor'] * len(outputs))}]"
     signature = ", ".join(f"{a}: Tensor" for a in args)
     module.define(
         f"def forward(self, {signature}) -> {rtype}:\n"
-        f"    outs = torch.ops.torchkiln.execute_engine([{', '.join(args)}], self.{ENGINE_ATTR.format(0)}, "
+        f"    outs = torch.ops.torchkiln.execute_engine([{', '.join(in_engine_order)}], self.{ENGINE_ATTR.format(0)}, "
         f"{engine_signature(engine)!r})\n"
         f"    return {result}\n")
     return module

@@ -1,4 +1,5 @@
-"""Torch-TensorRT's enum names: `dtype`, `DeviceType`, `EngineCapability` (ported scripts keep their spelling)."""
+"""Torch-TensorRT's enum names: `dtype`, `memory_format`, `DeviceType`, `EngineCapability` (ported scripts keep
+their spelling)."""
 from __future__ import annotations
 
 import enum
@@ -15,10 +16,14 @@ _TORCH_DTYPES = {
 class dtype(enum.Enum):  # noqa: N801  (Torch-TensorRT's name)
     """Tensor element types by Torch-TensorRT's names; `.to(torch.dtype)` gives the torch dtype.
 
+    `unknown` is an Input's dtype left for compile to choose (Torch-TensorRT's name): the model's floating-point
+    parameter dtype, else float32.
+
     Aliases as in Torch-TensorRT: uint8; int8; int32, int; int64, long; f16, half, fp16, float16; f32, float,
     fp32, float32; f64, double, fp64, float64; b, bool; bf16, bfloat16.
     """
 
+    unknown = "unknown"
     u8 = "u8"
     i8 = "i8"
     i32 = "i32"
@@ -50,6 +55,8 @@ class dtype(enum.Enum):  # noqa: N801  (Torch-TensorRT's name)
         """This type as `target`; only `torch.dtype` is a target here (there is no TensorRT type)."""
         if target is not torch.dtype:
             raise ValueError(f"dtype.to: only torch.dtype is a target in torchkiln, got {target!r}")
+        if self is dtype.unknown:
+            raise ValueError("dtype.unknown has no torch dtype: it leaves the choice to compile")
         return _TORCH_DTYPES[self.value]
 
     @classmethod
@@ -67,8 +74,45 @@ class dtype(enum.Enum):  # noqa: N801  (Torch-TensorRT's name)
 
 
 def to_torch_dtype(value: Any) -> Any:
-    """A torchkiln.dtype member as its torch dtype; anything else unchanged."""
+    """A torchkiln.dtype member as its torch dtype (dtype.unknown: None); anything else unchanged."""
+    if value is dtype.unknown:
+        return None
     return value.to(torch.dtype) if isinstance(value, dtype) else value
+
+
+class memory_format(enum.Enum):  # noqa: N801  (Torch-TensorRT's name)
+    """Tensor layouts by Torch-TensorRT's names; torchkiln's engines take the two torch has for 4-d tensors:
+    `contiguous` (alias `linear`) and `channels_last` (alias `hwc`). `.to(torch.memory_format)` gives torch's."""
+
+    contiguous = "contiguous"
+    channels_last = "channels_last"
+    linear = "contiguous"
+    hwc = "channels_last"
+
+    def to(self, target: Any = torch.memory_format) -> torch.memory_format:
+        """This layout as `target`; only `torch.memory_format` is a target here."""
+        if target is not torch.memory_format:
+            raise ValueError(f"memory_format.to: only torch.memory_format is a target in torchkiln, got {target!r}")
+        return torch.contiguous_format if self is memory_format.contiguous else torch.channels_last
+
+    @classmethod
+    def _from(cls, value: Any) -> memory_format:
+        """The member for a torch memory format, a member, or a name."""
+        if isinstance(value, cls):
+            return value
+        if value == torch.contiguous_format:
+            return cls.contiguous
+        if value == torch.channels_last:
+            return cls.channels_last
+        if isinstance(value, str) and value in cls.__members__:
+            return cls.__members__[value]
+        raise ValueError(f"memory_format: {value!r} is not a layout torchkiln's engines take; use "
+                         f"torch.contiguous_format or torch.channels_last")
+
+
+def to_torch_format(value: Any) -> Any:
+    """A torchkiln.memory_format member as its torch memory format; anything else unchanged."""
+    return value.to(torch.memory_format) if isinstance(value, memory_format) else value
 
 
 class DeviceType(enum.Enum):
@@ -81,8 +125,10 @@ class DeviceType(enum.Enum):
 
 
 class EngineCapability(enum.Enum):
-    """Torch-TensorRT's engine capability; only STANDARD means something for torchkiln's engines."""
+    """Torch-TensorRT's engine capability; only STANDARD (alias `default`) means something for torchkiln's
+    engines."""
 
     STANDARD = "standard"
     SAFETY = "safety"
     DLA_STANDALONE = "dla_standalone"
+    default = "standard"

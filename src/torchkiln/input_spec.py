@@ -45,7 +45,8 @@ def parse_input_spec(text: str) -> Input:
     """The torchkiln.Input a torchtrtc-style spec string means; ValueError naming the bad part.
 
     `SHAPE[@DTYPE][%FORMAT]` where SHAPE is `(d0,d1,...)` or `[(min);(opt);(max)]`, DTYPE a name of
-    DTYPE_NAMES (default f32) and FORMAT one of FORMAT_NAMES (default contiguous); `@` and `%` in either order.
+    DTYPE_NAMES (none: the model's, as for an Input without a dtype) and FORMAT one of FORMAT_NAMES (default
+    contiguous); `@` and `%` in either order.
     """
     if not isinstance(text, str) or not text.strip():
         raise ValueError(f"input spec must be a non-empty string such as '(1,3,224,224)@f32', got {text!r}")
@@ -55,7 +56,7 @@ def parse_input_spec(text: str) -> Input:
         raise ValueError(f"input spec {spec!r}: expected (d0,d1,...) or [(min);(opt);(max)], optionally followed "
                          f"by @dtype and %format")
     shape_text, suffixes = match.group(1), match.group(2)
-    dtype, fmt = torch.float32, torch.contiguous_format
+    dtype, fmt = None, torch.contiguous_format
     seen = set()
     for part in re.findall(r"[@%][^@%]*", suffixes):
         mark, value = part[0], part[1:].strip()

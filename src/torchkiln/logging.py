@@ -2,7 +2,9 @@
 
 `with torchkiln.logging.debug(): ...` logs torchkiln at DEBUG for the block (to stderr when no handler is set
 up); `errors()`, `warnings()`, `info()`, `graphs()` and `internal_errors()` likewise. `Level.Graph` is below
-DEBUG: the graph after each phase is logged at DEBUG, so both show it.
+DEBUG: the graph after each phase is logged at DEBUG, so both show it. The logging prefix and coloured output
+style torchkiln's own stderr handler; a handler of yours formats as you set it up. `torchkiln.ts.logging` is
+this module (Torch-TensorRT has both names).
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import contextlib
 import enum
 import logging as _logging
 
-from torchkiln.log import logger, logging_at
+from torchkiln.log import STYLE, has_handler, logger, logging_at, stderr_handler
 
 GRAPH = 5  # Python logging level of Level.Graph
 _logging.addLevelName(GRAPH, "GRAPH")
@@ -34,8 +36,34 @@ def get_reportable_log_level() -> Level:
 
 
 def set_reportable_log_level(level: Level | int) -> None:
-    """Report torchkiln's messages at `level` and above from now on."""
+    """Report torchkiln's messages at `level` and above from now on (to stderr where no handler is set up)."""
     logger.setLevel(int(level))
+    if not has_handler():
+        logger.addHandler(stderr_handler())
+
+
+def get_logging_prefix() -> str:
+    """The text torchkiln's stderr handler writes before each message."""
+    return STYLE.prefix
+
+
+def set_logging_prefix(prefix: str) -> None:
+    """Write `prefix` before each message torchkiln's stderr handler writes."""
+    if not isinstance(prefix, str):
+        raise ValueError(f"set_logging_prefix takes a str, got {type(prefix).__name__}")
+    STYLE.prefix = prefix
+
+
+def get_is_colored_output_on() -> bool:
+    """Whether torchkiln's stderr handler colours the level names."""
+    return STYLE.colored
+
+
+def set_is_colored_output_on(colored_output_on: bool) -> None:
+    """Colour the level names torchkiln's stderr handler writes (ANSI codes), or not."""
+    if not isinstance(colored_output_on, bool):
+        raise ValueError(f"set_is_colored_output_on takes True or False, got {colored_output_on!r}")
+    STYLE.colored = colored_output_on
 
 
 def log(level: Level | int, message: str) -> None:
@@ -77,5 +105,6 @@ def graphs() -> contextlib.AbstractContextManager[None]:
     return _at(Level.Graph)
 
 
-__all__ = ["GRAPH", "Level", "debug", "errors", "get_reportable_log_level", "graphs", "info",
-           "internal_errors", "log", "set_reportable_log_level", "warnings"]
+__all__ = ["GRAPH", "Level", "debug", "errors", "get_is_colored_output_on", "get_logging_prefix",
+           "get_reportable_log_level", "graphs", "info", "internal_errors", "log", "set_is_colored_output_on",
+           "set_logging_prefix", "set_reportable_log_level", "warnings"]

@@ -1,6 +1,7 @@
 """Public settings: engine input specifications and the validated compile settings."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import math
@@ -11,7 +12,8 @@ from typing import Any
 import torch
 
 from torchkiln.device import to_torch_device
-from torchkiln.enums import to_torch_dtype
+from torchkiln.enums import to_torch_dtype, to_torch_format
+from torchkiln.enums import dtype as DType
 from torchkiln.settings_table import AUTO_BACKEND, BY_NAME, SETTINGS, with_fields
 
 SUPPORTED_INPUT_DTYPES = (
@@ -54,7 +56,7 @@ def _memory_format(tensor: torch.Tensor) -> torch.memory_format:
     return torch.channels_last if channels_last and not tensor.is_contiguous() else torch.contiguous_format
 
 
-@dataclasses.dataclass(frozen=True, init=False)
+@dataclasses.dataclass(init=False)
 class Input:
     """Shape range, dtype and memory format of one engine input (mirrors torch_tensorrt.Input).
 
@@ -62,16 +64,23 @@ class Input:
     `torchkiln compile --check-accuracy`): floats uniform in [low, high), integers in [ceil(low), ceil(high)).
     `torch_tensor=` (or `example_tensor=`) gives the tensor shape analysis runs on; without a shape, the
     Input takes the tensor's shape, dtype and memory format.
+
+    Without a dtype, `dtype` is `torchkiln.dtype.unknown` (as in Torch-TensorRT): compile takes the model's
+    floating-point parameter dtype when it is float16 or bfloat16, else float32. Fields can be set after
+    construction (`spec.dtype = torch.half`), checked as the constructor checks them; `memory_format` is another
+    name for `format`.
     """
 
     min_shape: tuple[int, ...]
     opt_shape: tuple[int, ...]
     max_shape: tuple[int, ...]
-    dtype: torch.dtype
+    dtype: torch.dtype | DType  # DType.unknown: not given
     format: torch.memory_format
     name: str | None
     tensor_domain: tuple[float, float] | None = None
     example_data: torch.Tensor | None = dataclasses.field(default=None, compare=False, repr=False)
+    _SETTABLE = ("shape", "min_shape", "opt_shape", "max_shape", "dtype", "format", "memory_format", "name",
+                 "tensor_domain")  # not a field: no annotation
 
     def __init__(
         self,
@@ -116,10 +125,11 @@ class Input:
                     )
         dtype = to_torch_dtype(dtype)
         if dtype is None:
-            dtype = tensor.dtype if tensor is not None else torch.float32
+            dtype = tensor.dtype if tensor is not None else DType.unknown
+        format = to_torch_format(format)
         if format is None:
             format = _memory_format(tensor) if tensor is not None else torch.contiguous_format
-        if dtype not in SUPPORTED_INPUT_DTYPES:
+        if dtype is not DType.unknown and dtype not in SUPPORTED_INPUT_DTYPES:
             raise ValueError(f"Input dtype {dtype} is not supported; use one of {list(SUPPORTED_INPUT_DTYPES)}")
         if format not in _FORMATS:
             raise ValueError(f"Input format {format} is not supported; use torch.contiguous_format or torch.channels_last")
@@ -136,6 +146,36 @@ class Input:
                            ("format", format), ("name", name), ("tensor_domain", _domain(tensor_domain)),
                            ("example_data", tensor)):
             object.__setattr__(self, key, value)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        """Set a field, checked as the constructor checks it (ValueError naming the problem)."""
+        key = "format" if key == "memory_format" else key
+        if key not in self._SETTABLE:
+            raise AttributeError(f"Input.{key} cannot be set; settable: {', '.join(self._SETTABLE)}")
+        fields = dict(min_shape=self.min_shape, opt_shape=self.opt_shape, max_shape=self.max_shape,
+                      dtype=self.dtype, format=self.format, name=self.name,
+                      tensor_domain=self.tensor_domain, torch_tensor=self.example_data)
+        fields.update(dict.fromkeys(("min_shape", "opt_shape", "max_shape"), value) if key == "shape" else
+                      {key: value})
+        self.__dict__.update(Input(**fields).__dict__)
+
+    @property
+    def explicit_dtype(self) -> bool:
+        """Whether the dtype was given (or taken from torch_tensor), not left to compile."""
+        return self.dtype is not DType.unknown
+
+    def with_default_dtype(self, dtype: torch.dtype) -> Input:
+        """This Input, or where its dtype was not given a copy of it with `dtype`."""
+        if self.explicit_dtype:
+            return self
+        spec = copy.copy(self)
+        spec.dtype = dtype
+        return spec
+
+    @property
+    def memory_format(self) -> torch.memory_format:
+        """The layout inputs of this spec come in (Torch-TensorRT's other name for `format`)."""
+        return self.format
 
     @classmethod
     def from_tensor(cls, tensor: torch.Tensor, name: str | None = None) -> Input:
@@ -184,6 +224,8 @@ class Input:
         made from where its shape fits; else, with a tensor_domain, random values in it; else random floats,
         random bools, or ones for integers (safe as divisors and as indices into any embedding)."""
         shape = {"min": self.min_shape, "opt": self.opt_shape, "max": self.max_shape}[which]
+        if not self.explicit_dtype:
+            return self.with_default_dtype(torch.float32).example(device, which)
         if self.example_data is not None and tuple(self.example_data.shape) == shape:
             return self.example_data.to(device)
         if self.dtype == torch.bool:
@@ -211,11 +253,11 @@ class Input:
 def as_input(spec: Input | torch.Tensor | Sequence[int]) -> Input:
     """Accept an Input, an example tensor or a plain shape."""
     if isinstance(spec, Input):
-        return spec
+        return spec.with_default_dtype(torch.float32)
     if isinstance(spec, torch.Tensor):
         return Input.from_tensor(spec)
     if isinstance(spec, (tuple, list, torch.Size)):
-        return Input(tuple(spec))
+        return Input(tuple(spec), dtype=torch.float32)
     raise ValueError(f"inputs entries must be torchkiln.Input, torch.Tensor or a shape tuple, got {type(spec).__name__}")
 
 
