@@ -172,3 +172,43 @@ def test_a_softmax_widened_to_float32_and_cast_back_is_matched():
     got = Engine(n, _bindings(n), "cpu", torch.float16).execute(values)[0].float()
     assert torch.nn.functional.cosine_similarity(got.flatten(), exact.flatten(), dim=0) >= 0.999
     assert (got - exact).abs().max() <= 1e-2 * exact.abs().max()
+
+
+class _Windows(nn.Module):
+    """Shifted-window attention as torchvision's Swin writes it: q scaled, a relative position bias per head, then
+    the scores viewed per window to add each window's mask (-100 between regions, a constant), viewed back."""
+
+    def __init__(self, windows=4, heads=3, length=9):
+        super().__init__()
+        self.windows, self.heads = windows, heads
+        self.position_bias = nn.Parameter(torch.randn(heads, length, length))
+        mask = torch.zeros(windows, length, length)
+        mask[1:, :4, 4:] = -100.0
+        mask[1:, 4:, :4] = -100.0
+        self.register_buffer("mask", mask)
+
+    def forward(self, q, k, v):
+        attn = (q * 0.25) @ k.transpose(-2, -1) + self.position_bias.unsqueeze(0)
+        n, length = q.shape[0], q.shape[2]
+        attn = attn.view(n // self.windows, self.windows, self.heads, length, length) + self.mask.unsqueeze(1)[None]
+        attn = attn.view(-1, self.heads, length, length)
+        return torch.softmax(attn, dim=-1) @ v
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_shifted_window_attention_is_regrouped_into_one_attention_layer(backend):
+    """q, k, v [B * W, H, L, d] regrouped to [B, W * H, L, d], one constant bias holding the position bias and the
+    windows' mask; the result viewed back matches eager."""
+    torch.manual_seed(0)
+    model = _Windows().eval()
+    q, k, v = (torch.randn(8, 3, 9, 16) for _ in range(3))
+    data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input.from_tensor(t) for t in (q, k, v)],
+                                              backend=backend)
+    layers = Engine.deserialize(data).network.layers
+    kinds = [x.KIND for x in layers]
+    assert kinds.count("attention") == 1 and "softmax" not in kinds and "matrix_multiply" not in kinds
+    attention = next(x for x in layers if x.KIND == "attention")
+    assert [list(t.shape) for t in attention.inputs] == [[2, 12, 9, 16]] * 3 + [[1, 12, 9, 9]]
+    compiled = torchkiln.compile(model, inputs=[q, k, v], backend=backend, min_block_size=1)
+    with torch.no_grad():
+        _assert_same(compiled(q, k, v), model(q, k, v))

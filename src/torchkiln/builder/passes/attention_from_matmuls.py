@@ -9,7 +9,10 @@ SDPA's fused kernels, which keep the scores on chip. The match, from each softma
 - after it, a matrix multiply of the probabilities by v (a float16/bfloat16 softmax may be widened to float32 and
   cast back around it, as `softmax(scores.float()).type_as(scores)` writes it);
 - q, k and v of rank 4 (what the fused kernels take) with the same leading dims, and every value in between read
-  by the next step only.
+  by the next step only;
+- shifted windows: the scores [B * W, H, L, S] viewed as [B, W, H, L, S], a constant (a mask per window) added,
+  and viewed back. q, k and v are then regrouped to [B, W * H, L, d] (a reshape: the same row-major order), so
+  one constant bias [1, W * H, L, S] holds both that mask and a constant bias added before the view.
 
 One difference is made exact. Where every bias value of a row is -inf, or one is +inf or NaN, softmax written out
 gives NaN for the row, and SDPA gives zeros. For a constant bias the rows are checked here (none: nothing to add);
@@ -18,6 +21,7 @@ infinite because q or k hold infinities is not covered: written out it may be Na
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -32,6 +36,7 @@ logger = logging.getLogger("torchkiln.builder")
 
 E = L.ElementWiseOperation
 RANK = 4
+MAX_BIAS_ELEMENTS = 1 << 24  # a regrouped window bias is a constant of at most this many values
 
 
 def attention_from_matmuls(network: Network, settings: BuildSettings) -> bool:
@@ -77,6 +82,9 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
             or after.op0 != L.MatrixOperation.NONE or after.op1 != L.MatrixOperation.NONE or after.weights:
         return "its output is not the left operand of one plain matrix multiply"
     bias, scale, t = None, 1.0, scores
+    window = _window_view(network, t, readers)
+    if window is not None:
+        t = window.scores
     while True:
         layer = t.producer
         if _only_reader(network, t, readers) is None:
@@ -112,7 +120,71 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
             or q.shape[3] != k.shape[3] or k.shape[2] != v.shape[2] or not (q.dtype == k.dtype == v.dtype) \
             or not q.dtype.is_floating_point:
         return "q, k and v are not 4-D of the same float dtype and matching dims"
-    return q, k, v, bias, scale, after
+    if window is None:
+        return q, k, v, bias, scale, after, None
+    if bias is not None and L.constant_value(bias) is None:
+        return "a bias added before the window view is not a constant"
+    regrouped = window.regroup(L.constant_value(bias) if bias is not None else None, q.dtype)
+    if isinstance(regrouped, str):
+        return regrouped
+    return q, k, v, regrouped[1], scale, after, regrouped[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    """Scores viewed as [B, W, H, L, S] for a constant bias added there, then viewed back (shifted windows: the
+    bias is per window and head, the scores' batch dim is B * W)."""
+
+    scores: Tensor  # the 4-D scores before the view
+    view: tuple[int, ...]  # the 5-D view
+    bias: torch.Tensor  # the constant added in it
+
+    def regroup(self, bias4: torch.Tensor | None, dtype: torch.dtype) -> tuple[tuple[int, int], torch.Tensor] | str:
+        """The 4-D batch dims (N1, N2) q, k and v are regrouped to, where both biases (the 5-D one, and `bias4`
+        added in the 4-D frame, a constant or none) vary along N2 only, and their sum in that frame; or why not."""
+        lead = self.view[:3]
+        five = self.bias.reshape((1,) * (5 - self.bias.dim()) + tuple(self.bias.shape))
+        if bias4 is not None:
+            bias4 = bias4.reshape((1,) * (4 - bias4.dim()) + tuple(bias4.shape))
+            if bias4.shape[0] != 1:
+                return "a bias added before the window view varies along the batch"
+            five = five.float() + bias4.float()[:, None]
+        varying = [d for d in range(3) if five.shape[d] != 1]
+        split = min(varying, default=3)
+        if split == 0:
+            return "the window view's bias varies along the batch"
+        n1, n2 = math.prod(lead[:split]), math.prod(lead[split:])
+        if n2 * self.view[3] * self.view[4] > MAX_BIAS_ELEMENTS:
+            return f"the regrouped bias would hold {n2 * self.view[3] * self.view[4]} values"
+        total = five.expand(*[1] * split, *lead[split:], *five.shape[3:])
+        return (n1, n2), total.reshape(1, n2, *five.shape[3:]).to(dtype).contiguous()
+
+
+def _window_view(network: Network, t: Tensor, readers: dict[int, list[L.Layer]]) -> _Window | None:
+    """The window view ending at `t` (4-D scores = reshape(reshape(x, 5-D) + constant) with x of t's shape), or
+    None."""
+    back = t.producer
+    if not _plain_reshape(back) or _only_reader(network, t, readers) is None:
+        return None
+    added = back.inputs[0].producer
+    if not isinstance(added, L.ElementWiseLayer) or added.op != E.SUM \
+            or _only_reader(network, back.inputs[0], readers) is None:
+        return None
+    for viewed, other in (added.inputs, reversed(added.inputs)):
+        forth, bias = viewed.producer, L.constant_value(other)
+        if _plain_reshape(forth) and bias is not None and bias.dim() <= 5 and viewed.shape == added.get_output().shape \
+                and _only_reader(network, viewed, readers) is not None:
+            x, view = forth.inputs[0], tuple(viewed.shape)
+            static = all(isinstance(d, int) for d in (*view, *x.shape))
+            if static and x.shape == t.shape and len(view) == 5 and view[0] * view[1] == x.shape[0] \
+                    and view[2:] == tuple(x.shape[1:]):
+                return _Window(x, view, bias)
+    return None
+
+
+def _plain_reshape(layer: L.Layer | None) -> bool:
+    return isinstance(layer, L.ShuffleLayer) and layer.first_transpose is None and layer.second_transpose is None \
+        and layer.reshape_dims is not None
 
 
 def _widening(t: Tensor) -> Tensor | None:
@@ -143,14 +215,19 @@ def _untransposed(t: Tensor) -> Tensor | None:
     return None
 
 
-def _rewrite(network: Network, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float,
-             last: L.MatrixMultiplyLayer) -> None:
+def _rewrite(network: Network, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | torch.Tensor | None, scale: float,
+             last: L.MatrixMultiplyLayer, groups: tuple[int, int] | None) -> None:
     start = len(network.layers)
+    if groups is not None:  # regrouped so the window view's bias broadcasts: q, k, v and the bias in [N1, N2]
+        q, k, v = (network.add_shuffle(x, reshape_dims=(*groups, *x.shape[2:])).get_output() for x in (q, k, v))
+        bias = network.add_constant(bias).get_output()
     out = network.add_attention(q, k, v, bias, scale=scale).get_output()
     valid = _valid_rows(network, bias) if bias is not None else None
     if valid is not None:
         nan = network.add_constant(torch.full((), float("nan"), dtype=out.dtype)).get_output()
         out = network.add_select(valid, out, nan).get_output()
+    if groups is not None:
+        out = network.add_shuffle(out, reshape_dims=last.get_output().shape).get_output()
     added = network.layers[start:]
     del network.layers[start:]
     at = network.layers.index(last) + 1
