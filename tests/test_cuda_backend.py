@@ -177,3 +177,30 @@ def test_a_backend_refusing_a_calls_inputs_gives_way_to_pytorchs_choice():
     ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask.float())
     for _ in range(2):  # the refusal, then the remembered fallback
         _close(run(q, k, v, mask), ref, fp16=True)
+
+
+class _DilatedDepthwise(torch.nn.Module):
+    """MobileNetV3's dilated tail: a 5x5 depthwise convolution of dilation 2 between pointwise convolutions."""
+
+    def __init__(self, c=96):
+        super().__init__()
+        self.expand = torch.nn.Conv2d(32, c, 1)
+        self.depthwise = torch.nn.Conv2d(c, c, 5, padding=4, dilation=2, groups=c)
+        self.project = torch.nn.Conv2d(c, 32, 1)
+
+    def forward(self, x):
+        return self.project(torch.relu(self.depthwise(torch.relu(self.expand(x)))))
+
+
+def test_a_depthwise_convolution_runs_in_the_layout_timed_faster(tmp_path, monkeypatch):
+    """The build times the depthwise convolution channels-last and NCHW (with the conversions); either way the
+    result matches eager, and the choice is in the timing cache."""
+    monkeypatch.setenv("TORCHKILN_CACHE_DIR", str(tmp_path))
+    model = _DilatedDepthwise().eval().cuda().half()
+    x = torch.randn(8, 32, 28, 28, device="cuda", dtype=torch.half).contiguous(memory_format=torch.channels_last)
+    compiled = torchkiln.compile(model, [x], enabled_precisions={torch.float16})
+    kernels = [k for k in _engine(compiled).plans[0].kernels if k.op == "convolution"]
+    assert any(k.option("channels_last") is not None for k in kernels)
+    assert "depthwise_layout" in (tmp_path / "timing.json").read_text()
+    with torch.no_grad():
+        _close(compiled(x), model(x), fp16=True)

@@ -155,7 +155,9 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
                 assigned.update(members)
                 groups.append((Kernel("library", found[0], (("channels_last", True),)), members))
                 continue
-            groups.append((Kernel("library", "convolution", (("channels_last", _channels_last(layer)),)), [j]))
+            layout = _channels_last(layer) and (not _depthwise(layer) or timing.depthwise_channels_last(
+                layer, timing.opt_shape(layer.inputs[0].shape), device, options, cache))
+            groups.append((Kernel("library", "convolution", (("channels_last", layout),)), [j]))
         elif isinstance(layer, L.MatrixMultiplyLayer):
             groups.append((Kernel("library", "matrix_multiply"), [j]))
         elif _generated_max_pool(layer):
@@ -311,6 +313,12 @@ def _generated_max_pool(layer: L.Layer) -> bool:
 
 def _channels_last(conv: L.ConvolutionLayer) -> bool:
     return conv.weights["kernel"].dim() == 4
+
+
+def _depthwise(conv: L.ConvolutionLayer) -> bool:
+    """A 2-D convolution with one input channel per group, more than one group."""
+    w = conv.weights["kernel"]
+    return w.dim() == 4 and conv.groups > 1 and w.shape[1] == 1 and not conv.transposed
 
 
 def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph
