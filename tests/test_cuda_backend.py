@@ -205,7 +205,7 @@ def test_a_depthwise_convolution_runs_in_the_layout_timed_faster(tmp_path, monke
     choices = [c for key, c in TimingCache.load().entries.items() if "depthwise_layout" in key]
     assert choices in (["nchw"], ["channels_last"])
     kernels = _engine(compiled).plans[0].kernels
-    nchw = [k for k in kernels if k.op == "convolution" and not k.option("channels_last")]
-    assert len(nchw) == (choices == ["nchw"])  # channels-last: cuDNN's, its bias a generated epilogue
+    nchw = [k for k in kernels if k.op in ("convolution", "conv_epilogue") and k.option("channels_last") is False]
+    assert len(nchw) == (choices == ["nchw"])
     with torch.no_grad():
         _close(compiled(x), model(x), fp16=True)

@@ -100,6 +100,12 @@ def channels_last_input(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
 
 
+def nchw_input(x: torch.Tensor) -> torch.Tensor:
+    """A 4-D input of a convolution planned NCHW (a depthwise one timed faster so) in that layout: ATen picks the
+    memory format from the input (see channels_last_input)."""
+    return x.contiguous() if x.dim() == 4 else x
+
+
 def takes_channels_last(kernel: Kernel, lead: L.Layer) -> bool:
     """Whether a step of this kernel row, led by `lead`, is a convolution that reads its input channels-last."""
     return isinstance(lead, L.ConvolutionLayer) and (bool(kernel.option("channels_last")) or kernel.op == "gemm")
@@ -108,8 +114,8 @@ def takes_channels_last(kernel: Kernel, lead: L.Layer) -> bool:
 @maker("library", "convolution")
 def _library_convolution(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     conv = _convolution(step.layers[0], step.weights[0], allow_tf32)
-    if not kernel.option("channels_last"):  # NCHW (a depthwise convolution timed faster so): ATen follows the input
-        return lambda xs: [conv([xs[0].contiguous() if xs[0].dim() == 4 else xs[0]])]
+    if not kernel.option("channels_last"):
+        return lambda xs: [conv([nchw_input(xs[0])])]
     return lambda xs: [conv([channels_last_input(xs[0])])]
 
 
@@ -264,7 +270,8 @@ def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn
         first.append(L.ScaleLayer(name=f"{conv.name}/bias", inputs=[raw], outputs=[out],
                                   weights={"shift": ws["bias"]}, mode=L.ScaleMode.CHANNEL, channel_axis=1))
     conv_fn = _convolution(conv, {"kernel": ws["kernel"]}, allow_tf32)
-    convolve = (lambda xs: conv_fn([channels_last_input(xs[0])])) if kernel.option("channels_last") else conv_fn
+    layout = channels_last_input if kernel.option("channels_last") else nchw_input
+    convolve = lambda xs: conv_fn([layout(xs[0])])  # noqa: E731
     reads = epilogue_inputs(conv, rest, step.inputs)
     at = [step.inputs.index(id(t)) for t in reads]
     launch = compile_group(first + rest, [raw if first else out, *reads],
