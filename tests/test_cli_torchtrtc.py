@@ -12,26 +12,7 @@ from torchkiln.compile_command import TORCHTRTC_FLAGS
 from torchkiln.runtime.execute_op import engine_from_blob
 from torchkiln.stitching.stitch import ENGINE_ATTR, engine_count
 
-
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = torch.nn.Conv2d(4, 4, 3, padding=1)
-
-    def forward(self, x):
-        return torch.relu(self.conv(x)) + x
-
-
-class SmallCNN(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.stem = torch.nn.Conv2d(3, 4, 3, padding=1)
-        self.block = Block()
-        self.fc = torch.nn.Linear(4, 5)
-
-    def forward(self, x):
-        y = self.block(torch.relu(self.stem(x)))
-        return self.fc(y.mean((2, 3)))
+from test_cli_compile import SmallCNN  # noqa: E402  (the CLI tests' model)
 
 
 class DataDependentIf(torch.nn.Module):
