@@ -39,6 +39,14 @@ SPECIALS = ("nan_inf", "0-d", "empty")
 RTOL = 1e-4  # max abs error <= RTOL * max|eager|, as the test harness
 MAX_NUMEL = 1_000_000  # samples with more elements in all are skipped
 TABLE_FILE = "opinfo_table.tsv"
+# Special values where eager's own answer varies with the element's position (its vector or scalar path), so no
+# compiled answer can match it on every CPU: (op, kind) -> why the case is left out.
+EAGER_VARIES = {
+    ("nn.functional.gelu", "nan_inf"): "torch's GELU(+inf) is +inf or NaN depending on its vector path",
+}
+# Ops whose values are undefined (uninitialized memory): only shapes and dtypes are compared.
+UNDEFINED_VALUES = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+                              "new_empty_strided"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,14 +192,17 @@ def cases(info: Any, variant: str, limit: int, seed: int = 0) -> Iterator[Case]:
         if sum(t.numel() for t in leaves if isinstance(t, torch.Tensor)) > MAX_NUMEL:
             continue
         for case in _sample_cases(info.op, sample, variant):
+            if (op_name(info), case.label) in EAGER_VARIES:
+                continue
             if taken[case.label] < limit:
                 taken[case.label] += 1
                 yield case
-        if taken and all(taken[k] >= limit for k in (SPECIALS if variant == "special" else ("",))):
+        labels = [k for k in SPECIALS if (op_name(info), k) not in EAGER_VARIES] if variant == "special" else [""]
+        if all(taken[k] >= limit for k in labels):
             return
 
 
-def mismatch(out: Any, ref: Any, path: str = "output") -> str | None:
+def mismatch(out: Any, ref: Any, path: str = "output", values: bool = True) -> str | None:
     """Why `out` differs from eager's `ref` (structure, shape, dtype, NaN/inf positions, values), or None."""
     out_leaves, ref_leaves = pytree.tree_leaves(out), pytree.tree_leaves(ref)
     if len(out_leaves) != len(ref_leaves):
@@ -206,6 +217,8 @@ def mismatch(out: Any, ref: Any, path: str = "output") -> str | None:
             return f"{where}: a {type(o).__name__} where eager gives a tensor"
         if o.shape != r.shape or o.dtype != r.dtype:
             return f"{where}: {o.dtype}{list(o.shape)} where eager gives {r.dtype}{list(r.shape)}"
+        if not values:
+            continue
         if not r.dtype.is_floating_point and not r.dtype.is_complex:
             if not torch.equal(o, r):
                 return f"{where}: integer or bool values differ from eager"
@@ -234,19 +247,19 @@ def _eager(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], seed: int) ->
         return fn(*[t.clone() for t in inputs])
 
 
-def _trace(case: Case) -> tuple[torch.jit.ScriptModule | None, Any, str]:
+def _trace(case: Case, values: bool = True) -> tuple[torch.jit.ScriptModule | None, Any, str]:
     """The traced case and eager's answer, or (None, None, why the case is left out)."""
     try:
         ref = _eager(case.fn, case.inputs, 0)
     except Exception as e:  # noqa: BLE001 - eager rejects the sample: nothing to compare
         return None, None, f"eager raises {type(e).__name__}"
     try:
-        if mismatch(_eager(case.fn, case.inputs, 1), ref) is not None:
+        if mismatch(_eager(case.fn, case.inputs, 1), ref, values=values) is not None:
             return None, None, "random"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             traced = torch.jit.trace(case.fn.eval(), case.inputs, check_trace=False)
-        if mismatch(_eager(traced, case.inputs, 0), ref) is not None:
+        if mismatch(_eager(traced, case.inputs, 0), ref, values=values) is not None:
             return None, None, "the trace differs from eager"
     except Exception as e:  # noqa: BLE001 - tracing cannot express the op
         return None, None, f"untraceable: {type(e).__name__}"
@@ -263,8 +276,10 @@ def _specs(inputs: Sequence[torch.Tensor]) -> list[Any] | None:
         return None
 
 
-def check_case(traced: torch.jit.ScriptModule, inputs: Sequence[torch.Tensor], ref: Any, backend: str) -> Outcome:
-    """Compile a traced case on `backend` with min_block_size=1, run it and compare with eager's `ref`."""
+def check_case(traced: torch.jit.ScriptModule, inputs: Sequence[torch.Tensor], ref: Any, backend: str,
+               values: bool = True) -> Outcome:
+    """Compile a traced case on `backend` with min_block_size=1, run it and compare with eager's `ref` (its
+    shapes and dtypes only, without `values`)."""
     from torchkiln.compiler import compile_with_report
 
     try:
@@ -278,7 +293,7 @@ def check_case(traced: torch.jit.ScriptModule, inputs: Sequence[torch.Tensor], r
             out = compiled(*[t.clone() for t in inputs])
     except Exception as e:  # noqa: BLE001
         return Outcome("ERROR", f"run: {_first_line(e)}")
-    wrong = mismatch(out, ref)
+    wrong = mismatch(out, ref, values=values)
     if wrong is not None:
         return Outcome("WRONG", wrong)
     fallback = next((f for b in report.blocks for f in b.fallback), None)
@@ -293,19 +308,20 @@ def run_op(info: Any, backends: Sequence[str] = BACKENDS, variants: Sequence[str
     """Check up to `limit` samples of an op per variant on each backend (no new sample after `time_cap` s)."""
     result = result if result is not None else OpResult(op_name(info))
     start = time.perf_counter()
+    values = info.name not in UNDEFINED_VALUES
     for variant in variants:
         for case in cases(info, variant, limit, seed):
             if time_cap is not None and time.perf_counter() - start > time_cap:
                 result.skipped["time cap"] += 1
                 return result
-            traced, ref, why = _trace(case)
+            traced, ref, why = _trace(case, values)
             if traced is not None and _specs(case.inputs) is None:
                 traced, why = None, "an empty input (Input refuses it)"
             if traced is None:
                 result.skipped[why] += 1
                 continue
             for backend in backends:
-                outcome = check_case(traced, case.inputs, ref, backend)
+                outcome = check_case(traced, case.inputs, ref, backend, values)
                 if outcome.status != "ENGINE":
                     logger.info("%s %s%s on %s: %s %s", result.op, variant, f" ({case.label})" * bool(case.label),
                                 backend, outcome.status, outcome.reason)
