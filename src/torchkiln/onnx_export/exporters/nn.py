@@ -123,7 +123,17 @@ def _count(ctx: ExportContext, flags: str, axes: str, keep: int, test: str) -> s
 
 @exporter(L.SoftMaxLayer)
 def _softmax(ctx: ExportContext, layer: L.SoftMaxLayer, xs: list[str]) -> str:
-    return ctx.op("LogSoftmax" if layer.log else "Softmax", xs, layer.inputs[0].dtype, axis=layer.axis)
+    dt = layer.inputs[0].dtype
+    result = ctx.op("LogSoftmax" if layer.log else "Softmax", xs, dt, axis=layer.axis)
+    if not (layer.log and dt == torch.float64):
+        return result
+    # ONNX Runtime's double LogSoftmax gives finite values in a row holding NaN or +inf, where torch gives NaN
+    # (its float kernel agrees with torch): such rows are made NaN
+    bad = ctx.node("Or", [ctx.op("IsNaN", xs, dt, typed_outputs=()), ctx.op("IsInf", xs, dt, typed_outputs=(),
+                                                                           detect_negative=0)])[0]
+    axes = ctx.ints([layer.axis], "axes")
+    found = _count(ctx, bad, axes, 1, "Greater")
+    return ctx.op("Where", [found, ctx.scalar(float("nan"), dt), result], dt, typed=(1, 2))
 
 
 @exporter(L.NormalizationLayer)
