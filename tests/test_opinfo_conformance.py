@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from torchkiln.cli import main
-from torchkiln.coverage.opinfo import OpResult, Outcome, engine_fraction, op_infos, read_table, run_op, write_table
+from torchkiln.coverage.opinfo import (OpResult, Outcome, engine_fraction, mismatch, op_infos, read_table, run_op,
+                                      write_table)
 
 SUBSET = [
     # elementwise
@@ -75,3 +76,13 @@ def test_stored_table_round_trips_and_the_command_prints_its_fraction(tmp_path, 
 def test_bundled_table_is_packaged():
     engine, tested = engine_fraction(read_table())
     assert tested > 500 and 0 < engine <= tested
+
+
+def test_mismatch_names_what_differs():
+    ref = torch.tensor([1.0, float("nan"), float("inf")])
+    assert mismatch(ref.clone(), ref) is None
+    assert "nan at (2,)" in mismatch(torch.tensor([1.0, float("nan"), float("nan")]), ref)
+    assert "max abs error" in mismatch(torch.tensor([1.001, float("nan"), float("inf")]), ref)
+    assert "torch.float64[3]" in mismatch(ref.double(), ref)
+    assert "2 values where eager gives 1" in mismatch((ref, ref), ref)
+    assert mismatch(torch.empty(3), torch.zeros(3), values=False) is None
