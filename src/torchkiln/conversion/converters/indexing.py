@@ -39,9 +39,10 @@ def index_select(ctx: ConversionCtx, args: Args) -> Tensor:
 
 @converter("aten::gather")
 def gather(ctx: ConversionCtx, args: Args) -> Tensor:
-    x = ctx.to_tensor(args.self)
-    return ctx.network.add_gather(x, ctx.to_tensor(args.index), normalize_dim(args.dim, x.rank),
-                                  L.GatherMode.ELEMENT).get_output()
+    x, index = ctx.to_tensor(args.self), ctx.to_tensor(args.index)
+    if index.dtype != torch.int64:  # torch also takes int32 indices; the element gather layer takes int64
+        index = ctx.network.add_cast(index, torch.int64).get_output()
+    return ctx.network.add_gather(x, index, normalize_dim(args.dim, x.rank), L.GatherMode.ELEMENT).get_output()
 
 
 @converter("aten::scatter.src", "aten::scatter.value")
