@@ -4,7 +4,7 @@ each variant, each backend. Writes the stored table (src/torchkiln/coverage/opin
 
     python scripts/opinfo_sweep.py [--ops add sum ...] [--limit 3] [--time-cap 60] [--backends reference onnxruntime]
 
-`--backends cuda` adds the cuda backend (on a CPU machine its generated kernels run in Triton's interpreter).
+`--backends cuda` adds the cuda backend on a machine with a GPU (compile refuses it on a CPU-only machine).
 """
 from __future__ import annotations
 

@@ -156,8 +156,9 @@ def _special(tensor: torch.Tensor, kind: str) -> torch.Tensor | None:
             return None
         out = tensor.clone()
         flat = out.view(-1)
-        for i, value in enumerate((float("nan"), float("inf"), float("-inf"))[:flat.numel()]):
-            flat[i * flat.numel() // 3] = value
+        n = flat.numel()
+        for i, value in enumerate((float("nan"), float("inf"), float("-inf"))[:n]):
+            flat[i * n // 3 if n >= 3 else i] = value
         return out
     if kind == "0-d":
         return tensor.reshape(-1)[0].clone() if tensor.dim() > 0 and tensor.numel() > 0 else None
