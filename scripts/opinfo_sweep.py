@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     fraction = opinfo.format_fraction(results)
     logger.info(fraction)
     if not args.no_doc:
-        write_doc(markdown(results, args.backends, f"{fraction}. {header}."))
+        write_doc(markdown(results, args.backends, f"{fraction}.\n{header}."))
     for status in ("WRONG", "ERROR"):
         for backend in args.backends:
             bad = [r.op for r in results if any(c.counts[status] for (v, b), c in r.cells.items() if b == backend)]
