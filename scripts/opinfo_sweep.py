@@ -2,7 +2,7 @@
 each variant, each backend. Writes the stored table (src/torchkiln/coverage/opinfo_table.tsv, read by
 `python -m torchkiln coverage`) and the table section of docs/coverage.md.
 
-    python scripts/opinfo_sweep.py [--ops add sum ...] [--limit 3] [--time-cap 60] [--backends reference onnxruntime]
+    python scripts/opinfo_sweep.py [--ops add sum ...] [--limit 10] [--time-cap 60] [--backends reference onnxruntime]
 
 `--backends cuda` adds the cuda backend on a machine with a GPU (compile refuses it on a CPU-only machine).
 """
@@ -117,7 +117,7 @@ def write_doc(text: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", nargs="*", help="OpInfo names (default: all with float32 samples)")
-    parser.add_argument("--limit", type=int, default=3, help="samples per op and variant (special: per kind)")
+    parser.add_argument("--limit", type=int, default=10, help="samples per op and variant (special: per kind)")
     parser.add_argument("--time-cap", type=float, default=60.0, help="seconds per op; no new sample after it")
     parser.add_argument("--backends", nargs="*", default=list(opinfo.BACKENDS))
     parser.add_argument("--table", default=str(ROOT / "src" / "torchkiln" / "coverage" / opinfo.TABLE_FILE))
