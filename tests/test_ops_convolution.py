@@ -117,3 +117,14 @@ def test_max_pool_with_indices_1d_3d(nd):
     x = torch.randn(2, 3, *(8, 6, 4)[:nd])
     fn = F.max_pool1d if nd == 1 else F.max_pool3d
     check_traced(lambda t: fn(t, 2, return_indices=True)[0], x, op=f"aten::max_pool{nd}d_with_indices")
+
+
+@pytest.mark.parametrize("nd", [2, 3])
+def test_max_pool_of_minus_inf_windows_is_minus_inf(nd):
+    """ONNX Runtime's 3-d MaxPool gives float32's lowest value for a window of -inf only; eager gives -inf (OpInfo
+    adaptive_max_pool3d with special values)."""
+    x = torch.randn(1, 4, *(4, 3, 5)[3 - nd:])
+    x.view(-1)[0], x.view(-1)[30], x.view(-1)[50] = float("nan"), float("-inf"), float("inf")
+    pool = {2: F.max_pool2d, 3: F.max_pool3d}[nd]
+    check_traced(lambda t: pool(t, 1), x, op=f"aten::max_pool{nd}d")
+    check_traced(lambda t: pool(t, 1), x.nan_to_num(0.0, posinf=1.0), op=f"aten::max_pool{nd}d")

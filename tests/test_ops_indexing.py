@@ -109,3 +109,16 @@ def test_runtime_bool_mask_stays_in_pytorch():
     _, report = check_fn(index_runtime_mask, R(3, 4), R(3, 4) > 0, engines=1, torch_blocks=1)
     (index_op,) = [f for b in report.blocks for f in b.fallback if f.op == "aten::index.Tensor"]
     assert "data-dependent" in index_op.detail
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_gather_with_int32_indices(truncate):
+    """torch.gather takes int32 indices too (OpInfo gather); the converter failed on them and fell back."""
+    x, i = R(4, 5), torch.randint(0, 4, (3, 5), dtype=torch.int32)
+    check_traced(lambda t, j: torch.gather(t, 0, j), x, i, op="aten::gather", truncate_long_and_double=truncate)
+
+
+@pytest.mark.parametrize("index", [torch.tensor([0]), torch.tensor(0)], ids=["1-d", "0-d"])
+def test_index_select_of_0d_tensor(index):
+    """torch picks a 0-d tensor by its one index 0 (OpInfo index_select); the gather layer refused a 0-d input."""
+    check_traced(lambda t, i: torch.index_select(t, 0, i) * 2, torch.tensor(3.5), index, op="aten::index_select")

@@ -91,3 +91,11 @@ def test_batch_norm_inference_functional():
                                        (nn.BatchNorm3d, (2, 3, 2, 3, 2))])
 def test_batch_norm_modules(cls, shape):
     check_traced(_randomize(cls(3)).eval(), torch.randn(*shape), op="aten::batch_norm")
+
+
+@pytest.mark.parametrize("op,fn", [("aten::layer_norm", lambda t: F.layer_norm(t, [5], eps=-0.5)),
+                                   ("aten::group_norm", lambda t: F.group_norm(t, 1, eps=-0.5))])
+def test_negative_eps_stays_in_pytorch_with_its_reason(op, fn):
+    """torch takes eps < 0 (NaN where var + eps < 0; OpInfo layer_norm); the layer does not: refused up front."""
+    _, report = check_traced(fn, torch.randn(3, 4, 5), engines=None, torch_blocks=1)
+    assert_falls_back(report, op, "eps=-0.5 is negative")

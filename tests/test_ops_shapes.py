@@ -262,3 +262,12 @@ def empty_dims(x):
 
 def test_empty_size_dims():
     check_fn(empty_dims, R(2, 4))
+
+
+def flip_0d(x):
+    return torch.flip(x * 2, [0]) + torch.flip(x, [-1])
+
+
+def test_flip_of_0d_tensor():
+    """torch flips a 0-d tensor along dim 0 or -1 into itself (OpInfo flip); the converter raised IndexError."""
+    check_fn(flip_0d, torch.tensor(1.5), op="aten::flip")

@@ -45,3 +45,12 @@ def log_softmax_internal(x):
 @pytest.mark.parametrize("fn,op", [(softmax_internal, "aten::_softmax"), (log_softmax_internal, "aten::_log_softmax")])
 def test_internal_softmax(fn, op):
     check_fn(fn, torch.randn(4, 6) * 3, op=op)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_softmax_of_rows_with_nan_and_inf_matches_eager(dtype):
+    """ONNX Runtime's double LogSoftmax gives finite values in a row with NaN or +inf; torch gives NaN (OpInfo)."""
+    x = torch.randn(6, 5, dtype=dtype)
+    x[0, 0], x[1, 2], x[2, 4], x[3], x[4, 1], x[4, 2] = (float("nan"), float("inf"), float("-inf"), float("-inf"),
+                                                         float("inf"), float("-inf"))
+    check_traced(lambda t: torch.log_softmax(t, 1), x, op="aten::log_softmax.int")

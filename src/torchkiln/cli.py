@@ -144,6 +144,7 @@ def _export_onnx(args: argparse.Namespace) -> int:
 def _coverage(args: argparse.Namespace) -> int:
     from torchkiln.coverage import (floor_coverage, floor_overloads, format_overload_report, format_report,
                                     overload_coverage, read_floor, read_seen)
+    from torchkiln.coverage.opinfo import format_fraction, read_table
 
     floor = read_floor(args.floor) if args.floor else None
     rows = floor_coverage(floor)
@@ -151,6 +152,7 @@ def _coverage(args: argparse.Namespace) -> int:
     seen = read_seen()
     print(format_overload_report(overload_coverage(floor_overloads(floor)), overload_coverage(seen), seen,
                                  missing_only=args.missing))
+    print(format_fraction(read_table(args.opinfo)))
     return 1 if args.require_full and not all(r.covered for r in rows) else 0
 
 
@@ -284,6 +286,8 @@ def build_parser(words: Collection[str] | None = None) -> argparse.ArgumentParse
     coverage = sub.add_parser("coverage", parents=[_verbosity()], help="which ops of a floor list have converters "
                               "or evaluators")
     coverage.add_argument("--floor", metavar="FILE", help="one op name a line (default: the bundled ts_ops_floor.txt)")
+    coverage.add_argument("--opinfo", metavar="FILE", help="the OpInfo sweep's table (default: the bundled "
+                          "opinfo_table.tsv that scripts/opinfo_sweep.py writes)")
     coverage.add_argument("--missing", action="store_true", help="list only the ops not covered")
     coverage.add_argument("--require-full", action="store_true", help="exit with status 1 unless every op is covered")
     coverage.set_defaults(fn=_coverage)

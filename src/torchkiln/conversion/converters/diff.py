@@ -17,6 +17,8 @@ from torchkiln.ir.tensor import Tensor
 def diff(ctx: ConversionCtx, args: Args) -> Tensor:
     x = ctx.to_tensor(args.self)
     dim = normalize_dim(args.dim, x.rank)
+    if args.n == 0:  # torch returns the input itself: prepend and append are not added
+        return x
     parts = [ctx.to_tensor(t) for t in (args.prepend, x, args.append) if t is not None]
     if len(parts) > 1:
         x = ctx.network.add_concatenation(parts, dim).get_output()

@@ -34,14 +34,18 @@ def index_select(ctx: ConversionCtx, args: Args) -> Tensor:
     x, index = ctx.to_tensor(args.self), ctx.to_tensor(args.index)
     if index.rank == 0:
         index = reshape(ctx, index, [1])
+    if x.rank == 0:  # torch picks the 0-d tensor itself by its one index 0 (a 1-element index)
+        picked = ctx.network.add_gather(reshape(ctx, x, [1]), index, 0, L.GatherMode.DEFAULT).get_output()
+        return reshape(ctx, picked, [])
     return ctx.network.add_gather(x, index, normalize_dim(args.dim, x.rank), L.GatherMode.DEFAULT).get_output()
 
 
 @converter("aten::gather")
 def gather(ctx: ConversionCtx, args: Args) -> Tensor:
-    x = ctx.to_tensor(args.self)
-    return ctx.network.add_gather(x, ctx.to_tensor(args.index), normalize_dim(args.dim, x.rank),
-                                  L.GatherMode.ELEMENT).get_output()
+    x, index = ctx.to_tensor(args.self), ctx.to_tensor(args.index)
+    if index.dtype != torch.int64:  # torch also takes int32 indices; the element gather layer takes int64
+        index = ctx.network.add_cast(index, torch.int64).get_output()
+    return ctx.network.add_gather(x, index, normalize_dim(args.dim, x.rank), L.GatherMode.ELEMENT).get_output()
 
 
 @converter("aten::scatter.src", "aten::scatter.value")

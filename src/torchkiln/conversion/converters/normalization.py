@@ -47,12 +47,22 @@ def _normalization(ctx: ConversionCtx, args: Args, kind: L.NormalizationKind, **
     return ctx.network.add_normalization(x, kind, args.eps, weight, bias, **params).get_output()
 
 
-@converter("aten::layer_norm", capability=lambda args: needs_static(args, *_AFFINE))
+def _eps_ok(args: Args) -> str | None:
+    if isinstance(args.eps, (int, float)) and args.eps < 0:
+        return f"eps={args.eps} is negative (the normalization layer takes eps >= 0)"
+    return None
+
+
+def _normalization_ok(args: Args) -> str | None:
+    return _eps_ok(args) or needs_static(args, *_AFFINE)
+
+
+@converter("aten::layer_norm", capability=_normalization_ok)
 def layer_norm(ctx: ConversionCtx, args: Args) -> Tensor:
     return _normalization(ctx, args, L.NormalizationKind.LAYER, normalized_shape=args.normalized_shape)
 
 
-@converter("aten::group_norm", capability=lambda args: needs_static(args, *_AFFINE))
+@converter("aten::group_norm", capability=_normalization_ok)
 def group_norm(ctx: ConversionCtx, args: Args) -> Tensor:
     return _normalization(ctx, args, L.NormalizationKind.GROUP, num_groups=args.num_groups)
 
@@ -63,7 +73,7 @@ def _instance_norm_ok(args: Args) -> str | None:
         return "instance norm that updates its running statistics (use_input_stats=True with running stats)"
     if not args.use_input_stats and not (args.running_mean is not None and args.running_var is not None):
         return "instance norm with use_input_stats=False needs running statistics"
-    return needs_static(args, *_AFFINE, *_RUNNING)
+    return (_eps_ok(args) if args.use_input_stats else None) or needs_static(args, *_AFFINE, *_RUNNING)
 
 
 @converter("aten::instance_norm", capability=_instance_norm_ok)

@@ -13,6 +13,8 @@ from torchkiln.ir.tensor import Tensor
 @converter("aten::flip")
 def flip(ctx: ConversionCtx, args: Args) -> Tensor:
     x = ctx.to_tensor(args.self)
+    if x.rank == 0:  # torch flips a 0-d tensor along dim 0 or -1: itself
+        return x
     dims = [d for d in normalize_dims(list(args.dims), x.rank) if x.shape[d] > 1] if args.dims else []
     if not dims:
         return x

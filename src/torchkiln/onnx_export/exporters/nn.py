@@ -51,7 +51,13 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
         # torch's max pooling propagates NaN, ONNX Runtime's MaxPool skips it: a window holding NaN is made NaN,
         # computed only where the input holds NaN (its sum is NaN then; inf - inf runs it for nothing)
         any_nan = ctx.op("IsNaN", [ctx.op("ReduceSum", xs, dt, keepdims=0)], dt, typed_outputs=())
-        return ctx.branch(any_nan, dt, lambda: _nan_windows(ctx, xs[0], result, dt, attrs), result)
+        result = ctx.branch(any_nan, dt, lambda: _nan_windows(ctx, xs[0], result, dt, attrs), result)
+        # its 3-d MaxPool gives the dtype's lowest value, not -inf, for a window of -inf only: computed only where
+        # the lowest value comes out
+        lowest = ctx.scalar(torch.finfo(dt).min, dt)
+        lows = ctx.cast(ctx.op("Equal", [result, lowest], dt, typed_outputs=()), torch.bool, torch.int64)
+        at_lowest = ctx.node("Greater", [ctx.node("ReduceSum", [lows], keepdims=0)[0], ctx.scalar(0, torch.int64)])[0]
+        return ctx.branch(at_lowest, dt, lambda: _minus_inf_windows(ctx, xs[0], result, dt, attrs), result)
     if layer.ceil_mode and _overhangs(layer):
         ctx.decline("average pooling with ceil_mode=True whose last window passes the padding: ONNX Runtime "
                     "divides it by another count than torch")
@@ -67,6 +73,15 @@ def _nan_windows(ctx: ExportContext, x: str, pooled: str, dt: torch.dtype, attrs
     flags = ctx.op("MaxPool", [ctx.cast(ctx.op("IsNaN", [x], dt, typed_outputs=()), torch.bool, dt)], dt, **attrs)
     found = ctx.op("Greater", [flags, ctx.scalar(0, dt)], dt, typed_outputs=())
     return ctx.op("Where", [found, ctx.scalar(float("nan"), dt), pooled], dt, typed=(1, 2))
+
+
+def _minus_inf_windows(ctx: ExportContext, x: str, pooled: str, dt: torch.dtype, attrs: dict[str, object]) -> str:
+    """`pooled` with -inf where its max pooling window of `x` holds -inf only (ORT's MaxPool leaves its start
+    value, the dtype's lowest, there)."""
+    above = ctx.node("Not", [ctx.op("IsInf", [x], dt, typed_outputs=(), detect_positive=0)])[0]
+    flags = ctx.op("MaxPool", [ctx.cast(above, torch.bool, dt)], dt, **attrs)
+    none = ctx.op("Equal", [flags, ctx.scalar(0, dt)], dt, typed_outputs=())
+    return ctx.op("Where", [none, ctx.scalar(float("-inf"), dt), pooled], dt, typed=(1, 2))
 
 
 def _swap_last_two(ctx: ExportContext, x: str, rank: int) -> str:
@@ -123,7 +138,17 @@ def _count(ctx: ExportContext, flags: str, axes: str, keep: int, test: str) -> s
 
 @exporter(L.SoftMaxLayer)
 def _softmax(ctx: ExportContext, layer: L.SoftMaxLayer, xs: list[str]) -> str:
-    return ctx.op("LogSoftmax" if layer.log else "Softmax", xs, layer.inputs[0].dtype, axis=layer.axis)
+    dt = layer.inputs[0].dtype
+    result = ctx.op("LogSoftmax" if layer.log else "Softmax", xs, dt, axis=layer.axis)
+    if not (layer.log and dt == torch.float64):
+        return result
+    # ONNX Runtime's double LogSoftmax gives finite values in a row holding NaN or +inf, where torch gives NaN
+    # (its float kernel agrees with torch): such rows are made NaN
+    bad = ctx.node("Or", [ctx.op("IsNaN", xs, dt, typed_outputs=()), ctx.op("IsInf", xs, dt, typed_outputs=(),
+                                                                           detect_negative=0)])[0]
+    axes = ctx.ints([layer.axis], "axes")
+    found = _count(ctx, bad, axes, 1, "Greater")
+    return ctx.op("Where", [found, ctx.scalar(float("nan"), dt), result], dt, typed=(1, 2))
 
 
 @exporter(L.NormalizationLayer)

@@ -1,0 +1,381 @@
+"""OpInfo conformance: PyTorch's own op test database (`op_db`) as the measure of what converts and converts right.
+
+Every float32 sample of an op is traced, compiled with `min_block_size=1` on a backend and compared with eager
+(values within 1e-4 x max|eager|, NaN and infinity positions, shapes, dtypes). One sample gives one status,
+best first:
+
+- ENGINE: every op of the traced graph ran in an engine (or was folded at build time) and the answer matched;
+- FALLBACK: it compiled and matched, but an op stayed in PyTorch (the reason is the partition report's);
+- ERROR: compiling or running raised where eager did not (the exception type and first line);
+- WRONG: the compiled module's answer differs from eager's: the worst outcome.
+
+Three variants of each sample: `inputs` (its tensors are the compiled module's inputs), `constants` (the tensors
+after the first are closed over, so converters that need constant weights are reached) and `special` (NaN and
++-inf, a 0-d tensor, an empty tensor substituted for its first tensor, where eager accepts them).
+Samples eager rejects, random ops and graphs tracing cannot express are left out. `scripts/opinfo_sweep.py`
+runs every op and writes the stored table (`opinfo_table.tsv`) that `python -m torchkiln coverage` reads.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+logger = logging.getLogger(__name__)
+
+STATUSES = ("ENGINE", "FALLBACK", "ERROR", "WRONG")  # best first
+VARIANTS = ("inputs", "constants", "special")
+BACKENDS = ("reference", "onnxruntime")
+SPECIALS = ("nan_inf", "0-d", "empty")
+RTOL = 1e-4  # max abs error <= RTOL * max|eager|, as the test harness
+MAX_NUMEL = 1_000_000  # samples with more elements in all are skipped
+TABLE_FILE = "opinfo_table.tsv"
+# Special values where eager's own answer varies with the element's position (its vector or scalar path) or the
+# kernel it picks, so no compiled answer can match it everywhere: (op, kind) -> why the case is left out.
+EAGER_VARIES = {
+    ("nn.functional.gelu", "nan_inf"): "torch's GELU(+inf) is +inf or NaN depending on its vector path",
+    ("nn.functional.scaled_dot_product_attention", "nan_inf"): "eager's CPU flash kernel gives 0 for a NaN query "
+                                                               "row, its math kernel NaN",
+}
+# Ops whose values are undefined (uninitialized memory): only shapes and dtypes are compared.
+UNDEFINED_VALUES = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",
+                              "new_empty_strided"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One compiled check: `fn(*inputs)` is the op on a sample, with its other tensors closed over."""
+
+    variant: str
+    fn: Callable[..., Any]
+    inputs: tuple[torch.Tensor, ...]
+    label: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    status: str
+    reason: str = ""
+
+
+@dataclasses.dataclass
+class CellResult:
+    """The outcomes of one op's samples in one variant on one backend."""
+
+    counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    reasons: dict[str, str] = dataclasses.field(default_factory=dict)  # status -> its first reason
+
+    def add(self, outcome: Outcome) -> None:
+        self.counts[outcome.status] += 1
+        self.reasons.setdefault(outcome.status, outcome.reason)
+
+    @property
+    def best(self) -> str | None:
+        return next((s for s in STATUSES if self.counts[s]), None)
+
+    @property
+    def worst(self) -> str | None:
+        return next((s for s in reversed(STATUSES) if self.counts[s]), None)
+
+    def summary(self) -> str:
+        """'ENGINE 3, WRONG 1' (statuses best first)."""
+        return ", ".join(f"{s} {self.counts[s]}" for s in STATUSES if self.counts[s])
+
+
+@dataclasses.dataclass
+class OpResult:
+    """One op: a CellResult per (variant, backend), and why samples were left out."""
+
+    op: str
+    cells: dict[tuple[str, str], CellResult] = dataclasses.field(default_factory=dict)
+    skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+    def cell(self, variant: str, backend: str) -> CellResult:
+        return self.cells.setdefault((variant, backend), CellResult())
+
+    @property
+    def tested(self) -> bool:
+        return any(c.counts for c in self.cells.values())
+
+    @property
+    def engine(self) -> bool:
+        """ENGINE on at least one sample of any variant and backend."""
+        return any(c.counts["ENGINE"] for c in self.cells.values())
+
+
+def op_name(info: Any) -> str:
+    """The OpInfo's name, with its variant: 'nn.functional.conv2d', 'max.reduction_with_dim'."""
+    return f"{info.name}.{info.variant_test_name}" if info.variant_test_name else info.name
+
+
+def op_infos(names: Iterable[str] | None = None) -> list[Any]:
+    """op_db's OpInfos that support float32 on the CPU (those named, in that order, if `names`)."""
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    infos = {op_name(o): o for o in op_db if torch.float32 in o.supported_dtypes("cpu")}
+    if names is None:
+        return list(infos.values())
+    missing = [n for n in names if n not in infos]
+    if missing:
+        raise KeyError(f"not OpInfo ops with float32 samples: {', '.join(missing)}")
+    return [infos[n] for n in names]
+
+
+def _tensor_leaves(tree: Any) -> tuple[list[Any], Any, list[int]]:
+    leaves, spec = pytree.tree_flatten(tree)
+    return leaves, spec, [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+
+class _Call(torch.nn.Module):
+    """forward(*inputs) = op(*args, **kwargs) with the tensors at `slots` taken from the inputs (for tracing:
+    the other leaves, tensors included, are constants)."""
+
+    def __init__(self, op: Callable[..., Any], leaves: list[Any], spec: Any, slots: Sequence[int]) -> None:
+        super().__init__()
+        self.op, self.leaves, self.spec, self.slots = op, leaves, spec, list(slots)
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        leaves = list(self.leaves)
+        for slot, value in zip(self.slots, inputs):
+            leaves[slot] = value
+        sample_input, args, kwargs = pytree.tree_unflatten(leaves, self.spec)
+        return self.op(sample_input, *args, **kwargs)
+
+
+def _special(tensor: torch.Tensor, kind: str) -> torch.Tensor | None:
+    """`tensor` with NaN, +inf and -inf in its first elements, as a 0-d tensor, or empty (None: not applicable)."""
+    if kind == "nan_inf":
+        if not tensor.dtype.is_floating_point or tensor.numel() == 0:
+            return None
+        out = tensor.clone()
+        flat = out.view(-1)
+        n = flat.numel()
+        for i, value in enumerate((float("nan"), float("inf"), float("-inf"))[:n]):
+            flat[i * n // 3 if n >= 3 else i] = value
+        return out
+    if kind == "0-d":
+        return tensor.reshape(-1)[0].clone() if tensor.dim() > 0 and tensor.numel() > 0 else None
+    if kind == "empty":
+        return tensor.new_empty((0, *tensor.shape[1:])) if tensor.dim() > 0 and tensor.shape[0] > 0 else None
+    raise ValueError(f"unknown special value kind {kind!r}")
+
+
+def _sample_cases(op: Callable[..., Any], sample: Any, variant: str) -> Iterator[Case]:
+    leaves, spec, slots = _tensor_leaves((sample.input, sample.args, sample.kwargs))
+    if not slots:
+        return
+    tensors = [leaves[i] for i in slots]
+    if variant == "inputs":
+        yield Case(variant, _Call(op, leaves, spec, slots), tuple(tensors))
+    elif variant == "constants":
+        if len(slots) > 1:
+            yield Case(variant, _Call(op, leaves, spec, slots[:1]), tuple(tensors[:1]))
+    else:
+        for kind in SPECIALS:
+            value = _special(tensors[0], kind)
+            if value is not None:
+                yield Case(variant, _Call(op, leaves, spec, slots), (value, *tensors[1:]), kind)
+
+
+def cases(info: Any, variant: str, limit: int, seed: int = 0) -> Iterator[Case]:
+    """Up to `limit` cases of an op's float32 samples in one variant (for `special`: up to `limit` of each kind)."""
+    torch.manual_seed(seed)
+    taken: collections.Counter = collections.Counter()
+    for sample in info.sample_inputs("cpu", torch.float32, requires_grad=False):
+        leaves = pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
+        if sum(t.numel() for t in leaves if isinstance(t, torch.Tensor)) > MAX_NUMEL:
+            continue
+        for case in _sample_cases(info.op, sample, variant):
+            if (op_name(info), case.label) in EAGER_VARIES:
+                continue
+            if taken[case.label] < limit:
+                taken[case.label] += 1
+                yield case
+        labels = [k for k in SPECIALS if (op_name(info), k) not in EAGER_VARIES] if variant == "special" else [""]
+        if all(taken[k] >= limit for k in labels):
+            return
+
+
+def mismatch(out: Any, ref: Any, path: str = "output", values: bool = True) -> str | None:
+    """Why `out` differs from eager's `ref` (structure, shape, dtype, NaN/inf positions, values), or None."""
+    out_leaves, ref_leaves = pytree.tree_leaves(out), pytree.tree_leaves(ref)
+    if len(out_leaves) != len(ref_leaves):
+        return f"{path}: {len(out_leaves)} values where eager gives {len(ref_leaves)}"
+    for i, (o, r) in enumerate(zip(out_leaves, ref_leaves)):
+        where = f"{path}[{i}]" if len(ref_leaves) > 1 else path
+        if not isinstance(r, torch.Tensor):
+            if isinstance(o, torch.Tensor) or o != r:
+                return f"{where}: {o!r} where eager gives {r!r}"
+            continue
+        if not isinstance(o, torch.Tensor):
+            return f"{where}: a {type(o).__name__} where eager gives a tensor"
+        if o.shape != r.shape or o.dtype != r.dtype:
+            return f"{where}: {o.dtype}{list(o.shape)} where eager gives {r.dtype}{list(r.shape)}"
+        if not values:
+            continue
+        if not r.dtype.is_floating_point and not r.dtype.is_complex:
+            if not torch.equal(o, r):
+                return f"{where}: integer or bool values differ from eager"
+            continue
+        finite = torch.isfinite(r)
+        special = (finite != o.isfinite()) | (r.isnan() != o.isnan()) | (r.isinf() & (o != r))
+        if special.any():
+            at = tuple(special.nonzero()[0].tolist())
+            return f"{where}: {o[at].item()} at {at} where eager gives {r[at].item()}"
+        if finite.any():
+            err = (o[finite].double() - r[finite].double()).abs().max().item()
+            scale = r[finite].double().abs().max().item()
+            if err > RTOL * scale and err > 1e-7:
+                return f"{where}: max abs error {err:.3g} > {RTOL:g} x max|eager| {scale:.3g}"
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200] if text else ''}"
+
+
+def _eager(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], seed: int) -> Any:
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        return fn(*[t.clone() for t in inputs])
+
+
+def _trace(case: Case, values: bool = True) -> tuple[torch.jit.ScriptModule | None, Any, str]:
+    """The traced case and eager's answer, or (None, None, why the case is left out)."""
+    try:
+        ref = _eager(case.fn, case.inputs, 0)
+    except Exception as e:  # noqa: BLE001 - eager rejects the sample: nothing to compare
+        return None, None, f"eager raises {type(e).__name__}"
+    try:
+        if mismatch(_eager(case.fn, case.inputs, 1), ref, values=values) is not None:
+            return None, None, "random"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            traced = torch.jit.trace(case.fn.eval(), case.inputs, check_trace=False)
+        if mismatch(_eager(traced, case.inputs, 0), ref, values=values) is not None:
+            return None, None, "the trace differs from eager"
+    except Exception as e:  # noqa: BLE001 - tracing cannot express the op
+        return None, None, f"untraceable: {type(e).__name__}"
+    return traced, ref, ""
+
+
+def _specs(inputs: Sequence[torch.Tensor]) -> list[Any] | None:
+    """The compile inputs of a case; None where `Input` refuses one (an empty tensor: a documented limit)."""
+    from torchkiln.settings import Input
+
+    try:
+        return Input.from_tensors(inputs)
+    except ValueError:
+        return None
+
+
+def check_case(traced: torch.jit.ScriptModule, inputs: Sequence[torch.Tensor], ref: Any, backend: str,
+               values: bool = True) -> Outcome:
+    """Compile a traced case on `backend` with min_block_size=1, run it and compare with eager's `ref` (its
+    shapes and dtypes only, without `values`)."""
+    from torchkiln.compiler import compile_with_report
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled, report = compile_with_report(traced, _specs(inputs), min_block_size=1, backend=backend)
+    except Exception as e:  # noqa: BLE001 - the outcome being measured
+        return Outcome("ERROR", f"compile: {_first_line(e)}")
+    try:
+        torch.manual_seed(0)  # as eager's run: ops left in PyTorch draw the same random numbers
+        with torch.no_grad():
+            out = compiled(*[t.clone() for t in inputs])
+    except Exception as e:  # noqa: BLE001
+        return Outcome("ERROR", f"run: {_first_line(e)}")
+    wrong = mismatch(out, ref, values=values)
+    if wrong is not None:
+        return Outcome("WRONG", wrong)
+    fallback = next((f for b in report.blocks for f in b.fallback), None)
+    if fallback is not None:
+        detail = f" ({fallback.detail})" if fallback.detail else ""
+        return Outcome("FALLBACK", f"{fallback.op}: {fallback.reason}{detail}"[:200])
+    return Outcome("ENGINE")
+
+
+def run_op(info: Any, backends: Sequence[str] = BACKENDS, variants: Sequence[str] = VARIANTS, limit: int = 3,
+           seed: int = 0, time_cap: float | None = None, result: OpResult | None = None) -> OpResult:
+    """Check up to `limit` samples of an op per variant on each backend (no new sample after `time_cap` s)."""
+    result = result if result is not None else OpResult(op_name(info))
+    start = time.perf_counter()
+    values = info.name not in UNDEFINED_VALUES
+    for variant in variants:
+        for case in cases(info, variant, limit, seed):
+            if time_cap is not None and time.perf_counter() - start > time_cap:
+                result.skipped["time cap"] += 1
+                return result
+            traced, ref, why = _trace(case, values)
+            if traced is not None and _specs(case.inputs) is None:
+                traced, why = None, "an empty input (Input refuses it)"
+            if traced is None:
+                result.skipped[why] += 1
+                continue
+            for backend in backends:
+                outcome = check_case(traced, case.inputs, ref, backend, values)
+                if outcome.status != "ENGINE":
+                    logger.info("%s %s%s on %s: %s %s", result.op, variant, f" ({case.label})" * bool(case.label),
+                                backend, outcome.status, outcome.reason)
+                result.cell(variant, backend).add(outcome)
+    return result
+
+
+# The stored table: one line per (op, variant, backend) with its counts and the reason of its worst status.
+
+def write_table(results: Iterable[OpResult], path: str | Path, header: Sequence[str] = ()) -> None:
+    """Write the sweep's results as tab-separated lines: op, variant, backend, counts, worst status's reason."""
+    lines = [f"# {h}" for h in header]
+    lines.append("# op\tvariant\tbackend\tcounts\treason")
+    for r in results:
+        if not r.tested:
+            lines.append(f"{r.op}\t-\t-\t-\t{', '.join(sorted(r.skipped)) or 'no samples'}")
+        for (variant, backend), cell in r.cells.items():
+            reason = cell.reasons.get(cell.worst, "") if cell.worst != "ENGINE" else ""
+            lines.append(f"{r.op}\t{variant}\t{backend}\t{cell.summary()}\t{reason}")
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def read_table(path: str | Path | None = None) -> list[OpResult]:
+    """The results of a stored table (the bundled one by default); counts only, each with its worst reason."""
+    text = (resources.files("torchkiln.coverage").joinpath(TABLE_FILE).read_text() if path is None
+            else Path(path).read_text())
+    results: dict[str, OpResult] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        op, variant, backend, counts, reason = (line.split("\t") + [""] * 5)[:5]
+        result = results.setdefault(op, OpResult(op))
+        if variant == "-":
+            continue
+        cell = result.cell(variant, backend)
+        for part in counts.split(", "):
+            status, _, n = part.partition(" ")
+            cell.counts[status] = int(n)
+        if reason:
+            cell.reasons[cell.worst] = reason
+    return list(results.values())
+
+
+def engine_fraction(results: Sequence[OpResult]) -> tuple[int, int]:
+    """(ops with ENGINE on at least one sample, ops with at least one sample compiled)."""
+    tested = [r for r in results if r.tested]
+    return sum(r.engine for r in tested), len(tested)
+
+
+def format_fraction(results: Sequence[OpResult]) -> str:
+    engine, tested = engine_fraction(results)
+    return (f"OpInfo ops with an engine on a float32 sample (scripts/opinfo_sweep.py): {engine}/{tested} "
+            f"({100.0 * engine / max(tested, 1):.1f}%)")
