@@ -7,7 +7,9 @@ import logging
 import pytest
 import torch
 
-from torchkiln.cli import main
+pytest.importorskip("expecttest", reason="torch's OpInfo database needs expecttest (the [test] extra)")
+
+from torchkiln.cli import main  # noqa: E402
 from torchkiln.coverage.opinfo import (OpResult, Outcome, engine_fraction, mismatch, op_infos, read_table, run_op,
                                       write_table)
 
