@@ -294,6 +294,7 @@ VIEWS = {
     "mT": lambda x: x.mT,
     "mH": lambda x: x.mH,
     "adjoint": lambda x: x.adjoint(),
+    "H": lambda x: x[0].H,
     "numpy_T": lambda x: x.T,  # on a 3-d tensor: deprecated but traced as aten::numpy_T
     "tril": torch.tril,
     "tril_above": lambda x: torch.tril(x, 1),
@@ -309,6 +310,12 @@ def test_view_ops(name, backend):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         check_traced(VIEWS[name], _special((2, 3, 4)), backend=backend)
+
+
+def test_matrix_transpose_of_0d_is_identity():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        check_traced(lambda x: x.mT * 2, torch.tensor(3.0))
 
 
 def test_tril_of_bool():

@@ -103,15 +103,18 @@ def numpy_t(ctx: ConversionCtx, args: Args) -> Tensor:
 
 
 def _matrix(args: Args) -> str | None:
+    rank = len(args.self.shape)
     if args.self.dtype.is_complex:
         return "complex tensors are not supported (mH conjugates)"
-    if len(args.self.shape) < 2:
-        return "the tensor has fewer than 2 dims (eager raises)"
+    if rank == 1 or (rank != 2 and args.node.kind() == "aten::matrix_H"):
+        return f"a {rank}-d tensor (eager raises)"
     return None
 
 
-@converter("aten::mT", "aten::mH", "aten::adjoint", capability=_matrix)
+@converter("aten::mT", "aten::mH", "aten::adjoint", "aten::matrix_H", capability=_matrix)
 def matrix_transpose(ctx: ConversionCtx, args: Args) -> Tensor:
-    """The last two dims swapped (of a real tensor, mH and adjoint are mT)."""
+    """The last two dims swapped (of a real tensor, mH, adjoint and H are mT; of a 0-d tensor, the identity)."""
     x = ctx.to_tensor(args.self)
+    if x.rank == 0:
+        return x
     return permute(ctx, x, list(range(x.rank - 2)) + [x.rank - 1, x.rank - 2])
