@@ -312,10 +312,11 @@ def test_view_ops(name, backend):
         check_traced(VIEWS[name], _special((2, 3, 4)), backend=backend)
 
 
-def test_matrix_transpose_of_0d_is_identity():
+@pytest.mark.parametrize("fn", [lambda x: x.mT * 2, lambda x: x.H * 2], ids=["mT", "H"])
+def test_matrix_transpose_of_0d_is_identity(fn):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        check_traced(lambda x: x.mT * 2, torch.tensor(3.0))
+        check_traced(fn, torch.tensor(3.0))
 
 
 def test_tril_of_bool():

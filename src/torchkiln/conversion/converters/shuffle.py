@@ -106,7 +106,7 @@ def _matrix(args: Args) -> str | None:
     rank = len(args.self.shape)
     if args.self.dtype.is_complex:
         return "complex tensors are not supported (mH conjugates)"
-    if rank == 1 or (rank != 2 and args.node.kind() == "aten::matrix_H"):
+    if rank == 1 or (rank > 2 and args.node.kind() == "aten::matrix_H"):
         return f"a {rank}-d tensor (eager raises)"
     return None
 
