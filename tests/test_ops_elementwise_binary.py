@@ -3,7 +3,7 @@ and bitwise ops on float, int and bool tensors, broadcasting, mixed dtypes, Pyth
 tensors, non-contiguous inputs, int64 with truncate_long_and_double, and traced graphs."""
 import pytest
 import torch
-from harness import check_compiled, check_fn
+from harness import assert_falls_back, check_compiled, check_fn, check_traced
 
 
 def binary(op):
@@ -361,3 +361,37 @@ class ResetState(torch.nn.Module):
 def test_ternary_and_zero_in_real_modules(model, op):
     check_compiled(torch.jit.script(model), [torch.randn(2, 5, 6)], op=op, min_block_size=1)
 
+
+
+NAN, INF = float("nan"), float("inf")
+# pairs covering NaN on either side, equal and opposite infinities, zeros, and values whose square overflows fp32
+SPECIAL_A = torch.tensor([[INF, -INF, NAN, INF, -INF, 1.0, 0.0, 1e30, -3.0],
+                          [2.0, NAN, INF, -INF, 0.0, -0.0, 5.0, 1e-30, 100.0]])
+SPECIAL_B = torch.tensor([[INF, -INF, 1.0, -INF, 1.0, NAN, 0.0, 1e30, 4.0],
+                          [NAN, INF, NAN, NAN, INF, 0.0, -5.0, 1e-30, -100.0]])
+COMPOSED = [torch.logaddexp, torch.hypot, torch.fmax, torch.fmin, torch.xlogy]
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("op", COMPOSED, ids=lambda v: v.__name__)
+def test_composed_binary_special_values(op, backend):
+    """Compositions of existing layers with eager's rules: logaddexp's equal infinities, hypot(inf, nan) = inf
+    without overflow, fmax/fmin's non-NaN operand wins, xlogy(0, y) = 0 unless y is NaN."""
+    check_fn(binary(op), SPECIAL_A, SPECIAL_B, backend=backend)
+    check_fn(binary(op), torch.randn(3, 4) * 5, torch.randn(4) * 5, backend=backend)
+
+
+@pytest.mark.parametrize("op", [torch.fmax, torch.fmin, torch.xlogy], ids=lambda v: v.__name__)
+def test_composed_binary_integer(op):
+    check_fn(binary(op), torch.tensor([1, -2, 0, 7]), torch.tensor([3, 0, 2, 7]))
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.xlogy(2.0, x), lambda x: torch.xlogy(x, 3.0)],
+                         ids=["scalar_x", "scalar_y"])
+def test_xlogy_scalar(fn):
+    check_traced(fn, SPECIAL_A)
+
+
+def test_fmax_of_mixed_dtypes_stays_in_pytorch():
+    _, report = check_fn(binary(torch.fmax), torch.randn(4), torch.tensor([1, 2, 3, 4]), engines=0, torch_blocks=1)
+    assert_falls_back(report, "aten::fmax", "only one real, non-bool dtype")

@@ -3,7 +3,7 @@ inputs (integer inputs to float functions give float), special values, non-conti
 inputs, and int64 with truncate_long_and_double (in-place forms: test_ops_elementwise_inplace.py)."""
 import pytest
 import torch
-from harness import check_fn
+from harness import check_fn, check_traced
 
 
 def unary(op):
@@ -110,3 +110,27 @@ def neg_then_mul(x):
 @pytest.mark.parametrize("fn", [python_abs, round_2, round_minus_1, neg_then_mul], ids=lambda f: f.__name__)
 def test_unary_forms(fn, dtype):
     check_fn(fn, (values("any") * 40).to(dtype))
+
+
+
+COMPOSED = [torch.positive, torch.resolve_conj, torch.resolve_neg, torch.sgn, torch.deg2rad, torch.rad2deg,
+            torch.exp2, torch.frac]
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("op", COMPOSED, ids=lambda v: v.__name__)
+def test_composed_unary_special_values(op, backend):
+    """Identities and compositions of existing layers, with eager's NaN and infinities (frac(+-inf) is NaN)."""
+    check_fn(unary(op), SPECIAL, backend=backend)
+    check_fn(unary(op), values("any") * 100, backend=backend)
+
+
+@pytest.mark.parametrize("op", [op for op in COMPOSED if op is not torch.frac], ids=lambda v: v.__name__)
+def test_composed_unary_integer_gives_eager_dtype(op):
+    check_fn(unary(op), values("any", dtype=torch.int64))
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("op", [torch.ops.aten.alias, torch.ops.aten.alias_copy], ids=str)
+def test_alias_is_identity(op, backend):
+    check_traced(lambda x: op(x), SPECIAL, backend=backend)

@@ -79,3 +79,35 @@ def test_einsum_scripted_with_constant_operand():
 def test_integer_matmul():
     check_traced(lambda a, b: torch.bmm(a, b), torch.randint(-5, 5, (2, 3, 4)), torch.randint(-5, 5, (2, 4, 2)),
                  op="aten::bmm")
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _with_special(x):
+    """x with NaN and +inf in its first two elements."""
+    x = x.clone()
+    x.view(-1)[:2] = torch.tensor([NAN, INF])
+    return x
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("op", [torch.outer, torch.ger], ids=lambda v: v.__name__)
+def test_outer(op, backend):
+    check_traced(op, torch.tensor([1.0, NAN, INF, -INF, 0.0]), torch.tensor([2.0, 0.0, -1.0]), backend=backend)
+    check_traced(op, torch.tensor([1, 2, -3]), torch.tensor([4, 5]), backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("beta, alpha", [(1, 1), (0, 1), (0.5, 2.0), (0, -1.5)])
+def test_addr_addmv(beta, alpha, backend):
+    """beta * self + alpha * product; with beta == 0 the NaN and inf in self do not propagate (as eager)."""
+    vec1, vec2 = torch.tensor([1.0, NAN, INF, -INF, 0.0]), torch.tensor([2.0, 0.0, -1.0])
+    check_traced(lambda s, a, b: torch.addr(s, a, b, beta=beta, alpha=alpha), _with_special(torch.randn(5, 3)),
+                 vec1, vec2, backend=backend)
+    check_traced(lambda s, m, v: torch.addmv(s, m, v, beta=beta, alpha=alpha), _with_special(torch.randn(3)),
+                 torch.randn(3, 4), torch.randn(4), backend=backend)
+
+
+def test_addmv_broadcast_self():
+    check_traced(lambda s, m, v: torch.addmv(s, m, v), torch.randn(1), torch.randn(3, 4), torch.randn(4))

@@ -1,9 +1,13 @@
 """Shape converters through the whole pipeline against eager: slicing, squeeze/unsqueeze, tiling,
-reordering, concatenation, padding, pixel shuffle."""
+reordering, concatenation, padding, pixel shuffle, and views (movedim, ravel, broadcast_to, fliplr/flipud,
+mT/mH/adjoint/numpy_T, tril/triu)."""
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import check_fn
+import torchkiln
+from harness import assert_falls_back, check_fn, check_traced
 
 
 def select_neg(x):
@@ -271,3 +275,55 @@ def flip_0d(x):
 def test_flip_of_0d_tensor():
     """torch flips a 0-d tensor along dim 0 or -1 into itself (OpInfo flip); the converter raised IndexError."""
     check_fn(flip_0d, torch.tensor(1.5), op="aten::flip")
+
+
+def _special(shape):
+    """Random values with NaN and +-inf in them (views and masks must carry them as eager does)."""
+    x = torch.randn(shape)
+    x.view(-1)[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    return x
+
+
+VIEWS = {
+    "movedim_int": lambda x: torch.movedim(x, 0, 2),
+    "movedim_list": lambda x: torch.movedim(x, [0, -1], [-1, 1]),
+    "ravel": lambda x: x.ravel(),
+    "broadcast_to": lambda x: torch.broadcast_to(x, (5, 2, 3, 4)),
+    "fliplr": torch.fliplr,
+    "flipud": torch.flipud,
+    "mT": lambda x: x.mT,
+    "mH": lambda x: x.mH,
+    "adjoint": lambda x: x.adjoint(),
+    "H": lambda x: x[0].H,
+    "numpy_T": lambda x: x.T,  # on a 3-d tensor: deprecated but traced as aten::numpy_T
+    "tril": torch.tril,
+    "tril_above": lambda x: torch.tril(x, 1),
+    "triu_below": lambda x: torch.triu(x, -1),
+    "triu_empty": lambda x: torch.triu(x, 5),
+}
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("name", VIEWS)
+def test_view_ops(name, backend):
+    """Traced graphs emit these ops as they are (aten::mT, aten::mH for adjoint, aten::numpy_T for .T)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        check_traced(VIEWS[name], _special((2, 3, 4)), backend=backend)
+
+
+@pytest.mark.parametrize("fn", [lambda x: x.mT * 2, lambda x: x.H * 2], ids=["mT", "H"])
+def test_matrix_transpose_of_0d_is_identity(fn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        check_traced(fn, torch.tensor(3.0))
+
+
+def test_tril_of_bool():
+    check_traced(lambda x: torch.triu(x > 0, 1), torch.randn(4, 6))
+
+
+def test_tril_of_dynamic_matrix_stays_in_pytorch():
+    spec = torchkiln.Input(min_shape=(2, 3), opt_shape=(4, 3), max_shape=(8, 3), dtype=torch.float32)
+    _, report = check_traced(torch.tril, torch.randn(4, 3), inputs=[spec], engines=0, torch_blocks=1)
+    assert_falls_back(report, "aten::tril", "static sizes")

@@ -1,4 +1,5 @@
-"""Dtype and copy converters: to, type_as, clone, copy, copy_ (lowering removes detach).
+"""Dtype and copy converters: to, type_as, clone, copy, copy_, and the identities positive, resolve_conj,
+resolve_neg, alias, alias_copy (lowering removes detach).
 
 The engine runs on one device: `to` a different device stays in PyTorch. Memory formats change
 strides, not values: engine tensors are contiguous whatever format was asked.
@@ -51,6 +52,21 @@ def type_as(ctx: ConversionCtx, args: Args) -> Tensor:
 @converter("aten::clone")
 def clone(ctx: ConversionCtx, args: Args) -> Tensor:
     """Engine tensors are never aliased: a copy is the tensor itself."""
+    return ctx.to_tensor(args.self)
+
+
+def _real_self(args: Args) -> str | None:
+    if args.self.dtype.is_complex:
+        return "complex tensors are not supported"
+    if args.self.dtype == torch.bool and args.node.kind() == "aten::positive":
+        return "positive of a bool tensor raises in eager PyTorch"
+    return None
+
+
+@converter("aten::positive", "aten::resolve_conj", "aten::resolve_neg", "aten::alias", "aten::alias_copy",
+           capability=_real_self)
+def identity(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Of a real tensor, these are the tensor itself (engine tensors are never aliased)."""
     return ctx.to_tensor(args.self)
 
 

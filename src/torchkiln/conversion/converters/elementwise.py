@@ -1,9 +1,13 @@
-"""Binary arithmetic converters: add, sub, rsub, mul, div, floor_divide, remainder, fmod, pow, atan2, and the
-ternary addcmul and addcdiv (tensor, scalar and in-place forms)."""
+"""Binary arithmetic converters: add, sub, rsub, mul, div, floor_divide, remainder, fmod, pow, atan2, the
+ternary addcmul and addcdiv (tensor, scalar and in-place forms), and the compositions logaddexp, hypot, fmax,
+fmin and xlogy (with eager's NaN and infinity rules)."""
 from __future__ import annotations
 
+import torch
+
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.elementwise import binary, binary_converter, scaled
+from torchkiln.conversion.impl.elementwise import binary, binary_converter, dtype_of, scaled, select, unary
+from torchkiln.conversion.impl.common import is_tensor_like
 from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
@@ -11,6 +15,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 
 OP = L.ElementWiseOperation
+U = L.UnaryOperation
 
 
 @converter("aten::add.Tensor", "aten::add.Scalar")
@@ -95,3 +100,73 @@ _BINARY = {
 for _op, (_functional, _inplace) in _BINARY.items():
     _convert = converter(*_functional)(binary_converter(_op))
     register_inplace(_convert, *_inplace)
+
+
+def _float_tensors(args: Args) -> str | None:
+    """logaddexp and hypot: both operands real floating tensors of one dtype (integers raise in eager)."""
+    a, b = args.self, args.other
+    if not a.dtype.is_floating_point or a.dtype != b.dtype:
+        return f"operands of dtypes {a.dtype} and {b.dtype} (only two tensors of one floating dtype are converted)"
+    return None
+
+
+@converter("aten::logaddexp", capability=_float_tensors)
+def logaddexp(ctx: ConversionCtx, args: Args) -> Tensor:
+    """max(a, b) + log1p(exp(-|a - b|)), and a where a == b is infinite, as ATen computes it."""
+    a, b = ctx.to_tensor(args.self), ctx.to_tensor(args.other)
+    tail = unary(ctx, unary(ctx, unary(ctx, unary(ctx, binary(ctx, a, b, OP.SUB), U.ABS), U.NEG), U.EXP), U.LOG1P)
+    out = binary(ctx, binary(ctx, a, b, OP.MAX), tail, OP.SUM)
+    same_infinity = binary(ctx, unary(ctx, a, U.ISINF), binary(ctx, a, b, OP.EQUAL), OP.AND)
+    return select(ctx, same_infinity, a, out)
+
+
+@converter("aten::hypot", capability=_float_tensors)
+def hypot(ctx: ConversionCtx, args: Args) -> Tensor:
+    """m * sqrt(1 + (n / m)**2) with m = max(|a|, |b|), n = min(|a|, |b|) (no overflow where a*a would), 0 where
+    m is 0; +inf where either is infinite (even if the other is NaN), NaN where either is NaN, as std::hypot."""
+    a, b = unary(ctx, args.self, U.ABS), unary(ctx, args.other, U.ABS)
+    m, n = binary(ctx, a, b, OP.MAX), binary(ctx, a, b, OP.MIN)
+    ratio = binary(ctx, n, m, OP.DIV)
+    out = binary(ctx, m, unary(ctx, binary(ctx, unary(ctx, ratio, U.SQUARE), 1.0, OP.SUM), U.SQRT), OP.PROD)
+    out = select(ctx, binary(ctx, m, 0.0, OP.EQUAL), 0.0, out)
+    nan = binary(ctx, unary(ctx, a, U.ISNAN), unary(ctx, b, U.ISNAN), OP.OR)
+    out = select(ctx, nan, float("nan"), out)
+    inf = binary(ctx, unary(ctx, a, U.ISINF), unary(ctx, b, U.ISINF), OP.OR)
+    return select(ctx, inf, float("inf"), out)
+
+
+def _nan_ignoring(op: OP):
+    """fmax / fmin: max / min where the NaN operand (if one is) loses."""
+    def convert(ctx: ConversionCtx, args: Args) -> Tensor:
+        a, b = ctx.to_tensor(args.self), ctx.to_tensor(args.other)
+        out = binary(ctx, a, b, op)
+        if not out.dtype.is_floating_point:
+            return out
+        out = select(ctx, unary(ctx, b, U.ISNAN), a, out)
+        return select(ctx, unary(ctx, a, U.ISNAN), b, out)
+
+    return convert
+
+
+def _one_real_dtype(args: Args) -> str | None:
+    """Tensor operands of one real, non-bool dtype (mixed dtypes would need eager's promotion rules)."""
+    dtypes = {x.dtype for x in (args[0], args[1]) if is_tensor_like(x)}
+    if len(dtypes) != 1 or next(iter(dtypes)).is_complex or torch.bool in dtypes:
+        return f"operand dtypes {sorted(map(str, dtypes))} (only one real, non-bool dtype is converted)"
+    return None
+
+
+converter("aten::fmax", capability=_one_real_dtype)(_nan_ignoring(OP.MAX))
+converter("aten::fmin", capability=_one_real_dtype)(_nan_ignoring(OP.MIN))
+
+
+@converter("aten::xlogy.Tensor", "aten::xlogy.Scalar_Self", "aten::xlogy.Scalar_Other", capability=_one_real_dtype)
+def xlogy(ctx: ConversionCtx, args: Args) -> Tensor:
+    """x * log(y); 0 where x == 0 (even where y is 0 or inf), NaN where y is NaN, as ATen computes it."""
+    x, y = args[0], args[1]
+    dtype = next(dtype_of(v) for v in (x, y) if dtype_of(v) is not None)
+    dtype = dtype if dtype.is_floating_point else torch.get_default_dtype()
+    x, y = ctx.to_tensor(x, dtype), ctx.to_tensor(y, dtype)
+    out = binary(ctx, x, unary(ctx, y, U.LOG), OP.PROD)
+    out = select(ctx, binary(ctx, x, 0.0, OP.EQUAL), 0.0, out)
+    return select(ctx, unary(ctx, y, U.ISNAN), float("nan"), out)

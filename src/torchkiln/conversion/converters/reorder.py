@@ -1,4 +1,4 @@
-"""Reordering converters: flip and roll, as slices and concatenations."""
+"""Reordering converters: flip, fliplr, flipud and roll, as slices and concatenations."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
@@ -12,10 +12,30 @@ from torchkiln.ir.tensor import Tensor
 
 @converter("aten::flip")
 def flip(ctx: ConversionCtx, args: Args) -> Tensor:
-    x = ctx.to_tensor(args.self)
+    return _flip(ctx, ctx.to_tensor(args.self), list(args.dims))
+
+
+def _rank_at_least(rank: int):
+    def check(args: Args) -> str | None:
+        return None if len(args.self.shape) >= rank else f"the tensor has fewer than {rank} dims (eager raises)"
+
+    return check
+
+
+@converter("aten::fliplr", capability=_rank_at_least(2))
+def fliplr(ctx: ConversionCtx, args: Args) -> Tensor:
+    return _flip(ctx, ctx.to_tensor(args.self), [1])
+
+
+@converter("aten::flipud", capability=_rank_at_least(1))
+def flipud(ctx: ConversionCtx, args: Args) -> Tensor:
+    return _flip(ctx, ctx.to_tensor(args.self), [0])
+
+
+def _flip(ctx: ConversionCtx, x: Tensor, dims: list[int]) -> Tensor:
     if x.rank == 0:  # torch flips a 0-d tensor along dim 0 or -1: itself
         return x
-    dims = [d for d in normalize_dims(list(args.dims), x.rank) if x.shape[d] > 1] if args.dims else []
+    dims = [d for d in normalize_dims(dims, x.rank) if x.shape[d] > 1] if dims else []
     if not dims:
         return x
     starts, strides = [0] * x.rank, [1] * x.rank

@@ -1,4 +1,5 @@
-"""Shape converters: view, reshape, flatten, unflatten, permute, transpose, t, squeeze, unsqueeze."""
+"""Shape converters: view, reshape, ravel, flatten, unflatten, permute, movedim, transpose, t, numpy_T, mT, mH,
+squeeze, unsqueeze."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
@@ -71,3 +72,49 @@ def squeeze(ctx: ConversionCtx, args: Args) -> Tensor:
 def unsqueeze_converter(ctx: ConversionCtx, args: Args) -> Tensor:
     x = ctx.to_tensor(args.self)
     return unsqueeze(ctx, x, normalize_dim(args.dim, x.rank + 1))
+
+
+@converter("aten::ravel")
+def ravel(ctx: ConversionCtx, args: Args) -> Tensor:
+    return reshape(ctx, ctx.to_tensor(args.self), [-1])
+
+
+@converter("aten::movedim.int", "aten::movedim.intlist")
+def movedim(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Each source dim moves to its destination; the other dims keep their order in the free places."""
+    x = ctx.to_tensor(args.self)
+    source, destination = args.source, args.destination
+    source = [source] if isinstance(source, int) else list(source)
+    destination = [destination] if isinstance(destination, int) else list(destination)
+    source = [normalize_dim(d, x.rank) for d in source]
+    destination = [normalize_dim(d, x.rank) for d in destination]
+    perm: list[int | None] = [None] * x.rank
+    for s, d in zip(source, destination):
+        perm[d] = s
+    rest = iter(d for d in range(x.rank) if d not in source)
+    return permute(ctx, x, [next(rest) if p is None else p for p in perm])
+
+
+@converter("aten::numpy_T")
+def numpy_t(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Tensor.T: all dims reversed."""
+    x = ctx.to_tensor(args.self)
+    return permute(ctx, x, list(reversed(range(x.rank))))
+
+
+def _matrix(args: Args) -> str | None:
+    rank = len(args.self.shape)
+    if args.self.dtype.is_complex:
+        return "complex tensors are not supported (mH conjugates)"
+    if rank == 1 or (rank > 2 and args.node.kind() == "aten::matrix_H"):
+        return f"a {rank}-d tensor (eager raises)"
+    return None
+
+
+@converter("aten::mT", "aten::mH", "aten::adjoint", "aten::matrix_H", capability=_matrix)
+def matrix_transpose(ctx: ConversionCtx, args: Args) -> Tensor:
+    """The last two dims swapped (of a real tensor, mH, adjoint and H are mT; of a 0-d tensor, the identity)."""
+    x = ctx.to_tensor(args.self)
+    if x.rank == 0:
+        return x
+    return permute(ctx, x, list(range(x.rank - 2)) + [x.rank - 1, x.rank - 2])

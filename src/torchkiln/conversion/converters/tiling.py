@@ -1,4 +1,4 @@
-"""Broadcasting and tiling converters: expand, expand_as, repeat, repeat_interleave, meshgrid."""
+"""Broadcasting and tiling converters: expand, expand_as, broadcast_to, repeat, repeat_interleave, meshgrid."""
 from __future__ import annotations
 
 import torch
@@ -13,7 +13,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 
 
-@converter("aten::expand")
+@converter("aten::expand", "aten::broadcast_to")
 def expand_converter(ctx: ConversionCtx, args: Args) -> Tensor:
     return expand(ctx, ctx.to_tensor(args.self), args.size)
 

@@ -1,6 +1,9 @@
 """Unary elementwise converters: math functions, rounding, sign, logical and bitwise not, finiteness
-(and their in-place forms). Integer inputs to float functions give float, as in eager."""
+(and their in-place forms), and the compositions deg2rad, rad2deg, exp2, frac and sgn. Integer inputs to
+float functions give float, as in eager."""
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -43,3 +46,43 @@ def round_decimals(ctx: ConversionCtx, args: Args) -> Tensor:
 
 
 register_inplace(round_decimals, "aten::round_.decimals")
+
+
+def _real(args: Args) -> str | None:
+    return "complex tensors are not supported" if args.self.dtype.is_complex else None
+
+
+def _floating(args: Args) -> str | None:
+    if not args.self.dtype.is_floating_point:
+        return f"{args.node.kind()} of a {args.self.dtype} tensor raises in eager PyTorch"
+    return None
+
+
+def _as_float(ctx: ConversionCtx, x: Tensor) -> Tensor:
+    """Integer and bool inputs of float functions compute in the default float dtype, as in eager."""
+    return x if x.dtype.is_floating_point else ctx.to_tensor(x, torch.get_default_dtype())
+
+
+converter("aten::sgn", capability=_real)(unary_converter(U.SIGN))  # sgn of a real tensor is its sign
+
+
+@converter("aten::deg2rad", capability=_real)
+def deg2rad(ctx: ConversionCtx, args: Args) -> Tensor:
+    return binary(ctx, _as_float(ctx, ctx.to_tensor(args.self)), math.pi / 180, E.PROD)
+
+
+@converter("aten::rad2deg", capability=_real)
+def rad2deg(ctx: ConversionCtx, args: Args) -> Tensor:
+    return binary(ctx, _as_float(ctx, ctx.to_tensor(args.self)), 180 / math.pi, E.PROD)
+
+
+@converter("aten::exp2", capability=_real)
+def exp2(ctx: ConversionCtx, args: Args) -> Tensor:
+    return binary(ctx, 2.0, _as_float(ctx, ctx.to_tensor(args.self)), E.POW)
+
+
+@converter("aten::frac", capability=_floating)
+def frac(ctx: ConversionCtx, args: Args) -> Tensor:
+    """x - trunc(x), as ATen computes it (so frac(+-inf) is NaN)."""
+    x = ctx.to_tensor(args.self)
+    return binary(ctx, x, unary(ctx, x, U.TRUNC), E.SUB)
