@@ -13,7 +13,7 @@ import torchkiln
 from torchkiln.cli import build_parser, main
 from torchkiln.compile_command import check_accuracy
 from torchkiln.runtime.execute_op import engine_from_blob
-from torchkiln.stitching.stitch import ENGINE_ATTR
+from torchkiln.stitching.stitch import ENGINE_ATTR, engine_attrs
 
 
 class Block(torch.nn.Module):
@@ -64,10 +64,7 @@ def _cli(*args):
 
 
 def _engines(module):
-    k = 0
-    while hasattr(module, ENGINE_ATTR.format(k)):
-        k += 1
-    return k
+    return len(engine_attrs(module))
 
 
 def _one_error_line(err, command="compile"):

@@ -10,7 +10,7 @@ from harness import assert_matches_eager
 from torchkiln.cli import build_parser, main
 from torchkiln.compile_command import TORCHTRTC_FLAGS
 from torchkiln.runtime.execute_op import engine_from_blob
-from torchkiln.stitching.stitch import ENGINE_ATTR, engine_count
+from torchkiln.stitching.stitch import ENGINE_ATTR, engine_attrs
 
 from test_cli_compile import SmallCNN  # noqa: E402  (the CLI tests' model)
 
@@ -112,7 +112,7 @@ def test_torchtrtc_fallback_flags_compile(cnn, tmp_path, capsys):
     assert main(["compile", path, out, "(2,3,8,8)", "--teo", "aten::relu", "--tem", "Block", "--mbs", "1"]) == 0
     compiled = torch.jit.load(out)
     assert compiled.code.count("torch.relu(") == 2 and compiled.code.count("torch.conv2d(") == 1
-    assert engine_count(compiled) == 2
+    assert len(engine_attrs(compiled)) == 2
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
         assert_matches_eager(compiled(x), model(x))

@@ -9,7 +9,7 @@ from torchkiln.ir import layers as L
 from torchkiln.onnx_export import network_to_onnx
 from torchkiln.runtime.execute_op import engine_from_blob
 from torchkiln.runtime.profile import StepProfiler, _layers_named, format_profile
-from torchkiln.stitching.stitch import ENGINE_ATTR
+from torchkiln.stitching.stitch import engine_attrs
 
 CALLS = 4  # profiled calls per test, after one profiled warm-up
 
@@ -41,11 +41,7 @@ class TopKBetween(torch.nn.Module):
 
 
 def _engines(module):
-    found, k = [], 0
-    while hasattr(module, ENGINE_ATTR.format(k)):
-        found.append(engine_from_blob(getattr(module, ENGINE_ATTR.format(k))))
-        k += 1
-    return found
+    return [engine_from_blob(getattr(module, attr)) for attr in engine_attrs(module)]
 
 
 def _profile(compiled, x, model):

@@ -87,7 +87,7 @@ def _info(args: argparse.Namespace) -> int:
     import torchkiln
     from torchkiln.errors import EngineFormatError
     from torchkiln.runtime.execute_op import engine_from_blob
-    from torchkiln.stitching.stitch import ENGINE_ATTR
+    from torchkiln.stitching.stitch import engine_attrs
 
     if not os.path.isfile(args.path):
         raise CommandError(f"{args.path}: no such file")
@@ -97,15 +97,14 @@ def _info(args: argparse.Namespace) -> int:
         except RuntimeError as e:
             raise CommandError(f"{args.path} is a zip file but not a saved TorchScript module "
                                f"({str(e).strip().splitlines()[0]})") from None
-        k = 0
-        while hasattr(module, ENGINE_ATTR.format(k)):
-            engine = engine_from_blob(getattr(module, ENGINE_ATTR.format(k)))
+        attrs = engine_attrs(module)
+        for k, attr in enumerate(attrs):
+            engine = engine_from_blob(getattr(module, attr))
             print(f"engine {k}: {engine}")
             _print_io(engine)
             if args.layers:
                 print(engine.network)
-            k += 1
-        print(f"{k} engine(s) in {args.path}")
+        print(f"{len(attrs)} engine(s) in {args.path}")
         return 0
     with open(args.path, "rb") as f:
         data = f.read()

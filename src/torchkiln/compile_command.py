@@ -413,7 +413,7 @@ def run(args: argparse.Namespace) -> int:
 
     from torchkiln.compiler import compile_with_report, convert_method_to_engine, embed_engine_in_new_module
     from torchkiln.errors import UnsupportedOperatorError
-    from torchkiln.stitching.stitch import engine_count
+    from torchkiln.stitching.stitch import engine_attrs
 
     args.device = _device(args)
     _map_location(args.device)  # a device that cannot be used here is the first error, before any file is read
@@ -449,7 +449,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         compiled, report = compile_with_report(module, inputs, **settings)
         logger.info("compiled in %.2fs: %d engines, %d blocks left in PyTorch", time.perf_counter() - start,
-                    engine_count(compiled), report.num_torch_blocks)
+                    len(engine_attrs(compiled)), report.num_torch_blocks)
     if args.check_accuracy:
         weights = list(module.parameters()) + list(module.buffers())
         device = _map_location(args.device) or next((w.device for w in weights), torch.device("cpu"))

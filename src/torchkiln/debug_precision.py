@@ -27,7 +27,7 @@ from torchkiln.frontend import as_module
 from torchkiln.log import debug_logging
 from torchkiln.partitioning.report import Fp32Layer
 from torchkiln.analysis.shape_analysis import example_args
-from torchkiln.stitching.stitch import engine_count, stitch
+from torchkiln.stitching.stitch import engine_attrs, stitch
 
 logger = logging.getLogger("torchkiln")
 
@@ -161,7 +161,7 @@ def debug_precision(module: torch.nn.Module, inputs: Sequence[Any], enabled_prec
     and the compiled outputs' errors against `module`. The data: the tensors given in `inputs`
     (torchkiln.Input.from_tensor or plain tensors), else random inputs at the opt shapes. `plot=path` also
     writes a plot of the errors (matplotlib, where installed)."""
-    engines = engine_count(module)
+    engines = len(engine_attrs(module))
     if engines:
         raise ValueError(f"debug_precision takes the module before compiling; this one is compiled already (it runs "
                          f"{engines} engine(s)): give the module that was compiled")

@@ -9,7 +9,7 @@ import torch
 from torchkiln.runtime.engine import Engine
 from torchkiln.runtime.execute_op import engine_from_blob
 from torchkiln.runtime.serialization import MAGIC
-from torchkiln.stitching.stitch import ENGINE_ATTR
+from torchkiln.stitching.stitch import ENGINE_ATTR, engine_attrs
 
 logger = logging.getLogger(__name__)
 
@@ -21,9 +21,7 @@ _PLUMBING = frozenset({"prim::GetAttr", "prim::Constant", "prim::ListConstruct",
 
 def _engine_of_module(module: torch.jit.ScriptModule) -> Engine:
     """The one engine of a compiled module; ValueError if it has none, several, or ops outside the engine."""
-    count = 0
-    while hasattr(module, ENGINE_ATTR.format(count)):
-        count += 1
+    count = len(engine_attrs(module))
     if count != 1:
         raise ValueError(f"export_onnx takes a compiled module made of one engine; this one has {count} engines")
     outside = sorted({n.kind() for n in module.graph.nodes() if n.kind() not in _PLUMBING})

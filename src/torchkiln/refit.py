@@ -31,7 +31,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.engine import Engine
 from torchkiln.runtime.execute_op import engine_blob, engine_from_blob, engine_signature
-from torchkiln.stitching.stitch import ENGINE_ATTR
+from torchkiln.stitching.stitch import engine_attrs
 
 logger = logging.getLogger("torchkiln")
 
@@ -55,12 +55,7 @@ def _check_parameters(old: dict[str, tuple[tuple[int, ...], torch.dtype]], modul
 
 
 def _engines(module: torch.jit.ScriptModule) -> list[tuple[str, Engine]]:
-    found, k = [], 0
-    while hasattr(module, ENGINE_ATTR.format(k)):
-        attr = ENGINE_ATTR.format(k)
-        found.append((attr, engine_from_blob(getattr(module, attr))))
-        k += 1
-    return found
+    return [(attr, engine_from_blob(getattr(module, attr))) for attr in engine_attrs(module)]
 
 
 def _structure(network: Network) -> list[tuple[Any, ...]]:

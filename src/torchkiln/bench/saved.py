@@ -25,7 +25,7 @@ from torchkiln.input_spec import parse_input_spec
 from torchkiln.runtime.profile import StepProfiler, format_profile
 from torchkiln.settings import ENGINE_PRECISIONS, Input
 from torchkiln.stitching.module import load
-from torchkiln.stitching.stitch import ENGINE_ATTR
+from torchkiln.stitching.stitch import engine_attrs
 
 
 class BenchInputError(ValueError):
@@ -34,10 +34,7 @@ class BenchInputError(ValueError):
 
 def _engines(module: torch.jit.ScriptModule) -> int:
     """How many torchkiln engines a (compiled) module holds."""
-    k = 0
-    while hasattr(module, ENGINE_ATTR.format(k)):
-        k += 1
-    return k
+    return len(engine_attrs(module))
 
 
 def _specs(shapes: Sequence[str]) -> list[Input]:

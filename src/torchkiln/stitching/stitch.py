@@ -18,12 +18,13 @@ logger = logging.getLogger("torchkiln.stitching")
 ENGINE_ATTR = "_torchkiln_engine_{}"
 
 
-def engine_count(module: torch.nn.Module) -> int:
-    """How many engines a compiled module holds (ENGINE_ATTR 0, 1, ...); 0 for any other module."""
-    k = 0
-    while hasattr(module, ENGINE_ATTR.format(k)):
-        k += 1
-    return k
+def engine_attrs(module: torch.nn.Module) -> list[str]:
+    """The attributes holding a compiled module's engines, in order (ENGINE_ATTR 0, 1, ...); none for any other
+    module."""
+    found: list[str] = []
+    while hasattr(module, ENGINE_ATTR.format(len(found))):
+        found.append(ENGINE_ATTR.format(len(found)))
+    return found
 
 
 def insert_engine_call(graph: Graph, self_value: Value, attr: str, inputs: Sequence[Value],
