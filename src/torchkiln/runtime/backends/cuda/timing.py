@@ -124,7 +124,8 @@ def sdpa(backend: str, causal: bool, scale: float | None
         return lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=rows_contiguous(mask),
                                                                     is_causal=causal, scale=scale)
     member = getattr(SDPBackend, ATTENTION_BACKENDS[backend])
-    declined: list[bool] = []  # the backend refused a call's inputs (a layout the timed inputs did not have): PyTorch chooses
+    # Set when the backend refuses a call's inputs (a layout the timed inputs did not have): PyTorch chooses then.
+    declined: list[bool] = []
 
     def run(q, k, v, mask):
         mask = rows_contiguous(mask)
