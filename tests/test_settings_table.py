@@ -62,7 +62,7 @@ def test_every_setting_is_in_the_docs(setting):
 
 
 def test_the_docs_are_what_the_table_renders():
-    """Regenerate with `python src/torchkiln/settings_table.py > docs/settings.md`."""
+    """Regenerate with `python scripts/render_settings.py`."""
     assert (ROOT / "docs" / "settings.md").read_text() == render_markdown()
 
 

@@ -365,8 +365,8 @@ def render_markdown() -> str:
     lines = [
         "# Compile settings",
         "",
-        "Generated from `src/torchkiln/settings_table.py` by `python src/torchkiln/settings_table.py > "
-        "docs/settings.md`; `tests/test_settings_table.py` checks that this file is what the table renders.",
+        "Generated from `src/torchkiln/settings_table.py` by `python scripts/render_settings.py`; "
+        "`tests/test_settings_table.py` checks that this file is what the table renders.",
         "",
         "Every setting is a keyword of `torchkiln.compile` (and of `CompileSettings.create`); the `compile` command "
         "takes those with a flag. A setting marked *no effect* is Torch-TensorRT's, accepted so its scripts run "
@@ -385,6 +385,3 @@ def render_markdown() -> str:
     lines.append(f"| `auto` (default) | any | {_auto_doc()} |")
     return "\n".join(lines) + "\n"
 
-
-if __name__ == "__main__":
-    print(render_markdown(), end="")
