@@ -12,7 +12,7 @@ from torchkiln.compile_command import TORCHTRTC_FLAGS
 from torchkiln.runtime.execute_op import engine_from_blob
 from torchkiln.stitching.stitch import ENGINE_ATTR, engine_attrs
 
-from test_cli_compile import SmallCNN  # noqa: E402  (the CLI tests' model)
+from test_cli_compile import cnn  # noqa: E402, F401  (the CLI tests' small CNN, saved: a fixture)
 
 
 class DataDependentIf(torch.nn.Module):
@@ -23,15 +23,6 @@ class DataDependentIf(torch.nn.Module):
         if bool(y.sum() > 0):
             y = y.relu()
         return y - 3
-
-
-@pytest.fixture(scope="module")
-def cnn(tmp_path_factory):
-    torch.manual_seed(0)
-    model = SmallCNN().eval()
-    path = tmp_path_factory.mktemp("torchtrtc") / "cnn.ts"
-    torch.jit.save(torch.jit.script(model), str(path))
-    return model, str(path)
 
 
 def _error_line(err):
