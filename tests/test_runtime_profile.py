@@ -56,10 +56,11 @@ def _profile(compiled, x, model):
 
 
 def _check_sums(profile):
-    """Positive times; the steps of a call add up to at most the call, and to most of it."""
+    """Positive times; the steps of a call add up to at most the call, and to most of it (medians: one call the
+    host stalls in outside its steps, on a busy 2-core machine, does not decide it)."""
     assert profile["calls"] == CALLS
     total, steps = profile["total_ms"], profile["steps_sum_ms"]
-    assert 0 < steps["mean"] <= total["mean"] and steps["mean"] >= 0.5 * total["mean"], profile
+    assert 0 < steps["mean"] <= total["mean"] and steps["median"] >= 0.5 * total["median"], profile
     assert total["median"] > 0
     assert sum(r["percent"] for r in profile["steps"]) == pytest.approx(100 * steps["mean"] / total["mean"])
     assert [r["index"] for r in profile["steps"]] == list(range(len(profile["steps"])))
