@@ -9,6 +9,9 @@ The order, and why:
 3. fold_constants before fold_bias_into_matrix_multiply: a bias computed from constants becomes one
    constant the bias fold can take. attention_from_matmuls between them: a position bias computed from constants
    is then one constant whose rows it can check, and the bias fold does not take the scores' matrix multiply.
+   causal_attention_masks and grouped_query_attention after it, so attention written by hand gets them too: a
+   folded causal mask becomes the causal flag, and key/value heads repeated for grouped-query attention are read
+   unrepeated (remove_dead_layers then drops the copies).
 4. remove_dead_layers, so precision does not cast values nothing reads.
 5. lower_precision last of the rewrites: it picks each layer's precision on the final graph.
 6. casts_before_movement after precision: a narrowing cast the precision pass put after a reshape moves before it,
@@ -25,10 +28,12 @@ from torchkiln.builder.passes import BuildPass
 from torchkiln.builder.passes.additive_attention_masks import additive_attention_masks
 from torchkiln.builder.passes.attention_from_matmuls import attention_from_matmuls
 from torchkiln.builder.passes.casts_before_movement import casts_before_movement
+from torchkiln.builder.passes.causal_attention_masks import causal_attention_masks
 from torchkiln.builder.passes.constant_folding import fold_constants
 from torchkiln.builder.passes.dead_layer_removal import remove_dead_layers
 from torchkiln.builder.passes.fold_bias_into_matrix_multiply import fold_bias_into_matrix_multiply
 from torchkiln.builder.passes.fold_scale_into_convolution import fold_scale_into_convolution
+from torchkiln.builder.passes.grouped_query_attention import grouped_query_attention
 from torchkiln.builder.passes.identity_elimination import eliminate_identities
 from torchkiln.builder.passes.precision import lower_precision
 from torchkiln.builder.settings import BuildSettings
@@ -41,6 +46,8 @@ BUILD_PIPELINE: tuple[BuildPass, ...] = (
     fold_scale_into_convolution,
     fold_constants,
     attention_from_matmuls,
+    causal_attention_masks,
+    grouped_query_attention,
     fold_bias_into_matrix_multiply,
     remove_dead_layers,
     lower_precision,

@@ -719,13 +719,15 @@ class GridSampleLayer(Layer):
 
 @layer_kind
 class AttentionLayer(Layer):
-    """Inputs: query, key, value[, mask]; torch.nn.functional.scaled_dot_product_attention."""
+    """Inputs: query, key, value[, mask]; torch.nn.functional.scaled_dot_product_attention. With `enable_gqa`, key
+    and value have H / G heads (dim -3) for the query's H: query head h reads key and value head h // G."""
 
     KIND: ClassVar[str] = "attention"
     MIN_INPUTS: ClassVar[int] = 3
     MAX_INPUTS: ClassVar[int | None] = 4
     causal: bool = False
     scale: float | None = None
+    enable_gqa: bool = False
 
 
 @layer_kind

@@ -261,9 +261,10 @@ class Network:
         mask: Tensor | None = None,
         causal: bool = False,
         scale: float | None = None,
+        enable_gqa: bool = False,
     ) -> L.Layer:
         inputs = [query, key, value] + ([mask] if mask is not None else [])
-        return self.add_layer(L.AttentionLayer, inputs, causal=causal, scale=scale)
+        return self.add_layer(L.AttentionLayer, inputs, causal=causal, scale=scale, enable_gqa=enable_gqa)
 
     # ---- rewriting (used by the builder) ---------------------------------------------------
     def replace_all_uses(self, old: Tensor, new: Tensor) -> None:

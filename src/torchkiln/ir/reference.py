@@ -345,7 +345,8 @@ def _grid_sample(layer, xs, ws, device):
 def _attention(layer, xs, ws, device):
     q, k, v = xs[:3]
     mask = xs[3] if len(xs) > 3 else None
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=layer.causal, scale=layer.scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=layer.causal, scale=layer.scale,
+                                          enable_gqa=layer.enable_gqa)
 
 
 @meaning(L.DimValueLayer)

@@ -104,11 +104,16 @@ def _linear_shape(layer: MatrixMultiplyLayer) -> Outputs | None:
 
 
 def _attention_shape(layer: AttentionLayer) -> Outputs | None:
-    """SDPA of q [..., L, E], k [..., S, E], v [..., S, Ev] with the same leading dims: [..., L, Ev] (torch 2.11's
-    fake SDPA cannot run on symbolic sizes). The mask only has to broadcast, which the run-time meaning checks."""
+    """SDPA of q [..., L, E], k [..., S, E], v [..., S, Ev] with the same leading dims (k and v: the same or, with
+    `enable_gqa`, a divisor of q's heads at dim -3): [..., L, Ev] (torch 2.11's fake SDPA cannot run on symbolic
+    sizes). The mask only has to broadcast, which the run-time meaning checks."""
     q, k, v = layer.inputs[:3]
-    if not (q.rank == k.rank == v.rank >= 2 and q.shape[:-2] == k.shape[:-2] == v.shape[:-2]
-            and q.shape[-1] == k.shape[-1] and k.shape[-2] == v.shape[-2] and q.dtype == k.dtype == v.dtype):
+    if not (q.rank == k.rank == v.rank >= 2 and k.shape[:-2] == v.shape[:-2] and q.shape[-1] == k.shape[-1]
+            and k.shape[-2] == v.shape[-2] and q.dtype == k.dtype == v.dtype):
+        return None
+    if q.shape[:-2] != k.shape[:-2] and not (
+            layer.enable_gqa and q.rank >= 3 and q.shape[:-3] == k.shape[:-3]
+            and isinstance(q.shape[-3], int) and isinstance(k.shape[-3], int) and q.shape[-3] % k.shape[-3] == 0):
         return None
     return [(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)]
 

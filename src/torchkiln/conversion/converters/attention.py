@@ -14,7 +14,12 @@ def _attention_ok(args: Args) -> str | None:
     if args.dropout_p != 0:
         return f"dropout_p={args.dropout_p} (attention dropout is random)"
     if args.get("enable_gqa"):
-        return "enable_gqa=True (grouped-query attention)"
+        q, k, v = (args.query.shape, args.key.shape, args.value.shape)
+        heads = [x[-3] if len(x) >= 3 else None for x in (q, k, v)]
+        if not all(isinstance(h, int) for h in heads) or heads[1] != heads[2] or heads[1] == 0 \
+                or heads[0] % heads[1]:
+            return f"enable_gqa=True with query/key/value heads {heads} (static, key and value the same and " \
+                   f"dividing the query's)"
     return None
 
 
@@ -22,7 +27,8 @@ def _attention_ok(args: Args) -> str | None:
 def scaled_dot_product_attention(ctx: ConversionCtx, args: Args) -> Tensor:
     mask = None if args.attn_mask is None else ctx.to_tensor(args.attn_mask)
     q, k, v = (ctx.to_tensor(t) for t in (args.query, args.key, args.value))
-    return ctx.network.add_attention(q, k, v, mask, causal=args.is_causal, scale=args.scale).get_output()
+    return ctx.network.add_attention(q, k, v, mask, causal=args.is_causal, scale=args.scale,
+                                     enable_gqa=bool(args.get("enable_gqa"))).get_output()
 
 
 def _native_mha_ok(args: Args) -> str | None:

@@ -8,6 +8,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import decide, has_symbols, is_symbolic
+from torchkiln.ir.tensor import Tensor
 from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter
 
 
@@ -264,6 +265,8 @@ def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> st
         attrs = {"scale": layer.scale} if layer.scale is not None else {}
         return ctx.op("Attention", [*xs[:3], *([bias] if bias else [])], dt, **attrs)
     q, k, v = xs[:3]
+    if layer.enable_gqa and tk.shape[-3] != tq.shape[-3]:
+        k, v = _repeat_heads(ctx, k, tk, tq.shape[-3]), _repeat_heads(ctx, v, tv, tq.shape[-3])
     if layer.scale is None and is_symbolic(tq.shape[-1]):
         ctx.decline(f"the default scale 1/sqrt({tq.shape[-1]}) of a dynamic head dim")
     scale = layer.scale if layer.scale is not None else 1.0 / math.sqrt(tq.shape[-1])
@@ -272,6 +275,18 @@ def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> st
     if bias:
         scores = ctx.op("Add", [scores, bias], dt)
     return ctx.op("MatMul", [_safe_softmax(ctx, scores, dt), v], dt)
+
+
+def _repeat_heads(ctx: ExportContext, x: str, t: Tensor, heads: int) -> str:
+    """k or v of grouped-query attention [..., G, S, E] with each head repeated to `heads` ([..., heads, S, E]:
+    head h is input head h // (heads / G), as SDPA's enable_gqa reads it)."""
+    if any(is_symbolic(d) for d in (heads, t.shape[-3], t.shape[-1])):
+        ctx.decline("grouped-query attention with a dynamic number of heads or head dim")
+    repeat = heads // t.shape[-3]
+    axis = t.rank - 2  # [..., G, 1, S, E] -> [..., G, repeat, S, E] -> [..., heads, S, E]
+    grown = ctx.node("Unsqueeze", [x, ctx.ints([axis], "axes")])[0]
+    grown = ctx.node("Expand", [grown, ctx.ints([1] * axis + [repeat, 1, 1], "repeat")])[0]
+    return ctx.node("Reshape", [grown, ctx.ints([0] * (t.rank - 3) + [heads, -1, t.shape[-1]], "heads")])[0]
 
 
 def _additive(ctx: ExportContext, keep: str, dt: torch.dtype) -> str:

@@ -115,14 +115,15 @@ ATTENTION_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENT
                       "math": "MATH"}
 
 
-def sdpa(backend: str, causal: bool, scale: float | None
+def sdpa(backend: str, layer: L.AttentionLayer
          ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
-    """Scaled dot-product attention through one backend ("" = PyTorch's own choice)."""
+    """`layer`'s scaled dot-product attention through one backend ("" = PyTorch's own choice)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    options = dict(is_causal=layer.causal, scale=layer.scale, enable_gqa=layer.enable_gqa)
     if not backend:
         return lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=rows_contiguous(mask),
-                                                                    is_causal=causal, scale=scale)
+                                                                    **options)
     member = getattr(SDPBackend, ATTENTION_BACKENDS[backend])
     # Set when the backend refuses a call's inputs (a layout the timed inputs did not have): PyTorch chooses then.
     declined: list[bool] = []
@@ -132,14 +133,14 @@ def sdpa(backend: str, causal: bool, scale: float | None
         if not declined:
             try:
                 with sdpa_kernel(member):
-                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+                    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **options)
             except RuntimeError as e:  # refused on the host, before anything ran
                 if "No available kernel" not in str(e):
                     raise
                 declined.append(True)
                 logger.info("attention: the %s backend chosen at build time refuses these inputs (%s); PyTorch's "
                             "own choice runs them", backend, _shapes_and_strides(q, k, v, mask))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **options)
 
     return run
 
@@ -186,7 +187,7 @@ def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], de
         return ""
     dtypes = [t.dtype for t in layer.inputs]
     key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, "attention", layer.causal,
-                      layer.scale, [str(d) for d in dtypes], [list(s) for s in shapes]])
+                      layer.scale, layer.enable_gqa, [str(d) for d in dtypes], [list(s) for s in shapes]])
 
     def candidates() -> dict[str, Callable[[], object]]:
         q, k, v = (torch.randn(s, device=device, dtype=d) for s, d in zip(shapes[:3], dtypes[:3]))
@@ -194,7 +195,7 @@ def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], de
         if len(shapes) > 3:  # everything visible: random masks can hide whole rows
             mask = torch.ones(shapes[3], device=device, dtype=dtypes[3]) if dtypes[3] == torch.bool else \
                 torch.zeros(shapes[3], device=device, dtype=dtypes[3])
-        runs = {name: sdpa(name, layer.causal, layer.scale) for name in ATTENTION_BACKENDS}
+        runs = {name: sdpa(name, layer) for name in ATTENTION_BACKENDS}
         return {name: (lambda run=run: run(q, k, v, mask)) for name, run in runs.items()}
 
     return _timed_choice(cache, key, candidates, time_graphed_ms, options.timing_iterations,
