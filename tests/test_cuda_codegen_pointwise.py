@@ -322,3 +322,71 @@ def test_kernels_index_in_int64_only_where_an_offset_needs_it():
     assert needs_int64(torch.empty(1 << 31, device=meta, dtype=torch.int8))
     assert needs_int64(torch.empty_strided((2, 3), (1 << 31, 1), device=meta))  # the last row starts past 2**31
     assert not needs_int64(torch.empty(3, device=meta).expand(1 << 20, 3))  # broadcast: stride 0
+
+
+def _rotate_half(dtype: torch.dtype = F32, axis: int = 3) -> Network:
+    """x * cos + cat(-x[second half], x[first half]) * sin along `axis`, the slices as group inputs (views)."""
+    net = Network("rope")
+    shape = [2, 4, 5, 8]
+    x = net.add_input("x", dtype, shape)
+    half = shape[axis] // 2
+    first, second = ([0] * 4, [0] * 4)
+    second[axis] = half
+    size = list(shape)
+    size[axis] = half
+    lo = net.add_input("lo", dtype, size)
+    hi = net.add_input("hi", dtype, size)
+    cos = net.add_input("cos", dtype, [1, 1, 5, 8] if axis == 3 else [4, 1, 1])
+    sin = net.add_constant(torch.randn(5, 8).to(dtype)).get_output()
+    rotated = net.add_concatenation([net.add_unary(hi, U.NEG).get_output(), lo], axis=axis).get_output()
+    net.mark_output(net.add_elementwise(net.add_elementwise(x, cos, E.PROD).get_output(),
+                                        net.add_elementwise(rotated, sin, E.PROD).get_output(), E.SUM).get_output())
+    return net
+
+
+@pytest.mark.parametrize("axis", [3, 1])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_a_concatenation_is_index_arithmetic_inside_the_kernel(axis, dtype):
+    """Each element of the concatenation reads the input it comes from (an input shifted along the axis), with the
+    pointwise work before it computed there: one kernel, the values of the layers chained."""
+    net = _rotate_half(dtype, axis)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 5, 8, generator=gen).to(dtype)
+    half = x.shape[axis] // 2
+    values = {"x": x, "lo": x.narrow(axis, 0, half), "hi": x.narrow(axis, half, half),
+              "cos": torch.randn(net.inputs[3].shape, generator=gen).to(dtype)}
+    kernel = generate(net.layers, net.inputs, net.outputs)
+    assert "tl.where(i%d < %d" % (axis, half) in kernel.source and len(kernel.sites) == 5
+    (got,) = run(net, values)
+    (ref,) = reference(net, values)
+    if dtype == F32:
+        assert_close(got, ref)
+    else:
+        assert_close(got, ref, rel=0, of_max=1e-3)
+
+
+def test_a_concatenation_of_three_with_an_input_read_inside_and_outside_and_bools():
+    net = Network("cat3")
+    a = net.add_input("a", F32, (4, 2))
+    b = net.add_input("b", F32, (4, 3))
+    c = net.add_input("c", F32, (4, 1))
+    w = net.add_constant(torch.tensor([[2.0, -1.0, 0.5]])).get_output()  # broadcast inside its branch
+    cat = net.add_concatenation([net.add_unary(a, U.EXP).get_output(),
+                                 net.add_elementwise(b, w, E.PROD).get_output(), c], axis=1).get_output()
+    net.mark_output(net.add_elementwise(cat, c, E.SUM).get_output())  # c again, over the whole space
+    flags = net.add_concatenation([net.add_elementwise(a, c, E.GREATER).get_output(),
+                                   net.add_elementwise(b, c, E.LESS).get_output(),
+                                   net.add_elementwise(c, c, E.EQUAL).get_output()], axis=1).get_output()
+    net.mark_output(flags)
+    values = {"a": torch.tensor([[0.0, 1.0], [-1.0, 2.0], [0.5, float("nan")], [3.0, -3.0]]),
+              "b": torch.randn(4, 3), "c": torch.tensor([[0.5], [-1.0], [float("inf")], [0.0]])}
+    for got, ref in zip(run(net, values), reference(net, values)):
+        assert_close(got, ref)
+
+
+def test_a_concatenated_input_of_the_wrong_size_is_named():
+    net = _rotate_half()
+    launcher = compile_group(net.layers, net.inputs, net.outputs)
+    x = torch.randn(2, 4, 5, 8, device=DEVICE)
+    with pytest.raises(EngineInputError, match="elements along dim 3, not 4"):
+        launcher([x, x[..., :3], x[..., 4:], torch.randn(1, 1, 5, 8, device=DEVICE)])

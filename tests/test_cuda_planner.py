@@ -251,3 +251,43 @@ def test_an_attention_mask_reaches_sdpa_with_contiguous_key_positions():
     assert permuted.stride(-1) != 1 and fixed.stride(-1) == 1 and torch.equal(fixed, permuted)
     expanded = torch.randn(1, 4, 6, 5).expand(3, 4, 6, 5)
     assert rows_contiguous(expanded) is expanded and rows_contiguous(None) is None
+
+
+def _rotary(read_by_matmul: bool = False) -> Network:
+    """q * cos + cat(-q[..., 8:], q[..., :8]) * sin (rotate-half), q made by a matrix multiply."""
+    net = Network("rotary")
+    x = net.add_input("x", torch.float16, (2, 4, 6, 16))
+    q = net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(16, 16).half()).get_output(),
+                                L.MatrixOperation.NONE).get_output()
+    cos, sin = (net.add_constant(torch.randn(1, 1, 6, 16).half()).get_output() for _ in range(2))
+    lo = net.add_slice(q, (0, 0, 0, 0), (2, 4, 6, 8), (1, 1, 1, 1)).get_output()
+    hi = net.add_slice(q, (0, 0, 0, 8), (2, 4, 6, 8), (1, 1, 1, 1)).get_output()
+    rotated = net.add_concatenation([net.add_unary(hi, L.UnaryOperation.NEG).get_output(), lo], axis=3).get_output()
+    if read_by_matmul:
+        net.mark_output(net.add_matrix_multiply(rotated, L.MatrixOperation.NONE, x,
+                                                L.MatrixOperation.TRANSPOSE).get_output())
+        return net
+    net.mark_output(net.add_elementwise(net.add_elementwise(q, cos, L.ElementWiseOperation.PROD).get_output(),
+                                        net.add_elementwise(rotated, sin, L.ElementWiseOperation.PROD).get_output(),
+                                        L.ElementWiseOperation.SUM).get_output())
+    return net
+
+
+@needs_triton
+def test_rotate_half_is_one_generated_step_with_its_concatenation_inside():
+    net = _rotary()
+    plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
+    check_steps(net, plan.steps)
+    ops = [op for op in _ops(plan, net) if op[0] != "constant"]
+    assert ops == [("matrix_multiply", ["matrix_multiply"]), ("slice", ["slice"]), ("slice", ["slice"]),
+                   ("pointwise", ["elementwise", "unary", "concatenation", "elementwise", "elementwise"])]
+
+
+@needs_triton
+def test_a_concatenation_read_by_a_library_call_stays_a_step_and_says_why(caplog):
+    net = _rotary(read_by_matmul=True)
+    with caplog.at_level("DEBUG", logger="torchkiln.runtime.backends.cuda.planner"):
+        plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
+    check_steps(net, plan.steps)
+    assert ("concatenation", ["concatenation"]) in _ops(plan, net)
+    assert "stays a step of its own: it is read by a library matrix_multiply step" in caplog.text
