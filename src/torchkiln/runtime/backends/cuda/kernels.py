@@ -217,7 +217,7 @@ def _half_layer_norm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> Step
 def _attention(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """SDPA through the backend the build timed fastest (the tactic "backend"; "" = PyTorch's choice)."""
     layer = step.layers[0]
-    run = sdpa(str(dict(kernel.tactic).get("backend", "")), layer)
+    run = sdpa(str(dict(kernel.tactic).get("backend", "")), layer.causal, layer.scale, layer.enable_gqa)
     return lambda xs: [run(xs[0], xs[1], xs[2], xs[3] if len(xs) > 3 else None)]
 
 

@@ -115,12 +115,12 @@ ATTENTION_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENT
                       "math": "MATH"}
 
 
-def sdpa(backend: str, layer: L.AttentionLayer
+def sdpa(backend: str, causal: bool = False, scale: float | None = None, enable_gqa: bool = False
          ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
-    """`layer`'s scaled dot-product attention through one backend ("" = PyTorch's own choice)."""
+    """Scaled dot-product attention through one backend ("" = PyTorch's own choice)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    options = dict(is_causal=layer.causal, scale=layer.scale, enable_gqa=layer.enable_gqa)
+    options = dict(is_causal=causal, scale=scale, enable_gqa=enable_gqa)
     if not backend:
         return lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=rows_contiguous(mask),
                                                                     **options)
@@ -195,7 +195,7 @@ def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], de
         if len(shapes) > 3:  # everything visible: random masks can hide whole rows
             mask = torch.ones(shapes[3], device=device, dtype=dtypes[3]) if dtypes[3] == torch.bool else \
                 torch.zeros(shapes[3], device=device, dtype=dtypes[3])
-        runs = {name: sdpa(name, layer) for name in ATTENTION_BACKENDS}
+        runs = {name: sdpa(name, layer.causal, layer.scale, layer.enable_gqa) for name in ATTENTION_BACKENDS}
         return {name: (lambda run=run: run(q, k, v, mask)) for name, run in runs.items()}
 
     return _timed_choice(cache, key, candidates, time_graphed_ms, options.timing_iterations,
