@@ -126,3 +126,15 @@ def test_enable_gqa_with_as_many_key_heads_as_query_heads_matches_eager():
     got = torchkiln.compile(module, inputs=[q, kv, kv], backend="reference", min_block_size=1)(q, kv, kv)
     ref = module(q, kv, kv)
     assert (got - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mask", ["causal", "window"])
+def test_grouped_query_attention_on_the_cuda_backend_in_fp16(mask):
+    torch.manual_seed(0)
+    module, x = GroupedAttention(mask).eval().cuda(), torch.randn(B, SEQ, 32, device="cuda")
+    ref = module(x).double()
+    got = torchkiln.compile(module, [torchkiln.Input(x.shape)], backend="cuda", enabled_precisions={torch.float16},
+                            min_block_size=1)(x).double()
+    cos = F.cosine_similarity(got.flatten(), ref.flatten(), dim=0)
+    assert cos >= 0.999 and (got - ref).abs().max() <= 2e-2 * ref.abs().max()
