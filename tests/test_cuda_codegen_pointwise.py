@@ -324,69 +324,76 @@ def test_kernels_index_in_int64_only_where_an_offset_needs_it():
     assert not needs_int64(torch.empty(3, device=meta).expand(1 << 20, 3))  # broadcast: stride 0
 
 
-def _rotate_half(dtype: torch.dtype = F32, axis: int = 3) -> Network:
-    """x * cos + cat(-x[second half], x[first half]) * sin along `axis`, the slices as group inputs (views)."""
-    net = Network("rope")
-    shape = [2, 4, 5, 8]
-    x = net.add_input("x", dtype, shape)
-    half = shape[axis] // 2
-    first, second = ([0] * 4, [0] * 4)
-    second[axis] = half
-    size = list(shape)
-    size[axis] = half
-    lo = net.add_input("lo", dtype, size)
-    hi = net.add_input("hi", dtype, size)
-    cos = net.add_input("cos", dtype, [1, 1, 5, 8] if axis == 3 else [4, 1, 1])
-    sin = net.add_constant(torch.randn(5, 8).to(dtype)).get_output()
-    rotated = net.add_concatenation([net.add_unary(hi, U.NEG).get_output(), lo], axis=axis).get_output()
-    net.mark_output(net.add_elementwise(net.add_elementwise(x, cos, E.PROD).get_output(),
-                                        net.add_elementwise(rotated, sin, E.PROD).get_output(), E.SUM).get_output())
-    return net
+# ---- the indexed generator (codegen/indexed.py): pointwise and movement layers, the moves as index arithmetic ----
+
+def run_indexed(net: Network, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    from torchkiln.runtime.backends.cuda.codegen.indexed import compile_group as compile_indexed
+
+    launcher = compile_indexed(net.layers, net.inputs, net.outputs)
+    return launcher([values[t.name].to(DEVICE) for t in net.inputs])
 
 
-@pytest.mark.parametrize("axis", [3, 1])
+def _slice_along(net: Network, t, dim: int, start: int, size: int, step: int = 1):
+    starts, sizes = [0] * t.rank, list(t.shape)
+    starts[dim], sizes[dim] = start, size
+    steps = [1] * t.rank
+    steps[dim] = step
+    return net.add_slice(t, starts, sizes, steps).get_output()
+
+
+def _roll(net: Network, t, shift: int, dim: int):
+    """torch.roll as its converter writes it: two slices concatenated."""
+    size = t.shape[dim]
+    return net.add_concatenation([_slice_along(net, t, dim, size - shift, shift),
+                                  _slice_along(net, t, dim, 0, size - shift)], dim).get_output()
+
+
 @pytest.mark.parametrize("dtype", [F32, F16])
-def test_a_concatenation_is_index_arithmetic_inside_the_kernel(axis, dtype):
-    """Each element of the concatenation reads the input it comes from (an input shifted along the axis), with the
-    pointwise work before it computed there: one kernel, the values of the layers chained."""
-    net = _rotate_half(dtype, axis)
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 4, 5, 8, generator=gen).to(dtype)
-    half = x.shape[axis] // 2
-    values = {"x": x, "lo": x.narrow(axis, 0, half), "hi": x.narrow(axis, half, half),
-              "cos": torch.randn(net.inputs[3].shape, generator=gen).to(dtype)}
-    kernel = generate(net.layers, net.inputs, net.outputs)
-    assert "tl.where(i%d < %d" % (axis, half) in kernel.source and len(kernel.sites) == 5
-    (got,) = run(net, values)
-    (ref,) = reference(net, values)
-    if dtype == F32:
-        assert_close(got, ref)
+def test_a_shifted_window_partition_with_padding_and_a_weight_is_one_kernel(dtype):
+    """roll by 3 along H and W, the 4x4 window partition (reshape, transpose, reshape), a constant pad and a
+    broadcast weight: exactly the layers' values (movement only reads and writes)."""
+    net = Network("windows")
+    x = net.add_input("x", dtype, (2, 8, 8, 6))
+    rolled = _roll(net, _roll(net, x, 3, 1), 3, 2)
+    split = net.add_shuffle(rolled, reshape_dims=(2, 2, 4, 2, 4, 6)).get_output()
+    windows = net.add_shuffle(split, first_transpose=(0, 1, 3, 2, 4, 5), reshape_dims=(8, 16, 6)).get_output()
+    padded = net.add_padding(windows, (1, 2, 0, 0, 0, 1), L.PaddingMode.CONSTANT, 0.1).get_output()
+    weight = net.add_constant(torch.randn(9).to(dtype)).get_output()
+    net.mark_output(net.add_elementwise(padded, weight, E.PROD).get_output())
+    values = {"x": torch.randn(2, 8, 8, 6).to(dtype)}
+    (got,), (ref,) = run_indexed(net, values), reference(net, values)
+    assert torch.equal(got.cpu(), ref.cpu())
+
+
+@pytest.mark.parametrize("flags", [False, True], ids=["sum", "bool-concatenation"])
+def test_reversed_and_strided_slices_expands_and_bool_concatenations(flags):
+    net = Network("moves")
+    x = net.add_input("x", F32, (3, 1, 10))
+    flipped = _slice_along(net, x, 2, 9, 5, -2)  # x[..., 9:0:-2]
+    wide = net.add_expand(flipped, (3, 4, 5)).get_output()
+    y = net.add_input("y", F32, (4, 5))
+    if not flags:
+        net.mark_output(net.add_elementwise(wide, y, E.SUM).get_output())
     else:
-        assert_close(got, ref, rel=0, of_max=1e-3)
+        both = net.add_concatenation([
+            net.add_elementwise(wide, y, E.GREATER).get_output(),
+            net.add_expand(net.add_elementwise(y, y, E.EQUAL).get_output(), (3, 4, 5)).get_output()], axis=1)
+        net.mark_output(net.add_padding(both.get_output(), (0, 0, 1, 0), L.PaddingMode.CONSTANT, 1.0).get_output())
+    values = {"x": torch.tensor(SPECIAL[:10]).reshape(1, 1, 10).expand(3, 1, 10).clone(),
+              "y": torch.randn(4, 5)}
+    values["y"][0, 0] = float("nan")
+    (got,), (ref,) = run_indexed(net, values), reference(net, values)
+    assert_close(got, ref)
 
 
-def test_a_concatenation_of_three_with_an_input_read_inside_and_outside_and_bools():
-    net = Network("cat3")
-    a = net.add_input("a", F32, (4, 2))
-    b = net.add_input("b", F32, (4, 3))
-    c = net.add_input("c", F32, (4, 1))
-    w = net.add_constant(torch.tensor([[2.0, -1.0, 0.5]])).get_output()  # broadcast inside its branch
-    cat = net.add_concatenation([net.add_unary(a, U.EXP).get_output(),
-                                 net.add_elementwise(b, w, E.PROD).get_output(), c], axis=1).get_output()
-    net.mark_output(net.add_elementwise(cat, c, E.SUM).get_output())  # c again, over the whole space
-    flags = net.add_concatenation([net.add_elementwise(a, c, E.GREATER).get_output(),
-                                   net.add_elementwise(b, c, E.LESS).get_output(),
-                                   net.add_elementwise(c, c, E.EQUAL).get_output()], axis=1).get_output()
-    net.mark_output(flags)
-    values = {"a": torch.tensor([[0.0, 1.0], [-1.0, 2.0], [0.5, float("nan")], [3.0, -3.0]]),
-              "b": torch.randn(4, 3), "c": torch.tensor([[0.5], [-1.0], [float("inf")], [0.0]])}
-    for got, ref in zip(run(net, values), reference(net, values)):
-        assert_close(got, ref)
+def test_outputs_of_two_shapes_and_a_wrong_input_shape_are_refused_by_name():
+    from torchkiln.runtime.backends.cuda.codegen.indexed import compile_group as compile_indexed, generate as gen
 
-
-def test_a_concatenated_input_of_the_wrong_size_is_named():
-    net = _rotate_half()
-    launcher = compile_group(net.layers, net.inputs, net.outputs)
-    x = torch.randn(2, 4, 5, 8, device=DEVICE)
-    with pytest.raises(EngineInputError, match="elements along dim 3, not 4"):
-        launcher([x, x[..., :3], x[..., 4:], torch.randn(1, 1, 5, 8, device=DEVICE)])
+    net = Network("two")
+    x = net.add_input("x", F32, (2, 6))
+    cat = net.add_concatenation([x, x], axis=1).get_output()
+    with pytest.raises(NetworkError, match="different or dynamic shapes"):
+        gen(net.layers, [x], [cat, net.add_unary(x, U.NEG).get_output()])
+    launcher = compile_indexed([cat.producer], [x], [cat])
+    with pytest.raises(EngineInputError, match=r"input 'x': expected torch.float32 \[2, 6\]"):
+        launcher([torch.randn(2, 5, device=DEVICE)])

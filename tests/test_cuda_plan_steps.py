@@ -229,3 +229,55 @@ def test_groups_that_cannot_merge_stay_apart_with_the_reason_logged(caplog, buil
     assert reason in caplog.text
     ref = ReferenceExecutor(net, CPU).run([value])
     assert (out[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()
+
+
+class ShiftedWindows(torch.nn.Module):
+    """A shifted-window attention's data movement: roll, window partition, a linear, window reverse, roll back,
+    plus the input."""
+
+    def __init__(self, c: int = 8, window: int = 4, shift: int = 2) -> None:
+        super().__init__()
+        self.window, self.shift = window, shift
+        self.proj = torch.nn.Linear(c, c)
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        s, k = self.shift, self.window
+        y = torch.roll(x, (-s, -s), (1, 2))
+        y = y.view(b, h // k, k, w // k, k, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, k * k, c)
+        y = self.proj(y)
+        y = y.view(b, h // k, w // k, k, k, c).permute(0, 1, 3, 2, 4, 5).reshape(b, h, w, c)
+        return x + torch.roll(y, (s, s), (1, 2))
+
+
+class Rotary(torch.nn.Module):
+    """q * cos + rotate_half(q) * sin, as decoder LLMs apply rotary position embeddings."""
+
+    def __init__(self, d: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.q, self.heads = torch.nn.Linear(d * heads, d * heads), heads
+        angles = torch.arange(6)[:, None] * torch.arange(d)[None, :] * 0.1
+        self.register_buffer("cos", angles.cos())
+        self.register_buffer("sin", angles.sin())
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q = self.q(x).view(b, n, self.heads, -1).transpose(1, 2)
+        half = q.shape[-1] // 2
+        rotated = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+        return q * self.cos + rotated * self.sin
+
+
+@pytest.mark.parametrize("build,shape", [(ShiftedWindows, (2, 8, 8, 8)), (Rotary, (2, 6, 32))],
+                         ids=["shifted-windows", "rotary"])
+def test_movement_runs_as_index_arithmetic_in_generated_kernels(build, shape):
+    torch.manual_seed(0)
+    module = build().eval()
+    data = torchkiln.convert_method_to_engine(module, "forward", [torchkiln.Input(shape)], backend="reference")
+    network = Engine.deserialize(data).network
+    x = torch.randn(shape)
+    plan, out = run_plan(network, [x])
+    ops = [plan.kernels[s.kernel].op for s in plan.steps]
+    assert "indexed" in ops and "concatenation" not in ops
+    ref = module(x)
+    assert (out[0] - ref).abs().max() <= 1e-4 * ref.abs().max()

@@ -238,6 +238,15 @@ def _rows(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     return _generated(step, kernel, compile_group)
 
 
+@maker("generated", "indexed")
+def _indexed(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """The step's pointwise and movement layers as one generated Triton kernel, the moves as index arithmetic
+    (codegen/indexed.py)."""
+    from torchkiln.runtime.backends.cuda.codegen.indexed import compile_group
+
+    return _generated(step, kernel, compile_group)
+
+
 def _generated(step: StepLayers, kernel: Kernel, compile_group: Callable) -> StepFn:
     """A generated kernel over the step's layers, reading its inputs and writing its outputs (channels-last where
     the kernel row says its outputs feed channels-last convolutions)."""

@@ -15,8 +15,7 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    (GELU's 0.5 * x and its tanh branch: one pass over x); a refused merge logs why.
    A plain convolution whose only reader is such a layer (of its shape) leads that layer's group: it runs
    without its bias, and the bias (a per-channel scale layer made for the kernel) is the group's first
-   operation (`conv_epilogue`). A concatenation read by one such group only runs inside it as index arithmetic,
-   with the pointwise groups only it reads (`_fused_concatenations`; RoPE's rotate-half is one kernel).
+   operation (`conv_epilogue`).
 3. **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
    become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
 4. **Row groups** (fusion.py): each reduction over trailing axes (reduce, softmax, layer and instance norm) with
@@ -47,6 +46,13 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    depthwise convolution is the exception where timing says so: it runs NCHW (input converted there) when that,
    with both conversions, beats cuDNN's channels-last kernel (dilated 5x5: 0.41 against 2.48 ms at [32,960,28,28]).
    An attention mask strided along the keys is made row-major before SDPA, whose fused kernels refuse it.
+
+8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a reshape
+   of a transposed tensor) runs in a generated indexed kernel with the movable steps it alone feeds, down to the
+   last one, and those that alone feed it, up to `MAX_SPAN` steps back (a movable step: a generated pointwise or
+   indexed step, or a movement or pointwise layer of static shapes on ATen). RoPE's rotate-half with its
+   multiplies is one kernel; so is a shifted window's roll with its window partition (two concatenations and a
+   copy before). A group refused (more than `MAX_LAYERS` layers, outputs of several shapes) logs why.
 
 A 2-D max pool of a batched input runs in a generated Triton kernel over any strides, vectorized along the
 channels of channels-last tensors (`max_pool`); its output keeps its input's memory format.
@@ -183,8 +189,7 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
             first_at[k] = -1
     order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
     groups = [groups[k] for k in order]
-    groups = _generated_biases(network, _fused_concatenations(network, _group_pointwise(network, groups, graph),
-                                                              graph))
+    groups = _generated_biases(network, _fused_movement(network, _group_pointwise(network, groups, graph), graph))
     groups = _generated_gemms(network, groups, graph, lambda requests: gemm_tactic.choose(
         network, requests, graph.readers, graph.returned, device, options, cache))
     cache.save()
@@ -232,7 +237,7 @@ def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int
     returned = {id(t) for t in network.outputs}
     out = []
     for kernel, members in groups:
-        if kernel.kind == "generated" and kernel.op == "pointwise":
+        if kernel.kind == "generated" and kernel.op in ("pointwise", "indexed"):
             leaving = [t for j in members for t in network.layers[j].outputs if id(t) in wants or id(t) in returned]
             if leaving and all(t.rank == 4 and wants.get(id(t)) and id(t) not in returned for t in leaving):
                 kernel = Kernel(kernel.kind, kernel.op, (*kernel.tactic, (CHANNELS_LAST_OUT, True)))
@@ -391,77 +396,101 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
     return [step for step in out if step is not None]
 
 
-def _fused_concatenations(network: Network, steps: list[tuple[Kernel, list[int]]], graph: _Graph
-                          ) -> list[tuple[Kernel, list[int]]]:
-    """A concatenation read only by one generated pointwise group runs inside it as index arithmetic (each element
-    reads the input it comes from), with the generated pointwise groups whose outputs only the concatenation
-    reads (computed where they land); then an earlier pointwise group the grown group reads joins it as in rule 2.
-    Each one left apart logs why. RoPE's rotate-half, cat(-x2, x1) * sin + x * cos, becomes one kernel."""
-    generated = _fusable()
-    if generated is None:
+def _fused_movement(network: Network, steps: list[tuple[Kernel, list[int]]], graph: _Graph
+                    ) -> list[tuple[Kernel, list[int]]]:
+    """Rule 8 of the module docstring: a movement layer that copies (concatenation, padding, a reshape after a
+    transpose) joins the steps it alone feeds and the steps that alone feed it, as one generated indexed kernel
+    (codegen/indexed.py: the moves are index arithmetic)."""
+    if _fusable() is None:
         return steps
-    from torchkiln.runtime.backends.cuda.codegen.pointwise import concatenation_fusable
+    from torchkiln.runtime.backends.cuda.codegen.indexed import MAX_LAYERS, indexed_fusable
 
     out: list[tuple[Kernel, list[int]] | None] = list(steps)
     step_of = {j: k for k, (_, members) in enumerate(out) for j in members}
-    for k, (kernel, members) in enumerate(steps):
-        if kernel.kind != "aten" or kernel.op != "concatenation":
+
+    def movable(k: int) -> bool:
+        kernel, members = out[k]
+        if (kernel.kind, kernel.op) not in (("generated", "pointwise"), ("generated", "indexed")) and \
+                not (kernel.kind == "aten" and len(members) == 1 and kernel.op != "constant"):
+            return False
+        return all(indexed_fusable(network.layers[j]) is None for j in members)
+
+    def sole_reader(k: int) -> int | None:
+        """The one step reading every output of step `k` that anything reads, if there is one and `k`'s outputs
+        are not returned."""
+        outputs = [t for j in out[k][1] for t in network.layers[j].outputs]
+        if any(id(t) in graph.returned for t in outputs):
+            return None
+        readers = {step_of[graph.index[id(r)]] for t in outputs for r in graph.readers.get(id(t), [])} - {k}
+        return readers.pop() if len(readers) == 1 else None
+
+    for k in range(len(out)):
+        if out[k] is None or not movable(k) or not _copies(network, out[k], graph):
             continue
-        layer = network.layers[members[0]]
-        reason = concatenation_fusable(layer) or _consumer_refusal(network, layer, out, step_of, graph)
+        members, sink = {k}, k
+        while (c := sole_reader(sink)) is not None and out[c] is not None and movable(c) and c > sink:
+            members.add(c)
+            sink = c
+        grew = True
+        while grew:
+            grew = False
+            for m in sorted(members):
+                for t in {id(x): x for j in out[m][1] for x in network.layers[j].inputs}.values():
+                    p = step_of.get(graph.index.get(id(t.producer), -1)) if t.producer is not None else None
+                    if p is None or p in members or out[p] is None or sink - p > MAX_SPAN or not movable(p) \
+                            or sole_reader(p) not in members:
+                        continue
+                    members.add(p)
+                    grew = True
+        layers = [j for m in sorted(members) for j in out[m][1]]
+        reason = _indexed_refusal(network, layers, graph, MAX_LAYERS)
         if reason:
-            logger.debug("concatenation %r stays a step of its own: %s", layer.name, reason)
+            logger.debug("%s %r stays apart from the steps around it: %s", network.layers[out[k][1][0]].KIND,
+                         network.layers[out[k][1][0]].name, reason)
             continue
-        consumer = step_of[graph.index[id(graph.readers[id(layer.outputs[0])][0])]]
-        producers = [p for p in {step_of.get(graph.index.get(id(x.producer), -1)) for x in layer.inputs}
-                     if p is not None and _only_feeds(network, out[p], layer, graph)]
-        grown = [j for p in sorted(producers) for j in out[p][1]] + members + out[consumer][1]
-        out[consumer] = (out[consumer][0], grown)
-        for p in [k, *producers]:
-            out[p] = None
-        step_of.update((j, consumer) for j in grown)
-        for earlier in sorted({step_of.get(graph.index.get(id(x.producer), -1)) for j in grown
-                               for x in network.layers[j].inputs} - {None, consumer}, reverse=True):
-            if earlier > consumer or out[earlier] is None:
-                continue
-            refused = _merge_refusal(network, out, earlier, consumer, space=layer.outputs[0].shape)
-            if refused:
-                logger.debug("pointwise group of %r stays apart from the group of concatenation %r: %s",
-                             network.layers[out[earlier][1][0]].name, layer.name, refused)
-                continue
-            out[consumer] = (out[consumer][0], out[earlier][1] + out[consumer][1])
-            step_of.update((j, consumer) for j in out[earlier][1])
-            out[earlier] = None
+        for m in members:
+            out[m] = None
+        out[sink] = (Kernel("generated", "indexed"), layers)
+        step_of.update((j, sink) for j in layers)
     return [step for step in out if step is not None]
 
 
-def _consumer_refusal(network: Network, concat: L.Layer, out: list[tuple[Kernel, list[int]] | None],
-                      step_of: dict[int, int], graph: _Graph) -> str:
-    """Why `concat` cannot run inside the step reading it, or "" if it can: one generated pointwise step reads it,
-    and every layer there has the concatenation's shape (the kernel's space)."""
-    t = concat.outputs[0]
-    readers = {step_of[graph.index[id(r)]] for r in graph.readers.get(id(t), [])}
-    if id(t) in graph.returned or len(readers) != 1:
-        return "the network returns it, or more than one step reads it"
-    kernel, members = out[readers.pop()]
-    if kernel.kind != "generated" or kernel.op != "pointwise":
-        return f"it is read by a {kernel.kind} {kernel.op} step"
-    other = [network.layers[j].name for j in members if network.layers[j].outputs[0].shape != t.shape
-             and not isinstance(network.layers[j], L.ConstantLayer)]
-    return f"{other[0]!r} in the reading group has another shape" if other else ""
+MAX_SPAN = 12  # steps a producer may run later, inside the indexed kernel it alone feeds (bounds held memory)
 
 
-def _only_feeds(network: Network, step: tuple[Kernel, list[int]] | None, concat: L.Layer, graph: _Graph) -> bool:
-    """Whether `step` is a generated pointwise group whose every output only `concat` reads."""
-    if step is None or step[0].kind != "generated" or step[0].op != "pointwise":
+def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> bool:
+    """Whether an ATen movement step copies its input: a concatenation, a padding, or a shuffle that reshapes
+    (merging or splitting dims) the output of a transpose."""
+    kernel, members = step
+    if kernel.kind != "aten":
         return False
-    inside = {id(network.layers[j]) for j in step[1]} | {id(concat)}
-    return all(id(t) not in graph.returned and all(id(r) in inside for r in graph.readers.get(id(t), []))
-               for j in step[1] for t in network.layers[j].outputs)
+    layer = network.layers[members[0]]
+    if isinstance(layer, (L.ConcatenationLayer, L.PaddingLayer)):
+        return True
+    if not isinstance(layer, L.ShuffleLayer) or layer.reshape_dims is None:
+        return False
+    moved = layer.first_transpose is not None and list(layer.first_transpose) != sorted(layer.first_transpose)
+    source = layer.inputs[0].producer
+    while not moved and isinstance(source, L.ShuffleLayer) and graph.sole_reader(source.outputs[0]) is not None:
+        moved = any(perm is not None and list(perm) != sorted(perm)
+                    for perm in (source.first_transpose, source.second_transpose))
+        source = source.inputs[0].producer
+    return moved and tuple(layer.inputs[0].shape) != tuple(layer.outputs[0].shape)
 
 
-def _merge_refusal(network: Network, out: list[tuple[Kernel, list[int]] | None], earlier: int, later: int,
-                   space: tuple | None = None) -> str:
+def _indexed_refusal(network: Network, layers: list[int], graph: _Graph, max_layers: int) -> str:
+    """Why `layers` cannot be one indexed kernel, or "": at most `max_layers`, and what leaves it (read by other
+    steps or returned) of one shape."""
+    if len(layers) > max_layers:
+        return f"the kernel would compute {len(layers)} layers (at most {max_layers})"
+    inside = {id(network.layers[j]) for j in layers}
+    leaving = [t for j in layers for t in network.layers[j].outputs
+               if id(t) in graph.returned or any(id(r) not in inside for r in graph.readers.get(id(t), []))]
+    shapes = {tuple(t.shape) for t in leaving}
+    return f"its outputs have shapes {sorted(shapes)}, not one" if len(shapes) != 1 else ""
+
+
+def _merge_refusal(network: Network, out: list[tuple[Kernel, list[int]] | None], earlier: int, later: int) -> str:
     """Why the generated pointwise group at `earlier` cannot run inside the one at `later` (a layer of `later` reads
     it), or "" if it can: both are pointwise groups over one shape, no step between them reads what `earlier` makes
     (its layers read only what was made before it, so they can run later), and what `earlier` reads from other
@@ -469,8 +498,7 @@ def _merge_refusal(network: Network, out: list[tuple[Kernel, list[int]] | None],
     tanh branch, become one pass."""
     if any(out[g][0].kind != "generated" or out[g][0].op != "pointwise" for g in (earlier, later)):
         return "one of them is not a generated pointwise group"
-    lead = [network.layers[out[earlier][1][0]].outputs[0].shape,
-            space if space is not None else network.layers[out[later][1][0]].outputs[0].shape]
+    lead = [network.layers[out[g][1][0]].outputs[0].shape for g in (earlier, later)]
     if lead[0] != lead[1]:
         return f"their shapes differ ({list(lead[0])} and {list(lead[1])})"
     made = {id(t) for m in out[earlier][1] for t in network.layers[m].outputs}
@@ -479,18 +507,12 @@ def _merge_refusal(network: Network, out: list[tuple[Kernel, list[int]] | None],
     if between:
         return f"{between[0]!r}, which runs between them, reads it"
     # bounded memory: what it reads from other steps the later group reads too, so nothing is kept alive longer
-    later_reads = {id(_viewed(x)) for m in out[later][1] for x in network.layers[m].inputs}
+    later_reads = {id(x) for m in out[later][1] for x in network.layers[m].inputs}
     kept = [x.name for m in out[earlier][1] for x in network.layers[m].inputs
             if id(x) not in made and id(x) not in later_reads and x.producer is not None
             and not isinstance(x.producer, L.ConstantLayer)]
     return f"it would keep {kept[0]!r} alive until the later group runs" if kept else ""
 
-
-def _viewed(t):
-    """The tensor whose memory `t` is a view of (through slices with positive steps, which ATen runs as views)."""
-    while isinstance(t.producer, L.SliceLayer) and all(isinstance(s, int) and s > 0 for s in t.producer.stride):
-        t = t.producer.inputs[0]
-    return t
 
 
 def _open_convolution(t, out: list[tuple[Kernel, list[int]] | None], network: Network, graph: _Graph,

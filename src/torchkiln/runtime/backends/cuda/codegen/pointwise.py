@@ -90,23 +90,9 @@ class PointwiseKernel:
     weights: tuple[torch.Tensor, ...]
     outputs: tuple[Tensor, ...]
     rank: int
-    # per pointer argument: the input ("in3") or weight ("w1") it reads and, for a read inside a concatenation's
-    # input, that Branch; empty where the arguments are the inputs then the weights, read over the whole space
-    sites: tuple[tuple[str, "Branch | None"], ...] = ()
 
 
-@dataclasses.dataclass(frozen=True)
-class Branch:
-    """Where one input of a concatenation lies in the iteration space: indices [start, start + size) of `axis`, of
-    `total` along it. A value computed there is read at index i - start of the axis."""
-
-    axis: int
-    start: int
-    size: int
-    total: int
-
-
-def _literal(value: float) -> str:
+def literal(value: float) -> str:
     if math.isnan(value):
         return "NAN"
     if math.isinf(value):
@@ -128,8 +114,6 @@ class Builder:
         self.operands: list[str] = []  # pointer arguments read, in order
         self.weights: list[torch.Tensor] = []
         self.values: dict[int, tuple[str, bool]] = {}  # id(tensor) -> (variable, is bool)
-        self.branch: Branch | None = None  # set while emitting a concatenation's input: loads read there
-        self.sites: list[tuple[str, Branch | None]] = []  # per pointer argument: what it reads, and where
 
     def emit(self, expr: str, is_bool: bool) -> tuple[str, bool]:
         var = f"v{len(self.lines)}"
@@ -137,13 +121,8 @@ class Builder:
         return var, is_bool
 
     def load(self, name: str, dtype: torch.dtype) -> tuple[str, bool]:
-        branch = self.branch
-        site = name if branch is None else f"{name}_at{len(self.operands)}"  # a pointer argument of its own
-        self.operands.append(site)
-        self.sites.append((name, branch))
-        mask = "mask" if branch is None else \
-            f"mask & (i{branch.axis} >= {branch.start}) & (i{branch.axis} < {branch.start + branch.size})"
-        load = f"tl.load({site} + o_{site}, mask={mask}{'' if branch is None else ', other=0'})"
+        self.operands.append(name)
+        load = f"tl.load({name} + o_{name}, mask=mask)"
         return self.emit(load if dtype == torch.bool else f"{load}.to(tl.float32)", dtype == torch.bool)
 
     def weight(self, weight: torch.Tensor) -> tuple[str, bool]:
@@ -205,7 +184,7 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[tuple[str, bool]]) -> tuple[
     elif isinstance(layer, L.ElementWiseLayer):
         expr = row.triton.format(a=operands[0], b=operands[1])
     elif isinstance(layer, L.ActivationLayer):
-        expr = row.triton.format(x=operands[0], alpha=_literal(layer.alpha), beta=_literal(layer.beta))
+        expr = row.triton.format(x=operands[0], alpha=literal(layer.alpha), beta=literal(layer.beta))
     else:
         expr = row.triton.format(x=operands[0])
     return b.emit(expr, is_bool)
@@ -227,21 +206,6 @@ def _small_power(layer: L.ElementWiseLayer) -> str | None:
     return _POWERS.get(float(exponent.reshape(())))
 
 
-def concatenation_fusable(layer: L.Layer) -> str | None:
-    """None if `layer` is a concatenation a generated pointwise kernel can compute (index arithmetic: each output
-    element reads the one input it comes from), else why not."""
-    if not isinstance(layer, L.ConcatenationLayer):
-        return f"{layer.KIND} is not a concatenation"
-    out = layer.outputs[0]
-    if out.dtype not in VALUE_DTYPES or any(t.dtype != out.dtype for t in layer.inputs):
-        return f"dtypes {[str(t.dtype) for t in layer.inputs]} -> {out.dtype}: fused kernels concatenate float32, " \
-               f"float16, bfloat16 and bool tensors of the output's dtype"
-    axis = layer.axis % out.rank
-    if not all(isinstance(t.shape[axis], int) for t in layer.inputs):
-        return "its inputs' sizes along the axis are dynamic"
-    return None
-
-
 def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> PointwiseKernel:
     """The kernel computing `outputs` from `inputs` through `layers` (in an order where each layer's inputs come
     first). Raises NetworkError naming the layer that cannot be fused, or a group that is not closed."""
@@ -252,91 +216,15 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
         raise NetworkError(f"pointwise group outputs of different shapes: {[list(t.shape) for t in outputs]}")
     rank = len(shape)
     b = Builder(rank)
-    for t in inputs:
+    for i, t in enumerate(inputs):
         if t.rank > rank:
             raise NetworkError(f"group input {t.name!r} of rank {t.rank} does not broadcast to rank {rank}")
         if t.dtype not in VALUE_DTYPES:
             raise NetworkError(f"group input {t.name!r} of dtype {t.dtype}: fused kernels read "
                                f"float32, float16, bfloat16 and bool")
-    if any(isinstance(layer, L.ConcatenationLayer) for layer in layers):
-        _emit_with_branches(b, layers, inputs, outputs)
-        sites = tuple(b.sites)
-    else:
-        for i, t in enumerate(inputs):
-            b.values[id(t)] = b.load(f"in{i}", t.dtype)
-        emit_layers(b, layers, outputs, inputs)
-        sites = ()
-    return PointwiseKernel(_source(b, outputs), tuple(inputs), tuple(b.weights), tuple(outputs), rank, sites)
-
-
-def _emit_with_branches(b: Builder, layers: Sequence[L.Layer], inputs: Sequence[Tensor],
-                        outputs: Sequence[Tensor]) -> None:
-    """Emit a group holding concatenations: each value is computed where it is read (the whole space, or one
-    concatenation input's Branch of it; a value read in two places is computed in both), and a concatenation
-    selects, per element, the value of the input its index falls in."""
-    made = {id(layer.outputs[0]): layer for layer in layers}
-    given = {id(t): i for i, t in enumerate(inputs)}
-    where: dict[int, list[Branch | None]] = {id(t): [None] for t in outputs}  # tensor -> where it is read
-    for layer in reversed(layers):
-        places = where.get(id(layer.outputs[0]), [])
-        if isinstance(layer, L.ConcatenationLayer) and places:
-            reason = concatenation_fusable(layer)
-            if reason is not None or places != [None] or layer.outputs[0].rank != b.rank:
-                raise NetworkError(f"concatenation {layer.name!r} cannot be fused: "
-                                   f"{reason or 'it is read inside another concatenation, or broadcast'}")
-            for x, branch in zip(layer.inputs, _branches(layer)):
-                where.setdefault(id(x), []).append(branch)
-            continue
-        for x in layer.inputs:
-            known = where.setdefault(id(x), [])
-            known += [p for p in places if p not in known]
-    values: dict[tuple[int, Branch | None], tuple[str, bool]] = {}
-    for t in inputs:
-        for place in where.get(id(t), []):
-            b.branch = place
-            values[(id(t), place)] = b.load(f"in{given[id(t)]}", t.dtype)
-    for layer in layers:
-        out = layer.outputs[0]
-        for place in where.get(id(out), []):
-            reads = zip(layer.inputs, _branches(layer) if isinstance(layer, L.ConcatenationLayer) else
-                        [place] * len(layer.inputs))
-            missing = [x.name for x, at in reads if (id(x), at) not in values]
-            if missing:
-                raise NetworkError(f"{layer.KIND} layer {layer.name!r} reads {missing}, which are neither group "
-                                   f"inputs nor outputs of earlier layers of the group")
-            b.branch = place
-            if isinstance(layer, L.ConcatenationLayer):
-                values[(id(out), place)] = _select_branch(b, layer, values)
-                continue
-            reason = fusable(layer)
-            if reason is not None:
-                raise NetworkError(f"{layer.KIND} layer {layer.name!r} cannot be fused: {reason}")
-            values[(id(out), place)] = emit_layer(b, layer, [values[(id(x), place)] for x in layer.inputs])
-    b.branch = None
-    for t in outputs:
-        if (id(t), None) not in values or id(t) in given or id(t) not in made:
-            raise NetworkError(f"group output {t.name!r} is not computed by the group's layers")
-        b.values[id(t)] = values[(id(t), None)]
-
-
-def _branches(layer: L.ConcatenationLayer) -> list[Branch]:
-    axis = layer.axis % layer.outputs[0].rank
-    sizes = [t.shape[axis] for t in layer.inputs]
-    starts = [sum(sizes[:k]) for k in range(len(sizes))]
-    return [Branch(axis, start, size, sum(sizes)) for start, size in zip(starts, sizes)]
-
-
-def _select_branch(b: Builder, layer: L.ConcatenationLayer,
-                   values: dict[tuple[int, Branch | None], tuple[str, bool]]) -> tuple[str, bool]:
-    """The concatenation's value: per element, its input's value computed in that input's branch."""
-    branches = _branches(layer)
-    parts = [values[(id(x), branch)] for x, branch in zip(layer.inputs, branches)]
-    is_bool = layer.outputs[0].dtype == torch.bool
-    value = parts[-1][0] if is_bool else b.as_float(parts[-1])
-    for part, branch in zip(reversed(parts[:-1]), reversed(branches[:-1])):
-        chosen = part[0] if is_bool else b.as_float(part)
-        value = b.emit(f"tl.where(i{branch.axis} < {branch.start + branch.size}, {chosen}, {value})", is_bool)[0]
-    return b.emit(value, is_bool)
+        b.values[id(t)] = b.load(f"in{i}", t.dtype)
+    emit_layers(b, layers, outputs, inputs)
+    return PointwiseKernel(_source(b, outputs), tuple(inputs), tuple(b.weights), tuple(outputs), rank)
 
 
 def emit_layers(b: Builder, layers: Sequence[L.Layer], outputs: Sequence[Tensor], given: Sequence[Tensor]) -> None:
@@ -365,25 +253,18 @@ def _source(b: Builder, outputs: Sequence[Tensor]) -> str:
               *[f"{p}_MODE: tl.constexpr" for p in b.operands], "LINEAR: tl.constexpr", "INT64: tl.constexpr",
               "BLOCK: tl.constexpr"]
     body = ["if INT64:", "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "else:",
-            "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel"]
-    branched = any(branch is not None for _, branch in b.sites)
-    if not branched:  # (a kernel with concatenation branches always walks the dims: they index them)
-        body.append("if LINEAR:")
-        for p in b.operands:  # MODE 0: one value; 1: the layout's strides; 2: varies along one dim only
-            body += [f"    if {p}_MODE == 0:", f"        o_{p} = offs * 0", f"    elif {p}_MODE == 1:",
-                     f"        o_{p} = offs", "    else:", f"        o_{p} = (offs // {p}_div) % {p}_mod * {p}_lin"]
-        body += [f"    o_{p} = offs" for p in outs]
-        body.append("else:")
-    indent = "    " * (not branched)
-    body.append(f"{indent}rem = offs")
+            "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel",
+            "if LINEAR:"]
+    for p in b.operands:  # MODE 0: one value; 1: the layout's strides; 2: varies along one dim only
+        body += [f"    if {p}_MODE == 0:", f"        o_{p} = offs * 0", f"    elif {p}_MODE == 1:",
+                 f"        o_{p} = offs", "    else:", f"        o_{p} = (offs // {p}_div) % {p}_mod * {p}_lin"]
+    body += [f"    o_{p} = offs" for p in outs]
+    body += ["else:", "    rem = offs"]
     for d in reversed(range(b.rank)):
-        body += [f"{indent}i{d} = rem % s{d}", f"{indent}rem = rem // s{d}"] if d else [f"{indent}i{d} = rem"]
-    places = dict(zip(b.operands, (branch for _, branch in b.sites))) if b.sites else {}
+        body += [f"    i{d} = rem % s{d}", f"    rem = rem // s{d}"] if d else [f"    i{d} = rem"]
     for p in b.operands + outs:
-        branch = places.get(p)
-        terms = [f"{f'(i{d} - {branch.start})' if branch is not None and d == branch.axis else f'i{d}'} * {p}_t{d}"
-                 for d in range(b.rank)] or ["offs * 0"]
-        body.append(f"{indent}o_{p} = {' + '.join(terms)}")
+        terms = [f"i{d} * {p}_t{d}" for d in range(b.rank)] or ["offs * 0"]
+        body.append(f"    o_{p} = {' + '.join(terms)}")
     body += b.lines
     for out, t in zip(outs, outputs):
         var, is_bool = b.values[id(t)]
@@ -440,8 +321,7 @@ class GroupLauncher:
             weights = self._weights[device] = [w.to(device) for w in self.kernel.weights]
         return weights
 
-    def checked_device(self, inputs: Sequence[torch.Tensor]) -> torch.device:
-        """The device of a call whose inputs are checked against the kernel's (number, dtypes, ranks)."""
+    def operands(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.device, list[torch.Tensor], torch.Size]:
         kernel = self.kernel
         if len(inputs) != len(kernel.inputs):
             raise EngineInputError(f"the {self.WHAT} kernel takes {len(kernel.inputs)} inputs, got {len(inputs)}")
@@ -449,11 +329,7 @@ class GroupLauncher:
             if x.dtype != t.dtype or x.dim() != t.rank:
                 raise EngineInputError(f"input {t.name!r}: expected {t.dtype} of rank {t.rank}, got {x.dtype} of "
                                        f"rank {x.dim()}")
-        return inputs[0].device if inputs else torch.device("cuda")
-
-    def operands(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.device, list[torch.Tensor], torch.Size]:
-        kernel = self.kernel
-        device = self.checked_device(inputs)
+        device = inputs[0].device if inputs else torch.device("cuda")
         operands = [*inputs, *self._device_weights(device)]
         try:
             shape = torch.broadcast_shapes(*(x.shape for x in operands))
@@ -474,8 +350,6 @@ class PointwiseLauncher(GroupLauncher):
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The group's outputs for `inputs` (one tensor per group input, of its dtype and a broadcastable shape)."""
-        if self.kernel.sites:
-            return self._branched(inputs)
         kernel = self.kernel
         device, operands, shape = self.operands(inputs)
         if self.channels_last and len(shape) == 4:
@@ -507,56 +381,6 @@ class PointwiseLauncher(GroupLauncher):
         self._fn[grid](*operands, *outputs, numel, *shape, *strides, *steps, **flags, LINEAR=linear,
                  INT64=needs_int64(*expanded, *outputs), BLOCK=BLOCK)
         return outputs
-
-
-    def _branched(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """A kernel with concatenation branches: each pointer argument is its input or weight broadcast to the
-        space it is read in (a branch: the space with the branch's size along the axis); the kernel walks the dims
-        in order (its branches index them)."""
-        kernel = self.kernel
-        device = self.checked_device(inputs)
-        named = {f"in{i}": x for i, x in enumerate(inputs)}
-        named.update((f"w{k}", w) for k, w in enumerate(self._device_weights(device)))
-        rank = kernel.rank
-        padded = [(named[name].reshape([1] * (rank - named[name].dim()) + list(named[name].shape)), branch)
-                  for name, branch in kernel.sites]
-        spaces = []
-        for x, branch in padded:
-            dims = list(x.shape)
-            if branch is not None and dims[branch.axis] != 1:
-                if dims[branch.axis] != branch.size:
-                    raise EngineInputError(f"a concatenated input of shape {dims} has {dims[branch.axis]} "
-                                           f"elements along dim {branch.axis}, not {branch.size}")
-                dims[branch.axis] = branch.total
-            spaces.append(dims)
-        try:
-            shape = torch.broadcast_shapes(*spaces)
-        except RuntimeError as e:
-            raise EngineInputError(f"inputs of shapes {[list(x.shape) for x in inputs]} do not broadcast "
-                                   f"together: {e}") from None
-        if self.channels_last and len(shape) == 4:
-            outputs = [torch.empty(shape, dtype=t.dtype, device=device, memory_format=torch.channels_last)
-                       for t in kernel.outputs]
-        else:
-            outputs = [torch.empty(shape, dtype=t.dtype, device=device) for t in kernel.outputs]
-        numel = shape.numel()
-        if numel == 0:
-            return outputs
-        expanded = []
-        for x, branch in padded:
-            target = list(shape)
-            if branch is not None:
-                target[branch.axis] = branch.size
-            expanded.append(x.expand(target))
-        strides = [s for x in (*expanded, *outputs) for s in x.stride()]
-        flags = {f"{p}_MODE": 0 for p in self._site_names()}
-        grid = ((numel + BLOCK - 1) // BLOCK,)
-        self._fn[grid](*expanded, *outputs, numel, *shape, *strides, *[0] * (3 * len(expanded)), **flags,
-                       LINEAR=False, INT64=needs_int64(*expanded, *outputs), BLOCK=BLOCK)
-        return outputs
-
-    def _site_names(self) -> list[str]:
-        return [name if branch is None else f"{name}_at{k}" for k, (name, branch) in enumerate(self.kernel.sites)]
 
 
 def compile_group(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor],

@@ -1,0 +1,306 @@
+"""A Triton kernel for a group of pointwise and movement layers: every value computed at the index it is read at.
+
+Movement layers (shuffle: transpose, reshape, transpose; slice; concatenation; constant padding; expand) move
+values without computing them, so inside a kernel each is index arithmetic, not a copy. The kernel walks its
+output's elements; for each it asks for the output's value at that index, and each layer answers by asking its
+inputs at the indices it maps the index to (tinygrad's views as index expressions):
+- pointwise layers (what `pointwise.emit_layer` computes, the same expressions): the same index, 0 along a
+  broadcast dim;
+- a shuffle: the transposes undone, and the reshape's flat position re-split over the input's dims;
+- a slice: start + index * step; an expand: 0 along an expanded dim;
+- a concatenation: each input at the index shifted by its start, where the index falls in it (a masked read), the
+  value chosen by `tl.where`;
+- constant padding: the index shifted by the leading pad, masked where it falls outside; the pad value there.
+A group input or weight is read at the index it is asked for, through its own strides. A value asked for at two
+indices (a concatenation of two slices of one tensor) is computed at both; values are computed in float32 as in
+the pointwise generator (a cast to a half type rounds where it stands), and stored in the output's dtype.
+
+Shapes are static (a kernel serves one shape; the planner groups only layers whose shapes are), so every index
+map is a constant expression that Triton's compiler simplifies.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import torch
+
+from torchkiln.errors import EngineInputError, NetworkError
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
+from torchkiln.runtime.backends.cuda.codegen import needs_int64
+from torchkiln.runtime.backends.cuda.codegen.pointwise import (BLOCK, HEADER, TL, VALUE_DTYPES, Builder, literal,
+                                                                emit_layer, fusable)
+
+KERNEL_NAME = "indexed_kernel"
+MOVEMENT = (L.ShuffleLayer, L.SliceLayer, L.ConcatenationLayer, L.PaddingLayer, L.ExpandLayer)
+MAX_LAYERS = 256  # layers one kernel computes (each value's expression is built by recursion over the group)
+
+
+def movement_fusable(layer: L.Layer) -> str | None:
+    """None if `layer` is a movement layer the generator computes as index arithmetic, else why not."""
+    if not isinstance(layer, MOVEMENT):
+        return f"{layer.KIND} is not a movement layer"
+    tensors = [*layer.inputs, *layer.outputs]
+    if any(t.dtype not in VALUE_DTYPES for t in tensors):
+        return "fused kernels move float32, float16, bfloat16 and bool values only"
+    if any(not isinstance(d, int) for t in tensors for d in t.shape):
+        return "its shapes are dynamic"
+    if isinstance(layer, L.PaddingLayer) and layer.mode != L.PaddingMode.CONSTANT:
+        return f"{layer.mode.value} padding"
+    if isinstance(layer, L.ConcatenationLayer) and any(t.dtype != layer.outputs[0].dtype for t in layer.inputs):
+        return "it concatenates tensors of different dtypes"
+    return None
+
+
+def indexed_fusable(layer: L.Layer) -> str | None:
+    """None if the generator computes `layer` (a pointwise layer of static shapes, or a movement layer)."""
+    if isinstance(layer, MOVEMENT):
+        return movement_fusable(layer)
+    if any(not isinstance(d, int) for t in (*layer.inputs, *layer.outputs) for d in t.shape):
+        return "its shapes are dynamic"
+    return fusable(layer)
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexedKernel:
+    """Generated source and what its launcher binds: the group's inputs (launch order), the weights it reads (as
+    the layers hold them) and its outputs, all of one static shape."""
+
+    source: str
+    inputs: tuple[Tensor, ...]
+    weights: tuple[torch.Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    shape: tuple[int, ...]
+
+
+Index = tuple[str, ...]  # one expression (a variable or a literal) per dim
+
+
+class _Emitter(Builder):
+    """The kernel body: index variables and values, each value computed at an index under a mask."""
+
+    def __init__(self, layers: Sequence[L.Layer], inputs: Sequence[Tensor]) -> None:
+        super().__init__(0)
+        self.made = {id(layer.outputs[0]): layer for layer in layers}
+        self.given = {id(t): i for i, t in enumerate(inputs)}
+        self.inputs = list(inputs)
+        self.ranks: dict[str, int] = {f"in{i}": t.rank for i, t in enumerate(inputs)}
+        self.memo: dict[tuple[int, Index, str], tuple[str, bool]] = {}
+        self.at: tuple[Index, str, tuple[int, ...]] = ((), "mask", ())  # where the layer being emitted computes
+
+    def index(self, expr: str) -> str:
+        """`expr` as an index variable (a literal or a variable stays as it is)."""
+        if expr.isidentifier() or expr.lstrip("-").isdigit():
+            return expr
+        var = f"j{len(self.lines)}"
+        self.lines.append(f"{var} = {expr}")
+        return var
+
+    def read(self, name: str, dtype: torch.dtype, shape: Sequence[int], idx: Index, mask: str) -> tuple[str, bool]:
+        """Operand `name` (of `shape`) at `idx` (its dims), through its strides `{name}_t{d}`."""
+        terms = [f"{i} * {name}_t{d}" for d, (i, n) in enumerate(zip(idx, shape)) if n != 1 and i != "0"]
+        load = f"tl.load({name} + {' + '.join(terms) or '0'}, mask={mask}, other=0)"
+        return self.emit(load if dtype == torch.bool else f"{load}.to(tl.float32)", dtype == torch.bool)
+
+    def weight(self, weight: torch.Tensor) -> tuple[str, bool]:
+        """A weight of the layer being emitted, broadcast to its output and read at its index."""
+        idx, mask, shape = self.at
+        w = weight.reshape(()) if weight.numel() == 1 else weight
+        if w.dim() > len(shape):
+            raise NetworkError(f"a weight of shape {list(weight.shape)} does not broadcast to {list(shape)}")
+        self.weights.append(w)
+        name = f"w{len(self.weights) - 1}"
+        self.ranks[name] = w.dim()
+        return self.read(name, w.dtype, w.shape, _broadcast(idx, shape, w.shape), mask)
+
+    def value(self, t: Tensor, idx: Index, mask: str) -> tuple[str, bool]:
+        """The variable holding `t` at `idx` (valid where `mask`)."""
+        key = (id(t), idx, mask)
+        found = self.memo.get(key)
+        if found is None:
+            found = self.memo[key] = self._compute(t, idx, mask)
+        return found
+
+    def _compute(self, t: Tensor, idx: Index, mask: str) -> tuple[str, bool]:
+        layer = self.made.get(id(t))
+        if layer is None:
+            if id(t) not in self.given:
+                raise NetworkError(f"{t.name!r} is neither a group input nor made by the group's layers")
+            return self.read(f"in{self.given[id(t)]}", t.dtype, t.shape, idx, mask)
+        out = layer.outputs[0]
+        if isinstance(layer, L.ConcatenationLayer):
+            return self._concatenation(layer, idx, mask)
+        if isinstance(layer, L.PaddingLayer):
+            return self._padding(layer, idx, mask)
+        if isinstance(layer, MOVEMENT):
+            return self.value(layer.inputs[0], self._moved(layer, idx), mask)
+        reason = fusable(layer)
+        if reason is not None:
+            raise NetworkError(f"{layer.KIND} layer {layer.name!r} cannot be fused: {reason}")
+        xs = [self.value(x, _broadcast(idx, out.shape, x.shape), mask) for x in layer.inputs]
+        self.at = (idx, mask, tuple(out.shape))
+        return emit_layer(self, layer, xs)
+
+    def _moved(self, layer: L.Layer, idx: Index) -> Index:
+        """The index of a shuffle's, slice's or expand's input that holds its output at `idx`."""
+        x, out = layer.inputs[0], layer.outputs[0]
+        if isinstance(layer, L.SliceLayer):
+            return tuple(self.index(_affine(i, start, step)) if n != 1 else str(start)
+                         for i, start, step, n in zip(idx, layer.start, layer.stride, layer.shape))
+        if isinstance(layer, L.ExpandLayer):
+            return _broadcast(idx, out.shape, x.shape)
+        before = list(x.shape) if layer.first_transpose is None else [x.shape[p] for p in layer.first_transpose]
+        after = list(out.shape)
+        if layer.second_transpose is not None:  # out dim k is the reshaped tensor's dim second[k]
+            reshaped = [""] * len(idx)
+            for k, p in enumerate(layer.second_transpose):
+                reshaped[p] = idx[k]
+            after = [out.shape[layer.second_transpose.index(p)] for p in range(len(after))]
+            idx = tuple(reshaped)
+        if before != after:
+            idx = self._resplit(idx, after, before)
+        if layer.first_transpose is not None:  # the transposed tensor's dim k is x's dim first[k]
+            original = [""] * len(idx)
+            for k, p in enumerate(layer.first_transpose):
+                original[p] = idx[k]
+            idx = tuple(original)
+        return idx
+
+    def _resplit(self, idx: Index, shape: Sequence[int], into: Sequence[int]) -> Index:
+        """The index over `into` of the element at `idx` over `shape` (both row-major over the same elements)."""
+        flat = " + ".join(f"{i} * {math.prod(shape[d + 1:])}" if math.prod(shape[d + 1:]) != 1 else i
+                          for d, i in enumerate(idx) if shape[d] != 1) or "0"
+        flat = self.index(flat)
+        return tuple("0" if n == 1 else self.index(f"({flat} // {math.prod(into[d + 1:])}) % {n}")
+                     for d, n in enumerate(into))
+
+    def _concatenation(self, layer: L.ConcatenationLayer, idx: Index, mask: str) -> tuple[str, bool]:
+        axis = layer.axis % layer.outputs[0].rank
+        is_bool = layer.outputs[0].dtype == torch.bool
+        start, parts = 0, []
+        for x in layer.inputs:
+            size = x.shape[axis]
+            if size:
+                shifted = idx[:axis] + (self.index(f"{idx[axis]} - {start}") if start else idx[axis],) + idx[axis + 1:]
+                inside = self.index(f"{mask} & ({idx[axis]} >= {start}) & ({idx[axis]} < {start + size})")
+                part = self.value(x, shifted, inside)
+                parts.append((part[0] if is_bool else self.as_float(part), start + size))
+            start += size
+        value = parts[-1][0]
+        for part, end in reversed(parts[:-1]):
+            value = self.emit(f"tl.where({idx[axis]} < {end}, {part}, {value})", is_bool)[0]
+        return value, is_bool
+
+    def _padding(self, layer: L.PaddingLayer, idx: Index, mask: str) -> tuple[str, bool]:
+        x, out = layer.inputs[0], layer.outputs[0]
+        rank = x.rank
+        lead = [0] * rank
+        for k in range(len(layer.pad) // 2):  # pairs from the last dim
+            lead[rank - 1 - k] = layer.pad[2 * k]
+        shifted = tuple(self.index(f"{i} - {b}") if b else i for i, b in zip(idx, lead))
+        checks = [f"({i} >= 0) & ({i} < {n})" for i, n, b, e in zip(shifted, x.shape, lead, out.shape)
+                  if b > 0 or e - b > n]
+        inside = self.index(" & ".join(checks)) if checks else None
+        value = self.value(x, shifted, self.index(f"{mask} & {inside}") if inside else mask)
+        if inside is None:
+            return value
+        fill = torch.tensor(layer.value, dtype=torch.float64).to(out.dtype).item()
+        fill = ("True" if fill else "False") if out.dtype == torch.bool else literal(float(fill))
+        return self.emit(f"tl.where({inside}, {value[0] if value[1] else self.as_float(value)}, {fill})", value[1])
+
+
+def _affine(i: str, start: int, step: int) -> str:
+    term = i if step == 1 else f"{i} * {step}"
+    return term if start == 0 else f"{start} + {term}"
+
+
+def _broadcast(idx: Index, shape: Sequence[int], operand: Sequence[int]) -> Index:
+    """The index into `operand` (right-aligned to `shape`, broadcast along its size-1 dims) of the element `idx`."""
+    lead = len(shape) - len(operand)
+    return tuple("0" if n == 1 else idx[lead + d] for d, n in enumerate(operand))
+
+
+def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> IndexedKernel:
+    """The kernel computing `outputs` (one static shape) from `inputs` through `layers`. Raises NetworkError naming
+    a layer it cannot compute, or a group that is not closed."""
+    if not layers or not outputs or len(layers) > MAX_LAYERS:
+        raise NetworkError(f"an indexed group needs 1 to {MAX_LAYERS} layers and an output")
+    shape = tuple(outputs[0].shape)
+    if any(tuple(t.shape) != shape for t in outputs) or not all(isinstance(d, int) for d in shape):
+        raise NetworkError(f"indexed group outputs of different or dynamic shapes: {[list(t.shape) for t in outputs]}")
+    for layer in layers:
+        reason = indexed_fusable(layer)
+        if reason is not None and not isinstance(layer, L.ConstantLayer):
+            raise NetworkError(f"{layer.KIND} layer {layer.name!r} cannot be fused: {reason}")
+    b = _Emitter(layers, inputs)
+    idx = tuple(f"i{d}" for d in range(len(shape)))
+    for t in outputs:
+        if id(t) not in b.made or id(t) in b.given:
+            raise NetworkError(f"group output {t.name!r} is not computed by the group's layers")
+    stores = []
+    for k, t in enumerate(outputs):
+        var, is_bool = b.value(t, idx, "mask")
+        offset = " + ".join(f"i{d} * out{k}_t{d}" for d in range(len(shape)) if shape[d] != 1) or "0"
+        stores.append(f"tl.store(out{k} + {offset}, {var if is_bool else f'{var}.to({TL[t.dtype]})'}, mask=mask)")
+    return IndexedKernel(_source(b, shape, len(outputs), stores), tuple(inputs), tuple(b.weights), tuple(outputs),
+                         shape)
+
+
+def _source(b: _Emitter, shape: tuple[int, ...], num_outputs: int, stores: list[str]) -> str:
+    pointers = [*(f"in{i}" for i in range(len(b.inputs))), *(f"w{k}" for k in range(len(b.weights)))]
+    outs = [f"out{k}" for k in range(num_outputs)]
+    strides = [f"{p}_t{d}" for p in pointers for d in range(b.ranks[p])]
+    strides += [f"{p}_t{d}" for p in outs for d in range(len(shape))]
+    params = [*pointers, *outs, "numel", *strides, "INT64: tl.constexpr", "BLOCK: tl.constexpr"]
+    body = ["if INT64:", "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "else:",
+            "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel", "rem = offs"]
+    for d in reversed(range(len(shape))):
+        body += [f"i{d} = rem % {shape[d]}", f"rem = rem // {shape[d]}"] if d else [f"i{d} = rem"]
+    body += b.lines + stores
+    signature = ",\n        ".join(params)
+    return (f"# Generated by {__name__} from the engine's layers; do not edit.\n{HEADER}\n\n"
+            f"@triton.jit\ndef {KERNEL_NAME}(\n        {signature},\n):\n" + "".join(f"    {line}\n" for line in body))
+
+
+class IndexedLauncher:
+    """Runs a generated indexed kernel on CUDA tensors (or on CPU tensors under Triton's interpreter)."""
+
+    def __init__(self, kernel: IndexedKernel, channels_last: bool = False) -> None:
+        from torchkiln.runtime.backends.cuda.codegen.compile import load_source
+
+        self.kernel = kernel
+        self.channels_last = channels_last and len(kernel.shape) == 4
+        self._fn = getattr(load_source(kernel.source), KERNEL_NAME)
+        self._weights: dict[torch.device, list[torch.Tensor]] = {}
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        kernel = self.kernel
+        if len(inputs) != len(kernel.inputs):
+            raise EngineInputError(f"the indexed kernel takes {len(kernel.inputs)} inputs, got {len(inputs)}")
+        for x, t in zip(inputs, kernel.inputs):
+            if x.dtype != t.dtype or tuple(x.shape) != tuple(t.shape):
+                raise EngineInputError(f"input {t.name!r}: expected {t.dtype} {list(t.shape)}, got {x.dtype} "
+                                       f"{list(x.shape)}")
+        device = inputs[0].device if inputs else torch.device("cuda")
+        weights = self._weights.get(device)
+        if weights is None:
+            weights = self._weights[device] = [w.to(device) for w in kernel.weights]
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        outputs = [torch.empty(kernel.shape, dtype=t.dtype, device=device, memory_format=layout)
+                   for t in kernel.outputs]
+        numel = math.prod(kernel.shape)
+        if numel == 0:
+            return outputs
+        strides = [s for x in (*inputs, *weights, *outputs) for s in x.stride()]
+        grid = ((numel + BLOCK - 1) // BLOCK,)
+        self._fn[grid](*inputs, *weights, *outputs, numel, *strides, INT64=needs_int64(*inputs, *outputs),
+                       BLOCK=BLOCK)
+        return outputs
+
+
+def compile_group(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+                  channels_last: bool = False) -> IndexedLauncher:
+    """Generate, load and wrap the kernel of an indexed group (4-D outputs channels-last if asked)."""
+    return IndexedLauncher(generate(layers, inputs, outputs), channels_last)
