@@ -174,8 +174,8 @@ def _taps(win: _Window, rows: int) -> list[str]:
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = win.size, win.stride, win.padding, win.dilation
     lines = [
         "pid = tl.program_id(0)",
-        "w_blocks = tl.cdiv(OW, BLOCK_W)",
-        f"h_blocks = tl.cdiv(OH, {rows})",
+        "w_blocks = (OW + BLOCK_W - 1) // BLOCK_W",
+        f"h_blocks = (OH + {rows - 1}) // {rows}",
         "ow = (pid % w_blocks) * BLOCK_W + tl.arange(0, BLOCK_W)",
         f"oh0 = ((pid // w_blocks) % h_blocks) * {rows}",
         "n = (pid // w_blocks // h_blocks).to(tl.int64)",
@@ -184,13 +184,13 @@ def _taps(win: _Window, rows: int) -> list[str]:
         "in_w = ow < OW",
         "x_img = x + n * x_sn",  # int64 to the image; int32 inside it (the launcher checks it fits)
         "x_c = (rc * x_sc)[None, :]",
-        "top = oh0 + tl.zeros((1, 1), dtype=tl.int32)",  # a row as a tile (the interpreter masks by tiles only)
+        "top = oh0 + tl.full((1, 1), 0, tl.int32)",  # a row as a tile (the interpreter masks by tiles only)
     ]
     for j in range(kw):  # each kernel column's input columns: offsets and bounds, shared by every row
         lines += [f"iw{j} = ow * {sw} + {j * dw - pw}",
                   f"col{j} = (iw{j} * x_sw)[:, None] + x_c",
                   f"ok{j} = ((iw{j} >= 0) & (iw{j} < W) & in_w)[:, None] & in_c[None, :]"]
-    lines += [f"acc{r} = tl.zeros((BLOCK_W, BLOCK_C), dtype=tl.float32)" for r in range(rows)]
+    lines += [f"acc{r} = tl.full((BLOCK_W, BLOCK_C), 0.0, tl.float32)" for r in range(rows)]
     for i in range((rows - 1) * sh + (kh - 1) * dh + 1):  # input rows, from the first output row's first tap
         reached = [(r, (i - r * sh) // dh) for r in range(rows)
                    if i >= r * sh and (i - r * sh) % dh == 0 and (i - r * sh) // dh < kh]
@@ -212,7 +212,7 @@ def _stores(b: Builder, outputs: Sequence[Tensor], rows: int) -> list[str]:
     lines = ["if HAS_BIAS:",
              "    b_c = tl.load(bias + rc, mask=in_c, other=0.0).to(tl.float32)[None, :]",
              "else:",
-             "    b_c = tl.zeros((1, BLOCK_C), dtype=tl.float32)",
+             "    b_c = tl.full((1, BLOCK_C), 0.0, tl.float32)",
              "n64 = rc[None, :].to(tl.int64)"]
     for r in range(rows):
         lines += [f"oh = top + {r}",
