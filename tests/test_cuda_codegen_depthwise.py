@@ -171,18 +171,20 @@ def test_candidate_tiles_by_output_size():
     assert candidates(1, 8, 1, 1) == [Config(1, 1, 8, 1)]
 
 
-def test_kernel_text_unrolls_the_window_over_its_rows():
-    """A 7x7 of stride 1 over four output rows loads ten input rows, seven columns each (not 4 x 49 loads), and
-    adds each to every output row it reaches; stride, padding and dilation are constants of the source."""
+def test_kernel_text_loops_over_input_rows_shared_by_output_rows():
+    """A 7x7 of stride 1 over four output rows loops over ten input rows (not 4 x 7), loading seven columns of each
+    once and adding them to every output row the input row reaches; stride, padding and dilation are constants of
+    the source."""
     conv = depthwise(16, 7, 1, 3, 1)
     source = generate(conv, [], [], [conv.outputs[0]], rows=4).source
-    assert source.count("v = tl.load(x_row + col") == 10 * 7
-    assert source.count("acc0 += ") == source.count("acc3 += ") == 49
-    assert "ih = top * 1 + -3" in source and "iw6 = ow * 1 + 3" in source
-    conv = depthwise(16, 5, 1, 4, 2)
-    dilated = generate(conv, [], [], [conv.outputs[0]], rows=2).source  # rows 0, 2.. for one; 1, 3.. for the other
-    assert "iw4 = ow * 1 + 4" in dilated and dilated.count("v = tl.load(") == 10 * 5
-    assert dilated.count("acc0 += ") == dilated.count("acc1 += ") == 25
+    assert "for i in range(10):" in source and source.count("= tl.load(x_row + col") == 7
+    assert all(source.count(f"acc{r} += ") == 7 for r in range(4))
+    assert "if (i < 7):" in source and "if ((i - 3) >= 0):" in source  # the first and the last row's reach
+    assert "ih = top * 1 + (i - 3)" in source and "iw6 = ow * 1 + 3" in source
+    conv = depthwise(16, 5, 2, 4, 2)
+    dilated = generate(conv, [], [], [conv.outputs[0]], rows=2).source  # row 0 reads 0, 2.. 8; row 1 reads 2, 4.. 10
+    assert "for i in range(11):" in dilated and "iw4 = ow * 2 + 4" in dilated
+    assert "if ((i - 2) >= 0) & ((i - 2) % 2 == 0):" in dilated and "w_row = w_c + ((i - 2) // 2) * 5 * C" in dilated
 
 
 def test_inputs_that_do_not_fit_are_refused():

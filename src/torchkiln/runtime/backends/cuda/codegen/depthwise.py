@@ -195,19 +195,26 @@ def _taps(win: _Window, rows: int) -> list[str]:
                   f"col{j} = (iw{j} * x_sw)[:, None]",
                   f"ok{j} = ((iw{j} >= 0) & (iw{j} < W) & in_w)[:, None]"]
     lines += [f"acc{r} = tl.full((BLOCK_W, BLOCK_C), 0.0, tl.float32)" for r in range(rows)]
-    for i in range((rows - 1) * sh + (kh - 1) * dh + 1):  # input rows, from the first output row's first tap
-        reached = [(r, (i - r * sh) // dh) for r in range(rows)
-                   if i >= r * sh and (i - r * sh) % dh == 0 and (i - r * sh) // dh < kh]
-        if not reached:
-            continue
-        lines += [f"ih = top * {sh} + {i - ph}",
-                  "x_row = x_img + ih * x_sh",
-                  "row_ok = (ih >= 0) & (ih < H)"]
-        for j in range(kw):
-            lines.append(f"v = tl.load(x_row + col{j} + x_c, mask=ok{j} & row_ok & c_ok, other=0.0).to(tl.float32)")
-            for r, tap in reached:  # the kernel laid out [KH * KW, C]
-                lines.append(f"acc{r} += v * tl.load(w_c + {(tap * kw + j)} * C, mask=c_ok, other=0.0)"
-                             ".to(tl.float32)")
+    # A loop over the input rows the program's output rows read (not unrolled: an unrolled 7x7 window keeps its 49
+    # loads in flight at once, 255 registers and spills on sm_90); each kernel column's load is shared by every
+    # output row it reaches, which adds it with that row's tap.
+    lines += [f"for i in range({(rows - 1) * sh + (kh - 1) * dh + 1}):",
+              f"    ih = top * {sh} + (i - {ph})",
+              "    x_row = x_img + ih * x_sh",
+              "    row_ok = (ih >= 0) & (ih < H)"]
+    lines += [f"    xv{j} = tl.load(x_row + col{j} + x_c, mask=ok{j} & row_ok & c_ok, other=0.0).to(tl.float32)"
+              for j in range(kw)]
+    for r in range(rows):
+        tap = f"(i - {r * sh})" if r * sh else "i"  # the kernel row times the dilation, where this row reaches
+        reach = ([f"({tap} >= 0)"] if r * sh else []) + ([f"({tap} < {(kh - 1) * dh + 1})"] if r < rows - 1 else []) \
+            + ([f"({tap} % {dh} == 0)"] if dh > 1 else [])
+        indent = "    "
+        if reach:
+            lines.append(f"    if {' & '.join(reach)}:")
+            indent = "        "
+        lines.append(f"{indent}w_row = w_c + ({tap} // {dh}) * {kw} * C" if dh > 1 else f"{indent}w_row = w_c + {tap} * {kw} * C")
+        lines += [f"{indent}acc{r} += xv{j} * tl.load(w_row + {j} * C, mask=c_ok, other=0.0).to(tl.float32)"
+                  for j in range(kw)]  # the kernel laid out [KH * KW, C]
     return lines
 
 
