@@ -102,7 +102,7 @@ def test_depthwise_convolution_with_bias_is_conv2d(k, stride, padding, dilation,
     (ACT.CLIP, {"alpha": 0.0, "beta": 6.0}, lambda v: v.clamp(0, 6)),
 ], ids=["relu", "silu", "hardswish", "relu6"])
 def test_epilogue_activations(kind, args, meaning):
-    """The activations after MobileNet- and EfficientNet-style depthwise convolutions (their batch norms folded into
+    """The activations after depthwise convolutions in inverted-residual blocks (their batch norms folded into
     the bias), from an NCHW input (laid out channels-last first), without a bias too."""
     for bias in (True, False) if kind == ACT.RELU else (True,):
         conv = depthwise(24, 5, 2, 2, 1, bias=bias, size=(7, 9))

@@ -1,18 +1,19 @@
 """A Triton depthwise 2-D convolution with its bias and a pointwise epilogue in one kernel.
 
 A depthwise convolution (one group per channel, one output channel per group) is memory-bound, and its input is
-read once per tap: cuDNN's kernels reload it (ConvNeXt's 7x7 at [32,192,56,56] fp16: 138 us on an H100, where its
+read once per tap: cuDNN's kernels reload it (a 7x7 at [32,192,56,56] fp16: 138 us on an H100, where its
 traffic needs 26) and then a separate pass reads the output again for the bias and activation. Here a program
-computes `ROWS` output rows of one image by `BLOCK_W` columns by `BLOCK_C` channels; channels are the fast axis,
-so in channels-last memory every load and store is a contiguous vector. The taps are unrolled in the source: each
-input row the program's output rows need is loaded once per kernel column and added to every output row it
-reaches (a 7x7 over 4 rows loads 10 input rows, not 28), so rows cut the loads (and their conversions) per output.
-Window, stride, padding and dilation are compile-time constants of the source; sizes are run-time ints. Products
-accumulate in float32; the bias is added in float32 and the sum rounded to the convolution's dtype before the
-epilogue (codegen/epilogue.py) reads it, as the library's output tensor is. The output is channels-last.
+computes `rows` output rows of one image by `BLOCK_W` columns by `BLOCK_C` channels; channels are the fast axis,
+so in channels-last memory every load and store is a contiguous vector. The program loops over the input rows its
+output rows read; the kernel's columns are unrolled in the source, and each input row is loaded once per kernel
+column and added to every output row it reaches (a 7x7 over 4 rows loads 10 input rows, not 28), so rows cut the
+loads (and their conversions) per output. Window, stride, padding, dilation and rows are compile-time constants
+of the source; sizes are run-time ints. Products accumulate in float32; the bias is added in float32 and the sum
+rounded to the convolution's dtype before the epilogue (codegen/epilogue.py) reads it, as the library's output
+tensor is. The output is channels-last; an input in another layout is laid out channels-last first.
 
-Tile sizes are a tactic (`Config`): the planner times a few against the library convolution followed by the
-pointwise kernel, at the opt shape, and keeps the fastest.
+Tile sizes are a tactic (`Config`): the planner times a few against the library step (the convolution followed by
+the pointwise kernel), at the opt shape, and keeps the fastest.
 """
 from __future__ import annotations
 
