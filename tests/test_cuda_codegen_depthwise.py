@@ -18,7 +18,7 @@ from torchkiln.runtime.backends.cuda.codegen.depthwise import (Config, Depthwise
                                                                depthwise_layer, generate, lay_out)
 from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
 from torchkiln.runtime.executor import ReferenceExecutor  # noqa: E402
-from torchkiln.runtime.plan import Plan  # noqa: E402
+from torchkiln.runtime.plan import Kernel, Plan, Step  # noqa: E402
 from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
 
 H = torch.float16
@@ -246,6 +246,17 @@ def test_the_tactic_is_offered_every_depthwise_step(monkeypatch):
     library = {r.library[0][0].op for r in offered if r.kind == "depthwise"}
     assert library == {"conv_epilogue", "convolution"}
     assert "depthwise" not in {k.op for k in plan.kernels}  # the tactic kept the library steps
+
+
+def test_a_depthwise_row_of_another_layer_is_refused_by_name():
+    net = Network("not_depthwise")
+    x = net.add_input("x", H, (1, 8, 5, 5))
+    net.mark_output(net.add_convolution_nd(x, torch.randn(8, 8, 3, 3).half(), None, stride=(1, 1), padding=(1, 1),
+                                           dilation=(1, 1)).get_output())
+    plan = Plan(planner.target(torch.device("cpu")), [Kernel("generated", "depthwise", (("config", SMALL.text()),))],
+                [Step(0, (0,))])
+    with pytest.raises(NetworkError, match="'.*' is not a generated depthwise convolution: only a 2-D convolution"):
+        run_bound(net, plan, [torch.randn(1, 8, 5, 5).half()])
 
 
 @pytest.mark.skipif(CUDA, reason="the CPU plan runs in Triton's interpreter")
