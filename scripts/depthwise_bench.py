@@ -4,8 +4,9 @@ input converted from channels-last and the output back, as the planner counts th
 
     python scripts/depthwise_bench.py [--dtype fp16|fp32] [--batch 32] [--only 7x7]
 
-Each run is checked against F.conv2d first. Shapes are those of ConvNeXt-, EfficientNet- and MobileNetV3-style
-blocks (window, stride, dilation, channels, input size, activation); run with PYTHONPATH=src.
+Each run is checked against F.conv2d first; times are replays of a CUDA graph (as the engine runs), so launch
+costs on the host do not count. Shapes are those of ConvNeXt-, EfficientNet- and MobileNetV3-style blocks (window,
+stride, dilation, channels, input size, activation); run with PYTHONPATH=src.
 """
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def _layers(batch, k, stride, dil, c, size, act, dtype):
 
 
 def bench(batch: int, dtype: torch.dtype, only: str | None, extra: list[Config]) -> None:
-    from triton.testing import do_bench
+    from triton.testing import do_bench_cudagraph as do_bench  # replayed from a CUDA graph, as the engine runs
 
     cl = torch.channels_last
     print(f"{'shape':44} {'traffic':>8} {'cudnn CL':>9} {'cudnn NCHW':>10} {'generated':>9}  best config "
