@@ -213,7 +213,8 @@ def _taps(win: _Window, rows: int) -> list[str]:
         if reach:
             lines.append(f"    if {' & '.join(reach)}:")
             indent = "        "
-        lines.append(f"{indent}w_row = w_c + ({tap} // {dh}) * {kw} * C" if dh > 1 else f"{indent}w_row = w_c + {tap} * {kw} * C")
+        kernel_row = f"({tap} // {dh})" if dh > 1 else tap
+        lines.append(f"{indent}w_row = w_c + {kernel_row} * {kw} * C")
         lines += [f"{indent}acc{r} += xv{j} * tl.load(w_row + {j} * C, mask=c_ok, other=0.0).to(tl.float32)"
                   for j in range(kw)]  # the kernel laid out [KH * KW, C]
     return lines
