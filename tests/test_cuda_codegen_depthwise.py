@@ -248,6 +248,26 @@ def test_the_tactic_is_offered_every_depthwise_step(monkeypatch):
     assert "depthwise" not in {k.op for k in plan.kernels}  # the tactic kept the library steps
 
 
+def test_an_nchw_library_step_pays_for_its_output_layout_where_a_convolution_reads_it(monkeypatch):
+    """The tactic times cuDNN's NCHW step with the channels-last copy its reading convolution makes (the generated
+    kernel writes channels-last); not for a channels-last step, nor for an output no convolution reads."""
+    import dataclasses
+
+    network, offered = separable(), []
+    plan_with(network, monkeypatch, None, offered)
+    first, last = sorted((r for r in offered if r.kind == "depthwise"), key=lambda r: r.product)
+    readers = planner._Graph(network).readers
+
+    def nchw(request):
+        (kernel, members), = request.library
+        return dataclasses.replace(request, library=((Kernel(kernel.kind, kernel.op, (("channels_last", False),)),
+                                                      members),))
+
+    assert gemm_tactic._converts_output(network, nchw(first), readers)
+    assert not gemm_tactic._converts_output(network, first, readers)
+    assert not gemm_tactic._converts_output(network, nchw(last), readers)  # the network's output
+
+
 def test_a_depthwise_row_of_another_layer_is_refused_by_name():
     net = Network("not_depthwise")
     x = net.add_input("x", H, (1, 8, 5, 5))

@@ -6,8 +6,8 @@ The library path (cuBLAS or cuDNN for the product, in the layout the planner cho
 kernel) and each candidate tile configuration run as the runner would run them (the kernel makers of `kernels.py`,
 replayed from a CUDA graph) at the opt shapes; the fastest wins, and the choice is kept in the timing cache under
 the product's shapes and the epilogue's generated source. A depthwise convolution's input is sampled channels-last
-(as the convolution stack around it makes it), so a library step planned NCHW pays its input conversion. Without
-timing (or off a GPU) the library path is kept.
+(as the convolution stack around it makes it), so a library step planned NCHW pays its input conversion, and its
+output's where a convolution reads it. Without timing (or off a GPU) the library path is kept.
 """
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
         values = {id(t): _sample(t, timing.opt_shape(t.shape), device,
                                  request.kind == "depthwise" and t is network.layers[request.product].inputs[0])
                   for t in inputs}
-        runs = {"library": _steps(network, request.library, values, readers, returned, device, options)}
+        runs = {"library": _steps(network, request.library, values, readers, returned, device, options,
+                                  _converts_output(network, request, readers))}
         for config in configs:
             kernel = Kernel("generated", request.kind, (("config", config.text()),))
             runs[config.text()] = _steps(network, [(kernel, [request.product, *request.epilogue])], values, readers,
@@ -162,10 +163,21 @@ def _sample(t: Tensor, shape: tuple[int, ...], device: torch.device, channels_la
     return value.contiguous(memory_format=torch.channels_last) if channels_last else value
 
 
+def _converts_output(network: Network, request: Request, readers: dict[int, list[L.Layer]]) -> bool:
+    """Whether the library steps of a depthwise request run NCHW and a convolution reads what they make: then a
+    channels-last copy of it follows them (the reading convolution's, timed here as the planner's layout choice
+    counts it), where the generated kernel writes channels-last."""
+    if request.kind != "depthwise" or any(k.option("channels_last") is not False for k, _ in request.library):
+        return False
+    made = [t for j in (request.product, *request.epilogue) for t in network.layers[j].outputs]
+    return any(isinstance(r, L.ConvolutionLayer) for t in made for r in readers.get(id(t), []))
+
+
 def _steps(network: Network, steps: Sequence[Group], values: dict[int, torch.Tensor],
            readers: dict[int, list[L.Layer]], returned: set[int], device: torch.device,
-           options: BackendOptions) -> Callable[[], None]:
-    """The steps, run in order on `values` (tensor id -> value), as one callable."""
+           options: BackendOptions, channels_last_out: bool = False) -> Callable[[], None]:
+    """The steps, run in order on `values` (tensor id -> value), as one callable; with `channels_last_out`, each
+    step's 4-D outputs are copied channels-last after it."""
     fns: list[tuple[Callable, list[int], list[int]]] = []
     for kernel, members in steps:
         inputs, outputs = group_io(network, members, readers, returned)
@@ -179,6 +191,9 @@ def _steps(network: Network, steps: Sequence[Group], values: dict[int, torch.Ten
     def run() -> None:
         env = dict(values)
         for fn, ins, outs in fns:
-            env.update(zip(outs, fn([env[i] for i in ins])))
+            made = fn([env[i] for i in ins])
+            if channels_last_out:
+                made = [o.contiguous(memory_format=torch.channels_last) if o.dim() == 4 else o for o in made]
+            env.update(zip(outs, made))
 
     return run
