@@ -195,7 +195,8 @@ class _DilatedDepthwise(torch.nn.Module):
 
 def test_a_depthwise_convolution_runs_in_the_layout_timed_faster(tmp_path, monkeypatch):
     """The build times the depthwise convolution channels-last and NCHW (with the conversions); either way the
-    result matches eager, and the choice is in the timing cache."""
+    result matches eager, and the choice is in the timing cache. (The cuDNN step it chooses may then lose to the
+    generated depthwise kernel: tests/test_cuda_codegen_depthwise.py.)"""
     monkeypatch.setenv("TORCHKILN_CACHE_DIR", str(tmp_path))
     from torchkiln.runtime.backends.cuda.timing import TimingCache
 
@@ -206,6 +207,6 @@ def test_a_depthwise_convolution_runs_in_the_layout_timed_faster(tmp_path, monke
     assert choices in (["nchw"], ["channels_last"])
     kernels = _engine(compiled).plans[0].kernels
     nchw = [k for k in kernels if k.op in ("convolution", "conv_epilogue") and k.option("channels_last") is False]
-    assert len(nchw) == (choices == ["nchw"])
+    assert len(nchw) == (choices == ["nchw"] and "depthwise" not in {k.op for k in kernels})
     with torch.no_grad():
         _close(compiled(x), model(x), fp16=True)

@@ -1,10 +1,13 @@
-"""The generated-GEMM tactic: whether a matrix product and the pointwise layers after it run as one generated Triton
-GEMM (codegen/gemm.py), and in which tile configuration.
+"""The generated-product tactic: whether a convolution or matrix product and the pointwise layers after it run as one
+generated Triton kernel (a GEMM, codegen/gemm.py; a depthwise convolution, codegen/depthwise.py), and in which tile
+configuration.
 
-The library path (cuBLAS or cuDNN for the product, then the generated pointwise kernel) and each candidate tile
-configuration run as the runner would run them (the kernel makers of `kernels.py`, replayed from a CUDA graph) at
-the opt shapes; the fastest wins, and the choice is kept in the timing cache under the product's shapes and the
-epilogue's generated source. Without timing (or off a GPU) the library path is kept.
+The library path (cuBLAS or cuDNN for the product, in the layout the planner chose, then the generated pointwise
+kernel) and each candidate tile configuration run as the runner would run them (the kernel makers of `kernels.py`,
+replayed from a CUDA graph) at the opt shapes; the fastest wins, and the choice is kept in the timing cache under
+the product's shapes and the epilogue's generated source. A depthwise convolution's input is sampled channels-last
+(as the convolution stack around it makes it), so a library step planned NCHW pays its input conversion, and its
+output's where a convolution reads it. Without timing (or off a GPU) the library path is kept.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda import timing
-from torchkiln.runtime.backends.cuda.codegen.gemm import Config, candidates, generate
+from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm
 from torchkiln.runtime.backends.cuda.kernels import StepLayers, epilogue_inputs, make_step
 from torchkiln.runtime.backends.cuda.runner import placed_weight
 from torchkiln.runtime.plan import Kernel
@@ -32,6 +35,7 @@ from torchkiln.runtime.plan import Kernel
 logger = logging.getLogger(__name__)
 
 Group = tuple[Kernel, list[int]]
+GENERATORS = {"gemm": gemm, "depthwise": depthwise}  # Request.kind -> its codegen module
 
 
 def group_io(network: Network, members: Sequence[int], readers: dict[int, list[L.Layer]],
@@ -51,33 +55,43 @@ def group_io(network: Network, members: Sequence[int], readers: dict[int, list[L
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """A product (layer index), the pointwise layers of its epilogue, and the library steps that compute the same."""
+    """A product (layer index), the pointwise layers of its epilogue, the library steps that compute the same, and
+    the generated kernel's kind ("gemm" or "depthwise", a row of the kernel table)."""
 
     product: int
     epilogue: tuple[int, ...]
     library: tuple[Group, ...]
+    kind: str = "gemm"
 
 
 def choose(network: Network, requests: Sequence[Request], readers: dict[int, list[L.Layer]], returned: set[int],
            device: torch.device, options: BackendOptions, cache: timing.TimingCache) -> list[str | None]:
-    """For each request, the tile configuration (`Config.text()`) of the fastest generated GEMM, or None where the
+    """For each request, the tile configuration (`Config.text()`) of the fastest generated kernel, or None where the
     library steps are as fast (or nothing is timed). Every candidate kernel is compiled first, several at once
     (Triton compiles at a kernel's first call; its compiler and ptxas run outside the interpreter lock for the
-    most part), then each is timed alone."""
+    most part), then each is timed alone; requests of one key (a block repeated at one shape) are timed once."""
     if options.timing_iterations == 0 or device.type != "cuda":
         return [None] * len(requests)
     results: list[str | None] = [None] * len(requests)
     pending = []
+    same: dict[str, list[int]] = {}  # key -> the later requests of that key
     for i, request in enumerate(requests):
         key, inputs, configs = _describe(network, request, readers, returned, device)
         found = cache.get(key)
         if found is not None:
             results[i] = found or None
             continue
-        values = {id(t): _sample(t, timing.opt_shape(t.shape), device) for t in inputs}
-        runs = {"library": _steps(network, request.library, values, readers, returned, device, options)}
+        if key in same:
+            same[key].append(i)
+            continue
+        same[key] = []
+        values = {id(t): _sample(t, timing.opt_shape(t.shape), device,
+                                 request.kind == "depthwise" and t is network.layers[request.product].inputs[0])
+                  for t in inputs}
+        runs = {"library": _steps(network, request.library, values, readers, returned, device, options,
+                                  _converts_output(network, request, readers))}
         for config in configs:
-            kernel = Kernel("generated", "gemm", (("config", config.text()),))
+            kernel = Kernel("generated", request.kind, (("config", config.text()),))
             runs[config.text()] = _steps(network, [(kernel, [request.product, *request.epilogue])], values, readers,
                                          returned, device, options)
         pending.append((i, key, runs))
@@ -89,34 +103,40 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
         times = {}
         for name, run in runs.items():
             if id(run) in failed:  # a configuration Triton cannot build here (its shared memory, say)
-                logger.debug("GEMM tactic %s refused for %s: %s", name, layer.name, failed[id(run)])
+                logger.debug("%s tactic %s refused for %s: %s", requests[i].kind, name, layer.name, failed[id(run)])
                 continue
             with torch.no_grad():
                 times[name] = timing.time_graphed_ms(run, options.timing_iterations)
         choice = min(times, key=times.get) if times else "library"
-        logger.debug("tactic for %s (GEMM + %d epilogue layers): %s -> %s", layer.name, len(requests[i].epilogue),
-                     {c: round(t * 1e3, 1) for c, t in times.items()}, choice)
+        logger.debug("tactic for %s (%s + %d epilogue layers): %s -> %s", layer.name, requests[i].kind,
+                     len(requests[i].epilogue), {c: round(t * 1e3, 1) for c, t in times.items()}, choice)
         cache.put(key, "" if choice == "library" else choice)
-        results[i] = None if choice == "library" else choice
+        for k in (i, *same[key]):
+            results[k] = None if choice == "library" else choice
     return results
 
 
 def _describe(network: Network, request: Request, readers: dict[int, list[L.Layer]], returned: set[int],
-              device: torch.device) -> tuple[str, list[Tensor], list[Config]]:
-    """The request's timing-cache key, the merged step's inputs, and the configurations to time."""
+              device: torch.device) -> tuple[str, list[Tensor], list[gemm.Config | depthwise.Config]]:
+    """The request's timing-cache key, the merged step's inputs, and the configurations to time. The key holds the
+    generated source (a depthwise convolution's holds its window, stride, padding and dilation) and the library
+    steps' kernel rows (their layout)."""
     inputs, outputs = group_io(network, [request.product, *request.epilogue], readers, returned)
     layer = network.layers[request.product]
     rest = [network.layers[j] for j in request.epilogue]
-    source = generate(layer, rest, epilogue_inputs(layer, rest, [id(t) for t in inputs]), outputs).source
+    source = GENERATORS[request.kind].generate(layer, rest, epilogue_inputs(layer, rest, [id(t) for t in inputs]),
+                                               outputs).source
     weight = layer.weights.get("kernel")
-    key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, _triton_version(), "gemm",
-                      hashlib.sha256(source.encode()).hexdigest()[:24],
-                      [list(timing.opt_shape(t.shape)) for t in inputs],
-                      [str(t.dtype) for t in inputs], None if weight is None else list(weight.shape)])
+    key = [torch.cuda.get_device_name(device), torch.__version__, _triton_version(), request.kind,
+           hashlib.sha256(source.encode()).hexdigest()[:24], [list(timing.opt_shape(t.shape)) for t in inputs],
+           [str(t.dtype) for t in inputs], None if weight is None else list(weight.shape)]
     out, x = timing.opt_shape(layer.outputs[0].shape), timing.opt_shape(layer.inputs[0].shape)
+    if request.kind == "depthwise":
+        key.append([[k.op, [list(o) for o in k.tactic]] for k, _ in request.library])
+        return json.dumps(key), inputs, depthwise.candidates(*out)
     conv = isinstance(layer, L.ConvolutionLayer)
     n = out[1] if conv else out[-1]
-    return key, inputs, candidates(math.prod(out) // max(n, 1), n, x[1] if conv else x[-1])
+    return json.dumps(key), inputs, gemm.candidates(math.prod(out) // max(n, 1), n, x[1] if conv else x[-1])
 
 
 def _first_call(run: Callable[[], None]) -> str | None:
@@ -135,17 +155,29 @@ def _triton_version() -> str:
     return triton.__version__
 
 
-def _sample(t: Tensor, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """A value of `t`'s dtype at `shape` for timing."""
-    if t.dtype.is_floating_point:
-        return torch.randn(shape, device=device).to(t.dtype)
-    return torch.ones(shape, device=device, dtype=t.dtype)
+def _sample(t: Tensor, shape: tuple[int, ...], device: torch.device, channels_last: bool = False) -> torch.Tensor:
+    """A value of `t`'s dtype at `shape` for timing (channels-last if asked)."""
+    if not t.dtype.is_floating_point:
+        return torch.ones(shape, device=device, dtype=t.dtype)
+    value = torch.randn(shape, device=device).to(t.dtype)
+    return value.contiguous(memory_format=torch.channels_last) if channels_last else value
+
+
+def _converts_output(network: Network, request: Request, readers: dict[int, list[L.Layer]]) -> bool:
+    """Whether the library steps of a depthwise request run NCHW and a convolution reads what they make: then a
+    channels-last copy of it follows them (the reading convolution's, timed here as the planner's layout choice
+    counts it), where the generated kernel writes channels-last."""
+    if request.kind != "depthwise" or any(k.option("channels_last") is not False for k, _ in request.library):
+        return False
+    made = [t for j in (request.product, *request.epilogue) for t in network.layers[j].outputs]
+    return any(isinstance(r, L.ConvolutionLayer) for t in made for r in readers.get(id(t), []))
 
 
 def _steps(network: Network, steps: Sequence[Group], values: dict[int, torch.Tensor],
            readers: dict[int, list[L.Layer]], returned: set[int], device: torch.device,
-           options: BackendOptions) -> Callable[[], None]:
-    """The steps, run in order on `values` (tensor id -> value), as one callable."""
+           options: BackendOptions, channels_last_out: bool = False) -> Callable[[], None]:
+    """The steps, run in order on `values` (tensor id -> value), as one callable; with `channels_last_out`, each
+    step's 4-D outputs are copied channels-last after it."""
     fns: list[tuple[Callable, list[int], list[int]]] = []
     for kernel, members in steps:
         inputs, outputs = group_io(network, members, readers, returned)
@@ -159,6 +191,9 @@ def _steps(network: Network, steps: Sequence[Group], values: dict[int, torch.Ten
     def run() -> None:
         env = dict(values)
         for fn, ins, outs in fns:
-            env.update(zip(outs, fn([env[i] for i in ins])))
+            made = fn([env[i] for i in ins])
+            if channels_last_out:
+                made = [o.contiguous(memory_format=torch.channels_last) if o.dim() == 4 else o for o in made]
+            env.update(zip(outs, made))
 
     return run

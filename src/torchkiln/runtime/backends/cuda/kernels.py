@@ -108,7 +108,8 @@ def nchw_input(x: torch.Tensor) -> torch.Tensor:
 
 def takes_channels_last(kernel: Kernel, lead: L.Layer) -> bool:
     """Whether a step of this kernel row, led by `lead`, is a convolution that reads its input channels-last."""
-    return isinstance(lead, L.ConvolutionLayer) and (bool(kernel.option("channels_last")) or kernel.op == "gemm")
+    return isinstance(lead, L.ConvolutionLayer) and (bool(kernel.option("channels_last"))
+                                                     or kernel.op in ("gemm", "depthwise"))
 
 
 @maker("library", "convolution")
@@ -321,6 +322,21 @@ def _gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
         return lambda xs: launch(xs[x_at], weight, bias, [xs[k] for k in at])
     w_at = step.inputs.index(id(product.inputs[1]))
     return lambda xs: launch(xs[x_at], xs[w_at], bias, [xs[k] for k in at])
+
+
+@maker("generated", "depthwise")
+def _depthwise(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """A depthwise convolution with its bias and the pointwise layers after it as one generated Triton kernel
+    (codegen/depthwise.py) of the tile configuration the build timed fastest."""
+    from torchkiln.runtime.backends.cuda.codegen.depthwise import Config, DepthwiseLauncher, lay_out
+
+    conv, rest = step.layers[0], step.layers[1:]
+    reads = epilogue_inputs(conv, rest, step.inputs)
+    launch = DepthwiseLauncher(conv, rest, reads, [_output(step.layers, o) for o in step.outputs],
+                               Config.parse(str(kernel.option("config", ""))))
+    weight, bias = lay_out(step.weights[0]["kernel"]), step.weights[0].get("bias")
+    x_at, at = step.inputs.index(id(conv.inputs[0])), [step.inputs.index(id(t)) for t in reads]
+    return lambda xs: launch(xs[x_at], weight, bias, [xs[k] for k in at])
 
 
 @maker("library", "linear_group")

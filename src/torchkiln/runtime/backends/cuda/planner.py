@@ -29,13 +29,15 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    Attention's SDPA backend (cuDNN, memory-efficient, flash, math) is a tactic: each that accepts the inputs is
    timed in a CUDA graph at the opt shapes and the fastest is kept (PyTorch's own choice without timing).
 
-6. **Generated GEMMs** (half precision, where timing is on): a 1x1 convolution of stride 1 with its generated
-   epilogue (an inverted residual's expand and project convolutions: bias, ReLU6, residual) is timed as one
+6. **Generated products** (where timing is on): a 1x1 convolution of stride 1 with its generated epilogue (an
+   inverted residual's expand and project convolutions: bias, ReLU6, residual), in half precision, is timed as one
    generated Triton GEMM with the epilogue fused (codegen/gemm.py, a tile configuration by the product's size)
-   against the library convolution followed by the pointwise kernel (`gemm_tactic.py`); the faster is kept
-   (`generated`/`gemm`, the tile configuration its tactic). Linear layers stay on cuBLAS: a 768x3072 feed-forward
-   GEMM with its GELU fused timed faster alone, but ran slower inside the engine (62 against 51 us per layer at
-   batch 32 on an H100).
+   against the library convolution followed by the pointwise kernel; a depthwise 2-D convolution step (cuDNN's, in
+   the layout rule 7 chose, alone, with its generated epilogue or in cuDNN's fused ReLU) is timed as one generated
+   depthwise kernel with the same layers fused (codegen/depthwise.py, a few tile configurations by the output's
+   size) against that step (`gemm_tactic.py`); the faster is kept (`generated`/`gemm` or `generated`/`depthwise`,
+   the tile configuration its tactic). Linear layers stay on cuBLAS: a 768x3072 feed-forward GEMM with its GELU
+   fused timed faster alone, but ran slower inside the engine (62 against 51 us per layer at batch 32 on an H100).
 
 A convolution whose windows tile its input (stride == kernel, no padding: a patch embedding) is timed in half
 precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) against cuDNN.
@@ -44,7 +46,8 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    weight is contiguous in both formats, so ATen chose its layout from the input), and a generated pointwise or
    row step whose 4-D outputs are read only as such inputs writes them channels-last (no conversion then). A
    depthwise convolution is the exception where timing says so: it runs NCHW (input converted there) when that,
-   with both conversions, beats cuDNN's channels-last kernel (dilated 5x5: 0.41 against 2.48 ms at [32,960,28,28]).
+   with both conversions, beats cuDNN's channels-last kernel (dilated 5x5: 0.41 against 2.48 ms at [32,960,28,28]);
+   a generated depthwise step (rule 6) reads its input channels-last.
    An attention mask strided along the keys is made row-major before SDPA, whose fused kernels refuse it.
 
 8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a reshape
@@ -190,32 +193,39 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
     groups = [groups[k] for k in order]
     groups = _generated_biases(network, _fused_movement(network, _group_pointwise(network, groups, graph), graph))
-    groups = _generated_gemms(network, groups, graph, lambda requests: gemm_tactic.choose(
+    groups = _generated_products(network, groups, graph, lambda requests: gemm_tactic.choose(
         network, requests, graph.readers, graph.returned, device, options, cache))
     cache.save()
     return _as_plan(target(device), _channels_last_outputs(network, groups))
 
 
-GemmChooser = Callable[[list[gemm_tactic.Request]], list["str | None"]]
+ProductChooser = Callable[[list[gemm_tactic.Request]], list["str | None"]]
+# library steps a generated depthwise convolution (with the same layers as its epilogue) may replace
+DEPTHWISE_LIBRARY_OPS = ("convolution", "conv_epilogue", "conv_relu", "conv_add_relu")
 
 
-def _generated_gemms(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph,
-                     choose: GemmChooser) -> list[tuple[Kernel, list[int]]]:
+def _generated_products(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph,
+                        choose: ProductChooser) -> list[tuple[Kernel, list[int]]]:
     """Rule 6 of the module docstring: a 1x1 convolution step with its generated epilogue (`conv_epilogue`) becomes
-    one generated GEMM step where `choose(requests)` names a tile configuration for its request (the timed
-    tactic; None keeps the library steps)."""
+    one generated GEMM step, and a depthwise convolution step (cuDNN's, in either layout, with or without its
+    epilogue) one generated depthwise step, where `choose(requests)` names a tile configuration for its request (the
+    timed tactic; None keeps the library steps)."""
     if not have_triton():
         return groups
+    from torchkiln.runtime.backends.cuda.codegen.depthwise import depthwise_layer
     from torchkiln.runtime.backends.cuda.codegen.gemm import gemm_layer
 
     found: dict[int, gemm_tactic.Request] = {}  # group index -> its request
     for g, (kernel, members) in enumerate(groups):
-        if kernel.op == "conv_epilogue" and gemm_layer(network.layers[members[0]]) is None:
+        lead = network.layers[members[0]]
+        if kernel.op == "conv_epilogue" and gemm_layer(lead) is None:
             found[g] = gemm_tactic.Request(members[0], tuple(members[1:]), (groups[g],))
+        elif kernel.kind == "library" and kernel.op in DEPTHWISE_LIBRARY_OPS and depthwise_layer(lead) is None:
+            found[g] = gemm_tactic.Request(members[0], tuple(members[1:]), (groups[g],), "depthwise")
     out = list(groups)
     for (g, request), config in zip(found.items(), choose(list(found.values())) if found else []):
         if config is not None:
-            out[g] = (Kernel("generated", "gemm", (("config", config),)), [request.product, *request.epilogue])
+            out[g] = (Kernel("generated", request.kind, (("config", config),)), [request.product, *request.epilogue])
     return out
 
 

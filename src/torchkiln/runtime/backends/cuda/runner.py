@@ -195,7 +195,8 @@ def channels_last_inputs(network: Network, plan: Plan) -> list[bool]:
         reads = {id(t) for j in step.layers for t in network.layers[j].inputs if id(t) not in made}
         if takes_channels_last(kernel, lead):
             takes.add(id(lead.inputs[0]))
-            others |= reads - {id(lead.inputs[0])} if kernel.op not in ("conv_epilogue", "gemm") else set()
+            others |= reads - {id(lead.inputs[0])} if kernel.op not in ("conv_epilogue", "gemm", "depthwise") \
+                else set()
         elif kernel.kind != "generated":
             others |= reads
     return [t.rank == 4 and bool(takes) and id(t) not in others for t in network.inputs]
