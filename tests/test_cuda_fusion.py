@@ -159,11 +159,11 @@ def test_group_norm_and_silu_are_one_kernel():
     steps, got = planned(net, [x])
     assert len(rows(steps)) == 2 and all("normalization" in kinds and len(kinds) >= 2 for kinds in rows(steps))
     assert_matches(got[0], module(x))
-    # a row step writes in its input's layout, whatever reads it; the runner takes the input channels-last (the
-    # first convolution and the residual add read it next to channels-last tensors)
+    # a row step writes in its input's layout, whatever reads it; the runner takes the input as it comes (no
+    # convolution reads it: the norm's rows are contiguous in NCHW)
     plan = planner.make_plan(net, DEVICE, BackendOptions(timing_iterations=0))
     assert not any(plan.kernels[s.kernel].option(CHANNELS_LAST_OUT) for s in plan.steps)
-    assert channels_last_inputs(net, plan) == [True]
+    assert channels_last_inputs(net, plan) == [False]
 
 
 def test_pointwise_outputs_read_by_channels_last_convolutions_are_written_channels_last():
@@ -183,11 +183,25 @@ def test_pointwise_outputs_read_by_channels_last_convolutions_are_written_channe
         plan = planner.make_plan(net, DEVICE, BackendOptions(timing_iterations=0))
         assert [bool(plan.kernels[s.kernel].option(CHANNELS_LAST_OUT)) for s in plan.steps
                 if plan.kernels[s.kernel].op == "pointwise"] == [expected]
-        assert channels_last_inputs(net, plan) == [True]  # a generated step reads it, convolutions run channels-last
+        assert channels_last_inputs(net, plan) == [False]  # only a generated step reads it
         steps, got = planned(net, [x])
         want = module(x)
         for g, w in zip(got, want if returns_act else [want]):
             assert_matches(g, w)
+
+
+def test_an_input_a_channels_last_convolution_reads_is_taken_channels_last():
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv(x) + x * 2
+
+    net = network(Block().eval(), (2, 8, 5, 5))
+    plan = planner.make_plan(net, DEVICE, BackendOptions(timing_iterations=0))
+    assert channels_last_inputs(net, plan) == [True]
 
 
 def test_classes():

@@ -184,9 +184,11 @@ class CudaRunner:
 
 
 def channels_last_inputs(network: Network, plan: Plan) -> list[bool]:
-    """Per network input: whether the runner takes it channels-last (planner rule 7): it is 4-D, the plan runs
-    channels-last convolutions, and every step reading it is one of them or a generated kernel (which reads any
-    layout, and then reads it in the layout of the convolutions' activations it meets)."""
+    """Per network input: whether the runner takes it channels-last (planner rule 7): it is 4-D, a channels-last
+    convolution reads it, and every other step reading it is one too or a generated kernel (which reads any
+    layout). The copy into the CUDA graph's input buffer then converts it, once, where the convolution would
+    have; an input no convolution reads stays as it comes (a layout-changing copy of a squeeze-excitation's
+    [32,240,28,28] fp16 input took 42 us of its 87 on an H100, the block's own kernels 27)."""
     takes, others = set(), set()
     for step in plan.steps:
         kernel = plan.kernels[step.kernel]
@@ -199,7 +201,7 @@ def channels_last_inputs(network: Network, plan: Plan) -> list[bool]:
                 else set()
         elif kernel.kind != "generated":
             others |= reads
-    return [t.rank == 4 and bool(takes) and id(t) not in others for t in network.inputs]
+    return [t.rank == 4 and id(t) in takes and id(t) not in others for t in network.inputs]
 
 
 def placed_weight(w: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
