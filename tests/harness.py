@@ -157,3 +157,15 @@ def wrap(fn: Any, arity: int) -> torch.nn.Module:
                 return fn(x, y, z, w)
         return Fn4()
     raise ValueError(f"wrap supports 1 to 4 inputs, got {arity}")
+
+
+def run_plan_eagerly(network: Any, plan: Any, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """A CUDA plan's steps bound to `inputs`' shapes and run one by one on their device (on the CPU, generated
+    kernels run in Triton's interpreter)."""
+    from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights
+    from torchkiln.runtime.symbols import SymbolBinder
+
+    device = inputs[0].device
+    bound = bind_steps(network, plan, place_weights(network, plan, device), SymbolBinder.for_network(network),
+                       [tuple(x.shape) for x in inputs], device, allow_tf32=False)
+    return bound.run_eagerly(list(inputs))

@@ -4,6 +4,7 @@ is present) through the CUDA runner."""
 import pytest
 import torch
 import torch.nn.functional as F
+from harness import run_plan_eagerly
 
 pytest.importorskip("triton", reason="triton is not installed")
 
@@ -16,10 +17,8 @@ from torchkiln.runtime.backends.cuda import gemm_tactic, planner  # noqa: E402
 from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.depthwise import (Config, DepthwiseLauncher, candidates,  # noqa: E402
                                                                depthwise_layer, generate, lay_out)
-from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
 from torchkiln.runtime.executor import ReferenceExecutor  # noqa: E402
 from torchkiln.runtime.plan import Kernel, Plan, Step  # noqa: E402
-from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
 
 H = torch.float16
 CUDA = torch.cuda.is_available()
@@ -28,13 +27,7 @@ SMALL = Config(2, 8, 32, 1)  # a tile the interpreter runs quickly; widths and c
 ACT = L.ActivationType
 
 
-@pytest.fixture(scope="module", autouse=True)
-def interpreter(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        if not CUDA:
-            mp.setenv("TRITON_INTERPRET", "1")
-        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def t(name, *shape, dtype=torch.float32):
@@ -229,13 +222,6 @@ def plan_with(network: Network, monkeypatch, config: str | None, offered: list |
     return planner.make_plan(network, torch.device("cpu"), BackendOptions(timing_iterations=0))
 
 
-def run_bound(network: Network, plan: Plan, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-    cpu = torch.device("cpu")
-    bound = bind_steps(network, plan, place_weights(network, plan, cpu), SymbolBinder.for_network(network),
-                       [tuple(x.shape) for x in xs], cpu, allow_tf32=False)
-    return bound.run_eagerly(xs)
-
-
 def test_the_tactic_is_offered_every_depthwise_step(monkeypatch):
     """Both depthwise convolutions are requests of kind "depthwise": the first with its bias and hardswish (its
     `conv_epilogue` step), the second alone (a plain convolution step); the 1x1 convolutions are GEMM requests."""
@@ -276,7 +262,7 @@ def test_a_depthwise_row_of_another_layer_is_refused_by_name():
     plan = Plan(planner.target(torch.device("cpu")), [Kernel("generated", "depthwise", (("config", SMALL.text()),))],
                 [Step(0, (0,))])
     with pytest.raises(NetworkError, match="'.*' is not a generated depthwise convolution: only a 2-D convolution"):
-        run_bound(net, plan, [torch.randn(1, 8, 5, 5).half()])
+        run_plan_eagerly(net, plan, [torch.randn(1, 8, 5, 5).half()])
 
 
 @pytest.mark.skipif(CUDA, reason="the CPU plan runs in Triton's interpreter")
@@ -289,7 +275,7 @@ def test_planned_depthwise_steps_match_the_reference(dtype, monkeypatch):
     assert plan.kernels[next(s.kernel for s in plan.steps if plan.kernels[s.kernel].op == "depthwise")].option(
         "config") == SMALL.text()
     xs = [torch.randn(network.inputs[0].shape).to(dtype)]
-    got = run_bound(network, plan, xs)[0]
+    got = run_plan_eagerly(network, plan, xs)[0]
     ref = ReferenceExecutor(network, torch.device("cpu")).run(xs)[0]
     assert ref.abs().max() > 0
     if dtype == torch.float32:

@@ -3,6 +3,7 @@ Triton's interpreter against the layers' meanings in fp32, and (where CUDA is pr
 import pytest
 import torch
 import torch.nn.functional as F
+from harness import run_plan_eagerly
 
 pytest.importorskip("triton", reason="triton is not installed")
 
@@ -12,14 +13,11 @@ from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.ir.tensor import Tensor  # noqa: E402
 from torchkiln.runtime.backends import BackendOptions  # noqa: E402
 from torchkiln.runtime.backends.cuda import gemm_tactic, planner  # noqa: E402
-from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.epilogue import strides_2d  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.gemm import (Config, GemmLauncher, candidates, gemm_layer,  # noqa: E402
                                                           generate)
-from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
 from torchkiln.runtime.executor import ReferenceExecutor  # noqa: E402
 from torchkiln.runtime.plan import Kernel, Plan, Step  # noqa: E402
-from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
 
 H = torch.float16
 SMALL = Config(16, 16, 16, 1, 4, 2)  # blocks the interpreter runs quickly; M, N and K below are not multiples
@@ -27,13 +25,7 @@ CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def interpreter(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        if not CUDA:
-            mp.setenv("TRITON_INTERPRET", "1")
-        mp.setenv(CACHE_ENV, str(tmp_path_factory.mktemp("torchkiln-cache")))
-        yield
+pytestmark = pytest.mark.usefixtures("triton_interpreter")
 
 
 def close_to(got: torch.Tensor, ref: torch.Tensor) -> None:
@@ -188,13 +180,6 @@ def plan_with(network: Network, monkeypatch, config: str | None) -> Plan:
     return planner.make_plan(network, torch.device("cpu"), BackendOptions(timing_iterations=0))
 
 
-def run_bound(network: Network, plan: Plan, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-    cpu = torch.device("cpu")
-    bound = bind_steps(network, plan, place_weights(network, plan, cpu), SymbolBinder.for_network(network),
-                       [tuple(x.shape) for x in xs], cpu, allow_tf32=False)
-    return bound.run_eagerly(xs)
-
-
 @pytest.mark.skipif(CUDA, reason="the CPU plan runs in Triton's interpreter")
 @pytest.mark.parametrize("build", [ffn, inverted_residual], ids=["ffn", "inverted_residual"])
 def test_planned_gemm_steps_match_the_reference(build, monkeypatch):
@@ -205,7 +190,7 @@ def test_planned_gemm_steps_match_the_reference(build, monkeypatch):
                 "inverted_residual": ["gemm", "gemm"]}[network.name]
     assert [op for op in ops if op not in ("constant",)] == expected
     xs = [torch.randn(network.inputs[0].shape).half()]
-    got = run_bound(network, plan, xs)[0]
+    got = run_plan_eagerly(network, plan, xs)[0]
     close_to(got, ReferenceExecutor(network, torch.device("cpu")).run(xs)[0])
 
 
@@ -221,7 +206,7 @@ def test_a_gemm_row_of_another_layer_is_refused_by_name():
     plan = Plan(planner.target(torch.device("cpu")), [Kernel("generated", "gemm", (("config", SMALL.text()),))],
                 [Step(0, (0,))])
     with pytest.raises(NetworkError, match="is not a generated GEMM"):
-        run_bound(net, plan, [torch.randn(2, 8).half()])
+        run_plan_eagerly(net, plan, [torch.randn(2, 8).half()])
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")

@@ -5,6 +5,7 @@ import logging
 
 import pytest
 import torch
+from harness import run_plan_eagerly
 
 pytest.importorskip("triton", reason="triton is not installed")
 
@@ -20,7 +21,6 @@ from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # 
 from torchkiln.runtime.engine import Engine  # noqa: E402
 from torchkiln.runtime.executor import ReferenceExecutor  # noqa: E402
 from torchkiln.runtime.plan import Kernel, Plan, Step  # noqa: E402
-from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
 
 CPU = torch.device("cpu")
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs these plans in test_cuda_backend"),
@@ -37,9 +37,7 @@ def interpreter(tmp_path_factory):
 
 def run_plan(network: Network, inputs: list[torch.Tensor]):
     plan = planner.make_plan(network, CPU, BackendOptions(timing_iterations=0))
-    bound = bind_steps(network, plan, place_weights(network, plan, CPU), SymbolBinder.for_network(network),
-                       [tuple(x.shape) for x in inputs], CPU, allow_tf32=False)
-    return plan, bound.run_eagerly(inputs)
+    return plan, run_plan_eagerly(network, plan, inputs)
 
 
 @pytest.mark.parametrize("build", [SmallResNet, SmallMobileNet], ids=["resnet", "mobilenet"])
