@@ -286,15 +286,42 @@ def test_norms_reduced_in_spans(monkeypatch, case):
         (assert_close_half if g_.dtype == F16 else assert_close)(g_, r)
 
 
-def test_groups_with_other_reductions_or_row_outputs_are_not_split():
+def test_groups_with_other_reductions_or_full_outputs_of_a_sum_are_not_split():
     net = Network("softmax")
     x = net.add_input("x", F32, (2, 64))
     net.mark_output(net.add_softmax(x, 1).get_output())
     assert not reduction.generate(net.layers, net.inputs, net.outputs).splittable
-    net = Network("mean")
+    net = Network("centered")
     x = net.add_input("x", F32, (2, 64))
-    net.mark_output(net.add_reduce(x, R.AVG, (1,), True).get_output())
+    mean = net.add_reduce(x, R.AVG, (1,), True).get_output()
+    net.mark_output(net.add_elementwise(x, mean, L.ElementWiseOperation.SUB).get_output())
     assert not reduction.generate(net.layers, net.inputs, net.outputs).splittable
+
+
+@pytest.mark.parametrize("layout", ["channels-last", "contiguous-few-rows"])
+def test_a_sum_of_long_rows_over_few_programs_is_reduced_in_spans(monkeypatch, layout):
+    """A mean over the spatial dims (then a row epilogue: sigmoid of mean * w) whose launch would leave few programs:
+    each span's partial sum (the prologue's exp in it), then one program per row block sums a row's spans and
+    computes its row values. The last span is partial."""
+    monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
+    monkeypatch.setattr(reduction, "_ACROSS_TILE", 64)
+    shape = (2, 40, 5, 7) if layout == "channels-last" else (1, 3, 9, 10)
+    net = Network("squeeze")
+    x = net.add_input("x", F16, shape)
+    e = net.add_unary(x, L.UnaryOperation.EXP).get_output()
+    mean = net.add_reduce(e, R.AVG, (2, 3), True).get_output()
+    w = net.add_constant(torch.randn(1, shape[1], 1, 1).half()).get_output()
+    net.mark_output(net.add_activation(net.add_elementwise(mean, w, L.ElementWiseOperation.PROD).get_output(),
+                                       L.ActivationType.SIGMOID).get_output())
+    v = data(*shape, dtype=F16)
+    values = {"x": v.contiguous(memory_format=torch.channels_last) if layout == "channels-last" else v}
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    assert launcher.kernel.split_sum
+    seen = []
+    _split_launches(launcher, seen)
+    (got,) = launcher([values[t.name].to(DEVICE) for t in net.inputs])
+    assert [name for name, *_ in seen] == ["rows_split_stats_kernel", "rows_split_apply_kernel"]
+    assert_close_half(got, reference(net, values)[0])
 
 
 def test_rows_of_a_contiguous_input_are_not_tiled_across():
