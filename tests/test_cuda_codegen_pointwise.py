@@ -397,3 +397,22 @@ def test_outputs_of_two_shapes_and_a_wrong_input_shape_are_refused_by_name():
     launcher = compile_indexed([cat.producer], [x], [cat])
     with pytest.raises(EngineInputError, match=r"input 'x': expected torch.float32 \[2, 6\]"):
         launcher([torch.randn(2, 5, device=DEVICE)])
+
+
+@pytest.mark.parametrize("asked", [False, True], ids=["inputs-channels-last", "asked-channels-last"])
+def test_an_indexed_kernel_walks_channels_last_where_its_inputs_are_or_where_asked(asked):
+    """A concatenation of channels-last tensors along the channels (a skip connection) is written channels-last, as
+    ATen's keeps them, walking N, H, W, C; the values are the layers'."""
+    from torchkiln.runtime.backends.cuda.codegen.indexed import compile_group as compile_indexed
+
+    net = Network("skip")
+    a, b = net.add_input("a", F16, (2, 3, 4, 5)), net.add_input("b", F16, (2, 6, 4, 5))
+    net.mark_output(net.add_concatenation([a, net.add_activation(b, A.RELU).get_output()], 1).get_output())
+    values = {"a": torch.randn(2, 3, 4, 5).half(), "b": torch.randn(2, 6, 4, 5).half()}
+    if not asked:
+        values = {k: v.contiguous(memory_format=torch.channels_last) for k, v in values.items()}
+    launcher = compile_indexed(net.layers, net.inputs, net.outputs, channels_last=asked)
+    (got,) = launcher([values[t.name].to(DEVICE) for t in net.inputs])
+    assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
+    assert "i1 = rem % 9" in launcher.kernel.source  # the row-major kernel; the channels-last one walks C innermost
+    assert torch.equal(got.cpu(), reference(net, values)[0])
