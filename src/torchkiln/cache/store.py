@@ -17,9 +17,9 @@ logger = logging.getLogger("torchkiln.cache")
 DEFAULT_MAX_BYTES = 5 * 2 ** 30
 MAGIC = b"TKCACHE1"
 _HEADER = struct.Struct("<8sI")  # magic, length of the JSON header that follows
-MAX_HEADER = 1 << 20
+MAX_HEADER = 16 << 20  # a module's entry records the Python modules it was compiled with (`sources`)
 STALE_SECONDS = 3600  # a temporary file this old was left by a writer that died: eviction deletes it
-_SUFFIX = ".engine"
+SUFFIXES = (".engine", ".module")  # an engine; a whole compiled module (one folder and one size cap for both)
 _KEY = re.compile(r"[0-9a-f]{64}")
 _UNITS = {"": 1, "k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30, "t": 2 ** 40}
 
@@ -41,19 +41,24 @@ def max_bytes() -> int:
 
 
 class EngineStore:
-    """Entries of a directory: the header (a JSON object) and the engine bytes of one key each.
+    """Entries of a directory: the header (a JSON object) and the bytes of one key each, an engine's (files
+    `<key>.engine`) or with `suffix=".module"` a compiled module's; eviction counts both.
 
     Writes go to a temporary file in the directory renamed over the entry, so a reader sees a whole entry or
     none. A read refreshes the entry's modification time, which eviction orders by (oldest first)."""
 
-    def __init__(self, directory: pathlib.Path | None = None, limit: int | None = None) -> None:
+    def __init__(self, directory: pathlib.Path | None = None, limit: int | None = None,
+                 suffix: str = ".engine") -> None:
+        if suffix not in SUFFIXES:
+            raise ValueError(f"suffix must be one of {SUFFIXES}, got {suffix!r}")
         self.directory = directory if directory is not None else engines_dir()
         self.limit = limit if limit is not None else max_bytes()
+        self.suffix = suffix
 
     def path(self, key: str) -> pathlib.Path:
         if not _KEY.fullmatch(key):
             raise ValueError(f"engine cache key must be 64 hex digits, got {key!r}")
-        return self.directory / f"{key}{_SUFFIX}"
+        return self.directory / f"{key}{self.suffix}"
 
     def get(self, key: str) -> tuple[dict, bytes] | None:
         """The header and engine bytes stored for `key`; None if there are none or they are damaged (the
@@ -102,7 +107,7 @@ class EngineStore:
 
     def discard(self, key: str, reason: str) -> None:
         """Delete an entry, logging why."""
-        logger.warning("engine cache: %s for key %s; deleting it and building the engine", reason, key[:12])
+        logger.warning("engine cache: %s for key %s; deleting it and building again", reason, key[:12])
         try:
             self.path(key).unlink()
         except FileNotFoundError:
@@ -111,7 +116,7 @@ class EngineStore:
     def entries(self) -> list[tuple[float, int, pathlib.Path]]:
         """(last use, size, path) of every entry, least recently used first."""
         found = []
-        for path in self.directory.glob(f"*{_SUFFIX}"):
+        for path in (p for suffix in SUFFIXES for p in self.directory.glob(f"*{suffix}")):
             try:
                 st = path.stat()
             except FileNotFoundError:  # evicted by another process meanwhile
