@@ -193,16 +193,20 @@ def _version(package: str) -> str:
         return "absent"
 
 
+def software() -> str:
+    """The versions of the software that makes and runs engines, and torchkiln's source."""
+    versions = {p: _version(p) for p in ("torch", "triton", "onnxruntime", "onnx", "numpy")}
+    return (f"versions {sorted(versions.items())} python {platform.python_version()} torch.version.cuda "
+            f"{torch.version.cuda}\ntorchkiln source {source_digest()} engine format {FORMAT_VERSION}")
+
+
 def environment(backend: str, device: torch.device) -> str:
     """The target and the software that makes and runs the engine."""
     try:
         target = target_of(backend, device)
     except BackendUnavailable as e:
         raise Unkeyable(f"backend {backend} cannot run here: {e}") from None
-    versions = {p: _version(p) for p in ("torch", "triton", "onnxruntime", "onnx", "numpy")}
-    return (f"target {target}\nversions {sorted(versions.items())} python {platform.python_version()} "
-            f"torch.version.cuda {torch.version.cuda}\ntorchkiln source {source_digest()} engine format "
-            f"{FORMAT_VERSION}")
+    return f"target {target}\n{software()}"
 
 
 def block_key(nodes: Sequence[Node], inputs: Sequence[Value], outputs: Sequence[Value], order: Sequence[Node],

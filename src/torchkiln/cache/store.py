@@ -9,6 +9,7 @@ import re
 import struct
 import tempfile
 import time
+from typing import BinaryIO
 
 from torchkiln.runtime.backends.cuda.cache import cache_dir
 
@@ -65,18 +66,18 @@ class EngineStore:
         damaged entry is logged and deleted). The engine bytes are checked by whoever loads them."""
         path = self.path(key)
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as f:
+                header, engine = _read(f)
         except FileNotFoundError:
             return None
         except OSError as e:
             logger.warning("engine cache: cannot read %s (%s); building the engine", path, e)
             return None
-        try:
-            header, engine = _split(data)
-            if header.get("key") != key:
-                raise ValueError(f"it holds the entry of key {str(header.get('key'))[:12]!r}")
         except ValueError as e:
             self.discard(key, f"damaged entry ({e})")
+            return None
+        if header.get("key") != key:
+            self.discard(key, f"damaged entry (it holds the entry of key {str(header.get('key'))[:12]!r})")
             return None
         try:
             os.utime(path)
@@ -146,17 +147,22 @@ class EngineStore:
             total -= size
 
 
-def _split(data: bytes) -> tuple[dict, bytes]:
-    """An entry's header and engine bytes; ValueError if it is not a whole entry."""
-    if len(data) < _HEADER.size:
+def _read(f: BinaryIO) -> tuple[dict, bytes]:
+    """An entry's header and bytes, read from its file (the bytes in one read, never copied after); ValueError if
+    it is not a whole entry."""
+    start = f.read(_HEADER.size)
+    if len(start) < _HEADER.size:
         raise ValueError("truncated")
-    magic, length = _HEADER.unpack_from(data)
-    if magic != MAGIC or length > min(MAX_HEADER, len(data) - _HEADER.size):
+    magic, length = _HEADER.unpack(start)
+    if magic != MAGIC or length > MAX_HEADER:
+        raise ValueError("not an engine cache entry")
+    text = f.read(length)
+    if len(text) < length:
         raise ValueError("not an engine cache entry")
     try:
-        header = json.loads(data[_HEADER.size:_HEADER.size + length])
+        header = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"bad header: {e}") from None
     if not isinstance(header, dict):
         raise ValueError("bad header")
-    return header, data[_HEADER.size + length:]
+    return header, f.read()
