@@ -250,3 +250,17 @@ def test_a_damaged_module_entry_is_a_logged_miss_and_deleted(cache, caplog):
     assert "damaged" in caplog.text and not _hit(caplog) and not entry.exists()
     with torch.no_grad():
         assert_matches_eager(compiled(x), model(x))
+
+
+def test_a_dynamic_compile_is_not_cached_whole_but_its_engines_are(cache, caplog):
+    """Its partition report has symbolic dims, which the entry's JSON header cannot carry exactly."""
+    model, x = _model(), torch.randn(3, 3, 8, 8)
+    spec = torchkiln.Input(min_shape=(1, 3, 8, 8), opt_shape=(2, 3, 8, 8), max_shape=(4, 3, 8, 8))
+    for _ in range(2):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="torchkiln"):
+            compiled = torchkiln.compile(model, [spec], **CACHE)
+        assert "not cached whole" in caplog.text and not _modules(cache)
+    assert "engine cache hit" in caplog.text
+    with torch.no_grad():
+        assert_matches_eager(compiled(x), model(x))

@@ -134,9 +134,11 @@ class PartitionReport:
 
     def as_dict(self) -> dict[str, Any]:
         """The report as plain data (str, int, list, dict, None), e.g. for json.dumps."""
-        def plain(obj: Any) -> Any:
+        def plain(obj: Any) -> Any:  # not dataclasses.asdict, which deep-copies symbolic dims (sympy refuses)
             if isinstance(obj, (torch.dtype, Fallback)) or is_symbolic(obj):
                 return str(obj)
+            if dataclasses.is_dataclass(obj):
+                return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
             if isinstance(obj, (list, tuple)):
                 return [plain(o) for o in obj]
             if isinstance(obj, dict):
@@ -144,10 +146,8 @@ class PartitionReport:
             return obj
 
         return plain({"name": self.name, "num_engine_blocks": self.num_engine_blocks,
-                      "num_torch_blocks": self.num_torch_blocks,
-                      "blocks": [dataclasses.asdict(b) for b in self.blocks],
-                      "reference_layers": [dataclasses.asdict(r) for r in self.reference_layers],
-                      "fp32_layers": [dataclasses.asdict(r) for r in self.fp32_layers]})
+                      "num_torch_blocks": self.num_torch_blocks, "blocks": self.blocks,
+                      "reference_layers": self.reference_layers, "fp32_layers": self.fp32_layers})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> PartitionReport:
