@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-_STDLIB = tuple(os.path.realpath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
-_BY_VERSION = (os.path.dirname(os.path.realpath(torch.__file__)) + os.sep,
-               os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep)  # torch, torchkiln
+_STDLIB = tuple(os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib"))
+_BY_VERSION = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+               os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)  # torch, torchkiln
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 
 
@@ -60,13 +60,13 @@ def loaded() -> frozenset[str]:
 
 def record(at_start: frozenset[str]) -> dict[str, Any]:
     """What a compile that started with `at_start` loaded ran on: those names, those loaded now, and the signature
-    of each one's file (resolved, so that a link's target counts)."""
+    of each one's file (a link's target's: reading and stat follow links)."""
     now = dict(sys.modules)
     files = {}
     for module in now.values():
         path = _file(module)
         if path is not None:
-            path = os.path.realpath(path)
+            path = os.path.abspath(path)
             if _signed(path):
                 files[path] = signature(path)
     return {"at_start": sorted(at_start), "at_end": sorted(now), "files": files}
