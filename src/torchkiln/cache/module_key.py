@@ -7,8 +7,9 @@ and every attribute of each submodule (what Python code could read: training fla
 followed through their attributes, functions by their code), with the content of every parameter, buffer and
 other tensor. Then torch's global flags that change what a trace records, the compile settings (input specs
 and backend included), the device and the software (`key.software`: library versions, torchkiln's source). The
-Python source itself, and the files of every library the compile loaded, are checked on reuse (`sources`). Anything the description cannot tell apart exactly raises
-`Unkeyable`: the module is compiled, and its engine blocks still use the engine cache.
+Python source itself, and the files of every library the compile loaded, are checked on reuse (`sources`).
+Anything the description cannot tell apart exactly raises `Unkeyable`: the module is compiled, and its engine
+blocks still use the engine cache.
 """
 from __future__ import annotations
 
