@@ -2,6 +2,7 @@
 scripting, lowering, partitioning and building, and gives the cold compile's module; any change of the weights, the
 code, an attribute, the input specs, a setting or the target is a miss; entries share the engine cache's size cap;
 nothing is read or written with the switches off."""
+import collections
 import importlib
 import logging
 import os
@@ -180,13 +181,36 @@ def test_an_edited_source_file_is_a_miss(cache, caplog, tmp_path, monkeypatch):
 def test_a_python_module_loaded_since_is_a_miss(cache, caplog, tmp_path, monkeypatch):
     """Code imported after the cold compile could have changed what runs (a patched function)."""
     model = _model()
+    monkeypatch.syspath_prepend(str(tmp_path))
     _compile(model, caplog, **CACHE)
     (tmp_path / "imported_since.py").write_text("VALUE = 1\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
     importlib.import_module("imported_since")
     _compile(model, caplog, **CACHE)
     assert "imported_since is loaded now" in caplog.text and not _hit(caplog)
     sys.modules.pop("imported_since")
+
+
+def test_a_module_loaded_from_another_file_or_another_import_path_is_a_miss(cache, caplog, tmp_path, monkeypatch):
+    """The same module name, found elsewhere (another checkout on sys.path first), is other code."""
+    for folder, act in (("a", "relu"), ("b", "tanh")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "moved_model.py").write_text(SOURCE.format(act=act))
+    monkeypatch.syspath_prepend(str(tmp_path / "a"))
+    torch.manual_seed(0)
+    model = importlib.import_module("moved_model").Edited().eval()
+    _compile(model, caplog, (4, 16), min_block_size=1, **CACHE)
+    monkeypatch.syspath_prepend(str(tmp_path / "b"))
+    _compile(model, caplog, (4, 16), min_block_size=1, **CACHE)
+    assert "import path (sys.path)" in caplog.text and not _hit(caplog)
+    sys.modules.pop("moved_model")
+    moved = importlib.import_module("moved_model").Edited().eval()
+    moved.load_state_dict(model.state_dict())
+    compiled, _ = _compile(moved, caplog, (4, 16), min_block_size=1, **CACHE)
+    assert not _hit(caplog)
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        assert_matches_eager(compiled(x), moved(x))
+    sys.modules.pop("moved_model")
 
 
 def test_a_script_module_hits_and_misses_on_its_weights(cache, caplog):
@@ -211,6 +235,18 @@ def test_a_module_with_hooks_is_not_cached_whole_but_its_engines_are(cache, capl
     assert "not cached whole" in caplog.text and not _modules(cache)
     _compile(model, caplog, **CACHE)
     assert "engine cache hit" in caplog.text
+
+
+class _Queue(collections.deque):
+    """A deque with attributes: its items are not among them."""
+
+
+def test_an_attribute_whose_state_the_key_cannot_read_is_not_cached_whole(cache, caplog):
+    model = _model()
+    model.queue = _Queue([1.0])
+    model.queue.name = "q"
+    _compile(model, caplog, **CACHE)
+    assert "not cached whole" in caplog.text and "built on a C type" in caplog.text and not _modules(cache)
 
 
 def test_modules_and_engines_share_the_size_cap(cache, caplog, monkeypatch):

@@ -41,6 +41,8 @@ _NOT_READ = frozenset(_HOOKS) | {"_state_dict_hooks", "_state_dict_pre_hooks", "
 _MADE_BY_SCRIPTING = frozenset({"__annotations__", "__overloads__"})
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.memory_format,
           torch.layout, torch.Size, range, slice, type(Ellipsis))
+_HEAP_TYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class defined in Python, not a C type
+_STATELESS_BASES = (object, types.SimpleNamespace)  # C types whose instances hold no state but their __dict__
 _ANNOTATIONS = (types.UnionType, types.GenericAlias)  # and typing's: described by what they print
 
 
@@ -60,7 +62,7 @@ class _Describer:
         index = self.tensor_index.setdefault(id(t), len(self.tensors))
         if index == len(self.tensors):
             self.tensors.append(t)
-        return f"tensor #{index} requires_grad={t.requires_grad}"
+        return f"{type(t).__module__}.{type(t).__qualname__} #{index} requires_grad={t.requires_grad}"
 
     def code(self, fn: Callable[..., Any]) -> str:
         """A Python function by where its code is (the file's content is checked on reuse, `sources`; code made
@@ -128,8 +130,11 @@ class _Describer:
         raise Unkeyable(f"a {type(obj).__qualname__} attribute")
 
     def instance(self, obj: Any, depth: int) -> str:
-        """An object by its class and the attributes its code could read."""
+        """An object by its class and the attributes its code could read; Unkeyable for an object of a class built
+        on a C type (a deque, an array) whose state its attributes do not hold."""
         cls = type(obj)
+        if any(not klass.__flags__ & _HEAP_TYPE and klass not in _STATELESS_BASES for klass in cls.__mro__):
+            raise Unkeyable(f"a {cls.__qualname__} attribute (its class is built on a C type)")
         state = dict(vars(obj)) if hasattr(obj, "__dict__") else {}
         for klass in cls.__mro__:
             for slot in getattr(klass, "__slots__", ()):
