@@ -66,7 +66,7 @@ def _files(names: Iterable[str]) -> dict[str, str]:
     for name in names:
         path = _file(sys.modules.get(name))
         if path is not None:
-            found[name] = os.path.abspath(path)
+            found[name] = path if os.path.isabs(path) else os.path.abspath(path)
     return found
 
 
