@@ -40,10 +40,19 @@ def _model() -> nn.Module:
     return model.eval()
 
 
+def _forget_modules() -> None:
+    """Delete the whole compiled modules the cache holds, so that a compile uses the engine level (the module level,
+    which a warm compile of an unchanged module hits first, is tested in test_module_cache.py)."""
+    for path in engines_dir().glob("*.module"):
+        path.unlink()
+
+
 def _compile(model, caplog, shape=(2, 3, 8, 8), **options):
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="torchkiln"):
-        return torchkiln.compile(model, [torchkiln.Input(shape)], **options)
+        compiled = torchkiln.compile(model, [torchkiln.Input(shape)], **options)
+    _forget_modules()
+    return compiled
 
 
 def _entries(cache):
@@ -86,20 +95,20 @@ def test_any_change_of_the_key_is_a_miss(cache, caplog, change):
         assert_matches_eager(changed(x), model(x))
 
 
-def test_the_least_recently_used_entries_go_over_the_size_cap(cache, caplog, monkeypatch):
-    model = _model()
-    _compile(model, caplog, (1, 3, 8, 8), **CACHE)
-    _compile(model, caplog, (2, 3, 8, 8), **CACHE)
-    first, second = sorted(_entries(cache), key=os.path.getmtime)
+def test_the_least_recently_used_entries_go_over_the_size_cap(tmp_path, caplog):
+    first, second, third = ("a" * 64, "b" * 64, "c" * 64)
+    store = EngineStore(tmp_path, limit=1 << 20)
+    for key in (first, second):
+        store.put(key, {"engine": key[:1]}, bytes(1000))
     now = time.time()
-    os.utime(first, (now - 100, now - 100))
-    os.utime(second, (now - 50, now - 50))
-    monkeypatch.setenv("TORCHKILN_CACHE_SIZE", str(first.stat().st_size + second.stat().st_size + 100))
-    _compile(model, caplog, (1, 3, 8, 8), **CACHE)  # a hit: the first entry is now the most recently used
-    assert "engine cache hit" in caplog.text
-    _compile(model, caplog, (3, 3, 8, 8), **CACHE)
+    os.utime(store.path(first), (now - 100, now - 100))
+    os.utime(store.path(second), (now - 50, now - 50))
+    store.limit = store.path(first).stat().st_size * 2 + 100
+    assert store.get(first) is not None  # a hit: the first entry is now the most recently used
+    with caplog.at_level(logging.INFO, logger="torchkiln"):
+        store.put(third, {"engine": "c"}, bytes(1000))
     assert "evicted" in caplog.text
-    assert first.exists() and not second.exists() and len(_entries(cache)) == 2
+    assert store.path(first).exists() and not store.path(second).exists() and store.path(third).exists()
 
 
 @pytest.mark.parametrize("damage", [
@@ -175,6 +184,7 @@ def test_a_calibrated_engine_keeps_its_fp32_layers_on_a_hit(cache, caplog):
     model, x = Overflows().eval(), torch.randn(4, 16)
     options = dict(enabled_precisions={torch.float16}, backend="reference", **CACHE)
     cold, cold_report = compile_with_report(model, [torchkiln.Input((4, 16))], **options)
+    _forget_modules()
     with caplog.at_level(logging.INFO, logger="torchkiln"):
         warm, warm_report = compile_with_report(model, [torchkiln.Input((4, 16))], **options)
     assert "engine cache hit" in caplog.text

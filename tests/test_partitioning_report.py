@@ -68,6 +68,17 @@ def test_report_as_plain_data(report):
     assert middle["inputs"][0] == {"name": "y", "type": "Tensor", "shape": [2, 4, 4, 4], "dtype": "torch.float32"}
 
 
+def test_a_dynamic_report_as_plain_data_and_a_static_one_read_back(report):
+    dynamic = torchkiln.partition_report(
+        torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4)).eval(),
+        [torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 4), max_shape=(8, 4))])
+    data = json.loads(json.dumps(dynamic.as_dict()))
+    assert isinstance(data["blocks"][0]["inputs"][0]["shape"][0], str)  # a symbolic dim, as text
+    with pytest.raises(ValueError, match="dynamic shape"):
+        PartitionReport.from_dict(data)
+    assert PartitionReport.from_dict(json.loads(json.dumps(report.as_dict()))) == report
+
+
 def test_forced_op_reason_in_the_report():
     report = torchkiln.partition_report(ForcedOps().eval(), [torchkiln.Input((2, 8))], min_block_size=1,
                                         torch_executed_ops={"aten::relu"})

@@ -5,6 +5,7 @@ import builtins
 import collections
 import dataclasses
 import functools
+import io
 import keyword
 import logging
 import re
@@ -17,14 +18,14 @@ import torch
 from torchkiln import progress
 from torchkiln.builder import BuildSettings, build_engine
 from torchkiln.builder.calibration import calibrated_build
-from torchkiln.cache import EngineCache
+from torchkiln.cache import EngineCache, ModuleCache
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.analysis.registry import is_registered
 from torchkiln.conversion import load_all
 from torchkiln.analysis.dynamic_shapes import analyze_dynamic_shapes
 from torchkiln.analysis.resolve import Resolver
 from torchkiln.analysis.shape_analysis import example_args, probe_values
-from torchkiln.errors import ConversionError, EngineInputError, UnsupportedOperatorError
+from torchkiln.errors import ConversionError, EngineInputError, UnsupportedOperatorError, cause_line
 from torchkiln.frontend import as_module, check_method, to_torchscript
 from torchkiln.frontend.arguments import bind_static_arguments, split_named_inputs
 from torchkiln.frontend.entry_arguments import take_entry_arguments
@@ -52,7 +53,7 @@ from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.execute_op import engine_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input, as_device
 from torchkiln.settings_table import SETTINGS, backend_values
-from torchkiln.stitching.module import RaisesEngineErrors
+from torchkiln.stitching.module import RaisesEngineErrors, load as load_compiled
 from torchkiln.stitching.static_arguments import restore_static_arguments
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
 from torchkiln.torchscript import Graph, Node, node_key, source_location, value_key
@@ -421,6 +422,40 @@ def parameter_signature(module: torch.nn.Module) -> dict[str, tuple[tuple[int, .
     return {k: (tuple(v.shape), v.dtype) for k, v in module.state_dict().items() if isinstance(v, torch.Tensor)}
 
 
+def _cached_module(cache: ModuleCache, key: str | None, name: str
+                   ) -> tuple[torch.jit.ScriptModule, PartitionReport] | None:
+    """The compiled module and report the module cache holds for `key`; None on a miss."""
+    found = cache.load(key, name)
+    if found is None:
+        return None
+    data, header = found
+    try:
+        report = PartitionReport.from_dict(header.get("report"))
+        compiled = load_compiled(io.BytesIO(data))
+    except (ValueError, RuntimeError) as e:  # RuntimeError: torch.jit.load's for bytes it cannot read
+        cache.store.discard(key, f"damaged module ({cause_line(e)})")
+        return None
+    logger.info("module cache hit for %s (key %s): scripting, lowering, partitioning and building skipped", name,
+                key[:12])
+    return compiled, report
+
+
+def _store_module(cache: ModuleCache, key: str | None, name: str, compiled: torch.jit.ScriptModule,
+                  report: PartitionReport) -> None:
+    """Save the compiled module and its report in the module cache (where cache_built_engines is on)."""
+    if key is None or not cache.store_built:
+        return
+    data = report.as_dict()
+    try:
+        PartitionReport.from_dict(data)
+        buffer = io.BytesIO()
+        torch.jit.save(compiled, buffer)
+    except (ValueError, RuntimeError) as e:
+        logger.info("module cache: %s is not cached whole: %s", name, cause_line(e))
+        return
+    cache.save(key, name, buffer.getvalue(), data)
+
+
 def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = None,
                         **options: Any) -> tuple[torch.jit.ScriptModule, PartitionReport]:
     """`compile`, also returning the partition report (blocks, ops, fallback reasons)."""
@@ -428,16 +463,23 @@ def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = 
         start = time.perf_counter()
         module = as_module(module)
         settings = _settings(module, inputs, options)
-        lowered, metas = _prepare(module, settings)
         name = _module_name(module)
-        part, report, engines = _partition_and_build(lowered, metas, settings, name)
-        report = dataclasses.replace(report, reference_layers=_reference_layers(engines))
-        if not engines:
-            _warn_no_engines(report, settings)
-        progress.step("stitching")
-        compiled = stitch(lowered.module, part, engines)
+        cache = ModuleCache(settings.reuse_cached_engines, settings.cache_built_engines)
+        key = cache.key(module, settings, name)
+        cached = _cached_module(cache, key, name)
+        if cached is not None:
+            compiled, report = cached
+        else:
+            lowered, metas = _prepare(module, settings)
+            part, report, engines = _partition_and_build(lowered, metas, settings, name)
+            report = dataclasses.replace(report, reference_layers=_reference_layers(engines))
+            if not engines:
+                _warn_no_engines(report, settings)
+            progress.step("stitching")
+            compiled = stitch(lowered.module, part, engines)
+            restore_static_arguments(lowered.graph, lowered.static_arguments, lowered.optional_tensors)
+            _store_module(cache, key, name, compiled, report)
         compiled._torchkiln_compile = CompileRecord(inputs, options, parameter_signature(module))
-        restore_static_arguments(lowered.graph, lowered.static_arguments, lowered.optional_tensors)
         logger.info("compiled %s in %.2fs: %d engine blocks, %d torch blocks", name,
                     time.perf_counter() - start, report.num_engine_blocks, report.num_torch_blocks)
         return compiled, report

@@ -273,12 +273,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("calibration_inputs", "tuple[tuple[Any, ...], ...]", None, "precision_safety's samples: a list of "
             "argument tuples (a tensor alone for one argument); none: random inputs at the opt shapes",
             _calibration_inputs, shown_default="None", compare=False, example=[]),
-    Setting("cache_built_engines", "bool", False, "store each built engine in the engine cache "
-            "($TORCHKILN_CACHE_DIR, docs/engine_cache.md)", boolean, Flag(("--cache-built-engines",)), example=True,
-            example_args=("--cache-built-engines",)),
-    Setting("reuse_cached_engines", "bool", False, "take an engine from the engine cache instead of building it "
-            "when its key matches", boolean, Flag(("--reuse-cached-engines",)), example=True,
-            example_args=("--reuse-cached-engines",)),
+    Setting("cache_built_engines", "bool", False, "store the compiled module and each built engine in the "
+            "engine cache ($TORCHKILN_CACHE_DIR, docs/engine_cache.md)", boolean, Flag(("--cache-built-engines",)),
+            example=True, example_args=("--cache-built-engines",)),
+    Setting("reuse_cached_engines", "bool", False, "load the compiled module, or else each engine, from the "
+            "engine cache instead of compiling or building it when its key matches", boolean,
+            Flag(("--reuse-cached-engines",)), example=True, example_args=("--reuse-cached-engines",)),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 

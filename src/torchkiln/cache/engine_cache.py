@@ -7,7 +7,8 @@ from typing import Any
 
 import torch
 
-from torchkiln.cache.key import Unkeyable, block_key
+from torchkiln.cache.key import block_key
+from torchkiln.cache.weights import Unkeyable
 from torchkiln.cache.store import EngineStore
 from torchkiln.errors import EngineFormatError
 from torchkiln.runtime.engine import Engine

@@ -23,6 +23,7 @@ from typing import Any
 import sympy
 import torch
 
+from torchkiln.cache.weights import Unkeyable, describe_tensor
 from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.backends import BackendUnavailable, target_of
 from torchkiln.runtime.serialization import FORMAT_VERSION
@@ -34,19 +35,6 @@ _NOT_IN_KEY = frozenset({"debug", "cache_built_engines", "reuse_cached_engines"}
 _CALLS = frozenset({"prim::CallMethod", "prim::CallFunction", "prim::PythonOp"})
 # Node attribute kinds the key describes: each is also the name of the Node method that reads it.
 _ATTRIBUTE_KINDS = frozenset({"i", "f", "s", "t", "is", "fs", "ss", "ts", "ival", "ty", "tys", "c"})
-
-
-class Unkeyable(Exception):
-    """Something the block's engine depends on cannot be described exactly."""
-
-
-def tensor_digest(t: torch.Tensor) -> str:
-    """dtype, shape, strides and a SHA-256 of the contents."""
-    if t.layout != torch.strided or t.is_quantized:
-        raise Unkeyable(f"a {t.layout} tensor constant")
-    data = t.detach().cpu().contiguous().reshape(-1)
-    digest = hashlib.sha256(data.view(torch.uint8).numpy() if data.numel() else b"").hexdigest()
-    return f"tensor({str(t.dtype)}, {list(t.shape)}, {list(t.stride())}, {digest})"
 
 
 class _Describer:
@@ -68,7 +56,7 @@ class _Describer:
         if isinstance(obj, enum.Enum):
             return f"{type(obj).__name__}.{obj.name}"
         if isinstance(obj, torch.Tensor):
-            return tensor_digest(obj)
+            return describe_tensor(obj)
         if isinstance(obj, (sympy.Expr, DimSymbol)):
             return self.dim(obj)
         if isinstance(obj, (list, tuple)):
@@ -205,16 +193,20 @@ def _version(package: str) -> str:
         return "absent"
 
 
+def software() -> str:
+    """The versions of the software that makes and runs engines, and torchkiln's source."""
+    versions = {p: _version(p) for p in ("torch", "triton", "onnxruntime", "onnx", "numpy")}
+    return (f"versions {sorted(versions.items())} python {platform.python_version()} torch.version.cuda "
+            f"{torch.version.cuda}\ntorchkiln source {source_digest()} engine format {FORMAT_VERSION}")
+
+
 def environment(backend: str, device: torch.device) -> str:
     """The target and the software that makes and runs the engine."""
     try:
         target = target_of(backend, device)
     except BackendUnavailable as e:
         raise Unkeyable(f"backend {backend} cannot run here: {e}") from None
-    versions = {p: _version(p) for p in ("torch", "triton", "onnxruntime", "onnx", "numpy")}
-    return (f"target {target}\nversions {sorted(versions.items())} python {platform.python_version()} "
-            f"torch.version.cuda {torch.version.cuda}\ntorchkiln source {source_digest()} engine format "
-            f"{FORMAT_VERSION}")
+    return f"target {target}\n{software()}"
 
 
 def block_key(nodes: Sequence[Node], inputs: Sequence[Value], outputs: Sequence[Value], order: Sequence[Node],
@@ -234,8 +226,13 @@ def block_key(nodes: Sequence[Node], inputs: Sequence[Value], outputs: Sequence[
     d.lines.append(f"outputs ({', '.join(d.ref(o) for o in outputs)})")
     specs = [d.describe({k: getattr(spec, k) for k in ("min_shape", "opt_shape", "max_shape", "dtype", "format",
                                                        "name", "tensor_domain")}) for spec in settings.inputs]
-    chosen = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
-              if f.name not in _NOT_IN_KEY | {"inputs", "input_signature"}}
-    d.lines += [f"name {name!r}", f"inputs {specs}", f"settings {d.describe(chosen)}", f"build {d.describe(build)}",
-                environment(build.backend, build.device)]
+    d.lines += [f"name {name!r}", f"inputs {specs}", f"settings {d.describe(settings_in_key(settings))}",
+                f"build {d.describe(build)}", environment(build.backend, build.device)]
     return hashlib.sha256("\n".join(d.lines).encode()).hexdigest()
+
+
+def settings_in_key(settings: Any, more: frozenset[str] = frozenset({"inputs", "input_signature"})) -> dict[str, Any]:
+    """Every compile setting but those with no part in what is built (and `more`): a new setting is part of the
+    keys the day it is added."""
+    return {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)
+            if f.name not in _NOT_IN_KEY | more}

@@ -9,6 +9,7 @@ import re
 import struct
 import tempfile
 import time
+from typing import BinaryIO
 
 from torchkiln.runtime.backends.cuda.cache import cache_dir
 
@@ -17,9 +18,9 @@ logger = logging.getLogger("torchkiln.cache")
 DEFAULT_MAX_BYTES = 5 * 2 ** 30
 MAGIC = b"TKCACHE1"
 _HEADER = struct.Struct("<8sI")  # magic, length of the JSON header that follows
-MAX_HEADER = 1 << 20
+MAX_HEADER = 16 << 20  # a module's entry records the Python modules it was compiled with (`sources`)
 STALE_SECONDS = 3600  # a temporary file this old was left by a writer that died: eviction deletes it
-_SUFFIX = ".engine"
+SUFFIXES = (".engine", ".module")  # an engine; a whole compiled module (one folder and one size cap for both)
 _KEY = re.compile(r"[0-9a-f]{64}")
 _UNITS = {"": 1, "k": 2 ** 10, "m": 2 ** 20, "g": 2 ** 30, "t": 2 ** 40}
 
@@ -41,37 +42,42 @@ def max_bytes() -> int:
 
 
 class EngineStore:
-    """Entries of a directory: the header (a JSON object) and the engine bytes of one key each.
+    """Entries of a directory: the header (a JSON object) and the bytes of one key each, an engine's (files
+    `<key>.engine`) or with `suffix=".module"` a compiled module's; eviction counts both.
 
     Writes go to a temporary file in the directory renamed over the entry, so a reader sees a whole entry or
     none. A read refreshes the entry's modification time, which eviction orders by (oldest first)."""
 
-    def __init__(self, directory: pathlib.Path | None = None, limit: int | None = None) -> None:
+    def __init__(self, directory: pathlib.Path | None = None, limit: int | None = None,
+                 suffix: str = ".engine") -> None:
+        if suffix not in SUFFIXES:
+            raise ValueError(f"suffix must be one of {SUFFIXES}, got {suffix!r}")
         self.directory = directory if directory is not None else engines_dir()
         self.limit = limit if limit is not None else max_bytes()
+        self.suffix = suffix
 
     def path(self, key: str) -> pathlib.Path:
         if not _KEY.fullmatch(key):
             raise ValueError(f"engine cache key must be 64 hex digits, got {key!r}")
-        return self.directory / f"{key}{_SUFFIX}"
+        return self.directory / f"{key}{self.suffix}"
 
     def get(self, key: str) -> tuple[dict, bytes] | None:
         """The header and engine bytes stored for `key`; None if there are none or they are damaged (the
         damaged entry is logged and deleted). The engine bytes are checked by whoever loads them."""
         path = self.path(key)
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as f:
+                header, engine = _read(f)
         except FileNotFoundError:
             return None
         except OSError as e:
             logger.warning("engine cache: cannot read %s (%s); building the engine", path, e)
             return None
-        try:
-            header, engine = _split(data)
-            if header.get("key") != key:
-                raise ValueError(f"it holds the entry of key {str(header.get('key'))[:12]!r}")
         except ValueError as e:
             self.discard(key, f"damaged entry ({e})")
+            return None
+        if header.get("key") != key:
+            self.discard(key, f"damaged entry (it holds the entry of key {str(header.get('key'))[:12]!r})")
             return None
         try:
             os.utime(path)
@@ -102,7 +108,7 @@ class EngineStore:
 
     def discard(self, key: str, reason: str) -> None:
         """Delete an entry, logging why."""
-        logger.warning("engine cache: %s for key %s; deleting it and building the engine", reason, key[:12])
+        logger.warning("engine cache: %s for key %s; deleting it and building again", reason, key[:12])
         try:
             self.path(key).unlink()
         except FileNotFoundError:
@@ -111,7 +117,7 @@ class EngineStore:
     def entries(self) -> list[tuple[float, int, pathlib.Path]]:
         """(last use, size, path) of every entry, least recently used first."""
         found = []
-        for path in self.directory.glob(f"*{_SUFFIX}"):
+        for path in (p for suffix in SUFFIXES for p in self.directory.glob(f"*{suffix}")):
             try:
                 st = path.stat()
             except FileNotFoundError:  # evicted by another process meanwhile
@@ -141,17 +147,22 @@ class EngineStore:
             total -= size
 
 
-def _split(data: bytes) -> tuple[dict, bytes]:
-    """An entry's header and engine bytes; ValueError if it is not a whole entry."""
-    if len(data) < _HEADER.size:
+def _read(f: BinaryIO) -> tuple[dict, bytes]:
+    """An entry's header and bytes, read from its file (the bytes in one read, never copied after); ValueError if
+    it is not a whole entry."""
+    start = f.read(_HEADER.size)
+    if len(start) < _HEADER.size:
         raise ValueError("truncated")
-    magic, length = _HEADER.unpack_from(data)
-    if magic != MAGIC or length > min(MAX_HEADER, len(data) - _HEADER.size):
+    magic, length = _HEADER.unpack(start)
+    if magic != MAGIC or length > MAX_HEADER:
+        raise ValueError("not an engine cache entry")
+    text = f.read(length)
+    if len(text) < length:
         raise ValueError("not an engine cache entry")
     try:
-        header = json.loads(data[_HEADER.size:_HEADER.size + length])
+        header = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"bad header: {e}") from None
     if not isinstance(header, dict):
         raise ValueError("bad header")
-    return header, data[_HEADER.size + length:]
+    return header, f.read()

@@ -3,16 +3,21 @@
 Meta tensors carry no values, so a layer's outputs depend only on its kind, its parameters and the
 shapes and dtypes of its inputs and weights. Results are kept by that signature, so a network of many
 alike layers (an engine of 400,000 unary layers) runs the meaning once per distinct signature; the
-meaning stays the single source of truth.
+meaning stays the single source of truth. Pointwise, reduce and matrix multiply layers run it on CPU tensors with
+no elements instead, their output shape given by a rule that run checks (`_infer_on_empty`): on meta tensors torch
+runs them through its Python references, whose first call imports torch._dynamo (half a second of a compile).
 """
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.ir.layers import Layer
+from torchkiln.ir.layers import (ActivationLayer, ElementWiseLayer, Layer, MatrixMultiplyLayer, MatrixOperation,
+                                 ReduceLayer, UnaryLayer)
 from torchkiln.ir.symbolic_shapes import any_symbolic, infer_symbolic
 
 Outputs = tuple[tuple[tuple[int, ...], torch.dtype], ...]
@@ -49,10 +54,74 @@ def infer_outputs(layer: Layer) -> list[tuple[tuple[int, ...], torch.dtype]]:
     return list(found)
 
 
-def infer_on_meta(layer: Layer) -> Outputs:
-    """Run the layer's meaning on meta tensors (no memory is allocated for any shape)."""
+def _broadcast(layer: Layer) -> tuple[int, ...]:
+    return tuple(torch.broadcast_shapes(*[t.shape for t in layer.inputs]))
+
+
+def _reduced(layer: ReduceLayer) -> tuple[int, ...]:
+    shape = layer.inputs[0].shape
+    axes = {a % len(shape) for a in layer.axes}
+    return tuple(1 if i in axes else d for i, d in enumerate(shape) if layer.keep_dims or i not in axes)
+
+
+def _matrix_product(layer: MatrixMultiplyLayer) -> tuple[int, ...]:
+    """Inputs of rank 2 or more: the broadcast batch dims, then rows of the first and columns of the second (each
+    transposed as the layer says), broadcast with the bias; ValueError for anything else (meta decides)."""
+    a, b = (list(t.shape) for t in layer.inputs)
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError("a vector operand")
+    for shape, op in ((a, layer.op0), (b, layer.op1)):
+        if op == MatrixOperation.TRANSPOSE:
+            shape[-1], shape[-2] = shape[-2], shape[-1]
+        elif op != MatrixOperation.NONE:
+            raise ValueError(f"operation {op}")
+    if a[-1] != b[-2]:
+        raise ValueError("inner dims differ")
+    shape = (*torch.broadcast_shapes(a[:-2], b[:-2]), a[-2], b[-1])
+    bias = layer.weights.get("bias")
+    return shape if bias is None else tuple(torch.broadcast_shapes(shape, bias.shape))
+
+
+# Layer kinds whose output shape follows from their input shapes alone: on meta tensors torch runs them through its
+# Python references, whose first call imports torch._dynamo (half a second of a compile). Their output dtype comes
+# from their meaning run on CPU tensors with no elements instead (`_infer_on_empty`).
+_SHAPE_RULES: dict[type[Layer], Callable[[Any], tuple[int, ...]]] = {
+    ActivationLayer: _broadcast, ElementWiseLayer: _broadcast, UnaryLayer: _broadcast, ReduceLayer: _reduced,
+    MatrixMultiplyLayer: _matrix_product}
+
+
+def _emptied(shape: Sequence[int]) -> list[int]:
+    """A shape with no elements that broadcasts and reduces as `shape` does: each dim of 1 kept, the others 0."""
+    return [1 if d == 1 else 0 for d in shape]
+
+
+def _infer_on_empty(layer: Layer) -> Outputs | None:
+    """The output of a layer kind with a shape rule: the rule's shape, and the dtype its meaning gives on CPU
+    tensors of the inputs' ranks and dtypes with no elements, where that run gives the rule's shape emptied;
+    None otherwise (shapes the rule refuses, dtypes the CPU kernel refuses: meta decides, and reports the error)."""
     from torchkiln.ir.reference import run_layer
 
+    try:
+        shape = _SHAPE_RULES[type(layer)](layer)
+        inputs = [torch.empty(_emptied(t.shape), dtype=t.dtype) for t in layer.inputs]
+        weights = {k: torch.empty(_emptied(w.shape), dtype=w.dtype) for k, w in layer.weights.items()}
+        outs = run_layer(layer, inputs, weights, torch.device("cpu"))
+    except Exception:  # the rule's or the CPU kernel's own checks; meta's are the ones that count
+        return None
+    if len(outs) != 1 or list(outs[0].shape) != _emptied(shape):
+        return None
+    return ((shape, outs[0].dtype),)
+
+
+def infer_on_meta(layer: Layer) -> Outputs:
+    """Run the layer's meaning on meta tensors (no memory is allocated for any shape); for a kind with a shape
+    rule, on CPU tensors with no elements (`_infer_on_empty`)."""
+    from torchkiln.ir.reference import run_layer
+
+    if type(layer) in _SHAPE_RULES:
+        found = _infer_on_empty(layer)
+        if found is not None:
+            return found
     meta = torch.device("meta")
     try:
         inputs = [torch.empty(t.shape, dtype=t.dtype, device=meta) for t in layer.inputs]

@@ -22,6 +22,8 @@ _DTYPE_NAMES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf1
                 torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8",
                 torch.bool: "bool"}
 
+_DTYPES = {str(d): d for d in _DTYPE_NAMES}  # as `as_dict` writes them
+
 
 @dataclasses.dataclass(frozen=True)
 class BoundaryValue:
@@ -132,9 +134,11 @@ class PartitionReport:
 
     def as_dict(self) -> dict[str, Any]:
         """The report as plain data (str, int, list, dict, None), e.g. for json.dumps."""
-        def plain(obj: Any) -> Any:
+        def plain(obj: Any) -> Any:  # not dataclasses.asdict, which deep-copies symbolic dims (sympy refuses)
             if isinstance(obj, (torch.dtype, Fallback)) or is_symbolic(obj):
                 return str(obj)
+            if dataclasses.is_dataclass(obj):
+                return {f.name: plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
             if isinstance(obj, (list, tuple)):
                 return [plain(o) for o in obj]
             if isinstance(obj, dict):
@@ -142,10 +146,28 @@ class PartitionReport:
             return obj
 
         return plain({"name": self.name, "num_engine_blocks": self.num_engine_blocks,
-                      "num_torch_blocks": self.num_torch_blocks,
-                      "blocks": [dataclasses.asdict(b) for b in self.blocks],
-                      "reference_layers": [dataclasses.asdict(r) for r in self.reference_layers],
-                      "fp32_layers": [dataclasses.asdict(r) for r in self.fp32_layers]})
+                      "num_torch_blocks": self.num_torch_blocks, "blocks": self.blocks,
+                      "reference_layers": self.reference_layers, "fp32_layers": self.fp32_layers})
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PartitionReport:
+        """The report `as_dict` gave, where its shapes were static (ValueError otherwise, or for other data)."""
+        def value(v: dict[str, Any]) -> BoundaryValue:
+            shape = v["shape"]
+            if shape is not None and not all(type(d) is int for d in shape):
+                raise ValueError(f"a report with a dynamic shape ({shape}) cannot be read back")
+            dtype = None if v["dtype"] is None else _DTYPES[v["dtype"]]
+            return BoundaryValue(v["name"], v["type"], None if shape is None else tuple(shape), dtype)
+
+        try:
+            blocks = tuple(BlockReport(b["index"], b["target"], tuple(b["ops"]), tuple(map(value, b["inputs"])),
+                                       tuple(map(value, b["outputs"])),
+                                       tuple(FallbackOp(f["op"], Fallback(f["reason"]), f["detail"], f["location"])
+                                             for f in b["fallback"])) for b in data["blocks"])
+            return cls(blocks, data["name"], tuple(ReferenceLayer(**r) for r in data["reference_layers"]),
+                       tuple(Fp32Layer(**r) for r in data["fp32_layers"]))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a partition report: {e!r}") from None
 
     def __str__(self) -> str:
         engine_ops = sum(len(b.ops) for b in self.blocks if b.target == "engine")

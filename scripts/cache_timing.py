@@ -1,0 +1,70 @@
+"""Cold and warm compile times with the engine cache, each in a fresh process (docs/engine_cache.md's table).
+
+For each model and round: a compile without the cache (cold), one that stores (cold, storing) and one that loads
+what it stored (warm), each in a new Python process with an empty (then the same) $TORCHKILN_CACHE_DIR; CPU seconds
+of the `compile` call and of the compiled module's first call, best of the rounds.
+
+    OMP_NUM_THREADS=1 python scripts/cache_timing.py [--rounds 3] [resnet] [bert]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+CHILD = """
+import sys, time, torch, torchkiln
+torch.manual_seed(0)
+if sys.argv[1] == "resnet":  # the README demo's model
+    from torchkiln.examples import SmallResNet
+    model, spec = SmallResNet().eval(), torchkiln.Input((1, 3, 224, 224))
+else:  # a BERT encoder: transformers, 4 layers, hidden 256, random weights (traced)
+    import transformers
+    from torchkiln.examples.zoo import LastHiddenState
+    config = transformers.BertConfig(vocab_size=1000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                                     intermediate_size=1024, max_position_embeddings=128)
+    model, spec = LastHiddenState(transformers.BertModel(config)).eval(), torchkiln.Input((1, 64), dtype=torch.int64)
+cache = sys.argv[2] == "1"
+start = time.process_time()
+compiled = torchkiln.compile(model, [spec], cache_built_engines=cache, reuse_cached_engines=cache)
+compiled_at = time.process_time()
+with torch.no_grad():
+    compiled(spec.example(torch.device("cpu")))
+print(compiled_at - start, time.process_time() - compiled_at)
+"""
+
+
+def _run(model: str, cache: bool, folder: str) -> tuple[float, float]:
+    env = dict(os.environ, TORCHKILN_CACHE_DIR=folder, TORCHKILN_PROGRESS="0",
+               PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", CHILD, model, "1" if cache else "0"], env=env, check=True,
+                         capture_output=True, text=True).stdout.split()
+    return float(out[-2]), float(out[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", default=["resnet", "bert"], choices=["resnet", "bert"])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print("| model | cold | cold, storing | warm | warm / cold | first call: cold | first call: warm |")
+    print("|---|---|---|---|---|---|---|")
+    for model in args.models:
+        runs: dict[str, list[tuple[float, float]]] = {"cold": [], "storing": [], "warm": []}
+        for _ in range(args.rounds):
+            with tempfile.TemporaryDirectory() as folder:
+                runs["cold"].append(_run(model, False, folder))
+                runs["storing"].append(_run(model, True, folder))
+                runs["warm"].append(_run(model, True, folder))
+        best = {k: (min(c for c, _ in v), min(f for _, f in v)) for k, v in runs.items()}
+        print(f"| {model} | {best['cold'][0]:.3f} s | {best['storing'][0]:.3f} s | {best['warm'][0]:.3f} s | "
+              f"{best['warm'][0] / best['cold'][0]:.1%} | {best['cold'][1]:.3f} s | {best['warm'][1]:.3f} s |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Shape inference (ir/shape_inference.py): kinds with a shape rule, inferred on CPU tensors with no elements, give
+what their meaning gives on meta tensors for every op, dtype and broadcast (errors included), and a compile of a
+CNN does not import torch._dynamo (which meta tensors' Python references import, half a second)."""
+import itertools
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torchkiln.errors import NetworkError
+from torchkiln.ir import layers as L, pointwise as P
+from torchkiln.ir.network import Network
+from torchkiln.ir.reference import run_layer
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.uint8, torch.bool)
+SHAPES = (((2, 3), (2, 3)), ((), ()), ((2, 1, 3), (4, 1)), ((2, 3), (4,)))
+
+
+def _on_meta(kind, params, shapes, dtypes, weights=None):
+    """The meaning on meta tensors, as shape inference ran it for every kind before: (shape, dtype) or "error"."""
+    layer = kind(name="l", inputs=[], **params)
+    try:
+        (out,) = run_layer(layer, [torch.empty(s, dtype=d, device="meta") for s, d in zip(shapes, dtypes)],
+                           {k: w.to("meta") for k, w in (weights or {}).items()}, torch.device("meta"))
+    except Exception:
+        return "error"
+    return tuple(out.shape), out.dtype
+
+
+def _inferred(kind, params, shapes, dtypes, weights=None):
+    net = Network("n")
+    inputs = [net.add_input(f"x{i}", d, s) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+    try:
+        (out,) = net.add_layer(kind, inputs, weights=weights, **params).outputs
+    except NetworkError:
+        return "error"
+    return tuple(out.shape), out.dtype
+
+
+def _cases():
+    for op in P.ACTIVATION:
+        yield L.ActivationLayer, {"type": op, "alpha": 0.1, "beta": 0.2}, 1
+    for op in P.UNARY:
+        yield L.UnaryLayer, {"op": op}, 1
+    for op in P.ELEMENTWISE:
+        yield L.ElementWiseLayer, {"op": op}, 2
+    for op, axes, keep in itertools.product(L.ReduceOperation, [(-1,), (0, 1)], [False, True]):
+        yield L.ReduceLayer, {"op": op, "axes": axes, "keep_dims": keep}, 1
+
+
+@pytest.mark.parametrize("kind,params,arity", list(_cases()),
+                         ids=lambda c: str(c.KIND if isinstance(c, type) else c) if not isinstance(c, int) else "")
+def test_a_kind_with_a_shape_rule_infers_what_meta_tensors_give(kind, params, arity):
+    for shapes, dtypes in itertools.product(SHAPES, itertools.product(DTYPES, repeat=arity)):
+        shapes = shapes[:arity]
+        assert _inferred(kind, params, shapes, dtypes) == _on_meta(kind, params, shapes, dtypes), (shapes, dtypes)
+
+
+MATMUL_SHAPES = (((2, 3), (3, 4)), ((5, 2, 3), (3, 4)), ((2, 1, 2, 3), (5, 3, 4)), ((2, 3), (4, 3)), ((3,), (3, 4)),
+                 ((2, 3), (3,)), ((1, 3), (3, 1)))
+
+
+@pytest.mark.parametrize("op0,op1", list(itertools.product([L.MatrixOperation.NONE, L.MatrixOperation.TRANSPOSE],
+                                                           repeat=2)), ids=lambda o: o.value)
+@pytest.mark.parametrize("bias", [None, (4,), (1,), (2, 4), (3, 1, 1)], ids=str)
+def test_a_matrix_multiply_infers_what_meta_tensors_give(op0, op1, bias):
+    for shapes, dtype in itertools.product(MATMUL_SHAPES, (torch.float32, torch.float16, torch.int64, torch.bool)):
+        weights = None if bias is None else {"bias": torch.zeros(bias, dtype=dtype)}
+        params = {"op0": op0, "op1": op1}
+        assert _inferred(L.MatrixMultiplyLayer, params, shapes, (dtype, dtype), weights) == \
+            _on_meta(L.MatrixMultiplyLayer, params, shapes, (dtype, dtype), weights), (shapes, dtype)
+
+
+def test_compiling_a_cnn_does_not_import_torch_dynamo(tmp_path):
+    code = ("import sys, torch, torchkiln\n"
+            "from torchkiln.examples import SmallResNet\n"
+            "torchkiln.compile(SmallResNet(width=8).eval(), [torchkiln.Input((1, 3, 32, 32))])\n"
+            "print('torch._dynamo' in sys.modules)\n")
+    env = dict(os.environ, TORCHKILN_PROGRESS="0")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "False", out.stderr
