@@ -169,12 +169,21 @@ class _Emitter(Builder):
         return idx
 
     def _resplit(self, idx: Index, shape: Sequence[int], into: Sequence[int]) -> Index:
-        """The index over `into` of the element at `idx` over `shape` (both row-major over the same elements)."""
-        flat = " + ".join(f"{i} * {math.prod(shape[d + 1:])}" if math.prod(shape[d + 1:]) != 1 else i
-                          for d, i in enumerate(idx) if shape[d] != 1) or "0"
+        """The index over `into` of the element at `idx` over `shape` (both row-major over the same elements). Dims
+        the two share at the front and at the back keep their index; the dims between are flattened and re-split."""
+        head = 0
+        while head < min(len(shape), len(into)) and shape[head] == into[head]:
+            head += 1
+        tail = 0
+        while tail < min(len(shape), len(into)) - head and shape[-1 - tail] == into[-1 - tail]:
+            tail += 1
+        middle, into_middle = shape[head:len(shape) - tail], into[head:len(into) - tail]
+        flat = " + ".join(f"{i} * {math.prod(middle[d + 1:])}" if math.prod(middle[d + 1:]) != 1 else i
+                          for d, i in enumerate(idx[head:len(idx) - tail]) if middle[d] != 1) or "0"
         flat = self.index(flat)
-        return tuple("0" if n == 1 else self.index(f"({flat} // {math.prod(into[d + 1:])}) % {n}")
-                     for d, n in enumerate(into))
+        split = tuple("0" if n == 1 else self.index(f"({flat} // {math.prod(into_middle[d + 1:])}) % {n}")
+                      for d, n in enumerate(into_middle))
+        return idx[:head] + split + idx[len(idx) - tail:]
 
     def _concatenation(self, layer: L.ConcatenationLayer, idx: Index, mask: str) -> tuple[str, bool]:
         axis = layer.axis % layer.outputs[0].rank
