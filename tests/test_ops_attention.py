@@ -45,11 +45,10 @@ def attention_gqa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
 
-def test_grouped_query_attention_falls_back():
+def test_grouped_query_attention_converts():
     q = torch.randn(1, 4, 5, 8)
     kv = torch.randn(1, 2, 5, 8)
-    _, report = check_fn(attention_gqa, q, kv, kv, engines=0, torch_blocks=1)
-    assert_falls_back(report, OP, "enable_gqa")
+    check_fn(attention_gqa, q, kv, kv, engines=1, torch_blocks=0)
 
 
 def attention_dropout(q, k, v):
