@@ -1,6 +1,6 @@
 """The peers torchkiln is compared with, each a way to run one model on fixed inputs: eager PyTorch, eager
 captured in a CUDA graph, torch.compile (default, "reduce-overhead", "reduce-overhead" with Inductor's freezing),
-and torchkiln itself. Each builder returns a callable of no arguments that runs the model on the inputs; building
+ONNX Runtime run directly on `torch.onnx.export`'s graph (on the CPU), and torchkiln itself. Each builder returns a callable of no arguments that runs the model on the inputs; building
 includes the compile and the first call (torch.compile compiles at its first call)."""
 from __future__ import annotations
 
@@ -80,6 +80,31 @@ def compile_reduce_overhead_freezing(model: torch.nn.Module, inputs: Sequence[to
     return _torch_compile(model, inputs, "reduce-overhead", freezing=True)
 
 
+def ort_direct(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
+    """What a user who can export to ONNX gets without torchkiln: `torch.onnx.export` (TorchScript exporter, its
+    constant folding on) run in an ONNX Runtime CPU session with every graph optimization, on as many intra-op
+    threads as torch uses (the threads torchkiln's sessions get), inputs and outputs as numpy views."""
+    import io
+
+    import onnxruntime
+
+    if any(x.device.type != "cpu" for x in inputs):
+        raise RuntimeError(f"ort-direct runs on the CPU, not on {inputs[0].device}")
+    buffer = io.BytesIO()
+    torch.onnx.export(model, tuple(inputs), buffer, dynamo=False, opset_version=17)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    session = onnxruntime.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    if len(names) != len(inputs):  # the export drops inputs the graph does not read
+        raise RuntimeError(f"the exported graph takes {len(names)} of the model's {len(inputs)} inputs")
+    feeds = {name: x.detach().contiguous().numpy() for name, x in zip(names, inputs)}
+    first = [session.get_outputs()[0].name]
+    return lambda: torch.from_numpy(session.run(first, feeds)[0])
+
+
 def torchkiln(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
     """torchkiln.compile for Inputs of the inputs' shapes and dtypes; shape analysis (and tracing, where the model
     cannot be scripted) runs on the inputs themselves, so that a traced data-dependent branch (transformers'
@@ -96,8 +121,16 @@ PEERS: dict[str, Callable[[torch.nn.Module, Sequence[torch.Tensor], torch.dtype]
     "compile": compile_default,
     "compile-ro": compile_reduce_overhead,
     "compile-ro-freeze": compile_reduce_overhead_freezing,
+    "ort-direct": ort_direct,
     "torchkiln": torchkiln,
     "torchkiln-warm": torchkiln,  # built again after "torchkiln": the rebuild with warm timing and kernel caches
 }
-BEST_PEER_CANDIDATES = ("eager+cudagraph", "compile-ro", "compile-ro-freeze")  # "best peer": the fastest of these
+BEST_PEER_CANDIDATES = {  # by device type: the "best peer" is the fastest of these that ran
+    "cuda": ("eager+cudagraph", "compile-ro", "compile-ro-freeze"),
+    "cpu": ("ort-direct", "compile"),
+}
+DEFAULT_PEERS = {  # by device type: the peers a run compares unless told otherwise
+    "cuda": ("eager", "eager+cudagraph", "compile", "compile-ro", "compile-ro-freeze", "torchkiln", "torchkiln-warm"),
+    "cpu": ("eager", "ort-direct", "torchkiln"),
+}
 
