@@ -84,6 +84,7 @@ def ort_direct(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision
     """What a user who can export to ONNX gets without torchkiln: `torch.onnx.export` (TorchScript exporter, its
     constant folding on) run in an ONNX Runtime CPU session with every graph optimization, on as many intra-op
     threads as torch uses (the threads torchkiln's sessions get), inputs and outputs as numpy views."""
+    import contextlib
     import io
 
     import onnxruntime
@@ -91,7 +92,8 @@ def ort_direct(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision
     if any(x.device.type != "cpu" for x in inputs):
         raise RuntimeError(f"ort-direct runs on the CPU, not on {inputs[0].device}")
     buffer = io.BytesIO()
-    torch.onnx.export(model, tuple(inputs), buffer, dynamo=False, opset_version=17)
+    with contextlib.redirect_stdout(io.StringIO()):  # the exporter prints the whole graph where it fails
+        torch.onnx.export(model, tuple(inputs), buffer, dynamo=False, opset_version=17)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
     options.inter_op_num_threads = 1
