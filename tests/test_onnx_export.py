@@ -713,3 +713,14 @@ def test_gather_of_run_time_indices_never_wraps(mode, bad):
     bad_indices[-1] = bad
     with pytest.raises(Exception, match="(?i)out of|bounds|range|invalid index"):
         run_onnx(net, [torch.randn(4, 3), bad_indices.view(i.shape)])
+
+
+def test_a_global_mean_between_convolutions_is_pooled_in_onnx_runtimes_nchwc_layout(tmp_path):
+    """A mean over H and W (adaptive average pooling to 1, a squeeze-excitation's squeeze) is GlobalAveragePool,
+    which ORT runs in the NCHWc layout of the convolutions around it; a ReduceMean would stay in the optimized graph
+    with the layout reordered for it."""
+    net, example, ref = converted(small_resnet)
+    ops, session = _optimized_ops(net, tmp_path / "optimized.onnx")
+    assert "GlobalAveragePool" in ops and "ReduceMean" not in ops, sorted(ops)
+    assert_matches_eager(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: example[0].numpy()})[0]),
+                         ref)

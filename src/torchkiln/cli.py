@@ -418,7 +418,7 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
     bench.add_argument("--device", default=None, help="cpu or cuda (default: cuda where available, else cpu)")
     bench.add_argument("--iters", type=int, default=100, help="timed calls per measurement (default: %(default)s)")
     bench.add_argument("--warmup", type=int, default=10, help="untimed calls before timing (default: %(default)s)")
-    bench.add_argument("--rounds", type=int, default=5, help="--zoo: the peers' calls are timed interleaved, in this "
+    bench.add_argument("--rounds", type=int, default=10, help="--zoo: the peers' calls are timed interleaved, in this "
                        "many rounds, the order rotated each round (default: %(default)s)")
     bench.add_argument("--threads", type=int, default=None, help="--zoo: CPU threads of every peer (torch's, "
                        "ONNX Runtime's) (default: torch's number of threads)")

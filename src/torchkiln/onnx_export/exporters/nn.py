@@ -115,6 +115,13 @@ def _reduce(ctx: ExportContext, layer: L.ReduceLayer, xs: list[str]) -> str:
                                            for a in layer.axes):
         ctx.decline(f"a mean over axes {list(layer.axes)} of a dim that may be empty: NaN in torch, 0 in ONNX "
                     f"Runtime")
+    rank = layer.inputs[0].rank
+    if op == L.ReduceOperation.AVG and src == out == torch.float32 and rank >= 3 and \
+            sorted(a % rank for a in layer.axes) == list(range(2, rank)):
+        # a mean over every spatial dim is GlobalAveragePool, which ORT runs in its NCHWc layout (MLAS's pooling)
+        # between convolutions, where ReduceMean would need the layout reordered around it
+        pooled = ctx.node("GlobalAveragePool", [xs[0]])[0]
+        return pooled if keep else ctx.node("Reshape", [pooled, ctx.ints([0, 0], "shape")])[0]
     if op in _REDUCE:  # torch sums integers in int64: the cast to the output dtype comes first
         x = ctx.cast(xs[0], src, out)
         result = ctx.op(_REDUCE[op], [x, axes], out, typed=(0,), keepdims=keep)
