@@ -234,8 +234,9 @@ def test_a_busy_process_beside_the_benchmark_is_seen_as_load():
 
 
 def test_zoo_on_the_cpu_pins_threads_and_compares_with_onnx_runtime_direct(tmp_path, capsys):
-    """On the CPU the peers are eager, ONNX Runtime on torch.onnx.export's graph and torchkiln, on the threads given
-    (torch's own number restored after), each row with its spread; the ratio is torchkiln / ort-direct."""
+    """On the CPU the peers are eager, ONNX Runtime on torch.onnx.export's graph, torchkiln's own session run alone and
+    torchkiln, on the threads given (torch's own number restored after), each row with its spread; the ratio is
+    torchkiln / ort-direct, and the call's overhead is torchkiln against its own session."""
     out = tmp_path / "zoo.json"
     threads = torch.get_num_threads()
     assert main(["bench", "--zoo", "cpu", "--models", "mlp", "--batch", "2", "--device", "cpu", "--iters", "4",
@@ -244,7 +245,8 @@ def test_zoo_on_the_cpu_pins_threads_and_compares_with_onnx_runtime_direct(tmp_p
     table = capsys.readouterr().out
     assert "1 threads" in table and "ort-direct" in table and "geomean speedup of torchkiln over eager" in table
     data = json.loads(out.read_text())
-    assert data["config"]["threads"] == 1 and data["config"]["peers"] == ["eager", "ort-direct", "torchkiln"]
+    assert data["config"]["threads"] == 1
+    assert data["config"]["peers"] == ["eager", "ort-direct", "torchkiln-session", "torchkiln"]
     case, = data["cases"]
     for row in case["peers"].values():
         assert row["status"] == "ok", row
@@ -252,7 +254,7 @@ def test_zoo_on_the_cpu_pins_threads_and_compares_with_onnx_runtime_direct(tmp_p
         assert row["max_abs_error"] <= 1e-4 * row["max_abs_reference"]
     assert case["best_peer"] == "ort-direct" and case["ratio"] == pytest.approx(
         case["peers"]["torchkiln"]["ms"] / case["peers"]["ort-direct"]["ms"])
-    assert 0.0 <= case["other_load"] <= 1.0
+    assert 0.0 <= case["other_load"] <= 1.0 and "call_overhead_us" in case and "call over its" in table
     assert main(["bench", "--zoo", "cpu", "--models", "mlp", "--device", "cpu", "--threads", "999"]) == 2
     assert "threads must be in [1, " in capsys.readouterr().err
 

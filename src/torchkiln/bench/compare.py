@@ -159,6 +159,9 @@ def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.
             case["ratio"] = ok["torchkiln"]["ms"] / ok[best]["ms"]
             if "latency_ms" in ok[best]:  # the fastest calls' ratio: what a burst of load on a shared machine spares
                 case["ratio_of_min"] = ok["torchkiln"]["latency_ms"]["min"] / ok[best]["latency_ms"]["min"]
+        if "torchkiln-session" in ok:  # what the module's call adds to its session's run, fastest calls compared
+            case["call_overhead_us"] = (ok["torchkiln"]["latency_ms"]["min"] -
+                                        ok["torchkiln-session"]["latency_ms"]["min"]) * 1e3
         if "eager" in ok:
             case["speedup_over_eager"] = ok["eager"]["ms"] / ok["torchkiln"]["ms"]
     return case
@@ -398,6 +401,10 @@ def format_table(result: dict[str, Any]) -> str:
                   for c in profiled]
     if failures:
         lines += ["", "failed:"] + failures
+    overheads = [f"  {c['model']} batch {c['batch']}: {c['call_overhead_us']:.1f} us" for c in result["cases"]
+                 if "call_overhead_us" in c]
+    if overheads:
+        lines += ["", "torchkiln's call over its ONNX Runtime session's run alone (fastest calls):"] + overheads
     loaded = [f"  {c['model']} batch {c['batch']}: {c['warning']}" for c in result["cases"] if "warning" in c]
     if loaded:
         lines += ["", "timed on a loaded machine (compare these with care):"] + loaded
