@@ -39,10 +39,11 @@ def time_calls(fn: Callable[[], object], device: torch.device, iters: int, warmu
 
 
 def time_interleaved(runners: Mapping[str, Callable[[], object]], device: torch.device, iters: int, warmup: int,
-                     rounds: int = 5) -> dict[str, list[float]]:
+                     rounds: int = 5, settle_s: float = 0.05) -> dict[str, list[float]]:
     """Milliseconds of `iters` calls of each runner (at least one per round), after `warmup` untimed calls of each:
     in `rounds` rounds, each runner's share of calls in turn, the order rotated every round, so that no runner
-    has the machine's quiet (or busy) moments to itself."""
+    has the machine's quiet (or busy) moments to itself. On the CPU each share starts after `settle_s` seconds
+    (the previous runner's spinning worker threads, ONNX Runtime's or OpenMP's, go idle) and one untimed call."""
     if iters < 1 or rounds < 1:
         raise ValueError(f"iters and rounds must be >= 1, got {iters} and {rounds}")
     names = list(runners)
@@ -53,6 +54,9 @@ def time_interleaved(runners: Mapping[str, Callable[[], object]], device: torch.
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
+            if device.type == "cpu" and len(names) > 1:
+                time.sleep(settle_s)
+                runners[name]()
             times[name] += time_calls(runners[name], device, per_round, 0)
     return times
 
