@@ -724,3 +724,22 @@ def test_a_global_mean_between_convolutions_is_pooled_in_onnx_runtimes_nchwc_lay
     assert "GlobalAveragePool" in ops and "ReduceMean" not in ops, sorted(ops)
     assert_matches_eager(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: example[0].numpy()})[0]),
                          ref)
+
+
+@pytest.mark.parametrize("groups,channels,affine", [(4, 16, True), (16, 16, True), (2, 8, False)])
+def test_group_norm_reaches_onnx_runtime_as_one_instance_norm(tmp_path, groups, channels, affine):
+    """ORT has no CPU kernel for GroupNormalization and runs its function body (a dozen ops with shape arithmetic):
+    a group norm is exported as InstanceNormalization over [N, groups, rest] and the per-channel affine."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, channels, 3), torch.nn.GroupNorm(groups, channels, affine=affine),
+                                torch.nn.SiLU()).eval()
+    if affine:
+        with torch.no_grad():
+            model[1].weight.uniform_(0.5, 1.5)
+            model[1].bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 3, 10, 10)
+    ops, session = _optimized_ops(_engine_network(model, [x]), tmp_path / "optimized.onnx")
+    assert "InstanceNormalization" in ops and not {"GroupNormalization", "ReduceMean", "Sqrt"} & set(ops), ops
+    with torch.no_grad():
+        ref = model(x)
+    assert_matches_eager(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]), ref)

@@ -162,6 +162,9 @@ def _softmax(ctx: ExportContext, layer: L.SoftMaxLayer, xs: list[str]) -> str:
 def _normalization(ctx: ExportContext, layer: L.NormalizationLayer, xs: list[str]) -> str:
     x, dt = layer.inputs[0], layer.inputs[0].dtype
     scale, bias = layer.weights.get("scale"), layer.weights.get("bias")
+    if layer.kind == L.NormalizationKind.GROUP and x.rank >= 3 and dt in (torch.float32, torch.float16) and \
+            not is_symbolic(x.shape[1]) and all(decide("eq", d, 0) is False for d in x.shape):
+        return _group_norm_as_instance_norm(ctx, layer, xs[0])
     if layer.kind == L.NormalizationKind.LAYER:
         op_type, shape = "LayerNormalization", layer.normalized_shape
         attrs = dict(axis=x.rank - len(shape))
@@ -179,6 +182,30 @@ def _normalization(ctx: ExportContext, layer: L.NormalizationLayer, xs: list[str
         inputs.append(ctx.constant((bias if bias is not None else torch.zeros(shape)).reshape(shape).to(compute),
                                    "bias"))
     return ctx.cast(ctx.node(op_type, inputs, epsilon=layer.epsilon, **attrs)[0], compute, dt)
+
+
+def _group_norm_as_instance_norm(ctx: ExportContext, layer: L.NormalizationLayer, x: str) -> str:
+    """Group norm as ORT runs it fast: InstanceNormalization over [N, groups, rest] (one kernel), then the
+    per-channel scale and bias. ORT 1.32 has no CPU kernel for GroupNormalization and runs its function body, a
+    dozen ops with shape arithmetic."""
+    t, dt = layer.inputs[0], layer.inputs[0].dtype
+    channels, groups = t.shape[1], layer.num_groups
+    ones = ctx.constant(torch.ones(groups, dtype=dt), "scale")
+    zeros = ctx.constant(torch.zeros(groups, dtype=dt), "bias")
+    if groups == channels:  # one channel per group: the input as it is, and the affine in the instance norm
+        scale, bias = layer.weights.get("scale"), layer.weights.get("bias")
+        ones = ctx.constant((scale if scale is not None else torch.ones(groups)).reshape(groups).to(dt), "scale")
+        zeros = ctx.constant((bias if bias is not None else torch.zeros(groups)).reshape(groups).to(dt), "bias")
+        return ctx.op("InstanceNormalization", [x, ones, zeros], dt, epsilon=layer.epsilon)
+    grouped = ctx.node("Reshape", [x, ctx.ints([0, groups, -1], "shape")])[0]
+    normed = ctx.op("InstanceNormalization", [grouped, ones, zeros], dt, epsilon=layer.epsilon)
+    y = ctx.node("Reshape", [normed, ctx.node("Shape", [x])[0]])[0]
+    per_channel = (channels,) + (1,) * (t.rank - 2)
+    if "scale" in layer.weights:
+        y = ctx.op("Mul", [y, ctx.constant(layer.weights["scale"].reshape(per_channel).to(dt), "scale")], dt)
+    if "bias" in layer.weights:
+        y = ctx.op("Add", [y, ctx.constant(layer.weights["bias"].reshape(per_channel).to(dt), "bias")], dt)
+    return y
 
 
 @exporter(L.EinsumLayer)
