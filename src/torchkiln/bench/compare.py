@@ -2,8 +2,9 @@
 
 For each model and batch size, in one process, on the same inputs and precision, each peer (peers.py) is built
 (wall clock of compile + first call), checked against fp32 eager (cosine similarity, max abs error; TF32 off for
-the reference) and timed (median of many calls after a warm-up). The "best peer" of a case is the fastest of
-BEST_PEER_CANDIDATES; the result holds the ratio torchkiln / best peer per case and its geomean over the cases.
+the reference) and timed (median and spread of many calls after a warm-up; on the CPU all peers interleaved in
+rounds on the same threads, with the load other processes put on the machine meanwhile). The "best peer" of a
+case is the fastest of BEST_PEER_CANDIDATES of the device; the result holds the ratio torchkiln / best peer per case and its geomean over the cases.
 A peer that fails is recorded with its one-line reason; a model that cannot be built is skipped with its reason.
 A model list can be run in chunks (`zoo_models(..., chunk="K/N")`, one call each) and their results merged
 (`merge_results`) into one.
@@ -123,32 +124,41 @@ def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.
         reference = models[torch.float32](*inputs).float().clone()  # true fp32
     run_inputs = [x.to(precision) if x.is_floating_point() else x for x in inputs]
     case: dict[str, Any] = {"model": model_name, "source": zoo_model.source, "batch": batch, "peers": {}}
-    runners: dict[str, Callable[[], Any]] = {}
-    lost = None
-    for name in peers:
+    # On the CPU every peer is built, then all are timed interleaved (host load falls on all alike); on CUDA (CUDA
+    # events time the device, and models may be large) each peer is built, timed and freed in turn.
+    groups = [list(peers)] if device.type == "cpu" else [[name] for name in peers]
+    loads, lost = [], None
+    for group in groups:
+        runners: dict[str, Callable[[], Any]] = {}
+        for name in group:
+            if lost:
+                row, run = {"peer": name, "status": "failed", "reason": lost}, None
+            else:
+                row, run = _build(name, models[precision], run_inputs, precision, reference)
+                if run is None and (error := cuda_context_error(device)):
+                    lost = f"not run: the CUDA context is unusable after {name} failed ({error})"
+            case["peers"][name] = row
+            if run is not None:
+                runners[name] = run
+            else:
+                progress(f"  {model_name} batch {batch} {name}: failed ({row['reason']})")
         if lost:
-            row, run = {"peer": name, "status": "failed", "reason": lost}, None
-        else:
-            row, run = _build(name, models[precision], run_inputs, precision, reference)
-            if run is None and (error := cuda_context_error(device)):
-                lost = f"not run: the CUDA context is unusable after {name} failed ({error})"
-        case["peers"][name] = row
-        if run is not None:
-            runners[name] = run
-        else:
-            progress(f"  {model_name} batch {batch} {name}: failed ({row['reason']})")
-    if runners and not lost:
-        case["other_load"] = _time_peers(runners, case["peers"], device, batch, iters, warmup, rounds, profile)
-        eager = case["peers"].get("eager", {})
-        if warning := load_warning(case["other_load"], eager.get("spread")):
+            for name in runners:
+                case["peers"][name].update(status="failed", reason=lost)
+        elif runners:
+            loads.append(_time_peers(runners, case["peers"], device, batch, iters, warmup, rounds, profile))
+        del runners
+        if device.type == "cuda" and not lost:
+            torch.cuda.empty_cache()
+    if loads:
+        case["other_load"] = max(loads)
+        if warning := load_warning(case["other_load"], case["peers"].get("eager", {}).get("spread")):
             case["warning"] = warning
             logger.warning("%s batch %d: %s", model_name, batch, warning)
     for name, row in case["peers"].items():
-        if row.get("status") == "ok":
+        if row["status"] == "ok":
             progress(f"  {model_name} batch {batch} {name}: {row['ms']:.3f} ms (IQR {row['spread']:.0%}), build "
                      f"{row['build_s']:.1f} s, cosine {row['cosine']:.6f}")
-    if device.type == "cuda" and not lost:
-        torch.cuda.empty_cache()
     ok = {n: r for n, r in case["peers"].items() if r["status"] == "ok"}
     best = min((n for n in BEST_PEER_CANDIDATES[device.type] if n in ok), key=lambda n: ok[n]["ms"], default=None)
     if best is not None:
