@@ -743,3 +743,13 @@ def test_group_norm_reaches_onnx_runtime_as_one_instance_norm(tmp_path, groups, 
     with torch.no_grad():
         ref = model(x)
     assert_matches_eager(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]), ref)
+
+
+def test_max_pooling_is_guarded_by_one_sum_over_its_input(tmp_path):
+    """The exact NaN and -inf windows of max pooling are computed in one branch, taken where the input's sum is NaN
+    or -inf: no second guard reading the pooled output (the windows themselves: tests/test_ops_convolution.py)."""
+    net, example, ref = converted(small_resnet)
+    ops, session = _optimized_ops(net, tmp_path / "optimized.onnx")
+    assert ops.count("If") == 1 and ops.count("ReduceSum") == 1, sorted(ops)
+    assert_matches_eager(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: example[0].numpy()})[0]),
+                         ref)

@@ -48,16 +48,16 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
         result = ctx.op("MaxPool", xs, dt, **attrs)
         if not dt.is_floating_point:
             return result
-        # torch's max pooling propagates NaN, ONNX Runtime's MaxPool skips it: a window holding NaN is made NaN,
-        # computed only where the input holds NaN (its sum is NaN then; inf - inf runs it for nothing)
-        any_nan = ctx.op("IsNaN", [ctx.op("ReduceSum", xs, dt, keepdims=0)], dt, typed_outputs=())
-        result = ctx.branch(any_nan, dt, lambda: _nan_windows(ctx, xs[0], result, dt, attrs), result)
-        # its 3-d MaxPool gives the dtype's lowest value, not -inf, for a window of -inf only: computed only where
-        # the lowest value comes out
-        lowest = ctx.scalar(torch.finfo(dt).min, dt)
-        lows = ctx.cast(ctx.op("Equal", [result, lowest], dt, typed_outputs=()), torch.bool, torch.int64)
-        at_lowest = ctx.node("Greater", [ctx.node("ReduceSum", [lows], keepdims=0)[0], ctx.scalar(0, torch.int64)])[0]
-        return ctx.branch(at_lowest, dt, lambda: _minus_inf_windows(ctx, xs[0], result, dt, attrs), result)
+        # torch's max pooling propagates NaN, ONNX Runtime's MaxPool skips it; and for a window of -inf only it gives
+        # the dtype's lowest value. Both are fixed in a branch that runs only where the input holds NaN or -inf: its
+        # sum is NaN or -inf then (and at worst, where finite values overflow, the exact branch runs for nothing).
+        # One sum over the input and one If, where two guards read the input and the output (a sum, an Equal, a
+        # second sum and a second If).
+        total = ctx.op("ReduceSum", xs, dt, keepdims=0)
+        special = ctx.node("Or", [ctx.op("IsNaN", [total], dt, typed_outputs=()),
+                                  ctx.op("Equal", [total, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())])[0]
+        return ctx.branch(special, dt, lambda: _minus_inf_windows(
+            ctx, xs[0], _nan_windows(ctx, xs[0], result, dt, attrs), dt, attrs), result)
     if layer.ceil_mode and _overhangs(layer):
         ctx.decline("average pooling with ceil_mode=True whose last window passes the padding: ONNX Runtime "
                     "divides it by another count than torch")
