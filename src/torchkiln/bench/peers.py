@@ -1,10 +1,14 @@
 """The peers torchkiln is compared with, each a way to run one model on fixed inputs: eager PyTorch, eager
 captured in a CUDA graph, torch.compile (default, "reduce-overhead", "reduce-overhead" with Inductor's freezing),
-ONNX Runtime run directly on `torch.onnx.export`'s graph (on the CPU), and torchkiln itself. Each builder returns a callable of no arguments that runs the model on the inputs; building
-includes the compile and the first call (torch.compile compiles at its first call)."""
+ONNX Runtime run directly on `torch.onnx.export`'s graph (on the CPU), and torchkiln itself (and its own ONNX
+Runtime session run alone). Each builder returns a callable of no arguments that runs the model on the inputs;
+building includes the compile and the first call (torch.compile compiles at its first call)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -80,11 +84,24 @@ def compile_reduce_overhead_freezing(model: torch.nn.Module, inputs: Sequence[to
     return _torch_compile(model, inputs, "reduce-overhead", freezing=True)
 
 
+@contextlib.contextmanager
+def _stdout_silenced() -> Iterator[None]:
+    """File descriptor 1 to /dev/null meanwhile (what C++ code writes too)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def ort_direct(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
     """What a user who can export to ONNX gets without torchkiln: `torch.onnx.export` (TorchScript exporter, its
     constant folding on) run in an ONNX Runtime CPU session with every graph optimization, on as many intra-op
     threads as torch uses (the threads torchkiln's sessions get), inputs and outputs as numpy views."""
-    import contextlib
     import io
 
     import onnxruntime
@@ -92,7 +109,7 @@ def ort_direct(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision
     if any(x.device.type != "cpu" for x in inputs):
         raise RuntimeError(f"ort-direct runs on the CPU, not on {inputs[0].device}")
     buffer = io.BytesIO()
-    with contextlib.redirect_stdout(io.StringIO()):  # the exporter prints the whole graph where it fails
+    with _stdout_silenced():  # where it fails, the exporter prints the whole graph (from C++)
         torch.onnx.export(model, tuple(inputs), buffer, dynamo=False, opset_version=17)
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = torch.get_num_threads()
