@@ -169,7 +169,8 @@ def test_chunks_merge_into_one_table(tmp_path, capsys):
     merged = str(tmp_path / "merged.json")
     assert main(["bench", "--merge", *paths, "--json", merged]) == 0
     table = capsys.readouterr().out
-    assert sum(line.startswith("small_mobilenet") for line in table.splitlines()) == 2 and "geomean ratio torchkiln / best peer: 1.000 over 2 case(s)" in table
+    assert sum(line.startswith("small_mobilenet") for line in table.splitlines()) == 2
+    assert "geomean ratio torchkiln / best peer: 1.000 over 2 case(s)" in table
     data = json.loads(open(merged).read())
     assert [c["model"] for c in data["cases"]] == data["config"]["models"] == ["mlp", "small_mobilenet"]
     assert data["geomean_ratio"] == pytest.approx(1.0) and data["config"]["merged_from"] == paths
@@ -222,7 +223,8 @@ def test_a_busy_process_beside_the_benchmark_is_seen_as_load():
 
     from torchkiln.bench.timing import LoadMeter, load_warning
 
-    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 5\nwhile time.time() < end: pass"])
+    spin = "import time\nend = time.time() + 5\nwhile time.time() < end: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
     try:
         time.sleep(0.2)
         load = LoadMeter().start().stop()

@@ -4,10 +4,10 @@ For each model and batch size, in one process, on the same inputs and precision,
 (wall clock of compile + first call), checked against fp32 eager (cosine similarity, max abs error; TF32 off for
 the reference) and timed (median and spread of many calls after a warm-up; on the CPU all peers interleaved in
 rounds on the same threads, with the load other processes put on the machine meanwhile). The "best peer" of a
-case is the fastest of BEST_PEER_CANDIDATES of the device; the result holds the ratio torchkiln / best peer per case and its geomean over the cases.
-A peer that fails is recorded with its one-line reason; a model that cannot be built is skipped with its reason.
-A model list can be run in chunks (`zoo_models(..., chunk="K/N")`, one call each) and their results merged
-(`merge_results`) into one.
+case is the fastest of BEST_PEER_CANDIDATES of the device; the result holds the ratio torchkiln / best peer per
+case and its geomean over the cases. A peer that fails is recorded with its one-line reason; a model that cannot
+be built is skipped with its reason. A model list can be run in chunks (`zoo_models(..., chunk="K/N")`, one call
+each) and their results merged (`merge_results`) into one.
 """
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ from torchkiln.runtime.engine import usable_cores
 logger = logging.getLogger("torchkiln.bench")
 
 DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "vit_b_16", "bert-base")
-ZOO_SETS = {"default": DEFAULT_MODELS, "wide": WIDE, "cpu": CPU, "blocks": tuple(BLOCKS)}  # `bench --zoo [SET]`, `--blocks`
+# `bench --zoo [SET]`, `--blocks`
+ZOO_SETS = {"default": DEFAULT_MODELS, "wide": WIDE, "cpu": CPU, "blocks": tuple(BLOCKS)}
 PROFILE_ITERS = 10  # calls profiled per case with --profile
 
 
