@@ -30,6 +30,7 @@ import torch
 import transformers
 
 import torchkiln
+from torchkiln.bench.timing import time_interleaved as interleaved
 from torchkiln.examples import mobilenet_v2, resnet18
 from torchkiln.examples.zoo import LastHiddenState
 
@@ -116,19 +117,10 @@ def prepare(name: str, peer: str, model: torch.nn.Module, example: list[torch.Te
 
 
 def time_interleaved(fns: dict[str, Callable[[], object]], runs: int, rounds: int = 10) -> dict[str, float]:
-    """Median ms of each callable over `runs` calls, taken in `rounds` round-robin slices so that a change of
-    load on the machine falls on every peer alike."""
-    times: dict[str, list[float]] = {peer: [] for peer in fns}
+    """Median ms of each callable over `runs` calls, taken round-robin (torchkiln.bench.timing.time_interleaved)."""
     with torch.inference_mode():
-        for _ in range(rounds):
-            for peer, fn in fns.items():
-                time.sleep(0.05)  # let the previous peer's spinning worker threads (OpenMP, ORT) go idle
-                fn()  # untimed: the first call after another peer's
-                for _ in range(max(1, runs // rounds)):
-                    start = time.perf_counter()
-                    fn()
-                    times[peer].append(time.perf_counter() - start)
-    return {peer: 1e3 * statistics.median(t) for peer, t in times.items()}
+        times = interleaved(fns, torch.device("cpu"), runs, 0, rounds)
+    return {peer: statistics.median(t) for peer, t in times.items()}
 
 
 def table(rows: list[dict[str, object]]) -> str:

@@ -12,7 +12,7 @@ import torchkiln
 from torchkiln.cli import main
 from torchkiln.examples import MLP
 
-LATENCY_KEYS = {"p50", "p90", "p99", "mean", "min", "max"}
+LATENCY_KEYS = {"p25", "p75", "p50", "p90", "p99", "mean", "min", "max"}
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +169,8 @@ def test_chunks_merge_into_one_table(tmp_path, capsys):
     merged = str(tmp_path / "merged.json")
     assert main(["bench", "--merge", *paths, "--json", merged]) == 0
     table = capsys.readouterr().out
-    assert table.count("small_mobilenet") == 2 and "geomean ratio torchkiln / best peer: 1.000 over 2 case(s)" in table
+    assert sum(line.startswith("small_mobilenet") for line in table.splitlines()) == 2
+    assert "geomean ratio torchkiln / best peer: 1.000 over 2 case(s)" in table
     data = json.loads(open(merged).read())
     assert [c["model"] for c in data["cases"]] == data["config"]["models"] == ["mlp", "small_mobilenet"]
     assert data["geomean_ratio"] == pytest.approx(1.0) and data["config"]["merged_from"] == paths
@@ -201,3 +202,68 @@ def test_every_generated_kernel_is_classed_generated():
     names = [n for source in sources for n in re.findall(r"@triton\.jit\ndef (\w+)\(", source) if not n.startswith("_")]
     assert "rows_split_apply_kernel" in names
     assert {n: classify_kernel(n) for n in names} == {n: "generated" for n in names}
+
+
+def test_peers_are_timed_interleaved_in_rotating_rounds():
+    """Every round runs each peer's share of calls in turn, the order rotated, after each peer's warm-up; on the CPU
+    each share starts with an untimed call."""
+    from torchkiln.bench.timing import time_interleaved
+
+    calls = []
+    runners = {name: (lambda name=name: calls.append(name)) for name in "abc"}
+    times = time_interleaved(runners, torch.device("cpu"), iters=6, warmup=1, rounds=3, settle_s=0)
+    assert calls == ["a", "b", "c"] + ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["b"] * 3 + ["c"] * 3 + ["a"] * 3 + \
+        ["c"] * 3 + ["a"] * 3 + ["b"] * 3
+    assert {n: len(t) for n, t in times.items()} == {"a": 6, "b": 6, "c": 6}
+
+
+def test_a_busy_process_beside_the_benchmark_is_seen_as_load():
+    """A process spinning on one core while the benchmark waits is other processes' load; the warning says so."""
+    import time
+
+    from torchkiln.bench.timing import LoadMeter, load_warning
+
+    spin = "import time\nend = time.time() + 5\nwhile time.time() < end: pass"
+    spinner = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.2)
+        load = LoadMeter().start().stop()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert 0.25 < load <= 1.0
+    assert "other processes used" in load_warning(load) and load_warning(0.0) is None
+    assert "interquartile range is 40%" in load_warning(0.0, spread=0.4)
+
+
+def test_zoo_on_the_cpu_pins_threads_and_compares_with_onnx_runtime_direct(tmp_path, capsys):
+    """On the CPU the peers are eager, ONNX Runtime on torch.onnx.export's graph, torchkiln's own session run alone and
+    torchkiln, on the threads given (torch's own number restored after), each row with its spread; the ratio is
+    torchkiln / ort-direct, and the call's overhead is torchkiln against its own session."""
+    out = tmp_path / "zoo.json"
+    threads = torch.get_num_threads()
+    assert main(["bench", "--zoo", "cpu", "--models", "mlp", "--batch", "2", "--device", "cpu", "--iters", "4",
+                 "--rounds", "2", "--warmup", "1", "--threads", "1", "--sources", "bundled", "--json", str(out)]) == 0
+    assert torch.get_num_threads() == threads
+    table = capsys.readouterr().out
+    assert "1 threads" in table and "ort-direct" in table and "geomean speedup of torchkiln over eager" in table
+    data = json.loads(out.read_text())
+    assert data["config"]["threads"] == 1
+    assert data["config"]["peers"] == ["eager", "ort-direct", "torchkiln-session", "torchkiln"]
+    case, = data["cases"]
+    for row in case["peers"].values():
+        assert row["status"] == "ok", row
+        assert row["latency_ms"]["p25"] <= row["ms"] <= row["latency_ms"]["p75"] and row["spread"] >= 0
+        assert row["max_abs_error"] <= 1e-4 * row["max_abs_reference"]
+    assert case["best_peer"] == "ort-direct" and case["ratio"] == pytest.approx(
+        case["peers"]["torchkiln"]["ms"] / case["peers"]["ort-direct"]["ms"])
+    assert 0.0 <= case["other_load"] <= 1.0 and "call_overhead_us" in case and "call over its" in table
+    assert main(["bench", "--zoo", "cpu", "--models", "mlp", "--device", "cpu", "--threads", "999"]) == 2
+    assert "threads must be in [1, " in capsys.readouterr().err
+
+
+def test_the_cpu_zoo_has_a_dozen_model_families():
+    from torchkiln.examples.zoo import CPU
+
+    assert len(CPU) >= 12 and {"mlp-mixer-64", "regnet_y_400mf-96", "bert-mini", "gpt2-mini", "wav2vec2-mini"} <= \
+        set(CPU)

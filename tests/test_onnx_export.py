@@ -713,3 +713,43 @@ def test_gather_of_run_time_indices_never_wraps(mode, bad):
     bad_indices[-1] = bad
     with pytest.raises(Exception, match="(?i)out of|bounds|range|invalid index"):
         run_onnx(net, [torch.randn(4, 3), bad_indices.view(i.shape)])
+
+
+def test_a_global_mean_between_convolutions_is_pooled_in_onnx_runtimes_nchwc_layout(tmp_path):
+    """A mean over H and W (adaptive average pooling to 1, a squeeze-excitation's squeeze) is GlobalAveragePool,
+    which ORT runs in the NCHWc layout of the convolutions around it; a ReduceMean would stay in the optimized graph
+    with the layout reordered for it."""
+    net, example, ref = converted(small_resnet)
+    ops, session = _optimized_ops(net, tmp_path / "optimized.onnx")
+    assert "GlobalAveragePool" in ops and "ReduceMean" not in ops, sorted(ops)
+    assert_matches_eager(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: example[0].numpy()})[0]),
+                         ref)
+
+
+@pytest.mark.parametrize("groups,channels,affine", [(4, 16, True), (16, 16, True), (2, 8, False)])
+def test_group_norm_reaches_onnx_runtime_as_one_instance_norm(tmp_path, groups, channels, affine):
+    """ORT has no CPU kernel for GroupNormalization and runs its function body (a dozen ops with shape arithmetic):
+    a group norm is exported as InstanceNormalization over [N, groups, rest] and the per-channel affine."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, channels, 3), torch.nn.GroupNorm(groups, channels, affine=affine),
+                                torch.nn.SiLU()).eval()
+    if affine:
+        with torch.no_grad():
+            model[1].weight.uniform_(0.5, 1.5)
+            model[1].bias.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 3, 10, 10)
+    ops, session = _optimized_ops(_engine_network(model, [x]), tmp_path / "optimized.onnx")
+    assert "InstanceNormalization" in ops and not {"GroupNormalization", "ReduceMean", "Sqrt"} & set(ops), ops
+    with torch.no_grad():
+        ref = model(x)
+    assert_matches_eager(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]), ref)
+
+
+def test_max_pooling_is_guarded_by_one_sum_over_its_input(tmp_path):
+    """The exact NaN and -inf windows of max pooling are computed in one branch, taken where the input's sum is NaN
+    or -inf: no second guard reading the pooled output (the windows themselves: tests/test_ops_convolution.py)."""
+    net, example, ref = converted(small_resnet)
+    ops, session = _optimized_ops(net, tmp_path / "optimized.onnx")
+    assert ops.count("If") == 1 and ops.count("ReduceSum") == 1, sorted(ops)
+    assert_matches_eager(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: example[0].numpy()})[0]),
+                         ref)

@@ -68,7 +68,44 @@ def diffusion_block():
     return DiffusionBlock(64, heads=4, groups=16), [torch.randn(2, 64, 8, 8)]
 
 
-@pytest.mark.parametrize("build", [bert, gpt2, distilbert, t5_encoder, vit, resnet, mobilenet, unet, diffusion_block],
+def electra():
+    config = transformers.ElectraConfig(vocab_size=1000, embedding_size=32, hidden_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, intermediate_size=128, max_position_embeddings=64)
+    return transformers.ElectraModel(config), [_ids(), _mask()]
+
+
+def wav2vec2():
+    config = transformers.Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=128, conv_dim=(32,) * 7, num_conv_pos_embeddings=16)
+    return transformers.Wav2Vec2Model(config), [torch.randn(2, 1600)]
+
+
+def regnet_y():
+    from torchkiln.examples.cpu_models import RegNetY
+
+    return RegNetY((1, 2), (16, 32), group_width=8, num_classes=10), [torch.randn(2, 3, 32, 32)]
+
+
+def mobilenet_v3_small():
+    from torchkiln.examples.cpu_models import MobileNetV3Small
+
+    return MobileNetV3Small(num_classes=10), [torch.randn(2, 3, 32, 32)]
+
+
+def convnext():
+    from torchkiln.examples.cpu_models import ConvNeXt
+
+    return ConvNeXt((1, 1), (16, 32), num_classes=10), [torch.randn(2, 3, 32, 32)]
+
+
+def mlp_mixer():
+    from torchkiln.examples.cpu_models import MLPMixer
+
+    return MLPMixer(32, 8, 32, 2, 16, 64, num_classes=10), [torch.randn(2, 3, 32, 32)]
+
+
+@pytest.mark.parametrize("build", [bert, gpt2, distilbert, t5_encoder, vit, electra, wav2vec2, resnet, mobilenet, unet,
+                                   diffusion_block, regnet_y, mobilenet_v3_small, convnext, mlp_mixer],
                          ids=lambda f: f.__name__)
 def test_zoo_model_is_one_engine_and_matches_eager(build):
     model, example = build()

@@ -72,12 +72,15 @@ def _log_level(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from torchkiln.demo import run_demo
 
-    r = run_demo(args.model, args.device, args.iters)
-    print(f"torchkiln demo: {r.model} on {r.device}, compiled in {r.compile_seconds:.2f}s")
-    print(f"  eager PyTorch : {r.eager_ms:8.3f} ms (median of {args.iters})")
-    print(f"  torchkiln     : {r.engine_ms:8.3f} ms   speedup x{r.speedup:.2f}")
+    r = run_demo(args.model, args.device, args.iters, threads=args.threads)
+    print(f"torchkiln demo: {r.model} on {r.device} ({r.threads} threads), compiled in {r.compile_seconds:.2f}s")
+    print(f"  eager PyTorch : {r.eager_ms:8.3f} ms ±{r.eager_spread / 2:.0%} (median of {args.iters}, ± half the "
+          f"interquartile range; interleaved with torchkiln's calls)")
+    print(f"  torchkiln     : {r.engine_ms:8.3f} ms ±{r.engine_spread / 2:.0%}   speedup x{r.speedup:.2f}")
     print(f"  max abs error : {r.max_abs_error:.3e}  (max |eager| {r.max_abs_reference:.3e}, "
           f"relative {r.max_abs_error / max(r.max_abs_reference, 1e-30):.1e})")
+    if r.warning:
+        print(f"  warning       : {r.warning}; the speedup may not hold on a quiet machine")
     return 0
 
 
@@ -208,8 +211,9 @@ def _bench(args: argparse.Namespace) -> int:
                 result = compare.run_comparison(
                     compare.zoo_models("blocks" if args.blocks else args.zoo, args.models, args.chunk),
                     [int(b) for b in args.batch.split(",")], device, options.bench_precision(args.precision, device),
-                    args.iters, args.warmup, args.peers.split(","), args.sources.split(","),
-                    progress=lambda line: print(line, file=sys.stderr, flush=True), profile=args.profile)
+                    args.iters, args.warmup, args.peers.split(",") if args.peers else None, args.sources.split(","),
+                    progress=lambda line: print(line, file=sys.stderr, flush=True), profile=args.profile,
+                    threads=args.threads, rounds=args.rounds)
             print(compare.format_table(result))
             if args.png:
                 chart.write_png(result, args.png)
@@ -266,6 +270,8 @@ def build_parser(words: Collection[str] | None = None) -> argparse.ArgumentParse
     demo.add_argument("--model", choices=["resnet", "mlp"], default="resnet", help="which bundled model")
     demo.add_argument("--device", default="cpu", help="cpu or cuda")
     demo.add_argument("--iters", type=int, default=20, help="timed runs of each (the median is shown)")
+    demo.add_argument("--threads", type=int, default=None, help="CPU threads of eager and the engine alike "
+                      "(default: torch's number of threads)")
     demo.set_defaults(fn=_demo)
     compile_command.add_parser(sub, parents=[_verbosity()])
     info = sub.add_parser("info", parents=[_verbosity()], help="describe an engine file or the engines in a saved "
@@ -362,7 +368,7 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
     if not flags:
         return
     from torchkiln.bench.compare import ZOO_SETS
-    from torchkiln.bench.peers import PEERS
+    from torchkiln.bench.peers import DEFAULT_PEERS, PEERS
     from torchkiln.examples.zoo import SOURCES
 
     bench.add_argument("model", nargs="?", metavar="MODEL.ts", help="a saved TorchScript module (torch.jit.save): "
@@ -384,7 +390,10 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
                        ", ".join(ZOO_SETS["default"]) + "), wide (16 real models at their real sizes: CNNs with "
                        "depthwise, grouped and ConvNeXt convolutions, Swin, segmentation, an FPN backbone, DeiT, a "
                        "diffusion block, RoBERTa, T5's encoder, GPT-2, Llama and Qwen2 decoders; "
-                       "torchkiln.examples.zoo.WIDE) or blocks (= --blocks)")
+                       "torchkiln.examples.zoo.WIDE), cpu (13 real models at CPU sizes: ResNet, RegNet, MobileNet "
+                       "V2/V3, ConvNeXt and MLP-Mixer built in code, BERT, ELECTRA, DistilBERT, GPT-2, ViT, wav2vec2 "
+                       "and Whisper's encoder from transformers configs; torchkiln.examples.zoo.CPU) or blocks "
+                       "(= --blocks)")
     bench.add_argument("--blocks", action="store_true", help="--zoo on generic blocks of real models (RMSNorm + "
                        "SwiGLU, ConvNeXt, GroupNorm ResBlock, attention by hand, squeeze-excitation, LayerNorm MLP: "
                        "torchkiln.examples.blocks); --batch scales their inputs")
@@ -398,8 +407,9 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
                        "--zoo runs on one machine (with --json, write the merged result)")
     bench.add_argument("--batch", default="1,32", help="--zoo: comma-separated batch sizes, each capped at a model's "
                        "largest (the wide set's LLMs: 8) (default: %(default)s)")
-    bench.add_argument("--peers", default=",".join(PEERS),
-                       help="--zoo: comma-separated peers to run (default: %(default)s)")
+    bench.add_argument("--peers", default=None, help=f"--zoo: comma-separated peers to run, of {', '.join(PEERS)} "
+                       f"(default: {', '.join(DEFAULT_PEERS['cuda'])} on cuda; {', '.join(DEFAULT_PEERS['cpu'])} on "
+                       "cpu)")
     bench.add_argument("--sources", default=",".join(SOURCES),
                        help="--zoo: where models come from, first that has the model and is installed wins "
                        "(default: %(default)s)")
@@ -408,6 +418,10 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
     bench.add_argument("--device", default=None, help="cpu or cuda (default: cuda where available, else cpu)")
     bench.add_argument("--iters", type=int, default=100, help="timed calls per measurement (default: %(default)s)")
     bench.add_argument("--warmup", type=int, default=10, help="untimed calls before timing (default: %(default)s)")
+    bench.add_argument("--rounds", type=int, default=10, help="--zoo: the peers' calls are timed interleaved, in this "
+                       "many rounds, the order rotated each round (default: %(default)s)")
+    bench.add_argument("--threads", type=int, default=None, help="--zoo: CPU threads of every peer (torch's, "
+                       "ONNX Runtime's) (default: torch's number of threads)")
     bench.add_argument("--json", metavar="FILE", help="write every result to this JSON file")
     bench.add_argument("--png", metavar="FILE", help="--zoo: write a bar chart of the latencies (needs matplotlib)")
 

@@ -17,8 +17,9 @@ logger = logging.getLogger("torchkiln.bench")
 
 # A fixed colour per known peer (bench/peers.py), then colours for other names, in order; all distinct.
 PEER_COLOURS = {"eager": "#7f7f7f", "eager+cudagraph": "#1f77b4", "compile": "#ff7f0e", "compile-ro": "#2ca02c",
-                "compile-ro-freeze": "#9467bd", "torchkiln": "#d62728", "torchkiln-warm": "#ff9896"}
-SPARE_COLOURS = ("#17becf", "#bcbd22", "#8c564b", "#e377c2", "#aec7e8", "#98df8a", "#ffbb78", "#c5b0d5",
+                "compile-ro-freeze": "#9467bd", "torchkiln": "#d62728", "torchkiln-warm": "#ff9896",
+                "ort-direct": "#8c564b", "torchkiln-session": "#e377c2"}
+SPARE_COLOURS = ("#17becf", "#bcbd22", "#aec7e8", "#98df8a", "#ffbb78", "#c5b0d5",
                  "#c49c94", "#dbdb8d", "#9edae5", "#393b79")
 MAX_DECADES_FOR_1_2_5 = 4  # a log axis spanning more decades labels only the powers of ten
 

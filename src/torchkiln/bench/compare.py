@@ -2,11 +2,12 @@
 
 For each model and batch size, in one process, on the same inputs and precision, each peer (peers.py) is built
 (wall clock of compile + first call), checked against fp32 eager (cosine similarity, max abs error; TF32 off for
-the reference) and timed (median of many calls after a warm-up). The "best peer" of a case is the fastest of
-BEST_PEER_CANDIDATES; the result holds the ratio torchkiln / best peer per case and its geomean over the cases.
-A peer that fails is recorded with its one-line reason; a model that cannot be built is skipped with its reason.
-A model list can be run in chunks (`zoo_models(..., chunk="K/N")`, one call each) and their results merged
-(`merge_results`) into one.
+the reference) and timed (median and spread of many calls after a warm-up; on the CPU all peers interleaved in
+rounds on the same threads, with the load other processes put on the machine meanwhile). The "best peer" of a
+case is the fastest of BEST_PEER_CANDIDATES of the device; the result holds the ratio torchkiln / best peer per
+case and its geomean over the cases. A peer that fails is recorded with its one-line reason; a model that cannot
+be built is skipped with its reason. A model list can be run in chunks (`zoo_models(..., chunk="K/N")`, one call
+each) and their results merged (`merge_results`) into one.
 """
 from __future__ import annotations
 
@@ -24,16 +25,19 @@ import torch
 
 from torchkiln._version import __version__
 from torchkiln.bench.kernel_classes import by_class, format_classes
-from torchkiln.bench.peers import BEST_PEER_CANDIDATES, PEERS
+from torchkiln.bench.peers import BEST_PEER_CANDIDATES, DEFAULT_PEERS, PEERS
 from torchkiln.bench.saved import profile_calls
-from torchkiln.bench.timing import geomean, summarize, synchronize, time_calls
+from torchkiln.bench.timing import (LoadMeter, geomean, load_warning, relative_spread, summarize, synchronize,
+                                    time_interleaved)
 from torchkiln.examples.blocks import BLOCKS
-from torchkiln.examples.zoo import SOURCES, WIDE, ZooModel, find_zoo_model, load_zoo_model
+from torchkiln.examples.zoo import CPU, SOURCES, WIDE, ZooModel, find_zoo_model, load_zoo_model
+from torchkiln.runtime.engine import usable_cores
 
 logger = logging.getLogger("torchkiln.bench")
 
 DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "vit_b_16", "bert-base")
-ZOO_SETS = {"default": DEFAULT_MODELS, "wide": WIDE, "blocks": tuple(BLOCKS)}  # `bench --zoo [SET]`, `--blocks`
+# `bench --zoo [SET]`, `--blocks`
+ZOO_SETS = {"default": DEFAULT_MODELS, "wide": WIDE, "cpu": CPU, "blocks": tuple(BLOCKS)}
 PROFILE_ITERS = 10  # calls profiled per case with --profile
 
 
@@ -54,11 +58,10 @@ def _accuracy(out: Any, reference: torch.Tensor) -> dict[str, float]:
     return {"cosine": cosine, "max_abs_error": (o - r).abs().max().item(), "max_abs_reference": r.abs().max().item()}
 
 
-def _measure(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype,
-             reference: torch.Tensor, iters: int, warmup: int, profile: bool = False) -> dict[str, Any]:
-    """One peer on one case: build time, accuracy, latency (and with `profile`, its GPU time per call by kernel
-    class); or the reason it failed."""
-    device, batch = inputs[0].device, inputs[0].shape[0]
+def _build(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype,
+           reference: torch.Tensor) -> tuple[dict[str, Any], Callable[[], Any] | None]:
+    """One peer built for one case: its row (build time, accuracy; or the reason it failed) and its runner."""
+    device = inputs[0].device
     row: dict[str, Any] = {"peer": name}
     try:
         with torch.no_grad(), warnings.catch_warnings():
@@ -69,51 +72,109 @@ def _measure(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor], 
             synchronize(device)
             row["build_s"] = time.perf_counter() - start
             row.update(_accuracy(run(), reference))
-            times = time_calls(run, device, iters, warmup)
-            if profile and device.type == "cuda":
-                _, kernels = profile_calls(run, device, PROFILE_ITERS, 0)
-                row["kernel_classes"] = by_class(kernels, PROFILE_ITERS, summarize(times)["p50"])
     except Exception as e:  # a peer that cannot run this case is a row note, never the end of the benchmark
         logger.debug("peer %s failed", name, exc_info=True)
         row.update(status="failed", reason=one_line(e))
-        return row
-    stats = summarize(times)
-    row.update(status="ok", ms=stats["p50"], latency_ms=stats, items_per_s=batch * 1e3 / stats["p50"])
-    return row
+        return row, None
+    return row, run
+
+
+def _time_peers(runners: dict[str, Callable[[], Any]], rows: dict[str, dict[str, Any]], device: torch.device,
+                batch: int, iters: int, warmup: int, rounds: int, profile: bool) -> float:
+    """Time the built peers interleaved (timing.time_interleaved), each row given its latency statistics (and with
+    `profile`, torchkiln's GPU time per call by kernel class); the share of the CPU other processes used
+    meanwhile."""
+    meter = LoadMeter().start()
+    try:
+        with torch.no_grad():
+            times = time_interleaved(runners, device, iters, warmup, rounds)
+    except Exception as e:  # a peer that fails on a later call: all are timed again without it
+        failed = next((n for n in runners if _fails(runners[n])), None)
+        if failed is None:
+            raise
+        rows[failed].update(status="failed", reason=one_line(e))
+        return _time_peers({n: r for n, r in runners.items() if n != failed}, rows, device, batch, iters, warmup,
+                           rounds, profile)
+    other_load = meter.stop()
+    for name, ts in times.items():
+        stats = summarize(ts)
+        rows[name].update(status="ok", ms=stats["p50"], latency_ms=stats, spread=relative_spread(stats),
+                          items_per_s=batch * 1e3 / stats["p50"])
+        if profile and name == "torchkiln" and device.type == "cuda":
+            with torch.no_grad():
+                _, kernels = profile_calls(runners[name], device, PROFILE_ITERS, 0)
+            rows[name]["kernel_classes"] = by_class(kernels, PROFILE_ITERS, stats["p50"])
+    return other_load
+
+
+def _fails(run: Callable[[], Any]) -> bool:
+    try:
+        with torch.no_grad():
+            run()
+    except Exception:
+        return True
+    return False
 
 
 def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.nn.Module], batch: int,
           device: torch.device, precision: torch.dtype, peers: Sequence[str], iters: int, warmup: int,
-          progress: Callable[[str], None], profile: bool = False) -> dict[str, Any]:
+          progress: Callable[[str], None], profile: bool = False, rounds: int = 5) -> dict[str, Any]:
     torch.manual_seed(batch)
     inputs = [x.to(device) for x in zoo_model.inputs(batch)]
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         reference = models[torch.float32](*inputs).float().clone()  # true fp32
     run_inputs = [x.to(precision) if x.is_floating_point() else x for x in inputs]
     case: dict[str, Any] = {"model": model_name, "source": zoo_model.source, "batch": batch, "peers": {}}
-    lost = None
-    for name in peers:
+    # On the CPU every peer is built, then all are timed interleaved (host load falls on all alike); on CUDA (CUDA
+    # events time the device, and models may be large) each peer is built, timed and freed in turn.
+    groups = [list(peers)] if device.type == "cpu" else [[name] for name in peers]
+    loads, lost = [], None
+    for group in groups:
+        runners: dict[str, Callable[[], Any]] = {}
+        for name in group:
+            if lost:
+                row, run = {"peer": name, "status": "failed", "reason": lost}, None
+            else:
+                row, run = _build(name, models[precision], run_inputs, precision, reference)
+                if run is None and (error := cuda_context_error(device)):
+                    lost = f"not run: the CUDA context is unusable after {name} failed ({error})"
+            case["peers"][name] = row
+            if run is not None:
+                runners[name] = run
+            else:
+                progress(f"  {model_name} batch {batch} {name}: failed ({row['reason']})")
         if lost:
-            row = {"peer": name, "status": "failed", "reason": lost}
-        else:
-            row = _measure(name, models[precision], run_inputs, precision, reference, iters, warmup,
-                           profile and name == "torchkiln")
-            if row["status"] == "failed" and (error := cuda_context_error(device)):
-                lost = f"not run: the CUDA context is unusable after {name} failed ({error})"
-        case["peers"][name] = row
-        progress(f"  {model_name} batch {batch} {name}: " + (
-            f"{row['ms']:.3f} ms, build {row['build_s']:.1f} s, cosine {row['cosine']:.6f}"
-            if row["status"] == "ok" else f"failed ({row['reason']})"))
+            for name in runners:
+                case["peers"][name].update(status="failed", reason=lost)
+        elif runners:
+            loads.append(_time_peers(runners, case["peers"], device, batch, iters, warmup, rounds, profile))
+        del runners
         if device.type == "cuda" and not lost:
             torch.cuda.empty_cache()
+    if loads:
+        case["other_load"] = max(loads)
+        if warning := load_warning(case["other_load"], case["peers"].get("eager", {}).get("spread")):
+            case["warning"] = warning
+            logger.warning("%s batch %d: %s", model_name, batch, warning)
+    for name, row in case["peers"].items():
+        if row["status"] == "ok":
+            progress(f"  {model_name} batch {batch} {name}: {row['ms']:.3f} ms (IQR {row['spread']:.0%}), build "
+                     f"{row['build_s']:.1f} s, cosine {row['cosine']:.6f}")
     ok = {n: r for n, r in case["peers"].items() if r["status"] == "ok"}
-    best = min((n for n in BEST_PEER_CANDIDATES if n in ok), key=lambda n: ok[n]["ms"], default=None)
+    best = min((n for n in BEST_PEER_CANDIDATES[device.type] if n in ok), key=lambda n: ok[n]["ms"], default=None)
     if best is not None:
         case.update(best_peer=best, best_ms=ok[best]["ms"], best_items_per_s=ok[best]["items_per_s"])
     if "torchkiln" in ok:
         case.update(torchkiln_ms=ok["torchkiln"]["ms"], torchkiln_items_per_s=ok["torchkiln"]["items_per_s"])
         if best is not None:
             case["ratio"] = ok["torchkiln"]["ms"] / ok[best]["ms"]
+            if "latency_ms" in ok[best]:  # the fastest calls' ratio: what a burst of load on a shared machine spares
+                case["ratio_of_min"] = ok["torchkiln"]["latency_ms"]["min"] / ok[best]["latency_ms"]["min"]
+        if "torchkiln-session" in ok:  # what the module's call adds to its session's run, fastest calls compared
+            case["call_overhead_us"] = (ok["torchkiln"]["latency_ms"]["min"] -
+                                        ok["torchkiln-session"]["latency_ms"]["min"]) * 1e3
+        if "eager" in ok:
+            case["speedup_over_eager"] = ok["eager"]["ms"] / ok["torchkiln"]["ms"]
     return case
 
 
@@ -143,18 +204,47 @@ def _environment(device: torch.device) -> dict[str, Any]:
 
 def run_comparison(models: Sequence[str] = DEFAULT_MODELS, batches: Sequence[int] = (1, 32),
                    device: str | torch.device = "cuda", precision: torch.dtype | None = None, iters: int = 100,
-                   warmup: int = 20, peers: Sequence[str] = tuple(PEERS), sources: Sequence[str] = SOURCES,
-                   progress: Callable[[str], None] = logger.info, profile: bool = False) -> dict[str, Any]:
+                   warmup: int = 20, peers: Sequence[str] | None = None, sources: Sequence[str] = SOURCES,
+                   progress: Callable[[str], None] = logger.info, profile: bool = False, threads: int | None = None,
+                   rounds: int = 5) -> dict[str, Any]:
     """Every peer on every (model, batch) case; the whole result as JSON-ready data (with `profile`, torchkiln's GPU
-    time per call by kernel class too)."""
+    time per call by kernel class too). Peers (default: DEFAULT_PEERS of the device) run on `threads` CPU threads
+    (default: torch's number now), torchkiln's and ORT's sessions included; they are timed interleaved, in
+    `rounds` rounds."""
     device = torch.device(device)
     precision = precision or (torch.float16 if device.type == "cuda" else torch.float32)
+    peers = list(DEFAULT_PEERS[device.type] if peers is None else peers)
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
         raise ValueError(f"unknown peer(s) {unknown}; use some of {list(PEERS)}")
-    if iters < 1 or warmup < 0 or not batches or any(b < 1 for b in batches):
-        raise ValueError(f"need iters >= 1, warmup >= 0 and batch sizes >= 1; got iters={iters}, "
-                         f"warmup={warmup}, batches={list(batches)}")
+    if iters < 1 or warmup < 0 or rounds < 1 or not batches or any(b < 1 for b in batches):
+        raise ValueError(f"need iters >= 1, warmup >= 0, rounds >= 1 and batch sizes >= 1; got iters={iters}, "
+                         f"warmup={warmup}, rounds={rounds}, batches={list(batches)}")
+    if threads is not None and not 1 <= threads <= usable_cores():
+        raise ValueError(f"threads must be in [1, {usable_cores()}] (the usable cores), got {threads}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        cases = _run_cases(models, batches, device, precision, iters, warmup, peers, sources, progress, profile,
+                            rounds)
+    finally:
+        torch.set_num_threads(before)
+    loaded = [c for c in cases if "warning" in c]
+    return {
+        "config": {"models": list(models), "batches": list(batches), "device": str(device),
+                   "precision": str(precision).removeprefix("torch."), "iters": iters, "warmup": warmup,
+                   "rounds": rounds, "threads": threads or before, "peers": peers, "sources": list(sources),
+                   "best_peer_of": list(BEST_PEER_CANDIDATES[device.type])},
+        "environment": {**_environment(device), "cores": usable_cores()},
+        "cases": cases,
+        "loaded_cases": len(loaded),
+        **_geomean_of(cases),
+    }
+
+
+def _run_cases(models: Sequence[str], batches: Sequence[int], device: torch.device, precision: torch.dtype,
+               iters: int, warmup: int, peers: Sequence[str], sources: Sequence[str],
+               progress: Callable[[str], None], profile: bool, rounds: int) -> list[dict[str, Any]]:
     cases: list[dict[str, Any]] = []
     lost = None  # set once the CUDA context is unusable: every later case is skipped with this reason
     for name in models:
@@ -179,20 +269,13 @@ def run_comparison(models: Sequence[str] = DEFAULT_MODELS, batches: Sequence[int
                 continue
             try:
                 cases.append(_case(name, zoo_model, built, batch, device, precision, peers, iters, warmup, progress,
-                                   profile))
+                                   profile, rounds))
             except Exception as e:  # the inputs or the fp32 reference failed
                 cases.append({"model": name, "batch": batch, "skipped": one_line(e), "peers": {}})
             if error := cuda_context_error(device):
                 lost = f"not run: the CUDA context is unusable ({error})"
         del built
-    return {
-        "config": {"models": list(models), "batches": list(batches), "device": str(device),
-                   "precision": str(precision).removeprefix("torch."), "iters": iters, "warmup": warmup,
-                   "peers": list(peers), "sources": list(sources), "best_peer_of": list(BEST_PEER_CANDIDATES)},
-        "environment": _environment(device),
-        "cases": cases,
-        **_geomean_of(cases),
-    }
+    return cases
 
 
 def zoo_models(zoo_set: str = "default", models: str | None = None, chunk: str | None = None) -> list[str]:
@@ -217,11 +300,15 @@ def model_batches(batches: Sequence[int], max_batch: int | None) -> list[int]:
 
 def _geomean_of(cases: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ratios = [c["ratio"] for c in cases if "ratio" in c]
-    return {"geomean_ratio": geomean(ratios) if ratios else None, "cases_in_geomean": len(ratios)}
+    speedups = [c["speedup_over_eager"] for c in cases if "speedup_over_eager" in c]
+    of_min = [c["ratio_of_min"] for c in cases if "ratio_of_min" in c]
+    return {"geomean_ratio": geomean(ratios) if ratios else None, "cases_in_geomean": len(ratios),
+            "geomean_ratio_of_min": geomean(of_min) if of_min else None,
+            "geomean_speedup_over_eager": geomean(speedups) if speedups else None}
 
 
 MERGE_MUST_MATCH = (("config", "device"), ("config", "precision"), ("config", "iters"), ("config", "warmup"),
-                    ("config", "best_peer_of"), ("environment", "gpu"), ("environment", "torch"),
+                    ("config", "threads"), ("config", "best_peer_of"), ("environment", "gpu"), ("environment", "torch"),
                     ("environment", "torchkiln"))  # what makes the timings of two results comparable
 
 
@@ -271,21 +358,29 @@ def merge_results(results: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, An
 
 
 def _ms(row: dict[str, Any] | None) -> str:
+    """The median, and half the interquartile range as a share of it where recorded: `12.345 ±4%`."""
     if row is None:
         return "-"
-    return f"{row['ms']:.3f}" if row["status"] == "ok" else "failed"
+    if row["status"] != "ok":
+        return "failed"
+    return f"{row['ms']:.3f}" + (f" ±{row['spread'] / 2:.0%}" if "spread" in row else "")
 
 
 def format_table(result: dict[str, Any]) -> str:
-    """Latency per case and peer, best peer, torchkiln, their ratio and throughputs; the peers' build times and
-    accuracy; the failures; the geomean ratio."""
+    """Latency per case and peer (median ± half the interquartile range), best peer, torchkiln, their ratio,
+    torchkiln's speedup over eager and throughputs; the peers' build times and accuracy; the failures; the cases
+    timed on a loaded machine; the geomeans."""
     peers = result["config"]["peers"]
-    width = max(8, *(len(p) for p in peers))
+    width = max(14, *(len(p) for p in peers))
     name = max([14, *(len(c["model"]) for c in result["cases"])])  # the model column's width
     head = f"{'model':{name}} {'batch':>5} " + " ".join(f"{p:>{width}}" for p in peers)
-    lines = [f"median latency, ms ({result['config']['precision']}, {result['config']['device']}; "
-             f"ratio = torchkiln / best of {', '.join(result['config']['best_peer_of'])})",
-             head + f" {'best peer':>17} {'ratio':>6} {'torchkiln it/s':>14} {'best it/s':>10}"]
+    threads = f", {result['config']['threads']} threads" if "threads" in result["config"] else ""
+    lines = [f"median latency, ms ± half the interquartile range ({result['config']['precision']}, "
+             f"{result['config']['device']}{threads}; ratio = torchkiln / best of "
+             f"{', '.join(result['config']['best_peer_of'])}, of medians and of the fastest calls; x eager = eager / "
+             "torchkiln)",
+             head + f" {'best peer':>17} {'ratio':>6} {'(min)':>6} {'x eager':>7} {'torchkiln it/s':>14} "
+             f"{'best it/s':>10}"]
     failures = []
     for c in result["cases"]:
         if "skipped" in c:
@@ -293,10 +388,12 @@ def format_table(result: dict[str, Any]) -> str:
             continue
         cells = " ".join(f"{_ms(c['peers'].get(p)):>{width}}" for p in peers)
         ratio = f"{c['ratio']:.2f}" if "ratio" in c else "-"
+        speedup = f"{c['speedup_over_eager']:.2f}" if "speedup_over_eager" in c else "-"
+        of_min = f"{c['ratio_of_min']:.2f}" if "ratio_of_min" in c else "-"
         tk = f"{c['torchkiln_items_per_s']:.1f}" if "torchkiln_items_per_s" in c else "-"
         best = f"{c['best_items_per_s']:.1f}" if "best_items_per_s" in c else "-"
         lines.append(f"{c['model']:{name}} {c['batch']:>5} {cells} {c.get('best_peer', '-'):>17} {ratio:>6} "
-                     f"{tk:>14} {best:>10}")
+                     f"{of_min:>6} {speedup:>7} {tk:>14} {best:>10}")
         failures += [f"  {c['model']} batch {c['batch']} {p}: {r['reason']}" for p, r in c["peers"].items()
                      if r["status"] == "failed"]
     lines += ["", "build s / cosine / max abs error against fp32 eager", head]
@@ -315,7 +412,18 @@ def format_table(result: dict[str, Any]) -> str:
                   for c in profiled]
     if failures:
         lines += ["", "failed:"] + failures
+    overheads = [f"  {c['model']} batch {c['batch']}: {c['call_overhead_us']:.1f} us" for c in result["cases"]
+                 if "call_overhead_us" in c]
+    if overheads:
+        lines += ["", "torchkiln's call over its ONNX Runtime session's run alone (fastest calls):"] + overheads
+    loaded = [f"  {c['model']} batch {c['batch']}: {c['warning']}" for c in result["cases"] if "warning" in c]
+    if loaded:
+        lines += ["", "timed on a loaded machine (compare these with care):"] + loaded
     geo = result["geomean_ratio"]
     lines += ["", f"geomean ratio torchkiln / best peer: {geo:.3f} over {result['cases_in_geomean']} case(s)"
               if geo is not None else "geomean ratio torchkiln / best peer: - (no case has both)"]
+    if result.get("geomean_ratio_of_min") is not None:
+        lines.append(f"geomean ratio of the fastest calls: {result['geomean_ratio_of_min']:.3f}")
+    if result.get("geomean_speedup_over_eager") is not None:
+        lines.append(f"geomean speedup of torchkiln over eager: {result['geomean_speedup_over_eager']:.3f}")
     return "\n".join(lines)

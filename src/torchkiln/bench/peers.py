@@ -1,10 +1,14 @@
 """The peers torchkiln is compared with, each a way to run one model on fixed inputs: eager PyTorch, eager
 captured in a CUDA graph, torch.compile (default, "reduce-overhead", "reduce-overhead" with Inductor's freezing),
-and torchkiln itself. Each builder returns a callable of no arguments that runs the model on the inputs; building
-includes the compile and the first call (torch.compile compiles at its first call)."""
+ONNX Runtime run directly on `torch.onnx.export`'s graph (on the CPU), and torchkiln itself (and its own ONNX
+Runtime session run alone). Each builder returns a callable of no arguments that runs the model on the inputs;
+building includes the compile and the first call (torch.compile compiles at its first call)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -80,6 +84,46 @@ def compile_reduce_overhead_freezing(model: torch.nn.Module, inputs: Sequence[to
     return _torch_compile(model, inputs, "reduce-overhead", freezing=True)
 
 
+@contextlib.contextmanager
+def _stdout_silenced() -> Iterator[None]:
+    """File descriptor 1 to /dev/null meanwhile (what C++ code writes too)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def ort_direct(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
+    """What a user who can export to ONNX gets without torchkiln: `torch.onnx.export` (TorchScript exporter, its
+    constant folding on) run in an ONNX Runtime CPU session with every graph optimization, on as many intra-op
+    threads as torch uses (the threads torchkiln's sessions get), inputs and outputs as numpy views."""
+    import io
+
+    import onnxruntime
+
+    if any(x.device.type != "cpu" for x in inputs):
+        raise RuntimeError(f"ort-direct runs on the CPU, not on {inputs[0].device}")
+    buffer = io.BytesIO()
+    with _stdout_silenced():  # where it fails, the exporter prints the whole graph (from C++)
+        torch.onnx.export(model, tuple(inputs), buffer, dynamo=False, opset_version=17)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    options.execution_mode = onnxruntime.ExecutionMode.ORT_SEQUENTIAL
+    session = onnxruntime.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    if len(names) != len(inputs):  # the export drops inputs the graph does not read
+        raise RuntimeError(f"the exported graph takes {len(names)} of the model's {len(inputs)} inputs")
+    feeds = {name: x.detach().contiguous().numpy() for name, x in zip(names, inputs)}
+    first = [session.get_outputs()[0].name]
+    return lambda: torch.from_numpy(session.run(first, feeds)[0])
+
+
 def torchkiln(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
     """torchkiln.compile for Inputs of the inputs' shapes and dtypes; shape analysis (and tracing, where the model
     cannot be scripted) runs on the inputs themselves, so that a traced data-dependent branch (transformers'
@@ -90,14 +134,43 @@ def torchkiln(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision:
     return lambda: compiled(*inputs)
 
 
+def torchkiln_session(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
+    """torchkiln's own ONNX Runtime session called directly (`session.run` on numpy views of the inputs), where the
+    model compiles to one engine of one session: against "ort-direct", what torchkiln's graph gains; against
+    "torchkiln", what the compiled module's call path costs."""
+    from torchkiln.runtime.backends.onnxruntime import _Session
+    from torchkiln.runtime.execute_op import engine_from_blob
+    from torchkiln.stitching.stitch import engine_attrs
+
+    specs = [Input.from_tensor(x) for x in inputs]
+    compiled = torchkiln_compile(model, inputs=specs, enabled_precisions={precision}, device=inputs[0].device)
+    attrs = engine_attrs(compiled)
+    steps = engine_from_blob(getattr(compiled, attrs[0])).runner(inputs[0].device).steps if len(attrs) == 1 else []
+    if len(steps) != 1 or not isinstance(steps[0][0], _Session):
+        raise RuntimeError("the model did not compile to one engine of one ONNX Runtime session")
+    step = steps[0][0]
+    feeds = {name: x.detach().contiguous().numpy() for name, x in zip(step.input_names, inputs)}
+    names = step.output_names[:1]
+    return lambda: torch.from_numpy(step.session.run(names, feeds)[0])
+
+
 PEERS: dict[str, Callable[[torch.nn.Module, Sequence[torch.Tensor], torch.dtype], Runner]] = {
     "eager": eager,
     "eager+cudagraph": eager_cuda_graph,
     "compile": compile_default,
     "compile-ro": compile_reduce_overhead,
     "compile-ro-freeze": compile_reduce_overhead_freezing,
+    "ort-direct": ort_direct,
+    "torchkiln-session": torchkiln_session,
     "torchkiln": torchkiln,
     "torchkiln-warm": torchkiln,  # built again after "torchkiln": the rebuild with warm timing and kernel caches
 }
-BEST_PEER_CANDIDATES = ("eager+cudagraph", "compile-ro", "compile-ro-freeze")  # "best peer": the fastest of these
+BEST_PEER_CANDIDATES = {  # by device type: the "best peer" is the fastest of these that ran
+    "cuda": ("eager+cudagraph", "compile-ro", "compile-ro-freeze"),
+    "cpu": ("ort-direct", "compile"),
+}
+DEFAULT_PEERS = {  # by device type: the peers a run compares unless told otherwise
+    "cuda": ("eager", "eager+cudagraph", "compile", "compile-ro", "compile-ro-freeze", "torchkiln", "torchkiln-warm"),
+    "cpu": ("eager", "ort-direct", "torchkiln-session", "torchkiln"),
+}
 

@@ -1,12 +1,18 @@
-"""Latency of a callable: warm-up, then one time per call (CUDA events on a GPU, the wall clock on the CPU)."""
+"""Latency of a callable: warm-up, then one time per call (CUDA events on a GPU, the wall clock on the CPU); peers
+timed interleaved in rounds, so that a burst of load on a shared machine falls on all of them; and how busy the
+rest of the machine was meanwhile."""
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
+
+LOADED = 0.10  # share of the machine's CPU time other processes may use before a timing is called loaded
+NOISY = 0.25  # interquartile range over median above which a peer's timing is called noisy
 
 
 def time_calls(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> list[float]:
@@ -32,6 +38,29 @@ def time_calls(fn: Callable[[], object], device: torch.device, iters: int, warmu
     return times
 
 
+def time_interleaved(runners: Mapping[str, Callable[[], object]], device: torch.device, iters: int, warmup: int,
+                     rounds: int = 5, settle_s: float = 0.05) -> dict[str, list[float]]:
+    """Milliseconds of `iters` calls of each runner (at least one per round), after `warmup` untimed calls of each:
+    in `rounds` rounds, each runner's share of calls in turn, the order rotated every round, so that no runner
+    has the machine's quiet (or busy) moments to itself. On the CPU each share starts after `settle_s` seconds
+    (the previous runner's spinning worker threads, ONNX Runtime's or OpenMP's, go idle) and one untimed call."""
+    if iters < 1 or rounds < 1:
+        raise ValueError(f"iters and rounds must be >= 1, got {iters} and {rounds}")
+    names = list(runners)
+    for name in names:
+        for _ in range(warmup):
+            runners[name]()
+    per_round = max(1, math.ceil(iters / rounds))
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if device.type == "cpu" and len(names) > 1:
+                time.sleep(settle_s)
+                runners[name]()
+            times[name] += time_calls(runners[name], device, per_round, 0)
+    return times
+
+
 def percentile(times: Sequence[float], q: float) -> float:
     """The q-th percentile (0..100), linear between the nearest ranks."""
     ordered = sorted(times)
@@ -42,9 +71,15 @@ def percentile(times: Sequence[float], q: float) -> float:
 
 
 def summarize(times: Sequence[float]) -> dict[str, float]:
-    """p50, p90, p99, mean, min and max of times in ms."""
-    return {"p50": percentile(times, 50), "p90": percentile(times, 90), "p99": percentile(times, 99),
-            "mean": statistics.fmean(times), "min": min(times), "max": max(times)}
+    """p25, p50, p75, p90, p99, mean, min and max of times in ms."""
+    return {"p25": percentile(times, 25), "p50": percentile(times, 50), "p75": percentile(times, 75),
+            "p90": percentile(times, 90), "p99": percentile(times, 99), "mean": statistics.fmean(times),
+            "min": min(times), "max": max(times)}
+
+
+def relative_spread(stats: Mapping[str, float]) -> float:
+    """Interquartile range over median of a `summarize` result."""
+    return (stats["p75"] - stats["p25"]) / stats["p50"] if stats["p50"] > 0 else 0.0
 
 
 def geomean(values: Sequence[float]) -> float:
@@ -54,3 +89,47 @@ def geomean(values: Sequence[float]) -> float:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all CPUs since boot, from /proc/stat; None where there is none."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # guest time is counted in user time already
+    return total - idle, total
+
+
+class LoadMeter:
+    """The share of the machine's CPU time that other processes used between `start` and `stop` (/proc/stat's busy
+    time less this process's own; a window shorter than MIN_WINDOW is extended by an idle wait, as /proc/stat counts
+    in clock ticks); without /proc/stat, the 1-minute load average per core at `stop`."""
+
+    MIN_WINDOW = 0.5  # seconds
+
+    def start(self) -> LoadMeter:
+        self._ticks, self._own, self._start = _cpu_ticks(), time.process_time(), time.perf_counter()
+        return self
+
+    def stop(self) -> float:
+        time.sleep(max(0.0, self.MIN_WINDOW - (time.perf_counter() - self._start)))
+        ticks, own = _cpu_ticks(), time.process_time()
+        if ticks is None or self._ticks is None or ticks[1] <= self._ticks[1]:
+            return os.getloadavg()[0] / max(os.cpu_count() or 1, 1) if hasattr(os, "getloadavg") else 0.0
+        busy, total = ticks[0] - self._ticks[0], ticks[1] - self._ticks[1]
+        own_ticks = (own - self._own) * os.sysconf("SC_CLK_TCK")
+        return min(1.0, max(0.0, (busy - own_ticks) / total))
+
+
+def load_warning(other_load: float, spread: float | None = None) -> str | None:
+    """A warning that timings are unreliable where other processes used more than LOADED of the CPU, or a timing's
+    interquartile range exceeds NOISY of its median; else None."""
+    reasons = []
+    if other_load > LOADED:
+        reasons.append(f"other processes used {other_load:.0%} of the machine's CPU time while timing")
+    if spread is not None and spread > NOISY:
+        reasons.append(f"eager's interquartile range is {spread:.0%} of its median")
+    return f"the machine is loaded ({'; '.join(reasons)}): timings are noisy" if reasons else None

@@ -6,7 +6,8 @@ here), with `load_zoo_model`, which gives each random-weight model meaningful ou
 matrices, batch-norm statistics calibrated on random inputs). `CPU_WAVE2` names a second, wider set of real
 models at small sizes (segmentation, detection backbones, window attention, MLP-mixers, recurrent networks,
 decoder-only LLM families) for `scripts/zoo.py --cpu-wave2`; `WIDE` names the wide benchmark set, real models at
-their real sizes, for `python -m torchkiln bench --zoo wide`. No builder downloads weights.
+their real sizes, for `python -m torchkiln bench --zoo wide`; `CPU` names real models at CPU sizes, for
+`bench --zoo cpu`. No builder downloads weights.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 from torch import nn
 
 from torchkiln.examples.blocks import BLOCKS, DiffusionBlock
+from torchkiln.examples.cpu_models import ConvNeXt, MLPMixer, MobileNetV3Small, RegNetY
 from torchkiln.examples.models import MLP, BasicBlock, SmallMobileNet, SmallResNet, randomize_batch_norm
 
 
@@ -390,12 +392,56 @@ _WIDE: list[ZooModel] = [  # real models at their real sizes: 224x224 images, tr
                         hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                         num_key_value_heads=2, max_position_embeddings=2048, use_cache=False), max_batch=8),
 ]
+
+
+def _transformers_model(name: str, model_class: str, config_class: str,
+                        inputs: Callable[[int], list[torch.Tensor]], **config) -> ZooModel:
+    """A transformers model from a config (random weights) on inputs other than tokens, returning its last hidden
+    state."""
+    def build() -> nn.Module:
+        transformers = import_transformers()
+        return LastHiddenState(getattr(transformers, model_class)(getattr(transformers, config_class)(**config)))
+    return ZooModel(name, "transformers", build, inputs)
+
+
+def _whisper_encoder_256(frames: int = 200) -> ZooModel:
+    def build() -> nn.Module:
+        transformers = import_transformers()
+        config = transformers.WhisperConfig(d_model=256, encoder_layers=4, encoder_attention_heads=4,
+                                            decoder_layers=1, decoder_attention_heads=4, encoder_ffn_dim=1024,
+                                            decoder_ffn_dim=1024, num_mel_bins=80, max_source_positions=frames // 2)
+        return LastHiddenState(transformers.WhisperModel(config).get_encoder())
+    return ZooModel("whisper-encoder-256", "transformers", build, lambda batch: [torch.randn(batch, 80, frames)])
+
+
+_SMALL_ENCODER = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024)
+_CPU: list[ZooModel] = [  # real models at CPU sizes: 64-96 pixel images, encoders 256 wide at sequence 128
+    ZooModel("resnet18-96", "bundled", resnet18, _images(96)),
+    ZooModel("mobilenet_v2-96", "bundled", mobilenet_v2, _images(96)),
+    ZooModel("regnet_y_400mf-96", "bundled", RegNetY, _images(96)),
+    ZooModel("mobilenet_v3_small-96", "bundled", MobileNetV3Small, _images(96)),
+    ZooModel("convnext-nano-64", "bundled", ConvNeXt, _images(64)),
+    ZooModel("mlp-mixer-64", "bundled", MLPMixer, _images(64)),
+    _transformer("bert-mini", "BertModel", "BertConfig", seq=128, vocab_size=30522, **_SMALL_ENCODER),
+    _transformer("electra-small", "ElectraModel", "ElectraConfig", seq=128, vocab_size=30522, embedding_size=128,
+                 hidden_size=256, num_hidden_layers=12, num_attention_heads=4, intermediate_size=1024),
+    _transformer("distilbert-mini", "DistilBertModel", "DistilBertConfig", seq=128, vocab_size=30522, dim=256,
+                 n_layers=4, n_heads=4, hidden_dim=1024),
+    _transformer("gpt2-mini", "GPT2Model", "GPT2Config", seq=128, masked=False, vocab_size=50257, n_embd=256,
+                 n_layer=4, n_head=4, n_positions=128, use_cache=False),
+    _transformers_model("vit-tiny-96", "ViTModel", "ViTConfig", _images(96), image_size=96, patch_size=16,
+                        hidden_size=192, num_hidden_layers=6, num_attention_heads=3, intermediate_size=768),
+    _transformers_model("wav2vec2-mini", "Wav2Vec2Model", "Wav2Vec2Config", lambda batch: [torch.randn(batch, 16000)],
+                        conv_dim=(128,) * 7, **_SMALL_ENCODER),
+    _whisper_encoder_256(),
+]
+CPU = tuple(m.name for m in _CPU)  # `python -m torchkiln bench --zoo cpu --device cpu`
 WIDE = (  # `python -m torchkiln bench --zoo wide`: the models above and four of ZOO's, by family
     "efficientnet_b0", "mobilenet_v3_large", "resnext50_32x4d-224", "regnet_y_800mf", "convnext_tiny", "swin_t-224",
     "deeplabv3_mobilenet_v3_large-224", "fcn_resnet50-224", "resnet50_fpn_backbone", "deit_small_patch16_224",
     "diffusion-block", "roberta-base", "t5-encoder-small", "gpt2", "llama-3.2-1b", "qwen2-0.5b")
 ZOO.setdefault("timm", {})
-for _model in _WAVE2 + _WIDE:
+for _model in _WAVE2 + _WIDE + _CPU:
     ZOO[_model.source][_model.name] = _model
 for _name, (_build, _inputs) in BLOCKS.items():  # `python -m torchkiln bench --blocks`
     ZOO["bundled"][_name] = ZooModel(_name, "bundled", _build, _inputs)

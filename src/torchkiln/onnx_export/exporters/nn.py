@@ -49,16 +49,16 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
         result = ctx.op("MaxPool", xs, dt, **attrs)
         if not dt.is_floating_point:
             return result
-        # torch's max pooling propagates NaN, ONNX Runtime's MaxPool skips it: a window holding NaN is made NaN,
-        # computed only where the input holds NaN (its sum is NaN then; inf - inf runs it for nothing)
-        any_nan = ctx.op("IsNaN", [ctx.op("ReduceSum", xs, dt, keepdims=0)], dt, typed_outputs=())
-        result = ctx.branch(any_nan, dt, lambda: _nan_windows(ctx, xs[0], result, dt, attrs), result)
-        # its 3-d MaxPool gives the dtype's lowest value, not -inf, for a window of -inf only: computed only where
-        # the lowest value comes out
-        lowest = ctx.scalar(torch.finfo(dt).min, dt)
-        lows = ctx.cast(ctx.op("Equal", [result, lowest], dt, typed_outputs=()), torch.bool, torch.int64)
-        at_lowest = ctx.node("Greater", [ctx.node("ReduceSum", [lows], keepdims=0)[0], ctx.scalar(0, torch.int64)])[0]
-        return ctx.branch(at_lowest, dt, lambda: _minus_inf_windows(ctx, xs[0], result, dt, attrs), result)
+        # torch's max pooling propagates NaN, ONNX Runtime's MaxPool skips it; and for a window of -inf only it gives
+        # the dtype's lowest value. Both are fixed in a branch that runs only where the input holds NaN or -inf: its
+        # sum is NaN or -inf then (and at worst, where finite values overflow, the exact branch runs for nothing).
+        # One sum over the input and one If, where two guards read the input and the output (a sum, an Equal, a
+        # second sum and a second If).
+        total = ctx.op("ReduceSum", xs, dt, keepdims=0)
+        special = ctx.node("Or", [ctx.op("IsNaN", [total], dt, typed_outputs=()),
+                                  ctx.op("Equal", [total, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())])[0]
+        return ctx.branch(special, dt, lambda: _minus_inf_windows(
+            ctx, xs[0], _nan_windows(ctx, xs[0], result, dt, attrs), dt, attrs), result)
     if layer.ceil_mode and _overhangs(layer):
         ctx.decline("average pooling with ceil_mode=True whose last window passes the padding: ONNX Runtime "
                     "divides it by another count than torch")
@@ -116,6 +116,13 @@ def _reduce(ctx: ExportContext, layer: L.ReduceLayer, xs: list[str]) -> str:
                                            for a in layer.axes):
         ctx.decline(f"a mean over axes {list(layer.axes)} of a dim that may be empty: NaN in torch, 0 in ONNX "
                     f"Runtime")
+    rank = layer.inputs[0].rank
+    if op == L.ReduceOperation.AVG and src == out == torch.float32 and rank >= 3 and \
+            sorted(a % rank for a in layer.axes) == list(range(2, rank)):
+        # a mean over every spatial dim is GlobalAveragePool, which ORT runs in its NCHWc layout (MLAS's pooling)
+        # between convolutions, where ReduceMean would need the layout reordered around it
+        pooled = ctx.node("GlobalAveragePool", [xs[0]])[0]
+        return pooled if keep else ctx.node("Reshape", [pooled, ctx.ints([0, 0], "shape")])[0]
     if op in _REDUCE:  # torch sums integers in int64: the cast to the output dtype comes first
         x = ctx.cast(xs[0], src, out)
         result = ctx.op(_REDUCE[op], [x, axes], out, typed=(0,), keepdims=keep)
@@ -156,6 +163,9 @@ def _softmax(ctx: ExportContext, layer: L.SoftMaxLayer, xs: list[str]) -> str:
 def _normalization(ctx: ExportContext, layer: L.NormalizationLayer, xs: list[str]) -> str:
     x, dt = layer.inputs[0], layer.inputs[0].dtype
     scale, bias = layer.weights.get("scale"), layer.weights.get("bias")
+    if layer.kind == L.NormalizationKind.GROUP and x.rank >= 3 and dt in (torch.float32, torch.float16) and \
+            not is_symbolic(x.shape[1]) and all(decide("eq", d, 0) is False for d in x.shape):
+        return _group_norm_as_instance_norm(ctx, layer, xs[0])
     if layer.kind == L.NormalizationKind.LAYER:
         op_type, shape = "LayerNormalization", layer.normalized_shape
         attrs = dict(axis=x.rank - len(shape))
@@ -173,6 +183,30 @@ def _normalization(ctx: ExportContext, layer: L.NormalizationLayer, xs: list[str
         inputs.append(ctx.constant((bias if bias is not None else torch.zeros(shape)).reshape(shape).to(compute),
                                    "bias"))
     return ctx.cast(ctx.node(op_type, inputs, epsilon=layer.epsilon, **attrs)[0], compute, dt)
+
+
+def _group_norm_as_instance_norm(ctx: ExportContext, layer: L.NormalizationLayer, x: str) -> str:
+    """Group norm as ORT runs it fast: InstanceNormalization over [N, groups, rest] (one kernel), then the
+    per-channel scale and bias. ORT 1.32 has no CPU kernel for GroupNormalization and runs its function body, a
+    dozen ops with shape arithmetic."""
+    t, dt = layer.inputs[0], layer.inputs[0].dtype
+    channels, groups = t.shape[1], layer.num_groups
+    ones = ctx.constant(torch.ones(groups, dtype=dt), "scale")
+    zeros = ctx.constant(torch.zeros(groups, dtype=dt), "bias")
+    if groups == channels:  # one channel per group: the input as it is, and the affine in the instance norm
+        scale, bias = layer.weights.get("scale"), layer.weights.get("bias")
+        ones = ctx.constant((scale if scale is not None else torch.ones(groups)).reshape(groups).to(dt), "scale")
+        zeros = ctx.constant((bias if bias is not None else torch.zeros(groups)).reshape(groups).to(dt), "bias")
+        return ctx.op("InstanceNormalization", [x, ones, zeros], dt, epsilon=layer.epsilon)
+    grouped = ctx.node("Reshape", [x, ctx.ints([0, groups, -1], "shape")])[0]
+    normed = ctx.op("InstanceNormalization", [grouped, ones, zeros], dt, epsilon=layer.epsilon)
+    y = ctx.node("Reshape", [normed, ctx.node("Shape", [x])[0]])[0]
+    per_channel = (channels,) + (1,) * (t.rank - 2)
+    if "scale" in layer.weights:
+        y = ctx.op("Mul", [y, ctx.constant(layer.weights["scale"].reshape(per_channel).to(dt), "scale")], dt)
+    if "bias" in layer.weights:
+        y = ctx.op("Add", [y, ctx.constant(layer.weights["bias"].reshape(per_channel).to(dt), "bias")], dt)
+    return y
 
 
 @exporter(L.EinsumLayer)
