@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <limits>
 #include <list>
 #include <mutex>
 #include <tuple>
@@ -65,17 +66,28 @@ std::vector<at::Tensor> execute_below_autograd(const std::vector<at::Tensor>& in
 
 at::Tensor fresh_copy(const at::Tensor& self) { return self.clone(); }
 
+// torchkiln's ops that a compiled module's PyTorch blocks may call (torchkiln/ops.py).
+at::Tensor attn_bias_from_attn_mask(const at::Tensor& mask) {
+  if (mask.scalar_type() != at::kBool) return mask.clone();
+  return at::zeros(mask.sizes(), mask.options().dtype(at::kFloat))
+      .masked_fill(at::logical_not(mask), -std::numeric_limits<double>::infinity());
+}
+
 }  // namespace
 }  // namespace torchkiln
 
 TORCH_LIBRARY(torchkiln, m) {
   m.def("execute_engine(Tensor[] inputs, Tensor engine, str signature='') -> Tensor[]");
   m.def(torch::schema("fresh_copy(Tensor self) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE));
+  m.def("const(Tensor self) -> Tensor");
+  m.def("attn_bias_from_attn_mask(Tensor attn_mask) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torchkiln, CompositeExplicitAutograd, m) {
   m.impl("execute_engine", torchkiln::execute_engine);
   m.impl("fresh_copy", torchkiln::fresh_copy);
+  m.impl("const", torchkiln::fresh_copy);
+  m.impl("attn_bias_from_attn_mask", torchkiln::attn_bias_from_attn_mask);
 }
 
 TORCH_LIBRARY_IMPL(torchkiln, Autograd, m) { m.impl("execute_engine", torchkiln::execute_below_autograd); }
