@@ -1,12 +1,14 @@
 // Engine bytes -> Engine: the header, the section table, the SHA-256, the JSON sections, the safetensors weights,
 // and every layer checked as runtime/serialization.py checks it (same bounds, same EngineFormatError texts where
 // the check is the same; csrc/layer_kinds.json is the Python layer registry's description).
+#include <c10/core/CPUAllocator.h>
 #include <openssl/sha.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <mutex>
 #include <fstream>
 #include <set>
 
@@ -360,6 +362,103 @@ bool may_alias(const std::string& kind) {
          kind == "constant";
 }
 
+
+// ---- shape inference ---------------------------------------------------------------------------------------
+
+// Allocations of this thread are counted against it while set: a layer computed at load (below) stays under the
+// memory ceiling even where its engine declares smaller outputs than it computes.
+thread_local double* probe_allowance = nullptr;
+
+class CappedAllocator final : public c10::Allocator {
+ public:
+  explicit CappedAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t n) override {
+    if (probe_allowance) {
+      if ((double)n > *probe_allowance)
+        format_error("computed at load to check its output shapes, the layer would allocate more than the " +
+                     std::to_string((int64_t)*probe_allowance) + " bytes left under the memory ceiling");
+      *probe_allowance -= (double)n;
+    }
+    return base_->allocate(n);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    base_->copy_data(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* base_;
+};
+
+void install_capped_allocator() {
+  static std::once_flag once;
+  std::call_once(once, [] { c10::SetCPUAllocator(new CappedAllocator(c10::GetCPUAllocator()), 1); });
+}
+
+bool pointwise(const std::string& kind) {
+  return kind == "elementwise" || kind == "unary" || kind == "activation" || kind == "select" || kind == "cast" ||
+         kind == "identity";
+}
+
+// A layer's outputs at every symbol's largest value. The meaning runs on meta tensors (nothing is allocated), as
+// Python's shape inference does. Where an op has no meta kernel in C++ (Python registers many of them in Python),
+// a pointwise layer's shape is its inputs' broadcast and its dtype what the meaning gives on one-element tensors;
+// another layer is computed on the CPU on zero-valued inputs of no memory (zero strides), its allocations capped by
+// what the memory ceiling leaves.
+std::vector<at::Tensor> infer_outputs(const Layer& layer, const std::vector<TensorInfo>& tensors,
+                                      const std::vector<int64_t>& highest, double max_memory,
+                                      const std::string& where) {
+  std::vector<std::vector<int64_t>> dims;
+  for (int s : layer.inputs) {
+    dims.emplace_back();
+    for (const Dim& d : tensors[s].shape) dims.back().push_back(d.eval(highest));
+  }
+  auto dtype = [&](size_t k) { return tensors[layer.inputs[k]].dtype; };
+  try {
+    try {
+      std::vector<at::Tensor> xs;
+      for (size_t k = 0; k < dims.size(); ++k)
+        xs.push_back(at::empty(dims[k], at::TensorOptions().dtype(dtype(k)).device(at::kMeta)));
+      Layer probe = layer;
+      if (layer.kind != "constant")  // a constant's value is its output
+        for (auto& [k, w] : probe.weights) w = at::empty(w.sizes(), w.options().device(at::kMeta));
+      return layer.meaning(probe, xs, Env{highest, at::Device(at::kMeta), true});
+    } catch (const c10::NotImplementedError&) {
+    }
+    std::vector<at::Tensor> xs;
+    if (pointwise(layer.kind)) {
+      for (size_t k = 0; k < dims.size(); ++k)
+        xs.push_back(at::ones(std::vector<int64_t>(dims[k].size(), 1), at::TensorOptions().dtype(dtype(k))));
+      std::vector<at::Tensor> small = layer.meaning(layer, xs, Env{highest, at::Device(at::kCPU), true});
+      at::DimVector shape(dims[0].begin(), dims[0].end());
+      for (size_t k = 1; k < dims.size(); ++k) shape = at::infer_size_dimvector(shape, dims[k]);
+      std::vector<at::Tensor> out;
+      for (const at::Tensor& t : small)
+        out.push_back(at::empty(shape, at::TensorOptions().dtype(t.scalar_type()).device(at::kMeta)));
+      return out;
+    }
+    install_capped_allocator();
+    for (size_t k = 0; k < dims.size(); ++k)
+      xs.push_back(at::zeros({}, at::TensorOptions().dtype(dtype(k))).expand(dims[k]));
+    double allowance = max_memory;
+    probe_allowance = &allowance;
+    std::vector<at::Tensor> out;
+    try {
+      out = layer.meaning(layer, xs, Env{highest, at::Device(at::kCPU), true});
+    } catch (...) {
+      probe_allowance = nullptr;
+      throw;
+    }
+    probe_allowance = nullptr;
+    return out;
+  } catch (const c10::Error& e) {
+    std::string text = e.what_without_backtrace();
+    if (text.rfind("EngineFormatError: ", 0) == 0) format_error(where + ": " + text.substr(19));
+    format_error(where + ": " + layer.kind + " layer '" + layer.name + "' rejects its inputs: " +
+                 text.substr(0, text.find('\n')));
+  }
+}
+
 }  // namespace
 
 // ---- the network ---------------------------------------------------------------------------------------
@@ -449,48 +548,21 @@ void decode_network(Engine& engine, const Json& raw, const std::map<std::string,
     if (!layer_names.insert(name).second) format_error(where + ": layer name used twice");
     validate_layer(layer, engine.tensors, symbols, where);
     layer.meaning = meaning_of(kind_name);
-    // Shape inference: the meaning on meta tensors, at every symbol's largest value (a layer's outputs are also
-    // checked against their declared shapes at every call, at the call's own values).
-    std::vector<at::Tensor> meta_in;
-    for (int s : layer.inputs) {
-      std::vector<int64_t> dims;
-      for (const Dim& d : engine.tensors[s].shape) dims.push_back(d.eval(highest));
-      meta_in.push_back(at::empty(dims, at::TensorOptions().dtype(engine.tensors[s].dtype).device(at::kMeta)));
-    }
-    std::vector<at::Tensor> inferred;
-    bool inferable = true;
-    {
-      Layer probe = layer;
-      for (auto& [k, w] : probe.weights) w = at::empty(w.sizes(), w.options().device(at::kMeta));
-      if (layer.kind == "constant") probe.weights = layer.weights;  // its value is its output
-      Env env{highest, at::Device(at::kMeta), true};
-      try {
-        inferred = layer.meaning(probe, meta_in, env);
-      } catch (const c10::NotImplementedError&) {
-        inferable = false;  // an op without a C++ meta kernel: the outputs are checked at every call
-      } catch (const c10::Error& e) {
-        std::string text = e.what_without_backtrace();
-        if (text.rfind("EngineFormatError: ", 0) == 0) format_error(where + ": " + text.substr(19));
-        format_error(where + ": " + kind_name + " layer '" + name + "' rejects its inputs: " +
-                     text.substr(0, text.find('\n')));
-      }
-    }
+    std::vector<at::Tensor> inferred = infer_outputs(layer, engine.tensors, highest, max_memory, where);
     const auto& declared = list_field(&entry, "outputs", where, max_tensors);
-    if (inferable && declared.size() != inferred.size())
+    if (declared.size() != inferred.size())
       format_error(where + ": declares " + std::to_string(declared.size()) + " outputs, the layer has " +
                    std::to_string(inferred.size()));
     for (size_t k = 0; k < declared.size(); ++k) {
       const Json& spec = declared[k];
       std::string oname = define(field(&spec, "name", Json::Type::String, where), where);
       TensorInfo out{oname, parse_dtype(spec.get("dtype"), where), parse_dims(spec.get("shape"), where, symbols)};
-      if (inferable) {
-        std::vector<int64_t> expected;
-        for (const Dim& d : out.shape) expected.push_back(d.eval(highest));
-        if (inferred[k].sizes().vec() != expected || inferred[k].scalar_type() != out.dtype)
-          format_error(where + ": output '" + oname + "' declared '" + dtype_text(out.dtype) + "'" +
-                       shape_text(out.shape, highest) + " but the layer computes " +
-                       dtype_text(inferred[k].scalar_type()) + "[" + c10::Join(", ", inferred[k].sizes()) + "]");
-      }
+      std::vector<int64_t> expected;
+      for (const Dim& d : out.shape) expected.push_back(d.eval(highest));
+      if (inferred[k].sizes().vec() != expected || inferred[k].scalar_type() != out.dtype)
+        format_error(where + ": output '" + oname + "' declared '" + dtype_text(out.dtype) + "'" +
+                     shape_text(out.shape, highest) + " but the layer computes " +
+                     dtype_text(inferred[k].scalar_type()) + "[" + c10::Join(", ", inferred[k].sizes()) + "]");
       if (out.shape.size() > kinds().bound("MAX_RANK"))
         format_error(where + ": output " + std::to_string(k) + " has rank " + std::to_string(out.shape.size()));
       if (layer.kind == "constant") out.constant = layer.weights.at("value");

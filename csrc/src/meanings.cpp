@@ -688,6 +688,10 @@ void validate_layer(const Layer& l, const std::vector<TensorInfo>& tensors, cons
     if (l.str("equation").size() > 1024) c.fail("equation of " + std::to_string(l.str("equation").size()) + " characters");
   } else if (k == "fill") {
     if (c.bounds(l.param("length").i).first < 0) c.fail("negative length");
+  } else if (k == "select") {  // torch.where refuses another condition (Python's meta kernel at load)
+    if (c.in(0).dtype != at::kBool)
+      c.fail("rejects inputs: where expected condition to be a boolean tensor, but got a tensor with dtype " +
+             kinds().dtype_name(c.in(0).dtype));
   } else if (k == "grid_sample") {
     const std::string &m = l.str("mode"), &p = l.str("padding_mode");
     if ((m != "bilinear" && m != "nearest" && m != "bicubic") || (p != "zeros" && p != "border" && p != "reflection"))
