@@ -12,7 +12,6 @@ import pathlib
 import random
 import shutil
 import subprocess
-import sys
 import time
 from typing import List
 
@@ -23,8 +22,6 @@ from test_onnx_export import ALL_CASES
 from test_runtime_backends import engine_of, reference_outputs
 
 import torchkiln
-from torchkiln.errors import EngineFormatError
-from torchkiln.runtime.engine import Engine
 from torchkiln.runtime.execute_op import engine_blob
 from torchkiln.runtime.format_description import describe
 
@@ -236,3 +233,55 @@ def test_every_layer_kind_runs_in_cpp_as_in_python(cpp, tmp_path):
         done = subprocess.run([str(cpp["run"]), str(tmp_path / "refused.pt"), str(tmp_path / "refused_in.pt")],
                               capture_output=True, text=True, timeout=RUN_SECONDS, env=_no_python_env())
         assert done.returncode == 1 and f"{error}: " in done.stderr, (name, done.stderr)
+
+
+def check_in_cpp(cpp, paths: list[pathlib.Path], max_memory: int, max_flops: int) -> tuple[dict[str, tuple], int]:
+    """{path: (outcome, milliseconds)} of loading each file with the C++ loader (one process), and its peak RSS."""
+    done = subprocess.run([str(cpp["check"]), "--max-memory", str(max_memory), "--max-flops", str(max_flops),
+                           *map(str, paths)], capture_output=True, text=True, timeout=RUN_SECONDS, env=_no_python_env())
+    assert done.returncode == 0, done.stderr
+    outcomes, peak = {}, 0
+    for line in done.stdout.splitlines():
+        if line.startswith("peak_rss_kib\t"):
+            peak = int(line.split("\t")[1]) << 10
+            continue
+        path, rest = line.split("\t", 1)
+        text, ms = rest.rsplit("\t", 1)
+        outcomes[path] = (text, float(ms))
+    assert len(outcomes) == len(paths)
+    return outcomes, peak
+
+
+def test_shared_engine_vectors_load_in_cpp_as_the_manifest_says(cpp):
+    """The format's test vectors (tests/engine_vectors/, which tests/test_engine_format.py loads in Python)."""
+    manifest = json.loads((VECTORS / "manifest.json").read_text())
+    paths = [VECTORS / name for name in manifest["vectors"]]
+    outcomes, _ = check_in_cpp(cpp, paths, manifest["max_memory"], manifest["max_flops"])
+    for path in paths:
+        got, want = outcomes[str(path)][0], manifest["vectors"][path.name]
+        prefix = manifest["library_words"].get(path.name)
+        assert got.startswith(prefix) if prefix else got == want, (path.name, got)
+
+
+FUZZ_CASES = 250
+
+
+def test_fuzzed_and_hostile_engines_give_only_format_errors_in_cpp_where_python_does(cpp, tmp_path):
+    """test_engine_fuzz's cases (damaged seeds and hostile networks) on the C++ loader: it loads or raises
+    EngineFormatError, in bounded time and memory, and it loads exactly those that the Python loader loads."""
+    paths, python = [], {}
+    for i in range(FUZZ_CASES):
+        rng = random.Random(f"cpp-{i}")
+        data = fuzz_case(lambda n: rng.randrange(n) if n > 0 else 0)
+        path = tmp_path / f"{i}.engine"
+        path.write_bytes(data)
+        paths.append(path)
+        outcome, detail = run_case(data)
+        assert outcome != "FAILURE", detail
+        python[str(path)] = outcome != "format-error"
+    outcomes, peak = check_in_cpp(cpp, paths, MAX_MEMORY, MAX_FLOPS)
+    for path, (text, ms) in outcomes.items():
+        assert text == "loaded" or text.startswith("EngineFormatError: "), (path, text)
+        assert ms < 2000, (path, text, ms)
+        assert (text == "loaded") == python[path], (path, text)
+    assert peak < 1 << 30, f"peak RSS {peak >> 20} MiB"

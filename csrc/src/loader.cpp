@@ -112,7 +112,13 @@ std::map<std::string, at::Tensor> read_safetensors(const uint8_t* data, size_t s
   if (size < 8) bad_weights("HeaderTooSmall");
   uint64_t n = read_le<uint64_t>(data);
   if (n > 100000000 || n > size - 8) bad_weights("InvalidHeaderLength");
-  Json header = parse_json(reinterpret_cast<const char*>(data + 8), n, "engine weights header");
+  Json header;
+  try {
+    header = parse_json(reinterpret_cast<const char*>(data + 8), n, "header");
+  } catch (const c10::Error& e) {
+    std::string text = e.what_without_backtrace();
+    bad_weights(text.substr(text.find(": ") + 2));
+  }
   if (header.type != Json::Type::Object) bad_weights("InvalidHeaderDeserialization");
   const uint8_t* body = data + 8 + n;
   uint64_t body_size = size - 8 - n;
@@ -717,7 +723,13 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
   for (int i = 0; i < engine->num_inputs; ++i) {
     const Binding& b = engine->bindings[i];
     const TensorInfo& t = engine->tensors[i];
-    std::string what = "engine '" + engine->name + "': binding '" + b.name + "' for network input '" + t.name + "'";
+    std::vector<std::string> dims;
+    for (const Dim& d : t.shape) dims.push_back(d.op == Dim::Op::Sym ? engine->symbols[d.value].name
+                                                                      : std::to_string(d.value));
+    std::string what = "engine '" + engine->name + "': binding '" + b.name + "' (min [" + c10::Join(", ", b.min_shape) +
+                       "], opt [" + c10::Join(", ", b.opt_shape) + "], max [" + c10::Join(", ", b.max_shape) +
+                       "], torch." + dtype_text(b.dtype) + ") for network input %" + t.name + ": " +
+                       dtype_text(t.dtype) + "[" + c10::Join(", ", dims) + "]";
     if (b.dtype != t.dtype) format_error(what + ": the dtypes differ");
     if (b.min_shape.size() != t.shape.size() || b.opt_shape.size() != t.shape.size() ||
         b.max_shape.size() != t.shape.size())
