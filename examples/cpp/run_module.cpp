@@ -53,8 +53,11 @@ int main(int argc, char** argv) {
       std::vector<char> bytes = torch::jit::pickle_save(outputs);
       std::ofstream(argv[3], std::ios::binary).write(bytes.data(), bytes.size());
     }
-  } catch (const c10::Error& e) {
+  } catch (const c10::Error& e) {  // e.g. the module's file is not TorchScript
     std::cerr << e.what_without_backtrace() << "\n";
+    return 1;
+  } catch (const std::exception& e) {  // an error the module raised: its text names the type (EngineInputError: ...)
+    std::cerr << e.what() << "\n";
     return 1;
   }
   return 0;
