@@ -168,8 +168,8 @@ double workspace(const Sizes& z) {
     for (size_t d = 0; d < count.size() && d < step.size() && d < dims.size(); ++d)
       if (z.dim(step[d].i) < 0) {
         dims[d] = z.dim(count[d].i);
-        total += std::accumulate(dims.begin(), dims.end(), 1.0, std::multiplies<double>()) *
-                     at::elementSize(x.dtype) + 8 * std::max(dims[d], 0.0);
+        total += std::accumulate(dims.begin(), dims.end(), 1.0, std::multiplies<double>()) * at::elementSize(x.dtype) +
+                 8 * std::max(dims[d], 0.0);
       }
     return total;
   }
@@ -287,7 +287,8 @@ void Budget::add(size_t index, const Layer& layer, const std::vector<TensorInfo>
   if (!(need <= max_memory_))
     format_error(where + ": the engine plans " + count(need) + " bytes at this layer (weights " + count(weight_bytes_) +
                  ", live tensors " + count(live_bytes_) + ", the layer's workspace " + count(work) + "), over the " +
-                 count(max_memory_) + "-byte limit (raise it with Engine.deserialize(max_memory=...) or "
+                 count(max_memory_) +
+                 "-byte limit (raise it with Engine.deserialize(max_memory=...) or "
                  "TORCHKILN_MAX_ENGINE_MEMORY)");
   flops_ += flops(z);
   if (!(flops_ <= max_flops_))

@@ -1,11 +1,12 @@
 // Running an engine: the input checks and symbol binding of runtime/engine.py and runtime/symbols.py, then each
 // layer's meaning in order, intermediates freed after their last reader (runtime/executor.py).
+#include "torchkiln/engine.h"
+
 #include <c10/core/GradMode.h>
 
 #include <regex>
 
 #include "kinds.h"
-#include "torchkiln/engine.h"
 
 namespace torchkiln {
 
@@ -30,22 +31,38 @@ Wide floordiv(Wide a, Wide b) {
 
 Wide eval_wide(const Dim& d, const std::vector<int64_t>& symbols) {
   switch (d.op) {
-    case Dim::Op::Int: return d.value;
-    case Dim::Op::Sym: return symbols.at(d.value);
-    default: break;
+    case Dim::Op::Int:
+      return d.value;
+    case Dim::Op::Sym:
+      return symbols.at(d.value);
+    default:
+      break;
   }
   std::vector<Wide> args;
   for (const Dim& a : d.args) args.push_back(narrow(eval_wide(a, symbols)));
   Wide out = args[0];
   for (size_t k = 1; k < args.size(); ++k) {
     switch (d.op) {
-      case Dim::Op::Add: out = narrow(out + args[k]); break;
-      case Dim::Op::Mul: out = narrow(out * args[k]); break;
-      case Dim::Op::Max: out = std::max(out, args[k]); break;
-      case Dim::Op::Min: out = std::min(out, args[k]); break;
-      case Dim::Op::FloorDiv: out = floordiv(out, args[k]); break;
-      case Dim::Op::Mod: out = out - floordiv(out, args[k]) * args[k]; break;
-      default: break;
+      case Dim::Op::Add:
+        out = narrow(out + args[k]);
+        break;
+      case Dim::Op::Mul:
+        out = narrow(out * args[k]);
+        break;
+      case Dim::Op::Max:
+        out = std::max(out, args[k]);
+        break;
+      case Dim::Op::Min:
+        out = std::min(out, args[k]);
+        break;
+      case Dim::Op::FloorDiv:
+        out = floordiv(out, args[k]);
+        break;
+      case Dim::Op::Mod:
+        out = out - floordiv(out, args[k]) * args[k];
+        break;
+      default:
+        break;
     }
   }
   return out;
@@ -99,17 +116,16 @@ void Engine::check_inputs(const std::vector<at::Tensor>& inputs) const {
     if (ranked && b.min_shape != b.max_shape)
       for (size_t d = 0; d < shape.size(); ++d)
         if (!(b.min_shape[d] <= shape[d] && shape[d] <= b.max_shape[d]))
-          input_error(what + ": dim " + std::to_string(d) + " is " + std::to_string(shape[d]) + ", outside the range [" +
-                      std::to_string(b.min_shape[d]) + ", " + std::to_string(b.max_shape[d]) +
+          input_error(what + ": dim " + std::to_string(d) + " is " + std::to_string(shape[d]) +
+                      ", outside the range [" + std::to_string(b.min_shape[d]) + ", " + std::to_string(b.max_shape[d]) +
                       "] the engine was built for (shape " + py_tuple(shape) + "; min " + py_tuple(b.min_shape) +
                       ", max " + py_tuple(b.max_shape) + ")");
     bool fits = ranked;
-    for (size_t d = 0; fits && d < shape.size(); ++d)
-      fits = b.min_shape[d] <= shape[d] && shape[d] <= b.max_shape[d];
+    for (size_t d = 0; fits && d < shape.size(); ++d) fits = b.min_shape[d] <= shape[d] && shape[d] <= b.max_shape[d];
     if (!fits) {
-      std::string expected = b.min_shape == b.max_shape ? py_tuple(b.opt_shape)
-                                                       : "within min " + py_tuple(b.min_shape) + " and max " +
-                                                             py_tuple(b.max_shape);
+      std::string expected = b.min_shape == b.max_shape
+                                 ? py_tuple(b.opt_shape)
+                                 : "within min " + py_tuple(b.min_shape) + " and max " + py_tuple(b.max_shape);
       input_error(what + ": expected shape " + expected + ", got " + py_tuple(shape));
     }
   }
@@ -130,9 +146,9 @@ std::vector<int64_t> Engine::bind(const std::vector<at::Tensor>& inputs) const {
                     std::to_string(s.hi) + "] of " + s.name + " the engine was built for");
       if (values[d.value] >= 0 && values[d.value] != value) {
         auto [k, m] = first[d.value];
-        input_error(what + " is " + std::to_string(value) + " but input " + std::to_string(k) + " ('" + tensors[k].name +
-                    "') dim " + std::to_string(m) + " is " + std::to_string(values[d.value]) + "; both are " + s.name +
-                    " and must be equal");
+        input_error(what + " is " + std::to_string(value) + " but input " + std::to_string(k) + " ('" +
+                    tensors[k].name + "') dim " + std::to_string(m) + " is " + std::to_string(values[d.value]) +
+                    "; both are " + s.name + " and must be equal");
       }
       if (values[d.value] < 0) first[d.value] = {i, (int)j};
       values[d.value] = value;
@@ -155,7 +171,8 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) c
     std::string held = plan_targets.empty() ? "none" : c10::Join("; ", plan_targets);
     format_error("engine '" + name + "' has no plan the C++ runtime can run on " + device.str() +
                  ": this build of libtorchkiln_runtime runs engines on the CPU only (the CUDA path is not built); "
-                 "the engine holds plans for " + held);
+                 "the engine holds plans for " +
+                 held);
   }
   c10::AutoGradMode no_grad(false);
   std::vector<int64_t> values = symbols.empty() ? std::vector<int64_t>{} : bind(inputs);
@@ -172,8 +189,10 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) c
       bool same = k < outs.size() && outs[k].scalar_type() == t.dtype && outs[k].dim() == (int64_t)t.shape.size();
       for (size_t d = 0; same && d < t.shape.size(); ++d) same = outs[k].size(d) == t.shape[d].eval(values);
       if (!same)
-        format_error("engine '" + name + "' layer '" + layer.name + "' (" + layer.kind + ") computed an output other "
-                     "than the " + kinds().dtype_name(t.dtype) + " tensor of " + std::to_string(t.shape.size()) +
+        format_error("engine '" + name + "' layer '" + layer.name + "' (" + layer.kind +
+                     ") computed an output other "
+                     "than the " +
+                     kinds().dtype_name(t.dtype) + " tensor of " + std::to_string(t.shape.size()) +
                      " dims its engine declares for '" + t.name + "'");
       slots[layer.outputs[k]] = std::move(outs[k]);
     }
@@ -191,9 +210,9 @@ std::string Engine::signature() const {
     const Binding& b = bindings[i];
     std::vector<std::string> dims;
     for (size_t d = 0; d < tensors[i].shape.size(); ++d) {
-      std::string text = b.min_shape[d] == b.max_shape[d] ? std::to_string(b.min_shape[d])
-                                                          : std::to_string(b.min_shape[d]) + ".." +
-                                                                std::to_string(b.max_shape[d]);
+      std::string text = b.min_shape[d] == b.max_shape[d]
+                             ? std::to_string(b.min_shape[d])
+                             : std::to_string(b.min_shape[d]) + ".." + std::to_string(b.max_shape[d]);
       const Dim& dim = tensors[i].shape[d];
       dims.push_back(dim.op == Dim::Op::Sym ? symbols[dim.value].name + "=" + text : text);
     }
@@ -226,8 +245,10 @@ bool Engine::fits(const std::string& expected) const {
       int depth = 0;
       for (char c : body) {
         depth += (c == '(') - (c == ')');
-        if (c == ',' && depth == 0) dims.push_back(part), part.clear();
-        else part += c;
+        if (c == ',' && depth == 0)
+          dims.push_back(part), part.clear();
+        else
+          part += c;
       }
       if (!body.empty()) dims.push_back(part);
       out.emplace_back((*it)[1], dims);

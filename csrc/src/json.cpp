@@ -12,7 +12,7 @@
 namespace torchkiln {
 namespace {
 
-constexpr size_t kMaxDepth = 900;  // Python's json gives up near its recursion limit (1000)
+constexpr size_t kMaxDepth = 900;     // Python's json gives up near its recursion limit (1000)
 constexpr size_t kMaxIntDigits = 20;  // serialization.MAX_INT_DIGITS
 
 struct Builder : rapidjson::BaseReaderHandler<rapidjson::UTF8<>, Builder> {
@@ -35,8 +35,17 @@ struct Builder : rapidjson::BaseReaderHandler<rapidjson::UTF8<>, Builder> {
     slot = std::move(value);
     return &slot;
   }
-  bool Null() { add(Json{}); return true; }
-  bool Bool(bool b) { Json j; j.type = Json::Type::Bool; j.b = b; add(std::move(j)); return true; }
+  bool Null() {
+    add(Json{});
+    return true;
+  }
+  bool Bool(bool b) {
+    Json j;
+    j.type = Json::Type::Bool;
+    j.b = b;
+    add(std::move(j));
+    return true;
+  }
   bool RawNumber(const char* text, rapidjson::SizeType length, bool) {
     std::string t(text, length);
     Json j;
@@ -49,8 +58,8 @@ struct Builder : rapidjson::BaseReaderHandler<rapidjson::UTF8<>, Builder> {
     } else if (t.find_first_of(".eE") == std::string::npos) {
       size_t digits = t.size() - (t[0] == '-');
       if (digits > kMaxIntDigits) {
-        problem = "holds an integer of " + std::to_string(digits) + " digits (at most " +
-                  std::to_string(kMaxIntDigits) + ")";
+        problem =
+            "holds an integer of " + std::to_string(digits) + " digits (at most " + std::to_string(kMaxIntDigits) + ")";
         return false;
       }
       errno = 0;
@@ -92,7 +101,10 @@ struct Builder : rapidjson::BaseReaderHandler<rapidjson::UTF8<>, Builder> {
     return true;
   }
   bool StartArray() { return open(Json::Type::Array); }
-  bool EndArray(rapidjson::SizeType) { stack.pop_back(); return true; }
+  bool EndArray(rapidjson::SizeType) {
+    stack.pop_back();
+    return true;
+  }
 };
 
 }  // namespace
@@ -106,12 +118,24 @@ const Json* Json::get(const std::string& key) const {
 std::string Json::repr(size_t limit) const {
   std::string out;
   switch (type) {
-    case Type::Null: out = "None"; break;
-    case Type::Bool: out = b ? "True" : "False"; break;
-    case Type::Int: out = std::to_string(i); break;
-    case Type::BigInt: out = "<an integer beyond int64>"; break;
-    case Type::Float: out = std::to_string(f); break;
-    case Type::String: out = "'" + s + "'"; break;
+    case Type::Null:
+      out = "None";
+      break;
+    case Type::Bool:
+      out = b ? "True" : "False";
+      break;
+    case Type::Int:
+      out = std::to_string(i);
+      break;
+    case Type::BigInt:
+      out = "<an integer beyond int64>";
+      break;
+    case Type::Float:
+      out = std::to_string(f);
+      break;
+    case Type::String:
+      out = "'" + s + "'";
+      break;
     case Type::Array: {
       out = "[";
       for (size_t k = 0; k < array.size() && out.size() < limit; ++k) out += (k ? ", " : "") + array[k].repr(limit);

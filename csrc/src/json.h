@@ -24,7 +24,7 @@ struct Json {
   bool is_int() const { return type == Type::Int; }
   bool is_number() const { return type == Type::Int || type == Type::BigInt || type == Type::Float; }
   const Json* get(const std::string& key) const;  // the member, or null (also where this is no object)
-  std::string repr(size_t limit = 60) const;  // short text for messages
+  std::string repr(size_t limit = 60) const;      // short text for messages
 };
 
 // Parse `size` bytes of JSON; EngineFormatError with `what` ("engine graph") naming what is wrong.

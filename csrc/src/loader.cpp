@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <fstream>
+#include <mutex>
 #include <set>
 
 #include "budget.h"
@@ -98,7 +98,7 @@ Sections sections_v2(const uint8_t* data, size_t size) {
 const std::map<std::string, at::ScalarType>& safetensors_dtypes() {
   static const std::map<std::string, at::ScalarType> table = {
       {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16}, {"I64", at::kLong},
-      {"I32", at::kInt}, {"I16", at::kShort}, {"I8", at::kChar}, {"U8", at::kByte}, {"BOOL", at::kBool}};
+      {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},  {"U8", at::kByte},       {"BOOL", at::kBool}};
   return table;
 }
 
@@ -169,8 +169,7 @@ const Json& field(const Json* obj, const std::string& key, Json::Type type, cons
   return *v;
 }
 
-const std::vector<Json>& list_field(const Json* obj, const std::string& key, const std::string& where,
-                                    size_t limit) {
+const std::vector<Json>& list_field(const Json* obj, const std::string& key, const std::string& where, size_t limit) {
   const Json& v = field(obj, key, Json::Type::Array, where);
   if (v.array.size() > limit)
     format_error(where + ": " + q(key) + " holds " + std::to_string(v.array.size()) + " entries, over the limit of " +
@@ -201,7 +200,8 @@ std::vector<int64_t> parse_shape(const Json* raw, const std::string& where) {
 
 bool is_identifier(const std::string& s) {
   if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
 }
 
 std::vector<Symbol> parse_symbols(const Json* raw) {
@@ -217,8 +217,8 @@ std::vector<Symbol> parse_symbols(const Json* raw) {
     const Json& lo = field(&entry, "min", Json::Type::Int, where);
     const Json& hi = field(&entry, "max", Json::Type::Int, where);
     bool repeated = std::any_of(out.begin(), out.end(), [&](const Symbol& s) { return s.name == name; });
-    if (repeated || !is_identifier(name) || name.size() > 64 || entry.object.size() != 3 || lo.i < 0 ||
-        lo.i > hi.i || hi.i >= (int64_t(1) << 40))
+    if (repeated || !is_identifier(name) || name.size() > 64 || entry.object.size() != 3 || lo.i < 0 || lo.i > hi.i ||
+        hi.i >= (int64_t(1) << 40))
       format_error(where + ": malformed " + entry.repr(80));
     out.push_back({name, lo.i, hi.i});
   }
@@ -249,8 +249,8 @@ Dim dim_from_tree(const Json& t, const std::vector<Symbol>& symbols, int depth, 
     d.value = it - symbols.begin();
     return d;
   }
-  static const std::map<std::string, Dim::Op> ops = {{"add", Dim::Op::Add}, {"mul", Dim::Op::Mul},
-                                                     {"max", Dim::Op::Max}, {"min", Dim::Op::Min},
+  static const std::map<std::string, Dim::Op> ops = {{"add", Dim::Op::Add},           {"mul", Dim::Op::Mul},
+                                                     {"max", Dim::Op::Max},           {"min", Dim::Op::Min},
                                                      {"floordiv", Dim::Op::FloorDiv}, {"mod", Dim::Op::Mod}};
   const Json* args = t.get("args");
   auto found = ops.find(op->s);
@@ -358,7 +358,7 @@ std::string shape_text(const Shape& shape, const std::vector<int64_t>& at_values
   std::string out = "[";
   for (size_t k = 0; k < shape.size(); ++k)
     out += (k ? ", " : "") + (shape[k].is_int() ? std::to_string(shape[k].value)
-                                               : "<" + std::to_string(shape[k].eval(at_values)) + " here>");
+                                                : "<" + std::to_string(shape[k].eval(at_values)) + " here>");
   return out + "]";
 }
 
@@ -367,7 +367,6 @@ bool may_alias(const std::string& kind) {
   return kind == "identity" || kind == "shuffle" || kind == "slice" || kind == "expand" || kind == "cast" ||
          kind == "constant";
 }
-
 
 // ---- shape inference ---------------------------------------------------------------------------------------
 
@@ -388,9 +387,7 @@ class CappedAllocator final : public c10::Allocator {
     return base_->allocate(n);
   }
   c10::DeleterFnPtr raw_deleter() const override { return base_->raw_deleter(); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    base_->copy_data(dest, src, count);
-  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { base_->copy_data(dest, src, count); }
 
  private:
   c10::Allocator* base_;
@@ -460,8 +457,8 @@ std::vector<at::Tensor> infer_outputs(const Layer& layer, const std::vector<Tens
   } catch (const c10::Error& e) {
     std::string text = e.what_without_backtrace();
     if (text.rfind("EngineFormatError: ", 0) == 0) format_error(where + ": " + text.substr(19));
-    format_error(where + ": " + layer.kind + " layer '" + layer.name + "' rejects its inputs: " +
-                 text.substr(0, text.find('\n')));
+    format_error(where + ": " + layer.kind + " layer '" + layer.name +
+                 "' rejects its inputs: " + text.substr(0, text.find('\n')));
   }
 }
 
@@ -601,7 +598,10 @@ void decode_network(Engine& engine, const Json& raw, const std::map<std::string,
     bool alias = true;
     for (int t = s; producer.count(t);) {
       const Layer* p = producer[t];
-      if (!may_alias(p->kind)) { alias = false; break; }
+      if (!may_alias(p->kind)) {
+        alias = false;
+        break;
+      }
       if (p->kind == "constant") break;
       t = p->inputs[0];
     }
@@ -724,8 +724,8 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
     const Binding& b = engine->bindings[i];
     const TensorInfo& t = engine->tensors[i];
     std::vector<std::string> dims;
-    for (const Dim& d : t.shape) dims.push_back(d.op == Dim::Op::Sym ? engine->symbols[d.value].name
-                                                                      : std::to_string(d.value));
+    for (const Dim& d : t.shape)
+      dims.push_back(d.op == Dim::Op::Sym ? engine->symbols[d.value].name : std::to_string(d.value));
     std::string what = "engine '" + engine->name + "': binding '" + b.name + "' (min [" + c10::Join(", ", b.min_shape) +
                        "], opt [" + c10::Join(", ", b.opt_shape) + "], max [" + c10::Join(", ", b.max_shape) +
                        "], torch." + dtype_text(b.dtype) + ") for network input %" + t.name + ": " +

@@ -67,25 +67,43 @@ const std::map<std::string, Binary>& elementwise() {
 
 const std::map<std::string, Unary>& unary() {
   static const std::map<std::string, Unary> table = {
-      {"exp", [](auto& x) { return at::exp(x); }},         {"expm1", [](auto& x) { return at::expm1(x); }},
-      {"log", [](auto& x) { return at::log(x); }},         {"log2", [](auto& x) { return at::log2(x); }},
-      {"log10", [](auto& x) { return at::log10(x); }},     {"log1p", [](auto& x) { return at::log1p(x); }},
-      {"sqrt", [](auto& x) { return at::sqrt(x); }},       {"rsqrt", [](auto& x) { return at::rsqrt(x); }},
-      {"recip", [](auto& x) { return at::reciprocal(x); }}, {"abs", [](auto& x) { return at::abs(x); }},
-      {"neg", [](auto& x) { return at::neg(x); }},         {"sin", [](auto& x) { return at::sin(x); }},
-      {"cos", [](auto& x) { return at::cos(x); }},         {"tan", [](auto& x) { return at::tan(x); }},
-      {"sinh", [](auto& x) { return at::sinh(x); }},       {"cosh", [](auto& x) { return at::cosh(x); }},
-      {"asin", [](auto& x) { return at::asin(x); }},       {"acos", [](auto& x) { return at::acos(x); }},
-      {"atan", [](auto& x) { return at::atan(x); }},       {"asinh", [](auto& x) { return at::asinh(x); }},
-      {"acosh", [](auto& x) { return at::acosh(x); }},     {"atanh", [](auto& x) { return at::atanh(x); }},
-      {"ceil", [](auto& x) { return at::ceil(x); }},       {"floor", [](auto& x) { return at::floor(x); }},
-      {"round", [](auto& x) { return at::round(x); }},     {"trunc", [](auto& x) { return at::trunc(x); }},
-      {"erf", [](auto& x) { return at::erf(x); }},         {"erfinv", [](auto& x) { return at::erfinv(x); }},
-      {"sign", [](auto& x) { return at::sign(x); }},       {"not", [](auto& x) { return at::logical_not(x); }},
+      {"exp", [](auto& x) { return at::exp(x); }},
+      {"expm1", [](auto& x) { return at::expm1(x); }},
+      {"log", [](auto& x) { return at::log(x); }},
+      {"log2", [](auto& x) { return at::log2(x); }},
+      {"log10", [](auto& x) { return at::log10(x); }},
+      {"log1p", [](auto& x) { return at::log1p(x); }},
+      {"sqrt", [](auto& x) { return at::sqrt(x); }},
+      {"rsqrt", [](auto& x) { return at::rsqrt(x); }},
+      {"recip", [](auto& x) { return at::reciprocal(x); }},
+      {"abs", [](auto& x) { return at::abs(x); }},
+      {"neg", [](auto& x) { return at::neg(x); }},
+      {"sin", [](auto& x) { return at::sin(x); }},
+      {"cos", [](auto& x) { return at::cos(x); }},
+      {"tan", [](auto& x) { return at::tan(x); }},
+      {"sinh", [](auto& x) { return at::sinh(x); }},
+      {"cosh", [](auto& x) { return at::cosh(x); }},
+      {"asin", [](auto& x) { return at::asin(x); }},
+      {"acos", [](auto& x) { return at::acos(x); }},
+      {"atan", [](auto& x) { return at::atan(x); }},
+      {"asinh", [](auto& x) { return at::asinh(x); }},
+      {"acosh", [](auto& x) { return at::acosh(x); }},
+      {"atanh", [](auto& x) { return at::atanh(x); }},
+      {"ceil", [](auto& x) { return at::ceil(x); }},
+      {"floor", [](auto& x) { return at::floor(x); }},
+      {"round", [](auto& x) { return at::round(x); }},
+      {"trunc", [](auto& x) { return at::trunc(x); }},
+      {"erf", [](auto& x) { return at::erf(x); }},
+      {"erfinv", [](auto& x) { return at::erfinv(x); }},
+      {"sign", [](auto& x) { return at::sign(x); }},
+      {"not", [](auto& x) { return at::logical_not(x); }},
       {"bitwise_not", [](auto& x) { return at::bitwise_not(x); }},
-      {"isinf", [](auto& x) { return at::isinf(x); }},     {"isneginf", [](auto& x) { return at::isneginf(x); }},
-      {"isposinf", [](auto& x) { return at::isposinf(x); }}, {"isnan", [](auto& x) { return at::isnan(x); }},
-      {"isfinite", [](auto& x) { return at::isfinite(x); }}, {"square", [](auto& x) { return at::square(x); }},
+      {"isinf", [](auto& x) { return at::isinf(x); }},
+      {"isneginf", [](auto& x) { return at::isneginf(x); }},
+      {"isposinf", [](auto& x) { return at::isposinf(x); }},
+      {"isnan", [](auto& x) { return at::isnan(x); }},
+      {"isfinite", [](auto& x) { return at::isfinite(x); }},
+      {"square", [](auto& x) { return at::square(x); }},
   };
   return table;
 }
@@ -340,8 +358,10 @@ Tensors resize(const Layer& l, const Tensors& xs, const Env& env) {  // torch.nn
   if (l.has("size") == l.has("scales")) refuse(l, "needs exactly one of size and scales");
   const std::string& mode = l.str("mode");
   bool exact_modes = mode == "nearest" || mode == "area" || mode == "nearest-exact";
-  if (exact_modes && l.has("align_corners")) refuse(l, "align_corners option can only be set with the interpolating "
-                                                       "modes: linear | bilinear | bicubic | trilinear");
+  if (exact_modes && l.has("align_corners"))
+    refuse(l,
+           "align_corners option can only be set with the interpolating "
+           "modes: linear | bilinear | bicubic | trilinear");
   bool align = l.has("align_corners") && l.flag("align_corners");
   int64_t dim = x.dim() - 2;
   std::optional<std::vector<int64_t>> size;
@@ -447,21 +467,42 @@ Tensors attention(const Layer& l, const Tensors& xs, const Env&) {
 }
 
 Tensors dim_value(const Layer& l, const Tensors&, const Env& env) {
-  return {at::full({}, l.integer("value", env), at::TensorOptions().dtype(dtype_of(l.str("dtype"))).device(env.device))};
+  return {
+      at::full({}, l.integer("value", env), at::TensorOptions().dtype(dtype_of(l.str("dtype"))).device(env.device))};
 }
 
 const std::map<std::string, Meaning>& meanings() {
   static const std::map<std::string, Meaning> table = {
-      {"constant", constant},       {"identity", identity},         {"cast", cast},
-      {"convolution", convolution}, {"scale", scale},               {"activation", activation},
-      {"parametric_relu", prelu},   {"elementwise", binary},        {"unary", unary_op},
-      {"pooling", pooling},         {"matrix_multiply", matmul},    {"shuffle", shuffle},
-      {"reduce", reduce},           {"softmax", softmax},           {"concatenation", concatenation},
-      {"slice", slice},             {"expand", expand},             {"gather", gather},
-      {"scatter", scatter},         {"select", select},             {"topk", topk},
-      {"resize", resize},           {"padding", padding},           {"normalization", normalization},
-      {"einsum", einsum},           {"cumulative", cumulative},     {"fill", fill},
-      {"shape", shape},             {"grid_sample", grid_sample},   {"attention", attention},
+      {"constant", constant},
+      {"identity", identity},
+      {"cast", cast},
+      {"convolution", convolution},
+      {"scale", scale},
+      {"activation", activation},
+      {"parametric_relu", prelu},
+      {"elementwise", binary},
+      {"unary", unary_op},
+      {"pooling", pooling},
+      {"matrix_multiply", matmul},
+      {"shuffle", shuffle},
+      {"reduce", reduce},
+      {"softmax", softmax},
+      {"concatenation", concatenation},
+      {"slice", slice},
+      {"expand", expand},
+      {"gather", gather},
+      {"scatter", scatter},
+      {"select", select},
+      {"topk", topk},
+      {"resize", resize},
+      {"padding", padding},
+      {"normalization", normalization},
+      {"einsum", einsum},
+      {"cumulative", cumulative},
+      {"fill", fill},
+      {"shape", shape},
+      {"grid_sample", grid_sample},
+      {"attention", attention},
       {"dim_value", dim_value},
   };
   return table;
@@ -503,8 +544,8 @@ struct Check {
     for (size_t i = 0; i < values.size(); ++i) {
       auto [least, most] = bounds(values[i].i);
       if (least < lo || most > hi)
-        fail(what + "[" + std::to_string(i) + "] = " + std::to_string(least == most ? least : most) +
-             " is outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+        fail(what + "[" + std::to_string(i) + "] = " + std::to_string(least == most ? least : most) + " is outside [" +
+             std::to_string(lo) + ", " + std::to_string(hi) + "]");
     }
   }
   void axis(const std::string& what, int64_t a, int64_t r) const {
@@ -533,7 +574,8 @@ void validate_layer(const Layer& l, const std::vector<TensorInfo>& tensors, cons
   const KindInfo& kind = *kinds().find(l.kind);
   Check c{l, tensors, symbols, where};
   int64_t n = l.inputs.size();
-  if (n < kind.min_inputs || (kind.max_inputs >= 0 && n > kind.max_inputs)) c.fail("got " + std::to_string(n) + " inputs");
+  if (n < kind.min_inputs || (kind.max_inputs >= 0 && n > kind.max_inputs))
+    c.fail("got " + std::to_string(n) + " inputs");
   std::vector<std::string> missing, unknown;
   for (const auto& w : kind.required_weights)
     if (!l.weights.count(w)) missing.push_back("'" + w + "'");
@@ -555,11 +597,14 @@ void validate_layer(const Layer& l, const std::vector<TensorInfo>& tensors, cons
   if (k == "convolution") {
     const at::Tensor& kernel = l.weights.at("kernel");
     int64_t nd = kernel.dim() - 2;
-    if (nd < 1 || nd > 3) c.fail("kernel of rank " + std::to_string(kernel.dim()) + "; a 1-, 2- or 3-d convolution needs rank 3, 4 or 5");
+    if (nd < 1 || nd > 3)
+      c.fail("kernel of rank " + std::to_string(kernel.dim()) + "; a 1-, 2- or 3-d convolution needs rank 3, 4 or 5");
     if (c.rank(0) != nd + 1 && c.rank(0) != nd + 2)
       c.fail("input of rank " + std::to_string(c.rank(0)) + " for a " + std::to_string(nd) + "-d kernel");
-    for (auto [what, lo, zero_ok] : {std::tuple<const char*, int64_t, bool>{"stride", 1, false}, {"padding", 0, false},
-                                     {"dilation", 1, false}, {"output_padding", 0, true}}) {
+    for (auto [what, lo, zero_ok] : {std::tuple<const char*, int64_t, bool>{"stride", 1, false},
+                                     {"padding", 0, false},
+                                     {"dilation", 1, false},
+                                     {"output_padding", 0, true}}) {
       size_t len = list(what).size();
       if (!(len == 1 || len == (size_t)nd || (zero_ok && len == 0)))
         c.fail(std::string(what) + " needs " + std::to_string(nd) + " entries");
@@ -568,7 +613,8 @@ void validate_layer(const Layer& l, const std::vector<TensorInfo>& tensors, cons
     int64_t groups = l.param("groups").i.value;
     bool transposed = l.flag("transposed");
     if (!(1 <= groups && groups <= extent) || (!transposed && kernel.size(0) % groups))
-      c.fail("groups " + std::to_string(groups) + " does not divide the " + std::to_string(kernel.size(0)) + " kernels");
+      c.fail("groups " + std::to_string(groups) + " does not divide the " + std::to_string(kernel.size(0)) +
+             " kernels");
     int64_t out_channels = transposed ? kernel.size(1) * groups : kernel.size(0);
     const at::Tensor* bias = l.weight("bias");
     if (bias && (bias->dim() != 1 || bias->size(0) != out_channels))
@@ -592,13 +638,17 @@ void validate_layer(const Layer& l, const std::vector<TensorInfo>& tensors, cons
   } else if (k == "pooling") {
     size_t nd = list("window").size();
     for (auto [what, lo, lengths] : {std::tuple<const char*, int64_t, std::set<size_t>>{"window", 1, {nd}},
-                                     {"stride", 1, {0, 1, nd}}, {"padding", 0, {1, nd}}, {"dilation", 1, {0, 1, nd}}}) {
-      if (!lengths.count(list(what).size())) c.fail(std::string(what) + " does not fit a " + std::to_string(nd) + "-d window");
+                                     {"stride", 1, {0, 1, nd}},
+                                     {"padding", 0, {1, nd}},
+                                     {"dilation", 1, {0, 1, nd}}}) {
+      if (!lengths.count(list(what).size()))
+        c.fail(std::string(what) + " does not fit a " + std::to_string(nd) + "-d window");
       c.range(what, list(what), lo, extent);
     }
     if (l.has("divisor_override")) {
       int64_t d = l.param("divisor_override").i.value;
-      if (d < 1 || d > extent) c.fail("divisor_override " + std::to_string(d) + " is outside [1, " + std::to_string(extent) + "]");
+      if (d < 1 || d > extent)
+        c.fail("divisor_override " + std::to_string(d) + " is outside [1, " + std::to_string(extent) + "]");
     }
   } else if (k == "reduce") {
     int64_t r = c.rank(0), m = std::max<int64_t>(r, 1);
@@ -612,7 +662,8 @@ void validate_layer(const Layer& l, const std::vector<TensorInfo>& tensors, cons
     c.axis("axis", l.param("axis").i.value, c.rank(0));
   } else if (k == "expand") {
     int64_t len = list("shape").size();
-    if (!(c.rank(0) <= len && len <= max_rank)) c.fail("shape has fewer dims than the input or more than " + std::to_string(max_rank));
+    if (!(c.rank(0) <= len && len <= max_rank))
+      c.fail("shape has fewer dims than the input or more than " + std::to_string(max_rank));
     c.range("shape", list("shape"), -1, int64_t(1) << 62);
   } else if (k == "gather") {
     const std::string& mode = l.str("mode");
@@ -653,8 +704,8 @@ void validate_layer(const Layer& l, const std::vector<TensorInfo>& tensors, cons
     if (!(0 <= klo && khi <= size))
       c.fail("k " + std::to_string(khi) + " is outside [0, " + std::to_string(size) + "] on axis " + std::to_string(a));
   } else if (k == "resize") {
-    static const std::set<std::string> modes = {"nearest", "nearest-exact", "linear", "bilinear", "bicubic",
-                                                "trilinear", "area"};
+    static const std::set<std::string> modes = {"nearest", "nearest-exact", "linear", "bilinear",
+                                                "bicubic", "trilinear",     "area"};
     if (!modes.count(l.str("mode"))) c.fail("unknown mode '" + l.str("mode") + "'");
     if (l.has("size")) c.range("size", list("size"), 1, int64_t(1) << 40);
     const auto& scales = list("scales");
@@ -674,18 +725,21 @@ void validate_layer(const Layer& l, const std::vector<TensorInfo>& tensors, cons
     if (kind_name == "layer") {
       for (const Param& p : list("normalized_shape")) expected.push_back(p.i.value);
     } else {
-      if (c.rank(0) < 2) c.fail(kind_name + " normalization needs an input of rank 2 or more, got " + std::to_string(c.rank(0)));
+      if (c.rank(0) < 2)
+        c.fail(kind_name + " normalization needs an input of rank 2 or more, got " + std::to_string(c.rank(0)));
       int64_t channels = c.dim_at_most(c.in(0).shape[1]);
       expected = {channels};
       int64_t groups = l.param("num_groups").i.value;
       if (kind_name == "group" && !(groups >= 1 && channels % groups == 0))
-        c.fail("num_groups " + std::to_string(groups) + " does not divide the " + std::to_string(channels) + " channels");
+        c.fail("num_groups " + std::to_string(groups) + " does not divide the " + std::to_string(channels) +
+               " channels");
     }
     for (const auto& [w, t] : l.weights)
       if (t.sizes().vec() != expected)
         c.fail("weight '" + w + "' of shape " + dims_text(t.sizes().vec()) + ", expected " + dims_text(expected));
   } else if (k == "einsum") {
-    if (l.str("equation").size() > 1024) c.fail("equation of " + std::to_string(l.str("equation").size()) + " characters");
+    if (l.str("equation").size() > 1024)
+      c.fail("equation of " + std::to_string(l.str("equation").size()) + " characters");
   } else if (k == "fill") {
     if (c.bounds(l.param("length").i).first < 0) c.fail("negative length");
   } else if (k == "select") {  // torch.where refuses another condition (Python's meta kernel at load)

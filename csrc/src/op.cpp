@@ -18,13 +18,20 @@ constexpr size_t kCachedEngines = 64;
 
 void check_blob(const at::Tensor& blob) {  // execute_op.check_blob
   std::string got;
-  if (!blob.defined()) got = "None";
-  else if (blob.is_quantized()) got = "a quantized tensor (" + std::string(c10::toString(blob.scalar_type())) + ")";
-  else if (blob.layout() != at::kStrided || blob.is_nested()) got = "a non-strided tensor";
-  else if (blob.scalar_type() != at::kByte) got = "a torch." + kinds().dtype_name(blob.scalar_type()) + " tensor";
-  else if (blob.device().is_meta()) got = "a tensor on the meta device, which holds no bytes (was the module loaded "
-                                          "with map_location='meta'?)";
-  else return;
+  if (!blob.defined())
+    got = "None";
+  else if (blob.is_quantized())
+    got = "a quantized tensor (" + std::string(c10::toString(blob.scalar_type())) + ")";
+  else if (blob.layout() != at::kStrided || blob.is_nested())
+    got = "a non-strided tensor";
+  else if (blob.scalar_type() != at::kByte)
+    got = "a torch." + kinds().dtype_name(blob.scalar_type()) + " tensor";
+  else if (blob.device().is_meta())
+    got =
+        "a tensor on the meta device, which holds no bytes (was the module loaded "
+        "with map_location='meta'?)";
+  else
+    return;
   format_error("an engine attribute must be a uint8 tensor of engine bytes, got " + got);
 }
 

@@ -44,8 +44,7 @@ int main(int argc, char** argv) {
     torch::jit::Module module = torch::jit::load(argv[1]);
     module.eval();
     c10::IValue inputs = torch::jit::pickle_load(read_file(argv[2]));
-    std::vector<c10::IValue> args =
-        inputs.isTuple() ? inputs.toTupleRef().elements().vec() : inputs.toListRef().vec();
+    std::vector<c10::IValue> args = inputs.isTuple() ? inputs.toTupleRef().elements().vec() : inputs.toListRef().vec();
     torch::NoGradGuard no_grad;
     c10::IValue outputs = module.forward(args);
     describe(outputs, "");

@@ -93,7 +93,7 @@ class Engine {
  public:
   static std::shared_ptr<Engine> deserialize(const uint8_t* data, size_t size, const Limits& limits = {});
   std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs) const;
-  std::string signature() const;  // what a module records of its engine (runtime/execute_op.py)
+  std::string signature() const;                 // what a module records of its engine (runtime/execute_op.py)
   bool fits(const std::string& expected) const;  // `expected` is this engine's signature (or its legacy form)
 
   std::string name, device_type, backend;
@@ -104,7 +104,7 @@ class Engine {
   int num_inputs = 0;
   std::vector<Layer> layers;
   std::vector<int> outputs;
-  std::vector<bool> clone_output;  // an output that may alias an input or a weight is copied
+  std::vector<bool> clone_output;         // an output that may alias an input or a weight is copied
   std::vector<std::string> plan_targets;  // Target.describe() of each stored plan
 
  private:
