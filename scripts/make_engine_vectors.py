@@ -54,6 +54,14 @@ def _with_checksum(body: bytes) -> bytes:
     return body + hashlib.sha256(body).digest()
 
 
+def _format_1(data: bytes) -> bytes:
+    """The same engine in format 1 (saved before plans): one JSON of the metadata and the network, the weights."""
+    graph, weights = split(data)
+    graph.pop("plans")
+    text = json.dumps(graph).encode()
+    return _with_checksum(struct.pack("<8sIIQQ", S.MAGIC, 1, 0, len(text), len(weights)) + text + weights)
+
+
 def _layer(graph: dict, kind: str) -> dict:
     return next(layer for layer in graph["network"]["layers"] if layer["kind"] == kind)
 
@@ -63,6 +71,7 @@ def vectors() -> dict[str, bytes]:
     found = {f"good_{name}": data for name, data in zip(("cnn", "indexing", "attention", "workspace"),
                                                        seed_engines())}
     found["good_dynamic_clip_infinity"] = _dynamic()
+    found["good_format_1"] = _format_1(cnn)
     found["bad_magic"] = b"XKLNENG\0" + cnn[8:]
     found["truncated"] = cnn[:40]
     found["padded"] = cnn + b"\0"

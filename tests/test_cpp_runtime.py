@@ -231,22 +231,23 @@ def test_every_layer_kind_runs_in_cpp_as_in_python(cpp, tmp_path):
     assert covered == set(describe()["kinds"]), set(describe()["kinds"]) - covered
 
 
-def _gather_engine() -> Engine:
+def _gather_engine(device: str) -> Engine:
     n = Network("gather")
     data, idx = n.add_input("data", torch.float32, (4, 3)), n.add_input("idx", torch.int64, (2,))
     n.mark_output(n.add_gather(data, idx, 0).get_output())
-    return engine_of(n, "reference")
+    return engine_of(n, "reference", device)
 
 
-@pytest.mark.parametrize("inputs", [
-    [torch.randn(4, 3), torch.tensor([0, 7])],  # EngineIndexError
-    [torch.randn(4, 3), torch.tensor([0, 1], dtype=torch.int32)],  # EngineInputError: the dtype
-    [torch.randn(4, 3)],  # EngineInputError: how many
-], ids=["index", "dtype", "count"])
-def test_engine_errors_in_cpp_are_the_python_runtime_errors(cpp, tmp_path, inputs):
+@pytest.mark.parametrize("device, inputs", [
+    ("cpu", [torch.randn(4, 3), torch.tensor([0, 7])]),  # EngineIndexError
+    ("cpu", [torch.randn(4, 3), torch.tensor([0, 1], dtype=torch.int32)]),  # EngineInputError: the dtype
+    ("cpu", [torch.randn(4, 3)]),  # EngineInputError: how many
+    ("cuda", [torch.randn(4, 3), torch.tensor([0, 1])]),  # EngineInputError: a CUDA engine given CPU tensors
+], ids=["index", "dtype", "count", "device"])
+def test_engine_errors_in_cpp_are_the_python_runtime_errors(cpp, tmp_path, device, inputs):
     """The C++ runtime raises the Python runtime's error type and message (as a c10::Error naming the type), which
     torchkiln.load's mapping (reraise_engine_error) turns back into the torchkiln type."""
-    engine = _gather_engine()
+    engine = _gather_engine(device)
     with pytest.raises(EngineInputError) as raised:
         engine.execute(inputs)
     torch.jit.save(torch.jit.script(_Engines([engine_blob(engine.serialize())], [inputs])), str(tmp_path / "m.pt"))
