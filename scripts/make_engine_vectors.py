@@ -93,6 +93,7 @@ def vectors() -> dict[str, bytes]:
     found["undefined_input"] = _edit(cnn, lambda g: _layer(g, "convolution").update(inputs=["nowhere"]))
     found["declared_output_differs"] = _edit(cnn, lambda g: _layer(g, "convolution")["outputs"][0].update(
         dtype="float64"))
+    found["bad_backend_option"] = _edit(cnn, lambda g: g.update(ort_threads=-1))
     found["binding_dtype_differs"] = _edit(cnn, lambda g: g["bindings"][0].update(dtype="int32"))
     found["over_memory_ceiling"] = _engine("fill", lambda n: [n.add_fill(1 << 30, 0.0, 1.0, torch.float64)
                                                               .get_output()])

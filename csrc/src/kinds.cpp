@@ -22,6 +22,15 @@ Kinds load() {
   for (const Json& d : raw.get("float_dtypes")->array) out.float_dtypes.push_back(scalar_type(d.s));
   for (const auto& [k, v] : raw.get("enums")->object)
     for (const Json& value : v.array) out.enums[k].push_back(value.s);
+  for (const Json& o : raw.get("backend_options")->array) {
+    OptionInfo info{o.get("name")->s, o.get("type")->s, ""};
+    if (info.type == "int") {
+      info.low = o.get("low")->i;
+      info.high = o.get("high")->type == Json::Type::Null ? -1 : o.get("high")->i;
+      info.note = o.get("note")->s;
+    }
+    out.options.push_back(std::move(info));
+  }
   for (const auto& [name, v] : raw.get("kinds")->object) {
     KindInfo info;
     for (const Json& p : v.get("params")->array) info.params.emplace_back(p.array[0].s, p.array[1].s);

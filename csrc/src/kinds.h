@@ -18,7 +18,13 @@ struct KindInfo {
   int64_t min_inputs = 1, max_inputs = -1;  // -1: any number
 };
 
+struct OptionInfo {              // a backend option of engine metadata (runtime/backends/base.py)
+  std::string name, type, note;  // type: "bool" or "int" (others are not checked)
+  int64_t low = 0, high = -1;    // an int's range; high -1: none
+};
+
 struct Kinds {
+  std::vector<OptionInfo> options;
   std::map<std::string, KindInfo> kinds;
   std::map<std::string, std::vector<std::string>> enums;
   std::map<std::string, at::ScalarType> dtypes;

@@ -2,6 +2,7 @@
 // and every layer checked as runtime/serialization.py checks it (same bounds, same EngineFormatError texts where
 // the check is the same; csrc/layer_kinds.json is the Python layer registry's description).
 #include <c10/core/CPUAllocator.h>
+#include <dlfcn.h>
 #include <openssl/sha.h>
 #include <unistd.h>
 
@@ -398,6 +399,30 @@ void install_capped_allocator() {
   std::call_once(once, [] { c10::SetCPUAllocator(new CappedAllocator(c10::GetCPUAllocator()), 1); });
 }
 
+// This thread's OpenMP team size set to one while a layer is computed at load (for shapes, on tiny or zero-stride
+// inputs), and restored after: ATen then runs the layer inline, without waking a team of threads per layer, which on
+// a busy machine costs milliseconds per layer. The OpenMP functions are torch's own (found in the process, not
+// linked here); where torch has none, nothing changes.
+class OneThread {
+ public:
+  OneThread() {
+    static auto set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+    static auto get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "omp_get_max_threads"));
+    if (set && get) {
+      set_ = set;
+      before_ = get();
+      set_(1);
+    }
+  }
+  ~OneThread() {
+    if (set_) set_(before_);
+  }
+
+ private:
+  void (*set_)(int) = nullptr;
+  int before_ = 1;
+};
+
 bool pointwise(const std::string& kind) {
   return kind == "elementwise" || kind == "unary" || kind == "activation" || kind == "select" || kind == "cast" ||
          kind == "identity";
@@ -417,6 +442,7 @@ std::vector<at::Tensor> infer_outputs(const Layer& layer, const std::vector<Tens
     for (const Dim& d : tensors[s].shape) dims.back().push_back(d.eval(highest));
   }
   auto dtype = [&](size_t k) { return tensors[layer.inputs[k]].dtype; };
+  OneThread one_thread;
   try {
     try {
       std::vector<at::Tensor> xs;
@@ -708,6 +734,17 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
     format_error("engine metadata: backend " + (backend ? backend->repr() : "None") + " is not one that runs on " +
                  engine->device_type + " (" +
                  (engine->device_type == "cpu" ? "reference, onnxruntime" : "reference, cuda") + ")");
+  for (const OptionInfo& option : kinds().options) {  // BackendOptions.from_json's checks
+    const Json* value = meta->get(option.name);
+    if (!value) continue;
+    if (option.type == "bool" && value->type != Json::Type::Bool)
+      format_error("engine metadata: " + option.name + " must be True or False, got " + value->repr());
+    if (option.type == "int" &&
+        !(value->is_int() && value->i >= option.low && (option.high < 0 || value->i <= option.high)))
+      format_error("engine metadata: " + option.name + " must be an int >= " + std::to_string(option.low) +
+                   (option.high < 0 ? "" : " and <= " + std::to_string(option.high)) +
+                   (option.note.empty() ? "" : " (" + option.note + ")") + ", got " + value->repr());
+  }
   for (const auto& [k, plan] : plans) {
     if (plan.type != Json::Type::Object) format_error("engine plan " + std::to_string(k) + ": not an object");
     const Json* target_backend = plan.get("target") ? plan.get("target")->get("backend") : nullptr;

@@ -426,7 +426,7 @@ Tensors normalization(const Layer& l, const Tensors& xs, const Env& env) {
   } else {
     int64_t spatial = 1;
     for (int64_t d = 2; d < x32.dim(); ++d) spatial *= x32.size(d);
-    if (spatial == 1 && !env.meta) refuse(l, "expected more than 1 spatial element when training");
+    if (spatial == 1) refuse(l, "expected more than 1 spatial element when training");
     out = at::instance_norm(x32, scale, bias, std::nullopt, std::nullopt, true, 0.1, eps, cudnn);
   }
   return {out.to(x.scalar_type())};

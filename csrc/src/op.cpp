@@ -4,17 +4,15 @@
 #include <torch/library.h>
 
 #include <limits>
-#include <list>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 
 #include "kinds.h"
 #include "torchkiln/engine.h"
 
 namespace torchkiln {
 namespace {
-
-constexpr size_t kCachedEngines = 64;
 
 void check_blob(const at::Tensor& blob) {  // execute_op.check_blob
   std::string got;
@@ -35,23 +33,30 @@ void check_blob(const at::Tensor& blob) {  // execute_op.check_blob
   format_error("an engine attribute must be a uint8 tensor of engine bytes, got " + got);
 }
 
-using Key = std::tuple<const void*, int64_t, int64_t>;  // the blob's data, version counter and size
+// An engine is kept while its blob lives (as the Python runtime keeps it on the blob) and reloaded when the blob's
+// data, version counter (an in-place write) or size changes.
+struct Loaded {
+  c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> blob;
+  std::tuple<const void*, int64_t, int64_t> key;
+  std::shared_ptr<Engine> engine;
+};
 
 std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob) {
   static std::mutex lock;
-  static std::list<std::pair<Key, std::shared_ptr<Engine>>> cache;  // most recently used first
+  static std::unordered_map<const c10::TensorImpl*, Loaded> cache;
   check_blob(blob);
-  Key key{blob.data_ptr(), blob.is_inference() ? -1 : (int64_t)blob._version(), blob.numel()};
+  std::tuple<const void*, int64_t, int64_t> key{blob.data_ptr(), blob.is_inference() ? -1 : (int64_t)blob._version(),
+                                                blob.numel()};
   std::lock_guard<std::mutex> guard(lock);
-  for (auto it = cache.begin(); it != cache.end(); ++it)
-    if (it->first == key) {
-      cache.splice(cache.begin(), cache, it);
-      return cache.front().second;
-    }
+  auto found = cache.find(blob.unsafeGetTensorImpl());
+  if (found != cache.end() && !found->second.blob.expired() && found->second.key == key) return found->second.engine;
+  for (auto it = cache.begin(); it != cache.end();)  // forget the engines of blobs that are gone
+    it = it->second.blob.expired() ? cache.erase(it) : std::next(it);
   at::Tensor bytes = blob.detach().cpu().contiguous();
   auto engine = Engine::deserialize(bytes.data_ptr<uint8_t>(), bytes.numel());
-  cache.emplace_front(key, engine);
-  if (cache.size() > kCachedEngines) cache.pop_back();
+  cache.insert_or_assign(
+      blob.unsafeGetTensorImpl(),
+      Loaded{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(blob.getIntrusivePtr()), key, engine});
   return engine;
 }
 

@@ -12,6 +12,7 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir import symbolic
 from torchkiln.runtime import limits
+from torchkiln.runtime.backends.base import OPTIONS
 from torchkiln.runtime import serialization as S
 
 
@@ -35,8 +36,16 @@ def _enums(hint: Any, found: dict[str, list[str]]) -> None:
         found[hint.__name__] = [m.value for m in hint]
 
 
+def _option(setting: Any) -> dict[str, Any]:
+    """A backend option stored in engine metadata: its name and type, and an int's range."""
+    check = setting.check
+    if setting.type == "int":
+        return {"name": setting.name, "type": "int", "low": check.low, "high": check.high, "note": check.note}
+    return {"name": setting.name, "type": setting.type}
+
+
 def describe() -> dict[str, Any]:
-    """Layer kinds, enums, dtypes and the loader's bounds."""
+    """Layer kinds, enums, dtypes, the backend options of engine metadata and the loader's bounds."""
     kinds: dict[str, Any] = {}
     enums: dict[str, list[str]] = {}
     for name, kind in sorted(L.LAYER_KINDS.items()):
@@ -55,4 +64,4 @@ def describe() -> dict[str, Any]:
         (symbolic, ("MAX_TREE_DEPTH", "MAX_TREE_NODES", "MAX_EXTREMUM_ARGS"))) for name in names}
     return {"bounds": bounds, "dtypes": [S.dtype_name(d) for d in L.TENSOR_DTYPES],
             "float_dtypes": [S.dtype_name(d) for d in L.FLOAT_DTYPES], "enums": dict(sorted(enums.items())),
-            "kinds": kinds}
+            "backend_options": [_option(o) for o in OPTIONS], "kinds": kinds}
