@@ -6,6 +6,7 @@ the Python loader and tests/test_cpp_runtime.py with the C++ one.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 import struct
@@ -49,8 +50,6 @@ def _edit(data: bytes, change) -> bytes:
 
 
 def _with_checksum(body: bytes) -> bytes:
-    import hashlib
-
     return body + hashlib.sha256(body).digest()
 
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from test_engine_fuzz import MAX_FLOPS, MAX_MEMORY, fuzz_case, run_case
 from test_onnx_export import ALL_CASES
-from test_runtime_backends import engine_of, reference_outputs
+from test_runtime_backends import engine_of
 
 import torchkiln
 from torchkiln.errors import EngineInputError
