@@ -1,6 +1,7 @@
 """Engine bytes: round trip, and every kind of damage is a clear EngineFormatError (never a crash)."""
 import hashlib
 import json
+import pathlib
 import struct
 import tracemalloc
 
@@ -9,7 +10,7 @@ import torch
 from harness import assert_matches_eager
 
 import torchkiln
-from torchkiln.errors import NetworkError
+from torchkiln.errors import EngineFormatError, NetworkError
 from torchkiln.examples import SmallResNet
 from torchkiln.runtime import limits, serialization as S
 from torchkiln.ir import layers as L
@@ -61,6 +62,23 @@ def test_round_trip_runs_identically(engine_bytes):
     x = torch.randn(1, 3, 32, 32)
     assert torch.equal(engine.execute([x])[0], again.execute([x])[0])
     assert b"pickle" not in engine_bytes and b"\x80\x04" not in engine_bytes[:64]
+
+
+VECTORS = pathlib.Path(__file__).resolve().parent / "engine_vectors"
+_MANIFEST = json.loads((VECTORS / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(_MANIFEST["vectors"]))
+def test_shared_engine_vectors(name):
+    """The format's test vectors (scripts/make_engine_vectors.py), which tests/test_cpp_runtime.py loads with the C++
+    loader: each loads, or is refused with its recorded message."""
+    try:
+        Engine.deserialize((VECTORS / name).read_bytes(), max_memory=_MANIFEST["max_memory"],
+                           max_flops=_MANIFEST["max_flops"])
+        got = "loaded"
+    except EngineFormatError as e:
+        got = f"EngineFormatError: {e}"
+    assert got == _MANIFEST["vectors"][name]
 
 
 @pytest.mark.parametrize("cut", [0, 10, 31, 40, 1000, -1, -33])

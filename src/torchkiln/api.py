@@ -31,6 +31,7 @@ from torchkiln.runtime import execute_op as _execute_op  # noqa: F401  (register
 from torchkiln.onnx_file import export_onnx
 from torchkiln.refit import refit_module_weights
 from torchkiln.runtime.engine import Engine
+from torchkiln.runtime.native import runtime_library_path
 from torchkiln.settings import Input
 from torchkiln.stitching.module import load
 from torchkiln.ts import convert_method_to_trt_engine, save
@@ -42,5 +43,5 @@ __all__ = [
     "UnsupportedOperatorError", "__version__", "check_method_op_support", "compile", "convert_method_to_engine",
     "convert_method_to_trt_engine", "debug_precision", "dtype", "dump_build_info", "embed_engine_in_new_module",
     "export_onnx", "load", "logging", "memory_format", "partition_report", "refit_module_weights",
-    "register_python_op", "save", "set_device", "supported_ops", "ts", "unsupported_ops",
+    "register_python_op", "runtime_library_path", "save", "set_device", "supported_ops", "ts", "unsupported_ops",
 ]

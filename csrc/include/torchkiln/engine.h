@@ -1,0 +1,121 @@
+// torchkiln's C++ runtime: engine bytes read, checked and run with no Python (docs/deployment.md).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torchkiln {
+
+// The errors of torchkiln.errors, as c10::Error whose text starts with the type name (torchkiln.load maps them
+// back to the Python types).
+[[noreturn]] void format_error(const std::string& message);
+[[noreturn]] void input_error(const std::string& message);
+[[noreturn]] void index_error(const std::string& message);
+
+// A dim: an int, or an integer expression over the network's symbols (the engine's JSON tree, ir/symbolic.py).
+struct Dim {
+  enum class Op { Int, Sym, Add, Mul, Max, Min, FloorDiv, Mod };
+  Op op = Op::Int;
+  int64_t value = 0;  // Int: the value; Sym: the symbol's index
+  std::vector<Dim> args;
+  bool is_int() const { return op == Op::Int; }
+  int64_t eval(const std::vector<int64_t>& symbols) const;  // EngineFormatError where it overflows
+};
+using Shape = std::vector<Dim>;
+
+struct Symbol {
+  std::string name;
+  int64_t lo, hi;
+};
+
+// A layer parameter: a JSON value checked against its kind's declared type (csrc/layer_kinds.json).
+struct Param {
+  enum class Kind { None, Bool, Int, Float, Str, List };
+  Kind kind = Kind::None;
+  bool b = false;
+  Dim i;  // Int: an int or a symbolic dim
+  double f = 0;
+  std::string s;  // Str, and enums by their value
+  std::vector<Param> list;
+};
+
+struct TensorInfo {
+  std::string name;
+  at::ScalarType dtype;
+  Shape shape;
+  at::Tensor constant;  // the value, where a constant layer makes it
+};
+
+struct Layer;
+struct Env {
+  const std::vector<int64_t>& symbols;  // each symbol's value for this call
+  at::Device device;
+  bool meta;  // shape inference on meta tensors: no values to check
+};
+using Meaning = std::vector<at::Tensor> (*)(const Layer&, const std::vector<at::Tensor>&, const Env&);
+
+struct Layer {
+  std::string kind, name;
+  std::vector<int> inputs, outputs;  // tensor slots
+  std::map<std::string, at::Tensor> weights;
+  std::map<std::string, Param> params;
+  Meaning meaning = nullptr;
+  std::vector<int> frees;  // slots whose last reader this is
+
+  const Param& param(const std::string& key) const;
+  int64_t integer(const std::string& key, const Env& env) const;
+  std::vector<int64_t> ints(const std::string& key, const Env& env) const;  // a tuple[int]; [] where None
+  double real(const std::string& key) const;
+  const std::string& str(const std::string& key) const;  // str or enum value
+  bool flag(const std::string& key) const;
+  bool has(const std::string& key) const;  // the parameter is not None
+  const at::Tensor* weight(const std::string& key) const;
+};
+
+struct Binding {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> min_shape, opt_shape, max_shape;
+};
+
+struct Limits {
+  std::optional<double> max_memory, max_flops;  // None: TORCHKILN_MAX_ENGINE_* or the device's default
+};
+
+class Engine {
+ public:
+  static std::shared_ptr<Engine> deserialize(const uint8_t* data, size_t size, const Limits& limits = {});
+  std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs) const;
+  std::string signature() const;                 // what a module records of its engine (runtime/execute_op.py)
+  bool fits(const std::string& expected) const;  // `expected` is this engine's signature (or its legacy form)
+
+  std::string name, device_type, backend;
+  at::ScalarType precision;
+  std::vector<Binding> bindings;
+  std::vector<Symbol> symbols;
+  std::vector<TensorInfo> tensors;  // by slot: network inputs, then each layer's outputs
+  int num_inputs = 0;
+  std::vector<Layer> layers;
+  std::vector<int> outputs;
+  std::vector<bool> clone_output;         // an output that may alias an input or a weight is copied
+  std::vector<std::string> plan_targets;  // Target.describe() of each stored plan
+
+ private:
+  void check_inputs(const std::vector<at::Tensor>& inputs) const;
+  std::vector<int64_t> bind(const std::vector<at::Tensor>& inputs) const;
+};
+
+// Shape inference and execution: each layer kind's ATen meaning (ir/reference.py).
+Meaning meaning_of(const std::string& kind);
+// A layer's checks before shape inference (ir/layers.py's validate), EngineFormatError naming it.
+void validate_layer(const Layer& layer, const std::vector<TensorInfo>& tensors, const std::vector<Symbol>& symbols,
+                    const std::string& where);
+
+}  // namespace torchkiln

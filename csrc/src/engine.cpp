@@ -1,0 +1,272 @@
+// Running an engine: the input checks and symbol binding of runtime/engine.py and runtime/symbols.py, then each
+// layer's meaning in order, intermediates freed after their last reader (runtime/executor.py).
+#include "torchkiln/engine.h"
+
+#include <c10/core/GradMode.h>
+
+#include <regex>
+
+#include "kinds.h"
+
+namespace torchkiln {
+
+void format_error(const std::string& message) { C10_THROW_ERROR(Error, "EngineFormatError: " + message); }
+void input_error(const std::string& message) { C10_THROW_ERROR(Error, "EngineInputError: " + message); }
+void index_error(const std::string& message) { C10_THROW_ERROR(Error, "EngineIndexError: " + message); }
+
+namespace {
+
+using Wide = __int128;
+
+int64_t narrow(Wide v) {
+  if (v > INT64_MAX || v < INT64_MIN) throw std::invalid_argument("a symbolic dim's value overflows int64");
+  return (int64_t)v;
+}
+
+Wide floordiv(Wide a, Wide b) {
+  if (b == 0) throw std::invalid_argument("a symbolic dim divides by zero");
+  Wide q = a / b;
+  return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+Wide eval_wide(const Dim& d, const std::vector<int64_t>& symbols) {
+  switch (d.op) {
+    case Dim::Op::Int:
+      return d.value;
+    case Dim::Op::Sym:
+      return symbols.at(d.value);
+    default:
+      break;
+  }
+  std::vector<Wide> args;
+  for (const Dim& a : d.args) args.push_back(narrow(eval_wide(a, symbols)));
+  Wide out = args[0];
+  for (size_t k = 1; k < args.size(); ++k) {
+    switch (d.op) {
+      case Dim::Op::Add:
+        out = narrow(out + args[k]);
+        break;
+      case Dim::Op::Mul:
+        out = narrow(out * args[k]);
+        break;
+      case Dim::Op::Max:
+        out = std::max(out, args[k]);
+        break;
+      case Dim::Op::Min:
+        out = std::min(out, args[k]);
+        break;
+      case Dim::Op::FloorDiv:
+        out = floordiv(out, args[k]);
+        break;
+      case Dim::Op::Mod:
+        out = out - floordiv(out, args[k]) * args[k];
+        break;
+      default:
+        break;
+    }
+  }
+  return out;
+}
+
+std::string py_tuple(at::IntArrayRef v) {
+  if (v.size() == 1) return "(" + std::to_string(v[0]) + ",)";
+  return "(" + c10::Join(", ", v) + ")";
+}
+
+std::string torch_dtype(at::ScalarType t) { return "torch." + kinds().dtype_name(t); }
+
+}  // namespace
+
+int64_t Dim::eval(const std::vector<int64_t>& symbols) const { return narrow(eval_wide(*this, symbols)); }
+
+const Param& Layer::param(const std::string& key) const { return params.at(key); }
+bool Layer::has(const std::string& key) const { return params.at(key).kind != Param::Kind::None; }
+double Layer::real(const std::string& key) const { return params.at(key).f; }
+const std::string& Layer::str(const std::string& key) const { return params.at(key).s; }
+bool Layer::flag(const std::string& key) const { return params.at(key).b; }
+int64_t Layer::integer(const std::string& key, const Env& env) const { return params.at(key).i.eval(env.symbols); }
+std::vector<int64_t> Layer::ints(const std::string& key, const Env& env) const {
+  std::vector<int64_t> out;
+  for (const Param& p : params.at(key).list) out.push_back(p.i.eval(env.symbols));
+  return out;
+}
+const at::Tensor* Layer::weight(const std::string& key) const {
+  auto it = weights.find(key);
+  return it == weights.end() ? nullptr : &it->second;
+}
+
+void Engine::check_inputs(const std::vector<at::Tensor>& inputs) const {
+  if (inputs.size() != bindings.size()) {
+    std::vector<std::string> names;
+    for (const Binding& b : bindings) names.push_back("'" + b.name + "'");
+    input_error("engine '" + name + "' expects " + std::to_string(bindings.size()) + " inputs (" +
+                c10::Join(", ", names) + "), got " + std::to_string(inputs.size()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Binding& b = bindings[i];
+    const at::Tensor& value = inputs[i];
+    std::string what = "engine input " + std::to_string(i) + " ('" + b.name + "')";
+    if (value.device().type() != (device_type == "cuda" ? at::kCUDA : at::kCPU))
+      input_error(what + ": expected a tensor on " + device_type + ", got one on " + value.device().str());
+    if (value.scalar_type() != b.dtype)
+      input_error(what + ": expected dtype " + torch_dtype(b.dtype) + ", got " + torch_dtype(value.scalar_type()));
+    at::IntArrayRef shape = value.sizes();
+    if (shape.vec() == b.opt_shape) continue;
+    bool ranked = shape.size() == b.opt_shape.size();
+    if (ranked && b.min_shape != b.max_shape)
+      for (size_t d = 0; d < shape.size(); ++d)
+        if (!(b.min_shape[d] <= shape[d] && shape[d] <= b.max_shape[d]))
+          input_error(what + ": dim " + std::to_string(d) + " is " + std::to_string(shape[d]) +
+                      ", outside the range [" + std::to_string(b.min_shape[d]) + ", " + std::to_string(b.max_shape[d]) +
+                      "] the engine was built for (shape " + py_tuple(shape) + "; min " + py_tuple(b.min_shape) +
+                      ", max " + py_tuple(b.max_shape) + ")");
+    bool fits = ranked;
+    for (size_t d = 0; fits && d < shape.size(); ++d) fits = b.min_shape[d] <= shape[d] && shape[d] <= b.max_shape[d];
+    if (!fits) {
+      std::string expected = b.min_shape == b.max_shape
+                                 ? py_tuple(b.opt_shape)
+                                 : "within min " + py_tuple(b.min_shape) + " and max " + py_tuple(b.max_shape);
+      input_error(what + ": expected shape " + expected + ", got " + py_tuple(shape));
+    }
+  }
+}
+
+std::vector<int64_t> Engine::bind(const std::vector<at::Tensor>& inputs) const {
+  std::vector<int64_t> values(symbols.size(), -1);
+  std::vector<std::pair<int, int>> first(symbols.size());
+  for (int i = 0; i < num_inputs; ++i)
+    for (size_t j = 0; j < tensors[i].shape.size(); ++j) {
+      const Dim& d = tensors[i].shape[j];
+      if (d.op != Dim::Op::Sym) continue;
+      const Symbol& s = symbols[d.value];
+      int64_t value = inputs[i].size(j);
+      std::string what = "engine input " + std::to_string(i) + " ('" + tensors[i].name + "') dim " + std::to_string(j);
+      if (!(s.lo <= value && value <= s.hi))
+        input_error(what + " is " + std::to_string(value) + ", outside the range [" + std::to_string(s.lo) + ", " +
+                    std::to_string(s.hi) + "] of " + s.name + " the engine was built for");
+      if (values[d.value] >= 0 && values[d.value] != value) {
+        auto [k, m] = first[d.value];
+        input_error(what + " is " + std::to_string(value) + " but input " + std::to_string(k) + " ('" +
+                    tensors[k].name + "') dim " + std::to_string(m) + " is " + std::to_string(values[d.value]) +
+                    "; both are " + s.name + " and must be equal");
+      }
+      if (values[d.value] < 0) first[d.value] = {i, (int)j};
+      values[d.value] = value;
+    }
+  for (size_t k = 0; k < values.size(); ++k)
+    if (values[k] < 0) values[k] = symbols[k].lo;  // a symbol no input dim names (none is written so)
+  return values;
+}
+
+std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) const {
+  check_inputs(inputs);
+  at::Device device = inputs.empty() ? at::Device(device_type) : inputs[0].device();
+  for (const at::Tensor& x : inputs)
+    if (x.device() != device) {
+      std::set<std::string> seen;
+      for (const at::Tensor& y : inputs) seen.insert("'" + y.device().str() + "'");
+      input_error("engine '" + name + "': all inputs must be on one device, got [" + c10::Join(", ", seen) + "]");
+    }
+  if (device.type() != at::kCPU) {
+    std::string held = plan_targets.empty() ? "none" : c10::Join("; ", plan_targets);
+    format_error("engine '" + name + "' has no plan the C++ runtime can run on " + device.str() +
+                 ": this build of libtorchkiln_runtime runs engines on the CPU only (the CUDA path is not built); "
+                 "the engine holds plans for " +
+                 held);
+  }
+  c10::AutoGradMode no_grad(false);
+  std::vector<int64_t> values = symbols.empty() ? std::vector<int64_t>{} : bind(inputs);
+  Env env{values, device, false};
+  std::vector<at::Tensor> slots(tensors.size());
+  for (int i = 0; i < num_inputs; ++i) slots[i] = inputs[i];
+  std::vector<at::Tensor> xs;
+  for (const Layer& layer : layers) {
+    xs.clear();
+    for (int s : layer.inputs) xs.push_back(slots[s]);
+    std::vector<at::Tensor> outs = layer.meaning(layer, xs, env);
+    for (size_t k = 0; k < layer.outputs.size(); ++k) {
+      const TensorInfo& t = tensors[layer.outputs[k]];
+      bool same = k < outs.size() && outs[k].scalar_type() == t.dtype && outs[k].dim() == (int64_t)t.shape.size();
+      for (size_t d = 0; same && d < t.shape.size(); ++d) same = outs[k].size(d) == t.shape[d].eval(values);
+      if (!same)
+        format_error("engine '" + name + "' layer '" + layer.name + "' (" + layer.kind +
+                     ") computed an output other "
+                     "than the " +
+                     kinds().dtype_name(t.dtype) + " tensor of " + std::to_string(t.shape.size()) +
+                     " dims its engine declares for '" + t.name + "'");
+      slots[layer.outputs[k]] = std::move(outs[k]);
+    }
+    for (int s : layer.frees) slots[s] = at::Tensor();
+  }
+  std::vector<at::Tensor> result;
+  for (size_t k = 0; k < outputs.size(); ++k)
+    result.push_back(clone_output[k] ? slots[outputs[k]].clone() : slots[outputs[k]]);
+  return result;
+}
+
+std::string Engine::signature() const {
+  std::vector<std::string> ins, outs;
+  for (int i = 0; i < num_inputs; ++i) {
+    const Binding& b = bindings[i];
+    std::vector<std::string> dims;
+    for (size_t d = 0; d < tensors[i].shape.size(); ++d) {
+      std::string text = b.min_shape[d] == b.max_shape[d]
+                             ? std::to_string(b.min_shape[d])
+                             : std::to_string(b.min_shape[d]) + ".." + std::to_string(b.max_shape[d]);
+      const Dim& dim = tensors[i].shape[d];
+      dims.push_back(dim.op == Dim::Op::Sym ? symbols[dim.value].name + "=" + text : text);
+    }
+    ins.push_back(kinds().dtype_name(b.dtype) + "[" + c10::Join(",", dims) + "]");
+  }
+  for (int s : outputs) {
+    std::vector<std::string> dims;
+    for (const Dim& d : tensors[s].shape) dims.push_back(d.is_int() ? std::to_string(d.value) : "?");
+    outs.push_back(kinds().dtype_name(tensors[s].dtype) + "[" + c10::Join(",", dims) + "]");
+  }
+  return "inputs: " + c10::Join(", ", ins) + "; outputs: " + c10::Join(", ", outs);
+}
+
+bool Engine::fits(const std::string& expected) const {
+  // The inputs' part exactly (or as modules compiled before symbols were named wrote it); the outputs' dtypes,
+  // ranks and static dims (a symbolic output dim is sympy's text in Python, checked here as not an integer).
+  std::string mine = signature();
+  size_t cut = mine.find("; outputs: "), theirs = expected.find("; outputs: ");
+  if (theirs == std::string::npos) return false;
+  std::string ins = expected.substr(0, theirs), my_ins = mine.substr(0, cut);
+  static const std::regex symbol_name(R"(([\[,])[A-Za-z_]\w*=)");
+  if (ins != my_ins && ins != std::regex_replace(my_ins, symbol_name, "$1")) return false;
+  static const std::regex spec(R"((\w+)\[([^\[\]]*)\])");
+  std::string tail = expected.substr(theirs + 11), my_tail = mine.substr(cut + 11);
+  auto specs = [](const std::string& text) {
+    std::vector<std::pair<std::string, std::vector<std::string>>> out;
+    for (std::sregex_iterator it(text.begin(), text.end(), spec), end; it != end; ++it) {
+      std::vector<std::string> dims;
+      std::string body = (*it)[2], part;
+      int depth = 0;
+      for (char c : body) {
+        depth += (c == '(') - (c == ')');
+        if (c == ',' && depth == 0)
+          dims.push_back(part), part.clear();
+        else
+          part += c;
+      }
+      if (!body.empty()) dims.push_back(part);
+      out.emplace_back((*it)[1], dims);
+    }
+    return out;
+  };
+  auto a = specs(tail), b = specs(my_tail);
+  if (a.size() != b.size()) return false;
+  for (size_t k = 0; k < a.size(); ++k) {
+    if (a[k].first != b[k].first || a[k].second.size() != b[k].second.size()) return false;
+    for (size_t d = 0; d < a[k].second.size(); ++d) {
+      std::string x = a[k].second[d];
+      x.erase(0, x.find_first_not_of(' '));
+      bool number = !x.empty() && x.find_first_not_of("0123456789") == std::string::npos;
+      if (b[k].second[d] == "?" ? number : x != b[k].second[d]) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace torchkiln

@@ -1,0 +1,325 @@
+"""The C++ runtime (csrc/, libtorchkiln_runtime.so, issue 25): modules compiled and saved here run in a C++ program
+with no Python in its process (examples/cpp) and give the Python runtime's outputs bit for bit; every layer kind
+runs in both; the C++ loader refuses the shared engine test vectors and hostile engines as the Python one does.
+
+The modules are compiled on the reference backend: the C++ runtime runs every layer's ATen meaning, which is what
+the reference backend runs in Python (an onnxruntime engine would run its ONNX Runtime sessions in Python)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+import random
+import shutil
+import subprocess
+import time
+from typing import List
+
+import filelock
+import pytest
+import torch
+from harness import assert_matches_eager
+from test_engine_fuzz import MAX_FLOPS, MAX_MEMORY, fuzz_case, run_case
+from test_onnx_export import ALL_CASES
+from test_runtime_backends import engine_of
+
+import torchkiln
+from torchkiln.errors import EngineInputError
+from torchkiln.ir.network import Network
+from torchkiln.runtime.engine import Engine
+from torchkiln.runtime.execute_op import engine_blob, reraise_engine_error
+from torchkiln.runtime.format_description import describe
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "cpp-test"  # kept between runs: ninja rebuilds what changed
+VECTORS = ROOT / "tests" / "engine_vectors"
+RUN_SECONDS = 300
+
+
+def _torch_prefix() -> str:
+    return torch.utils.cmake_prefix_path
+
+
+def _cmake(source: pathlib.Path, build: pathlib.Path, *defines: str) -> None:
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    for step in (["cmake", "-S", str(source), "-B", str(build), *generator, f"-DCMAKE_PREFIX_PATH={_torch_prefix()}",
+                  *defines], ["cmake", "--build", str(build), "-j", "2"]):
+        done = subprocess.run(step, capture_output=True, text=True, timeout=1200)
+        assert done.returncode == 0, f"{' '.join(step)} failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+
+
+@pytest.fixture(scope="session")
+def cpp():
+    """The runtime library, the engine checker and examples/cpp's run_module, built once per session."""
+    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"building the C++ runtime needs {' and '.join(missing)}")
+    if not pathlib.Path("/usr/include/rapidjson/reader.h").exists() and not os.environ.get("CI"):
+        pytest.skip("building the C++ runtime needs RapidJSON's headers (apt-get install rapidjson-dev)")
+    BUILD.mkdir(parents=True, exist_ok=True)
+    library = BUILD / "runtime" / "libtorchkiln_runtime.so"
+    with filelock.FileLock(str(BUILD / "build.lock")):  # one build at a time (pytest -n: a session per worker)
+        start = time.perf_counter()
+        _cmake(ROOT / "csrc", BUILD / "runtime")
+        _cmake(ROOT / "examples" / "cpp", BUILD / "example", f"-DTORCHKILN_RUNTIME={library}")
+        logging.getLogger(__name__).info("C++ runtime and example built in %.0f s", time.perf_counter() - start)
+    return {"library": library, "check": BUILD / "runtime" / "torchkiln_check_engine",
+            "run": BUILD / "example" / "run_module"}
+
+
+def _no_python_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+
+
+def run_in_cpp(cpp, module: torch.jit.ScriptModule, args: tuple, tmp_path: pathlib.Path):
+    """Save `module`, run it on `args` in examples/cpp's program, and return what it returned."""
+    model, inputs, outputs = tmp_path / "model.pt", tmp_path / "inputs.pt", tmp_path / "outputs.pt"
+    torch.jit.save(module, str(model))
+    torch.save(tuple(args), inputs)
+    done = subprocess.run([str(cpp["run"]), str(model), str(inputs), str(outputs)], capture_output=True, text=True,
+                          timeout=RUN_SECONDS, env=_no_python_env())
+    assert done.returncode == 0, done.stderr
+    maps = subprocess.run(["ldd", str(cpp["run"])], capture_output=True, text=True).stdout
+    assert "libpython" not in maps
+    return torch.load(outputs, weights_only=False)  # our own file; dicts carry a type tag
+
+
+def assert_bitwise(got, want, path: str = "out") -> None:
+    """Equal structure, dtypes, shapes and bits (NaN where NaN)."""
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"{path}: {type(got).__name__}"
+        assert got.dtype == want.dtype and got.shape == want.shape, f"{path}: {got.dtype}{list(got.shape)}"
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{path}: {m}")
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and sorted(got) == sorted(want), path
+        for k in want:
+            assert_bitwise(got[k], want[k], f"{path}[{k!r}]")
+    else:
+        assert isinstance(got, (list, tuple)) and len(got) == len(want), f"{path}: {type(got).__name__}"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_bitwise(g, w, f"{path}[{i}]")
+
+
+def _compile(model: torch.nn.Module, inputs, **settings) -> torch.jit.ScriptModule:
+    return torchkiln.compile(model.eval(), inputs=inputs, backend="reference", **settings)
+
+
+def test_layer_kinds_json_is_current():
+    """csrc/layer_kinds.json is what scripts/render_layer_kinds.py renders from the Python registry."""
+    assert json.loads((ROOT / "csrc" / "layer_kinds.json").read_text()) == json.loads(json.dumps(describe()))
+
+
+class _Cnn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+            torch.nn.Conv2d(8, 16, 3, stride=2), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1))
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.features(x), 1))
+
+
+def _calibrated(model: torch.nn.Module, *args) -> torch.nn.Module:
+    """Batch norms given the statistics of random data (meaningful outputs, not all-zero ones)."""
+    model.train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(*args)
+    return model.eval()
+
+
+def test_cnn_runs_in_cpp_as_in_python(cpp, tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    model = _calibrated(_Cnn(), torch.randn(8, 3, 32, 32))
+    compiled = _compile(model, [torchkiln.Input((2, 3, 32, 32))])
+    with torch.no_grad():
+        want = compiled(x)
+        assert_matches_eager(want, model(x))
+    assert_bitwise(run_in_cpp(cpp, compiled, (x,), tmp_path), want)
+
+
+def test_onnxruntime_engines_run_in_cpp_on_the_aten_meanings(cpp, tmp_path):
+    """A module compiled on the CPU's default backend (onnxruntime): the C++ runtime runs its layers' ATen meanings,
+    so it matches eager within fp32 tolerance rather than ONNX Runtime's bits."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    model = _calibrated(_Cnn(), torch.randn(8, 3, 32, 32))
+    compiled = torchkiln.compile(model, inputs=[torchkiln.Input((2, 3, 32, 32))], backend="onnxruntime")
+    with torch.no_grad():
+        assert_matches_eager(run_in_cpp(cpp, compiled, (x,), tmp_path), model(x))
+
+
+def test_bert_with_dynamic_batch_and_sequence_runs_in_cpp_as_in_python(cpp, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, max_position_embeddings=64)
+    model = transformers.BertModel(config).eval()
+    spec = torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 16), max_shape=(8, 64), dtype=torch.int64)
+    compiled = _compile(model, [spec, spec])
+    for batch, seq in [(1, 4), (3, 9), (8, 64)]:
+        mask = torch.ones(batch, seq, dtype=torch.long)
+        mask[0, seq // 2:] = 0
+        args = (torch.randint(0, 1000, (batch, seq)), mask)
+        with torch.no_grad():
+            want = compiled(*args)
+        assert_bitwise(run_in_cpp(cpp, compiled, args, tmp_path), want, f"{batch}x{seq}")
+
+
+class _EngineAndTorch(torch.nn.Module):
+    """Two engine blocks around a PyTorch block (aten::erfinv is kept in PyTorch by the settings)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.tanh(self.a(x)) * 0.5
+        return self.b(torch.erfinv(y) + x).relu()
+
+
+def test_module_with_engine_and_pytorch_blocks_runs_in_cpp_as_in_python(cpp, tmp_path):
+    torch.manual_seed(0)
+    x = torch.randn(3, 8)
+    compiled = _compile(_EngineAndTorch(), [torchkiln.Input((3, 8))], torch_executed_ops={"aten::erfinv"},
+                        min_block_size=1)
+    names = [n.kind() for n in compiled.graph.nodes()]
+    assert names.count("torchkiln::execute_engine") + str(compiled.code).count("execute_engine") >= 2
+    with torch.no_grad():
+        want = compiled(x)
+    assert_bitwise(run_in_cpp(cpp, compiled, (x,), tmp_path), want)
+
+
+class _Nested(torch.nn.Module):
+    def forward(self, x: tuple[torch.Tensor, torch.Tensor], u: torch.Tensor):
+        a = torch.relu(x[0] + u) * 2.0
+        return {"a": a, "pair": (torch.sigmoid(x[1]), [a - u, x[0] * x[1]])}, a.sum(1)
+
+
+def test_nested_tuple_and_dict_outputs_run_in_cpp_as_in_python(cpp, tmp_path):
+    torch.manual_seed(0)
+    args = ((torch.randn(3, 6), torch.randn(3, 6)), torch.randn(3, 6))  # (a dict argument comes untyped from a file)
+    spec = [(torchkiln.Input((3, 6)), torchkiln.Input((3, 6))), torchkiln.Input((3, 6))]
+    compiled = _compile(_Nested(), spec, min_block_size=1)
+    with torch.no_grad():
+        want = compiled(*args)
+    assert_bitwise(run_in_cpp(cpp, compiled, args, tmp_path), want)
+
+
+class _Engines(torch.nn.Module):
+    """Engines called by the op itself, one per layer-kind case, each on its own inputs (held by the module: lists
+    read from a file come untyped)."""
+
+    def __init__(self, engines: List[torch.Tensor], inputs: List[List[torch.Tensor]]):
+        super().__init__()
+        self.engines, self.inputs = engines, inputs
+
+    def forward(self) -> List[List[torch.Tensor]]:
+        return [torch.ops.torchkiln.execute_engine(xs, e, "") for xs, e in zip(self.inputs, self.engines)]
+
+
+_Engines.__annotations__ = {"inputs": List[List[torch.Tensor]]}  # a type object: a case may have no inputs
+
+
+def test_every_layer_kind_runs_in_cpp_as_in_python(cpp, tmp_path):
+    """Every case of every layer kind (the ONNX export's cases), as a reference engine run by the Python runtime
+    and by the C++ one."""
+    engines, inputs, want = [], [], []
+    for name, build in ALL_CASES:
+        net, xs = build(torch.Generator().manual_seed(0))
+        engine = engine_of(net, "reference")
+        engines.append(engine_blob(engine.serialize()))
+        inputs.append(xs)
+        want.append(engine.execute(xs))
+    got = run_in_cpp(cpp, torch.jit.script(_Engines(engines, inputs)), (), tmp_path)
+    for (name, _), g, w in zip(ALL_CASES, got, want):
+        assert_bitwise(g, w, name)
+    covered = {layer.KIND for _, build in ALL_CASES for layer in build(torch.Generator().manual_seed(0))[0].layers}
+    assert covered == set(describe()["kinds"]), set(describe()["kinds"]) - covered
+
+
+def _gather_engine(device: str) -> Engine:
+    n = Network("gather")
+    data, idx = n.add_input("data", torch.float32, (4, 3)), n.add_input("idx", torch.int64, (2,))
+    n.mark_output(n.add_gather(data, idx, 0).get_output())
+    return engine_of(n, "reference", device)
+
+
+@pytest.mark.parametrize("device, inputs", [
+    ("cpu", [torch.randn(4, 3), torch.tensor([0, 7])]),  # EngineIndexError
+    ("cpu", [torch.randn(4, 3), torch.tensor([0, 1], dtype=torch.int32)]),  # EngineInputError: the dtype
+    ("cpu", [torch.randn(4, 3)]),  # EngineInputError: how many
+    ("cuda", [torch.randn(4, 3), torch.tensor([0, 1])]),  # EngineInputError: a CUDA engine given CPU tensors
+], ids=["index", "dtype", "count", "device"])
+def test_engine_errors_in_cpp_are_the_python_runtime_errors(cpp, tmp_path, device, inputs):
+    """The C++ runtime raises the Python runtime's error type and message (as a c10::Error naming the type), which
+    torchkiln.load's mapping (reraise_engine_error) turns back into the torchkiln type."""
+    engine = _gather_engine(device)
+    with pytest.raises(EngineInputError) as raised:
+        engine.execute(inputs)
+    torch.jit.save(torch.jit.script(_Engines([engine_blob(engine.serialize())], [inputs])), str(tmp_path / "m.pt"))
+    torch.save((), tmp_path / "in.pt")
+    done = subprocess.run([str(cpp["run"]), str(tmp_path / "m.pt"), str(tmp_path / "in.pt")], capture_output=True,
+                          text=True, timeout=RUN_SECONDS, env=_no_python_env())
+    assert done.returncode == 1
+    assert f"RuntimeError: {type(raised.value).__name__}: {raised.value}\n" in done.stderr, done.stderr
+    with pytest.raises(type(raised.value)) as mapped:
+        reraise_engine_error(RuntimeError(done.stderr))
+    assert str(mapped.value) == str(raised.value)
+
+
+def check_in_cpp(cpp, paths: list[pathlib.Path], max_memory: int, max_flops: int) -> tuple[dict[str, tuple], int]:
+    """{path: (outcome, milliseconds)} of loading each file with the C++ loader (one process), and its peak RSS."""
+    done = subprocess.run([str(cpp["check"]), "--max-memory", str(max_memory), "--max-flops", str(max_flops),
+                           *map(str, paths)], capture_output=True, text=True, timeout=RUN_SECONDS, env=_no_python_env())
+    assert done.returncode == 0, done.stderr
+    outcomes, peak = {}, 0
+    for line in done.stdout.splitlines():
+        if line.startswith("peak_rss_kib\t"):
+            peak = int(line.split("\t")[1]) << 10
+            continue
+        path, rest = line.split("\t", 1)
+        text, ms = rest.rsplit("\t", 1)
+        outcomes[path] = (text, float(ms))
+    assert len(outcomes) == len(paths)
+    return outcomes, peak
+
+
+def test_shared_engine_vectors_load_in_cpp_as_the_manifest_says(cpp):
+    """The format's test vectors (tests/engine_vectors/, which tests/test_engine_format.py loads in Python)."""
+    manifest = json.loads((VECTORS / "manifest.json").read_text())
+    paths = [VECTORS / name for name in manifest["vectors"]]
+    outcomes, _ = check_in_cpp(cpp, paths, manifest["max_memory"], manifest["max_flops"])
+    for path in paths:
+        got, want = outcomes[str(path)][0], manifest["vectors"][path.name]
+        prefix = manifest["library_words"].get(path.name)
+        assert got.startswith(prefix) if prefix else got == want, (path.name, got)
+
+
+FUZZ_CASES = 250
+
+
+def test_fuzzed_and_hostile_engines_give_only_format_errors_in_cpp_where_python_does(cpp, tmp_path):
+    """test_engine_fuzz's cases (damaged seeds and hostile networks) on the C++ loader: it loads or raises
+    EngineFormatError, in bounded time and memory, and it loads exactly those that the Python loader loads."""
+    paths, python = [], {}
+    for i in range(FUZZ_CASES):
+        rng = random.Random(f"cpp-{i}")
+        data = fuzz_case(lambda n: rng.randrange(n) if n > 0 else 0)
+        path = tmp_path / f"{i}.engine"
+        path.write_bytes(data)
+        paths.append(path)
+        outcome, detail = run_case(data)
+        assert outcome != "FAILURE", detail
+        python[str(path)] = outcome != "format-error"
+    outcomes, peak = check_in_cpp(cpp, paths, MAX_MEMORY, MAX_FLOPS)
+    for path, (text, ms) in outcomes.items():
+        assert text == "loaded" or text.startswith("EngineFormatError: "), (path, text)
+        assert ms < 2000, (path, text, ms)
+        assert (text == "loaded") == python[path], (path, text)
+    assert peak < 1 << 30, f"peak RSS {peak >> 20} MiB"
