@@ -157,6 +157,22 @@ def test_bad_parameter_type(engine_bytes):
         Engine.deserialize(_pack(graph, weights))
 
 
+def test_a_parameter_added_since_an_engine_was_written_reads_as_its_default(engine_bytes):
+    """An engine written before a layer kind gained a parameter with a default (a convolution's groups here, as
+    attention's enable_gqa was added) loads, with the default; one without a parameter that has none is refused."""
+    _, graph, weights = _split(engine_bytes)
+    conv = next(entry for entry in graph["network"]["layers"] if entry["kind"] == "convolution")
+    assert "groups" in S.param_defaults(L.ConvolutionLayer)
+    del conv["params"]["groups"]
+    engine = Engine.deserialize(_pack(graph, weights))
+    assert next(x for x in engine.network.layers if isinstance(x, L.ConvolutionLayer)).groups == 1
+    required = next(f.name for f in L.ConvolutionLayer.param_fields() if f.name not in S.param_defaults(
+        L.ConvolutionLayer))
+    del conv["params"][required]
+    with pytest.raises(torchkiln.EngineFormatError, match=f"missing parameter '{required}'"):
+        Engine.deserialize(_pack(graph, weights))
+
+
 def test_undefined_input_reference(engine_bytes):
     _, graph, weights = _split(engine_bytes)
     graph["network"]["layers"][0]["inputs"] = ["../../etc/passwd"]

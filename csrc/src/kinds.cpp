@@ -33,7 +33,10 @@ Kinds load() {
   }
   for (const auto& [name, v] : raw.get("kinds")->object) {
     KindInfo info;
-    for (const Json& p : v.get("params")->array) info.params.emplace_back(p.array[0].s, p.array[1].s);
+    for (const Json& p : v.get("params")->array) {
+      info.params.emplace_back(p.array[0].s, p.array[1].s);
+      if (p.array.size() > 2) info.defaults.emplace(p.array[0].s, p.array[2]);
+    }
     for (const Json& w : v.get("weights")->array) info.weights.push_back(w.s);
     for (const Json& w : v.get("required_weights")->array) info.required_weights.push_back(w.s);
     for (const Json& d : v.get("weight_dtypes")->array) info.weight_dtypes.push_back(scalar_type(d.s));

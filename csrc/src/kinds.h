@@ -4,6 +4,8 @@
 
 #include <ATen/ATen.h>
 
+#include "json.h"
+
 #include <map>
 #include <string>
 #include <utility>
@@ -13,6 +15,7 @@ namespace torchkiln {
 
 struct KindInfo {
   std::vector<std::pair<std::string, std::string>> params;  // (name, type) in declaration order
+  std::map<std::string, Json> defaults;  // a parameter an engine may leave out (written before it existed)
   std::vector<std::string> weights, required_weights;
   std::vector<at::ScalarType> weight_dtypes;
   int64_t min_inputs = 1, max_inputs = -1;  // -1: any number

@@ -463,7 +463,8 @@ Tensors attention(const Layer& l, const Tensors& xs, const Env&) {
   if (xs.size() > 3) mask = xs[3];
   std::optional<double> scale;
   if (l.has("scale")) scale = l.real("scale");
-  return {at::scaled_dot_product_attention(xs[0], xs[1], xs[2], mask, 0.0, l.flag("causal"), scale)};
+  return {at::scaled_dot_product_attention(xs[0], xs[1], xs[2], mask, 0.0, l.flag("causal"), scale,
+                                          l.flag("enable_gqa"))};
 }
 
 Tensors dim_value(const Layer& l, const Tensors&, const Env& env) {

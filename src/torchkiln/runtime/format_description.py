@@ -51,8 +51,9 @@ def describe() -> dict[str, Any]:
     for name, kind in sorted(L.LAYER_KINDS.items()):
         hints = typing.get_type_hints(kind)
         params = []
-        for f in kind.param_fields():
-            params.append([f.name, type_name(hints[f.name])])
+        defaults = S.param_defaults(kind)
+        for f in kind.param_fields():  # [name, type] or, where an engine may leave it out, [name, type, default]
+            params.append([f.name, type_name(hints[f.name]), *([defaults[f.name]] if f.name in defaults else [])])
             _enums(hints[f.name], enums)
         kinds[name] = {"params": params, "weights": list(kind.WEIGHTS), "required_weights": list(kind.REQUIRED_WEIGHTS),
                        "weight_dtypes": [S.dtype_name(d) for d in kind.WEIGHT_DTYPES],

@@ -22,6 +22,7 @@ engine runs on.
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import gc
@@ -199,6 +200,13 @@ def _parse_graph(raw: bytes) -> Any:
 def _param_hints(kind: type[L.Layer]) -> tuple[tuple[str, Any], ...]:
     hints = typing.get_type_hints(kind)
     return tuple((f.name, hints[f.name]) for f in kind.param_fields())
+
+
+@functools.cache
+def param_defaults(kind: type[L.Layer]) -> dict[str, Any]:
+    """The encoded defaults of `kind`'s parameters that have one: such a parameter may be absent from an engine (one
+    written before the parameter existed), and reads as its default."""
+    return {f.name: _encode(f.default) for f in kind.param_fields() if f.default is not dataclasses.MISSING}
 
 
 def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, Any]] = ()) -> bytes:
@@ -466,11 +474,13 @@ def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_m
             layer_weights[wname] = weights[key]
         raw_params = _field(entry, "params", dict, where)
         params = {}
+        defaults = param_defaults(kind)
         for pname, hint in _param_hints(kind):
-            if pname not in raw_params:
+            if pname not in raw_params and pname not in defaults:
                 raise EngineFormatError(f"{where}: missing parameter {pname!r}")
-            params[pname] = _decode(hint, raw_params[pname], f"{where} parameter {pname!r}", symbols)
-        if len(raw_params) != len(params):
+            raw = raw_params.get(pname, defaults.get(pname))
+            params[pname] = _decode(hint, raw, f"{where} parameter {pname!r}", symbols)
+        if not set(raw_params) <= set(params):
             extra = sorted(set(raw_params) - set(params))
             raise EngineFormatError(f"{where}: unknown parameters {_show.repr(extra)}")
         if name in network._names:
