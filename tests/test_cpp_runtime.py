@@ -55,7 +55,7 @@ def cpp():
     missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
     if missing:
         pytest.skip(f"building the C++ runtime needs {' and '.join(missing)}")
-    if not pathlib.Path("/usr/include/rapidjson/reader.h").exists() and not os.environ.get("CI"):
+    if not pathlib.Path("/usr/include/rapidjson/reader.h").exists():
         pytest.skip("building the C++ runtime needs RapidJSON's headers (apt-get install rapidjson-dev)")
     BUILD.mkdir(parents=True, exist_ok=True)
     library = BUILD / "runtime" / "libtorchkiln_runtime.so"
