@@ -563,12 +563,16 @@ void decode_network(Engine& engine, const Json& raw, const std::map<std::string,
       layer.weights[wname] = weights.at(key.s);
     }
     const Json& raw_params = field(&entry, "params", Json::Type::Object, where);
+    size_t given = 0;
     for (const auto& [pname, type] : kind->params) {
       const Json* value = raw_params.get(pname);
+      given += value != nullptr;
+      auto fallback = kind->defaults.find(pname);
+      if (!value && fallback != kind->defaults.end()) value = &fallback->second;  // written before it existed
       if (!value) format_error(where + ": missing parameter '" + pname + "'");
       layer.params[pname] = decode(type, *value, where + " parameter '" + pname + "'", symbols);
     }
-    if (raw_params.object.size() != layer.params.size()) {
+    if (raw_params.object.size() != given) {
       std::string extra;
       for (const auto& [k, v] : raw_params.object)
         if (!layer.params.count(k)) extra += (extra.empty() ? "'" : ", '") + k + "'";
