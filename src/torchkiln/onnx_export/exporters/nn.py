@@ -9,6 +9,7 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import decide, has_symbols, is_symbolic
 from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter
+from torchkiln.onnx_export.exporters.quantize import quantized_kernel
 
 
 @exporter(L.ConvolutionLayer)
@@ -16,7 +17,9 @@ def _convolution(ctx: ExportContext, layer: L.ConvolutionLayer, xs: list[str]) -
     dt = layer.inputs[0].dtype
     op_type = "ConvTranspose" if layer.transposed else "Conv"
     compute = ctx.compute_dtype(op_type, dt)  # weights go in at the compute dtype directly
-    inputs = [ctx.cast(xs[0], dt, compute), ctx.constant(layer.weights["kernel"].to(compute), "kernel")]
+    kernel = quantized_kernel(ctx, layer) if layer.kernel_type is not None and compute == torch.float32 else \
+        ctx.constant(layer.weights["kernel"].to(compute), "kernel")
+    inputs = [ctx.cast(xs[0], dt, compute), kernel]
     if "bias" in layer.weights:
         inputs.append(ctx.constant(layer.weights["bias"].to(compute), "bias"))
     attrs = dict(strides=list(layer.stride), pads=list(layer.padding) * 2, dilations=list(layer.dilation),
