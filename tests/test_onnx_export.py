@@ -461,6 +461,8 @@ for opset in (21, 23):
 for _qt, _zero in ((torch.int8, torch.tensor([3], dtype=torch.int8)), (torch.float8_e4m3fn, None)):
     add_case(L.QuantizeLayer, f"dequantize-{_qt}", [((2, 3, 4, 4), F32)],
              lambda n, x, qt=_qt, zero=_zero: n.add_fake_quantize(x, torch.tensor([0.02]), zero, qt))
+    add_case(L.QuantizeLayer, f"narrow-{_qt}", [((2, 3, 4, 4), F32)],
+             lambda n, x, qt=_qt: n.add_fake_quantize(x, torch.tensor([0.02]), None, qt, bounds=(-100, 15)))
     add_case(L.DequantizeLayer, f"per-channel-{_qt}", [((2, 3, 4, 4), F32)],
              lambda n, x, qt=_qt: n.add_fake_quantize(x, torch.tensor([0.01, 0.02, 0.03]), None, qt, axis=1))
     add_case(L.ConvolutionLayer, f"quantized-kernel-{_qt}", [((1, 3, 6, 6), F32)],

@@ -10,12 +10,15 @@ The order, and why:
    constant the bias fold can take. attention_from_matmuls between them: a position bias computed from constants
    is then one constant whose rows it can check, and the bias fold does not take the scores' matrix multiply.
 4. remove_dead_layers, so precision does not cast values nothing reads.
-5. lower_precision last of the rewrites: it picks each layer's precision on the final graph.
-6. casts_before_movement after precision: a narrowing cast the precision pass put after a reshape moves before it,
+5. quantize_layers (post-training quantization) after the folds, so a convolution's kernel is quantized with its
+   batch norm folded in and a matrix multiply's bias is in its epilogue; before precision, which leaves quantized
+   layers in float32 (their dequantized values are exact there).
+6. lower_precision last of the rewrites: it picks each layer's precision on the final graph.
+7. casts_before_movement after precision: a narrowing cast the precision pass put after a reshape moves before it,
    so it joins the kernel that makes the value instead of being a pass of its own.
-7. additive_attention_masks after precision, so each boolean mask becomes its additive form once in the dtype
+8. additive_attention_masks after precision, so each boolean mask becomes its additive form once in the dtype
    its attention layers finally compute in.
-8. remove_dead_layers again: precision replaces fp32 constants read in low precision by narrowed copies.
+9. remove_dead_layers again: precision replaces fp32 constants read in low precision by narrowed copies.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from torchkiln.builder.passes.fold_bias_into_matrix_multiply import fold_bias_in
 from torchkiln.builder.passes.fold_scale_into_convolution import fold_scale_into_convolution
 from torchkiln.builder.passes.identity_elimination import eliminate_identities
 from torchkiln.builder.passes.precision import lower_precision
+from torchkiln.builder.passes.quantize import quantize_layers
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.ir.network import Network
 
@@ -43,6 +47,7 @@ BUILD_PIPELINE: tuple[BuildPass, ...] = (
     attention_from_matmuls,
     fold_bias_into_matrix_multiply,
     remove_dead_layers,
+    quantize_layers,
     lower_precision,
     casts_before_movement,
     additive_attention_masks,

@@ -62,13 +62,13 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | No
              bounds: tuple[int, int] | None = None) -> torch.Tensor:
     """x in quant_type: torch.fake_quantize_*'s arithmetic (x times the float32 reciprocal of the scale, rounded
     half to even, plus the zero point, clamped to `bounds`, else the type's range); fp8 saturates to its largest
-    finite value, then rounds to nearest even. NaN becomes the zero point in int8 (C++ leaves the conversion
-    undefined), NaN in fp8."""
+    finite value, then rounds to nearest even. NaN becomes the lowest value in int8 (as ATen's kernels give it on
+    x86; C++ leaves the conversion undefined), NaN in fp8."""
     lo, hi = bounds or L.QUANT_RANGE[quant_type]
     scaled = x.float() * torch.reciprocal(scale)
     if quant_type == torch.int8:
         zero = 0 if zero_point is None else zero_point.float()
-        return (torch.round(scaled).nan_to_num(0.0) + zero).clamp(lo, hi).to(torch.int8)
+        return (torch.round(scaled) + zero).nan_to_num(lo).clamp(lo, hi).to(torch.int8)
     return scaled.clamp(lo, hi).to(quant_type)
 
 

@@ -1,0 +1,91 @@
+"""Quantize convolutions and matrix multiplies by weight (TensorRT's explicit quantization): a quantize-dequantize
+pair on the activation input (one scale, from calibration), the weights quantized per output channel (a
+convolution's kernel with `kernel_scale`, a matrix multiply's constant operand as an int8/fp8 constant read through
+a dequantize layer). Backends match dequantize -> convolution / matrix multiply and run it in integer or fp8.
+
+Which layers, and their activation ranges, come from calibration (`builder/quantization.py`) as
+`BuildSettings.quantization`; without it the pass does nothing."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from torchkiln.builder.ranges import channel_amax, scale_of
+from torchkiln.builder.settings import BuildSettings, QuantizationPlan
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.reference import dequantize, quantize
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A layer the pass can quantize: which input is the activation, and its weight and output-channel axis."""
+
+    activation: int
+    weight: torch.Tensor
+    axis: int
+
+
+def candidate(layer: L.Layer) -> Candidate | None:
+    """A float32 convolution (not transposed) or a matrix multiply of an activation by a constant 2-d weight."""
+    if isinstance(layer, L.ConvolutionLayer):
+        kernel = layer.weights["kernel"]
+        if layer.transposed or layer.kernel_type is not None or kernel.dtype != torch.float32 \
+                or layer.inputs[0].dtype != torch.float32:
+            return None
+        return Candidate(0, kernel, 0)
+    if isinstance(layer, L.MatrixMultiplyLayer) and layer.op0 == L.MatrixOperation.NONE:
+        weight = layer.inputs[1].producer
+        if not isinstance(weight, L.ConstantLayer) or layer.inputs[0].dtype != torch.float32:
+            return None
+        value = weight.weights["value"]
+        if value.dim() != 2 or value.dtype != torch.float32:
+            return None
+        return Candidate(0, value, 0 if layer.op1 == L.MatrixOperation.TRANSPOSE else 1)
+    return None
+
+
+def quantize_weight(weight: torch.Tensor, axis: int, quant_type: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight quantized per slice along `axis` (symmetric, by each slice's largest |value|), and the scales."""
+    scale = scale_of(channel_amax(weight, axis), quant_type)
+    shaped = scale.reshape([-1 if d == axis % weight.dim() else 1 for d in range(weight.dim())])
+    return quantize(weight, shaped, None, quant_type), scale
+
+
+def quantize_layers(network: Network, settings: BuildSettings) -> bool:
+    plan: QuantizationPlan | None = settings.quantization
+    if plan is None:
+        return False
+    amax = dict(plan.activation_amax)
+    shared: dict[tuple[int, float], torch.Tensor] = {}  # (activation tensor, amax) -> its dequantized copy
+    changed = False
+    for layer in list(network.layers):
+        found = candidate(layer) if layer.name in amax else None
+        if found is None:
+            continue
+        x = layer.inputs[found.activation]
+        key = (id(x), amax[layer.name])
+        if key not in shared:
+            before = len(network.layers)
+            shared[key] = network.add_fake_quantize(x, torch.tensor([scale_of(amax[layer.name], plan.quant_type)]),
+                                                    None, plan.quant_type)
+            for made in network.layers[before:]:
+                network.move_before(made, layer)
+        layer.inputs[found.activation] = shared[key]
+        q, scale = quantize_weight(found.weight, found.axis, plan.quant_type)
+        if isinstance(layer, L.ConvolutionLayer):
+            shaped = scale.reshape([-1] + [1] * (q.dim() - 1))
+            layer.weights = {**layer.weights, "kernel": dequantize(q, shaped, None), "kernel_scale": scale}
+            layer.kernel_type = plan.quant_type
+        else:
+            before = len(network.layers)
+            constant = network.add_constant(q).get_output()
+            weights = {"scale": scale}
+            dq = network.add_layer(L.DequantizeLayer, [constant], weights=weights, axis=found.axis,
+                                   quant_type=plan.quant_type)
+            for made in network.layers[before:]:
+                network.move_before(made, layer)
+            layer.inputs[1] = dq.get_output()
+        changed = True
+    return changed

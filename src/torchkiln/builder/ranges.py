@@ -1,0 +1,117 @@
+"""Post-training quantization's range finding: the amax (largest magnitude kept) of an activation from its
+calibration values, by one of the `CalibrationAlgo` algorithms over a histogram of |value|, and the scales of
+weights per output channel.
+
+Values come in two passes, as TensorRT's calibrators take them: the first finds each tensor's largest |value|,
+the second counts |value| in `BINS` bins over [0, that]; the algorithms choose a bin edge as the amax."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from torchkiln.enums import CalibrationAlgo
+from torchkiln.ir import layers as L
+from torchkiln.ir.reference import dequantize, quantize
+
+BINS = 2048
+PERCENTILE = 99.99
+KL_LEVELS = 128  # int8's positive levels: the entropy algorithm's quantized histogram has this many bins
+KL_STRIDE = 8  # candidate thresholds every this many bins
+
+
+@dataclasses.dataclass
+class Histogram:
+    """|value| counts of one tensor over its calibration values: `observe_max` in the first pass, `observe` in the
+    second."""
+
+    amax: float = 0.0
+    counts: torch.Tensor | None = None
+
+    def observe_max(self, x: torch.Tensor) -> None:
+        finite = x.detach().float()
+        finite = finite[torch.isfinite(finite)]
+        if finite.numel():
+            self.amax = max(self.amax, float(finite.abs().max()))
+
+    def observe(self, x: torch.Tensor) -> None:
+        if self.amax == 0:
+            return
+        values = x.detach().float().abs().flatten().cpu()
+        counts = torch.histc(values[torch.isfinite(values)], BINS, 0.0, self.amax)
+        self.counts = counts if self.counts is None else self.counts + counts
+
+    @property
+    def width(self) -> float:
+        return self.amax / BINS
+
+
+def fake_quantized(x: torch.Tensor, amax: float, quant_type: torch.dtype) -> torch.Tensor:
+    """`x` through a symmetric per-tensor quantizer of range `amax`."""
+    scale = torch.tensor(scale_of(amax, quant_type))
+    return dequantize(quantize(x, scale, None, quant_type), scale, None)
+
+
+def scale_of(amax: float | torch.Tensor, quant_type: torch.dtype) -> float | torch.Tensor:
+    """The symmetric scale that maps amax to the type's largest value (int8: 127, fp8 e4m3: 448); a zero amax
+    (a tensor of zeros) gets scale 1."""
+    hi = L.QUANT_RANGE[quant_type][1]
+    if isinstance(amax, torch.Tensor):
+        return torch.where(amax > 0, amax / hi, torch.ones_like(amax)).float()
+    return amax / hi if amax > 0 else 1.0
+
+
+def choose_amax(hist: Histogram, algo: CalibrationAlgo, quant_type: torch.dtype) -> float:
+    """The range `algo` keeps for the values `hist` counted."""
+    if algo == CalibrationAlgo.MAX or hist.counts is None or hist.amax == 0:
+        return hist.amax
+    counts = hist.counts.double()
+    if algo == CalibrationAlgo.PERCENTILE:
+        cumulative = counts.cumsum(0) / counts.sum()
+        k = int(torch.searchsorted(cumulative, torch.tensor(PERCENTILE / 100, dtype=torch.float64)))
+        return min(k + 1, BINS) * hist.width
+    if algo == CalibrationAlgo.MSE:
+        return _least_mse(counts, hist.width, quant_type)
+    return _least_divergence(counts, hist.width)
+
+
+def _least_mse(counts: torch.Tensor, width: float, quant_type: torch.dtype) -> float:
+    """The bin edge whose quantizer has the least squared error over the bin centres, weighted by their counts."""
+    centres = (torch.arange(BINS, dtype=torch.float64) + 0.5) * width
+    best, best_error = BINS * width, math.inf
+    for k in range(KL_LEVELS, BINS + 1, KL_STRIDE):
+        amax = k * width
+        error = float((counts * (centres - fake_quantized(centres.float(), amax, quant_type).double()) ** 2).sum())
+        if error < best_error:
+            best, best_error = amax, error
+    return best
+
+
+def _least_divergence(counts: torch.Tensor, width: float) -> float:
+    """TensorRT's entropy calibration: for each threshold of i bins, P is the histogram clipped there (the tail
+    added to its last bin) and Q the same bins merged into KL_LEVELS levels and spread back over the non-empty
+    ones; the threshold of least KL(P || Q)."""
+    best, best_divergence = BINS * width, math.inf
+    for i in range(KL_LEVELS, BINS + 1, KL_STRIDE):
+        p = counts[:i].clone()
+        p[-1] += counts[i:].sum()
+        nonzero = (counts[:i] > 0).double()
+        group = (torch.arange(i) * KL_LEVELS // i)  # the level each bin merges into
+        level_sums = torch.zeros(KL_LEVELS, dtype=torch.float64).index_add_(0, group, counts[:i])
+        level_bins = torch.zeros(KL_LEVELS, dtype=torch.float64).index_add_(0, group, nonzero)
+        q = torch.where(nonzero > 0, level_sums[group] / level_bins[group].clamp(min=1), 0.0)
+        p, q = p / p.sum(), q / q.sum().clamp(min=1e-300)
+        keep = p > 0
+        if bool((q[keep] == 0).any()):
+            continue  # P has mass where Q has none: infinite divergence
+        divergence = float((p[keep] * torch.log(p[keep] / q[keep])).sum())
+        if divergence < best_divergence:
+            best, best_divergence = (i + 0.5) * width, divergence
+    return min(best, BINS * width)
+
+
+def channel_amax(weight: torch.Tensor, axis: int) -> torch.Tensor:
+    """The largest |value| of each slice of `weight` along `axis` (per output channel)."""
+    moved = weight.detach().float().movedim(axis, 0).abs()
+    return moved.reshape(moved.shape[0], -1).amax(1) if moved.numel() else torch.zeros(moved.shape[0])
