@@ -301,10 +301,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("calibrator", "Any", None, "quantization: a torchkiln.ptq.DataLoaderCalibrator (samples from a data "
             "loader, its algorithm and cache file) or CacheCalibrator (a calibration cache only); Torch-TensorRT's "
             "ptq names", _calibrator, shown_default="None", compare=False),
-    Setting("calibration_algorithm", "CalibrationAlgo", "entropy", "quantization: how an activation's range is "
-            "chosen: max, percentile (99.99th), entropy (least KL divergence, TensorRT's) or mse", _algorithm,
-            Flag(("--calibration-algorithm",), "ALGO", choices=("max", "percentile", "entropy", "mse")),
-            shown_default="CalibrationAlgo.ENTROPY", example="max", example_args=("--calibration-algorithm", "max")),
+    Setting("calibration_algorithm", "CalibrationAlgo", "max", "quantization: how an activation's range is "
+            "chosen: max (the largest |value|, ModelOpt's default), percentile (99.99th), entropy (least KL "
+            "divergence over int8's levels, TensorRT's) or mse (least squared error of the type's own rounding)",
+            _algorithm, Flag(("--calibration-algorithm",), "ALGO", choices=("max", "percentile", "entropy", "mse")),
+            shown_default="CalibrationAlgo.MAX", example="mse", example_args=("--calibration-algorithm", "mse")),
     Setting("calibration_cache_file", "str | None", None, "quantization: a JSON file of calibrated ranges, read "
             "instead of calibrating where it has the engine's entry, written after calibrating", _optional_path,
             Flag(("--calibration-cache-file",), "PATH"), example="calib.json",

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from torchkiln.builder.builder import build_engine, ship
-from torchkiln.builder.passes.quantize import Candidate, candidate, quantize_weight
+from torchkiln.builder.passes.quantize import Candidate, candidate, quantize_weight, quantizes_output
 from torchkiln.builder.ranges import Histogram, choose_amax, fake_quantized
 from torchkiln.builder.settings import BuildSettings, QuantizationPlan
 from torchkiln.enums import CalibrationAlgo
@@ -50,6 +50,7 @@ class QuantizedLayer:
     amax: float
     error: float
     kept: str = ""
+    output_amax: float | None = None  # where its output is quantized too
 
 
 def _sources(network: Network, candidates: dict[str, Candidate]) -> dict[str, Any]:
@@ -74,8 +75,9 @@ def _run(network: Network, sample: Sequence[torch.Tensor], device: torch.device,
 
 
 def _own_error(layer: L.Layer, found: Candidate, inputs: list[torch.Tensor], out: torch.Tensor, amax: float,
-               quant_type: torch.dtype, device: torch.device) -> float:
-    """The relative error of `layer`'s output when its activation and weight are quantized, on its fp32 inputs."""
+               output_amax: float | None, quant_type: torch.dtype, device: torch.device) -> float:
+    """The relative error of `layer`'s output when its activation, weight (and output, with `output_amax`) are
+    quantized, on its fp32 inputs."""
     inputs = list(inputs)
     inputs[found.activation] = fake_quantized(inputs[found.activation], amax, quant_type)
     q, scale = quantize_weight(found.weight, found.axis, quant_type)
@@ -87,6 +89,8 @@ def _own_error(layer: L.Layer, found: Candidate, inputs: list[torch.Tensor], out
     else:
         inputs[1] = weight
     low = run_layer(layer, inputs, weights, device)[0]
+    if output_amax is not None:
+        low = fake_quantized(low, output_amax, quant_type)
     return relative_rms(out, low)
 
 
@@ -104,24 +108,29 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
     candidates = {layer.name: c for layer in network.layers if (c := candidate(layer)) is not None}
     sources = _sources(network, candidates)
     hists = {name: Histogram() for name in candidates}
+    out_hists = {name: Histogram() for name, c in candidates.items() if quantizes_output(c)}
     kept = {id(t) for layer in network.layers if layer.name in candidates for t in layer.inputs}
 
     def observe(method: str) -> Callable[[dict[int, torch.Tensor], L.Layer, list[torch.Tensor]], None]:
         def visit(values: dict[int, torch.Tensor], layer: L.Layer, outs: list[torch.Tensor]) -> None:
             if layer.name in candidates:
                 getattr(hists[layer.name], method)(values[id(sources[layer.name])])
+            if layer.name in out_hists:
+                getattr(out_hists[layer.name], method)(outs[0])
         return visit
 
     for method in ("observe_max", "observe"):
         for sample in samples:
             _run(network, sample, device, kept, observe(method))
     amax = {name: choose_amax(h, algo, quant_type) for name, h in hists.items()}
+    out_amax = {name: choose_amax(h, algo, quant_type) for name, h in out_hists.items()}
     errors = dict.fromkeys(candidates, 0.0)
 
     def measure(values: dict[int, torch.Tensor], layer: L.Layer, outs: list[torch.Tensor]) -> None:
         if layer.name in candidates:
             inputs = [values[id(t)] for t in layer.inputs]
-            error = _own_error(layer, candidates[layer.name], inputs, outs[0], amax[layer.name], quant_type, device)
+            error = _own_error(layer, candidates[layer.name], inputs, outs[0], amax[layer.name],
+                               out_amax.get(layer.name), quant_type, device)
             errors[layer.name] = max(errors[layer.name], error)
 
     for sample in samples:
@@ -130,7 +139,7 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
     kinds = {layer.name: layer.KIND for layer in network.layers}
     return [QuantizedLayer(name, kinds[name], amax[name], errors[name],
                            f"quantized output error {errors[name]:.3g} (relative RMS) is past the tolerance "
-                           f"{tolerance:g}" if errors[name] > tolerance else "")
+                           f"{tolerance:g}" if errors[name] > tolerance else "", out_amax.get(name))
             for name in candidates]
 
 
@@ -196,7 +205,8 @@ def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBind
             _write_cache(request.cache_file, name, request.quant_type, request.algorithm, layers)
     else:
         logger.info("engine %s: calibration ranges read from %s", name, request.cache_file)
-    plan = QuantizationPlan(request.quant_type, tuple((q.name, q.amax) for q in layers if not q.kept))
+    plan = QuantizationPlan(request.quant_type, tuple((q.name, q.amax) for q in layers if not q.kept),
+                            tuple((q.name, q.output_amax) for q in layers if not q.kept and q.output_amax is not None))
     engine = build_engine(convert(), bindings, dataclasses.replace(settings, quantization=plan), name, plan=False)
     ship(engine, settings.device)
     return engine, layers

@@ -89,26 +89,39 @@ def _least_mse(counts: torch.Tensor, width: float, quant_type: torch.dtype) -> f
 
 
 def _least_divergence(counts: torch.Tensor, width: float) -> float:
-    """TensorRT's entropy calibration: for each threshold of i bins, P is the histogram clipped there (the tail
-    added to its last bin) and Q the same bins merged into KL_LEVELS levels and spread back over the non-empty
-    ones; the threshold of least KL(P || Q)."""
+    """TensorRT's entropy calibration (as MXNet and ModelOpt write it): for each threshold of i bins, P is the
+    histogram clipped there with the tail added to its last bin, Q the clipped histogram without the tail merged
+    into KL_LEVELS levels, each level's count spread over the bins where P is not empty; the threshold of least
+    KL(P || Q), with Q's empty bins smoothed (SMOOTHING taken from its others)."""
     best, best_divergence = BINS * width, math.inf
     for i in range(KL_LEVELS, BINS + 1, KL_STRIDE):
         p = counts[:i].clone()
         p[-1] += counts[i:].sum()
-        nonzero = (counts[:i] > 0).double()
-        group = (torch.arange(i) * KL_LEVELS // i)  # the level each bin merges into
+        nonzero = (p > 0).double()
+        group = torch.arange(i) * KL_LEVELS // i  # the level each bin merges into
         level_sums = torch.zeros(KL_LEVELS, dtype=torch.float64).index_add_(0, group, counts[:i])
         level_bins = torch.zeros(KL_LEVELS, dtype=torch.float64).index_add_(0, group, nonzero)
-        q = torch.where(nonzero > 0, level_sums[group] / level_bins[group].clamp(min=1), 0.0)
-        p, q = p / p.sum(), q / q.sum().clamp(min=1e-300)
-        keep = p > 0
-        if bool((q[keep] == 0).any()):
-            continue  # P has mass where Q has none: infinite divergence
-        divergence = float((p[keep] * torch.log(p[keep] / q[keep])).sum())
+        q = nonzero * level_sums[group] / level_bins[group].clamp(min=1)
+        divergence = _divergence(p, q)
         if divergence < best_divergence:
             best, best_divergence = (i + 0.5) * width, divergence
     return min(best, BINS * width)
+
+
+SMOOTHING = 1e-4
+
+
+def _divergence(p: torch.Tensor, q: torch.Tensor) -> float:
+    """KL(P || Q) of two histograms of counts, Q's empty bins given SMOOTHING counts (taken evenly from its
+    others), then both normalized."""
+    empty = q == 0
+    filled = int((~empty).sum())
+    if filled == 0:
+        return math.inf
+    q = torch.where(empty, SMOOTHING, q - SMOOTHING * int(empty.sum()) / filled)
+    keep = p > 0
+    p, q = p[keep] / p.sum(), q[keep] / q.sum()
+    return float((p * torch.log(p / q)).sum())
 
 
 def channel_amax(weight: torch.Tensor, axis: int) -> torch.Tensor:

@@ -11,10 +11,12 @@ from torchkiln.runtime.backends.base import BackendOptions
 @dataclasses.dataclass(frozen=True)
 class QuantizationPlan:
     """What post-training quantization quantizes: the layers (by name) with the amax of their activation input,
-    in `quant_type` (int8 or float8_e4m3fn)."""
+    and of their output where it is quantized too (convolutions: ONNX Runtime fuses QLinearConv only then), in
+    `quant_type` (int8 or float8_e4m3fn)."""
 
     quant_type: torch.dtype
     activation_amax: tuple[tuple[str, float], ...] = ()
+    output_amax: tuple[tuple[str, float], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,11 @@ class Candidate:
 
 
 def candidate(layer: L.Layer) -> Candidate | None:
-    """A float32 convolution (not transposed) or a matrix multiply of an activation by a constant 2-d weight."""
+    """A float32 convolution (not transposed) or a matrix multiply of an activation by a constant 2-d weight, whose
+    activation the graph does not quantize itself (a QAT model's fake quantization keeps its own scales)."""
+    if not isinstance(layer, (L.ConvolutionLayer, L.MatrixMultiplyLayer)) \
+            or isinstance(layer.inputs[0].producer, L.DequantizeLayer):
+        return None
     if isinstance(layer, L.ConvolutionLayer):
         kernel = layer.weights["kernel"]
         if layer.transposed or layer.kernel_type is not None or kernel.dtype != torch.float32 \
@@ -46,6 +50,11 @@ def candidate(layer: L.Layer) -> Candidate | None:
     return None
 
 
+def quantizes_output(found: Candidate) -> bool:
+    """Whether calibration also quantizes the layer's output: a convolution's (its weight axis is the kernel's)."""
+    return found.weight.dim() > 2
+
+
 def quantize_weight(weight: torch.Tensor, axis: int, quant_type: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The weight quantized per slice along `axis` (symmetric, by each slice's largest |value|), and the scales."""
     scale = scale_of(channel_amax(weight, axis), quant_type)
@@ -53,11 +62,25 @@ def quantize_weight(weight: torch.Tensor, axis: int, quant_type: torch.dtype) ->
     return quantize(weight, shaped, None, quant_type), scale
 
 
+def _quantize_output(network: Network, layer: L.Layer, scale: float, quant_type: torch.dtype) -> None:
+    """Every reader of the layer's output (and the network's outputs) reads it through a quantizer."""
+    out = layer.outputs[0]
+    before = len(network.layers)
+    fake = network.add_fake_quantize(out, torch.tensor([scale]), None, quant_type)
+    made = network.layers[before:]
+    network.replace_all_uses(out, fake)
+    made[0].inputs = [out]  # the quantizer itself reads the layer's output
+    after = network.layers.index(layer) + 1
+    for k, m in enumerate(made):
+        network.layers.remove(m)
+        network.layers.insert(after + k, m)
+
+
 def quantize_layers(network: Network, settings: BuildSettings) -> bool:
     plan: QuantizationPlan | None = settings.quantization
     if plan is None:
         return False
-    amax = dict(plan.activation_amax)
+    amax, output_amax = dict(plan.activation_amax), dict(plan.output_amax)
     shared: dict[tuple[int, float], torch.Tensor] = {}  # (activation tensor, amax) -> its dequantized copy
     changed = False
     for layer in list(network.layers):
@@ -87,5 +110,7 @@ def quantize_layers(network: Network, settings: BuildSettings) -> bool:
             for made in network.layers[before:]:
                 network.move_before(made, layer)
             layer.inputs[1] = dq.get_output()
+        if layer.name in output_amax:
+            _quantize_output(network, layer, scale_of(output_amax[layer.name], plan.quant_type), plan.quant_type)
         changed = True
     return changed
