@@ -3,10 +3,10 @@ cache is reused, a layer that quantizes badly stays in float (named with its err
 calibrators work, QAT graphs keep their own scales, and ONNX Runtime runs quantized engines on integer kernels."""
 from __future__ import annotations
 
+import json
 import logging
 import math
 
-import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -115,3 +115,153 @@ def test_trained_model_keeps_its_top1(trained, name, quant_type):
     assert quantized and not report.fp32_layers, report.fp32_layers
     top1 = _top1(compiled, x, y)
     assert top1 >= fp32 - MARGIN, f"{name} {quant_type}: top-1 {top1:.4f}, fp32 {fp32:.4f}"
+
+
+def test_calibration_cache_makes_a_rebuild_skip_calibration(trained, tmp_path, caplog):
+    """The second compile reads the ranges from the cache: a CacheCalibrator has no data, and would raise if
+    calibration ran; both engines compute the same."""
+    cache = tmp_path / "calibration.json"
+    spec = [torchkiln.Input((BATCH, 1, 8, 8))]
+    first = torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8}, calibration_inputs=_samples(),
+                              calibration_cache_file=str(cache))
+    assert cache.exists()
+    with caplog.at_level(logging.INFO, logger="torchkiln"):
+        again = torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8},
+                                  calibrator=torchkiln.ptq.CacheCalibrator(str(cache), "max"))
+    assert "calibration ranges read from" in caplog.text
+    x = _samples(1)[0]
+    assert torch.equal(first(x), again(x))
+    with pytest.raises(ValueError, match="has no entry for this engine"):  # another algorithm: no usable entry
+        torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8},
+                          calibrator=torchkiln.ptq.CacheCalibrator(str(cache), "entropy"))
+
+
+def test_data_loader_calibrator_takes_the_inputs_of_each_batch(trained):
+    """Torch-TensorRT's ptq.DataLoaderCalibrator over (inputs, labels) batches calibrates as the same samples do."""
+    x, y = _digits(2 * BATCH, 7)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
+    spec = [torchkiln.Input((BATCH, 1, 8, 8))]
+    calibrator = torchkiln.ptq.DataLoaderCalibrator(loader, algo_type=torchkiln.ptq.CalibrationAlgo.MINMAX_CALIBRATION)
+    by_loader = torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8}, calibrator=calibrator)
+    by_samples = torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8}, calibration_inputs=_samples())
+    assert torch.equal(by_loader(x[:BATCH]), by_samples(x[:BATCH]))
+
+
+class Offset(torch.nn.Module):
+    """A convolution that takes differences of a signal riding on a large offset: per-tensor quantization of its
+    input loses the differences (its step is the offset / 127), so it must stay in float; the next one is fine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.diff = torch.nn.Conv2d(1, 8, 3)  # no padding: every window sees the offset
+        self.next = torch.nn.Conv2d(8, 8, 3, padding=1)
+        with torch.no_grad():
+            kernel = torch.randn(8, 1, 3, 3, generator=gen)
+            self.diff.weight.copy_(kernel - kernel.mean((1, 2, 3), keepdim=True))  # sums to 0: the offset cancels
+            self.next.weight.copy_(torch.randn(8, 8, 3, 3, generator=gen) * 0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.next(torch.relu(self.diff(x + 1000.0)))
+
+
+def test_layer_that_quantizes_badly_stays_in_float_and_is_named(caplog):
+    model = Offset().eval()
+    x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(4))
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        compiled, report = compile_with_report(model, [x], enabled_precisions={I8}, calibration_inputs=[x])
+    assert [r.kind for r in report.fp32_layers] == ["convolution"], report.fp32_layers
+    kept = report.fp32_layers[0]
+    assert "quantized output error" in kept.reason and "past the tolerance" in kept.reason
+    assert kept.layer in caplog.text and "stays in float" in caplog.text
+    assert "kept in float" in str(report)
+    layers = _network(compiled)
+    convolutions = [layer for layer in layers if isinstance(layer, L.ConvolutionLayer)]
+    assert [c.kernel_type for c in convolutions] == [None, I8]
+    with torch.no_grad():
+        out, ref = compiled(x), model(x)
+    cosine = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0)
+    assert cosine > 0.999, cosine
+
+
+def test_without_precision_checks_the_same_layer_would_lose_its_signal():
+    """The check above can fail: quantized, the offset convolution's output is mostly error."""
+    from torchkiln.builder.quantization import relative_rms
+    from torchkiln.builder.ranges import fake_quantized
+
+    model = Offset().eval()
+    x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(4)) + 1000.0
+    with torch.no_grad():
+        ref = model.diff(x)
+        low = model.diff(fake_quantized(x, float(x.abs().max()), I8))
+    assert relative_rms(ref, low) > 0.5
+
+
+class Qat(torch.nn.Module):
+    """A quantization-aware model as torch.ao leaves it: fake quantization of the input (int8), the weights (per
+    channel, symmetric -127..127) and the output after ReLU (uint8's 0..255)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(5)
+        self.weight = torch.nn.Parameter(torch.randn(8, 3, 3, 3, generator=gen) * 0.3)
+        self.bias = torch.nn.Parameter(torch.randn(8, generator=gen))
+        self.register_buffer("weight_scale", self.weight.detach().abs().amax((1, 2, 3)) / 127)
+        self.register_buffer("weight_zero", torch.zeros(8, dtype=torch.int32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.fake_quantize_per_tensor_affine(x, 0.05, 3, -128, 127)
+        w = torch.fake_quantize_per_channel_affine(self.weight, self.weight_scale, self.weight_zero, 0, -127, 127)
+        y = torch.relu(torch.nn.functional.conv2d(x, w, self.bias, padding=1))
+        return torch.fake_quantize_per_tensor_affine(y, 0.1, 0, 0, 255)
+
+
+@pytest.mark.parametrize("precisions", [{torch.float32}, {I8}], ids=["fp32", "int8"])
+def test_qat_graph_keeps_its_own_scales_and_matches_eager(precisions):
+    """Its fake quantization becomes Q/DQ layers with the graph's scales (uint8's range moved into int8's), the
+    convolution's kernel is marked int8, and calibration (int8) adds no quantizer of its own: eager's values
+    exactly."""
+    model = Qat().eval()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(6)) * 3
+    compiled = torchkiln.compile(model, [x], enabled_precisions=precisions, calibration_inputs=[x], min_block_size=1)
+    with torch.no_grad():
+        assert_matches_eager(compiled(x), model(x), rtol=0)
+    layers = _network(compiled)
+    quantizers = [(float(q.weights["scale"]), int(q.weights["zero_point"]), q.quant_min, q.quant_max)
+                  for q in layers if isinstance(q, L.QuantizeLayer)]
+    f32 = lambda v: torch.tensor(v).item()  # noqa: E731  (the float32 the graph holds)
+    assert quantizers == [(f32(0.05), 3, -128, 127), (f32(0.1), -128, -128, 127)], quantizers
+    conv = next(layer for layer in layers if isinstance(layer, L.ConvolutionLayer))
+    assert conv.kernel_type == I8 and torch.equal(conv.weights["kernel_scale"], model.weight_scale)
+
+
+def _executed_ops(network, tmp_path) -> list[str]:
+    """The op types ONNX Runtime runs for the network's export (as the backend exports it), from its profile (its
+    optimized model cannot always be saved: ORT 1.32 fails to re-check a node its MatMul+Add fusion made)."""
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(tmp_path / "profile")
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(network_to_onnx(network, guard=True).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    session.run(None, {session.get_inputs()[0].name: _samples(1)[0].numpy()})
+    with open(session.end_profiling(), encoding="utf-8") as f:
+        events = json.load(f)
+    return [e["args"]["op_name"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_onnx_runtime_runs_quantized_layers_on_integer_kernels(trained, name, tmp_path):
+    """The export's QuantizeLinear/DequantizeLinear around convolutions and matrix multiplies are the QDQ form ORT
+    fuses: QLinearConv, and MatMulIntegerToFloat for a matrix multiply whose output stays float (attention's
+    products of two activations stay float)."""
+    compiled = torchkiln.compile(trained[name], [torchkiln.Input((BATCH, 1, 8, 8))], enabled_precisions={I8},
+                                 calibration_inputs=_samples(), backend="onnxruntime")
+    engine = Engine.deserialize(getattr(compiled, engine_attrs(compiled)[0]).numpy().tobytes())
+    assert not engine.reference_layers()  # one ONNX Runtime session for the whole engine
+    ops = _executed_ops(engine.network, tmp_path)
+    quantized = [m for m in engine.network.layers
+                 if isinstance(m, L.MatrixMultiplyLayer) and isinstance(m.inputs[1].producer, L.DequantizeLayer)]
+    assert quantized and ops.count("MatMulIntegerToFloat") == len(quantized) and "Gemm" not in ops, ops
+    if name == "cnn":
+        assert ops.count("QLinearConv") == 2 and "Conv" not in ops and "FusedConv" not in ops, ops

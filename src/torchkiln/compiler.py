@@ -388,13 +388,13 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
             engines = None
             continue
         if engines is not None:
-            usable = samples()[k] is not None and all(isinstance(x, torch.Tensor) for s in samples()[k] for x in s)
             convert = functools.partial(convert_block, block.nodes, block.inputs, block.outputs, part.metas, settings,
                                         f"{name}_{k}")
             before = len(kept)
-            if request is not None:
+            if request is not None:  # samples only where the calibration cache has no entry
                 engines.append(_quantized_block(network, convert, build, lambda k=k: samples()[k], request, kept))
             else:
+                usable = samples()[k] is not None and all(isinstance(x, torch.Tensor) for s in samples()[k] for x in s)
                 engines.append(_build_block(network, convert, build, samples()[k] if usable else None, kept))
             cache.save(key, engines[-1], [(r.layer, r.kind, r.node, r.reason) for r in kept[before:]])
     return engines

@@ -76,10 +76,33 @@ def _quantize_output(network: Network, layer: L.Layer, scale: float, quant_type:
         network.layers.insert(after + k, m)
 
 
+def mark_explicit_kernels(network: Network) -> bool:
+    """A QAT graph's convolution reads a dequantized int8 value and has a kernel its lowering already fake-quantized
+    (per output channel, symmetric: scale = largest |value| / 127). Where the kernel is exactly on that grid, it is
+    marked quantized (kernel_scale, kernel_type) so backends run it in int8; its values, and so its meaning, are
+    unchanged."""
+    changed = False
+    for layer in network.layers:
+        if not isinstance(layer, L.ConvolutionLayer) or layer.kernel_type is not None or layer.transposed \
+                or layer.weights["kernel"].dtype != torch.float32:
+            continue
+        producer = layer.inputs[0].producer
+        if not isinstance(producer, L.DequantizeLayer) or producer.quant_type != torch.int8:
+            continue
+        kernel = layer.weights["kernel"]
+        q, scale = quantize_weight(kernel, 0, torch.int8)
+        if bool((channel_amax(kernel, 0) > 0).all()) and \
+                torch.equal(dequantize(q, scale.reshape([-1] + [1] * (kernel.dim() - 1)), None), kernel):
+            layer.weights = {**layer.weights, "kernel_scale": scale}
+            layer.kernel_type = torch.int8
+            changed = True
+    return changed
+
+
 def quantize_layers(network: Network, settings: BuildSettings) -> bool:
     plan: QuantizationPlan | None = settings.quantization
     if plan is None:
-        return False
+        return mark_explicit_kernels(network)
     amax, output_amax = dict(plan.activation_amax), dict(plan.output_amax)
     shared: dict[tuple[int, float], torch.Tensor] = {}  # (activation tensor, amax) -> its dequantized copy
     changed = False
@@ -113,4 +136,4 @@ def quantize_layers(network: Network, settings: BuildSettings) -> bool:
         if layer.name in output_amax:
             _quantize_output(network, layer, scale_of(output_amax[layer.name], plan.quant_type), plan.quant_type)
         changed = True
-    return changed
+    return mark_explicit_kernels(network) or changed

@@ -100,9 +100,17 @@ def _matrix_multiply(ctx: ExportContext, layer: L.MatrixMultiplyLayer, xs: list[
     if layer.op1 == L.MatrixOperation.TRANSPOSE:  # of a constant weight: ORT folds it at session start
         b = _swap_last_two(ctx, b, tb.rank)
     y = ctx.op("MatMul", [a, b], out)
-    if "bias" in layer.weights:  # MatMul + Add: the pattern ORT fuses (Gemm, FusedMatMul, BiasGelu...)
-        y = ctx.op("Add", [y, ctx.constant(layer.weights["bias"].to(out), "bias")], out)
-    return y
+    if "bias" not in layer.weights:
+        return y
+    bias = layer.weights["bias"].to(out)
+    if not isinstance(tb.producer, L.DequantizeLayer):  # MatMul + Add: the pattern ORT fuses (Gemm, BiasGelu...)
+        return ctx.op("Add", [y, ctx.constant(bias, "bias")], out)
+    # Quantized: ORT would fuse MatMul + Add into a float Gemm before its QDQ fusions see the MatMul (and, for an
+    # N-d one, fail making the Gemm's reshapes); a bias of rank 3 or more keeps the Add apart, so the MatMul runs
+    # as MatMulIntegerToFloat. A 1-d or 2-d result is squeezed back.
+    rank = layer.outputs[0].rank
+    y = ctx.op("Add", [y, ctx.constant(bias.reshape([1] * (max(rank, 3) - 1) + [-1]), "bias")], out)
+    return y if rank >= 3 else ctx.node("Squeeze", [y, ctx.ints(range(3 - rank), "axes")])[0]
 
 
 _REDUCE = {L.ReduceOperation.SUM: "ReduceSum", L.ReduceOperation.PROD: "ReduceProd",
