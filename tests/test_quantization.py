@@ -84,6 +84,20 @@ def trained():
     return {"cnn": _train(Cnn()), "transformer": _train(Transformer())}
 
 
+@pytest.fixture(scope="module")
+def quantized(trained):
+    """Each trained model compiled once per type (onnxruntime on the CPU, the default), with its report."""
+    found = {}
+
+    def get(name: str, quant_type: torch.dtype):
+        if (name, quant_type) not in found:
+            found[name, quant_type] = compile_with_report(trained[name], [torchkiln.Input((BATCH, 1, 8, 8))],
+                                                          enabled_precisions={quant_type},
+                                                          calibration_inputs=_samples())
+        return found[name, quant_type]
+    return get
+
+
 def _top1(model, x: torch.Tensor, y: torch.Tensor) -> float:
     with torch.no_grad():
         return float((torch.cat([model(x[i:i + BATCH]) for i in range(0, len(x), BATCH)]).argmax(1) == y).float().mean())
@@ -104,13 +118,12 @@ def _network(module) -> list[L.Layer]:
 
 @pytest.mark.parametrize("quant_type", [I8, F8], ids=["int8", "fp8"])
 @pytest.mark.parametrize("name", ["cnn", "transformer"])
-def test_trained_model_keeps_its_top1(trained, name, quant_type):
+def test_trained_model_keeps_its_top1(trained, quantized, name, quant_type):
     model = trained[name]
     x, y = _digits(TEST, 1)
     fp32 = _top1(model, x, y)
     assert fp32 > 0.8, f"{name} trained to only {fp32:.3f}"
-    compiled, report = compile_with_report(model, [torchkiln.Input((BATCH, 1, 8, 8))], enabled_precisions={quant_type},
-                                           calibration_inputs=_samples())
+    compiled, report = quantized(name, quant_type)
     quantized = [layer for layer in _network(compiled) if isinstance(layer, L.DequantizeLayer)]
     assert quantized and not report.fp32_layers, report.fp32_layers
     top1 = _top1(compiled, x, y)
@@ -118,33 +131,25 @@ def test_trained_model_keeps_its_top1(trained, name, quant_type):
 
 
 def test_calibration_cache_makes_a_rebuild_skip_calibration(trained, tmp_path, caplog):
-    """The second compile reads the ranges from the cache: a CacheCalibrator has no data, and would raise if
-    calibration ran; both engines compute the same."""
+    """Torch-TensorRT's ptq calibrators: a DataLoaderCalibrator over (inputs, labels) batches calibrates and writes
+    the cache; a CacheCalibrator has no data (it would raise if calibration ran), so the second compile reads the
+    ranges from the cache, and both engines compute the same."""
     cache = tmp_path / "calibration.json"
+    x, y = _digits(2 * BATCH, 7)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
     spec = [torchkiln.Input((BATCH, 1, 8, 8))]
-    first = torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8}, calibration_inputs=_samples(),
-                              calibration_cache_file=str(cache))
+    calibrator = torchkiln.ptq.DataLoaderCalibrator(loader, algo_type=torchkiln.ptq.CalibrationAlgo.MINMAX_CALIBRATION,
+                                                    cache_file=str(cache))
+    first = torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8}, calibrator=calibrator)
     assert cache.exists()
     with caplog.at_level(logging.INFO, logger="torchkiln"):
         again = torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8},
                                   calibrator=torchkiln.ptq.CacheCalibrator(str(cache), "max"))
     assert "calibration ranges read from" in caplog.text
-    x = _samples(1)[0]
-    assert torch.equal(first(x), again(x))
+    assert torch.equal(first(x[:BATCH]), again(x[:BATCH]))
     with pytest.raises(ValueError, match="has no entry for this engine"):  # another algorithm: no usable entry
         torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8},
                           calibrator=torchkiln.ptq.CacheCalibrator(str(cache), "entropy"))
-
-
-def test_data_loader_calibrator_takes_the_inputs_of_each_batch(trained):
-    """Torch-TensorRT's ptq.DataLoaderCalibrator over (inputs, labels) batches calibrates as the same samples do."""
-    x, y = _digits(2 * BATCH, 7)
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH)
-    spec = [torchkiln.Input((BATCH, 1, 8, 8))]
-    calibrator = torchkiln.ptq.DataLoaderCalibrator(loader, algo_type=torchkiln.ptq.CalibrationAlgo.MINMAX_CALIBRATION)
-    by_loader = torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8}, calibrator=calibrator)
-    by_samples = torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8}, calibration_inputs=_samples())
-    assert torch.equal(by_loader(x[:BATCH]), by_samples(x[:BATCH]))
 
 
 class Offset(torch.nn.Module):
@@ -251,12 +256,11 @@ def _executed_ops(network, tmp_path) -> list[str]:
 
 
 @pytest.mark.parametrize("name", ["cnn", "transformer"])
-def test_onnx_runtime_runs_quantized_layers_on_integer_kernels(trained, name, tmp_path):
+def test_onnx_runtime_runs_quantized_layers_on_integer_kernels(quantized, name, tmp_path):
     """The export's QuantizeLinear/DequantizeLinear around convolutions and matrix multiplies are the QDQ form ORT
     fuses: QLinearConv, and MatMulIntegerToFloat for a matrix multiply whose output stays float (attention's
     products of two activations stay float)."""
-    compiled = torchkiln.compile(trained[name], [torchkiln.Input((BATCH, 1, 8, 8))], enabled_precisions={I8},
-                                 calibration_inputs=_samples(), backend="onnxruntime")
+    compiled, _ = quantized(name, I8)
     engine = Engine.deserialize(getattr(compiled, engine_attrs(compiled)[0]).numpy().tobytes())
     assert not engine.reference_layers()  # one ONNX Runtime session for the whole engine
     ops = _executed_ops(engine.network, tmp_path)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -300,7 +301,8 @@ SETTINGS: tuple[Setting, ...] = (
             compare=False, example=[]),
     Setting("calibrator", "Any", None, "quantization: a torchkiln.ptq.DataLoaderCalibrator (samples from a data "
             "loader, its algorithm and cache file) or CacheCalibrator (a calibration cache only); Torch-TensorRT's "
-            "ptq names", _calibrator, shown_default="None", compare=False),
+            "ptq names", _calibrator, shown_default="None", compare=False,
+            example=types.SimpleNamespace(samples=list, algo_type="max", cache_file=None)),
     Setting("calibration_algorithm", "CalibrationAlgo", "max", "quantization: how an activation's range is "
             "chosen: max (the largest |value|, ModelOpt's default), percentile (99.99th), entropy (least KL "
             "divergence over int8's levels, TensorRT's) or mse (least squared error of the type's own rounding)",
