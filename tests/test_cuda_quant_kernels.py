@@ -13,7 +13,7 @@ from torchkiln.runtime.backends.cuda.quant_kernels import KERNEL, quantized_matm
 from torchkiln.runtime.executor import ReferenceExecutor
 
 I8, F8 = torch.int8, torch.float8_e4m3fn
-HOPPER = (9, 0)
+HOPPER = lambda: (9, 0)  # noqa: E731  (the capability the planner asks for)
 
 
 def _network(shape: tuple[int, ...], quant_type: torch.dtype, n: int = 32, zero: int = 0, readers: int = 1,
@@ -58,7 +58,7 @@ def test_planner_takes_a_quantized_linear(quant_type, transposed):
     (_network((64, 64), I8, zero=3), HOPPER, "an activation zero point"),
     (_network((64, 64), I8, n=30), HOPPER, "N not a multiple of 8"),
     (_network((64, 40), F8), HOPPER, "fp8 K not a multiple of 16"),
-    (_network((64, 64), F8), (8, 0), "fp8 before sm_89"),
+    (_network((64, 64), F8), lambda: (8, 0), "fp8 before sm_89"),
     (_network((64, 64), I8, readers=2), HOPPER, "one dequantized activation read by two multiplies"),
 ])
 def test_planner_leaves_what_the_libraries_cannot_take(net, capability, why):
@@ -84,6 +84,20 @@ def test_quantized_step_matches_the_reference(quant_type, shape, transposed):
     out = make_step(step, KERNEL, False)(quantized)[0]
     assert out.shape == ref.shape
     assert float((out - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+def test_cuda_plan_has_the_quantized_step_and_checks():
+    """The CUDA planner (on the CPU, without timing, as tests/test_cuda_planner.py plans) gives an int8 linear one
+    quantized_matmul step reading the quantize layer's int8 output; the plan passes the loader's step checks."""
+    from torchkiln.runtime.backends import BackendOptions
+    from torchkiln.runtime.backends.cuda import planner
+    from torchkiln.runtime.plan import check_steps
+
+    net = _network((64, 64), I8)
+    plan = planner.make_plan(net, torch.device("cpu"), BackendOptions(timing_iterations=0))
+    check_steps(net, plan.steps)
+    steps = [(plan.kernels[s.kernel].op, [net.layers[j].KIND for j in s.layers]) for s in plan.steps]
+    assert (KERNEL.op, ["dequantize", "constant", "dequantize", "matrix_multiply"]) in steps, steps
 
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

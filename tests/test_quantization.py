@@ -269,3 +269,20 @@ def test_onnx_runtime_runs_quantized_layers_on_integer_kernels(quantized, name, 
     assert quantized and ops.count("MatMulIntegerToFloat") == len(quantized) and "Gemm" not in ops, ops
     if name == "cnn":
         assert ops.count("QLinearConv") == 2 and "Conv" not in ops and "FusedConv" not in ops, ops
+
+
+def test_damaged_calibration_cache_is_recalibrated_with_a_warning(tmp_path, caplog):
+    model = Offset().eval()
+    x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(4))
+    cache = tmp_path / "calibration.json"
+    first = torchkiln.compile(model, [x], enabled_precisions={I8}, calibration_inputs=[x],
+                              calibration_cache_file=str(cache))
+    data = json.loads(cache.read_text())
+    for entry in data["engines"].values():
+        entry["layers"][0]["amax"] = "large"
+    cache.write_text(json.dumps(data))
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        again = torchkiln.compile(model, [x], enabled_precisions={I8}, calibration_inputs=[x],
+                                  calibration_cache_file=str(cache))
+    assert "has no usable entry" in caplog.text
+    assert torch.equal(first(x), again(x))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -145,21 +146,29 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
 
 def _read_cache(path: str | None, name: str, quant_type: torch.dtype, algo: CalibrationAlgo,
                 names: set[str]) -> list[QuantizedLayer] | None:
+    """The cache's layers for engine `name`, or None (logged) where the file has no usable entry: missing,
+    damaged, or made for another type, algorithm or network."""
     if not path or not os.path.exists(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         entry = data["engines"][name] if data.get("format") == CACHE_FORMAT else None
-    except (OSError, ValueError, KeyError, TypeError):
-        logger.warning("calibration cache %s has no usable entry for engine %s; calibrating", path, name)
-        return None
-    if entry is None or entry.get("quant_type") != str(quant_type) or entry.get("algorithm") != algo.value \
-            or {row["name"] for row in entry.get("layers", [])} != names:
-        logger.warning("calibration cache %s: engine %s was calibrated for another type, algorithm or network; "
-                       "calibrating again", path, name)
-        return None
-    return [QuantizedLayer(**row) for row in entry["layers"]]
+        same = entry is not None and entry.get("quant_type") == str(quant_type) \
+            and entry.get("algorithm") == algo.value and {row["name"] for row in entry["layers"]} == names
+        layers = [QuantizedLayer(**row) for row in entry["layers"]] if same else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        layers, same = None, False
+    if layers is not None and all(_is_range(q.amax) and (q.output_amax is None or _is_range(q.output_amax))
+                                  and isinstance(q.kept, str) for q in layers):
+        return layers
+    logger.warning("calibration cache %s has no usable entry for engine %s (missing, damaged, or made for another "
+                   "type, algorithm or network); calibrating", path, name)
+    return None
+
+
+def _is_range(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
 def _write_cache(path: str, name: str, quant_type: torch.dtype, algo: CalibrationAlgo,
@@ -197,7 +206,8 @@ def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBind
     reference = build_engine(convert(), bindings, dataclasses.replace(settings, compute_dtype=torch.float32),
                              f"{name}_fp32", plan=False).network
     names = {layer.name for layer in reference.layers if candidate(layer) is not None}
-    layers = None if not request.read_cache else _read_cache(request.cache_file, name, request.quant_type, request.algorithm, names)
+    layers = _read_cache(request.cache_file, name, request.quant_type, request.algorithm, names) \
+        if request.read_cache else None
     if layers is None:
         layers = calibrate(reference, samples(), request.algorithm, request.quant_type, settings.device) \
             if names else []

@@ -30,21 +30,24 @@ class Histogram:
     counts: torch.Tensor | None = None
 
     def observe_max(self, x: torch.Tensor) -> None:
-        finite = x.detach().float()
-        finite = finite[torch.isfinite(finite)]
-        if finite.numel():
-            self.amax = max(self.amax, float(finite.abs().max()))
+        if x.numel():
+            self.amax = max(self.amax, float(_finite_magnitudes(x).max()))
 
     def observe(self, x: torch.Tensor) -> None:
         if self.amax == 0:
             return
-        values = x.detach().float().abs().flatten().cpu()
-        counts = torch.histc(values[torch.isfinite(values)], BINS, 0.0, self.amax)
+        counts = torch.histc(_finite_magnitudes(x).cpu(), BINS, 0.0, self.amax)  # the -1s lie outside: not counted
         self.counts = counts if self.counts is None else self.counts + counts
 
     @property
     def width(self) -> float:
         return self.amax / BINS
+
+
+def _finite_magnitudes(x: torch.Tensor) -> torch.Tensor:
+    """|x| where finite, -1 where not (NaN and inf are not ranges)."""
+    x = x.detach().float().abs()
+    return torch.where(torch.isfinite(x), x, -1.0)
 
 
 def fake_quantized(x: torch.Tensor, amax: float, quant_type: torch.dtype) -> torch.Tensor:

@@ -140,7 +140,7 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
         first_at[len(groups)] = members[0]
         groups.append((kernel, members))
         assigned.update(members)
-    for members in quantized_matmuls(network, graph.sole_reader, torch.cuda.get_device_capability(device)):
+    for members in quantized_matmuls(network, graph.sole_reader, lambda: torch.cuda.get_device_capability(device)):
         groups.append((QUANTIZED_MATMUL, members))  # at its last member, the multiply
         assigned.update(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
     for members in _shared_input_linears(network, graph):

@@ -33,9 +33,9 @@ def _zero_free(dq: L.DequantizeLayer) -> bool:
 
 
 def quantized_matmuls(network: Network, sole_reader: Callable[[object], L.Layer | None],
-                      capability: tuple[int, int]) -> list[list[int]]:
+                      capability: Callable[[], tuple[int, int]]) -> list[list[int]]:
     """The members (indices: weight constant, both dequantize layers, the multiply) of each matrix multiply that
-    can run quantized here."""
+    can run quantized on a GPU of `capability()` (asked only for fp8)."""
     index = {id(layer): j for j, layer in enumerate(network.layers)}
     found = []
     for j, mm in enumerate(network.layers):
@@ -53,7 +53,7 @@ def quantized_matmuls(network: Network, sole_reader: Callable[[object], L.Layer 
             continue
         n, k = dqw.inputs[0].shape if transposed else reversed(dqw.inputs[0].shape)
         if n % ALIGN[quant_type] or k % ALIGN[quant_type] \
-                or (quant_type == torch.float8_e4m3fn and tuple(capability) < FP8_CAPABILITY) \
+                or (quant_type == torch.float8_e4m3fn and tuple(capability()) < FP8_CAPABILITY) \
                 or sole_reader(dqx.outputs[0]) is not mm or sole_reader(dqw.outputs[0]) is not mm:
             continue
         found.append(sorted(index[id(x)] for x in (constant, dqw, dqx, mm)))
