@@ -733,3 +733,23 @@ def test_gather_of_run_time_indices_never_wraps(mode, bad):
     bad_indices[-1] = bad
     with pytest.raises(Exception, match="(?i)out of|bounds|range|invalid index"):
         run_onnx(net, [torch.randn(4, 3), bad_indices.view(i.shape)])
+
+
+def test_max_pool_of_a_dequantized_value_runs_on_the_reference():
+    """ONNX Runtime 1.32 aborts the whole process on DequantizeLinear -> MaxPool with the NaN and -inf guards torch's
+    max pooling needs, and without them refuses the QuantizeLinear its QDQ propagation makes: the exporter declines
+    the layer, and an onnxruntime engine runs it on the reference (the same values)."""
+    from test_runtime_backends import engine_of
+
+    for quant_type in (torch.int8, torch.float8_e4m3fn):
+        net = Network("pool")
+        x = net.add_input("x", F32, (2, 3, 8, 8))
+        dq = net.add_fake_quantize(x, torch.tensor([0.02]), None, quant_type)
+        pool = net.add_pooling_nd(dq, L.PoolingType.MAX, (3, 3), stride=(2, 2), padding=(1, 1))
+        net.mark_output(net.add_activation(pool.get_output(), L.ActivationType.RELU).get_output())
+        found = supports(pool)
+        assert found is not None and "max pooling of a dequantized value" in found, found
+        engine = engine_of(net, "onnxruntime", "cpu")
+        assert [name for name, _, _ in engine.reference_layers()] == [pool.name]
+        data = [torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))]
+        assert torch.equal(engine.execute(data)[0], ReferenceExecutor(net, torch.device("cpu")).run(data)[0])

@@ -48,6 +48,11 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
                  ceil_mode=int(layer.ceil_mode))
     if layer.type == L.PoolingType.MAX:
         attrs["dilations"] = list(layer.dilation or (1,) * len(layer.window))
+        if isinstance(layer.inputs[0].producer, L.DequantizeLayer):
+            # ONNX Runtime 1.32 aborts the process (a libstdc++ assertion in its QDQ transformers) on
+            # DequantizeLinear -> MaxPool with the NaN and -inf guards below, and without them its QDQ propagation
+            # makes a QuantizeLinear it then refuses (zero point of another type)
+            ctx.decline("max pooling of a dequantized value (ONNX Runtime's QDQ transformers fail on it)")
         result = ctx.op("MaxPool", xs, dt, **attrs)
         if not dt.is_floating_point:
             return result
