@@ -297,3 +297,26 @@ def test_damaged_calibration_cache_is_recalibrated_with_a_warning(tmp_path, capl
                                   calibration_cache_file=str(cache))
     assert "has no usable entry" in caplog.text
     assert torch.equal(first(x), again(x))
+
+
+class TwoBranches(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(3, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) + self.b(x)
+
+
+def test_readers_of_one_activation_share_its_quantizer_each_with_its_own_dequantizer():
+    """ONNX Runtime fuses a DequantizeLinear into QLinearConv (and the CUDA planner into a quantized step) only where
+    the layer alone reads it."""
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(8))
+    compiled = torchkiln.compile(TwoBranches().eval(), [x], enabled_precisions={I8}, calibration_inputs=[x])
+    layers = _network(compiled)
+    quantizers = [q for q in layers if isinstance(q, L.QuantizeLayer) and q.inputs[0].producer is None]
+    assert len(quantizers) == 1
+    readers = [layer for layer in layers if quantizers[0].outputs[0] in layer.inputs]
+    assert len(readers) == 2 and all(isinstance(r, L.DequantizeLayer) for r in readers)
+    for dq in readers:
+        assert [type(layer) for layer in layers if dq.outputs[0] in layer.inputs] == [L.ConvolutionLayer]

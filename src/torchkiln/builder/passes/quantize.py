@@ -104,7 +104,10 @@ def quantize_layers(network: Network, settings: BuildSettings) -> bool:
     if plan is None:
         return mark_explicit_kernels(network)
     amax, output_amax = dict(plan.activation_amax), dict(plan.output_amax)
-    shared: dict[tuple[int, float], torch.Tensor] = {}  # (activation tensor, amax) -> its dequantized copy
+    # (activation tensor, amax) -> its quantize layer: readers of one activation share it, and each has its own
+    # dequantize layer (ONNX Runtime fuses a DequantizeLinear into QLinearConv only where the convolution alone
+    # reads it; so does the CUDA planner)
+    shared: dict[tuple[int, float], L.Layer] = {}
     changed = False
     for layer in list(network.layers):
         found = candidate(layer) if layer.name in amax else None
@@ -112,13 +115,18 @@ def quantize_layers(network: Network, settings: BuildSettings) -> bool:
             continue
         x = layer.inputs[found.activation]
         key = (id(x), amax[layer.name])
+        before = len(network.layers)
         if key not in shared:
-            before = len(network.layers)
-            shared[key] = network.add_fake_quantize(x, torch.tensor([scale_of(amax[layer.name], plan.quant_type)]),
-                                                    None, plan.quant_type)
-            for made in network.layers[before:]:
-                network.move_before(made, layer)
-        layer.inputs[found.activation] = shared[key]
+            dq = network.add_fake_quantize(x, torch.tensor([scale_of(amax[layer.name], plan.quant_type)]),
+                                           None, plan.quant_type).producer
+            shared[key] = dq.inputs[0].producer
+        else:
+            q = shared[key]
+            dq = network.add_layer(L.DequantizeLayer, q.outputs, weights=dict(q.weights), axis=q.axis,
+                                   quant_type=q.quant_type, to_type=x.dtype)
+        for made in network.layers[before:]:
+            network.move_before(made, layer)
+        layer.inputs[found.activation] = dq.outputs[0]
         q, scale = quantize_weight(found.weight, found.axis, plan.quant_type)
         if isinstance(layer, L.ConvolutionLayer):
             shaped = scale.reshape([-1] + [1] * (q.dim() - 1))
