@@ -30,6 +30,9 @@ VECTOR_PATH = {
     "activation-GELU": ("inf", "torch's GELU(+inf) is +inf or NaN depending on the CPU's vector path"),
     "normalization-": ("extreme", "the variance of values near 1e30 overflows float32, and what torch's vectorized "
                                   "Welford statistics give then depends on how its lanes combine"),
+    "quantize-": ("nan", "NaN has no int8 value: the reference gives the lowest (as ATen), ONNX Runtime's QuantizeLinear "
+                         "what its vector path's conversion gives"),
+    "dequantize-": ("nan", "NaN has no int8 value (see quantize)"),
 }
 
 

@@ -142,9 +142,6 @@ def test_device_type_and_gpu_id(cnn, tmp_path, capsys, argv, message):
     (["--dla-core", "0"], "--dla-core: torchkiln has no DLA engines"),
     (["--allow-gpu-fallback"], "--allow-gpu-fallback: torchkiln has no DLA engines"),
     (["--dla-sram-size", "1024"], "--dla-sram-size: torchkiln has no DLA engines"),
-    (["--calibration-cache-file", "calib.cache"], "INT8 post-training quantization"),
-    (["-p", "int8"], "-p int8: INT8 post-training quantization"),
-    (["-p", "char"], "-p char: INT8 post-training quantization"),
     (["--custom-converters", "libconv.so"], "torchkiln's converters are Python"),
     (["--custom-torch-ops", "libops.so"], "torch.ops.load_library"),
 ])

@@ -217,3 +217,18 @@ def test_tutorial_runs(tmp_path):
     path.write_text("\n".join(blocks))
     namespace = runpy.run_path(str(path))
     assert namespace["bad"].source == "tutorial.py:13"
+
+
+def test_quantized_layers_show_their_scales_and_the_kept_one_its_error():
+    from test_quantization import Offset
+
+    model = Offset().eval()
+    x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(4))
+    report = torchkiln.debug_precision(model, [x], enabled_precisions={torch.int8}, calibration_inputs=[x])
+    text = str(report)
+    assert report.precision == torch.int8 and "in int8 against eager float32" in text
+    convolutions = [r for r in report.rows if r.kind == "convolution"]
+    assert [bool(r.kept_fp32) for r in convolutions] == [True, False]
+    assert "quantized output error" in convolutions[0].kept_fp32 and not convolutions[0].quantized
+    assert convolutions[1].quantized.startswith("int8: input scale ") and "weight scales" in convolutions[1].quantized
+    assert convolutions[1].quantized in text and report.first_bad is None

@@ -6,7 +6,7 @@ import torchkiln
 
 ROOT = pathlib.Path(torchkiln.__file__).parent
 # small helpers anyone uses
-SHARED = {"errors", "torchscript", "settings", "settings_table", "log", "module_mode", "ops", "_version"}
+SHARED = {"errors", "torchscript", "settings", "settings_table", "log", "module_mode", "ops", "_version", "enums"}
 
 # part -> the parts it may import (besides SHARED). The pipeline's phases, top to bottom, and the tools on top.
 ALLOWED = {

@@ -60,7 +60,8 @@ def every_kind_network():
                            False).get_output()
     att = n.add_attention(q, q, q, causal=True).get_output()
     dim = n.add_layer(L.DimValueLayer, [], value=3).get_output()
-    for t in (sm, g, top.get_output(0), top.get_output(1), norm, cum, ident, cast, gs, att, dim):
+    fq = n.add_fake_quantize(gs, torch.tensor([0.01, 0.02, 0.03, 0.04]), torch.tensor([1, 0, -2, 3]), axis=1)
+    for t in (fq, sm, g, top.get_output(0), top.get_output(1), norm, cum, ident, cast, gs, att, dim):
         n.mark_output(t)
     return n
 

@@ -57,6 +57,15 @@ Build = Callable[[torch.Generator], tuple[Network, list[torch.Tensor]]]
 CASES: dict[str, list[tuple[str, Build]]] = {}
 
 
+def _quantized_kernel(quant_type: torch.dtype) -> dict[str, torch.Tensor]:
+    """A 4x3x3x3 kernel quantized per output channel to `quant_type`, stored dequantized, with its scales."""
+    scale = torch.tensor([0.01, 0.02, 0.005, 0.04])
+    q = torch.randint(-128, 128, (4, 3, 3, 3), generator=torch.Generator().manual_seed(0)).float()
+    if quant_type != torch.int8:
+        q = (q * 3.5).to(quant_type).float()
+    return {"kernel": q * scale.view(-1, 1, 1, 1), "kernel_scale": scale, "bias": torch.randn(4)}
+
+
 def add_case(kind: type[L.Layer], name: str, inputs: list[tuple[tuple[int, ...], torch.dtype]],
              body: Callable[..., object], data: Callable[[torch.Generator], list[torch.Tensor]] | None = None) -> None:
     """Register `case(...)` under its layer kind."""
@@ -449,6 +458,17 @@ for opset in (21, 23):
     add_case(L.AttentionLayer, f"opset{opset}-3d-scale", [((2, 5, 8), F32), ((2, 6, 8), F32), ((2, 6, 8), F32)],
              lambda n, q, k, v: n.add_attention(q, k, v, scale=0.3))
 
+for _qt, _zero in ((torch.int8, torch.tensor([3], dtype=torch.int8)), (torch.float8_e4m3fn, None)):
+    add_case(L.QuantizeLayer, f"dequantize-{_qt}", [((2, 3, 4, 4), F32)],
+             lambda n, x, qt=_qt, zero=_zero: n.add_fake_quantize(x, torch.tensor([0.02]), zero, qt))
+    add_case(L.QuantizeLayer, f"narrow-{_qt}", [((2, 3, 4, 4), F32)],
+             lambda n, x, qt=_qt: n.add_fake_quantize(x, torch.tensor([0.02]), None, qt, bounds=(-100, 15)))
+    add_case(L.DequantizeLayer, f"per-channel-{_qt}", [((2, 3, 4, 4), F32)],
+             lambda n, x, qt=_qt: n.add_fake_quantize(x, torch.tensor([0.01, 0.02, 0.03]), None, qt, axis=1))
+    add_case(L.ConvolutionLayer, f"quantized-kernel-{_qt}", [((1, 3, 6, 6), F32)],
+             lambda n, x, qt=_qt: n.add_layer(L.ConvolutionLayer, [x], weights=_quantized_kernel(qt), stride=(1, 1),
+                                              padding=(1, 1), dilation=(1, 1), kernel_type=qt))
+
 add_case(L.DimValueLayer, "static", [], lambda n: n.add_layer(L.DimValueLayer, [], value=5, dtype=F32))
 
 ALL_CASES = [c for cases in CASES.values() for c in cases]
@@ -753,3 +773,23 @@ def test_max_pooling_is_guarded_by_one_sum_over_its_input(tmp_path):
     assert ops.count("If") == 1 and ops.count("ReduceSum") == 1, sorted(ops)
     assert_matches_eager(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: example[0].numpy()})[0]),
                          ref)
+
+
+def test_max_pool_of_a_dequantized_value_runs_on_the_reference():
+    """ONNX Runtime 1.32 aborts the whole process on DequantizeLinear -> MaxPool with the NaN and -inf guards torch's
+    max pooling needs, and without them refuses the QuantizeLinear its QDQ propagation makes: the exporter declines
+    the layer, and an onnxruntime engine runs it on the reference (the same values)."""
+    from test_runtime_backends import engine_of
+
+    for quant_type in (torch.int8, torch.float8_e4m3fn):
+        net = Network("pool")
+        x = net.add_input("x", F32, (2, 3, 8, 8))
+        dq = net.add_fake_quantize(x, torch.tensor([0.02]), None, quant_type)
+        pool = net.add_pooling_nd(dq, L.PoolingType.MAX, (3, 3), stride=(2, 2), padding=(1, 1))
+        net.mark_output(net.add_activation(pool.get_output(), L.ActivationType.RELU).get_output())
+        found = supports(pool)
+        assert found is not None and "max pooling of a dequantized value" in found, found
+        engine = engine_of(net, "onnxruntime", "cpu")
+        assert [name for name, _, _ in engine.reference_layers()] == [pool.name]
+        data = [torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))]
+        assert torch.equal(engine.execute(data)[0], ReferenceExecutor(net, torch.device("cpu")).run(data)[0])

@@ -12,8 +12,8 @@ SPEC = [torchkiln.Input((2, 64))]
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(enabled_precisions={torch.int8}), "enabled_precisions"),
-    (dict(enabled_precisions={"fp8"}), "enabled_precisions"),
+    (dict(enabled_precisions={torch.int16}), "enabled_precisions"),
+    (dict(enabled_precisions={"fp4"}), "enabled_precisions"),
     (dict(min_block_size=0), "min_block_size"),
     (dict(torch_executed_ops="aten::relu"), "torch_executed_ops"),
     (dict(device="tpu"), "device"),

@@ -98,8 +98,8 @@ def test_a_setting_is_refused_where_its_backend_option_would_be():
 
 
 def test_unknown_settings_are_named():
-    with pytest.raises(ValueError, match=r"unknown compile settings \['calibrator'\]"):
-        CompileSettings.create(INPUTS, calibrator=object())
+    with pytest.raises(ValueError, match=r"unknown compile settings \['calibration_data'\]"):
+        CompileSettings.create(INPUTS, calibration_data=object())
 
 
 def test_backend_choices_are_the_registry():

@@ -35,7 +35,7 @@ from torchkiln.runtime.native import runtime_library_path
 from torchkiln.settings import Input
 from torchkiln.stitching.module import load
 from torchkiln.ts import convert_method_to_trt_engine, save
-from torchkiln import logging, ts  # noqa: E402  (Torch-TensorRT's torch_tensorrt.logging and torch_tensorrt.ts)
+from torchkiln import logging, ptq, ts  # noqa: E402  (Torch-TensorRT's torch_tensorrt.logging, .ptq and .ts)
 
 __all__ = [
     "ConversionError", "Device", "DeviceType", "Engine", "EngineCapability", "EngineFormatError", "EngineIndexError",
@@ -43,5 +43,6 @@ __all__ = [
     "UnsupportedOperatorError", "__version__", "check_method_op_support", "compile", "convert_method_to_engine",
     "convert_method_to_trt_engine", "debug_precision", "dtype", "dump_build_info", "embed_engine_in_new_module",
     "export_onnx", "load", "logging", "memory_format", "partition_report", "refit_module_weights",
-    "register_python_op", "runtime_library_path", "save", "set_device", "supported_ops", "ts", "unsupported_ops",
+    "ptq", "register_python_op", "runtime_library_path", "save", "set_device", "supported_ops", "ts",
+    "unsupported_ops",
 ]

@@ -76,7 +76,6 @@ def add_parser(sub: argparse._SubParsersAction, parents: Sequence[argparse.Argum
 # flag names, or a flag that does not apply here (an error saying why). Its other flags are torchkiln's own.
 
 _NO_DLA = "torchkiln has no DLA engines: they run on the CPU or a CUDA GPU (-d gpu, --gpu-id N, or --device)"
-_NO_INT8 = "INT8 post-training quantization (a calibration cache) is not supported yet"
 
 
 def _device_type(text: str) -> str:
@@ -134,7 +133,6 @@ TORCHTRTC_FLAGS = (
     TorchtrtcFlag(("--allow-gpu-fallback",), refused=_NO_DLA),
     TorchtrtcFlag(("--dla-core", "--dla-sram-size", "--dla-local-dram-size", "--dla-global-dram-size"), value=str,
                   refused=_NO_DLA),
-    TorchtrtcFlag(("--calibration-cache-file",), value=str, metavar="FILE", refused=_NO_INT8),
     TorchtrtcFlag(("--custom-torch-ops",), value=str, metavar="LIB",
                   refused="load the library in Python (torch.ops.load_library) and compile with torchkiln.compile"),
     TorchtrtcFlag(("--custom-converters",), value=str, metavar="LIB",
@@ -227,11 +225,6 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
         given = settings_from_args(args)
     except ValueError as e:
         raise CommandError(str(e)) from None
-    import torch
-
-    for name, dtype in zip(args.enabled_precisions or (), given.get("enabled_precisions") or ()):
-        if dtype == torch.int8:
-            raise CommandError(f"-p {name}: {_NO_INT8}")
     more = {k: v for k, v in (args.torchtrtc or {}).items() if k not in _NOT_SETTINGS}
     return {**given, **more}
 

@@ -18,6 +18,7 @@ import torch
 from torchkiln import progress
 from torchkiln.builder import BuildSettings, build_engine
 from torchkiln.builder.calibration import calibrated_build
+from torchkiln.builder.quantization import QuantizedLayer, QuantizeRequest, quantized_build
 from torchkiln.cache import EngineCache, ModuleCache
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.analysis.registry import is_registered
@@ -260,8 +261,28 @@ def _require_full(part: Partition) -> None:
 
 
 def _calibration_samples(settings: CompileSettings) -> list[Sequence[Any]]:
-    """The method arguments precision calibration runs on: the user's, or random inputs at the opt shapes."""
-    return list(settings.calibration_inputs) or [example_args(settings.input_signature, settings.device, "opt")]
+    """The method arguments calibration runs on: the user's, the calibrator's, or random inputs at the opt shapes
+    (for quantization, with a warning: random values do not have the model's ranges)."""
+    if settings.calibration_inputs:
+        return list(settings.calibration_inputs)
+    if settings.calibrator is not None:
+        return settings.calibrator.samples()
+    if settings.quant_type is not None:
+        logger.warning("quantizing with ranges calibrated on random inputs; give calibration_inputs or a calibrator "
+                       "with data like the model's for ranges that fit it")
+    return [example_args(settings.input_signature, settings.device, "opt")]
+
+
+def _quantize_request(settings: CompileSettings) -> QuantizeRequest | None:
+    """What post-training quantization the settings ask for (None: none); a calibrator's algorithm and cache file
+    take the place of calibration_algorithm and calibration_cache_file."""
+    if settings.quant_type is None:
+        return None
+    calibrator = settings.calibrator
+    if calibrator is None:
+        return QuantizeRequest(settings.quant_type, settings.calibration_algorithm, settings.calibration_cache_file)
+    return QuantizeRequest(settings.quant_type, calibrator.algo_type, calibrator.cache_file,
+                           getattr(calibrator, "use_cache", True))
 
 
 def block_input_values(part: Partition, module: torch.jit.ScriptModule, samples: Sequence[Sequence[Any]],
@@ -281,6 +302,26 @@ def block_input_values(part: Partition, module: torch.jit.ScriptModule, samples:
 def block_bindings(network: Network) -> list[InputBinding]:
     """An engine's input bindings: each network input's dtype and shape range."""
     return [InputBinding(t.name, t.dtype, *shape_range(t.shape)) for t in network.inputs]
+
+
+def _quantized_block(network: Network, convert: Callable[[], Network], build: BuildSettings,
+                     samples: Callable[[], Sequence[Sequence[torch.Tensor]]], request: QuantizeRequest,
+                     kept: list[Fp32Layer]) -> Engine:
+    """Build one converted block with post-training quantization; the layers kept in float are logged with their
+    error and added to `kept`."""
+    origins = network.origins
+    engine, layers = quantized_build(convert, block_bindings(network), build, network.name, samples, request)
+    quantized = [q for q in layers if not q.kept]
+    logger.info("engine %s: %d of %d convolutions and matrix multiplies quantized to %s", engine.name,
+                len(quantized), len(layers), str(request.quant_type).removeprefix("torch."))
+    for q in layers:
+        logger.debug("  %s layer %r: amax %.4g, own quantization error %.3g%s", q.kind, q.name, q.amax, q.error,
+                     f" (kept in float: {q.kept})" if q.kept else "")
+    for q in (q for q in layers if q.kept):
+        node = " at ".join(origins.get(q.name, ("(made by the builder)",)))
+        logger.warning("engine %s: %s layer %r (%s) stays in float: %s", engine.name, q.kind, q.name, node, q.kept)
+        kept.append(Fp32Layer(engine.name, q.name, q.kind, node, q.kept))
+    return engine
 
 
 def _build_block(network: Network, convert: Callable[[], Network], build: BuildSettings,
@@ -316,7 +357,8 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
     engines: list[Engine] | None = []
     build = _build_settings(settings)
     blocks = [b for b in part.blocks if b.is_engine]
-    calibrate = settings.precision_safety and build.compute_dtype != torch.float32 and blocks
+    request = _quantize_request(settings)
+    calibrate = (request is not None or settings.precision_safety and build.compute_dtype != torch.float32) and blocks
     # run once, at the first block built (a block whose engine comes from the cache needs no samples)
     samples = functools.cache(lambda: block_input_values(part, module, _calibration_samples(settings), blocks)
                               if calibrate else [None] * len(blocks))
@@ -347,11 +389,14 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
             engines = None
             continue
         if engines is not None:
-            usable = samples()[k] is not None and all(isinstance(x, torch.Tensor) for s in samples()[k] for x in s)
             convert = functools.partial(convert_block, block.nodes, block.inputs, block.outputs, part.metas, settings,
                                         f"{name}_{k}")
             before = len(kept)
-            engines.append(_build_block(network, convert, build, samples()[k] if usable else None, kept))
+            if request is not None:  # samples only where the calibration cache has no entry
+                engines.append(_quantized_block(network, convert, build, lambda k=k: samples()[k], request, kept))
+            else:
+                usable = samples()[k] is not None and all(isinstance(x, torch.Tensor) for s in samples()[k] for x in s)
+                engines.append(_build_block(network, convert, build, samples()[k] if usable else None, kept))
             cache.save(key, engines[-1], [(r.layer, r.kind, r.node, r.reason) for r in kept[before:]])
     return engines
 
@@ -605,8 +650,12 @@ def convert_method_to_engine(module: torch.nn.Module, method_name: str = "forwar
         bindings = [InputBinding(t.name, t.dtype, spec.min_shape, spec.opt_shape, spec.max_shape)
                     for t, spec in zip(network.inputs, settings.inputs)]
         build = _build_settings(settings)
-        if settings.precision_safety and build.compute_dtype != torch.float32:  # the engine's inputs are the method's
-            convert = functools.partial(convert_block, nodes, inputs_, outputs, metas, settings, method_name)
+        convert = functools.partial(convert_block, nodes, inputs_, outputs, metas, settings, method_name)
+        request = _quantize_request(settings)
+        if request is not None:  # the engine's inputs are the method's
+            return _quantized_block(network, convert, build, lambda: _calibration_samples(settings), request,
+                                    []).serialize()
+        if settings.precision_safety and build.compute_dtype != torch.float32:
             return _build_block(network, convert, build, _calibration_samples(settings), []).serialize()
         return build_engine(network, bindings, build, method_name).serialize()
 

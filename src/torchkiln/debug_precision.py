@@ -24,12 +24,14 @@ from torchkiln.compiler import (_build_settings, _module_name, _partition_and_bu
                                 block_bindings, block_input_values)
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.frontend import as_module
+from torchkiln.ir import layers as L
 from torchkiln.log import debug_logging
 from torchkiln.partitioning.report import Fp32Layer
 from torchkiln.analysis.shape_analysis import example_args
 from torchkiln.stitching.stitch import engine_attrs, stitch
 
 logger = logging.getLogger("torchkiln")
+QUANT_TOLERANCE = 5e-2  # int8 / fp8: the relative error (max abs / max |fp32|) a quantized layer may carry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +51,7 @@ class LayerRow:
     cosine: float
     overflow: str  # why the value does not fit the precision, "" when it does
     kept_fp32: str  # why precision safety kept it in fp32, "" when it did not
+    quantized: str = ""  # a quantized layer's type and scales ("int8: input scale 0.024, weight scales 1e-3..4e-3")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +89,7 @@ class PrecisionReport:
         for r in self.rows:
             flag = " !" if r.overflow or r.relative > self.tolerance else ""
             note = f"  [kept fp32: {r.kept_fp32}]" if r.kept_fp32 else (f"  [{r.overflow}]" if r.overflow else "")
+            note += f"  [{r.quantized}]" if r.quantized else ""
             lines.append(f"{r.index:>4}  {_cut(r.name, 40):40} {r.kind:15} {str(r.dtype).removeprefix('torch.'):8} "
                          f"{r.max_abs:9.2e} {r.relative:9.2e} {r.cosine:8.5f}  {r.node} at {r.source}{flag}{note}")
         bad = self.first_bad
@@ -152,6 +156,19 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+def _quantization(layer: L.Layer) -> str:
+    """A quantized layer's type and scales (its input's, its weights' per channel), "" for any other layer."""
+    dq = layer.inputs[0].producer if layer.inputs else None
+    if not isinstance(dq, L.DequantizeLayer) or not isinstance(layer, (L.ConvolutionLayer, L.MatrixMultiplyLayer)):
+        return ""
+    weight = layer.weights.get("kernel_scale")
+    if weight is None and len(layer.inputs) > 1 and isinstance(layer.inputs[1].producer, L.DequantizeLayer):
+        weight = layer.inputs[1].producer.weights["scale"]
+    text = f"{str(dq.quant_type).removeprefix('torch.')}: input scale {float(dq.weights['scale'].max()):.3g}"
+    return text + (f", weight scales {float(weight.min()):.3g}..{float(weight.max()):.3g}" if weight is not None
+                   else "")
+
+
 def debug_precision(module: torch.nn.Module, inputs: Sequence[Any], enabled_precisions: Any = None,
                     tolerance: float | None = None, plot: str | os.PathLike | None = None,
                     **options: Any) -> PrecisionReport:
@@ -169,7 +186,9 @@ def debug_precision(module: torch.nn.Module, inputs: Sequence[Any], enabled_prec
         module = as_module(module)
         settings = _settings(module, inputs, dict(options, enabled_precisions=enabled_precisions or {torch.float16}))
         build = _build_settings(settings)
-        tolerance = TOLERANCE[build.compute_dtype] if tolerance is None else float(tolerance)
+        if tolerance is None:
+            tolerance = QUANT_TOLERANCE if settings.quant_type is not None else TOLERANCE[build.compute_dtype]
+        tolerance = float(tolerance)
         data = example_args(settings.input_signature, settings.device, "opt")
         lowered, metas = _prepare(module, settings)
         name = _module_name(module)
@@ -184,13 +203,15 @@ def debug_precision(module: torch.nn.Module, inputs: Sequence[Any], enabled_prec
             reference = build_engine(network, block_bindings(network),
                                      dataclasses.replace(build, compute_dtype=torch.float32), f"{engine.name}_fp32",
                                      plan=False)
+            quantized = {layer.name: _quantization(layer) for layer in engine.network.layers}
             for e in compare_networks(reference.network, engine.network, values[k][0], settings.device):
                 node, source = origins.get(e.name, ("(builder)", "-"))
                 rows.append(LayerRow(engine.name, len(rows), e.name, e.kind, node, os.path.basename(source)
                                      if source not in ("-", "<unknown>") else source, e.dtype, e.max_abs, e.max_ref,
-                                     e.relative, e.cosine, e.overflow, reasons.get((engine.name, e.name), "")))
+                                     e.relative, e.cosine, e.overflow, reasons.get((engine.name, e.name), ""),
+                                     quantized.get(e.name, "")))
         compiled = stitch(lowered.module, part, engines)
-        report = PrecisionReport(f"{name}.forward", build.compute_dtype, tolerance, tuple(rows),
+        report = PrecisionReport(f"{name}.forward", settings.quant_type or build.compute_dtype, tolerance, tuple(rows),
                                  _output_errors(compiled, module, data), built.fp32_layers)
         if plot is not None:
             report.plot(plot)

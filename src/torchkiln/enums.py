@@ -132,3 +132,17 @@ class EngineCapability(enum.Enum):
     SAFETY = "safety"
     DLA_STANDALONE = "dla_standalone"
     default = "standard"
+
+
+class CalibrationAlgo(enum.Enum):
+    """How post-training quantization picks an activation's range from its calibration values (Torch-TensorRT's
+    `ptq.CalibrationAlgo` names, and the two it lacked)."""
+
+    MAX = "max"  # the largest |value| seen
+    PERCENTILE = "percentile"  # the 99.99th percentile of |value|
+    ENTROPY = "entropy"  # the range whose quantized histogram is nearest in KL divergence (TensorRT's entropy)
+    MSE = "mse"  # the range of least mean squared quantization error
+    ENTROPY_CALIBRATION = "entropy"  # Torch-TensorRT's names
+    ENTROPY_CALIBRATION_2 = "entropy"
+    MINMAX_CALIBRATION = "max"
+    LEGACY_CALIBRATION = "percentile"

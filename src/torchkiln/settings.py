@@ -20,8 +20,10 @@ SUPPORTED_INPUT_DTYPES = (
     torch.float32, torch.float16, torch.bfloat16, torch.float64,
     torch.int64, torch.int32, torch.int8, torch.uint8, torch.bool,
 )
-ENGINE_PRECISIONS = (torch.float32, torch.float16, torch.bfloat16)
+ENGINE_PRECISIONS = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.float8_e4m3fn)
+QUANT_PRECISIONS = (torch.int8, torch.float8_e4m3fn)  # post-training quantization's types, the first preferred
 _PRECISION_ALIASES = {
+    "int8": torch.int8, "i8": torch.int8, "fp8": torch.float8_e4m3fn, "float8_e4m3fn": torch.float8_e4m3fn,
     "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
     "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "f32": torch.float32, "f16": torch.float16,
@@ -305,7 +307,8 @@ def engine_precision(p: Any) -> torch.dtype:
     if isinstance(p, torch.dtype) and p in ENGINE_PRECISIONS:
         return p
     raise ValueError(
-        f"enabled_precisions: unknown precision {p!r}; use torch.float32, torch.float16 or torch.bfloat16"
+        f"enabled_precisions: unknown precision {p!r}; use torch.float32, torch.float16, torch.bfloat16, torch.int8 "
+        f"or torch.float8_e4m3fn"
     )
 
 
@@ -451,6 +454,11 @@ class CompileSettings:
         if self.backend != "auto":
             return self.backend
         return AUTO_BACKEND.get(self.device.type, "reference")
+
+    @property
+    def quant_type(self) -> torch.dtype | None:
+        """The type post-training quantization quantizes to: int8 where enabled, else fp8 e4m3 where enabled."""
+        return next((p for p in QUANT_PRECISIONS if p in self.enabled_precisions), None)
 
     @property
     def compute_dtype(self) -> torch.dtype:

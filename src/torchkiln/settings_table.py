@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import types
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -196,6 +197,29 @@ def _calibration_inputs(name: str, value: Any, context: Mapping[str, Any]) -> tu
     return calibration_samples(value, len(context.get("inputs", ())))
 
 
+def _calibrator(name: str, value: Any, context: Mapping[str, Any]) -> Any:
+    if value is not None and not (callable(getattr(value, "samples", None)) and hasattr(value, "algo_type")
+                                  and hasattr(value, "cache_file")):
+        raise ValueError(f"{name} must be a torchkiln.ptq.DataLoaderCalibrator or CacheCalibrator, got {value!r}")
+    return value
+
+
+def _algorithm(name: str, value: Any, context: Mapping[str, Any]) -> Any:
+    from torchkiln.enums import CalibrationAlgo
+
+    try:
+        return CalibrationAlgo(value.lower() if isinstance(value, str) else value)
+    except ValueError:
+        raise ValueError(f"{name} must be a torchkiln.ptq.CalibrationAlgo or one of max, percentile, entropy, mse; "
+                         f"got {value!r}") from None
+
+
+def _optional_path(name: str, value: Any, context: Mapping[str, Any]) -> str | None:
+    if value is not None and not isinstance(value, (str, bytes)) and not hasattr(value, "__fspath__"):
+        raise ValueError(f"{name} must be a file path or None, got {value!r}")
+    return None if value is None or value == "" else str(value)
+
+
 def _dtype(text: str) -> Any:
     from torchkiln.input_spec import parse_dtype
 
@@ -207,8 +231,9 @@ def _dtype(text: str) -> Any:
 _CUDA_ONLY = "cuda backend: "
 SETTINGS: tuple[Setting, ...] = (
     Setting("enabled_precisions", "frozenset[torch.dtype]", None,
-            "precisions engine layers may run in: float32, float16, bfloat16 (torch dtypes, or names such as f16); "
-            "float layers run in the lowest one enabled", _precisions,
+            "precisions engine layers may run in: float32, float16, bfloat16, int8, float8_e4m3fn (torch dtypes, or "
+            "names such as f16, int8, fp8); float layers run in the lowest float one enabled; with int8 (else fp8) "
+            "convolutions and matrix multiplies are quantized after calibration (docs/quantization.md)", _precisions,
             Flag(("-p", "--enabled-precision"), "P", repeat=True, parse=_dtype),
             shown_default="{torch.float32}", example={"float16", "float32"}, example_args=("-p", "f16", "-p", "f32")),
     Setting("device", "torch.device", None,
@@ -270,9 +295,23 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("precision_safety", "bool", True, "fp16/bf16: keep in fp32 the layers that overflow or lose precision "
             "on the calibration inputs", truthy, Flag(("--precision-safety",)), example=False,
             example_args=("--no-precision-safety",)),
-    Setting("calibration_inputs", "tuple[tuple[Any, ...], ...]", None, "precision_safety's samples: a list of "
-            "argument tuples (a tensor alone for one argument); none: random inputs at the opt shapes",
-            _calibration_inputs, shown_default="None", compare=False, example=[]),
+    Setting("calibration_inputs", "tuple[tuple[Any, ...], ...]", None, "the samples precision_safety and "
+            "quantization calibrate on: a list of argument tuples (a tensor alone for one argument); none: the "
+            "calibrator's, else random inputs at the opt shapes", _calibration_inputs, shown_default="None",
+            compare=False, example=[]),
+    Setting("calibrator", "Any", None, "quantization: a torchkiln.ptq.DataLoaderCalibrator (samples from a data "
+            "loader, its algorithm and cache file) or CacheCalibrator (a calibration cache only); Torch-TensorRT's "
+            "ptq names", _calibrator, shown_default="None", compare=False,
+            example=types.SimpleNamespace(samples=list, algo_type="max", cache_file=None)),
+    Setting("calibration_algorithm", "CalibrationAlgo", "max", "quantization: how an activation's range is "
+            "chosen: max (the largest |value|, ModelOpt's default), percentile (99.99th), entropy (least KL "
+            "divergence over int8's levels, TensorRT's) or mse (least squared error of the type's own rounding)",
+            _algorithm, Flag(("--calibration-algorithm",), "ALGO", choices=("max", "percentile", "entropy", "mse")),
+            shown_default="CalibrationAlgo.MAX", example="mse", example_args=("--calibration-algorithm", "mse")),
+    Setting("calibration_cache_file", "str | None", None, "quantization: a JSON file of calibrated ranges, read "
+            "instead of calibrating where it has the engine's entry, written after calibrating", _optional_path,
+            Flag(("--calibration-cache-file",), "PATH"), example="calib.json",
+            example_args=("--calibration-cache-file", "calib.json")),
     Setting("cache_built_engines", "bool", False, "store the compiled module and each built engine in the "
             "engine cache ($TORCHKILN_CACHE_DIR, docs/engine_cache.md)", boolean, Flag(("--cache-built-engines",)),
             example=True, example_args=("--cache-built-engines",)),

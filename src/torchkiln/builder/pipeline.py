@@ -13,12 +13,15 @@ The order, and why:
    folded causal mask becomes the causal flag, and key/value heads repeated for grouped-query attention are read
    unrepeated (remove_dead_layers then drops the copies).
 4. remove_dead_layers, so precision does not cast values nothing reads.
-5. lower_precision last of the rewrites: it picks each layer's precision on the final graph.
-6. casts_before_movement after precision: a narrowing cast the precision pass put after a reshape moves before it,
+5. quantize_layers (post-training quantization) after the folds, so a convolution's kernel is quantized with its
+   batch norm folded in and a matrix multiply's bias is in its epilogue; before precision, which leaves quantized
+   layers in float32 (their dequantized values are exact there).
+6. lower_precision last of the rewrites: it picks each layer's precision on the final graph.
+7. casts_before_movement after precision: a narrowing cast the precision pass put after a reshape moves before it,
    so it joins the kernel that makes the value instead of being a pass of its own.
-7. additive_attention_masks after precision, so each boolean mask becomes its additive form once in the dtype
+8. additive_attention_masks after precision, so each boolean mask becomes its additive form once in the dtype
    its attention layers finally compute in.
-8. remove_dead_layers again: precision replaces fp32 constants read in low precision by narrowed copies.
+9. remove_dead_layers again: precision replaces fp32 constants read in low precision by narrowed copies.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ from torchkiln.builder.passes.fold_scale_into_convolution import fold_scale_into
 from torchkiln.builder.passes.grouped_query_attention import grouped_query_attention
 from torchkiln.builder.passes.identity_elimination import eliminate_identities
 from torchkiln.builder.passes.precision import lower_precision
+from torchkiln.builder.passes.quantize import quantize_layers
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.ir.network import Network
 
@@ -50,6 +54,7 @@ BUILD_PIPELINE: tuple[BuildPass, ...] = (
     grouped_query_attention,
     fold_bias_into_matrix_multiply,
     remove_dead_layers,
+    quantize_layers,
     lower_precision,
     casts_before_movement,
     additive_attention_masks,

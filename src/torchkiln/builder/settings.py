@@ -9,6 +9,17 @@ from torchkiln.runtime.backends.base import BackendOptions
 
 
 @dataclasses.dataclass(frozen=True)
+class QuantizationPlan:
+    """What post-training quantization quantizes: the layers (by name) with the amax of their activation input,
+    and of their output where it is quantized too (convolutions: ONNX Runtime fuses QLinearConv only then), in
+    `quant_type` (int8 or float8_e4m3fn)."""
+
+    quant_type: torch.dtype
+    activation_amax: tuple[tuple[str, float], ...] = ()
+    output_amax: tuple[tuple[str, float], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class BuildSettings:
     """Precision to run float layers in, target device, and limits of the optimizations."""
 
@@ -20,3 +31,4 @@ class BuildSettings:
     # layers (by name) the low-precision pass computes in fp32 whatever their kind: the ones calibration found
     # overflowing or losing precision in fp16/bf16 (builder/calibration.py)
     keep_fp32: frozenset[str] = frozenset()
+    quantization: QuantizationPlan | None = None  # layers to quantize (builder/passes/quantize.py)

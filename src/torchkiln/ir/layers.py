@@ -23,8 +23,11 @@ LAYER_KINDS: dict[str, type[Layer]] = {}
 MAX_RANK = 16  # the most dims a network tensor may have
 MAX_EXTENT = 1 << 20  # the largest stride, padding, dilation or window a layer may declare
 TENSOR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
-                 torch.int16, torch.int8, torch.uint8, torch.bool)
+                 torch.int16, torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# The types a QuantizeLayer makes, with their range: int8 with a zero point, fp8 (E4M3, no infinities) without.
+QUANT_RANGE: dict[torch.dtype, tuple[float, float]] = {torch.int8: (-128.0, 127.0),
+                                                       torch.float8_e4m3fn: (-448.0, 448.0)}
 
 
 def layer_kind(cls: type[Layer]) -> type[Layer]:
@@ -294,12 +297,80 @@ class CastLayer(Layer):
     to_type: torch.dtype
 
 
+def _check_scales(layer: Layer, scale: torch.Tensor, count: int | None, what: str) -> None:
+    """`scale` is float32, finite and positive, with one value or (`count` not None) `count` values."""
+    if scale.dtype != torch.float32 or scale.dim() > 1 or not bool(torch.isfinite(scale).all() & (scale > 0).all()):
+        layer.fail(f"{what} must be finite positive float32 values in at most one dim")
+    expected = 1 if count is None else count
+    if isinstance(expected, int) and scale.numel() != expected:  # a symbolic channel count is checked when it runs
+        layer.fail(f"{what} has {scale.numel()} values for {expected} channels")
+
+
+@dataclasses.dataclass(eq=False, kw_only=True)
+class _QuantizeBase(Layer):
+    """Scales (and int8 zero points), per tensor or per channel along `axis`."""
+
+    WEIGHTS: ClassVar[tuple[str, ...]] = ("scale", "zero_point")
+    REQUIRED_WEIGHTS: ClassVar[tuple[str, ...]] = ("scale",)
+    axis: int | None = None  # None: one scale for the tensor
+    quant_type: torch.dtype = torch.int8  # int8 or float8_e4m3fn
+
+    def validate(self) -> None:
+        super().validate()
+        if self.quant_type not in QUANT_RANGE:
+            self.fail(f"quant_type {self.quant_type} is not one of {_names(QUANT_RANGE)}")
+        x = self.inputs[0]
+        if self.axis is not None:
+            self.check_axis("axis", self.axis, x.rank)
+        _check_scales(self, self.weights["scale"], None if self.axis is None else x.shape[self.axis], "scale")
+        zero = self.weights.get("zero_point")
+        if zero is not None and (self.quant_type != torch.int8 or zero.dtype != torch.int8
+                                 or zero.shape != self.weights["scale"].shape):
+            self.fail("zero_point must be int8 with the scale's shape, and only for int8")
+
+    def shaped(self, w: torch.Tensor, rank: int) -> torch.Tensor:
+        """A scale or zero point shaped to broadcast over a tensor of rank `rank`."""
+        if self.axis is None:
+            return w.reshape(())
+        return w.reshape([-1] + [1] * (rank - self.axis % rank - 1))
+
+
+@layer_kind
+class QuantizeLayer(_QuantizeBase):
+    """q = clamp(round_half_even(x * (1 / scale)) + zero_point) in quant_type (torch.fake_quantize_*'s rounding)."""
+
+    KIND: ClassVar[str] = "quantize"
+    quant_min: int = -128  # int8: the range the value is clamped to (a QAT graph's may be narrower)
+    quant_max: int = 127
+
+    def validate(self) -> None:
+        super().validate()
+        if not -128 <= self.quant_min <= self.quant_max <= 127:
+            self.fail(f"[quant_min, quant_max] = [{self.quant_min}, {self.quant_max}] is not a range of int8")
+        if not self.inputs[0].dtype.is_floating_point:
+            self.fail(f"input of dtype {self.inputs[0].dtype}; quantize takes a float tensor")
+
+
+@layer_kind
+class DequantizeLayer(_QuantizeBase):
+    """x = (q - zero_point) * scale, in `to_type`."""
+
+    KIND: ClassVar[str] = "dequantize"
+    to_type: torch.dtype = torch.float32
+
+    def validate(self) -> None:
+        super().validate()
+        if self.inputs[0].dtype != self.quant_type or self.to_type not in FLOAT_DTYPES:
+            self.fail(f"dequantizes {self.inputs[0].dtype} to {self.to_type}; it takes {self.quant_type} to a float")
+
+
 @layer_kind
 class ConvolutionLayer(Layer):
-    """N-d convolution or transposed convolution; kernel rank gives N."""
+    """N-d convolution or transposed convolution; kernel rank gives N. With `kernel_scale`, the kernel holds
+    values quantized per output channel to `kernel_type` (stored dequantized: q * scale, in float32)."""
 
     KIND: ClassVar[str] = "convolution"
-    WEIGHTS: ClassVar[tuple[str, ...]] = ("kernel", "bias")
+    WEIGHTS: ClassVar[tuple[str, ...]] = ("kernel", "bias", "kernel_scale")
     REQUIRED_WEIGHTS: ClassVar[tuple[str, ...]] = ("kernel",)
     stride: tuple[int, ...]
     padding: tuple[int, ...]
@@ -307,6 +378,7 @@ class ConvolutionLayer(Layer):
     groups: int = 1
     transposed: bool = False
     output_padding: tuple[int, ...] = ()
+    kernel_type: torch.dtype | None = None  # with kernel_scale: int8 or float8_e4m3fn
 
     WEIGHT_DTYPES: ClassVar[tuple[torch.dtype, ...]] = FLOAT_DTYPES
 
@@ -330,6 +402,13 @@ class ConvolutionLayer(Layer):
         bias = self.weights.get("bias")
         if bias is not None and tuple(bias.shape) != (out_channels,):
             self.fail(f"bias of shape {list(bias.shape)} for {out_channels} output channels")
+        scale = self.weights.get("kernel_scale")
+        if (scale is None) != (self.kernel_type is None) or (scale is not None and (
+                self.transposed or self.kernel_type not in QUANT_RANGE or kernel.dtype != torch.float32)):
+            self.fail("a quantized kernel needs kernel_scale and kernel_type (int8 or float8_e4m3fn) together, a "
+                      "float32 kernel, and no transposition")
+        if scale is not None:
+            _check_scales(self, scale, out_channels, "kernel_scale")
 
 
 @layer_kind

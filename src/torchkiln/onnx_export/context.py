@@ -36,7 +36,7 @@ ONNX_DTYPES: dict[torch.dtype, int] = {
     torch.float32: TensorProto.FLOAT, torch.float64: TensorProto.DOUBLE, torch.float16: TensorProto.FLOAT16,
     torch.bfloat16: TensorProto.BFLOAT16, torch.int8: TensorProto.INT8, torch.int16: TensorProto.INT16,
     torch.int32: TensorProto.INT32, torch.int64: TensorProto.INT64, torch.uint8: TensorProto.UINT8,
-    torch.bool: TensorProto.BOOL,
+    torch.bool: TensorProto.BOOL, torch.float8_e4m3fn: TensorProto.FLOAT8E4M3FN,
 }
 
 _F32, _F64, _F16, _BF16 = torch.float32, torch.float64, torch.float16, torch.bfloat16
@@ -93,6 +93,9 @@ def tensor_proto(value: torch.Tensor, name: str) -> TensorProto:
     if value.dtype == torch.bfloat16:
         raw = value.view(torch.int16).numpy().tobytes()
         return helper.make_tensor(name, TensorProto.BFLOAT16, list(value.shape), raw, raw=True)
+    if value.dtype == torch.float8_e4m3fn:
+        raw = value.view(torch.uint8).numpy().tobytes()
+        return helper.make_tensor(name, TensorProto.FLOAT8E4M3FN, list(value.shape), raw, raw=True)
     return numpy_helper.from_array(value.numpy(), name)
 
 

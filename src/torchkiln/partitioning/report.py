@@ -89,7 +89,8 @@ class ReferenceLayer:
 
 @dataclasses.dataclass(frozen=True)
 class Fp32Layer:
-    """A layer of an fp16/bf16 engine that precision calibration kept in fp32, and why."""
+    """A layer that calibration kept in float, and why: in an fp16/bf16 engine, in fp32; in a quantized engine, in
+    its float precision (with its measured quantization error)."""
 
     engine: str
     layer: str

@@ -257,8 +257,8 @@ def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, 
 
 # safetensors' dtype names, in the order its writer lays tensors out (then by name): larger alignment first.
 _SAFETENSORS_DTYPES = {torch.int64: "I64", torch.float64: "F64", torch.float32: "F32", torch.int32: "I32",
-                       torch.bfloat16: "BF16", torch.float16: "F16", torch.int16: "I16", torch.int8: "I8",
-                       torch.uint8: "U8", torch.bool: "BOOL"}
+                       torch.bfloat16: "BF16", torch.float16: "F16", torch.int16: "I16",
+                       torch.float8_e4m3fn: "F8_E4M3", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL"}
 _SAFETENSORS_ORDER = {d: k for k, d in enumerate(_SAFETENSORS_DTYPES)}
 
 

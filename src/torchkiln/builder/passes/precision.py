@@ -60,6 +60,8 @@ _BY_KIND: dict[type[L.Layer], Policy] = {
     L.CumulativeLayer: Policy.FP32_WIDE,  # a running sum or product
     L.CastLayer: Policy.AS_IS,
     L.ShapeLayer: Policy.AS_IS,
+    L.QuantizeLayer: Policy.AS_IS,  # its scales are float32 whatever it reads
+    L.DequantizeLayer: Policy.AS_IS,
 }
 _REDUCE = {L.ReduceOperation.SUM: Policy.FP32_WIDE, L.ReduceOperation.PROD: Policy.FP32_WIDE,
            L.ReduceOperation.AVG: Policy.FP32_INPUT_RANGE}  # max, min, any, all are exact in any precision
@@ -70,7 +72,11 @@ _FP32 = (Policy.FP32_NORMALIZED, Policy.FP32_INPUT_RANGE, Policy.FP32_WIDE)
 
 
 def _policy(layer: L.Layer) -> Policy:
-    """How the low-precision pass runs this layer: the one table of fp32-by-rule layers."""
+    """How the low-precision pass runs this layer: the one table of fp32-by-rule layers; a quantized layer (one
+    reading a dequantized value, or a convolution with a quantized kernel) computes on its exact float32 values."""
+    if getattr(layer, "kernel_type", None) is not None \
+            or any(isinstance(t.producer, L.DequantizeLayer) for t in layer.inputs):
+        return Policy.FP32_NORMALIZED
     if isinstance(layer, L.ReduceLayer):
         return _REDUCE.get(layer.op, Policy.FOLLOW)
     if isinstance(layer, L.UnaryLayer):

@@ -10,6 +10,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import decide, has_symbols, is_symbolic
 from torchkiln.ir.tensor import Tensor
 from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter
+from torchkiln.onnx_export.exporters.quantize import quantized_kernel
 
 
 @exporter(L.ConvolutionLayer)
@@ -17,7 +18,9 @@ def _convolution(ctx: ExportContext, layer: L.ConvolutionLayer, xs: list[str]) -
     dt = layer.inputs[0].dtype
     op_type = "ConvTranspose" if layer.transposed else "Conv"
     compute = ctx.compute_dtype(op_type, dt)  # weights go in at the compute dtype directly
-    inputs = [ctx.cast(xs[0], dt, compute), ctx.constant(layer.weights["kernel"].to(compute), "kernel")]
+    kernel = quantized_kernel(ctx, layer) if layer.kernel_type is not None and compute == torch.float32 else \
+        ctx.constant(layer.weights["kernel"].to(compute), "kernel")
+    inputs = [ctx.cast(xs[0], dt, compute), kernel]
     if "bias" in layer.weights:
         inputs.append(ctx.constant(layer.weights["bias"].to(compute), "bias"))
     attrs = dict(strides=list(layer.stride), pads=list(layer.padding) * 2, dilations=list(layer.dilation),
@@ -46,6 +49,11 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
                  ceil_mode=int(layer.ceil_mode))
     if layer.type == L.PoolingType.MAX:
         attrs["dilations"] = list(layer.dilation or (1,) * len(layer.window))
+        if isinstance(layer.inputs[0].producer, L.DequantizeLayer):
+            # ONNX Runtime 1.32 aborts the process (a libstdc++ assertion in its QDQ transformers) on
+            # DequantizeLinear -> MaxPool with the NaN and -inf guards below, and without them its QDQ propagation
+            # makes a QuantizeLinear it then refuses (zero point of another type)
+            ctx.decline("max pooling of a dequantized value (ONNX Runtime's QDQ transformers fail on it)")
         result = ctx.op("MaxPool", xs, dt, **attrs)
         if not dt.is_floating_point:
             return result
@@ -98,9 +106,17 @@ def _matrix_multiply(ctx: ExportContext, layer: L.MatrixMultiplyLayer, xs: list[
     if layer.op1 == L.MatrixOperation.TRANSPOSE:  # of a constant weight: ORT folds it at session start
         b = _swap_last_two(ctx, b, tb.rank)
     y = ctx.op("MatMul", [a, b], out)
-    if "bias" in layer.weights:  # MatMul + Add: the pattern ORT fuses (Gemm, FusedMatMul, BiasGelu...)
-        y = ctx.op("Add", [y, ctx.constant(layer.weights["bias"].to(out), "bias")], out)
-    return y
+    if "bias" not in layer.weights:
+        return y
+    bias = layer.weights["bias"].to(out)
+    if not isinstance(tb.producer, L.DequantizeLayer):  # MatMul + Add: the pattern ORT fuses (Gemm, BiasGelu...)
+        return ctx.op("Add", [y, ctx.constant(bias, "bias")], out)
+    # Quantized: ORT would fuse MatMul + Add into a float Gemm before its QDQ fusions see the MatMul (and, for an
+    # N-d one, fail making the Gemm's reshapes); a bias of rank 3 or more keeps the Add apart, so the MatMul runs
+    # as MatMulIntegerToFloat. A 1-d or 2-d result is squeezed back.
+    rank = layer.outputs[0].rank
+    y = ctx.op("Add", [y, ctx.constant(bias.reshape([1] * (max(rank, 3) - 1) + [-1]), "bias")], out)
+    return y if rank >= 3 else ctx.node("Squeeze", [y, ctx.ints(range(3 - rank), "axes")])[0]
 
 
 _REDUCE = {L.ReduceOperation.SUM: "ReduceSum", L.ReduceOperation.PROD: "ReduceProd",

@@ -16,7 +16,10 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    A plain convolution whose only reader is such a layer (of its shape) leads that layer's group: it runs
    without its bias, and the bias (a per-channel scale layer made for the kernel) is the group's first
    operation (`conv_epilogue`).
-3. **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
+3. **Quantized matrix multiplies** (quant_kernels.py): a matrix multiply of a dequantized int8 (or, from sm_89,
+   fp8) activation by a dequantized constant weight runs on the quantized values (`torch._int_mm` /
+   `torch._scaled_mm`) with the dequantize epilogue (`library`/`quantized_matmul`).
+   **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
    become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
 4. **Row groups** (fusion.py): each reduction over trailing axes (reduce, softmax, layer and instance norm) with
    the pointwise layers making its input and using its result, and the other reductions over the same rows, as one
@@ -75,6 +78,7 @@ from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
 from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT, takes_channels_last
 from torchkiln.runtime.backends.cuda.patches import patch_convolution
+from torchkiln.runtime.backends.cuda.quant_kernels import KERNEL as QUANTIZED_MATMUL, quantized_matmuls
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
 logger = logging.getLogger(__name__)
@@ -146,6 +150,9 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
         first_at[len(groups)] = members[0]
         groups.append((kernel, members))
         assigned.update(members)
+    for members in quantized_matmuls(network, graph.sole_reader, lambda: torch.cuda.get_device_capability(device)):
+        groups.append((QUANTIZED_MATMUL, members))  # at its last member, the multiply
+        assigned.update(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
     for members in _shared_input_linears(network, graph):
         first_at[len(groups)] = min(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
         groups.append((Kernel("library", "linear_group"), members))

@@ -27,6 +27,7 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
+from torchkiln.runtime.backends.cuda import quant_kernels  # noqa: F401  (registers its step's maker)
 from torchkiln.runtime.backends.cuda.kernels import (StepFn, StepLayers, channels_last_input, make_step,
                                                     takes_channels_last)
 from torchkiln.runtime.executor import may_alias_storage

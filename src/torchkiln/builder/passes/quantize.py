@@ -1,0 +1,147 @@
+"""Quantize convolutions and matrix multiplies by weight (TensorRT's explicit quantization): a quantize-dequantize
+pair on the activation input (one scale, from calibration), the weights quantized per output channel (a
+convolution's kernel with `kernel_scale`, a matrix multiply's constant operand as an int8/fp8 constant read through
+a dequantize layer). Backends match dequantize -> convolution / matrix multiply and run it in integer or fp8.
+
+Which layers, and their activation ranges, come from calibration (`builder/quantization.py`) as
+`BuildSettings.quantization`; without it the pass does nothing."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from torchkiln.builder.ranges import channel_amax, scale_of
+from torchkiln.builder.settings import BuildSettings, QuantizationPlan
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.reference import dequantize, quantize
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """A layer the pass can quantize: which input is the activation, and its weight and output-channel axis."""
+
+    activation: int
+    weight: torch.Tensor
+    axis: int
+
+
+def candidate(layer: L.Layer) -> Candidate | None:
+    """A float32 convolution (not transposed) or a matrix multiply of an activation by a constant 2-d weight, whose
+    activation the graph does not quantize itself (a QAT model's fake quantization keeps its own scales)."""
+    if not isinstance(layer, (L.ConvolutionLayer, L.MatrixMultiplyLayer)) \
+            or isinstance(layer.inputs[0].producer, L.DequantizeLayer):
+        return None
+    if isinstance(layer, L.ConvolutionLayer):
+        kernel = layer.weights["kernel"]
+        if layer.transposed or layer.kernel_type is not None or kernel.dtype != torch.float32 \
+                or layer.inputs[0].dtype != torch.float32:
+            return None
+        return Candidate(0, kernel, 0)
+    if isinstance(layer, L.MatrixMultiplyLayer) and layer.op0 == L.MatrixOperation.NONE:
+        weight = layer.inputs[1].producer
+        if not isinstance(weight, L.ConstantLayer) or layer.inputs[0].dtype != torch.float32:
+            return None
+        value = weight.weights["value"]
+        if value.dim() != 2 or value.dtype != torch.float32:
+            return None
+        return Candidate(0, value, 0 if layer.op1 == L.MatrixOperation.TRANSPOSE else 1)
+    return None
+
+
+def quantizes_output(found: Candidate) -> bool:
+    """Whether calibration also quantizes the layer's output: a convolution's (its weight axis is the kernel's)."""
+    return found.weight.dim() > 2
+
+
+def quantize_weight(weight: torch.Tensor, axis: int, quant_type: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight quantized per slice along `axis` (symmetric, by each slice's largest |value|), and the scales."""
+    scale = scale_of(channel_amax(weight, axis), quant_type)
+    shaped = scale.reshape([-1 if d == axis % weight.dim() else 1 for d in range(weight.dim())])
+    return quantize(weight, shaped, None, quant_type), scale
+
+
+def _quantize_output(network: Network, layer: L.Layer, scale: float, quant_type: torch.dtype) -> None:
+    """Every reader of the layer's output (and the network's outputs) reads it through a quantizer."""
+    out = layer.outputs[0]
+    before = len(network.layers)
+    fake = network.add_fake_quantize(out, torch.tensor([scale]), None, quant_type)
+    made = network.layers[before:]
+    network.replace_all_uses(out, fake)
+    made[0].inputs = [out]  # the quantizer itself reads the layer's output
+    after = network.layers.index(layer) + 1
+    for k, m in enumerate(made):
+        network.layers.remove(m)
+        network.layers.insert(after + k, m)
+
+
+def mark_explicit_kernels(network: Network) -> bool:
+    """A QAT graph's convolution reads a dequantized int8 value and has a kernel its lowering already fake-quantized
+    (per output channel, symmetric: scale = largest |value| / 127). Where the kernel is exactly on that grid, it is
+    marked quantized (kernel_scale, kernel_type) so backends run it in int8; its values, and so its meaning, are
+    unchanged."""
+    changed = False
+    for layer in network.layers:
+        if not isinstance(layer, L.ConvolutionLayer) or layer.kernel_type is not None or layer.transposed \
+                or layer.weights["kernel"].dtype != torch.float32:
+            continue
+        producer = layer.inputs[0].producer
+        if not isinstance(producer, L.DequantizeLayer) or producer.quant_type != torch.int8:
+            continue
+        kernel = layer.weights["kernel"]
+        q, scale = quantize_weight(kernel, 0, torch.int8)
+        if bool((channel_amax(kernel, 0) > 0).all()) and \
+                torch.equal(dequantize(q, scale.reshape([-1] + [1] * (kernel.dim() - 1)), None), kernel):
+            layer.weights = {**layer.weights, "kernel_scale": scale}
+            layer.kernel_type = torch.int8
+            changed = True
+    return changed
+
+
+def quantize_layers(network: Network, settings: BuildSettings) -> bool:
+    plan: QuantizationPlan | None = settings.quantization
+    if plan is None:
+        return mark_explicit_kernels(network)
+    amax, output_amax = dict(plan.activation_amax), dict(plan.output_amax)
+    # (activation tensor, amax) -> its quantize layer: readers of one activation share it, and each has its own
+    # dequantize layer (ONNX Runtime fuses a DequantizeLinear into QLinearConv only where the convolution alone
+    # reads it; so does the CUDA planner)
+    shared: dict[tuple[int, float], L.Layer] = {}
+    changed = False
+    for layer in list(network.layers):
+        found = candidate(layer) if layer.name in amax else None
+        if found is None:
+            continue
+        x = layer.inputs[found.activation]
+        key = (id(x), amax[layer.name])
+        before = len(network.layers)
+        if key not in shared:
+            dq = network.add_fake_quantize(x, torch.tensor([scale_of(amax[layer.name], plan.quant_type)]),
+                                           None, plan.quant_type).producer
+            shared[key] = dq.inputs[0].producer
+        else:
+            q = shared[key]
+            dq = network.add_layer(L.DequantizeLayer, q.outputs, weights=dict(q.weights), axis=q.axis,
+                                   quant_type=q.quant_type, to_type=x.dtype)
+        for made in network.layers[before:]:
+            network.move_before(made, layer)
+        layer.inputs[found.activation] = dq.outputs[0]
+        q, scale = quantize_weight(found.weight, found.axis, plan.quant_type)
+        if isinstance(layer, L.ConvolutionLayer):
+            shaped = scale.reshape([-1] + [1] * (q.dim() - 1))
+            layer.weights = {**layer.weights, "kernel": dequantize(q, shaped, None), "kernel_scale": scale}
+            layer.kernel_type = plan.quant_type
+        else:
+            before = len(network.layers)
+            constant = network.add_constant(q).get_output()
+            weights = {"scale": scale}
+            dq = network.add_layer(L.DequantizeLayer, [constant], weights=weights, axis=found.axis,
+                                   quant_type=plan.quant_type)
+            for made in network.layers[before:]:
+                network.move_before(made, layer)
+            layer.inputs[1] = dq.get_output()
+        if layer.name in output_amax:
+            _quantize_output(network, layer, scale_of(output_amax[layer.name], plan.quant_type), plan.quant_type)
+        changed = True
+    return mark_explicit_kernels(network) or changed

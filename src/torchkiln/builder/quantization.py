@@ -1,0 +1,222 @@
+"""Post-training quantization of one engine: calibrate activation ranges on sample inputs, measure each candidate
+layer's own quantization error, keep in float the layers past the tolerance, and build with the rest quantized.
+
+Calibration runs the block's fp32 build on the reference meanings three times over the samples: the largest
+|value| of each quantized layer's activation input, then their histograms (the range each comes from, by the
+chosen `CalibrationAlgo`, builder/ranges.py), then each layer on its fp32 inputs both as it is and quantized
+(activation through its quantizer, weights per output channel): the relative RMS error of its output is the layer's
+own error, not error carried in from layers before it. A layer whose error passes
+`TOLERANCE` stays in float, named with its error.
+
+A calibration cache (a JSON file: per engine, the ranges, the layers kept and why) makes a rebuild skip the
+three passes; an entry is used only where its type, algorithm and layers are this build's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torchkiln.builder.builder import build_engine, ship
+from torchkiln.builder.passes.quantize import Candidate, candidate, quantize_weight, quantizes_output
+from torchkiln.builder.ranges import Histogram, choose_amax, fake_quantized
+from torchkiln.builder.settings import BuildSettings, QuantizationPlan
+from torchkiln.enums import CalibrationAlgo
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.ir.reference import dequantize, run_layer
+from torchkiln.runtime.engine import Engine, InputBinding
+from torchkiln.runtime.executor import ReferenceExecutor
+
+logger = logging.getLogger("torchkiln.builder")
+
+# A quantized layer's own relative error (||quantized - fp32|| / ||fp32|| of its output) past which it stays in float.
+TOLERANCE = {torch.int8: 0.1, torch.float8_e4m3fn: 0.1}
+CACHE_FORMAT = "torchkiln-calibration-1"
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizedLayer:
+    """A layer calibration looked at: its activation range and its own error when quantized; `kept` says why it
+    stays in float ("" where it is quantized)."""
+
+    name: str
+    kind: str
+    amax: float
+    error: float
+    kept: str = ""
+    output_amax: float | None = None  # where its output is quantized too
+
+
+def _sources(network: Network, candidates: dict[str, Candidate]) -> dict[str, Any]:
+    """Each candidate's activation tensor (by layer name)."""
+    layers = {layer.name: layer for layer in network.layers}
+    return {name: layers[name].inputs[c.activation] for name, c in candidates.items()}
+
+
+def _run(network: Network, sample: Sequence[torch.Tensor], device: torch.device, kept: set[int],
+         visit: Callable[[dict[int, torch.Tensor], L.Layer, list[torch.Tensor]], None]) -> None:
+    """Run `network` on the reference meanings, calling visit(the values of the tensors in `kept` so far, by
+    id, layer, its outputs)."""
+    args = [x.to(device=device, dtype=t.dtype) for x, t in zip(sample, network.inputs)]
+    values = {id(t): x for t, x in zip(network.inputs, args) if id(t) in kept}
+
+    def record(layer: L.Layer, outs: list[torch.Tensor]) -> None:
+        visit(values, layer, outs)
+        values.update((id(t), x) for t, x in zip(layer.outputs, outs) if id(t) in kept)
+
+    with torch.no_grad():
+        ReferenceExecutor(network, device).run(args, record)
+
+
+def _own_error(layer: L.Layer, found: Candidate, inputs: list[torch.Tensor], out: torch.Tensor, amax: float,
+               output_amax: float | None, quant_type: torch.dtype, device: torch.device) -> float:
+    """The relative error of `layer`'s output when its activation, weight (and output, with `output_amax`) are
+    quantized, on its fp32 inputs."""
+    inputs = list(inputs)
+    inputs[found.activation] = fake_quantized(inputs[found.activation], amax, quant_type)
+    q, scale = quantize_weight(found.weight, found.axis, quant_type)
+    shaped = scale.reshape([-1 if d == found.axis % q.dim() else 1 for d in range(q.dim())])
+    weight = dequantize(q, shaped, None).to(device)
+    weights = {k: w.to(device) for k, w in layer.weights.items()}
+    if isinstance(layer, L.ConvolutionLayer):
+        weights["kernel"] = weight
+    else:
+        inputs[1] = weight
+    low = run_layer(layer, inputs, weights, device)[0]
+    if output_amax is not None:
+        low = fake_quantized(low, output_amax, quant_type)
+    return relative_rms(out, low)
+
+
+def relative_rms(ref: torch.Tensor, low: torch.Tensor) -> float:
+    """||low - ref|| / ||ref|| over the finite values of ref (0 where both are zero, inf where only ref is)."""
+    ref64, low64 = ref.detach().double().flatten(), low.detach().double().flatten()
+    finite = torch.isfinite(ref64)
+    norm, diff = float(ref64[finite].norm()), float((low64[finite] - ref64[finite]).norm())
+    return diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf"))
+
+
+def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo: CalibrationAlgo,
+              quant_type: torch.dtype, device: torch.device) -> list[QuantizedLayer]:
+    """Each candidate layer of the fp32 `network` with its calibrated range and own quantization error."""
+    candidates = {layer.name: c for layer in network.layers if (c := candidate(layer)) is not None}
+    sources = _sources(network, candidates)
+    hists = {name: Histogram() for name in candidates}
+    out_hists = {name: Histogram() for name, c in candidates.items() if quantizes_output(c)}
+    kept = {id(t) for layer in network.layers if layer.name in candidates for t in layer.inputs}
+
+    def observe(method: str) -> Callable[[dict[int, torch.Tensor], L.Layer, list[torch.Tensor]], None]:
+        def visit(values: dict[int, torch.Tensor], layer: L.Layer, outs: list[torch.Tensor]) -> None:
+            if layer.name in candidates:
+                getattr(hists[layer.name], method)(values[id(sources[layer.name])])
+            if layer.name in out_hists:
+                getattr(out_hists[layer.name], method)(outs[0])
+        return visit
+
+    for method in ("observe_max", "observe"):
+        for sample in samples:
+            _run(network, sample, device, kept, observe(method))
+    amax = {name: choose_amax(h, algo, quant_type) for name, h in hists.items()}
+    out_amax = {name: choose_amax(h, algo, quant_type) for name, h in out_hists.items()}
+    errors = dict.fromkeys(candidates, 0.0)
+
+    def measure(values: dict[int, torch.Tensor], layer: L.Layer, outs: list[torch.Tensor]) -> None:
+        if layer.name in candidates:
+            inputs = [values[id(t)] for t in layer.inputs]
+            error = _own_error(layer, candidates[layer.name], inputs, outs[0], amax[layer.name],
+                               out_amax.get(layer.name), quant_type, device)
+            errors[layer.name] = max(errors[layer.name], error)
+
+    for sample in samples:
+        _run(network, sample, device, kept, measure)
+    tolerance = TOLERANCE[quant_type]
+    kinds = {layer.name: layer.KIND for layer in network.layers}
+    return [QuantizedLayer(name, kinds[name], amax[name], errors[name],
+                           f"quantized output error {errors[name]:.3g} (relative RMS) is past the tolerance "
+                           f"{tolerance:g}" if errors[name] > tolerance else "", out_amax.get(name))
+            for name in candidates]
+
+
+def _read_cache(path: str | None, name: str, quant_type: torch.dtype, algo: CalibrationAlgo,
+                names: set[str]) -> list[QuantizedLayer] | None:
+    """The cache's layers for engine `name`, or None (logged) where the file has no usable entry: missing,
+    damaged, or made for another type, algorithm or network."""
+    if not path or not os.path.exists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        entry = data["engines"][name] if data.get("format") == CACHE_FORMAT else None
+        same = entry is not None and entry.get("quant_type") == str(quant_type) \
+            and entry.get("algorithm") == algo.value and {row["name"] for row in entry["layers"]} == names
+        layers = [QuantizedLayer(**row) for row in entry["layers"]] if same else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        layers, same = None, False
+    if layers is not None and all(_is_range(q.amax) and (q.output_amax is None or _is_range(q.output_amax))
+                                  and isinstance(q.kept, str) for q in layers):
+        return layers
+    logger.warning("calibration cache %s has no usable entry for engine %s (missing, damaged, or made for another "
+                   "type, algorithm or network); calibrating", path, name)
+    return None
+
+
+def _is_range(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
+def _write_cache(path: str, name: str, quant_type: torch.dtype, algo: CalibrationAlgo,
+                 layers: list[QuantizedLayer]) -> None:
+    data: dict[str, Any] = {"format": CACHE_FORMAT, "engines": {}}
+    if os.path.exists(path):
+        try:
+            with open(path, encoding="utf-8") as f:
+                old = json.load(f)
+            if old.get("format") == CACHE_FORMAT and isinstance(old.get("engines"), dict):
+                data = old
+        except (OSError, ValueError):
+            pass
+    data["engines"][name] = {"quant_type": str(quant_type), "algorithm": algo.value,
+                             "layers": [dataclasses.asdict(row) for row in layers]}
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeRequest:
+    """What post-training quantization of a compile asks for."""
+
+    quant_type: torch.dtype
+    algorithm: CalibrationAlgo
+    cache_file: str | None = None
+    read_cache: bool = True  # False: the cache file is written, never read (a calibrator without use_cache)
+
+
+def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBinding], settings: BuildSettings,
+                    name: str, samples: Callable[[], Sequence[Sequence[torch.Tensor]]],
+                    request: QuantizeRequest) -> tuple[Engine, list[QuantizedLayer]]:
+    """Build an engine with its convolutions and matrix multiplies quantized where their own error allows; the
+    engine and every layer calibration looked at. `samples` is called only where the cache has no entry."""
+    reference = build_engine(convert(), bindings, dataclasses.replace(settings, compute_dtype=torch.float32),
+                             f"{name}_fp32", plan=False).network
+    names = {layer.name for layer in reference.layers if candidate(layer) is not None}
+    layers = _read_cache(request.cache_file, name, request.quant_type, request.algorithm, names) \
+        if request.read_cache else None
+    if layers is None:
+        layers = calibrate(reference, samples(), request.algorithm, request.quant_type, settings.device) \
+            if names else []
+        if request.cache_file:
+            _write_cache(request.cache_file, name, request.quant_type, request.algorithm, layers)
+    else:
+        logger.info("engine %s: calibration ranges read from %s", name, request.cache_file)
+    plan = QuantizationPlan(request.quant_type, tuple((q.name, q.amax) for q in layers if not q.kept),
+                            tuple((q.name, q.output_amax) for q in layers if not q.kept and q.output_amax is not None))
+    engine = build_engine(convert(), bindings, dataclasses.replace(settings, quantization=plan), name, plan=False)
+    ship(engine, settings.device)
+    return engine, layers

@@ -1,0 +1,68 @@
+"""Quantize and dequantize layers as ONNX's QuantizeLinear / DequantizeLinear, and a convolution's quantized kernel
+as an int8 (or fp8) initializer read through DequantizeLinear: the QDQ form ONNX Runtime fuses into QLinearConv and
+QLinearMatMul (DequantizeLinear -> Conv/MatMul -> QuantizeLinear)."""
+from __future__ import annotations
+
+import torch
+
+from torchkiln.ir import layers as L
+from torchkiln.onnx_export.context import ExportContext, exporter
+
+
+def _scale_and_zero(ctx: ExportContext, layer: L.QuantizeLayer | L.DequantizeLayer, unit: bool = False) -> list[str]:
+    """The scale (a scalar per tensor; ones where `unit`) and the zero point (zero where the layer has none: its type
+    is the output's)."""
+    scale = layer.weights["scale"]
+    scale = torch.ones_like(scale) if unit else scale
+    zero = layer.weights.get("zero_point", torch.zeros(scale.shape, dtype=torch.int8)).to(layer.quant_type)
+    if layer.axis is None:
+        scale, zero = scale.reshape(()), zero.reshape(())
+    return [ctx.constant(scale, "scale"), ctx.constant(zero, "zero_point")]
+
+
+def _axis(layer: L.QuantizeLayer | L.DequantizeLayer) -> dict[str, int]:
+    return {} if layer.axis is None else {"axis": layer.axis}
+
+
+_FUSED_INTO = (L.ConvolutionLayer, L.MatrixMultiplyLayer)
+
+
+@exporter(L.QuantizeLayer)
+def _quantize(ctx: ExportContext, layer: L.QuantizeLayer, xs: list[str]) -> str:
+    """QuantizeLinear divides by the scale, where torch multiplies by its float32 reciprocal: the two differ on
+    values a last bit from a half step. So x is multiplied by the reciprocal first and quantized with scale 1, which
+    is exact; except after a convolution or matrix multiply, where ONNX Runtime fuses DequantizeLinear -> Conv ->
+    QuantizeLinear into QLinearConv only with the scale in QuantizeLinear (its output may then differ by one step
+    at those values). A range narrower than int8's is a Clip after it."""
+    x = ctx.cast(xs[0], layer.inputs[0].dtype, torch.float32)
+    fused = isinstance(layer.inputs[0].producer, _FUSED_INTO)
+    if not fused:
+        inverse = torch.reciprocal(layer.weights["scale"])
+        if layer.axis is not None:
+            rank = layer.inputs[0].rank
+            inverse = inverse.reshape([-1] + [1] * (rank - layer.axis % rank - 1))
+        x = ctx.node("Mul", [x, ctx.constant(inverse.reshape(()) if layer.axis is None else inverse, "inverse")])[0]
+    q = ctx.node("QuantizeLinear", [x, *_scale_and_zero(ctx, layer, unit=not fused)], **_axis(layer))[0]
+    if layer.quant_type == torch.int8 and (layer.quant_min, layer.quant_max) != (-128, 127):
+        bounds = [ctx.constant(torch.tensor(b, dtype=torch.int8), "bound") for b in (layer.quant_min, layer.quant_max)]
+        q = ctx.node("Clip", [q, *bounds])[0]
+    return q
+
+
+@exporter(L.DequantizeLayer)
+def _dequantize(ctx: ExportContext, layer: L.DequantizeLayer, xs: list[str]) -> str:
+    out = ctx.node("DequantizeLinear", [xs[0], *_scale_and_zero(ctx, layer)], **_axis(layer))[0]
+    return ctx.cast(out, torch.float32, layer.to_type)
+
+
+def quantized_kernel(ctx: ExportContext, layer: L.ConvolutionLayer) -> str:
+    """A quantized convolution's kernel: its values per output channel in the kernel type, dequantized."""
+    kernel, scale = layer.weights["kernel"], layer.weights["kernel_scale"]
+    shaped = scale.reshape([-1] + [1] * (kernel.dim() - 1))
+    lo, hi = L.QUANT_RANGE[layer.kernel_type]
+    q = torch.round(kernel / shaped).clamp(lo, hi) if layer.kernel_type == torch.int8 else \
+        (kernel / shaped).clamp(lo, hi)
+    zero = torch.zeros(scale.shape, dtype=layer.kernel_type)
+    return ctx.node("DequantizeLinear", [ctx.constant(q.to(layer.kernel_type), "kernel"),
+                                         ctx.constant(scale, "kernel_scale"), ctx.constant(zero, "kernel_zero")],
+                    axis=0)[0]

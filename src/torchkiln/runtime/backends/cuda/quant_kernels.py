@@ -1,0 +1,97 @@
+"""INT8 and FP8 matrix multiplies on the GPU's integer and fp8 tensor cores.
+
+A matrix multiply whose activation and constant weight are dequantized values (post-training quantization's
+Q/DQ form, builder/passes/quantize.py) runs as one step over the quantized activation and weight: `torch._int_mm`
+(int8 x int8 -> int32) or `torch._scaled_mm` (fp8 e4m3 x fp8 e4m3 -> float32), then the dequantize epilogue, the
+activation's scale times each output column's weight scale, and the bias. The quantize layer before it stays its
+own step (it may feed several multiplies). The step's members are the weight's constant, both dequantize layers and
+the multiply; the weight is laid out column-major once, when the step is made.
+
+Integer sums are exact (the reference sums dequantized values in fp32: they differ by fp32 rounding only). Shapes
+the libraries refuse (int8: M <= 16; fp8: M not a multiple of 16) compute the same product on the dequantized
+values with `torch.matmul`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
+from torchkiln.runtime.backends.cuda.kernels import StepFn, StepLayers, maker
+from torchkiln.runtime.plan import Kernel
+
+KERNEL = Kernel("library", "quantized_matmul")
+ALIGN = {torch.int8: 8, torch.float8_e4m3fn: 16}  # K and N must be multiples of this for cuBLASLt
+FP8_CAPABILITY = (8, 9)  # fp8 tensor cores: Ada and Hopper on
+
+
+def _zero_free(dq: L.DequantizeLayer) -> bool:
+    zero = dq.weights.get("zero_point")
+    return zero is None or not bool(zero.any())
+
+
+def quantized_matmuls(network: Network, sole_reader: Callable[[object], L.Layer | None],
+                      capability: Callable[[], tuple[int, int]]) -> list[list[int]]:
+    """The members (indices: weight constant, both dequantize layers, the multiply) of each matrix multiply that
+    can run quantized on a GPU of `capability()` (asked only for fp8)."""
+    index = {id(layer): j for j, layer in enumerate(network.layers)}
+    found = []
+    for j, mm in enumerate(network.layers):
+        if not isinstance(mm, L.MatrixMultiplyLayer) or mm.op0 != L.MatrixOperation.NONE \
+                or mm.outputs[0].dtype != torch.float32:
+            continue
+        dqx, dqw = mm.inputs[0].producer, mm.inputs[1].producer
+        if not (isinstance(dqx, L.DequantizeLayer) and isinstance(dqw, L.DequantizeLayer)) or dqx is dqw:
+            continue
+        constant, quant_type = dqw.inputs[0].producer, dqw.quant_type
+        transposed = mm.op1 == L.MatrixOperation.TRANSPOSE
+        if not isinstance(constant, L.ConstantLayer) or dqx.quant_type != quant_type or dqx.axis is not None \
+                or dqw.axis is None or dqw.axis % 2 != (0 if transposed else 1) or dqw.inputs[0].rank != 2 \
+                or not (_zero_free(dqx) and _zero_free(dqw)):
+            continue
+        n, k = dqw.inputs[0].shape if transposed else reversed(dqw.inputs[0].shape)
+        if n % ALIGN[quant_type] or k % ALIGN[quant_type] \
+                or (quant_type == torch.float8_e4m3fn and tuple(capability()) < FP8_CAPABILITY) \
+                or sole_reader(dqx.outputs[0]) is not mm or sole_reader(dqw.outputs[0]) is not mm:
+            continue
+        found.append(sorted(index[id(x)] for x in (constant, dqw, dqx, mm)))
+    return found
+
+
+@maker(KERNEL.kind, KERNEL.op)
+def _quantized_matmul(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    by_kind = {type(layer): (layer, w) for layer, w in zip(step.layers, step.weights)
+               if not isinstance(layer, L.DequantizeLayer)}
+    mm, mm_weights = by_kind[L.MatrixMultiplyLayer]
+    constant_weights = by_kind[L.ConstantLayer][1]
+    dqx = mm.inputs[0].producer
+    dqw, dqw_weights = next((layer, w) for layer, w in zip(step.layers, step.weights) if layer is mm.inputs[1].producer)
+    dqx_weights = next(w for layer, w in zip(step.layers, step.weights) if layer is dqx)
+    weight = constant_weights["value"]
+    b = weight.t() if mm.op1 == L.MatrixOperation.TRANSPOSE else weight  # [K, N]
+    b = b.t().contiguous().t()  # column-major, as cuBLASLt takes the second operand
+    k, n = b.shape
+    columns = (dqx_weights["scale"].reshape(()) * dqw_weights["scale"]).reshape(1, n).float()
+    bias = mm_weights.get("bias")
+    x_at = step.inputs.index(id(dqx.inputs[0]))
+    quant_type = dqw.quant_type
+    one = torch.ones((), device=step.device)
+
+    def product(a: torch.Tensor) -> torch.Tensor:
+        m = a.shape[0]
+        if quant_type == torch.int8 and m > 16:
+            return torch._int_mm(a, b).float()
+        if quant_type == torch.float8_e4m3fn and m % 16 == 0:
+            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.float32)
+        return a.float() @ b.float()
+
+    def run(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        q = xs[x_at]
+        out = product(q.reshape(-1, k).contiguous()) * columns
+        if bias is not None:
+            out = out + bias
+        return [out.reshape(*q.shape[:-1], n)]
+
+    return run
