@@ -395,3 +395,35 @@ def test_xlogy_scalar(fn):
 def test_fmax_of_mixed_dtypes_stays_in_pytorch():
     _, report = check_fn(binary(torch.fmax), torch.randn(4), torch.tensor([1, 2, 3, 4]), engines=0, torch_blocks=1)
     assert_falls_back(report, "aten::fmax", "only one real, non-bool dtype")
+
+
+SPECIAL = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, 2.5, -3.0])
+# The special functions of two arguments: rows whose meaning is their ATen op (ONNX has none: the onnxruntime backend
+# runs their layers on the reference); (op, a's values, b's values).
+SPECIAL_BINARY = [
+    (torch.special.zeta, "ge1", "pos"), (torch.igamma, "pos", "pos"), (torch.igammac, "pos", "pos"),
+    (torch.nextafter, "any", "any"), (torch.copysign, "any", "any"), (torch.heaviside, "any", "any"),
+    (torch.logaddexp2, "any", "any"), (torch.ldexp, "any", "int"), (torch.special.xlog1py, "any", "pos"),
+    *((getattr(torch.special, f"{name}_polynomial_{k}"), "unit", "degree") for name, ks in (
+        ("chebyshev", "tuvw"), ("shifted_chebyshev", "tuvw"), ("hermite", ("h", "he")), ("laguerre", "l"),
+        ("legendre", "p")) for k in ks),
+]
+
+
+def _special_operand(domain, shape=(4, 8)):
+    x = torch.rand(shape)
+    return {"ge1": x * 3 + 1.1, "pos": x * 4 + 0.1, "any": x * 8 - 4, "unit": x * 1.8 - 0.9,
+            "int": torch.randint(-3, 4, shape), "degree": torch.randint(0, 6, shape).float()}[domain]
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("op, a, b", SPECIAL_BINARY, ids=lambda v: getattr(v, "__name__", None))
+def test_special_functions_of_two_arguments(op, a, b, backend):
+    x, y = _special_operand(a), _special_operand(b)
+    x[0], y[1] = SPECIAL, SPECIAL  # NaN, infinities and signed zeros in each operand
+    if op.__name__.endswith(("polynomial_u", "polynomial_w")):
+        x[0, 0] = 0.25  # eager's Chebyshev U and W of NaN read uninitialized memory (a value that varies per call)
+    if b in ("int", "degree"):
+        y[1] = torch.arange(8) - 2
+    check_fn(binary(op), x, y, backend=backend)  # one engine, no op left in PyTorch
+    check_traced(lambda x: op(x, torch.tensor(2.0 if b != "int" else 2)), x, backend=backend)

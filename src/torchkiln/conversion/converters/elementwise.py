@@ -1,5 +1,6 @@
 """Binary arithmetic converters: add, sub, rsub, mul, div, floor_divide, remainder, fmod, pow, atan2, the
-ternary addcmul and addcdiv (tensor, scalar and in-place forms), and the compositions logaddexp, hypot, fmax,
+special functions of two arguments (zeta, igamma, nextafter, copysign, heaviside, logaddexp2, ldexp, xlog1py, the
+orthogonal polynomials: rows of ir/pointwise.py), the ternary addcmul and addcdiv (tensor, scalar and in-place forms), and the compositions logaddexp, hypot, fmax,
 fmin and xlogy (with eager's NaN and infinity rules)."""
 from __future__ import annotations
 
@@ -95,11 +96,30 @@ _BINARY = {
     OP.POW: (("aten::pow.Tensor_Tensor", "aten::pow.Tensor_Scalar", "aten::pow.Scalar"),
              ("aten::pow_.Tensor", "aten::pow_.Scalar")),
     OP.ATAN2: (("aten::atan2",), ("aten::atan2_",)),
+    OP.IGAMMA: (("aten::igamma",), ("aten::igamma_",)),
+    OP.IGAMMAC: (("aten::igammac",), ("aten::igammac_",)),
+    OP.NEXTAFTER: (("aten::nextafter",), ("aten::nextafter_",)),
+    OP.COPYSIGN: (("aten::copysign.Tensor", "aten::copysign.Scalar"),
+                  ("aten::copysign_.Tensor", "aten::copysign_.Scalar")),
+    OP.HEAVISIDE: (("aten::heaviside",), ("aten::heaviside_",)),
+    OP.LOGADDEXP2: (("aten::logaddexp2",), ()),
+    OP.LDEXP: (("aten::ldexp.Tensor",), ("aten::ldexp_",)),
+    **{op: ((f"aten::special_{name}", *(f"aten::special_{name}.{o}" for o in overloads)), ()) for op, name, overloads in (
+        (OP.ZETA, "zeta", ("self_scalar", "other_scalar")),
+        (OP.XLOG1PY, "xlog1py", ("self_scalar", "other_scalar")),
+        *((op, f"{name}_polynomial_{k}", ("x_scalar", "n_scalar")) for op, name, k in (
+            (OP.CHEBYSHEV_T, "chebyshev", "t"), (OP.CHEBYSHEV_U, "chebyshev", "u"),
+            (OP.CHEBYSHEV_V, "chebyshev", "v"), (OP.CHEBYSHEV_W, "chebyshev", "w"),
+            (OP.SHIFTED_CHEBYSHEV_T, "shifted_chebyshev", "t"), (OP.SHIFTED_CHEBYSHEV_U, "shifted_chebyshev", "u"),
+            (OP.SHIFTED_CHEBYSHEV_V, "shifted_chebyshev", "v"), (OP.SHIFTED_CHEBYSHEV_W, "shifted_chebyshev", "w"),
+            (OP.HERMITE_H, "hermite", "h"), (OP.HERMITE_HE, "hermite", "he"),
+            (OP.LAGUERRE_L, "laguerre", "l"), (OP.LEGENDRE_P, "legendre", "p"))))},
 }
 
 for _op, (_functional, _inplace) in _BINARY.items():
     _convert = converter(*_functional)(binary_converter(_op))
-    register_inplace(_convert, *_inplace)
+    if _inplace:
+        register_inplace(_convert, *_inplace)
 
 
 def _float_tensors(args: Args) -> str | None:

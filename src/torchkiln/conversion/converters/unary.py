@@ -25,7 +25,7 @@ _NO_INPLACE = ("isinf", "isneginf", "isposinf", "isnan", "isfinite", "logical_no
 for _op, _row in UNARY.items():  # each unary op's row names the ATen op it converts
     if _row.aten:
         _convert = converter(f"aten::{_row.aten}")(unary_converter(_op))
-        if _row.aten not in _NO_INPLACE:
+        if _row.aten not in _NO_INPLACE and hasattr(torch.Tensor, f"{_row.aten}_"):  # special_* have none
             register_inplace(_convert, f"aten::{_row.aten}_")
 
 converter("prim::abs")(unary_converter(U.ABS))  # Python's abs() on a tensor
