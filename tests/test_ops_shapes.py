@@ -327,3 +327,33 @@ def test_tril_of_dynamic_matrix_stays_in_pytorch():
     spec = torchkiln.Input(min_shape=(2, 3), opt_shape=(4, 3), max_shape=(8, 3), dtype=torch.float32)
     _, report = check_traced(torch.tril, torch.randn(4, 3), inputs=[spec], engines=0, torch_blocks=1)
     assert_falls_back(report, "aten::tril", "static sizes")
+
+
+# The *_copy and unsafe_* forms of view and split ops: the same converters (engine tensors are never aliased).
+COPY_FORMS = [
+    ("view_copy", lambda x: torch.view_copy(x, [4, 6])),
+    ("permute_copy", lambda x: torch.permute_copy(x, [2, 0, 1])),
+    ("t_copy", lambda x: torch.t_copy(x[0])),
+    ("transpose_copy", lambda x: torch.transpose_copy(x, 0, 2)),
+    ("squeeze_copy", lambda x: torch.squeeze_copy(x[:, :1], 1)),
+    ("unsqueeze_copy", lambda x: torch.unsqueeze_copy(x, 1)),
+    ("expand_copy", lambda x: torch.expand_copy(x[:, :1], [2, 5, 4])),
+    ("narrow_copy", lambda x: torch.narrow_copy(x, 2, 1, 2)),
+    ("unbind_copy", lambda x: torch.unbind_copy(x, 1)),
+    ("split_with_sizes_copy", lambda x: torch.split_with_sizes_copy(x, [1, 2], 1)),
+    ("unsafe_chunk", lambda x: torch.unsafe_chunk(x, 2, 2)),
+    ("unsafe_split", lambda x: torch.unsafe_split(x, 2, 1)),
+    ("conj_physical", torch.conj_physical),
+    ("real", torch.real),
+]
+
+
+@pytest.mark.parametrize("name, fn", COPY_FORMS, ids=[n for n, _ in COPY_FORMS])
+def test_copy_and_unsafe_forms(name, fn):
+    x = torch.randn(2, 3, 4)
+    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    compiled, _ = check_traced(fn, x)
+    out, again = compiled(x), compiled(x)
+    for a, b in zip(out if isinstance(out, (list, tuple)) else [out], again if isinstance(again, (list, tuple))
+                    else [again]):
+        assert a.data_ptr() != x.data_ptr() and a.data_ptr() != b.data_ptr()  # a fresh tensor, as eager's copy

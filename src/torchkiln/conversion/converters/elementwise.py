@@ -1,7 +1,7 @@
 """Binary arithmetic converters: add, sub, rsub, mul, div, floor_divide, remainder, fmod, pow, atan2, the
 special functions of two arguments (zeta, igamma, nextafter, copysign, heaviside, logaddexp2, ldexp, xlog1py, the
-orthogonal polynomials: rows of ir/pointwise.py), the ternary addcmul and addcdiv (tensor, scalar and in-place forms), and the compositions logaddexp, hypot, fmax,
-fmin and xlogy (with eager's NaN and infinity rules)."""
+orthogonal polynomials: rows of ir/pointwise.py), the ternary addcmul and addcdiv (tensor, scalar and in-place
+forms), and the compositions logaddexp, hypot, fmax, fmin and xlogy (with eager's NaN and infinity rules)."""
 from __future__ import annotations
 
 import torch
@@ -104,7 +104,8 @@ _BINARY = {
     OP.HEAVISIDE: (("aten::heaviside",), ("aten::heaviside_",)),
     OP.LOGADDEXP2: (("aten::logaddexp2",), ()),
     OP.LDEXP: (("aten::ldexp.Tensor",), ("aten::ldexp_",)),
-    **{op: ((f"aten::special_{name}", *(f"aten::special_{name}.{o}" for o in overloads)), ()) for op, name, overloads in (
+    **{op: ((f"aten::special_{name}", *(f"aten::special_{name}.{o}" for o in overloads)), ())
+       for op, name, overloads in (
         (OP.ZETA, "zeta", ("self_scalar", "other_scalar")),
         (OP.XLOG1PY, "xlog1py", ("self_scalar", "other_scalar")),
         *((op, f"{name}_polynomial_{k}", ("x_scalar", "n_scalar")) for op, name, k in (

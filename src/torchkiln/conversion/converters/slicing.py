@@ -22,7 +22,8 @@ def slice_tensor(ctx: ConversionCtx, args: Args) -> Tensor:
     return slice_dim(ctx, ctx.to_tensor(args.self), args.dim, args.start, args.end, args.step)
 
 
-@converter("aten::narrow", "aten::narrow.Tensor", capability=lambda args: needs_static(args, "start"))
+@converter("aten::narrow", "aten::narrow.Tensor", "aten::narrow_copy",
+           capability=lambda args: needs_static(args, "start"))
 def narrow(ctx: ConversionCtx, args: Args) -> Tensor:
     x = ctx.to_tensor(args.self)
     dim = normalize_dim(args.dim, x.rank)
@@ -31,19 +32,20 @@ def narrow(ctx: ConversionCtx, args: Args) -> Tensor:
     return slice_dim(ctx, x, dim, start, start + args.length)
 
 
-@converter("aten::chunk")
+@converter("aten::chunk", "aten::unsafe_chunk")
 def chunk(ctx: ConversionCtx, args: Args) -> list[Tensor]:
     x = ctx.to_tensor(args.self)
     return split_as(ctx, x, args.dim, meta_of(x, args.dim).chunk(args.chunks, args.dim))
 
 
-@converter("aten::split.Tensor", "aten::split.sizes", "aten::split_with_sizes")
+@converter("aten::split.Tensor", "aten::split.sizes", "aten::split_with_sizes", "aten::split_copy.Tensor",
+           "aten::split_with_sizes_copy", "aten::unsafe_split.Tensor", "aten::unsafe_split_with_sizes")
 def split(ctx: ConversionCtx, args: Args) -> list[Tensor]:
     x = ctx.to_tensor(args.self)
     return split_as(ctx, x, args.dim, torch.split(meta_of(x, args.dim), args[1], args.dim))
 
 
-@converter("aten::unbind.int")
+@converter("aten::unbind.int", "aten::unbind_copy.int")
 def unbind(ctx: ConversionCtx, args: Args) -> list[Tensor]:
     x = ctx.to_tensor(args.self)
     dim = normalize_dim(args.dim, x.rank)

@@ -13,7 +13,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 
 
-@converter("aten::expand", "aten::broadcast_to")
+@converter("aten::expand", "aten::broadcast_to", "aten::expand_copy")
 def expand_converter(ctx: ConversionCtx, args: Args) -> Tensor:
     return expand(ctx, ctx.to_tensor(args.self), args.size)
 
