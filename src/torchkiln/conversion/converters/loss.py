@@ -1,0 +1,128 @@
+"""Loss converters: the elementwise losses (mse, l1, huber, smooth_l1, soft_margin, hinge_embedding, margin_ranking,
+kl_div, poisson_nll) as ATen writes each, then its reduction (0: none, 1: mean, 2: sum).
+
+binary_cross_entropy is not converted: eager raises for an input outside [0, 1], which an engine would not."""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from torchkiln.analysis.registry import converter
+from torchkiln.analysis.resolve import Args
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.elementwise import binary, select, unary
+from torchkiln.conversion.impl.reduce import reduce
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
+
+E, U, R = L.ElementWiseOperation, L.UnaryOperation, L.ReduceOperation
+_REDUCTIONS = {0: None, 1: R.AVG, 2: R.SUM}  # at::Reduction: None, Mean, Sum
+
+
+def _float_operands(*names: str) -> Callable[[Args], str | None]:
+    """The capability of a loss: its tensor operands of one floating dtype, a known reduction."""
+    def check(args: Args) -> str | None:
+        dtypes = {args[n].dtype for n in names}
+        if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
+            return f"operands of dtypes {sorted(map(str, dtypes))} (only one floating dtype is converted)"
+        if args.reduction not in _REDUCTIONS:
+            return f"unknown reduction {args.reduction!r}"
+        return None
+
+    return check
+
+
+def _reduced(ctx: ConversionCtx, loss: Tensor, reduction: int) -> Tensor:
+    op = _REDUCTIONS[reduction]
+    return loss if op is None else reduce(ctx, loss, op, None, False)
+
+
+def _loss(key: str, *operands: str) -> Callable:
+    """Register `fn(ctx, args, *operand tensors) -> elementwise loss` as the converter of `key`."""
+    def register(fn: Callable[..., Tensor]) -> Callable:
+        @converter(key, capability=_float_operands(*operands))
+        def convert(ctx: ConversionCtx, args: Args) -> Tensor:
+            return _reduced(ctx, fn(ctx, args, *(ctx.to_tensor(args[n]) for n in operands)), args.reduction)
+
+        convert.__doc__ = fn.__doc__
+        return convert
+
+    return register
+
+
+@_loss("aten::mse_loss", "self", "target")
+def mse_loss(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -> Tensor:
+    """(x - t)^2."""
+    return unary(ctx, binary(ctx, x, t, E.SUB), U.SQUARE)
+
+
+@_loss("aten::l1_loss", "self", "target")
+def l1_loss(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -> Tensor:
+    """|x - t|."""
+    return unary(ctx, binary(ctx, x, t, E.SUB), U.ABS)
+
+
+@_loss("aten::huber_loss", "self", "target")
+def huber_loss(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -> Tensor:
+    """z = |x - t|: 0.5 z^2 where z < delta, else delta (z - 0.5 delta)."""
+    z, delta = unary(ctx, binary(ctx, x, t, E.SUB), U.ABS), args.delta
+    quadratic = binary(ctx, binary(ctx, z, 0.5, E.PROD), z, E.PROD)
+    linear = binary(ctx, binary(ctx, z, 0.5 * delta, E.SUB), delta, E.PROD)
+    return select(ctx, binary(ctx, z, delta, E.LESS), quadratic, linear)
+
+
+@_loss("aten::smooth_l1_loss", "self", "target")
+def smooth_l1_loss(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -> Tensor:
+    """z = |x - t|: 0.5 z^2 / beta where z < beta, else z - 0.5 beta (beta 0: z)."""
+    z, beta = unary(ctx, binary(ctx, x, t, E.SUB), U.ABS), args.beta
+    if beta == 0:
+        return z
+    quadratic = binary(ctx, binary(ctx, binary(ctx, z, 0.5, E.PROD), z, E.PROD), beta, E.DIV)
+    return select(ctx, binary(ctx, z, beta, E.LESS), quadratic, binary(ctx, z, 0.5 * beta, E.SUB))
+
+
+@_loss("aten::soft_margin_loss", "self", "target")
+def soft_margin_loss(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -> Tensor:
+    """log1p(exp(-x t))."""
+    return unary(ctx, unary(ctx, binary(ctx, unary(ctx, x, U.NEG), t, E.PROD), U.EXP), U.LOG1P)
+
+
+@_loss("aten::hinge_embedding_loss", "self", "target")
+def hinge_embedding_loss(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -> Tensor:
+    """where(t != 1, max(margin - x, 0), 0) + where(t != -1, x, 0)."""
+    margin = ctx.network.add_activation(binary(ctx, args.margin, x, E.SUB), L.ActivationType.CLIP, 0.0,
+                                        math.inf).get_output()
+    zero = ctx.to_tensor(0.0, x.dtype)
+    return binary(ctx, select(ctx, binary(ctx, t, 1.0, E.NOT_EQUAL), margin, zero),
+                  select(ctx, binary(ctx, t, -1.0, E.NOT_EQUAL), x, zero), E.SUM)
+
+
+@_loss("aten::margin_ranking_loss", "input1", "input2", "target")
+def margin_ranking_loss(ctx: ConversionCtx, args: Args, a: Tensor, b: Tensor, t: Tensor) -> Tensor:
+    """max(-t (a - b) + margin, 0)."""
+    out = binary(ctx, binary(ctx, unary(ctx, t, U.NEG), binary(ctx, a, b, E.SUB), E.PROD), args.margin, E.SUM)
+    return ctx.network.add_activation(out, L.ActivationType.CLIP, 0.0, math.inf).get_output()
+
+
+@_loss("aten::kl_div", "self", "target")
+def kl_div(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -> Tensor:
+    """exp(t) (t - x) with log_target, else xlogy(t, t) - t x (0 where t is 0)."""
+    if args.log_target:
+        return binary(ctx, unary(ctx, t, U.EXP), binary(ctx, t, x, E.SUB), E.PROD)
+    xlogy = select(ctx, binary(ctx, t, 0.0, E.EQUAL), 0.0, binary(ctx, t, unary(ctx, t, U.LOG), E.PROD))
+    xlogy = select(ctx, unary(ctx, t, U.ISNAN), float("nan"), xlogy)
+    return binary(ctx, xlogy, binary(ctx, t, x, E.PROD), E.SUB)
+
+
+@_loss("aten::poisson_nll_loss", "input", "target")
+def poisson_nll_loss(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -> Tensor:
+    """exp(x) - t x (log_input), else x - t log(x + eps); with full, plus Stirling's term where t > 1."""
+    if args.log_input:
+        loss = binary(ctx, unary(ctx, x, U.EXP), binary(ctx, t, x, E.PROD), E.SUB)
+    else:
+        loss = binary(ctx, x, binary(ctx, t, unary(ctx, binary(ctx, x, args.eps, E.SUM), U.LOG), E.PROD), E.SUB)
+    if not args.full:
+        return loss
+    stirling = binary(ctx, binary(ctx, binary(ctx, t, unary(ctx, t, U.LOG), E.PROD), t, E.SUB),
+                      binary(ctx, unary(ctx, binary(ctx, t, 2 * math.pi, E.PROD), U.LOG), 0.5, E.PROD), E.SUM)
+    return binary(ctx, loss, select(ctx, binary(ctx, t, 1.0, E.LESS_EQUAL), 0.0, stirling), E.SUM)

@@ -1,0 +1,51 @@
+"""Loss converters (conversion/converters/loss.py) and broadcast_tensors through the whole pipeline against eager: each
+reduction, NaN and infinities in the input, and a target that broadcasts."""
+import pytest
+import torch
+import torch.nn.functional as F
+from harness import check_traced
+
+SPECIAL = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e30])
+
+
+def _inputs(kind):
+    x = torch.randn(4, 6)
+    x[0] = SPECIAL
+    if kind == "sign":  # targets of +-1
+        return x, torch.where(torch.rand(4, 6) > 0.5, 1.0, -1.0)
+    if kind == "pos":
+        return x, torch.rand(4, 6) * 3
+    return x, torch.randn(4, 6)
+
+
+LOSSES = [
+    ("mse", lambda x, t, r: F.mse_loss(x, t, reduction=r), "any"),
+    ("l1", lambda x, t, r: F.l1_loss(x, t, reduction=r), "any"),
+    ("huber", lambda x, t, r: F.huber_loss(x, t, reduction=r, delta=0.7), "any"),
+    ("smooth_l1", lambda x, t, r: F.smooth_l1_loss(x, t, reduction=r, beta=0.5), "any"),
+    ("smooth_l1_beta0", lambda x, t, r: F.smooth_l1_loss(x, t, reduction=r, beta=0.0), "any"),
+    ("soft_margin", lambda x, t, r: F.soft_margin_loss(x, t, reduction=r), "sign"),
+    ("hinge_embedding", lambda x, t, r: F.hinge_embedding_loss(x, t, margin=0.5, reduction=r), "sign"),
+    ("margin_ranking", lambda x, t, r: F.margin_ranking_loss(x, x.flip(0), t, margin=0.2, reduction=r), "sign"),
+    ("kl_div", lambda x, t, r: F.kl_div(x, t, reduction=r), "pos"),
+    ("kl_div_log_target", lambda x, t, r: F.kl_div(x, t.log(), reduction=r, log_target=True), "pos"),
+    ("poisson_nll", lambda x, t, r: F.poisson_nll_loss(x, t, reduction=r), "pos"),
+    ("poisson_nll_full", lambda x, t, r: F.poisson_nll_loss(x.abs(), t, log_input=False, full=True, reduction=r),
+     "pos"),
+]
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("name, loss, kind", LOSSES, ids=[n for n, _, _ in LOSSES])
+def test_loss(name, loss, kind, reduction):
+    x, t = _inputs(kind)
+    check_traced(lambda x, t: loss(x, t, reduction), x, t)
+    check_traced(lambda x, t: loss(x, t, reduction), x[1:], t[1:])  # finite: a finite reduced value
+
+
+def test_loss_target_broadcasts():
+    check_traced(lambda x, t: F.mse_loss(x, t.expand(3, 4)), torch.randn(3, 4), torch.randn(1, 4))
+
+
+def test_broadcast_tensors():
+    check_traced(lambda a, b, c: torch.broadcast_tensors(a, b, c), torch.randn(3, 1), torch.randn(4), torch.randn(1, 1))
