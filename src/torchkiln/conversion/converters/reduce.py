@@ -1,5 +1,9 @@
 """Reduction converters: mean, sum, prod, amax/amin, max/min over all, all/any, logsumexp, cumsum/cumprod,
-vector and matrix norms, var/std."""
+vector and matrix norms, var/std, nansum/nanmean, count_nonzero, aminmax, dist,
+pairwise_distance, vecdot/vdot.
+
+var_mean and std_mean are not converted: their mean is Welford's, which gives NaN or inf for a row holding an
+infinity depending on where it sits."""
 from __future__ import annotations
 
 import math
@@ -161,3 +165,86 @@ def var(ctx: ConversionCtx, args: Args) -> Tensor:
 @converter("aten::std", "aten::std.dim", "aten::std.correction")
 def std(ctx: ConversionCtx, args: Args) -> Tensor:
     return unary(ctx, var(ctx, args), U.SQRT)
+
+
+# ---- NaN-ignoring and counting reductions -----------------------------------------------------
+
+def _floating(args: Args) -> str | None:
+    return None if args.self.dtype.is_floating_point else f"a {args.self.dtype} tensor (only floating ones converted)"
+
+
+@converter("aten::aminmax")
+def aminmax(ctx: ConversionCtx, args: Args) -> tuple[Tensor, Tensor]:
+    return amin(ctx, args), amax(ctx, args)
+
+
+def _without_nan(ctx: ConversionCtx, x: Tensor) -> Tensor:
+    return ctx.network.add_select(unary(ctx, x, U.ISNAN), ctx.to_tensor(0.0, x.dtype), x).get_output()
+
+
+@converter("aten::nansum", capability=_floating)
+def nansum(ctx: ConversionCtx, args: Args) -> Tensor:
+    """sum with NaN counted as 0."""
+    x = ctx.to_tensor(args.self, to_dtype(args.dtype))
+    return reduce(ctx, _without_nan(ctx, x), R.SUM, args.dim, args.keepdim)
+
+
+@converter("aten::nanmean", capability=_floating)
+def nanmean(ctx: ConversionCtx, args: Args) -> Tensor:
+    """nansum / the count of non-NaN elements (as ATen composes it: NaN where every element is NaN)."""
+    x = ctx.to_tensor(args.self, to_dtype(args.dtype))
+    count = reduce(ctx, ctx.to_tensor(unary(ctx, unary(ctx, x, U.ISNAN), U.NOT), torch.int64), R.SUM, args.dim,
+                   args.keepdim)
+    return binary(ctx, reduce(ctx, _without_nan(ctx, x), R.SUM, args.dim, args.keepdim), count, E.DIV)
+
+
+@converter("aten::count_nonzero", "aten::count_nonzero.dim_IntList")
+def count_nonzero(ctx: ConversionCtx, args: Args) -> Tensor:
+    nonzero = ctx.to_tensor(binary(ctx, args.self, 0, E.NOT_EQUAL), torch.int64)
+    return reduce(ctx, nonzero, R.SUM, args.dim, False)
+
+
+# ---- distances and products -------------------------------------------------------------------
+
+def _real_floating(*names: str):
+    def check(args: Args) -> str | None:
+        dtypes = {args[n].dtype for n in names}
+        if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
+            return f"operands of dtypes {sorted(map(str, dtypes))} (only one floating dtype is converted)"
+        return None
+
+    return check
+
+
+@converter("aten::dist", capability=_real_floating("self", "other"))
+def dist(ctx: ConversionCtx, args: Args) -> Tensor:
+    """The p-norm of self - other over every element."""
+    return vector_norm(ctx, binary(ctx, args.self, args.other, E.SUB), args.p, None, False)
+
+
+@converter("aten::pairwise_distance", capability=_real_floating("x1", "x2"))
+def pairwise_distance(ctx: ConversionCtx, args: Args) -> Tensor:
+    """The p-norm of x1 - x2 + eps over the last dim of the wider operand, as ATen computes it."""
+    diff = binary(ctx, binary(ctx, args.x1, args.x2, E.SUB), args.eps, E.SUM)
+    dim = max(len(args.x1.shape), len(args.x2.shape)) - 1
+    return vector_norm(ctx, diff, args.p, max(dim, 0), args.keepdim)
+
+
+@converter("aten::linalg_vecdot", capability=_real_floating("x", "y"))
+def linalg_vecdot(ctx: ConversionCtx, args: Args) -> Tensor:
+    """sum(x * y) over `dim` (of real tensors, no conjugate)."""
+    return reduce(ctx, binary(ctx, args.x, args.y, E.PROD), R.SUM, args.dim, False)
+
+
+@converter("aten::vdot", capability=_real_floating("self", "other"))
+def vdot(ctx: ConversionCtx, args: Args) -> Tensor:
+    return reduce(ctx, binary(ctx, args.self, args.other, E.PROD), R.SUM, None, False)
+
+
+def _matrix_norm_ok(args: Args) -> str | None:
+    return None if args.ord in _MATRIX_ORDS else f"matrix norm of order {args.ord!r} (needs singular values)"
+
+
+@converter("aten::linalg_matrix_norm", "aten::linalg_matrix_norm.str_ord", capability=_matrix_norm_ok)
+def linalg_matrix_norm(ctx: ConversionCtx, args: Args) -> Tensor:
+    return matrix_norm(ctx, ctx.to_tensor(args.self, to_dtype(args.dtype)), args.ord, args.dim, args.keepdim)
