@@ -199,3 +199,16 @@ def test_silu_of_negative_inputs_keeps_its_relative_precision():
     """ONNX Runtime's Sigmoid loses relative precision below -8: x * Sigmoid(x) was off by 1.5e-4 x max|eager| for
     inputs all in [-20, -8] (OpInfo nn.functional.silu); x / (1 + exp(-x)) is not."""
     check_traced(silu, torch.linspace(-20, -8, 100))
+
+
+_EDGES = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 0.5, -0.5, 0.25, 1.0, 0.999])
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("softshrink", lambda x: torch.nn.functional.softshrink(x, 0.5)),
+    ("glu", lambda x: torch.nn.functional.glu(x, 0)),
+    ("logit", torch.logit),
+    ("logit_eps", lambda x: torch.logit(x, 0.1)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_composed_activations(name, fn):
+    check_traced(fn, torch.cat([torch.rand(6) * 1.2 - 0.1, _EDGES]).reshape(8, 2))

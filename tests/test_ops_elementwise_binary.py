@@ -427,3 +427,15 @@ def test_special_functions_of_two_arguments(op, a, b, backend):
         y[1] = torch.arange(8) - 2
     check_fn(binary(op), x, y, backend=backend)  # one engine, no op left in PyTorch
     check_traced(lambda x: op(x, torch.tensor(2.0 if b != "int" else 2)), x, backend=backend)
+
+
+@pytest.mark.parametrize("weight", [0.3, -0.7, 0.5, 2.0, "tensor"])
+def test_lerp(weight):
+    x, end = torch.randn(4, 8), torch.randn(4, 8)
+    x[0], end[1] = SPECIAL, SPECIAL
+    if weight == "tensor":
+        w = torch.randn(4, 8)
+        w[2] = SPECIAL
+        check_fn(torch.lerp, x, end, w)
+    else:
+        check_traced(lambda a, b: torch.lerp(a, b, weight), x, end)

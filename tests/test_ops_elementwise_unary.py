@@ -156,3 +156,10 @@ def test_special_functions(op, backend):
                                                                                               -1.0, 0.5]])])
     check_fn(unary(op), x, backend=backend)  # one engine, no op left in PyTorch
     check_fn(unary(op), values("pos", dtype=torch.int64), backend=backend)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"nan": 1.5, "posinf": 9.0, "neginf": -9.0}, {"posinf": 2.0}])
+def test_nan_to_num(kwargs):
+    check_traced(lambda x: torch.nan_to_num(x, **kwargs), SPECIAL)
+    check_traced(lambda x: torch.nan_to_num(x, **kwargs) + 1, SPECIAL.half())
+    check_traced(lambda x: torch.nan_to_num(x, **kwargs), torch.arange(6).reshape(2, 3))  # integers: unchanged

@@ -357,3 +357,8 @@ def test_copy_and_unsafe_forms(name, fn):
     for a, b in zip(out if isinstance(out, (list, tuple)) else [out], again if isinstance(again, (list, tuple))
                     else [again]):
         assert a.data_ptr() != x.data_ptr() and a.data_ptr() != b.data_ptr()  # a fresh tensor, as eager's copy
+
+
+def test_channel_shuffle():
+    check_traced(lambda x: F.channel_shuffle(x, 3), torch.randn(2, 6, 4, 5))
+    check_traced(lambda x: F.channel_shuffle(x, 2), torch.randn(2, 6, 4))

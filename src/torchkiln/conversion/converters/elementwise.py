@@ -1,7 +1,7 @@
 """Binary arithmetic converters: add, sub, rsub, mul, div, floor_divide, remainder, fmod, pow, atan2, the
 special functions of two arguments (zeta, igamma, nextafter, copysign, heaviside, logaddexp2, ldexp, xlog1py, the
 orthogonal polynomials: rows of ir/pointwise.py), the ternary addcmul and addcdiv (tensor, scalar and in-place
-forms), and the compositions logaddexp, hypot, fmax, fmin and xlogy (with eager's NaN and infinity rules)."""
+forms), and the compositions logaddexp, hypot, fmax, fmin, xlogy and lerp (with eager's NaN and infinity rules)."""
 from __future__ import annotations
 
 import torch
@@ -191,3 +191,27 @@ def xlogy(ctx: ConversionCtx, args: Args) -> Tensor:
     out = binary(ctx, x, unary(ctx, y, U.LOG), OP.PROD)
     out = select(ctx, binary(ctx, x, 0.0, OP.EQUAL), 0.0, out)
     return select(ctx, unary(ctx, y, U.ISNAN), float("nan"), out)
+
+
+def _lerp_ok(args: Args) -> str | None:
+    dtypes = {v.dtype for v in (args.self, args.end, args.weight) if is_tensor_like(v)}
+    if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
+        return f"operands of dtypes {sorted(map(str, dtypes))} (only one floating dtype is converted)"
+    return None
+
+
+@converter("aten::lerp.Scalar", "aten::lerp.Tensor", capability=_lerp_ok)
+def lerp(ctx: ConversionCtx, args: Args) -> Tensor:
+    """self + w (end - self) where |w| < 0.5, else end - (end - self)(1 - w), as ATen computes it."""
+    x, end, w = ctx.to_tensor(args.self), ctx.to_tensor(args.end), args.weight
+    diff = binary(ctx, end, x, OP.SUB)
+    if not is_tensor_like(w):
+        return binary(ctx, x, binary(ctx, diff, w, OP.PROD), OP.SUM) if abs(w) < 0.5 else \
+            binary(ctx, end, binary(ctx, diff, 1.0 - w, OP.PROD), OP.SUB)
+    w = ctx.to_tensor(w)
+    small = binary(ctx, unary(ctx, w, U.ABS), 0.5, OP.LESS)
+    return select(ctx, small, binary(ctx, x, binary(ctx, w, diff, OP.PROD), OP.SUM),
+                  binary(ctx, end, binary(ctx, diff, binary(ctx, 1.0, w, OP.SUB), OP.PROD), OP.SUB))
+
+
+register_inplace(lerp, "aten::lerp_.Scalar", "aten::lerp_.Tensor", capability=_lerp_ok)

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.activation import clip
 from torchkiln.conversion.impl.elementwise import binary, select, unary
 from torchkiln.conversion.impl.reduce import reduce
 from torchkiln.ir import layers as L
@@ -90,8 +91,7 @@ def soft_margin_loss(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -> Te
 @_loss("aten::hinge_embedding_loss", "self", "target")
 def hinge_embedding_loss(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -> Tensor:
     """where(t != 1, max(margin - x, 0), 0) + where(t != -1, x, 0)."""
-    margin = ctx.network.add_activation(binary(ctx, args.margin, x, E.SUB), L.ActivationType.CLIP, 0.0,
-                                        math.inf).get_output()
+    margin = clip(ctx, binary(ctx, args.margin, x, E.SUB), 0.0, None)
     zero = ctx.to_tensor(0.0, x.dtype)
     return binary(ctx, select(ctx, binary(ctx, t, 1.0, E.NOT_EQUAL), margin, zero),
                   select(ctx, binary(ctx, t, -1.0, E.NOT_EQUAL), x, zero), E.SUM)
@@ -101,7 +101,7 @@ def hinge_embedding_loss(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -
 def margin_ranking_loss(ctx: ConversionCtx, args: Args, a: Tensor, b: Tensor, t: Tensor) -> Tensor:
     """max(-t (a - b) + margin, 0)."""
     out = binary(ctx, binary(ctx, unary(ctx, t, U.NEG), binary(ctx, a, b, E.SUB), E.PROD), args.margin, E.SUM)
-    return ctx.network.add_activation(out, L.ActivationType.CLIP, 0.0, math.inf).get_output()
+    return clip(ctx, out, 0.0, None)
 
 
 @_loss("aten::kl_div", "self", "target")

@@ -8,7 +8,7 @@ import math
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.elementwise import binary, unary, unary_converter
+from torchkiln.conversion.impl.elementwise import binary, select, unary, unary_converter
 from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
@@ -86,3 +86,22 @@ def frac(ctx: ConversionCtx, args: Args) -> Tensor:
     """x - trunc(x), as ATen computes it (so frac(+-inf) is NaN)."""
     x = ctx.to_tensor(args.self)
     return binary(ctx, x, unary(ctx, x, U.TRUNC), E.SUB)
+
+
+@converter("aten::nan_to_num")
+def nan_to_num(ctx: ConversionCtx, args: Args) -> Tensor:
+    """NaN, +inf and -inf replaced (by 0 and the dtype's largest and lowest finite values unless given); integers
+    unchanged."""
+    x = ctx.to_tensor(args.self)
+    if not x.dtype.is_floating_point:
+        return x
+    info = torch.finfo(x.dtype)
+    nan = 0.0 if args.nan is None else args.nan
+    posinf = info.max if args.posinf is None else args.posinf
+    neginf = info.min if args.neginf is None else args.neginf
+    out = select(ctx, unary(ctx, x, U.ISPOSINF), ctx.to_tensor(torch.tensor(posinf, dtype=x.dtype)), x)
+    out = select(ctx, unary(ctx, x, U.ISNEGINF), ctx.to_tensor(torch.tensor(neginf, dtype=x.dtype)), out)
+    return select(ctx, unary(ctx, x, U.ISNAN), ctx.to_tensor(torch.tensor(nan, dtype=x.dtype)), out)
+
+
+register_inplace(nan_to_num, "aten::nan_to_num_")
