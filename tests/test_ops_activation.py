@@ -212,3 +212,16 @@ _EDGES = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 0.5
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_composed_activations(name, fn):
     check_traced(fn, torch.cat([torch.rand(6) * 1.2 - 0.1, _EDGES]).reshape(8, 2))
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_polygamma(n):
+    check_traced(lambda x: torch.polygamma(n, x), torch.cat([torch.rand(6) * 4 + 0.1, _EDGES]).reshape(8, 2))
+
+
+@pytest.mark.parametrize("p", [1, 3])
+def test_mvlgamma(p):
+    x = torch.rand(4, 5) * 3 + (p - 1) / 2 + 0.01
+    x[0, :2] = torch.tensor([float("nan"), float("inf")])
+    check_traced(lambda x: torch.mvlgamma(x, p), x)
+    check_traced(lambda x: torch.mvlgamma(x, p), torch.linspace(-2, 1, 20).reshape(4, 5))  # outside its domain too

@@ -143,6 +143,8 @@ class ActivationType(enum.Enum):
     SILU = "silu"
     MISH = "mish"
     LOG_SIGMOID = "log_sigmoid"
+    POLYGAMMA = "polygamma"  # alpha: the order n of the derivative of digamma
+    MVLGAMMA = "mvlgamma"  # alpha: the dimension p of the multivariate log-gamma
 
 
 class ElementWiseOperation(enum.Enum):

@@ -284,6 +284,8 @@ ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
               aten="mish"),
     A.LOG_SIGMOID: P(lambda x, a, b: F.logsigmoid(x), recipe("log_sigmoid"),
                      "tl.minimum({x}, 0.0) - libdevice.log1p(tl.exp(-tl.abs({x})))", aten="log_sigmoid"),
+    A.POLYGAMMA: P(lambda x, a, b: torch.polygamma(int(a), x), _no_onnx("polygamma"), None),
+    A.MVLGAMMA: P(lambda x, a, b: torch.mvlgamma(x, int(a)), _no_onnx("mvlgamma"), None),
 }
 
 FAMILIES: dict[type[L.Layer], tuple[type[enum.Enum], dict]] = {

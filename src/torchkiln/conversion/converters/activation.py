@@ -1,4 +1,4 @@
-"""Activation converters (and their in-place forms), softshrink, glu and logit."""
+"""Activation converters (and their in-place forms), softshrink, glu, logit, polygamma and mvlgamma."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
@@ -142,3 +142,19 @@ def logit(ctx: ConversionCtx, args: Args) -> Tensor:
     if args.eps is not None:
         z = clip(ctx, z, args.eps, 1.0 - args.eps)
     return unary(ctx, binary(ctx, z, binary(ctx, 1.0, z, E.SUB), E.DIV), L.UnaryOperation.LOG)
+
+
+def _order(args: Args) -> str | None:
+    if not args.self.dtype.is_floating_point:
+        return f"a {args.self.dtype} tensor (only floating ones converted: the layer keeps its input's dtype)"
+    return None
+
+
+@converter("aten::polygamma", capability=_order)
+def polygamma(ctx: ConversionCtx, args: Args) -> Tensor:
+    return activation(ctx, args.self, A.POLYGAMMA, args.n)
+
+
+@converter("aten::mvlgamma", capability=_order)
+def mvlgamma(ctx: ConversionCtx, args: Args) -> Tensor:
+    return activation(ctx, args.self, A.MVLGAMMA, args.p)
