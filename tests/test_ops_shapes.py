@@ -362,3 +362,24 @@ def test_copy_and_unsafe_forms(name, fn):
 def test_channel_shuffle():
     check_traced(lambda x: F.channel_shuffle(x, 3), torch.randn(2, 6, 4, 5))
     check_traced(lambda x: F.channel_shuffle(x, 2), torch.randn(2, 6, 4))
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("tensor_split_sections", lambda x: torch.tensor_split(x, 3, 1)),
+    ("tensor_split_indices", lambda x: torch.tensor_split(x, [1, 4, 9], 1)),
+    ("hsplit", lambda x: torch.hsplit(x, 5)),
+    ("hsplit_1d", lambda x: torch.hsplit(x[0, :, 0], [2, 3])),
+    ("vsplit", lambda x: torch.vsplit(x, [1])),
+    ("dsplit", lambda x: torch.dsplit(x, 2)),
+    ("atleast", lambda x: (torch.atleast_1d(x[0, 0, 0]), torch.atleast_2d(x[0, 0]), torch.atleast_3d(x[0]),
+                           torch.atleast_3d(x[0, 0]), torch.atleast_3d(x[0, 0, 0]), torch.atleast_2d(x))),
+    ("atleast_sequence", lambda x: torch.atleast_2d([x[0, 0, 0], x[0, 0]]) + torch.atleast_3d((x[0], x))),
+    ("hstack", lambda x: (torch.hstack([x, x[:, :2]]), torch.hstack([x[0, 0], x[1, 0, :3], x[0, 0, 0]]))),
+    ("vstack", lambda x: (torch.vstack([x[0], x[1, :1]]), torch.vstack([x[0, 0], x[1, 1]]))),
+    ("dstack", lambda x: (torch.dstack([x[0], x[1]]), torch.dstack([x[0, 0], x[1, 1]]))),
+    ("column_stack", lambda x: torch.column_stack([x[0, :, 0], x[0], x[1, :, 0]])),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_splits_and_stacks(name, fn):
+    x = torch.randn(2, 5, 4)
+    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    check_traced(fn, x)

@@ -1,9 +1,10 @@
-"""Concatenation converters: cat and stack (TorchScript emits torch.concat/concatenate as aten::cat)."""
+"""Concatenation converters: cat and stack (TorchScript emits torch.concat/concatenate as aten::cat), the atleast_Nd
+reshapes and the stacks built on them (hstack, vstack/row_stack, dstack, column_stack)."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim
-from torchkiln.conversion.impl.shuffle import unsqueeze
+from torchkiln.conversion.impl.shuffle import reshape, unsqueeze
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.ir.tensor import Tensor
@@ -21,3 +22,52 @@ def stack(ctx: ConversionCtx, args: Args) -> Tensor:
     tensors = [ctx.to_tensor(t) for t in args.tensors]
     dim = normalize_dim(args.dim, tensors[0].rank + 1)
     return ctx.network.add_concatenation([unsqueeze(ctx, t, dim) for t in tensors], dim).get_output()
+
+
+def at_least(ctx: ConversionCtx, x: Tensor, rank: int) -> Tensor:
+    """torch.atleast_1d/2d/3d: a 0-d tensor becomes [1]*rank, a 1-d (n) (1, n) or (1, n, 1), a 2-d (m, n) (m, n, 1)."""
+    if x.rank >= rank:
+        return x
+    if x.rank == 0:
+        return reshape(ctx, x, [1] * rank)
+    return reshape(ctx, x, [1, x.shape[0]] + [1] * (rank == 3) if x.rank == 1 else [*x.shape, 1])
+
+
+def _at_least(rank: int):
+    def convert(ctx: ConversionCtx, args: Args) -> Tensor | list[Tensor]:
+        if "tensors" in args.names:
+            return [at_least(ctx, ctx.to_tensor(t), rank) for t in args.tensors]
+        return at_least(ctx, ctx.to_tensor(args.self), rank)
+
+    return convert
+
+
+for _rank in (1, 2, 3):
+    converter(f"aten::atleast_{_rank}d", f"aten::atleast_{_rank}d.Sequence")(_at_least(_rank))
+
+
+def _concatenated(ctx: ConversionCtx, tensors: list[Tensor], dim: int) -> Tensor:
+    return ctx.network.add_concatenation(tensors, dim).get_output()
+
+
+@converter("aten::hstack")
+def hstack(ctx: ConversionCtx, args: Args) -> Tensor:
+    tensors = [at_least(ctx, ctx.to_tensor(t), 1) for t in args.tensors]
+    return _concatenated(ctx, tensors, 0 if tensors[0].rank == 1 else 1)
+
+
+@converter("aten::vstack", "aten::row_stack")
+def vstack(ctx: ConversionCtx, args: Args) -> Tensor:
+    return _concatenated(ctx, [at_least(ctx, ctx.to_tensor(t), 2) for t in args.tensors], 0)
+
+
+@converter("aten::dstack")
+def dstack(ctx: ConversionCtx, args: Args) -> Tensor:
+    return _concatenated(ctx, [at_least(ctx, ctx.to_tensor(t), 3) for t in args.tensors], 2)
+
+
+@converter("aten::column_stack")
+def column_stack(ctx: ConversionCtx, args: Args) -> Tensor:
+    """0-d and 1-d tensors as columns (n, 1), then concatenated along dim 1."""
+    tensors = [ctx.to_tensor(t) for t in args.tensors]
+    return _concatenated(ctx, [reshape(ctx, t, [-1, 1]) if t.rank <= 1 else t for t in tensors], 1)

@@ -1,4 +1,4 @@
-"""Slicing converters: select, slice, narrow, chunk, split, unbind."""
+"""Slicing converters: select, slice, narrow, chunk, split, tensor_split (hsplit, vsplit, dsplit), unbind."""
 from __future__ import annotations
 
 import torch
@@ -43,6 +43,36 @@ def chunk(ctx: ConversionCtx, args: Args) -> list[Tensor]:
 def split(ctx: ConversionCtx, args: Args) -> list[Tensor]:
     x = ctx.to_tensor(args.self)
     return split_as(ctx, x, args.dim, torch.split(meta_of(x, args.dim), args[1], args.dim))
+
+
+_SPLIT_DIM = {"aten::hsplit": lambda rank: 1 if rank > 1 else 0, "aten::vsplit": lambda rank: 0,
+              "aten::dsplit": lambda rank: 2}
+
+
+def _sections_ok(args: Args) -> str | None:
+    found = args.get("tensor_indices_or_sections")
+    if found is not None and not isinstance(found, torch.Tensor):
+        return "sections or indices known only at run time"
+    return None
+
+
+@converter("aten::tensor_split.sections", "aten::tensor_split.indices", "aten::tensor_split.tensor_indices_or_sections",
+           "aten::hsplit.int", "aten::hsplit.array", "aten::vsplit.int", "aten::vsplit.array", "aten::dsplit.int",
+           "aten::dsplit.array", capability=_sections_ok)
+def tensor_split(ctx: ConversionCtx, args: Args) -> list[Tensor]:
+    """The pieces torch.tensor_split (or hsplit, vsplit, dsplit: along dims 1 (0 for 1-d), 0, 2) gives."""
+    x, how = ctx.to_tensor(args.self), args[1]
+    kind = args.node.kind()
+    if kind in _SPLIT_DIM:
+        dim = _SPLIT_DIM[kind](x.rank)
+        split = getattr(torch, kind.removeprefix("aten::"))
+        pieces = split(meta_of(x, dim), how if isinstance(how, int) else list(how))
+    else:
+        dim = args.dim
+        if isinstance(how, torch.Tensor):
+            how = int(how) if how.dim() == 0 else how.tolist()
+        pieces = torch.tensor_split(meta_of(x, dim), how, dim)
+    return split_as(ctx, x, dim, pieces)
 
 
 @converter("aten::unbind.int", "aten::unbind_copy.int")
