@@ -8,7 +8,7 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.elementwise import binary, binary_converter, dtype_of, scaled, select, unary
-from torchkiln.conversion.impl.common import is_tensor_like
+from torchkiln.conversion.impl.common import is_tensor_like, one_dtype
 from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
@@ -193,14 +193,10 @@ def xlogy(ctx: ConversionCtx, args: Args) -> Tensor:
     return select(ctx, unary(ctx, y, U.ISNAN), float("nan"), out)
 
 
-def _lerp_ok(args: Args) -> str | None:
-    dtypes = {v.dtype for v in (args.self, args.end, args.weight) if is_tensor_like(v)}
-    if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
-        return f"operands of dtypes {sorted(map(str, dtypes))} (only one floating dtype is converted)"
-    return None
+_LERP_OK = one_dtype("self", "end", "weight", floating=True)
 
 
-@converter("aten::lerp.Scalar", "aten::lerp.Tensor", capability=_lerp_ok)
+@converter("aten::lerp.Scalar", "aten::lerp.Tensor", capability=_LERP_OK)
 def lerp(ctx: ConversionCtx, args: Args) -> Tensor:
     """self + w (end - self) where |w| < 0.5, else end - (end - self)(1 - w), as ATen computes it."""
     x, end, w = ctx.to_tensor(args.self), ctx.to_tensor(args.end), args.weight
@@ -214,4 +210,4 @@ def lerp(ctx: ConversionCtx, args: Args) -> Tensor:
                   binary(ctx, end, binary(ctx, diff, binary(ctx, 1.0, w, OP.SUB), OP.PROD), OP.SUB))
 
 
-register_inplace(lerp, "aten::lerp_.Scalar", "aten::lerp_.Tensor", capability=_lerp_ok)
+register_inplace(lerp, "aten::lerp_.Scalar", "aten::lerp_.Tensor", capability=_LERP_OK)

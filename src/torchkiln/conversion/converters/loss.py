@@ -11,6 +11,7 @@ from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.activation import clip
+from torchkiln.conversion.impl.common import one_dtype
 from torchkiln.conversion.impl.elementwise import binary, select, unary
 from torchkiln.conversion.impl.reduce import reduce
 from torchkiln.ir import layers as L
@@ -20,15 +21,12 @@ E, U, R = L.ElementWiseOperation, L.UnaryOperation, L.ReduceOperation
 _REDUCTIONS = {0: None, 1: R.AVG, 2: R.SUM}  # at::Reduction: None, Mean, Sum
 
 
-def _float_operands(*names: str) -> Callable[[Args], str | None]:
+def _capability(*operands: str) -> Callable[[Args], str | None]:
     """The capability of a loss: its tensor operands of one floating dtype, a known reduction."""
+    same_dtype = one_dtype(*operands, floating=True)
+
     def check(args: Args) -> str | None:
-        dtypes = {args[n].dtype for n in names}
-        if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
-            return f"operands of dtypes {sorted(map(str, dtypes))} (only one floating dtype is converted)"
-        if args.reduction not in _REDUCTIONS:
-            return f"unknown reduction {args.reduction!r}"
-        return None
+        return same_dtype(args) or (None if args.reduction in _REDUCTIONS else f"unknown reduction {args.reduction!r}")
 
     return check
 
@@ -41,7 +39,7 @@ def _reduced(ctx: ConversionCtx, loss: Tensor, reduction: int) -> Tensor:
 def _loss(key: str, *operands: str) -> Callable:
     """Register `fn(ctx, args, *operand tensors) -> elementwise loss` as the converter of `key`."""
     def register(fn: Callable[..., Tensor]) -> Callable:
-        @converter(key, capability=_float_operands(*operands))
+        @converter(key, capability=_capability(*operands))
         def convert(ctx: ConversionCtx, args: Args) -> Tensor:
             return _reduced(ctx, fn(ctx, args, *(ctx.to_tensor(args[n]) for n in operands)), args.reduction)
 

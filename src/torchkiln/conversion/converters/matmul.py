@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.common import is_tensor_like
+from torchkiln.conversion.impl.common import one_dtype
 from torchkiln.conversion.impl.elementwise import binary, scaled
 from torchkiln.conversion.impl.matmul import linear, matmul
 from torchkiln.conversion.impl.reduce import reduce
@@ -39,20 +39,7 @@ def addmm(ctx: ConversionCtx, args: Args) -> Tensor:
     return _add_product(ctx, args, matmul(ctx, args.mat1, args.mat2))
 
 
-def _one_dtype(*names: str, floating: bool = False):
-    """Capability: these tensors share one real, non-bool dtype (floating, if asked); mixed dtypes would need
-    eager's promotion rules."""
-    def check(args: Args) -> str | None:
-        dtypes = {args[n].dtype for n in names if is_tensor_like(args[n])}
-        dtype = next(iter(dtypes))
-        if len(dtypes) != 1 or dtype.is_complex or dtype == torch.bool or (floating and not dtype.is_floating_point):
-            return f"operand dtypes {sorted(map(str, dtypes))} (only one real{' floating' if floating else ''} dtype)"
-        return None
-
-    return check
-
-
-@converter("aten::addmv", capability=_one_dtype("self", "mat", "vec", floating=True))
+@converter("aten::addmv", capability=one_dtype("self", "mat", "vec", floating=True))
 def addmv(ctx: ConversionCtx, args: Args) -> Tensor:
     return _add_product(ctx, args, matmul(ctx, args.mat, args.vec))
 
@@ -63,12 +50,12 @@ def _outer(ctx: ConversionCtx, a, b) -> Tensor:
                   L.ElementWiseOperation.PROD)
 
 
-@converter("aten::outer", "aten::ger", capability=_one_dtype("self", 1))
+@converter("aten::outer", "aten::ger", capability=one_dtype("self", 1))
 def outer(ctx: ConversionCtx, args: Args) -> Tensor:
     return _outer(ctx, args.self, args[1])
 
 
-@converter("aten::addr", capability=_one_dtype("self", "vec1", "vec2"))
+@converter("aten::addr", capability=one_dtype("self", "vec1", "vec2"))
 def addr(ctx: ConversionCtx, args: Args) -> Tensor:
     return _add_product(ctx, args, _outer(ctx, args.vec1, args.vec2))
 

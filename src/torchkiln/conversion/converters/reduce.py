@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.common import normalize_dim, normalize_dims, to_dtype
+from torchkiln.conversion.impl.common import normalize_dim, normalize_dims, one_dtype, to_dtype
 from torchkiln.conversion.impl.elementwise import binary, unary
 from torchkiln.conversion.impl.reduce import matrix_norm, reduce, variance, vector_norm
 from torchkiln.conversion.impl.shuffle import squeeze_dims
@@ -206,23 +206,13 @@ def count_nonzero(ctx: ConversionCtx, args: Args) -> Tensor:
 
 # ---- distances and products -------------------------------------------------------------------
 
-def _real_floating(*names: str):
-    def check(args: Args) -> str | None:
-        dtypes = {args[n].dtype for n in names}
-        if len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
-            return f"operands of dtypes {sorted(map(str, dtypes))} (only one floating dtype is converted)"
-        return None
-
-    return check
-
-
-@converter("aten::dist", capability=_real_floating("self", "other"))
+@converter("aten::dist", capability=one_dtype("self", "other", floating=True))
 def dist(ctx: ConversionCtx, args: Args) -> Tensor:
     """The p-norm of self - other over every element."""
     return vector_norm(ctx, binary(ctx, args.self, args.other, E.SUB), args.p, None, False)
 
 
-@converter("aten::pairwise_distance", capability=_real_floating("x1", "x2"))
+@converter("aten::pairwise_distance", capability=one_dtype("x1", "x2", floating=True))
 def pairwise_distance(ctx: ConversionCtx, args: Args) -> Tensor:
     """The p-norm of x1 - x2 + eps over the last dim of the wider operand, as ATen computes it."""
     diff = binary(ctx, binary(ctx, args.x1, args.x2, E.SUB), args.eps, E.SUM)
@@ -230,13 +220,13 @@ def pairwise_distance(ctx: ConversionCtx, args: Args) -> Tensor:
     return vector_norm(ctx, diff, args.p, max(dim, 0), args.keepdim)
 
 
-@converter("aten::linalg_vecdot", capability=_real_floating("x", "y"))
+@converter("aten::linalg_vecdot", capability=one_dtype("x", "y", floating=True))
 def linalg_vecdot(ctx: ConversionCtx, args: Args) -> Tensor:
     """sum(x * y) over `dim` (of real tensors, no conjugate)."""
     return reduce(ctx, binary(ctx, args.x, args.y, E.PROD), R.SUM, args.dim, False)
 
 
-@converter("aten::vdot", capability=_real_floating("self", "other"))
+@converter("aten::vdot", capability=one_dtype("self", "other", floating=True))
 def vdot(ctx: ConversionCtx, args: Args) -> Tensor:
     return reduce(ctx, binary(ctx, args.self, args.other, E.PROD), R.SUM, None, False)
 
