@@ -86,7 +86,8 @@ def _static_floating(*names: str):
 
 def _tensordot_ok(args: Args) -> str | None:
     a, b = args.self.shape, args.other.shape
-    sizes = [(a[normalize_dim(i, len(a))], b[normalize_dim(j, len(b))]) for i, j in zip(args.dims_self, args.dims_other)]
+    sizes = [(a[normalize_dim(i, len(a))], b[normalize_dim(j, len(b))])
+             for i, j in zip(args.dims_self, args.dims_other)]
     if any(x != y for x, y in sizes):
         return f"contracted dims of sizes {sizes} differ (eager sums a size-1 side first)"
     return _static_floating("self", "other")(args)
