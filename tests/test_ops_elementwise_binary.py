@@ -439,3 +439,24 @@ def test_lerp(weight):
         check_fn(torch.lerp, x, end, w)
     else:
         check_traced(lambda a, b: torch.lerp(a, b, weight), x, end)
+
+
+@pytest.mark.parametrize("invert", [False, True])
+def test_isin(invert):
+    x = torch.tensor([[1.0, 2.0, float("nan")], [float("inf"), 0.0, -0.0]])
+    check_traced(lambda x, t: torch.isin(x, t, invert=invert), x, torch.tensor([0.0, 2.0, float("nan"), 7.0]))
+    check_traced(lambda x: torch.isin(x, 2.0, invert=invert), x)
+
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("out_int32", [False, True])
+def test_bucketize_with_sorted_constant_boundaries(right, out_int32):
+    boundaries = torch.tensor([-1.0, 0.0, 0.0, 2.5, float("inf")])
+    x = torch.tensor([[-2.0, -1.0, 0.0, 1.0, float("nan")], [2.5, 3.0, float("inf"), -float("inf"), -0.0]])
+    check_traced(lambda x: torch.bucketize(x, boundaries, right=right, out_int32=out_int32), x)
+
+
+def test_bucketize_with_unsorted_boundaries_stays_in_pytorch():
+    _, report = check_traced(lambda x: torch.bucketize(x, torch.tensor([1.0, 0.0])) + 1, torch.randn(4), engines=None,
+                             torch_blocks=None)
+    assert_falls_back(report, "aten::bucketize.Tensor", "not a sorted 1-d tensor")

@@ -163,3 +163,8 @@ def test_nan_to_num(kwargs):
     check_traced(lambda x: torch.nan_to_num(x, **kwargs), SPECIAL)
     check_traced(lambda x: torch.nan_to_num(x, **kwargs) + 1, SPECIAL.half())
     check_traced(lambda x: torch.nan_to_num(x, **kwargs), torch.arange(6).reshape(2, 3))  # integers: unchanged
+
+
+@pytest.mark.parametrize("op", [torch.isreal, torch.angle], ids=lambda v: v.__name__)
+def test_real_tensor_properties(op):
+    check_fn(unary(op), SPECIAL)

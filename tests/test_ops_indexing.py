@@ -2,7 +2,7 @@
 index_select, gather, scatter, meshgrid."""
 import pytest
 import torch
-from harness import check_fn, check_traced
+from harness import assert_falls_back, check_fn, check_traced
 
 IDX = torch.tensor([2, 0, -1])
 
@@ -122,3 +122,18 @@ def test_gather_with_int32_indices(truncate):
 def test_index_select_of_0d_tensor(index):
     """torch picks a 0-d tensor by its one index 0 (OpInfo index_select); the gather layer refused a 0-d input."""
     check_traced(lambda t, i: torch.index_select(t, 0, i) * 2, torch.tensor(3.5), index, op="aten::index_select")
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1, None])
+def test_take_along_dim_of_constant_indices(dim):
+    x = torch.randn(3, 5)
+    x[0, 0] = float("nan")
+    index = torch.randint(0, 5, (1, 5)) if dim in (1, -1) else torch.randint(0, 3, (2, 1)) if dim == 0 else \
+        torch.randint(0, 15, (4,))
+    check_traced(lambda x: torch.take_along_dim(x, index, dim), x)
+
+
+def test_take_along_dim_of_run_time_indices_stays_in_pytorch():
+    _, report = check_traced(lambda x, i: torch.take_along_dim(x, i, 1) * 2, torch.randn(3, 5), torch.tensor([[-6]]),
+                             engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::take_along_dim", "wraps negative ones")

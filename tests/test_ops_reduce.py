@@ -239,3 +239,16 @@ _SPECIAL_ROWS = torch.tensor([[float("nan"), 1.0, 2.0, -1.0], [float("inf"), -2.
 def test_composed_reductions(name, fn):
     check_traced(fn, torch.randn(4, 4))
     check_traced(fn, _SPECIAL_ROWS)
+
+
+@pytest.mark.parametrize("size", [[1, 4], [3, 1], [4], [1, 1], [3, 4]])
+def test_sum_to_size(size):
+    check_traced(lambda x: x.sum_to_size(size), torch.randn(2, 3, 4))
+
+
+@pytest.mark.parametrize("p, dim", [(2, 0), (1, 1), (float("inf"), -1)])
+def test_renorm(p, dim):
+    x = torch.randn(3, 4, 2) * 3
+    check_traced(lambda x: torch.renorm(x, p, dim, 1.5), x)
+    x[0, 0, 0], x[1, 2, 1] = float("nan"), float("inf")
+    check_traced(lambda x: torch.renorm(x, p, dim, 1.5), x)

@@ -383,3 +383,19 @@ def test_splits_and_stacks(name, fn):
     x = torch.randn(2, 5, 4)
     x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
     check_traced(fn, x)
+
+
+@pytest.mark.parametrize("name, fn", [
+    *((f"rot90_k{k}_{dims}", lambda x, k=k, dims=dims: torch.rot90(x, k, dims)) for k in (1, 2, 3, -1, 4)
+      for dims in ([0, 1], [2, 0])),
+    ("block_diag", lambda x: torch.block_diag(x[0], x[1, 0], x[0, 0, 0], x[1, :2, :1])),
+    ("cartesian_prod", lambda x: torch.cartesian_prod(x[0, 0], x[1, 1, :2], x[0, 2, :3])),
+    ("cartesian_prod_one", lambda x: torch.cartesian_prod(x[0, 0])),
+    ("unfold", lambda x: x.unfold(2, 2, 1)),
+    ("unfold_step", lambda x: x.unfold(1, 2, 2)),
+    ("unfold_copy", lambda x: torch.unfold_copy(x, 0, 1, 1)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_reorders_and_blocks(name, fn):
+    x = torch.randn(2, 3, 4)
+    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    check_traced(fn, x)

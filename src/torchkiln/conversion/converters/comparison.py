@@ -1,11 +1,20 @@
-"""Comparison converters (eq, ne, gt, ge, lt, le: tensor and scalar forms) and elementwise maximum/minimum.
+"""Comparison converters (eq, ne, gt, ge, lt, le: tensor and scalar forms) elementwise maximum/minimum, isin and
+bucketize (sorted constant boundaries).
 Comparisons give bool; the in-place forms (`x.eq_(y)`, which keeps x's dtype) reach conversion as
 `x.copy_(x.eq(y))` (lowering's remove_mutation rewrites them)."""
 from __future__ import annotations
 
-from torchkiln.conversion.impl.elementwise import binary_converter
+import torch
+
+from torchkiln.analysis.resolve import Args
+from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.common import is_tensor_like
+from torchkiln.conversion.impl.elementwise import binary, binary_converter, unary
+from torchkiln.conversion.impl.reduce import reduce
+from torchkiln.conversion.impl.shuffle import reshape, unsqueeze
 from torchkiln.analysis.registry import converter
 from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
 
 E = L.ElementWiseOperation
 
@@ -18,3 +27,39 @@ for _name, _op in _COMPARISONS.items():
 
 converter("aten::maximum", "aten::max.other")(binary_converter(E.MAX))
 converter("aten::minimum", "aten::min.other")(binary_converter(E.MIN))
+
+
+@converter("aten::isin.Tensor_Tensor", "aten::isin.Tensor_Scalar")
+def isin(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Whether each element equals any test element (NaN equals none), or not with invert."""
+    x = ctx.to_tensor(args.elements)
+    test = args[1]
+    if is_tensor_like(test):
+        test = reshape(ctx, ctx.to_tensor(test), [-1])
+        found = reduce(ctx, binary(ctx, unsqueeze(ctx, x, x.rank), test, E.EQUAL), L.ReduceOperation.ANY, x.rank, False)
+    else:
+        found = binary(ctx, x, test, E.EQUAL)
+    return unary(ctx, found, L.UnaryOperation.NOT) if args.invert else found
+
+
+def _sorted_boundaries(args: Args) -> str | None:
+    b = args.boundaries
+    if not isinstance(b, torch.Tensor):
+        return "boundaries known only at run time"
+    if b.dim() != 1 or b.is_complex() or not bool((b[1:] >= b[:-1]).all()) or bool(b.isnan().any()):
+        return "boundaries that are not a sorted 1-d tensor without NaN (eager's answer is undefined)"
+    return None
+
+
+@converter("aten::bucketize.Tensor", capability=_sorted_boundaries)
+def bucketize(ctx: ConversionCtx, args: Args) -> Tensor:
+    """How many boundaries lie below x (right: at or below), counting NaN above every boundary, as ATen's binary
+    search does."""
+    x, b = ctx.to_tensor(args.self), args.boundaries
+    b = ctx.to_tensor(b.to(torch.promote_types(b.dtype, x.dtype)))
+    x = ctx.to_tensor(x, b.dtype)
+    # ATen's search moves past b unless x < b (right) or x <= b: NaN compares false, so it counts every boundary.
+    stays = binary(ctx, unsqueeze(ctx, x, x.rank), b, E.LESS if args.right else E.LESS_EQUAL)
+    below = ctx.to_tensor(unary(ctx, stays, L.UnaryOperation.NOT), torch.int64)
+    counts = reduce(ctx, below, L.ReduceOperation.SUM, x.rank, False)
+    return ctx.to_tensor(counts, torch.int32) if args.out_int32 else counts

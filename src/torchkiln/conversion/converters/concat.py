@@ -1,10 +1,14 @@
 """Concatenation converters: cat and stack (TorchScript emits torch.concat/concatenate as aten::cat), the atleast_Nd
-reshapes and the stacks built on them (hstack, vstack/row_stack, dstack, column_stack)."""
+reshapes and the stacks built on them (hstack, vstack/row_stack, dstack, column_stack),
+block_diag and cartesian_prod."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim
+import torch
+
 from torchkiln.conversion.impl.shuffle import reshape, unsqueeze
+from torchkiln.conversion.impl.tiling import meshgrid
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.ir.tensor import Tensor
@@ -71,3 +75,33 @@ def column_stack(ctx: ConversionCtx, args: Args) -> Tensor:
     """0-d and 1-d tensors as columns (n, 1), then concatenated along dim 1."""
     tensors = [ctx.to_tensor(t) for t in args.tensors]
     return _concatenated(ctx, [reshape(ctx, t, [-1, 1]) if t.rank <= 1 else t for t in tensors], 1)
+
+
+def _one_dtype_list(args: Args) -> str | None:
+    dtypes = {t.dtype for t in args.tensors}
+    return None if len(dtypes) == 1 else f"tensors of dtypes {sorted(map(str, dtypes))} (only one dtype)"
+
+
+@converter("aten::block_diag", capability=_one_dtype_list)
+def block_diag(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Each tensor (0-d: 1x1, 1-d: one row) on the diagonal of a matrix of zeros."""
+    blocks = [ctx.to_tensor(t) for t in args.tensors]
+    blocks = [reshape(ctx, t, [1, -1]) if t.rank < 2 else t for t in blocks]
+    width = sum(t.shape[1] for t in blocks)
+    rows, left = [], 0
+    for t in blocks:
+        parts = [torch.zeros(t.shape[0], left, dtype=t.dtype), t,
+                 torch.zeros(t.shape[0], width - left - t.shape[1], dtype=t.dtype)]
+        rows.append(_concatenated(ctx, [ctx.to_tensor(p) for p in parts if p.shape[1]], 1))
+        left += t.shape[1]
+    return _concatenated(ctx, rows, 0)
+
+
+@converter("aten::cartesian_prod", capability=_one_dtype_list)
+def cartesian_prod(ctx: ConversionCtx, args: Args) -> Tensor:
+    """The rows of every combination of elements, the last tensor varying fastest (one tensor: itself)."""
+    tensors = [ctx.to_tensor(t) for t in args.tensors]
+    if len(tensors) == 1:
+        return tensors[0]
+    grids = meshgrid(ctx, tensors, "ij")
+    return _concatenated(ctx, [reshape(ctx, g, [-1, 1]) for g in grids], 1)

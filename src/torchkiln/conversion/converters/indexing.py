@@ -1,5 +1,7 @@
-"""Indexing converters: index (advanced indexing), index_select, gather, scatter."""
+"""Indexing converters: index (advanced indexing), index_select, gather, scatter, take_along_dim."""
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -56,3 +58,30 @@ def scatter(ctx: ConversionCtx, args: Args) -> Tensor:
     else:  # one value everywhere the index points, in self's dtype
         updates = expand(ctx, ctx.to_tensor(args.value, x.dtype), index.shape)
     return ctx.network.add_scatter(x, index, updates, normalize_dim(args.dim, x.rank)).get_output()
+
+
+def _take_along_dim_ok(args: Args) -> str | None:
+    index, shape = args.indices, args.self.shape
+    size = math.prod(shape) if args.dim is None else shape[normalize_dim(args.dim, len(shape))]
+    if not isinstance(index, torch.Tensor) or not isinstance(size, int):
+        return "indices known only at run time (eager wraps negative ones in its own way)"
+    if index.numel() and not bool(((index >= 0) & (index < size)).all()):
+        return f"indices outside [0, {size})"
+    return None
+
+
+@converter("aten::take_along_dim", capability=_take_along_dim_ok)
+def take_along_dim(ctx: ConversionCtx, args: Args) -> Tensor:
+    """gather along `dim` of constant in-range indices, after broadcasting self and indices on the other dims (dim
+    None: of the flattened self)."""
+    x, index = ctx.to_tensor(args.self), args.indices
+    if args.dim is None:
+        x, dim = reshape(ctx, x, [-1]), 0
+        index = ctx.to_tensor(index.reshape(-1).to(torch.int64))
+    else:
+        dim = normalize_dim(args.dim, x.rank)
+        index = ctx.to_tensor(index.to(torch.int64))
+        others = torch.broadcast_shapes(*([1 if d == dim else s for d, s in enumerate(t.shape)] for t in (x, index)))
+        x = expand(ctx, x, [x.shape[d] if d == dim else s for d, s in enumerate(others)])
+        index = expand(ctx, index, [index.shape[d] if d == dim else s for d, s in enumerate(others)])
+    return ctx.network.add_gather(x, index, dim, L.GatherMode.ELEMENT).get_output()

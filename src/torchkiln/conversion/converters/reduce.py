@@ -1,6 +1,6 @@
 """Reduction converters: mean, sum, prod, amax/amin, max/min over all, all/any, logsumexp, cumsum/cumprod,
 vector and matrix norms, var/std, nansum/nanmean, count_nonzero, aminmax, dist,
-pairwise_distance, vecdot/vdot.
+pairwise_distance, vecdot/vdot, sum_to_size, renorm.
 
 var_mean and std_mean are not converted: their mean is Welford's, which gives NaN or inf for a row holding an
 infinity depending on where it sits."""
@@ -238,3 +238,25 @@ def _matrix_norm_ok(args: Args) -> str | None:
 @converter("aten::linalg_matrix_norm", "aten::linalg_matrix_norm.str_ord", capability=_matrix_norm_ok)
 def linalg_matrix_norm(ctx: ConversionCtx, args: Args) -> Tensor:
     return matrix_norm(ctx, ctx.to_tensor(args.self, to_dtype(args.dtype)), args.ord, args.dim, args.keepdim)
+
+
+@converter("aten::sum_to_size")
+def sum_to_size(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Summed over the leading dims `size` lacks and (keeping them) over the dims where it has 1."""
+    x, size = ctx.to_tensor(args.self), list(args.size)
+    lead = x.rank - len(size)
+    ones = [lead + i for i, s in enumerate(size) if s == 1 and x.shape[lead + i] != 1]
+    out = reduce(ctx, x, R.SUM, ones, True) if ones else x
+    return reduce(ctx, out, R.SUM, list(range(lead)), False) if lead else out
+
+
+@converter("aten::renorm", capability=one_dtype("self", floating=True))
+def renorm(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Each slice along `dim` scaled by maxnorm / (norm + 1e-7) where its p-norm exceeds maxnorm, as ATen does."""
+    x = ctx.to_tensor(args.self)
+    dim = normalize_dim(args.dim, x.rank)
+    norm = vector_norm(ctx, x, args.p, [d for d in range(x.rank) if d != dim], True)
+    scale = binary(ctx, args.maxnorm, binary(ctx, norm, 1e-7, E.SUM), E.DIV)
+    factor = ctx.network.add_select(binary(ctx, norm, args.maxnorm, E.GREATER), scale,
+                                    ctx.to_tensor(1.0, x.dtype)).get_output()
+    return binary(ctx, x, factor, E.PROD)

@@ -1,14 +1,16 @@
-"""Slicing converters: select, slice, narrow, chunk, split, tensor_split (hsplit, vsplit, dsplit), unbind."""
+"""Slicing converters: select, slice, narrow, chunk, split, tensor_split (hsplit, vsplit, dsplit), unbind,
+unfold."""
 from __future__ import annotations
 
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import needs_static, normalize_dim
-from torchkiln.conversion.impl.shuffle import unsqueeze
+from torchkiln.conversion.impl.shuffle import permute, unsqueeze
 from torchkiln.conversion.impl.slicing import meta_of, select, slice_dim, split_as
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
+from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 
 
@@ -117,3 +119,23 @@ def slice_scatter(ctx: ConversionCtx, args: Args) -> Tensor:
     parts = ([slice_dim(ctx, x, dim, 0, first)] if first > 0 else []) + [src] \
         + ([slice_dim(ctx, x, dim, stop, None)] if stop < x.shape[dim] else [])
     return parts[0] if len(parts) == 1 else ctx.network.add_concatenation(parts, dim).get_output()
+
+
+def _unfold_ok(args: Args) -> str | None:
+    shape = args.self.shape
+    if not shape:
+        return "a 0-d tensor"
+    size = shape[normalize_dim(args.dimension, len(shape))]
+    return None if isinstance(size, int) and size >= args.size else f"windows of {args.size} in a dim of size {size}"
+
+
+@converter("aten::unfold", "aten::unfold_copy", capability=_unfold_ok)
+def unfold(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Windows of `size` every `step` along `dimension`: that dim counts the windows, a new last dim holds each."""
+    x = ctx.to_tensor(args.self)
+    dim = normalize_dim(args.dimension, x.rank)
+    starts = torch.arange(0, x.shape[dim] - args.size + 1, args.step)
+    index = ctx.to_tensor(starts.unsqueeze(1) + torch.arange(args.size).unsqueeze(0))
+    windows = ctx.network.add_gather(x, index, dim, L.GatherMode.DEFAULT).get_output()  # [..., n, size, ...]
+    perm = [d for d in range(x.rank + 1) if d != dim + 1] + [dim + 1]
+    return permute(ctx, windows, perm)

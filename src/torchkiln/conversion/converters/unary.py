@@ -105,3 +105,19 @@ def nan_to_num(ctx: ConversionCtx, args: Args) -> Tensor:
 
 
 register_inplace(nan_to_num, "aten::nan_to_num_")
+
+
+@converter("aten::isreal")
+def isreal(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Of a real tensor, True everywhere (isnan or not isnan: the input's shape, static or not)."""
+    nan = unary(ctx, args.self, U.ISNAN)
+    return binary(ctx, nan, unary(ctx, nan, U.NOT), E.OR)
+
+
+@converter("aten::angle", capability=_floating)
+def angle(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Of a real tensor: pi below 0, else 0; NaN stays NaN."""
+    x = ctx.to_tensor(args.self)
+    out = select(ctx, binary(ctx, x, 0.0, E.LESS), ctx.to_tensor(torch.tensor(math.pi, dtype=x.dtype)),
+                 ctx.to_tensor(torch.tensor(0.0, dtype=x.dtype)))
+    return select(ctx, unary(ctx, x, U.ISNAN), x, out)
