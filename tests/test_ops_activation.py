@@ -225,3 +225,7 @@ def test_mvlgamma(p):
     x[0, :2] = torch.tensor([float("nan"), float("inf")])
     check_traced(lambda x: torch.mvlgamma(x, p), x)
     check_traced(lambda x: torch.mvlgamma(x, p), torch.linspace(-2, 1, 20).reshape(4, 5))  # outside its domain too
+
+
+def test_rrelu_in_inference_is_leaky_relu_with_the_mean_slope():
+    check_traced(lambda x: F.rrelu(x, 0.1, 0.3, training=False), torch.cat([torch.randn(6), _EDGES]).reshape(8, 2))

@@ -460,3 +460,11 @@ def test_bucketize_with_unsorted_boundaries_stays_in_pytorch():
     _, report = check_traced(lambda x: torch.bucketize(x, torch.tensor([1.0, 0.0])) + 1, torch.randn(4), engines=None,
                              torch_blocks=None)
     assert_falls_back(report, "aten::bucketize.Tensor", "not a sorted 1-d tensor")
+
+
+def test_float_power_computes_in_float64():
+    x, y = torch.rand(3, 4) * 3, torch.randn(3, 4)
+    x[0, :3] = SPECIAL[:3]
+    check_fn(torch.float_power, x, y)
+    check_traced(lambda x: torch.float_power(x, 2.5), x)
+    check_fn(torch.float_power, torch.randint(1, 5, (3, 4)), torch.randint(0, 3, (3, 4)))

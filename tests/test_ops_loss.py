@@ -49,3 +49,13 @@ def test_loss_target_broadcasts():
 
 def test_broadcast_tensors():
     check_traced(lambda a, b, c: torch.broadcast_tensors(a, b, c), torch.randn(3, 1), torch.randn(4), torch.randn(1, 1))
+
+
+@pytest.mark.parametrize("swap", [False, True])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_triplet_margin_loss(swap, reduction):
+    a, p, n = torch.randn(5, 4), torch.randn(5, 4), torch.randn(5, 4)
+    check_traced(lambda a, p, n: F.triplet_margin_loss(a, p, n, margin=0.5, p=1.5, swap=swap, reduction=reduction),
+                 a, p, n)
+    a[0, 0], n[1, 1] = float("nan"), float("inf")
+    check_traced(lambda a, p, n: F.triplet_margin_loss(a, p, n, swap=swap, reduction=reduction), a, p, n)

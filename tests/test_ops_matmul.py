@@ -111,3 +111,9 @@ def test_addr_addmv(beta, alpha, backend):
 
 def test_addmv_broadcast_self():
     check_traced(lambda s, m, v: torch.addmv(s, m, v), torch.randn(1), torch.randn(3, 4), torch.randn(4))
+
+
+def test_bilinear():
+    w, b = torch.randn(4, 3, 5), torch.randn(4)
+    check_traced(lambda x1, x2: torch.nn.functional.bilinear(x1, x2, w, b), torch.randn(2, 6, 3), torch.randn(2, 6, 5))
+    check_traced(lambda x1, x2, w: torch.nn.functional.bilinear(x1, x2, w), torch.randn(6, 3), torch.randn(6, 5), w)

@@ -91,3 +91,20 @@ def topk_k1_smallest(x):
 def test_topk_k1_smallest_of_floats_falls_back_as_it_skips_nan():
     _, report = check_fn(topk_k1_smallest, _with_nan(4, 6), engines=0, torch_blocks=1)
     assert_falls_back(report, "aten::topk", "skips NaN")
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("msort", torch.msort),
+    ("sort_values", lambda x: torch.sort(x, 1)[0]),
+    ("sort_descending_values", lambda x: torch.sort(x, dim=0, descending=True).values),
+    ("sort_stable_values", lambda x: torch.sort(x, stable=True)[0]),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_sorted_values(name, fn):
+    x = torch.randint(-3, 3, (5, 6)).float()  # ties
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    check_traced(fn, x)
+
+
+def test_sort_with_read_indices_stays_in_pytorch():
+    _, report = check_traced(lambda x: torch.sort(x)[1] + 1, torch.randn(3, 4), engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::sort", "its indices are read")

@@ -1,4 +1,5 @@
-"""Activation converters (and their in-place forms), softshrink, glu, logit, polygamma and mvlgamma."""
+"""Activation converters (and their in-place forms), softshrink, glu, logit, polygamma, mvlgamma and
+rrelu (inference)."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
@@ -158,3 +159,9 @@ def polygamma(ctx: ConversionCtx, args: Args) -> Tensor:
 @converter("aten::mvlgamma", capability=_order)
 def mvlgamma(ctx: ConversionCtx, args: Args) -> Tensor:
     return activation(ctx, args.self, A.MVLGAMMA, args.p)
+
+
+@converter("aten::rrelu", capability=lambda args: "training=True draws random slopes" if args.training else None)
+def rrelu(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Not training: leaky_relu with the mean slope (lower + upper) / 2."""
+    return activation(ctx, args.self, A.LEAKY_RELU, (args.lower + args.upper) / 2)

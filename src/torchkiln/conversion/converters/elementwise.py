@@ -1,7 +1,7 @@
 """Binary arithmetic converters: add, sub, rsub, mul, div, floor_divide, remainder, fmod, pow, atan2, the
 special functions of two arguments (zeta, igamma, nextafter, copysign, heaviside, logaddexp2, ldexp, xlog1py, the
 orthogonal polynomials: rows of ir/pointwise.py), the ternary addcmul and addcdiv (tensor, scalar and in-place
-forms), and the compositions logaddexp, hypot, fmax, fmin, xlogy and lerp (with eager's NaN and infinity rules)."""
+forms), and the compositions logaddexp, hypot, fmax, fmin, xlogy, lerp and float_power (with eager's NaN and infinity rules)."""
 from __future__ import annotations
 
 import torch
@@ -211,3 +211,16 @@ def lerp(ctx: ConversionCtx, args: Args) -> Tensor:
 
 
 register_inplace(lerp, "aten::lerp_.Scalar", "aten::lerp_.Tensor", capability=_LERP_OK)
+
+
+def _real_operands(args: Args) -> str | None:
+    if any(is_tensor_like(v) and (v.dtype.is_complex or v.dtype == torch.bool) for v in (args[0], args[1])):
+        return "complex or bool operands"
+    return None
+
+
+@converter("aten::float_power.Tensor_Tensor", "aten::float_power.Tensor_Scalar", "aten::float_power.Scalar",
+           capability=_real_operands)
+def float_power(ctx: ConversionCtx, args: Args) -> Tensor:
+    """pow of both operands in float64."""
+    return binary(ctx, ctx.to_tensor(args[0], torch.float64), ctx.to_tensor(args[1], torch.float64), OP.POW)

@@ -1,5 +1,5 @@
 """Loss converters: the elementwise losses (mse, l1, huber, smooth_l1, soft_margin, hinge_embedding, margin_ranking,
-kl_div, poisson_nll) as ATen writes each, then its reduction (0: none, 1: mean, 2: sum).
+kl_div, poisson_nll, triplet_margin) as ATen writes each, then its reduction (0: none, 1: mean, 2: sum).
 
 binary_cross_entropy is not converted: eager raises for an input outside [0, 1], which an engine would not."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.activation import clip
 from torchkiln.conversion.impl.common import one_dtype
 from torchkiln.conversion.impl.elementwise import binary, select, unary
-from torchkiln.conversion.impl.reduce import reduce
+from torchkiln.conversion.impl.reduce import pairwise_distance, reduce
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 
@@ -124,3 +124,16 @@ def poisson_nll_loss(ctx: ConversionCtx, args: Args, x: Tensor, t: Tensor) -> Te
     stirling = binary(ctx, binary(ctx, binary(ctx, t, unary(ctx, t, U.LOG), E.PROD), t, E.SUB),
                       binary(ctx, unary(ctx, binary(ctx, t, 2 * math.pi, E.PROD), U.LOG), 0.5, E.PROD), E.SUM)
     return binary(ctx, loss, select(ctx, binary(ctx, t, 1.0, E.LESS_EQUAL), 0.0, stirling), E.SUM)
+
+
+@converter("aten::triplet_margin_loss", capability=_capability("anchor", "positive", "negative"))
+def triplet_margin_loss(ctx: ConversionCtx, args: Args) -> Tensor:
+    """max(margin + d(anchor, positive) - d(anchor, negative), 0), d the pairwise distance (with swap, the negative
+    distance is the smaller of d(anchor, negative) and d(positive, negative))."""
+    a, pos, neg = (ctx.to_tensor(args[n]) for n in ("anchor", "positive", "negative"))
+    p, eps = args.p, args.eps
+    d_pos, d_neg = pairwise_distance(ctx, a, pos, p, eps, False), pairwise_distance(ctx, a, neg, p, eps, False)
+    if args.swap:
+        d_neg = binary(ctx, d_neg, pairwise_distance(ctx, pos, neg, p, eps, False), E.MIN)
+    loss = clip(ctx, binary(ctx, binary(ctx, d_pos, args.margin, E.SUM), d_neg, E.SUB), 0.0, None)
+    return _reduced(ctx, loss, args.reduction)

@@ -74,3 +74,14 @@ def addbmm(ctx: ConversionCtx, args: Args) -> Tensor:
 @converter("aten::einsum")
 def einsum(ctx: ConversionCtx, args: Args) -> Tensor:
     return ctx.network.add_einsum([ctx.to_tensor(t) for t in args.tensors], args.equation).get_output()
+
+
+@converter("aten::bilinear", capability=one_dtype("input1", "input2", "weight", floating=True))
+def bilinear(ctx: ConversionCtx, args: Args) -> Tensor:
+    """x1^T W_o x2 (+ b_o) for each output o, over the leading dims flattened."""
+    x1, x2, w = ctx.to_tensor(args.input1), ctx.to_tensor(args.input2), ctx.to_tensor(args.weight)
+    lead = list(x1.shape[:-1])
+    flat1, flat2 = reshape(ctx, x1, [-1, x1.shape[-1]]), reshape(ctx, x2, [-1, x2.shape[-1]])
+    out = ctx.network.add_einsum([flat1, w, flat2], "bi,oij,bj->bo").get_output()
+    out = reshape(ctx, out, lead + [w.shape[0]])
+    return out if args.bias is None else binary(ctx, out, args.bias, L.ElementWiseOperation.SUM)

@@ -15,6 +15,7 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim, normalize_dims, one_dtype, to_dtype
 from torchkiln.conversion.impl.elementwise import binary, unary
 from torchkiln.conversion.impl.reduce import matrix_norm, reduce, variance, vector_norm
+from torchkiln.conversion.impl.reduce import pairwise_distance as pairwise_distance_of
 from torchkiln.conversion.impl.shuffle import squeeze_dims
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
@@ -214,10 +215,7 @@ def dist(ctx: ConversionCtx, args: Args) -> Tensor:
 
 @converter("aten::pairwise_distance", capability=one_dtype("x1", "x2", floating=True))
 def pairwise_distance(ctx: ConversionCtx, args: Args) -> Tensor:
-    """The p-norm of x1 - x2 + eps over the last dim of the wider operand, as ATen computes it."""
-    diff = binary(ctx, binary(ctx, args.x1, args.x2, E.SUB), args.eps, E.SUM)
-    dim = max(len(args.x1.shape), len(args.x2.shape)) - 1
-    return vector_norm(ctx, diff, args.p, max(dim, 0), args.keepdim)
+    return pairwise_distance_of(ctx, args.x1, args.x2, args.p, args.eps, args.keepdim)
 
 
 @converter("aten::linalg_vecdot", capability=one_dtype("x", "y", floating=True))

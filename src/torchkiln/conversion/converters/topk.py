@@ -1,4 +1,5 @@
-"""Selection converters: max/min along a dim (values and indices), argmax/argmin, topk."""
+"""Selection converters: max/min along a dim (values and indices), argmax/argmin, topk, and sort and msort whose
+indices are not read (sorted values are one answer whatever the order among ties)."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
@@ -47,3 +48,22 @@ def topk(ctx: ConversionCtx, args: Args) -> list[Tensor]:
     x = ctx.to_tensor(args.self)
     layer = ctx.network.add_topk(x, MAX if args.largest else MIN, args.k, normalize_dim(args.dim, x.rank))
     return layer.outputs
+
+
+def _sort_values_ok(args: Args) -> str | None:
+    shape = args.self.shape
+    if not shape:
+        return "a 0-d tensor"
+    if args.node.kind() == "aten::sort" and args.node.outputsAt(1).uses():
+        return "its indices are read (among tied values their order is only PyTorch's kernel's)"
+    size = shape[0 if args.node.kind() == "aten::msort" else normalize_dim(args.dim, len(shape))]
+    return None if isinstance(size, int) else "a dim known only at run time"
+
+
+@converter("aten::sort", "aten::sort.stable", "aten::msort", capability=_sort_values_ok)
+def sort_values(ctx: ConversionCtx, args: Args) -> Tensor | list[Tensor]:
+    """topk of the whole dim (ascending: the smallest first; NaN last as in sort)."""
+    x = ctx.to_tensor(args.self)
+    dim = 0 if args.node.kind() == "aten::msort" else normalize_dim(args.dim, x.rank)
+    layer = ctx.network.add_topk(x, MAX if args.get("descending") else MIN, x.shape[dim], dim)
+    return layer.outputs[0] if args.node.kind() == "aten::msort" else layer.outputs
