@@ -32,3 +32,23 @@ def test_tensordot_of_a_size_one_dim_stays_in_pytorch():
     _, report = check_traced(lambda a, b: torch.tensordot(a, b, ([0], [0])) * 2, torch.randn(1, 3), torch.randn(2, 3),
                              engines=None, torch_blocks=None)
     assert_falls_back(report, "aten::tensordot", "eager sums a size-1 side first")
+
+
+@pytest.mark.parametrize("correction", [0, 1, 5])
+def test_cov_and_corrcoef(correction):
+    check_traced(lambda x: torch.cov(x, correction=correction), torch.randn(3, 5))
+    check_traced(lambda x: torch.cov(x, correction=correction), _special(4, 5))
+    check_traced(lambda x: torch.cov(x), torch.randn(5))
+    check_traced(torch.corrcoef, torch.randn(3, 6))
+    check_traced(torch.corrcoef, _special(3, 6))
+
+
+@pytest.mark.parametrize("p", [1, 2, 0.5, float("inf")])
+def test_pdist(p):
+    check_traced(lambda x: torch.pdist(x, p), torch.randn(4, 3))
+    check_traced(lambda x: torch.pdist(x, p), _special(4, 3))
+
+
+def test_pdist_of_order_zero_stays_in_pytorch():
+    _, report = check_traced(lambda x: torch.pdist(x, 0) * 2, torch.randn(4, 3), engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::pdist", "p=0")

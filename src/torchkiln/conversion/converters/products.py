@@ -1,4 +1,5 @@
-"""Product converters: cross (and linalg.cross), kron, inner, tensordot, linalg.vander."""
+"""Product converters: cross (and linalg.cross), kron, inner, tensordot, linalg.vander, cov and corrcoef (without
+weights), pdist."""
 from __future__ import annotations
 
 import math
@@ -8,8 +9,11 @@ import torch
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.converters.diagonal import diagonal
 from torchkiln.conversion.impl.common import normalize_dim, one_dtype
-from torchkiln.conversion.impl.elementwise import binary
+from torchkiln.conversion.impl.activation import clip
+from torchkiln.conversion.impl.elementwise import binary, unary
+from torchkiln.conversion.impl.reduce import reduce, vector_norm
 from torchkiln.conversion.impl.matmul import matmul
 from torchkiln.conversion.impl.shuffle import permute, reshape
 from torchkiln.conversion.impl.slicing import slice_dim
@@ -125,3 +129,57 @@ def linalg_vander(ctx: ConversionCtx, args: Args) -> Tensor:
     repeated = ctx.network.add_expand(column, [*x.shape, n - 1]).get_output()
     rows = ctx.network.add_concatenation([ones, repeated], x.rank).get_output()
     return ctx.network.add_cumulative(rows, L.CumulativeOperation.PROD, x.rank).get_output()
+
+
+def _cov_ok(args: Args) -> str | None:
+    if args.get("fweights") is not None or args.get("aweights") is not None:
+        return "observation weights (eager checks their values)"
+    shape = args.self.shape
+    if len(shape) > 2 or any(not isinstance(d, int) for d in shape):
+        return f"a {len(shape)}-d input or a dim known only at run time"
+    return _static_floating("self")(args)
+
+
+def cov(ctx: ConversionCtx, x: Tensor, correction: int) -> Tensor:
+    """torch.cov: rows are variables; (x - mean) (x - mean)^T / (N - correction), 0 as divisor where that is <= 0;
+    size-1 dims squeezed."""
+    x = reshape(ctx, x, [1, -1]) if x.rank < 2 else x
+    centered = binary(ctx, x, reduce(ctx, x, L.ReduceOperation.AVG, 1, True), E.SUB)
+    product = matmul(ctx, centered, centered, L.MatrixOperation.TRANSPOSE)
+    c = binary(ctx, product, float(max(x.shape[1] - correction, 0)), E.DIV)
+    return reshape(ctx, c, [d for d in c.shape if d != 1])
+
+
+@converter("aten::cov", capability=_cov_ok)
+def cov_converter(ctx: ConversionCtx, args: Args) -> Tensor:
+    return cov(ctx, ctx.to_tensor(args.self), args.correction)
+
+
+@converter("aten::corrcoef", capability=_cov_ok)
+def corrcoef(ctx: ConversionCtx, args: Args) -> Tensor:
+    """cov / (stddev_i stddev_j), clipped to [-1, 1], as ATen divides (a 0-d cov: c / c)."""
+    c = cov(ctx, ctx.to_tensor(args.self), 1)
+    if c.rank == 0:
+        return binary(ctx, c, c, E.DIV)
+    stddev = unary(ctx, diagonal(ctx, c, 0, 0, 1), L.UnaryOperation.SQRT)
+    c = binary(ctx, c, reshape(ctx, stddev, [-1, 1]), E.DIV)
+    c = binary(ctx, c, reshape(ctx, stddev, [1, -1]), E.DIV)
+    return clip(ctx, c, -1.0, 1.0)
+
+
+def _pdist_ok(args: Args) -> str | None:
+    shape = args.self.shape
+    if len(shape) != 2 or shape[0] < 2:
+        return "not a 2-d input of at least 2 rows"
+    if args.p == 0:
+        return "p=0 (pdist's count of differing elements is NaN where one is NaN, a norm's is not)"
+    return _static_floating("self")(args)
+
+
+@converter("aten::pdist", capability=_pdist_ok)
+def pdist(ctx: ConversionCtx, args: Args) -> Tensor:
+    """The p-norm distance of every pair of rows i < j, in row-major order."""
+    x = ctx.to_tensor(args.self)
+    i, j = torch.triu_indices(x.shape[0], x.shape[0], 1)
+    rows = [ctx.network.add_gather(x, ctx.to_tensor(k), 0, L.GatherMode.DEFAULT).get_output() for k in (i, j)]
+    return vector_norm(ctx, binary(ctx, rows[0], rows[1], E.SUB), args.p, 1, False)
