@@ -3,7 +3,7 @@ reduction, NaN and infinities in the input, and a target that broadcasts."""
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import check_traced
+from harness import assert_falls_back, check_traced
 
 SPECIAL = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e30])
 
@@ -59,3 +59,24 @@ def test_triplet_margin_loss(swap, reduction):
                  a, p, n)
     a[0, 0], n[1, 1] = float("nan"), float("inf")
     check_traced(lambda a, p, n: F.triplet_margin_loss(a, p, n, swap=swap, reduction=reduction), a, p, n)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("loss", ["nll", "cross_entropy"])
+def test_class_index_losses(loss, weighted, reduction):
+    fn = F.nll_loss if loss == "nll" else F.cross_entropy
+    weight = torch.rand(5) + 0.5 if weighted else None
+    x, t = torch.randn(6, 5), torch.tensor([0, 4, 2, -100, 1, 4])
+    x[2, 2], x[4, 0] = float("nan"), float("inf")
+    check_traced(lambda x, t: fn(x, t, weight=weight, reduction=reduction), x, t)
+    check_traced(lambda x, t: fn(x, t, weight=weight, reduction=reduction, ignore_index=4), x, t.clamp(min=0))
+    check_traced(lambda x, t: fn(x, t, weight=weight, reduction=reduction), torch.randn(2, 5, 3, 2),
+                 torch.randint(0, 5, (2, 3, 2)))  # spatial dims
+    check_traced(lambda x, t: fn(x, t, weight=weight, reduction=reduction), torch.randn(5), torch.tensor(3))
+
+
+def test_cross_entropy_of_probabilities_stays_in_pytorch():
+    _, report = check_traced(lambda x, t: F.cross_entropy(x, t) * 2, torch.randn(3, 4), torch.rand(3, 4).softmax(1),
+                             engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::cross_entropy_loss", "class probabilities")

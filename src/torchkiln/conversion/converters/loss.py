@@ -1,10 +1,12 @@
 """Loss converters: the elementwise losses (mse, l1, huber, smooth_l1, soft_margin, hinge_embedding, margin_ranking,
-kl_div, poisson_nll, triplet_margin) as ATen writes each, then its reduction (0: none, 1: mean, 2: sum).
+kl_div, poisson_nll, triplet_margin) as ATen writes each, and nll and cross entropy over class indices, then its reduction (0: none, 1: mean, 2: sum).
 
 binary_cross_entropy is not converted: eager raises for an input outside [0, 1], which an engine would not."""
 from __future__ import annotations
 
 import math
+
+import torch
 from collections.abc import Callable
 
 from torchkiln.analysis.registry import converter
@@ -14,6 +16,7 @@ from torchkiln.conversion.impl.activation import clip
 from torchkiln.conversion.impl.common import one_dtype
 from torchkiln.conversion.impl.elementwise import binary, select, unary
 from torchkiln.conversion.impl.reduce import pairwise_distance, reduce
+from torchkiln.conversion.impl.shuffle import squeeze_dims, unsqueeze
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 
@@ -137,3 +140,48 @@ def triplet_margin_loss(ctx: ConversionCtx, args: Args) -> Tensor:
         d_neg = binary(ctx, d_neg, pairwise_distance(ctx, pos, neg, p, eps, False), E.MIN)
     loss = clip(ctx, binary(ctx, binary(ctx, d_pos, args.margin, E.SUM), d_neg, E.SUB), 0.0, None)
     return _reduced(ctx, loss, args.reduction)
+
+
+def _class_loss_ok(args: Args) -> str | None:
+    x, target, weight = args.self, args.target, args.weight
+    if not x.dtype.is_floating_point or (weight is not None and weight.dtype != x.dtype):
+        return f"input of dtype {x.dtype} and weight of another (only one floating dtype)"
+    if target.dtype.is_floating_point:
+        return "class probabilities as target (only class indices are converted)"
+    if args.get("label_smoothing", 0.0) != 0.0:
+        return "label smoothing"
+    if args.reduction not in _REDUCTIONS:
+        return f"unknown reduction {args.reduction!r}"
+    return None
+
+
+def nll_loss(ctx: ConversionCtx, logp: Tensor, target: Tensor, weight, reduction: int, ignore_index: int) -> Tensor:
+    """-weight[t] * logp[n, t] for each target t but ignore_index (0 there); mean: divided by the weights summed over
+    the targets counted (NaN when none is), as ATen computes it. An index out of range stops the gather."""
+    dim = 1 if logp.rank > 1 else 0
+    counted = binary(ctx, target, ignore_index, E.NOT_EQUAL)
+    safe = select(ctx, counted, target, ctx.to_tensor(0, target.dtype))
+    index = unsqueeze(ctx, safe, dim)
+    picked = squeeze_dims(ctx, ctx.network.add_gather(logp, index, dim, L.GatherMode.ELEMENT).get_output(), [dim])
+    w = (ctx.network.add_gather(ctx.to_tensor(weight), safe, 0, L.GatherMode.DEFAULT).get_output()
+         if weight is not None else ctx.to_tensor(1.0, logp.dtype))
+    zero = ctx.to_tensor(0.0, logp.dtype)
+    loss = select(ctx, counted, unary(ctx, binary(ctx, picked, w, E.PROD), U.NEG), zero)
+    if reduction != 1:
+        return _reduced(ctx, loss, reduction)
+    total = reduce(ctx, select(ctx, counted, w, zero), R.SUM, None, False)
+    return binary(ctx, reduce(ctx, loss, R.SUM, None, False), total, E.DIV)
+
+
+@converter("aten::nll_loss_nd", "aten::nll_loss", "aten::nll_loss2d", capability=_class_loss_ok)
+def nll_loss_converter(ctx: ConversionCtx, args: Args) -> Tensor:
+    return nll_loss(ctx, ctx.to_tensor(args.self), ctx.to_tensor(args.target, torch.int64), args.weight,
+                    args.reduction, args.ignore_index)
+
+
+@converter("aten::cross_entropy_loss", capability=_class_loss_ok)
+def cross_entropy_loss(ctx: ConversionCtx, args: Args) -> Tensor:
+    """nll_loss of log_softmax over the class dim."""
+    x = ctx.to_tensor(args.self)
+    logp = ctx.network.add_softmax(x, 1 if x.rank > 1 else 0, log=True).get_output()
+    return nll_loss(ctx, logp, ctx.to_tensor(args.target, torch.int64), args.weight, args.reduction, args.ignore_index)
