@@ -1,5 +1,6 @@
 """Loss converters: the elementwise losses (mse, l1, huber, smooth_l1, soft_margin, hinge_embedding, margin_ranking,
-kl_div, poisson_nll, triplet_margin) as ATen writes each, and nll and cross entropy over class indices, then its reduction (0: none, 1: mean, 2: sum).
+kl_div, poisson_nll, triplet_margin) and nll and cross entropy over class indices, as ATen writes each, then the
+reduction (0: none, 1: mean, 2: sum).
 
 binary_cross_entropy is not converted: eager raises for an input outside [0, 1], which an engine would not."""
 from __future__ import annotations
