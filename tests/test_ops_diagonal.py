@@ -32,3 +32,12 @@ def test_diag_diagflat_trace(offset):
     check_traced(lambda x: torch.diagflat(x, offset), _x(2, 3))
     check_traced(torch.trace, torch.randn(4, 6))
     check_traced(torch.trace, _x(4, 6))
+
+
+@pytest.mark.parametrize("offset", [0, 2, -1])
+@pytest.mark.parametrize("dims", [(0, 1), (2, 0)])
+def test_diagonal_scatter(offset, dims):
+    x = _x(3, 5, 4)
+    src = torch.diagonal(torch.randn(3, 5, 4), offset, *dims).contiguous()
+    src.view(-1)[0] = float("nan")
+    check_traced(lambda x, s: torch.diagonal_scatter(x, s, offset, *dims), x, src)

@@ -468,3 +468,10 @@ def test_float_power_computes_in_float64():
     check_fn(torch.float_power, x, y)
     check_traced(lambda x: torch.float_power(x, 2.5), x)
     check_fn(torch.float_power, torch.randint(1, 5, (3, 4)), torch.randint(0, 3, (3, 4)))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_searchsorted_of_a_sorted_constant_sequence(side):
+    sequence = torch.tensor([-1.0, 0.0, 0.0, 2.5])
+    x = torch.tensor([[-2.0, -1.0, 0.0, 1.0, float("nan")], [2.5, 3.0, float("inf"), -float("inf"), -0.0]])
+    check_traced(lambda x: torch.searchsorted(sequence, x, side=side), x)

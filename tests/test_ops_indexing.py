@@ -137,3 +137,16 @@ def test_take_along_dim_of_run_time_indices_stays_in_pytorch():
     _, report = check_traced(lambda x, i: torch.take_along_dim(x, i, 1) * 2, torch.randn(3, 5), torch.tensor([[-6]]),
                              engines=None, torch_blocks=None)
     assert_falls_back(report, "aten::take_along_dim", "wraps negative ones")
+
+
+@pytest.mark.parametrize("r, with_replacement", [(1, False), (2, False), (3, False), (2, True)])
+def test_combinations(r, with_replacement):
+    x = torch.tensor([1.0, float("nan"), -float("inf"), 4.0])
+    check_traced(lambda x: torch.combinations(x, r, with_replacement), x)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_index_fill_of_constant_indices(dim):
+    index = torch.tensor([0, -1, 1])
+    check_traced(lambda x: x.index_fill(dim, index, float("nan")), torch.randn(3, 4))
+    check_traced(lambda x, v: x.index_fill(dim, index, v), torch.randn(3, 4), torch.tensor(2.5))

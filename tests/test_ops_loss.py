@@ -80,3 +80,14 @@ def test_cross_entropy_of_probabilities_stays_in_pytorch():
     _, report = check_traced(lambda x, t: F.cross_entropy(x, t) * 2, torch.randn(3, 4), torch.rand(3, 4).softmax(1),
                              engines=None, torch_blocks=None)
     assert_falls_back(report, "aten::cross_entropy_loss", "class probabilities")
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weights", [(None, None), ("weight", None), (None, "pos_weight"), ("weight", "pos_weight")])
+def test_binary_cross_entropy_with_logits(weights, reduction):
+    weight = torch.rand(6) if weights[0] else None
+    pos_weight = torch.rand(6) * 2 if weights[1] else None
+    x, t = torch.randn(4, 6) * 5, torch.rand(4, 6)
+    x[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    check_traced(lambda x, t: F.binary_cross_entropy_with_logits(x, t, weight, reduction=reduction,
+                                                                 pos_weight=pos_weight), x, t)

@@ -1,5 +1,5 @@
-"""Comparison converters (eq, ne, gt, ge, lt, le: tensor and scalar forms) elementwise maximum/minimum, isin and
-bucketize (sorted constant boundaries).
+"""Comparison converters (eq, ne, gt, ge, lt, le: tensor and scalar forms) elementwise maximum/minimum, isin,
+bucketize and searchsorted (sorted constant boundaries).
 Comparisons give bool; the in-place forms (`x.eq_(y)`, which keeps x's dtype) reach conversion as
 `x.copy_(x.eq(y))` (lowering's remove_mutation rewrites them)."""
 from __future__ import annotations
@@ -43,7 +43,7 @@ def isin(ctx: ConversionCtx, args: Args) -> Tensor:
 
 
 def _sorted_boundaries(args: Args) -> str | None:
-    b = args.boundaries
+    b = args.get("boundaries", args.get("sorted_sequence"))
     if not isinstance(b, torch.Tensor):
         return "boundaries known only at run time"
     if b.dim() != 1 or b.is_complex() or not bool((b[1:] >= b[:-1]).all()) or bool(b.isnan().any()):
@@ -51,15 +51,36 @@ def _sorted_boundaries(args: Args) -> str | None:
     return None
 
 
-@converter("aten::bucketize.Tensor", capability=_sorted_boundaries)
-def bucketize(ctx: ConversionCtx, args: Args) -> Tensor:
+def buckets(ctx: ConversionCtx, x, boundaries: torch.Tensor, right: bool, out_int32: bool) -> Tensor:
     """How many boundaries lie below x (right: at or below), counting NaN above every boundary, as ATen's binary
     search does."""
-    x, b = ctx.to_tensor(args.self), args.boundaries
-    b = ctx.to_tensor(b.to(torch.promote_types(b.dtype, x.dtype)))
+    x = ctx.to_tensor(x)
+    b = ctx.to_tensor(boundaries.to(torch.promote_types(boundaries.dtype, x.dtype)))
     x = ctx.to_tensor(x, b.dtype)
     # ATen's search moves past b unless x < b (right) or x <= b: NaN compares false, so it counts every boundary.
-    stays = binary(ctx, unsqueeze(ctx, x, x.rank), b, E.LESS if args.right else E.LESS_EQUAL)
+    stays = binary(ctx, unsqueeze(ctx, x, x.rank), b, E.LESS if right else E.LESS_EQUAL)
     below = ctx.to_tensor(unary(ctx, stays, L.UnaryOperation.NOT), torch.int64)
     counts = reduce(ctx, below, L.ReduceOperation.SUM, x.rank, False)
-    return ctx.to_tensor(counts, torch.int32) if args.out_int32 else counts
+    return ctx.to_tensor(counts, torch.int32) if out_int32 else counts
+
+
+@converter("aten::bucketize.Tensor", capability=_sorted_boundaries)
+def bucketize(ctx: ConversionCtx, args: Args) -> Tensor:
+    return buckets(ctx, args.self, args.boundaries, args.right, args.out_int32)
+
+
+def _searchsorted_ok(args: Args) -> str | None:
+    if args.sorter is not None:
+        return "a sorter"
+    if args.side is not None and (args.side == "left") == bool(args.right):
+        return f"side={args.side!r} contradicts right={args.right} (eager raises)"
+    b = args.sorted_sequence
+    if isinstance(b, torch.Tensor) and b.dim() != 1:
+        return "a sorted sequence of more than one dim"
+    return _sorted_boundaries(args)
+
+
+@converter("aten::searchsorted.Tensor", capability=_searchsorted_ok)
+def searchsorted(ctx: ConversionCtx, args: Args) -> Tensor:
+    """bucketize with the 1-d sorted sequence as boundaries (side='right' is right=True)."""
+    return buckets(ctx, args.self, args.sorted_sequence, bool(args.right) or args.side == "right", args.out_int32)

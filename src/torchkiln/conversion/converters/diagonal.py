@@ -1,4 +1,5 @@
-"""Diagonal converters: diagonal (and diagonal_copy, linalg.diagonal), diag, diag_embed, diagflat, trace.
+"""Diagonal converters: diagonal (and diagonal_copy, linalg.diagonal), diag, diag_embed, diagflat, trace,
+diagonal_scatter.
 
 A diagonal is a strided slice of the two dims flattened into one; an embedded diagonal is the input gathered along a
 new dim and selected by a constant mask (zeros elsewhere, exact for NaN and infinities)."""
@@ -94,3 +95,25 @@ def _floating_matrix(args: Args) -> str | None:
 @converter("aten::trace", capability=_floating_matrix)
 def trace(ctx: ConversionCtx, args: Args) -> Tensor:
     return reduce(ctx, diagonal(ctx, ctx.to_tensor(args.self), 0, 0, 1), L.ReduceOperation.SUM, None, False)
+
+
+@converter("aten::diagonal_scatter", capability=_static)
+def diagonal_scatter(ctx: ConversionCtx, args: Args) -> Tensor:
+    """self with its (offset, dim1, dim2) diagonal replaced by src: src's last dim gathered onto the plane of dim1
+    and dim2, selected by a constant mask."""
+    x, src = ctx.to_tensor(args.self), ctx.to_tensor(args.src, args.self.dtype)
+    d1, d2 = normalize_dim(args.dim1, x.rank), normalize_dim(args.dim2, x.rank)
+    rows, cols, offset = x.shape[d1], x.shape[d2], args.offset
+    length = src.shape[-1]
+    if length == 0:
+        return x
+    i, j = torch.arange(rows).unsqueeze(1), torch.arange(cols).unsqueeze(0)
+    along = (i if offset >= 0 else j).expand(rows, cols)
+    index = ctx.to_tensor(torch.clamp(along, max=length - 1))
+    plane = ctx.network.add_gather(src, index, src.rank - 1, L.GatherMode.DEFAULT).get_output()  # rest + (rows, cols)
+    rest = [d for d in range(x.rank) if d not in (d1, d2)]
+    order = rest + [d1, d2]
+    plane = permute(ctx, plane, [order.index(d) for d in range(x.rank)])
+    mask = j - i == offset  # (rows, cols): in x, dim1 and dim2 may come in the other order
+    mask = (mask if d1 < d2 else mask.T).reshape([rows if d == d1 else cols if d == d2 else 1 for d in range(x.rank)])
+    return select(ctx, ctx.to_tensor(mask), plane, x)

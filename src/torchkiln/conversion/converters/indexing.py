@@ -1,6 +1,8 @@
-"""Indexing converters: index (advanced indexing), index_select, gather, scatter, take_along_dim."""
+"""Indexing converters: index (advanced indexing), index_select, gather, scatter, take_along_dim,
+combinations, index_fill (constant indices)."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -85,3 +87,45 @@ def take_along_dim(ctx: ConversionCtx, args: Args) -> Tensor:
         x = expand(ctx, x, [x.shape[d] if d == dim else s for d, s in enumerate(others)])
         index = expand(ctx, index, [index.shape[d] if d == dim else s for d, s in enumerate(others)])
     return ctx.network.add_gather(x, index, dim, L.GatherMode.ELEMENT).get_output()
+
+
+def _combinations_ok(args: Args) -> str | None:
+    shape = args.self.shape
+    if len(shape) != 1 or not isinstance(shape[0], int):
+        return "not a 1-d input of static size"
+    if args.r < 1 or (not args.with_replacement and args.r > shape[0]):
+        return f"no combination of {args.r} of {shape[0]} elements (eager gives an empty tensor)"
+    return None
+
+
+@converter("aten::combinations", capability=_combinations_ok)
+def combinations(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Rows of the elements at every combination of r indices, in itertools' order (as eager's)."""
+    x = ctx.to_tensor(args.self)
+    pick = itertools.combinations_with_replacement if args.with_replacement else itertools.combinations
+    index = torch.tensor(list(pick(range(x.shape[0]), args.r)), dtype=torch.int64)
+    return ctx.network.add_gather(x, ctx.to_tensor(index), 0, L.GatherMode.DEFAULT).get_output()
+
+
+def _index_fill_ok(args: Args) -> str | None:
+    index, shape = args.index, args.self.shape
+    size = shape[normalize_dim(args.dim, len(shape))] if shape else 1
+    if not isinstance(index, torch.Tensor) or not isinstance(size, int):
+        return "indices known only at run time"
+    if index.numel() and not bool(((index >= -size) & (index < size)).all()):
+        return f"indices outside [-{size}, {size})"
+    return None
+
+
+@converter("aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor", capability=_index_fill_ok)
+def index_fill(ctx: ConversionCtx, args: Args) -> Tensor:
+    """value where the index along `dim` is listed (negative ones counted from the end), self elsewhere."""
+    x = ctx.to_tensor(args.self)
+    if x.rank == 0:
+        return ctx.to_tensor(args.value, x.dtype) if args.index.numel() else x
+    dim = normalize_dim(args.dim, x.rank)
+    mask = torch.zeros(x.shape[dim], dtype=torch.bool)
+    mask[args.index.reshape(-1).to(torch.int64) % x.shape[dim]] = True
+    mask = mask.reshape([x.shape[dim] if d == dim else 1 for d in range(x.rank)])
+    value = ctx.to_tensor(args.value, x.dtype)
+    return ctx.network.add_select(ctx.to_tensor(mask), value, x).get_output()

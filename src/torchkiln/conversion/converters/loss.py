@@ -2,7 +2,7 @@
 kl_div, poisson_nll, triplet_margin) and nll and cross entropy over class indices, as ATen writes each, then the
 reduction (0: none, 1: mean, 2: sum).
 
-binary_cross_entropy is not converted: eager raises for an input outside [0, 1], which an engine would not."""
+binary_cross_entropy_with_logits is converted; binary_cross_entropy is not: eager raises for an input outside [0, 1], which an engine would not."""
 from __future__ import annotations
 
 import math
@@ -186,3 +186,17 @@ def cross_entropy_loss(ctx: ConversionCtx, args: Args) -> Tensor:
     x = ctx.to_tensor(args.self)
     logp = ctx.network.add_softmax(x, 1 if x.rank > 1 else 0, log=True).get_output()
     return nll_loss(ctx, logp, ctx.to_tensor(args.target, torch.int64), args.weight, args.reduction, args.ignore_index)
+
+
+@converter("aten::binary_cross_entropy_with_logits", capability=_capability("self", "target"))
+def binary_cross_entropy_with_logits(ctx: ConversionCtx, args: Args) -> Tensor:
+    """(1 - t) x - log_sigmoid(x) * ((pos_weight - 1) t + 1), times weight, as ATen computes it."""
+    x, t = ctx.to_tensor(args.self), ctx.to_tensor(args.target)
+    log_sig = ctx.network.add_activation(x, L.ActivationType.LOG_SIGMOID).get_output()
+    if args.pos_weight is not None:
+        log_weight = binary(ctx, binary(ctx, binary(ctx, args.pos_weight, 1.0, E.SUB), t, E.PROD), 1.0, E.SUM)
+        log_sig = binary(ctx, log_sig, log_weight, E.PROD)
+    loss = binary(ctx, binary(ctx, binary(ctx, 1.0, t, E.SUB), x, E.PROD), log_sig, E.SUB)
+    if args.weight is not None:
+        loss = binary(ctx, loss, args.weight, E.PROD)
+    return _reduced(ctx, loss, args.reduction)
