@@ -2,7 +2,8 @@
 kl_div, poisson_nll, triplet_margin) and nll and cross entropy over class indices, as ATen writes each, then the
 reduction (0: none, 1: mean, 2: sum).
 
-binary_cross_entropy_with_logits is converted; binary_cross_entropy is not: eager raises for an input outside [0, 1], which an engine would not."""
+binary_cross_entropy_with_logits is converted; binary_cross_entropy is not: eager raises for an input outside [0, 1],
+which an engine would not."""
 from __future__ import annotations
 
 import math
