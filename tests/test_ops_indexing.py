@@ -150,3 +150,17 @@ def test_index_fill_of_constant_indices(dim):
     index = torch.tensor([0, -1, 1])
     check_traced(lambda x: x.index_fill(dim, index, float("nan")), torch.randn(3, 4))
     check_traced(lambda x, v: x.index_fill(dim, index, v), torch.randn(3, 4), torch.tensor(2.5))
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_index_copy_of_constant_indices(dim):
+    index = torch.tensor([2, 0])
+    source = torch.randn(2, 4) if dim == 0 else torch.randn(3, 2)
+    source.view(-1)[0] = float("nan")
+    check_traced(lambda x, s: x.index_copy(dim, index, s), torch.randn(3, 4), source)
+
+
+def test_index_copy_of_repeated_indices_stays_in_pytorch():
+    _, report = check_traced(lambda x, s: x.index_copy(0, torch.tensor([1, 1]), s) * 2, torch.randn(3, 4),
+                             torch.randn(2, 4), engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::index_copy", "repeated indices")

@@ -91,3 +91,11 @@ def test_binary_cross_entropy_with_logits(weights, reduction):
     x[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
     check_traced(lambda x, t: F.binary_cross_entropy_with_logits(x, t, weight, reduction=reduction,
                                                                  pos_weight=pos_weight), x, t)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_cosine_embedding_loss(reduction):
+    a, b, t = torch.randn(6, 4), torch.randn(6, 4), torch.tensor([1.0, -1.0, 1.0, -1.0, 0.0, 1.0])
+    check_traced(lambda a, b, t: F.cosine_embedding_loss(a, b, t, margin=0.2, reduction=reduction), a, b, t)
+    a[0, 0], b[1, 1] = float("nan"), float("inf")
+    check_traced(lambda a, b, t: F.cosine_embedding_loss(a, b, t, reduction=reduction), a, b, t)

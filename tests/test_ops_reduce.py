@@ -252,3 +252,11 @@ def test_renorm(p, dim):
     check_traced(lambda x: torch.renorm(x, p, dim, 1.5), x)
     x[0, 0, 0], x[1, 2, 1] = float("nan"), float("inf")
     check_traced(lambda x: torch.renorm(x, p, dim, 1.5), x)
+
+
+@pytest.mark.parametrize("dim", [1, 0, -1])
+def test_cosine_similarity(dim):
+    a, b = torch.randn(4, 5), torch.randn(1, 5)
+    check_traced(lambda a, b: F.cosine_similarity(a, b, dim=dim), a, b)
+    a[0, 0], a[1, :] = float("nan"), 0.0  # a zero row: the norm clamped to eps
+    check_traced(lambda a, b: F.cosine_similarity(a, b, dim=dim, eps=1e-3), a, b)

@@ -1,5 +1,5 @@
 """Indexing converters: index (advanced indexing), index_select, gather, scatter, take_along_dim,
-combinations, index_fill (constant indices)."""
+combinations, index_fill and index_copy (constant indices)."""
 from __future__ import annotations
 
 import itertools
@@ -129,3 +129,33 @@ def index_fill(ctx: ConversionCtx, args: Args) -> Tensor:
     mask = mask.reshape([x.shape[dim] if d == dim else 1 for d in range(x.rank)])
     value = ctx.to_tensor(args.value, x.dtype)
     return ctx.network.add_select(ctx.to_tensor(mask), value, x).get_output()
+
+
+def _index_copy_ok(args: Args) -> str | None:
+    found = _index_fill_ok(args)
+    if found is not None:
+        return found
+    shape = args.self.shape
+    size = shape[normalize_dim(args.dim, len(shape))] if shape else 1
+    if args.index.numel() != len(set((args.index.reshape(-1) % size).tolist())):
+        return "repeated indices (which source row eager keeps is unspecified)"
+    return None if args.source.dtype == args.self.dtype else "a source of another dtype (eager raises)"
+
+
+@converter("aten::index_copy", capability=_index_copy_ok)
+def index_copy(ctx: ConversionCtx, args: Args) -> Tensor:
+    """source's slice k where index[k] lists the position along `dim`, self elsewhere."""
+    x, source = ctx.to_tensor(args.self), ctx.to_tensor(args.source)
+    if x.rank == 0:
+        return source if args.index.numel() else x
+    dim = normalize_dim(args.dim, x.rank)
+    size = x.shape[dim]
+    where = (args.index.reshape(-1).to(torch.int64) % size).tolist()
+    mask, pick = torch.zeros(size, dtype=torch.bool), torch.zeros(size, dtype=torch.int64)
+    for k, position in enumerate(where):
+        mask[position], pick[position] = True, k
+    if source.rank == 0:
+        source = reshape(ctx, source, [1])
+    picked = ctx.network.add_gather(source, ctx.to_tensor(pick), dim, L.GatherMode.DEFAULT).get_output()
+    mask = mask.reshape([size if d == dim else 1 for d in range(x.rank)])
+    return ctx.network.add_select(ctx.to_tensor(mask), picked, x).get_output()

@@ -7,9 +7,9 @@ which an engine would not."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
-from collections.abc import Callable
 
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
@@ -201,3 +201,22 @@ def binary_cross_entropy_with_logits(ctx: ConversionCtx, args: Args) -> Tensor:
     if args.weight is not None:
         loss = binary(ctx, loss, args.weight, E.PROD)
     return _reduced(ctx, loss, args.reduction)
+
+
+@converter("aten::cosine_embedding_loss", capability=_capability("input1", "input2", "target"))
+def cosine_embedding_loss(ctx: ConversionCtx, args: Args) -> Tensor:
+    """cos = sum(a b) / sqrt((sum(a a) + 1e-12) (sum(b b) + 1e-12)) over the last dim: 1 - cos where the target is 1,
+    max(cos - margin, 0) where it is -1, else 0, as ATen computes it."""
+    a, b, t = ctx.to_tensor(args.input1), ctx.to_tensor(args.input2), ctx.to_tensor(args.target)
+    dim = t.rank
+
+    def summed(x: Tensor, y: Tensor) -> Tensor:
+        return reduce(ctx, binary(ctx, x, y, E.PROD), R.SUM, dim, False)
+
+    mags = binary(ctx, binary(ctx, summed(a, a), 1e-12, E.SUM), binary(ctx, summed(b, b), 1e-12, E.SUM), E.PROD)
+    cos = binary(ctx, summed(a, b), unary(ctx, mags, U.SQRT), E.DIV)
+    zero = ctx.to_tensor(0.0, cos.dtype)
+    positive = select(ctx, binary(ctx, t, 1.0, E.EQUAL), binary(ctx, 1.0, cos, E.SUB), zero)
+    negative = select(ctx, binary(ctx, t, -1.0, E.EQUAL), clip(ctx, binary(ctx, cos, args.margin, E.SUB), 0.0, None),
+                      zero)
+    return _reduced(ctx, binary(ctx, positive, negative, E.SUM), args.reduction)

@@ -85,3 +85,29 @@ def bilinear(ctx: ConversionCtx, args: Args) -> Tensor:
     out = ctx.network.add_einsum([flat1, w, flat2], "bi,oij,bj->bo").get_output()
     out = reshape(ctx, out, lead + [w.shape[0]])
     return out if args.bias is None else binary(ctx, out, args.bias, L.ElementWiseOperation.SUM)
+
+
+def _multi_dot_ok(args: Args) -> str | None:
+    tensors = args.tensors
+    dtypes = {t.dtype for t in tensors}
+    if len(tensors) < 2 or len(dtypes) != 1 or not next(iter(dtypes)).is_floating_point:
+        return "fewer than 2 tensors, or not one floating dtype"
+    if any(len(t.shape) != 2 for t in tensors[1:-1]) or any(len(t.shape) not in (1, 2) for t in tensors):
+        return "inner operands that are not matrices (eager raises)"
+    return None
+
+
+@converter("aten::linalg_multi_dot", capability=_multi_dot_ok)
+def linalg_multi_dot(ctx: ConversionCtx, args: Args) -> Tensor:
+    """The chained matrix product (a 1-d first operand a row, a 1-d last one a column, both dropped again)."""
+    tensors = [ctx.to_tensor(t) for t in args.tensors]
+    first_vector, last_vector = tensors[0].rank == 1, tensors[-1].rank == 1
+    if first_vector:
+        tensors[0] = reshape(ctx, tensors[0], [1, -1])
+    if last_vector:
+        tensors[-1] = reshape(ctx, tensors[-1], [-1, 1])
+    out = tensors[0]
+    for t in tensors[1:]:
+        out = matmul(ctx, out, t)
+    shape = [d for i, d in enumerate(out.shape) if not (i == 0 and first_vector) and not (i == 1 and last_vector)]
+    return reshape(ctx, out, shape)

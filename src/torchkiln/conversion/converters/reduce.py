@@ -1,6 +1,6 @@
 """Reduction converters: mean, sum, prod, amax/amin, max/min over all, all/any, logsumexp, cumsum/cumprod,
 vector and matrix norms, var/std, nansum/nanmean, count_nonzero, aminmax, dist,
-pairwise_distance, vecdot/vdot, sum_to_size, renorm.
+pairwise_distance, cosine_similarity, vecdot/vdot, sum_to_size, renorm.
 
 var_mean and std_mean are not converted: their mean is Welford's, which gives NaN or inf for a row holding an
 infinity depending on where it sits."""
@@ -12,11 +12,13 @@ from typing import Any
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
+from torchkiln.conversion.impl.activation import clip
 from torchkiln.conversion.impl.common import normalize_dim, normalize_dims, one_dtype, to_dtype
 from torchkiln.conversion.impl.elementwise import binary, unary
 from torchkiln.conversion.impl.reduce import matrix_norm, reduce, variance, vector_norm
 from torchkiln.conversion.impl.reduce import pairwise_distance as pairwise_distance_of
 from torchkiln.conversion.impl.shuffle import squeeze_dims
+from torchkiln.conversion.impl.tiling import expand
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.ir import layers as L
@@ -258,3 +260,18 @@ def renorm(ctx: ConversionCtx, args: Args) -> Tensor:
     factor = ctx.network.add_select(binary(ctx, norm, args.maxnorm, E.GREATER), scale,
                                     ctx.to_tensor(1.0, x.dtype)).get_output()
     return binary(ctx, x, factor, E.PROD)
+
+
+@converter("aten::cosine_similarity", capability=one_dtype("x1", "x2", floating=True))
+def cosine_similarity(ctx: ConversionCtx, args: Args) -> Tensor:
+    """sum((x1 / max(|x1|, eps)) * (x2 / max(|x2|, eps))) over `dim`, each divided by its norm first, as ATen does."""
+    x1, x2 = ctx.to_tensor(args.x1), ctx.to_tensor(args.x2)
+    shape = list(torch.broadcast_shapes(x1.shape, x2.shape))
+    x1, x2 = expand(ctx, x1, shape), expand(ctx, x2, shape)
+    dim = normalize_dim(args.dim, len(shape))
+
+    def unit(x: Tensor) -> Tensor:
+        norm = vector_norm(ctx, x, 2, dim, True)
+        return binary(ctx, x, clip(ctx, norm, args.eps, None), E.DIV)
+
+    return reduce(ctx, binary(ctx, unit(x1), unit(x2), E.PROD), R.SUM, dim, False)
