@@ -475,3 +475,10 @@ def test_searchsorted_of_a_sorted_constant_sequence(side):
     sequence = torch.tensor([-1.0, 0.0, 0.0, 2.5])
     x = torch.tensor([[-2.0, -1.0, 0.0, 1.0, float("nan")], [2.5, 3.0, float("inf"), -float("inf"), -0.0]])
     check_traced(lambda x: torch.searchsorted(sequence, x, side=side), x)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"equal_nan": True}, {"rtol": 0.0, "atol": 0.0}, {"rtol": 0.1, "atol": 0.5}])
+def test_isclose(kwargs):
+    a = torch.tensor([[1.0, float("nan"), float("inf"), -float("inf"), 0.0, 1e10],
+                      [1.0, 2.0, 3.0, float("inf"), -0.0, 1e10 + 1e5]])
+    check_traced(lambda a, b: torch.isclose(a, b, **kwargs), a, a.flip(0))

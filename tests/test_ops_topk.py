@@ -108,3 +108,17 @@ def test_sorted_values(name, fn):
 def test_sort_with_read_indices_stays_in_pytorch():
     _, report = check_traced(lambda x: torch.sort(x)[1] + 1, torch.randn(3, 4), engines=None, torch_blocks=None)
     assert_falls_back(report, "aten::sort", "its indices are read")
+
+
+@pytest.mark.parametrize("op", [torch.median, torch.nanmedian], ids=lambda v: v.__name__)
+@pytest.mark.parametrize("values", ["plain", "nan", "all_nan", "ints"])
+def test_median_of_every_element(op, values):
+    x = torch.randint(-3, 3, (4, 5)).float()
+    if values == "nan":
+        x[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    elif values == "all_nan":
+        x[:] = float("nan")
+    elif values == "ints":
+        x = x.long()
+    check_traced(op, x)
+    check_traced(op, x[:3])  # an odd count

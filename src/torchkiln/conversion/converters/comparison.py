@@ -1,4 +1,4 @@
-"""Comparison converters (eq, ne, gt, ge, lt, le: tensor and scalar forms) elementwise maximum/minimum, isin,
+"""Comparison converters (eq, ne, gt, ge, lt, le: tensor and scalar forms) elementwise maximum/minimum, isclose, isin,
 bucketize and searchsorted (sorted constant boundaries).
 Comparisons give bool; the in-place forms (`x.eq_(y)`, which keeps x's dtype) reach conversion as
 `x.copy_(x.eq(y))` (lowering's remove_mutation rewrites them)."""
@@ -84,3 +84,25 @@ def _searchsorted_ok(args: Args) -> str | None:
 def searchsorted(ctx: ConversionCtx, args: Args) -> Tensor:
     """bucketize with the 1-d sorted sequence as boundaries (side='right' is right=True)."""
     return buckets(ctx, args.self, args.sorted_sequence, bool(args.right) or args.side == "right", args.out_int32)
+
+
+def _isclose_ok(args: Args) -> str | None:
+    a, b = args.self.dtype, args.other.dtype
+    return None if a == b and a.is_floating_point else "operands not of one floating dtype"
+
+
+@converter("aten::isclose", capability=_isclose_ok)
+def isclose(ctx: ConversionCtx, args: Args) -> Tensor:
+    """a == b, or (equal_nan) both NaN, or |a - b| finite and <= atol + |rtol * b|, as ATen composes it."""
+    a, b = ctx.to_tensor(args.self), ctx.to_tensor(args.other)
+    close = binary(ctx, a, b, E.EQUAL)
+    if args.equal_nan:
+        both_nan = binary(ctx, unary(ctx, a, L.UnaryOperation.ISNAN), unary(ctx, b, L.UnaryOperation.ISNAN), E.AND)
+        close = binary(ctx, close, both_nan, E.OR)
+    if args.rtol == 0 and args.atol == 0:
+        return close
+    allowed = binary(ctx, args.atol, unary(ctx, binary(ctx, b, args.rtol, E.PROD), L.UnaryOperation.ABS), E.SUM)
+    actual = unary(ctx, binary(ctx, a, b, E.SUB), L.UnaryOperation.ABS)
+    within = binary(ctx, unary(ctx, actual, L.UnaryOperation.ISFINITE), binary(ctx, actual, allowed, E.LESS_EQUAL),
+                    E.AND)
+    return binary(ctx, close, within, E.OR)
