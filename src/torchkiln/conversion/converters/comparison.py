@@ -72,8 +72,8 @@ def bucketize(ctx: ConversionCtx, args: Args) -> Tensor:
 def _searchsorted_ok(args: Args) -> str | None:
     if args.sorter is not None:
         return "a sorter"
-    if args.side is not None and (args.side == "left") == bool(args.right):
-        return f"side={args.side!r} contradicts right={args.right} (eager raises)"
+    if args.side == "left" and args.right:
+        return "side='left' with right=True (eager raises)"
     b = args.sorted_sequence
     if isinstance(b, torch.Tensor) and b.dim() != 1:
         return "a sorted sequence of more than one dim"
