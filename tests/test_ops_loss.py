@@ -99,3 +99,13 @@ def test_cosine_embedding_loss(reduction):
     check_traced(lambda a, b, t: F.cosine_embedding_loss(a, b, t, margin=0.2, reduction=reduction), a, b, t)
     a[0, 0], b[1, 1] = float("nan"), float("inf")
     check_traced(lambda a, b, t: F.cosine_embedding_loss(a, b, t, reduction=reduction), a, b, t)
+
+
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_multi_margin_loss(p, reduction):
+    x, t, w = torch.randn(5, 4), torch.tensor([0, 3, 1, 1, 2]), torch.rand(4) + 0.5
+    check_traced(lambda x, t: F.multi_margin_loss(x, t, p=p, margin=0.7, reduction=reduction), x, t)
+    x[0, 1], x[2, 2] = float("nan"), float("inf")  # eager's loop skips a NaN term (z > 0 is false)
+    check_traced(lambda x, t: F.multi_margin_loss(x, t, p=p, weight=w, reduction=reduction), x, t)
+    check_traced(lambda x, t: F.multi_margin_loss(x, t, p=p, reduction=reduction), x[0], t[0])

@@ -1,5 +1,5 @@
 """Loss converters: the elementwise losses (mse, l1, huber, smooth_l1, soft_margin, hinge_embedding, margin_ranking,
-kl_div, poisson_nll, triplet_margin) and nll and cross entropy over class indices, as ATen writes each, then the
+kl_div, poisson_nll, triplet_margin) and nll, cross entropy and multi-margin over class indices, as ATen writes each, then the
 reduction (0: none, 1: mean, 2: sum).
 
 binary_cross_entropy_with_logits is converted; binary_cross_entropy is not: eager raises for an input outside [0, 1],
@@ -18,7 +18,7 @@ from torchkiln.conversion.impl.activation import clip
 from torchkiln.conversion.impl.common import one_dtype
 from torchkiln.conversion.impl.elementwise import binary, select, unary
 from torchkiln.conversion.impl.reduce import pairwise_distance, reduce
-from torchkiln.conversion.impl.shuffle import squeeze_dims, unsqueeze
+from torchkiln.conversion.impl.shuffle import reshape, squeeze_dims, unsqueeze
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 
@@ -220,3 +220,37 @@ def cosine_embedding_loss(ctx: ConversionCtx, args: Args) -> Tensor:
     negative = select(ctx, binary(ctx, t, -1.0, E.EQUAL), clip(ctx, binary(ctx, cos, args.margin, E.SUB), 0.0, None),
                       zero)
     return _reduced(ctx, binary(ctx, positive, negative, E.SUM), args.reduction)
+
+
+def _multi_margin_ok(args: Args) -> str | None:
+    if args.p not in (1, 2):
+        return f"p={args.p} (eager raises)"
+    if len(args.self.shape) not in (1, 2):
+        return f"a {len(args.self.shape)}-d input"
+    if args.weight is not None and args.weight.dtype != args.self.dtype:
+        return "a weight of another dtype"
+    return _class_loss_ok(args)
+
+
+@converter("aten::multi_margin_loss", capability=_multi_margin_ok)
+def multi_margin_loss(ctx: ConversionCtx, args: Args) -> Tensor:
+    """sum over classes d != y of max(margin - x[y] + x[d], 0)^p (times weight[y]) / C; a NaN term counts 0, as in
+    ATen's loop (z > 0 is false for NaN)."""
+    x = ctx.to_tensor(args.self)
+    if x.rank == 1:
+        x = reshape(ctx, x, [1, -1])
+    target = reshape(ctx, ctx.to_tensor(args.target, torch.int64), [-1, 1])
+    classes = x.shape[1]
+    picked = ctx.network.add_gather(x, target, 1, L.GatherMode.ELEMENT).get_output()
+    z = binary(ctx, binary(ctx, args.margin, picked, E.SUB), x, E.SUM)
+    term = z if args.p == 1 else binary(ctx, z, z, E.PROD)
+    if args.weight is not None:
+        term = binary(ctx, term, ctx.network.add_gather(ctx.to_tensor(args.weight), target, 0,
+                                                        L.GatherMode.DEFAULT).get_output(), E.PROD)
+    other = binary(ctx, ctx.to_tensor(torch.arange(classes).reshape(1, -1)), target, E.NOT_EQUAL)
+    counted = binary(ctx, other, binary(ctx, z, 0.0, E.GREATER), E.AND)
+    loss = binary(ctx, reduce(ctx, select(ctx, counted, term, ctx.to_tensor(0.0, x.dtype)), R.SUM, 1, False),
+                  float(classes), E.DIV)
+    if args.self.shape and len(args.self.shape) == 1:
+        loss = reshape(ctx, loss, [])
+    return _reduced(ctx, loss, args.reduction)
