@@ -1,6 +1,6 @@
 """Loss converters: the elementwise losses (mse, l1, huber, smooth_l1, soft_margin, hinge_embedding, margin_ranking,
-kl_div, poisson_nll, triplet_margin) and nll, cross entropy and multi-margin over class indices, as ATen writes each, then the
-reduction (0: none, 1: mean, 2: sum).
+kl_div, poisson_nll, triplet_margin) and nll, cross entropy and multi-margin over class indices, as ATen writes
+each, then the reduction (0: none, 1: mean, 2: sum).
 
 binary_cross_entropy_with_logits is converted; binary_cross_entropy is not: eager raises for an input outside [0, 1],
 which an engine would not."""
