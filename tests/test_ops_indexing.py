@@ -164,3 +164,9 @@ def test_index_copy_of_repeated_indices_stays_in_pytorch():
     _, report = check_traced(lambda x, s: x.index_copy(0, torch.tensor([1, 1]), s) * 2, torch.randn(3, 4),
                              torch.randn(2, 4), engines=None, torch_blocks=None)
     assert_falls_back(report, "aten::index_copy", "repeated indices")
+
+
+def test_take_of_constant_indices():
+    x = torch.randn(3, 4)
+    x[1, 1] = float("nan")
+    check_traced(lambda x: torch.take(x, torch.tensor([[0, 5], [11, 5]])), x)

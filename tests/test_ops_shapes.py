@@ -399,3 +399,11 @@ def test_reorders_and_blocks(name, fn):
     x = torch.randn(2, 3, 4)
     x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
     check_traced(fn, x)
+
+
+@pytest.mark.parametrize("fn", [torch.fft.fftshift, torch.fft.ifftshift], ids=lambda v: v.__name__)
+@pytest.mark.parametrize("dim", [None, 1, (0, 2)])
+def test_fftshift_of_a_real_tensor(fn, dim):
+    x = torch.randn(3, 5, 4)
+    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    check_traced(lambda x: fn(x, dim=dim), x)

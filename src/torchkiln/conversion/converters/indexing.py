@@ -1,5 +1,6 @@
 """Indexing converters: index (advanced indexing), index_select, gather, scatter, take_along_dim,
-combinations, index_fill and index_copy (constant indices)."""
+combinations, index_fill, index_copy and take (constant
+indices)."""
 from __future__ import annotations
 
 import itertools
@@ -159,3 +160,19 @@ def index_copy(ctx: ConversionCtx, args: Args) -> Tensor:
     picked = ctx.network.add_gather(source, ctx.to_tensor(pick), dim, L.GatherMode.DEFAULT).get_output()
     mask = mask.reshape([size if d == dim else 1 for d in range(x.rank)])
     return ctx.network.add_select(ctx.to_tensor(mask), picked, x).get_output()
+
+
+def _take_ok(args: Args) -> str | None:
+    index, numel = args.index, math.prod(args.self.shape)
+    if not isinstance(index, torch.Tensor) or not isinstance(numel, int):
+        return "indices known only at run time"
+    if index.numel() and not bool(((index >= 0) & (index < numel)).all()):
+        return f"indices outside [0, {numel})"
+    return None
+
+
+@converter("aten::take", capability=_take_ok)
+def take(ctx: ConversionCtx, args: Args) -> Tensor:
+    """The flattened self gathered at the indices, in their shape."""
+    flat = reshape(ctx, ctx.to_tensor(args.self), [-1])
+    return ctx.network.add_gather(flat, ctx.to_tensor(args.index.to(torch.int64)), 0, L.GatherMode.DEFAULT).get_output()

@@ -1,4 +1,5 @@
-"""Reordering converters: flip, fliplr, flipud, roll and rot90, as slices and concatenations."""
+"""Reordering converters: flip, fliplr, flipud, roll, rot90 and fftshift/ifftshift (of real
+tensors), as slices and concatenations."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
@@ -77,3 +78,18 @@ def rot90(ctx: ConversionCtx, args: Args) -> Tensor:
     perm = list(range(x.rank))
     perm[a], perm[b] = perm[b], perm[a]
     return permute(ctx, flipped, perm)
+
+
+def _real(args: Args) -> str | None:
+    return "a complex tensor" if args.self.dtype.is_complex else None
+
+
+@converter("aten::fft_fftshift", "aten::fft_ifftshift", capability=_real)
+def fftshift(ctx: ConversionCtx, args: Args) -> Tensor:
+    """roll by n // 2 along each dim (ifftshift: by -(n // 2)); every dim where `dim` is None."""
+    x = ctx.to_tensor(args.self)
+    dims = list(range(x.rank)) if args.dim is None else normalize_dims(args.dim, x.rank)
+    sign = -1 if args.node.kind() == "aten::fft_ifftshift" else 1
+    for dim in dims:
+        x = _roll(ctx, x, sign * (x.shape[dim] // 2), dim)
+    return x
