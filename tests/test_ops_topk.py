@@ -122,3 +122,12 @@ def test_median_of_every_element(op, values):
         x = x.long()
     check_traced(op, x)
     check_traced(op, x[:3])  # an odd count
+
+
+@pytest.mark.parametrize("op", [torch.cummax, torch.cummin], ids=lambda v: v.__name__)
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_running_max_and_min_with_ties_and_nan(op, dim):
+    x = torch.randint(-2, 3, (4, 7)).float()  # many ties: the index is the last one holding the value
+    x[1, 2], x[1, 5], x[2, 0], x[3, 3], x[3, 4] = float("nan"), float("nan"), float("inf"), -0.0, 0.0
+    check_traced(lambda x: op(x, dim), x)
+    check_traced(lambda x: op(x, 0), x[0])
