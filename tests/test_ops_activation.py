@@ -199,3 +199,33 @@ def test_silu_of_negative_inputs_keeps_its_relative_precision():
     """ONNX Runtime's Sigmoid loses relative precision below -8: x * Sigmoid(x) was off by 1.5e-4 x max|eager| for
     inputs all in [-20, -8] (OpInfo nn.functional.silu); x / (1 + exp(-x)) is not."""
     check_traced(silu, torch.linspace(-20, -8, 100))
+
+
+_EDGES = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 0.5, -0.5, 0.25, 1.0, 0.999])
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("softshrink", lambda x: torch.nn.functional.softshrink(x, 0.5)),
+    ("glu", lambda x: torch.nn.functional.glu(x, 0)),
+    ("logit", torch.logit),
+    ("logit_eps", lambda x: torch.logit(x, 0.1)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_composed_activations(name, fn):
+    check_traced(fn, torch.cat([torch.rand(6) * 1.2 - 0.1, _EDGES]).reshape(8, 2))
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_polygamma(n):
+    check_traced(lambda x: torch.polygamma(n, x), torch.cat([torch.rand(6) * 4 + 0.1, _EDGES]).reshape(8, 2))
+
+
+@pytest.mark.parametrize("p", [1, 3])
+def test_mvlgamma(p):
+    x = torch.rand(4, 5) * 3 + (p - 1) / 2 + 0.01
+    x[0, :2] = torch.tensor([float("nan"), float("inf")])
+    check_traced(lambda x: torch.mvlgamma(x, p), x)
+    check_traced(lambda x: torch.mvlgamma(x, p), torch.linspace(-2, 1, 20).reshape(4, 5))  # outside its domain too
+
+
+def test_rrelu_in_inference_is_leaky_relu_with_the_mean_slope():
+    check_traced(lambda x: F.rrelu(x, 0.1, 0.3, training=False), torch.cat([torch.randn(6), _EDGES]).reshape(8, 2))

@@ -395,3 +395,90 @@ def test_xlogy_scalar(fn):
 def test_fmax_of_mixed_dtypes_stays_in_pytorch():
     _, report = check_fn(binary(torch.fmax), torch.randn(4), torch.tensor([1, 2, 3, 4]), engines=0, torch_blocks=1)
     assert_falls_back(report, "aten::fmax", "only one real, non-bool dtype")
+
+
+SPECIAL = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, 2.5, -3.0])
+# The special functions of two arguments: rows whose meaning is their ATen op (ONNX has none: the onnxruntime backend
+# runs their layers on the reference); (op, a's values, b's values).
+SPECIAL_BINARY = [
+    (torch.special.zeta, "ge1", "pos"), (torch.igamma, "pos", "pos"), (torch.igammac, "pos", "pos"),
+    (torch.nextafter, "any", "any"), (torch.copysign, "any", "any"), (torch.heaviside, "any", "any"),
+    (torch.logaddexp2, "any", "any"), (torch.ldexp, "any", "int"), (torch.special.xlog1py, "any", "pos"),
+    *((getattr(torch.special, f"{name}_polynomial_{k}"), "unit", "degree") for name, ks in (
+        ("chebyshev", "tuvw"), ("shifted_chebyshev", "tuvw"), ("hermite", ("h", "he")), ("laguerre", "l"),
+        ("legendre", "p")) for k in ks),
+]
+
+
+def _special_operand(domain, shape=(4, 8)):
+    x = torch.rand(shape)
+    return {"ge1": x * 3 + 1.1, "pos": x * 4 + 0.1, "any": x * 8 - 4, "unit": x * 1.8 - 0.9,
+            "int": torch.randint(-3, 4, shape), "degree": torch.randint(0, 6, shape).float()}[domain]
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("op, a, b", SPECIAL_BINARY, ids=lambda v: getattr(v, "__name__", None))
+def test_special_functions_of_two_arguments(op, a, b, backend):
+    x, y = _special_operand(a), _special_operand(b)
+    x[0], y[1] = SPECIAL, SPECIAL  # NaN, infinities and signed zeros in each operand
+    if op.__name__.endswith(("polynomial_u", "polynomial_w")):
+        x[0, 0] = 0.25  # eager's Chebyshev U and W of NaN read uninitialized memory (a value that varies per call)
+    if b in ("int", "degree"):
+        y[1] = torch.arange(8) - 2
+    check_fn(binary(op), x, y, backend=backend)  # one engine, no op left in PyTorch
+    check_traced(lambda x: op(x, torch.tensor(2.0 if b != "int" else 2)), x, backend=backend)
+
+
+@pytest.mark.parametrize("weight", [0.3, -0.7, 0.5, 2.0, "tensor"])
+def test_lerp(weight):
+    x, end = torch.randn(4, 8), torch.randn(4, 8)
+    x[0], end[1] = SPECIAL, SPECIAL
+    if weight == "tensor":
+        w = torch.randn(4, 8)
+        w[2] = SPECIAL
+        check_fn(torch.lerp, x, end, w)
+    else:
+        check_traced(lambda a, b: torch.lerp(a, b, weight), x, end)
+
+
+@pytest.mark.parametrize("invert", [False, True])
+def test_isin(invert):
+    x = torch.tensor([[1.0, 2.0, float("nan")], [float("inf"), 0.0, -0.0]])
+    check_traced(lambda x, t: torch.isin(x, t, invert=invert), x, torch.tensor([0.0, 2.0, float("nan"), 7.0]))
+    check_traced(lambda x: torch.isin(x, 2.0, invert=invert), x)
+
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("out_int32", [False, True])
+def test_bucketize_with_sorted_constant_boundaries(right, out_int32):
+    boundaries = torch.tensor([-1.0, 0.0, 0.0, 2.5, float("inf")])
+    x = torch.tensor([[-2.0, -1.0, 0.0, 1.0, float("nan")], [2.5, 3.0, float("inf"), -float("inf"), -0.0]])
+    check_traced(lambda x: torch.bucketize(x, boundaries, right=right, out_int32=out_int32), x)
+
+
+def test_bucketize_with_unsorted_boundaries_stays_in_pytorch():
+    _, report = check_traced(lambda x: torch.bucketize(x, torch.tensor([1.0, 0.0])) + 1, torch.randn(4), engines=None,
+                             torch_blocks=None)
+    assert_falls_back(report, "aten::bucketize.Tensor", "not a sorted 1-d tensor")
+
+
+def test_float_power_computes_in_float64():
+    x, y = torch.rand(3, 4) * 3, torch.randn(3, 4)
+    x[0, :3] = SPECIAL[:3]
+    check_fn(torch.float_power, x, y)
+    check_traced(lambda x: torch.float_power(x, 2.5), x)
+    check_fn(torch.float_power, torch.randint(1, 5, (3, 4)), torch.randint(0, 3, (3, 4)))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_searchsorted_of_a_sorted_constant_sequence(side):
+    sequence = torch.tensor([-1.0, 0.0, 0.0, 2.5])
+    x = torch.tensor([[-2.0, -1.0, 0.0, 1.0, float("nan")], [2.5, 3.0, float("inf"), -float("inf"), -0.0]])
+    check_traced(lambda x: torch.searchsorted(sequence, x, side=side), x)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"equal_nan": True}, {"rtol": 0.0, "atol": 0.0}, {"rtol": 0.1, "atol": 0.5}])
+def test_isclose(kwargs):
+    a = torch.tensor([[1.0, float("nan"), float("inf"), -float("inf"), 0.0, 1e10],
+                      [1.0, 2.0, 3.0, float("inf"), -0.0, 1e10 + 1e5]])
+    check_traced(lambda a, b: torch.isclose(a, b, **kwargs), a, a.flip(0))

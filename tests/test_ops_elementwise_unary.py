@@ -134,3 +134,37 @@ def test_composed_unary_integer_gives_eager_dtype(op):
 @pytest.mark.parametrize("op", [torch.ops.aten.alias, torch.ops.aten.alias_copy], ids=str)
 def test_alias_is_identity(op, backend):
     check_traced(lambda x: op(x), SPECIAL, backend=backend)
+
+
+# Special functions: rows whose meaning is their ATen op (ONNX has none: the onnxruntime backend runs their layers on
+# the reference), on values in their domain, NaN, infinities, signed zeros, and integers (which give float).
+SPECIAL_FUNCTIONS = [
+    torch.lgamma, torch.digamma, torch.erfc, torch.special.erfcx, torch.sinc, torch.i0, torch.special.i0e,
+    torch.special.i1, torch.special.i1e, torch.special.ndtr, torch.special.ndtri, torch.special.log_ndtr,
+    torch.special.entr, torch.special.airy_ai, torch.special.bessel_j0, torch.special.bessel_j1,
+    torch.special.bessel_y0, torch.special.bessel_y1, torch.special.modified_bessel_i0,
+    torch.special.modified_bessel_i1, torch.special.modified_bessel_k0, torch.special.modified_bessel_k1,
+    torch.special.scaled_modified_bessel_k0, torch.special.scaled_modified_bessel_k1,
+    torch.special.spherical_bessel_j0, torch.signbit,
+]
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("op", SPECIAL_FUNCTIONS, ids=lambda v: v.__name__)
+def test_special_functions(op, backend):
+    x = torch.cat([values("pos", (2, 6)) * 2, values("any", (1, 6)), SPECIAL, torch.tensor([[0.3, 0.7, -0.0, 1.0,
+                                                                                              -1.0, 0.5]])])
+    check_fn(unary(op), x, backend=backend)  # one engine, no op left in PyTorch
+    check_fn(unary(op), values("pos", dtype=torch.int64), backend=backend)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"nan": 1.5, "posinf": 9.0, "neginf": -9.0}, {"posinf": 2.0}])
+def test_nan_to_num(kwargs):
+    check_traced(lambda x: torch.nan_to_num(x, **kwargs), SPECIAL)
+    check_traced(lambda x: torch.nan_to_num(x, **kwargs) + 1, SPECIAL.half())
+    check_traced(lambda x: torch.nan_to_num(x, **kwargs), torch.arange(6).reshape(2, 3))  # integers: unchanged
+
+
+@pytest.mark.parametrize("op", [torch.isreal, torch.angle], ids=lambda v: v.__name__)
+def test_real_tensor_properties(op):
+    check_fn(unary(op), SPECIAL)

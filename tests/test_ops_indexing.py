@@ -2,7 +2,7 @@
 index_select, gather, scatter, meshgrid."""
 import pytest
 import torch
-from harness import check_fn, check_traced
+from harness import assert_falls_back, check_fn, check_traced
 
 IDX = torch.tensor([2, 0, -1])
 
@@ -122,3 +122,51 @@ def test_gather_with_int32_indices(truncate):
 def test_index_select_of_0d_tensor(index):
     """torch picks a 0-d tensor by its one index 0 (OpInfo index_select); the gather layer refused a 0-d input."""
     check_traced(lambda t, i: torch.index_select(t, 0, i) * 2, torch.tensor(3.5), index, op="aten::index_select")
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1, None])
+def test_take_along_dim_of_constant_indices(dim):
+    x = torch.randn(3, 5)
+    x[0, 0] = float("nan")
+    index = torch.randint(0, 5, (1, 5)) if dim in (1, -1) else torch.randint(0, 3, (2, 1)) if dim == 0 else \
+        torch.randint(0, 15, (4,))
+    check_traced(lambda x: torch.take_along_dim(x, index, dim), x)
+
+
+def test_take_along_dim_of_run_time_indices_stays_in_pytorch():
+    _, report = check_traced(lambda x, i: torch.take_along_dim(x, i, 1) * 2, torch.randn(3, 5), torch.tensor([[-6]]),
+                             engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::take_along_dim", "wraps negative ones")
+
+
+@pytest.mark.parametrize("r, with_replacement", [(1, False), (2, False), (3, False), (2, True)])
+def test_combinations(r, with_replacement):
+    x = torch.tensor([1.0, float("nan"), -float("inf"), 4.0])
+    check_traced(lambda x: torch.combinations(x, r, with_replacement), x)
+
+
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_index_fill_of_constant_indices(dim):
+    index = torch.tensor([0, -1, 1])
+    check_traced(lambda x: x.index_fill(dim, index, float("nan")), torch.randn(3, 4))
+    check_traced(lambda x, v: x.index_fill(dim, index, v), torch.randn(3, 4), torch.tensor(2.5))
+
+
+@pytest.mark.parametrize("dim", [0, 1])
+def test_index_copy_of_constant_indices(dim):
+    index = torch.tensor([2, 0])
+    source = torch.randn(2, 4) if dim == 0 else torch.randn(3, 2)
+    source.view(-1)[0] = float("nan")
+    check_traced(lambda x, s: x.index_copy(dim, index, s), torch.randn(3, 4), source)
+
+
+def test_index_copy_of_repeated_indices_stays_in_pytorch():
+    _, report = check_traced(lambda x, s: x.index_copy(0, torch.tensor([1, 1]), s) * 2, torch.randn(3, 4),
+                             torch.randn(2, 4), engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::index_copy", "repeated indices")
+
+
+def test_take_of_constant_indices():
+    x = torch.randn(3, 4)
+    x[1, 1] = float("nan")
+    check_traced(lambda x: torch.take(x, torch.tensor([[0, 5], [11, 5]])), x)

@@ -111,3 +111,14 @@ def test_addr_addmv(beta, alpha, backend):
 
 def test_addmv_broadcast_self():
     check_traced(lambda s, m, v: torch.addmv(s, m, v), torch.randn(1), torch.randn(3, 4), torch.randn(4))
+
+
+def test_bilinear():
+    w, b = torch.randn(4, 3, 5), torch.randn(4)
+    check_traced(lambda x1, x2: torch.nn.functional.bilinear(x1, x2, w, b), torch.randn(2, 6, 3), torch.randn(2, 6, 5))
+    check_traced(lambda x1, x2, w: torch.nn.functional.bilinear(x1, x2, w), torch.randn(6, 3), torch.randn(6, 5), w)
+
+
+@pytest.mark.parametrize("shapes", [[(3, 4), (4, 5), (5, 2)], [(4,), (4, 5), (5,)], [(4,), (4, 2)], [(3, 4), (4,)]])
+def test_linalg_multi_dot(shapes):
+    check_traced(lambda *ts: torch.linalg.multi_dot(ts), *(torch.randn(*s) for s in shapes))

@@ -99,3 +99,11 @@ def test_negative_eps_stays_in_pytorch_with_its_reason(op, fn):
     """torch takes eps < 0 (NaN where var + eps < 0; OpInfo layer_norm); the layer does not: refused up front."""
     _, report = check_traced(fn, torch.randn(3, 4, 5), engines=None, torch_blocks=1)
     assert_falls_back(report, op, "eps=-0.5 is negative")
+
+
+@pytest.mark.parametrize("eps", [None, 1e-3])
+def test_rms_norm(eps):
+    x = torch.randn(2, 5, 6)
+    x[0, 0, 0], x[1, 1, 1] = float("nan"), float("inf")
+    check_traced(lambda x: F.rms_norm(x, [6], eps=eps), x)
+    check_traced(lambda x, w: F.rms_norm(x, [5, 6], w, eps=eps), x, torch.randn(5, 6))

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from harness import check_fn, check_traced
 
 X = (2, 3, 4)
@@ -214,3 +215,48 @@ EMPTY = [  # topk(x, 0) makes an empty (3, 0) tensor inside the engine
 @pytest.mark.parametrize("fn", [c[1] for c in EMPTY], ids=[c[0] for c in EMPTY])
 def test_reduction_over_empty_dims(fn):
     check_traced(lambda x: fn(torch.topk(x, 0)[0]), _floats(3, 4))
+
+
+_SPECIAL_ROWS = torch.tensor([[float("nan"), 1.0, 2.0, -1.0], [float("inf"), -2.0, 0.0, 3.0],
+                              [float("nan")] * 4, [-float("inf"), 0.0, -0.0, 5.0]])
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("aminmax", lambda x: torch.aminmax(x)),
+    ("aminmax_dim", lambda x: torch.aminmax(x, dim=1, keepdim=True)),
+    ("nansum", lambda x: torch.nansum(x, 1)),
+    ("nansum_all", lambda x: torch.nansum(x)),
+    ("nanmean", lambda x: torch.nanmean(x, 1, keepdim=True)),  # a row of NaN gives NaN
+    ("count_nonzero", lambda x: torch.count_nonzero(x, 0)),
+    ("count_nonzero_dims", lambda x: torch.count_nonzero(x, [0, 1])),
+    ("dist", lambda x: torch.dist(x, x.flip(0), 3)),
+    ("pairwise_distance", lambda x: F.pairwise_distance(x, x.flip(1), keepdim=True)),
+    ("vecdot", lambda x: torch.linalg.vecdot(x, x.flip(0), dim=0)),
+    ("vdot", lambda x: torch.vdot(x[0], x[1])),
+    ("matrix_norm_fro", lambda x: torch.linalg.matrix_norm(x)),
+    ("matrix_norm_inf", lambda x: torch.linalg.matrix_norm(x, float("inf"))),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_composed_reductions(name, fn):
+    check_traced(fn, torch.randn(4, 4))
+    check_traced(fn, _SPECIAL_ROWS)
+
+
+@pytest.mark.parametrize("size", [[1, 4], [3, 1], [4], [1, 1], [3, 4]])
+def test_sum_to_size(size):
+    check_traced(lambda x: x.sum_to_size(size), torch.randn(2, 3, 4))
+
+
+@pytest.mark.parametrize("p, dim", [(2, 0), (1, 1), (float("inf"), -1)])
+def test_renorm(p, dim):
+    x = torch.randn(3, 4, 2) * 3
+    check_traced(lambda x: torch.renorm(x, p, dim, 1.5), x)
+    x[0, 0, 0], x[1, 2, 1] = float("nan"), float("inf")
+    check_traced(lambda x: torch.renorm(x, p, dim, 1.5), x)
+
+
+@pytest.mark.parametrize("dim", [1, 0, -1])
+def test_cosine_similarity(dim):
+    a, b = torch.randn(4, 5), torch.randn(1, 5)
+    check_traced(lambda a, b: F.cosine_similarity(a, b, dim=dim), a, b)
+    a[0, 0], a[1, :] = float("nan"), 0.0  # a zero row: the norm clamped to eps
+    check_traced(lambda a, b: F.cosine_similarity(a, b, dim=dim, eps=1e-3), a, b)

@@ -327,3 +327,83 @@ def test_tril_of_dynamic_matrix_stays_in_pytorch():
     spec = torchkiln.Input(min_shape=(2, 3), opt_shape=(4, 3), max_shape=(8, 3), dtype=torch.float32)
     _, report = check_traced(torch.tril, torch.randn(4, 3), inputs=[spec], engines=0, torch_blocks=1)
     assert_falls_back(report, "aten::tril", "static sizes")
+
+
+# The *_copy and unsafe_* forms of view and split ops: the same converters (engine tensors are never aliased).
+COPY_FORMS = [
+    ("view_copy", lambda x: torch.view_copy(x, [4, 6])),
+    ("permute_copy", lambda x: torch.permute_copy(x, [2, 0, 1])),
+    ("t_copy", lambda x: torch.t_copy(x[0])),
+    ("transpose_copy", lambda x: torch.transpose_copy(x, 0, 2)),
+    ("squeeze_copy", lambda x: torch.squeeze_copy(x[:, :1], 1)),
+    ("unsqueeze_copy", lambda x: torch.unsqueeze_copy(x, 1)),
+    ("expand_copy", lambda x: torch.expand_copy(x[:, :1], [2, 5, 4])),
+    ("narrow_copy", lambda x: torch.narrow_copy(x, 2, 1, 2)),
+    ("unbind_copy", lambda x: torch.unbind_copy(x, 1)),
+    ("split_with_sizes_copy", lambda x: torch.split_with_sizes_copy(x, [1, 2], 1)),
+    ("unsafe_chunk", lambda x: torch.unsafe_chunk(x, 2, 2)),
+    ("unsafe_split", lambda x: torch.unsafe_split(x, 2, 1)),
+    ("conj_physical", torch.conj_physical),
+    ("real", torch.real),
+]
+
+
+@pytest.mark.parametrize("name, fn", COPY_FORMS, ids=[n for n, _ in COPY_FORMS])
+def test_copy_and_unsafe_forms(name, fn):
+    x = torch.randn(2, 3, 4)
+    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    compiled, _ = check_traced(fn, x)
+    out, again = compiled(x), compiled(x)
+    for a, b in zip(out if isinstance(out, (list, tuple)) else [out], again if isinstance(again, (list, tuple))
+                    else [again]):
+        assert a.data_ptr() != x.data_ptr() and a.data_ptr() != b.data_ptr()  # a fresh tensor, as eager's copy
+
+
+def test_channel_shuffle():
+    check_traced(lambda x: F.channel_shuffle(x, 3), torch.randn(2, 6, 4, 5))
+    check_traced(lambda x: F.channel_shuffle(x, 2), torch.randn(2, 6, 4))
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("tensor_split_sections", lambda x: torch.tensor_split(x, 3, 1)),
+    ("tensor_split_indices", lambda x: torch.tensor_split(x, [1, 4, 9], 1)),
+    ("hsplit", lambda x: torch.hsplit(x, 5)),
+    ("hsplit_1d", lambda x: torch.hsplit(x[0, :, 0], [2, 3])),
+    ("vsplit", lambda x: torch.vsplit(x, [1])),
+    ("dsplit", lambda x: torch.dsplit(x, 2)),
+    ("atleast", lambda x: (torch.atleast_1d(x[0, 0, 0]), torch.atleast_2d(x[0, 0]), torch.atleast_3d(x[0]),
+                           torch.atleast_3d(x[0, 0]), torch.atleast_3d(x[0, 0, 0]), torch.atleast_2d(x))),
+    ("atleast_sequence", lambda x: torch.atleast_2d([x[0, 0, 0], x[0, 0]]) + torch.atleast_3d((x[0], x))),
+    ("hstack", lambda x: (torch.hstack([x, x[:, :2]]), torch.hstack([x[0, 0], x[1, 0, :3], x[0, 0, 0]]))),
+    ("vstack", lambda x: (torch.vstack([x[0], x[1, :1]]), torch.vstack([x[0, 0], x[1, 1]]))),
+    ("dstack", lambda x: (torch.dstack([x[0], x[1]]), torch.dstack([x[0, 0], x[1, 1]]))),
+    ("column_stack", lambda x: torch.column_stack([x[0, :, 0], x[0], x[1, :, 0]])),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_splits_and_stacks(name, fn):
+    x = torch.randn(2, 5, 4)
+    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    check_traced(fn, x)
+
+
+@pytest.mark.parametrize("name, fn", [
+    *((f"rot90_k{k}_{dims}", lambda x, k=k, dims=dims: torch.rot90(x, k, dims)) for k in (1, 2, 3, -1, 4)
+      for dims in ([0, 1], [2, 0])),
+    ("block_diag", lambda x: torch.block_diag(x[0], x[1, 0], x[0, 0, 0], x[1, :2, :1])),
+    ("cartesian_prod", lambda x: torch.cartesian_prod(x[0, 0], x[1, 1, :2], x[0, 2, :3])),
+    ("cartesian_prod_one", lambda x: torch.cartesian_prod(x[0, 0])),
+    ("unfold", lambda x: x.unfold(2, 2, 1)),
+    ("unfold_step", lambda x: x.unfold(1, 2, 2)),
+    ("unfold_copy", lambda x: torch.unfold_copy(x, 0, 1, 1)),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_reorders_and_blocks(name, fn):
+    x = torch.randn(2, 3, 4)
+    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    check_traced(fn, x)
+
+
+@pytest.mark.parametrize("fn", [torch.fft.fftshift, torch.fft.ifftshift], ids=lambda v: v.__name__)
+@pytest.mark.parametrize("dim", [None, 1, (0, 2)])
+def test_fftshift_of_a_real_tensor(fn, dim):
+    x = torch.randn(3, 5, 4)
+    x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    check_traced(lambda x: fn(x, dim=dim), x)

@@ -54,3 +54,16 @@ def test_log_softmax_of_rows_with_nan_and_inf_matches_eager(dtype):
     x[0, 0], x[1, 2], x[2, 4], x[3], x[4, 1], x[4, 2] = (float("nan"), float("inf"), float("-inf"), float("-inf"),
                                                          float("inf"), float("-inf"))
     check_traced(lambda t: torch.log_softmax(t, 1), x, op="aten::log_softmax.int")
+
+
+def test_safe_softmax_gives_zero_for_rows_of_minus_infinity():
+    x = torch.randn(4, 5)
+    x[1] = float("-inf")
+    x[2, :2] = float("-inf")
+    x[3, 0] = float("nan")
+    check_traced(lambda x: torch.ops.aten._safe_softmax(x, 1), x)
+
+
+def test_softmax_backward_data():
+    out = torch.softmax(torch.randn(3, 6), 1)
+    check_traced(lambda g, o: torch.ops.aten._softmax_backward_data(g, o, 1, torch.float32), torch.randn(3, 6), out)

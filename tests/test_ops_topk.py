@@ -91,3 +91,43 @@ def topk_k1_smallest(x):
 def test_topk_k1_smallest_of_floats_falls_back_as_it_skips_nan():
     _, report = check_fn(topk_k1_smallest, _with_nan(4, 6), engines=0, torch_blocks=1)
     assert_falls_back(report, "aten::topk", "skips NaN")
+
+
+@pytest.mark.parametrize("name, fn", [
+    ("msort", torch.msort),
+    ("sort_values", lambda x: torch.sort(x, 1)[0]),
+    ("sort_descending_values", lambda x: torch.sort(x, dim=0, descending=True).values),
+    ("sort_stable_values", lambda x: torch.sort(x, stable=True)[0]),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_sorted_values(name, fn):
+    x = torch.randint(-3, 3, (5, 6)).float()  # ties
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    check_traced(fn, x)
+
+
+def test_sort_with_read_indices_stays_in_pytorch():
+    _, report = check_traced(lambda x: torch.sort(x)[1] + 1, torch.randn(3, 4), engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::sort", "its indices are read")
+
+
+@pytest.mark.parametrize("op", [torch.median, torch.nanmedian], ids=lambda v: v.__name__)
+@pytest.mark.parametrize("values", ["plain", "nan", "all_nan", "ints"])
+def test_median_of_every_element(op, values):
+    x = torch.randint(-3, 3, (4, 5)).float()
+    if values == "nan":
+        x[0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    elif values == "all_nan":
+        x[:] = float("nan")
+    elif values == "ints":
+        x = x.long()
+    check_traced(op, x)
+    check_traced(op, x[:3])  # an odd count
+
+
+@pytest.mark.parametrize("op", [torch.cummax, torch.cummin], ids=lambda v: v.__name__)
+@pytest.mark.parametrize("dim", [0, 1, -1])
+def test_running_max_and_min_with_ties_and_nan(op, dim):
+    x = torch.randint(-2, 3, (4, 7)).float()  # many ties: the index is the last one holding the value
+    x[1, 2], x[1, 5], x[2, 0], x[3, 3], x[3, 4] = float("nan"), float("nan"), float("inf"), -0.0, 0.0
+    check_traced(lambda x: op(x, dim), x)
+    check_traced(lambda x: op(x, 0), x[0])

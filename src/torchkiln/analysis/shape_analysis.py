@@ -6,12 +6,14 @@ the method's arguments (tensors, or tuples, lists and dicts of them): `example_a
 recorded: values inside If/Loop bodies never cross an engine boundary, since those bodies run in PyTorch."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from torchkiln.errors import cause_line
 from torchkiln.settings import Input
@@ -68,8 +70,9 @@ def describe_examples(examples: Any) -> str:
 
 
 def probe_values(graph: Graph, module: torch.jit.ScriptModule | None, example_inputs: Sequence[Any],
-                 values: Sequence[torch._C.Value]) -> list[Any]:
-    """Run the graph on example inputs and return what each of `values` (top-level values of the graph) holds.
+                 values: Sequence[torch._C.Value], fake: bool = False) -> list[Any]:
+    """Run the graph on example inputs and return what each of `values` (top-level values of the graph) holds
+    (with `fake`, under FakeTensorMode: shapes, dtypes and devices only, whatever the inputs' values).
 
     Raises ValueError when the graph cannot run on these inputs."""
     originals = list(graph.inputs()) + [o for n in graph.nodes() for o in n.outputs()]
@@ -87,12 +90,13 @@ def probe_values(graph: Graph, module: torch.jit.ScriptModule | None, example_in
     # run once more in the compiled module than in eager
     args = ([copy.deepcopy(module)._c] if takes_self else []) + list(example_inputs)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), (FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()):
             results = fn(*args)
     except RuntimeError as e:
         given = ", ".join(describe_examples(x) for x in example_inputs)
         raise ValueError(f"inputs: running the method on random example inputs {given} failed ({cause_line(e)}); "
-                         f"check that the Input shapes and dtypes are ones the model accepts") from e
+                         f"check that the Input shapes and dtypes are ones the model accepts, or give the Input a "
+                         f"tensor_domain of values it accepts") from e
     return list(results) if isinstance(results, tuple) else [results]
 
 
@@ -105,7 +109,17 @@ def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
     picked = [orig for orig in originals
               if _holds_shapes(orig.type()) and not _may_be_uninitialized(orig)
               and orig.node().kind() != "prim::Constant" and bool(orig.uses()) and not _length_varies(orig)]
-    results = probe_values(graph, module, example_inputs, picked)
+    try:
+        results = probe_values(graph, module, example_inputs, picked)
+    except ValueError as e:
+        # Random values may fall outside an op's domain (cholesky of a matrix that is not positive definite,
+        # binary_cross_entropy outside [0, 1]): shapes do not depend on them, so infer shapes only. A graph whose
+        # shapes do depend on its values (nonzero, a tensor read as a number) fails this too: the first error.
+        try:
+            results = probe_values(graph, module, example_inputs, picked, fake=True)
+        except Exception:  # noqa: BLE001 - any failure of the shape-only run: the real run's error says more
+            raise e from None
+        logger.debug("shape analysis inferred shapes only (meta kernels): %s", e)
     metas = {}
     for orig, value in zip(picked, results):
         if isinstance(value, torch.Tensor):

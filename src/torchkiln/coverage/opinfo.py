@@ -45,6 +45,8 @@ EAGER_VARIES = {
     ("nn.functional.gelu", "nan_inf"): "torch's GELU(+inf) is +inf or NaN depending on its vector path",
     ("nn.functional.scaled_dot_product_attention", "nan_inf"): "eager's CPU flash kernel gives 0 for a NaN query "
                                                                "row, its math kernel NaN",
+    **{(f"special.{shifted}chebyshev_polynomial_{k}", "nan_inf"): "eager's Chebyshev U and W of NaN read "
+       "uninitialized memory (a value that varies per call)" for shifted in ("", "shifted_") for k in "uw"},
 }
 # Ops whose values are undefined (uninitialized memory): only shapes and dtypes are compared.
 UNDEFINED_VALUES = frozenset({"empty", "empty_like", "empty_strided", "empty_permuted", "new_empty",

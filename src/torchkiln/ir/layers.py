@@ -146,6 +146,8 @@ class ActivationType(enum.Enum):
     SILU = "silu"
     MISH = "mish"
     LOG_SIGMOID = "log_sigmoid"
+    POLYGAMMA = "polygamma"  # alpha: the order n of the derivative of digamma
+    MVLGAMMA = "mvlgamma"  # alpha: the dimension p of the multivariate log-gamma
 
 
 class ElementWiseOperation(enum.Enum):
@@ -173,6 +175,28 @@ class ElementWiseOperation(enum.Enum):
     BITWISE_AND = "bitwise_and"
     BITWISE_OR = "bitwise_or"
     BITWISE_XOR = "bitwise_xor"
+    # special functions of two arguments (computed by their reference; ONNX has none)
+    ZETA = "zeta"  # Hurwitz zeta(x, q)
+    IGAMMA = "igamma"  # regularized lower incomplete gamma
+    IGAMMAC = "igammac"  # regularized upper incomplete gamma
+    NEXTAFTER = "nextafter"
+    COPYSIGN = "copysign"
+    HEAVISIDE = "heaviside"
+    LOGADDEXP2 = "logaddexp2"
+    LDEXP = "ldexp"  # a * 2**b
+    XLOG1PY = "xlog1py"
+    CHEBYSHEV_T = "chebyshev_t"  # polynomial(x, n) of degree n
+    CHEBYSHEV_U = "chebyshev_u"
+    CHEBYSHEV_V = "chebyshev_v"
+    CHEBYSHEV_W = "chebyshev_w"
+    SHIFTED_CHEBYSHEV_T = "shifted_chebyshev_t"
+    SHIFTED_CHEBYSHEV_U = "shifted_chebyshev_u"
+    SHIFTED_CHEBYSHEV_V = "shifted_chebyshev_v"
+    SHIFTED_CHEBYSHEV_W = "shifted_chebyshev_w"
+    HERMITE_H = "hermite_h"
+    HERMITE_HE = "hermite_he"
+    LAGUERRE_L = "laguerre_l"
+    LEGENDRE_P = "legendre_p"
 
 
 class UnaryOperation(enum.Enum):
@@ -213,6 +237,33 @@ class UnaryOperation(enum.Enum):
     ISNAN = "isnan"
     ISFINITE = "isfinite"
     SQUARE = "square"
+    SIGNBIT = "signbit"  # output bool
+    # special functions (computed by their reference; ONNX has none)
+    LGAMMA = "lgamma"
+    DIGAMMA = "digamma"
+    ERFC = "erfc"
+    ERFCX = "erfcx"
+    SINC = "sinc"
+    I0 = "i0"
+    I0E = "i0e"
+    I1 = "i1"
+    I1E = "i1e"
+    NDTR = "ndtr"
+    NDTRI = "ndtri"
+    LOG_NDTR = "log_ndtr"
+    ENTR = "entr"
+    AIRY_AI = "airy_ai"
+    BESSEL_J0 = "bessel_j0"
+    BESSEL_J1 = "bessel_j1"
+    BESSEL_Y0 = "bessel_y0"
+    BESSEL_Y1 = "bessel_y1"
+    MODIFIED_BESSEL_I0 = "modified_bessel_i0"
+    MODIFIED_BESSEL_I1 = "modified_bessel_i1"
+    MODIFIED_BESSEL_K0 = "modified_bessel_k0"
+    MODIFIED_BESSEL_K1 = "modified_bessel_k1"
+    SCALED_MODIFIED_BESSEL_K0 = "scaled_modified_bessel_k0"
+    SCALED_MODIFIED_BESSEL_K1 = "scaled_modified_bessel_k1"
+    SPHERICAL_BESSEL_J0 = "spherical_bessel_j0"
 
 
 class PoolingType(enum.Enum):

@@ -102,6 +102,13 @@ def _clip(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
 
 
 P = PointwiseOp
+
+
+def _no_onnx(what: str) -> Onnx:
+    """A special function ONNX has no op for: the onnxruntime backend runs its layer on the reference."""
+    return declined(f"ONNX has no {what} op")
+
+
 _INEXACT_EDGES = "composing one would not be exact at its edges (signed zeros, infinities)"
 # NaN-propagating max/min and clamp (tl.maximum/minimum may return the other operand for NaN).
 _NAN = "{a} != {a}) | ({b} != {b}"
@@ -144,6 +151,33 @@ ELEMENTWISE: dict[L.ElementWiseOperation, PointwiseOp] = {
     E.BITWISE_AND: P(torch.bitwise_and, node("BitwiseAnd"), None, DtypeRule.PROMOTE),
     E.BITWISE_OR: P(torch.bitwise_or, node("BitwiseOr"), None, DtypeRule.PROMOTE),
     E.BITWISE_XOR: P(torch.bitwise_xor, node("BitwiseXor"), None, DtypeRule.PROMOTE),
+    **{op: P(fn, _no_onnx(name), None, rule) for op, (fn, name, rule) in {
+        E.ZETA: (torch.special.zeta, "zeta", DtypeRule.FLOAT),
+        E.IGAMMA: (torch.igamma, "igamma", DtypeRule.FLOAT),
+        E.IGAMMAC: (torch.igammac, "igammac", DtypeRule.FLOAT),
+        E.NEXTAFTER: (torch.nextafter, "nextafter", DtypeRule.PROMOTE),
+        E.COPYSIGN: (torch.copysign, "copysign (a sign bit: -0.0 and -NaN)", DtypeRule.FLOAT),
+        E.HEAVISIDE: (torch.heaviside, "heaviside", DtypeRule.PROMOTE),
+        E.LOGADDEXP2: (torch.logaddexp2, "logaddexp2", DtypeRule.FLOAT),
+        E.LDEXP: (torch.ldexp, "ldexp", DtypeRule.FLOAT),
+        E.XLOG1PY: (torch.special.xlog1py, "xlog1py", DtypeRule.FLOAT),
+        E.CHEBYSHEV_T: (torch.special.chebyshev_polynomial_t, "Chebyshev polynomial", DtypeRule.FLOAT),
+        E.CHEBYSHEV_U: (torch.special.chebyshev_polynomial_u, "Chebyshev polynomial", DtypeRule.FLOAT),
+        E.CHEBYSHEV_V: (torch.special.chebyshev_polynomial_v, "Chebyshev polynomial", DtypeRule.FLOAT),
+        E.CHEBYSHEV_W: (torch.special.chebyshev_polynomial_w, "Chebyshev polynomial", DtypeRule.FLOAT),
+        E.SHIFTED_CHEBYSHEV_T: (torch.special.shifted_chebyshev_polynomial_t, "Chebyshev polynomial",
+                                DtypeRule.FLOAT),
+        E.SHIFTED_CHEBYSHEV_U: (torch.special.shifted_chebyshev_polynomial_u, "Chebyshev polynomial",
+                                DtypeRule.FLOAT),
+        E.SHIFTED_CHEBYSHEV_V: (torch.special.shifted_chebyshev_polynomial_v, "Chebyshev polynomial",
+                                DtypeRule.FLOAT),
+        E.SHIFTED_CHEBYSHEV_W: (torch.special.shifted_chebyshev_polynomial_w, "Chebyshev polynomial",
+                                DtypeRule.FLOAT),
+        E.HERMITE_H: (torch.special.hermite_polynomial_h, "Hermite polynomial", DtypeRule.FLOAT),
+        E.HERMITE_HE: (torch.special.hermite_polynomial_he, "Hermite polynomial", DtypeRule.FLOAT),
+        E.LAGUERRE_L: (torch.special.laguerre_polynomial_l, "Laguerre polynomial", DtypeRule.FLOAT),
+        E.LEGENDRE_P: (torch.special.legendre_polynomial_p, "Legendre polynomial", DtypeRule.FLOAT),
+    }.items()},
 }
 
 UNARY: dict[L.UnaryOperation, PointwiseOp] = {
@@ -188,6 +222,34 @@ UNARY: dict[L.UnaryOperation, PointwiseOp] = {
     U.ISFINITE: P(torch.isfinite, recipe("isfinite"), "tl.abs({x}) <= 3.4028234663852886e+38", DtypeRule.PREDICATE,
                   aten="isfinite"),
     U.SQUARE: P(torch.square, recipe("square"), "{x} * {x}", DtypeRule.SQUARE, aten="square"),
+    U.SIGNBIT: P(torch.signbit, _no_onnx("sign bit (-0.0 and -NaN)"), None, DtypeRule.PREDICATE, aten="signbit"),
+    **{op: P(fn, _no_onnx(aten.removeprefix("special_")), None, DtypeRule.FLOAT, aten=aten) for op, (fn, aten) in {
+        U.LGAMMA: (torch.lgamma, "lgamma"),
+        U.DIGAMMA: (torch.digamma, "digamma"),
+        U.ERFC: (torch.erfc, "erfc"),
+        U.ERFCX: (torch.special.erfcx, "special_erfcx"),
+        U.SINC: (torch.sinc, "sinc"),
+        U.I0: (torch.i0, "i0"),
+        U.I0E: (torch.special.i0e, "special_i0e"),
+        U.I1: (torch.special.i1, "special_i1"),
+        U.I1E: (torch.special.i1e, "special_i1e"),
+        U.NDTR: (torch.special.ndtr, "special_ndtr"),
+        U.NDTRI: (torch.special.ndtri, "special_ndtri"),
+        U.LOG_NDTR: (torch.special.log_ndtr, "special_log_ndtr"),
+        U.ENTR: (torch.special.entr, "special_entr"),
+        U.AIRY_AI: (torch.special.airy_ai, "special_airy_ai"),
+        U.BESSEL_J0: (torch.special.bessel_j0, "special_bessel_j0"),
+        U.BESSEL_J1: (torch.special.bessel_j1, "special_bessel_j1"),
+        U.BESSEL_Y0: (torch.special.bessel_y0, "special_bessel_y0"),
+        U.BESSEL_Y1: (torch.special.bessel_y1, "special_bessel_y1"),
+        U.MODIFIED_BESSEL_I0: (torch.special.modified_bessel_i0, "special_modified_bessel_i0"),
+        U.MODIFIED_BESSEL_I1: (torch.special.modified_bessel_i1, "special_modified_bessel_i1"),
+        U.MODIFIED_BESSEL_K0: (torch.special.modified_bessel_k0, "special_modified_bessel_k0"),
+        U.MODIFIED_BESSEL_K1: (torch.special.modified_bessel_k1, "special_modified_bessel_k1"),
+        U.SCALED_MODIFIED_BESSEL_K0: (torch.special.scaled_modified_bessel_k0, "special_scaled_modified_bessel_k0"),
+        U.SCALED_MODIFIED_BESSEL_K1: (torch.special.scaled_modified_bessel_k1, "special_scaled_modified_bessel_k1"),
+        U.SPHERICAL_BESSEL_J0: (torch.special.spherical_bessel_j0, "special_spherical_bessel_j0"),
+    }.items()},
 }
 
 # alpha and beta are the layer's parameters (see ActivationType); every activation keeps its input's dtype.
@@ -222,6 +284,8 @@ ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
               aten="mish"),
     A.LOG_SIGMOID: P(lambda x, a, b: F.logsigmoid(x), recipe("log_sigmoid"),
                      "tl.minimum({x}, 0.0) - libdevice.log1p(tl.exp(-tl.abs({x})))", aten="log_sigmoid"),
+    A.POLYGAMMA: P(lambda x, a, b: torch.polygamma(int(a), x), _no_onnx("polygamma"), None),
+    A.MVLGAMMA: P(lambda x, a, b: torch.mvlgamma(x, int(a)), _no_onnx("mvlgamma"), None),
 }
 
 FAMILIES: dict[type[L.Layer], tuple[type[enum.Enum], dict]] = {

@@ -64,7 +64,7 @@ def _real_self(args: Args) -> str | None:
 
 
 @converter("aten::positive", "aten::resolve_conj", "aten::resolve_neg", "aten::alias", "aten::alias_copy",
-           capability=_real_self)
+           "aten::detach_copy", "aten::conj_physical", "aten::real", capability=_real_self)
 def identity(ctx: ConversionCtx, args: Args) -> Tensor:
     """Of a real tensor, these are the tensor itself (engine tensors are never aliased)."""
     return ctx.to_tensor(args.self)

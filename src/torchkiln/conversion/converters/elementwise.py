@@ -1,13 +1,15 @@
 """Binary arithmetic converters: add, sub, rsub, mul, div, floor_divide, remainder, fmod, pow, atan2, the
-ternary addcmul and addcdiv (tensor, scalar and in-place forms), and the compositions logaddexp, hypot, fmax,
-fmin and xlogy (with eager's NaN and infinity rules)."""
+special functions of two arguments (zeta, igamma, nextafter, copysign, heaviside, logaddexp2, ldexp, xlog1py, the
+orthogonal polynomials: rows of ir/pointwise.py), the ternary addcmul and addcdiv (tensor, scalar and in-place
+forms), and the compositions logaddexp, hypot, fmax, fmin, xlogy, lerp and float_power (with eager's NaN and
+infinity rules)."""
 from __future__ import annotations
 
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.elementwise import binary, binary_converter, dtype_of, scaled, select, unary
-from torchkiln.conversion.impl.common import is_tensor_like
+from torchkiln.conversion.impl.common import is_tensor_like, one_dtype
 from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
@@ -95,11 +97,31 @@ _BINARY = {
     OP.POW: (("aten::pow.Tensor_Tensor", "aten::pow.Tensor_Scalar", "aten::pow.Scalar"),
              ("aten::pow_.Tensor", "aten::pow_.Scalar")),
     OP.ATAN2: (("aten::atan2",), ("aten::atan2_",)),
+    OP.IGAMMA: (("aten::igamma",), ("aten::igamma_",)),
+    OP.IGAMMAC: (("aten::igammac",), ("aten::igammac_",)),
+    OP.NEXTAFTER: (("aten::nextafter",), ("aten::nextafter_",)),
+    OP.COPYSIGN: (("aten::copysign.Tensor", "aten::copysign.Scalar"),
+                  ("aten::copysign_.Tensor", "aten::copysign_.Scalar")),
+    OP.HEAVISIDE: (("aten::heaviside",), ("aten::heaviside_",)),
+    OP.LOGADDEXP2: (("aten::logaddexp2",), ()),
+    OP.LDEXP: (("aten::ldexp.Tensor",), ("aten::ldexp_",)),
+    **{op: ((f"aten::special_{name}", *(f"aten::special_{name}.{o}" for o in overloads)), ())
+       for op, name, overloads in (
+        (OP.ZETA, "zeta", ("self_scalar", "other_scalar")),
+        (OP.XLOG1PY, "xlog1py", ("self_scalar", "other_scalar")),
+        *((op, f"{name}_polynomial_{k}", ("x_scalar", "n_scalar")) for op, name, k in (
+            (OP.CHEBYSHEV_T, "chebyshev", "t"), (OP.CHEBYSHEV_U, "chebyshev", "u"),
+            (OP.CHEBYSHEV_V, "chebyshev", "v"), (OP.CHEBYSHEV_W, "chebyshev", "w"),
+            (OP.SHIFTED_CHEBYSHEV_T, "shifted_chebyshev", "t"), (OP.SHIFTED_CHEBYSHEV_U, "shifted_chebyshev", "u"),
+            (OP.SHIFTED_CHEBYSHEV_V, "shifted_chebyshev", "v"), (OP.SHIFTED_CHEBYSHEV_W, "shifted_chebyshev", "w"),
+            (OP.HERMITE_H, "hermite", "h"), (OP.HERMITE_HE, "hermite", "he"),
+            (OP.LAGUERRE_L, "laguerre", "l"), (OP.LEGENDRE_P, "legendre", "p"))))},
 }
 
 for _op, (_functional, _inplace) in _BINARY.items():
     _convert = converter(*_functional)(binary_converter(_op))
-    register_inplace(_convert, *_inplace)
+    if _inplace:
+        register_inplace(_convert, *_inplace)
 
 
 def _float_tensors(args: Args) -> str | None:
@@ -170,3 +192,36 @@ def xlogy(ctx: ConversionCtx, args: Args) -> Tensor:
     out = binary(ctx, x, unary(ctx, y, U.LOG), OP.PROD)
     out = select(ctx, binary(ctx, x, 0.0, OP.EQUAL), 0.0, out)
     return select(ctx, unary(ctx, y, U.ISNAN), float("nan"), out)
+
+
+_LERP_OK = one_dtype("self", "end", "weight", floating=True)
+
+
+@converter("aten::lerp.Scalar", "aten::lerp.Tensor", capability=_LERP_OK)
+def lerp(ctx: ConversionCtx, args: Args) -> Tensor:
+    """self + w (end - self) where |w| < 0.5, else end - (end - self)(1 - w), as ATen computes it."""
+    x, end, w = ctx.to_tensor(args.self), ctx.to_tensor(args.end), args.weight
+    diff = binary(ctx, end, x, OP.SUB)
+    if not is_tensor_like(w):
+        return binary(ctx, x, binary(ctx, diff, w, OP.PROD), OP.SUM) if abs(w) < 0.5 else \
+            binary(ctx, end, binary(ctx, diff, 1.0 - w, OP.PROD), OP.SUB)
+    w = ctx.to_tensor(w)
+    small = binary(ctx, unary(ctx, w, U.ABS), 0.5, OP.LESS)
+    return select(ctx, small, binary(ctx, x, binary(ctx, w, diff, OP.PROD), OP.SUM),
+                  binary(ctx, end, binary(ctx, diff, binary(ctx, 1.0, w, OP.SUB), OP.PROD), OP.SUB))
+
+
+register_inplace(lerp, "aten::lerp_.Scalar", "aten::lerp_.Tensor", capability=_LERP_OK)
+
+
+def _real_operands(args: Args) -> str | None:
+    if any(is_tensor_like(v) and (v.dtype.is_complex or v.dtype == torch.bool) for v in (args[0], args[1])):
+        return "complex or bool operands"
+    return None
+
+
+@converter("aten::float_power.Tensor_Tensor", "aten::float_power.Tensor_Scalar", "aten::float_power.Scalar",
+           capability=_real_operands)
+def float_power(ctx: ConversionCtx, args: Args) -> Tensor:
+    """pow of both operands in float64."""
+    return binary(ctx, ctx.to_tensor(args[0], torch.float64), ctx.to_tensor(args[1], torch.float64), OP.POW)

@@ -1,5 +1,10 @@
-"""Indexing converters: index (advanced indexing), index_select, gather, scatter."""
+"""Indexing converters: index (advanced indexing), index_select, gather, scatter, take_along_dim,
+combinations, index_fill, index_copy and take (constant
+indices)."""
 from __future__ import annotations
+
+import itertools
+import math
 
 import torch
 
@@ -56,3 +61,118 @@ def scatter(ctx: ConversionCtx, args: Args) -> Tensor:
     else:  # one value everywhere the index points, in self's dtype
         updates = expand(ctx, ctx.to_tensor(args.value, x.dtype), index.shape)
     return ctx.network.add_scatter(x, index, updates, normalize_dim(args.dim, x.rank)).get_output()
+
+
+def _take_along_dim_ok(args: Args) -> str | None:
+    index, shape = args.indices, args.self.shape
+    size = math.prod(shape) if args.dim is None else shape[normalize_dim(args.dim, len(shape))]
+    if not isinstance(index, torch.Tensor) or not isinstance(size, int):
+        return "indices known only at run time (eager wraps negative ones in its own way)"
+    if index.numel() and not bool(((index >= 0) & (index < size)).all()):
+        return f"indices outside [0, {size})"
+    return None
+
+
+@converter("aten::take_along_dim", capability=_take_along_dim_ok)
+def take_along_dim(ctx: ConversionCtx, args: Args) -> Tensor:
+    """gather along `dim` of constant in-range indices, after broadcasting self and indices on the other dims (dim
+    None: of the flattened self)."""
+    x, index = ctx.to_tensor(args.self), args.indices
+    if args.dim is None:
+        x, dim = reshape(ctx, x, [-1]), 0
+        index = ctx.to_tensor(index.reshape(-1).to(torch.int64))
+    else:
+        dim = normalize_dim(args.dim, x.rank)
+        index = ctx.to_tensor(index.to(torch.int64))
+        others = torch.broadcast_shapes(*([1 if d == dim else s for d, s in enumerate(t.shape)] for t in (x, index)))
+        x = expand(ctx, x, [x.shape[d] if d == dim else s for d, s in enumerate(others)])
+        index = expand(ctx, index, [index.shape[d] if d == dim else s for d, s in enumerate(others)])
+    return ctx.network.add_gather(x, index, dim, L.GatherMode.ELEMENT).get_output()
+
+
+def _combinations_ok(args: Args) -> str | None:
+    shape = args.self.shape
+    if len(shape) != 1 or not isinstance(shape[0], int):
+        return "not a 1-d input of static size"
+    if args.r < 1 or (not args.with_replacement and args.r > shape[0]):
+        return f"no combination of {args.r} of {shape[0]} elements (eager gives an empty tensor)"
+    return None
+
+
+@converter("aten::combinations", capability=_combinations_ok)
+def combinations(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Rows of the elements at every combination of r indices, in itertools' order (as eager's)."""
+    x = ctx.to_tensor(args.self)
+    pick = itertools.combinations_with_replacement if args.with_replacement else itertools.combinations
+    index = torch.tensor(list(pick(range(x.shape[0]), args.r)), dtype=torch.int64)
+    return ctx.network.add_gather(x, ctx.to_tensor(index), 0, L.GatherMode.DEFAULT).get_output()
+
+
+def _index_fill_ok(args: Args) -> str | None:
+    index, shape = args.index, args.self.shape
+    size = shape[normalize_dim(args.dim, len(shape))] if shape else 1
+    if not isinstance(index, torch.Tensor) or not isinstance(size, int):
+        return "indices known only at run time"
+    if index.numel() and not bool(((index >= -size) & (index < size)).all()):
+        return f"indices outside [-{size}, {size})"
+    return None
+
+
+@converter("aten::index_fill.int_Scalar", "aten::index_fill.int_Tensor", capability=_index_fill_ok)
+def index_fill(ctx: ConversionCtx, args: Args) -> Tensor:
+    """value where the index along `dim` is listed (negative ones counted from the end), self elsewhere."""
+    x = ctx.to_tensor(args.self)
+    if x.rank == 0:
+        return ctx.to_tensor(args.value, x.dtype) if args.index.numel() else x
+    dim = normalize_dim(args.dim, x.rank)
+    mask = torch.zeros(x.shape[dim], dtype=torch.bool)
+    mask[args.index.reshape(-1).to(torch.int64) % x.shape[dim]] = True
+    mask = mask.reshape([x.shape[dim] if d == dim else 1 for d in range(x.rank)])
+    value = ctx.to_tensor(args.value, x.dtype)
+    return ctx.network.add_select(ctx.to_tensor(mask), value, x).get_output()
+
+
+def _index_copy_ok(args: Args) -> str | None:
+    found = _index_fill_ok(args)
+    if found is not None:
+        return found
+    shape = args.self.shape
+    size = shape[normalize_dim(args.dim, len(shape))] if shape else 1
+    if args.index.numel() != len(set((args.index.reshape(-1) % size).tolist())):
+        return "repeated indices (which source row eager keeps is unspecified)"
+    return None if args.source.dtype == args.self.dtype else "a source of another dtype (eager raises)"
+
+
+@converter("aten::index_copy", capability=_index_copy_ok)
+def index_copy(ctx: ConversionCtx, args: Args) -> Tensor:
+    """source's slice k where index[k] lists the position along `dim`, self elsewhere."""
+    x, source = ctx.to_tensor(args.self), ctx.to_tensor(args.source)
+    if x.rank == 0:
+        return source if args.index.numel() else x
+    dim = normalize_dim(args.dim, x.rank)
+    size = x.shape[dim]
+    where = (args.index.reshape(-1).to(torch.int64) % size).tolist()
+    mask, pick = torch.zeros(size, dtype=torch.bool), torch.zeros(size, dtype=torch.int64)
+    for k, position in enumerate(where):
+        mask[position], pick[position] = True, k
+    if source.rank == 0:
+        source = reshape(ctx, source, [1])
+    picked = ctx.network.add_gather(source, ctx.to_tensor(pick), dim, L.GatherMode.DEFAULT).get_output()
+    mask = mask.reshape([size if d == dim else 1 for d in range(x.rank)])
+    return ctx.network.add_select(ctx.to_tensor(mask), picked, x).get_output()
+
+
+def _take_ok(args: Args) -> str | None:
+    index, numel = args.index, math.prod(args.self.shape)
+    if not isinstance(index, torch.Tensor) or not isinstance(numel, int):
+        return "indices known only at run time"
+    if index.numel() and not bool(((index >= 0) & (index < numel)).all()):
+        return f"indices outside [0, {numel})"
+    return None
+
+
+@converter("aten::take", capability=_take_ok)
+def take(ctx: ConversionCtx, args: Args) -> Tensor:
+    """The flattened self gathered at the indices, in their shape."""
+    flat = reshape(ctx, ctx.to_tensor(args.self), [-1])
+    return ctx.network.add_gather(flat, ctx.to_tensor(args.index.to(torch.int64)), 0, L.GatherMode.DEFAULT).get_output()

@@ -1,10 +1,12 @@
-"""Normalization converters: batch norm (inference) as a per-channel scale; layer, group and instance norm."""
+"""Normalization converters: batch norm (inference) as a per-channel scale; layer, group, instance and RMS norm."""
 from __future__ import annotations
 
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import needs_static
+from torchkiln.conversion.impl.elementwise import binary, unary
+from torchkiln.conversion.impl.reduce import reduce
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.ir import layers as L
@@ -81,3 +83,22 @@ def instance_norm(ctx: ConversionCtx, args: Args) -> Tensor:
     if not args.use_input_stats:
         return _running_stats_scale(ctx, args)
     return _normalization(ctx, args, L.NormalizationKind.INSTANCE)
+
+
+def _rms_norm_ok(args: Args) -> str | None:
+    dtypes = {args.input.dtype} | ({args.weight.dtype} if args.weight is not None else set())
+    if dtypes != {torch.float32}:
+        return f"dtypes {sorted(map(str, dtypes))} (only float32: eager computes half precision in float32)"
+    return None
+
+
+@converter("aten::rms_norm", capability=_rms_norm_ok)
+def rms_norm(ctx: ConversionCtx, args: Args) -> Tensor:
+    """x * rsqrt(mean(x^2 over the normalized dims) + eps) * weight; eps defaults to the dtype's epsilon."""
+    x = ctx.to_tensor(args.input)
+    dims = list(range(x.rank - len(args.normalized_shape), x.rank))
+    eps = torch.finfo(x.dtype).eps if args.eps is None else args.eps
+    mean_square = reduce(ctx, unary(ctx, x, L.UnaryOperation.SQUARE), L.ReduceOperation.AVG, dims, True)
+    scale = unary(ctx, binary(ctx, mean_square, eps, L.ElementWiseOperation.SUM), L.UnaryOperation.RSQRT)
+    out = binary(ctx, x, scale, L.ElementWiseOperation.PROD)
+    return out if args.weight is None else binary(ctx, out, args.weight, L.ElementWiseOperation.PROD)

@@ -1,5 +1,9 @@
 """Reduction converters: mean, sum, prod, amax/amin, max/min over all, all/any, logsumexp, cumsum/cumprod,
-vector and matrix norms, var/std."""
+vector and matrix norms, var/std, nansum/nanmean, count_nonzero, aminmax, dist,
+pairwise_distance, cosine_similarity, vecdot/vdot, sum_to_size, renorm.
+
+var_mean and std_mean are not converted: their mean is Welford's, which gives NaN or inf for a row holding an
+infinity depending on where it sits."""
 from __future__ import annotations
 
 import math
@@ -8,10 +12,13 @@ from typing import Any
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.common import normalize_dim, normalize_dims, to_dtype
+from torchkiln.conversion.impl.activation import clip
+from torchkiln.conversion.impl.common import normalize_dim, normalize_dims, one_dtype, to_dtype
 from torchkiln.conversion.impl.elementwise import binary, unary
 from torchkiln.conversion.impl.reduce import matrix_norm, reduce, variance, vector_norm
+from torchkiln.conversion.impl.reduce import pairwise_distance as pairwise_distance_of
 from torchkiln.conversion.impl.shuffle import squeeze_dims
+from torchkiln.conversion.impl.tiling import expand
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.ir import layers as L
@@ -161,3 +168,110 @@ def var(ctx: ConversionCtx, args: Args) -> Tensor:
 @converter("aten::std", "aten::std.dim", "aten::std.correction")
 def std(ctx: ConversionCtx, args: Args) -> Tensor:
     return unary(ctx, var(ctx, args), U.SQRT)
+
+
+# ---- NaN-ignoring and counting reductions -----------------------------------------------------
+
+def _floating(args: Args) -> str | None:
+    return None if args.self.dtype.is_floating_point else f"a {args.self.dtype} tensor (only floating ones converted)"
+
+
+@converter("aten::aminmax")
+def aminmax(ctx: ConversionCtx, args: Args) -> tuple[Tensor, Tensor]:
+    return amin(ctx, args), amax(ctx, args)
+
+
+def _without_nan(ctx: ConversionCtx, x: Tensor) -> Tensor:
+    return ctx.network.add_select(unary(ctx, x, U.ISNAN), ctx.to_tensor(0.0, x.dtype), x).get_output()
+
+
+@converter("aten::nansum", capability=_floating)
+def nansum(ctx: ConversionCtx, args: Args) -> Tensor:
+    """sum with NaN counted as 0."""
+    x = ctx.to_tensor(args.self, to_dtype(args.dtype))
+    return reduce(ctx, _without_nan(ctx, x), R.SUM, args.dim, args.keepdim)
+
+
+@converter("aten::nanmean", capability=_floating)
+def nanmean(ctx: ConversionCtx, args: Args) -> Tensor:
+    """nansum / the count of non-NaN elements (as ATen composes it: NaN where every element is NaN)."""
+    x = ctx.to_tensor(args.self, to_dtype(args.dtype))
+    count = reduce(ctx, ctx.to_tensor(unary(ctx, unary(ctx, x, U.ISNAN), U.NOT), torch.int64), R.SUM, args.dim,
+                   args.keepdim)
+    return binary(ctx, reduce(ctx, _without_nan(ctx, x), R.SUM, args.dim, args.keepdim), count, E.DIV)
+
+
+@converter("aten::count_nonzero", "aten::count_nonzero.dim_IntList")
+def count_nonzero(ctx: ConversionCtx, args: Args) -> Tensor:
+    nonzero = ctx.to_tensor(binary(ctx, args.self, 0, E.NOT_EQUAL), torch.int64)
+    return reduce(ctx, nonzero, R.SUM, args.dim, False)
+
+
+# ---- distances and products -------------------------------------------------------------------
+
+@converter("aten::dist", capability=one_dtype("self", "other", floating=True))
+def dist(ctx: ConversionCtx, args: Args) -> Tensor:
+    """The p-norm of self - other over every element."""
+    return vector_norm(ctx, binary(ctx, args.self, args.other, E.SUB), args.p, None, False)
+
+
+@converter("aten::pairwise_distance", capability=one_dtype("x1", "x2", floating=True))
+def pairwise_distance(ctx: ConversionCtx, args: Args) -> Tensor:
+    return pairwise_distance_of(ctx, args.x1, args.x2, args.p, args.eps, args.keepdim)
+
+
+@converter("aten::linalg_vecdot", capability=one_dtype("x", "y", floating=True))
+def linalg_vecdot(ctx: ConversionCtx, args: Args) -> Tensor:
+    """sum(x * y) over `dim` (of real tensors, no conjugate)."""
+    return reduce(ctx, binary(ctx, args.x, args.y, E.PROD), R.SUM, args.dim, False)
+
+
+@converter("aten::vdot", capability=one_dtype("self", "other", floating=True))
+def vdot(ctx: ConversionCtx, args: Args) -> Tensor:
+    return reduce(ctx, binary(ctx, args.self, args.other, E.PROD), R.SUM, None, False)
+
+
+def _matrix_norm_ok(args: Args) -> str | None:
+    return None if args.ord in _MATRIX_ORDS else f"matrix norm of order {args.ord!r} (needs singular values)"
+
+
+@converter("aten::linalg_matrix_norm", "aten::linalg_matrix_norm.str_ord", capability=_matrix_norm_ok)
+def linalg_matrix_norm(ctx: ConversionCtx, args: Args) -> Tensor:
+    return matrix_norm(ctx, ctx.to_tensor(args.self, to_dtype(args.dtype)), args.ord, args.dim, args.keepdim)
+
+
+@converter("aten::sum_to_size")
+def sum_to_size(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Summed over the leading dims `size` lacks and (keeping them) over the dims where it has 1."""
+    x, size = ctx.to_tensor(args.self), list(args.size)
+    lead = x.rank - len(size)
+    ones = [lead + i for i, s in enumerate(size) if s == 1 and x.shape[lead + i] != 1]
+    out = reduce(ctx, x, R.SUM, ones, True) if ones else x
+    return reduce(ctx, out, R.SUM, list(range(lead)), False) if lead else out
+
+
+@converter("aten::renorm", capability=one_dtype("self", floating=True))
+def renorm(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Each slice along `dim` scaled by maxnorm / (norm + 1e-7) where its p-norm exceeds maxnorm, as ATen does."""
+    x = ctx.to_tensor(args.self)
+    dim = normalize_dim(args.dim, x.rank)
+    norm = vector_norm(ctx, x, args.p, [d for d in range(x.rank) if d != dim], True)
+    scale = binary(ctx, args.maxnorm, binary(ctx, norm, 1e-7, E.SUM), E.DIV)
+    factor = ctx.network.add_select(binary(ctx, norm, args.maxnorm, E.GREATER), scale,
+                                    ctx.to_tensor(1.0, x.dtype)).get_output()
+    return binary(ctx, x, factor, E.PROD)
+
+
+@converter("aten::cosine_similarity", capability=one_dtype("x1", "x2", floating=True))
+def cosine_similarity(ctx: ConversionCtx, args: Args) -> Tensor:
+    """sum((x1 / max(|x1|, eps)) * (x2 / max(|x2|, eps))) over `dim`, each divided by its norm first, as ATen does."""
+    x1, x2 = ctx.to_tensor(args.x1), ctx.to_tensor(args.x2)
+    shape = list(torch.broadcast_shapes(x1.shape, x2.shape))
+    x1, x2 = expand(ctx, x1, shape), expand(ctx, x2, shape)
+    dim = normalize_dim(args.dim, len(shape))
+
+    def unit(x: Tensor) -> Tensor:
+        norm = vector_norm(ctx, x, 2, dim, True)
+        return binary(ctx, x, clip(ctx, norm, args.eps, None), E.DIV)
+
+    return reduce(ctx, binary(ctx, unit(x1), unit(x2), E.PROD), R.SUM, dim, False)

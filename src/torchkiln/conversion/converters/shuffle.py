@@ -10,7 +10,7 @@ from torchkiln.analysis.resolve import Args
 from torchkiln.ir.tensor import Tensor
 
 
-@converter("aten::view", "aten::reshape")
+@converter("aten::view", "aten::reshape", "aten::view_copy", "aten::_reshape_copy")
 def view(ctx: ConversionCtx, args: Args) -> Tensor:
     return reshape(ctx, ctx.to_tensor(args.self), args[1])
 
@@ -27,13 +27,13 @@ def flatten(ctx: ConversionCtx, args: Args) -> Tensor:
     return reshape(ctx, x, list(x.shape[:start]) + [merged] + list(x.shape[end + 1:]))
 
 
-@converter("aten::permute")
+@converter("aten::permute", "aten::permute_copy")
 def permute_converter(ctx: ConversionCtx, args: Args) -> Tensor:
     x = ctx.to_tensor(args.self)
     return permute(ctx, x, [normalize_dim(d, x.rank) for d in args.dims])
 
 
-@converter("aten::transpose.int")
+@converter("aten::transpose.int", "aten::transpose_copy.int")
 def transpose(ctx: ConversionCtx, args: Args) -> Tensor:
     x = ctx.to_tensor(args.self)
     perm = list(range(x.rank))
@@ -54,13 +54,14 @@ def unflatten(ctx: ConversionCtx, args: Args) -> Tensor:
     return reshape(ctx, x, list(x.shape[:dim]) + list(args.sizes) + list(x.shape[dim + 1:]))
 
 
-@converter("aten::t")
+@converter("aten::t", "aten::t_copy")
 def t(ctx: ConversionCtx, args: Args) -> Tensor:
     x = ctx.to_tensor(args.self)
     return permute(ctx, x, [1, 0]) if x.rank == 2 else x
 
 
-@converter("aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims")
+@converter("aten::squeeze", "aten::squeeze.dim", "aten::squeeze.dims", "aten::squeeze_copy", "aten::squeeze_copy.dim",
+           "aten::squeeze_copy.dims")
 def squeeze(ctx: ConversionCtx, args: Args) -> Tensor:
     x, dims = ctx.to_tensor(args.self), args.get("dim")
     if x.rank == 0 or dims == []:  # squeeze(dim=[]) squeezes nothing
@@ -68,7 +69,7 @@ def squeeze(ctx: ConversionCtx, args: Args) -> Tensor:
     return squeeze_dims(ctx, x, normalize_dims(dims, x.rank))
 
 
-@converter("aten::unsqueeze")
+@converter("aten::unsqueeze", "aten::unsqueeze_copy")
 def unsqueeze_converter(ctx: ConversionCtx, args: Args) -> Tensor:
     x = ctx.to_tensor(args.self)
     return unsqueeze(ctx, x, normalize_dim(args.dim, x.rank + 1))

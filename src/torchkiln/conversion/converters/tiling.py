@@ -1,4 +1,5 @@
-"""Broadcasting and tiling converters: expand, expand_as, broadcast_to, repeat, repeat_interleave, meshgrid."""
+"""Broadcasting and tiling converters: expand, expand_as, broadcast_to, repeat, repeat_interleave, meshgrid,
+broadcast_tensors."""
 from __future__ import annotations
 
 import torch
@@ -13,7 +14,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 
 
-@converter("aten::expand", "aten::broadcast_to")
+@converter("aten::expand", "aten::broadcast_to", "aten::expand_copy")
 def expand_converter(ctx: ConversionCtx, args: Args) -> Tensor:
     return expand(ctx, ctx.to_tensor(args.self), args.size)
 
@@ -56,3 +57,17 @@ def repeat_interleave(ctx: ConversionCtx, args: Args) -> Tensor:
 @converter("aten::meshgrid", "aten::meshgrid.indexing")
 def meshgrid_converter(ctx: ConversionCtx, args: Args) -> list[Tensor]:
     return meshgrid(ctx, [ctx.to_tensor(t) for t in args.tensors], args.get("indexing") or "ij")
+
+
+def _static_shapes(args: Args) -> str | None:
+    if any(not isinstance(d, int) for t in args.tensors for d in t.shape):
+        return "a dim known only at run time"
+    return None
+
+
+@converter("aten::broadcast_tensors", capability=_static_shapes)
+def broadcast_tensors(ctx: ConversionCtx, args: Args) -> list[Tensor]:
+    """Each tensor expanded to the operands' broadcast shape."""
+    tensors = [ctx.to_tensor(t) for t in args.tensors]
+    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    return [expand(ctx, t, shape) for t in tensors]

@@ -8,7 +8,7 @@ import math
 import torch
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.elementwise import binary, unary, unary_converter
+from torchkiln.conversion.impl.elementwise import binary, select, unary, unary_converter
 from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
@@ -25,7 +25,7 @@ _NO_INPLACE = ("isinf", "isneginf", "isposinf", "isnan", "isfinite", "logical_no
 for _op, _row in UNARY.items():  # each unary op's row names the ATen op it converts
     if _row.aten:
         _convert = converter(f"aten::{_row.aten}")(unary_converter(_op))
-        if _row.aten not in _NO_INPLACE:
+        if _row.aten not in _NO_INPLACE and hasattr(torch.Tensor, f"{_row.aten}_"):  # special_* have none
             register_inplace(_convert, f"aten::{_row.aten}_")
 
 converter("prim::abs")(unary_converter(U.ABS))  # Python's abs() on a tensor
@@ -86,3 +86,38 @@ def frac(ctx: ConversionCtx, args: Args) -> Tensor:
     """x - trunc(x), as ATen computes it (so frac(+-inf) is NaN)."""
     x = ctx.to_tensor(args.self)
     return binary(ctx, x, unary(ctx, x, U.TRUNC), E.SUB)
+
+
+@converter("aten::nan_to_num")
+def nan_to_num(ctx: ConversionCtx, args: Args) -> Tensor:
+    """NaN, +inf and -inf replaced (by 0 and the dtype's largest and lowest finite values unless given); integers
+    unchanged."""
+    x = ctx.to_tensor(args.self)
+    if not x.dtype.is_floating_point:
+        return x
+    info = torch.finfo(x.dtype)
+    nan = 0.0 if args.nan is None else args.nan
+    posinf = info.max if args.posinf is None else args.posinf
+    neginf = info.min if args.neginf is None else args.neginf
+    out = select(ctx, unary(ctx, x, U.ISPOSINF), ctx.to_tensor(torch.tensor(posinf, dtype=x.dtype)), x)
+    out = select(ctx, unary(ctx, x, U.ISNEGINF), ctx.to_tensor(torch.tensor(neginf, dtype=x.dtype)), out)
+    return select(ctx, unary(ctx, x, U.ISNAN), ctx.to_tensor(torch.tensor(nan, dtype=x.dtype)), out)
+
+
+register_inplace(nan_to_num, "aten::nan_to_num_")
+
+
+@converter("aten::isreal")
+def isreal(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Of a real tensor, True everywhere (isnan or not isnan: the input's shape, static or not)."""
+    nan = unary(ctx, args.self, U.ISNAN)
+    return binary(ctx, nan, unary(ctx, nan, U.NOT), E.OR)
+
+
+@converter("aten::angle", capability=_floating)
+def angle(ctx: ConversionCtx, args: Args) -> Tensor:
+    """Of a real tensor: pi below 0, else 0; NaN stays NaN."""
+    x = ctx.to_tensor(args.self)
+    out = select(ctx, binary(ctx, x, 0.0, E.LESS), ctx.to_tensor(torch.tensor(math.pi, dtype=x.dtype)),
+                 ctx.to_tensor(torch.tensor(0.0, dtype=x.dtype)))
+    return select(ctx, unary(ctx, x, U.ISNAN), x, out)

@@ -1,7 +1,7 @@
 """Small helpers every converter family uses."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -106,3 +106,16 @@ def _may_alias(user: Node, offset: int) -> bool:
         return True
     arguments = torch._C.parse_schema(schema).arguments
     return offset >= len(arguments) or arguments[offset].alias_info is not None
+
+
+def one_dtype(*names: str | int, floating: bool = False) -> Callable[[Args], str | None]:
+    """Capability: these tensors share one real, non-bool dtype (floating, if asked); mixed dtypes would need
+    eager's promotion rules."""
+    def check(args: Args) -> str | None:
+        dtypes = {args[n].dtype for n in names if is_tensor_like(args[n])}
+        dtype = next(iter(dtypes))
+        if len(dtypes) != 1 or dtype.is_complex or dtype == torch.bool or (floating and not dtype.is_floating_point):
+            return f"operand dtypes {sorted(map(str, dtypes))} (only one real{' floating' if floating else ''} dtype)"
+        return None
+
+    return check

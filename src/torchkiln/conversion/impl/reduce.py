@@ -84,3 +84,9 @@ def top_one(ctx: ConversionCtx, x: Tensor, op: L.TopKOperation, dim: int | None,
     if list(values.shape) == out_shape:
         return values, indices
     return reshape(ctx, values, out_shape), reshape(ctx, indices, out_shape)
+
+
+def pairwise_distance(ctx: ConversionCtx, a, b, p: float, eps: float, keepdim: bool) -> Tensor:
+    """torch.pairwise_distance: the p-norm of a - b + eps over the last dim of the wider operand."""
+    rank = max(len(a.shape), len(b.shape))
+    return vector_norm(ctx, binary(ctx, binary(ctx, a, b, E.SUB), eps, E.SUM), p, max(rank - 1, 0), keepdim)
