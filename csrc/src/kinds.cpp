@@ -10,7 +10,7 @@ at::ScalarType scalar_type(const std::string& name) {
   static const std::map<std::string, at::ScalarType> table = {
       {"float32", at::kFloat}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16}, {"float64", at::kDouble},
       {"int64", at::kLong},    {"int32", at::kInt},    {"int16", at::kShort},       {"int8", at::kChar},
-      {"uint8", at::kByte},    {"bool", at::kBool}};
+      {"uint8", at::kByte},    {"bool", at::kBool},  {"float8_e4m3fn", at::kFloat8_e4m3fn}};
   return table.at(name);
 }
 

@@ -99,7 +99,8 @@ Sections sections_v2(const uint8_t* data, size_t size) {
 const std::map<std::string, at::ScalarType>& safetensors_dtypes() {
   static const std::map<std::string, at::ScalarType> table = {
       {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf}, {"BF16", at::kBFloat16}, {"I64", at::kLong},
-      {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},  {"U8", at::kByte},       {"BOOL", at::kBool}};
+      {"I32", at::kInt},    {"I16", at::kShort}, {"I8", at::kChar},  {"U8", at::kByte},       {"BOOL", at::kBool},
+      {"F8_E4M3", at::kFloat8_e4m3fn}};
   return table;
 }
 

@@ -61,6 +61,27 @@ const std::map<std::string, Binary>& elementwise() {
       {"bitwise_and", [](auto& a, auto& b) { return at::bitwise_and(a, b); }},
       {"bitwise_or", [](auto& a, auto& b) { return at::bitwise_or(a, b); }},
       {"bitwise_xor", [](auto& a, auto& b) { return at::bitwise_xor(a, b); }},
+      {"zeta", [](auto& a, auto& b) { return at::special_zeta(a, b); }},
+      {"igamma", [](auto& a, auto& b) { return at::igamma(a, b); }},
+      {"igammac", [](auto& a, auto& b) { return at::igammac(a, b); }},
+      {"nextafter", [](auto& a, auto& b) { return at::nextafter(a, b); }},
+      {"copysign", [](auto& a, auto& b) { return at::copysign(a, b); }},
+      {"heaviside", [](auto& a, auto& b) { return at::heaviside(a, b); }},
+      {"logaddexp2", [](auto& a, auto& b) { return at::logaddexp2(a, b); }},
+      {"ldexp", [](auto& a, auto& b) { return at::ldexp(a, b); }},
+      {"xlog1py", [](auto& a, auto& b) { return at::special_xlog1py(a, b); }},
+      {"chebyshev_t", [](auto& a, auto& b) { return at::special_chebyshev_polynomial_t(a, b); }},
+      {"chebyshev_u", [](auto& a, auto& b) { return at::special_chebyshev_polynomial_u(a, b); }},
+      {"chebyshev_v", [](auto& a, auto& b) { return at::special_chebyshev_polynomial_v(a, b); }},
+      {"chebyshev_w", [](auto& a, auto& b) { return at::special_chebyshev_polynomial_w(a, b); }},
+      {"shifted_chebyshev_t", [](auto& a, auto& b) { return at::special_shifted_chebyshev_polynomial_t(a, b); }},
+      {"shifted_chebyshev_u", [](auto& a, auto& b) { return at::special_shifted_chebyshev_polynomial_u(a, b); }},
+      {"shifted_chebyshev_v", [](auto& a, auto& b) { return at::special_shifted_chebyshev_polynomial_v(a, b); }},
+      {"shifted_chebyshev_w", [](auto& a, auto& b) { return at::special_shifted_chebyshev_polynomial_w(a, b); }},
+      {"hermite_h", [](auto& a, auto& b) { return at::special_hermite_polynomial_h(a, b); }},
+      {"hermite_he", [](auto& a, auto& b) { return at::special_hermite_polynomial_he(a, b); }},
+      {"laguerre_l", [](auto& a, auto& b) { return at::special_laguerre_polynomial_l(a, b); }},
+      {"legendre_p", [](auto& a, auto& b) { return at::special_legendre_polynomial_p(a, b); }},
   };
   return table;
 }
@@ -104,6 +125,32 @@ const std::map<std::string, Unary>& unary() {
       {"isnan", [](auto& x) { return at::isnan(x); }},
       {"isfinite", [](auto& x) { return at::isfinite(x); }},
       {"square", [](auto& x) { return at::square(x); }},
+      {"signbit", [](auto& x) { return at::signbit(x); }},
+      {"lgamma", [](auto& x) { return at::lgamma(x); }},
+      {"digamma", [](auto& x) { return at::digamma(x); }},
+      {"erfc", [](auto& x) { return at::erfc(x); }},
+      {"erfcx", [](auto& x) { return at::special_erfcx(x); }},
+      {"sinc", [](auto& x) { return at::sinc(x); }},
+      {"i0", [](auto& x) { return at::i0(x); }},
+      {"i0e", [](auto& x) { return at::special_i0e(x); }},
+      {"i1", [](auto& x) { return at::special_i1(x); }},
+      {"i1e", [](auto& x) { return at::special_i1e(x); }},
+      {"ndtr", [](auto& x) { return at::special_ndtr(x); }},
+      {"ndtri", [](auto& x) { return at::special_ndtri(x); }},
+      {"log_ndtr", [](auto& x) { return at::special_log_ndtr(x); }},
+      {"entr", [](auto& x) { return at::special_entr(x); }},
+      {"airy_ai", [](auto& x) { return at::special_airy_ai(x); }},
+      {"bessel_j0", [](auto& x) { return at::special_bessel_j0(x); }},
+      {"bessel_j1", [](auto& x) { return at::special_bessel_j1(x); }},
+      {"bessel_y0", [](auto& x) { return at::special_bessel_y0(x); }},
+      {"bessel_y1", [](auto& x) { return at::special_bessel_y1(x); }},
+      {"modified_bessel_i0", [](auto& x) { return at::special_modified_bessel_i0(x); }},
+      {"modified_bessel_i1", [](auto& x) { return at::special_modified_bessel_i1(x); }},
+      {"modified_bessel_k0", [](auto& x) { return at::special_modified_bessel_k0(x); }},
+      {"modified_bessel_k1", [](auto& x) { return at::special_modified_bessel_k1(x); }},
+      {"scaled_modified_bessel_k0", [](auto& x) { return at::special_scaled_modified_bessel_k0(x); }},
+      {"scaled_modified_bessel_k1", [](auto& x) { return at::special_scaled_modified_bessel_k1(x); }},
+      {"spherical_bessel_j0", [](auto& x) { return at::special_spherical_bessel_j0(x); }},
   };
   return table;
 }
@@ -138,6 +185,8 @@ const std::map<std::string, Activation>& activations() {
       {"silu", [](auto& x, double, double) { return at::silu(x); }},
       {"mish", [](auto& x, double, double) { return at::mish(x); }},
       {"log_sigmoid", [](auto& x, double, double) { return at::log_sigmoid(x); }},
+      {"polygamma", [](auto& x, double a, double) { return at::polygamma((int64_t)a, x); }},
+      {"mvlgamma", [](auto& x, double a, double) { return at::mvlgamma(x, (int64_t)a); }},
   };
   return table;
 }
@@ -159,6 +208,41 @@ Tensors convolution(const Layer& l, const Tensors& xs, const Env& env) {  // exe
                            l.ints("dilation", env), l.flag("transposed"), output_padding, l.integer("groups", env),
                            ctx.benchmarkCuDNN(), ctx.deterministicCuDNN() || ctx.deterministicAlgorithms(),
                            ctx.userEnabledCuDNN(), false)};
+}
+
+// ---- quantization (ir/reference.py: quantize, dequantize) --------------------------------------------------
+
+std::pair<double, double> quant_range(at::ScalarType t) {  // layers.QUANT_RANGE
+  return t == at::kChar ? std::pair<double, double>{-128.0, 127.0} : std::pair<double, double>{-448.0, 448.0};
+}
+
+at::Tensor quant_shaped(const Layer& l, const at::Tensor& w, int64_t rank) {  // _QuantizeBase.shaped
+  if (!l.has("axis")) return w.reshape({});
+  int64_t axis = ((l.param("axis").i.value % rank) + rank) % rank;
+  std::vector<int64_t> dims{-1};
+  dims.resize(rank - axis, 1);
+  return w.reshape(dims);
+}
+
+Tensors quantize(const Layer& l, const Tensors& xs, const Env&) {
+  int64_t rank = xs[0].dim();
+  at::ScalarType type = dtype_of(l.str("quant_type"));
+  at::Tensor scaled = xs[0].to(at::kFloat) * at::reciprocal(quant_shaped(l, l.weights.at("scale"), rank));
+  if (type == at::kChar) {
+    double lo = (double)l.param("quant_min").i.value, hi = (double)l.param("quant_max").i.value;
+    at::Tensor q = at::round(scaled);
+    if (const at::Tensor* zero = l.weight("zero_point")) q = q + quant_shaped(l, *zero, rank).to(at::kFloat);
+    return {at::nan_to_num(q, lo).clamp(lo, hi).to(at::kChar)};
+  }
+  auto [lo, hi] = quant_range(type);
+  return {scaled.clamp(lo, hi).to(type)};
+}
+
+Tensors dequantize(const Layer& l, const Tensors& xs, const Env&) {
+  int64_t rank = xs[0].dim();
+  at::Tensor x = xs[0].to(at::kFloat);
+  if (const at::Tensor* zero = l.weight("zero_point")) x = x - quant_shaped(l, *zero, rank).to(at::kFloat);
+  return {(x * quant_shaped(l, l.weights.at("scale"), rank)).to(dtype_of(l.str("to_type")))};
 }
 
 Tensors scale(const Layer& l, const Tensors& xs, const Env&) {
@@ -505,6 +589,8 @@ const std::map<std::string, Meaning>& meanings() {
       {"grid_sample", grid_sample},
       {"attention", attention},
       {"dim_value", dim_value},
+      {"quantize", quantize},
+      {"dequantize", dequantize},
   };
   return table;
 }
@@ -747,6 +833,36 @@ void validate_layer(const Layer& l, const std::vector<TensorInfo>& tensors, cons
     if (c.in(0).dtype != at::kBool)
       c.fail("rejects inputs: where expected condition to be a boolean tensor, but got a tensor with dtype " +
              kinds().dtype_name(c.in(0).dtype));
+  } else if (k == "quantize" || k == "dequantize") {  // _QuantizeBase.validate and the kinds'
+    at::ScalarType type = dtype_of(l.str("quant_type"));
+    if (type != at::kChar && type != at::kFloat8_e4m3fn)
+      c.fail("quant_type " + l.str("quant_type") + " is not one of int8, float8_e4m3fn");
+    const at::Tensor& scale = l.weights.at("scale");
+    if (scale.scalar_type() != at::kFloat || scale.dim() > 1 || !(scale > 0).all().item<bool>() ||
+        !at::isfinite(scale).all().item<bool>())
+      c.fail("scale must be finite positive float32 values in at most one dim");
+    int64_t count = 1;  // a symbolic channel count is checked when it runs
+    if (l.has("axis")) {
+      int64_t a = l.param("axis").i.value, r = c.rank(0);
+      c.axis("axis", a, r);
+      const Dim& d = c.in(0).shape[((a % r) + r) % r];
+      count = d.is_int() ? d.value : scale.numel();
+    }
+    if (scale.numel() != count)
+      c.fail("scale has " + std::to_string(scale.numel()) + " values for " + std::to_string(count) + " channels");
+    if (const at::Tensor* zero = l.weight("zero_point"))
+      if (type != at::kChar || zero->scalar_type() != at::kChar || zero->sizes() != scale.sizes())
+        c.fail("zero_point must be int8 with the scale's shape, and only for int8");
+    if (k == "quantize") {
+      int64_t lo = l.param("quant_min").i.value, hi = l.param("quant_max").i.value;
+      if (!(-128 <= lo && lo <= hi && hi <= 127))
+        c.fail("[quant_min, quant_max] = [" + std::to_string(lo) + ", " + std::to_string(hi) +
+               "] is not a range of int8");
+      if (!at::isFloatingType(c.in(0).dtype)) c.fail("quantize takes a float tensor");
+    } else if (c.in(0).dtype != type || !at::isFloatingType(dtype_of(l.str("to_type")))) {
+      c.fail("dequantizes " + kinds().dtype_name(c.in(0).dtype) + " to " + l.str("to_type") + "; it takes " +
+             l.str("quant_type") + " to a float");
+    }
   } else if (k == "grid_sample") {
     const std::string &m = l.str("mode"), &p = l.str("padding_mode");
     if ((m != "bilinear" && m != "nearest" && m != "bicubic") || (p != "zeros" && p != "border" && p != "reflection"))
