@@ -103,8 +103,8 @@ def _infer_on_empty(layer: Layer) -> Outputs | None:
 
     try:
         shape = _SHAPE_RULES[type(layer)](layer)
-        inputs = [torch.empty(_emptied(t.shape), dtype=t.dtype) for t in layer.inputs]
-        weights = {k: torch.empty(_emptied(w.shape), dtype=w.dtype) for k, w in layer.weights.items()}
+        inputs = [torch.zeros(_emptied(t.shape), dtype=t.dtype) for t in layer.inputs]  # 0-d: a value
+        weights = {k: torch.zeros(_emptied(w.shape), dtype=w.dtype) for k, w in layer.weights.items()}
         outs = run_layer(layer, inputs, weights, torch.device("cpu"))
     except Exception:  # the rule's or the CPU kernel's own checks; meta's are the ones that count
         return None
