@@ -169,3 +169,15 @@ def run_plan_eagerly(network: Any, plan: Any, inputs: Sequence[torch.Tensor]) ->
     bound = bind_steps(network, plan, place_weights(network, plan, device), SymbolBinder.for_network(network),
                        [tuple(x.shape) for x in inputs], device, allow_tf32=False)
     return bound.run_eagerly(list(inputs))
+
+
+def tiny_bert() -> torch.nn.Module:
+    """A transformers BERT of 2 layers, hidden 64, vocabulary 1000 (positions up to 64), random weights, in eval
+    mode; skips the test where transformers is not installed."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=128, max_position_embeddings=64)
+    return transformers.BertModel(config).eval()

@@ -19,7 +19,7 @@ from typing import List
 import filelock
 import pytest
 import torch
-from harness import assert_matches_eager
+from harness import assert_matches_eager, tiny_bert
 from test_engine_fuzz import MAX_FLOPS, MAX_MEMORY, fuzz_case, run_case
 from test_onnx_export import ALL_CASES
 from test_runtime_backends import engine_of
@@ -155,11 +155,7 @@ def test_onnxruntime_engines_run_in_cpp_on_the_aten_meanings(cpp, tmp_path):
 
 
 def test_bert_with_dynamic_batch_and_sequence_runs_in_cpp_as_in_python(cpp, tmp_path):
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=128, max_position_embeddings=64)
-    model = transformers.BertModel(config).eval()
+    model = tiny_bert()
     spec = torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 16), max_shape=(8, 64), dtype=torch.int64)
     compiled = _compile(model, [spec, spec])
     for batch, seq in [(1, 4), (3, 9), (8, 64)]:

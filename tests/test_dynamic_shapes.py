@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 import torch
-from harness import assert_matches_eager
+from harness import assert_matches_eager, tiny_bert
 
 import torchkiln
 from torchkiln.compiler import compile_with_report
@@ -238,11 +238,7 @@ def _hidden(out):
 
 
 def test_bert_dynamic_batch_and_sequence_with_attention_mask_is_one_engine():
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=128, max_position_embeddings=64)
-    model = transformers.BertModel(config).eval()
+    model = tiny_bert()
     spec = torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 16), max_shape=(8, 64), dtype=torch.int64)
     compiled, report = _compile(model, [spec, spec])
     _assert_one_engine(report)
