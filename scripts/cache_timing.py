@@ -4,7 +4,10 @@ For each model and round: a compile without the cache (cold), one that stores (c
 what it stored (warm), each in a new Python process with an empty (then the same) $TORCHKILN_CACHE_DIR; CPU seconds
 of the `compile` call and of the compiled module's first call, best of the rounds.
 
-    OMP_NUM_THREADS=1 python scripts/cache_timing.py [--rounds 3] [resnet] [bert]
+    OMP_NUM_THREADS=1 python scripts/cache_timing.py [--rounds 3] [--device cuda] [resnet] [bert]
+
+On `--device cuda` the engines are built for the GPU in float16 (timing tactics and compiling kernels: what a warm
+rebuild skips), and the times are wall-clock seconds, with the GPU synchronized.
 """
 from __future__ import annotations
 
@@ -29,20 +32,26 @@ else:  # a BERT encoder: transformers, 4 layers, hidden 256, random weights (tra
     config = transformers.BertConfig(vocab_size=1000, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                                      intermediate_size=1024, max_position_embeddings=128)
     model, spec = LastHiddenState(transformers.BertModel(config)).eval(), torchkiln.Input((1, 64), dtype=torch.int64)
-cache = sys.argv[2] == "1"
-start = time.process_time()
-compiled = torchkiln.compile(model, [spec], cache_built_engines=cache, reuse_cached_engines=cache)
-compiled_at = time.process_time()
+cache, device = sys.argv[2] == "1", torch.device(sys.argv[3])
+clock = time.perf_counter if device.type == "cuda" else time.process_time
+options = {"enabled_precisions": {torch.float16}, "device": device} if device.type == "cuda" else {}
+model = model.to(device)
+start = clock()
+compiled = torchkiln.compile(model, [spec], cache_built_engines=cache, reuse_cached_engines=cache, **options)
+compiled_at = clock()
 with torch.no_grad():
-    compiled(spec.example(torch.device("cpu")))
-print(compiled_at - start, time.process_time() - compiled_at)
+    compiled(spec.example(device))
+if device.type == "cuda":
+    torch.cuda.synchronize()
+print(compiled_at - start, clock() - compiled_at)
 """
 
 
-def _run(model: str, cache: bool, folder: str) -> tuple[float, float]:
-    env = dict(os.environ, TORCHKILN_CACHE_DIR=folder, TORCHKILN_PROGRESS="0",
+def _run(model: str, cache: bool, folder: str, device: str) -> tuple[float, float]:
+    env = dict(os.environ, TORCHKILN_CACHE_DIR=folder, TRITON_CACHE_DIR=os.path.join(folder, "triton"),
+               TORCHKILN_PROGRESS="0",
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", CHILD, model, "1" if cache else "0"], env=env, check=True,
+    out = subprocess.run([sys.executable, "-c", CHILD, model, "1" if cache else "0", device], env=env, check=True,
                          capture_output=True, text=True).stdout.split()
     return float(out[-2]), float(out[-1])
 
@@ -51,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", default=["resnet", "bert"], choices=["resnet", "bert"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
     print("| model | cold | cold, storing | warm | warm / cold | first call: cold | first call: warm |")
     print("|---|---|---|---|---|---|---|")
@@ -58,9 +68,9 @@ def main() -> None:
         runs: dict[str, list[tuple[float, float]]] = {"cold": [], "storing": [], "warm": []}
         for _ in range(args.rounds):
             with tempfile.TemporaryDirectory() as folder:
-                runs["cold"].append(_run(model, False, folder))
-                runs["storing"].append(_run(model, True, folder))
-                runs["warm"].append(_run(model, True, folder))
+                runs["cold"].append(_run(model, False, folder, args.device))
+                runs["storing"].append(_run(model, True, folder, args.device))
+                runs["warm"].append(_run(model, True, folder, args.device))
         best = {k: (min(c for c, _ in v), min(f for _, f in v)) for k, v in runs.items()}
         print(f"| {model} | {best['cold'][0]:.3f} s | {best['storing'][0]:.3f} s | {best['warm'][0]:.3f} s | "
               f"{best['warm'][0] / best['cold'][0]:.1%} | {best['cold'][1]:.3f} s | {best['warm'][1]:.3f} s |")
