@@ -118,6 +118,27 @@ def test_gather_with_int32_indices(truncate):
     check_traced(lambda t, j: torch.gather(t, 0, j), x, i, op="aten::gather", truncate_long_and_double=truncate)
 
 
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("x, index", [
+    (torch.tensor(3.5), torch.tensor([0])),
+    (torch.tensor(3.5), torch.tensor([0, 0], dtype=torch.int32)),
+    (torch.tensor(3.5), torch.tensor(0, dtype=torch.int32)),
+    (torch.tensor([1.5, -2.0, 4.0]), torch.tensor(2)),
+], ids=["0-d self", "0-d self int32", "0-d both", "0-d index"])
+def test_gather_of_0d_tensor(x, index, backend):
+    """torch takes a 0-d self or index of gather as 1-d (OpInfo gather); the gather layer refused it and fell back."""
+    check_traced(lambda t, i: torch.gather(t, 0, i) * 2, x, index, op="aten::gather", backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_scatter_with_int32_indices(backend):
+    """torch.scatter takes int32 indices too (OpInfo scatter); the scatter layer refused them and fell back."""
+    x, src = R(3, 4), R(3, 2)
+    i = torch.tensor([[0, 1], [2, 3], [1, 0]], dtype=torch.int32)
+    check_traced(lambda t, j, s: torch.scatter(t, 1, j, s), x, i, src, op="aten::scatter.src", backend=backend)
+    check_traced(lambda t, j: torch.scatter(t, 0, j, -1.5), x, i.flip(0) % 3, op="aten::scatter.value", backend=backend)
+
+
 @pytest.mark.parametrize("index", [torch.tensor([0]), torch.tensor(0)], ids=["1-d", "0-d"])
 def test_index_select_of_0d_tensor(index):
     """torch picks a 0-d tensor by its one index 0 (OpInfo index_select); the gather layer refused a 0-d input."""

@@ -319,6 +319,14 @@ def test_matrix_transpose_of_0d_is_identity(fn):
         check_traced(fn, torch.tensor(3.0))
 
 
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+@pytest.mark.parametrize("x, dims", [(torch.tensor(3.0), (0, 0)), (torch.tensor(3.0), (0, -1)),
+                                     (torch.randn(5), (0, -1))], ids=["0-d", "0-d -1", "1-d"])
+def test_transpose_of_0d_and_1d_is_identity(x, dims, backend):
+    """A 0-d tensor takes dims 0 and -1 (OpInfo transpose); the converter's swap indexed past its empty perm."""
+    check_traced(lambda t: torch.transpose(t, *dims) * 2, x, op="aten::transpose.int", backend=backend)
+
+
 def test_tril_of_bool():
     check_traced(lambda x: torch.triu(x > 0, 1), torch.randn(4, 6))
 

@@ -17,12 +17,24 @@ _lib.define("opaque(Tensor x) -> Tensor")
 _lib.impl("opaque", lambda x: x * torch.sigmoid(x) + 0.25, "CompositeExplicitAutograd")
 _lib.define("broken(Tensor x) -> Tensor")
 _lib.impl("broken", lambda x: x * 3.0 - 1.0, "CompositeExplicitAutograd")
+_lib.define("undecided(Tensor x) -> Tensor")
+_lib.impl("undecided", lambda x: x * 2.0 + 0.5, "CompositeExplicitAutograd")
 
 if "tk_blocks::broken" not in CONVERTERS:
     @converter("tk_blocks::broken")
     def _broken_converter(ctx, args):
         """A converter with a bug: it fails on every node it is given."""
         raise IndexError("list index out of range")
+
+if "tk_blocks::undecided" not in CONVERTERS:
+    def _raising_capability(args):
+        """A capability check with a bug: it raises on every node it is asked about."""
+        raise KeyError("no such argument")
+
+    @converter("tk_blocks::undecided", capability=_raising_capability)
+    def _undecided_converter(ctx, args):
+        raise AssertionError("never reached: the capability check declines first")
+
 
 
 def _torch_block(report, index=None):
@@ -270,6 +282,24 @@ def test_a_converter_that_fails_falls_back_to_pytorch_with_a_warning(caplog):
     assert "IndexError: list index out of range" in failed.detail
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any("tk_blocks::broken" in m and "IndexError" in m for m in warnings), warnings
+
+
+class WithRaisingCapability(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(torch.ops.tk_blocks.undecided(torch.relu(self.fc(x))))
+
+
+def test_a_capability_check_that_raises_declines_the_op():
+    """The exception escaped the partitioner and the whole compile failed; now only that op stays in PyTorch."""
+    _, report = check_compiled(WithRaisingCapability(), [torch.randn(2, 8)], engines=2, torch_blocks=1,
+                               min_block_size=1)
+    (declined,) = _torch_block(report, 0).fallback
+    assert (declined.op, declined.reason) == ("tk_blocks::undecided", Fallback.CAPABILITY)
+    assert "capability check raised KeyError" in declined.detail and "no such argument" in declined.detail
 
 
 def test_a_converter_that_fails_is_an_error_with_require_full_compilation():

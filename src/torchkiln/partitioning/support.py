@@ -87,7 +87,12 @@ def _classify(node: Node, resolver: Resolver) -> Decision:
             return _not_static(node, resolver, e)
         if resolver.foldable(node) and resolver.fold(node) is not None:
             return Decision(Target.STATIC)  # build-time values in and out: it runs at build time
-        reason = converter.capability(args) if converter.capability else None
+        try:
+            reason = converter.capability(args) if converter.capability else None
+        except NotStatic as e:
+            return _not_static(node, resolver, e)
+        except Exception as e:  # noqa: BLE001 - a check that cannot decide declines the op instead of the compile
+            return Decision.torch(Fallback.CAPABILITY, f"its capability check raised {type(e).__name__}: {e}")
         if reason:
             return Decision.torch(Fallback.CAPABILITY, reason)
         unknown = [o for o in node.outputs()

@@ -45,17 +45,25 @@ def index_select(ctx: ConversionCtx, args: Args) -> Tensor:
     return ctx.network.add_gather(x, index, normalize_dim(args.dim, x.rank), L.GatherMode.DEFAULT).get_output()
 
 
+def _int64(ctx: ConversionCtx, index: Tensor) -> Tensor:
+    """torch also takes int32 indices; the element gather and scatter layers take int64."""
+    return index if index.dtype == torch.int64 else ctx.network.add_cast(index, torch.int64).get_output()
+
+
 @converter("aten::gather")
 def gather(ctx: ConversionCtx, args: Args) -> Tensor:
-    x, index = ctx.to_tensor(args.self), ctx.to_tensor(args.index)
-    if index.dtype != torch.int64:  # torch also takes int32 indices; the element gather layer takes int64
-        index = ctx.network.add_cast(index, torch.int64).get_output()
+    x, index = ctx.to_tensor(args.self), _int64(ctx, ctx.to_tensor(args.index))
+    if x.rank == 0 or index.rank == 0:  # torch takes a 0-d self or index as 1-d; the result has the index's shape
+        dim = normalize_dim(args.dim, 1)
+        flat = [reshape(ctx, t, [1]) if t.rank == 0 else t for t in (x, index)]
+        picked = ctx.network.add_gather(flat[0], flat[1], dim, L.GatherMode.ELEMENT).get_output()
+        return reshape(ctx, picked, list(index.shape))
     return ctx.network.add_gather(x, index, normalize_dim(args.dim, x.rank), L.GatherMode.ELEMENT).get_output()
 
 
 @converter("aten::scatter.src", "aten::scatter.value")
 def scatter(ctx: ConversionCtx, args: Args) -> Tensor:
-    x, index = ctx.to_tensor(args.self), ctx.to_tensor(args.index)
+    x, index = ctx.to_tensor(args.self), _int64(ctx, ctx.to_tensor(args.index))
     if "src" in args.names:
         updates = ctx.to_tensor(args.src)
     else:  # one value everywhere the index points, in self's dtype

@@ -36,9 +36,13 @@ def max_pool_with_indices(ctx: ConversionCtx, args: Args) -> tuple[Tensor, None]
 
 @converter("aten::avg_pool1d", "aten::avg_pool2d", "aten::avg_pool3d")
 def avg_pool(ctx: ConversionCtx, args: Args) -> Tensor:
-    return pool(ctx, ctx.to_tensor(args.self), L.PoolingType.AVERAGE, _nd(args), args.kernel_size, args.stride,
-                args.padding, ceil_mode=args.ceil_mode, count_include_pad=args.count_include_pad,
-                divisor_override=args.get("divisor_override"))
+    divisor = args.get("divisor_override")
+    pooled = pool(ctx, ctx.to_tensor(args.self), L.PoolingType.AVERAGE, _nd(args), args.kernel_size, args.stride,
+                  args.padding, ceil_mode=args.ceil_mode, count_include_pad=args.count_include_pad,
+                  divisor_override=abs(divisor) if divisor is not None else None)
+    if divisor is not None and divisor < 0:  # torch divides by it as given: sum / -d is exactly -(sum / d)
+        return ctx.network.add_unary(pooled, L.UnaryOperation.NEG).get_output()
+    return pooled
 
 
 @converter("aten::adaptive_avg_pool1d", "aten::adaptive_avg_pool2d", "aten::adaptive_avg_pool3d")

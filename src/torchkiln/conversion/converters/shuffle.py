@@ -38,7 +38,8 @@ def transpose(ctx: ConversionCtx, args: Args) -> Tensor:
     x = ctx.to_tensor(args.self)
     perm = list(range(x.rank))
     a, b = normalize_dim(args.dim0, x.rank), normalize_dim(args.dim1, x.rank)
-    perm[a], perm[b] = perm[b], perm[a]
+    if x.rank:  # a 0-d tensor takes dims 0 and -1 and is its own transpose
+        perm[a], perm[b] = perm[b], perm[a]
     return permute(ctx, x, perm)
 
 
