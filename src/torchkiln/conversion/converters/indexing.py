@@ -71,14 +71,19 @@ def scatter(ctx: ConversionCtx, args: Args) -> Tensor:
     return ctx.network.add_scatter(x, index, updates, normalize_dim(args.dim, x.rank)).get_output()
 
 
-def _take_along_dim_ok(args: Args) -> str | None:
-    index, shape = args.indices, args.self.shape
-    size = math.prod(shape) if args.dim is None else shape[normalize_dim(args.dim, len(shape))]
+def _constant_indices_in(index: object, size: object, why_constant: str = "") -> str | None:
+    """None if `index` is a constant tensor of indices in [0, `size`) (a static size), else why not."""
     if not isinstance(index, torch.Tensor) or not isinstance(size, int):
-        return "indices known only at run time (eager wraps negative ones in its own way)"
+        return f"indices known only at run time{why_constant}"
     if index.numel() and not bool(((index >= 0) & (index < size)).all()):
         return f"indices outside [0, {size})"
     return None
+
+
+def _take_along_dim_ok(args: Args) -> str | None:
+    shape = args.self.shape
+    size = math.prod(shape) if args.dim is None else shape[normalize_dim(args.dim, len(shape))]
+    return _constant_indices_in(args.indices, size, " (eager wraps negative ones in its own way)")
 
 
 @converter("aten::take_along_dim", capability=_take_along_dim_ok)
@@ -171,12 +176,7 @@ def index_copy(ctx: ConversionCtx, args: Args) -> Tensor:
 
 
 def _take_ok(args: Args) -> str | None:
-    index, numel = args.index, math.prod(args.self.shape)
-    if not isinstance(index, torch.Tensor) or not isinstance(numel, int):
-        return "indices known only at run time"
-    if index.numel() and not bool(((index >= 0) & (index < numel)).all()):
-        return f"indices outside [0, {numel})"
-    return None
+    return _constant_indices_in(args.index, math.prod(args.self.shape))
 
 
 @converter("aten::take", capability=_take_ok)

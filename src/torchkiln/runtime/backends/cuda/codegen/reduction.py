@@ -373,14 +373,7 @@ class _Source:
         """A split reduction's first kernel: over one span of BLOCK columns of ROWS rows (program ids: row block, span),
         the norm input's mean and sum of squared deviations, stored to `st` as [row, span, 2] float32."""
         mean = next(op for op in self.lowering.ops if op.out == self.lowering.norms[0][0])
-        body: list[str] = []
-        b = _Emitter(self, "v", body)
-        self.load_inputs(b, True)
-        self.load_inputs(b, False)
-        for op in self.lowering.ops:
-            if op is mean:
-                break
-            self.emit_op(b, op)
+        body = self._span(mean)
         x = Builder.as_float(self.values[mean.args[0]])
         body += ["count = tl.minimum(cols - start, BLOCK).to(tl.float32)",
                  f"span_mean = tl.reduce(tl.where(mask, {x}, 0.0), 1, _sum)[:, None] / count",
@@ -388,6 +381,23 @@ class _Source:
                  "span_m2 = tl.reduce(dev * dev, 1, _sum)[:, None]",
                  "where = st + row * (splits * 2) + tl.program_id(1) * 2",
                  "tl.store(where, span_mean, mask=rmask)", "tl.store(where + 1, span_m2, mask=rmask)"]
+        return self._span_kernel(body)
+
+    def _span(self, reduction: _Op) -> list[str]:
+        """A split kernel's body up to `reduction`: the operands loaded and the ops making its input, over one span
+        of BLOCK columns."""
+        body: list[str] = []
+        b = _Emitter(self, "v", body)
+        self.load_inputs(b, True)
+        self.load_inputs(b, False)
+        for op in self.lowering.ops:
+            if op is reduction:
+                break
+            self.emit_op(b, op)
+        return body
+
+    def _span_kernel(self, body: list[str]) -> list[str]:
+        """`body` over the span of columns program id 1 names."""
         columns = ["start = tl.program_id(1) * BLOCK", "col = start + tl.arange(0, BLOCK)[None, :]",
                    "mask = rmask & (col < cols)", *self.column_offsets()]
         return self.offsets() + columns + body
@@ -421,19 +431,10 @@ class _Source:
         """The first kernel of a split sum: over one span of BLOCK columns of ROWS rows (program ids: row block,
         span), the span's sum of the reduction's input, stored to `st` as [row, span, 2] float32 (the first)."""
         (total,) = [op for op in self.lowering.ops if op.kind == "reduce"]
-        body: list[str] = []
-        b = _Emitter(self, "v", body)
-        self.load_inputs(b, True)
-        self.load_inputs(b, False)
-        for op in self.lowering.ops:
-            if op is total:
-                break
-            self.emit_op(b, op)
+        body = self._span(total)
         body += [f"span_sum = {self.reduction(total)}",
                  "tl.store(st + row * (splits * 2) + tl.program_id(1) * 2, span_sum, mask=rmask)"]
-        columns = ["start = tl.program_id(1) * BLOCK", "col = start + tl.arange(0, BLOCK)[None, :]",
-                   "mask = rmask & (col < cols)", *self.column_offsets()]
-        return self.offsets() + columns + body
+        return self._span_kernel(body)
 
     def split_sum_apply(self) -> list[str]:
         """The second kernel of a split sum: each row's sum from its spans' (program ids: row block), then the
