@@ -242,7 +242,7 @@ def test_every_layer_kind_runs_in_cpp_as_in_python(cpp, tmp_path):
 def _pointwise_cases():
     """A reference engine per row of the pointwise tables (every unary, binary and activation op) on float32
     values with NaN, infinities and zeros."""
-    from torchkiln.ir import layers as L, pointwise as P
+    from torchkiln.ir import pointwise as P
 
     x = torch.cat([torch.linspace(-4, 4, 29), torch.tensor([0.0, -0.0, float("inf"), float("-inf"), float("nan")])])
     y = torch.cat([torch.linspace(3, -2, 29), torch.tensor([2.0, -0.0, 1.0, float("inf"), 0.5])])

@@ -18,7 +18,7 @@ import torch
 from torchkiln import progress
 from torchkiln.builder import BuildSettings, build_engine
 from torchkiln.builder.calibration import calibrated_build
-from torchkiln.builder.quantization import QuantizedLayer, QuantizeRequest, quantized_build
+from torchkiln.builder.quantization import QuantizeRequest, quantized_build
 from torchkiln.cache import EngineCache, ModuleCache
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.analysis.registry import is_registered

@@ -2,8 +2,6 @@
 einsum."""
 from __future__ import annotations
 
-import torch
-
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import one_dtype
 from torchkiln.conversion.impl.elementwise import binary, scaled

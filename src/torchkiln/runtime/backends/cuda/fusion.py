@@ -70,7 +70,6 @@ class _Space:
 
     def holds(self, layer: L.Layer) -> str | None:
         """None if `layer`'s values lie in this space (the whole of it, or one per row), else why not."""
-        rank = len(self.shape)
         cls = classify(layer)
         if cls == OpClass.REDUCTION:
             if tuple(layer.inputs[0].shape) != self.shape or reduced_axes(layer) != self.reduced \

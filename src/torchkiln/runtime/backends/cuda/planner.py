@@ -66,7 +66,6 @@ channels of channels-last tensors (`max_pool`); its output keeps its input's mem
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 import torch
