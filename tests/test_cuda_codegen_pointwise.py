@@ -244,6 +244,43 @@ def test_small_constant_powers_are_atens_multiplications(exponent):
     torch.testing.assert_close(got, torch.pow(values["x"], exponent), rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("as_inputs", [False, True], ids=["constant_layers", "group_inputs"])
+def test_single_constants_are_written_into_the_source(as_inputs):
+    """A tanh-GELU written out in float16 (its constants 0.5, 0.044715, sqrt(2/pi), 1.0 rounded to float16; a
+    sigmoid for its tanh, which the interpreter cannot run), plus a -inf and a NaN constant: each constant is a literal of the source, whether a constant layer of the group or
+    a group input a constant layer makes elsewhere (still bound, never loaded): the kernel loads x alone, and
+    gives the reference's values."""
+    net = Network()
+    x = net.add_input("x", F16, (3, 40))
+
+    def const(v: float):
+        return net.add_constant(torch.tensor(v, dtype=F16)).get_output()
+
+    consts = [const(v) for v in (0.5, 0.044715, math.sqrt(2 / math.pi), 1.0, float("-inf"), float("nan"))]
+    half, c3, k, one, ninf, nan = consts
+    cube = net.add_elementwise(x, net.add_constant(torch.tensor(3.0, dtype=F16)).get_output(), E.POW).get_output()
+    inner = net.add_elementwise(x, net.add_elementwise(cube, c3, E.PROD).get_output(), E.SUM).get_output()
+    t = net.add_activation(net.add_elementwise(inner, k, E.PROD).get_output(), A.SIGMOID).get_output()
+    gelu = net.add_elementwise(net.add_elementwise(x, half, E.PROD).get_output(),
+                               net.add_elementwise(t, one, E.SUM).get_output(), E.PROD).get_output()
+    net.mark_output(net.add_elementwise(net.add_elementwise(gelu, ninf, E.MAX).get_output(), nan, E.SUM)
+                    .get_output())
+    net.mark_output(gelu)
+    values = {"x": (torch.randn(3, 40, generator=torch.Generator().manual_seed(8)) * 3).half()}
+    if as_inputs:
+        made_outside = [layer for layer in net.layers if isinstance(layer, L.ConstantLayer)]
+        inside = [layer for layer in net.layers if layer not in made_outside]
+        kernel = generate(inside, [x, *(layer.outputs[0] for layer in made_outside)], net.outputs)
+    else:
+        kernel = generate(net.layers, [x], net.outputs)
+    assert kernel.source.count("tl.load(") == 1 and not kernel.weights
+    launcher = compile_group(inside if as_inputs else net.layers, kernel.inputs, net.outputs)
+    operands = [values["x"].to(DEVICE), *(layer.weights["value"].to(DEVICE) for layer in made_outside)] \
+        if as_inputs else [values["x"].to(DEVICE)]
+    for got, ref in zip(launcher(operands), reference(net, values)):
+        assert_close(got, ref, rel=0.0, of_max=1e-3)
+
+
 def test_select_of_numbers_and_of_bools():
     """where(m, x, -inf) (a masked fill) with NaN among the taken and the dropped values; where over bools; a
     condition broadcast along rows."""

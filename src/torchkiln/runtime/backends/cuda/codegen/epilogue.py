@@ -31,7 +31,7 @@ def build(made: Tensor, layers: Sequence[L.Layer], inputs: Sequence[Tensor], out
     for i, t in enumerate(inputs):
         if t.rank > made.rank:
             raise NetworkError(f"epilogue input {t.name!r} of rank {t.rank} does not broadcast to rank {made.rank}")
-        b.values[id(t)] = b.load(f"in{i}", t.dtype)
+        b.values[id(t)] = b.operand(f"in{i}", t)
     if layers:
         emit_layers(b, layers, outputs, [made, *inputs])
     elif [id(t) for t in outputs] != [id(made)]:

@@ -30,8 +30,9 @@ from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import needs_int64
-from torchkiln.runtime.backends.cuda.codegen.pointwise import (BLOCK, HEADER, TL, VALUE_DTYPES, Builder, literal,
-                                                                emit_layer, fusable)
+from torchkiln.runtime.backends.cuda.codegen.pointwise import (BLOCK, HEADER, TL, VALUE_DTYPES, Builder,
+                                                                constant_value, emit_layer, fusable, literal,
+                                                                scalar_literal)
 
 KERNEL_NAME = "indexed_kernel"
 MOVEMENT = (L.ShuffleLayer, L.SliceLayer, L.ConcatenationLayer, L.PaddingLayer, L.ExpandLayer)
@@ -106,6 +107,9 @@ class _Emitter(Builder):
 
     def weight(self, weight: torch.Tensor) -> tuple[str, bool]:
         """A weight of the layer being emitted, broadcast to its output and read at its index."""
+        found = scalar_literal(weight)
+        if found is not None:
+            return self.emit(found, False)
         idx, mask, shape = self.at
         w = weight.reshape(()) if weight.numel() == 1 else weight
         if w.dim() > len(shape):
@@ -128,7 +132,9 @@ class _Emitter(Builder):
         if layer is None:
             if id(t) not in self.given:
                 raise NetworkError(f"{t.name!r} is neither a group input nor made by the group's layers")
-            return self.read(f"in{self.given[id(t)]}", t.dtype, t.shape, idx, mask)
+            found = scalar_literal(constant_value(t))
+            return self.read(f"in{self.given[id(t)]}", t.dtype, t.shape, idx, mask) if found is None else \
+                self.emit(found, False)
         out = layer.outputs[0]
         if isinstance(layer, L.ConcatenationLayer):
             return self._concatenation(layer, idx, mask)

@@ -100,6 +100,23 @@ def literal(value: float) -> str:
     return repr(float(value))
 
 
+_INLINED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def scalar_literal(value: torch.Tensor | None) -> str | None:
+    """A single float value as the expression a kernel computes it with (the float32 value a load would give), or
+    None: a constant is then part of the source, not a load per element (a tanh-GELU's five constants made its
+    kernel half again slower than one reading only its input)."""
+    if value is None or value.numel() != 1 or value.dtype not in _INLINED_DTYPES:
+        return None
+    return f"tl.full([1], {literal(float(value.reshape(()).float()))}, tl.float32)"
+
+
+def constant_value(t: Tensor) -> torch.Tensor | None:
+    """The value of a tensor a constant layer makes, else None."""
+    return t.producer.weights["value"] if isinstance(t.producer, L.ConstantLayer) else None
+
+
 def _broadcastable(weight: torch.Tensor) -> torch.Tensor:
     """A weight as an operand: a single value as 0-d, else as is (its rank must fit the iteration space)."""
     return weight.reshape(()) if weight.numel() == 1 else weight
@@ -120,13 +137,25 @@ class Builder:
         self.lines.append(f"{var} = {expr}")
         return var, is_bool
 
+    def operand(self, name: str, t: Tensor) -> tuple[str, bool]:
+        """Group input `t`, bound as `name`: loaded, or its value where it is a single constant (`scalar_literal`;
+        the argument is still bound, and never read)."""
+        found = scalar_literal(constant_value(t))
+        if found is None:
+            return self.load(name, t.dtype)
+        self.operands.append(name)
+        return self.emit(found, False)
+
     def load(self, name: str, dtype: torch.dtype) -> tuple[str, bool]:
         self.operands.append(name)
         load = f"tl.load({name} + o_{name}, mask=mask)"
         return self.emit(load if dtype == torch.bool else f"{load}.to(tl.float32)", dtype == torch.bool)
 
     def weight(self, weight: torch.Tensor) -> tuple[str, bool]:
-        """A weight's value (loaded through its broadcast strides)."""
+        """A weight's value (loaded through its broadcast strides, or in the source where it is one float)."""
+        found = scalar_literal(weight)
+        if found is not None:
+            return self.emit(found, False)
         w = _broadcastable(weight)
         if w.dim() > self.rank:
             raise NetworkError(f"a weight of shape {list(weight.shape)} does not broadcast to rank {self.rank}")
@@ -222,7 +251,7 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
         if t.dtype not in VALUE_DTYPES:
             raise NetworkError(f"group input {t.name!r} of dtype {t.dtype}: fused kernels read "
                                f"float32, float16, bfloat16 and bool")
-        b.values[id(t)] = b.load(f"in{i}", t.dtype)
+        b.values[id(t)] = b.operand(f"in{i}", t)
     emit_layers(b, layers, outputs, inputs)
     return PointwiseKernel(_source(b, outputs), tuple(inputs), tuple(b.weights), tuple(outputs), rank)
 
