@@ -279,3 +279,46 @@ def test_movement_runs_as_index_arithmetic_in_generated_kernels(build, shape):
     assert "indexed" in ops and "concatenation" not in ops
     ref = module(x)
     assert (out[0] - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+def _squeeze_excite(returned: bool = False) -> Network:
+    """conv -> SiLU -> mean over H, W -> 1x1 reduce -> ReLU -> 1x1 expand -> sigmoid -> SiLU output * gate; the
+    SiLU's output also returned where `returned`."""
+    net = Network("se")
+    x = net.add_input("x", torch.float32, (2, 8, 6, 6))
+    conv = net.add_convolution_nd(x, torch.randn(8, 8, 3, 3) * 0.3, torch.randn(8), stride=(1, 1), padding=(1, 1),
+                                  dilation=(1, 1)).get_output()
+    act = net.add_activation(conv, L.ActivationType.SILU).get_output()
+    mean = net.add_reduce(act, L.ReduceOperation.AVG, (2, 3), True).get_output()
+
+    def pointwise_conv(t, cin, cout):
+        return net.add_convolution_nd(t, torch.randn(cout, cin, 1, 1), torch.randn(cout), stride=(1, 1),
+                                      padding=(0, 0), dilation=(1, 1)).get_output()
+
+    hidden = net.add_activation(pointwise_conv(mean, 8, 2), L.ActivationType.RELU).get_output()
+    gate = net.add_activation(pointwise_conv(hidden, 2, 8), L.ActivationType.SIGMOID).get_output()
+    net.mark_output(net.add_elementwise(act, gate, L.ElementWiseOperation.PROD).get_output())
+    if returned:
+        net.mark_output(act)
+    return net
+
+
+@pytest.mark.parametrize("returned", [False, True], ids=["recomputed", "returned"])
+def test_a_row_steps_pointwise_prologue_is_recomputed_by_its_other_readers(returned):
+    """Squeeze-excitation: the SiLU feeding the mean is read again by the gate's multiply. The multiply's step
+    computes the SiLU again from the convolution's output, so the row step writes only its means (one pass over
+    the activations saved, and one write). Not where the SiLU's output is returned: it is written then."""
+    net = _squeeze_excite(returned)
+    xv = torch.randn(2, 8, 6, 6)
+    plan, out = run_plan(net, [xv])
+    silu = next(j for j, layer in enumerate(net.layers) if isinstance(layer, L.ActivationLayer)
+                and layer.type == L.ActivationType.SILU)
+    rows = next(k for k, s in enumerate(plan.steps) if plan.kernels[s.kernel].op == "rows")
+    holding = [plan.kernels[s.kernel].op for s in plan.steps if silu in s.layers]
+    io = plan.io(net)
+    if returned:
+        assert holding == ["rows"] and len(io[rows].outputs) == 2
+    else:
+        assert holding == ["rows", "pointwise"] and len(io[rows].outputs) == 1
+    for got, ref in zip(out, ReferenceExecutor(net, CPU).run([xv])):
+        assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()

@@ -62,7 +62,7 @@ def test_a_plan_for_another_machine_is_replanned_with_a_warning(engine_bytes, ca
 
 @pytest.mark.parametrize("edit, match", [
     (lambda p: p["steps"].pop(), "leave layers uncomputed"),
-    (lambda p: p["steps"].append(p["steps"][-1]), "again"),
+    (lambda p: p["steps"][-1][1].append(p["steps"][-1][1][-1]), "lists a layer twice"),
     (lambda p: p["steps"].reverse(), "before it is made"),
     (lambda p: p["steps"][0].__setitem__(0, 99), "step 0 is malformed"),
     (lambda p: p["steps"][0].__setitem__(1, [10 ** 6]), "step 0 is malformed"),
@@ -92,6 +92,26 @@ def test_step_io_and_memory_plan_of_a_fused_plan():
     memory = plan.memory(net)
     assert list(memory.live) == [2] and memory.live[2] == (0, 1) and memory.slot_bytes[2] == 2 * 8 * 4
     assert memory.arena_bytes == 256  # one tensor, aligned
+
+
+def test_a_later_step_may_compute_a_layer_again_from_its_inputs():
+    """a = relu(x), b = -a, c = a * b. Step 0 makes a and b; step 1 computes a again (a fused kernel recomputing a
+    cheap value) and c. a is step 1's own: step 0 writes only b, step 1 reads x and b. Where a third step still
+    reads a, the step that made it first writes it."""
+    net = Network("recompute")
+    x = net.add_input("x", torch.float32, (2, 8))
+    a = net.add_activation(x, L.ActivationType.RELU).get_output()
+    b = net.add_unary(a, L.UnaryOperation.NEG).get_output()
+    c = net.add_elementwise(a, b, L.ElementWiseOperation.PROD).get_output()
+    net.mark_output(c)
+    target = make_plan("reference", net, torch.device("cpu"), BackendOptions()).target
+    steps = [Step(0, (0, 1)), Step(0, (0, 2))]
+    check_steps(net, steps)
+    io = Plan(target, [], steps).io(net)
+    assert [(s.inputs, s.outputs, s.frees) for s in io] == [((0,), (2,), (1,)), ((0, 2), (3,), (2,))]
+    net.mark_output(a)
+    io = Plan(target, [], steps).io(net)
+    assert [(s.inputs, s.outputs) for s in io] == [((0,), (1, 2)), ((0, 2), (3,))]
 
 
 def test_arena_offsets_never_overlap_while_both_tensors_live():

@@ -219,18 +219,20 @@ def _index(x: Any, n: int) -> bool:
 
 
 def check_steps(network: Network, steps: Sequence[Step]) -> None:
-    """Raise ValueError unless the steps compute every layer exactly once, each after what it reads. A
-    constant layer may appear in several steps (each keeping its own copy) or in none."""
+    """Raise ValueError unless the steps compute every layer, each after what it reads, and no step computes a
+    layer twice. A later step may compute a layer again (a fused kernel recomputing a cheap value from what it
+    was made from, rather than reading it: the planner's recomputed prologues); it then reads the layer's inputs.
+    A constant layer may appear in several steps (each keeping its own copy) or in none."""
     seen: set[int] = set()
     ready = {id(t) for t in network.inputs}
     ready.update(id(t) for layer in network.layers if isinstance(layer, L.ConstantLayer) for t in layer.outputs)
     for i, step in enumerate(steps):
+        if len(set(step.layers)) != len(step.layers):
+            raise ValueError(f"step {i} lists a layer twice")
         for j in step.layers:
             layer = network.layers[j]
             if isinstance(layer, L.ConstantLayer):
                 continue
-            if j in seen:
-                raise ValueError(f"step {i} computes layer {layer.name!r} again")
             seen.add(j)
             for t in layer.inputs:
                 if id(t) not in ready:
@@ -268,22 +270,23 @@ def slots(network: Network) -> dict[int, int]:
 
 def _io(network: Network, steps: tuple[Step, ...]) -> list[StepIO]:
     slot = slots(network)
-    made_in = {}
+    made_in: dict[int, int] = {}
     for k, step in enumerate(steps):
         for j in step.layers:
             for t in network.layers[j].outputs:
-                made_in[slot[id(t)]] = k
+                made_in.setdefault(slot[id(t)], k)
     reads: list[list[int]] = []
-    last_read: dict[int, int] = {}
+    last_read: dict[int, int] = {}  # slot -> the last step reading it from another step
     for k, step in enumerate(steps):
         own = {slot[id(t)] for j in step.layers for t in network.layers[j].outputs}
         ins: list[int] = []
         for j in step.layers:
             for t in network.layers[j].inputs:
                 s = slot[id(t)]
-                if s not in own and s not in ins:
-                    ins.append(s)
-                last_read[s] = k
+                if s not in own:
+                    if s not in ins:
+                        ins.append(s)
+                    last_read[s] = k
         reads.append(ins)
     kept = {slot[id(t)] for t in network.outputs}
     for s, k in made_in.items():  # an output nothing reads is freed where it is made
@@ -294,8 +297,9 @@ def _io(network: Network, steps: tuple[Step, ...]) -> list[StepIO]:
             frees[k].append(s)
     result = []
     for k, step in enumerate(steps):
+        # a value a later step computes again is that step's own: other steps read the first step's
         outs = [slot[id(t)] for j in step.layers for t in network.layers[j].outputs
-                if slot[id(t)] in kept or last_read.get(slot[id(t)], k) > k]
+                if made_in[slot[id(t)]] == k and (slot[id(t)] in kept or last_read.get(slot[id(t)], k) > k)]
         result.append(StepIO(tuple(reads[k]), tuple(outs), tuple(sorted(frees[k]))))
     return result
 

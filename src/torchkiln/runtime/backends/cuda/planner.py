@@ -27,6 +27,11 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    and a layer norm; scale, mask and softmax; RMSNorm written as a mean between pointwise layers. Without Triton,
    the half-precision layer norms between their casts become CUDA's layer norm on the half input
    (`library`/`layer_norm`); the rest run on ATen.
+   4b. **Recomputed prologues**: a pointwise value a row step computes for its reduction and later generated
+   pointwise steps over the value's shape also read is computed again by each of them from what it is made of,
+   where that reads no more than the value (squeeze-excitation's activation: read by its mean and by the gate's
+   multiply). The row step then writes only its row values: one write and one read of the activations saved,
+   and a mean of long rows alone is reduced in spans.
 5. **Library calls** for the rest of the heavy layers (convolution in channels-last, matrix multiply,
    attention through SDPA), and the layers' ATen meanings for everything else (CUDA variants in kernels.py).
    Attention's SDPA backend (cuDNN, memory-efficient, flash, math) is a tactic: each that accepts the inputs is
@@ -66,6 +71,7 @@ channels of channels-last tensors (`max_pool`); its output keeps its input's mem
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import torch
@@ -201,6 +207,7 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     groups = _generated_biases(network, _fused_movement(network, _group_pointwise(network, groups, graph), graph))
     groups = _generated_products(network, groups, graph, lambda requests: gemm_tactic.choose(
         network, requests, graph.readers, graph.returned, device, options, cache))
+    groups = _recomputed_prologues(network, groups, graph)
     cache.save()
     return _as_plan(target(device), _channels_last_outputs(network, groups))
 
@@ -233,6 +240,83 @@ def _generated_products(network: Network, groups: list[tuple[Kernel, list[int]]]
         if config is not None:
             out[g] = (Kernel("generated", request.kind, (("config", config),)), [request.product, *request.epilogue])
     return out
+
+
+def _recomputed_prologues(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph
+                          ) -> list[tuple[Kernel, list[int]]]:
+    """Rule 4b of the module docstring: taken where every reader of the value outside its row step is a later
+    generated pointwise step over the value's shape, the value is not returned, it is made from pointwise layers
+    only, and what recomputing it reads is no larger than the value; else the reason is logged."""
+    step_of: dict[int, int] = {}
+    for g, (_, members) in enumerate(groups):
+        for j in members:
+            step_of.setdefault(j, g)
+    grown = [list(members) for _, members in groups]
+    for r, (kernel, members) in enumerate(groups):
+        if (kernel.kind, kernel.op) != ("generated", "rows"):
+            continue
+        inside = set(members)
+        for j in members:
+            value = network.layers[j].outputs[0]
+            if fusion.classify(network.layers[j]) != fusion.OpClass.POINTWISE or id(value) in graph.returned:
+                continue
+            readers = {step_of[graph.index[id(x)]] for x in graph.readers.get(id(value), [])} - {r}
+            reason = _why_not_recomputed(network, groups, graph, r, j, readers)
+            if reason is not None:
+                if readers:
+                    logger.debug("%r is written by its row step rather than recomputed: %s", value.name, reason)
+                continue
+            chain = _made_within(network, graph, j, inside)
+            for g in readers:
+                grown[g] = sorted(set(grown[g]) | set(chain))
+            logger.debug("%r is computed again by %d later steps instead of read", value.name, len(readers))
+    return [(kernel, members) for (kernel, _), members in zip(groups, grown)]
+
+
+def _made_within(network: Network, graph: _Graph, j: int, inside: set[int]) -> list[int]:
+    """Layer `j` and the layers of `inside` it is computed from."""
+    chain, todo = {j}, [j]
+    while todo:
+        for t in network.layers[todo.pop()].inputs:
+            k = graph.index.get(id(t.producer)) if t.producer is not None else None
+            if k is not None and k in inside and k not in chain:
+                chain.add(k)
+                todo.append(k)
+    return sorted(chain)
+
+
+def _why_not_recomputed(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph, r: int, j: int,
+                        readers: set[int]) -> str | None:
+    """None if the value of layer `j` in row step `r` may be computed again by the steps `readers` (rule 4b)."""
+    value = network.layers[j].outputs[0]
+    if not readers:
+        return "no other step reads it"
+    for g in readers:
+        kernel, members = groups[g]
+        if (kernel.kind, kernel.op) != ("generated", "pointwise") or g < r:
+            return f"step {g} ({kernel.kind} {kernel.op}) reads it"
+        if tuple(network.layers[members[0]].outputs[0].shape) != tuple(value.shape):
+            return f"step {g} computes over {list(network.layers[members[0]].outputs[0].shape)}"
+    chain = _made_within(network, graph, j, set(groups[r][1]))
+    if any(fusion.classify(network.layers[k]) != fusion.OpClass.POINTWISE for k in chain):
+        return "it is made from a reduction"
+    made = {id(t) for k in chain for t in network.layers[k].outputs}
+    read = {id(t): t for k in chain for t in network.layers[k].inputs
+            if id(t) not in made and not isinstance(t.producer, L.ConstantLayer)}
+    if sum(_numel(t) * t.dtype.itemsize for t in read.values()) > _numel(value) * value.dtype.itemsize:
+        return "recomputing it reads more than it"
+    for g in readers:
+        members = set(groups[g][1]) | set(chain)
+        outside = {id(t) for k in members for t in network.layers[k].inputs
+                   if t.producer is None or graph.index.get(id(t.producer)) not in members}
+        if len(outside) + sum(len(network.layers[k].weights) for k in members) > fusion.MAX_OPERANDS:
+            return f"step {g} would read more than {fusion.MAX_OPERANDS} tensors"
+    return None
+
+
+def _numel(t) -> int:
+    """Elements of `t` at its opt shape."""
+    return math.prod(timing.opt_shape(t.shape))
 
 
 def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int]]]
