@@ -302,3 +302,22 @@ def test_views_that_copy_nothing_stay_views():
     net.mark_output(net.add_matrix_multiply(t, L.MatrixOperation.NONE, x, L.MatrixOperation.TRANSPOSE).get_output())
     plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
     assert [op for op, _ in _ops(plan, net)] == ["shuffle", "matrix_multiply"]
+
+
+def test_heads_merged_after_attention_stay_a_reshape_that_may_be_a_view():
+    """attention [N, H, L, E] -> transpose(1, 2) -> reshape [N, L, H * E] -> output projection: SDPA's fused
+    backends return [N, L, H, E] memory, so the reshape is a view there; it stays ATen's reshape (a copy only
+    where a backend's layout needs one), not a generated copy. The same reshape of a transposed input copies."""
+    def heads_merged(after_attention: bool) -> list[str]:
+        net = Network("merge")
+        q = net.add_input("q", torch.float16, (2, 4, 6, 16))
+        x = net.add_attention(q, q, q).get_output() if after_attention else q
+        merged = net.add_shuffle(x, first_transpose=(0, 2, 1, 3), reshape_dims=(2, 6, 64)).get_output()
+        w = net.add_constant(torch.randn(64, 64, dtype=torch.float16)).get_output()
+        net.mark_output(net.add_matrix_multiply(merged, L.MatrixOperation.NONE, w, L.MatrixOperation.NONE)
+                        .get_output())
+        plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)
+        return [op for op, _ in _ops(plan, net) if op != "constant"]
+
+    assert heads_merged(True) == ["attention", "shuffle", "matrix_multiply"]
+    assert heads_merged(False) == ["indexed", "matrix_multiply"]

@@ -560,7 +560,9 @@ MAX_SPAN = 12  # steps a producer may run later, inside the indexed kernel it al
 
 def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> bool:
     """Whether an ATen movement step copies its input: a concatenation, a padding, or a shuffle that reshapes
-    (merging or splitting dims) the output of a transpose."""
+    (merging or splitting dims) the output of a transpose. Not where the transposed tensor is an attention
+    layer's output: SDPA's fused backends return it laid out [N, L, H, E], so the usual transpose(1, 2) and
+    reshape back to [N, L, H * E] is a view, and ATen's reshape copies only where a backend's layout needs it."""
     kernel, members = step
     if kernel.kind != "aten":
         return False
@@ -575,7 +577,8 @@ def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> 
         moved = any(perm is not None and list(perm) != sorted(perm)
                     for perm in (source.first_transpose, source.second_transpose))
         source = source.inputs[0].producer
-    return moved and tuple(layer.inputs[0].shape) != tuple(layer.outputs[0].shape)
+    return moved and not isinstance(source, L.AttentionLayer) and \
+        tuple(layer.inputs[0].shape) != tuple(layer.outputs[0].shape)
 
 
 def _indexed_refusal(network: Network, layers: list[int], graph: _Graph, max_layers: int) -> str:

@@ -44,7 +44,6 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 INF = tl.constexpr(float("inf"))
-NAN = tl.constexpr(float("nan"))
 '''
 
 
@@ -93,8 +92,8 @@ class PointwiseKernel:
 
 
 def literal(value: float) -> str:
-    if math.isnan(value):
-        return "NAN"
+    if math.isnan(value):  # (not a global NaN: Triton takes a global unequal to itself for one that changed)
+        return "(INF - INF)"
     if math.isinf(value):
         return "INF" if value > 0 else "(-INF)"
     return repr(float(value))
