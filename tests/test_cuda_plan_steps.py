@@ -322,3 +322,33 @@ def test_a_row_steps_pointwise_prologue_is_recomputed_by_its_other_readers(retur
         assert holding == ["rows", "pointwise"] and len(io[rows].outputs) == 1
     for got, ref in zip(out, ReferenceExecutor(net, CPU).run([xv])):
         assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+class LayerScaleResidual(torch.nn.Module):
+    """ConvNeXt's tail: a channels-last MLP output scaled per channel, permuted back to NCHW, added to the input."""
+
+    def __init__(self, c: int = 8) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(c, c)
+        self.gamma = torch.nn.Parameter(torch.rand(c) + 0.5)
+
+    def forward(self, x):
+        return x + (self.fc(x.permute(0, 2, 3, 1)) * self.gamma).permute(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels-last"])
+def test_a_permute_between_pointwise_steps_is_index_arithmetic_in_one_kernel(channels_last):
+    """The layer-scale multiply, the permute back and the residual add are one indexed kernel (the permute is a view,
+    but the multiply's output was a pass of its own); it walks the residual's layout; the reference's values."""
+    torch.manual_seed(0)
+    data = torchkiln.convert_method_to_engine(LayerScaleResidual().eval(), "forward", [torchkiln.Input((2, 8, 5, 6))],
+                                              backend="reference")
+    network = Engine.deserialize(data).network
+    x = torch.randn(2, 8, 5, 6)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    plan, out = run_plan(network, [x])
+    ops = [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"]
+    assert ops[-1] == "indexed" and "pointwise" not in ops, ops
+    assert out[0].is_contiguous(memory_format=torch.channels_last) == channels_last
+    ref = ReferenceExecutor(network, CPU).run([x])[0]
+    assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()

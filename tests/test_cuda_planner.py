@@ -321,3 +321,23 @@ def test_heads_merged_after_attention_stay_a_reshape_that_may_be_a_view():
 
     assert heads_merged(True) == ["attention", "shuffle", "matrix_multiply"]
     assert heads_merged(False) == ["indexed", "matrix_multiply"]
+
+
+def test_a_permute_joins_pointwise_steps_only_between_two_of_them():
+    """relu -> permute -> matrix multiply: the permute stays a view (no pointwise step reads it, so a kernel would
+    save no pass); relu -> permute -> add: one indexed kernel."""
+    def ops(then_add: bool) -> list[str]:
+        net = Network("permute")
+        x = net.add_input("x", torch.float16, (2, 6, 4, 16))
+        moved = net.add_shuffle(net.add_activation(x, L.ActivationType.RELU).get_output(),
+                                first_transpose=(0, 2, 1, 3)).get_output()
+        if then_add:
+            out = net.add_elementwise(moved, net.add_input("y", torch.float16, (2, 4, 6, 16)),
+                                      L.ElementWiseOperation.SUM)
+        else:
+            out = net.add_matrix_multiply(moved, L.MatrixOperation.NONE, moved, L.MatrixOperation.TRANSPOSE)
+        net.mark_output(out.get_output())
+        return [op for op, _ in _ops(planner.make_plan(net, torch.device("cpu"), NO_TIMING), net)]
+
+    assert ops(False) == ["pointwise", "shuffle", "matrix_multiply"]
+    assert ops(True) == ["indexed"]

@@ -59,7 +59,8 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    An attention mask strided along the keys is made row-major before SDPA, whose fused kernels refuse it.
 
 8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a reshape
-   of a transposed tensor) runs in a generated indexed kernel with the movable steps it alone feeds, down to the
+   of a transposed tensor), or a permute between two generated pointwise steps (ConvNeXt's layer scale, permuted
+   back and added to the residual), runs in a generated indexed kernel with the movable steps it alone feeds, down to the
    last one, and those that alone feed it, up to `MAX_SPAN` steps back (a movable step: a generated pointwise or
    indexed step, or a movement or pointwise layer of static shapes on ATen). RoPE's rotate-half with its
    multiplies is one kernel; so is a shifted window's roll with its window partition (two concatenations and a
@@ -499,8 +500,8 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
 def _fused_movement(network: Network, steps: list[tuple[Kernel, list[int]]], graph: _Graph
                     ) -> list[tuple[Kernel, list[int]]]:
     """Rule 8 of the module docstring: a movement layer that copies (concatenation, padding, a reshape after a
-    transpose) joins the steps it alone feeds and the steps that alone feed it, as one generated indexed kernel
-    (codegen/indexed.py: the moves are index arithmetic)."""
+    transpose), or a permute between two generated pointwise steps, joins the steps it alone feeds and the steps
+    that alone feed it, as one generated indexed kernel (codegen/indexed.py: the moves are index arithmetic)."""
     if _fusable() is None:
         return steps
     from torchkiln.runtime.backends.cuda.codegen.indexed import MAX_LAYERS, indexed_fusable
@@ -524,8 +525,23 @@ def _fused_movement(network: Network, steps: list[tuple[Kernel, list[int]]], gra
         readers = {step_of[graph.index[id(r)]] for t in outputs for r in graph.readers.get(id(t), [])} - {k}
         return readers.pop() if len(readers) == 1 else None
 
+    def made_by(k: int) -> int | None:
+        t = network.layers[out[k][1][0]].inputs[0]
+        return step_of.get(graph.index.get(id(t.producer), -1)) if t.producer is not None else None
+
+    def generated_pointwise(k: int | None) -> bool:
+        return k is not None and out[k] is not None and out[k][0] == Kernel("generated", "pointwise")
+
+    def view_between(k: int) -> bool:
+        """A shuffle that copies nothing (a permute) between a generated pointwise step it alone reads and one
+        that alone reads it: one indexed kernel then saves the pass over the moved value."""
+        kernel, members = out[k]
+        p = made_by(k)
+        return kernel == Kernel("aten", "shuffle") and generated_pointwise(p) and sole_reader(p) == k and \
+            generated_pointwise(sole_reader(k))
+
     for k in range(len(out)):
-        if out[k] is None or not movable(k) or not _copies(network, out[k], graph):
+        if out[k] is None or not movable(k) or not (_copies(network, out[k], graph) or view_between(k)):
             continue
         members, sink = {k}, k
         while (c := sole_reader(sink)) is not None and out[c] is not None and movable(c) and c > sink:
@@ -544,6 +560,8 @@ def _fused_movement(network: Network, steps: list[tuple[Kernel, list[int]]], gra
                     grew = True
         layers = [j for m in sorted(members) for j in out[m][1]]
         reason = _indexed_refusal(network, layers, graph, MAX_LAYERS)
+        if not reason and not _copies(network, out[k], graph) and (made_by(k) not in members or sink == k):
+            reason = "the view copies nothing and the steps around it do not join it"
         if reason:
             logger.debug("%s %r stays apart from the steps around it: %s", network.layers[out[k][1][0]].KIND,
                          network.layers[out[k][1][0]].name, reason)

@@ -290,8 +290,9 @@ CHANNELS_LAST_WALK = (0, 2, 3, 1)  # N, H, W, C: a channels-last tensor's memory
 class IndexedLauncher:
     """Runs a generated indexed kernel on CUDA tensors (or on CPU tensors under Triton's interpreter). The kernel
     walks its output in the output's memory order: channels-last where the planner asks (its readers are
-    channels-last convolutions) or where the 4-D inputs are all channels-last (as ATen's concatenation keeps them);
-    else row-major. Each order's kernel is generated when first needed."""
+    channels-last convolutions) or where the 4-D inputs are all channels-last (as ATen's concatenation keeps them;
+    those of the output's shape, where there are such: a residual read as is, not a permuted operand); else
+    row-major. Each order's kernel is generated when first needed."""
 
     def __init__(self, layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor],
                  channels_last: bool = False) -> None:
@@ -323,6 +324,7 @@ class IndexedLauncher:
         if weights is None:
             weights = self._weights[device] = [w.to(device) for w in kernel.weights]
         four = [x for x in inputs if x.dim() == 4 and x.numel() > 0]
+        four = [x for x in four if tuple(x.shape) == tuple(kernel.shape)] or four  # those read as the output is
         last = len(kernel.shape) == 4 and (self.channels_last or bool(four) and all(
             x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() for x in four))
         layout = torch.channels_last if last else torch.contiguous_format

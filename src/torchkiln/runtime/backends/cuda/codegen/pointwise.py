@@ -33,6 +33,7 @@ from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import needs_int64
 
 BLOCK = 1024  # elements per program
+WARPS = 4  # warps per program
 KERNEL_NAME = "pointwise_kernel"
 VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.bool)
 TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.bool: "tl.int1"}
@@ -407,7 +408,7 @@ class PointwiseLauncher(GroupLauncher):
         flags = {f"{p}_MODE": m[0] for p, m in zip(names, modes)}
         grid = ((numel + BLOCK - 1) // BLOCK,)
         self._fn[grid](*operands, *outputs, numel, *shape, *strides, *steps, **flags, LINEAR=linear,
-                 INT64=needs_int64(*expanded, *outputs), BLOCK=BLOCK)
+                 INT64=needs_int64(*expanded, *outputs), BLOCK=BLOCK, num_warps=WARPS)
         return outputs
 
 
