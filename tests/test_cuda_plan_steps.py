@@ -161,6 +161,29 @@ def test_a_convolution_read_by_no_pointwise_layer_adds_its_bias_in_a_generated_k
     assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+@pytest.mark.parametrize("norm", ["group", "layer"])
+def test_a_convolutions_bias_is_the_first_operation_of_the_norm_after_it(norm):
+    """conv (with bias) -> group norm (or a layer norm over C, H, W) -> SiLU: the bias joins the norm's generated
+    row kernel (one pass over the convolution's output, not a bias pass and a norm pass); the reference's values."""
+    net = Network("conv-norm")
+    x = net.add_input("x", torch.float32, (2, 8, 6, 6))
+    conv = net.add_convolution_nd(x, torch.randn(8, 8, 3, 3) * 0.2, torch.randn(8) * 3, stride=(1, 1),
+                                  padding=(1, 1), dilation=(1, 1)).get_output()
+    if norm == "group":
+        normed = net.add_normalization(conv, L.NormalizationKind.GROUP, 1e-5, num_groups=4,
+                                       scale=torch.rand(8) + 0.5, bias=torch.randn(8)).get_output()
+    else:
+        normed = net.add_normalization(conv, L.NormalizationKind.LAYER, 1e-5, normalized_shape=(8, 6, 6)).get_output()
+    net.mark_output(net.add_activation(normed, L.ActivationType.SILU).get_output())
+    xv = torch.randn(2, 8, 6, 6)
+    plan, out = run_plan(net, [xv])
+    steps = [(plan.kernels[s.kernel].op, [net.layers[j].KIND for j in s.layers]) for s in plan.steps
+             if plan.kernels[s.kernel].op != "constant"]
+    assert steps == [("conv_epilogue", ["convolution", "normalization", "activation"])], steps
+    ref = ReferenceExecutor(net, CPU).run([xv])[0]
+    assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
 def test_sibling_pointwise_groups_over_one_input_become_one_pass():
     """GELU's shape as GPT-2 writes it, 0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3))), with a sigmoid for the
     tanh: 0.5 * x starts one group and the branch another (both read x first); their product joins the branch's

@@ -268,8 +268,8 @@ def _max_pool(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
 @maker("library", "conv_epilogue")
 def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """A convolution without its bias, then one generated kernel: the bias (a per-channel scale layer made here,
-    outside the network) and the pointwise layers after it."""
-    from torchkiln.runtime.backends.cuda.codegen.pointwise import compile_group
+    outside the network) and the pointwise layers after it, or the row group (a reduction's) after it."""
+    from torchkiln.runtime.backends.cuda.codegen import pointwise, reduction
 
     conv, rest = step.layers[0], step.layers[1:]
     ws = step.weights[0]
@@ -284,8 +284,9 @@ def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn
     convolve = lambda xs: conv_fn([layout(xs[0])])  # noqa: E731
     reads = epilogue_inputs(conv, rest, step.inputs)
     at = [step.inputs.index(id(t)) for t in reads]
-    launch = compile_group(first + rest, [raw if first else out, *reads],
-                           [_output(first + rest, o) for o in step.outputs])
+    rows = any(reduction.reduced_axes(layer) is not None for layer in rest)
+    launch = (reduction if rows else pointwise).compile_group(first + rest, [raw if first else out, *reads],
+                                                              [_output(first + rest, o) for o in step.outputs])
 
     def run(xs: list[torch.Tensor]) -> list[torch.Tensor]:
         return launch([convolve(xs[:1]), *(xs[k] for k in at)])

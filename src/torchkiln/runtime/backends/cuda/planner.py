@@ -15,7 +15,8 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    (GELU's 0.5 * x and its tanh branch: one pass over x); a refused merge logs why.
    A plain convolution whose only reader is such a layer (of its shape) leads that layer's group: it runs
    without its bias, and the bias (a per-channel scale layer made for the kernel) is the group's first
-   operation (`conv_epilogue`).
+   operation (`conv_epilogue`). So is one whose only reader is a row step's layer (a group norm after it): the
+   bias is the row kernel's first operation.
 3. **Quantized matrix multiplies** (quant_kernels.py): a matrix multiply of a dequantized int8 (or, from sm_89,
    fp8) activation by a dequantized constant weight runs on the quantized values (`torch._int_mm` /
    `torch._scaled_mm`) with the dequantize epilogue (`library`/`quantized_matmul`).
@@ -205,7 +206,8 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
             first_at[k] = -1
     order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
     groups = [groups[k] for k in order]
-    groups = _generated_biases(network, _fused_movement(network, _group_pointwise(network, groups, graph), graph))
+    groups = _generated_biases(network, _fused_movement(network, _group_pointwise(network, groups, graph), graph),
+                               graph)
     groups = _generated_products(network, groups, graph, lambda requests: gemm_tactic.choose(
         network, requests, graph.readers, graph.returned, device, options, cache))
     groups = _recomputed_prologues(network, groups, graph)
@@ -232,6 +234,8 @@ def _generated_products(network: Network, groups: list[tuple[Kernel, list[int]]]
     found: dict[int, gemm_tactic.Request] = {}  # group index -> its request
     for g, (kernel, members) in enumerate(groups):
         lead = network.layers[members[0]]
+        if any(fusion.classify(network.layers[j]) == fusion.OpClass.REDUCTION for j in members):
+            continue  # a bias joined to a row step (the generated products' epilogues are pointwise)
         if kernel.op == "conv_epilogue" and gemm_layer(lead) is None:
             found[g] = gemm_tactic.Request(members[0], tuple(members[1:]), (groups[g],))
         elif kernel.kind == "library" and kernel.op in DEPTHWISE_LIBRARY_OPS and depthwise_layer(lead) is None:
@@ -346,21 +350,41 @@ def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int
     return out
 
 
-def _generated_biases(network: Network, groups: list[tuple[Kernel, list[int]]]) -> list[tuple[Kernel, list[int]]]:
+def _generated_biases(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph
+                      ) -> list[tuple[Kernel, list[int]]]:
     """A 2-D convolution left on its own with a bias (a residual branch's downsample, read by a fused step) runs
     without it, and the bias is a generated kernel (`conv_epilogue` of no further layers): the library's separate
     bias add over channels-last activations is not vectorized (79 us for a 1x1 downsample convolution's
     [32,256,56,56] output on an H100, against about 30 for one read and one write)."""
     if not have_triton():
         return groups
-    out = []
+    out: list[tuple[Kernel, list[int]] | None] = []
     for kernel, members in groups:
         layer = network.layers[members[0]]
         if kernel.kind == "library" and kernel.op == "convolution" and "bias" in layer.weights \
                 and kernel.option("channels_last"):
             kernel = Kernel("library", "conv_epilogue", kernel.tactic)
         out.append((kernel, members))
-    return out
+    return _biases_into_row_steps(network, out, graph)
+
+
+def _biases_into_row_steps(network: Network, steps: list[tuple[Kernel, list[int]] | None], graph: _Graph
+                           ) -> list[tuple[Kernel, list[int]]]:
+    """A convolution whose bias would be a kernel of its own (`conv_epilogue` of no further layers) and whose only
+    reader is a generated row step (a group norm after it) joins that step: the bias is the row kernel's first
+    operation, one pass over the convolution's output instead of two. The step runs where the row step ran."""
+    where = {j: k for k, step in enumerate(steps) for j in step[1]}
+    for k, step in enumerate(steps):
+        kernel, members = step
+        if kernel.op != "conv_epilogue" or len(members) != 1:
+            continue
+        reader = graph.sole_reader(network.layers[members[0]].outputs[0])
+        r = where.get(graph.index[id(reader)]) if reader is not None else None
+        if r is None or r < k or steps[r] is None or steps[r][0] != Kernel("generated", "rows"):
+            continue
+        steps[r] = (kernel, members + steps[r][1])
+        steps[k] = None
+    return [step for step in steps if step is not None]
 
 
 def _shared_input_linears(network: Network, graph: _Graph) -> list[list[int]]:
