@@ -206,11 +206,10 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
             first_at[k] = -1
     order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
     groups = [groups[k] for k in order]
-    groups = _generated_biases(network, _fused_movement(network, _group_pointwise(network, groups, graph), graph),
-                               graph)
+    groups = _generated_biases(network, _fused_movement(network, _group_pointwise(network, groups, graph), graph))
     groups = _generated_products(network, groups, graph, lambda requests: gemm_tactic.choose(
         network, requests, graph.readers, graph.returned, device, options, cache))
-    groups = _recomputed_prologues(network, groups, graph)
+    groups = _biases_into_row_steps(network, _recomputed_prologues(network, groups, graph), graph)
     cache.save()
     return _as_plan(target(device), _channels_last_outputs(network, groups))
 
@@ -234,8 +233,6 @@ def _generated_products(network: Network, groups: list[tuple[Kernel, list[int]]]
     found: dict[int, gemm_tactic.Request] = {}  # group index -> its request
     for g, (kernel, members) in enumerate(groups):
         lead = network.layers[members[0]]
-        if any(fusion.classify(network.layers[j]) == fusion.OpClass.REDUCTION for j in members):
-            continue  # a bias joined to a row step (the generated products' epilogues are pointwise)
         if kernel.op == "conv_epilogue" and gemm_layer(lead) is None:
             found[g] = gemm_tactic.Request(members[0], tuple(members[1:]), (groups[g],))
         elif kernel.kind == "library" and kernel.op in DEPTHWISE_LIBRARY_OPS and depthwise_layer(lead) is None:
@@ -350,30 +347,34 @@ def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int
     return out
 
 
-def _generated_biases(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph
-                      ) -> list[tuple[Kernel, list[int]]]:
+def _generated_biases(network: Network, groups: list[tuple[Kernel, list[int]]]) -> list[tuple[Kernel, list[int]]]:
     """A 2-D convolution left on its own with a bias (a residual branch's downsample, read by a fused step) runs
     without it, and the bias is a generated kernel (`conv_epilogue` of no further layers): the library's separate
     bias add over channels-last activations is not vectorized (79 us for a 1x1 downsample convolution's
     [32,256,56,56] output on an H100, against about 30 for one read and one write)."""
     if not have_triton():
         return groups
-    out: list[tuple[Kernel, list[int]] | None] = []
+    out = []
     for kernel, members in groups:
         layer = network.layers[members[0]]
         if kernel.kind == "library" and kernel.op == "convolution" and "bias" in layer.weights \
                 and kernel.option("channels_last"):
             kernel = Kernel("library", "conv_epilogue", kernel.tactic)
         out.append((kernel, members))
-    return _biases_into_row_steps(network, out, graph)
+    return out
 
 
-def _biases_into_row_steps(network: Network, steps: list[tuple[Kernel, list[int]] | None], graph: _Graph
+def _biases_into_row_steps(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph
                            ) -> list[tuple[Kernel, list[int]]]:
-    """A convolution whose bias would be a kernel of its own (`conv_epilogue` of no further layers) and whose only
-    reader is a generated row step (a group norm after it) joins that step: the bias is the row kernel's first
-    operation, one pass over the convolution's output instead of two. The step runs where the row step ran."""
-    where = {j: k for k, step in enumerate(steps) for j in step[1]}
+    """A convolution whose bias would be a kernel of its own (`conv_epilogue` of no further layers; rule 6 took no
+    generated product for it) and whose only reader is a layer of a generated row step (a group norm after it)
+    joins that step: the bias is the row kernel's first operation, one pass over the convolution's output instead
+    of two. The step runs where the row step ran."""
+    steps: list[tuple[Kernel, list[int]] | None] = list(groups)
+    where: dict[int, int] = {}
+    for k, (_, members) in enumerate(groups):
+        for j in members:
+            where.setdefault(j, k)
     for k, step in enumerate(steps):
         kernel, members = step
         if kernel.op != "conv_epilogue" or len(members) != 1:
