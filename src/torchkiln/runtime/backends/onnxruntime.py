@@ -46,7 +46,7 @@ import torch
 from torchkiln.errors import EngineFormatError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, substitute
+from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, substitute, symbols_of
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
@@ -255,10 +255,17 @@ class _Session:
 
     def check(self, outs: list[torch.Tensor], bindings: dict[DimSymbol, int]) -> None:
         """EngineFormatError unless each output has the dtype and shape the network declares (its symbolic dims
-        evaluated at `bindings`): ONNX Runtime only warns where they differ."""
+        evaluated at `bindings`): ONNX Runtime only warns where they differ. A data-dependent size (nonzero,
+        unique) is taken from the first output dim that is that size; a dim of sizes no output shows is not checked."""
+        known = dict(bindings)
         for t, out in zip(self.outputs, outs):
-            shape = tuple(substitute(t.shape, bindings))
-            if out.dtype != t.dtype or tuple(out.shape) != shape:
+            for d, n in zip(t.shape, out.shape):
+                if isinstance(d, DimSymbol) and d not in known:
+                    known[d] = n
+        for t, out in zip(self.outputs, outs):
+            shape = tuple(d if symbols_of(d) - known.keys() else substitute(d, known) for d in t.shape)
+            if out.dtype != t.dtype or len(out.shape) != len(shape) or any(
+                    isinstance(d, int) and d != n for d, n in zip(shape, out.shape)):
                 where = f"{t.producer.KIND} layer {t.producer.name!r}" if t.producer is not None else "an input"
                 raise EngineFormatError(
                     f"ONNX Runtime gave {dtype_name(out.dtype)}{list(out.shape)} for tensor {t.name!r} (output of "
