@@ -901,10 +901,9 @@ class NonZeroLayer(_DataDependentBase):
 
 @layer_kind
 class UniqueLayer(_DataDependentBase):
-    """Outputs: the distinct values [count]; for each input element the index of its value among them (int64, the
-    input's shape); how often each occurs (int64 [count]). torch.unique without a dim (`sorted` False: in ATen's
-    order), or with `consecutive` torch.unique_consecutive (runs of equal values, in input order)."""
+    """Outputs: the distinct values in ascending order [count]; for each input element the index of its value among
+    them (int64, the input's shape); how often each occurs (int64 [count]). torch.unique (sorted, without a dim), or
+    with `consecutive` torch.unique_consecutive (runs of equal values, in input order)."""
 
     KIND: ClassVar[str] = "unique"
-    sorted: bool = True
     consecutive: bool = False

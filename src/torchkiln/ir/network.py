@@ -203,9 +203,8 @@ class Network:
     def add_non_zero(self, input: Tensor) -> L.Layer:
         return self.add_layer(L.NonZeroLayer, [input], count=self.data_symbol(input))
 
-    def add_unique(self, input: Tensor, sorted: bool = True, consecutive: bool = False) -> L.Layer:
-        return self.add_layer(L.UniqueLayer, [input], count=self.data_symbol(input), sorted=sorted,
-                              consecutive=consecutive)
+    def add_unique(self, input: Tensor, consecutive: bool = False) -> L.Layer:
+        return self.add_layer(L.UniqueLayer, [input], count=self.data_symbol(input), consecutive=consecutive)
 
     def data_symbol(self, input: Tensor) -> DimSymbol:
         """A new symbol for the output size of a data-dependent layer reading `input`: [0, its most elements]."""

@@ -400,4 +400,4 @@ def _non_zero(layer, xs, ws, device):
 def _unique(layer, xs, ws, device):
     if layer.consecutive:
         return list(torch.unique_consecutive(xs[0], return_inverse=True, return_counts=True))
-    return list(torch._unique2(xs[0], sorted=layer.sorted, return_inverse=True, return_counts=True))
+    return list(torch._unique2(xs[0], sorted=True, return_inverse=True, return_counts=True))

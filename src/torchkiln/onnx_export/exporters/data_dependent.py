@@ -24,8 +24,8 @@ def _non_zero(ctx: ExportContext, layer: L.NonZeroLayer, xs: list[str]) -> str:
 @exporter(L.UniqueLayer)
 def _unique(ctx: ExportContext, layer: L.UniqueLayer, xs: list[str]) -> list[str]:
     x = layer.inputs[0]
-    if layer.consecutive or not layer.sorted:
-        ctx.decline("ONNX's Unique neither keeps runs of equal values apart nor has ATen's unsorted order")
+    if layer.consecutive:
+        ctx.decline("ONNX's Unique does not keep runs of equal values apart")
     if x.dtype.is_floating_point:
         ctx.decline("ONNX Runtime's Unique keeps the first of 0.0 and -0.0 and tells NaNs apart otherwise than torch")
     values, _, inverse, counts = ctx.op("Unique", [xs[0]], x.dtype, outputs=4, typed_outputs=(0,), sorted=1)
