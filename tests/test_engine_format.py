@@ -717,3 +717,25 @@ def test_weights_sharing_storage_round_trip():
     xs = torch.randn(1, 3, 8, 8)
     for got, expected in zip(again.execute([xs]), engine.execute([xs])):
         assert torch.equal(got, expected)
+
+
+def _non_zero_engine() -> bytes:
+    return _engine_of(lambda n, x: [n.add_non_zero(x).get_output()], [("x", torch.int64, (3, 4))])
+
+
+def test_a_data_dependent_size_is_defined_once():
+    _, graph, weights = _split(_non_zero_engine())
+    layers = graph["network"]["layers"]
+    layers.append(dict(layers[0], name="again", outputs=[dict(o, name="again:0") for o in layers[0]["outputs"]]))
+    with pytest.raises(torchkiln.EngineFormatError, match="symbol u0 is defined twice"):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_a_data_dependent_size_is_not_used_before_its_layer():
+    _, graph, weights = _split(_non_zero_engine())
+    size = {"kind": "dim_value", "name": "early", "inputs": [], "weights": {},
+            "params": {"value": {"op": "sym", "name": "u0"}, "dtype": "int64"},
+            "outputs": [{"name": "early:0", "dtype": "int64", "shape": []}]}
+    graph["network"]["layers"].insert(0, size)
+    with pytest.raises(torchkiln.EngineFormatError, match=r"uses symbols \['u0'\] that no input dim or earlier"):
+        Engine.deserialize(_pack(graph, weights))
