@@ -191,6 +191,25 @@ def test_module_with_engine_and_pytorch_blocks_runs_in_cpp_as_in_python(cpp, tmp
     assert_bitwise(run_in_cpp(cpp, compiled, (x,), tmp_path), want)
 
 
+class _DataDependent(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        picked = x[x > 0]
+        values, counts = torch.unique(y, return_counts=True)
+        return picked.sum() * 2, picked * picked.size(0), torch.nonzero(y), values * counts
+
+
+def test_data_dependent_sizes_run_in_cpp_as_in_python(cpp, tmp_path):
+    """nonzero, x[mask] and unique in one engine: the C++ runtime binds their sizes when they run, as Python."""
+    x, y = torch.randn(4, 5), torch.randint(-2, 3, (6,))
+    compiled = _compile(_DataDependent(), [torchkiln.Input((4, 5)), torchkiln.Input((6,), dtype=torch.int64)],
+                        min_block_size=1)
+    assert str(compiled.code).count("execute_engine") == 1
+    for args in ((x, y), (-x.abs(), torch.zeros(6, dtype=torch.int64))):  # other sizes, and empty ones
+        with torch.no_grad():
+            want = compiled(*args)
+        assert_bitwise(run_in_cpp(cpp, compiled, args, tmp_path), want)
+
+
 class _Nested(torch.nn.Module):
     def forward(self, x: tuple[torch.Tensor, torch.Tensor], u: torch.Tensor):
         a = torch.relu(x[0] + u) * 2.0
