@@ -521,7 +521,8 @@ void check_defined(const Layer& layer, std::vector<bool>& known, const std::vect
   for (int64_t s : used)
     if (!known[s]) unknown.push_back("'" + symbols[s].name + "'");
   if (!unknown.empty())
-    format_error(where + ": uses symbols [" + c10::Join(", ", unknown) + "] that no input dim or earlier layer defines");
+    format_error(where + ": uses symbols [" + c10::Join(", ", unknown) +
+                 "] that no input dim or earlier layer defines");
 }
 
 void decode_network(Engine& engine, const Json& raw, const std::map<std::string, at::Tensor>& weights,

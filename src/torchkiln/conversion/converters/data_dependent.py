@@ -38,7 +38,7 @@ def _unique_outputs(ctx: ConversionCtx, x: Tensor, consecutive: bool, inverse: b
 
 
 def _sorted(args: Args) -> str | None:
-    return None if args.sorted else "unique with sorted=False returns its values in an order only PyTorch's kernel defines"
+    return None if args.sorted else "unique with sorted=False gives an order only PyTorch's kernel defines"
 
 
 @converter("aten::_unique2", capability=_sorted)
