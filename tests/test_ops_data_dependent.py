@@ -82,6 +82,17 @@ def test_data_dependent_sizes_in_one_engine(fn, example, others, backend):
             assert_matches_eager(compiled(x), fn(x))
 
 
+def test_float_unique_runs_beside_onnx_runtime_sessions(caplog):
+    """ONNX declines unique of floats: on the default backend it is a reference segment between ONNX Runtime
+    sessions, each binding the sizes it reads off its inputs, instead of the whole engine on the reference backend."""
+    x = torch.randn(3, 4).round()
+    with caplog.at_level("WARNING", logger="torchkiln"):
+        compiled, _ = check_fn(_unique_all, x, backend="onnxruntime")
+        for y in (torch.randn(3, 4).round(), torch.zeros(3, 4)):
+            assert_matches_eager(compiled(y), _unique_all(y))
+    assert "cannot run here" not in caplog.text, caplog.text
+
+
 def _masked_sum(x):
     return x[x > 0].sum() * 2
 
