@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from harness import assert_falls_back, assert_matches_eager, check_compiled, check_fn, wrap
+from harness import assert_falls_back, assert_matches_eager, check_compiled, check_fn, check_traced, wrap
 
 import torchkiln
 
@@ -80,6 +80,12 @@ def test_data_dependent_sizes_in_one_engine(fn, example, others, backend):
     for x in others:
         with torch.no_grad():
             assert_matches_eager(compiled(x), fn(x))
+
+
+def test_nonzero_as_tuple_traced():
+    compiled, _ = check_traced(lambda x: torch.nonzero(x, as_tuple=True), _ints(3, 4), op="aten::nonzero_numpy")
+    for x in (_ints(3, 4, seed=1), torch.zeros(3, 4, dtype=torch.int64)):
+        assert_matches_eager(compiled(x), torch.nonzero(x, as_tuple=True))
 
 
 def test_float_unique_runs_beside_onnx_runtime_sessions(caplog):

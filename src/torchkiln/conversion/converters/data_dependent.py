@@ -1,6 +1,6 @@
-"""Converters of ops whose output size depends on the data: nonzero, masked_select, unique, unique_consecutive
-(and boolean-mask indexing, in indexing.py). Their layers define that size as a symbol bound when they run (an
-output allocator), so the ops after them stay in the same engine."""
+"""Converters of ops whose output size depends on the data: nonzero (and as_tuple), masked_select, unique,
+unique_consecutive (and boolean-mask indexing, in indexing.py). Their layers define that size as a symbol bound when
+they run (an output allocator), so the ops after them stay in the same engine."""
 from __future__ import annotations
 
 import torch
@@ -16,6 +16,18 @@ from torchkiln.ir.tensor import Tensor
 @converter("aten::nonzero")
 def nonzero(ctx: ConversionCtx, args: Args) -> Tensor:
     return ctx.network.add_non_zero(ctx.to_tensor(args.self)).get_output()
+
+
+def _has_dims(args: Args) -> str | None:
+    return None if len(args.self.shape) else "nonzero(as_tuple=True) of a 0-d tensor (torch reads it as 1-d)"
+
+
+@converter("aten::nonzero_numpy", capability=_has_dims)
+def nonzero_numpy(ctx: ConversionCtx, args: Args) -> list[Tensor]:
+    """nonzero(as_tuple=True): the index columns, one tensor per dim."""
+    indices = ctx.network.add_non_zero(ctx.to_tensor(args.self)).get_output()
+    return [ctx.network.add_gather(indices, ctx.to_tensor(torch.tensor(d)), 1).get_output()
+            for d in range(indices.shape[1])]
 
 
 def _bool_mask(args: Args) -> str | None:
