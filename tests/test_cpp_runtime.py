@@ -20,6 +20,7 @@ import filelock
 import pytest
 import torch
 from harness import assert_matches_eager, tiny_bert
+from test_engine_format import DATA_DEPENDENT_HOSTILE, data_dependent_hostile
 from test_engine_fuzz import MAX_FLOPS, MAX_MEMORY, fuzz_case, run_case
 from test_onnx_export import ALL_CASES
 from test_runtime_backends import engine_of
@@ -346,6 +347,18 @@ def test_shared_engine_vectors_load_in_cpp_as_the_manifest_says(cpp):
         got, want = outcomes[str(path)][0], manifest["vectors"][path.name]
         prefix = manifest["library_words"].get(path.name)
         assert got.startswith(prefix) if prefix else got == want, (path.name, got)
+
+
+def test_data_dependent_sizes_defined_once_before_use_in_cpp(cpp, tmp_path):
+    """The C++ loader refuses a size symbol defined twice or used before its layer, as the Python one does."""
+    paths = []
+    for name in sorted(DATA_DEPENDENT_HOSTILE):
+        paths.append(tmp_path / f"{name}.engine")
+        paths[-1].write_bytes(data_dependent_hostile(name))
+    outcomes, _ = check_in_cpp(cpp, paths, MAX_MEMORY, MAX_FLOPS)
+    for name, path in zip(sorted(DATA_DEPENDENT_HOSTILE), paths):
+        text = outcomes[str(path)][0]
+        assert text.startswith("EngineFormatError: ") and DATA_DEPENDENT_HOSTILE[name][1] in text, (name, text)
 
 
 FUZZ_CASES = 250
