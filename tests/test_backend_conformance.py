@@ -170,6 +170,14 @@ EXTRA: list[tuple[str, Build]] = [
     case(L.AttentionLayer, "no-keys", [((1, 2, 3, 4), F32), ((1, 2, 0, 4), F32), ((1, 2, 0, 4), F32)],
          lambda n, q, k, v: n.add_attention(q, k, v)),
     case(L.DimValueLayer, "zero", [], lambda n: n.add_layer(L.DimValueLayer, [], value=0, dtype=F32)),
+    case(L.NonZeroLayer, "specials", [((2, 4), F32)], lambda n, x: n.add_non_zero(x),  # NaN and inf are nonzero
+         lambda gen: [torch.tensor([[0.0, -0.0, NAN, INF], [-INF, 1e-30, 0.0, -1.0]])]),
+    case(L.NonZeroLayer, "empty", [((0, 3), F32)], lambda n, x: n.add_non_zero(x)),
+    case(L.UniqueLayer, "specials", [((9,), F32)], lambda n, x: n.add_unique(x),
+         lambda gen: [torch.tensor([NAN, 1.0, -INF, NAN, INF, 1.0, 2.5, -INF, 1e30])]),
+    case(L.UniqueLayer, "consecutive-specials", [((8,), F32)], lambda n, x: n.add_unique(x, consecutive=True),
+         lambda gen: [torch.tensor([NAN, NAN, 1.0, 1.0, INF, INF, -1.0, 1.0])]),
+    case(L.UniqueLayer, "empty", [((0, 2), I64)], lambda n, x: n.add_unique(x)),
 ]
 
 CASES_BY_KIND: dict[str, list[tuple[str, Build]]] = {}

@@ -20,6 +20,7 @@ import filelock
 import pytest
 import torch
 from harness import assert_matches_eager, tiny_bert
+from test_engine_format import DATA_DEPENDENT_HOSTILE, data_dependent_hostile
 from test_engine_fuzz import MAX_FLOPS, MAX_MEMORY, fuzz_case, run_case
 from test_onnx_export import ALL_CASES
 from test_runtime_backends import engine_of
@@ -191,6 +192,25 @@ def test_module_with_engine_and_pytorch_blocks_runs_in_cpp_as_in_python(cpp, tmp
     assert_bitwise(run_in_cpp(cpp, compiled, (x,), tmp_path), want)
 
 
+class _DataDependent(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        picked = x[x > 0]
+        values, counts = torch.unique(y, return_counts=True)
+        return picked.sum() * 2, picked * picked.size(0), torch.nonzero(y), values * counts
+
+
+def test_data_dependent_sizes_run_in_cpp_as_in_python(cpp, tmp_path):
+    """nonzero, x[mask] and unique in one engine: the C++ runtime binds their sizes when they run, as Python."""
+    x, y = torch.randn(4, 5), torch.randint(-2, 3, (6,))
+    compiled = _compile(_DataDependent(), [torchkiln.Input((4, 5)), torchkiln.Input((6,), dtype=torch.int64)],
+                        min_block_size=1)
+    assert str(compiled.code).count("execute_engine") == 1
+    for args in ((x, y), (-x.abs(), torch.zeros(6, dtype=torch.int64))):  # other sizes, and empty ones
+        with torch.no_grad():
+            want = compiled(*args)
+        assert_bitwise(run_in_cpp(cpp, compiled, args, tmp_path), want)
+
+
 class _Nested(torch.nn.Module):
     def forward(self, x: tuple[torch.Tensor, torch.Tensor], u: torch.Tensor):
         a = torch.relu(x[0] + u) * 2.0
@@ -327,6 +347,18 @@ def test_shared_engine_vectors_load_in_cpp_as_the_manifest_says(cpp):
         got, want = outcomes[str(path)][0], manifest["vectors"][path.name]
         prefix = manifest["library_words"].get(path.name)
         assert got.startswith(prefix) if prefix else got == want, (path.name, got)
+
+
+def test_data_dependent_sizes_defined_once_before_use_in_cpp(cpp, tmp_path):
+    """The C++ loader refuses a size symbol defined twice or used before its layer, as the Python one does."""
+    paths = []
+    for name in sorted(DATA_DEPENDENT_HOSTILE):
+        paths.append(tmp_path / f"{name}.engine")
+        paths[-1].write_bytes(data_dependent_hostile(name))
+    outcomes, _ = check_in_cpp(cpp, paths, MAX_MEMORY, MAX_FLOPS)
+    for name, path in zip(sorted(DATA_DEPENDENT_HOSTILE), paths):
+        text = outcomes[str(path)][0]
+        assert text.startswith("EngineFormatError: ") and DATA_DEPENDENT_HOSTILE[name][1] in text, (name, text)
 
 
 FUZZ_CASES = 250

@@ -9,7 +9,7 @@ from torchkiln.examples import SmallResNet
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol
-from torchkiln.runtime.backends import BackendOptions
+from torchkiln.runtime.backends import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import planner
 from torchkiln.runtime.backends.cuda.codegen import have_triton
 from torchkiln.runtime.engine import Engine
@@ -341,3 +341,12 @@ def test_a_permute_joins_pointwise_steps_only_between_two_of_them():
 
     assert ops(False) == ["pointwise", "shuffle", "matrix_multiply"]
     assert ops(True) == ["indexed"]
+
+
+def test_data_dependent_sizes_are_left_to_the_reference_backend():
+    """A CUDA graph replays fixed sizes: an engine whose nonzero sizes an output when it runs is not planned here
+    (the engine then runs on the reference backend, on the GPU, with this reason logged)."""
+    n = Network("nz")
+    n.mark_output(n.add_non_zero(n.add_input("x", torch.float32, (3, 4))).get_output())
+    with pytest.raises(BackendUnavailable, match="non_zero layer 'non_zero'.*reference backend"):
+        planner.make_plan(n, torch.device("cpu"), NO_TIMING)

@@ -2,6 +2,7 @@
 import hashlib
 import json
 import pathlib
+import re
 import struct
 import tracemalloc
 
@@ -717,3 +718,34 @@ def test_weights_sharing_storage_round_trip():
     xs = torch.randn(1, 3, 8, 8)
     for got, expected in zip(again.execute([xs]), engine.execute([xs])):
         assert torch.equal(got, expected)
+
+
+def _define_twice(layers: list) -> None:
+    layers.append(dict(layers[0], name="again", outputs=[dict(o, name="again:0") for o in layers[0]["outputs"]]))
+
+
+def _use_before(layers: list) -> None:
+    layers.insert(0, {"kind": "dim_value", "name": "early", "inputs": [], "weights": {},
+                      "params": {"value": {"op": "sym", "name": "u0"}, "dtype": "int64"},
+                      "outputs": [{"name": "early:0", "dtype": "int64", "shape": []}]})
+
+
+# A nonzero engine whose size symbol u0 is defined twice, or used before its layer: (edit, the error's words)
+DATA_DEPENDENT_HOSTILE = {
+    "defined-twice": (_define_twice, "symbol u0 is defined twice"),
+    "used-before": (_use_before, "uses symbols ['u0'] that no input dim or earlier layer defines"),
+}
+
+
+def data_dependent_hostile(name: str) -> bytes:
+    """The bytes of DATA_DEPENDENT_HOSTILE[name] (tests/test_cpp_runtime.py loads them in C++)."""
+    data = _engine_of(lambda n, x: [n.add_non_zero(x).get_output()], [("x", torch.int64, (3, 4))])
+    _, graph, weights = _split(data)
+    DATA_DEPENDENT_HOSTILE[name][0](graph["network"]["layers"])
+    return _pack(graph, weights)
+
+
+@pytest.mark.parametrize("name", sorted(DATA_DEPENDENT_HOSTILE))
+def test_a_data_dependent_size_is_defined_once_before_use(name):
+    with pytest.raises(torchkiln.EngineFormatError, match=re.escape(DATA_DEPENDENT_HOSTILE[name][1])):
+        Engine.deserialize(data_dependent_hostile(name))

@@ -61,7 +61,10 @@ def every_kind_network():
     att = n.add_attention(q, q, q, causal=True).get_output()
     dim = n.add_layer(L.DimValueLayer, [], value=3).get_output()
     fq = n.add_fake_quantize(gs, torch.tensor([0.01, 0.02, 0.03, 0.04]), torch.tensor([1, 0, -2, 3]), axis=1)
-    for t in (fq, sm, g, top.get_output(0), top.get_output(1), norm, cum, ident, cast, gs, att, dim):
+    nz = n.add_non_zero(cond).get_output()
+    uq = n.add_unique(idx, consecutive=True)
+    for t in (fq, sm, g, top.get_output(0), top.get_output(1), norm, cum, ident, cast, gs, att, dim, nz,
+              *uq.outputs):
         n.mark_output(t)
     return n
 

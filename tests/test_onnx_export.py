@@ -472,6 +472,20 @@ for _qt, _zero in ((torch.int8, torch.tensor([3], dtype=torch.int8)), (torch.flo
 
 add_case(L.DimValueLayer, "static", [], lambda n: n.add_layer(L.DimValueLayer, [], value=5, dtype=F32))
 
+# data-dependent output sizes: small integers repeat and hold zeros; a mask from floats; an empty result
+add_case(L.NonZeroLayer, "i64", [((4, 5), I64)], lambda n, x: n.add_non_zero(x))
+add_case(L.NonZeroLayer, "0-d", [((), I64)], lambda n, x: n.add_non_zero(x))
+add_case(L.NonZeroLayer, "mask-gather-sum", [((3, 4), F32)],
+         lambda n, x: n.add_reduce(n.add_gather(x, n.add_non_zero(n.add_elementwise(
+             x, n.add_constant(torch.tensor(0.0)).get_output(), E.GREATER).get_output()).get_output(), 0,
+             L.GatherMode.ND).get_output(), R.SUM, (0,), False))
+add_case(L.NonZeroLayer, "none", [((3, 4), B)], lambda n, x: n.add_non_zero(x),
+         data=lambda gen: [torch.zeros(3, 4, dtype=B)])
+add_case(L.UniqueLayer, "i64", [((4, 5), I64)], lambda n, x: n.add_unique(x))
+add_case(L.UniqueLayer, "bool-0d", [((), B)], lambda n, x: n.add_unique(x))
+add_case(L.UniqueLayer, "counts-times-values", [((6,), I32)], lambda n, x: (lambda u: n.add_elementwise(
+    n.add_cast(u.get_output(0), I64).get_output(), u.get_output(2), E.PROD))(n.add_unique(x)))
+
 ALL_CASES = [c for cases in CASES.values() for c in cases]
 
 
@@ -505,6 +519,8 @@ def _declined_cases():
         (n.add_activation(i, L.ActivationType.RELU), "only float inputs"),
         (n.add_slice(n.add_input("y", F32, (DimSymbol("s0", 1, 8), 4)), (0, 0), (DimSymbol("s1", 1, 8), 4),
                      (1, 1)), "ranges do not show"),
+        (n.add_unique(x), "keeps the first of 0.0 and -0.0"),
+        (n.add_unique(i, consecutive=True), "runs of equal values"),
     ]
 
 
@@ -523,7 +539,7 @@ def test_declined_pointwise_rows_say_why(layer_type, op):
     assert found is not None and op.name in found and "ONNX has no" in found, found
 
 
-@pytest.mark.parametrize("index", range(9))
+@pytest.mark.parametrize("index", range(11))
 def test_declined_layer_names_kind_and_param(index):
     layer, reason = _declined_cases()[index]
     found = supports(layer)

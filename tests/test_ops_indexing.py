@@ -2,7 +2,7 @@
 index_select, gather, scatter, meshgrid."""
 import pytest
 import torch
-from harness import assert_falls_back, check_fn, check_traced
+from harness import assert_falls_back, assert_matches_eager, check_fn, check_traced
 
 IDX = torch.tensor([2, 0, -1])
 
@@ -104,11 +104,12 @@ def test_int32_and_int64_indices(truncate):
     check_fn(index_two_adjacent, x.transpose(0, 1), i[:2], j[:2], truncate_long_and_double=truncate)
 
 
-def test_runtime_bool_mask_stays_in_pytorch():
-    # the output shape depends on the data: the index op falls back, the multiply still converts
-    _, report = check_fn(index_runtime_mask, R(3, 4), R(3, 4) > 0, engines=1, torch_blocks=1)
-    (index_op,) = [f for b in report.blocks for f in b.fallback if f.op == "aten::index.Tensor"]
-    assert "data-dependent" in index_op.detail
+def test_runtime_bool_mask_converts_with_its_data_dependent_size():
+    # the output size depends on the data: a nonzero layer sizes it when it runs (tests/test_ops_data_dependent.py)
+    compiled, _ = check_fn(index_runtime_mask, R(3, 4), R(3, 4) > 0, op="aten::index.Tensor")
+    x = R(3, 4)
+    for mask in (x > 0.5, torch.zeros(3, 4, dtype=torch.bool), torch.ones(3, 4, dtype=torch.bool)):
+        assert_matches_eager(compiled(x, mask), index_runtime_mask(x, mask))
 
 
 @pytest.mark.parametrize("truncate", [False, True])

@@ -151,6 +151,7 @@ double flops(const Sizes& z) {
   if (kind == "resize" || kind == "grid_sample") return 16 * z.numel(z.out()) + z.touched();
   if (kind == "topk")
     return z.numel(z.in(0)) * (1 + std::log2(std::max((double)l.param("k").i.value, 1.0) + 1)) + z.touched();
+  if (kind == "unique") return z.numel(z.in(0)) * (1 + std::log2(z.numel(z.in(0)) + 1)) + z.touched();
   return z.touched();
 }
 
@@ -235,6 +236,7 @@ double workspace(const Sizes& z) {
   }
   if (kind == "gather") return z.numel(z.in(1)) * (3 + at::elementSize(z.in(1).dtype));
   if (kind == "topk") return z.numel(z.in(0)) * (at::elementSize(z.in(0).dtype) + 8);
+  if (kind == "unique") return z.numel(z.in(0)) * (at::elementSize(z.in(0).dtype) + 16);
   return 0;
 }
 

@@ -184,6 +184,8 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) c
     xs.clear();
     for (int s : layer.inputs) xs.push_back(slots[s]);
     std::vector<at::Tensor> outs = layer.meaning(layer, xs, env);
+    if ((layer.kind == "non_zero" || layer.kind == "unique") && !outs.empty())  // its size, known now (env reads it)
+      values[layer.param("count").i.value] = outs[0].size(0);
     for (size_t k = 0; k < layer.outputs.size(); ++k) {
       const TensorInfo& t = tensors[layer.outputs[k]];
       bool same = k < outs.size() && outs[k].scalar_type() == t.dtype && outs[k].dim() == (int64_t)t.shape.size();

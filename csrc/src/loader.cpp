@@ -495,6 +495,36 @@ std::vector<at::Tensor> infer_outputs(const Layer& layer, const std::vector<Tens
 
 namespace {
 
+void symbols_in(const Dim& d, std::set<int64_t>& out) {
+  if (d.op == Dim::Op::Sym) out.insert(d.value);
+  for (const Dim& a : d.args) symbols_in(a, out);
+}
+
+void symbols_in(const Param& p, std::set<int64_t>& out) {
+  if (p.kind == Param::Kind::Int) symbols_in(p.i, out);
+  for (const Param& q : p.list) symbols_in(q, out);
+}
+
+// serialization.py's _check_defined: every symbol a layer's parameters use is an input dim or the size an earlier
+// data-dependent layer defines; a layer defines its own once. (Its outputs' dims are its parameters' and inputs'.)
+void check_defined(const Layer& layer, std::vector<bool>& known, const std::vector<Symbol>& symbols,
+                   const std::string& where) {
+  if (layer.kind == "non_zero" || layer.kind == "unique") {
+    int64_t own = layer.param("count").i.value;
+    if (known[own])
+      format_error(where + ": symbol " + symbols[own].name + " is defined twice (by an input dim or a layer)");
+    known[own] = true;
+  }
+  std::set<int64_t> used;
+  for (const auto& [k, p] : layer.params) symbols_in(p, used);
+  std::vector<std::string> unknown;
+  for (int64_t s : used)
+    if (!known[s]) unknown.push_back("'" + symbols[s].name + "'");
+  if (!unknown.empty())
+    format_error(where + ": uses symbols [" + c10::Join(", ", unknown) +
+                 "] that no input dim or earlier layer defines");
+}
+
 void decode_network(Engine& engine, const Json& raw, const std::map<std::string, at::Tensor>& weights,
                     double max_memory, double max_flops) {
   field(&raw, "name", Json::Type::String, "network");
@@ -524,6 +554,10 @@ void decode_network(Engine& engine, const Json& raw, const std::map<std::string,
     engine.tensors.push_back(std::move(t));
   }
   engine.num_inputs = engine.tensors.size();
+  std::vector<bool> known(symbols.size(), false);  // defined by an input dim or an earlier data-dependent layer
+  for (const TensorInfo& t : engine.tensors)
+    for (const Dim& d : t.shape)
+      if (d.op == Dim::Op::Sym) known[d.value] = true;
   const auto& raw_layers = list_field(&raw, "layers", "network", kinds().bound("MAX_LAYERS"));
   const auto& raw_outputs = list_field(&raw, "outputs", "network", max_tensors);
   std::vector<std::vector<std::string>> reads;
@@ -581,6 +615,7 @@ void decode_network(Engine& engine, const Json& raw, const std::map<std::string,
     }
     if (!layer_names.insert(name).second) format_error(where + ": layer name used twice");
     validate_layer(layer, engine.tensors, symbols, where);
+    check_defined(layer, known, symbols, where);
     layer.meaning = meaning_of(kind_name);
     std::vector<at::Tensor> inferred = infer_outputs(layer, engine.tensors, highest, max_memory, where);
     const auto& declared = list_field(&entry, "outputs", where, max_tensors);

@@ -437,6 +437,24 @@ Tensors topk(const Layer& l, const Tensors& xs, const Env& env) {
   return {values, indices};
 }
 
+// Data-dependent output sizes (ir/reference.py): at load (meta) the outputs at the largest count; when the layer
+// runs, Engine::execute binds its count symbol to the size of its first output.
+Tensors non_zero(const Layer& l, const Tensors& xs, const Env& env) {
+  if (env.meta) return {at::empty({l.integer("count", env), xs[0].dim()}, xs[0].options().dtype(at::kLong))};
+  return {at::nonzero(xs[0])};
+}
+
+Tensors unique(const Layer& l, const Tensors& xs, const Env& env) {
+  if (env.meta) {
+    int64_t n = l.integer("count", env);
+    at::TensorOptions index = xs[0].options().dtype(at::kLong);
+    return {at::empty({n}, xs[0].options()), at::empty(xs[0].sizes(), index), at::empty({n}, index)};
+  }
+  auto [values, inverse, counts] = l.flag("consecutive") ? at::unique_consecutive(xs[0], true, true)
+                                                         : at::_unique2(xs[0], true, true, true);
+  return {values, inverse, counts};
+}
+
 Tensors resize(const Layer& l, const Tensors& xs, const Env& env) {  // torch.nn.functional.interpolate
   const at::Tensor& x = xs[0];
   if (l.has("size") == l.has("scales")) refuse(l, "needs exactly one of size and scales");
@@ -591,6 +609,8 @@ const std::map<std::string, Meaning>& meanings() {
       {"dim_value", dim_value},
       {"quantize", quantize},
       {"dequantize", dequantize},
+      {"non_zero", non_zero},
+      {"unique", unique},
   };
   return table;
 }
@@ -863,6 +883,12 @@ void validate_layer(const Layer& l, const std::vector<TensorInfo>& tensors, cons
       c.fail("dequantizes " + kinds().dtype_name(c.in(0).dtype) + " to " + l.str("to_type") + "; it takes " +
              l.str("quant_type") + " to a float");
     }
+  } else if (k == "non_zero" || k == "unique") {  // _DataDependentBase.validate
+    const Dim& count = l.param("count").i;
+    int64_t most = 1;
+    for (const Dim& d : c.in(0).shape) most *= c.dim_at_most(d);
+    if (count.op != Dim::Op::Sym || symbols[count.value].lo != 0 || symbols[count.value].hi != most)
+      c.fail("count must be a symbol of its own in [0, " + std::to_string(most) + "] (the input's element count)");
   } else if (k == "grid_sample") {
     const std::string &m = l.str("mode"), &p = l.str("padding_mode");
     if ((m != "bilinear" && m != "nearest" && m != "bicubic") || (p != "zeros" && p != "border" && p != "reflection"))

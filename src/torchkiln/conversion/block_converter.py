@@ -93,6 +93,14 @@ def _convert_node(ctx: ConversionCtx, node: Node) -> None:
             ctx.evaluated_value_map[value_key(out)] = value
 
 
+def _agree(shape: tuple, meta_shape: tuple, data: set) -> bool:
+    """A converted shape and the one PyTorch gave agree: at every sample of their symbols, except in the dims that
+    depend on the data (nonzero's count: whatever the examples gave), which only have to be there."""
+    keep = [i for i, d in enumerate(shape) if not symbols_of(d) & data]
+    return len(shape) == len(meta_shape) and agree_on_samples(tuple(shape[i] for i in keep),
+                                                              tuple(meta_shape[i] for i in keep))
+
+
 def _check_symbols(net: Network) -> None:
     """Dynamic shapes: every symbolic dim in the network must be bound by an input dim at run time."""
     bound = set(net.symbols())
@@ -131,6 +139,7 @@ def convert_block(
         origin = (net.scope, source_location(node))
         net.origins.update((layer.name, origin) for layer in net.layers[first:])
     net.scope = "output"
+    data = set(net.data_symbols())
     for v in outputs:
         t = ctx.value_tensor_map.get(value_key(v))
         if not isinstance(t, Tensor):
@@ -143,7 +152,7 @@ def convert_block(
                 raise _node_error(v.node(), ConversionError(f"converted to dtype {t.dtype} but PyTorch gives "
                                                             f"{meta.dtype}"))
             t = net.add_cast(t, meta.dtype).get_output()
-        if t.shape != meta.shape and not agree_on_samples(t.shape, meta.shape):  # symbolic: same at min/opt/max
+        if t.shape != meta.shape and not _agree(t.shape, meta.shape, data):  # symbolic: same at min/opt/max
             raise _node_error(v.node(), ConversionError(f"converted to shape {t.shape} but PyTorch gives "
                                                         f"{meta.shape}"))
         if t in net.inputs or t in net.outputs:

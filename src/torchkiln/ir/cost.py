@@ -300,3 +300,14 @@ def _gather_workspace(layer: L.GatherLayer) -> float:
 def _topk_workspace(layer: L.TopKLayer) -> float:
     x = layer.inputs[0]
     return numel(x) * (x.dtype.itemsize + 8)  # values and int64 indices of a full sort
+
+
+@declare(FLOPS, L.UniqueLayer)
+def _unique_flops(layer: L.UniqueLayer) -> float:
+    return numel(layer.inputs[0]) * (1 + math.log2(numel(layer.inputs[0]) + 1)) + _touched(layer)  # a sort
+
+
+@declare(WORKSPACE, L.UniqueLayer)
+def _unique_workspace(layer: L.UniqueLayer) -> float:
+    x = layer.inputs[0]
+    return numel(x) * (x.dtype.itemsize + 16)  # sorted values, their permutation and a scan of run starts

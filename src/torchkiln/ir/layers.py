@@ -16,7 +16,7 @@ from typing import ClassVar, NoReturn
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.ir.symbolic import bounds
+from torchkiln.ir.symbolic import DimSymbol, bounds, product
 from torchkiln.ir.tensor import Tensor
 
 LAYER_KINDS: dict[str, type[Layer]] = {}
@@ -869,3 +869,41 @@ class DimValueLayer(Layer):
     MAX_INPUTS: ClassVar[int | None] = 0
     value: int
     dtype: torch.dtype = torch.int64
+
+
+@dataclasses.dataclass(eq=False, kw_only=True)
+class _DataDependentBase(Layer):
+    """A kind whose output size is known only once it has run (TensorRT's IOutputAllocator): `count` is the symbol
+    the layer defines, in [0, the input's largest element count]. Its readers' shapes use it as a dynamic dim with
+    no profile range; the runtime binds it from the layer's first output when the layer has run."""
+
+    count: int
+
+    def validate(self) -> None:
+        super().validate()
+        most = bounds(product(self.inputs[0].shape))[1]
+        if not (isinstance(self.count, DimSymbol) and self.count.lo == 0 and self.count.hi == most):
+            self.fail(f"count {self.count} must be a symbol of its own in [0, {most}] (the input's element count)")
+
+
+def data_dependent_symbol(layer: Layer) -> DimSymbol | None:
+    """The symbol a data-dependent layer defines (its output size, bound when it has run), else None."""
+    return layer.count if isinstance(layer, _DataDependentBase) else None
+
+
+@layer_kind
+class NonZeroLayer(_DataDependentBase):
+    """Output: the indices of the input's nonzero elements, int64 [count, rank], in row-major order (torch.nonzero;
+    TensorRT's INonZeroLayer gives its transpose)."""
+
+    KIND: ClassVar[str] = "non_zero"
+
+
+@layer_kind
+class UniqueLayer(_DataDependentBase):
+    """Outputs: the distinct values in ascending order [count]; for each input element the index of its value among
+    them (int64, the input's shape); how often each occurs (int64 [count]). torch.unique (sorted, without a dim), or
+    with `consecutive` torch.unique_consecutive (runs of equal values, in input order)."""
+
+    KIND: ClassVar[str] = "unique"
+    consecutive: bool = False

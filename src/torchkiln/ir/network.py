@@ -7,7 +7,7 @@ import torch
 
 from torchkiln.errors import NetworkError
 from torchkiln.ir import layers as L
-from torchkiln.ir.symbolic import Dim, as_shape, symbols_of
+from torchkiln.ir.symbolic import Dim, DimSymbol, as_shape, bounds, product, symbols_of
 from torchkiln.ir.tensor import Tensor
 
 
@@ -200,6 +200,18 @@ class Network:
     def add_topk(self, input: Tensor, op: L.TopKOperation, k: int, axis: int) -> L.Layer:
         return self.add_layer(L.TopKLayer, [input], op=op, k=k, axis=axis)
 
+    def add_non_zero(self, input: Tensor) -> L.Layer:
+        return self.add_layer(L.NonZeroLayer, [input], count=self.data_symbol(input))
+
+    def add_unique(self, input: Tensor, consecutive: bool = False) -> L.Layer:
+        return self.add_layer(L.UniqueLayer, [input], count=self.data_symbol(input), consecutive=consecutive)
+
+    def data_symbol(self, input: Tensor) -> DimSymbol:
+        """A new symbol for the output size of a data-dependent layer reading `input`: [0, its most elements]."""
+        taken = {s.name for s in self.symbols()}
+        name = next(f"u{i}" for i in range(len(taken) + 1) if f"u{i}" not in taken)
+        return DimSymbol(name, 0, int(bounds(product(input.shape))[1]))
+
     def add_resize(
         self,
         input: Tensor,
@@ -305,8 +317,20 @@ class Network:
 
     # ---- inspection -----------------------------------------------------------------------
     def symbols(self) -> list:
-        """The DimSymbols of the inputs' dynamic dims, by name (empty for a network of static shapes)."""
-        return sorted(symbols_of([t.shape for t in self.inputs]), key=lambda s: s.name)
+        """The DimSymbols of the inputs' dynamic dims and of data-dependent output sizes, by name (empty for a
+        network of static shapes)."""
+        return sorted(symbols_of([t.shape for t in self.inputs]) | set(self.data_symbols()), key=lambda s: s.name)
+
+    def data_symbols(self) -> dict[DimSymbol, L.Layer]:
+        """Each data-dependent output size and the layer that defines it (binds it when it has run)."""
+        found: dict[DimSymbol, L.Layer] = {}
+        for layer in self.layers:
+            s = L.data_dependent_symbol(layer)
+            if s is not None:
+                if s in found:
+                    raise NetworkError(f"layers {found[s].name!r} and {layer.name!r} both define symbol {s.name}")
+                found[s] = layer
+        return found
 
     def consumers(self) -> dict[int, list[L.Layer]]:
         """id(tensor) -> layers that read it."""

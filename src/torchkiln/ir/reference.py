@@ -389,3 +389,15 @@ def _attention(layer, xs, ws, device):
 @meaning(L.DimValueLayer)
 def _dim_value(layer, xs, ws, device):
     return torch.full((), layer.value, dtype=layer.dtype, device=device)
+
+
+@meaning(L.NonZeroLayer)
+def _non_zero(layer, xs, ws, device):
+    return torch.nonzero(xs[0])
+
+
+@meaning(L.UniqueLayer)
+def _unique(layer, xs, ws, device):
+    if layer.consecutive:
+        return list(torch.unique_consecutive(xs[0], return_inverse=True, return_counts=True))
+    return list(torch._unique2(xs[0], sorted=True, return_inverse=True, return_counts=True))

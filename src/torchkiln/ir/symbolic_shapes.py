@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.ir.layers import AttentionLayer, Layer, MatrixMultiplyLayer, MatrixOperation, SliceLayer
+from torchkiln.ir.layers import (AttentionLayer, Layer, MatrixMultiplyLayer, MatrixOperation, NonZeroLayer, SliceLayer,
+                                 UniqueLayer)
 from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, as_shape, has_symbols, symbols_of, to_tree
 
 Outputs = list[tuple[tuple, torch.dtype]]
@@ -118,10 +119,22 @@ def _attention_shape(layer: AttentionLayer) -> Outputs | None:
     return [(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)]
 
 
+def _non_zero_shape(layer: NonZeroLayer) -> Outputs:
+    """[count, rank] indices: count is the symbol the layer defines (its value is known once it has run)."""
+    return [((layer.count, layer.inputs[0].rank), torch.int64)]
+
+
+def _unique_shape(layer: UniqueLayer) -> Outputs:
+    x = layer.inputs[0]
+    return [((layer.count,), x.dtype), (tuple(x.shape), torch.int64), ((layer.count,), torch.int64)]
+
+
 # layers whose output shapes are read off their input shapes instead of a fake run of their meaning
 _DIRECT_RULES: dict[type, Callable[[Layer], Outputs | None]] = {
     MatrixMultiplyLayer: _linear_shape,
     AttentionLayer: _attention_shape,
+    NonZeroLayer: _non_zero_shape,
+    UniqueLayer: _unique_shape,
 }
 
 

@@ -74,6 +74,8 @@ KERNEL_DTYPES: dict[str, frozenset[torch.dtype]] = {
     "LayerNormalization": _FLOATS | {_BF16},
     "Resize": frozenset({_F32, _F16, _I8, _I32, _U8}),
     "TopK": _FLOATS | _INTS,
+    "NonZero": frozenset({_F32, _F16, _I32, _I64, _U8, _B}),
+    "Unique": frozenset({_F32, _F16, _F64, _I8, _I64}),
 }
 
 # Where a dtype has no kernel, the wider dtypes that hold every value of it, narrowest first.
@@ -128,6 +130,11 @@ class ExportContext:
             for d, s in enumerate(t.shape):
                 if isinstance(s, DimSymbol):
                     self.symbol_sources.setdefault(s, (t.name, d))
+
+    def define_symbol(self, s: DimSymbol, name: str, dim: int) -> None:
+        """A data-dependent layer's symbol is read off its output `name` at `dim` by the layers after it."""
+        if self.symbol_sources is not None:
+            self.symbol_sources[s] = (name, dim)
 
     # ---- errors ---------------------------------------------------------------------------
     def decline(self, reason: str) -> NoReturn:

@@ -97,14 +97,20 @@ class ReferenceExecutor:
         values: list[torch.Tensor | None] = [None] * self.num_slots
         values[: self.num_inputs] = inputs
         device = self.device
-        steps = self.steps if self.binder is None else self.binder.steps_for(inputs, self.steps)
+        binder = self.binder
+        steps = self.steps if binder is None else binder.steps_for(inputs, self.steps)
+        bindings = binder.bind([tuple(x.shape) for x in inputs]) if binder is not None and binder.defines else None
         for fn, layer, weights, ins, outs, frees in steps:
+            if bindings is not None:  # data-dependent sizes: bound as their layers run
+                layer = binder.late_layer(layer, bindings)
             result = fn(layer, [values[i] for i in ins], weights, device)
             if isinstance(result, torch.Tensor):
                 values[outs[0]] = result
             else:
                 for i, r in zip(outs, result):
                     values[i] = r
+            if bindings is not None:
+                binder.bind_defined(layer, [values[i] for i in outs], bindings)
             if visit is not None:
                 visit(layer, [values[i] for i in outs])
             for i in frees:

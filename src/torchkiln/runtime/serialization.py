@@ -43,7 +43,7 @@ import torch
 from torchkiln.errors import EngineFormatError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, from_tree, to_tree
+from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, from_tree, symbols_of, to_tree
 from torchkiln.runtime.limits import MAX_LAYERS, Budget, last_readers, max_engine_flops, max_engine_memory
 
 MAGIC = b"TKLNENG\0"
@@ -428,6 +428,20 @@ def _input_names(entry: Any) -> list[str]:
     return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []
 
 
+def _check_defined(layer: L.Layer, known: set[DimSymbol], where: str) -> None:
+    """Every symbol a layer uses is an input dim or the size an earlier data-dependent layer defines (nonzero's
+    count, bound when it runs); a layer defines its own once. `known` grows by the layer's."""
+    own = L.data_dependent_symbol(layer)
+    if own is not None:
+        if own in known:
+            raise EngineFormatError(f"{where}: symbol {own.name} is defined twice (by an input dim or a layer)")
+        known.add(own)
+    unknown = symbols_of(list(layer.params().values()) + [t.shape for t in layer.outputs]) - known
+    if unknown:
+        raise EngineFormatError(f"{where}: uses symbols {sorted(s.name for s in unknown)} that no input dim or "
+                                f"earlier layer defines")
+
+
 def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_memory: int,
                     max_flops: int) -> Network:
     network = Network(str(_field(raw, "name", str, "network")))
@@ -446,6 +460,7 @@ def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_m
         name = define(_field(entry, "name", str, where), where)
         t = network.add_input(name, parse_dtype(entry.get("dtype"), where), _parse_dims(entry.get("shape"), where, symbols))
         tensors[name] = t
+    known = symbols_of([t.shape for t in network.inputs])
     raw_layers = _list(raw, "layers", "network", MAX_LAYERS)
     raw_outputs = _list(raw, "outputs", "network")
     budget = Budget(max_memory, max_flops, last_readers(_input_names(entry) for entry in raw_layers),
@@ -489,6 +504,7 @@ def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_m
             layer = network.add_layer(kind, inputs, weights=layer_weights, name=name, **params)
         except NetworkError as e:
             raise EngineFormatError(f"{where}: {e}") from None
+        _check_defined(layer, known, where)
         declared = _list(entry, "outputs", where)
         if len(declared) != len(layer.outputs):
             raise EngineFormatError(f"{where}: declares {len(declared)} outputs, the layer has {len(layer.outputs)}")

@@ -1,7 +1,11 @@
 """Binding an engine's dim symbols at run time: read them off the actual input shapes, check each one's
 range and that a symbol used by two inputs has one value, then evaluate every layer's symbolic
 parameters to ints. The result is cached per input-shape signature, so a call with shapes seen before
-costs one dictionary lookup."""
+costs one dictionary lookup.
+
+A data-dependent layer (nonzero, unique) defines a symbol of its own, its output size: it is bound from the layer's
+first output once the layer has run (TensorRT's output allocator), and the layers whose parameters use it are
+specialized then, on each call."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,7 +18,7 @@ import torch
 
 from torchkiln.errors import EngineFormatError, EngineInputError
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import DimSymbol, has_symbols, substitute
+from torchkiln.ir.symbolic import DimSymbol, has_symbols, substitute, symbols_of
 from torchkiln.ir.symbolic_shapes import symbolic_params
 
 MAX_CACHED_SIGNATURES = 256
@@ -33,8 +37,16 @@ class SymbolBinder:
                 elif has_symbols(d):
                     raise EngineFormatError(f"network input {t.name!r} dim {j} is {d}: an input dim must be an "
                                             f"int or a single symbol")
-        self.symbolic_layers = {id(layer): list(symbolic_params(layer)) for layer in network.layers
-                                if symbolic_params(layer)}
+        data = network.data_symbols()
+        self.defines = {id(layer): s for s, layer in data.items()}  # bound when the layer has run
+        self.symbolic_layers: dict[int, list[str]] = {}
+        self.late: set[int] = set()  # layers whose parameters use a data-dependent symbol
+        for layer in network.layers:
+            params = symbolic_params(layer) if id(layer) not in self.defines else {}
+            if params:
+                self.symbolic_layers[id(layer)] = list(params)
+                if symbols_of(list(params.values())) & data.keys():
+                    self.late.add(id(layer))
         self._cache: OrderedDict[tuple, list] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -77,7 +89,7 @@ class SymbolBinder:
         bindings = self.bind(key)
         specialized = []
         for step in steps:
-            layer = self.specialize(step[1], bindings)
+            layer = step[1] if id(step[1]) in self.late else self.specialize(step[1], bindings)
             if layer is not step[1]:
                 step = (step[0], layer) + tuple(step[2:])
             specialized.append(step)
@@ -86,3 +98,13 @@ class SymbolBinder:
             while len(self._cache) > MAX_CACHED_SIGNATURES:
                 self._cache.popitem(last=False)
         return specialized
+
+    def bind_defined(self, layer: Any, outputs: Sequence[torch.Tensor], bindings: dict[DimSymbol, int]) -> None:
+        """After `layer` has run: the data-dependent symbol it defines, bound to its first output's size."""
+        s = self.defines.get(id(layer))
+        if s is not None:
+            bindings[s] = outputs[0].shape[0]
+
+    def late_layer(self, layer: Any, bindings: dict[DimSymbol, int]) -> Any:
+        """`layer`, or, where its parameters use a data-dependent symbol, a copy specialized at `bindings`."""
+        return self.specialize(layer, bindings) if id(layer) in self.late else layer

@@ -10,7 +10,7 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim
-from torchkiln.conversion.impl.indexing import advanced_index, mask_to_indices
+from torchkiln.conversion.impl.indexing import advanced_index, mask_to_indices, select_by_mask
 from torchkiln.conversion.impl.shuffle import reshape
 from torchkiln.conversion.impl.tiling import expand
 from torchkiln.analysis.registry import converter
@@ -20,10 +20,21 @@ from torchkiln.ir.tensor import Tensor
 from torchkiln.torchscript import TensorMeta
 
 
+def _run_time_mask(args: Args) -> bool:
+    """x[mask]: one run-time bool index, first, and no other."""
+    first = args.indices[0] if args.indices else None
+    return isinstance(first, (Tensor, TensorMeta)) and first.dtype == torch.bool
+
+
 def _index_capability(args: Args) -> str | None:
+    if _run_time_mask(args):
+        mask, x = args.indices[0], args.self
+        if len(args.indices) > 1 or tuple(mask.shape) != tuple(x.shape[:len(mask.shape)]):
+            return "a run-time boolean mask with other indices, or not of the indexed dims' shape"
+        return None
     for index in args.indices:
         if isinstance(index, (Tensor, TensorMeta)) and index.dtype in (torch.bool, torch.uint8):
-            return "a run-time boolean mask gives a data-dependent shape"
+            return "a run-time boolean mask after the first index, or of dtype uint8"
         if index is not None and index.dtype.is_floating_point:
             return "index tensors must be integer or boolean"
     return None
@@ -31,6 +42,8 @@ def _index_capability(args: Args) -> str | None:
 
 @converter("aten::index.Tensor", capability=_index_capability)
 def index(ctx: ConversionCtx, args: Args) -> Tensor:
+    if _run_time_mask(args):
+        return select_by_mask(ctx, ctx.to_tensor(args.self), args.indices[0])
     return advanced_index(ctx, ctx.to_tensor(args.self), mask_to_indices(args.indices))
 
 

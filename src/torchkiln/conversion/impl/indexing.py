@@ -71,3 +71,12 @@ def advanced_index(ctx: ConversionCtx, x: Tensor, indices: Sequence[Any]) -> Ten
     n, before = len(shape), picked[0]  # adjacent ones keep them where the indexed dims were
     order = list(range(n, n + before)) + list(range(n)) + list(range(n + before, out.rank))
     return permute(ctx, out, order)
+
+
+def select_by_mask(ctx: ConversionCtx, x: Tensor, mask: Tensor) -> Tensor:
+    """x[mask] for a run-time bool mask over x's leading dims (its shape is theirs): the elements or slices where it
+    is true, in row-major order, [count] + x.shape[mask.rank:] (count is known once the engine runs)."""
+    if mask.rank == 0:  # torch: a 0-d mask adds a dim, of size 1 or 0
+        x, mask = unsqueeze(ctx, x, 0), ctx.network.add_shuffle(mask, reshape_dims=[1]).get_output()
+    indices = ctx.network.add_non_zero(mask).get_output()
+    return ctx.network.add_gather(x, indices, 0, L.GatherMode.ND).get_output()

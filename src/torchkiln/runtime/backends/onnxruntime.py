@@ -26,6 +26,8 @@ again on the reference backend, which raises the documented EngineIndexError. No
 A dynamic-shape network runs on ORT only as one session (the export computes its symbolic layer parameters
 from the input shapes); a reference segment would take intermediate tensors whose dims are expressions that
 only the whole network's symbols define, so a network with any layer ORT cannot run uses the reference backend.
+A network of static inputs whose only symbols are data-dependent sizes (nonzero, unique) is split still where each
+segment binds the sizes it uses from its own inputs' dims or its own layers (`_bind_their_own_symbols`).
 When ORT fails at run time (an index beyond the end, integer division by zero), the call runs again on the
 reference backend, whose error (or, should it succeed, its result, with a warning) is what the caller gets.
 A call that gives a layer values its ONNX form is not exact for (NaN or inf into a linear resize: the session's
@@ -46,7 +48,7 @@ import torch
 from torchkiln.errors import EngineFormatError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, substitute
+from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, is_symbolic, substitute, symbols_of
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
@@ -182,6 +184,21 @@ def _subnetwork(network: Network, seg: Segment, later: set[int]) -> Network:
     return sub
 
 
+def _bind_their_own_symbols(network: Network, subs: list[Network]) -> bool:
+    """Whether each segment of a network of static inputs can bind every symbol it uses (data-dependent sizes) from
+    its own inputs' dims, each an int or one symbol, or its own data-dependent layers."""
+    if symbols_of([t.shape for t in network.inputs]):
+        return False
+    for sub in subs:
+        if any(is_symbolic(d) and not isinstance(d, DimSymbol) for t in sub.inputs for d in t.shape):
+            return False
+        known = symbols_of([t.shape for t in sub.inputs]) | set(sub.data_symbols())
+        used = symbols_of([list(layer.params().values()) + [t.shape for t in layer.outputs] for layer in sub.layers])
+        if not used <= known:
+            return False
+    return True
+
+
 def target(device: torch.device) -> Target:
     """Plans depend on what this torchkiln exports and on the ONNX Runtime version."""
     return target_here("onnxruntime", device, [("onnxruntime", _ort().__version__)])
@@ -255,10 +272,17 @@ class _Session:
 
     def check(self, outs: list[torch.Tensor], bindings: dict[DimSymbol, int]) -> None:
         """EngineFormatError unless each output has the dtype and shape the network declares (its symbolic dims
-        evaluated at `bindings`): ONNX Runtime only warns where they differ."""
+        evaluated at `bindings`): ONNX Runtime only warns where they differ. A data-dependent size (nonzero,
+        unique) is taken from the first output dim that is that size; a dim of sizes no output shows is not checked."""
+        known = dict(bindings)
         for t, out in zip(self.outputs, outs):
-            shape = tuple(substitute(t.shape, bindings))
-            if out.dtype != t.dtype or tuple(out.shape) != shape:
+            for d, n in zip(t.shape, out.shape):
+                if isinstance(d, DimSymbol) and d not in known:
+                    known[d] = n
+        for t, out in zip(self.outputs, outs):
+            shape = tuple(d if symbols_of(d) - known.keys() else substitute(d, known) for d in t.shape)
+            if out.dtype != t.dtype or len(out.shape) != len(shape) or any(
+                    isinstance(d, int) and d != n for d, n in zip(shape, out.shape)):
                 where = f"{t.producer.KIND} layer {t.producer.name!r}" if t.producer is not None else "an input"
                 raise EngineFormatError(
                     f"ONNX Runtime gave {dtype_name(out.dtype)}{list(out.shape)} for tensor {t.name!r} (output of "
@@ -281,12 +305,6 @@ class OrtRunner:
         threads = options.ort_threads or torch.get_num_threads()
         segments = [Segment([network.layers[j] for j in step.layers], plan.kernels[step.kernel].kind == "session")
                     for step in plan.steps]
-        if network.symbols() and not (len(segments) == 1 and segments[0].on_ort):
-            # A reference segment between sessions would take intermediate tensors whose dims are expressions
-            # (s0 // 2 + 1), which only the whole network's symbols define.
-            names = ", ".join(f"{name} ({why})" for name, kind, why in reference_layers(network))
-            raise BackendUnavailable(f"a dynamic-shape engine runs on ONNX Runtime only when all of it exports, and "
-                                     f"these layers do not: {names}")
         read_after: list[set[int]] = []  # per segment: tensors read by later segments or returned
         later = {id(t) for t in network.outputs}
         for seg in reversed(segments):  # constants are each segment's own: they never cross a boundary
@@ -294,10 +312,16 @@ class OrtRunner:
             later |= {id(t) for layer in seg.layers for t in layer.inputs
                       if not isinstance(t.producer, L.ConstantLayer)}
         read_after.reverse()
+        subs = [_subnetwork(network, seg, after) for seg, after in zip(segments, read_after)]
+        if network.symbols() and len(subs) > 1 and not _bind_their_own_symbols(network, subs):
+            # A reference segment between sessions would take intermediate tensors whose dims are expressions
+            # (s0 // 2 + 1), which only the whole network's symbols define.
+            names = ", ".join(f"{name} ({why})" for name, kind, why in reference_layers(network))
+            raise BackendUnavailable(f"a dynamic-shape engine runs on ONNX Runtime only when all of it exports, and "
+                                     f"these layers do not: {names}")
         self.steps: list[tuple[ReferenceExecutor | _Session, list[int], list[int]]] = []
         last_read: dict[int, int] = {}
-        for k, (seg, after) in enumerate(zip(segments, read_after)):
-            sub = _subnetwork(network, seg, after)
+        for k, (seg, sub) in enumerate(zip(segments, subs)):
             prefix = None if profile_dir is None else os.path.join(profile_dir, f"session{k}")
             step = _Session(ort, sub, threads, prefix) if seg.on_ort else ReferenceExecutor(sub, device)
             self.steps.append((step, [id(t) for t in sub.inputs], [id(t) for t in sub.outputs]))

@@ -80,7 +80,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.runtime.backends.base import BackendOptions
+from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
 from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT, takes_channels_last
@@ -149,6 +149,11 @@ def _fusable_precision(conv: L.ConvolutionLayer, options: BackendOptions) -> boo
 
 def make_plan(network: Network, device: torch.device, options: BackendOptions) -> Plan:
     """The CUDA plan of `network` (see the module docstring)."""
+    data = network.data_symbols()
+    if data:  # a CUDA graph replays fixed sizes, and the arena is planned at bound ones
+        raise BackendUnavailable(f"the cuda backend does not run layers whose output size depends on the data "
+                                 f"({', '.join(f'{layer.KIND} layer {layer.name!r}' for layer in data.values())}); "
+                                 f"the reference backend runs them on the GPU")
     graph = _Graph(network)
     groups: list[tuple[Kernel, list[int]]] = []
     assigned: set[int] = set()
