@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 import torch.nn.functional as F
 
-from torchkiln.errors import EngineIndexError, NetworkError
+from torchkiln.errors import EngineIndexError, EngineInputError, NetworkError
 from torchkiln.ir import layers as L, pointwise
 
 Meaning = Callable[[L.Layer, list[torch.Tensor], dict[str, torch.Tensor], torch.device],
@@ -389,3 +389,39 @@ def _attention(layer, xs, ws, device):
 @meaning(L.DimValueLayer)
 def _dim_value(layer, xs, ws, device):
     return torch.full((), layer.value, dtype=layer.dtype, device=device)
+
+
+def run_network(network, inputs: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """A (sub-)network's outputs: its layers' meanings in order, each intermediate dropped after its last reader."""
+    values = {id(t): x for t, x in zip(network.inputs, inputs)}
+    for layer in network.layers:
+        weights = {k: w.to(device) for k, w in layer.weights.items()}
+        outs = run_layer(layer, [values[id(t)] for t in layer.inputs], weights, device)
+        values.update(zip(map(id, layer.outputs), outs))
+    return [values[id(t)] for t in network.outputs]
+
+
+def _fresh(results: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Results that are one of the layer's inputs (a branch or body passing a value through) as copies."""
+    return [r.clone() if any(r is x for x in inputs) else r for r in results]
+
+
+@meaning(L.ConditionalLayer)
+def _conditional(layer, xs, ws, device):
+    branch = layer.then_branch if bool(xs[0]) else layer.else_branch
+    return _fresh(run_network(branch, xs[1:], device), xs)
+
+
+@meaning(L.LoopLayer)
+def _loop(layer, xs, ws, device):
+    trips, go = int(xs[0]), bool(xs[1])
+    carried, read = xs[2:2 + layer.num_carried], xs[2 + layer.num_carried:]
+    i = 0
+    while go and i < trips:
+        if i == layer.max_trips:
+            raise EngineInputError(f"loop layer {layer.name!r}: these inputs need more than its {layer.max_trips} "
+                                   f"iterations")
+        outs = run_network(layer.body, [torch.tensor(i, device=device), *carried, *read], device)
+        go, carried = bool(outs[0]), outs[1:]
+        i += 1
+    return _fresh(carried, xs)
