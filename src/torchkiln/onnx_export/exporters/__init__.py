@@ -1,2 +1,2 @@
 """One exporter per layer kind, grouped by family; importing this package registers them all."""
-from torchkiln.onnx_export.exporters import elementwise, nn, quantize, tensor  # noqa: F401
+from torchkiln.onnx_export.exporters import control_flow, elementwise, nn, quantize, tensor  # noqa: F401
