@@ -21,7 +21,8 @@ from torchkiln.analysis.resolve import NotStatic, Resolver, is_dynamic
 from torchkiln.partitioning.schedule import apply_order, dependencies, schedule
 from torchkiln.partitioning.support import Decision, Fallback, Target, classify
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Graph, Node, TensorMeta, Value, is_tensor_type, top_level_node, value_key
+from torchkiln.torchscript import (Graph, Node, TensorMeta, Value, is_tensor_type, node_blocks, outer_values,
+                                   top_level_node, value_key)
 
 logger = logging.getLogger("torchkiln.partitioning")
 
@@ -73,7 +74,7 @@ class _PartitionResolver(Resolver):
 
 def is_layer_op(node: Node, decision: Decision) -> bool:
     """An engine node that becomes layers (not a collection of engine tensors); what min_block_size counts."""
-    return decision.target == Target.ENGINE and find_converter(node) is not None
+    return decision.target == Target.ENGINE and (find_converter(node) is not None or bool(node_blocks(node)))
 
 
 def _is_constant_value(value: Any) -> bool:
@@ -129,7 +130,7 @@ def _boundary(block: Block, decisions: dict[Node, Decision], resolver: Resolver)
     for node in block.nodes:
         target = decisions[node].target
         if target == Target.ENGINE:
-            for v in node.inputs():
+            for v in [*node.inputs(), *outer_values(node)]:  # an If's or Loop's blocks read outer values too
                 if v.node() in members or v in block.inputs:
                     continue
                 try:

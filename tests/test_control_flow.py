@@ -1,0 +1,90 @@
+"""Control flow inside engines: a data-dependent `prim::If` becomes a conditional layer and a `prim::Loop` too long to
+unroll (or with a data-dependent trip count) a loop layer, each with sub-networks, instead of splitting the graph.
+Compiled on the default backend and the reference, compared with eager on inputs taking each path."""
+from __future__ import annotations
+
+import pytest
+import torch
+from harness import check_compiled
+
+import torchkiln
+from torchkiln.ir import layers as L
+
+BACKENDS = [None, "reference"]  # None: the default backend
+
+
+class DataIf(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        if y.sum() > 0:
+            z = torch.relu(y) * 2.0 + x
+        else:
+            z = torch.sigmoid(y) - x
+        return z * 0.5
+
+
+class WhileLoop(torch.nn.Module):
+    """Halve until the norm is below 1: the trip count depends on the data."""
+
+    def forward(self, x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        y = x * 1.0
+        while y.abs().sum() > 1.0:
+            y = y * 0.5 + step
+        return y + 1.0
+
+
+class LongFor(torch.nn.Module):
+    """1000 iterations carrying a tensor: too many to unroll."""
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x
+        for _ in range(1000):
+            h = torch.tanh(h * 0.9 + w)
+        return h
+
+
+def _engines_of(compiled: torch.jit.ScriptModule) -> list:
+    return [e for _, e in compiled.named_modules() if hasattr(e, "engine")]  # noqa
+
+
+def _kinds(report) -> set[str]:
+    return {op for b in report.blocks if b.target == "engine" for op in b.ops}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_dependent_if_is_one_engine_and_takes_each_branch(backend):
+    torch.manual_seed(0)
+    model = DataIf().eval()
+    x = torch.randn(3, 6)
+    compiled, report = check_compiled(model, [x], backend=backend, min_block_size=1)
+    assert "prim::If" in _kinds(report), report
+    sums = []
+    for x in (torch.randn(3, 6) * 4 + 3, torch.randn(3, 6) * 4 - 3, torch.zeros(3, 6)):
+        with torch.no_grad():
+            want, got = model(x), compiled(x)
+        sums.append(float(model.linear(x).sum()) > 0)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    assert True in sums and False in sums
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_while_loop_with_a_data_dependent_trip_count_is_one_engine(backend):
+    model = WhileLoop().eval()
+    step = torch.full((4,), 0.01)
+    compiled, report = check_compiled(model, [torch.randn(4) * 8, step], backend=backend, min_block_size=1)
+    assert "prim::Loop" in _kinds(report), report
+    for scale in (0.1, 3.0, 100.0):  # no iteration, a few, many
+        x = torch.randn(4) * scale
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, step), model(x, step), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_for_loop_of_1000_iterations_carrying_a_tensor_is_one_engine(backend):
+    x, w = torch.randn(2, 5), torch.randn(2, 5) * 0.1
+    _, report = check_compiled(LongFor(), [x, w], backend=backend, min_block_size=1)
+    assert "prim::Loop" in _kinds(report), report
