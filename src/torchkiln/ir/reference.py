@@ -401,19 +401,24 @@ def run_network(network, inputs: list[torch.Tensor], device: torch.device) -> li
     return [values[id(t)] for t in network.outputs]
 
 
-def _fresh(results: list[torch.Tensor], inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Results that are one of the layer's inputs (a branch or body passing a value through) as copies."""
-    return [r.clone() if any(r is x for x in inputs) else r for r in results]
+def _fresh(results: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+    """Copies of a control-flow layer's results: a branch or body may give back one of its inputs, a view of one or
+    a constant's weight, and no output may share memory with those. One result as a tensor (as every one-output
+    meaning gives it)."""
+    fresh = [r.clone() for r in results]
+    return fresh[0] if len(fresh) == 1 else fresh
 
 
-@meaning(L.ConditionalLayer)
-def _conditional(layer, xs, ws, device):
-    branch = layer.then_branch if bool(xs[0]) else layer.else_branch
-    return _fresh(run_network(branch, xs[1:], device), xs)
+RunNetwork = Callable[["object", list[torch.Tensor]], list[torch.Tensor]]
 
 
-@meaning(L.LoopLayer)
-def _loop(layer, xs, ws, device):
+def conditional(layer: L.ConditionalLayer, xs: list[torch.Tensor], run: RunNetwork) -> torch.Tensor | list:
+    """The taken branch's outputs, each sub-network run by `run(network, inputs)` (a backend's own runner)."""
+    return _fresh(run(layer.then_branch if bool(xs[0]) else layer.else_branch, xs[1:]))
+
+
+def loop(layer: L.LoopLayer, xs: list[torch.Tensor], run: RunNetwork, device: torch.device) -> torch.Tensor | list:
+    """The carried values after the iterations, the body run by `run(network, inputs)`."""
     trips, go = int(xs[0]), bool(xs[1])
     carried, read = xs[2:2 + layer.num_carried], xs[2 + layer.num_carried:]
     i = 0
@@ -421,7 +426,17 @@ def _loop(layer, xs, ws, device):
         if i == layer.max_trips:
             raise EngineInputError(f"loop layer {layer.name!r}: these inputs need more than its {layer.max_trips} "
                                    f"iterations")
-        outs = run_network(layer.body, [torch.tensor(i, device=device), *carried, *read], device)
+        outs = run(layer.body, [torch.tensor(i, device=device), *carried, *read])
         go, carried = bool(outs[0]), outs[1:]
         i += 1
-    return _fresh(carried, xs)
+    return _fresh(carried)
+
+
+@meaning(L.ConditionalLayer)
+def _conditional(layer, xs, ws, device):
+    return conditional(layer, xs, lambda network, inputs: run_network(network, inputs, device))
+
+
+@meaning(L.LoopLayer)
+def _loop(layer, xs, ws, device):
+    return loop(layer, xs, lambda network, inputs: run_network(network, inputs, device), device)

@@ -77,6 +77,14 @@ def is_layer_op(node: Node, decision: Decision) -> bool:
     return decision.target == Target.ENGINE and (find_converter(node) is not None or bool(node_blocks(node)))
 
 
+def layer_ops(node: Node) -> int:
+    """The ops a node converts to layers: one, or those inside an If's or Loop's blocks."""
+    blocks = node_blocks(node)
+    if not blocks:
+        return int(find_converter(node) is not None)
+    return sum(layer_ops(inner) for block in blocks for inner in block.nodes())
+
+
 def _is_constant_value(value: Any) -> bool:
     """Whether graph.insertConstant can hold this static value."""
     if value is None or isinstance(value, (bool, int, float, str, torch.device, torch.Tensor)):
@@ -180,12 +188,12 @@ def _demote_small(blocks: list[Block], decisions: dict[Node, Decision], min_bloc
     """Send engine blocks of fewer than `min_block_size` layer ops back to PyTorch. True if any was."""
     small = False
     for block in blocks:
-        ops = [n for n in block.nodes if is_layer_op(n, decisions[n])]
-        if block.is_engine and len(ops) < min_block_size:
+        ops = sum(layer_ops(n) for n in block.nodes if is_layer_op(n, decisions[n]))
+        if block.is_engine and ops < min_block_size:
             for n in block.nodes:
                 if decisions[n].target == Target.ENGINE:
                     decisions[n] = Decision.torch(
-                        Fallback.MIN_BLOCK_SIZE, f"its engine block would hold {len(ops)} op(s), fewer than "
+                        Fallback.MIN_BLOCK_SIZE, f"its engine block would hold {ops} op(s), fewer than "
                                                  f"min_block_size={min_block_size}")
             small = True
     return small
