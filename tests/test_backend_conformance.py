@@ -176,7 +176,7 @@ EXTRA: list[tuple[str, Build]] = [
                                                                                          lambda m, a: a))),
     case(L.LoopLayer, "zero-trips", [((4,), F32), ((4,), F32)],
          lambda n, x, r: n.add_loop(scalar(n, 0), scalar(n, True), [x], [r], carried_body(2.0, None), 0)),
-    case(L.LoopLayer, "past-max-trips", [((4,), F32), ((4,), F32)],  # the meaning's EngineInputError, on each backend
+    case(L.LoopLayer, "beyond-max-trips", [((4,), F32), ((4,), F32)],  # the meaning's EngineInputError on each backend
          lambda n, x, r: n.add_loop(scalar(n, 1 << 62), scalar(n, True), [x], [r], carried_body(1.0, 1e30), 20),
          lambda gen: [torch.zeros(4), torch.ones(4)]),
 ]
