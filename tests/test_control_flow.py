@@ -3,12 +3,11 @@ unroll (or with a data-dependent trip count) a loop layer, each with sub-network
 Compiled on the default backend and the reference, compared with eager on inputs taking each path."""
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
-from harness import check_compiled
-
-import torchkiln
-from torchkiln.ir import layers as L
+from harness import assert_falls_back, check_compiled
 
 BACKENDS = [None, "reference"]  # None: the default backend
 
@@ -47,10 +46,6 @@ class LongFor(torch.nn.Module):
         return h
 
 
-def _engines_of(compiled: torch.jit.ScriptModule) -> list:
-    return [e for _, e in compiled.named_modules() if hasattr(e, "engine")]  # noqa
-
-
 def _kinds(report) -> set[str]:
     return {op for b in report.blocks if b.target == "engine" for op in b.ops}
 
@@ -66,7 +61,7 @@ def test_data_dependent_if_is_one_engine_and_takes_each_branch(backend):
     for x in (torch.randn(3, 6) * 4 + 3, torch.randn(3, 6) * 4 - 3, torch.zeros(3, 6)):
         with torch.no_grad():
             want, got = model(x), compiled(x)
-        sums.append(float(model.linear(x).sum()) > 0)
+            sums.append(float(model.linear(x).sum()) > 0)
         torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
     assert True in sums and False in sums
 
@@ -88,3 +83,57 @@ def test_for_loop_of_1000_iterations_carrying_a_tensor_is_one_engine(backend):
     x, w = torch.randn(2, 5), torch.randn(2, 5) * 0.1
     _, report = check_compiled(LongFor(), [x, w], backend=backend, min_block_size=1)
     assert "prim::Loop" in _kinds(report), report
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_for_loop_holding_a_data_dependent_if_is_one_engine(backend):
+    class Nested(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x
+            for _ in range(100):
+                if h.mean() > 0.5:
+                    h = h * 0.9
+                else:
+                    h = h + 0.1
+            return h
+
+    for x in (torch.rand(3), torch.rand(3) + 5.0):
+        check_compiled(Nested(), [x], backend=backend, min_block_size=1)
+
+
+def test_a_branch_with_an_op_forced_to_pytorch_keeps_the_if_in_pytorch():
+    _, report = check_compiled(DataIf(), [torch.randn(3, 6)], engines=None, torch_blocks=1, min_block_size=1,
+                               torch_executed_ops=["aten::sigmoid"])
+    assert_falls_back(report, "prim::If", "aten::sigmoid is forced to run in PyTorch in its blocks")
+
+
+def test_a_loop_whose_carried_tensor_changes_shape_falls_back_with_its_reason():
+    class Grow(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x
+            while h.sum() < 100.0:
+                h = torch.cat([h, h + 1.0])
+            return h.sum(0, keepdim=True)
+
+    _, report = check_compiled(Grow(), [torch.rand(2, 3)], engines=None, torch_blocks=None, min_block_size=1)
+    assert_falls_back(report, "prim::Loop", "body carried output 0 is torch.float32[4, 3], expected "
+                                            "torch.float32[2, 3]")
+
+
+def test_a_compiled_while_loop_saves_and_loads():
+    step = torch.full((4,), 0.01)
+    compiled, _ = check_compiled(WhileLoop(), [torch.randn(4) * 8, step], min_block_size=1)
+    buffer = io.BytesIO()
+    torch.jit.save(compiled, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    x = torch.randn(4) * 20
+    torch.testing.assert_close(loaded(x, step), WhileLoop()(x, step), rtol=1e-5, atol=1e-6)
+
+
+def test_the_default_backend_runs_both_layers_in_onnx_runtime():
+    """If and Loop (the while loop's too: its max_trips guard is ONNX) export, so no layer runs on the reference."""
+    for model, example in ((DataIf(), [torch.randn(3, 6)]), (WhileLoop(), [torch.randn(4) * 8, torch.full((4,), 0.01)]),
+                           (LongFor(), [torch.randn(2, 5), torch.randn(2, 5) * 0.1])):
+        _, report = check_compiled(model, example, min_block_size=1, backend="onnxruntime")
+        assert not report.reference_layers, report
