@@ -137,3 +137,13 @@ def test_the_default_backend_runs_both_layers_in_onnx_runtime():
                            (LongFor(), [torch.randn(2, 5), torch.randn(2, 5) * 0.1])):
         _, report = check_compiled(model, example, min_block_size=1, backend="onnxruntime")
         assert not report.reference_layers, report
+
+
+@pytest.mark.parametrize("model, example", [(DataIf(), [torch.randn(3, 6)]),
+                                            (LongFor(), [torch.randn(2, 5), torch.randn(2, 5) * 0.1])],
+                         ids=["if", "for"])
+def test_control_flow_in_a_half_precision_engine_keeps_its_sub_networks_dtypes(model, example):
+    """The precision pass lowers the layers around a conditional or loop; the layer reads its inputs in the dtypes
+    its sub-networks were converted in (fp32 here): cosine >= 0.999 and within 1e-2 of max|eager|."""
+    check_compiled(model, example, backend="reference", enabled_precisions={torch.float16}, min_block_size=1,
+                   rtol=1e-2, min_cosine=0.999)

@@ -915,6 +915,10 @@ class ConditionalLayer(Layer):
     def result_types(self) -> list[tuple[tuple[Any, ...], torch.dtype]]:
         return [(t.shape, t.dtype) for t in self.then_branch.outputs]
 
+    def input_dtypes(self) -> list[torch.dtype]:
+        """The dtype each input must have: the predicate's, then what the branches take."""
+        return [torch.bool, *(t.dtype for t in self.then_branch.inputs)]
+
 
 @layer_kind
 class LoopLayer(Layer):
@@ -952,3 +956,7 @@ class LoopLayer(Layer):
 
     def result_types(self) -> list[tuple[tuple[Any, ...], torch.dtype]]:
         return [(t.shape, t.dtype) for t in self.inputs[2:2 + self.num_carried]]
+
+    def input_dtypes(self) -> list[torch.dtype]:
+        """The dtype each input must have: the trip count's and condition's, then what the body takes."""
+        return [self.inputs[0].dtype, torch.bool, *(t.dtype for t in self.body.inputs[1:])]
