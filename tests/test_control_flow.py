@@ -9,6 +9,8 @@ import pytest
 import torch
 from harness import assert_falls_back, check_compiled
 
+import torchkiln
+
 BACKENDS = [None, "reference"]  # None: the default backend
 
 
@@ -147,3 +149,28 @@ def test_control_flow_in_a_half_precision_engine_keeps_its_sub_networks_dtypes(m
     its sub-networks were converted in (fp32 here): cosine >= 0.999 and within 1e-2 of max|eager|."""
     check_compiled(model, example, backend="reference", enabled_precisions={torch.float16}, min_block_size=1,
                    rtol=1e-2, min_cosine=0.999)
+
+
+def test_dynamic_shapes_if_is_one_engine_and_a_branch_with_dim_arithmetic_falls_back():
+    """A branch on dynamic shapes converts; one whose layer parameters are computed from the dynamic dims (a
+    reshape to x.size(0) * 6) stays in PyTorch, with the reason: the runtimes bind dims in the outer network only."""
+    class Reshaping(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x * 2.0
+            if y.sum() > 0:
+                z = y.reshape(y.size(0) * 6) + 1.0
+            else:
+                z = y.flatten() - 1.0
+            return z
+
+    dynamic = [torchkiln.Input(min_shape=(1, 6), opt_shape=(3, 6), max_shape=(8, 6))]
+    model = DataIf().eval()
+    compiled, _ = check_compiled(model, [torch.randn(3, 6)], inputs=dynamic, min_block_size=1)
+    for n, shift in ((2, 4.0), (5, -4.0), (8, 4.0)):
+        x = torch.randn(n, 6) + shift
+        with torch.no_grad():
+            want = model(x)
+            torch.testing.assert_close(compiled(x), want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    _, report = check_compiled(Reshaping(), [torch.randn(3, 6)], inputs=dynamic, engines=None, torch_blocks=1,
+                               min_block_size=1)
+    assert_falls_back(report, "prim::If", "has a parameter computed from dynamic dims")

@@ -19,7 +19,7 @@ from torchkiln.conversion.context import ConversionCtx
 from torchkiln.errors import ConversionError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.symbolic import is_symbolic
+from torchkiln.ir.symbolic import is_symbolic, symbols_of
 from torchkiln.ir.tensor import Tensor
 from torchkiln.torchscript import Node, Value, outer_values, value_key
 
@@ -85,6 +85,10 @@ def _subnetwork(ctx: ConversionCtx, block: torch._C.Block, name: str,
         for out in block.outputs():
             t = ctx.to_tensor(ctx.resolve(out))
             sub.mark_output(sub.add_identity(t).get_output() if t in sub.outputs else t)
+    for layer in sub.layers:  # the runtimes bind dynamic dims in the outer network's layers only
+        if symbols_of(list(layer.params().values())):
+            raise ConversionError(f"{layer.KIND} layer {layer.name!r} in {name} has a parameter computed from dynamic "
+                                  f"dims, which a sub-network cannot take")
     return sub
 
 
