@@ -171,9 +171,9 @@ EXTRA: list[tuple[str, Build]] = [
          lambda n, q, k, v: n.add_attention(q, k, v)),
     case(L.DimValueLayer, "zero", [], lambda n: n.add_layer(L.DimValueLayer, [], value=0, dtype=F32)),
     case(L.ConditionalLayer, "empty", [((), B), ((0, 3), F32)],
-         lambda n, p, x: n.add_conditional(p, [x], subnetwork("then", [((0, 3), F32)], lambda m, a: m.add_unary(a, U.EXP)
-                                                              .get_output()), subnetwork("else", [((0, 3), F32)],
-                                                                                         lambda m, a: a))),
+         lambda n, p, x: n.add_conditional(
+             p, [x], subnetwork("then", [((0, 3), F32)], lambda m, a: m.add_unary(a, U.EXP).get_output()),
+             subnetwork("else", [((0, 3), F32)], lambda m, a: a))),
     case(L.LoopLayer, "zero-trips", [((4,), F32), ((4,), F32)],
          lambda n, x, r: n.add_loop(scalar(n, 0), scalar(n, True), [x], [r], carried_body(2.0, None), 0)),
     case(L.LoopLayer, "beyond-max-trips", [((4,), F32), ((4,), F32)],  # the meaning's EngineInputError on each backend

@@ -526,9 +526,10 @@ for _taken in (True, False):
 add_case(L.LoopLayer, "for-10", [((4,), F32), ((4,), F32)],
          lambda n, x, r: n.add_loop(scalar(n, 10), scalar(n, True), [x], [r], carried_body(0.5, None), 10))
 add_case(L.LoopLayer, "while-within-max-trips", [((4,), F32), ((4,), F32)],
-         lambda n, x, r: n.add_loop(scalar(n, 50), n.add_elementwise(n.add_reduce(x, L.ReduceOperation.SUM, (0,), False)
-                                                                     .get_output(), scalar(n, 1e4), E.LESS).get_output(),
-                                    [x], [r], carried_body(1.5, 1e4), 50),
+         lambda n, x, r: n.add_loop(
+             scalar(n, 50), n.add_elementwise(n.add_reduce(x, L.ReduceOperation.SUM, (0,), False).get_output(),
+                                              scalar(n, 1e4), E.LESS).get_output(),
+             [x], [r], carried_body(1.5, 1e4), 50),
          lambda gen: [torch.rand(4, generator=gen), torch.rand(4, generator=gen) + 0.5])
 add_case(L.LoopLayer, "while-guarded", [((4,), F32), ((4,), F32), ((), I64)],  # the trip count may pass max_trips
          lambda n, x, r, trips: n.add_loop(trips, scalar(n, True), [x], [r], carried_body(1.5, 1e4), 30),
