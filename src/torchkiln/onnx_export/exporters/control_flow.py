@@ -18,24 +18,21 @@ def subgraph(ctx: ExportContext, network: Network, names: Sequence[str],
     """`network` as a subgraph whose inputs are read from `names` (the subgraph's own inputs or outer values)."""
     from torchkiln.onnx_export.export import export_layer
 
-    outer = ctx.nodes, ctx.layer, ctx._dims, len(ctx.guards)
-    ctx.nodes, ctx._dims = [], {}  # a dim computed in one scope is not visible in another
-    try:
+    owner, guards = ctx.layer, len(ctx.guards)
+    with ctx.subgraph_scope() as nodes:
         tensor_names = {id(t): name for t, name in zip(network.inputs, names)}
         for layer in network.layers:
             outs = export_layer(ctx, layer, [tensor_names[id(t)] for t in layer.inputs])
             tensor_names.update(zip(map(id, layer.outputs), outs))
-        ctx.layer = outer[1]
-        if len(ctx.guards) != outer[3]:
+        ctx.layer = owner
+        if len(ctx.guards) != guards:
             ctx.decline(f"{network.name} holds a layer exact only for finite values, whose guard cannot leave it")
         outputs = []
         for t in network.outputs:  # an Identity each: a branch may pass an outer value through
-            name = ctx.fresh(f"{ctx.layer.name}/{network.name}/{t.name}")
-            ctx.nodes.append(helper.make_node("Identity", [tensor_names[id(t)]], [name], name=ctx.fresh(name)))
+            name = ctx.fresh(f"{owner.name}/{network.name}/{t.name}")
+            nodes.append(helper.make_node("Identity", [tensor_names[id(t)]], [name], name=ctx.fresh(name)))
             outputs.append(value_info(name, t.dtype, t.shape))
-        return helper.make_graph(ctx.nodes, ctx.fresh(f"{ctx.layer.name}/{network.name}"), list(graph_inputs), outputs)
-    finally:
-        ctx.nodes, ctx.layer, ctx._dims = outer[:3]
+        return helper.make_graph(nodes, ctx.fresh(f"{owner.name}/{network.name}"), list(graph_inputs), outputs)
 
 
 @exporter(L.ConditionalLayer)
