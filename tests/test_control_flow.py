@@ -4,6 +4,7 @@ Compiled on the default backend and the reference, compared with eager on inputs
 from __future__ import annotations
 
 import io
+import warnings
 
 import pytest
 import torch
@@ -174,3 +175,34 @@ def test_dynamic_shapes_if_is_one_engine_and_a_branch_with_dim_arithmetic_falls_
     _, report = check_compiled(Reshaping(), [torch.randn(3, 6)], inputs=dynamic, engines=None, torch_blocks=1,
                                min_block_size=1)
     assert_falls_back(report, "prim::If", "has a parameter computed from dynamic dims")
+
+
+def test_a_branch_that_raises_keeps_the_if_in_pytorch():
+    """A raise (or a warning) must happen when its branch runs: such an If stays in PyTorch, and raises there."""
+    class Checked(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() < -100.0:
+                raise ValueError("too negative")
+            return x * 2.0
+
+    compiled, report = check_compiled(Checked(), [torch.randn(4)], engines=None, torch_blocks=None,
+                                      min_block_size=1)
+    assert_falls_back(report, "prim::If", "is a side effect")
+    with pytest.raises(torch.jit.Error, match="too negative"):
+        compiled(torch.full((4,), -100.0))
+
+
+def test_a_branch_that_warns_keeps_the_if_in_pytorch_and_warns_when_it_runs():
+    class Warning(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:
+                warnings.warn("positive input")
+                y = x * 2.0
+            else:
+                y = x - 1.0
+            return y
+
+    compiled, report = check_compiled(Warning(), [-torch.rand(4)], engines=None, torch_blocks=None, min_block_size=1)
+    assert_falls_back(report, "prim::If", "aten::warn is a side effect")
+    with pytest.warns(UserWarning, match="positive input"):
+        compiled(torch.rand(4))

@@ -104,6 +104,8 @@ def _inner_refusal(inner: Node, settings: CompileSettings) -> str | None:
     if find_converter(inner) is None and find_evaluator(inner) is None:
         return f"{node_key(inner)} has no converter or evaluator"
     schema = node_schema(inner)
+    if inner.outputsSize() == 0:  # a raise, a warning, a print: it must happen when (and each time) it runs
+        return f"{node_key(inner)} is a side effect"
     if inner.isNondeterministic() or (schema is not None and writes_to_arguments(schema)):
         return f"{node_key(inner)} is random or writes in place"
     if inner.hasAttribute(FALLBACK_ATTR) or _forced_by(inner, settings):
