@@ -11,6 +11,7 @@ import torch
 from harness import assert_falls_back, check_compiled
 
 import torchkiln
+from torchkiln.conversion import control_flow as CF
 
 BACKENDS = [None, "reference"]  # None: the default backend
 
@@ -206,3 +207,31 @@ def test_a_branch_that_warns_keeps_the_if_in_pytorch_and_warns_when_it_runs():
     assert_falls_back(report, "prim::If", "aten::warn is a side effect")
     with pytest.warns(UserWarning, match="positive input"):
         compiled(torch.rand(4))
+
+
+def test_a_while_loop_gets_the_iterations_its_body_cost_allows_and_a_costly_one_stays_in_pytorch(monkeypatch):
+    class Refine(torch.nn.Module):
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(n, n) / n)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            while x.abs().sum() > 1e30:  # false here: eager and shape analysis run no product
+                x = x @ self.w
+            return x + 1.0
+
+    compiled, report = check_compiled(Refine(64), [torch.randn(64, 64)], min_block_size=1, backend="reference")
+    loop = next(layer for e in _engines(compiled) for layer in e.network.layers if layer.KIND == "loop")
+    body = 2 * 64 ** 3 + 64 * 64  # the product and the condition's reads
+    assert CF.MIN_WHILE_TRIPS <= loop.max_trips <= CF.WHILE_LOOP_FLOPS / body
+    monkeypatch.setattr(CF, "WHILE_LOOP_FLOPS", 32 * body)  # fewer than MIN_WHILE_TRIPS iterations fit
+    _, report = check_compiled(Refine(64), [torch.randn(64, 64)], engines=None, torch_blocks=None,
+                               min_block_size=1, backend="reference")
+    assert_falls_back(report, "prim::Loop", "iterations fit an engine's")
+
+
+def _engines(compiled: torch.jit.ScriptModule) -> list:
+    from torchkiln.runtime.execute_op import engine_from_blob
+    from torchkiln.stitching.stitch import engine_attrs
+
+    return [engine_from_blob(getattr(compiled, attr)) for attr in engine_attrs(compiled)]

@@ -17,6 +17,7 @@ import torch
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.errors import ConversionError
+from torchkiln.ir import cost
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import is_symbolic, symbols_of
@@ -25,6 +26,11 @@ from torchkiln.torchscript import Node, Value, outer_values, value_key
 
 ConvertNode = Callable[[ConversionCtx, Node], None]
 _UNBOUND = object()
+# A loop of unknown trip count (a while loop) gets as many iterations as fit WHILE_LOOP_FLOPS (about 20 s of one
+# CPU core, under the engine loader's default ceilings), at most MAX_LOOP_TRIPS; one whose body is so costly that
+# fewer than MIN_WHILE_TRIPS fit stays in PyTorch.
+WHILE_LOOP_FLOPS = 1e12
+MIN_WHILE_TRIPS = 64
 
 
 def is_tensor_predicate(ctx: ConversionCtx, node: Node) -> bool:
@@ -110,22 +116,26 @@ def convert_if(ctx: ConversionCtx, node: Node, convert: ConvertNode) -> list[Ten
 
 def convert_loop(ctx: ConversionCtx, node: Node, convert: ConvertNode) -> list[Tensor]:
     """A loop layer: the body over (iteration, carried values, the tensors it reads), at most max_trips times: the
-    trip count where it is known and small enough, else MAX_LOOP_TRIPS (a while loop)."""
+    trip count where it is known and small enough, else what WHILE_LOOP_FLOPS allows (a while loop)."""
     trips_value, condition, *initial = node.inputs()
     trips, go = ctx.resolve(trips_value), ctx.resolve(condition)
     body = next(node.blocks())
     next_condition = list(body.outputs())[0]
     endless = go is True and next_condition.node().kind() == "prim::Constant" and ctx.resolve(next_condition) is True
-    if isinstance(trips, int) and trips <= L.MAX_LOOP_TRIPS:
-        max_trips = max(trips, 0)
-    elif endless and isinstance(trips, int):
+    if endless and isinstance(trips, int) and trips > L.MAX_LOOP_TRIPS:
         raise ConversionError(f"a loop of {trips} iterations: an engine runs at most {L.MAX_LOOP_TRIPS}")
-    else:
-        max_trips = L.MAX_LOOP_TRIPS
     carried = [ctx.to_tensor(ctx.resolve(v)) for v in initial]
     read = _outer_tensors(ctx, node)
     iteration, *params = list(body.inputs())
     specs = [(iteration, torch.int64, ()), *_specs(list(zip(params, carried))), *_specs(read)]
     sub = _subnetwork(ctx, body, f"{ctx.network.scope}/body", specs, convert)
+    if isinstance(trips, int) and trips <= L.MAX_LOOP_TRIPS:
+        max_trips = max(trips, 0)
+    else:
+        max_trips = int(min(L.MAX_LOOP_TRIPS, WHILE_LOOP_FLOPS // max(cost.network_flops(sub), 1.0)))
+        if max_trips < MIN_WHILE_TRIPS:
+            raise ConversionError(f"a loop of unknown trip count whose body costs {cost.network_flops(sub):.3g} "
+                                  f"FLOPs: fewer than {MIN_WHILE_TRIPS} iterations fit an engine's "
+                                  f"{WHILE_LOOP_FLOPS:.0e}-FLOP budget for it")
     return ctx.network.add_loop(ctx.to_tensor(trips, torch.int64), ctx.to_tensor(go, torch.bool), carried,
                                 [t for _, t in read], sub, max_trips).outputs
