@@ -2,7 +2,7 @@
 block converted into a sub-network (TensorRT's IIfConditionalLayer and ILoopLayer).
 
 A block is converted by the block converter's own node walk with the context's network swapped for the
-sub-network; every run-time tensor the block reads from outside (partitioning's `outer_values`) becomes an input of
+sub-network; every run-time tensor the block reads from outside (`torchscript.outer_values`) becomes an input of
 the sub-network, bound in `value_tensor_map` while the block converts, so no layer of a sub-network reads a tensor
 of another network. The condition is `bool(tensor)` (`aten::Bool`, which partitioning keeps in the engine only where
 it is read as a condition): a 0-d bool tensor here.
