@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 from harness import FP32_RTOL, assert_matches_eager
-from test_onnx_export import ALL_CASES, Build, case
+from test_onnx_export import ALL_CASES, Build, carried_body, case, scalar, subnetwork
 from test_runtime_backends import engine_of
 
 from torchkiln.ir import Network
@@ -178,6 +178,15 @@ EXTRA: list[tuple[str, Build]] = [
     case(L.UniqueLayer, "consecutive-specials", [((8,), F32)], lambda n, x: n.add_unique(x, consecutive=True),
          lambda gen: [torch.tensor([NAN, NAN, 1.0, 1.0, INF, INF, -1.0, 1.0])]),
     case(L.UniqueLayer, "empty", [((0, 2), I64)], lambda n, x: n.add_unique(x)),
+    case(L.ConditionalLayer, "empty", [((), B), ((0, 3), F32)],
+         lambda n, p, x: n.add_conditional(
+             p, [x], subnetwork("then", [((0, 3), F32)], lambda m, a: m.add_unary(a, U.EXP).get_output()),
+             subnetwork("else", [((0, 3), F32)], lambda m, a: a))),
+    case(L.LoopLayer, "zero-trips", [((4,), F32), ((4,), F32)],
+         lambda n, x, r: n.add_loop(scalar(n, 0), scalar(n, True), [x], [r], carried_body(2.0, None), 0)),
+    case(L.LoopLayer, "beyond-max-trips", [((4,), F32), ((4,), F32)],  # the meaning's EngineInputError on each backend
+         lambda n, x, r: n.add_loop(scalar(n, 1 << 62), scalar(n, True), [x], [r], carried_body(1.0, 1e30), 20),
+         lambda gen: [torch.zeros(4), torch.ones(4)]),
 ]
 
 CASES_BY_KIND: dict[str, list[tuple[str, Build]]] = {}

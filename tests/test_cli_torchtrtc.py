@@ -16,13 +16,15 @@ from test_cli_compile import cnn  # noqa: E402, F401  (the CLI tests' small CNN,
 
 
 class DataDependentIf(torch.nn.Module):
-    """Every op has a converter, but the branch depends on the data: it cannot run as one engine."""
+    """Every op has a converter, but the branch picks a number by the data: it cannot run as one engine (an engine's
+    conditional layer gives tensors)."""
 
     def forward(self, x):
         y = x * 2 + 1
+        scale = 1.0
         if bool(y.sum() > 0):
-            y = y.relu()
-        return y - 3
+            scale = 2.0
+        return y * scale - 3
 
 
 def _error_line(err):
@@ -152,7 +154,7 @@ def test_flags_that_do_not_apply_say_why(cnn, tmp_path, capsys, argv, message):
 
 
 def test_check_method_support_agrees_with_require_full_compilation(tmp_path, capsys):
-    """All ops of DataDependentIf have converters, but its branch reads the data: compile with
+    """All ops of DataDependentIf have converters, but its branch gives a number by the data: compile with
     --require-full-compilation refuses it, and so does --check-method-support given the input specs."""
     path = str(tmp_path / "if.ts")
     torch.jit.save(torch.jit.script(DataDependentIf()), path)
@@ -163,7 +165,7 @@ def test_check_method_support_agrees_with_require_full_compilation(tmp_path, cap
     assert main(["compile", path, "--check-method-support", "-i", "(2,8)", "--min-block-size", "1"]) == 1
     out = capsys.readouterr().out
     assert "forward does not compile to one engine" in out and "prim::If x1 (dynamic control flow)" in out
-    assert "aten::Bool.Tensor x1 (an argument is only known at run time)" in out
+    assert "aten::Bool.Tensor x1 (a non-tensor value would cross an engine boundary)" in out
     # without input specs: only the op-level check, which says so
     assert main(["compile", path, "--check-method-support"]) == 0
     assert "give the input specs to check that it compiles to one engine" in capsys.readouterr().out

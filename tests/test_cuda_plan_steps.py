@@ -5,7 +5,7 @@ import logging
 
 import pytest
 import torch
-from harness import run_plan_eagerly
+from harness import assert_matches_eager, run_plan_eagerly
 
 pytest.importorskip("triton", reason="triton is not installed")
 
@@ -377,3 +377,34 @@ def test_a_permute_between_pointwise_steps_is_index_arithmetic_in_one_kernel(cha
     assert out[0].is_contiguous(memory_format=torch.channels_last) == channels_last
     ref = ReferenceExecutor(network, CPU).run([x])[0]
     assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_control_flow_layers_run_their_sub_networks_by_their_own_plans():
+    """A loop's body and a conditional's branches run as CUDA plans (a generated pointwise step in the body) and
+    give the reference meanings; such an engine is never captured as a CUDA graph (its condition is read on the
+    host)."""
+    from test_onnx_export import carried_body, scalar, subnetwork
+    from torchkiln.runtime.backends.cuda import control_flow
+    from torchkiln.runtime.backends.cuda.runner import captures_graphs
+
+    net = Network("control_flow")
+    x, r, p = net.add_input("x", torch.float32, (4,)), net.add_input("r", torch.float32, (4,)), \
+        net.add_input("p", torch.bool, ())
+    looped = net.add_loop(scalar(net, 50), scalar(net, True), [x], [r], carried_body(0.5, 30.0), 50).get_output()
+    branch = net.add_conditional(p, [looped], subnetwork("then", [((4,), torch.float32)], lambda n, a: n.add_activation(
+        n.add_unary(a, L.UnaryOperation.EXP).get_output(), L.ActivationType.SIGMOID).get_output()),
+        subnetwork("else", [((4,), torch.float32)], lambda n, a: a)).get_output()
+    net.mark_output(branch)
+    seen = []
+    original = control_flow.SubnetworkPlans.run
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(control_flow.SubnetworkPlans, "run", lambda self, network, inputs, device: seen.append(
+            network.name) or original(self, network, inputs, device))
+        for taken in (True, False):
+            xs = [torch.rand(4), torch.rand(4), torch.tensor(taken)]
+            plan, out = run_plan(net, xs)
+            assert_matches_eager(out, ReferenceExecutor(net, CPU).run(xs))
+    assert {"then", "else", "body"} <= set(seen), seen
+    assert not captures_graphs(net)
+    body_plan = planner.make_plan(net.layers[-2].body, CPU, BackendOptions(timing_iterations=0))
+    assert "pointwise" in [body_plan.kernels[s.kernel].op for s in body_plan.steps]

@@ -749,3 +749,53 @@ def data_dependent_hostile(name: str) -> bytes:
 def test_a_data_dependent_size_is_defined_once_before_use(name):
     with pytest.raises(torchkiln.EngineFormatError, match=re.escape(DATA_DEPENDENT_HOSTILE[name][1])):
         Engine.deserialize(data_dependent_hostile(name))
+
+
+# ---- control flow: sub-networks nested in a layer's entry ----------------------------------------------------
+
+def _conditional_engine(depth: int) -> bytes:
+    """A conditional whose then-branch holds another conditional, `depth` deep; every branch passes x through."""
+    def level(k: int) -> Network:
+        net = Network(f"level{k}")
+        p, x = net.add_input("p", torch.bool, ()), net.add_input("x", torch.float32, (2,))
+        inner = level(k - 1) if k > 1 else None
+        then = net.add_conditional(p, [p, x], inner, inner).get_output() if inner else net.add_unary(
+            x, L.UnaryOperation.EXP).get_output()
+        net.mark_output(then)
+        return net
+
+    top = level(depth)
+    return _engine_of(lambda n, p, x: n.add_conditional(p, [p, x], top, top).outputs,
+                      [("p", torch.bool, ()), ("x", torch.float32, (2,))])
+
+
+def test_sub_networks_round_trip_and_run():
+    engine = Engine.deserialize(_conditional_engine(3))
+    x = torch.randn(2)
+    assert torch.equal(engine.execute([torch.tensor(True), x])[0], x.exp())
+
+
+def test_sub_networks_nested_too_deep_are_refused():
+    with pytest.raises(EngineFormatError, match=f"sub-networks nested more than {S.MAX_NESTING} deep"):
+        Engine.deserialize(_conditional_engine(S.MAX_NESTING + 1))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda entry: entry.pop("subnetworks"), "expected the sub-networks"),
+    (lambda entry: entry["subnetworks"].pop("else_branch"), "expected the sub-networks"),
+    (lambda entry: entry["subnetworks"]["then_branch"]["layers"][0].update(kind="nope"), "unknown layer kind"),
+    (lambda entry: entry["subnetworks"]["then_branch"]["inputs"].pop(0), "level1 input: 1 tensors for 2"),
+])
+def test_damaged_sub_networks_are_format_errors(damage, message):
+    _, graph, weights = _split(_conditional_engine(1))
+    damage(graph["network"]["layers"][0])
+    with pytest.raises(EngineFormatError, match=message):
+        Engine.deserialize(_pack(graph, weights))
+
+
+def test_sub_networks_on_another_kind_are_refused():
+    _, graph, weights = _split(_engine_of(lambda n, x: [n.add_unary(x, L.UnaryOperation.EXP).get_output()],
+                                          [("x", torch.float32, (2,))]))
+    graph["network"]["layers"][0]["subnetworks"] = {}
+    with pytest.raises(EngineFormatError, match="a unary layer holds no sub-networks"):
+        Engine.deserialize(_pack(graph, weights))

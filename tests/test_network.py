@@ -63,8 +63,26 @@ def every_kind_network():
     fq = n.add_fake_quantize(gs, torch.tensor([0.01, 0.02, 0.03, 0.04]), torch.tensor([1, 0, -2, 3]), axis=1)
     nz = n.add_non_zero(cond).get_output()
     uq = n.add_unique(idx, consecutive=True)
+    # control flow: a conditional on a value of the network, holding a loop over a weight-bearing body
+    flag = n.add_reduce(n.add_elementwise(sm, n.add_constant(torch.tensor(0.5)).get_output(),
+                                          L.ElementWiseOperation.GREATER).get_output(), L.ReduceOperation.ANY, (0, 1),
+                        False).get_output()
+    loop_net = Network("branch")
+    v = loop_net.add_input("v", F32, tuple(sm.shape))
+    body = Network("body")
+    i, c = body.add_input("i", torch.int64, ()), body.add_input("c", F32, tuple(sm.shape))
+    scaled = body.add_scale(c, L.ScaleMode.UNIFORM, torch.tensor([0.5]), torch.tensor([1.0])).get_output()
+    body.mark_output(body.add_elementwise(i, body.add_constant(torch.tensor(2)).get_output(),
+                                          L.ElementWiseOperation.LESS).get_output())
+    body.mark_output(scaled)
+    trips = loop_net.add_constant(torch.tensor(5)).get_output()
+    go = loop_net.add_constant(torch.tensor(True)).get_output()
+    loop_net.mark_output(loop_net.add_loop(trips, go, [v], [], body, 5).get_output())
+    passed = Network("passed")
+    passed.mark_output(passed.add_input("v", F32, tuple(sm.shape)))
+    branch = n.add_conditional(flag, [sm], loop_net, passed).get_output()
     for t in (fq, sm, g, top.get_output(0), top.get_output(1), norm, cum, ident, cast, gs, att, dim, nz,
-              *uq.outputs):
+              *uq.outputs, branch):
         n.mark_output(t)
     return n
 
@@ -75,7 +93,10 @@ def test_every_layer_kind_has_a_reference_meaning():
 
 def test_every_layer_kind_round_trips_through_engine_bytes():
     net = every_kind_network()
-    assert {type(layer) for layer in net.layers} == set(L.LAYER_KINDS.values())
+    nested = [getattr(layer, f) for layer in net.layers for f in layer.SUBNETWORKS]
+    kinds = {type(layer) for network in (net, *nested, *(getattr(layer, f) for sub in nested for layer in sub.layers
+                                                          for f in layer.SUBNETWORKS)) for layer in network.layers}
+    assert kinds == set(L.LAYER_KINDS.values())
     inputs = [torch.randn(2, 4, 6, 6), torch.randn(2, 2, 5, 8), torch.tensor([2, 1, 0])]
     engine = Engine(net, _bindings(net), "cpu", F32, "all_kinds")
     expected = engine.execute(inputs)

@@ -486,6 +486,68 @@ add_case(L.UniqueLayer, "bool-0d", [((), B)], lambda n, x: n.add_unique(x))
 add_case(L.UniqueLayer, "counts-times-values", [((6,), I32)], lambda n, x: (lambda u: n.add_elementwise(
     n.add_cast(u.get_output(0), I64).get_output(), u.get_output(2), E.PROD))(n.add_unique(x)))
 
+
+# ---- control flow: sub-networks ------------------------------------------------------------------------------
+def subnetwork(name: str, inputs: list[tuple[tuple[int, ...], torch.dtype]], body: Callable[..., object]) -> Network:
+    """A branch or loop body: a network of `inputs` whose outputs are `body(net, *inputs)` (a tensor or a list)."""
+    net = Network(name)
+    outs = body(net, *[net.add_input(f"{name}{i}", dt, shape) for i, (shape, dt) in enumerate(inputs)])
+    for t in outs if isinstance(outs, list) else [outs]:
+        net.mark_output(t)
+    return net
+
+
+def scalar(net: Network, value: float | bool | int, dtype: torch.dtype | None = None):
+    return net.add_constant(torch.tensor(value, dtype=dtype)).get_output()
+
+
+def _branches(shape: tuple[int, ...]) -> tuple[Network, Network]:
+    """exp(x) and x * 2 + 1 (two outputs each: the second passes x through)."""
+    then = subnetwork("then", [(shape, F32)], lambda n, x: [n.add_unary(x, U.EXP).get_output(), x])
+    otherwise = subnetwork("else", [(shape, F32)], lambda n, x: [n.add_elementwise(
+        n.add_elementwise(x, scalar(n, 2.0), E.PROD).get_output(), scalar(n, 1.0), E.SUM).get_output(), x])
+    return then, otherwise
+
+
+def _matmul_branch(n: Network, x, y):
+    w = n.add_constant(torch.randn(4, 4, generator=torch.Generator().manual_seed(3))).get_output()
+    product = n.add_matrix_multiply(x, L.MatrixOperation.NONE, w, L.MatrixOperation.NONE).get_output()
+    return n.add_activation(n.add_elementwise(product, y, E.SUM).get_output(), L.ActivationType.RELU).get_output()
+
+
+def carried_body(step: float, limit: float | None, shape: tuple[int, ...] = (4,)) -> Network:
+    """(i, c, r) -> (sum(c') < limit (or true), c' = c * step + r + i)."""
+    def body(n, i, c, r):
+        nxt = n.add_elementwise(n.add_elementwise(n.add_elementwise(c, scalar(n, step), E.PROD).get_output(), r,
+                                                  E.SUM).get_output(), n.add_cast(i, F32).get_output(), E.SUM)
+        total = n.add_reduce(nxt.get_output(), L.ReduceOperation.SUM, tuple(range(len(shape))), False).get_output()
+        go = scalar(n, True) if limit is None else n.add_elementwise(total, scalar(n, limit), E.LESS).get_output()
+        return [go, nxt.get_output()]
+
+    return subnetwork("body", [((), I64), (shape, F32), (shape, F32)], body)
+
+
+for _taken in (True, False):
+    add_case(L.ConditionalLayer, f"two-outputs-{_taken}", [((), B), ((2, 3), F32)],
+             lambda n, p, x: n.add_conditional(p, [x], *_branches((2, 3))),
+             lambda gen, taken=_taken: [torch.tensor(taken), torch.randn(2, 3, generator=gen)])
+    add_case(L.ConditionalLayer, f"weights-{_taken}", [((), B), ((3, 4), F32), ((3, 4), F32)],
+             lambda n, p, x, y: n.add_conditional(
+                 p, [x, y], subnetwork("then", [((3, 4), F32)] * 2, _matmul_branch),
+                 subnetwork("else", [((3, 4), F32)] * 2, lambda m, a, b: m.add_elementwise(a, b, E.SUB).get_output())),
+             lambda gen, taken=_taken: [torch.tensor(taken), *torch.randn(2, 3, 4, generator=gen)])
+add_case(L.LoopLayer, "for-10", [((4,), F32), ((4,), F32)],
+         lambda n, x, r: n.add_loop(scalar(n, 10), scalar(n, True), [x], [r], carried_body(0.5, None), 10))
+add_case(L.LoopLayer, "while-within-max-trips", [((4,), F32), ((4,), F32)],
+         lambda n, x, r: n.add_loop(
+             scalar(n, 50), n.add_elementwise(n.add_reduce(x, L.ReduceOperation.SUM, (0,), False).get_output(),
+                                              scalar(n, 1e4), E.LESS).get_output(),
+             [x], [r], carried_body(1.5, 1e4), 50),
+         lambda gen: [torch.rand(4, generator=gen), torch.rand(4, generator=gen) + 0.5])
+add_case(L.LoopLayer, "while-guarded", [((4,), F32), ((4,), F32), ((), I64)],  # the trip count may pass max_trips
+         lambda n, x, r, trips: n.add_loop(trips, scalar(n, True), [x], [r], carried_body(1.5, 1e4), 30),
+         lambda gen: [torch.rand(4, generator=gen), torch.rand(4, generator=gen) + 0.5, torch.tensor(1 << 62)])
+
 ALL_CASES = [c for cases in CASES.values() for c in cases]
 
 
@@ -546,7 +608,9 @@ def test_declined_layer_names_kind_and_param(index):
     assert found is not None and reason in found and layer.KIND in found and layer.name in found, found
     net = Network("one")
     inputs = [net.add_input(t.name, t.dtype, t.shape) for t in layer.inputs]
-    net.mark_output(net.add_layer(type(layer), inputs, weights=layer.weights, **layer.params()).get_output())
+    subnetworks = {f: getattr(layer, f) for f in layer.SUBNETWORKS}
+    net.mark_output(net.add_layer(type(layer), inputs, weights=layer.weights, **layer.params(), **subnetworks)
+                    .get_output())
     with pytest.raises(OnnxExportError, match=reason):
         network_to_onnx(net)
 

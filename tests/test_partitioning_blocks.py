@@ -58,13 +58,23 @@ class DataDependentIf(torch.nn.Module):
 
 
 @pytest.mark.parametrize("scale", [0.1, 10.0])  # each branch is taken by one of them
-def test_data_dependent_if_stays_in_pytorch_between_two_engines(scale):
+def test_data_dependent_if_runs_inside_one_engine(scale):
     model = DataDependentIf().eval()
-    compiled, report = check_compiled(model, [torch.randn(4, 8)], engines=2, torch_blocks=1, min_block_size=1)
+    compiled, report = check_compiled(model, [torch.randn(4, 8)], engines=1, torch_blocks=0, min_block_size=1)
+    assert "prim::If" in report.blocks[0].ops
+    x = torch.randn(4, 8) * scale
+    assert_matches_eager(compiled(x), model(x))
+
+
+@pytest.mark.parametrize("scale", [0.1, 10.0])
+def test_data_dependent_if_forced_to_pytorch_stays_between_two_engines(scale):
+    model = DataDependentIf().eval()
+    compiled, report = check_compiled(model, [torch.randn(4, 8)], engines=2, torch_blocks=1, min_block_size=1,
+                                      torch_executed_ops=["prim::If"])
     assert [b.target for b in report.blocks] == ["engine", "torch", "engine"]
     torch_block = _torch_block(report, 0)
     assert "prim::If" in torch_block.ops
-    assert {f.reason for f in torch_block.fallback if f.op == "prim::If"} == {Fallback.CONTROL_FLOW}
+    assert {f.reason for f in torch_block.fallback if f.op == "prim::If"} == {Fallback.FORCED_OP}
     # a, computed in the first engine, is read inside the If's branches: it is an engine output
     assert report.blocks[0].outputs[0].shape == (4, 8)
     x = torch.randn(4, 8) * scale

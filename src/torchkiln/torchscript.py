@@ -145,6 +145,31 @@ def node_blocks(node: Node) -> list[torch._C.Block]:
     return list(node.blocks())
 
 
+def defined_inside(v: Value, node: Node) -> bool:
+    """Whether `v` is made inside one of `node`'s blocks (by a node there, or as a block's parameter)."""
+    block = v.node().owningBlock()
+    while block is not None:
+        owner = block.owningNode()
+        if owner is None:
+            return False
+        if owner == node:
+            return True
+        block = owner.owningBlock()
+    return False
+
+
+def outer_values(node: Node) -> list[Value]:
+    """The values made outside a control-flow node that its blocks read (besides its inputs), each once."""
+    seen: dict[int, Value] = {}
+    for block in node_blocks(node):
+        for inner in block.nodes():
+            for v in used_values(inner):
+                seen.setdefault(value_key(v), v)
+        for v in block.outputs():
+            seen.setdefault(value_key(v), v)
+    return [v for v in seen.values() if not defined_inside(v, node)]
+
+
 def used_values(node: Node) -> list[Value]:
     """Every value a node reads, its nested blocks' reads and results included."""
     values = list(node.inputs())

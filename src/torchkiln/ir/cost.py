@@ -311,3 +311,40 @@ def _unique_flops(layer: L.UniqueLayer) -> float:
 def _unique_workspace(layer: L.UniqueLayer) -> float:
     x = layer.inputs[0]
     return numel(x) * (x.dtype.itemsize + 16)  # sorted values, their permutation and a scan of run starts
+
+
+# ---- control flow: what its sub-networks cost --------------------------------------------------------------
+
+def network_flops(network) -> float:
+    """A (sub-)network's FLOPs: its layers' sum."""
+    return sum(flops(layer) for layer in network.layers)
+
+
+def network_bytes(network) -> float:
+    """What running a sub-network may hold at once, bounded above by every tensor it makes and its layers'
+    largest workspace together."""
+    made = sum(nbytes(t) for layer in network.layers if not isinstance(layer, L.ConstantLayer) for t in layer.outputs)
+    weights = sum(w.numel() * w.element_size() for layer in network.layers for w in layer.weights.values())
+    return made + weights + max((workspace_bytes(layer) for layer in network.layers), default=0.0)
+
+
+@declare(FLOPS, L.ConditionalLayer)
+def _conditional_flops(layer: L.ConditionalLayer) -> float:
+    return max(network_flops(layer.then_branch), network_flops(layer.else_branch))
+
+
+@declare(FLOPS, L.LoopLayer)
+def _loop_flops(layer: L.LoopLayer) -> float:
+    """Every iteration it may run (at most max_trips), the body and the copy of what it carries."""
+    carried = sum(numel(t) for t in layer.outputs)
+    return layer.max_trips * (network_flops(layer.body) + carried + 1)
+
+
+@declare(WORKSPACE, L.ConditionalLayer)
+def _conditional_workspace(layer: L.ConditionalLayer) -> float:
+    return max(network_bytes(layer.then_branch), network_bytes(layer.else_branch))
+
+
+@declare(WORKSPACE, L.LoopLayer)
+def _loop_workspace(layer: L.LoopLayer) -> float:
+    return network_bytes(layer.body)  # an iteration's tensors are dropped when the next one starts

@@ -28,8 +28,12 @@ def describe(layer: Layer) -> str:
     return text + (f" {{{weights}}}" if weights else "") + f"  # {layer.name}"
 
 
-def dump(network) -> str:
-    lines = [f"network {network.name}(" + ", ".join(repr(t) for t in network.inputs) + "):"]
-    lines += ["  " + describe(layer) for layer in network.layers]
-    lines.append("  return (" + ", ".join(f"%{t.name}" for t in network.outputs) + ")")
+def dump(network, indent: str = "") -> str:
+    """The network's inputs, one line per layer (a control-flow layer's sub-networks below it), its outputs."""
+    lines = [f"{indent}network {network.name}(" + ", ".join(repr(t) for t in network.inputs) + "):"]
+    for layer in network.layers:
+        lines.append(f"{indent}  " + describe(layer))
+        lines += [f"{indent}    {field}: " + dump(getattr(layer, field), indent + "    ").lstrip()
+                  for field in layer.SUBNETWORKS]
+    lines.append(f"{indent}  return (" + ", ".join(f"%{t.name}" for t in network.outputs) + ")")
     return "\n".join(lines)

@@ -11,7 +11,7 @@ import enum
 import functools
 import math
 from collections.abc import Iterable
-from typing import ClassVar, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import torch
 
@@ -22,6 +22,7 @@ from torchkiln.ir.tensor import Tensor
 LAYER_KINDS: dict[str, type[Layer]] = {}
 MAX_RANK = 16  # the most dims a network tensor may have
 MAX_EXTENT = 1 << 20  # the largest stride, padding, dilation or window a layer may declare
+MAX_LOOP_TRIPS = 1 << 20  # the most iterations a loop layer may declare (its cost is its body's times this)
 TENSOR_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
                  torch.int16, torch.int8, torch.uint8, torch.bool, torch.float8_e4m3fn)
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -49,6 +50,7 @@ class Layer:
     WEIGHT_DTYPES: ClassVar[tuple[torch.dtype, ...]] = TENSOR_DTYPES  # dtypes its weights may have
     MIN_INPUTS: ClassVar[int] = 1
     MAX_INPUTS: ClassVar[int | None] = 1
+    SUBNETWORKS: ClassVar[tuple[str, ...]] = ()  # fields holding sub-networks (control flow), not parameters
 
     name: str = ""
     inputs: list[Tensor] = dataclasses.field(default_factory=list)
@@ -62,7 +64,8 @@ class Layer:
     @functools.cache
     def param_fields(cls) -> tuple[dataclasses.Field, ...]:
         """The kind's own parameters (not name, inputs, outputs or weights)."""
-        return tuple(f for f in dataclasses.fields(cls) if f.name not in ("name", "inputs", "outputs", "weights"))
+        return tuple(f for f in dataclasses.fields(cls)
+                     if f.name not in ("name", "inputs", "outputs", "weights", *cls.SUBNETWORKS))
 
     @classmethod
     @functools.cache
@@ -907,3 +910,91 @@ class UniqueLayer(_DataDependentBase):
 
     KIND: ClassVar[str] = "unique"
     consecutive: bool = False
+
+
+# ---- control flow (TensorRT's IIfConditionalLayer and ILoopLayer) ---------------------------------------------
+# A branch or body is a sub-network (an ir.network.Network, typed Any here: the network module imports this one)
+# whose inputs are its own tensors: what it reads of the outer network is passed as the layer's inputs.
+
+def _check_signature(layer: Layer, what: str, tensors: list[Tensor], expected: list[Tensor]) -> None:
+    """`tensors` (a sub-network's inputs or outputs) have the count, dtypes and shapes of `expected`."""
+    if len(tensors) != len(expected):
+        layer.fail(f"{what}: {len(tensors)} tensors for {len(expected)}")
+    for k, (t, e) in enumerate(zip(tensors, expected)):
+        if t.dtype != e.dtype or tuple(t.shape) != tuple(e.shape):
+            layer.fail(f"{what} {k} is {t.dtype}{list(t.shape)}, expected {e.dtype}{list(e.shape)}")
+
+
+def _check_flag(layer: Layer, what: str, t: Tensor, dtypes: tuple[torch.dtype, ...]) -> None:
+    if t.rank != 0 or t.dtype not in dtypes:
+        layer.fail(f"{what} must be a 0-d {_names(dtypes)} tensor, got {t.dtype}{list(t.shape)}")
+
+
+@layer_kind
+class ConditionalLayer(Layer):
+    """Inputs: a 0-d bool predicate, then the operands. Outputs: those of `then_branch` run on the operands where the
+    predicate is true, else those of `else_branch` (both sub-networks take the operands and give alike outputs)."""
+
+    KIND: ClassVar[str] = "conditional"
+    MAX_INPUTS: ClassVar[int | None] = None
+    SUBNETWORKS: ClassVar[tuple[str, ...]] = ("then_branch", "else_branch")
+    then_branch: Any
+    else_branch: Any
+
+    def validate(self) -> None:
+        super().validate()
+        _check_flag(self, "the predicate", self.inputs[0], (torch.bool,))
+        for branch in (self.then_branch, self.else_branch):
+            _check_signature(self, f"{branch.name} input", branch.inputs, self.inputs[1:])
+        if not self.then_branch.outputs:
+            self.fail("a branch gives no outputs")
+        _check_signature(self, "else_branch output", self.else_branch.outputs, self.then_branch.outputs)
+
+    def result_types(self) -> list[tuple[tuple[Any, ...], torch.dtype]]:
+        return [(t.shape, t.dtype) for t in self.then_branch.outputs]
+
+    def input_dtypes(self) -> list[torch.dtype]:
+        """The dtype each input must have: the predicate's, then what the branches take."""
+        return [torch.bool, *(t.dtype for t in self.then_branch.inputs)]
+
+
+@layer_kind
+class LoopLayer(Layer):
+    """Inputs: the trip count (0-d int), the condition (0-d bool), `num_carried` carried values, then the values the
+    body only reads. While the condition holds and fewer than `trip count` iterations ran, `body` runs on (the
+    iteration as a 0-d int64, the carried values, the read values) and gives (the next condition, the next carried
+    values). Outputs: the carried values at the end. An iteration past `max_trips` is an EngineInputError."""
+
+    KIND: ClassVar[str] = "loop"
+    MIN_INPUTS: ClassVar[int] = 3
+    MAX_INPUTS: ClassVar[int | None] = None
+    SUBNETWORKS: ClassVar[tuple[str, ...]] = ("body",)
+    num_carried: int
+    max_trips: int
+    body: Any
+
+    def validate(self) -> None:
+        super().validate()
+        if not 1 <= self.num_carried <= len(self.inputs) - 2:
+            self.fail(f"num_carried {self.num_carried} is outside [1, {len(self.inputs) - 2}]")
+        if not 0 <= self.max_trips <= MAX_LOOP_TRIPS:
+            self.fail(f"max_trips {self.max_trips} is outside [0, {MAX_LOOP_TRIPS}]")
+        _check_flag(self, "the trip count", self.inputs[0], (torch.int64, torch.int32))
+        _check_flag(self, "the condition", self.inputs[1], (torch.bool,))
+        body = self.body.inputs
+        if not body:
+            self.fail("the body takes no iteration input")
+        _check_flag(self, "the body's iteration input", body[0], (torch.int64,))
+        _check_signature(self, "body input", body[1:], self.inputs[2:])
+        outputs = self.body.outputs
+        if not outputs:
+            self.fail("the body gives no condition")
+        _check_flag(self, "the body's condition output", outputs[0], (torch.bool,))
+        _check_signature(self, "body carried output", outputs[1:], self.inputs[2:2 + self.num_carried])
+
+    def result_types(self) -> list[tuple[tuple[Any, ...], torch.dtype]]:
+        return [(t.shape, t.dtype) for t in self.inputs[2:2 + self.num_carried]]
+
+    def input_dtypes(self) -> list[torch.dtype]:
+        """The dtype each input must have: the trip count's and condition's, then what the body takes."""
+        return [self.inputs[0].dtype, torch.bool, *(t.dtype for t in self.body.inputs[1:])]

@@ -291,6 +291,19 @@ class Network:
         inputs = [query, key, value] + ([mask] if mask is not None else [])
         return self.add_layer(L.AttentionLayer, inputs, causal=causal, scale=scale, enable_gqa=enable_gqa)
 
+    def add_conditional(self, predicate: Tensor, operands: Sequence[Tensor], then_branch: Network,
+                        else_branch: Network) -> L.Layer:
+        """IIfConditionalLayer: one branch's outputs on `operands` (the branches' inputs), by a 0-d bool."""
+        return self.add_layer(L.ConditionalLayer, [predicate, *operands], then_branch=then_branch,
+                              else_branch=else_branch)
+
+    def add_loop(self, trip_count: Tensor, condition: Tensor, carried: Sequence[Tensor], read: Sequence[Tensor],
+                 body: Network, max_trips: int) -> L.Layer:
+        """ILoopLayer: `body` (iteration, *carried, *read) -> (condition, *carried) while the condition holds, at
+        most `trip_count` times (and never more than `max_trips`, a static bound)."""
+        return self.add_layer(L.LoopLayer, [trip_count, condition, *carried, *read], num_carried=len(carried),
+                              max_trips=max_trips, body=body)
+
     # ---- rewriting (used by the builder) ---------------------------------------------------
     def replace_all_uses(self, old: Tensor, new: Tensor) -> None:
         """Make every reader of `old` (layers and network outputs) read `new` instead."""

@@ -12,7 +12,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 import torch.nn.functional as F
 
-from torchkiln.errors import EngineIndexError, NetworkError
+from torchkiln.errors import EngineIndexError, EngineInputError, NetworkError
 from torchkiln.ir import layers as L, pointwise
 
 Meaning = Callable[[L.Layer, list[torch.Tensor], dict[str, torch.Tensor], torch.device],
@@ -401,3 +401,54 @@ def _unique(layer, xs, ws, device):
     if layer.consecutive:
         return list(torch.unique_consecutive(xs[0], return_inverse=True, return_counts=True))
     return list(torch._unique2(xs[0], sorted=True, return_inverse=True, return_counts=True))
+
+
+def run_network(network, inputs: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """A (sub-)network's outputs: its layers' meanings in order, each intermediate dropped after its last reader."""
+    values = {id(t): x for t, x in zip(network.inputs, inputs)}
+    for layer in network.layers:
+        weights = {k: w.to(device) for k, w in layer.weights.items()}
+        outs = run_layer(layer, [values[id(t)] for t in layer.inputs], weights, device)
+        values.update(zip(map(id, layer.outputs), outs))
+    return [values[id(t)] for t in network.outputs]
+
+
+def _fresh(results: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+    """Copies of a control-flow layer's results: a branch or body may give back one of its inputs, a view of one or
+    a constant's weight, and no output may share memory with those. One result as a tensor (as every one-output
+    meaning gives it)."""
+    fresh = [r.clone() for r in results]
+    return fresh[0] if len(fresh) == 1 else fresh
+
+
+RunNetwork = Callable[["object", list[torch.Tensor]], list[torch.Tensor]]
+
+
+def conditional(layer: L.ConditionalLayer, xs: list[torch.Tensor], run: RunNetwork) -> torch.Tensor | list:
+    """The taken branch's outputs, each sub-network run by `run(network, inputs)` (a backend's own runner)."""
+    return _fresh(run(layer.then_branch if bool(xs[0]) else layer.else_branch, xs[1:]))
+
+
+def loop(layer: L.LoopLayer, xs: list[torch.Tensor], run: RunNetwork, device: torch.device) -> torch.Tensor | list:
+    """The carried values after the iterations, the body run by `run(network, inputs)`."""
+    trips, go = int(xs[0]), bool(xs[1])
+    carried, read = xs[2:2 + layer.num_carried], xs[2 + layer.num_carried:]
+    i = 0
+    while go and i < trips:
+        if i == layer.max_trips:
+            raise EngineInputError(f"loop layer {layer.name!r}: these inputs need more than its {layer.max_trips} "
+                                   f"iterations")
+        outs = run(layer.body, [torch.tensor(i, device=device), *carried, *read])
+        go, carried = bool(outs[0]), outs[1:]
+        i += 1
+    return _fresh(carried)
+
+
+@meaning(L.ConditionalLayer)
+def _conditional(layer, xs, ws, device):
+    return conditional(layer, xs, lambda network, inputs: run_network(network, inputs, device))
+
+
+@meaning(L.LoopLayer)
+def _loop(layer, xs, ws, device):
+    return loop(layer, xs, lambda network, inputs: run_network(network, inputs, device), device)

@@ -38,6 +38,8 @@ def infer_outputs(layer: Layer) -> list[tuple[tuple[int, ...], torch.dtype]]:
     """The layer's output (shape, dtype) pairs; a layer that rejects its inputs is a NetworkError."""
     from torchkiln.ir.reference import run_layer
 
+    if layer.SUBNETWORKS:  # control flow: what its sub-networks give (their own layers were inferred)
+        return list(layer.result_types())
     symbolic = any_symbolic(layer, layer.inputs)  # dynamic shapes: symbolic inference (ir/symbolic_shapes.py)
     key: tuple | None = signature(layer)  # symbols are told apart by identity, so a key holds their ranges
     try:

@@ -11,9 +11,10 @@ each distinct subexpression computed once.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -203,6 +204,17 @@ class ExportContext:
             info = helper.make_tensor_value_info(name, ONNX_DTYPES[dtype], None)
             branches[key] = helper.make_graph(nodes, self.fresh(key), [], [info])
         return self.node("If", [condition], **branches)[0]
+
+    @contextlib.contextmanager
+    def subgraph_scope(self) -> Iterator[list[onnx.NodeProto]]:
+        """Append nodes to a new list (a subgraph's) meanwhile, where no dim computed outside is visible; the
+        current layer and the outer nodes come back after."""
+        saved = self.nodes, self._dims, self.layer
+        self.nodes, self._dims = [], {}
+        try:
+            yield self.nodes
+        finally:
+            self.nodes, self._dims, self.layer = saved
 
     # ---- dims computed at run time ---------------------------------------------------------
     def dim(self, d: Dim) -> str:

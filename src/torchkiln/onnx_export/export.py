@@ -23,7 +23,8 @@ GUARD_OUTPUT = "torchkiln/outside_exact_range"  # the guard output's name (`netw
 # ONNX's Attention op (opset 23) replaces the MatMul-Softmax-MatMul form of attention layers from there on.
 
 
-def _export_layer(ctx: ExportContext, layer: L.Layer, xs: list[str]) -> list[str]:
+def export_layer(ctx: ExportContext, layer: L.Layer, xs: list[str]) -> list[str]:
+    """Append one layer's nodes (its inputs named `xs`); returns its output names."""
     ctx.layer = layer
     for t in [*layer.inputs, *layer.outputs]:
         if t.dtype not in ONNX_DTYPES:
@@ -75,7 +76,7 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
         inputs.append(value_info(t.name, t.dtype, t.shape))
     shapes = []  # value_info of every layer output with symbolic dims (see network_to_onnx's docstring)
     for layer in network.layers:
-        outs = _export_layer(ctx, layer, [names[id(t)] for t in layer.inputs])
+        outs = export_layer(ctx, layer, [names[id(t)] for t in layer.inputs])
         for t, name in zip(layer.outputs, outs):
             names[id(t)] = name
             if has_symbols(t.shape) and not isinstance(layer, L.ConstantLayer):
@@ -105,7 +106,7 @@ def supports(layer: L.Layer, opset: int = DEFAULT_OPSET) -> str | None:
     """None if `layer` exports to ONNX (at `opset`), else the reason it does not (the export's own error)."""
     ctx = ExportContext(opset)
     try:
-        _export_layer(ctx, layer, [ctx.fresh(f"input{i}") for i in range(len(layer.inputs))])
+        export_layer(ctx, layer, [ctx.fresh(f"input{i}") for i in range(len(layer.inputs))])
     except OnnxExportError as e:
         return str(e)
     return None

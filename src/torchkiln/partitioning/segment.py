@@ -21,7 +21,8 @@ from torchkiln.analysis.resolve import NotStatic, Resolver, is_dynamic
 from torchkiln.partitioning.schedule import apply_order, dependencies, schedule
 from torchkiln.partitioning.support import Decision, Fallback, Target, classify
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Graph, Node, TensorMeta, Value, is_tensor_type, top_level_node, value_key
+from torchkiln.torchscript import (Graph, Node, TensorMeta, Value, is_tensor_type, node_blocks, outer_values,
+                                   top_level_node, value_key)
 
 logger = logging.getLogger("torchkiln.partitioning")
 
@@ -73,7 +74,15 @@ class _PartitionResolver(Resolver):
 
 def is_layer_op(node: Node, decision: Decision) -> bool:
     """An engine node that becomes layers (not a collection of engine tensors); what min_block_size counts."""
-    return decision.target == Target.ENGINE and find_converter(node) is not None
+    return decision.target == Target.ENGINE and (find_converter(node) is not None or bool(node_blocks(node)))
+
+
+def layer_ops(node: Node) -> int:
+    """The ops a node converts to layers: one, or those inside an If's or Loop's blocks."""
+    blocks = node_blocks(node)
+    if not blocks:
+        return int(find_converter(node) is not None)
+    return sum(layer_ops(inner) for block in blocks for inner in block.nodes())
 
 
 def _is_constant_value(value: Any) -> bool:
@@ -129,7 +138,7 @@ def _boundary(block: Block, decisions: dict[Node, Decision], resolver: Resolver)
     for node in block.nodes:
         target = decisions[node].target
         if target == Target.ENGINE:
-            for v in node.inputs():
+            for v in [*node.inputs(), *outer_values(node)]:  # an If's or Loop's blocks read outer values too
                 if v.node() in members or v in block.inputs:
                     continue
                 try:
@@ -179,12 +188,12 @@ def _demote_small(blocks: list[Block], decisions: dict[Node, Decision], min_bloc
     """Send engine blocks of fewer than `min_block_size` layer ops back to PyTorch. True if any was."""
     small = False
     for block in blocks:
-        ops = [n for n in block.nodes if is_layer_op(n, decisions[n])]
-        if block.is_engine and len(ops) < min_block_size:
+        ops = sum(layer_ops(n) for n in block.nodes if is_layer_op(n, decisions[n]))
+        if block.is_engine and ops < min_block_size:
             for n in block.nodes:
                 if decisions[n].target == Target.ENGINE:
                     decisions[n] = Decision.torch(
-                        Fallback.MIN_BLOCK_SIZE, f"its engine block would hold {len(ops)} op(s), fewer than "
+                        Fallback.MIN_BLOCK_SIZE, f"its engine block would hold {ops} op(s), fewer than "
                                                  f"min_block_size={min_block_size}")
             small = True
     return small

@@ -7,7 +7,8 @@ import enum
 from torchkiln.analysis.registry import FALLBACK_ATTR, find_converter, find_evaluator
 from torchkiln.analysis.resolve import NotStatic, Resolver, is_dynamic
 from torchkiln.settings import CompileSettings
-from torchkiln.torchscript import Node, TensorMeta, is_tensor_type, node_blocks, node_key, value_key
+from torchkiln.torchscript import (Node, TensorMeta, is_tensor_type, node_blocks, node_key, node_schema, value_key,
+                                   writes_to_arguments)
 
 
 
@@ -76,9 +77,75 @@ def _not_static(node: Node, resolver: Resolver, error: NotStatic) -> Decision:
     return Decision.torch(Fallback.NOT_STATIC, str(error))
 
 
-def _classify(node: Node, resolver: Resolver) -> Decision:
+CONDITION_USES = {"prim::If": 0, "prim::Loop": 1}  # where a control-flow node reads its condition
+
+
+def reads_as_condition(node: Node) -> bool:
+    """Whether every use of the node's output is a condition: of an If, a Loop's first trip, or a Loop's next."""
+    uses = node.output().uses()
+    for use in uses:
+        user = use.user
+        owner = user.owningBlock().owningNode() if user.kind() == "prim::Return" else None
+        if not (CONDITION_USES.get(user.kind()) == use.offset
+                or owner is not None and owner.kind() == "prim::Loop" and use.offset == 0):
+            return False
+    return bool(uses)
+
+
+def is_predicate(node: Node) -> bool:
+    """`bool(tensor)` read only as a condition: an engine computes it as a 0-d bool tensor (see control_flow)."""
+    return node.kind() == "aten::Bool" and is_tensor_type(node.inputsAt(0).type()) and reads_as_condition(node)
+
+
+def _inner_refusal(inner: Node, settings: CompileSettings) -> str | None:
+    """Why a node inside an If or Loop block cannot run in an engine's sub-network, else None."""
+    if node_blocks(inner):
+        return None if inner.kind() in CONDITION_USES else f"{inner.kind()} holds blocks"
+    if find_converter(inner) is None and find_evaluator(inner) is None:
+        return f"{node_key(inner)} has no converter or evaluator"
+    schema = node_schema(inner)
+    if inner.outputsSize() == 0:  # a raise, a warning, a print: it must happen when (and each time) it runs
+        return f"{node_key(inner)} is a side effect"
+    if inner.isNondeterministic() or (schema is not None and writes_to_arguments(schema)):
+        return f"{node_key(inner)} is random or writes in place"
+    if inner.hasAttribute(FALLBACK_ATTR) or _forced_by(inner, settings):
+        return f"{node_key(inner)} is forced to run in PyTorch"
+    return None
+
+
+def _control_flow(node: Node, resolver: Resolver, settings: CompileSettings) -> Decision:
+    """An If or Loop whose blocks an engine can hold as sub-networks (a conditional or loop layer): tensors out,
+    a condition computed by a predicate (or known), a loop carrying tensors, every node inside convertible. Whether
+    each node converts is known only when it does: a failure moves the node to PyTorch (CONVERSION_FAILED)."""
+    if node.kind() not in CONDITION_USES:
+        return Decision.torch(Fallback.CONTROL_FLOW, f"{node.kind()} has no layer")
+    carried = list(node.outputs()) + (list(node.inputs())[2:] if node.kind() == "prim::Loop" else [])
+    for v in carried:
+        if not is_tensor_type(v.type()):
+            return Decision.torch(Fallback.CONTROL_FLOW, f"%{v.debugName()} is a {v.type()}; an engine carries tensors")
+    conditions = [node.inputsAt(CONDITION_USES[node.kind()])]
+    if node.kind() == "prim::Loop":
+        conditions.append(list(next(node.blocks()).outputs())[0])
+        try:
+            resolver.resolve(node.inputsAt(0))
+        except NotStatic:
+            return Decision.torch(Fallback.CONTROL_FLOW, "its trip count is only known at run time")
+    for v in conditions:
+        if v.node().kind() != "prim::Constant" and not is_predicate(v.node()):
+            return Decision.torch(Fallback.CONTROL_FLOW, f"its condition comes from {v.node().kind()}")
+    pending = [inner for block in node.blocks() for inner in block.nodes()]
+    while pending:
+        inner = pending.pop()
+        reason = _inner_refusal(inner, settings)
+        if reason:
+            return Decision.torch(Fallback.CONTROL_FLOW, f"{reason} in its blocks")
+        pending += [n for block in node_blocks(inner) for n in block.nodes()]
+    return Decision(Target.ENGINE)
+
+
+def _classify(node: Node, resolver: Resolver, settings: CompileSettings) -> Decision:
     if node_blocks(node):
-        return Decision.torch(Fallback.CONTROL_FLOW, "the ops in its blocks run in PyTorch")
+        return _control_flow(node, resolver, settings)
     converter = find_converter(node)
     if converter is not None:
         try:
@@ -110,7 +177,7 @@ def _classify(node: Node, resolver: Resolver) -> Decision:
                 return Decision(Target.STATIC)
             values = [resolver.resolve(o) for o in node.outputs()]
         except NotStatic as e:
-            return _not_static(node, resolver, e)
+            return Decision(Target.ENGINE) if is_predicate(node) else _not_static(node, resolver, e)
         return Decision(Target.ENGINE if is_dynamic(values) else Target.STATIC)
     return Decision.torch(Fallback.NO_CONVERTER, node_key(node))
 
@@ -125,7 +192,7 @@ def classify(node: Node, resolver: Resolver, settings: CompileSettings) -> Decis
     """
     if is_io_plumbing(node):
         return Decision.torch(Fallback.IO_PLUMBING)
-    decision = _classify(node, resolver)
+    decision = _classify(node, resolver, settings)
     if decision.target == Target.TORCH:
         return decision
     for out in node.outputs():

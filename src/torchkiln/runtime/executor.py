@@ -11,7 +11,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.reference import MEANINGS, Meaning
+from torchkiln.ir.reference import MEANINGS, Meaning, conditional, loop
 from torchkiln.runtime.symbols import SymbolBinder
 
 # Layers whose output may share memory with their input (views and no-op casts).
@@ -52,6 +52,22 @@ def convolve(layer: L.ConvolutionLayer, x: torch.Tensor, kernel: torch.Tensor, b
 KERNELS: dict[type[L.Layer], Meaning] = {L.ConvolutionLayer: _convolution_in_true_fp32}
 
 
+def _control_flow(layer: L.Layer, device: torch.device) -> Meaning:
+    """A conditional or loop layer's meaning with its sub-networks run by executors of their own (weights placed
+    once, convolutions in true fp32), made at first use."""
+    executors: dict[int, ReferenceExecutor] = {}  # by id of a sub-network the layer holds (alive while it is)
+
+    def run(network: Network, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        found = executors.get(id(network))
+        if found is None:
+            found = executors[id(network)] = ReferenceExecutor(network, device)
+        return found.run(inputs)
+
+    if isinstance(layer, L.ConditionalLayer):
+        return lambda layer, xs, ws, device: conditional(layer, xs, run)
+    return lambda layer, xs, ws, device: loop(layer, xs, run, device)
+
+
 class ReferenceExecutor:
     """A network bound to one device, ready to run."""
 
@@ -78,7 +94,8 @@ class ReferenceExecutor:
         self.steps = []
         for step, layer in enumerate(network.layers):
             weights = {k: w.to(device) for k, w in layer.weights.items()}
-            self.steps.append((KERNELS.get(type(layer), MEANINGS[type(layer)]), layer, weights,
+            fn = _control_flow(layer, device) if layer.SUBNETWORKS else KERNELS.get(type(layer), MEANINGS[type(layer)])
+            self.steps.append((fn, layer, weights,
                                [slot[id(t)] for t in layer.inputs], [slot[id(t)] for t in layer.outputs],
                                frees[step]))
         self.output_slots = [slot[id(t)] for t in network.outputs]

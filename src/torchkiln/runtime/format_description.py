@@ -57,11 +57,12 @@ def describe() -> dict[str, Any]:
             _enums(hints[f.name], enums)
         kinds[name] = {"params": params, "weights": list(kind.WEIGHTS), "required_weights": list(kind.REQUIRED_WEIGHTS),
                        "weight_dtypes": [S.dtype_name(d) for d in kind.WEIGHT_DTYPES],
-                       "min_inputs": kind.MIN_INPUTS, "max_inputs": kind.MAX_INPUTS}
+                       "min_inputs": kind.MIN_INPUTS, "max_inputs": kind.MAX_INPUTS,
+                       **({"subnetworks": list(kind.SUBNETWORKS)} if kind.SUBNETWORKS else {})}
     bounds = {name: getattr(module, name) for module, names in (
         (S, ("FORMAT_VERSION", "MAX_SECTIONS", "MAX_GRAPH_BYTES", "MAX_META_BYTES", "MAX_LIST", "MAX_TENSORS",
-             "MAX_INT_DIGITS", "MAX_STRING", "MAX_SYMBOLS")),
-        (L, ("MAX_RANK", "MAX_EXTENT")), (limits, ("MAX_LAYERS",)),
+             "MAX_INT_DIGITS", "MAX_STRING", "MAX_SYMBOLS", "MAX_NESTING")),
+        (L, ("MAX_RANK", "MAX_EXTENT", "MAX_LOOP_TRIPS")), (limits, ("MAX_LAYERS",)),
         (symbolic, ("MAX_TREE_DEPTH", "MAX_TREE_NODES", "MAX_EXTREMUM_ARGS"))) for name in names}
     return {"bounds": bounds, "dtypes": [S.dtype_name(d) for d in L.TENSOR_DTYPES],
             "float_dtypes": [S.dtype_name(d) for d in L.FLOAT_DTYPES], "enums": dict(sorted(enums.items())),

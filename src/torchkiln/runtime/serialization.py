@@ -60,6 +60,7 @@ MAX_TENSORS = 1 << 12  # network inputs, network outputs, bindings, inputs of on
 MAX_INT_DIGITS = 20  # a JSON integer beyond int64 is no shape, index or parameter
 MAX_STRING = 1 << 12
 MAX_SYMBOLS = 64
+MAX_NESTING = 8  # control-flow layers inside control-flow layers' sub-networks
 
 DTYPES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in L.TENSOR_DTYPES}
 _show = reprlib.Repr()
@@ -209,10 +210,8 @@ def param_defaults(kind: type[L.Layer]) -> dict[str, Any]:
     return {f.name: _encode(f.default) for f in kind.param_fields() if f.default is not dataclasses.MISSING}
 
 
-def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, Any]] = ()) -> bytes:
-    """Serialize engine metadata, its network and its plans (JSON objects) in format 2."""
-    weights: dict[str, torch.Tensor] = {}
-    keys: dict[int, str] = {}
+def _encode_network(network: Network, weights: dict[str, torch.Tensor], keys: dict[int, str]) -> dict[str, Any]:
+    """A network's JSON (a control-flow layer's sub-networks nested in its entry); weights go to `weights`."""
     layers = []
     for layer in network.layers:
         refs = {}
@@ -222,21 +221,29 @@ def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, 
                 keys[id(w)] = key
                 weights[key] = w.detach().cpu().contiguous()
             refs[wname] = keys[id(w)]
-        layers.append({
+        entry = {
             "kind": layer.KIND,
             "name": layer.name,
             "inputs": [t.name for t in layer.inputs],
             "outputs": [{"name": t.name, "dtype": dtype_name(t.dtype), "shape": _encode(t.shape)} for t in layer.outputs],
             "weights": refs,
             "params": {k: _encode(v) for k, v in layer.params().items()},
-        })
-    graph = {}
-    graph["network"] = {
+        }
+        if layer.SUBNETWORKS:
+            entry["subnetworks"] = {f: _encode_network(getattr(layer, f), weights, keys) for f in layer.SUBNETWORKS}
+        layers.append(entry)
+    return {
         "name": network.name,
         "inputs": [{"name": t.name, "dtype": dtype_name(t.dtype), "shape": _encode(t.shape)} for t in network.inputs],
         "outputs": [t.name for t in network.outputs],
         "layers": layers,
     }
+
+
+def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, Any]] = ()) -> bytes:
+    """Serialize engine metadata, its network and its plans (JSON objects) in format 2."""
+    weights: dict[str, torch.Tensor] = {}
+    graph = {"network": _encode_network(network, weights, {})}
     symbols = network.symbols()
     if symbols:  # dynamic shapes only, so engines of static shapes keep their bytes
         if len({s.name for s in symbols}) != len(symbols):
@@ -442,10 +449,32 @@ def _check_defined(layer: L.Layer, known: set[DimSymbol], where: str) -> None:
                                 f"earlier layer defines")
 
 
+def _decode_subnetworks(kind: type[L.Layer], entry: dict[str, Any], where: str, weights: dict[str, torch.Tensor],
+                        max_memory: int, max_flops: int, symbols: dict[str, DimSymbol], depth: int,
+                        count: list[int]) -> dict[str, Network]:
+    """A control-flow layer's sub-networks (each read as a network is, with the outer network's symbols)."""
+    raw = entry.get("subnetworks")
+    if not kind.SUBNETWORKS:
+        if raw is not None:
+            raise EngineFormatError(f"{where}: a {kind.KIND} layer holds no sub-networks")
+        return {}
+    if depth >= MAX_NESTING:
+        raise EngineFormatError(f"{where}: sub-networks nested more than {MAX_NESTING} deep")
+    if not isinstance(raw, dict) or set(raw) != set(kind.SUBNETWORKS) or not all(isinstance(v, dict)
+                                                                                for v in raw.values()):
+        raise EngineFormatError(f"{where}: expected the sub-networks {list(kind.SUBNETWORKS)}")
+    return {f: _decode_network(raw[f], weights, max_memory, max_flops, symbols, depth + 1, count)
+            for f in kind.SUBNETWORKS}
+
+
 def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_memory: int,
-                    max_flops: int) -> Network:
+                    max_flops: int, outer_symbols: dict[str, DimSymbol] | None = None, depth: int = 0,
+                    count: list[int] | None = None) -> Network:
+    """A network (depth 0) or a control-flow layer's sub-network; `count` holds the layers read so far at any depth,
+    bounded by MAX_LAYERS together."""
     network = Network(str(_field(raw, "name", str, "network")))
-    symbols = _parse_symbols(raw.get("symbols", []))
+    symbols = _parse_symbols(raw.get("symbols", [])) if outer_symbols is None else outer_symbols
+    count = [0] if count is None else count
     tensors: dict[str, Any] = {}
 
     def define(name: Any, where: str) -> str:
@@ -466,13 +495,16 @@ def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_m
     budget = Budget(max_memory, max_flops, last_readers(_input_names(entry) for entry in raw_layers),
                     [name for name in raw_outputs if isinstance(name, str)])
     for i, entry in enumerate(raw_layers):
-        where = f"layer {i}"
+        where = f"layer {i}" if depth == 0 else f"{network.name[:60]!r} layer {i}"
+        count[0] += 1
+        if count[0] > MAX_LAYERS:
+            raise EngineFormatError(f"{where}: the engine holds more than {MAX_LAYERS} layers with its sub-networks")
         kind_name = _field(entry, "kind", str, where)
         kind = L.LAYER_KINDS.get(kind_name)
         if kind is None:
             raise EngineFormatError(f"{where}: unknown layer kind {_show.repr(kind_name)}")
         name = _field(entry, "name", str, where)
-        where = f"layer {i} ({kind_name} {name[:60]!r})"
+        where = f"{where} ({kind_name} {name[:60]!r})"
         if not name or len(name) > MAX_STRING:
             raise EngineFormatError(f"{where}: bad layer name")
         inputs = []
@@ -500,6 +532,7 @@ def _decode_network(raw: dict[str, Any], weights: dict[str, torch.Tensor], max_m
             raise EngineFormatError(f"{where}: unknown parameters {_show.repr(extra)}")
         if name in network._names:
             raise EngineFormatError(f"{where}: layer name used twice")
+        params.update(_decode_subnetworks(kind, entry, where, weights, max_memory, max_flops, symbols, depth, count))
         try:
             layer = network.add_layer(kind, inputs, weights=layer_weights, name=name, **params)
         except NetworkError as e:

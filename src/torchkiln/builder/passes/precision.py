@@ -15,7 +15,8 @@ The pass walks the layers in order and gives every float32 value one of three ro
   model casts back. A cast from an int or bool to fp32 makes the model's ordinary float, not such a
   request: in an fp32 model every float is fp32 and `.float()` converts to no cast at all.
 
-Which layers compute in fp32 whatever their inputs is one table, `_policy`; besides it, the layers named in
+A conditional or loop layer reads its inputs in the dtypes its sub-networks were converted in (they are not
+lowered). Which layers compute in fp32 whatever their inputs is one table, `_policy`; besides it, the layers named in
 `BuildSettings.keep_fp32` (found by calibration to overflow or lose precision, builder/calibration.py) compute
 in fp32 and their results are RULE, as a sum's are.
 """
@@ -130,6 +131,11 @@ class _Lowering:
         """Choose the layer's precision, give it its inputs and weights in that precision (a layer with
         no float input, a cast or a shape reads its inputs as they are), and infer its outputs."""
         compute = self._compute_dtype(layer, self._policy(layer))
+        if layer.SUBNETWORKS:  # control flow: its sub-networks keep the dtypes they were converted in
+            inputs = [t if t.dtype == dtype else self._read(t, dtype) for t, dtype in
+                      zip(layer.inputs, layer.input_dtypes())]
+            self.changed |= any(a is not b for a, b in zip(inputs, layer.inputs))
+            layer.inputs, compute = inputs, None
         if compute is not None:
             inputs = [self._read(t, compute) if self._is_float(t) else t for t in layer.inputs]
             if any(a is not b for a, b in zip(inputs, layer.inputs)):

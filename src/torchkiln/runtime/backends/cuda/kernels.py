@@ -56,7 +56,7 @@ def make_step(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
 def _layer_fn(layer: L.Layer, weights: Weights, allow_tf32: bool, device: torch.device
               ) -> Callable[[list[torch.Tensor]], object]:
     """One layer on the GPU: its meaning, but with the CUDA variants below where one exists."""
-    special = _LAYER_KERNELS.get(type(layer))
+    special = LAYER_KERNELS.get(type(layer))
     if special is not None:
         return special(layer, weights, allow_tf32)
     meaning = MEANINGS[type(layer)]
@@ -166,7 +166,7 @@ def _shape(layer: L.ShapeLayer, ws: Weights, allow_tf32: bool):
     return shape
 
 
-_LAYER_KERNELS = {
+LAYER_KERNELS = {  # layer kinds with a CUDA variant of their meaning (control_flow.py adds its own)
     L.ConvolutionLayer: _convolution,
     L.GatherLayer: _gather,
     L.NormalizationLayer: _normalization,

@@ -14,6 +14,8 @@
   GPU, through an event) for the previous call's replay to finish with the shared buffers.
 - Where capture fails (a step synchronizes with the host), the runner logs a warning once and runs that
   engine's steps eagerly from then on; the values are the same.
+- An engine holding a conditional or loop layer is never captured: the layer reads its condition on the host
+  (`captures_graphs`; its branches and body run by their own plans, control_flow.py).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
-from torchkiln.runtime.backends.cuda import quant_kernels  # noqa: F401  (registers its step's maker)
+from torchkiln.runtime.backends.cuda import control_flow, quant_kernels  # noqa: F401  (register their kernels)
 from torchkiln.runtime.backends.cuda.kernels import (StepFn, StepLayers, channels_last_input, make_step,
                                                     takes_channels_last)
 from torchkiln.runtime.executor import may_alias_storage
@@ -75,6 +77,12 @@ class _Bound:
         with torch.cuda.graph(graph, pool=pool):
             self.static_outputs = self.run_eagerly(self.static_inputs)
         self.graph = graph
+
+
+def captures_graphs(network: Network) -> bool:
+    """Whether the network's steps may be captured as a CUDA graph: not where a conditional or loop layer reads its
+    condition on the host (control_flow.py); such an engine runs its steps one by one."""
+    return not any(layer.SUBNETWORKS for layer in network.layers)
 
 
 def place_weights(network: Network, plan: Plan, device: torch.device) -> list[dict[str, torch.Tensor]]:
@@ -133,7 +141,7 @@ class CudaRunner:
         self._lock = threading.Lock()
         self._pool = None
         self._last_call = torch.cuda.Event()  # recorded at the end of every call (a wait before any record is a no-op)
-        self._graphs = options.cuda_graphs
+        self._graphs = options.cuda_graphs and captures_graphs(network)
 
     def _bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
         return bind_steps(self.network, self.plan, self.weights, self.binder, [tuple(x.shape) for x in inputs],

@@ -1,0 +1,237 @@
+"""Control flow inside engines: a data-dependent `prim::If` becomes a conditional layer and a `prim::Loop` too long to
+unroll (or with a data-dependent trip count) a loop layer, each with sub-networks, instead of splitting the graph.
+Compiled on the default backend and the reference, compared with eager on inputs taking each path."""
+from __future__ import annotations
+
+import io
+import warnings
+
+import pytest
+import torch
+from harness import assert_falls_back, check_compiled
+
+import torchkiln
+from torchkiln.conversion import control_flow as CF
+
+BACKENDS = [None, "reference"]  # None: the default backend
+
+
+class DataIf(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        if y.sum() > 0:
+            z = torch.relu(y) * 2.0 + x
+        else:
+            z = torch.sigmoid(y) - x
+        return z * 0.5
+
+
+class WhileLoop(torch.nn.Module):
+    """Halve until the norm is below 1: the trip count depends on the data."""
+
+    def forward(self, x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        y = x * 1.0
+        while y.abs().sum() > 1.0:
+            y = y * 0.5 + step
+        return y + 1.0
+
+
+class LongFor(torch.nn.Module):
+    """1000 iterations carrying a tensor: too many to unroll."""
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x
+        for _ in range(1000):
+            h = torch.tanh(h * 0.9 + w)
+        return h
+
+
+def _kinds(report) -> set[str]:
+    return {op for b in report.blocks if b.target == "engine" for op in b.ops}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_data_dependent_if_is_one_engine_and_takes_each_branch(backend):
+    torch.manual_seed(0)
+    model = DataIf().eval()
+    x = torch.randn(3, 6)
+    compiled, report = check_compiled(model, [x], backend=backend, min_block_size=1)
+    assert "prim::If" in _kinds(report), report
+    sums = []
+    for x in (torch.randn(3, 6) * 4 + 3, torch.randn(3, 6) * 4 - 3, torch.zeros(3, 6)):
+        with torch.no_grad():
+            want, got = model(x), compiled(x)
+            sums.append(float(model.linear(x).sum()) > 0)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    assert True in sums and False in sums
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_while_loop_with_a_data_dependent_trip_count_is_one_engine(backend):
+    model = WhileLoop().eval()
+    step = torch.full((4,), 0.01)
+    compiled, report = check_compiled(model, [torch.randn(4) * 8, step], backend=backend, min_block_size=1)
+    assert "prim::Loop" in _kinds(report), report
+    for scale in (0.1, 3.0, 100.0):  # no iteration, a few, many
+        x = torch.randn(4) * scale
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, step), model(x, step), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_for_loop_of_1000_iterations_carrying_a_tensor_is_one_engine(backend):
+    x, w = torch.randn(2, 5), torch.randn(2, 5) * 0.1
+    _, report = check_compiled(LongFor(), [x, w], backend=backend, min_block_size=1)
+    assert "prim::Loop" in _kinds(report), report
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_for_loop_holding_a_data_dependent_if_is_one_engine(backend):
+    class Nested(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x
+            for _ in range(100):
+                if h.mean() > 0.5:
+                    h = h * 0.9
+                else:
+                    h = h + 0.1
+            return h
+
+    for x in (torch.rand(3), torch.rand(3) + 5.0):
+        check_compiled(Nested(), [x], backend=backend, min_block_size=1)
+
+
+def test_a_branch_with_an_op_forced_to_pytorch_keeps_the_if_in_pytorch():
+    _, report = check_compiled(DataIf(), [torch.randn(3, 6)], engines=None, torch_blocks=1, min_block_size=1,
+                               torch_executed_ops=["aten::sigmoid"])
+    assert_falls_back(report, "prim::If", "aten::sigmoid is forced to run in PyTorch in its blocks")
+
+
+def test_a_loop_whose_carried_tensor_changes_shape_falls_back_with_its_reason():
+    class Grow(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x
+            while h.sum() < 100.0:
+                h = torch.cat([h, h + 1.0])
+            return h.sum(0, keepdim=True)
+
+    _, report = check_compiled(Grow(), [torch.rand(2, 3)], engines=None, torch_blocks=None, min_block_size=1)
+    assert_falls_back(report, "prim::Loop", "body carried output 0 is torch.float32[4, 3], expected "
+                                            "torch.float32[2, 3]")
+
+
+def test_a_compiled_while_loop_saves_and_loads():
+    step = torch.full((4,), 0.01)
+    compiled, _ = check_compiled(WhileLoop(), [torch.randn(4) * 8, step], min_block_size=1)
+    buffer = io.BytesIO()
+    torch.jit.save(compiled, buffer)
+    buffer.seek(0)
+    loaded = torch.jit.load(buffer)
+    x = torch.randn(4) * 20
+    torch.testing.assert_close(loaded(x, step), WhileLoop()(x, step), rtol=1e-5, atol=1e-6)
+
+
+def test_the_default_backend_runs_both_layers_in_onnx_runtime():
+    """If and Loop (the while loop's too: its max_trips guard is ONNX) export, so no layer runs on the reference."""
+    for model, example in ((DataIf(), [torch.randn(3, 6)]), (WhileLoop(), [torch.randn(4) * 8, torch.full((4,), 0.01)]),
+                           (LongFor(), [torch.randn(2, 5), torch.randn(2, 5) * 0.1])):
+        _, report = check_compiled(model, example, min_block_size=1, backend="onnxruntime")
+        assert not report.reference_layers, report
+
+
+@pytest.mark.parametrize("model, example", [(DataIf(), [torch.randn(3, 6)]),
+                                            (LongFor(), [torch.randn(2, 5), torch.randn(2, 5) * 0.1])],
+                         ids=["if", "for"])
+def test_control_flow_in_a_half_precision_engine_keeps_its_sub_networks_dtypes(model, example):
+    """The precision pass lowers the layers around a conditional or loop; the layer reads its inputs in the dtypes
+    its sub-networks were converted in (fp32 here): cosine >= 0.999 and within 1e-2 of max|eager|."""
+    check_compiled(model, example, backend="reference", enabled_precisions={torch.float16}, min_block_size=1,
+                   rtol=1e-2, min_cosine=0.999)
+
+
+def test_dynamic_shapes_if_is_one_engine_and_a_branch_with_dim_arithmetic_falls_back():
+    """A branch on dynamic shapes converts; one whose layer parameters are computed from the dynamic dims (a
+    reshape to x.size(0) * 6) stays in PyTorch, with the reason: the runtimes bind dims in the outer network only."""
+    class Reshaping(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x * 2.0
+            if y.sum() > 0:
+                z = y.reshape(y.size(0) * 6) + 1.0
+            else:
+                z = y.flatten() - 1.0
+            return z
+
+    dynamic = [torchkiln.Input(min_shape=(1, 6), opt_shape=(3, 6), max_shape=(8, 6))]
+    model = DataIf().eval()
+    compiled, _ = check_compiled(model, [torch.randn(3, 6)], inputs=dynamic, min_block_size=1)
+    for n, shift in ((2, 4.0), (5, -4.0), (8, 4.0)):
+        x = torch.randn(n, 6) + shift
+        with torch.no_grad():
+            want = model(x)
+            torch.testing.assert_close(compiled(x), want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    _, report = check_compiled(Reshaping(), [torch.randn(3, 6)], inputs=dynamic, engines=None, torch_blocks=1,
+                               min_block_size=1)
+    assert_falls_back(report, "prim::If", "has a parameter computed from dynamic dims")
+
+
+def test_a_branch_that_raises_keeps_the_if_in_pytorch():
+    """A raise (or a warning) must happen when its branch runs: such an If stays in PyTorch, and raises there."""
+    class Checked(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() < -100.0:
+                raise ValueError("too negative")
+            return x * 2.0
+
+    compiled, report = check_compiled(Checked(), [torch.randn(4)], engines=None, torch_blocks=None,
+                                      min_block_size=1)
+    assert_falls_back(report, "prim::If", "is a side effect")
+    with pytest.raises(torch.jit.Error, match="too negative"):
+        compiled(torch.full((4,), -100.0))
+
+
+def test_a_branch_that_warns_keeps_the_if_in_pytorch_and_warns_when_it_runs():
+    class Warning(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.sum() > 0:
+                warnings.warn("positive input")
+                y = x * 2.0
+            else:
+                y = x - 1.0
+            return y
+
+    compiled, report = check_compiled(Warning(), [-torch.rand(4)], engines=None, torch_blocks=None, min_block_size=1)
+    assert_falls_back(report, "prim::If", "aten::warn is a side effect")
+    with pytest.warns(UserWarning, match="positive input"):
+        compiled(torch.rand(4))
+
+
+def test_a_while_loop_gets_the_iterations_its_body_cost_allows_and_a_costly_one_stays_in_pytorch(monkeypatch):
+    class Refine(torch.nn.Module):
+        def __init__(self, n: int) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(n, n) / n)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            while x.abs().sum() > 1e30:  # false here: eager and shape analysis run no product
+                x = x @ self.w
+            return x + 1.0
+
+    compiled, report = check_compiled(Refine(64), [torch.randn(64, 64)], min_block_size=1, backend="reference")
+    loop = next(layer for e in _engines(compiled) for layer in e.network.layers if layer.KIND == "loop")
+    body = 2 * 64 ** 3 + 64 * 64  # the product and the condition's reads
+    assert CF.MIN_WHILE_TRIPS <= loop.max_trips <= CF.WHILE_LOOP_FLOPS / body
+    monkeypatch.setattr(CF, "WHILE_LOOP_FLOPS", 32 * body)  # fewer than MIN_WHILE_TRIPS iterations fit
+    _, report = check_compiled(Refine(64), [torch.randn(64, 64)], engines=None, torch_blocks=None,
+                               min_block_size=1, backend="reference")
+    assert_falls_back(report, "prim::Loop", "iterations fit an engine's")
+
+
+def _engines(compiled: torch.jit.ScriptModule) -> list:
+    from torchkiln.runtime.execute_op import engine_from_blob
+    from torchkiln.stitching.stitch import engine_attrs
+
+    return [engine_from_blob(getattr(compiled, attr)) for attr in engine_attrs(compiled)]
