@@ -251,7 +251,7 @@ def test_qat_graph_keeps_its_own_scales_and_matches_eager(precisions):
     assert conv.kernel_type == I8 and torch.equal(conv.weights["kernel_scale"], model.weight_scale)
 
 
-def _executed_ops(network, tmp_path) -> list[str]:
+def _executed_ops(network, tmp_path, x: torch.Tensor | None = None) -> list[str]:
     """The op types ONNX Runtime runs for the network's export (as the backend exports it), from its profile (its
     optimized model cannot always be saved: ORT 1.32 fails to re-check a node its MatMul+Add fusion made)."""
     options = ort.SessionOptions()
@@ -260,7 +260,7 @@ def _executed_ops(network, tmp_path) -> list[str]:
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(network_to_onnx(network, guard=True).SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    session.run(None, {session.get_inputs()[0].name: _samples(1)[0].numpy()})
+    session.run(None, {session.get_inputs()[0].name: (_samples(1)[0] if x is None else x).numpy()})
     with open(session.end_profiling(), encoding="utf-8") as f:
         events = json.load(f)
     return [e["args"]["op_name"] for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
@@ -320,3 +320,17 @@ def test_readers_of_one_activation_share_its_quantizer_each_with_its_own_dequant
     assert len(readers) == 2 and all(isinstance(r, L.DequantizeLayer) for r in readers)
     for dq in readers:
         assert [type(layer) for layer in layers if dq.outputs[0] in layer.inputs] == [L.ConvolutionLayer]
+
+
+def test_onnx_runtime_runs_convolutions_sharing_a_quantized_input_on_integer_kernels(tmp_path):
+    """One activation quantized for two convolutions is exported as uint8 (ORT's own int8-to-uint8 rewrite skips a
+    QuantizeLinear with several readers, and its x86 kernels take no int8 activation): both run as QLinearConv, with
+    the reference engine's values."""
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(8))
+    model, options = TwoBranches().eval(), dict(enabled_precisions={I8}, calibration_inputs=[x])
+    compiled = torchkiln.compile(model, [x], **options)
+    engine = Engine.deserialize(getattr(compiled, engine_attrs(compiled)[0]).numpy().tobytes())
+    ops = _executed_ops(engine.network, tmp_path, x)
+    assert ops.count("QLinearConv") == 2 and "Conv" not in ops and "FusedConv" not in ops, ops
+    reference = torchkiln.compile(model, [x], backend="reference", **options)
+    assert torch.equal(compiled(x), reference(x))
