@@ -47,15 +47,29 @@ def _axis(layer: L.QuantizeLayer | L.DequantizeLayer) -> dict[str, int]:
 _FUSED_INTO = (L.ConvolutionLayer, L.MatrixMultiplyLayer)
 
 
+def _fused(layer: L.QuantizeLayer) -> bool:
+    """Whether ORT fuses the QuantizeLinear into the QLinearConv / QLinearMatMul before it: after a convolution or
+    matrix multiply, or after a ReLU of a convolution where the zero point is int8's lowest value (the range
+    [0, amax] builder/passes/quantize.py gives it: ORT then drops the ReLU, exactly; it would drop it for an fp8
+    zero point too, wrongly)."""
+    producer = layer.inputs[0].producer
+    if isinstance(producer, L.ActivationLayer) and producer.type == L.ActivationType.RELU \
+            and layer.quant_type == torch.int8 and layer.axis is None and layer.weights.get("zero_point") is not None \
+            and int(layer.weights["zero_point"].reshape(-1)[0]) == L.QUANT_RANGE[torch.int8][0]:
+        producer = producer.inputs[0].producer
+        return isinstance(producer, L.ConvolutionLayer)
+    return isinstance(producer, _FUSED_INTO)
+
+
 @exporter(L.QuantizeLayer)
 def _quantize(ctx: ExportContext, layer: L.QuantizeLayer, xs: list[str]) -> str:
     """QuantizeLinear divides by the scale, where torch multiplies by its float32 reciprocal: the two differ on
     values a last bit from a half step. So x is multiplied by the reciprocal first and quantized with scale 1, which
-    is exact; except after a convolution or matrix multiply, where ONNX Runtime fuses DequantizeLinear -> Conv ->
-    QuantizeLinear into QLinearConv only with the scale in QuantizeLinear (its output may then differ by one step
+    is exact; except after a convolution or matrix multiply (or a ReLU of one: `_fused`), where ONNX Runtime fuses
+    DequantizeLinear -> Conv -> QuantizeLinear into QLinearConv only with the scale in QuantizeLinear (its output may then differ by one step
     at those values). A range narrower than int8's is a Clip after it."""
     x = ctx.cast(xs[0], layer.inputs[0].dtype, torch.float32)
-    fused = isinstance(layer.inputs[0].producer, _FUSED_INTO)
+    fused = _fused(layer)
     if not fused:
         inverse = torch.reciprocal(layer.weights["scale"])
         if layer.axis is not None:
