@@ -374,3 +374,29 @@ def test_convolution_relu_convolution_stays_in_int8_on_onnx_runtime(tmp_path):
     with torch.no_grad():
         cosine = torch.nn.functional.cosine_similarity(out.flatten(), model(x).flatten(), dim=0)
     assert cosine > 0.999
+
+
+def test_residual_add_runs_as_qlinearadd_between_integer_convolutions(tmp_path):
+    """A residual block's add of two quantized values, then ReLU, reads both addends dequantized (its identity
+    through the quantizer the block's first convolution reads it by) and its output quantized over [0, amax]: ORT
+    runs QLinearAdd with the ReLU dropped. Within one step of the reference engine's values, at few values; close
+    to fp32."""
+    from torchkiln.examples.models import BasicBlock, randomize_batch_norm
+
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), BasicBlock(16, 16),
+                                torch.nn.Conv2d(16, 8, 1)).eval()
+    randomize_batch_norm(model)
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(10))
+    options = dict(enabled_precisions={I8}, calibration_inputs=[x])
+    compiled = torchkiln.compile(model, [x], **options)
+    ops = _executed_ops(Engine.deserialize(getattr(compiled, engine_attrs(compiled)[0]).numpy().tobytes()).network,
+                        tmp_path, x)
+    assert ops.count("QLinearAdd") == 1 and ops.count("QLinearConv") == 4 and "Add" not in ops, ops
+    reference = torchkiln.compile(model, [x], backend="reference", **options)
+    out, ref = compiled(x), reference(x)
+    step = float([q for q in _network(compiled) if isinstance(q, L.QuantizeLayer)][-1].weights["scale"])
+    assert float((out - ref).abs().max()) <= step * (1 + 1e-6) and float((out != ref).float().mean()) < 0.01
+    with torch.no_grad():
+        cosine = torch.nn.functional.cosine_similarity(out.flatten(), model(x).flatten(), dim=0)
+    assert cosine > 0.999

@@ -107,6 +107,57 @@ def _quantize_output(network: Network, layer: L.Layer, scale: float, quant_type:
         network.layers.insert(after + k, m)
 
 
+def _readers(network: Network) -> dict[int, list[L.Layer]]:
+    readers: dict[int, list[L.Layer]] = {}
+    for layer in network.layers:
+        for t in layer.inputs:
+            readers.setdefault(id(t), []).append(layer)
+    return readers
+
+
+def _quantizer_of(t, readers: dict[int, list[L.Layer]]) -> L.QuantizeLayer | None:
+    """The int8 per-tensor quantizer that reads `t` (the one a quantized layer reading `t` made), if any."""
+    return next((r for r in readers.get(id(t), []) if isinstance(r, L.QuantizeLayer) and r.quant_type == torch.int8
+                 and r.axis is None and (r.quant_min, r.quant_max) == L.QUANT_RANGE[torch.int8]), None)
+
+
+def quantize_residual_adds(network: Network) -> bool:
+    """A sum of two int8-quantized values followed by a ReLU (a residual block's end) reads both addends
+    dequantized, and the symmetric quantizer through which a quantized layer reads the ReLU's output becomes one of
+    range [0, amax] (the same amax): ONNX Runtime then runs the add as QLinearAdd with the ReLU dropped, in uint8
+    between QLinearConvs. An addend the graph does not dequantize is read through a new dequantizer of its
+    quantizer (a residual's identity is the input of the block's first convolution, quantized for it; so the
+    ReLU before has no float reader left)."""
+    readers = _readers(network)
+    changed = False
+    for add in list(network.layers):
+        if not isinstance(add, L.ElementWiseLayer) or add.op != L.ElementWiseOperation.SUM \
+                or add.outputs[0].dtype != torch.float32:
+            continue
+        after = readers.get(id(add.outputs[0]), [])
+        if len(after) != 1 or not isinstance(after[0], L.ActivationLayer) or after[0].type != L.ActivationType.RELU:
+            continue
+        out_q = _quantizer_of(after[0].outputs[0], readers)
+        sources = [t.producer if isinstance(t.producer, L.DequantizeLayer) else _quantizer_of(t, readers)
+                   for t in add.inputs]
+        if any(s is None or s.quant_type != torch.int8 for s in sources):
+            continue
+        for k, (t, source) in enumerate(zip(add.inputs, sources)):
+            if isinstance(source, L.QuantizeLayer):
+                dq = network.add_layer(L.DequantizeLayer, source.outputs, weights=dict(source.weights),
+                                       quant_type=torch.int8, to_type=t.dtype)
+                network.move_before(dq, add)
+                add.inputs[k] = dq.outputs[0]
+        if out_q is not None and out_q.weights.get("zero_point") is None:
+            unsigned = {"scale": out_q.weights["scale"] * (L.QUANT_RANGE[torch.int8][1] / 255),
+                        "zero_point": torch.tensor([UNSIGNED_ZERO], dtype=torch.int8)}
+            for layer in [out_q, *readers.get(id(out_q.outputs[0]), [])]:
+                layer.weights = {**layer.weights, **unsigned}
+        readers = _readers(network)
+        changed = True
+    return changed
+
+
 def mark_explicit_kernels(network: Network) -> bool:
     """A QAT graph's convolution reads a dequantized int8 value and has a kernel its lowering already fake-quantized
     (per output channel, symmetric: scale = largest |value| / 127). Where the kernel is exactly on that grid, it is
@@ -188,4 +239,6 @@ def quantize_layers(network: Network, settings: BuildSettings) -> bool:
         elif layer.name in output_amax:
             _quantize_output(network, layer, scale_of(output_amax[layer.name], plan.quant_type), plan.quant_type)
         changed = True
+    if plan.quant_type == torch.int8:
+        changed = quantize_residual_adds(network) or changed
     return mark_explicit_kernels(network) or changed

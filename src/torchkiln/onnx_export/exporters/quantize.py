@@ -48,16 +48,17 @@ _FUSED_INTO = (L.ConvolutionLayer, L.MatrixMultiplyLayer)
 
 
 def _fused(layer: L.QuantizeLayer) -> bool:
-    """Whether ORT fuses the QuantizeLinear into the QLinearConv / QLinearMatMul before it: after a convolution or
-    matrix multiply, or after a ReLU of a convolution where the zero point is int8's lowest value (the range
-    [0, amax] builder/passes/quantize.py gives it: ORT then drops the ReLU, exactly; it would drop it for an fp8
-    zero point too, wrongly)."""
+    """Whether ORT fuses the QuantizeLinear into the QLinearConv / QLinearMatMul / QLinearAdd before it: after a
+    convolution or matrix multiply, or after a ReLU of a convolution or sum where the zero point is int8's lowest
+    value (the range [0, amax] builder/passes/quantize.py gives it: ORT then drops the ReLU, exactly; it would drop
+    it for an fp8 zero point too, wrongly)."""
     producer = layer.inputs[0].producer
     if isinstance(producer, L.ActivationLayer) and producer.type == L.ActivationType.RELU \
             and layer.quant_type == torch.int8 and layer.axis is None and layer.weights.get("zero_point") is not None \
             and int(layer.weights["zero_point"].reshape(-1)[0]) == L.QUANT_RANGE[torch.int8][0]:
         producer = producer.inputs[0].producer
-        return isinstance(producer, L.ConvolutionLayer)
+        return isinstance(producer, L.ConvolutionLayer) or \
+            isinstance(producer, L.ElementWiseLayer) and producer.op == L.ElementWiseOperation.SUM
     return isinstance(producer, _FUSED_INTO)
 
 
