@@ -83,7 +83,8 @@ def main() -> None:
             rows.append((name, batch, stats, cosine, before, loadavg()))
             print(f"{name} batch {batch}: fp32 {stats['fp32'][0]:.2f} ms, int8 {stats['int8'][0]:.2f} ms", flush=True)
     print(f"\nmedian ms ± half the interquartile range, {args.threads} threads, {args.runs} runs each, interleaved")
-    print(f"{'model':9} {'batch':>5} {'fp32 ms':>15} {'int8 ms':>15} {'speedup':>7} {'cosine':>8}  loadavg before / after")
+    print(f"{'model':9} {'batch':>5} {'fp32 ms':>15} {'int8 ms':>15} {'speedup':>7} {'cosine':>8}  "
+          "loadavg before / after")
     for name, batch, stats, cosine, before, after in rows:
         (f, fs), (i, is_) = stats["fp32"], stats["int8"]
         print(f"{name:9} {batch:5} {f:9.2f} ± {fs:4.2f} {i:9.2f} ± {is_:4.2f} {f / i:6.2f}x {cosine:8.5f}  "

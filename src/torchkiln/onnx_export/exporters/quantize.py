@@ -66,9 +66,9 @@ def _fused(layer: L.QuantizeLayer) -> bool:
 def _quantize(ctx: ExportContext, layer: L.QuantizeLayer, xs: list[str]) -> str:
     """QuantizeLinear divides by the scale, where torch multiplies by its float32 reciprocal: the two differ on
     values a last bit from a half step. So x is multiplied by the reciprocal first and quantized with scale 1, which
-    is exact; except after a convolution or matrix multiply (or a ReLU of one: `_fused`), where ONNX Runtime fuses
-    DequantizeLinear -> Conv -> QuantizeLinear into QLinearConv only with the scale in QuantizeLinear (its output may then differ by one step
-    at those values). A range narrower than int8's is a Clip after it."""
+    is exact; except where ONNX Runtime fuses it (`_fused`: DequantizeLinear -> Conv -> QuantizeLinear into
+    QLinearConv), which it does only with the scale in QuantizeLinear (its output may then differ by one step at
+    those values). A range narrower than int8's is a Clip after it."""
     x = ctx.cast(xs[0], layer.inputs[0].dtype, torch.float32)
     fused = _fused(layer)
     if not fused:
