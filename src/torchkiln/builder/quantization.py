@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from torchkiln.builder.builder import build_engine, ship
-from torchkiln.builder.passes.quantize import Candidate, candidate, quantize_weight, quantizes_output
+from torchkiln.builder.passes.quantize import Candidate, candidate, quantize_weight, quantized_relus, quantizes_output
 from torchkiln.builder.ranges import Histogram, choose_amax, fake_quantized
 from torchkiln.builder.settings import BuildSettings, QuantizationPlan
 from torchkiln.enums import CalibrationAlgo
@@ -38,7 +38,8 @@ logger = logging.getLogger("torchkiln.builder")
 
 # A quantized layer's own relative error (||quantized - fp32|| / ||fp32|| of its output) past which it stays in float.
 TOLERANCE = {torch.int8: 0.1, torch.float8_e4m3fn: 0.1}
-CACHE_FORMAT = "torchkiln-calibration-1"
+# 2: a convolution whose ReLU is quantized (`quantized_relus`) keeps the ReLU's amax as its output's
+CACHE_FORMAT = "torchkiln-calibration-2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,9 +77,9 @@ def _run(network: Network, sample: Sequence[torch.Tensor], device: torch.device,
 
 
 def _own_error(layer: L.Layer, found: Candidate, inputs: list[torch.Tensor], out: torch.Tensor, amax: float,
-               output_amax: float | None, quant_type: torch.dtype, device: torch.device) -> float:
-    """The relative error of `layer`'s output when its activation, weight (and output, with `output_amax`) are
-    quantized, on its fp32 inputs."""
+               output_amax: float | None, quant_type: torch.dtype, device: torch.device, relu: bool = False) -> float:
+    """The relative error of `layer`'s output (of the ReLU after it, with `relu`: `quantized_relus`) when its
+    activation, weight (and output, with `output_amax`) are quantized, on its fp32 inputs."""
     inputs = list(inputs)
     inputs[found.activation] = fake_quantized(inputs[found.activation], amax, quant_type)
     q, scale = quantize_weight(found.weight, found.axis, quant_type)
@@ -90,8 +91,10 @@ def _own_error(layer: L.Layer, found: Candidate, inputs: list[torch.Tensor], out
     else:
         inputs[1] = weight
     low = run_layer(layer, inputs, weights, device)[0]
+    if relu:
+        out, low = torch.relu(out), torch.relu(low)
     if output_amax is not None:
-        low = fake_quantized(low, output_amax, quant_type)
+        low = fake_quantized(low, output_amax, quant_type, unsigned=relu)
     return relative_rms(out, low)
 
 
@@ -107,6 +110,7 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
               quant_type: torch.dtype, device: torch.device) -> list[QuantizedLayer]:
     """Each candidate layer of the fp32 `network` with its calibrated range and own quantization error."""
     candidates = {layer.name: c for layer in network.layers if (c := candidate(layer)) is not None}
+    relus = quantized_relus(network, candidates, quant_type)
     sources = _sources(network, candidates)
     hists = {name: Histogram() for name in candidates}
     out_hists = {name: Histogram() for name, c in candidates.items() if quantizes_output(c)}
@@ -117,7 +121,7 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
             if layer.name in candidates:
                 getattr(hists[layer.name], method)(values[id(sources[layer.name])])
             if layer.name in out_hists:
-                getattr(out_hists[layer.name], method)(outs[0])
+                getattr(out_hists[layer.name], method)(torch.relu(outs[0]) if layer.name in relus else outs[0])
         return visit
 
     for method in ("observe_max", "observe"):
@@ -131,7 +135,7 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
         if layer.name in candidates:
             inputs = [values[id(t)] for t in layer.inputs]
             error = _own_error(layer, candidates[layer.name], inputs, outs[0], amax[layer.name],
-                               out_amax.get(layer.name), quant_type, device)
+                               out_amax.get(layer.name), quant_type, device, layer.name in relus)
             errors[layer.name] = max(errors[layer.name], error)
 
     for sample in samples:

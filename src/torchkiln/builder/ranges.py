@@ -50,16 +50,22 @@ def _finite_magnitudes(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(x), x, -1.0)
 
 
-def fake_quantized(x: torch.Tensor, amax: float, quant_type: torch.dtype) -> torch.Tensor:
-    """`x` through a symmetric per-tensor quantizer of range `amax`."""
-    scale = torch.tensor(scale_of(amax, quant_type))
-    return dequantize(quantize(x, scale, None, quant_type), scale, None)
+UNSIGNED_ZERO = -128  # the int8 zero point of a range [0, amax] (uint8's 0: ONNX Runtime then drops a ReLU before it)
 
 
-def scale_of(amax: float | torch.Tensor, quant_type: torch.dtype) -> float | torch.Tensor:
-    """The symmetric scale that maps amax to the type's largest value (int8: 127, fp8 e4m3: 448); a zero amax
+def fake_quantized(x: torch.Tensor, amax: float, quant_type: torch.dtype, unsigned: bool = False) -> torch.Tensor:
+    """`x` through a per-tensor quantizer of range `amax`: symmetric, or over [0, amax] where `unsigned` (int8)."""
+    scale = torch.tensor(scale_of(amax, quant_type, unsigned))
+    zero = torch.tensor(UNSIGNED_ZERO) if unsigned else None
+    return dequantize(quantize(x, scale, zero, quant_type), scale, zero)
+
+
+def scale_of(amax: float | torch.Tensor, quant_type: torch.dtype, unsigned: bool = False) -> float | torch.Tensor:
+    """The symmetric scale that maps amax to the type's largest value (int8: 127, fp8 e4m3: 448), or with
+    `unsigned` (int8, zero point `UNSIGNED_ZERO`) the scale that maps [0, amax] to all 256 levels; a zero amax
     (a tensor of zeros) gets scale 1."""
-    hi = L.QUANT_RANGE[quant_type][1]
+    lo, hi = L.QUANT_RANGE[quant_type]
+    hi = hi - lo if unsigned else hi
     if isinstance(amax, torch.Tensor):
         return torch.where(amax > 0, amax / hi, torch.ones_like(amax)).float()
     return amax / hi if amax > 0 else 1.0

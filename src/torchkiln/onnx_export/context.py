@@ -123,6 +123,8 @@ class ExportContext:
         self._dims: dict[str, str] = {}  # a dim's tree (JSON) -> its int64 [1] value
         # Tensors the exported ops match the meanings for only while every |value| < bound (see `exact_below`).
         self.guards: list[tuple[str, torch.dtype, float]] = []
+        # Tensors (ids) of int8 quantize layers exported as uint8 (`unsigned_quantized`)
+        self.unsigned: set[int] = set()
 
     def read_symbols(self, network: Network) -> None:
         """Take each of the network's symbols from the first input dim that is that symbol."""

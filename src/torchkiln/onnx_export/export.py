@@ -12,6 +12,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import has_symbols
 from torchkiln.onnx_export import exporters  # noqa: F401  (registers every exporter)
+from torchkiln.onnx_export.exporters.quantize import unsigned_quantized
 from torchkiln.onnx_export.context import EXPORTERS, ONNX_DTYPES, ExportContext, OnnxExportError, dtype_name, \
     value_info
 
@@ -65,6 +66,7 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
         raise OnnxExportError(f"opset {opset}: ONNX export supports opsets {MIN_OPSET} to {top}")
     ctx = ExportContext(opset)
     ctx.read_symbols(network)
+    ctx.unsigned = unsigned_quantized(network)
     names: dict[int, str] = {}
     inputs = []
     for t in [*network.inputs, *network.outputs]:

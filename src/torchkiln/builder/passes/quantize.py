@@ -8,10 +8,11 @@ Which layers, and their activation ranges, come from calibration (`builder/quant
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Container
 
 import torch
 
-from torchkiln.builder.ranges import channel_amax, scale_of
+from torchkiln.builder.ranges import UNSIGNED_ZERO, channel_amax, scale_of
 from torchkiln.builder.settings import BuildSettings, QuantizationPlan
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
@@ -55,6 +56,34 @@ def quantizes_output(found: Candidate) -> bool:
     return found.weight.dim() > 2
 
 
+def quantized_relus(network: Network, candidates: Container[str], quant_type: torch.dtype) -> dict[str, L.Layer]:
+    """The int8 convolutions (by name) whose output quantizer goes after the ReLU that alone reads their output, as
+    ONNX Runtime's quantizer places it (its ReLU then disappears into QLinearConv): where only `candidates` read
+    the ReLU's output (they read it quantized anyway; a max pooling or residual add would read it dequantized) and
+    it is not a network output. Its range is [0, amax] (zero point `UNSIGNED_ZERO`), each reader's quantizer."""
+    if quant_type != torch.int8:
+        return {}
+    readers: dict[int, list[L.Layer]] = {}
+    for layer in network.layers:
+        for t in layer.inputs:
+            readers.setdefault(id(t), []).append(layer)
+    outputs = {id(t) for t in network.outputs}
+    found = {}
+    for layer in network.layers:
+        if not isinstance(layer, L.ConvolutionLayer) or layer.name not in candidates \
+                or layer.outputs[0].dtype != torch.float32 or id(layer.outputs[0]) in outputs:
+            continue
+        relu = readers.get(id(layer.outputs[0]), [])
+        if len(relu) != 1 or not isinstance(relu[0], L.ActivationLayer) or relu[0].type != L.ActivationType.RELU \
+                or id(relu[0].outputs[0]) in outputs:
+            continue
+        after = readers.get(id(relu[0].outputs[0]), [])
+        if after and all(r.name in candidates and (c := candidate(r)) is not None and r.inputs[c.activation]
+                         is relu[0].outputs[0] for r in after):
+            found[layer.name] = relu[0]
+    return found
+
+
 def quantize_weight(weight: torch.Tensor, axis: int, quant_type: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """The weight quantized per slice along `axis` (symmetric, by each slice's largest |value|), and the scales."""
     scale = scale_of(channel_amax(weight, axis), quant_type)
@@ -62,11 +91,13 @@ def quantize_weight(weight: torch.Tensor, axis: int, quant_type: torch.dtype) ->
     return quantize(weight, shaped, None, quant_type), scale
 
 
-def _quantize_output(network: Network, layer: L.Layer, scale: float, quant_type: torch.dtype) -> None:
+def _quantize_output(network: Network, layer: L.Layer, scale: float, quant_type: torch.dtype,
+                     zero: int | None = None) -> None:
     """Every reader of the layer's output (and the network's outputs) reads it through a quantizer."""
     out = layer.outputs[0]
     before = len(network.layers)
-    fake = network.add_fake_quantize(out, torch.tensor([scale]), None, quant_type)
+    fake = network.add_fake_quantize(out, torch.tensor([scale]), None if zero is None else torch.tensor([zero]),
+                                     quant_type)
     made = network.layers[before:]
     network.replace_all_uses(out, fake)
     made[0].inputs = [out]  # the quantizer itself reads the layer's output
@@ -74,6 +105,57 @@ def _quantize_output(network: Network, layer: L.Layer, scale: float, quant_type:
     for k, m in enumerate(made):
         network.layers.remove(m)
         network.layers.insert(after + k, m)
+
+
+def _readers(network: Network) -> dict[int, list[L.Layer]]:
+    readers: dict[int, list[L.Layer]] = {}
+    for layer in network.layers:
+        for t in layer.inputs:
+            readers.setdefault(id(t), []).append(layer)
+    return readers
+
+
+def _quantizer_of(t, readers: dict[int, list[L.Layer]]) -> L.QuantizeLayer | None:
+    """The int8 per-tensor quantizer that reads `t` (the one a quantized layer reading `t` made), if any."""
+    return next((r for r in readers.get(id(t), []) if isinstance(r, L.QuantizeLayer) and r.quant_type == torch.int8
+                 and r.axis is None and (r.quant_min, r.quant_max) == L.QUANT_RANGE[torch.int8]), None)
+
+
+def quantize_residual_adds(network: Network) -> bool:
+    """A sum of two int8-quantized values followed by a ReLU (a residual block's end) reads both addends
+    dequantized, and the symmetric quantizer through which a quantized layer reads the ReLU's output becomes one of
+    range [0, amax] (the same amax): ONNX Runtime then runs the add as QLinearAdd with the ReLU dropped, in uint8
+    between QLinearConvs. An addend the graph does not dequantize is read through a new dequantizer of its
+    quantizer (a residual's identity is the input of the block's first convolution, quantized for it; so the
+    ReLU before has no float reader left)."""
+    readers = _readers(network)
+    changed = False
+    for add in list(network.layers):
+        if not isinstance(add, L.ElementWiseLayer) or add.op != L.ElementWiseOperation.SUM \
+                or add.outputs[0].dtype != torch.float32:
+            continue
+        after = readers.get(id(add.outputs[0]), [])
+        if len(after) != 1 or not isinstance(after[0], L.ActivationLayer) or after[0].type != L.ActivationType.RELU:
+            continue
+        out_q = _quantizer_of(after[0].outputs[0], readers)
+        sources = [t.producer if isinstance(t.producer, L.DequantizeLayer) else _quantizer_of(t, readers)
+                   for t in add.inputs]
+        if any(s is None or s.quant_type != torch.int8 for s in sources):
+            continue
+        for k, (t, source) in enumerate(zip(add.inputs, sources)):
+            if isinstance(source, L.QuantizeLayer):
+                dq = network.add_layer(L.DequantizeLayer, source.outputs, weights=dict(source.weights),
+                                       quant_type=torch.int8, to_type=t.dtype)
+                network.move_before(dq, add)
+                add.inputs[k] = dq.outputs[0]
+        if out_q is not None and out_q.weights.get("zero_point") is None:
+            unsigned = {"scale": out_q.weights["scale"] * (L.QUANT_RANGE[torch.int8][1] / 255),
+                        "zero_point": torch.tensor([UNSIGNED_ZERO], dtype=torch.int8)}
+            for layer in [out_q, *readers.get(id(out_q.outputs[0]), [])]:
+                layer.weights = {**layer.weights, **unsigned}
+        readers = _readers(network)
+        changed = True
+    return changed
 
 
 def mark_explicit_kernels(network: Network) -> bool:
@@ -108,15 +190,25 @@ def quantize_layers(network: Network, settings: BuildSettings) -> bool:
     # dequantize layer (ONNX Runtime fuses a DequantizeLinear into QLinearConv only where the convolution alone
     # reads it; so does the CUDA planner)
     shared: dict[tuple[int, float], L.Layer] = {}
+    found_at = {layer.name: found for layer in network.layers if (found := candidate(layer)) is not None}
+    relus = quantized_relus(network, found_at, plan.quant_type)
+    claimed: set[int] = set()
     changed = False
     for layer in list(network.layers):
-        found = candidate(layer) if layer.name in amax else None
+        found = found_at.get(layer.name) if layer.name in amax else None
         if found is None:
             continue
         x = layer.inputs[found.activation]
         key = (id(x), amax[layer.name])
         before = len(network.layers)
-        if key not in shared:
+        if isinstance(x.producer, L.DequantizeLayer) and id(x) not in claimed:  # a quantized ReLU's (first reader)
+            dq = x.producer
+            claimed.add(id(x))
+        elif isinstance(x.producer, L.DequantizeLayer):  # (and its other readers: each its own dequantizer)
+            q = x.producer.inputs[0].producer
+            dq = network.add_layer(L.DequantizeLayer, q.outputs, weights=dict(q.weights), axis=q.axis,
+                                   quant_type=q.quant_type, to_type=x.dtype)
+        elif key not in shared:
             dq = network.add_fake_quantize(x, torch.tensor([scale_of(amax[layer.name], plan.quant_type)]),
                                            None, plan.quant_type).producer
             shared[key] = dq.inputs[0].producer
@@ -141,7 +233,12 @@ def quantize_layers(network: Network, settings: BuildSettings) -> bool:
             for made in network.layers[before:]:
                 network.move_before(made, layer)
             layer.inputs[1] = dq.get_output()
-        if layer.name in output_amax:
+        if layer.name in relus and layer.name in output_amax:
+            _quantize_output(network, relus[layer.name], scale_of(output_amax[layer.name], plan.quant_type, True),
+                             plan.quant_type, UNSIGNED_ZERO)
+        elif layer.name in output_amax:
             _quantize_output(network, layer, scale_of(output_amax[layer.name], plan.quant_type), plan.quant_type)
         changed = True
+    if plan.quant_type == torch.int8:
+        changed = quantize_residual_adds(network) or changed
     return mark_explicit_kernels(network) or changed

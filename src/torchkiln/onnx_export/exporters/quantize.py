@@ -1,20 +1,40 @@
 """Quantize and dequantize layers as ONNX's QuantizeLinear / DequantizeLinear, and a convolution's quantized kernel
 as an int8 (or fp8) initializer read through DequantizeLinear: the QDQ form ONNX Runtime fuses into QLinearConv and
-QLinearMatMul (DequantizeLinear -> Conv/MatMul -> QuantizeLinear)."""
+QLinearMatMul (DequantizeLinear -> Conv/MatMul -> QuantizeLinear).
+
+An int8 activation that only dequantize layers read is written as uint8 with its zero point moved by 128 (the same
+values): ONNX Runtime's x86 kernels (MLAS) take uint8 activations with int8 weights, and its own int8-to-uint8
+rewrite skips a QuantizeLinear that several DequantizeLinear read (one activation quantized for several
+convolutions or matrix multiplies), which then stay float."""
 from __future__ import annotations
 
 import torch
 
 from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
 from torchkiln.onnx_export.context import ExportContext, exporter
 
 
-def _scale_and_zero(ctx: ExportContext, layer: L.QuantizeLayer | L.DequantizeLayer, unit: bool = False) -> list[str]:
+def unsigned_quantized(network: Network) -> set[int]:
+    """The int8 outputs (ids) of per-tensor quantize layers of int8's full range that only dequantize layers read
+    and that are not network outputs: these are exported as uint8."""
+    found = {id(layer.outputs[0]) for layer in network.layers
+             if isinstance(layer, L.QuantizeLayer) and layer.quant_type == torch.int8 and layer.axis is None
+             and (layer.quant_min, layer.quant_max) == L.QUANT_RANGE[torch.int8]}
+    found -= {id(t) for t in network.outputs}
+    found -= {id(t) for layer in network.layers if not isinstance(layer, L.DequantizeLayer) for t in layer.inputs}
+    return found
+
+
+def _scale_and_zero(ctx: ExportContext, layer: L.QuantizeLayer | L.DequantizeLayer, unit: bool = False,
+                    unsigned: bool = False) -> list[str]:
     """The scale (a scalar per tensor; ones where `unit`) and the zero point (zero where the layer has none: its type
-    is the output's)."""
+    is the output's; uint8, moved by 128, where `unsigned`)."""
     scale = layer.weights["scale"]
     scale = torch.ones_like(scale) if unit else scale
     zero = layer.weights.get("zero_point", torch.zeros(scale.shape, dtype=torch.int8)).to(layer.quant_type)
+    if unsigned:
+        zero = (zero.to(torch.int32) + 128).to(torch.uint8)
     if layer.axis is None:
         scale, zero = scale.reshape(()), zero.reshape(())
     return [ctx.constant(scale, "scale"), ctx.constant(zero, "zero_point")]
@@ -27,22 +47,38 @@ def _axis(layer: L.QuantizeLayer | L.DequantizeLayer) -> dict[str, int]:
 _FUSED_INTO = (L.ConvolutionLayer, L.MatrixMultiplyLayer)
 
 
+def _fused(layer: L.QuantizeLayer) -> bool:
+    """Whether ORT fuses the QuantizeLinear into the QLinearConv / QLinearMatMul / QLinearAdd before it: after a
+    convolution or matrix multiply, or after a ReLU of a convolution or sum where the zero point is int8's lowest
+    value (the range [0, amax] builder/passes/quantize.py gives it: ORT then drops the ReLU, exactly; it would drop
+    it for an fp8 zero point too, wrongly)."""
+    producer = layer.inputs[0].producer
+    if isinstance(producer, L.ActivationLayer) and producer.type == L.ActivationType.RELU \
+            and layer.quant_type == torch.int8 and layer.axis is None and layer.weights.get("zero_point") is not None \
+            and int(layer.weights["zero_point"].reshape(-1)[0]) == L.QUANT_RANGE[torch.int8][0]:
+        producer = producer.inputs[0].producer
+        return isinstance(producer, L.ConvolutionLayer) or \
+            isinstance(producer, L.ElementWiseLayer) and producer.op == L.ElementWiseOperation.SUM
+    return isinstance(producer, _FUSED_INTO)
+
+
 @exporter(L.QuantizeLayer)
 def _quantize(ctx: ExportContext, layer: L.QuantizeLayer, xs: list[str]) -> str:
     """QuantizeLinear divides by the scale, where torch multiplies by its float32 reciprocal: the two differ on
     values a last bit from a half step. So x is multiplied by the reciprocal first and quantized with scale 1, which
-    is exact; except after a convolution or matrix multiply, where ONNX Runtime fuses DequantizeLinear -> Conv ->
-    QuantizeLinear into QLinearConv only with the scale in QuantizeLinear (its output may then differ by one step
-    at those values). A range narrower than int8's is a Clip after it."""
+    is exact; except where ONNX Runtime fuses it (`_fused`: DequantizeLinear -> Conv -> QuantizeLinear into
+    QLinearConv), which it does only with the scale in QuantizeLinear (its output may then differ by one step at
+    those values). A range narrower than int8's is a Clip after it."""
     x = ctx.cast(xs[0], layer.inputs[0].dtype, torch.float32)
-    fused = isinstance(layer.inputs[0].producer, _FUSED_INTO)
+    fused = _fused(layer)
     if not fused:
         inverse = torch.reciprocal(layer.weights["scale"])
         if layer.axis is not None:
             rank = layer.inputs[0].rank
             inverse = inverse.reshape([-1] + [1] * (rank - layer.axis % rank - 1))
         x = ctx.node("Mul", [x, ctx.constant(inverse.reshape(()) if layer.axis is None else inverse, "inverse")])[0]
-    q = ctx.node("QuantizeLinear", [x, *_scale_and_zero(ctx, layer, unit=not fused)], **_axis(layer))[0]
+    unsigned = id(layer.outputs[0]) in ctx.unsigned
+    q = ctx.node("QuantizeLinear", [x, *_scale_and_zero(ctx, layer, not fused, unsigned)], **_axis(layer))[0]
     if layer.quant_type == torch.int8 and (layer.quant_min, layer.quant_max) != (-128, 127):
         bounds = [ctx.constant(torch.tensor(b, dtype=torch.int8), "bound") for b in (layer.quant_min, layer.quant_max)]
         q = ctx.node("Clip", [q, *bounds])[0]
@@ -51,7 +87,8 @@ def _quantize(ctx: ExportContext, layer: L.QuantizeLayer, xs: list[str]) -> str:
 
 @exporter(L.DequantizeLayer)
 def _dequantize(ctx: ExportContext, layer: L.DequantizeLayer, xs: list[str]) -> str:
-    out = ctx.node("DequantizeLinear", [xs[0], *_scale_and_zero(ctx, layer)], **_axis(layer))[0]
+    unsigned = id(layer.inputs[0]) in ctx.unsigned
+    out = ctx.node("DequantizeLinear", [xs[0], *_scale_and_zero(ctx, layer, unsigned=unsigned)], **_axis(layer))[0]
     return ctx.cast(out, torch.float32, layer.to_type)
 
 
