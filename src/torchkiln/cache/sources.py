@@ -28,17 +28,13 @@ _BY_VERSION = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
 
 
-def _file(module: Any) -> str | None:
-    try:
-        path = module.__file__
-    except AttributeError:  # a built-in module, a namespace package, something else put in sys.modules
-        return None
-    return path if isinstance(path, str) else None
+def _installed(path: str) -> bool:
+    return _INSTALLED[0] in path or _INSTALLED[1] in path
 
 
 def _signed(path: str) -> bool:
     """Whether the file's own signature is needed: not in the standard library, torch or torchkiln."""
-    if any(s in path for s in _INSTALLED):
+    if _installed(path):
         return not path.startswith(_BY_VERSION)
     return not path.startswith(_STDLIB + _BY_VERSION)
 
@@ -46,7 +42,7 @@ def _signed(path: str) -> bool:
 def signature(path: str) -> str:
     """An installed file's size and modification time, or any other file's content SHA-256; "absent" if none."""
     try:
-        if any(s in path for s in _INSTALLED):
+        if _installed(path):
             st = os.stat(path)
             return f"{st.st_size} {st.st_mtime_ns}"
         with open(path, "rb") as f:
@@ -63,9 +59,11 @@ def loaded() -> frozenset[str]:
 def _files(names: Iterable[str]) -> dict[str, str]:
     """The absolute path of each named loaded module's file (modules without one are left out)."""
     found = {}
+    modules = sys.modules
     for name in names:
-        path = _file(sys.modules.get(name))
-        if path is not None:
+        # AttributeError only: a built-in module, a namespace package, something else put in sys.modules
+        path = getattr(modules.get(name), "__file__", None)
+        if isinstance(path, str):
             found[name] = path if os.path.isabs(path) else os.path.abspath(path)
     return found
 
