@@ -2,7 +2,8 @@
 
 For each model and round: a compile without the cache (cold), one that stores (cold, storing) and one that loads
 what it stored (warm), each in a new Python process with an empty (then the same) $TORCHKILN_CACHE_DIR; CPU seconds
-of the `compile` call and of the compiled module's first call, best of the rounds.
+of the `compile` call and of the compiled module's first call, the median of the rounds (and the load average, as
+the machine may be shared).
 
     OMP_NUM_THREADS=1 python scripts/cache_timing.py [--rounds 3] [--device cuda] [resnet] [bert]
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,9 +77,10 @@ def main() -> None:
                 runs["cold"].append(_run(model, False, folder, args.device))
                 runs["storing"].append(_run(model, True, folder, args.device))
                 runs["warm"].append(_run(model, True, folder, args.device))
-        best = {k: (min(c for c, _ in v), min(f for _, f in v)) for k, v in runs.items()}
-        print(f"| {model} | {best['cold'][0]:.3f} s | {best['storing'][0]:.3f} s | {best['warm'][0]:.3f} s | "
-              f"{best['warm'][0] / best['cold'][0]:.1%} | {best['cold'][1]:.3f} s | {best['warm'][1]:.3f} s |")
+        mid = {k: (statistics.median(c for c, _ in v), statistics.median(f for _, f in v)) for k, v in runs.items()}
+        print(f"| {model} | {mid['cold'][0]:.3f} s | {mid['storing'][0]:.3f} s | {mid['warm'][0]:.3f} s | "
+              f"{mid['warm'][0] / mid['cold'][0]:.1%} | {mid['cold'][1]:.3f} s | {mid['warm'][1]:.3f} s |")
+    print(f"load average (1, 5, 15 min): {' '.join(f'{x:.2f}' for x in os.getloadavg())}, {os.cpu_count()} CPUs")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import hashlib
 import importlib.metadata
 import os
 import platform
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -189,10 +190,15 @@ def source_digest() -> str:
 
 
 def _version(package: str) -> str:
+    """The installed package's version, from its metadata's Version line (importlib.metadata.version parses all of
+    the metadata as an e-mail message: 0.3-1 ms a package)."""
     try:
-        return importlib.metadata.version(package)
+        dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
+    found = re.search(r"^Version:[ \t]*(\S+)", dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "",
+                      re.MULTILINE)
+    return found.group(1) if found else str(dist.version)
 
 
 def software() -> str:

@@ -26,6 +26,7 @@ _STDLIB = tuple(os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("st
 _BY_VERSION = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
                os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)  # torch, torchkiln
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+_POSIX = os.name == "posix"
 
 
 def _installed(path: str) -> bool:
@@ -64,7 +65,8 @@ def _files(names: Iterable[str]) -> dict[str, str]:
         # AttributeError only: a built-in module, a namespace package, something else put in sys.modules
         path = getattr(modules.get(name), "__file__", None)
         if isinstance(path, str):
-            found[name] = path if os.path.isabs(path) else os.path.abspath(path)
+            absolute = path.startswith("/") if _POSIX else os.path.isabs(path)  # (isabs: a third of the time)
+            found[name] = path if absolute else os.path.abspath(path)
     return found
 
 
