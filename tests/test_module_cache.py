@@ -288,6 +288,37 @@ def test_a_damaged_module_entry_is_a_logged_miss_and_deleted(cache, caplog):
         assert_matches_eager(compiled(x), model(x))
 
 
+def test_a_damaged_engine_in_a_module_entry_is_a_logged_miss_and_deleted(cache, caplog):
+    """A byte of the stored engine changed: a miss (its CRC-32), never a hit that fails at the first call."""
+    model, x = _model(), torch.randn(SHAPE)
+    cold, _ = _compile(model, caplog, **CACHE)
+    (entry,) = _modules(cache)
+    data = bytearray(entry.read_bytes())
+    engine = cold._c.getattr("_torchkiln_engine_0").numpy().tobytes()
+    data[data.index(engine) + len(engine) // 2] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    compiled, _ = _compile(model, caplog, reuse_cached_engines=True)
+    assert "damaged" in caplog.text and not _hit(caplog) and not entry.exists()
+    with torch.no_grad():
+        assert_matches_eager(compiled(x), model(x))
+
+
+def test_a_warm_module_outlives_its_entry_and_saves_whole(cache, caplog, tmp_path):
+    """The loaded engines are the entry's bytes (mapped): deleting or replacing the entry changes nothing, and the
+    module saves and loads with its engines."""
+    model, x = _model(), torch.randn(SHAPE)
+    _compile(model, caplog, **CACHE)
+    warm, _ = _compile(model, caplog, **CACHE)
+    assert _hit(caplog)
+    for entry in cache.iterdir():
+        entry.unlink()
+    with torch.no_grad():
+        assert_matches_eager(warm(x), model(x))
+    torch.jit.save(warm, tmp_path / "warm.ts")
+    with torch.no_grad():
+        assert_matches_eager(torchkiln.load(tmp_path / "warm.ts")(x), model(x))
+
+
 def test_a_dynamic_compile_is_not_cached_whole_but_its_engines_are(cache, caplog):
     """Its partition report has symbolic dims, which the entry's JSON header cannot carry exactly."""
     model, x = _model(), torch.randn(3, 3, 8, 8)

@@ -7,6 +7,7 @@ CRC-32s, so a damaged entry is a miss (the engine's own SHA-256 is checked when 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import zlib
 from collections.abc import Mapping
@@ -77,8 +78,8 @@ class ModuleCache:
 
 
 def _read_parts(header: dict, f: BinaryIO) -> tuple[bytes, dict[str, torch.Tensor]]:
-    """An entry's archive and engines (read into new uint8 tensors); ValueError if they are not as its header
-    records."""
+    """An entry's archive and engines (uint8 tensors over a private map of the file, or read into new tensors where
+    it cannot be mapped); ValueError if they are not as its header records."""
     size, engines = header.get("archive"), header.get("engines")
     if not isinstance(size, int) or not isinstance(engines, list) or not all(
             isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and all(isinstance(n, int) and n >= 0
@@ -87,11 +88,28 @@ def _read_parts(header: dict, f: BinaryIO) -> tuple[bytes, dict[str, torch.Tenso
     if size < 0 or size + sum(n for _, n, _ in engines) != os.fstat(f.fileno()).st_size - f.tell():
         raise ValueError("truncated or padded")
     archive = f.read(size)
+    start, mapped = f.tell(), _mapped(f)
     blobs = {}
     for attr, n, crc in engines:
         with torch.inference_mode(False):  # a normal tensor, as `engine_blob` makes
-            blob = torch.empty(n, dtype=torch.uint8)
-        if f.readinto(blob.numpy()) != n or zlib.crc32(blob.numpy()) != crc:
+            if mapped is None or n == 0:
+                blob = torch.empty(n, dtype=torch.uint8)
+                f.readinto(blob.numpy())
+            else:
+                blob = torch.frombuffer(mapped, dtype=torch.uint8, offset=start, count=n)
+        if zlib.crc32(blob.numpy()) != crc:
             raise ValueError(f"engine {attr} is not the bytes stored (CRC-32)")
         blobs[attr] = blob
+        start += n
     return archive, blobs
+
+
+def _mapped(f: BinaryIO) -> mmap.mmap | None:
+    """A copy-on-write map of the whole file (the tensors over it hold it): the engines' pages are the page cache's,
+    never zeroed and copied (a 14 MB engine: 2 ms with its CRC-32, 8 ms read into a new tensor). The store replaces
+    and deletes entries, never writes into one, so the map keeps the bytes it was made of. None where the file
+    cannot be mapped."""
+    try:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError):
+        return None

@@ -117,6 +117,8 @@ class EngineStore:
             self.path(key).unlink()
         except FileNotFoundError:
             pass
+        except OSError as e:  # on Windows, an entry a process maps (a cached module's engines) cannot be deleted
+            logger.warning("engine cache: cannot delete %s (%s)", self.path(key), e)
 
     def entries(self) -> list[tuple[float, int, pathlib.Path]]:
         """(last use, size, path) of every entry, least recently used first."""
@@ -148,6 +150,8 @@ class EngineStore:
                             self.limit)
             except FileNotFoundError:
                 pass
+            except OSError as e:  # as in `discard`
+                logger.warning("engine cache: cannot evict %s (%s)", path, e)
             total -= size
 
 
