@@ -15,7 +15,7 @@ from torch import nn
 
 import torchkiln
 from harness import assert_matches_eager
-from torchkiln.cache import engines_dir
+from torchkiln.cache import engines_dir, key
 from torchkiln.compiler import compile_with_report
 from torchkiln.examples.models import randomize_batch_norm
 
@@ -127,6 +127,20 @@ def test_any_change_of_the_key_is_a_miss(cache, caplog, change):
     x = torch.randn(shape)
     with torch.no_grad():
         assert_matches_eager(changed(x), model(x))
+
+
+def test_another_library_version_or_grad_mode_is_a_miss(cache, caplog, monkeypatch):
+    """An upgraded ONNX Runtime (its installed version) and torch's grad mode (which a trace records) are in the
+    key."""
+    model = _model()
+    _compile(model, caplog, **CACHE)
+    with torch.no_grad():
+        _compile(model, caplog, **CACHE)
+    assert "module cache miss" in caplog.text and not _hit(caplog)
+    installed = key._version
+    monkeypatch.setattr(key, "_version", lambda p: installed(p) + (".post1" if p == "onnxruntime" else ""))
+    _compile(model, caplog, **CACHE)
+    assert "module cache miss" in caplog.text and not _hit(caplog) and len(_modules(cache)) == 3
 
 
 def test_a_traced_modules_python_control_flow_is_in_the_key(cache, caplog):
