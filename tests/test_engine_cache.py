@@ -11,7 +11,8 @@ from torch import nn
 
 import torchkiln
 from harness import assert_matches_eager
-from torchkiln.cache import EngineStore, engines_dir, key
+from torchkiln.cache import EngineStore, engines_dir
+from torchkiln.cache import key as cache_key
 from torchkiln.examples.models import randomize_batch_norm
 
 CACHE = {"cache_built_engines": True, "reuse_cached_engines": True}
@@ -101,8 +102,8 @@ def test_another_library_version_misses_every_engine(cache, caplog, monkeypatch)
     the module)."""
     model = _model()
     _compile(model, caplog, **CACHE)
-    installed = key._version
-    monkeypatch.setattr(key, "_version", lambda p: installed(p) + (".post1" if p == "onnxruntime" else ""))
+    installed = cache_key._version
+    monkeypatch.setattr(cache_key, "_version", lambda p: installed(p) + (".post1" if p == "onnxruntime" else ""))
     _compile(model, caplog, **CACHE)
     assert "engine cache miss" in caplog.text and "engine cache hit" not in caplog.text
 
@@ -113,7 +114,7 @@ def test_the_versions_in_the_keys_are_the_installed_ones(package):
         expected = importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         expected = "absent"
-    assert key._version(package) == expected
+    assert cache_key._version(package) == expected
 
 
 def test_the_least_recently_used_entries_go_over_the_size_cap(tmp_path, caplog):

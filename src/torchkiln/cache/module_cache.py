@@ -69,7 +69,7 @@ class ModuleCache:
         `key`, when cache_built_engines is on."""
         if key is None or not self.store_built:
             return
-        data = [blob.detach().cpu().contiguous().numpy() for blob in blobs.values()]
+        data = [memoryview(blob.detach().cpu().contiguous().numpy()) for blob in blobs.values()]
         engines = [[attr, d.nbytes, zlib.crc32(d)] for attr, d in zip(blobs, data)]
         header = {"module": name, "report": report, "sources": sources.record(self.at_start), "archive": len(archive),
                   "engines": engines}

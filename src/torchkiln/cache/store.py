@@ -89,8 +89,8 @@ class EngineStore:
         return header, data
 
     def put(self, key: str, header: dict, *data: bytes | memoryview) -> None:
-        """Store an entry (the header, then `data` one after the other) atomically, then evict the least recently used entries over the size cap. A cache that
-        cannot be written is logged, never an error of the build."""
+        """Store an entry (the header, then `data` one after the other) atomically, then evict the least recently
+        used entries over the size cap. A cache that cannot be written is logged, never an error of the build."""
         path = self.path(key)
         text = json.dumps(dict(header, key=key), sort_keys=True).encode()
         try:
