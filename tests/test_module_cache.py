@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -225,6 +226,19 @@ def test_a_module_loaded_from_another_file_or_another_import_path_is_a_miss(cach
     with torch.no_grad():
         assert_matches_eager(compiled(x), moved(x))
     sys.modules.pop("moved_model")
+
+
+def test_a_module_whose_file_is_gone_from_sys_modules_is_a_miss(cache, caplog, tmp_path, monkeypatch):
+    """A module loaded from a file at the cold compile, replaced by one made in memory (other code, no file)."""
+    model = _model()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "replaced_helper.py").write_text("VALUE = 1\n")
+    importlib.import_module("replaced_helper")
+    _compile(model, caplog, **CACHE)
+    sys.modules["replaced_helper"] = types.ModuleType("replaced_helper")
+    _compile(model, caplog, **CACHE)
+    assert "replaced_helper is loaded from no file" in caplog.text and not _hit(caplog)
+    sys.modules.pop("replaced_helper")
 
 
 def test_a_script_module_hits_and_misses_on_its_weights(cache, caplog):
