@@ -89,6 +89,18 @@ def test_a_warm_compile_loads_the_cold_compiles_module(cache, caplog):
         assert_matches_eager(warm(x), model(x))
 
 
+def test_a_module_of_two_engines_loads_each(cache, caplog):
+    """Each engine is stored apart from the archive and goes back to its own attribute."""
+    model, x = _model(), torch.randn(SHAPE)
+    options = dict(torch_executed_ops=["aten::mean"], min_block_size=1, **CACHE)
+    cold, cold_report = _compile(model, caplog, **options)
+    warm, warm_report = _compile(model, caplog, **options)
+    assert _hit(caplog) and warm_report == cold_report and warm_report.num_engine_blocks == 2
+    with torch.no_grad():
+        assert torch.equal(warm(x), cold(x))
+        assert_matches_eager(warm(x), model(x))
+
+
 def _weight(model):
     with torch.no_grad():
         model.fc.weight[0, 0] += 1e-3
