@@ -1,5 +1,6 @@
 """The engine cache: a hit gives the cold build's engine without building; any change of what an engine is made
 from is a miss; the least recently used entries go over the size cap; a damaged entry is a miss; off by default."""
+import importlib.metadata
 import logging
 import os
 import time
@@ -11,6 +12,7 @@ from torch import nn
 import torchkiln
 from harness import assert_matches_eager
 from torchkiln.cache import EngineStore, engines_dir
+from torchkiln.cache import key as cache_key
 from torchkiln.examples.models import randomize_batch_norm
 
 CACHE = {"cache_built_engines": True, "reuse_cached_engines": True}
@@ -93,6 +95,26 @@ def test_any_change_of_the_key_is_a_miss(cache, caplog, change):
     x = torch.randn(shape)
     with torch.no_grad():
         assert_matches_eager(changed(x), model(x))
+
+
+def test_another_library_version_misses_every_engine(cache, caplog, monkeypatch):
+    """An upgraded ONNX Runtime (its version, as its installed metadata says) is a miss (test_module_cache: and of
+    the module)."""
+    model = _model()
+    _compile(model, caplog, **CACHE)
+    installed = cache_key._version
+    monkeypatch.setattr(cache_key, "_version", lambda p: installed(p) + (".post1" if p == "onnxruntime" else ""))
+    _compile(model, caplog, **CACHE)
+    assert "engine cache miss" in caplog.text and "engine cache hit" not in caplog.text
+
+
+@pytest.mark.parametrize("package", ["torch", "numpy", "onnxruntime", "onnx", "no-such-package-here"])
+def test_the_versions_in_the_keys_are_the_installed_ones(package):
+    try:
+        expected = importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        expected = "absent"
+    assert cache_key._version(package) == expected
 
 
 def test_the_least_recently_used_entries_go_over_the_size_cap(tmp_path, caplog):

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from torch import nn
 
 import torchkiln
 from harness import assert_matches_eager
-from torchkiln.cache import engines_dir
+from torchkiln.cache import engines_dir, key
 from torchkiln.compiler import compile_with_report
 from torchkiln.examples.models import randomize_batch_norm
 
@@ -88,6 +89,18 @@ def test_a_warm_compile_loads_the_cold_compiles_module(cache, caplog):
         assert_matches_eager(warm(x), model(x))
 
 
+def test_a_module_of_two_engines_loads_each(cache, caplog):
+    """Each engine is stored apart from the archive and goes back to its own attribute."""
+    model, x = _model(), torch.randn(SHAPE)
+    options = dict(torch_executed_ops=["aten::mean"], min_block_size=1, **CACHE)
+    cold, cold_report = _compile(model, caplog, **options)
+    warm, warm_report = _compile(model, caplog, **options)
+    assert _hit(caplog) and warm_report == cold_report and warm_report.num_engine_blocks == 2
+    with torch.no_grad():
+        assert torch.equal(warm(x), cold(x))
+        assert_matches_eager(warm(x), model(x))
+
+
 def _weight(model):
     with torch.no_grad():
         model.fc.weight[0, 0] += 1e-3
@@ -127,6 +140,20 @@ def test_any_change_of_the_key_is_a_miss(cache, caplog, change):
     x = torch.randn(shape)
     with torch.no_grad():
         assert_matches_eager(changed(x), model(x))
+
+
+def test_another_library_version_or_grad_mode_is_a_miss(cache, caplog, monkeypatch):
+    """An upgraded ONNX Runtime (its installed version) and torch's grad mode (which a trace records) are in the
+    key."""
+    model = _model()
+    _compile(model, caplog, **CACHE)
+    with torch.no_grad():
+        _compile(model, caplog, **CACHE)
+    assert "module cache miss" in caplog.text and not _hit(caplog)
+    installed = key._version
+    monkeypatch.setattr(key, "_version", lambda p: installed(p) + (".post1" if p == "onnxruntime" else ""))
+    _compile(model, caplog, **CACHE)
+    assert "module cache miss" in caplog.text and not _hit(caplog) and len(_modules(cache)) == 3
 
 
 def test_a_traced_modules_python_control_flow_is_in_the_key(cache, caplog):
@@ -213,6 +240,19 @@ def test_a_module_loaded_from_another_file_or_another_import_path_is_a_miss(cach
     sys.modules.pop("moved_model")
 
 
+def test_a_module_whose_file_is_gone_from_sys_modules_is_a_miss(cache, caplog, tmp_path, monkeypatch):
+    """A module loaded from a file at the cold compile, replaced by one made in memory (other code, no file)."""
+    model = _model()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "replaced_helper.py").write_text("VALUE = 1\n")
+    importlib.import_module("replaced_helper")
+    _compile(model, caplog, **CACHE)
+    sys.modules["replaced_helper"] = types.ModuleType("replaced_helper")
+    _compile(model, caplog, **CACHE)
+    assert "replaced_helper is loaded from no file" in caplog.text and not _hit(caplog)
+    sys.modules.pop("replaced_helper")
+
+
 def test_a_script_module_hits_and_misses_on_its_weights(cache, caplog):
     model, x = _model(), torch.randn(SHAPE)
     scripted = torch.jit.script(model)
@@ -286,6 +326,37 @@ def test_a_damaged_module_entry_is_a_logged_miss_and_deleted(cache, caplog):
     assert "damaged" in caplog.text and not _hit(caplog) and not entry.exists()
     with torch.no_grad():
         assert_matches_eager(compiled(x), model(x))
+
+
+def test_a_damaged_engine_in_a_module_entry_is_a_logged_miss_and_deleted(cache, caplog):
+    """A byte of the stored engine changed: a miss (its CRC-32), never a hit that fails at the first call."""
+    model, x = _model(), torch.randn(SHAPE)
+    cold, _ = _compile(model, caplog, **CACHE)
+    (entry,) = _modules(cache)
+    data = bytearray(entry.read_bytes())
+    engine = cold._c.getattr("_torchkiln_engine_0").numpy().tobytes()
+    data[data.index(engine) + len(engine) // 2] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    compiled, _ = _compile(model, caplog, reuse_cached_engines=True)
+    assert "damaged" in caplog.text and not _hit(caplog) and not entry.exists()
+    with torch.no_grad():
+        assert_matches_eager(compiled(x), model(x))
+
+
+def test_a_warm_module_outlives_its_entry_and_saves_whole(cache, caplog, tmp_path):
+    """The loaded engines are the entry's bytes (mapped): deleting or replacing the entry changes nothing, and the
+    module saves and loads with its engines."""
+    model, x = _model(), torch.randn(SHAPE)
+    _compile(model, caplog, **CACHE)
+    warm, _ = _compile(model, caplog, **CACHE)
+    assert _hit(caplog)
+    for entry in cache.iterdir():
+        entry.unlink()
+    with torch.no_grad():
+        assert_matches_eager(warm(x), model(x))
+    torch.jit.save(warm, tmp_path / "warm.ts")
+    with torch.no_grad():
+        assert_matches_eager(torchkiln.load(tmp_path / "warm.ts")(x), model(x))
 
 
 def test_a_dynamic_compile_is_not_cached_whole_but_its_engines_are(cache, caplog):

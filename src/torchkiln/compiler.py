@@ -5,7 +5,6 @@ import builtins
 import collections
 import dataclasses
 import functools
-import io
 import keyword
 import logging
 import re
@@ -54,7 +53,8 @@ from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.execute_op import engine_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input, as_device
 from torchkiln.settings_table import SETTINGS, backend_values
-from torchkiln.stitching.module import RaisesEngineErrors, load as load_compiled
+from torchkiln.stitching.engines_apart import load_apart, save_apart
+from torchkiln.stitching.module import RaisesEngineErrors
 from torchkiln.stitching.static_arguments import restore_static_arguments
 from torchkiln.stitching.stitch import ENGINE_ATTR, stitch
 from torchkiln.torchscript import Graph, Node, node_key, source_location, value_key
@@ -473,10 +473,10 @@ def _cached_module(cache: ModuleCache, key: str | None, name: str
     found = cache.load(key, name)
     if found is None:
         return None
-    data, header = found
+    archive, blobs, header = found
     try:
         report = PartitionReport.from_dict(header.get("report"))
-        compiled = load_compiled(io.BytesIO(data))
+        compiled = load_apart(archive, blobs)
     except (ValueError, RuntimeError) as e:  # RuntimeError: torch.jit.load's for bytes it cannot read
         cache.store.discard(key, f"damaged module ({cause_line(e)})")
         return None
@@ -493,12 +493,11 @@ def _store_module(cache: ModuleCache, key: str | None, name: str, compiled: torc
     data = report.as_dict()
     try:
         PartitionReport.from_dict(data)
-        buffer = io.BytesIO()
-        torch.jit.save(compiled, buffer)
+        archive, blobs = save_apart(compiled)
     except (ValueError, RuntimeError) as e:
         logger.info("module cache: %s is not cached whole: %s", name, cause_line(e))
         return
-    cache.save(key, name, buffer.getvalue(), data)
+    cache.save(key, name, archive, blobs, data)
 
 
 def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = None,

@@ -15,14 +15,16 @@ import enum
 import functools
 import hashlib
 import importlib.metadata
-import pathlib
+import os
 import platform
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sympy
 import torch
 
+from torchkiln.cache.source_digest import source_digest as source_files_digest
 from torchkiln.cache.weights import Unkeyable, describe_tensor
 from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.backends import BackendUnavailable, target_of
@@ -179,18 +181,19 @@ def _producers(nodes: Sequence[Node], inputs: Sequence[Value], order: Sequence[N
 @functools.lru_cache(maxsize=1)
 def source_digest() -> str:
     """A SHA-256 of torchkiln's Python source: a change to any of it is a change of the code that makes engines."""
-    root = pathlib.Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()
+    return source_files_digest(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _version(package: str) -> str:
+    """The installed package's version, from its metadata's Version line (importlib.metadata.version parses all of
+    the metadata as an e-mail message: 0.3-1 ms a package)."""
     try:
-        return importlib.metadata.version(package)
+        dist = importlib.metadata.distribution(package)
     except importlib.metadata.PackageNotFoundError:
         return "absent"
+    found = re.search(r"^Version:[ \t]*(\S+)", dist.read_text("METADATA") or dist.read_text("PKG-INFO") or "",
+                      re.MULTILINE)
+    return found.group(1) if found else str(dist.version)
 
 
 def software() -> str:

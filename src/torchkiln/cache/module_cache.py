@@ -1,9 +1,17 @@
 """The first level of the cache: a whole compiled module, stored by `module_key` and reused (loaded instead of
-compiled) when the Python code it was compiled with is unchanged (`sources`)."""
+compiled) when the Python code it was compiled with is unchanged (`sources`).
+
+An entry holds the module's TorchScript archive without its engines' bytes, then each engine's bytes
+(`stitching.engines_apart`), read straight into the tensors the module holds; the header records their lengths and
+CRC-32s, so a damaged entry is a miss (the engine's own SHA-256 is checked when it is first run)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+import mmap
+import os
+import zlib
+from collections.abc import Mapping
+from typing import Any, BinaryIO
 
 import torch
 
@@ -35,24 +43,73 @@ class ModuleCache:
             logger.info("module cache: %s is compiled, not cached whole: its key cannot describe %s", name, e)
             return None
 
-    def load(self, key: str | None, name: str) -> tuple[bytes, dict[str, Any]] | None:
-        """The saved module of `key` and its entry's header; None on a miss (logged with why)."""
+    def load(self, key: str | None, name: str) -> tuple[bytes, dict[str, torch.Tensor], dict[str, Any]] | None:
+        """The saved module of `key` (its archive and engines) and its entry's header; None on a miss (logged with
+        why)."""
         if key is None or not self.reuse:
             return None
-        found = self.store.get(key)
+
+        def read(header: dict, f: BinaryIO) -> tuple[bytes, dict[str, torch.Tensor]] | None:
+            why = sources.mismatch(header.get("sources"), self.at_start)
+            if why is not None:
+                logger.info("module cache miss for %s (key %s): %s", name, key[:12], why)
+                return None
+            return _read_parts(header, f)
+
+        found = self.store.get(key, read)
         if found is None:
             logger.info("module cache miss for %s (key %s)", name, key[:12])
             return None
-        header, data = found
-        why = sources.mismatch(header.get("sources"), self.at_start)
-        if why is not None:
-            logger.info("module cache miss for %s (key %s): %s", name, key[:12], why)
-            return None
-        return data, header
+        header, parts = found
+        return None if parts is None else (*parts, header)
 
-    def save(self, key: str | None, name: str, data: bytes, report: dict[str, Any]) -> None:
-        """Store a saved compiled module and its partition report under `key`, when cache_built_engines is on."""
+    def save(self, key: str | None, name: str, archive: bytes, blobs: Mapping[str, torch.Tensor],
+             report: dict[str, Any]) -> None:
+        """Store a compiled module (its archive and engines, `engines_apart.save_apart`) and its partition report under
+        `key`, when cache_built_engines is on."""
         if key is None or not self.store_built:
             return
-        self.store.put(key, {"module": name, "report": report, "sources": sources.record(self.at_start)}, data)
+        data = [memoryview(blob.detach().cpu().contiguous().numpy()) for blob in blobs.values()]
+        engines = [[attr, d.nbytes, zlib.crc32(d)] for attr, d in zip(blobs, data)]
+        header = {"module": name, "report": report, "sources": sources.record(self.at_start), "archive": len(archive),
+                  "engines": engines}
+        self.store.put(key, header, archive, *data)
         logger.info("module cache: stored %s (key %s) in %s", name, key[:12], self.store.directory)
+
+
+def _read_parts(header: dict, f: BinaryIO) -> tuple[bytes, dict[str, torch.Tensor]]:
+    """An entry's archive and engines (uint8 tensors over a private map of the file, or read into new tensors where
+    it cannot be mapped); ValueError if they are not as its header records."""
+    size, engines = header.get("archive"), header.get("engines")
+    if not isinstance(size, int) or not isinstance(engines, list) or not all(
+            isinstance(e, list) and len(e) == 3 and isinstance(e[0], str) and all(isinstance(n, int) and n >= 0
+                                                                                  for n in e[1:]) for e in engines):
+        raise ValueError("no layout of its module")
+    if size < 0 or size + sum(n for _, n, _ in engines) != os.fstat(f.fileno()).st_size - f.tell():
+        raise ValueError("truncated or padded")
+    archive = f.read(size)
+    start, mapped = f.tell(), _mapped(f)
+    blobs = {}
+    for attr, n, crc in engines:
+        with torch.inference_mode(False):  # a normal tensor, as `engine_blob` makes
+            if mapped is None or n == 0:
+                blob = torch.empty(n, dtype=torch.uint8)
+                f.readinto(blob.numpy())
+            else:
+                blob = torch.frombuffer(mapped, dtype=torch.uint8, offset=start, count=n)
+        if zlib.crc32(blob.numpy()) != crc:
+            raise ValueError(f"engine {attr} is not the bytes stored (CRC-32)")
+        blobs[attr] = blob
+        start += n
+    return archive, blobs
+
+
+def _mapped(f: BinaryIO) -> mmap.mmap | None:
+    """A copy-on-write map of the whole file (the tensors over it hold it): the engines' pages are the page cache's,
+    never zeroed and copied (a 14 MB engine: 2 ms with its CRC-32, 8 ms read into a new tensor). The store replaces
+    and deletes entries, never writes into one, so the map keeps the bytes it was made of. None where the file
+    cannot be mapped."""
+    try:
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    except (OSError, ValueError):
+        return None

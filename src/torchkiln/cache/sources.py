@@ -17,7 +17,6 @@ import hashlib
 import os
 import sys
 import sysconfig
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -26,19 +25,16 @@ _STDLIB = tuple(os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("st
 _BY_VERSION = (os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
                os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)  # torch, torchkiln
 _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+_POSIX = os.name == "posix"
 
 
-def _file(module: Any) -> str | None:
-    try:
-        path = module.__file__
-    except AttributeError:  # a built-in module, a namespace package, something else put in sys.modules
-        return None
-    return path if isinstance(path, str) else None
+def _installed(path: str) -> bool:
+    return _INSTALLED[0] in path or _INSTALLED[1] in path
 
 
 def _signed(path: str) -> bool:
     """Whether the file's own signature is needed: not in the standard library, torch or torchkiln."""
-    if any(s in path for s in _INSTALLED):
+    if _installed(path):
         return not path.startswith(_BY_VERSION)
     return not path.startswith(_STDLIB + _BY_VERSION)
 
@@ -46,7 +42,7 @@ def _signed(path: str) -> bool:
 def signature(path: str) -> str:
     """An installed file's size and modification time, or any other file's content SHA-256; "absent" if none."""
     try:
-        if any(s in path for s in _INSTALLED):
+        if _installed(path):
             st = os.stat(path)
             return f"{st.st_size} {st.st_mtime_ns}"
         with open(path, "rb") as f:
@@ -60,42 +56,45 @@ def loaded() -> frozenset[str]:
     return frozenset(sys.modules)
 
 
-def _files(names: Iterable[str]) -> dict[str, str]:
-    """The absolute path of each named loaded module's file (modules without one are left out)."""
-    found = {}
-    for name in names:
-        path = _file(sys.modules.get(name))
-        if path is not None:
-            found[name] = path if os.path.isabs(path) else os.path.abspath(path)
-    return found
+def _file(module: Any) -> str | None:
+    """The absolute path of a loaded module's file; None for a module without one."""
+    # AttributeError only: a built-in module, a namespace package, something else put in sys.modules
+    path = getattr(module, "__file__", None)
+    if not isinstance(path, str):
+        return None
+    absolute = path.startswith("/") if _POSIX else os.path.isabs(path)  # (isabs: a third of the time)
+    return path if absolute else os.path.abspath(path)
 
 
 def record(at_start: frozenset[str]) -> dict[str, Any]:
-    """What a compile that started with `at_start` loaded ran on: the import path, those names, those loaded now,
+    """What a compile that started with `at_start` loaded ran on: the import path, those names, those loaded since,
     the file of each, and the signature of each file (a link's target's: reading and stat follow links)."""
-    paths = _files(list(sys.modules))
+    paths = {name: path for name, path in ((n, _file(m)) for n, m in list(sys.modules.items())) if path is not None}
     files = {path: signature(path) for path in set(paths.values()) if _signed(path)}
-    return {"sys_path": list(sys.path), "at_start": sorted(at_start), "at_end": sorted(sys.modules), "paths": paths,
-            "files": files}
+    return {"sys_path": list(sys.path), "at_start": sorted(at_start), "since": sorted(set(sys.modules) - at_start),
+            "paths": paths, "files": files}
 
 
 def mismatch(recorded: Any, at_start: frozenset[str]) -> str | None:
     """Why a compile that starts with `at_start` may not reuse what was compiled on `recorded`; None if it may."""
     if not isinstance(recorded, dict) or not all(isinstance(recorded.get(k), list)
-                                                 for k in ("sys_path", "at_start", "at_end")) \
+                                                 for k in ("sys_path", "at_start", "since")) \
             or not all(isinstance(recorded.get(k), dict) for k in ("paths", "files")):
         return "no record of its Python code"
     if recorded["sys_path"] != sys.path:
         return "the import path (sys.path) is not the one it was compiled with"
-    missing = set(recorded["at_start"]) - at_start
+    started = set(recorded["at_start"])
+    missing = started - at_start
     if missing:
         return f"Python module {sorted(missing)[0]} was loaded when it was compiled, and is not now"
-    new = at_start - set(recorded["at_end"])
+    new = at_start - started - set(recorded["since"])
     if new:
         return f"Python module {sorted(new)[0]} is loaded now, and was not when it was compiled"
-    for name, path in _files(at_start).items():
-        if recorded["paths"].get(name) != path:
-            return f"Python module {name} is loaded from {path}, not from where it was when compiled"
+    paths, modules = recorded["paths"], sys.modules
+    for name in at_start:
+        path = _file(modules.get(name))
+        if paths.get(name) != path:
+            return f"Python module {name} is loaded from {path or 'no file'}, not from where it was when compiled"
     for path, signed in recorded["files"].items():
         if signature(path) != signed:
             return f"{path} changed"

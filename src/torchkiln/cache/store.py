@@ -9,7 +9,8 @@ import re
 import struct
 import tempfile
 import time
-from typing import BinaryIO
+from collections.abc import Callable
+from typing import Any, BinaryIO
 
 from torchkiln.runtime.backends.cuda.cache import cache_dir
 
@@ -61,13 +62,18 @@ class EngineStore:
             raise ValueError(f"engine cache key must be 64 hex digits, got {key!r}")
         return self.directory / f"{key}{self.suffix}"
 
-    def get(self, key: str) -> tuple[dict, bytes] | None:
-        """The header and engine bytes stored for `key`; None if there are none or they are damaged (the
-        damaged entry is logged and deleted). The engine bytes are checked by whoever loads them."""
+    def get(self, key: str, payload: Callable[[dict, BinaryIO], Any] = lambda header, f: f.read()
+            ) -> tuple[dict, Any] | None:
+        """The header stored for `key` and what `payload(header, file)` reads of the rest (by default the bytes, in
+        one read, never copied after); None if there is none or it is damaged (the damaged entry is logged and
+        deleted). `payload` raises ValueError for damage. The engine bytes are checked by whoever loads them."""
         path = self.path(key)
         try:
             with open(path, "rb") as f:
-                header, engine = _read(f)
+                header = _read_header(f)
+                if header.get("key") != key:
+                    raise ValueError(f"it holds the entry of key {str(header.get('key'))[:12]!r}")
+                data = payload(header, f)
         except FileNotFoundError:
             return None
         except OSError as e:
@@ -76,18 +82,15 @@ class EngineStore:
         except ValueError as e:
             self.discard(key, f"damaged entry ({e})")
             return None
-        if header.get("key") != key:
-            self.discard(key, f"damaged entry (it holds the entry of key {str(header.get('key'))[:12]!r})")
-            return None
         try:
             os.utime(path)
         except OSError:  # evicted or replaced meanwhile: the bytes read are still a whole entry
             pass
-        return header, engine
+        return header, data
 
-    def put(self, key: str, header: dict, engine: bytes) -> None:
-        """Store an entry atomically, then evict the least recently used entries over the size cap. A cache that
-        cannot be written is logged, never an error of the build."""
+    def put(self, key: str, header: dict, *data: bytes | memoryview) -> None:
+        """Store an entry (the header, then `data` one after the other) atomically, then evict the least recently
+        used entries over the size cap. A cache that cannot be written is logged, never an error of the build."""
         path = self.path(key)
         text = json.dumps(dict(header, key=key), sort_keys=True).encode()
         try:
@@ -96,7 +99,8 @@ class EngineStore:
             try:
                 with os.fdopen(fd, "wb") as f:
                     f.write(_HEADER.pack(MAGIC, len(text)) + text)
-                    f.write(engine)
+                    for part in data:
+                        f.write(part)
                 os.replace(tmp, path)
             except BaseException:
                 os.unlink(tmp)
@@ -113,6 +117,8 @@ class EngineStore:
             self.path(key).unlink()
         except FileNotFoundError:
             pass
+        except OSError as e:  # on Windows, an entry a process maps (a cached module's engines) cannot be deleted
+            logger.warning("engine cache: cannot delete %s (%s)", self.path(key), e)
 
     def entries(self) -> list[tuple[float, int, pathlib.Path]]:
         """(last use, size, path) of every entry, least recently used first."""
@@ -144,12 +150,13 @@ class EngineStore:
                             self.limit)
             except FileNotFoundError:
                 pass
+            except OSError as e:  # as in `discard`
+                logger.warning("engine cache: cannot evict %s (%s)", path, e)
             total -= size
 
 
-def _read(f: BinaryIO) -> tuple[dict, bytes]:
-    """An entry's header and bytes, read from its file (the bytes in one read, never copied after); ValueError if
-    it is not a whole entry."""
+def _read_header(f: BinaryIO) -> dict:
+    """An entry's header, read from the start of its file; ValueError if it is not an entry's."""
     start = f.read(_HEADER.size)
     if len(start) < _HEADER.size:
         raise ValueError("truncated")
@@ -165,4 +172,4 @@ def _read(f: BinaryIO) -> tuple[dict, bytes]:
         raise ValueError(f"bad header: {e}") from None
     if not isinstance(header, dict):
         raise ValueError("bad header")
-    return header, f.read()
+    return header
