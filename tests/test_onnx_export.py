@@ -791,6 +791,30 @@ def test_max_pooling_is_guarded_by_one_sum_over_its_input(tmp_path):
                          ref)
 
 
+def test_guarded_max_pooling_keeps_onnx_runtimes_nchwc_chain(tmp_path):
+    """With the guard output (what the onnxruntime backend runs), max pooling is ORT's MaxPool alone and its input's
+    NaN or -inf is reported by the guard (the call then runs on the reference): no If splits ORT's NCHWc chain
+    of convolutions, so no activation is reordered back into it, and the guard's sum is read in that layout."""
+    net, example, ref = converted(small_resnet)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(network_to_onnx(net, guard=True).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    nodes = onnx.load(options.optimized_model_filepath).graph.node
+    ops = [(n.domain, n.op_type) for n in nodes]
+    assert ("com.microsoft.nchwc", "MaxPool") in ops and not {"If", "ReorderInput", "Relu", "Add"} & \
+        {op for _, op in ops}, sorted(ops)
+    x = example[0]
+    out, flag = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    assert not flag
+    assert_matches_eager(torch.from_numpy(out), ref)
+    for special in (float("nan"), float("-inf")):
+        bad = x.clone()
+        bad[0, 1, 5, 7] = special
+        assert session.run(None, {session.get_inputs()[0].name: bad.numpy()})[1]
+
+
 def test_max_pool_of_a_dequantized_value_runs_on_the_reference():
     """ONNX Runtime 1.32 aborts the whole process on DequantizeLinear -> MaxPool with the NaN and -inf guards torch's
     max pooling needs, and without them refuses the QuantizeLinear its QDQ propagation makes: the exporter declines

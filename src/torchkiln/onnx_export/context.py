@@ -108,8 +108,9 @@ def value_info(name: str, dtype: torch.dtype, shape: Sequence[int]) -> onnx.Valu
 class ExportContext:
     """The nodes and initializers of the graph being built, and the layer being exported (named by errors)."""
 
-    def __init__(self, opset: int) -> None:
+    def __init__(self, opset: int, guarded: bool = False) -> None:
         self.opset = opset
+        self.guarded = guarded  # the model will have the guard output (`guard_flag`): `exact_below` is honoured
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self.used: set[str] = set()
@@ -119,7 +120,7 @@ class ExportContext:
         self.symbol_sources: dict[DimSymbol, tuple[str, int]] | None = None
         self._dims: dict[str, str] = {}  # a dim's tree (JSON) -> its int64 [1] value
         # Tensors the exported ops match the meanings for only while every |value| < bound (see `exact_below`).
-        self.guards: list[tuple[str, torch.dtype, float]] = []
+        self.guards: list[tuple[str, Tensor, float]] = []
 
     def read_symbols(self, network: Network) -> None:
         """Take each of the network's symbols from the first input dim that is that symbol."""
@@ -137,21 +138,35 @@ class ExportContext:
         raise OnnxExportError(f"{where}: {reason}; run it on the reference backend instead")
 
     # ---- exact only for some values --------------------------------------------------------
-    def exact_below(self, x: str, dtype: torch.dtype, bound: float = math.inf) -> None:
+    def exact_below(self, x: str, t: Tensor, bound: float = math.inf) -> None:
         """Record that the current layer's ONNX form computes its meaning only while every |x| < `bound` (NaN and
-        inf never are): a backend can ask the model to say when a call breaks that (`guard_flag`)."""
-        self.guards.append((x, dtype, bound))
+        inf never are; `t`: the network tensor x holds): a backend can ask the model to say when a call breaks
+        that (`guard_flag`)."""
+        self.guards.append((x, t, bound))
 
     def guard_flag(self) -> str:
         """A bool [] that is true when some tensor recorded by `exact_below` has a value outside its bound."""
-        flags = []
-        for x, dtype, bound in self.guards:
-            inside = self.op("Less", [self.op("Abs", [x], dtype), self.scalar(bound, dtype)], dtype, typed_outputs=())
-            flags.append(self.node("Not", [self.op("ReduceMin", [inside], torch.bool, keepdims=0)])[0])
+        flags = [self._outside(x, t, bound) for x, t, bound in self.guards]
         flag = flags[0]
         for other in flags[1:]:
             flag = self.node("Or", [flag, other])[0]
         return flag
+
+    def _outside(self, x: str, t: Tensor, bound: float) -> str:
+        """Whether some |x| >= bound (NaN never is below it); a bool []."""
+        dtype = t.dtype
+        if bound < math.inf or dtype not in (torch.float32, torch.float64):
+            inside = self.op("Less", [self.op("Abs", [x], dtype), self.scalar(bound, dtype)], dtype, typed_outputs=())
+            return self.node("Not", [self.op("ReduceMin", [inside], torch.bool, keepdims=0)])[0]
+        # No bound, float32 or float64: x's sum is NaN or +-inf where x holds a NaN or an inf, whatever the order of
+        # the additions (and where finite values overflow, the call is computed otherwise for nothing). A float32
+        # tensor of rank 3 or more is summed per channel by GlobalAveragePool first: ORT runs it in the NCHWc
+        # layout of the convolutions around it, where a ReduceSum of the whole tensor needs it reordered.
+        if dtype == torch.float32 and t.rank >= 3:
+            x = self.node("GlobalAveragePool", [x])[0]
+        total = self.op("ReduceSum", [x], dtype, keepdims=0)
+        return self.node("Or", [self.op("IsNaN", [total], dtype, typed_outputs=()),
+                                self.op("IsInf", [total], dtype, typed_outputs=())])[0]
 
     # ---- names, constants, nodes ----------------------------------------------------------
     def fresh(self, base: str) -> str:

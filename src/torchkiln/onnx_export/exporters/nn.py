@@ -58,10 +58,14 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
         if not dt.is_floating_point:
             return result
         # torch's max pooling propagates NaN, ONNX Runtime's MaxPool skips it; and for a window of -inf only it gives
-        # the dtype's lowest value. Both are fixed in a branch that runs only where the input holds NaN or -inf: its
-        # sum is NaN or -inf then (and at worst, where finite values overflow, the exact branch runs for nothing).
-        # One sum over the input and one If, where two guards read the input and the output (a sum, an Equal, a
-        # second sum and a second If).
+        # the dtype's lowest value. It is exact for input without NaN and -inf. With the guard output, such a call
+        # is computed otherwise (`exact_below`: a sum over the input, which ORT reads in the NCHWc layout of the
+        # convolutions around the pooling, whose chain an If would split).
+        if ctx.guarded:
+            ctx.exact_below(xs[0], layer.inputs[0])
+            return result
+        # Else both are fixed in a branch that runs only where the input holds NaN or -inf: its sum is NaN or -inf
+        # then (and at worst, where finite values overflow, the exact branch runs for nothing).
         total = ctx.op("ReduceSum", xs, dt, keepdims=0)
         special = ctx.node("Or", [ctx.op("IsNaN", [total], dt, typed_outputs=()),
                                   ctx.op("Equal", [total, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())])[0]
@@ -260,7 +264,7 @@ def _resize(ctx: ExportContext, layer: L.ResizeLayer, xs: list[str]) -> str:
             ctx.decline(f"mode={layer.mode!r} on {dtype_name(dt)}: only float inputs are exported")
         # torch weighs every neighbour, zero weights too (0 * inf is NaN); ORT skips some and mixes channels of
         # a 1-d resize with zero weights: the NaN and inf they give differ
-        ctx.exact_below(xs[0], dt)
+        ctx.exact_below(xs[0], x)
         attrs = dict(mode=_RESIZE_MODES[layer.mode], cubic_coeff_a=-0.75, exclude_outside=0,
                      coordinate_transformation_mode="align_corners" if layer.align_corners else "half_pixel")
     else:
@@ -285,8 +289,8 @@ def _grid_sample(ctx: ExportContext, layer: L.GridSampleLayer, xs: list[str]) ->
     if layer.padding_mode not in ("zeros", "border", "reflection"):
         ctx.decline(f"padding_mode={layer.padding_mode!r} has no ONNX GridSample form")
     # NaN, inf (and, in the grid, coordinates far outside [-1, 1]) propagate or round otherwise in ORT
-    ctx.exact_below(xs[0], layer.inputs[0].dtype)
-    ctx.exact_below(xs[1], layer.inputs[1].dtype, _GRID_BOUND)
+    ctx.exact_below(xs[0], layer.inputs[0])
+    ctx.exact_below(xs[1], layer.inputs[1], _GRID_BOUND)
     return ctx.op("GridSample", xs, layer.outputs[0].dtype, mode=_GRID_MODES[layer.mode],
                   padding_mode=layer.padding_mode, align_corners=int(layer.align_corners))
 
