@@ -712,6 +712,24 @@ def _optimized_ops(net: Network, path) -> tuple[list[str], ort.InferenceSession]
     return [node.op_type for node in onnx.load(path).graph.node], session
 
 
+def test_masked_attention_compares_no_score_with_minus_inf(tmp_path):
+    """The exact softmax of attention with a run-time mask (0 for a fully masked query) finds such queries by the max
+    and the sum of their scores: every Equal ORT runs reads a reduction, none the [batch, heads, q, k] scores."""
+    net, example, ref = converted(tiny_bert)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(network_to_onnx(net, guard=True).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    nodes = onnx.load(options.optimized_model_filepath).graph.node
+    producer = {out: node.op_type for node in nodes for out in node.output}
+    equals = [node for node in nodes if node.op_type == "Equal"]
+    assert equals and all({producer.get(x) for x in node.input} & {"ReduceMax", "ReduceSum"} for node in equals), \
+        [[producer.get(x) for x in node.input] for node in equals]
+    feeds = {v.name: x.numpy() for v, x in zip(session.get_inputs(), example)}
+    assert_matches_eager(torch.from_numpy(session.run(None, feeds)[0]), ref)
+
+
 def test_onnx_runtime_fuses_the_dynamic_bert_network_as_the_static_one(tmp_path):
     """With a dynamic sequence length ORT still sees the residual Add's operands as one shape (the export's
     value_info), so as many layer norms become SkipLayerNormalization as in the static network."""

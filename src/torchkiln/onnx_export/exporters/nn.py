@@ -350,10 +350,14 @@ def _additive(ctx: ExportContext, keep: str, dt: torch.dtype) -> str:
 
 def _safe_softmax(ctx: ExportContext, scores: str, dt: torch.dtype) -> str:
     """Softmax over the last axis, 0 for a query whose every score is -inf (all its keys masked), as torch's
-    SDPA computes it (ATen's _safe_softmax); a plain Softmax gives NaN there."""
-    masked = ctx.op("Equal", [scores, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())
-    kept = ctx.op("Where", [masked, ctx.scalar(0, dt), ctx.scalar(1, dt)], dt, typed=(1, 2))
-    # no key kept: a float max (-inf over no keys at all; ORT's bool ReduceMin refuses that, an int64 sum is slow)
-    most = ctx.op("ReduceMax", [kept, ctx.ints([-1], "axes")], dt, typed=(0,), keepdims=1)
-    every = ctx.op("Less", [most, ctx.scalar(0.5, dt)], dt, typed_outputs=())
+    SDPA computes it (ATen's _safe_softmax); a plain Softmax gives NaN there. Such a row is one whose max and sum are
+    both -inf: the max says no score is above -inf but for NaN (which ORT's ReduceMax may skip), the sum that no
+    score is NaN or +inf, whatever the order of the additions. Two reads of the scores and a Where, where comparing
+    every score with -inf took three passes more."""
+    axes = ctx.ints([-1], "axes")
+    minus_inf = ctx.scalar(float("-inf"), dt)
+    most = ctx.op("ReduceMax", [scores, axes], dt, typed=(0,), keepdims=1)
+    total = ctx.op("ReduceSum", [scores, axes], dt, typed=(0,), keepdims=1)
+    every = ctx.node("And", [ctx.op("Equal", [most, minus_inf], dt, typed_outputs=()),
+                             ctx.op("Equal", [total, minus_inf], dt, typed_outputs=())])[0]
     return ctx.op("Where", [every, ctx.scalar(0, dt), ctx.op("Softmax", [scores], dt, axis=-1)], dt, typed=(1, 2))
