@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 import sympy
 import torch
+import torch.nn.functional as F
 from harness import assert_matches_eager
 
 from torchkiln.ir import Network
@@ -728,6 +729,30 @@ def test_masked_attention_compares_no_score_with_minus_inf(tmp_path):
         [[producer.get(x) for x in node.input] for node in equals]
     feeds = {v.name: x.numpy() for v, x in zip(session.get_inputs(), example)}
     assert_matches_eager(torch.from_numpy(session.run(None, feeds)[0]), ref)
+
+
+def test_unmasked_attention_is_a_plain_softmax_under_the_guard(tmp_path):
+    """Attention without a mask, under the guard output: ORT runs a plain Softmax (no Where, Equal or reduction of
+    the exact softmax); a score that is not finite sets the guard (the call goes to the reference)."""
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 4)
+    net = _engine_network(Attend(), [q, k, v])
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(network_to_onnx(net, guard=True).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    ops = [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
+    assert "Softmax" in ops and not {"Where", "Equal", "ReduceMax"} & set(ops), sorted(ops)
+    out, flag = session.run(None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})
+    assert not flag
+    assert_matches_eager(torch.from_numpy(out), F.scaled_dot_product_attention(q, k, v))
+    q[1, 2, 3, 4] = float("nan")
+    assert session.run(None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})[1]
 
 
 def test_onnx_runtime_fuses_the_dynamic_bert_network_as_the_static_one(tmp_path):
