@@ -121,7 +121,8 @@ class ExportContext:
         self.symbol_sources: dict[DimSymbol, tuple[str, int]] | None = None
         self._dims: dict[str, str] = {}  # a dim's tree (JSON) -> its int64 [1] value
         # Tensors the exported ops match the meanings for only while every |value| < bound (see `exact_below`).
-        self.guards: list[tuple[str, torch.dtype, tuple[Dim, ...], float]] = []  # x, its dtype and shape, bound
+        # (the layer, x, its dtype and shape, the bound)
+        self.guards: list[tuple[L.Layer | None, str, torch.dtype, tuple[Dim, ...], float]] = []
 
     def read_symbols(self, network: Network) -> None:
         """Take each of the network's symbols from the first input dim that is that symbol."""
@@ -142,14 +143,17 @@ class ExportContext:
     def exact_below(self, x: str, dtype: torch.dtype, shape: Sequence[Dim], bound: float = math.inf) -> None:
         """Record that the current layer's ONNX form computes its meaning only while every |x| < `bound` (NaN and
         inf never are): a backend can ask the model to say when a call breaks that (`guard_flag`)."""
-        self.guards.append((x, dtype, tuple(shape), bound))
+        self.guards.append((self.layer, x, dtype, tuple(shape), bound))
 
     def guard_flag(self) -> str:
-        """A bool [] that is true when some tensor recorded by `exact_below` has a value outside its bound."""
-        flags = [self._outside(*guard) for guard in self.guards]
-        flag = flags[0]
-        for other in flags[1:]:
-            flag = self.node("Or", [flag, other])[0]
+        """A bool [] that is true when some tensor recorded by `exact_below` has a value outside its bound (each
+        check's nodes named after the layer that recorded it)."""
+        flag = None
+        for layer, *guard in self.guards:
+            self.layer = layer
+            outside = self._outside(*guard)
+            flag = outside if flag is None else self.node("Or", [flag, outside])[0]
+        self.layer = None
         return flag
 
     def _outside(self, x: str, dtype: torch.dtype, shape: tuple[Dim, ...], bound: float) -> str:
