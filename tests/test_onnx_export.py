@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 import sympy
 import torch
+import torch.nn.functional as F
 from harness import assert_matches_eager
 
 from torchkiln.ir import Network
@@ -792,6 +793,48 @@ def _optimized_ops(net: Network, path) -> tuple[list[str], ort.InferenceSession]
     return [node.op_type for node in onnx.load(path).graph.node], session
 
 
+def test_masked_attention_compares_no_score_with_minus_inf(tmp_path):
+    """The exact softmax of attention with a run-time mask (0 for a fully masked query) finds such queries by the max
+    and the sum of their scores: every Equal ORT runs reads a reduction, none the [batch, heads, q, k] scores."""
+    net, example, ref = converted(tiny_bert)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(network_to_onnx(net, guard=True).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    nodes = onnx.load(options.optimized_model_filepath).graph.node
+    producer = {out: node.op_type for node in nodes for out in node.output}
+    equals = [node for node in nodes if node.op_type == "Equal"]
+    assert equals and all({producer.get(x) for x in node.input} & {"ReduceMax", "ReduceSum"} for node in equals), \
+        [[producer.get(x) for x in node.input] for node in equals]
+    feeds = {v.name: x.numpy() for v, x in zip(session.get_inputs(), example)}
+    assert_matches_eager(torch.from_numpy(session.run(None, feeds)[0]), ref)
+
+
+def test_unmasked_attention_is_a_plain_softmax_under_the_guard(tmp_path):
+    """Attention without a mask, under the guard output: ORT runs a plain Softmax (no Where, Equal or reduction of
+    the exact softmax); a score that is not finite sets the guard (the call goes to the reference)."""
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v):
+            return F.scaled_dot_product_attention(q, k, v)
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 4)
+    net = _engine_network(Attend(), [q, k, v])
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(network_to_onnx(net, guard=True).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    ops = [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
+    assert "Softmax" in ops and not {"Where", "Equal", "ReduceMax"} & set(ops), sorted(ops)
+    out, flag = session.run(None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})
+    assert not flag
+    assert_matches_eager(torch.from_numpy(out), F.scaled_dot_product_attention(q, k, v))
+    q[1, 2, 3, 4] = float("nan")
+    assert session.run(None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})[1]
+
+
 def test_onnx_runtime_fuses_the_dynamic_bert_network_as_the_static_one(tmp_path):
     """With a dynamic sequence length ORT still sees the residual Add's operands as one shape (the export's
     value_info), so as many layer norms become SkipLayerNormalization as in the static network."""
@@ -869,6 +912,30 @@ def test_max_pooling_is_guarded_by_one_sum_over_its_input(tmp_path):
     assert ops.count("If") == 1 and ops.count("ReduceSum") == 1, sorted(ops)
     assert_matches_eager(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: example[0].numpy()})[0]),
                          ref)
+
+
+def test_guarded_max_pooling_keeps_onnx_runtimes_nchwc_chain(tmp_path):
+    """With the guard output (what the onnxruntime backend runs), max pooling is ORT's MaxPool alone and its input's
+    NaN or -inf is reported by the guard (the call then runs on the reference): no If splits ORT's NCHWc chain
+    of convolutions, so no activation is reordered back into it, and the guard's sum is read in that layout."""
+    net, example, ref = converted(small_resnet)
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(network_to_onnx(net, guard=True).SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    nodes = onnx.load(options.optimized_model_filepath).graph.node
+    ops = [(n.domain, n.op_type) for n in nodes]
+    assert ("com.microsoft.nchwc", "MaxPool") in ops and not {"If", "ReorderInput", "Relu", "Add"} & \
+        {op for _, op in ops}, sorted(ops)
+    x = example[0]
+    out, flag = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    assert not flag
+    assert_matches_eager(torch.from_numpy(out), ref)
+    for special in (float("nan"), float("-inf")):
+        bad = x.clone()
+        bad[0, 1, 5, 7] = special
+        assert session.run(None, {session.get_inputs()[0].name: bad.numpy()})[1]
 
 
 def test_max_pool_of_a_dequantized_value_runs_on_the_reference():

@@ -1,4 +1,5 @@
 """scaled_dot_product_attention through the whole pipeline: masks (bool, float, constant), causal, scale."""
+import math
 import warnings
 
 import pytest
@@ -116,6 +117,37 @@ def test_attention_with_fully_masked_rows_gives_zeros_as_eager(kind):
         ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     assert torch.equal(ref[0, :, 1], torch.zeros_like(ref[0, :, 1]))
     check_traced(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, mask, op=OP)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("special", [float("nan"), float("inf"), float("-inf"), 1e30])
+def test_unmasked_attention_with_special_scores_matches_eager(causal, special):
+    """Without a mask (or with the causal one) the plain softmax is exact unless a score is NaN or inf: a query of
+    such values (1e30: scores that overflow to -inf for every key) matches eager, as finite ones do."""
+    q, k, v = _qkv()
+    k[..., 0] = torch.rand(k.shape[:-1]) + 0.5  # every key has a positive first component
+    fn = (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    check_traced(fn, q, k, v, op=OP)
+    q[0, 1, 2] = 0.0
+    q[0, 1, 2, 0] = -special
+    check_traced(fn, q, k, v, op=OP)
+
+
+@pytest.mark.parametrize("special", [float("nan"), float("-inf"), -3e38])
+def test_attention_with_one_key_left_that_is_special_matches_eager(special):
+    """A query whose only unmasked key scores NaN (NaN, where a max that skips NaN sees a row of -inf), -inf (a row
+    of -inf: 0) or a finite score whose sum with the others overflows: eager's values in each."""
+    q, k, v = _qkv()
+    keep = torch.rand(2, 1, 5, 7) > 0.3
+    keep[..., 0] = True
+    keep[:, :, 2] = False
+    keep[:, :, 2, 3] = True  # query 2 sees key 3 only
+    q[:, :, 2] = 1.0
+    k[:, :, 3] = special / 8 if math.isfinite(special) else special
+    with torch.no_grad():
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    assert ref[:, :, 2].isnan().all() if math.isnan(special) else ref[:, :, 2].isfinite().all()
+    check_traced(lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m), q, k, v, keep, op=OP)
 
 
 @pytest.mark.parametrize("kind", ["bool", "causal"])

@@ -264,7 +264,7 @@ SETTINGS: tuple[Setting, ...] = (
             Flag(("--backend",), "BACKEND", choices=BACKEND_CHOICES), example="reference",
             example_args=("--backend", "reference")),
     Setting("ort_threads", "int", 0, "onnxruntime backend: intra-op threads; 0: torch.get_num_threads() where the "
-            "engine runs", IntRange(0, MAX_ORT_THREADS, "0: torch.get_num_threads()"),
+            "engine runs, or one where the build measured one faster", IntRange(0, MAX_ORT_THREADS, "0: torch.get_num_threads()"),
             Flag(("--ort-threads",), "N", type=int), BackendField("ort_threads"), example=2,
             example_args=("--ort-threads", "2")),
     Setting("disable_tf32", "bool", True, _CUDA_ONLY + "float32 convolutions and matrix multiplies stay true fp32 "
@@ -273,7 +273,7 @@ SETTINGS: tuple[Setting, ...] = (
                          _CUDA_ONLY + "float32 convolutions and matrix multiplies may use TF32 (10-bit mantissa)"),
             example=False, example_args=("--no-disable-tf32",)),
     Setting("num_avg_timing_iters", "int", 10, _CUDA_ONLY + "runs averaged per kernel candidate when the build "
-            "times them; 0: no timing", IntRange(0, MAX_TIMING_ITERATIONS),
+            "times them; 0: no timing (on the onnxruntime backend too: its session settings are then not measured)", IntRange(0, MAX_TIMING_ITERATIONS),
             Flag(("--num-avg-timing-iters",), "N", type=int), BackendField("timing_iterations"), example=4,
             example_args=("--num-avg-timing-iters", "4")),
     Setting("workspace_size", "int", 0, "no effect: engines allocate what their layers need, there is no builder "

@@ -25,7 +25,8 @@ from onnx import TensorProto, helper, numpy_helper
 from torchkiln.errors import TorchkilnError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network, unique_name
-from torchkiln.ir.symbolic import Dim, DimSymbol, SymbolicError, bounds, dim_str, from_tree, is_symbolic, to_tree
+from torchkiln.ir.symbolic import Dim, DimSymbol, SymbolicError, bounds, decide, dim_str, from_tree, is_symbolic, \
+    to_tree
 from torchkiln.ir.tensor import Tensor
 
 
@@ -111,8 +112,9 @@ def value_info(name: str, dtype: torch.dtype, shape: Sequence[int]) -> onnx.Valu
 class ExportContext:
     """The nodes and initializers of the graph being built, and the layer being exported (named by errors)."""
 
-    def __init__(self, opset: int) -> None:
+    def __init__(self, opset: int, guarded: bool = False) -> None:
         self.opset = opset
+        self.guarded = guarded  # the model will have the guard output (`guard_flag`): `exact_below` is honoured
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self.used: set[str] = set()
@@ -122,7 +124,8 @@ class ExportContext:
         self.symbol_sources: dict[DimSymbol, tuple[str, int]] | None = None
         self._dims: dict[str, str] = {}  # a dim's tree (JSON) -> its int64 [1] value
         # Tensors the exported ops match the meanings for only while every |value| < bound (see `exact_below`).
-        self.guards: list[tuple[str, torch.dtype, float]] = []
+        # (the layer, x, its dtype and shape, the bound)
+        self.guards: list[tuple[L.Layer | None, str, torch.dtype, tuple[Dim, ...], float]] = []
         # Tensors (ids) of int8 quantize layers exported as uint8 (`unsigned_quantized`)
         self.unsigned: set[int] = set()
 
@@ -147,21 +150,37 @@ class ExportContext:
         raise OnnxExportError(f"{where}: {reason}; run it on the reference backend instead")
 
     # ---- exact only for some values --------------------------------------------------------
-    def exact_below(self, x: str, dtype: torch.dtype, bound: float = math.inf) -> None:
+    def exact_below(self, x: str, dtype: torch.dtype, shape: Sequence[Dim], bound: float = math.inf) -> None:
         """Record that the current layer's ONNX form computes its meaning only while every |x| < `bound` (NaN and
         inf never are): a backend can ask the model to say when a call breaks that (`guard_flag`)."""
-        self.guards.append((x, dtype, bound))
+        self.guards.append((self.layer, x, dtype, tuple(shape), bound))
 
     def guard_flag(self) -> str:
-        """A bool [] that is true when some tensor recorded by `exact_below` has a value outside its bound."""
-        flags = []
-        for x, dtype, bound in self.guards:
-            inside = self.op("Less", [self.op("Abs", [x], dtype), self.scalar(bound, dtype)], dtype, typed_outputs=())
-            flags.append(self.node("Not", [self.op("ReduceMin", [inside], torch.bool, keepdims=0)])[0])
-        flag = flags[0]
-        for other in flags[1:]:
-            flag = self.node("Or", [flag, other])[0]
+        """A bool [] that is true when some tensor recorded by `exact_below` has a value outside its bound (each
+        check's nodes named after the layer that recorded it)."""
+        flag = None
+        for layer, *guard in self.guards:
+            self.layer = layer
+            outside = self._outside(*guard)
+            flag = outside if flag is None else self.node("Or", [flag, outside])[0]
+        self.layer = None
         return flag
+
+    def _outside(self, x: str, dtype: torch.dtype, shape: tuple[Dim, ...], bound: float) -> str:
+        """Whether some |x| >= bound (NaN never is below it); a bool []."""
+        if bound < math.inf or dtype not in (torch.float32, torch.float64):
+            inside = self.op("Less", [self.op("Abs", [x], dtype), self.scalar(bound, dtype)], dtype, typed_outputs=())
+            return self.node("Not", [self.op("ReduceMin", [inside], torch.bool, keepdims=0)])[0]
+        # No bound, float32 or float64: x's sum is NaN or +-inf where x holds a NaN or an inf, whatever the order of
+        # the additions (and where finite values overflow, the call is computed otherwise for nothing). A float32
+        # tensor of rank 3 or more is summed per channel by GlobalAveragePool first: ORT runs it in the NCHWc
+        # layout of the convolutions around it, where a ReduceSum of the whole tensor needs it reordered (ORT's
+        # GlobalAveragePool refuses an empty dim but the first).
+        if dtype == torch.float32 and len(shape) >= 3 and all(decide("eq", d, 0) is False for d in shape[1:]):
+            x = self.node("GlobalAveragePool", [x])[0]
+        total = self.op("ReduceSum", [x], dtype, keepdims=0)
+        return self.node("Or", [self.op("IsNaN", [total], dtype, typed_outputs=()),
+                                self.op("IsInf", [total], dtype, typed_outputs=())])[0]
 
     # ---- names, constants, nodes ----------------------------------------------------------
     def fresh(self, base: str) -> str:

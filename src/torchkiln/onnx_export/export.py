@@ -64,7 +64,7 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
     top = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= top:
         raise OnnxExportError(f"opset {opset}: ONNX export supports opsets {MIN_OPSET} to {top}")
-    ctx = ExportContext(opset)
+    ctx = ExportContext(opset, guarded=guard)
     ctx.read_symbols(network)
     ctx.unsigned = unsigned_quantized(network)
     names: dict[int, str] = {}

@@ -69,5 +69,5 @@ def _loop(ctx: ExportContext, layer: L.LoopLayer, xs: list[str]) -> list[str]:
                     body=body)
     more = ctx.node("And", [ctx.node("Equal", [outs[n], limit])[0], ctx.node("Greater", [trip_count, limit])[0]])[0]
     stopped = ctx.node("Cast", [ctx.node("And", [outs[n + 1], more])[0]], to=onnx.TensorProto.FLOAT)[0]
-    ctx.exact_below(stopped, torch.float32, 0.5)
+    ctx.exact_below(stopped, torch.float32, (), 0.5)
     return outs[:n]

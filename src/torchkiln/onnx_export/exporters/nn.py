@@ -58,10 +58,14 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
         if not dt.is_floating_point:
             return result
         # torch's max pooling propagates NaN, ONNX Runtime's MaxPool skips it; and for a window of -inf only it gives
-        # the dtype's lowest value. Both are fixed in a branch that runs only where the input holds NaN or -inf: its
-        # sum is NaN or -inf then (and at worst, where finite values overflow, the exact branch runs for nothing).
-        # One sum over the input and one If, where two guards read the input and the output (a sum, an Equal, a
-        # second sum and a second If).
+        # the dtype's lowest value. It is exact for input without NaN and -inf. With the guard output, such a call
+        # is computed otherwise (`exact_below`: a sum over the input, which ORT reads in the NCHWc layout of the
+        # convolutions around the pooling, whose chain an If would split).
+        if ctx.guarded:
+            ctx.exact_below(xs[0], dt, layer.inputs[0].shape)
+            return result
+        # Else both are fixed in a branch that runs only where the input holds NaN or -inf: its sum is NaN or -inf
+        # then (and at worst, where finite values overflow, the exact branch runs for nothing).
         total = ctx.op("ReduceSum", xs, dt, keepdims=0)
         special = ctx.node("Or", [ctx.op("IsNaN", [total], dt, typed_outputs=()),
                                   ctx.op("Equal", [total, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())])[0]
@@ -260,7 +264,7 @@ def _resize(ctx: ExportContext, layer: L.ResizeLayer, xs: list[str]) -> str:
             ctx.decline(f"mode={layer.mode!r} on {dtype_name(dt)}: only float inputs are exported")
         # torch weighs every neighbour, zero weights too (0 * inf is NaN); ORT skips some and mixes channels of
         # a 1-d resize with zero weights: the NaN and inf they give differ
-        ctx.exact_below(xs[0], dt)
+        ctx.exact_below(xs[0], dt, x.shape)
         attrs = dict(mode=_RESIZE_MODES[layer.mode], cubic_coeff_a=-0.75, exclude_outside=0,
                      coordinate_transformation_mode="align_corners" if layer.align_corners else "half_pixel")
     else:
@@ -285,8 +289,8 @@ def _grid_sample(ctx: ExportContext, layer: L.GridSampleLayer, xs: list[str]) ->
     if layer.padding_mode not in ("zeros", "border", "reflection"):
         ctx.decline(f"padding_mode={layer.padding_mode!r} has no ONNX GridSample form")
     # NaN, inf (and, in the grid, coordinates far outside [-1, 1]) propagate or round otherwise in ORT
-    ctx.exact_below(xs[0], layer.inputs[0].dtype)
-    ctx.exact_below(xs[1], layer.inputs[1].dtype, _GRID_BOUND)
+    ctx.exact_below(xs[0], layer.inputs[0].dtype, layer.inputs[0].shape)
+    ctx.exact_below(xs[1], layer.inputs[1].dtype, layer.inputs[1].shape, _GRID_BOUND)
     return ctx.op("GridSample", xs, layer.outputs[0].dtype, mode=_GRID_MODES[layer.mode],
                   padding_mode=layer.padding_mode, align_corners=int(layer.align_corners))
 
@@ -322,6 +326,13 @@ def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> st
     scale = layer.scale if layer.scale is not None else 1.0 / math.sqrt(tq.shape[-1])
     scores = ctx.op("MatMul", [q, _swap_last_two(ctx, k, tk.rank)], dt)
     scores = ctx.op("Mul", [scores, ctx.scalar(scale, dt)], dt)
+    if ctx.guarded and len(xs) == 3:
+        # No mask, or the causal one, which keeps key 0 for every query: a query's scores are all -inf only where
+        # q.k is not finite, which the guard output reports (the call then runs on the reference), so the plain
+        # Softmax is exact (one read of the scores for the guard, where the exact softmax reads them three times)
+        ctx.exact_below(scores, dt, (*layer.outputs[0].shape[:-1], tk.shape[-2]))
+        probabilities = ctx.op("Softmax", [ctx.op("Add", [scores, bias], dt) if bias else scores], dt, axis=-1)
+        return ctx.op("MatMul", [probabilities, v], dt)
     if bias:
         scores = ctx.op("Add", [scores, bias], dt)
     return ctx.op("MatMul", [_safe_softmax(ctx, scores, dt), v], dt)
@@ -346,10 +357,14 @@ def _additive(ctx: ExportContext, keep: str, dt: torch.dtype) -> str:
 
 def _safe_softmax(ctx: ExportContext, scores: str, dt: torch.dtype) -> str:
     """Softmax over the last axis, 0 for a query whose every score is -inf (all its keys masked), as torch's
-    SDPA computes it (ATen's _safe_softmax); a plain Softmax gives NaN there."""
-    masked = ctx.op("Equal", [scores, ctx.scalar(float("-inf"), dt)], dt, typed_outputs=())
-    kept = ctx.op("Where", [masked, ctx.scalar(0, dt), ctx.scalar(1, dt)], dt, typed=(1, 2))
-    # no key kept: a float max (-inf over no keys at all; ORT's bool ReduceMin refuses that, an int64 sum is slow)
-    most = ctx.op("ReduceMax", [kept, ctx.ints([-1], "axes")], dt, typed=(0,), keepdims=1)
-    every = ctx.op("Less", [most, ctx.scalar(0.5, dt)], dt, typed_outputs=())
+    SDPA computes it (ATen's _safe_softmax); a plain Softmax gives NaN there. Such a row is one whose max and sum are
+    both -inf: the max says no score is above -inf but for NaN (which ORT's ReduceMax may skip), the sum that no
+    score is NaN or +inf, whatever the order of the additions. Two reads of the scores and a Where, where comparing
+    every score with -inf took three passes more."""
+    axes = ctx.ints([-1], "axes")
+    minus_inf = ctx.scalar(float("-inf"), dt)
+    most = ctx.op("ReduceMax", [scores, axes], dt, typed=(0,), keepdims=1)
+    total = ctx.op("ReduceSum", [scores, axes], dt, typed=(0,), keepdims=1)
+    every = ctx.node("And", [ctx.op("Equal", [most, minus_inf], dt, typed_outputs=()),
+                             ctx.op("Equal", [total, minus_inf], dt, typed_outputs=())])[0]
     return ctx.op("Where", [every, ctx.scalar(0, dt), ctx.op("Softmax", [scores], dt, axis=-1)], dt, typed=(1, 2))

@@ -67,7 +67,7 @@ def _onnxruntime_target(device: torch.device) -> Target:
 def _onnxruntime_plan(network: Network, device: torch.device, options: BackendOptions) -> Plan:
     from torchkiln.runtime.backends.onnxruntime import make_plan
 
-    return make_plan(network, device)
+    return make_plan(network, device, options)
 
 
 def _onnxruntime_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions) -> Runner:

@@ -14,6 +14,9 @@ The plan (`plan_segments`, deterministic, so a loaded engine makes the same one 
 Constant layers are not placed: each segment reads the constants it needs as its own (ONNX initializers,
 or the reference executor's weights), so a constant never crosses a segment boundary.
 
+The session kernels' tactic is the session settings (one intra-op thread or the threads asked for, worker threads
+spinning or not) measured fastest when the plan is made (session_settings.py).
+
 Each ORT segment is one `InferenceSession`, made once per engine and device (at the engine's first call,
 also after loading engine bytes) and reused. Tensors cross as numpy views of torch CPU tensors (no copy for
 contiguous inputs) and come back through `torch.from_numpy` of ORT's fresh output arrays, so ORT outputs
@@ -50,6 +53,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, is_symbolic, substitute, symbols_of
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
+from torchkiln.runtime.backends.session_settings import DEFAULT_SETTINGS, Tactic, candidates, choose_settings
 from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 from torchkiln.runtime.serialization import dtype_name
@@ -204,13 +208,21 @@ def target(device: torch.device) -> Target:
     return target_here("onnxruntime", device, [("onnxruntime", _ort().__version__)])
 
 
-def make_plan(network: Network, device: torch.device) -> Plan:
-    """The plan: a "session" kernel per ORT segment, an "aten" kernel per reference segment (plan_segments)."""
+def make_plan(network: Network, device: torch.device, options: BackendOptions) -> Plan:
+    """The plan: a "session" kernel per ORT segment, an "aten" kernel per reference segment (plan_segments); the
+    session kernel's tactic is the session settings measured fastest (session_settings.py)."""
     index = {id(layer): j for j, layer in enumerate(network.layers)}
-    session, reference = Kernel("session", "onnx"), Kernel("aten", "reference segment")
+    reference = Kernel("aten", "reference segment")
     steps = [Step(0 if seg.on_ort else 1, tuple(index[id(layer)] for layer in seg.layers))
              for seg in plan_segments(network)]
-    return Plan(target(device), [session, reference], steps)
+
+    def plan(tactic: Tactic) -> Plan:
+        return Plan(target(device), [Kernel("session", "onnx", tactic), reference], steps)
+
+    if options.timing_iterations == 0 or not any(step.kernel == 0 for step in steps):
+        return plan(DEFAULT_SETTINGS)
+    tactics = candidates(options.ort_threads == 0 and torch.get_num_threads() > 1)
+    return plan(choose_settings(network, tactics, lambda t: OrtRunner(network, plan(t), device, options)))
 
 
 def _ort():
@@ -235,11 +247,12 @@ class OutsideExactRange(Exception):
 class _Session:
     """One ORT segment: its session and its input and output names."""
 
-    def __init__(self, ort, sub: Network, threads: int, profile_prefix: str | None = None) -> None:
+    def __init__(self, ort, sub: Network, threads: int, spin: bool, profile_prefix: str | None = None) -> None:
         from torchkiln.onnx_export import OnnxExportError, network_to_onnx
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         self.session_name = sub.name
@@ -302,7 +315,9 @@ class OrtRunner:
         self.network = network
         self.device = device
         self.errors = _ort_errors(ort)
-        threads = options.ort_threads or torch.get_num_threads()
+        settings = next((k for k in plan.kernels if k.kind == "session"), Kernel("session", "onnx"))
+        threads = 1 if settings.option("one_thread", False) else options.ort_threads or torch.get_num_threads()
+        spin = settings.option("spin", True)
         segments = [Segment([network.layers[j] for j in step.layers], plan.kernels[step.kernel].kind == "session")
                     for step in plan.steps]
         read_after: list[set[int]] = []  # per segment: tensors read by later segments or returned
@@ -323,7 +338,7 @@ class OrtRunner:
         last_read: dict[int, int] = {}
         for k, (seg, sub) in enumerate(zip(segments, subs)):
             prefix = None if profile_dir is None else os.path.join(profile_dir, f"session{k}")
-            step = _Session(ort, sub, threads, prefix) if seg.on_ort else ReferenceExecutor(sub, device)
+            step = _Session(ort, sub, threads, spin, prefix) if seg.on_ort else ReferenceExecutor(sub, device)
             self.steps.append((step, [id(t) for t in sub.inputs], [id(t) for t in sub.outputs]))
             for t in sub.inputs:
                 last_read[id(t)] = k
@@ -339,8 +354,8 @@ class OrtRunner:
         self._reference: ReferenceExecutor | None = None
         self._binder = SymbolBinder.for_network(network)
         self._checked: set[tuple[tuple[int, ...], ...]] = set()  # input shapes whose outputs were checked
-        logger.debug("network %s on onnxruntime: %d sessions, %d reference segments, %d threads", network.name,
-                     self.sessions, len(self.steps) - self.sessions, threads)
+        logger.debug("network %s on onnxruntime: %d sessions, %d reference segments, %d threads (spinning: %s)",
+                     network.name, self.sessions, len(self.steps) - self.sessions, threads, spin)
 
     def run(self, inputs: list[torch.Tensor],
             visit: Callable[[L.Layer | None, list[torch.Tensor]], None] | None = None) -> list[torch.Tensor]:
