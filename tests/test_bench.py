@@ -110,6 +110,7 @@ def test_zoo_on_the_cpu_reports_failed_peers_and_skipped_models(tmp_path, capsys
         assert row["ms"] > 0 and row["items_per_s"] == pytest.approx(2e3 / row["ms"]) and row["build_s"] >= 0
         assert row["cosine"] > 0.9999 and row["max_abs_error"] <= 1e-4 * row["max_abs_reference"]
     assert mlp["torchkiln_ms"] == peers["torchkiln"]["ms"]
+    assert peers["torchkiln"]["blocks"] == {"engine": 1, "torch": 0}  # the partition, for a split to be seen
     assert "ratio" not in mlp and data["geomean_ratio"] is None  # no best-peer candidate ran on the CPU
 
 

@@ -72,6 +72,8 @@ def _build(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor], pr
             synchronize(device)
             row["build_s"] = time.perf_counter() - start
             row.update(_accuracy(run(), reference))
+            if hasattr(run, "blocks"):
+                row["blocks"] = run.blocks
     except Exception as e:  # a peer that cannot run this case is a row note, never the end of the benchmark
         logger.debug("peer %s failed", name, exc_info=True)
         row.update(status="failed", reason=one_line(e))
@@ -158,8 +160,10 @@ def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.
             logger.warning("%s batch %d: %s", model_name, batch, warning)
     for name, row in case["peers"].items():
         if row["status"] == "ok":
+            blocks = row.get("blocks")
             progress(f"  {model_name} batch {batch} {name}: {row['ms']:.3f} ms (IQR {row['spread']:.0%}), build "
-                     f"{row['build_s']:.1f} s, cosine {row['cosine']:.6f}")
+                     f"{row['build_s']:.1f} s, cosine {row['cosine']:.6f}" +
+                     (f", {blocks['engine']} engine / {blocks['torch']} PyTorch blocks" if blocks else ""))
     ok = {n: r for n, r in case["peers"].items() if r["status"] == "ok"}
     best = min((n for n in BEST_PEER_CANDIDATES[device.type] if n in ok), key=lambda n: ok[n]["ms"], default=None)
     if best is not None:

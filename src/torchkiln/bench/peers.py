@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from torchkiln.compiler import compile as torchkiln_compile
+from torchkiln.compiler import compile as torchkiln_compile, compile_with_report
 from torchkiln.settings import Input
 
 Runner = Callable[[], torch.Tensor]
@@ -129,9 +129,15 @@ def torchkiln(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision:
     cannot be scripted) runs on the inputs themselves, so that a traced data-dependent branch (transformers'
     "is the attention mask all ones") is the one these inputs take."""
     specs = [Input.from_tensor(x) for x in inputs]
-    compiled = torchkiln_compile(model, inputs=specs, enabled_precisions={precision}, device=inputs[0].device)
+    compiled, report = compile_with_report(model, inputs=specs, enabled_precisions={precision},
+                                           device=inputs[0].device)
     compiled(*inputs)
-    return lambda: compiled(*inputs)
+
+    def run():
+        return compiled(*inputs)
+
+    run.blocks = {"engine": report.num_engine_blocks, "torch": report.num_torch_blocks}  # the partition, in the row
+    return run
 
 
 def torchkiln_session(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype) -> Runner:
