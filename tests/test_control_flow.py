@@ -235,3 +235,27 @@ def _engines(compiled: torch.jit.ScriptModule) -> list:
     from torchkiln.stitching.stitch import engine_attrs
 
     return [engine_from_blob(getattr(compiled, attr)) for attr in engine_attrs(compiled)]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_control_flow_engines_run_on_the_cuda_backend():
+    """The cuda backend runs each branch and loop body by its own plan (no CUDA graph around the engine): a
+    data-dependent if on inputs taking each branch, a while loop of a data-dependent trip count, and an if inside a
+    loop, against eager on the GPU."""
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = DataIf().to(device).eval()
+    compiled, report = check_compiled(model, [torch.randn(3, 6, device=device)], backend="cuda", min_block_size=1)
+    assert "prim::If" in _kinds(report), report
+    for x in (torch.randn(3, 6) * 4 + 3, torch.randn(3, 6) * 4 - 3):
+        x = x.to(device)
+        with torch.no_grad():
+            want = model(x)
+            torch.testing.assert_close(compiled(x), want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    step = torch.full((4,), 0.01, device=device)
+    compiled, _ = check_compiled(WhileLoop(), [torch.randn(4, device=device) * 8, step], backend="cuda",
+                                 min_block_size=1)
+    for scale in (0.1, 3.0, 100.0):
+        x = torch.randn(4, device=device) * scale
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x, step), WhileLoop()(x, step), rtol=1e-5, atol=1e-6)

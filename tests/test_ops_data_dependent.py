@@ -139,3 +139,16 @@ def _mask_on_columns(x):
 def test_refused_forms_say_why(fn, op, reason):
     _, report = check_fn(fn, _ints(4, 5), engines=None, torch_blocks=None)
     assert_falls_back(report, op, reason)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fn,example,others", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_data_dependent_sizes_on_the_cuda_backend(fn, example, others):
+    """On the GPU the cuda backend leaves these engines to the reference backend (its plans replay fixed sizes):
+    the values are eager's on CUDA tensors, for every size."""
+    device = torch.device("cuda")
+    compiled, _ = check_fn(fn, example.to(device), backend="cuda")
+    for x in others:
+        x = x.to(device)
+        with torch.no_grad():
+            assert_matches_eager(compiled(x), fn(x))
