@@ -67,7 +67,7 @@ class ModuleCache:
         return None if parts is None else (*parts, header)
 
     def save(self, key: str | None, name: str, archive: bytes, blobs: Mapping[str, torch.Tensor],
-             report: dict[str, Any], sessions: Mapping[str, SessionModels] = {}) -> None:
+             report: dict[str, Any], sessions: Mapping[str, SessionModels]) -> None:
         """Store a compiled module (its archive and engines, `engines_apart.save_apart`, with the ONNX models of an
         engine's sessions where `sessions` has them) and its partition report under `key`, when cache_built_engines
         is on."""
