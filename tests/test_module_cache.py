@@ -3,9 +3,11 @@ scripting, lowering, partitioning and building, and gives the cold compile's mod
 code, an attribute, the input specs, a setting or the target is a miss; entries share the engine cache's size cap;
 nothing is read or written with the switches off."""
 import collections
+import dataclasses
 import importlib
 import logging
 import os
+import subprocess
 import sys
 import time
 import types
@@ -19,6 +21,8 @@ from harness import assert_matches_eager
 from torchkiln.cache import engines_dir, key
 from torchkiln.compiler import compile_with_report
 from torchkiln.examples.models import randomize_batch_norm
+from torchkiln.runtime.execute_op import SESSION_MODELS, engine_from_blob
+from torchkiln.runtime.serialization import engine_digest
 
 CACHE = {"cache_built_engines": True, "reuse_cached_engines": True}
 SHAPE = (2, 3, 8, 8)
@@ -369,5 +373,74 @@ def test_a_dynamic_compile_is_not_cached_whole_but_its_engines_are(cache, caplog
             compiled = torchkiln.compile(model, [spec], **CACHE)
         assert "not cached whole" in caplog.text and not _modules(cache)
     assert "engine cache hit" in caplog.text
+    with torch.no_grad():
+        assert_matches_eager(compiled(x), model(x))
+
+
+WARM_FIRST_CALL = """
+import sys, torch, torchkiln
+from torch import nn
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4)).eval()
+compiled = torchkiln.compile(model, [torchkiln.Input((2, 3, 8, 8))], cache_built_engines=True,
+                             reuse_cached_engines=True)
+with torch.no_grad():
+    out = compiled(torch.linspace(-2, 2, 2 * 3 * 8 * 8).reshape(2, 3, 8, 8))
+torch.save(out, sys.argv[1])
+print("onnx imported" if any(m == "onnx" or m.startswith("onnx.") for m in sys.modules) else "no onnx")
+"""
+
+
+def test_a_warm_modules_first_call_imports_no_onnx(cache, tmp_path):
+    """The sessions of a warm module are made from the ONNX models stored with it: no export, no `import onnx`
+    (135 ms); its outputs are the cold module's."""
+    script = tmp_path / "first_call.py"
+    script.write_text(WARM_FIRST_CALL)
+    env = dict(os.environ, TORCHKILN_CACHE_DIR=str(cache.parent), TORCHKILN_PROGRESS="0",
+               PYTHONPATH=os.pathsep.join([os.path.dirname(torchkiln.__path__[0]), os.environ.get("PYTHONPATH", "")]))
+    runs = [subprocess.run([sys.executable, str(script), str(tmp_path / f"{k}.pt")], env=env, check=True,
+                           capture_output=True, text=True).stdout.split("\n")[-2] for k in ("cold", "warm")]
+    assert runs == ["onnx imported", "no onnx"]
+    assert torch.equal(torch.load(tmp_path / "warm.pt"), torch.load(tmp_path / "cold.pt"))
+
+
+def _warm_blob(model, caplog):
+    _compile(model, caplog, **CACHE)
+    warm, _ = _compile(model, caplog, **CACHE)
+    assert _hit(caplog)
+    blob = warm._c.getattr("_torchkiln_engine_0")
+    stored = getattr(blob, SESSION_MODELS)
+    assert stored.engine_digest == engine_digest(blob.numpy()) and len(stored.models) == 1
+    return warm, blob, stored
+
+
+@pytest.mark.parametrize("change", ["engine", "onnxruntime", "model"])
+def test_stored_onnx_models_of_other_engine_bytes_or_onnxruntime_are_not_used(cache, caplog, change):
+    """Stored models for other engine bytes, another ONNX Runtime version, or bytes ORT refuses: the sessions are
+    made by exporting the network again (logged where the models are for this engine), with eager's outputs."""
+    model, x = _model(), torch.randn(SHAPE)
+    warm, blob, stored = _warm_blob(model, caplog)
+    replaced = {"engine": dataclasses.replace(stored, engine_digest=bytes(32)),
+                "onnxruntime": dataclasses.replace(stored, ort_version="0.0"),
+                "model": dataclasses.replace(stored, models=(b"not an ONNX model",))}[change]
+    setattr(blob, SESSION_MODELS, replaced)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="torchkiln"), torch.no_grad():
+        assert_matches_eager(warm(x), model(x))
+    engine = engine_from_blob(blob)
+    assert engine.session_models is (None if change == "engine" else replaced)
+    assert ("exporting" in caplog.text) == (change != "engine")
+
+
+def test_a_damaged_onnx_model_in_a_module_entry_is_a_logged_miss_and_deleted(cache, caplog):
+    model, x = _model(), torch.randn(SHAPE)
+    _, _, stored = _warm_blob(model, caplog)
+    (entry,) = _modules(cache)
+    data = bytearray(entry.read_bytes())
+    onnx_model = bytes(stored.models[0])
+    data[data.index(onnx_model) + len(onnx_model) // 2] ^= 0xFF
+    entry.write_bytes(bytes(data))
+    compiled, _ = _compile(model, caplog, reuse_cached_engines=True)
+    assert "damaged" in caplog.text and "ONNX model" in caplog.text and not _hit(caplog) and not entry.exists()
     with torch.no_grad():
         assert_matches_eager(compiled(x), model(x))

@@ -9,7 +9,7 @@ import keyword
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -48,9 +48,10 @@ from torchkiln.partitioning.report import Fp32Layer, PartitionReport, ReferenceL
 from torchkiln.partitioning.segment import Partition, partition
 from torchkiln.partitioning.signature import check_signature, unpack_list_inputs
 from torchkiln.partitioning.support import Decision, Fallback, Target
-from torchkiln.runtime.backends.base import BackendOptions
+from torchkiln.runtime.backends.base import BackendOptions, SessionModels
 from torchkiln.runtime.engine import Engine, InputBinding
-from torchkiln.runtime.execute_op import engine_blob, engine_signature
+from torchkiln.runtime.serialization import engine_digest
+from torchkiln.runtime.execute_op import SESSION_MODELS, engine_blob, engine_from_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input, as_device
 from torchkiln.settings_table import SETTINGS, backend_values
 from torchkiln.stitching.engines_apart import load_apart, save_apart
@@ -473,13 +474,16 @@ def _cached_module(cache: ModuleCache, key: str | None, name: str
     found = cache.load(key, name)
     if found is None:
         return None
-    archive, blobs, header = found
+    archive, blobs, sessions, header = found
     try:
         report = PartitionReport.from_dict(header.get("report"))
         compiled = load_apart(archive, blobs)
     except (ValueError, RuntimeError) as e:  # RuntimeError: torch.jit.load's for bytes it cannot read
         cache.store.discard(key, f"damaged module ({cause_line(e)})")
         return None
+    for attr, models in sessions.items():  # used at the first call if the engine's bytes are these (execute_op)
+        if attr in blobs:
+            setattr(blobs[attr], SESSION_MODELS, models)
     logger.info("module cache hit for %s (key %s): scripting, lowering, partitioning and building skipped", name,
                 key[:12])
     return compiled, report
@@ -497,7 +501,23 @@ def _store_module(cache: ModuleCache, key: str | None, name: str, compiled: torc
     except (ValueError, RuntimeError) as e:
         logger.info("module cache: %s is not cached whole: %s", name, cause_line(e))
         return
-    cache.save(key, name, archive, blobs, data)
+    cache.save(key, name, archive, blobs, data, _session_models(blobs))
+
+
+def _session_models(blobs: Mapping[str, torch.Tensor]) -> dict[str, SessionModels]:
+    """The ONNX models of the sessions of each onnxruntime engine among `blobs` that runs on ONNX Runtime here, as
+    its first call made them (exported again: the export is deterministic), for the module cache."""
+    from torchkiln.runtime.backends.onnxruntime import session_models
+
+    found = {}
+    for attr, blob in blobs.items():
+        engine = engine_from_blob(blob)
+        if engine.backend == "onnxruntime":
+            models = session_models(engine.network, engine.plan_for(torch.device("cpu")),
+                                    engine_digest(blob.numpy()))
+            if models is not None:
+                found[attr] = models
+    return found
 
 
 def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = None,

@@ -17,6 +17,7 @@ from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime import serialization as S
 from torchkiln.runtime.backends import (BACKENDS, BackendOptions, BackendUnavailable, Runner, make_plan, make_runner,
                                         runs_on, target_of, warn_unavailable)
+from torchkiln.runtime.backends.base import SessionModels
 from torchkiln.runtime.plan import Plan
 from torchkiln.runtime.profile import active_profiler
 
@@ -118,6 +119,7 @@ class Engine:
         self.backend_options = backend_options  # as stored; `run_options` as this machine runs them
         self.run_options = options_here(backend_options, backend, name)
         self.plans = list(plans)  # one per target it was planned for; serialized with the engine
+        self.session_models: SessionModels | None = None  # stored ONNX models of its sessions (module cache)
         self._runners: dict[torch.device, Runner] = {}
         self._lock = threading.Lock()
 
@@ -170,7 +172,8 @@ class Engine:
                 found = self._runners.get(device)
                 if found is None:
                     found = self._runners[device] = make_runner(self.backend, self.network, self.plan_for(device),
-                                                                device, self.run_options, self.name)
+                                                                device, self.run_options, self.name,
+                                                                self.session_models)
         return found
 
     def execute(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:

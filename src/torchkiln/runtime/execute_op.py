@@ -23,7 +23,7 @@ import torch
 from torchkiln.errors import EngineFormatError, EngineIndexError, EngineInputError, TorchkilnError
 from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.engine import Engine
-from torchkiln.runtime.serialization import dtype_name, parse_dtype
+from torchkiln.runtime.serialization import dtype_name, engine_digest, parse_dtype
 
 _lib = torch.library.Library("torchkiln", "DEF")
 _lib.define("execute_engine(Tensor[] inputs, Tensor engine, str signature='') -> Tensor[]")
@@ -272,6 +272,9 @@ class _Loaded:
     legacy: str  # the signature in the form modules compiled before symbols were named record
 
 
+SESSION_MODELS = "_torchkiln_session_models"  # a blob's attribute: the `SessionModels` stored with its engine
+
+
 def _blob_key(blob: torch.Tensor) -> tuple[int, int, int]:
     """Changes whenever the bytes may have: another storage, or an in-place write (the version counter)."""
     version = -1 if blob.is_inference() else blob._version  # inference tensors cannot be written outside it
@@ -306,7 +309,11 @@ def engine_from_blob(blob: torch.Tensor, expected: str = "") -> Engine:
         with _load_lock:
             loaded = getattr(blob, "_torchkiln_engine", None)
             if loaded is None or loaded.key != key:
-                engine = Engine.deserialize(blob.detach().cpu().contiguous().numpy().tobytes())
+                data = blob.detach().cpu().contiguous().numpy().tobytes()
+                engine = Engine.deserialize(data)
+                models = getattr(blob, SESSION_MODELS, None)  # set by the module cache: for these bytes only
+                if models is not None and models.engine_digest == engine_digest(data):
+                    engine.session_models = models
                 signature = engine_signature(engine)
                 loaded = _Loaded(key, engine, signature, legacy_signature(signature))
                 blob._torchkiln_engine = loaded

@@ -385,6 +385,11 @@ def _decode_engine(data: bytes, max_memory: int | None,
     return meta, _decode_network(raw_network, weights, *ceilings), plans
 
 
+def engine_digest(data: bytes | memoryview) -> bytes:
+    """The SHA-256 that engine bytes end with, of the bytes before it (`decode_engine` checks it)."""
+    return bytes(memoryview(data)[-_DIGEST:])
+
+
 def _check_digest(data: bytes) -> None:
     if hashlib.sha256(memoryview(data)[:-_DIGEST]).digest() != data[-_DIGEST:]:  # a view: the engine is not copied
         raise EngineFormatError("engine data is corrupted: checksum mismatch")

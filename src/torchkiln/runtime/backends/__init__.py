@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 
 from torchkiln.ir.network import Network
-from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable, Runner
+from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable, Runner, SessionModels
 from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.plan import Kernel, Plan, Target, one_step_per_layer, target_here
 from torchkiln.settings_table import ENGINE_BACKENDS
@@ -42,7 +42,7 @@ class Backend:
     devices: frozenset[str]
     target: Callable[[torch.device], Target]  # what a plan made here is for; a stored plan fits if equal
     plan: Callable[[Network, torch.device, BackendOptions], Plan]
-    runner: Callable[[Network, Plan, torch.device, BackendOptions], Runner]
+    runner: Callable[[Network, Plan, torch.device, BackendOptions, SessionModels | None], Runner]  # see make_runner
 
 
 def _reference_target(device: torch.device) -> Target:
@@ -54,7 +54,8 @@ def _reference_plan(network: Network, device: torch.device, options: BackendOpti
     return Plan(_reference_target(device), kernels, steps)
 
 
-def _reference_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions) -> Runner:
+def _reference_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions,
+                      models: SessionModels | None = None) -> Runner:
     return ReferenceExecutor(network, device)
 
 
@@ -70,10 +71,11 @@ def _onnxruntime_plan(network: Network, device: torch.device, options: BackendOp
     return make_plan(network, device, options)
 
 
-def _onnxruntime_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions) -> Runner:
+def _onnxruntime_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions,
+                        models: SessionModels | None = None) -> Runner:
     from torchkiln.runtime.backends.onnxruntime import OrtRunner
 
-    return OrtRunner(network, plan, device, options)
+    return OrtRunner(network, plan, device, options, models=models)
 
 
 def _cuda_target(device: torch.device) -> Target:
@@ -88,7 +90,8 @@ def _cuda_plan(network: Network, device: torch.device, options: BackendOptions) 
     return plan(network, device, options)
 
 
-def _cuda_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions) -> Runner:
+def _cuda_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions,
+                 models: SessionModels | None = None) -> Runner:
     from torchkiln.runtime.backends.cuda.runner import CudaRunner
 
     return CudaRunner(network, plan, device, options)
@@ -121,12 +124,13 @@ def make_plan(backend: str, network: Network, device: torch.device, options: Bac
 
 
 def make_runner(backend: str, network: Network, plan: Plan | None, device: torch.device, options: BackendOptions,
-                engine: str = "engine") -> Runner:
+                engine: str = "engine", models: SessionModels | None = None) -> Runner:
     """The runner of `plan` (None: the backend could not plan here), or (with a warning naming `engine` and the
-    cause) the reference one where that backend cannot run here."""
+    cause) the reference one where that backend cannot run here. `models`: the ONNX models an onnxruntime
+    engine's sessions were made from (`SessionModels`)."""
     if backend != "reference" and plan is not None:
         try:
-            return BACKENDS[backend].runner(network, plan, device, options)
+            return BACKENDS[backend].runner(network, plan, device, options, models)
         except BackendUnavailable as e:
             warn_unavailable(backend, engine, e)
     return _reference_runner(network, _reference_plan(network, device, options), device, options)

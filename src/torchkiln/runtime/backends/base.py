@@ -32,6 +32,16 @@ OPTIONS: tuple[Setting, ...] = (*backend_fields(), *_BACKEND_ONLY)
 
 
 @dataclasses.dataclass(frozen=True)
+class SessionModels:
+    """The ONNX model bytes an onnxruntime engine's sessions were made from (the module cache stores them), for
+    the engine whose bytes end with the SHA-256 `engine_digest`, exported for ONNX Runtime `ort_version`."""
+
+    engine_digest: bytes
+    ort_version: str
+    models: tuple[bytes | memoryview, ...]
+
+
+@dataclasses.dataclass(frozen=True)
 @with_fields(OPTIONS)
 class BackendOptions:
     """What a backend may be tuned with; stored in the engine's bytes. One field per row of OPTIONS, each

@@ -52,7 +52,7 @@ from torchkiln.errors import EngineFormatError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, is_symbolic, substitute, symbols_of
-from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
+from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable, SessionModels
 from torchkiln.runtime.backends.session_settings import DEFAULT_SETTINGS, Tactic, candidates, choose_settings
 from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
@@ -244,12 +244,42 @@ class OutsideExactRange(Exception):
     """A call gave a layer values its ONNX form does not compute exactly (`ExportContext.exact_below`)."""
 
 
+def session_models(network: Network, plan: Plan | None, digest: bytes) -> SessionModels | None:
+    """The ONNX model of each session `OrtRunner` makes for `plan`, in order, for the engine of SHA-256 `digest`
+    (what the module cache stores with a compiled module, so that its sessions are made again without exporting);
+    None where the plan is not ONNX Runtime's here (None: it cannot plan here) or a segment does not export."""
+    from torchkiln.onnx_export import OnnxExportError, network_to_onnx
+
+    if plan is None or plan.target.backend != "onnxruntime":
+        return None
+    try:
+        models = tuple(network_to_onnx(sub, guard=True).SerializeToString()
+                       for sub, on_ort in _plan_subnetworks(network, plan) if on_ort)
+    except OnnxExportError:
+        return None
+    return SessionModels(digest, _ort().__version__, models)
+
+
+def _plan_subnetworks(network: Network, plan: Plan) -> list[tuple[Network, bool]]:
+    """Each step of `plan` as a network of its own (`_subnetwork`), and whether it runs on ORT."""
+    segments = [Segment([network.layers[j] for j in step.layers], plan.kernels[step.kernel].kind == "session")
+                for step in plan.steps]
+    read_after: list[set[int]] = []  # per segment: tensors read by later segments or returned
+    later = {id(t) for t in network.outputs}
+    for seg in reversed(segments):  # constants are each segment's own: they never cross a boundary
+        read_after.append(set(later))
+        later |= {id(t) for layer in seg.layers for t in layer.inputs if not isinstance(t.producer, L.ConstantLayer)}
+    read_after.reverse()
+    return [(_subnetwork(network, seg, after), seg.on_ort) for seg, after in zip(segments, read_after)]
+
+
 class _Session:
-    """One ORT segment: its session and its input and output names."""
+    """One ORT segment: its session and its input and output names. `model`: the segment's ONNX model as
+    `session_models` gave it (from a module cache entry), used instead of exporting where ORT accepts it and
+    its inputs and outputs are the segment's."""
 
-    def __init__(self, ort, sub: Network, threads: int, spin: bool, profile_prefix: str | None = None) -> None:
-        from torchkiln.onnx_export import OnnxExportError, network_to_onnx
-
+    def __init__(self, ort, sub: Network, threads: int, spin: bool, profile_prefix: str | None = None,
+                 model: bytes | None = None) -> None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
@@ -264,16 +294,34 @@ class _Session:
             self.optimized_model = options.optimized_model_filepath = f"{profile_prefix}.onnx"
             options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                              f"{os.path.basename(profile_prefix)}.weights")
-        try:
-            model = network_to_onnx(sub, guard=True)
-            self.session = ort.InferenceSession(model.SerializeToString(), options,
-                                                providers=["CPUExecutionProvider"])
-        except (OnnxExportError, *_ort_errors(ort)) as e:
-            raise BackendUnavailable(f"ONNX Runtime refused the segment {sub.name!r}: {e}") from None
-        self.input_names = [v.name for v in model.graph.input]
-        self.output_names = [v.name for v in model.graph.output]
+        self.session = None if model is None else self._stored(ort, sub, model, options)
+        if self.session is None:
+            from torchkiln.onnx_export import OnnxExportError, network_to_onnx
+
+            try:
+                self.session = ort.InferenceSession(network_to_onnx(sub, guard=True).SerializeToString(), options,
+                                                    providers=["CPUExecutionProvider"])
+            except (OnnxExportError, *_ort_errors(ort)) as e:
+                raise BackendUnavailable(f"ONNX Runtime refused the segment {sub.name!r}: {e}") from None
+        self.input_names = [v.name for v in self.session.get_inputs()]
+        self.output_names = [v.name for v in self.session.get_outputs()]
         self.outputs = list(sub.outputs)
         self.guarded = len(self.output_names) > len(self.outputs)  # the guard output (network_to_onnx) is last
+
+    @staticmethod
+    def _stored(ort, sub: Network, model: bytes, options):
+        """The session of a stored model; None (logged) where ORT refuses it or it is not the segment's."""
+        try:
+            session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+        except _ort_errors(ort) as e:
+            logger.warning("segment %s: ONNX Runtime refused its stored ONNX model (%s); exporting it again",
+                           sub.name, e)
+            return None
+        if len(session.get_inputs()) != len(sub.inputs) or len(session.get_outputs()) - len(sub.outputs) not in (0, 1):
+            logger.warning("segment %s: its stored ONNX model has other inputs or outputs; exporting it again",
+                           sub.name)
+            return None
+        return session
 
     def run(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
         feeds = {name: x.detach().contiguous().numpy() for name, x in zip(self.input_names, xs)}
@@ -303,12 +351,24 @@ class _Session:
                     f"export is wrong; compile with backend='reference' to run this engine")
 
 
+def _usable(models: SessionModels | None, version: str, sessions: int) -> list[bytes | None]:
+    """Per session, its stored ONNX model, or None (export it) where there are none for this ORT version and
+    this number of sessions (logged)."""
+    if models is not None and (models.ort_version != version or len(models.models) != sessions):
+        logger.info("stored ONNX models not used (ONNX Runtime %s, %d sessions; they are for %s, %d): exporting",
+                    version, sessions, models.ort_version, len(models.models))
+        models = None
+    return [None] * sessions if models is None else [bytes(m) for m in models.models]
+
+
 class OrtRunner:
     """A CPU network as ONNX Runtime sessions and reference segments, run in order."""
 
     def __init__(self, network: Network, plan: Plan, device: torch.device, options: BackendOptions,
-                 profile_dir: str | None = None) -> None:
-        """`profile_dir`: make each session with ONNX Runtime's profiler on, its files there (`end_profiling`)."""
+                 profile_dir: str | None = None, models: SessionModels | None = None) -> None:
+        """`profile_dir`: make each session with ONNX Runtime's profiler on, its files there (`end_profiling`).
+        `models`: the sessions' ONNX models stored with the engine (used where they are for this ORT version and
+        one per session)."""
         ort = _ort()
         if device.type != "cpu":
             raise BackendUnavailable(f"the onnxruntime backend runs on the CPU, not on {device}")
@@ -318,16 +378,8 @@ class OrtRunner:
         settings = next((k for k in plan.kernels if k.kind == "session"), Kernel("session", "onnx"))
         threads = 1 if settings.option("one_thread", False) else options.ort_threads or torch.get_num_threads()
         spin = settings.option("spin", True)
-        segments = [Segment([network.layers[j] for j in step.layers], plan.kernels[step.kernel].kind == "session")
-                    for step in plan.steps]
-        read_after: list[set[int]] = []  # per segment: tensors read by later segments or returned
-        later = {id(t) for t in network.outputs}
-        for seg in reversed(segments):  # constants are each segment's own: they never cross a boundary
-            read_after.append(set(later))
-            later |= {id(t) for layer in seg.layers for t in layer.inputs
-                      if not isinstance(t.producer, L.ConstantLayer)}
-        read_after.reverse()
-        subs = [_subnetwork(network, seg, after) for seg, after in zip(segments, read_after)]
+        planned = _plan_subnetworks(network, plan)
+        subs = [sub for sub, _ in planned]
         if network.symbols() and len(subs) > 1 and not _bind_their_own_symbols(network, subs):
             # A reference segment between sessions would take intermediate tensors whose dims are expressions
             # (s0 // 2 + 1), which only the whole network's symbols define.
@@ -336,9 +388,10 @@ class OrtRunner:
                                      f"these layers do not: {names}")
         self.steps: list[tuple[ReferenceExecutor | _Session, list[int], list[int]]] = []
         last_read: dict[int, int] = {}
-        for k, (seg, sub) in enumerate(zip(segments, subs)):
+        stored = iter(_usable(models, ort.__version__, sum(on_ort for _, on_ort in planned)))
+        for k, (sub, on_ort) in enumerate(planned):
             prefix = None if profile_dir is None else os.path.join(profile_dir, f"session{k}")
-            step = _Session(ort, sub, threads, spin, prefix) if seg.on_ort else ReferenceExecutor(sub, device)
+            step = _Session(ort, sub, threads, spin, prefix, next(stored)) if on_ort else ReferenceExecutor(sub, device)
             self.steps.append((step, [id(t) for t in sub.inputs], [id(t) for t in sub.outputs]))
             for t in sub.inputs:
                 last_read[id(t)] = k
