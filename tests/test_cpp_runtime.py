@@ -144,6 +144,46 @@ def test_cnn_runs_in_cpp_as_in_python(cpp, tmp_path):
     assert_bitwise(run_in_cpp(cpp, compiled, (x,), tmp_path), want)
 
 
+def test_run_module_device_and_runs_options_run_and_save_outputs(cpp, tmp_path):
+    """`--device cpu --runs N` moves the inputs (a no-op here), saves the first call's outputs and prints a latency
+    median; a bad option is refused with the usage line."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 32, 32)
+    model = _calibrated(_Cnn(), torch.randn(8, 3, 32, 32))
+    compiled = _compile(model, [torchkiln.Input((2, 3, 32, 32))])
+    torch.jit.save(compiled, str(tmp_path / "m.pt"))
+    torch.save((x,), tmp_path / "in.pt")
+    done = subprocess.run([str(cpp["run"]), "--device", "cpu", "--runs", "3", str(tmp_path / "m.pt"),
+                           str(tmp_path / "in.pt"), str(tmp_path / "out.pt")], capture_output=True, text=True,
+                          timeout=RUN_SECONDS, env=_no_python_env())
+    assert done.returncode == 0, done.stderr
+    words = done.stdout.split()
+    assert words[words.index("latency_ms_median") + 1:] == [words[words.index("latency_ms_median") + 1], "runs", "3",
+                                                            "device", "cpu"]
+    assert float(words[words.index("latency_ms_median") + 1]) > 0
+    with torch.no_grad():
+        assert_bitwise(torch.load(tmp_path / "out.pt", weights_only=False), compiled(x))
+    for bad in (["--runs", "x"], ["--speed", "1"]):
+        refused = subprocess.run([str(cpp["run"]), *bad, str(tmp_path / "m.pt"), str(tmp_path / "in.pt")],
+                                 capture_output=True, text=True, timeout=RUN_SECONDS, env=_no_python_env())
+        assert refused.returncode == 2 and "usage: run_module" in refused.stderr, refused.stderr
+
+
+def test_half_precision_engines_run_in_cpp_as_in_python(cpp, tmp_path):
+    """fp16 bindings and weights (the reference backend runs them on the CPU) give the Python runtime's bits."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                                torch.nn.Linear(16, 4)).eval().half()
+    x = torch.randn(3, 8).half()
+    compiled = _compile(model, [torchkiln.Input((3, 8), dtype=torch.half)], enabled_precisions={torch.half})
+    with torch.no_grad():
+        want, eager = compiled(x), model(x)
+    assert want.dtype == torch.half
+    cosine = torch.nn.functional.cosine_similarity(want.double().flatten(), eager.double().flatten(), dim=0)
+    assert cosine >= 0.999 and (want.float() - eager.float()).abs().max() <= 1e-2 * eager.float().abs().max()
+    assert_bitwise(run_in_cpp(cpp, compiled, (x,), tmp_path), want)
+
+
 def test_onnxruntime_engines_run_in_cpp_on_the_aten_meanings(cpp, tmp_path):
     """A module compiled on the CPU's default backend (onnxruntime): the C++ runtime runs its layers' ATen meanings,
     so it matches eager within fp32 tolerance rather than ONNX Runtime's bits."""

@@ -4,6 +4,7 @@
 
 #include <c10/core/GradMode.h>
 
+#include <mutex>
 #include <regex>
 
 #include "kinds.h"
@@ -167,20 +168,13 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) c
       for (const at::Tensor& y : inputs) seen.insert("'" + y.device().str() + "'");
       input_error("engine '" + name + "': all inputs must be on one device, got [" + c10::Join(", ", seen) + "]");
     }
-  if (device.type() != at::kCPU) {
-    std::string held = plan_targets.empty() ? "none" : c10::Join("; ", plan_targets);
-    format_error("engine '" + name + "' has no plan the C++ runtime can run on " + device.str() +
-                 ": this build of libtorchkiln_runtime runs engines on the CPU only (the CUDA path is not built); "
-                 "the engine holds plans for " +
-                 held);
-  }
   c10::AutoGradMode no_grad(false);
   std::vector<int64_t> values = symbols.empty() ? std::vector<int64_t>{} : bind(inputs);
   Env env{values, device, false};
   std::vector<at::Tensor> slots(tensors.size());
   for (int i = 0; i < num_inputs; ++i) slots[i] = inputs[i];
   std::vector<at::Tensor> xs;
-  for (const Layer& layer : layers) {
+  for (const Layer& layer : layers_on(device)) {
     xs.clear();
     for (int s : layer.inputs) xs.push_back(slots[s]);
     std::vector<at::Tensor> outs = layer.meaning(layer, xs, env);
@@ -204,6 +198,20 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) c
   for (size_t k = 0; k < outputs.size(); ++k)
     result.push_back(clone_output[k] ? slots[outputs[k]].clone() : slots[outputs[k]]);
   return result;
+}
+
+const std::vector<Layer>& Engine::layers_on(const at::Device& device) const {
+  if (device.type() == at::kCPU) return layers;
+  static std::mutex mutex;  // engines may run on several threads; copies are made once
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& held = device_layers_[device.str()];
+  if (!held) {
+    auto moved = std::make_shared<std::vector<Layer>>(layers);
+    for (Layer& layer : *moved)
+      for (auto& [key, w] : layer.weights) w = w.to(device);
+    held = std::move(moved);
+  }
+  return *held;
 }
 
 std::string Engine::signature() const {

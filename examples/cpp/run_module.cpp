@@ -1,7 +1,12 @@
-// run_module MODEL.pt INPUTS.pt [OUTPUTS.pt]: load a module that torchkiln compiled and torch.jit.save'd, call
-// it on the inputs (a tuple or list of tensors, as torch.save writes it), print what it returns and save it.
+// run_module [--device DEV] [--runs N] MODEL.pt INPUTS.pt [OUTPUTS.pt]: load a module that torchkiln compiled and
+// torch.jit.save'd, move the inputs (a tuple or list of tensors, as torch.save writes it) to DEV (cpu by default,
+// or cuda, cuda:1), call it, print what it returns and save it (on the CPU). With --runs N it then calls the module
+// N more times and prints the median per-call latency (synchronizing the GPU around each call).
+#include <torch/cuda.h>
 #include <torch/script.h>
 
+#include <algorithm>
+#include <chrono>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -33,24 +38,89 @@ void describe(const c10::IValue& value, const std::string& indent) {
   }
 }
 
+c10::IValue moved(const c10::IValue& value, const at::Device& device) {
+  if (value.isTensor()) return value.toTensor().to(device);
+  if (value.isTuple() || value.isList()) {
+    std::vector<c10::IValue> items;
+    for (const auto& item : value.isTuple() ? value.toTupleRef().elements().vec() : value.toListRef().vec())
+      items.push_back(moved(item, device));
+    if (value.isTuple()) return c10::ivalue::Tuple::create(std::move(items));
+    c10::impl::GenericList list(value.toList().elementType());
+    for (auto& item : items) list.push_back(std::move(item));
+    return list;
+  }
+  if (value.isGenericDict()) {
+    c10::impl::GenericDict dict(value.toGenericDict().keyType(), value.toGenericDict().valueType());
+    for (const auto& entry : value.toGenericDict()) dict.insert(entry.key(), moved(entry.value(), device));
+    return dict;
+  }
+  return value;
+}
+
+void synchronize(const at::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3) {
-    std::cerr << "usage: run_module MODEL.pt INPUTS.pt [OUTPUTS.pt]\n";
+  const char* usage = "usage: run_module [--device DEV] [--runs N] MODEL.pt INPUTS.pt [OUTPUTS.pt]\n";
+  std::string device_name = "cpu";
+  int runs = 0;
+  std::vector<std::string> paths;
+  for (int k = 1; k < argc; ++k) {
+    std::string arg = argv[k];
+    if (arg == "--device" && k + 1 < argc) {
+      device_name = argv[++k];
+    } else if (arg == "--runs" && k + 1 < argc) {
+      std::string count = argv[++k];
+      runs = count.empty() || count.size() > 7 || count.find_first_not_of("0123456789") != std::string::npos
+                 ? -1
+                 : std::stoi(count);
+      if (runs < 0) {
+        std::cerr << "--runs takes a count, got '" << count << "'\n" << usage;
+        return 2;
+      }
+    } else if (arg.rfind("--", 0) == 0) {
+      std::cerr << "unknown option '" << arg << "'\n" << usage;
+      return 2;
+    } else {
+      paths.push_back(arg);
+    }
+  }
+  if (paths.size() < 2 || paths.size() > 3) {
+    std::cerr << usage;
     return 2;
   }
   try {
-    torch::jit::Module module = torch::jit::load(argv[1]);
+    at::Device device(device_name);
+    if (device.is_cuda() && !torch::cuda::is_available()) {
+      std::cerr << "--device " << device_name << ": this libtorch sees no CUDA device\n";
+      return 2;
+    }
+    torch::jit::Module module = torch::jit::load(paths[0]);
     module.eval();
-    c10::IValue inputs = torch::jit::pickle_load(read_file(argv[2]));
+    c10::IValue inputs = moved(torch::jit::pickle_load(read_file(paths[1])), device);
     std::vector<c10::IValue> args = inputs.isTuple() ? inputs.toTupleRef().elements().vec() : inputs.toListRef().vec();
     torch::NoGradGuard no_grad;
     c10::IValue outputs = module.forward(args);
+    synchronize(device);
     describe(outputs, "");
-    if (argc > 3) {
-      std::vector<char> bytes = torch::jit::pickle_save(outputs);
-      std::ofstream(argv[3], std::ios::binary).write(bytes.data(), bytes.size());
+    if (paths.size() > 2) {
+      std::vector<char> bytes = torch::jit::pickle_save(moved(outputs, at::kCPU));
+      std::ofstream(paths[2], std::ios::binary).write(bytes.data(), bytes.size());
+    }
+    if (runs > 0) {
+      std::vector<double> ms;
+      for (int k = 0; k < runs; ++k) {
+        synchronize(device);
+        auto start = std::chrono::steady_clock::now();
+        module.forward(args);
+        synchronize(device);
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
+      std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+      std::cout << "latency_ms_median " << ms[ms.size() / 2] << " runs " << runs << " device " << device << "\n";
     }
   } catch (const c10::Error& e) {  // e.g. the module's file is not TorchScript
     std::cerr << e.what_without_backtrace() << "\n";

@@ -110,6 +110,9 @@ class Engine {
  private:
   void check_inputs(const std::vector<at::Tensor>& inputs) const;
   std::vector<int64_t> bind(const std::vector<at::Tensor>& inputs) const;
+  // The layers with their weights on `device`: `layers` on the CPU, else a copy made once per device and kept.
+  const std::vector<Layer>& layers_on(const at::Device& device) const;
+  mutable std::map<std::string, std::shared_ptr<const std::vector<Layer>>> device_layers_;
 };
 
 // Shape inference and execution: each layer kind's ATen meaning (ir/reference.py).
