@@ -36,6 +36,13 @@ VECTOR_PATH = {
 }
 
 
+# Values a backend is not compared on, and why. The cuda backend's generated kernels contract a multiply and an
+# add into one fused multiply-add (Triton's default, as Inductor's kernels do): one rounding instead of two, within
+# float32's error, but a loop body's c * 1.5 + r at +-1.5e30 then rounds to two values that no longer cancel, and the
+# while condition summing them stops after another number of trips than eager's separate roundings.
+FUSED_ROUNDING = {("cuda", "loop-"): "extreme"}
+
+
 def _skipped(name: str, variant: str) -> bool:
     return any(name.startswith(prefix) and what in variant for prefix, (what, _) in VECTOR_PATH.items())
 
@@ -235,6 +242,9 @@ def test_layer_kind_conforms_on_special_values(backend, kind, caplog):
             runs = _variants(name, inputs) if (name, build) in ALL_CASES else {"special": inputs}
             engine = engine_of(net, backend, device)
             for variant, xs in runs.items():
+                if any(backend == b and name.startswith(prefix) and what in variant
+                       for (b, prefix), what in FUSED_ROUNDING.items()):
+                    continue
                 path = f"{name} {variant} on {backend}"
                 ref = _reference(net, xs, device)
                 if ref is None:
