@@ -783,26 +783,28 @@ def test_onnx_runtime_fuses_the_bert_network(tmp_path):
     assert "MatMul" not in ops or "Gemm" in ops
 
 
-def _optimized_ops(net: Network, path) -> tuple[list[str], ort.InferenceSession]:
-    """The op types of ORT's optimized form of the network's export (default optimization level), and the session."""
+def _optimized_graph(net: Network, path, guard: bool = False) -> tuple[list, ort.InferenceSession]:
+    """The nodes of ORT's optimized form of the network's export (default optimization level; with the guard output
+    where `guard`, as the onnxruntime backend runs it), and the session."""
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(path)
     options.intra_op_num_threads = 1
-    session = ort.InferenceSession(network_to_onnx(net).SerializeToString(), options,
+    session = ort.InferenceSession(network_to_onnx(net, guard=guard).SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    return [node.op_type for node in onnx.load(path).graph.node], session
+    return list(onnx.load(path).graph.node), session
+
+
+def _optimized_ops(net: Network, path) -> tuple[list[str], ort.InferenceSession]:
+    """The op types of ORT's optimized form of the network's export, and the session."""
+    nodes, session = _optimized_graph(net, path)
+    return [node.op_type for node in nodes], session
 
 
 def test_masked_attention_compares_no_score_with_minus_inf(tmp_path):
     """The exact softmax of attention with a run-time mask (0 for a fully masked query) finds such queries by the max
     and the sum of their scores: every Equal ORT runs reads a reduction, none the [batch, heads, q, k] scores."""
     net, example, ref = converted(tiny_bert)
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(network_to_onnx(net, guard=True).SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    nodes = onnx.load(options.optimized_model_filepath).graph.node
+    nodes, session = _optimized_graph(net, tmp_path / "optimized.onnx", guard=True)
     producer = {out: node.op_type for node in nodes for out in node.output}
     equals = [node for node in nodes if node.op_type == "Equal"]
     assert equals and all({producer.get(x) for x in node.input} & {"ReduceMax", "ReduceSum"} for node in equals), \
@@ -821,12 +823,8 @@ def test_unmasked_attention_is_a_plain_softmax_under_the_guard(tmp_path):
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 4)
     net = _engine_network(Attend(), [q, k, v])
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(network_to_onnx(net, guard=True).SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    ops = [node.op_type for node in onnx.load(options.optimized_model_filepath).graph.node]
+    nodes, session = _optimized_graph(net, tmp_path / "optimized.onnx", guard=True)
+    ops = [node.op_type for node in nodes]
     assert "Softmax" in ops and not {"Where", "Equal", "ReduceMax"} & set(ops), sorted(ops)
     out, flag = session.run(None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy()})
     assert not flag
@@ -919,12 +917,7 @@ def test_guarded_max_pooling_keeps_onnx_runtimes_nchwc_chain(tmp_path):
     NaN or -inf is reported by the guard (the call then runs on the reference): no If splits ORT's NCHWc chain
     of convolutions, so no activation is reordered back into it, and the guard's sum is read in that layout."""
     net, example, ref = converted(small_resnet)
-    options = ort.SessionOptions()
-    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
-    options.intra_op_num_threads = 1
-    session = ort.InferenceSession(network_to_onnx(net, guard=True).SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
-    nodes = onnx.load(options.optimized_model_filepath).graph.node
+    nodes, session = _optimized_graph(net, tmp_path / "optimized.onnx", guard=True)
     ops = [(n.domain, n.op_type) for n in nodes]
     assert ("com.microsoft.nchwc", "MaxPool") in ops and not {"If", "ReorderInput", "Relu", "Add"} & \
         {op for _, op in ops}, sorted(ops)
