@@ -31,8 +31,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import needs_int64
 from torchkiln.runtime.backends.cuda.codegen.pointwise import (BLOCK, HEADER, TL, VALUE_DTYPES, Builder,
-                                                                constant_value, emit_layer, fusable, literal,
-                                                                scalar_literal)
+                                                                emit_layer, fusable, literal)
 
 KERNEL_NAME = "indexed_kernel"
 MOVEMENT = (L.ShuffleLayer, L.SliceLayer, L.ConcatenationLayer, L.PaddingLayer, L.ExpandLayer)
@@ -105,11 +104,8 @@ class _Emitter(Builder):
         load = f"tl.load({name} + {' + '.join(terms) or '0'}, mask={mask}, other=0)"
         return self.emit(load if dtype == torch.bool else f"{load}.to(tl.float32)", dtype == torch.bool)
 
-    def weight(self, weight: torch.Tensor) -> tuple[str, bool]:
+    def load_weight(self, weight: torch.Tensor) -> tuple[str, bool]:
         """A weight of the layer being emitted, broadcast to its output and read at its index."""
-        found = scalar_literal(weight)
-        if found is not None:
-            return self.emit(found, False)
         idx, mask, shape = self.at
         w = weight.reshape(()) if weight.numel() == 1 else weight
         if w.dim() > len(shape):
@@ -132,9 +128,8 @@ class _Emitter(Builder):
         if layer is None:
             if id(t) not in self.given:
                 raise NetworkError(f"{t.name!r} is neither a group input nor made by the group's layers")
-            found = scalar_literal(constant_value(t))
-            return self.read(f"in{self.given[id(t)]}", t.dtype, t.shape, idx, mask) if found is None else \
-                self.emit(found, False)
+            return self.inlined(L.constant_value(t)) or \
+                self.read(f"in{self.given[id(t)]}", t.dtype, t.shape, idx, mask)
         out = layer.outputs[0]
         if isinstance(layer, L.ConcatenationLayer):
             return self._concatenation(layer, idx, mask)

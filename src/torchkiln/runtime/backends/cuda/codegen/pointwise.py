@@ -112,11 +112,6 @@ def scalar_literal(value: torch.Tensor | None) -> str | None:
     return f"tl.full([1], {literal(float(value.reshape(()).float()))}, tl.float32)"
 
 
-def constant_value(t: Tensor) -> torch.Tensor | None:
-    """The value of a tensor a constant layer makes, else None."""
-    return t.producer.weights["value"] if isinstance(t.producer, L.ConstantLayer) else None
-
-
 def _broadcastable(weight: torch.Tensor) -> torch.Tensor:
     """A weight as an operand: a single value as 0-d, else as is (its rank must fit the iteration space)."""
     return weight.reshape(()) if weight.numel() == 1 else weight
@@ -137,14 +132,19 @@ class Builder:
         self.lines.append(f"{var} = {expr}")
         return var, is_bool
 
+    def inlined(self, value: torch.Tensor | None) -> tuple[str, bool] | None:
+        """The value of a single float constant, written into the source (`scalar_literal`); else None."""
+        found = scalar_literal(value)
+        return None if found is None else self.emit(found, False)
+
     def operand(self, name: str, t: Tensor) -> tuple[str, bool]:
-        """Group input `t`, bound as `name`: loaded, or its value where it is a single constant (`scalar_literal`;
-        the argument is still bound, and never read)."""
-        found = scalar_literal(constant_value(t))
+        """Group input `t`, bound as `name`: loaded, or its value where it is a single constant (the argument is
+        still bound, and never read)."""
+        found = self.inlined(L.constant_value(t))
         if found is None:
             return self.load(name, t.dtype)
         self.operands.append(name)
-        return self.emit(found, False)
+        return found
 
     def load(self, name: str, dtype: torch.dtype) -> tuple[str, bool]:
         self.operands.append(name)
@@ -152,10 +152,11 @@ class Builder:
         return self.emit(load if dtype == torch.bool else f"{load}.to(tl.float32)", dtype == torch.bool)
 
     def weight(self, weight: torch.Tensor) -> tuple[str, bool]:
-        """A weight's value (loaded through its broadcast strides, or in the source where it is one float)."""
-        found = scalar_literal(weight)
-        if found is not None:
-            return self.emit(found, False)
+        """A weight's value: in the source where it is one float, else loaded (`load_weight`)."""
+        return self.inlined(weight) or self.load_weight(weight)
+
+    def load_weight(self, weight: torch.Tensor) -> tuple[str, bool]:
+        """A weight loaded through its broadcast strides."""
         w = _broadcastable(weight)
         if w.dim() > self.rank:
             raise NetworkError(f"a weight of shape {list(weight.shape)} does not broadcast to rank {self.rank}")

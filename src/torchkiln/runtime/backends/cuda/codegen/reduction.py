@@ -38,7 +38,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import needs_int64
 from torchkiln.runtime.backends.cuda.codegen.pointwise import (HEADER, TL, VALUE_DTYPES, Builder, GroupLauncher,
-                                                                constant_value, emit_layer, fusable, scalar_literal)
+                                                                emit_layer, fusable)
 
 KERNEL = "rows_kernel"
 LOOPED = "rows_kernel_looped"
@@ -269,10 +269,8 @@ class _Emitter(Builder):
         return self.emit(f"{load})" if dtype == torch.bool else f"{load}, other=0.0).to(tl.float32)",
                          dtype == torch.bool)
 
-    def weight(self, weight: torch.Tensor) -> tuple[str, bool]:
-        found = scalar_literal(weight)
-        return self.emit(found, False) if found is not None else \
-            self.load(self.kernel.weight_operand(weight), weight.dtype)
+    def load_weight(self, weight: torch.Tensor) -> tuple[str, bool]:
+        return self.load(self.kernel.weight_operand(weight), weight.dtype)
 
 
 class _Source:
@@ -312,8 +310,7 @@ class _Source:
     def load_inputs(self, b: _Emitter, row: bool) -> None:
         for i, t in enumerate(self.inputs):
             if self.row_operand[f"in{i}"] == row:
-                found = scalar_literal(constant_value(t))
-                self.values[id(t)] = b.load(f"in{i}", t.dtype) if found is None else b.emit(found, False)
+                self.values[id(t)] = b.inlined(L.constant_value(t)) or b.load(f"in{i}", t.dtype)
 
     def reduction(self, op: _Op) -> str:
         x = Builder.as_float(self.values[op.args[0]])
