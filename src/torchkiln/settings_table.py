@@ -181,14 +181,19 @@ def _backend(name: str, value: Any, context: Mapping[str, Any]) -> str:
     return value
 
 
+def _member(cls: type, name: str, value: Any, expected: str) -> Any:
+    """The member of enum `cls` that `value` is or names (a string in any case); ValueError saying `expected`."""
+    try:
+        return cls(value.lower() if isinstance(value, str) else value)
+    except ValueError:
+        raise ValueError(f"{name} must be {expected}, got {value!r}") from None
+
+
 def _capability(name: str, value: Any, context: Mapping[str, Any]) -> Any:
     from torchkiln.enums import EngineCapability
 
-    try:
-        return EngineCapability(value.lower() if isinstance(value, str) else value)
-    except ValueError:
-        raise ValueError(f"{name} must be a torchkiln.EngineCapability (or its value: "
-                         f"{[c.value for c in EngineCapability]}), got {value!r}") from None
+    return _member(EngineCapability, name, value, f"a torchkiln.EngineCapability (or its value: "
+                                                  f"{[c.value for c in EngineCapability]})")
 
 
 def _calibration_inputs(name: str, value: Any, context: Mapping[str, Any]) -> tuple[tuple[Any, ...], ...]:
@@ -207,11 +212,8 @@ def _calibrator(name: str, value: Any, context: Mapping[str, Any]) -> Any:
 def _algorithm(name: str, value: Any, context: Mapping[str, Any]) -> Any:
     from torchkiln.enums import CalibrationAlgo
 
-    try:
-        return CalibrationAlgo(value.lower() if isinstance(value, str) else value)
-    except ValueError:
-        raise ValueError(f"{name} must be a torchkiln.ptq.CalibrationAlgo or one of max, percentile, entropy, mse; "
-                         f"got {value!r}") from None
+    return _member(CalibrationAlgo, name, value, "a torchkiln.ptq.CalibrationAlgo or one of max, percentile, entropy, "
+                                                 "mse")
 
 
 def _optional_path(name: str, value: Any, context: Mapping[str, Any]) -> str | None:
