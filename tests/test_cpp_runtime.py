@@ -442,3 +442,18 @@ def test_fuzzed_and_hostile_engines_give_only_format_errors_in_cpp_where_python_
         assert ms < 2000, (path, text, ms)
         assert (text == "loaded") == python[path], (path, text)
     assert peak < 1 << 30, f"peak RSS {peak >> 20} MiB"
+
+
+def test_an_engine_that_does_not_fit_its_module_is_refused_in_cpp_as_in_python(cpp, tmp_path):
+    """A module given another module's engine (other input shapes) is an EngineFormatError in both runtimes, with the
+    same message; the C++ runtime checks a module's signature once per engine, not on every call."""
+    small = _compile(torch.nn.ReLU(), [torchkiln.Input((2, 3))], min_block_size=1)
+    other = _compile(torch.nn.ReLU(), [torchkiln.Input((4, 3))], min_block_size=1)
+    small._torchkiln_engine_0 = other._torchkiln_engine_0
+    with pytest.raises(torchkiln.EngineFormatError, match="does not fit this module") as raised:
+        small(torch.randn(2, 3))
+    torch.jit.save(small, str(tmp_path / "m.pt"))
+    torch.save((torch.randn(2, 3),), tmp_path / "in.pt")
+    done = subprocess.run([str(cpp["run"]), str(tmp_path / "m.pt"), str(tmp_path / "in.pt")], capture_output=True,
+                          text=True, timeout=RUN_SECONDS, env=_no_python_env())
+    assert done.returncode == 1 and f"EngineFormatError: {raised.value}" in done.stderr, done.stderr

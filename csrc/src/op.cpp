@@ -39,9 +39,11 @@ struct Loaded {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> blob;
   std::tuple<const void*, int64_t, int64_t> key;
   std::shared_ptr<Engine> engine;
+  std::string fits;  // the module signature the engine was found to fit (checked once, not on every call)
 };
 
-std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob) {
+// The engine a blob holds, refused (EngineFormatError) where `expected` names another engine signature.
+std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::string& expected) {
   static std::mutex lock;
   static std::unordered_map<const c10::TensorImpl*, Loaded> cache;
   check_blob(blob);
@@ -49,25 +51,30 @@ std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob) {
                                                 blob.numel()};
   std::lock_guard<std::mutex> guard(lock);
   auto found = cache.find(blob.unsafeGetTensorImpl());
-  if (found != cache.end() && !found->second.blob.expired() && found->second.key == key) return found->second.engine;
-  for (auto it = cache.begin(); it != cache.end();)  // forget the engines of blobs that are gone
-    it = it->second.blob.expired() ? cache.erase(it) : std::next(it);
-  at::Tensor bytes = blob.detach().cpu().contiguous();
-  auto engine = Engine::deserialize(bytes.data_ptr<uint8_t>(), bytes.numel());
-  cache.insert_or_assign(
-      blob.unsafeGetTensorImpl(),
-      Loaded{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(blob.getIntrusivePtr()), key, engine});
-  return engine;
+  if (found == cache.end() || found->second.blob.expired() || found->second.key != key) {
+    for (auto it = cache.begin(); it != cache.end();)  // forget the engines of blobs that are gone
+      it = it->second.blob.expired() ? cache.erase(it) : std::next(it);
+    at::Tensor bytes = blob.detach().cpu().contiguous();
+    auto engine = Engine::deserialize(bytes.data_ptr<uint8_t>(), bytes.numel());
+    found = cache.insert_or_assign(blob.unsafeGetTensorImpl(),
+                                   Loaded{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                                              blob.getIntrusivePtr()),
+                                          key, engine, ""})
+                .first;
+  }
+  Loaded& loaded = found->second;
+  if (!expected.empty() && expected != loaded.fits) {
+    if (!loaded.engine->fits(expected))
+      format_error("engine '" + loaded.engine->name + "' does not fit this module: the module expects '" + expected +
+                   "', the engine has '" + loaded.engine->signature() + "'");
+    loaded.fits = expected;
+  }
+  return loaded.engine;
 }
 
 std::vector<at::Tensor> execute_engine(const std::vector<at::Tensor>& inputs, const at::Tensor& blob,
                                        c10::string_view signature) {
-  auto engine = engine_from_blob(blob);
-  std::string expected(signature);
-  if (!expected.empty() && !engine->fits(expected))
-    format_error("engine '" + engine->name + "' does not fit this module: the module expects '" + expected +
-                 "', the engine has '" + engine->signature() + "'");
-  return engine->execute(inputs);
+  return engine_from_blob(blob, std::string(signature))->execute(inputs);
 }
 
 std::vector<at::Tensor> execute_below_autograd(const std::vector<at::Tensor>& inputs, const at::Tensor& blob,
