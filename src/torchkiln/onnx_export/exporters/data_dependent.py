@@ -2,8 +2,6 @@
 Runtime sizes when they run. Each defines its symbol from its first output's dim 0, for the layers after it."""
 from __future__ import annotations
 
-import torch
-
 from torchkiln.ir import layers as L
 from torchkiln.onnx_export.context import ExportContext, exporter
 

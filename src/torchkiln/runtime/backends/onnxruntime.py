@@ -222,7 +222,14 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     if options.timing_iterations == 0 or not any(step.kernel == 0 for step in steps):
         return plan(DEFAULT_SETTINGS)
     tactics = candidates(options.ort_threads == 0 and torch.get_num_threads() > 1)
-    return plan(choose_settings(network, tactics, lambda t: OrtRunner(network, plan(t), device, options)))
+    exported: list[SessionModels | None] = []  # the sessions' models, exported once for every candidate
+
+    def runner(tactic: Tactic) -> OrtRunner:
+        if not exported:
+            exported.append(session_models(network, plan(DEFAULT_SETTINGS), b""))
+        return OrtRunner(network, plan(tactic), device, options, models=exported[0])
+
+    return plan(choose_settings(network, tactics, runner))
 
 
 def _ort():

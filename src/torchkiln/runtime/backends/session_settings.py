@@ -63,12 +63,13 @@ def choose_settings(network: Network, tactics: Sequence[Tactic], runner_for: Cal
     if xs is None or len(tactics) < 2:
         return DEFAULT_SETTINGS
     try:
-        runners = [runner_for(t) for t in tactics]
+        runners = [runner_for(tactics[0])]
         first = _timed(runners[0], xs)  # also the warm-up
-        if first < MIN_CALL_S:
+        if first < MIN_CALL_S:  # (the other candidates' sessions are then never made)
             return DEFAULT_SETTINGS
-        for r in runners[1:]:
-            _timed(r, xs)
+        for t in tactics[1:]:
+            runners.append(runner_for(t))
+            _timed(runners[-1], xs)
     except Exception as e:  # a network these inputs break (an index, a division) keeps the default
         logger.debug("network %s: session settings not measured: %s", network.name, e)
         return DEFAULT_SETTINGS
