@@ -268,12 +268,13 @@ def _recomputed_prologues(network: Network, groups: list[tuple[Kernel, list[int]
             if fusion.classify(network.layers[j]) != fusion.OpClass.POINTWISE or id(value) in graph.returned:
                 continue
             readers = {step_of[graph.index[id(x)]] for x in graph.readers.get(id(value), [])} - {r}
-            reason = _why_not_recomputed(network, groups, graph, r, j, readers)
-            if reason is not None:
-                if readers:
-                    logger.debug("%r is written by its row step rather than recomputed: %s", value.name, reason)
+            if not readers:
                 continue
             chain = _made_within(network, graph, j, inside)
+            reason = _why_not_recomputed(network, groups, graph, r, value, chain, readers)
+            if reason is not None:
+                logger.debug("%r is written by its row step rather than recomputed: %s", value.name, reason)
+                continue
             for g in readers:
                 grown[g] = sorted(set(grown[g]) | set(chain))
             logger.debug("%r is computed again by %d later steps instead of read", value.name, len(readers))
@@ -292,19 +293,16 @@ def _made_within(network: Network, graph: _Graph, j: int, inside: set[int]) -> l
     return sorted(chain)
 
 
-def _why_not_recomputed(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph, r: int, j: int,
-                        readers: set[int]) -> str | None:
-    """None if the value of layer `j` in row step `r` may be computed again by the steps `readers` (rule 4b)."""
-    value = network.layers[j].outputs[0]
-    if not readers:
-        return "no other step reads it"
+def _why_not_recomputed(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph, r: int, value,
+                        chain: list[int], readers: set[int]) -> str | None:
+    """None if `value`, made in row step `r` by the layers `chain`, may be computed again by the steps `readers`
+    (rule 4b)."""
     for g in readers:
         kernel, members = groups[g]
         if (kernel.kind, kernel.op) != ("generated", "pointwise") or g < r:
             return f"step {g} ({kernel.kind} {kernel.op}) reads it"
         if tuple(network.layers[members[0]].outputs[0].shape) != tuple(value.shape):
             return f"step {g} computes over {list(network.layers[members[0]].outputs[0].shape)}"
-    chain = _made_within(network, graph, j, set(groups[r][1]))
     if any(fusion.classify(network.layers[k]) != fusion.OpClass.POINTWISE for k in chain):
         return "it is made from a reduction"
     made = {id(t) for k in chain for t in network.layers[k].outputs}
