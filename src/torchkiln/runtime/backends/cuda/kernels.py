@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torchkiln.ir import layers as L
 from torchkiln.ir.reference import MEANINGS, gather
 from torchkiln.ir.tensor import Tensor
+from torchkiln.runtime.backends.cuda.codegen.layout import copy_to_channels_last
 from torchkiln.runtime.backends.cuda.patches import patch_gemm
 from torchkiln.runtime.backends.cuda.timing import sdpa
 from torchkiln.runtime.executor import convolve
@@ -96,8 +97,11 @@ def channels_last_input(x: torch.Tensor) -> torch.Tensor:
     """A 4-D input of a channels-last convolution in that layout (a no-op where it is): ATen picks the memory format
     of a convolution from its input and weight, and a weight with one input channel per group (a depthwise
     convolution's) is contiguous in both formats, so an NCHW input took ATen's generic depthwise kernel instead of
-    cuDNN's (a 7x7 depthwise convolution at [8,192,56,56] fp16 on an H100: 170 us)."""
-    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+    cuDNN's (a 7x7 depthwise convolution at [8,192,56,56] fp16 on an H100: 170 us). The copy is a generated
+    kernel where it pays (codegen/layout.py)."""
+    if x.dim() != 4 or x.is_contiguous(memory_format=torch.channels_last):
+        return x
+    return copy_to_channels_last(x)
 
 
 def nchw_input(x: torch.Tensor) -> torch.Tensor:
