@@ -424,19 +424,3 @@ def test_int8_linear_plan_matches_the_reference_engine():
     assert sum(plan.kernels[s.kernel].op == "quantized_matmul" for s in plan.steps) == 2
     ref = ReferenceExecutor(network, CPU).run([x])[0]
     assert float((out[0] - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
-
-
-def test_the_output_tail_is_the_last_steps_making_large_outputs_into_new_memory():
-    from torchkiln.runtime.backends.cuda.runner import MAX_TAIL, MIN_TAIL_BYTES, output_tail
-
-    def step(made):  # (callable, input slots, output slots, freed slots): output_tail reads the output slots
-        return (None, [0], made, [])
-
-    large, small = torch.empty(MIN_TAIL_BYTES // 4), torch.empty(16)
-    fns = [step([1]), step([2]), step([3]), step([4, 5])]
-    assert output_tail(fns, [True] * 4, [5, 3], [large, large]) == 2  # step 1 makes no output: it ends the tail
-    assert output_tail(fns, [True] * 4, [5, 3], [small, large]) == 4  # the last step's output is small
-    assert output_tail(fns, [True, True, False, True], [5, 3], [large, large]) == 3  # a view or constant: captured
-    chain = [step([k + 1]) for k in range(MAX_TAIL + 2)]
-    outputs = list(range(1, MAX_TAIL + 3))
-    assert output_tail(chain, [True] * len(chain), outputs, [large] * len(outputs)) == len(chain) - MAX_TAIL

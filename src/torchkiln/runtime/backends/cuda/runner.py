@@ -8,9 +8,7 @@
   input shapes alone becomes its values, computed then (`runtime/fold_shapes.py`), every step's callable is made,
   the steps run once eagerly (which also compiles generated kernels), then are captured as one CUDA graph on
   a private memory pool. Later calls copy the inputs into the graph's input buffers, replay it, and copy its
-  outputs out, so an output of one call is never overwritten by a later call. The last steps that make large
-  outputs are not captured: they run after the replay into fresh memory, so those outputs need no copy
-  (`output_tail`).
+  outputs out, so an output of one call is never overwritten by a later call.
 - A call runs on the caller's current stream and never waits for the host. Calls from several threads are
   serialized by a lock around the few launches a call makes; a call on another stream first waits (on the
   GPU, through an event) for the previous call's replay to finish with the shared buffers.
@@ -43,83 +41,43 @@ from torchkiln.runtime.symbols import SymbolBinder
 logger = logging.getLogger(__name__)
 
 MAX_GRAPHS = 16  # input-shape signatures kept captured per engine and device
-MIN_TAIL_BYTES = 4 << 20  # a network output this large is made after the replay (`output_tail`)
-MAX_TAIL = 4  # steps run after the replay at most
 
 
 class _Bound:
-    """The steps for one input-shape signature, and (once captured) their CUDA graph: every step but an output
-    tail (`output_tail`), which runs after each replay and writes the outputs it makes into fresh memory."""
+    """The steps for one input-shape signature, and (once captured) their CUDA graph."""
 
     def __init__(self, fns: list[tuple[StepFn, list[int], list[int], list[int]]], num_slots: int,
-                 num_inputs: int, output_slots: list[int], fresh: Sequence[bool] = ()) -> None:
+                 num_inputs: int, output_slots: list[int]) -> None:
         self.fns = fns
-        self.fresh = list(fresh) or [False] * len(fns)  # per step: its outputs are new memory (no view, no constant)
         self.num_slots = num_slots
         self.num_inputs = num_inputs
         self.output_slots = output_slots
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_inputs: list[torch.Tensor] = []
-        self.static_values: list[torch.Tensor | None] = []
-        self.tail = len(fns)  # the first step not captured
-        self.static_storages: set[int] = set()
-
-    def _run(self, values: list[torch.Tensor | None], start: int, stop: int,
-             visit: Callable[[int], None] | None = None) -> None:
-        for k in range(start, stop):
-            fn, ins, outs, frees = self.fns[k]
-            for slot, value in zip(outs, fn([values[i] for i in ins])):
-                values[slot] = value
-            for slot in frees:
-                values[slot] = None
-            if visit is not None:
-                visit(k)
+        self.static_outputs: list[torch.Tensor] = []
 
     def run_eagerly(self, inputs: Sequence[torch.Tensor],
                     visit: Callable[[int], None] | None = None) -> list[torch.Tensor]:
         """The steps launched one by one; `visit(k)` after step k's launch (per-step timing: runtime/profile.py)."""
         values: list[torch.Tensor | None] = [None] * self.num_slots
         values[: self.num_inputs] = inputs
-        self._run(values, 0, len(self.fns), visit)
+        for k, (fn, ins, outs, frees) in enumerate(self.fns):
+            for slot, value in zip(outs, fn([values[i] for i in ins])):
+                values[slot] = value
+            for slot in frees:
+                values[slot] = None
+            if visit is not None:
+                visit(k)
         return [values[s] for s in self.output_slots]
 
-    def capture(self, inputs: Sequence[torch.Tensor], pool: object, outputs: Sequence[torch.Tensor]) -> None:
-        """Capture the steps before the output tail as one graph. The eager call just before it (which made
-        `outputs`) did the lazy work (cuDNN's algorithm choice, Triton's compiles, weight casts), so it is not
-        warmed up again."""
-        self.tail = output_tail(self.fns, self.fresh, self.output_slots, outputs)
+    def capture(self, inputs: Sequence[torch.Tensor], pool: object) -> None:
+        """Capture the steps as one graph. The eager call just before it did the lazy work (cuDNN's algorithm
+        choice, Triton's compiles, weight casts), so it is not warmed up again."""
         self.static_inputs = [x.clone() for x in inputs]
-        values: list[torch.Tensor | None] = [None] * self.num_slots
-        values[: self.num_inputs] = self.static_inputs
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            self._run(values, 0, self.tail)
-        self.static_values = values
-        self.static_storages = {v.untyped_storage().data_ptr() for v in values if v is not None}
+            self.static_outputs = self.run_eagerly(self.static_inputs)
         self.graph = graph
-
-    def replay(self) -> list[torch.Tensor]:
-        """Replay the graph, run the output tail, and return the outputs: those the graph wrote copied out (a later
-        replay overwrites them), those the tail made as they are unless they are views of the graph's memory."""
-        self.graph.replay()
-        values = list(self.static_values)
-        self._run(values, self.tail, len(self.fns))
-        outputs = [values[s] for s in self.output_slots]
-        return [o.clone() if o.untyped_storage().data_ptr() in self.static_storages else o for o in outputs]
-
-
-def output_tail(fns: Sequence[tuple[StepFn, list[int], list[int], list[int]]], fresh: Sequence[bool],
-                output_slots: Sequence[int], outputs: Sequence[torch.Tensor]) -> int:
-    """The first step of the output tail: the last steps (at most `MAX_TAIL`), each a kernel that writes new memory
-    (generated or a library call) making a network output of at least `MIN_TAIL_BYTES`. Run after the replay,
-    they write those outputs into fresh memory, where a captured step would write the graph's and the call would
-    copy them out: a full extra read and write of every large output (23 us of a 0.6 ms call for a
-    [16,512,1024] fp16 output on an H100), for one launch of host time that a replay's GPU work hides."""
-    large = {s for s, o in zip(output_slots, outputs) if o.numel() * o.element_size() >= MIN_TAIL_BYTES}
-    tail = len(fns)
-    while tail > 0 and len(fns) - tail < MAX_TAIL and fresh[tail - 1] and large & set(fns[tail - 1][2]):
-        tail -= 1
-    return tail
 
 
 def captures_graphs(network: Network) -> bool:
@@ -162,9 +120,7 @@ def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tenso
                          [tensor_at[s] for s in sio.outputs], device)
         fns.append((make_step(own, plan.kernels[step.kernel], allow_tf32), list(sio.inputs), list(sio.outputs),
                     list(sio.frees)))
-    fresh = [k not in folded and plan.kernels[step.kernel].kind in ("generated", "library")
-             for k, step in enumerate(plan.steps)]
-    return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs], fresh)
+    return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs])
 
 
 class CudaRunner:
@@ -216,7 +172,8 @@ class CudaRunner:
                         copy_to_channels_last(x, static)
                     else:
                         static.copy_(x)
-                outputs = bound.replay()
+                bound.graph.replay()
+                outputs = [o.clone() for o in bound.static_outputs]
             self._last_call.record(stream)  # one event, re-recorded: a wait takes the record made before it
         return outputs
 
@@ -226,7 +183,7 @@ class CudaRunner:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         try:
-            bound.capture(inputs, self._pool, outputs)
+            bound.capture(inputs, self._pool)
         except RuntimeError as e:
             bound.graph = None
             self._graphs = False
