@@ -217,7 +217,7 @@ class _Recording:
 def _check_recorded(net, values):
     launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
     seen = []
-    launcher._persistent, launcher._looped = _Recording(launcher._persistent, seen), _Recording(launcher._looped, seen)
+    _record_launches(launcher, seen)
     got = launcher([values[t.name].to(DEVICE) for t in net.inputs])
     for g, r in zip(got, reference(net, values)):
         assert_close_half(g, r)
@@ -237,15 +237,21 @@ def test_rows_tiled_across_a_channels_last_input(monkeypatch, passes):
     x = net.add_input("x", F16, (3, 40, 5, 7))
     net.mark_output(net.add_reduce(x, R.AVG, (2, 3), True).get_output())
     v = data(3, 40, 5, 7, dtype=F16).contiguous(memory_format=torch.channels_last)
-    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 16, 16) if passes else ("rows_kernel", 16, 64))
+    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped_t", 16, 16) if passes else ("rows_kernel_t", 16, 64))
     net = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
     v = data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)  # a group: 4 channels, 8 bytes
-    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 4, 16) if passes else ("rows_kernel", 4, 128))
+    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped_t", 4, 16) if passes else ("rows_kernel_t", 4, 128))
 
 
 def _split_launches(launcher, seen):
-    stats, apply = launcher._split
-    launcher._split = (_Recording(stats, seen), _Recording(apply, seen))
+    for transposed, (stats, apply) in launcher._split.items():
+        launcher._split[transposed] = (_Recording(stats, seen), _Recording(apply, seen))
+
+
+def _record_launches(launcher, seen):
+    for kernels in (launcher._persistent, launcher._looped):
+        for transposed, fn in kernels.items():
+            kernels[transposed] = _Recording(fn, seen)
 
 
 @pytest.mark.parametrize("case", ["group-norm-channels-last", "group-norm-3-channels-a-group", "layer-norm-few-rows",
@@ -260,11 +266,11 @@ def test_norms_reduced_in_spans(monkeypatch, case):
     if case == "group-norm-channels-last":
         net = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
         values = {"x": data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)}
-        expected = ("rows_split_stats_kernel", 16, 16)  # 4 channels a group: 16 groups fill 128 bytes
+        expected = ("rows_split_stats_kernel_t", 16, 16)  # 4 channels a group: 16 groups fill 128 bytes
     elif case == "group-norm-3-channels-a-group":  # 6 bytes a group: 21 groups to 128 bytes, taken as 16
         net = group_norm_sigmoid_net((2, 18, 5, 6), 6, F16)
         values = {"x": data(2, 18, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)}
-        expected = ("rows_split_stats_kernel", 16, 16)
+        expected = ("rows_split_stats_kernel_t", 16, 16)
     elif case == "layer-norm-few-rows":
         net = layer_norm_net((3, 150), (150,), F32, residual=True)
         values = {"x": torch.randn(3, 150, generator=g) * 0.1 + 10, "y": torch.randn(3, 150, generator=g) * 0.1}
@@ -275,13 +281,13 @@ def test_norms_reduced_in_spans(monkeypatch, case):
         net.mark_output(net.add_normalization(x, L.NormalizationKind.INSTANCE, 1e-5, scale=torch.randn(3, generator=g),
                                               bias=torch.randn(3, generator=g)).get_output())
         values = {"x": (data(2, 3, 9, 10) * 0.05 + 10).contiguous(memory_format=torch.channels_last)}
-        expected = ("rows_split_stats_kernel", 8, 16)  # a row per channel, 4 bytes apart
+        expected = ("rows_split_stats_kernel_t", 8, 16)  # a row per channel, 4 bytes apart: rows along the tile
     launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
     assert launcher.kernel.splittable
     seen = []
     _split_launches(launcher, seen)
     got = launcher([values[t.name].to(DEVICE) for t in net.inputs])
-    assert seen and seen[0] == expected and seen[1][0] == "rows_split_apply_kernel"
+    assert seen and seen[0] == expected and seen[1][0] == expected[0].replace("stats", "apply")
     for g_, r in zip(got, reference(net, values)):
         (assert_close_half if g_.dtype == F16 else assert_close)(g_, r)
 
@@ -320,7 +326,8 @@ def test_a_sum_of_long_rows_over_few_programs_is_reduced_in_spans(monkeypatch, l
     seen = []
     _split_launches(launcher, seen)
     (got,) = launcher([values[t.name].to(DEVICE) for t in net.inputs])
-    assert [name for name, *_ in seen] == ["rows_split_stats_kernel", "rows_split_apply_kernel"]
+    suffix = reduction.TRANSPOSED if layout == "channels-last" else ""  # channels-last: a row per channel, interleaved
+    assert [name for name, *_ in seen] == ["rows_split_stats_kernel" + suffix, "rows_split_apply_kernel" + suffix]
     assert_close_half(got, reference(net, values)[0])
 
 
@@ -420,7 +427,7 @@ def test_every_launch_takes_power_of_two_tiles(monkeypatch, per_group, channels_
     v = v.contiguous(memory_format=torch.channels_last) if channels_last else v
     launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
     seen = []
-    launcher._persistent, launcher._looped = _Recording(launcher._persistent, seen), _Recording(launcher._looped, seen)
+    _record_launches(launcher, seen)
     _split_launches(launcher, seen)
     got = launcher([v.to(DEVICE)])
     assert seen

@@ -6,11 +6,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from torchkiln.runtime.backends.cuda.codegen import gemm, pointwise, pooling, reduction
+from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm, indexed, layout, pointwise, pooling, reduction
 
 CLASSES = ("library", "generated", "aten", "copies", "idle")
-GENERATED = (pointwise.KERNEL_NAME, reduction.KERNEL, reduction.LOOPED, reduction.SPLIT_STATS, reduction.SPLIT_APPLY,
-             gemm.KERNEL_NAME, pooling.KERNEL_NAME)  # every kernel function the generators name
+_ROWS = (reduction.KERNEL, reduction.LOOPED, reduction.SPLIT_STATS, reduction.SPLIT_APPLY)
+GENERATED = (pointwise.KERNEL_NAME, *_ROWS, *(name + reduction.TRANSPOSED for name in _ROWS), gemm.KERNEL_NAME,
+             pooling.KERNEL_NAME, depthwise.KERNEL_NAME, indexed.KERNEL_NAME, layout.KERNEL_NAME)  # every kernel
+# function the generators name
 
 
 def classify_kernel(name: str) -> str:

@@ -43,6 +43,7 @@ from torchkiln.runtime.backends.cuda.codegen.pointwise import (HEADER, TL, VALUE
 KERNEL = "rows_kernel"
 LOOPED = "rows_kernel_looped"
 SPLIT_STATS, SPLIT_APPLY = "rows_split_stats_kernel", "rows_split_apply_kernel"
+TRANSPOSED = "_t"  # a kernel's name suffix where its tile is [columns, rows] (`RowLauncher` says when)
 MAX_PERSISTENT = 16384  # columns a program keeps in registers; longer rows are reduced in passes
 LOOP_BLOCK = 2048  # columns a pass of the looped body covers
 _TILE = 1024  # elements per program that short rows are packed up to...
@@ -284,6 +285,22 @@ class _Source:
         self.weights: list[torch.Tensor] = []
         self._weight_names: dict[tuple, str] = {}
         self.values: dict[object, tuple[str, bool]] = {}
+        self.transposed = False  # the tile is [columns, rows] (`across`, `along` and `axis` name its axes)
+
+    @property
+    def across(self) -> str:
+        """The index suffix that lays a vector of rows along the tile's row axis."""
+        return "[None, :]" if self.transposed else "[:, None]"
+
+    @property
+    def along(self) -> str:
+        """The index suffix that lays a vector of columns along the tile's column axis."""
+        return "[:, None]" if self.transposed else "[None, :]"
+
+    @property
+    def axis(self) -> int:
+        """The tile's column axis (what a row's reduction reduces)."""
+        return 0 if self.transposed else 1
 
     def weight_operand(self, weight: torch.Tensor) -> str:
         """The operand name of a weight (each weight is bound once, however many passes read it)."""
@@ -314,7 +331,7 @@ class _Source:
 
     def reduction(self, op: _Op) -> str:
         x = Builder.as_float(self.values[op.args[0]])
-        return f"tl.reduce(tl.where(mask, {x}, {_NEUTRAL[op.template]}), 1, _{op.template})[:, None]"
+        return f"tl.reduce(tl.where(mask, {x}, {_NEUTRAL[op.template]}), {self.axis}, _{op.template}){self.across}"
 
     def finish(self, op: _Op, b: _Emitter, total: str) -> None:
         self.values[op.out] = b.emit(f"{total} / cols" if op.mean else total, False)
@@ -330,7 +347,7 @@ class _Source:
             else:
                 self.emit_op(b, op)
         body += self.stores(row=False) + self.stores(row=True)
-        columns = ["col = tl.arange(0, BLOCK)[None, :]", "mask = rmask & (col < cols)", *self.column_offsets()]
+        columns = [f"col = tl.arange(0, BLOCK){self.along}", "mask = rmask & (col < cols)", *self.column_offsets()]
         return self.offsets() + columns + body  # offsets last: emitting the body names the weights it reads
 
     def looped(self) -> list[str]:
@@ -348,7 +365,8 @@ class _Source:
             if not reductions:
                 continue
             for k, op in enumerate(reductions):
-                lines.append(f"acc{depth}_{k} = tl.full([ROWS, 1], {_NEUTRAL[op.template]}, tl.float32)")
+                shape = "[1, ROWS]" if self.transposed else "[ROWS, 1]"
+                lines.append(f"acc{depth}_{k} = tl.full({shape}, {_NEUTRAL[op.template]}, tl.float32)")
             body: list[str] = []
             inner = _Emitter(self, f"p{depth}_", body)
             self.load_inputs(inner, False)
@@ -376,9 +394,9 @@ class _Source:
         body = self._span(mean)
         x = Builder.as_float(self.values[mean.args[0]])
         body += ["count = tl.minimum(cols - start, BLOCK).to(tl.float32)",
-                 f"span_mean = tl.reduce(tl.where(mask, {x}, 0.0), 1, _sum)[:, None] / count",
+                 f"span_mean = tl.reduce(tl.where(mask, {x}, 0.0), {self.axis}, _sum){self.across} / count",
                  f"dev = tl.where(mask, {x} - span_mean, 0.0)",
-                 "span_m2 = tl.reduce(dev * dev, 1, _sum)[:, None]",
+                 f"span_m2 = tl.reduce(dev * dev, {self.axis}, _sum){self.across}",
                  "where = st + row * (splits * 2) + tl.program_id(1) * 2",
                  "tl.store(where, span_mean, mask=rmask)", "tl.store(where + 1, span_m2, mask=rmask)"]
         return self._span_kernel(body)
@@ -398,7 +416,7 @@ class _Source:
 
     def _span_kernel(self, body: list[str]) -> list[str]:
         """`body` over the span of columns program id 1 names."""
-        columns = ["start = tl.program_id(1) * BLOCK", "col = start + tl.arange(0, BLOCK)[None, :]",
+        columns = ["start = tl.program_id(1) * BLOCK", f"col = start + tl.arange(0, BLOCK){self.along}",
                    "mask = rmask & (col < cols)", *self.column_offsets()]
         return self.offsets() + columns + body
 
@@ -406,14 +424,14 @@ class _Source:
         """A split reduction's second kernel: each row's mean and variance merged from its spans' statistics (Chan's
         parallel formulas), then the group's values and stores over BLOCK columns (program ids: row block, block)."""
         mean, var = self.lowering.norms[0]
-        merge = ["span = tl.arange(0, SPLITS)[None, :]", "smask = rmask & (span < splits)",
+        merge = [f"span = tl.arange(0, SPLITS){self.along}", "smask = rmask & (span < splits)",
                  "where = st + row * (splits * 2) + span * 2",
                  "span_mean = tl.load(where, mask=smask, other=0.0)",
                  "span_m2 = tl.load(where + 1, mask=smask, other=0.0)",
                  "count = tl.where(span < splits, tl.minimum(cols - span * chunk, chunk), 0).to(tl.float32)",
-                 "row_mean = tl.reduce(count * span_mean, 1, _sum)[:, None] / cols",
+                 f"row_mean = tl.reduce(count * span_mean, {self.axis}, _sum){self.across} / cols",
                  "dev = span_mean - row_mean",
-                 "row_var = tl.reduce(span_m2 + count * dev * dev, 1, _sum)[:, None] / cols"]
+                 f"row_var = tl.reduce(span_m2 + count * dev * dev, {self.axis}, _sum){self.across} / cols"]
         self.values[mean], self.values[var] = ("row_mean", False), ("row_var", False)
         body: list[str] = []
         b = _Emitter(self, "v", body)
@@ -423,7 +441,7 @@ class _Source:
             if op.kind != "reduce":
                 self.emit_op(b, op)
         body += self.stores(row=False)
-        columns = ["col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)[None, :]", "mask = rmask & (col < cols)",
+        columns = [f"col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK){self.along}", "mask = rmask & (col < cols)",
                    *self.column_offsets()]
         return self.offsets() + merge + columns + body
 
@@ -440,9 +458,10 @@ class _Source:
         """The second kernel of a split sum: each row's sum from its spans' (program ids: row block), then the
         group's row values and their stores."""
         (total,) = [op for op in self.lowering.ops if op.kind == "reduce"]
-        merge = ["span = tl.arange(0, SPLITS)[None, :]",
+        merge = [f"span = tl.arange(0, SPLITS){self.along}",
                  "where = st + row * (splits * 2) + span * 2",
-                 "row_sum = tl.reduce(tl.load(where, mask=rmask & (span < splits), other=0.0), 1, _sum)[:, None]"]
+                 f"row_sum = tl.reduce(tl.load(where, mask=rmask & (span < splits), other=0.0), {self.axis}, _sum)"
+                 f"{self.across}"]
         body: list[str] = []
         b = _Emitter(self, "v", body)
         self.load_inputs(b, True)
@@ -454,7 +473,8 @@ class _Source:
 
     def column_pass(self, body: list[str]) -> list[str]:
         """A loop over the row's columns, BLOCK at a time, running `body`."""
-        header = ["col = start + tl.arange(0, BLOCK)[None, :]", "mask = rmask & (col < cols)", *self.column_offsets()]
+        header = [f"col = start + tl.arange(0, BLOCK){self.along}", "mask = rmask & (col < cols)",
+                  *self.column_offsets()]
         return ["for start in range(0, cols, BLOCK):", *(f"    {line}" for line in header + body)]
 
     def row_outputs(self) -> list[bool]:
@@ -466,8 +486,8 @@ class _Source:
     def offsets(self) -> list[str]:
         """Row indices, their mask and every operand's row offsets."""
         lead = self.rank - self.reduced
-        lines = ["if INT64:", "    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None]",
-                 "else:", "    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[:, None]",
+        lines = ["if INT64:", f"    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS){self.across}",
+                 "else:", f"    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS){self.across}",
                  "rmask = row < rows", "rrem = row"]
         for d in reversed(range(lead)):
             lines += [f"i{d} = rrem % s{d}", f"rrem = rrem // s{d}"]
@@ -498,20 +518,29 @@ class _Source:
             lines.append(f"tl.store({where}, {value}, mask={'rmask' if row else 'mask'})")
         return lines
 
-    def source(self) -> str:
+    def bodies(self) -> list[tuple[str, list[str], tuple[str, ...]]]:
+        """(function name, body lines, extra parameters) of each kernel, in the tile orientation set."""
         bodies = [(KERNEL, self.persistent(), ()), (LOOPED, self.looped(), ())]
         split = ("st", "splits", "chunk")
         if self.lowering.splittable() and not any(self.row_outputs()):  # one norm: statistics, then the values
             bodies += [(SPLIT_STATS, self.split_stats(), split), (SPLIT_APPLY, self.split_apply(), split)]
         elif self.lowering.one_sum() and all(self.row_outputs()):  # partial sums, then each row's values
             bodies += [(SPLIT_STATS, self.split_sum_stats(), split), (SPLIT_APPLY, self.split_sum_apply(), split)]
+        return [(fn + TRANSPOSED if self.transposed else fn, body, extra) for fn, body, extra in bodies]
+
+    def source(self) -> str:
+        """Every kernel, with rows along the tile's first axis and again along its second (`TRANSPOSED`)."""
+        bodies = self.bodies()
+        self.transposed = True
+        bodies += self.bodies()
+        self.transposed = False
         names = self.names()
         out = [f"# Generated by {__name__} from the engine's layers; do not edit.\n{HEADER}{_COMBINE}"]
         for fn, body, extra in bodies:
             params = [*names, *extra, "rows", "cols", *(f"s{d}" for d in range(self.rank)),
                       *(f"{p}_t{d}" for p in names for d in range(self.rank)),
                       "INT64: tl.constexpr", "ROWS: tl.constexpr", "BLOCK: tl.constexpr",
-                      *(["SPLITS: tl.constexpr"] if fn == SPLIT_APPLY else [])]
+                      *(["SPLITS: tl.constexpr"] if fn.startswith(SPLIT_APPLY) else [])]
             signature = ",\n        ".join(params)
             out.append(f"\n\n@triton.jit\ndef {fn}(\n        {signature},\n):\n" +
                        "".join(f"    {line}\n" for line in body))
@@ -581,8 +610,13 @@ class RowLauncher(GroupLauncher):
 
         super().__init__(kernel, channels_last)  # 4-D full outputs channels-last (read by channels-last convolutions)
         module = load_source(kernel.source)
-        self._persistent, self._looped = getattr(module, KERNEL), getattr(module, LOOPED)
-        self._split = (getattr(module, SPLIT_STATS), getattr(module, SPLIT_APPLY)) if kernel.splittable else None
+        # per tile orientation (rows along its first axis, or along its second: TRANSPOSED)
+        self._persistent, self._looped, self._split = {}, {}, {}
+        for suffix, transposed in (("", False), (TRANSPOSED, True)):
+            self._persistent[transposed] = getattr(module, KERNEL + suffix)
+            self._looped[transposed] = getattr(module, LOOPED + suffix)
+            self._split[transposed] = (getattr(module, SPLIT_STATS + suffix), getattr(module, SPLIT_APPLY + suffix)) \
+                if kernel.splittable else None
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         kernel = self.kernel
@@ -626,34 +660,41 @@ class RowLauncher(GroupLauncher):
         # looping over 12544 columns read it at a sixth of the memory's rate).
         run = _interleaved_run(strides[:len(views)], sizes, lead, operands)
         sector = packed = _rows_filling(32, run)
+        # Rows whose runs are shorter than a sector lie along the tile's second axis, the one a warp's threads
+        # walk first: a warp's load then covers the runs of neighbouring rows, a few whole sectors, where along the
+        # columns it took one short run from each of many sectors (a group norm of a channels-last tensor, 8-byte
+        # runs: split statistics and values at 0.7 TB/s on an H100).
+        transposed = sector > 1
         while packed > 1 and (rows + packed - 1) // packed < MIN_PROGRAMS // 2:
             packed //= 2
         whole = max(16, _next_power_of_two(cols))
         int64 = needs_int64(*views, *outputs)
         across = packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth == 1 or cols > MAX_PERSISTENT)
         few = (rows + packed - 1) // packed < MIN_PROGRAMS  # programs of the launch below
-        if self._split is not None and cols >= SPLIT_MIN_COLS and (
+        if self._split[transposed] is not None and cols >= SPLIT_MIN_COLS and (
                 (kernel.split_sum and few) or (not across and (sector > 1 or rows < MIN_PROGRAMS // 2))):
-            self._split_reduction(operands, outputs, rows, cols, sizes, strides, int64, _rows_filling(128, run))
+            self._split_reduction(operands, outputs, rows, cols, sizes, strides, int64, _rows_filling(128, run),
+                                  transposed)
             return outputs
         if across:
             block = whole if packed * whole <= MAX_PERSISTENT else max(16, _ACROSS_TILE // packed)
-            fn, warps = self._persistent if cols <= block else self._looped, _num_warps(packed * block)
+            fn = (self._persistent if cols <= block else self._looped)[transposed]
+            warps = _num_warps(packed * block)
         elif cols <= MAX_PERSISTENT:
-            fn, block = self._persistent, max(_next_power_of_two(cols), 16)
+            fn, block = self._persistent[transposed], max(_next_power_of_two(cols), 16)
             packed = max(1, min(_TILE // block, _next_power_of_two(rows)))
             while packed > 1 and (rows + packed - 1) // packed < MIN_PROGRAMS:
                 packed //= 2
             warps = _num_warps(packed * block)
         else:
-            fn, block, packed, warps = self._looped, LOOP_BLOCK, 1, 8
+            fn, block, packed, warps = self._looped[transposed], LOOP_BLOCK, 1, 8
         grid = ((rows + packed - 1) // packed,)
         fn[grid](*operands, *outputs, rows, cols, *sizes, *(v for s in strides for v in s), INT64=int64, ROWS=packed,
                  BLOCK=block, num_warps=warps)
         return outputs
 
     def _split_reduction(self, operands: list[torch.Tensor], outputs: list[torch.Tensor], rows: int, cols: int,
-                         sizes: list[int], strides: list[list[int]], int64: bool, line: int) -> None:
+                         sizes: list[int], strides: list[list[int]], int64: bool, line: int, transposed: bool) -> None:
         """A norm's partial statistics over spans of `chunk` columns of the rows that fill a 128-byte line together
         (`line` of them; many programs, every read coalesced), then each row's statistics merged and the outputs
         made from them."""
@@ -664,7 +705,7 @@ class RowLauncher(GroupLauncher):
         grid = ((rows + packed - 1) // packed, splits)
         args = (*operands, *outputs, stats, splits, chunk, rows, cols, *sizes, *(v for s in strides for v in s))
         meta = {"INT64": int64, "ROWS": packed, "BLOCK": chunk, "num_warps": _num_warps(packed * chunk)}
-        stats_fn, apply_fn = self._split
+        stats_fn, apply_fn = self._split[transposed]
         stats_fn[grid](*args, **meta)
         apply_fn[grid[:1] if self.kernel.split_sum else grid](*args, SPLITS=_next_power_of_two(splits), **meta)
 
