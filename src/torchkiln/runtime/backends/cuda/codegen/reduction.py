@@ -37,8 +37,8 @@ from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import needs_int64
-from torchkiln.runtime.backends.cuda.codegen.pointwise import (HEADER, TL, VALUE_DTYPES, Builder, GroupLauncher,
-                                                                emit_layer, fusable)
+from torchkiln.runtime.backends.cuda.codegen.pointwise import (FLOATS, HEADER, VALUE_DTYPES, Builder, GroupLauncher,
+                                                                Value, emit_layer, fusable, held, loaded, stored)
 
 KERNEL = "rows_kernel"
 LOOPED = "rows_kernel_looped"
@@ -110,7 +110,7 @@ def reduction_fusable(layer: L.Layer) -> str | None:
     if all(d == 1 for d in layer.inputs[0].shape[-k:]):
         return "it reduces axes of size 1"
     dtypes = [t.dtype for t in (*layer.inputs, *layer.outputs)] + [w.dtype for w in layer.weights.values()]
-    wrong = [d for d in dtypes if d not in VALUE_DTYPES or d == torch.bool]
+    wrong = [d for d in dtypes if d not in FLOATS]
     if wrong:
         return f"dtype {wrong[0]}: generated reductions compute float32, float16 and bfloat16 values"
     return None
@@ -256,20 +256,18 @@ class _Emitter(Builder):
         self.kernel, self.prefix, self.lines = kernel, prefix, lines
         self.count = 0
 
-    def emit(self, expr: str, is_bool: bool) -> tuple[str, bool]:
+    def emit(self, expr: str, dtype: torch.dtype) -> Value:
         var = f"{self.prefix}{self.count}"
         self.count += 1
         self.lines.append(f"{var} = {expr}")
-        return var, is_bool
+        return var, dtype
 
-    def load(self, name: str, dtype: torch.dtype) -> tuple[str, bool]:
+    def load(self, name: str, dtype: torch.dtype) -> Value:
         row = self.kernel.row_operand[name]
         where = f"{name} + ro_{name}" if row else f"{name} + ro_{name} + co_{name}"
-        load = f"tl.load({where}, mask={'rmask' if row else 'mask'}"
-        return self.emit(f"{load})" if dtype == torch.bool else f"{load}, other=0.0).to(tl.float32)",
-                         dtype == torch.bool)
+        return self.emit(loaded(f"tl.load({where}, mask={'rmask' if row else 'mask'}, other=0)", dtype), held(dtype))
 
-    def load_weight(self, weight: torch.Tensor) -> tuple[str, bool]:
+    def load_weight(self, weight: torch.Tensor) -> Value:
         return self.load(self.kernel.weight_operand(weight), weight.dtype)
 
 
@@ -283,7 +281,7 @@ class _Source:
         self.row_operand = {f"in{i}": lowering.row[id(t)] for i, t in enumerate(inputs)}
         self.weights: list[torch.Tensor] = []
         self._weight_names: dict[tuple, str] = {}
-        self.values: dict[object, tuple[str, bool]] = {}
+        self.values: dict[object, Value] = {}
 
     def weight_operand(self, weight: torch.Tensor) -> str:
         """The operand name of a weight (each weight is bound once, however many passes read it)."""
@@ -305,7 +303,7 @@ class _Source:
             self.values[op.out] = b.weight(op.weight)
         else:
             self.values[op.out] = b.emit(op.template.format(*(Builder.as_float(self.values[a]) for a in op.args)),
-                                         False)
+                                         torch.float32)
 
     def load_inputs(self, b: _Emitter, row: bool) -> None:
         for i, t in enumerate(self.inputs):
@@ -317,7 +315,7 @@ class _Source:
         return f"tl.reduce(tl.where(mask, {x}, {_NEUTRAL[op.template]}), 1, _{op.template})[:, None]"
 
     def finish(self, op: _Op, b: _Emitter, total: str) -> None:
-        self.values[op.out] = b.emit(f"{total} / cols" if op.mean else total, False)
+        self.values[op.out] = b.emit(f"{total} / cols" if op.mean else total, torch.float32)
 
     def persistent(self) -> list[str]:
         body: list[str] = []
@@ -326,7 +324,7 @@ class _Source:
         self.load_inputs(b, False)
         for op in self.lowering.ops:
             if op.kind == "reduce":
-                self.finish(op, b, b.emit(self.reduction(op), False)[0])
+                self.finish(op, b, b.emit(self.reduction(op), torch.float32)[0])
             else:
                 self.emit_op(b, op)
         body += self.stores(row=False) + self.stores(row=True)
@@ -414,7 +412,7 @@ class _Source:
                  "row_mean = tl.reduce(count * span_mean, 1, _sum)[:, None] / cols",
                  "dev = span_mean - row_mean",
                  "row_var = tl.reduce(span_m2 + count * dev * dev, 1, _sum)[:, None] / cols"]
-        self.values[mean], self.values[var] = ("row_mean", False), ("row_var", False)
+        self.values[mean], self.values[var] = ("row_mean", torch.float32), ("row_var", torch.float32)
         body: list[str] = []
         b = _Emitter(self, "v", body)
         self.load_inputs(b, True)
@@ -492,8 +490,7 @@ class _Source:
                 continue
             if id(t) not in self.values:
                 raise NetworkError(f"group output {t.name!r} is not computed by the group's layers")
-            var, is_bool = self.values[id(t)]
-            value = var if is_bool else f"{var}.to({TL[t.dtype]})"
+            value = stored(self.values[id(t)], t.dtype)
             where = f"out{k} + ro_out{k}" if row else f"out{k} + ro_out{k} + co_out{k}"
             lines.append(f"tl.store({where}, {value}, mask={'rmask' if row else 'mask'})")
         return lines
@@ -536,8 +533,8 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
     split = groups.pop()
     for t in inputs:
         if t.dtype not in VALUE_DTYPES or t.rank > space.rank:
-            raise NetworkError(f"group input {t.name!r} ({t.dtype}, rank {t.rank}) is not a float or bool operand "
-                               f"of rank at most {space.rank}")
+            raise NetworkError(f"group input {t.name!r} ({t.dtype}, rank {t.rank}) is not a float, bool or integer "
+                               f"operand of rank at most {space.rank}")
     lowering = _Lowering(layers, inputs, space.rank, reduced_axes(found[0]))
     for t in outputs:
         row = lowering.row.get(id(t))
