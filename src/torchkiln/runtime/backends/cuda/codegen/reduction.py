@@ -9,11 +9,14 @@ The space is a shape of rank R whose last K axes are reduced: its leading dims i
   and log-softmax (K = 1), layer norm over the trailing K dims and instance norm (K = R - 2). Each is lowered
   here into the same few primitives: a row reduction (sum, max or min) and pointwise expressions, so no norm
   has a kernel of its own (softmax: max, exp(x - max), sum, divide; a norm: mean, x - mean, mean of squares,
-  rsqrt, scale and shift).
+  rsqrt, scale and shift);
+- scans along the last axis (K = 1): cumulative sums and products, of floats (in float32) or integers (in the
+  result's dtype: torch.cumsum of integers gives int64), whose result is a full value (`tl.associative_scan` over
+  the row; in the looped body each pass carries the running total of the columns before it).
 
-Every value is computed in float32 (bool values as int1) as in the pointwise generator: operands are cast on
-load, results rounded to their dtype on store, a cast layer to a half type rounds where it stands. Reductions
-accumulate in float32; max and min propagate NaN as torch's do.
+Values are held as in the pointwise generator (floats in float32, bools as int1, integers in their own type):
+operands are cast on load, results rounded to their dtype on store, a cast layer to a half type rounds where it
+stands. Reductions take and accumulate float32; max and min propagate NaN as torch's do.
 
 Two bodies are generated from the same layers. Where a row fits one program's registers (at most
 `MAX_PERSISTENT` columns), the *persistent* body loads each operand once, keeps the row in registers through
@@ -37,8 +40,9 @@ from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import needs_int64
-from torchkiln.runtime.backends.cuda.codegen.pointwise import (FLOATS, HEADER, VALUE_DTYPES, Builder, GroupLauncher,
-                                                                Value, emit_layer, fusable, held, loaded, stored)
+from torchkiln.runtime.backends.cuda.codegen.pointwise import (FLOATS, HEADER, TL, VALUE_DTYPES, Builder,
+                                                                GroupLauncher, Value, converted, emit_layer, fusable,
+                                                                held, loaded, stored)
 
 KERNEL = "rows_kernel"
 LOOPED = "rows_kernel_looped"
@@ -65,9 +69,16 @@ def _max(a, b):  # NaN wins, as in torch.amax
 @triton.jit
 def _min(a, b):
     return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def _prod(a, b):
+    return a * b
 '''
 _REDUCE_OPS = {L.ReduceOperation.SUM: "sum", L.ReduceOperation.AVG: "sum", L.ReduceOperation.MAX: "max",
                L.ReduceOperation.MIN: "min"}
+_SCANS = {L.CumulativeOperation.SUM: ("sum", "+", 0), L.CumulativeOperation.PROD: ("prod", "*", 1)}  # op, neutral
+_SCANNED = (*FLOATS, torch.int64)  # the results a scan computes (torch.cumsum and cumprod widen integers to int64)
 
 
 def trailing_axes(rank: int, axes: Sequence[int]) -> int | None:
@@ -84,7 +95,7 @@ def reduced_axes(layer: L.Layer) -> int | None:
         return None
     if isinstance(layer, L.ReduceLayer):
         return trailing_axes(x.rank, layer.axes) if layer.op in _REDUCE_OPS else None
-    if isinstance(layer, L.SoftMaxLayer):
+    if isinstance(layer, (L.SoftMaxLayer, L.CumulativeLayer)):
         return 1 if layer.axis % x.rank == x.rank - 1 else None
     if isinstance(layer, L.NormalizationLayer):
         if layer.kind == L.NormalizationKind.LAYER:
@@ -109,6 +120,11 @@ def reduction_fusable(layer: L.Layer) -> str | None:
         return f"{layer.KIND} over these axes is not a reduction over trailing axes the generator computes"
     if all(d == 1 for d in layer.inputs[0].shape[-k:]):
         return "it reduces axes of size 1"
+    if isinstance(layer, L.CumulativeLayer):
+        if layer.inputs[0].dtype not in VALUE_DTYPES or layer.outputs[0].dtype not in _SCANNED:
+            return f"a scan of {layer.inputs[0].dtype} giving {layer.outputs[0].dtype}: generated scans give " \
+                   f"float32, float16, bfloat16 and int64 values"
+        return None
     dtypes = [t.dtype for t in (*layer.inputs, *layer.outputs)] + [w.dtype for w in layer.weights.values()]
     wrong = [d for d in dtypes if d not in FLOATS]
     if wrong:
@@ -130,7 +146,7 @@ class RowKernel:
     row_outputs: tuple[bool, ...]
     has_max: bool
     groups: int | None = None
-    depth: int = 1  # reductions chained (a norm: 2): the passes over a row the looped body makes before its stores
+    depth: int = 1  # reductions chained (a norm: 2; scans only: 0): the looped body's passes before its stores
     splittable: bool = False  # the source has the split reduction's two kernels (`_Source.source` says when)
     split_sum: bool = False  # ... and they compute one sum with row outputs only: one apply program per row block
 
@@ -139,7 +155,7 @@ class RowKernel:
 class _Op:
     """One step of the group, lowered: a pointwise layer, an expression over earlier values, or a reduction."""
 
-    kind: str  # "layer", "expr", "weight", "reduce"
+    kind: str  # "layer", "expr", "weight", "reduce", "scan"
     out: object  # value key
     args: tuple = ()  # value keys read
     layer: L.Layer | None = None
@@ -168,18 +184,20 @@ class _Lowering:
     def splittable(self) -> bool:
         """Whether the group's only reductions are one norm's mean and variance, which a split reduction computes
         from partial statistics of spans of each row (`_Source.split_stats`, `_Source.split_apply`)."""
-        reductions = [op.out for op in self.ops if op.kind == "reduce"]
+        reductions = [op.out for op in self.ops if op.kind in ("reduce", "scan")]
         return len(self.norms) == 1 and reductions == list(self.norms[0])
 
     def one_sum(self) -> bool:
         """Whether the group's only reduction is one sum (or mean), which a split reduction computes from the
         partial sums of spans of each row (`_Source.split_sum_stats`, `_Source.split_sum_apply`)."""
-        reductions = [op for op in self.ops if op.kind == "reduce"]
-        return len(reductions) == 1 and reductions[0].template == "sum"
+        reductions = [op for op in self.ops if op.kind in ("reduce", "scan")]
+        return len(reductions) == 1 and reductions[0].kind == "reduce" and reductions[0].template == "sum"
 
     def add(self, op: _Op, row: bool | None = None) -> object:
         if op.kind == "reduce":
             self.row[op.out], self.depth[op.out] = True, self.depth[op.args[0]] + 1
+        elif op.kind == "scan":  # a full value, computed in the pass over the row that computes its input
+            self.row[op.out], self.depth[op.out] = False, self.depth[op.args[0]]
         else:
             self.row[op.out] = all(self.row[a] for a in op.args) if row is None else row
             self.depth[op.out] = max((self.depth[a] for a in op.args), default=0)
@@ -221,6 +239,10 @@ class _Lowering:
                                f"axes of rank {self.rank}")
         if isinstance(layer, L.ReduceLayer):
             self.reduce(out, x, _REDUCE_OPS[layer.op], mean=layer.op == L.ReduceOperation.AVG)
+        elif isinstance(layer, L.CumulativeLayer):
+            if self.row[x]:
+                raise NetworkError(f"a generated scan reads {name!r}'s input as one value per row")
+            self.add(_Op("scan", out, (x,), layer=layer))
         elif isinstance(layer, L.SoftMaxLayer):
             m = self.reduce((name, "max"), x, "max")
             shifted = self.expr((name, "shifted"), "{} - {}", x, m)
@@ -251,10 +273,11 @@ class _Lowering:
 class _Emitter(Builder):
     """Source lines of one pass: values named with the pass's prefix; loads of full or row operands."""
 
-    def __init__(self, kernel: _Source, prefix: str, lines: list[str]) -> None:
+    def __init__(self, kernel: _Source, prefix: str, lines: list[str], carries: list[str] | None = None) -> None:
         super().__init__(kernel.rank)
         self.kernel, self.prefix, self.lines = kernel, prefix, lines
         self.count = 0
+        self.carries = carries  # in a pass of the looped body: the lines before its loop (a scan's carry)
 
     def emit(self, expr: str, dtype: torch.dtype) -> Value:
         var = f"{self.prefix}{self.count}"
@@ -297,13 +320,31 @@ class _Source:
         return name
 
     def emit_op(self, b: _Emitter, op: _Op) -> None:
-        if op.kind == "layer":
+        if op.kind == "scan":
+            self.values[op.out] = self.scan(b, op)
+        elif op.kind == "layer":
             self.values[op.out] = emit_layer(b, op.layer, [self.values[a] for a in op.args])
         elif op.kind == "weight":
             self.values[op.out] = b.weight(op.weight)
         else:
             self.values[op.out] = b.emit(op.template.format(*(Builder.as_float(self.values[a]) for a in op.args)),
                                          torch.float32)
+
+    def scan(self, b: _Emitter, op: _Op) -> Value:
+        """A scan along the row in the result's dtype; in a pass of the looped body, plus (times) the carry of the
+        columns before, which the pass then advances by the block's total."""
+        dtype = held(op.layer.outputs[0].dtype)
+        name, combine, neutral = _SCANS[op.layer.op]
+        x = converted(self.values[op.args[0]], dtype)
+        x = x if x.isidentifier() else b.emit(x, dtype)[0]
+        scanned = f"tl.associative_scan({x}, 1, _{name})"  # (tl.cumsum: the interpreter runs this module's functions)
+        if b.carries is None:
+            return b.emit(scanned, dtype)
+        carry = f"{b.prefix}carry{len(b.carries)}"
+        b.carries.append(f"{carry} = tl.full([ROWS, 1], {neutral}, {TL[dtype]})")
+        value = b.emit(f"{carry} {combine} {scanned}", dtype)
+        b.lines.append(f"{carry} = {carry} {combine} tl.reduce({x}, 1, _{name})[:, None]")
+        return value
 
     def load_inputs(self, b: _Emitter, row: bool) -> None:
         for i, t in enumerate(self.inputs):
@@ -337,7 +378,7 @@ class _Source:
         top = _Emitter(self, "r", lines)
         self.load_inputs(top, True)
         depths = max((low.depth[op.out] for op in low.ops), default=0)
-        full_ops = [op for op in low.ops if op.kind != "reduce" and not low.row[op.out]]
+        full_ops = [op for op in low.ops if op.kind != "reduce" and not low.row[op.out]]  # scans among them
         for depth in range(depths + 1):
             for op in low.ops:  # the row values of this depth, once per row
                 if op.kind != "reduce" and low.row[op.out] and low.depth[op.out] == depth:
@@ -347,24 +388,24 @@ class _Source:
                 continue
             for k, op in enumerate(reductions):
                 lines.append(f"acc{depth}_{k} = tl.full([ROWS, 1], {_NEUTRAL[op.template]}, tl.float32)")
-            body: list[str] = []
-            inner = _Emitter(self, f"p{depth}_", body)
+            body, carries = [], []
+            inner = _Emitter(self, f"p{depth}_", body, carries)
             self.load_inputs(inner, False)
             for op in full_ops:
                 if low.depth[op.out] <= depth:
                     self.emit_op(inner, op)
             for k, op in enumerate(reductions):
                 body.append(f"acc{depth}_{k} = _{op.template}(acc{depth}_{k}, {self.reduction(op)})")
-            lines += self.column_pass(body)
+            lines += carries + self.column_pass(body)
             for k, op in enumerate(reductions):
                 self.finish(op, top, f"acc{depth}_{k}")
         if not all(self.row_outputs()):
-            body = []
-            last = _Emitter(self, "q", body)
+            body, carries = [], []
+            last = _Emitter(self, "q", body, carries)
             self.load_inputs(last, False)
             for op in full_ops:
                 self.emit_op(last, op)
-            lines += self.column_pass(body + self.stores(row=False))
+            lines += carries + self.column_pass(body + self.stores(row=False))
         return self.offsets() + lines + self.stores(row=True)
 
     def split_stats(self) -> list[str]:
@@ -551,7 +592,7 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
     source = _Source(lowering, inputs, outputs, split is not None)
     text = source.source()
     has_max = any(op.kind == "reduce" and op.template != "sum" for op in lowering.ops)
-    depth = max(lowering.depth[op.out] for op in lowering.ops if op.kind == "reduce")
+    depth = max((lowering.depth[op.out] for op in lowering.ops if op.kind == "reduce"), default=0)
     splittable = SPLIT_STATS in text
     return RowKernel(text, tuple(inputs), tuple(source.weights), tuple(outputs), space.rank, lowering.reduced,
                      tuple(source.row_outputs()), has_max, split, depth, splittable,
@@ -627,7 +668,7 @@ class RowLauncher(GroupLauncher):
             packed //= 2
         whole = max(16, _next_power_of_two(cols))
         int64 = needs_int64(*views, *outputs)
-        across = packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth == 1 or cols > MAX_PERSISTENT)
+        across = packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth <= 1 or cols > MAX_PERSISTENT)
         few = (rows + packed - 1) // packed < MIN_PROGRAMS  # programs of the launch below
         if self._split is not None and cols >= SPLIT_MIN_COLS and (
                 (kernel.split_sum and few) or (not across and (sector > 1 or rows < MIN_PROGRAMS // 2))):
