@@ -406,6 +406,18 @@ def test_unary_integer_row_matches_reference_exactly(op, dtype):
     _assert_exact(net, {"x": x})
 
 
+@pytest.mark.parametrize("dtype", [I32, I64], ids=str)
+@pytest.mark.parametrize("kind,bounds", [(A.RELU, (0.0, 0.0)), (A.CLIP, (-3.0, math.inf)), (A.CLIP, (-math.inf, 5.0)),
+                                         (A.HARD_TANH, (-100.0, 7.0))], ids=["relu", "clamp-min", "clamp-max", "hardtanh"])
+def test_integer_activation_rows_match_reference_exactly(kind, bounds, dtype):
+    net = Network()
+    x = _integers(dtype)
+    out = net.add_activation(net.add_input("x", dtype, x.shape), kind, *bounds).get_output()
+    net.mark_output(out)
+    assert out.dtype == dtype and fusable(out.producer) is None
+    _assert_exact(net, {"x": x})
+
+
 def test_integer_division_by_a_run_time_divisor_or_a_zero_stays_on_aten():
     net = Network()
     x, y = net.add_input("x", I32, (4,)), net.add_input("y", I32, (4,))

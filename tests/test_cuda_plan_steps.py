@@ -459,9 +459,9 @@ def test_integer_position_ids_are_one_generated_scan_kernel():
     assert torch.equal(out[0], module(ids))
 
 
-def test_integer_division_by_a_run_time_divisor_stays_on_aten():
-    """x // y of int tensors: a zero divisor raises in ATen, so the layer stays there (fusable's reason says so);
-    the integer add after it is a generated kernel."""
+def test_integer_division_by_a_run_time_divisor_stays_on_aten(caplog):
+    """x // y of int tensors: a zero divisor raises in ATen, so the layer stays there, the reason logged; the integer
+    add after it is a generated kernel."""
     from torchkiln.runtime.backends.cuda.codegen.pointwise import fusable
 
     net = Network("div")
@@ -471,7 +471,9 @@ def test_integer_division_by_a_run_time_divisor_stays_on_aten():
     assert "run-time divisor" in fusable(quotient)
     xv = torch.randint(-50, 50, (3, 5), dtype=torch.int32)
     yv = (torch.randint(1, 7, (3, 5)) * (1 - 2 * (torch.arange(15).reshape(3, 5) % 2))).int()
-    plan, out = run_plan(net, [xv, yv])
+    with caplog.at_level(logging.DEBUG, logger=planner.__name__):
+        plan, out = run_plan(net, [xv, yv])
+    assert f"elementwise {quotient.name!r} runs on ATen: an integer division by a run-time divisor" in caplog.text
     assert [(plan.kernels[s.kernel].kind, plan.kernels[s.kernel].op) for s in plan.steps] == \
         [("aten", "elementwise"), ("generated", "pointwise")]
     assert torch.equal(out[0], torch.div(xv, yv, rounding_mode="floor") + xv)

@@ -6,7 +6,8 @@ Adding an op is one row here (and its enum member in `layers`), plus one test ro
 
 Triton expressions are Python templates over float32 values: `{x}` (unary, activation), `{a}` and `{b}`
 (binary), and the activation's `{alpha}` and `{beta}` (literals). An op computing integers (or bools, for the
-bitwise ones) has a second template, `integer`, over values of its result's dtype (`{t}`: that Triton type), with
+bitwise ones) has a second template, `integer`, over values of its result's dtype (`{t}`: that Triton type; an
+activation's `{alpha}` and `{beta}` are values of it, an infinite one the type's limit), with
 ATen's integer semantics: two's complement wrap-around, floor division and remainder as Python's. Templates may
 call `tl.*` and `libdevice.*` (`triton.language.extra.libdevice`); Triton's CPU interpreter runs no libdevice
 function, so only rows without one are checked there (see `uses_libdevice`).
@@ -116,6 +117,7 @@ _INEXACT_EDGES = "composing one would not be exact at its edges (signed zeros, i
 # NaN-propagating max/min and clamp (tl.maximum/minimum may return the other operand for NaN).
 _NAN = "{a} != {a}) | ({b} != {b}"
 _CLAMP = "tl.where({x} != {x}, {x}, tl.minimum(tl.maximum({x}, {alpha}), {beta}))"
+_INT_CLAMP = "tl.minimum(tl.maximum({x}, {alpha}), {beta})"  # integer bounds (infinite ones: the type's limits)
 _RELU6_OVER_6 = "tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0) * 0.16666666666666666"
 # Triton's integer // and % truncate toward zero (C's division); torch's floor division and remainder are Python's.
 _TRUNC_REM_FIX = "(({a} % {b} != 0) & (({a} % {b} < 0) != ({b} < 0)))"
@@ -261,7 +263,8 @@ UNARY: dict[L.UnaryOperation, PointwiseOp] = {
 
 # alpha and beta are the layer's parameters (see ActivationType); every activation keeps its input's dtype.
 ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
-    A.RELU: P(lambda x, a, b: torch.relu(x), node("Relu"), "tl.where({x} < 0, 0.0, {x})", aten="relu"),
+    A.RELU: P(lambda x, a, b: torch.relu(x), node("Relu"), "tl.where({x} < 0, 0.0, {x})", aten="relu",
+              integer="tl.maximum({x}, tl.full([1], 0, {t}))"),
     A.SIGMOID: P(lambda x, a, b: torch.sigmoid(x), node("Sigmoid"), "tl.div_rn(1.0, 1.0 + tl.exp(-{x}))",
                  aten="sigmoid"),
     A.TANH: P(lambda x, a, b: torch.tanh(x), node("Tanh"), "libdevice.tanh({x})", aten="tanh"),
@@ -276,11 +279,11 @@ ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
     A.SOFTSIGN: P(lambda x, a, b: F.softsign(x), node("Softsign"), "tl.div_rn({x}, 1.0 + tl.abs({x}))"),
     A.SOFTPLUS: P(lambda x, a, b: F.softplus(x, a, b), recipe("softplus"),  # alpha: beta, beta: threshold
                   "tl.where({x} * {alpha} > {beta}, {x}, tl.div_rn(libdevice.log1p(tl.exp({x} * {alpha})), {alpha}))"),
-    A.CLIP: P(lambda x, a, b: _clip(x, a, b), recipe("clip"), _CLAMP),
+    A.CLIP: P(lambda x, a, b: _clip(x, a, b), recipe("clip"), _CLAMP, integer=_INT_CLAMP),
     A.HARD_SIGMOID: P(lambda x, a, b: F.hardsigmoid(x), node("HardSigmoid", alpha=1.0 / 6.0, beta=0.5),
                       f"tl.where({{x}} != {{x}}, {{x}}, {_RELU6_OVER_6})", aten="hardsigmoid"),
     A.HARD_SWISH: P(lambda x, a, b: F.hardswish(x), node("HardSwish"), f"{{x}} * {_RELU6_OVER_6}", aten="hardswish"),
-    A.HARD_TANH: P(lambda x, a, b: F.hardtanh(x, a, b), recipe("clip"), _CLAMP),
+    A.HARD_TANH: P(lambda x, a, b: F.hardtanh(x, a, b), recipe("clip"), _CLAMP, integer=_INT_CLAMP),
     A.THRESHOLDED_RELU: P(lambda x, a, b: F.threshold(x, a, b), recipe("threshold"),
                           "tl.where({x} <= {alpha}, {beta}, {x})"),
     A.GELU_ERF: P(lambda x, a, b: F.gelu(x), node("Gelu"), "0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"),

@@ -82,6 +82,9 @@ def fusable(layer: L.Layer) -> str | None:
         return f"{name} of {computed} values has no Triton expression"
     if isinstance(layer, L.ElementWiseLayer) and layer.op in _DIVISIONS and not computed.is_floating_point:
         return _divisor_refusal(layer.inputs[1], computed)
+    if isinstance(layer, L.ActivationLayer) and not computed.is_floating_point and \
+            not all(math.isinf(v) or float(v).is_integer() for v in (layer.alpha, layer.beta)):
+        return f"{name} of {computed} values with bounds {layer.alpha}, {layer.beta}"
     return None
 
 
@@ -287,6 +290,8 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
         operands = [converted(x, computed) for x in xs]
     if row.dtype not in _BOOL_RULES and not computed.is_floating_point:  # integers (bools: bitwise ops)
         names = dict(zip("ab", operands)) if isinstance(layer, L.ElementWiseLayer) else {"x": operands[0]}
+        if isinstance(layer, L.ActivationLayer):
+            names.update(alpha=_bound(layer.alpha, computed), beta=_bound(layer.beta, computed))
         return b.emit(row.integer.format(**names, t=TL[computed]), computed)
     power = _small_power(layer) if isinstance(layer, L.ElementWiseLayer) else None
     if power is not None:
@@ -298,6 +303,12 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
     else:
         expr = row.triton.format(x=operands[0])
     return b.emit(expr, torch.bool if is_bool else torch.float32)
+
+
+def _bound(value: float, dtype: torch.dtype) -> str:
+    """An activation's parameter as a value of integer `dtype`: an infinite one is the type's limit."""
+    info = torch.iinfo(dtype)
+    return f"tl.full([1], {int(min(max(value, info.min), info.max))}, {TL[dtype]})"
 
 
 # x ** c for the constant exponents ATen's pow kernels compute by multiplication (its pow_tensor_scalar special
