@@ -595,3 +595,17 @@ def test_an_indexed_kernel_walks_channels_last_where_its_inputs_are_or_where_ask
     assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
     assert "i1 = rem % 9" in launcher.kernel.source  # the row-major kernel; the channels-last one walks C innermost
     assert torch.equal(got.cpu(), reference(net, values)[0])
+
+
+def test_integer_rolls_and_pads_are_index_arithmetic():
+    """An int64 roll (two slices concatenated), padded with a constant past int32 and added to an int32: the moves,
+    the fill and the sum in one indexed kernel, exact."""
+    ids = torch.tensor([[5, -3, 2**40, 7], [0, 1, -2**62, 9]])
+    net = Network()
+    x = net.add_input("ids", I64, ids.shape)
+    rolled = _roll(net, x, 1, 1)
+    padded = net.add_padding(rolled, [1, 2], L.PaddingMode.CONSTANT, float(2**33)).get_output()
+    small = net.add_constant(torch.arange(14, dtype=I32).reshape(2, 7) - 5).get_output()
+    net.mark_output(net.add_elementwise(padded, small, E.SUM).get_output())
+    got, ref = run_indexed(net, {"ids": ids})[0], reference(net, {"ids": ids})[0]
+    assert got.dtype == ref.dtype == I64 and torch.equal(got.cpu(), ref)
