@@ -408,7 +408,8 @@ def test_unary_integer_row_matches_reference_exactly(op, dtype):
 
 @pytest.mark.parametrize("dtype", [I32, I64], ids=str)
 @pytest.mark.parametrize("kind,bounds", [(A.RELU, (0.0, 0.0)), (A.CLIP, (-3.0, math.inf)), (A.CLIP, (-math.inf, 5.0)),
-                                         (A.HARD_TANH, (-100.0, 7.0))], ids=["relu", "clamp-min", "clamp-max", "hardtanh"])
+                                         (A.HARD_TANH, (-100.0, 7.0))],
+                         ids=["relu", "clamp-min", "clamp-max", "hardtanh"])
 def test_integer_activation_rows_match_reference_exactly(kind, bounds, dtype):
     net = Network()
     x = _integers(dtype)
@@ -434,9 +435,10 @@ def test_integer_division_by_a_run_time_divisor_or_a_zero_stays_on_aten():
 
 def test_integer_casts_and_promotions_match_aten():
     """Casts float -> int (toward zero), int -> narrower int (wrapped), int -> float16 (rounded as ATen rounds:
-    through float32; not bfloat16 here: the interpreter truncates float32 to bfloat16), bool -> int and int -> bool; promotions int32 + int64 -> int64, int32 + a 0-d int64
-    -> int32 (the 0-d value wrapped), int32 + a 0-d float -> float32, bool + int -> int, an int32 compared with a
-    float16 in float16, where over ints, and bitwise and/or of bools."""
+    through float32; not bfloat16 here: the interpreter truncates float32 to bfloat16), bool -> int and int -> bool;
+    promotions int32 + int64 -> int64, int32 + a 0-d int64 -> int32 (the 0-d value wrapped), int32 + a 0-d float ->
+    float32, bool + int -> int, an int32 compared with its float16 cast in float16 (equal), int64 compared with
+    float32 in float32, where over ints and of an int and a float16, and bitwise and/or/xor of bools and ints."""
     gen = torch.Generator().manual_seed(3)
     f = torch.cat([torch.tensor([0.0, -0.0, 0.5, -0.5, 1.7, -1.7, 2.5, -2.5, 126.9, -127.9, 99.99, -99.99]),
                    (torch.randn(20, generator=gen) * 40).clamp(-127, 127)])  # (beyond a type's range: undefined)
