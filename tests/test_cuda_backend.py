@@ -210,3 +210,34 @@ def test_a_depthwise_convolution_runs_in_the_layout_timed_faster(tmp_path, monke
     assert len(nchw) == (choices == ["nchw"] and "depthwise" not in {k.op for k in kernels})
     with torch.no_grad():
         _close(compiled(x), model(x), fp16=True)
+
+
+class _IntegerWork(torch.nn.Module):
+    """RoBERTa's position ids (mask, cumsum, type_as, multiply, offset) with the embedding after them, and integer
+    arithmetic around the limits: wrapping products, floor division and remainder by constants of negatives."""
+
+    def __init__(self):
+        super().__init__()
+        self.positions = torch.nn.Embedding(600, 16, padding_idx=1)
+
+    def forward(self, ids, big):
+        mask = ids.ne(1).int()
+        incremental = torch.cumsum(mask, dim=1).type_as(mask) * mask
+        wrapped = (big * 3 + 7) // -5 + big.int() % 7
+        return self.positions(incremental.long() + 1), wrapped
+
+
+def test_integer_work_runs_in_generated_kernels_exactly_as_eager():
+    """Compiled by Triton on the GPU (scans, integer casts and Python's floor division): exact, and one generated row
+    step makes the position ids."""
+    torch.manual_seed(0)
+    module = _IntegerWork().eval().cuda()
+    ids = torch.randint(2, 600, (32, 512), device="cuda")
+    ids[:, 400:] = 1
+    big = torch.randint(-2**62, 2**62, (32, 512), device="cuda")
+    spec = [torchkiln.Input(ids.shape, dtype=torch.int64), torchkiln.Input(big.shape, dtype=torch.int64)]
+    compiled = torchkiln.compile(module, spec, backend="cuda", min_block_size=1)
+    plan = _engine(compiled).plans[0]
+    assert ("generated", "rows") in {(k.kind, k.op) for k in plan.kernels}
+    for got, want in zip(compiled(ids, big), module(ids, big)):
+        assert got.dtype == want.dtype and torch.equal(got, want)

@@ -331,12 +331,156 @@ def test_what_cannot_be_fused_is_refused_with_the_layer_named():
     softmax = net.add_softmax(x, 0)
     assert "no Triton expression" in fusable(floor_div)
     assert "softmax" in fusable(softmax)
-    assert "int64" in fusable(net.add_unary(i, U.ABS))
+    assert "float64" in fusable(net.add_unary(net.add_input("d", torch.float64, (4,)), U.ABS))
     with pytest.raises(NetworkError, match=floor_div.name):
         generate([floor_div], [x], floor_div.outputs)
     relu = net.add_activation(x, A.RELU)
     with pytest.raises(NetworkError, match="neither group inputs"):
         generate([relu], [], relu.outputs)
+
+
+# ---- integer values: ATen's integer semantics (wrap-around, Python's floor division), exact ----
+
+I32, I64 = torch.int32, torch.int64
+_LIMITS = {I32: (-2**31, 2**31 - 1), I64: (-2**63, 2**63 - 1)}
+
+
+def _integers(dtype: torch.dtype) -> torch.Tensor:
+    """Small values of both signs, values around sqrt of the limit (products wrap) and at the limits."""
+    lo, hi = _LIMITS[dtype]
+    root = math.isqrt(hi) + 1
+    return torch.tensor([0, 1, -1, 2, -2, 3, -3, 7, -7, 100, -100, root, -root, hi, hi - 1, lo, lo + 1], dtype=dtype)
+
+
+def integer_rows(table: dict, divisions: bool) -> list:
+    return [pytest.param(op, id=op.name) for op, row in table.items()
+            if row.integer is not None and (op in _DIVISIONS) == divisions]
+
+
+_DIVISIONS = (E.FLOOR_DIV, E.TRUNC_DIV, E.REMAINDER, E.FMOD)
+
+
+def _assert_exact(net: Network, values: dict[str, torch.Tensor]) -> None:
+    got, ref = run(net, values), reference(net, values)
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype and torch.equal(g.cpu(), r.cpu()), (g, r)
+
+
+@pytest.mark.parametrize("dtype", [I32, I64], ids=str)
+@pytest.mark.parametrize("op", integer_rows(P.ELEMENTWISE, divisions=False))
+def test_binary_integer_row_matches_reference_exactly(op, dtype):
+    """Every pair of the values: sums and products past the limits wrap as ATen's do."""
+    a, b = torch.cartesian_prod(_integers(dtype), _integers(dtype)).unbind(1)
+    net = Network()
+    x, y = net.add_input("a", dtype, a.shape), net.add_input("b", dtype, b.shape)
+    out = net.add_elementwise(x, y, op).get_output()
+    net.mark_output(out)
+    assert fusable(out.producer) is None
+    _assert_exact(net, {"a": a, "b": b})
+
+
+@pytest.mark.parametrize("dtype", [I32, I64], ids=str)
+@pytest.mark.parametrize("op", integer_rows(P.ELEMENTWISE, divisions=True))
+def test_integer_division_by_constants_is_pythons(op, dtype):
+    """Floor division and remainder round toward -inf on negatives (Python's), truncating ones toward 0; the divisors
+    are a constant tensor of both signs without 0 and -1, so the layer is fused."""
+    lo, hi = _LIMITS[dtype]
+    divisors = torch.tensor([1, 2, -2, 3, -3, 7, -7, 100, hi, lo, lo + 1], dtype=dtype)
+    a, b = torch.cartesian_prod(_integers(dtype), divisors).unbind(1)
+    net = Network()
+    x = net.add_input("a", dtype, a.shape)
+    out = net.add_elementwise(x, net.add_constant(b).get_output(), op).get_output()
+    net.mark_output(out)
+    assert fusable(out.producer) is None
+    _assert_exact(net, {"a": a})
+
+
+@pytest.mark.parametrize("dtype", [I32, I64], ids=str)
+@pytest.mark.parametrize("op", integer_rows(P.UNARY, divisions=False))
+def test_unary_integer_row_matches_reference_exactly(op, dtype):
+    net = Network()
+    x = _integers(dtype)
+    out = net.add_unary(net.add_input("x", dtype, x.shape), op).get_output()
+    net.mark_output(out)
+    assert fusable(out.producer) is None
+    _assert_exact(net, {"x": x})
+
+
+@pytest.mark.parametrize("dtype", [I32, I64], ids=str)
+@pytest.mark.parametrize("kind,bounds", [(A.RELU, (0.0, 0.0)), (A.CLIP, (-3.0, math.inf)), (A.CLIP, (-math.inf, 5.0)),
+                                         (A.HARD_TANH, (-100.0, 7.0))],
+                         ids=["relu", "clamp-min", "clamp-max", "hardtanh"])
+def test_integer_activation_rows_match_reference_exactly(kind, bounds, dtype):
+    net = Network()
+    x = _integers(dtype)
+    out = net.add_activation(net.add_input("x", dtype, x.shape), kind, *bounds).get_output()
+    net.mark_output(out)
+    assert out.dtype == dtype and fusable(out.producer) is None
+    _assert_exact(net, {"x": x})
+
+
+def test_integer_division_by_a_run_time_divisor_or_a_zero_stays_on_aten():
+    net = Network()
+    x, y = net.add_input("x", I32, (4,)), net.add_input("y", I32, (4,))
+    assert "run-time divisor" in fusable(net.add_elementwise(x, y, E.FLOOR_DIV))
+    for divisor in ([3, 0, 1, 2], [-1]):
+        constant = net.add_constant(torch.tensor(divisor, dtype=I32)).get_output()
+        assert "0 or -1" in fusable(net.add_elementwise(x, constant, E.REMAINDER))
+    wraps_to_zero = net.add_constant(torch.tensor(2**32, dtype=I64).reshape(())).get_output()  # int32 + 0-d: int32
+    assert "0 or -1" in fusable(net.add_elementwise(x, wraps_to_zero, E.TRUNC_DIV))
+    with pytest.raises(NetworkError, match="run-time divisor"):
+        layer = net.add_elementwise(x, y, E.REMAINDER)
+        generate([layer], [x, y], layer.outputs)
+
+
+def test_integer_casts_and_promotions_match_aten():
+    """Casts float -> int (toward zero), int -> narrower int (wrapped), int -> float16 (rounded as ATen rounds:
+    through float32; not bfloat16 here: the interpreter truncates float32 to bfloat16), bool -> int and int -> bool;
+    promotions int32 + int64 -> int64, int32 + a 0-d int64 -> int32 (the 0-d value wrapped), int32 + a 0-d float ->
+    float32, bool + int -> int, an int32 compared with its float16 cast in float16 (equal), int64 compared with
+    float32 in float32, where over ints and of an int and a float16, and bitwise and/or/xor of bools and ints."""
+    gen = torch.Generator().manual_seed(3)
+    f = torch.cat([torch.tensor([0.0, -0.0, 0.5, -0.5, 1.7, -1.7, 2.5, -2.5, 126.9, -127.9, 99.99, -99.99]),
+                   (torch.randn(20, generator=gen) * 40).clamp(-127, 127)])  # (beyond a type's range: undefined)
+    i = torch.tensor([0, 1, -1, 127, 128, -129, 255, 256, 2049, 2051, 65519, 65520, -70000, 2**24 + 3, 2**31 - 1,
+                      -2**31, 2**33 + 5, -2**40 - 1, 5, -6, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], dtype=I64)
+    m = torch.arange(32) % 3 == 0
+    net = Network()
+    fx, ix, mx = (net.add_input(name, t.dtype, t.shape) for name, t in (("f", f), ("i", i), ("m", m)))
+    i32 = net.add_cast(ix, I32).get_output()
+    for t, to in ((fx, I64), (fx, torch.int16), (fx, torch.int8), (i32, torch.int8), (ix, torch.uint8),
+                  (ix, torch.int16), (ix, F16), (i32, F16), (mx, I32), (ix, torch.bool), (i32, F32)):
+        net.mark_output(net.add_cast(t, to).get_output())
+    net.mark_output(net.add_cast(net.add_cast(fx, F16).get_output(), I32).get_output())
+    net.mark_output(net.add_elementwise(i32, ix, E.SUM).get_output())
+    net.mark_output(net.add_elementwise(i32, net.add_constant(torch.tensor(2**32 + 7)).get_output(), E.PROD)
+                    .get_output())
+    net.mark_output(net.add_elementwise(i32, net.add_constant(torch.tensor(0.5)).get_output(), E.SUM).get_output())
+    net.mark_output(net.add_elementwise(mx, i32, E.SUM).get_output())
+    half = net.add_cast(fx, F16).get_output()
+    net.mark_output(net.add_elementwise(i32, net.add_cast(i32, F16).get_output(), E.EQUAL).get_output())
+    net.mark_output(net.add_elementwise(ix, fx, E.GREATER).get_output())
+    net.mark_output(net.add_select(mx, i32, ix).get_output())
+    net.mark_output(net.add_select(mx, i32, half).get_output())
+    other = net.add_elementwise(fx, fx, E.LESS).get_output()
+    net.mark_output(net.add_elementwise(mx, other, E.BITWISE_AND).get_output())
+    net.mark_output(net.add_elementwise(mx, other, E.BITWISE_XOR).get_output())
+    net.mark_output(net.add_elementwise(net.add_elementwise(i32, ix, E.BITWISE_OR).get_output(), ix, E.MIN)
+                    .get_output())
+    assert all(fusable(layer) is None for layer in net.layers if not isinstance(layer, L.ConstantLayer))
+    _assert_exact(net, {"f": f, "i": i, "m": m})
+
+
+def test_narrow_integers_wrap_at_their_width():
+    """int8 and uint8 sums and products wrap at 8 bits, int16 at 16, as ATen's."""
+    for dtype, values in ((torch.int8, [0, 1, -1, 100, -100, 127, -128]), (torch.uint8, [0, 1, 100, 200, 255]),
+                          (torch.int16, [0, 1, -1, 300, -300, 32767, -32768])):
+        a, b = torch.cartesian_prod(torch.tensor(values, dtype=dtype), torch.tensor(values, dtype=dtype)).unbind(1)
+        net = Network()
+        x, y = net.add_input("a", dtype, a.shape), net.add_input("b", dtype, b.shape)
+        for op in (E.SUM, E.PROD, E.SUB, E.MAX):
+            net.mark_output(net.add_elementwise(x, y, op).get_output())
+        _assert_exact(net, {"a": a, "b": b})
 
 
 def test_launcher_names_a_wrong_input():
@@ -453,3 +597,17 @@ def test_an_indexed_kernel_walks_channels_last_where_its_inputs_are_or_where_ask
     assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
     assert "i1 = rem % 9" in launcher.kernel.source  # the row-major kernel; the channels-last one walks C innermost
     assert torch.equal(got.cpu(), reference(net, values)[0])
+
+
+def test_integer_rolls_and_pads_are_index_arithmetic():
+    """An int64 roll (two slices concatenated), padded with a constant past int32 and added to an int32: the moves,
+    the fill and the sum in one indexed kernel, exact."""
+    ids = torch.tensor([[5, -3, 2**40, 7], [0, 1, -2**62, 9]])
+    net = Network()
+    x = net.add_input("ids", I64, ids.shape)
+    rolled = _roll(net, x, 1, 1)
+    padded = net.add_padding(rolled, [1, 2], L.PaddingMode.CONSTANT, float(2**33)).get_output()
+    small = net.add_constant(torch.arange(14, dtype=I32).reshape(2, 7) - 5).get_output()
+    net.mark_output(net.add_elementwise(padded, small, E.SUM).get_output())
+    got, ref = run_indexed(net, {"ids": ids})[0], reference(net, {"ids": ids})[0]
+    assert got.dtype == ref.dtype == I64 and torch.equal(got.cpu(), ref)

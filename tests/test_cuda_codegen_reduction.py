@@ -433,3 +433,54 @@ def test_every_launch_takes_power_of_two_tiles(monkeypatch, per_group, channels_
     assert seen
     for g_, r in zip(got, reference(net, {"x": v})):
         (assert_close_half if dtype == F16 else assert_close)(g_, r)
+
+
+def _exact(got: list[torch.Tensor], refs: list[torch.Tensor]) -> None:
+    for g, r in zip(got, refs):
+        assert g.dtype == r.dtype and torch.equal(g.cpu(), r.cpu()), (g, r)
+
+
+@pytest.mark.parametrize("passes", [False, True], ids=["registers", "passes"])
+def test_scans_along_rows_with_their_prologue_and_epilogue(monkeypatch, passes):
+    """cumsum of an int32 mask (int64 result, as torch.cumsum gives) times the mask, an int64 cumsum past the int64
+    limit (wraps), an int32 cumprod (wraps) and float cumsum and cumprod, with a sum of the float scan: one kernel,
+    the integers exact; in registers, and in passes over rows longer than a program holds (each pass carries the
+    running total of the blocks before)."""
+    if passes:
+        monkeypatch.setattr(reduction, "MAX_PERSISTENT", 64)
+        monkeypatch.setattr(reduction, "LOOP_BLOCK", 32)
+    E = L.ElementWiseOperation
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 4, (3, 150), generator=g)
+    big = torch.full((3, 150), 2**62, dtype=torch.int64) * torch.randint(-1, 2, (3, 150), generator=g)
+    small = torch.randint(-3, 4, (3, 150), generator=g, dtype=torch.int32)
+    net = Network("scan")
+    x, b, s = (net.add_input(n, v.dtype, v.shape) for n, v in (("ids", ids), ("big", big), ("small", small)))
+    f = net.add_input("f", F32, (3, 150))
+    mask = net.add_cast(net.add_elementwise(x, net.add_constant(torch.tensor(1)).get_output(), E.NOT_EQUAL)
+                        .get_output(), torch.int32).get_output()
+    total = net.add_cumulative(mask, L.CumulativeOperation.SUM, 1).get_output()
+    net.mark_output(net.add_elementwise(total, mask, E.PROD).get_output())
+    net.mark_output(net.add_cumulative(b, L.CumulativeOperation.SUM, -1).get_output())
+    net.mark_output(net.add_cumulative(s, L.CumulativeOperation.PROD, 1).get_output())
+    values = {"ids": ids, "big": big, "small": small, "f": data(3, 150) * 0.01 + 1.0}
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    _exact(launcher([values[t.name].to(DEVICE) for t in net.inputs]), reference(net, values))
+    net = Network("float scan")
+    f = net.add_input("f", F32, (3, 150))
+    scanned = net.add_cumulative(f, L.CumulativeOperation.SUM, 1).get_output()
+    net.mark_output(scanned)
+    net.mark_output(net.add_cumulative(f, L.CumulativeOperation.PROD, 1).get_output())
+    net.mark_output(net.add_reduce(scanned, R.SUM, (1,), True).get_output())
+    check(net, {"f": values["f"]})
+
+
+def test_scans_the_generator_does_not_compute_are_refused():
+    """A scan along another axis than the last, or of float64 values, stays on ATen."""
+    net = Network("scan")
+    x = net.add_input("x", torch.int32, (4, 6))
+    along_rows = net.add_cumulative(x, L.CumulativeOperation.SUM, 0)
+    assert "trailing axes" in reduction.reduction_fusable(along_rows)
+    wide = net.add_cumulative(net.add_cast(x, torch.float64).get_output(), L.CumulativeOperation.SUM, 1)
+    assert "float64" in reduction.reduction_fusable(wide)
+    assert reduction.reduction_fusable(net.add_cumulative(x, L.CumulativeOperation.SUM, 1)) is None

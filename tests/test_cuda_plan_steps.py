@@ -424,3 +424,56 @@ def test_int8_linear_plan_matches_the_reference_engine():
     assert sum(plan.kernels[s.kernel].op == "quantized_matmul" for s in plan.steps) == 2
     ref = ReferenceExecutor(network, CPU).run([x])[0]
     assert float((out[0] - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+class PositionIds(torch.nn.Module):
+    """RoBERTa's position ids (transformers' create_position_ids_from_input_ids, padding index 1) and their
+    embedding: ne, int cast, cumsum, type_as, add, mul, long, add, then the gather."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = torch.nn.Embedding(40, 8, padding_idx=1)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        mask = input_ids.ne(1).int()
+        incremental = (torch.cumsum(mask, dim=1).type_as(mask) + 0) * mask
+        return self.positions(incremental.long() + 1)
+
+
+def test_integer_position_ids_are_one_generated_scan_kernel():
+    """The integer pointwise layers around the cumsum join it in one generated row step (the scan its reduction);
+    only the embedding's gather stays on ATen. Exact against eager, padding included."""
+    torch.manual_seed(0)
+    module = PositionIds().eval()
+    data = torchkiln.convert_method_to_engine(module, "forward", [torchkiln.Input((4, 12), dtype=torch.int64)],
+                                              backend="reference")
+    network = Engine.deserialize(data).network
+    ids = torch.randint(0, 40, (4, 12))
+    ids[:, 9:] = 1
+    ids[0, 3] = 1
+    plan, out = run_plan(network, [ids])
+    steps = [(plan.kernels[s.kernel].kind, plan.kernels[s.kernel].op) for s in plan.steps
+             if plan.kernels[s.kernel].op != "constant"]
+    assert steps == [("generated", "rows"), ("aten", "gather")]
+    assert len(plan.steps[-2].layers) == 7  # ne, cast, cumsum, cast, mul, cast, add (the + 0 is folded)
+    assert torch.equal(out[0], module(ids))
+
+
+def test_integer_division_by_a_run_time_divisor_stays_on_aten(caplog):
+    """x // y of int tensors: a zero divisor raises in ATen, so the layer stays there, the reason logged; the integer
+    add after it is a generated kernel."""
+    from torchkiln.runtime.backends.cuda.codegen.pointwise import fusable
+
+    net = Network("div")
+    x, y = net.add_input("x", torch.int32, (3, 5)), net.add_input("y", torch.int32, (3, 5))
+    quotient = net.add_elementwise(x, y, L.ElementWiseOperation.FLOOR_DIV)
+    net.mark_output(net.add_elementwise(quotient.get_output(), x, L.ElementWiseOperation.SUM).get_output())
+    assert "run-time divisor" in fusable(quotient)
+    xv = torch.randint(-50, 50, (3, 5), dtype=torch.int32)
+    yv = (torch.randint(1, 7, (3, 5)) * (1 - 2 * (torch.arange(15).reshape(3, 5) % 2))).int()
+    with caplog.at_level(logging.DEBUG, logger=planner.__name__):
+        plan, out = run_plan(net, [xv, yv])
+    assert f"elementwise {quotient.name!r} runs on ATen: an integer division by a run-time divisor" in caplog.text
+    assert [(plan.kernels[s.kernel].kind, plan.kernels[s.kernel].op) for s in plan.steps] == \
+        [("aten", "elementwise"), ("generated", "pointwise")]
+    assert torch.equal(out[0], torch.div(xv, yv, rounding_mode="floor") + xv)

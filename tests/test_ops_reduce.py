@@ -52,6 +52,8 @@ CASES = [  # (id, fn, example input, op that must run in the engine)
     ("cumsum", lambda x: x.cumsum(1), _floats(*X), "aten::cumsum"),
     ("cumsum-negative-dim-dtype", lambda x: torch.cumsum(x, -1, dtype=torch.float64), _floats(*X), "aten::cumsum"),
     ("cumsum-int32-promotes", lambda x: x.cumsum(0), _ints(*X, dtype=torch.int32), "aten::cumsum"),
+    ("cumsum-int32-dtype", lambda x: torch.cumsum(x * 2**29, 2, dtype=torch.int32), _ints(*X), "aten::cumsum"),
+    ("cumprod-int16-dtype", lambda x: torch.cumprod(x * 40, -1, dtype=torch.int16), _ints(*X), "aten::cumprod"),
     ("cumprod", lambda x: x.cumprod(2), torch.rand(*X) + 0.5, "aten::cumprod"),
     ("var-dim", lambda x: x.var(1), _floats(*X), "aten::var.dim"),
     ("var-all-biased", lambda x: x.var(unbiased=False), _floats(*X), "aten::var"),

@@ -5,9 +5,12 @@ Triton expression a generated kernel computes it with (None: no kernel yet, so t
 Adding an op is one row here (and its enum member in `layers`), plus one test row.
 
 Triton expressions are Python templates over float32 values: `{x}` (unary, activation), `{a}` and `{b}`
-(binary), and the activation's `{alpha}` and `{beta}` (literals). They may call `tl.*` and `libdevice.*`
-(`triton.language.extra.libdevice`); Triton's CPU interpreter runs no libdevice function, so only rows
-without one are checked there (see `uses_libdevice`).
+(binary), and the activation's `{alpha}` and `{beta}` (literals). An op computing integers (or bools, for the
+bitwise ones) has a second template, `integer`, over values of its result's dtype (`{t}`: that Triton type; an
+activation's `{alpha}` and `{beta}` are values of it, an infinite one the type's limit), with
+ATen's integer semantics: two's complement wrap-around, floor division and remainder as Python's. Templates may
+call `tl.*` and `libdevice.*` (`triton.language.extra.libdevice`); Triton's CPU interpreter runs no libdevice
+function, so only rows without one are checked there (see `uses_libdevice`).
 """
 from __future__ import annotations
 
@@ -77,15 +80,16 @@ def declined(reason: str) -> Onnx:
 
 @dataclasses.dataclass(frozen=True)
 class PointwiseOp:
-    """One row: the reference meaning (ATen), the ONNX slot, the Triton expression slot, the dtype rule, and the
+    """One row: the reference meaning (ATen), the ONNX slot, the Triton expression slot, the dtype rule, the
     ATen op (`aten::<name>` and its in-place form) the family's generic converter maps to it ("": a converter of
-    its own reads more arguments)."""
+    its own reads more arguments), and the Triton expression over integers."""
 
     reference: Callable[..., torch.Tensor]
     onnx: Onnx
     triton: str | None
     dtype: DtypeRule = DtypeRule.SAME
     aten: str = ""
+    integer: str | None = None  # the Triton expression over integers (None: integer results are not fused)
 
     @property
     def uses_libdevice(self) -> bool:
@@ -113,30 +117,33 @@ _INEXACT_EDGES = "composing one would not be exact at its edges (signed zeros, i
 # NaN-propagating max/min and clamp (tl.maximum/minimum may return the other operand for NaN).
 _NAN = "{a} != {a}) | ({b} != {b}"
 _CLAMP = "tl.where({x} != {x}, {x}, tl.minimum(tl.maximum({x}, {alpha}), {beta}))"
+_INT_CLAMP = "tl.minimum(tl.maximum({x}, {alpha}), {beta})"  # integer bounds (infinite ones: the type's limits)
 _RELU6_OVER_6 = "tl.minimum(tl.maximum({x} + 3.0, 0.0), 6.0) * 0.16666666666666666"
+# Triton's integer // and % truncate toward zero (C's division); torch's floor division and remainder are Python's.
+_TRUNC_REM_FIX = "(({a} % {b} != 0) & (({a} % {b} < 0) != ({b} < 0)))"
 _SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
 
 ELEMENTWISE: dict[L.ElementWiseOperation, PointwiseOp] = {
-    E.SUM: P(torch.add, node("Add"), "{a} + {b}", DtypeRule.PROMOTE),
-    E.PROD: P(torch.mul, node("Mul"), "{a} * {b}", DtypeRule.PROMOTE),
+    E.SUM: P(torch.add, node("Add"), "{a} + {b}", DtypeRule.PROMOTE, integer="{a} + {b}"),
+    E.PROD: P(torch.mul, node("Mul"), "{a} * {b}", DtypeRule.PROMOTE, integer="{a} * {b}"),
     E.MAX: P(torch.maximum, node("Max"), f"tl.where(({_NAN}), {{a}} + {{b}}, tl.maximum({{a}}, {{b}}))",
-             DtypeRule.PROMOTE),
+             DtypeRule.PROMOTE, integer="tl.maximum({a}, {b})"),
     E.MIN: P(torch.minimum, node("Min"), f"tl.where(({_NAN}), {{a}} + {{b}}, tl.minimum({{a}}, {{b}}))",
-             DtypeRule.PROMOTE),
-    E.SUB: P(torch.sub, node("Sub"), "{a} - {b}", DtypeRule.PROMOTE),
+             DtypeRule.PROMOTE, integer="tl.minimum({a}, {b})"),
+    E.SUB: P(torch.sub, node("Sub"), "{a} - {b}", DtypeRule.PROMOTE, integer="{a} - {b}"),
     E.DIV: P(torch.div, node("Div"), "tl.div_rn({a}, {b})", DtypeRule.FLOAT),
     E.FLOOR_DIV: P(lambda a, b: torch.div(a, b, rounding_mode="floor"), recipe("floor_div"), None,
-                   DtypeRule.PROMOTE),
+                   DtypeRule.PROMOTE, integer=f"{{a}} // {{b}} - {_TRUNC_REM_FIX}.to({{t}})"),
     E.TRUNC_DIV: P(lambda a, b: torch.div(a, b, rounding_mode="trunc"), recipe("trunc_div"),
                    "tl.where(tl.div_rn({a}, {b}) < 0, tl.ceil(tl.div_rn({a}, {b})), tl.floor(tl.div_rn({a}, {b})))",
-                   DtypeRule.PROMOTE),
+                   DtypeRule.PROMOTE, integer="{a} // {b}"),
     E.POW: P(torch.pow, node("Pow"), "libdevice.pow({a}, {b})", DtypeRule.PROMOTE),
     E.REMAINDER: P(torch.remainder, recipe("remainder"),
                    "tl.where((libdevice.fmod({a}, {b}) != 0) & ((libdevice.fmod({a}, {b}) < 0) != ({b} < 0)), "
                    "libdevice.fmod({a}, {b}) + {b}, libdevice.fmod({a}, {b}))",
-                   DtypeRule.PROMOTE),
+                   DtypeRule.PROMOTE, integer=f"tl.where({_TRUNC_REM_FIX}, {{a}} % {{b}} + {{b}}, {{a}} % {{b}})"),
     # Triton's float % is not C's fmod at the edges (on CUDA, inf % inf gives inf, not NaN): libdevice's is.
-    E.FMOD: P(torch.fmod, node("Mod", fmod=1), "libdevice.fmod({a}, {b})", DtypeRule.PROMOTE),
+    E.FMOD: P(torch.fmod, node("Mod", fmod=1), "libdevice.fmod({a}, {b})", DtypeRule.PROMOTE, integer="{a} % {b}"),
     E.ATAN2: P(torch.atan2, declined(f"ONNX has no atan2 op, and {_INEXACT_EDGES}"), "libdevice.atan2({a}, {b})",
                DtypeRule.FLOAT),
     E.AND: P(torch.logical_and, node("And"), "({a} != 0) & ({b} != 0)", DtypeRule.LOGICAL),
@@ -148,9 +155,9 @@ ELEMENTWISE: dict[L.ElementWiseOperation, PointwiseOp] = {
     E.GREATER_EQUAL: P(torch.ge, node("GreaterOrEqual"), "{a} >= {b}", DtypeRule.COMPARE),
     E.LESS: P(torch.lt, node("Less"), "{a} < {b}", DtypeRule.COMPARE),
     E.LESS_EQUAL: P(torch.le, node("LessOrEqual"), "{a} <= {b}", DtypeRule.COMPARE),
-    E.BITWISE_AND: P(torch.bitwise_and, node("BitwiseAnd"), None, DtypeRule.PROMOTE),
-    E.BITWISE_OR: P(torch.bitwise_or, node("BitwiseOr"), None, DtypeRule.PROMOTE),
-    E.BITWISE_XOR: P(torch.bitwise_xor, node("BitwiseXor"), None, DtypeRule.PROMOTE),
+    E.BITWISE_AND: P(torch.bitwise_and, node("BitwiseAnd"), None, DtypeRule.PROMOTE, integer="{a} & {b}"),
+    E.BITWISE_OR: P(torch.bitwise_or, node("BitwiseOr"), None, DtypeRule.PROMOTE, integer="{a} | {b}"),
+    E.BITWISE_XOR: P(torch.bitwise_xor, node("BitwiseXor"), None, DtypeRule.PROMOTE, integer="{a} ^ {b}"),
     **{op: P(fn, _no_onnx(name), None, rule) for op, (fn, name, rule) in {
         E.ZETA: (torch.special.zeta, "zeta", DtypeRule.FLOAT),
         E.IGAMMA: (torch.igamma, "igamma", DtypeRule.FLOAT),
@@ -190,8 +197,8 @@ UNARY: dict[L.UnaryOperation, PointwiseOp] = {
     U.SQRT: P(torch.sqrt, node("Sqrt"), "tl.sqrt_rn({x})", DtypeRule.FLOAT, aten="sqrt"),
     U.RSQRT: P(torch.rsqrt, recipe("rsqrt"), "tl.rsqrt({x})", DtypeRule.FLOAT, aten="rsqrt"),
     U.RECIP: P(torch.reciprocal, node("Reciprocal"), "tl.div_rn(1.0, {x})", DtypeRule.FLOAT, aten="reciprocal"),
-    U.ABS: P(torch.abs, node("Abs"), "tl.abs({x})", aten="abs"),
-    U.NEG: P(torch.neg, node("Neg"), "-{x}", aten="neg"),
+    U.ABS: P(torch.abs, node("Abs"), "tl.abs({x})", aten="abs", integer="tl.where({x} < 0, -{x}, {x})"),
+    U.NEG: P(torch.neg, node("Neg"), "-{x}", aten="neg", integer="-{x}"),
     U.SIN: P(torch.sin, node("Sin"), "tl.sin({x})", DtypeRule.FLOAT, aten="sin"),
     U.COS: P(torch.cos, node("Cos"), "tl.cos({x})", DtypeRule.FLOAT, aten="cos"),
     U.TAN: P(torch.tan, node("Tan"), "libdevice.tan({x})", DtypeRule.FLOAT, aten="tan"),
@@ -203,16 +210,18 @@ UNARY: dict[L.UnaryOperation, PointwiseOp] = {
     U.ASINH: P(torch.asinh, node("Asinh"), "libdevice.asinh({x})", DtypeRule.FLOAT, aten="asinh"),
     U.ACOSH: P(torch.acosh, node("Acosh"), "libdevice.acosh({x})", DtypeRule.FLOAT, aten="acosh"),
     U.ATANH: P(torch.atanh, node("Atanh"), "libdevice.atanh({x})", DtypeRule.FLOAT, aten="atanh"),
-    U.CEIL: P(torch.ceil, node("Ceil"), "tl.ceil({x})", aten="ceil"),
-    U.FLOOR: P(torch.floor, node("Floor"), "tl.floor({x})", aten="floor"),
-    U.ROUND: P(torch.round, node("Round"), "libdevice.rint({x})", aten="round"),  # half to even
-    U.TRUNC: P(torch.trunc, recipe("trunc"), "tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))", aten="trunc"),
+    U.CEIL: P(torch.ceil, node("Ceil"), "tl.ceil({x})", aten="ceil", integer="{x}"),
+    U.FLOOR: P(torch.floor, node("Floor"), "tl.floor({x})", aten="floor", integer="{x}"),
+    U.ROUND: P(torch.round, node("Round"), "libdevice.rint({x})", aten="round", integer="{x}"),  # half to even
+    U.TRUNC: P(torch.trunc, recipe("trunc"), "tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))", aten="trunc",
+                integer="{x}"),
     U.ERF: P(torch.erf, node("Erf"), "tl.erf({x})", DtypeRule.FLOAT, aten="erf"),
     U.ERFINV: P(torch.erfinv, declined("ONNX has no Erfinv op"), "libdevice.erfinv({x})", DtypeRule.FLOAT,
                 aten="erfinv"),
-    U.SIGN: P(torch.sign, recipe("sign"), "tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))", aten="sign"),
+    U.SIGN: P(torch.sign, recipe("sign"), "tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))", aten="sign",
+               integer="({x} > 0).to({t}) - ({x} < 0).to({t})"),
     U.NOT: P(torch.logical_not, node("Not"), "{x} == 0", DtypeRule.LOGICAL, aten="logical_not"),
-    U.BITWISE_NOT: P(torch.bitwise_not, node("BitwiseNot"), None, aten="bitwise_not"),
+    U.BITWISE_NOT: P(torch.bitwise_not, node("BitwiseNot"), None, aten="bitwise_not", integer="~{x}"),
     U.ISINF: P(torch.isinf, node("IsInf"), "tl.abs({x}) > 3.4028234663852886e+38", DtypeRule.PREDICATE, aten="isinf"),
     U.ISNEGINF: P(torch.isneginf, node("IsInf", detect_positive=0), "{x} < -3.4028234663852886e+38",
                   DtypeRule.PREDICATE, aten="isneginf"),
@@ -221,7 +230,7 @@ UNARY: dict[L.UnaryOperation, PointwiseOp] = {
     U.ISNAN: P(torch.isnan, node("IsNaN"), "{x} != {x}", DtypeRule.PREDICATE, aten="isnan"),
     U.ISFINITE: P(torch.isfinite, recipe("isfinite"), "tl.abs({x}) <= 3.4028234663852886e+38", DtypeRule.PREDICATE,
                   aten="isfinite"),
-    U.SQUARE: P(torch.square, recipe("square"), "{x} * {x}", DtypeRule.SQUARE, aten="square"),
+    U.SQUARE: P(torch.square, recipe("square"), "{x} * {x}", DtypeRule.SQUARE, aten="square", integer="{x} * {x}"),
     U.SIGNBIT: P(torch.signbit, _no_onnx("sign bit (-0.0 and -NaN)"), None, DtypeRule.PREDICATE, aten="signbit"),
     **{op: P(fn, _no_onnx(aten.removeprefix("special_")), None, DtypeRule.FLOAT, aten=aten) for op, (fn, aten) in {
         U.LGAMMA: (torch.lgamma, "lgamma"),
@@ -254,7 +263,8 @@ UNARY: dict[L.UnaryOperation, PointwiseOp] = {
 
 # alpha and beta are the layer's parameters (see ActivationType); every activation keeps its input's dtype.
 ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
-    A.RELU: P(lambda x, a, b: torch.relu(x), node("Relu"), "tl.where({x} < 0, 0.0, {x})", aten="relu"),
+    A.RELU: P(lambda x, a, b: torch.relu(x), node("Relu"), "tl.where({x} < 0, 0.0, {x})", aten="relu",
+              integer="tl.maximum({x}, tl.full([1], 0, {t}))"),
     A.SIGMOID: P(lambda x, a, b: torch.sigmoid(x), node("Sigmoid"), "tl.div_rn(1.0, 1.0 + tl.exp(-{x}))",
                  aten="sigmoid"),
     A.TANH: P(lambda x, a, b: torch.tanh(x), node("Tanh"), "libdevice.tanh({x})", aten="tanh"),
@@ -269,11 +279,11 @@ ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
     A.SOFTSIGN: P(lambda x, a, b: F.softsign(x), node("Softsign"), "tl.div_rn({x}, 1.0 + tl.abs({x}))"),
     A.SOFTPLUS: P(lambda x, a, b: F.softplus(x, a, b), recipe("softplus"),  # alpha: beta, beta: threshold
                   "tl.where({x} * {alpha} > {beta}, {x}, tl.div_rn(libdevice.log1p(tl.exp({x} * {alpha})), {alpha}))"),
-    A.CLIP: P(lambda x, a, b: _clip(x, a, b), recipe("clip"), _CLAMP),
+    A.CLIP: P(lambda x, a, b: _clip(x, a, b), recipe("clip"), _CLAMP, integer=_INT_CLAMP),
     A.HARD_SIGMOID: P(lambda x, a, b: F.hardsigmoid(x), node("HardSigmoid", alpha=1.0 / 6.0, beta=0.5),
                       f"tl.where({{x}} != {{x}}, {{x}}, {_RELU6_OVER_6})", aten="hardsigmoid"),
     A.HARD_SWISH: P(lambda x, a, b: F.hardswish(x), node("HardSwish"), f"{{x}} * {_RELU6_OVER_6}", aten="hardswish"),
-    A.HARD_TANH: P(lambda x, a, b: F.hardtanh(x, a, b), recipe("clip"), _CLAMP),
+    A.HARD_TANH: P(lambda x, a, b: F.hardtanh(x, a, b), recipe("clip"), _CLAMP, integer=_INT_CLAMP),
     A.THRESHOLDED_RELU: P(lambda x, a, b: F.threshold(x, a, b), recipe("threshold"),
                           "tl.where({x} <= {alpha}, {beta}, {x})"),
     A.GELU_ERF: P(lambda x, a, b: F.gelu(x), node("Gelu"), "0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"),

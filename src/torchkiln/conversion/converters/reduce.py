@@ -86,8 +86,11 @@ def logsumexp(ctx: ConversionCtx, args: Args) -> Tensor:
 
 
 def _cumulative(ctx: ConversionCtx, args: Args, op: L.CumulativeOperation) -> Tensor:
-    x = ctx.to_tensor(args.self, to_dtype(args.dtype))
-    return ctx.network.add_cumulative(x, op, normalize_dim(args.dim, x.rank)).get_output()
+    """The layer's integer results are int64; a narrower `dtype` asked for is their cast (the same wrapped values as
+    torch accumulating in that dtype: sums and products modulo 2**bits)."""
+    dtype = to_dtype(args.dtype)
+    x = ctx.to_tensor(args.self, dtype)
+    return ctx.to_tensor(ctx.network.add_cumulative(x, op, normalize_dim(args.dim, x.rank)).get_output(), dtype)
 
 
 @converter("aten::cumsum")

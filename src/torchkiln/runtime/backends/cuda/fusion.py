@@ -1,9 +1,10 @@
 """The CUDA planner's fusion rules, stated over layer classes rather than patterns.
 
 Every layer has a class (`classify`): pointwise (what the pointwise generator computes: elementwise, unary,
-activation, cast, scale, parametric ReLU), reduction (a reduce, softmax or norm over trailing axes that the
-reduction generator computes: codegen/reduction.py lowers each into row reductions and pointwise work; a group
-norm's rows are its (sample, group) pairs), view
+activation, cast, scale, parametric ReLU, of float, bool or integer values), reduction (a reduce, softmax or norm
+over trailing axes, or a cumulative sum or product along the last axis, that the reduction generator computes:
+codegen/reduction.py lowers each into row reductions, scans and pointwise work; a group norm's rows are its (sample,
+group) pairs), view
 (shuffle, slice, expand, concatenation, padding, gather), library (convolution, matrix multiply, attention) or
 opaque (the rest, run on ATen).
 

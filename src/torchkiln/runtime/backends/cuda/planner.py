@@ -22,10 +22,11 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    `torch._scaled_mm`) with the dequantize epilogue (`library`/`quantized_matmul`).
    **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
    become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
-4. **Row groups** (fusion.py): each reduction over trailing axes (reduce, softmax, layer and instance norm) with
-   the pointwise layers making its input and using its result, and the other reductions over the same rows, as one
-   generated Triton kernel (`generated`/`rows`, codegen/reduction.py): a residual add, the precision pass's casts
-   and a layer norm; scale, mask and softmax; RMSNorm written as a mean between pointwise layers. Without Triton,
+4. **Row groups** (fusion.py): each reduction over trailing axes (reduce, softmax, layer and instance norm) or scan
+   along the last axis (cumsum, cumprod) with the pointwise layers making its input and using its result, and the
+   other reductions over the same rows, as one generated Triton kernel (`generated`/`rows`, codegen/reduction.py):
+   a residual add, the precision pass's casts and a layer norm; scale, mask and softmax; RMSNorm written as a mean
+   between pointwise layers; RoBERTa's integer position ids (mask, cumsum, multiply, offset). Without Triton,
    the half-precision layer norms between their casts become CUDA's layer norm on the half input
    (`library`/`layer_norm`); the rest run on ATen.
    4b. **Recomputed prologues**: a pointwise value a row step computes for its reduction and later generated
@@ -479,7 +480,9 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
             place(kernel, members)
             continue
         j = members[0]
-        if generated is None or generated(layer) is not None:  # no Triton, or a layer it cannot compute
+        reason = "Triton is not installed" if generated is None else generated(layer)
+        if reason is not None:  # no Triton, or a layer it cannot compute
+            logger.debug("%s %r runs on ATen: %s", layer.KIND, layer.name, reason)
             place(kernel, members)
             continue
         target_group = None

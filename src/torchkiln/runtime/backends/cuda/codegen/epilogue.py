@@ -17,7 +17,7 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends.cuda.codegen.pointwise import TL, Builder, emit_layers
+from torchkiln.runtime.backends.cuda.codegen.pointwise import TL, Builder, emit_layers, stored
 
 
 def build(made: Tensor, layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> Builder:
@@ -27,7 +27,7 @@ def build(made: Tensor, layers: Sequence[L.Layer], inputs: Sequence[Tensor], out
         raise NetworkError(f"epilogue outputs {[list(t.shape) for t in outputs]} are not all of the product's "
                            f"shape {list(made.shape)}")
     b = Builder(made.rank)
-    b.values[id(made)] = b.emit(f"acc.to({TL[made.dtype]}).to(tl.float32)", False)  # the product's rounding
+    b.values[id(made)] = b.emit(f"acc.to({TL[made.dtype]}).to(tl.float32)", torch.float32)  # the product's rounding
     for i, t in enumerate(inputs):
         if t.rank > made.rank:
             raise NetworkError(f"epilogue input {t.name!r} of rank {t.rank} does not broadcast to rank {made.rank}")
@@ -56,8 +56,7 @@ def tail(b: Builder, outputs: Sequence[Tensor]) -> list[str]:
     lines = [f"o_{p} = m64 * {p}_m + n64 * {p}_n" for p in pointer_params(b, outputs)]
     lines += b.lines
     for k, t in enumerate(outputs):
-        var, is_bool = b.values[id(t)]
-        lines.append(f"tl.store(out{k} + o_out{k}, {var if is_bool else f'{var}.to({TL[t.dtype]})'}, mask=mask)")
+        lines.append(f"tl.store(out{k} + o_out{k}, {stored(b.values[id(t)], t.dtype)}, mask=mask)")
     return lines
 
 

@@ -30,8 +30,9 @@ from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import needs_int64
-from torchkiln.runtime.backends.cuda.codegen.pointwise import (BLOCK, HEADER, TL, VALUE_DTYPES, Builder,
-                                                                emit_layer, fusable, literal)
+from torchkiln.runtime.backends.cuda.codegen.pointwise import (BLOCK, HEADER, VALUE_DTYPES, Builder, Value,
+                                                                INTEGERS, converted, emit_layer, fusable, held,
+                                                                literal, loaded, scalar_literal, stored)
 
 KERNEL_NAME = "indexed_kernel"
 MOVEMENT = (L.ShuffleLayer, L.SliceLayer, L.ConcatenationLayer, L.PaddingLayer, L.ExpandLayer)
@@ -44,7 +45,7 @@ def movement_fusable(layer: L.Layer) -> str | None:
         return f"{layer.KIND} is not a movement layer"
     tensors = [*layer.inputs, *layer.outputs]
     if any(t.dtype not in VALUE_DTYPES for t in tensors):
-        return "fused kernels move float32, float16, bfloat16 and bool values only"
+        return "fused kernels move float32, float16, bfloat16, bool and integer values only"
     if any(not isinstance(d, int) for t in tensors for d in t.shape):
         return "its shapes are dynamic"
     if isinstance(layer, L.PaddingLayer) and layer.mode != L.PaddingMode.CONSTANT:
@@ -87,7 +88,7 @@ class _Emitter(Builder):
         self.given = {id(t): i for i, t in enumerate(inputs)}
         self.inputs = list(inputs)
         self.ranks: dict[str, int] = {f"in{i}": t.rank for i, t in enumerate(inputs)}
-        self.memo: dict[tuple[int, Index, str], tuple[str, bool]] = {}
+        self.memo: dict[tuple[int, Index, str], Value] = {}
         self.at: tuple[Index, str, tuple[int, ...]] = ((), "mask", ())  # where the layer being emitted computes
 
     def index(self, expr: str) -> str:
@@ -98,13 +99,13 @@ class _Emitter(Builder):
         self.lines.append(f"{var} = {expr}")
         return var
 
-    def read(self, name: str, dtype: torch.dtype, shape: Sequence[int], idx: Index, mask: str) -> tuple[str, bool]:
+    def read(self, name: str, dtype: torch.dtype, shape: Sequence[int], idx: Index, mask: str) -> Value:
         """Operand `name` (of `shape`) at `idx` (its dims), through its strides `{name}_t{d}`."""
         terms = [f"{i} * {name}_t{d}" for d, (i, n) in enumerate(zip(idx, shape)) if n != 1 and i != "0"]
-        load = f"tl.load({name} + {' + '.join(terms) or '0'}, mask={mask}, other=0)"
-        return self.emit(load if dtype == torch.bool else f"{load}.to(tl.float32)", dtype == torch.bool)
+        return self.emit(loaded(f"tl.load({name} + {' + '.join(terms) or '0'}, mask={mask}, other=0)", dtype),
+                         held(dtype))
 
-    def load_weight(self, weight: torch.Tensor) -> tuple[str, bool]:
+    def load_weight(self, weight: torch.Tensor) -> Value:
         """A weight of the layer being emitted, broadcast to its output and read at its index."""
         idx, mask, shape = self.at
         w = weight.reshape(()) if weight.numel() == 1 else weight
@@ -115,7 +116,7 @@ class _Emitter(Builder):
         self.ranks[name] = w.dim()
         return self.read(name, w.dtype, w.shape, _broadcast(idx, shape, w.shape), mask)
 
-    def value(self, t: Tensor, idx: Index, mask: str) -> tuple[str, bool]:
+    def value(self, t: Tensor, idx: Index, mask: str) -> Value:
         """The variable holding `t` at `idx` (valid where `mask`)."""
         key = (id(t), idx, mask)
         found = self.memo.get(key)
@@ -123,7 +124,7 @@ class _Emitter(Builder):
             found = self.memo[key] = self._compute(t, idx, mask)
         return found
 
-    def _compute(self, t: Tensor, idx: Index, mask: str) -> tuple[str, bool]:
+    def _compute(self, t: Tensor, idx: Index, mask: str) -> Value:
         layer = self.made.get(id(t))
         if layer is None:
             if id(t) not in self.given:
@@ -186,9 +187,9 @@ class _Emitter(Builder):
                       for d, n in enumerate(into_middle))
         return idx[:head] + split + idx[len(idx) - tail:]
 
-    def _concatenation(self, layer: L.ConcatenationLayer, idx: Index, mask: str) -> tuple[str, bool]:
+    def _concatenation(self, layer: L.ConcatenationLayer, idx: Index, mask: str) -> Value:
         axis = layer.axis % layer.outputs[0].rank
-        is_bool = layer.outputs[0].dtype == torch.bool
+        dtype = held(layer.outputs[0].dtype)
         start, parts = 0, []
         for x in layer.inputs:
             size = x.shape[axis]
@@ -196,14 +197,14 @@ class _Emitter(Builder):
                 shifted = idx[:axis] + (self.index(f"{idx[axis]} - {start}") if start else idx[axis],) + idx[axis + 1:]
                 inside = self.index(f"{mask} & ({idx[axis]} >= {start}) & ({idx[axis]} < {start + size})")
                 part = self.value(x, shifted, inside)
-                parts.append((part[0] if is_bool else self.as_float(part), start + size))
+                parts.append((converted(part, dtype), start + size))
             start += size
         value = parts[-1][0]
         for part, end in reversed(parts[:-1]):
-            value = self.emit(f"tl.where({idx[axis]} < {end}, {part}, {value})", is_bool)[0]
-        return value, is_bool
+            value = self.emit(f"tl.where({idx[axis]} < {end}, {part}, {value})", dtype)[0]
+        return value, dtype
 
-    def _padding(self, layer: L.PaddingLayer, idx: Index, mask: str) -> tuple[str, bool]:
+    def _padding(self, layer: L.PaddingLayer, idx: Index, mask: str) -> Value:
         x, out = layer.inputs[0], layer.outputs[0]
         rank = x.rank
         lead = [0] * rank
@@ -216,9 +217,10 @@ class _Emitter(Builder):
         value = self.value(x, shifted, self.index(f"{mask} & {inside}") if inside else mask)
         if inside is None:
             return value
-        fill = torch.tensor(layer.value, dtype=torch.float64).to(out.dtype).item()
-        fill = ("True" if fill else "False") if out.dtype == torch.bool else literal(float(fill))
-        return self.emit(f"tl.where({inside}, {value[0] if value[1] else self.as_float(value)}, {fill})", value[1])
+        fill = torch.tensor(layer.value, dtype=torch.float64).to(out.dtype)
+        fill = ("True" if fill.item() else "False") if out.dtype == torch.bool else \
+            scalar_literal(fill) if out.dtype in INTEGERS else literal(float(fill))
+        return self.emit(f"tl.where({inside}, {converted(value, out.dtype)}, {fill})", held(out.dtype))
 
 
 def _affine(i: str, start: int, step: int) -> str:
@@ -253,9 +255,8 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
             raise NetworkError(f"group output {t.name!r} is not computed by the group's layers")
     stores = []
     for k, t in enumerate(outputs):
-        var, is_bool = b.value(t, idx, "mask")
         offset = " + ".join(f"i{d} * out{k}_t{d}" for d in range(len(shape)) if shape[d] != 1) or "0"
-        stores.append(f"tl.store(out{k} + {offset}, {var if is_bool else f'{var}.to({TL[t.dtype]})'}, mask=mask)")
+        stores.append(f"tl.store(out{k} + {offset}, {stored(b.value(t, idx, 'mask'), t.dtype)}, mask=mask)")
     walk = tuple(range(len(shape))) if walk is None else tuple(walk)
     if sorted(walk) != list(range(len(shape))):
         raise NetworkError(f"walk {list(walk)} is no order of the {len(shape)} dims")

@@ -3,10 +3,15 @@
 `generate(layers, inputs, outputs)` turns an ordered DAG of pointwise layers (elementwise, unary, activation,
 cast, scale, parametric ReLU, select, constant) into Triton source text: a deterministic function of the layers, their
 parameters and dtypes, so a backend regenerates it when an engine loads (the source is never stored in an engine).
-Every value is computed in float32 (bool values as int1): operands are cast on load, results on store; a cast layer
-to float16 or bfloat16 rounds where it stands, and one from such a type rounds its input to it first (the value of
-a half-precision tensor, as the layers before it would have stored it). Each op's expression is its row in
-`torchkiln.ir.pointwise`.
+Every float value is computed in float32: operands are cast on load, results on store; a cast layer to float16 or
+bfloat16 rounds where it stands, and one from such a type rounds its input to it first (the value of a
+half-precision tensor, as the layers before it would have stored it). Bool values are int1, integer values (8 to 64
+bits) their own type, with ATen's semantics: an op computes in its result's dtype (a comparison in its operands'
+promoted one), operands converted to it as ATen converts them (floats truncated toward zero, integers wrapped, an
+integer rounded to a half type where the op computes in one); arithmetic wraps in two's complement; floor division
+and remainder are Python's. An integer division (floor, truncating, remainder, fmod) is fused only by a constant
+divisor without 0 or -1: ATen raises on a zero divisor on the CPU, and INT_MIN // -1 overflows. Each op's
+expression is its row in `torchkiln.ir.pointwise` (`integer` for integer results).
 
 The kernel iterates over the outputs' shape (all outputs have one shape). Every operand (group input or weight) is
 read through its strides broadcast to that shape (stride 0 along a broadcast dim), so sizes and strides are
@@ -35,9 +40,16 @@ from torchkiln.runtime.backends.cuda.codegen import needs_int64
 BLOCK = 1024  # elements per program
 WARPS = 4  # warps per program
 KERNEL_NAME = "pointwise_kernel"
-VALUE_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.bool)
-TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.bool: "tl.int1"}
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
+VALUE_DTYPES = (*FLOATS, torch.bool, *INTEGERS)
+TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.bool: "tl.int1",
+      **{d: f"tl.{str(d).removeprefix('torch.')}" for d in INTEGERS}}
 _BOOL_RULES = (P.DtypeRule.COMPARE, P.DtypeRule.LOGICAL, P.DtypeRule.PREDICATE)
+_BITWISE = (L.ElementWiseOperation.BITWISE_AND, L.ElementWiseOperation.BITWISE_OR, L.ElementWiseOperation.BITWISE_XOR)
+_DIVISIONS = (L.ElementWiseOperation.FLOOR_DIV, L.ElementWiseOperation.TRUNC_DIV, L.ElementWiseOperation.REMAINDER,
+              L.ElementWiseOperation.FMOD)
+Value = tuple[str, torch.dtype]  # a kernel variable and the dtype it holds (`held`)
 _KINDS = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.ScaleLayer, L.ParametricReLULayer,
           L.ConstantLayer, L.SelectLayer)
 HEADER = '''import triton
@@ -55,17 +67,78 @@ def fusable(layer: L.Layer) -> str | None:
     dtypes = [t.dtype for t in (*layer.inputs, *layer.outputs)] + [w.dtype for w in layer.weights.values()]
     wrong = [d for d in dtypes if d not in VALUE_DTYPES]
     if wrong:
-        return f"dtype {wrong[0]}: fused kernels compute float32, float16, bfloat16 and bool values only"
+        return f"dtype {wrong[0]}: fused kernels compute float32, float16, bfloat16, bool and integer values only"
     out = layer.outputs[0].dtype
-    if isinstance(layer, (L.ScaleLayer, L.ParametricReLULayer)) and out == torch.bool:
-        return "a bool result"
-    if isinstance(layer, (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer)):
-        row = _row(layer)
-        if row.triton is None:
-            return f"{_op_name(layer)} has no Triton expression"
-        if (out == torch.bool) != (row.dtype in _BOOL_RULES):
-            return f"{_op_name(layer)} giving {out} is computed by its reference only"
+    if isinstance(layer, (L.ScaleLayer, L.ParametricReLULayer)) and not all(d.is_floating_point for d in dtypes):
+        return f"a {layer.KIND} of {out} values"
+    if not isinstance(layer, (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer)):
+        return None
+    row, name, computed = _row(layer), _op_name(layer), computed_in(layer)
+    bitwise_bools = out == torch.bool and isinstance(layer, L.ElementWiseLayer) and layer.op in _BITWISE
+    if (out == torch.bool) != (row.dtype in _BOOL_RULES) and not bitwise_bools:
+        return f"{name} giving {out} is computed by its reference only"
+    template = row.triton if row.dtype in _BOOL_RULES or computed.is_floating_point else row.integer
+    if template is None:
+        return f"{name} of {computed} values has no Triton expression"
+    if isinstance(layer, L.ElementWiseLayer) and layer.op in _DIVISIONS and not computed.is_floating_point:
+        return _divisor_refusal(layer.inputs[1], computed)
+    if isinstance(layer, L.ActivationLayer) and not computed.is_floating_point and \
+            not all(math.isinf(v) or float(v).is_integer() for v in (layer.alpha, layer.beta)):
+        return f"{name} of {computed} values with bounds {layer.alpha}, {layer.beta}"
     return None
+
+
+def _divisor_refusal(divisor: Tensor, computed: torch.dtype) -> str | None:
+    """Why an integer division by `divisor` stays on ATen, or None: a constant without 0 (ATen raises on the CPU, a
+    kernel would give a value) or -1 (INT_MIN // -1 overflows, which devices answer differently)."""
+    value = L.constant_value(divisor)
+    if value is None:
+        return "an integer division by a run-time divisor (ATen raises on a zero divisor; a kernel would not)"
+    value = value.to(computed)
+    if bool(((value == 0) | (value == -1)).any()):
+        return "an integer division by a constant holding 0 or -1"
+    return None
+
+
+def computed_in(layer: L.Layer) -> torch.dtype:
+    """The dtype an elementwise, unary or activation layer computes in: its operands' promoted dtype (torch's rules,
+    0-d operands included) for a comparison, its result's otherwise."""
+    if _row(layer).dtype == P.DtypeRule.COMPARE:
+        return torch.result_type(*(torch.empty([0] if t.rank else [], dtype=t.dtype, device="meta")
+                                   for t in layer.inputs))
+    return layer.outputs[0].dtype
+
+
+def held(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a kernel holds a value of `dtype` in: float32 for every float, else `dtype` itself."""
+    return torch.float32 if dtype.is_floating_point else dtype
+
+
+def converted(value: Value, dtype: torch.dtype) -> str:
+    """`value` as an operand of an op computing in `dtype`, as ATen converts it: to bool as `!= 0`; to an integer
+    truncated toward zero (a float) or wrapped (an integer); an integer to a float through float32 (then rounded
+    to a half type). A float stays float32 (ops compute half types in float32)."""
+    var, have = value
+    want = held(dtype)
+    if have == want:
+        return var
+    if dtype == torch.bool:
+        return f"({var} != 0)"
+    if want != torch.float32:
+        return f"{var}.to({TL[dtype]})"
+    as_float = f"{var}.to(tl.float32)"
+    return as_float if dtype == torch.float32 or have == torch.bool else f"{as_float}.to({TL[dtype]}).to(tl.float32)"
+
+
+def stored(value: Value, dtype: torch.dtype) -> str:
+    """`value` as the element stored to a tensor of `dtype`."""
+    var, have = value
+    return var if have == dtype else f"{var}.to({TL[dtype]})"
+
+
+def loaded(load: str, dtype: torch.dtype) -> str:
+    """The expression of a value of `dtype` that `load` (a tl.load) reads, as the kernel holds it."""
+    return f"{load}.to(tl.float32)" if dtype.is_floating_point else load
 
 
 def _row(layer: L.Layer) -> P.PointwiseOp:
@@ -100,15 +173,18 @@ def literal(value: float) -> str:
     return repr(float(value))
 
 
-_INLINED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_INLINED_DTYPES = (*FLOATS, *INTEGERS)
 
 
 def scalar_literal(value: torch.Tensor | None) -> str | None:
-    """A single float value as the expression a kernel computes it with (the float32 value a load would give), or
-    None: a constant is then part of the source, not a load per element (a tanh-GELU's five constants made its
-    kernel half again slower than one reading only its input)."""
+    """A single float or integer value as the expression a kernel computes it with (the float32 value a load would
+    give; an integer in its own type, so a value past int32 is no int32 literal), or None: a constant is then part
+    of the source, not a load per element (a tanh-GELU's five constants made its kernel half again slower than one
+    reading only its input)."""
     if value is None or value.numel() != 1 or value.dtype not in _INLINED_DTYPES:
         return None
+    if value.dtype in INTEGERS:
+        return f"tl.full([1], {int(value.reshape(()))}, {TL[value.dtype]})"
     return f"tl.full([1], {literal(float(value.reshape(()).float()))}, tl.float32)"
 
 
@@ -125,19 +201,19 @@ class Builder:
         self.lines: list[str] = []
         self.operands: list[str] = []  # pointer arguments read, in order
         self.weights: list[torch.Tensor] = []
-        self.values: dict[int, tuple[str, bool]] = {}  # id(tensor) -> (variable, is bool)
+        self.values: dict[int, Value] = {}  # id(tensor) -> its value
 
-    def emit(self, expr: str, is_bool: bool) -> tuple[str, bool]:
+    def emit(self, expr: str, dtype: torch.dtype) -> Value:
         var = f"v{len(self.lines)}"
         self.lines.append(f"{var} = {expr}")
-        return var, is_bool
+        return var, dtype
 
-    def inlined(self, value: torch.Tensor | None) -> tuple[str, bool] | None:
-        """The value of a single float constant, written into the source (`scalar_literal`); else None."""
+    def inlined(self, value: torch.Tensor | None) -> Value | None:
+        """The value of a single float or integer constant, written into the source (`scalar_literal`); else None."""
         found = scalar_literal(value)
-        return None if found is None else self.emit(found, False)
+        return None if found is None else self.emit(found, held(value.dtype))
 
-    def operand(self, name: str, t: Tensor) -> tuple[str, bool]:
+    def operand(self, name: str, t: Tensor) -> Value:
         """Group input `t`, bound as `name`: loaded, or its value where it is a single constant (the argument is
         still bound, and never read)."""
         found = self.inlined(L.constant_value(t))
@@ -146,16 +222,15 @@ class Builder:
         self.operands.append(name)
         return found
 
-    def load(self, name: str, dtype: torch.dtype) -> tuple[str, bool]:
+    def load(self, name: str, dtype: torch.dtype) -> Value:
         self.operands.append(name)
-        load = f"tl.load({name} + o_{name}, mask=mask)"
-        return self.emit(load if dtype == torch.bool else f"{load}.to(tl.float32)", dtype == torch.bool)
+        return self.emit(loaded(f"tl.load({name} + o_{name}, mask=mask)", dtype), held(dtype))
 
-    def weight(self, weight: torch.Tensor) -> tuple[str, bool]:
+    def weight(self, weight: torch.Tensor) -> Value:
         """A weight's value: in the source where it is one float, else loaded (`load_weight`)."""
         return self.inlined(weight) or self.load_weight(weight)
 
-    def load_weight(self, weight: torch.Tensor) -> tuple[str, bool]:
+    def load_weight(self, weight: torch.Tensor) -> Value:
         """A weight loaded through its broadcast strides."""
         w = _broadcastable(weight)
         if w.dim() > self.rank:
@@ -164,27 +239,28 @@ class Builder:
         return self.load(f"w{len(self.weights) - 1}", w.dtype)
 
     @staticmethod
-    def as_float(value: tuple[str, bool]) -> str:
-        var, is_bool = value
-        return f"{var}.to(tl.float32)" if is_bool else var
+    def as_float(value: Value) -> str:
+        return converted(value, torch.float32)
 
 
-def emit_layer(b: Builder, layer: L.Layer, xs: list[tuple[str, bool]]) -> tuple[str, bool]:
+_HALVES = (torch.float16, torch.bfloat16)
+
+
+def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
     """Emit `layer`'s computation; its value."""
     out = layer.outputs[0].dtype
     is_bool = out == torch.bool
     if isinstance(layer, L.ConstantLayer):
         return b.weight(layer.weights["value"])
     if isinstance(layer, L.CastLayer):
-        var, was_bool = xs[0]
+        x, source = xs[0], layer.inputs[0].dtype
         if is_bool:
-            return b.emit(f"{var} != 0", True)
-        source = layer.inputs[0].dtype
-        if source in (torch.float16, torch.bfloat16) and not was_bool:  # the value is of that type: round it here
-            return b.emit(f"{var}.to({TL[source]}).to(tl.float32)", False)  # (then a wider cast is exact)
-        if out == torch.float32 or was_bool:
-            return b.emit(b.as_float(xs[0]), False)
-        return b.emit(f"{var}.to({TL[out]}).to(tl.float32)", False)  # rounds to the narrower float
+            return b.emit(f"{x[0]} != 0", torch.bool)
+        if source in _HALVES and x[1] == torch.float32:  # the value is of that type: round it here
+            x = b.emit(f"{x[0]}.to({TL[source]}).to(tl.float32)", torch.float32)
+        if out in _HALVES and x[1] == torch.float32 and out != source:  # rounds to the narrower float
+            return b.emit(f"{x[0]}.to({TL[out]}).to(tl.float32)", torch.float32)
+        return b.emit(converted(x, out), held(out))
     if isinstance(layer, L.ScaleLayer):
         x, rank = b.as_float(xs[0]), layer.inputs[0].rank
         for name, template in (("scale", "{x} * {w}"), ("shift", "{x} + {w}"), ("power", "libdevice.pow({x}, {w})")):
@@ -193,21 +269,30 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[tuple[str, bool]]) -> tuple[
                 continue
             if layer.mode == L.ScaleMode.CHANNEL and w.numel() > 1:
                 w = w.reshape([-1] + [1] * (rank - layer.channel_axis % rank - 1))
-            x = b.emit(template.format(x=x, w=b.as_float(b.weight(w))), False)[0]
-        return b.emit(x, False)
+            x = b.emit(template.format(x=x, w=b.as_float(b.weight(w))), torch.float32)[0]
+        return b.emit(x, torch.float32)
     if isinstance(layer, L.SelectLayer):  # torch.where
         cond, then, other = xs
-        if is_bool:
-            return b.emit(f"tl.where({cond[0]}, {then[0]}, {other[0]})", True)
-        return b.emit(f"tl.where({cond[0]}, {b.as_float(then)}, {b.as_float(other)})", False)
+        return b.emit(f"tl.where({converted(cond, torch.bool)}, {converted(then, out)}, {converted(other, out)})",
+                      held(out))
     if isinstance(layer, L.ParametricReLULayer):
         slope, rank = layer.weights["slope"], layer.inputs[0].rank
         if slope.numel() > 1:
             slope = slope.reshape([-1] + [1] * (rank - 2))
         x = b.as_float(xs[0])
-        return b.emit(f"tl.where({x} > 0, {x}, {b.as_float(b.weight(slope))} * {x})", False)
-    row = _row(layer)
-    operands = [var for var, _ in xs] if row.dtype == P.DtypeRule.LOGICAL else [b.as_float(x) for x in xs]
+        return b.emit(f"tl.where({x} > 0, {x}, {b.as_float(b.weight(slope))} * {x})", torch.float32)
+    row, computed = _row(layer), computed_in(layer)
+    if row.dtype == P.DtypeRule.LOGICAL:
+        operands = [var for var, _ in xs]
+    elif row.dtype == P.DtypeRule.PREDICATE:
+        operands = [b.as_float(x) for x in xs]
+    else:
+        operands = [converted(x, computed) for x in xs]
+    if row.dtype not in _BOOL_RULES and not computed.is_floating_point:  # integers (bools: bitwise ops)
+        names = dict(zip("ab", operands)) if isinstance(layer, L.ElementWiseLayer) else {"x": operands[0]}
+        if isinstance(layer, L.ActivationLayer):
+            names.update(alpha=_bound(layer.alpha, computed), beta=_bound(layer.beta, computed))
+        return b.emit(row.integer.format(**names, t=TL[computed]), computed)
     power = _small_power(layer) if isinstance(layer, L.ElementWiseLayer) else None
     if power is not None:
         expr = power.format(x=operands[0])
@@ -217,7 +302,13 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[tuple[str, bool]]) -> tuple[
         expr = row.triton.format(x=operands[0], alpha=literal(layer.alpha), beta=literal(layer.beta))
     else:
         expr = row.triton.format(x=operands[0])
-    return b.emit(expr, is_bool)
+    return b.emit(expr, torch.bool if is_bool else torch.float32)
+
+
+def _bound(value: float, dtype: torch.dtype) -> str:
+    """An activation's parameter as a value of integer `dtype`: an infinite one is the type's limit."""
+    info = torch.iinfo(dtype)
+    return f"tl.full([1], {int(min(max(value, info.min), info.max))}, {TL[dtype]})"
 
 
 # x ** c for the constant exponents ATen's pow kernels compute by multiplication (its pow_tensor_scalar special
@@ -251,7 +342,7 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
             raise NetworkError(f"group input {t.name!r} of rank {t.rank} does not broadcast to rank {rank}")
         if t.dtype not in VALUE_DTYPES:
             raise NetworkError(f"group input {t.name!r} of dtype {t.dtype}: fused kernels read "
-                               f"float32, float16, bfloat16 and bool")
+                               f"float32, float16, bfloat16, bool and integers")
         b.values[id(t)] = b.operand(f"in{i}", t)
     emit_layers(b, layers, outputs, inputs)
     return PointwiseKernel(_source(b, outputs), tuple(inputs), tuple(b.weights), tuple(outputs), rank)
@@ -297,8 +388,7 @@ def _source(b: Builder, outputs: Sequence[Tensor]) -> str:
         body.append(f"    o_{p} = {' + '.join(terms)}")
     body += b.lines
     for out, t in zip(outs, outputs):
-        var, is_bool = b.values[id(t)]
-        body.append(f"tl.store({out} + o_{out}, {var if is_bool else f'{var}.to({TL[t.dtype]})'}, mask=mask)")
+        body.append(f"tl.store({out} + o_{out}, {stored(b.values[id(t)], t.dtype)}, mask=mask)")
     signature = ",\n        ".join(params)
     return (f"# Generated by {__name__} from the engine's layers; do not edit.\n{HEADER}\n\n"
             f"@triton.jit\ndef {KERNEL_NAME}(\n        {signature},\n):\n" + "".join(f"    {line}\n" for line in body))

@@ -9,11 +9,14 @@ The space is a shape of rank R whose last K axes are reduced: its leading dims i
   and log-softmax (K = 1), layer norm over the trailing K dims and instance norm (K = R - 2). Each is lowered
   here into the same few primitives: a row reduction (sum, max or min) and pointwise expressions, so no norm
   has a kernel of its own (softmax: max, exp(x - max), sum, divide; a norm: mean, x - mean, mean of squares,
-  rsqrt, scale and shift).
+  rsqrt, scale and shift);
+- scans along the last axis (K = 1): cumulative sums and products, of floats (in float32) or integers (in the
+  result's dtype: torch.cumsum of integers gives int64), whose result is a full value (`tl.associative_scan` over
+  the row; in the looped body each pass carries the running total of the columns before it).
 
-Every value is computed in float32 (bool values as int1) as in the pointwise generator: operands are cast on
-load, results rounded to their dtype on store, a cast layer to a half type rounds where it stands. Reductions
-accumulate in float32; max and min propagate NaN as torch's do.
+Values are held as in the pointwise generator (floats in float32, bools as int1, integers in their own type):
+operands are cast on load, results rounded to their dtype on store, a cast layer to a half type rounds where it
+stands. Reductions take and accumulate float32; max and min propagate NaN as torch's do.
 
 Two bodies are generated from the same layers. Where a row fits one program's registers (at most
 `MAX_PERSISTENT` columns), the *persistent* body loads each operand once, keeps the row in registers through
@@ -37,8 +40,9 @@ from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import needs_int64
-from torchkiln.runtime.backends.cuda.codegen.pointwise import (HEADER, TL, VALUE_DTYPES, Builder, GroupLauncher,
-                                                                emit_layer, fusable)
+from torchkiln.runtime.backends.cuda.codegen.pointwise import (FLOATS, HEADER, TL, VALUE_DTYPES, Builder,
+                                                                GroupLauncher, Value, converted, emit_layer, fusable,
+                                                                held, loaded, stored)
 
 KERNEL = "rows_kernel"
 LOOPED = "rows_kernel_looped"
@@ -66,9 +70,16 @@ def _max(a, b):  # NaN wins, as in torch.amax
 @triton.jit
 def _min(a, b):
     return tl.where((a < b) | (a != a), a, b)
+
+
+@triton.jit
+def _prod(a, b):
+    return a * b
 '''
 _REDUCE_OPS = {L.ReduceOperation.SUM: "sum", L.ReduceOperation.AVG: "sum", L.ReduceOperation.MAX: "max",
                L.ReduceOperation.MIN: "min"}
+_SCANS = {L.CumulativeOperation.SUM: ("sum", "+", 0), L.CumulativeOperation.PROD: ("prod", "*", 1)}  # op, neutral
+_SCANNED = (*FLOATS, torch.int64)  # the results a scan computes (torch.cumsum and cumprod widen integers to int64)
 
 
 def trailing_axes(rank: int, axes: Sequence[int]) -> int | None:
@@ -85,7 +96,7 @@ def reduced_axes(layer: L.Layer) -> int | None:
         return None
     if isinstance(layer, L.ReduceLayer):
         return trailing_axes(x.rank, layer.axes) if layer.op in _REDUCE_OPS else None
-    if isinstance(layer, L.SoftMaxLayer):
+    if isinstance(layer, (L.SoftMaxLayer, L.CumulativeLayer)):
         return 1 if layer.axis % x.rank == x.rank - 1 else None
     if isinstance(layer, L.NormalizationLayer):
         if layer.kind == L.NormalizationKind.LAYER:
@@ -110,8 +121,13 @@ def reduction_fusable(layer: L.Layer) -> str | None:
         return f"{layer.KIND} over these axes is not a reduction over trailing axes the generator computes"
     if all(d == 1 for d in layer.inputs[0].shape[-k:]):
         return "it reduces axes of size 1"
+    if isinstance(layer, L.CumulativeLayer):
+        if layer.inputs[0].dtype not in VALUE_DTYPES or layer.outputs[0].dtype not in _SCANNED:
+            return f"a scan of {layer.inputs[0].dtype} giving {layer.outputs[0].dtype}: generated scans give " \
+                   f"float32, float16, bfloat16 and int64 values"
+        return None
     dtypes = [t.dtype for t in (*layer.inputs, *layer.outputs)] + [w.dtype for w in layer.weights.values()]
-    wrong = [d for d in dtypes if d not in VALUE_DTYPES or d == torch.bool]
+    wrong = [d for d in dtypes if d not in FLOATS]
     if wrong:
         return f"dtype {wrong[0]}: generated reductions compute float32, float16 and bfloat16 values"
     return None
@@ -131,7 +147,7 @@ class RowKernel:
     row_outputs: tuple[bool, ...]
     has_max: bool
     groups: int | None = None
-    depth: int = 1  # reductions chained (a norm: 2): the passes over a row the looped body makes before its stores
+    depth: int = 1  # reductions chained (a norm: 2; scans only: 0): the looped body's passes before its stores
     splittable: bool = False  # the source has the split reduction's two kernels (`_Source.source` says when)
     split_sum: bool = False  # ... and they compute one sum with row outputs only: one apply program per row block
 
@@ -140,7 +156,7 @@ class RowKernel:
 class _Op:
     """One step of the group, lowered: a pointwise layer, an expression over earlier values, or a reduction."""
 
-    kind: str  # "layer", "expr", "weight", "reduce"
+    kind: str  # "layer", "expr", "weight", "reduce", "scan"
     out: object  # value key
     args: tuple = ()  # value keys read
     layer: L.Layer | None = None
@@ -169,18 +185,20 @@ class _Lowering:
     def splittable(self) -> bool:
         """Whether the group's only reductions are one norm's mean and variance, which a split reduction computes
         from partial statistics of spans of each row (`_Source.split_stats`, `_Source.split_apply`)."""
-        reductions = [op.out for op in self.ops if op.kind == "reduce"]
+        reductions = [op.out for op in self.ops if op.kind in ("reduce", "scan")]
         return len(self.norms) == 1 and reductions == list(self.norms[0])
 
     def one_sum(self) -> bool:
         """Whether the group's only reduction is one sum (or mean), which a split reduction computes from the
         partial sums of spans of each row (`_Source.split_sum_stats`, `_Source.split_sum_apply`)."""
-        reductions = [op for op in self.ops if op.kind == "reduce"]
-        return len(reductions) == 1 and reductions[0].template == "sum"
+        reductions = [op for op in self.ops if op.kind in ("reduce", "scan")]
+        return len(reductions) == 1 and reductions[0].kind == "reduce" and reductions[0].template == "sum"
 
     def add(self, op: _Op, row: bool | None = None) -> object:
         if op.kind == "reduce":
             self.row[op.out], self.depth[op.out] = True, self.depth[op.args[0]] + 1
+        elif op.kind == "scan":  # a full value, computed in the pass over the row that computes its input
+            self.row[op.out], self.depth[op.out] = False, self.depth[op.args[0]]
         else:
             self.row[op.out] = all(self.row[a] for a in op.args) if row is None else row
             self.depth[op.out] = max((self.depth[a] for a in op.args), default=0)
@@ -222,6 +240,10 @@ class _Lowering:
                                f"axes of rank {self.rank}")
         if isinstance(layer, L.ReduceLayer):
             self.reduce(out, x, _REDUCE_OPS[layer.op], mean=layer.op == L.ReduceOperation.AVG)
+        elif isinstance(layer, L.CumulativeLayer):
+            if self.row[x]:
+                raise NetworkError(f"a generated scan reads {name!r}'s input as one value per row")
+            self.add(_Op("scan", out, (x,), layer=layer))
         elif isinstance(layer, L.SoftMaxLayer):
             m = self.reduce((name, "max"), x, "max")
             shifted = self.expr((name, "shifted"), "{} - {}", x, m)
@@ -252,25 +274,24 @@ class _Lowering:
 class _Emitter(Builder):
     """Source lines of one pass: values named with the pass's prefix; loads of full or row operands."""
 
-    def __init__(self, kernel: _Source, prefix: str, lines: list[str]) -> None:
+    def __init__(self, kernel: _Source, prefix: str, lines: list[str], carries: list[str] | None = None) -> None:
         super().__init__(kernel.rank)
         self.kernel, self.prefix, self.lines = kernel, prefix, lines
         self.count = 0
+        self.carries = carries  # in a pass of the looped body: the lines before its loop (a scan's carry)
 
-    def emit(self, expr: str, is_bool: bool) -> tuple[str, bool]:
+    def emit(self, expr: str, dtype: torch.dtype) -> Value:
         var = f"{self.prefix}{self.count}"
         self.count += 1
         self.lines.append(f"{var} = {expr}")
-        return var, is_bool
+        return var, dtype
 
-    def load(self, name: str, dtype: torch.dtype) -> tuple[str, bool]:
+    def load(self, name: str, dtype: torch.dtype) -> Value:
         row = self.kernel.row_operand[name]
         where = f"{name} + ro_{name}" if row else f"{name} + ro_{name} + co_{name}"
-        load = f"tl.load({where}, mask={'rmask' if row else 'mask'}"
-        return self.emit(f"{load})" if dtype == torch.bool else f"{load}, other=0.0).to(tl.float32)",
-                         dtype == torch.bool)
+        return self.emit(loaded(f"tl.load({where}, mask={'rmask' if row else 'mask'}, other=0)", dtype), held(dtype))
 
-    def load_weight(self, weight: torch.Tensor) -> tuple[str, bool]:
+    def load_weight(self, weight: torch.Tensor) -> Value:
         return self.load(self.kernel.weight_operand(weight), weight.dtype)
 
 
@@ -284,7 +305,7 @@ class _Source:
         self.row_operand = {f"in{i}": lowering.row[id(t)] for i, t in enumerate(inputs)}
         self.weights: list[torch.Tensor] = []
         self._weight_names: dict[tuple, str] = {}
-        self.values: dict[object, tuple[str, bool]] = {}
+        self.values: dict[object, Value] = {}
         self.transposed = False  # the tile is [columns, rows] (`across`, `along` and `axis` name its axes)
 
     @property
@@ -316,13 +337,32 @@ class _Source:
         return name
 
     def emit_op(self, b: _Emitter, op: _Op) -> None:
-        if op.kind == "layer":
+        if op.kind == "scan":
+            self.values[op.out] = self.scan(b, op)
+        elif op.kind == "layer":
             self.values[op.out] = emit_layer(b, op.layer, [self.values[a] for a in op.args])
         elif op.kind == "weight":
             self.values[op.out] = b.weight(op.weight)
         else:
             self.values[op.out] = b.emit(op.template.format(*(Builder.as_float(self.values[a]) for a in op.args)),
-                                         False)
+                                         torch.float32)
+
+    def scan(self, b: _Emitter, op: _Op) -> Value:
+        """A scan along the row in the result's dtype; in a pass of the looped body, plus (times) the carry of the
+        columns before, which the pass then advances by the block's total."""
+        dtype = held(op.layer.outputs[0].dtype)
+        name, combine, neutral = _SCANS[op.layer.op]
+        x = converted(self.values[op.args[0]], dtype)
+        x = x if x.isidentifier() else b.emit(x, dtype)[0]
+        scanned = f"tl.associative_scan({x}, {self.axis}, _{name})"  # (tl.cumsum: the interpreter runs this module's functions)
+        if b.carries is None:
+            return b.emit(scanned, dtype)
+        carry = f"{b.prefix}carry{len(b.carries)}"
+        shape = "[1, ROWS]" if self.transposed else "[ROWS, 1]"
+        b.carries.append(f"{carry} = tl.full({shape}, {neutral}, {TL[dtype]})")
+        value = b.emit(f"{carry} {combine} {scanned}", dtype)
+        b.lines.append(f"{carry} = {carry} {combine} tl.reduce({x}, {self.axis}, _{name}){self.across}")
+        return value
 
     def load_inputs(self, b: _Emitter, row: bool) -> None:
         for i, t in enumerate(self.inputs):
@@ -334,7 +374,7 @@ class _Source:
         return f"tl.reduce(tl.where(mask, {x}, {_NEUTRAL[op.template]}), {self.axis}, _{op.template}){self.across}"
 
     def finish(self, op: _Op, b: _Emitter, total: str) -> None:
-        self.values[op.out] = b.emit(f"{total} / cols" if op.mean else total, False)
+        self.values[op.out] = b.emit(f"{total} / cols" if op.mean else total, torch.float32)
 
     def persistent(self) -> list[str]:
         body: list[str] = []
@@ -343,7 +383,7 @@ class _Source:
         self.load_inputs(b, False)
         for op in self.lowering.ops:
             if op.kind == "reduce":
-                self.finish(op, b, b.emit(self.reduction(op), False)[0])
+                self.finish(op, b, b.emit(self.reduction(op), torch.float32)[0])
             else:
                 self.emit_op(b, op)
         body += self.stores(row=False) + self.stores(row=True)
@@ -356,7 +396,7 @@ class _Source:
         top = _Emitter(self, "r", lines)
         self.load_inputs(top, True)
         depths = max((low.depth[op.out] for op in low.ops), default=0)
-        full_ops = [op for op in low.ops if op.kind != "reduce" and not low.row[op.out]]
+        full_ops = [op for op in low.ops if op.kind != "reduce" and not low.row[op.out]]  # scans among them
         for depth in range(depths + 1):
             for op in low.ops:  # the row values of this depth, once per row
                 if op.kind != "reduce" and low.row[op.out] and low.depth[op.out] == depth:
@@ -367,24 +407,24 @@ class _Source:
             for k, op in enumerate(reductions):
                 shape = "[1, ROWS]" if self.transposed else "[ROWS, 1]"
                 lines.append(f"acc{depth}_{k} = tl.full({shape}, {_NEUTRAL[op.template]}, tl.float32)")
-            body: list[str] = []
-            inner = _Emitter(self, f"p{depth}_", body)
+            body, carries = [], []
+            inner = _Emitter(self, f"p{depth}_", body, carries)
             self.load_inputs(inner, False)
             for op in full_ops:
                 if low.depth[op.out] <= depth:
                     self.emit_op(inner, op)
             for k, op in enumerate(reductions):
                 body.append(f"acc{depth}_{k} = _{op.template}(acc{depth}_{k}, {self.reduction(op)})")
-            lines += self.column_pass(body)
+            lines += carries + self.column_pass(body)
             for k, op in enumerate(reductions):
                 self.finish(op, top, f"acc{depth}_{k}")
         if not all(self.row_outputs()):
-            body = []
-            last = _Emitter(self, "q", body)
+            body, carries = [], []
+            last = _Emitter(self, "q", body, carries)
             self.load_inputs(last, False)
             for op in full_ops:
                 self.emit_op(last, op)
-            lines += self.column_pass(body + self.stores(row=False))
+            lines += carries + self.column_pass(body + self.stores(row=False))
         return self.offsets() + lines + self.stores(row=True)
 
     def split_stats(self) -> list[str]:
@@ -432,7 +472,7 @@ class _Source:
                  f"row_mean = tl.reduce(count * span_mean, {self.axis}, _sum){self.across} / cols",
                  "dev = span_mean - row_mean",
                  f"row_var = tl.reduce(span_m2 + count * dev * dev, {self.axis}, _sum){self.across} / cols"]
-        self.values[mean], self.values[var] = ("row_mean", False), ("row_var", False)
+        self.values[mean], self.values[var] = ("row_mean", torch.float32), ("row_var", torch.float32)
         body: list[str] = []
         b = _Emitter(self, "v", body)
         self.load_inputs(b, True)
@@ -512,8 +552,7 @@ class _Source:
                 continue
             if id(t) not in self.values:
                 raise NetworkError(f"group output {t.name!r} is not computed by the group's layers")
-            var, is_bool = self.values[id(t)]
-            value = var if is_bool else f"{var}.to({TL[t.dtype]})"
+            value = stored(self.values[id(t)], t.dtype)
             where = f"out{k} + ro_out{k}" if row else f"out{k} + ro_out{k} + co_out{k}"
             lines.append(f"tl.store({where}, {value}, mask={'rmask' if row else 'mask'})")
         return lines
@@ -565,8 +604,8 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
     split = groups.pop()
     for t in inputs:
         if t.dtype not in VALUE_DTYPES or t.rank > space.rank:
-            raise NetworkError(f"group input {t.name!r} ({t.dtype}, rank {t.rank}) is not a float or bool operand "
-                               f"of rank at most {space.rank}")
+            raise NetworkError(f"group input {t.name!r} ({t.dtype}, rank {t.rank}) is not a float, bool or integer "
+                               f"operand of rank at most {space.rank}")
     lowering = _Lowering(layers, inputs, space.rank, reduced_axes(found[0]))
     for t in outputs:
         row = lowering.row.get(id(t))
@@ -583,7 +622,7 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
     source = _Source(lowering, inputs, outputs, split is not None)
     text = source.source()
     has_max = any(op.kind == "reduce" and op.template != "sum" for op in lowering.ops)
-    depth = max(lowering.depth[op.out] for op in lowering.ops if op.kind == "reduce")
+    depth = max((lowering.depth[op.out] for op in lowering.ops if op.kind == "reduce"), default=0)
     splittable = SPLIT_STATS in text
     return RowKernel(text, tuple(inputs), tuple(source.weights), tuple(outputs), space.rank, lowering.reduced,
                      tuple(source.row_outputs()), has_max, split, depth, splittable,
@@ -669,7 +708,7 @@ class RowLauncher(GroupLauncher):
             packed //= 2
         whole = max(16, _next_power_of_two(cols))
         int64 = needs_int64(*views, *outputs)
-        across = packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth == 1 or cols > MAX_PERSISTENT)
+        across = packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth <= 1 or cols > MAX_PERSISTENT)
         few = (rows + packed - 1) // packed < MIN_PROGRAMS  # programs of the launch below
         if self._split[transposed] is not None and cols >= SPLIT_MIN_COLS and (
                 (kernel.split_sum and few) or (not across and (sector > 1 or rows < MIN_PROGRAMS // 2))):
