@@ -209,7 +209,8 @@ class _Recording:
         def launch(*args, **meta):
             sizes = [meta[k] for k in ("ROWS", "BLOCK", "SPLITS") if k in meta]
             assert all(n & (n - 1) == 0 for n in sizes), f"Triton's ranges must be powers of two: {meta}"
-            self.seen.append((self.fn.fn.__name__, meta["ROWS"], meta["BLOCK"]))
+            # the kernel's name without the tile orientation (test_both_tile_orientations_compute_the_same)
+            self.seen.append((self.fn.fn.__name__.removesuffix(reduction.TRANSPOSED), meta["ROWS"], meta["BLOCK"]))
             return self.fn[grid](*args, **meta)
         return launch
 
@@ -237,10 +238,10 @@ def test_rows_tiled_across_a_channels_last_input(monkeypatch, passes):
     x = net.add_input("x", F16, (3, 40, 5, 7))
     net.mark_output(net.add_reduce(x, R.AVG, (2, 3), True).get_output())
     v = data(3, 40, 5, 7, dtype=F16).contiguous(memory_format=torch.channels_last)
-    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped_t", 16, 16) if passes else ("rows_kernel_t", 16, 64))
+    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 16, 16) if passes else ("rows_kernel", 16, 64))
     net = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
     v = data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)  # a group: 4 channels, 8 bytes
-    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped_t", 4, 16) if passes else ("rows_kernel_t", 4, 128))
+    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 4, 16) if passes else ("rows_kernel", 4, 128))
 
 
 def _split_launches(launcher, seen):
@@ -266,11 +267,11 @@ def test_norms_reduced_in_spans(monkeypatch, case):
     if case == "group-norm-channels-last":
         net = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
         values = {"x": data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)}
-        expected = ("rows_split_stats_kernel_t", 16, 16)  # 4 channels a group: 16 groups fill 128 bytes
+        expected = ("rows_split_stats_kernel", 16, 16)  # 4 channels a group: 16 groups fill 128 bytes
     elif case == "group-norm-3-channels-a-group":  # 6 bytes a group: 21 groups to 128 bytes, taken as 16
         net = group_norm_sigmoid_net((2, 18, 5, 6), 6, F16)
         values = {"x": data(2, 18, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)}
-        expected = ("rows_split_stats_kernel_t", 16, 16)
+        expected = ("rows_split_stats_kernel", 16, 16)
     elif case == "layer-norm-few-rows":
         net = layer_norm_net((3, 150), (150,), F32, residual=True)
         values = {"x": torch.randn(3, 150, generator=g) * 0.1 + 10, "y": torch.randn(3, 150, generator=g) * 0.1}
@@ -281,7 +282,7 @@ def test_norms_reduced_in_spans(monkeypatch, case):
         net.mark_output(net.add_normalization(x, L.NormalizationKind.INSTANCE, 1e-5, scale=torch.randn(3, generator=g),
                                               bias=torch.randn(3, generator=g)).get_output())
         values = {"x": (data(2, 3, 9, 10) * 0.05 + 10).contiguous(memory_format=torch.channels_last)}
-        expected = ("rows_split_stats_kernel_t", 8, 16)  # a row per channel, 4 bytes apart: rows along the tile
+        expected = ("rows_split_stats_kernel", 8, 16)  # a row per channel, 4 bytes apart
     launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
     assert launcher.kernel.splittable
     seen = []
@@ -326,8 +327,7 @@ def test_a_sum_of_long_rows_over_few_programs_is_reduced_in_spans(monkeypatch, l
     seen = []
     _split_launches(launcher, seen)
     (got,) = launcher([values[t.name].to(DEVICE) for t in net.inputs])
-    suffix = reduction.TRANSPOSED if layout == "channels-last" else ""  # channels-last: a row per channel, interleaved
-    assert [name for name, *_ in seen] == ["rows_split_stats_kernel" + suffix, "rows_split_apply_kernel" + suffix]
+    assert [name for name, *_ in seen] == ["rows_split_stats_kernel", "rows_split_apply_kernel"]
     assert_close_half(got, reference(net, values)[0])
 
 
@@ -484,3 +484,40 @@ def test_scans_the_generator_does_not_compute_are_refused():
     wide = net.add_cumulative(net.add_cast(x, torch.float64).get_output(), L.CumulativeOperation.SUM, 1)
     assert "float64" in reduction.reduction_fusable(wide)
     assert reduction.reduction_fusable(net.add_cumulative(x, L.CumulativeOperation.SUM, 1)) is None
+
+
+def test_a_programs_rows_lie_along_the_second_axis_where_it_holds_one_or_their_runs_are_long():
+    assert reduction._transposed(1, None) and reduction._transposed(1, 8)  # one row a program
+    assert reduction._transposed(4, 20)  # a group of 10 fp16 channels, channels-last
+    assert not reduction._transposed(16, 8) and not reduction._transposed(16, 2) and not reduction._transposed(4, None)
+
+
+@pytest.mark.parametrize("case", ["group-norm-nchw", "group-norm-channels-last", "mean-channels-last", "softmax"])
+def test_both_tile_orientations_compute_the_same(monkeypatch, case):
+    """Every kernel exists with the rows along the tile's first axis and along its second; the launcher picks one
+    (`_transposed`). Each is run here, in registers and in spans, against the reference meaning."""
+    if case == "group-norm-nchw":
+        net, v = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16), data(2, 24, 5, 6, dtype=F16)
+    elif case == "group-norm-channels-last":
+        net = group_norm_sigmoid_net((2, 40, 5, 6), 4, F16)
+        v = data(2, 40, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)
+    elif case == "mean-channels-last":
+        net = Network("mean")
+        x = net.add_input("x", F16, (3, 40, 5, 7))
+        net.mark_output(net.add_reduce(x, R.AVG, (2, 3), True).get_output())
+        v = data(3, 40, 5, 7, dtype=F16).contiguous(memory_format=torch.channels_last)
+    else:
+        net = Network("softmax")
+        x = net.add_input("x", F32, (6, 200))
+        net.mark_output(net.add_softmax(x, 1).get_output())
+        v = data(6, 200)
+    ref = reference(net, {"x": v})
+    for split in (False, True):
+        monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16 if split else 1 << 30)
+        monkeypatch.setattr(reduction, "MIN_PROGRAMS", 1 << 20 if split else 2)
+        for transposed in (False, True):
+            launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+            for kernels in (launcher._persistent, launcher._looped, launcher._split):
+                kernels[not transposed] = kernels[transposed]  # every launch in this orientation
+            for g_, r in zip(launcher([v.to(DEVICE)]), ref):
+                (assert_close_half if g_.dtype == F16 else assert_close)(g_, r)

@@ -699,52 +699,46 @@ class RowLauncher(GroupLauncher):
         # looping over 12544 columns read it at a sixth of the memory's rate).
         run = _interleaved_run(strides[:len(views)], sizes, lead, operands)
         sector = packed = _rows_filling(32, run)
-        # Rows whose runs are shorter than a sector lie along the tile's second axis, the one a warp's threads
-        # walk first: a warp's load then covers the runs of neighbouring rows, a few whole sectors, where along the
-        # columns it took one short run from each of many sectors (a group norm of a channels-last tensor, 8-byte
-        # runs: split statistics and values at 0.7 TB/s on an H100).
-        transposed = sector > 1
         while packed > 1 and (rows + packed - 1) // packed < MIN_PROGRAMS // 2:
             packed //= 2
         whole = max(16, _next_power_of_two(cols))
         int64 = needs_int64(*views, *outputs)
         across = packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth <= 1 or cols > MAX_PERSISTENT)
         few = (rows + packed - 1) // packed < MIN_PROGRAMS  # programs of the launch below
-        if self._split[transposed] is not None and cols >= SPLIT_MIN_COLS and (
+        if self._split[False] is not None and cols >= SPLIT_MIN_COLS and (
                 (kernel.split_sum and few) or (not across and (sector > 1 or rows < MIN_PROGRAMS // 2))):
-            self._split_reduction(operands, outputs, rows, cols, sizes, strides, int64, _rows_filling(128, run),
-                                  transposed)
+            self._split_reduction(operands, outputs, rows, cols, sizes, strides, int64, run)
             return outputs
         if across:
             block = whole if packed * whole <= MAX_PERSISTENT else max(16, _ACROSS_TILE // packed)
-            fn = (self._persistent if cols <= block else self._looped)[transposed]
+            fn = (self._persistent if cols <= block else self._looped)[_transposed(packed, run)]
             warps = _num_warps(packed * block)
         elif cols <= MAX_PERSISTENT:
-            fn, block = self._persistent[transposed], max(_next_power_of_two(cols), 16)
+            block = max(_next_power_of_two(cols), 16)
             packed = max(1, min(_TILE // block, _next_power_of_two(rows)))
             while packed > 1 and (rows + packed - 1) // packed < MIN_PROGRAMS:
                 packed //= 2
-            warps = _num_warps(packed * block)
+            fn, warps = self._persistent[_transposed(packed, run)], _num_warps(packed * block)
         else:
-            fn, block, packed, warps = self._looped[transposed], LOOP_BLOCK, 1, 8
+            fn, block, packed, warps = self._looped[True], LOOP_BLOCK, 1, 8
         grid = ((rows + packed - 1) // packed,)
         fn[grid](*operands, *outputs, rows, cols, *sizes, *(v for s in strides for v in s), INT64=int64, ROWS=packed,
                  BLOCK=block, num_warps=warps)
         return outputs
 
     def _split_reduction(self, operands: list[torch.Tensor], outputs: list[torch.Tensor], rows: int, cols: int,
-                         sizes: list[int], strides: list[list[int]], int64: bool, line: int, transposed: bool) -> None:
+                         sizes: list[int], strides: list[list[int]], int64: bool, run: int | None) -> None:
         """A norm's partial statistics over spans of `chunk` columns of the rows that fill a 128-byte line together
-        (`line` of them; many programs, every read coalesced), then each row's statistics merged and the outputs
+        (rows interleaving in runs of `run` bytes; many programs, every read coalesced), then each row's statistics merged and the outputs
         made from them."""
-        packed = min(_next_power_of_two(rows), 64, line)
+        packed = min(_next_power_of_two(rows), 64, _rows_filling(128, run))
         chunk = max(16, _ACROSS_TILE // packed, _next_power_of_two((cols + MAX_SPLITS - 1) // MAX_SPLITS))
         splits = (cols + chunk - 1) // chunk
         stats = torch.empty(rows * splits * 2, dtype=torch.float32, device=outputs[0].device)
         grid = ((rows + packed - 1) // packed, splits)
         args = (*operands, *outputs, stats, splits, chunk, rows, cols, *sizes, *(v for s in strides for v in s))
         meta = {"INT64": int64, "ROWS": packed, "BLOCK": chunk, "num_warps": _num_warps(packed * chunk)}
-        stats_fn, apply_fn = self._split[transposed]
+        stats_fn, apply_fn = self._split[_transposed(packed, run)]
         stats_fn[grid](*args, **meta)
         apply_fn[grid[:1] if self.kernel.split_sum else grid](*args, SPLITS=_next_power_of_two(splits), **meta)
 
@@ -755,6 +749,15 @@ class RowLauncher(GroupLauncher):
         if self.kernel.groups is not None:
             x = x.unsqueeze(1) if x.shape[1] == 1 else x.unflatten(1, (self.kernel.groups, -1))
         return x.expand(space)
+
+
+def _transposed(packed: int, run: int | None) -> bool:
+    """Whether a program's `packed` rows lie along the tile's second axis (the `TRANSPOSED` kernels): where it holds
+    one row, or rows that interleave in runs of at least 16 bytes. Measured on an H100 in fp16 (CUDA graphs, us,
+    transposed against not): a group norm of an NCHW [32,128,64,64] input, one row a program, 62 against 91 (in
+    spans, 62 against 1106); channels-last, 20-byte runs (10 channels a group, [32,320,32,32]) 63 against 159, but
+    8-byte runs ([32,128,64,64]) 160 against 121; 2-byte runs (a mean of channels-last activations) the same."""
+    return packed == 1 or (run is not None and run >= 16)
 
 
 def _interleaved_run(strides: list[list[int]], sizes: Sequence[int], lead: int,
