@@ -5,6 +5,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 from harness import assert_matches_eager, run_plan_eagerly
 
 pytest.importorskip("triton", reason="triton is not installed")
@@ -302,6 +303,40 @@ def test_movement_runs_as_index_arithmetic_in_generated_kernels(build, shape):
     assert "indexed" in ops and "concatenation" not in ops
     ref = module(x)
     assert (out[0] - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+class TopDown(torch.nn.Module):
+    """A feature pyramid's top-down step: the coarser map upsampled (nearest) to the lateral's size and added."""
+
+    def __init__(self, mode: str = "nearest", size=None, scale=None) -> None:
+        super().__init__()
+        self.mode, self.size, self.scale = mode, size, scale
+
+    def forward(self, coarse, lateral):
+        size = self.size or (None if self.scale else lateral.shape[-2:])
+        return torch.relu(lateral + F.interpolate(coarse * 2.0, size=size, scale_factor=self.scale, mode=self.mode))
+
+
+@pytest.mark.parametrize("mode, size, scale, shapes, fused", [
+    ("nearest", None, None, [(2, 8, 5, 6), (2, 8, 10, 12)], True),  # grown by 2 to the lateral's size
+    ("nearest-exact", None, 4.0, [(2, 8, 3, 5), (2, 8, 12, 20)], True),
+    ("nearest", None, None, [(2, 8, 8, 6), (2, 8, 4, 3)], True),  # shrunk by 2
+    ("nearest", None, None, [(2, 8, 5, 6), (2, 8, 15, 18)], False),  # by 3: ATen's float index decides
+    ("nearest", None, 2.1, [(2, 8, 5, 6), (2, 8, 10, 12)], False),  # a factor that is not the sizes' ratio
+    ("bilinear", None, None, [(2, 8, 5, 6), (2, 8, 10, 12)], False)], ids=[
+    "grown", "nearest-exact-by-4", "shrunk", "by-3-stays-aten", "other-factor-stays-aten", "bilinear-stays-aten"])
+def test_a_nearest_resize_by_a_whole_ratio_is_index_arithmetic(mode, size, scale, shapes, fused):
+    torch.manual_seed(0)
+    module = TopDown(mode, size, scale).eval()
+    data = torchkiln.convert_method_to_engine(module, "forward", [torchkiln.Input(s) for s in shapes],
+                                              backend="reference")
+    network = Engine.deserialize(data).network
+    xs = [torch.randn(s) for s in shapes]
+    plan, out = run_plan(network, xs)
+    ops = [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"]
+    assert (ops == ["indexed"]) == fused, ops
+    ref = module(*xs)
+    assert torch.equal(out[0], ref) if fused else (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
 def _squeeze_excite(returned: bool = False) -> Network:

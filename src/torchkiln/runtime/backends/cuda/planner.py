@@ -60,8 +60,8 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    a generated depthwise step (rule 6) reads its input channels-last.
    An attention mask strided along the keys is made row-major before SDPA, whose fused kernels refuse it.
 
-8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a reshape
-   of a transposed tensor), or a permute between two generated pointwise steps (ConvNeXt's layer scale, permuted
+8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a nearest
+   resize by a whole ratio, a reshape of a transposed tensor), or a permute between two generated pointwise steps (ConvNeXt's layer scale, permuted
    back and added to the residual), runs in a generated indexed kernel with the movable steps it alone feeds, down to the
    last one, and those that alone feed it, up to `MAX_SPAN` steps back (a movable step: a generated pointwise or
    indexed step, or a movement or pointwise layer of static shapes on ATen). RoPE's rotate-half with its
@@ -608,7 +608,7 @@ MAX_SPAN = 12  # steps a producer may run later, inside the indexed kernel it al
 
 
 def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> bool:
-    """Whether an ATen movement step copies its input: a concatenation, a padding, or a shuffle that reshapes
+    """Whether an ATen movement step copies its input: a concatenation, a padding, a resize, or a shuffle that reshapes
     (merging or splitting dims) the output of a transpose. Not where the transposed tensor is an attention
     layer's output: SDPA's fused backends return it laid out [N, L, H, E], so the usual transpose(1, 2) and
     reshape back to [N, L, H * E] is a view, and ATen's reshape copies only where a backend's layout needs it."""
@@ -616,7 +616,7 @@ def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> 
     if kernel.kind != "aten":
         return False
     layer = network.layers[members[0]]
-    if isinstance(layer, (L.ConcatenationLayer, L.PaddingLayer)):
+    if isinstance(layer, (L.ConcatenationLayer, L.PaddingLayer, L.ResizeLayer)):
         return True
     if not isinstance(layer, L.ShuffleLayer) or layer.reshape_dims is None:
         return False

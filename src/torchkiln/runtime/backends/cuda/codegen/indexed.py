@@ -7,7 +7,8 @@ inputs at the indices it maps the index to (tinygrad's views as index expression
 - pointwise layers (what `pointwise.emit_layer` computes, the same expressions): the same index, 0 along a
   broadcast dim;
 - a shuffle: the transposes undone, and the reshape's flat position re-split over the input's dims;
-- a slice: start + index * step; an expand: 0 along an expanded dim;
+- a slice: start + index * step; an expand: 0 along an expanded dim; a nearest-neighbour resize by a whole ratio:
+  the index divided (growth) or multiplied (shrink) by it;
 - a concatenation: each input at the index shifted by its start, where the index falls in it (a masked read), the
   value chosen by `tl.where`;
 - constant padding: the index shifted by the leading pad, masked where it falls outside; the pad value there.
@@ -35,7 +36,7 @@ from torchkiln.runtime.backends.cuda.codegen.pointwise import (BLOCK, HEADER, VA
                                                                 literal, loaded, scalar_literal, stored)
 
 KERNEL_NAME = "indexed_kernel"
-MOVEMENT = (L.ShuffleLayer, L.SliceLayer, L.ConcatenationLayer, L.PaddingLayer, L.ExpandLayer)
+MOVEMENT = (L.ShuffleLayer, L.SliceLayer, L.ConcatenationLayer, L.PaddingLayer, L.ExpandLayer, L.ResizeLayer)
 MAX_LAYERS = 256  # layers one kernel computes (each value's expression is built by recursion over the group)
 
 
@@ -52,6 +53,25 @@ def movement_fusable(layer: L.Layer) -> str | None:
         return f"{layer.mode.value} padding"
     if isinstance(layer, L.ConcatenationLayer) and any(t.dtype != layer.outputs[0].dtype for t in layer.inputs):
         return "it concatenates tensors of different dtypes"
+    if isinstance(layer, L.ResizeLayer):
+        return _nearest_refusal(layer)
+    return None
+
+
+def _nearest_refusal(layer: L.ResizeLayer) -> str | None:
+    """None if a resize reads each output element's input at an index the generator computes exactly: nearest
+    neighbour (or nearest-exact), every dim kept, grown by a power of two or shrunk by a whole factor. ATen computes
+    the source index as floor(index * scale) in float32 with scale = 1 / scale_factor where one is given, else
+    input / output size; for these ratios that is index // k or index * k exactly. Any other ratio (or a given
+    factor that is not the sizes' ratio) stays on ATen, whose float rounding decides the index."""
+    if layer.mode not in ("nearest", "nearest-exact"):
+        return f"{layer.mode} interpolation computes values, not indices"
+    x, out = layer.inputs[0].shape, layer.outputs[0].shape
+    scales = [None] * (len(x) - len(layer.scales or ())) + list(layer.scales or ())
+    for n, m, scale in zip(x, out, scales):
+        grown = n == 1 or (m % n == 0 and (m // n) & (m // n - 1) == 0)
+        if not (grown or n % m == 0) or (scale is not None and scale != m / n):
+            return f"a dim of {n} resized to {m}: not a power-of-two growth or a whole shrink with that factor"
     return None
 
 
@@ -153,6 +173,9 @@ class _Emitter(Builder):
                          for i, start, step, n in zip(idx, layer.start, layer.stride, layer.shape))
         if isinstance(layer, L.ExpandLayer):
             return _broadcast(idx, out.shape, x.shape)
+        if isinstance(layer, L.ResizeLayer):  # whole ratios only (_nearest_refusal)
+            return tuple(i if n == m else "0" if n == 1 else self.index(f"{i} // {m // n}") if m > n
+                         else self.index(f"{i} * {n // m}") for i, n, m in zip(idx, x.shape, out.shape))
         before = list(x.shape) if layer.first_transpose is None else [x.shape[p] for p in layer.first_transpose]
         after = list(out.shape)
         if layer.second_transpose is not None:  # out dim k is the reshaped tensor's dim second[k]
