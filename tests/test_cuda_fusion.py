@@ -106,14 +106,14 @@ def test_rms_norm_is_one_kernel_and_the_swiglu_product_another():
 
 def test_hand_attention_is_one_attention_call_with_eager_nan_rows():
     """Products, scale, mask and softmax are one attention call (builder pass attention_from_matmuls); the mask's
-    row check (one reduction kernel) and a select give eager's NaN rows where the mask blocks every key (all -inf),
-    and a partly masked row matches."""
+    row check (one reduction kernel) and a generated select give eager's NaN rows where the mask blocks every key
+    (all -inf), and a partly masked row matches."""
     mask = torch.zeros(2, 1, 1, 9)
     mask[1, ..., 5:] = float("-inf")
     q, k, v = torch.randn(2, 3, 6, 8), torch.randn(2, 3, 9, 8), torch.randn(2, 3, 9, 8)
     steps, got = planned(network(HandAttention(), (2, 3, 6, 8), (2, 3, 9, 8), (2, 3, 9, 8), (2, 1, 1, 9)),
                          [q, k, v, mask])
-    assert [op for op, _ in steps if op != "constant"] == ["attention", "rows", "select"]
+    assert [op for op, _ in steps if op != "constant"] == ["attention", "rows", "pointwise"]
     assert_matches(got[0], HandAttention()(q, k, v, mask))
     mask[0, ..., :] = float("-inf")
     steps, got = planned(network(HandAttention(), (2, 3, 6, 8), (2, 3, 9, 8), (2, 3, 9, 8), (2, 1, 1, 9)),

@@ -512,3 +512,21 @@ def test_integer_division_by_a_run_time_divisor_stays_on_aten(caplog):
     assert [(plan.kernels[s.kernel].kind, plan.kernels[s.kernel].op) for s in plan.steps] == \
         [("aten", "elementwise"), ("generated", "pointwise")]
     assert torch.equal(out[0], torch.div(xv, yv, rounding_mode="floor") + xv)
+
+
+class MaskedScale(torch.nn.Module):
+    """A select between pointwise work: where(x > 0, x * y, -y) + 1, as masking code writes it."""
+
+    def forward(self, x, y):
+        return torch.where(x > 0, x * y, -y) + 1.0
+
+
+def test_a_select_joins_the_pointwise_group_around_it():
+    torch.manual_seed(0)
+    data = torchkiln.convert_method_to_engine(MaskedScale(), "forward", [torchkiln.Input((4, 33))] * 2,
+                                              backend="reference")
+    network = Engine.deserialize(data).network
+    xs = [torch.randn(4, 33), torch.randn(4, 33)]
+    plan, out = run_plan(network, xs)
+    assert [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"] == ["pointwise"]
+    assert torch.equal(out[0], MaskedScale()(*xs))

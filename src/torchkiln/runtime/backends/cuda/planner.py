@@ -7,8 +7,8 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    the fused call is timed against the unfused one at the opt shape and kept only if faster.
    (cuDNN's fused calls read the process-wide TF32 flag, so fp32 convolutions without TF32 permission never
    use them.)
-2. **Pointwise groups**: elementwise, unary, activation, cast and scale layers over one iteration space join
-   one generated kernel. A layer joins the open group of a producer when its output has the group's shape and
+2. **Pointwise groups**: elementwise, unary, activation, cast, scale and select (where) layers over one iteration
+   space join one generated kernel. A layer joins the open group of a producer when its output has the group's shape and
    everything else it reads is ready before the group's first layer (so the group runs as one step at that
    point without reordering anything around it). An earlier open group of the same shape that such a layer also
    reads runs inside its group, where no step between the two reads it and nothing it reads lives longer for it
@@ -61,9 +61,9 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    An attention mask strided along the keys is made row-major before SDPA, whose fused kernels refuse it.
 
 8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a nearest
-   resize by a whole ratio, a reshape of a transposed tensor), or a permute between two generated pointwise steps (ConvNeXt's layer scale, permuted
-   back and added to the residual), runs in a generated indexed kernel with the movable steps it alone feeds, down to the
-   last one, and those that alone feed it, up to `MAX_SPAN` steps back (a movable step: a generated pointwise or
+   resize by a whole ratio, a reshape of a transposed tensor), or a permute between two generated pointwise steps
+   (ConvNeXt's layer scale, permuted back and added to the residual), runs in a generated indexed kernel with the
+   movable steps it alone feeds, down to the last one, and those that alone feed it, up to `MAX_SPAN` steps back (a movable step: a generated pointwise or
    indexed step, or a movement or pointwise layer of static shapes on ATen). RoPE's rotate-half with its
    multiplies is one kernel; so is a shifted window's roll with its window partition (two concatenations and a
    copy before). A group refused (more than `MAX_LAYERS` layers, outputs of several shapes) logs why.
@@ -91,7 +91,7 @@ from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
 logger = logging.getLogger(__name__)
 
-POINTWISE = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.ScaleLayer)
+POINTWISE = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.ScaleLayer, L.SelectLayer)
 HALF = (torch.float16, torch.bfloat16)
 
 
