@@ -63,6 +63,12 @@ def funnel():
     return transformers.FunnelModel(config), [_ids()]
 
 
+def bloom():
+    """BLOOM: its GELU is a custom autograd Function (GeLUFunction), inlined from its forward."""
+    config = transformers.BloomConfig(vocab_size=1000, hidden_size=64, n_layer=2, n_head=4, use_cache=False)
+    return transformers.BloomModel(config), [_ids()]
+
+
 def resnet():
     return SmallResNet(), [torch.randn(2, 3, 64, 64)]
 
@@ -118,8 +124,9 @@ def mlp_mixer():
     return MLPMixer(32, 8, 32, 2, 16, 64, num_classes=10), [torch.randn(2, 3, 32, 32)]
 
 
-@pytest.mark.parametrize("build", [bert, gpt2, distilbert, t5_encoder, vit, electra, wav2vec2, beit, funnel, resnet,
-                                   mobilenet, unet, diffusion_block, regnet_y, mobilenet_v3_small, convnext, mlp_mixer],
+@pytest.mark.parametrize("build", [bert, gpt2, distilbert, t5_encoder, vit, electra, wav2vec2, beit, funnel, bloom,
+                                   resnet, mobilenet, unet, diffusion_block, regnet_y, mobilenet_v3_small, convnext,
+                                   mlp_mixer],
                          ids=lambda f: f.__name__)
 def test_zoo_model_is_one_engine_and_matches_eager(build):
     model, example = build()
