@@ -415,3 +415,14 @@ def test_fftshift_of_a_real_tensor(fn, dim):
     x = torch.randn(3, 5, 4)
     x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
     check_traced(lambda x: fn(x, dim=dim), x)
+
+
+@pytest.mark.parametrize("shape, kwargs", [
+    ((2, 2, 16, 16), dict(kernel_size=3, padding=1)),  # RAFT's upsample_flow: 3x3 neighbourhoods of the flow
+    ((2, 3, 9, 7), dict(kernel_size=(2, 3), dilation=(2, 1), padding=(1, 0), stride=(2, 3))),
+    ((3, 8, 1), dict(kernel_size=(3, 1), padding=(1, 0))),  # ConvBert's span convolution, unbatched
+])
+def test_im2col(shape, kwargs):
+    x = R(*shape)
+    x[0, 0, 0] = float("inf")  # slices move values unchanged: no inf * 0 as a one-hot convolution would give
+    check_traced(lambda t: F.unfold(t, **kwargs) * 2, x, op="aten::im2col")
