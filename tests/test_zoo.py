@@ -69,6 +69,13 @@ def bloom():
     return transformers.BloomModel(config), [_ids()]
 
 
+def convbert():
+    """ConvBERT: span-based convolution by F.unfold (aten::im2col) and torch.multiply."""
+    config = transformers.ConvBertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=128, max_position_embeddings=64)
+    return transformers.ConvBertModel(config), [_ids(), _mask()]
+
+
 def resnet():
     return SmallResNet(), [torch.randn(2, 3, 64, 64)]
 
@@ -125,8 +132,8 @@ def mlp_mixer():
 
 
 @pytest.mark.parametrize("build", [bert, gpt2, distilbert, t5_encoder, vit, electra, wav2vec2, beit, funnel, bloom,
-                                   resnet, mobilenet, unet, diffusion_block, regnet_y, mobilenet_v3_small, convnext,
-                                   mlp_mixer],
+                                   convbert, resnet, mobilenet, unet, diffusion_block, regnet_y, mobilenet_v3_small,
+                                   convnext, mlp_mixer],
                          ids=lambda f: f.__name__)
 def test_zoo_model_is_one_engine_and_matches_eager(build):
     model, example = build()
