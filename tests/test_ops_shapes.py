@@ -426,3 +426,14 @@ def test_im2col(shape, kwargs):
     x = R(*shape)
     x[0, 0, 0] = float("inf")  # slices move values unchanged: no inf * 0 as a one-hot convolution would give
     check_traced(lambda t: F.unfold(t, **kwargs) * 2, x, op="aten::im2col")
+
+
+def cat_onto_an_empty_cache(x, y):
+    """transformers' DynamicLayer starts its keys as torch.tensor([]) and concatenates onto them (XLM, FlauBERT):
+    eager skips a 1-d empty tensor in cat, whatever the other tensors' rank, though its dtype still promotes."""
+    empty = torch.zeros(0, dtype=torch.float64)
+    return torch.cat([torch.zeros(0), x, y], dim=-2), torch.cat([x, empty], dim=1), torch.cat([empty, empty * 2], 0)
+
+
+def test_cat_skips_one_dimensional_empty_tensors():
+    check_traced(cat_onto_an_empty_cache, R(2, 3, 4), R(2, 3, 4), op="aten::cat")
