@@ -367,7 +367,7 @@ _WAVE2: list[ZooModel] = [
     _transformer("albert-tiny", "AlbertModel", "AlbertConfig", embedding_size=32, **_TINY),
     _whisper_encoder(),
     # transformers: what split in wave 3 (a permuted table written in place, in-place writes into reshaped views,
-    # a custom autograd GELU, im2col and torch.multiply)
+    # a custom autograd GELU, im2col and torch.multiply, a cat onto an empty cache)
     _transformers_model("beit-tiny", "BeitModel", "BeitConfig", _images(32), image_size=32, patch_size=8,
                         use_relative_position_bias=True, **_TINY_ENCODER),
     _transformers_model("data2vec-vision-tiny", "Data2VecVisionModel", "Data2VecVisionConfig", _images(32),
@@ -379,6 +379,8 @@ _WAVE2: list[ZooModel] = [
     _transformer("bloom-tiny", "BloomModel", "BloomConfig", masked=False, vocab_size=1000, hidden_size=64, n_layer=2,
                  n_head=4, use_cache=False),
     _transformer("convbert-tiny", "ConvBertModel", "ConvBertConfig", **_TINY),
+    _transformer("xlm-tiny", "XLMModel", "XLMConfig", masked=False, vocab_size=1000, emb_dim=64, n_layers=2,
+                 n_heads=4, max_position_embeddings=64),
     # bundled recurrent networks
     ZooModel("lstm_classifier", "bundled", RecurrentClassifier, lambda batch: [torch.randint(0, 1000, (batch, 16))]),
     ZooModel("gru_classifier", "bundled", lambda: RecurrentClassifier("gru"),
