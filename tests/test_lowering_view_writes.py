@@ -300,3 +300,15 @@ def test_a_write_into_a_contiguous_copy_of_a_permuted_fresh_tensor_converts():
 def test_a_write_into_contiguous_of_memory_read_afterwards_stays_in_pytorch():
     _, report = check_fn(contiguous_of_memory_read_after, torch.randn(4, 5), engines=None, torch_blocks=None)
     assert_falls_back(report, "aten::add_.Scalar", "a view made by aten::select")
+
+
+def dead_view_write_base_returned(x):
+    y = x * 2
+    v = y.reshape(5, 4)[:, :2]
+    v.mul_(3.0)
+    return y
+
+
+def test_a_write_into_a_reshaped_view_of_the_returned_tensor_stays_in_pytorch():
+    _, report = check_fn(dead_view_write_base_returned, torch.randn(4, 5), engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::mul_.Scalar", "a view made by aten::slice")
