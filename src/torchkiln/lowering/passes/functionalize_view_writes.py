@@ -111,7 +111,7 @@ def _dead_view_write(graph: Graph, writer: Node) -> bool:
     if not writer.kind().endswith("_") or not _writes_first_argument_only(writer) or writer.outputsSize() != 1:
         return False
     view = writer.inputsAt(0)
-    root = _private_root(graph, view)
+    root = _private_root(graph, view) if alias_sources(view) else None  # new memory itself: the converters' case
     if root is None:
         return False
     shared = {value_key(v) for v in aliases_of(root)} - {value_key(view)}
