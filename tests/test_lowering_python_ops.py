@@ -208,3 +208,21 @@ def test_a_replacement_with_other_arguments_names_the_function(registry):
     torchkiln.register_python_op("ScaledSiLU", wrong)
     with pytest.raises(ValueError, match="replacement registered for .*ScaledSiLU does not take the arguments"):
         torchkiln.compile(Block().eval(), [torch.randn(2, 8)])
+
+
+class GradModeScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2 if torch.is_grad_enabled() else x * 3  # apply runs this with gradients off
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 3
+
+
+def test_a_forward_that_reads_the_grad_mode_is_not_inlined(registry):
+    model, x = Gelu(GradModeScale).eval(), torch.randn(2, 8)
+    with pytest.warns(UserWarning, match=r"GradModeScale \(its forward reads or sets the grad mode"):
+        check_compiled(torch.jit.trace(model, (x,)), [x], min_block_size=1, engines=None, torch_blocks=None)
+    compiled, _ = compile_with_report(torch.jit.trace(model, (x,)), [x], min_block_size=1)
+    assert_matches_eager(compiled(x), model(x).detach())  # with gradients on, as a caller may run it

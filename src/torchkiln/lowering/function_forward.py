@@ -8,8 +8,8 @@ drops no side effect), the forward without them and without `ctx` computes what 
 traced, so a branch or loop on the data stays one. Each parameter not annotated gets the type the call passes.
 
 Refused, with the reason: the forward's source is unavailable, it has a decorator (`custom_fwd` casts its inputs),
-`*args`/`**kwargs`, a closure, any other use of `ctx` (`ctx.needs_input_grad`, `ctx.mark_dirty`), or it does not
-script.
+`*args`/`**kwargs`, a closure, any other use of `ctx` (`ctx.needs_input_grad`, `ctx.mark_dirty`), it reads or sets
+the grad mode (apply runs forward with gradients off), or it does not script.
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ import types
 import torch
 
 _RECORDS = frozenset({"save_for_backward", "save_for_forward", "mark_non_differentiable", "set_materialize_grads"})
+_GRAD_MODE = frozenset({"is_grad_enabled", "enable_grad", "no_grad", "set_grad_enabled", "inference_mode",
+                        "is_inference_mode_enabled"})
 _TENSOR = "_torchkiln_Tensor"  # the name the annotations give torch.Tensor in the scripted function's globals
 _names = itertools.count()
 
@@ -100,6 +102,9 @@ def _definition(forward: types.FunctionType, takes_ctx: bool, arguments: list[to
                        and isinstance(n.value, ast.Name) and n.value.id == ctx})
         if used or any(isinstance(n, ast.Name) and n.id == ctx for n in ast.walk(definition)):
             raise NotInlinable(f"its forward reads {used[0] if used else ctx}")
+    grad_mode = sorted({n.attr for n in ast.walk(definition) if isinstance(n, ast.Attribute) and n.attr in _GRAD_MODE})
+    if grad_mode:  # apply runs forward with gradients off; the inlined code runs in the caller's mode
+        raise NotInlinable(f"its forward reads or sets the grad mode ({grad_mode[0]})")
     if not len(args.args) - len(args.defaults) <= len(arguments) <= len(args.args):
         raise NotInlinable(f"its forward takes {len(args.args)} arguments; apply is called with {len(arguments)}")
     for arg, value in zip(args.args, arguments):
