@@ -1,8 +1,8 @@
 """Binary arithmetic converters: add, sub, rsub, mul, div, floor_divide, remainder, fmod, pow, atan2, the
-special functions of two arguments (multiply, subtract and divide, NumPy's names, are mul, sub and div) (zeta, igamma, nextafter, copysign, heaviside, logaddexp2, ldexp, xlog1py, the
+special functions of two arguments (zeta, igamma, nextafter, copysign, heaviside, logaddexp2, ldexp, xlog1py, the
 orthogonal polynomials: rows of ir/pointwise.py), the ternary addcmul and addcdiv (tensor, scalar and in-place
 forms), and the compositions logaddexp, hypot, fmax, fmin, xlogy, lerp and float_power (with eager's NaN and
-infinity rules)."""
+infinity rules). NumPy's names multiply, subtract and divide (a trace keeps them) are mul, sub and div."""
 from __future__ import annotations
 
 import torch
