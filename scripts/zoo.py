@@ -4,7 +4,7 @@ For each model: compile with torchkiln (fp32), then report the fraction of ops c
 ops), the engine and torch block counts, max abs error against eager relative to max|eager| (beside eager fp32's
 own error against eager fp64, what random weights amplify rounding to), and compile time;
 for a model that is not one engine, the ops left in PyTorch and why. A model that fails is listed with its error.
-`--cpu-wave2` runs the second, wider set instead (torchkiln.examples.zoo.CPU_WAVE2: 47 real models at small
+`--cpu-wave2` runs the second, wider set instead (torchkiln.examples.zoo.CPU_WAVE2: 55 real models at small
 inputs, sized for a CPU; `pip install -e .[zoo]` brings torchvision and timm). The table is Markdown.
 Usage: python scripts/zoo.py [--device cuda] [--models resnet50,bert-base | --cpu-wave2] [--json out.json]
 """

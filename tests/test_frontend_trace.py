@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 import torch
-from harness import assert_matches_eager
+from harness import assert_matches_eager, check_compiled
 
 import torchkiln
 
@@ -139,3 +139,46 @@ def test_float16_transformers_compile_and_match_eager(build):
     with torch.no_grad():
         assert_matches_eager(dict(compiled(*example)), dict(model(*example)), rtol=HALF_RTOL[torch.float16],
                              min_cosine=0.999)
+
+
+class TracedIsCausal(torch.nn.Module):
+    """transformers' sdpa_attention_forward: `is_causal` from the traced query length (a tensor under tracing), and
+    `if torch.jit.is_tracing() and isinstance(is_causal, torch.Tensor): is_causal = is_causal.item()`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 8)).permute(2, 0, 3, 1, 4)
+        is_causal = q.shape[2] > 1 and True
+        if torch.jit.is_tracing() and isinstance(is_causal, torch.Tensor):
+            is_causal = is_causal.item()
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+
+class TracedTorchInt(torch.nn.Module):
+    """transformers' interpolate_pos_encoding: sizes through `torch_int` (`x.to(torch.int64) if
+    torch.jit.is_tracing() and isinstance(x, torch.Tensor) else int(x)`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = torch.nn.Parameter(torch.randn(1, 16, 4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def torch_int(n):
+            return n.to(torch.int64) if torch.jit.is_tracing() and isinstance(n, torch.Tensor) else int(n)
+
+        size = (torch_int(x.shape[-2] // 4), torch_int(x.shape[-1] // 4))
+        return x[:, :, ::4, ::4] + torch.nn.functional.interpolate(self.pos, size=size, mode="bicubic")
+
+
+@pytest.mark.parametrize("model, shape", [(TracedIsCausal, (2, 1, 16)), (TracedIsCausal, (2, 5, 16)),
+                                          (TracedTorchInt, (2, 16, 24, 20))])
+def test_isinstance_guarded_reads_of_traced_sizes_are_one_engine(model, shape):
+    """The isinstance-guarded branches transformers takes on a traced size's data read a static value."""
+    x = torch.randn(shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(model().eval(), (x,))
+    check_compiled(traced, [x])

@@ -6,10 +6,11 @@ from typing import List, Tuple
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import assert_matches_eager
+from harness import assert_matches_eager, check_compiled
 from torch import nn
 
 from torchkiln.lowering import LoweredModule, lower
+from torchkiln.lowering import walk as walk_module
 from torchkiln.lowering.passes import unroll_loops as unroll_module
 from torchkiln.lowering.registry import PASSES, LoweringContext
 from torchkiln.settings import CompileSettings
@@ -531,3 +532,102 @@ def test_pattern_rewrite_finds_its_op_inside_a_branch():
     assert graph.findNode("aten::silu", True) is not None and graph.findNode("aten::silu", False) is None
     assert PASSES["unpack_silu"].fn(graph, LoweringContext(CompileSettings.create([torch.randn(2)])))
     assert graph.findNode("aten::silu", True) is None and graph.findNode("aten::sigmoid", True) is not None
+
+
+def raft_grid_sample(img: torch.Tensor, absolute_grid: torch.Tensor) -> torch.Tensor:
+    """torchvision's optical_flow grid_sample: absolute pixel coordinates normalized for F.grid_sample."""
+    h, w = img.shape[-2:]
+    xgrid, ygrid = absolute_grid.split([1, 1], dim=-1)
+    xgrid = 2 * xgrid / (w - 1) - 1
+    if h > 1:
+        ygrid = 2 * ygrid / (h - 1) - 1
+    return F.grid_sample(img, torch.cat([xgrid, ygrid], dim=-1), mode="bilinear", align_corners=True)
+
+
+def raft_coords_grid(batch_size: int, h: int, w: int) -> torch.Tensor:
+    coords = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
+    return torch.stack(coords[::-1], dim=0).float()[None].repeat(batch_size, 1, 1, 1)
+
+
+class RaftConvGRU(nn.Module):
+    def __init__(self, input_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.convz = nn.Conv2d(hidden_size + input_size, hidden_size, 3, padding=1)
+        self.convr = nn.Conv2d(hidden_size + input_size, hidden_size, 3, padding=1)
+        self.convq = nn.Conv2d(hidden_size + input_size, hidden_size, 3, padding=1)
+
+    def forward(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        hx = torch.cat([h, x], dim=1)
+        z = torch.sigmoid(self.convz(hx))
+        r = torch.sigmoid(self.convr(hx))
+        q = torch.tanh(self.convq(torch.cat([r * h, x], dim=1)))
+        return (1 - z) * h + z * q
+
+
+class TinyRaft(nn.Module):
+    """torchvision's RAFT cut small: a correlation pyramid looked up around the current coordinates by grid_sample,
+    a motion encoder, a conv-GRU update block and a flow head, iterated `num_flow_updates` (a forward argument, so
+    freezing does not unroll the loop: the compile binds it) times, each iteration's upsampled flow appended to a
+    list the model returns."""
+
+    def __init__(self, dim: int = 8, hidden: int = 8, levels: int = 2, radius: int = 1) -> None:
+        super().__init__()
+        self.levels, self.radius, self.hidden = levels, radius, hidden
+        self.feature_encoder = nn.Sequential(nn.Conv2d(3, dim, 4, 4), nn.ReLU(), nn.Conv2d(dim, dim, 3, padding=1))
+        self.context_encoder = nn.Sequential(nn.Conv2d(3, 2 * hidden, 4, 4), nn.ReLU())
+        corr_channels = levels * (2 * radius + 1) ** 2
+        self.convc = nn.Conv2d(corr_channels, 8, 1)
+        self.convf = nn.Conv2d(2, 8, 3, padding=1)
+        self.conv = nn.Conv2d(16, 6, 3, padding=1)
+        self.gru = RaftConvGRU(hidden + 8, hidden)
+        self.flow_head = nn.Sequential(nn.Conv2d(hidden, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 2, 3, padding=1))
+
+    def index_pyramid(self, pyramid: List[torch.Tensor], centroids: torch.Tensor) -> torch.Tensor:
+        batch, _, h, w = centroids.shape
+        di = torch.linspace(-self.radius, self.radius, 2 * self.radius + 1)
+        delta = torch.stack(torch.meshgrid(di, di, indexing="ij"), dim=-1).view(1, 2 * self.radius + 1,
+                                                                                2 * self.radius + 1, 2)
+        centroids = centroids.permute(0, 2, 3, 1).reshape(batch * h * w, 1, 1, 2)
+        out = []
+        for i in range(len(pyramid)):
+            corr = raft_grid_sample(pyramid[i], centroids / 2**i + delta)
+            out.append(corr.view(batch, h, w, -1))
+        return torch.cat(out, dim=-1).permute(0, 3, 1, 2)
+
+    def forward(self, image1: torch.Tensor, image2: torch.Tensor, num_flow_updates: int = 12) -> List[torch.Tensor]:
+        fmaps = self.feature_encoder(torch.cat([image1, image2], dim=0))
+        fmap1, fmap2 = torch.chunk(fmaps, chunks=2, dim=0)
+        batch, c, h, w = fmap1.shape
+        corr = torch.matmul(fmap1.view(batch, c, h * w).transpose(1, 2), fmap2.view(batch, c, h * w))
+        corr = (corr / c ** 0.5).view(batch * h * w, 1, h, w)
+        pyramid = [corr]
+        for _ in range(self.levels - 1):
+            corr = F.avg_pool2d(corr, kernel_size=2, stride=2)
+            pyramid.append(corr)
+        hidden, context = torch.split(self.context_encoder(image1), [self.hidden, self.hidden], dim=1)
+        hidden, context = torch.tanh(hidden), torch.relu(context)
+        coords0 = raft_coords_grid(batch, h, w)
+        coords1 = raft_coords_grid(batch, h, w)
+        flow_predictions = []
+        for _ in range(num_flow_updates):
+            coords1 = coords1.detach()
+            corr_features = self.index_pyramid(pyramid, coords1)
+            flow = coords1 - coords0
+            motion = torch.relu(self.conv(torch.cat([torch.relu(self.convc(corr_features)),
+                                                     torch.relu(self.convf(flow))], dim=1)))
+            hidden = self.gru(hidden, torch.cat([context, motion, flow], dim=1))
+            coords1 = coords1 + self.flow_head(hidden)
+            flow_predictions.append(4 * F.interpolate(coords1 - coords0, scale_factor=4.0, mode="bilinear",
+                                                      align_corners=True))
+        return flow_predictions
+
+
+def test_a_refinement_loop_that_appends_its_predictions_is_unrolled_into_one_engine():
+    """RAFT's 12 flow updates: the loop body appends to a list, so no loop layer can hold it; it is over the
+    budget of a loop that could be one, and unrolled under the larger budget of a loop that writes."""
+    torch.manual_seed(0)
+    model = torch.jit.script(TinyRaft().eval())
+    body = max(sum(n.kind() != "prim::Constant" for n in walk_module.all_nodes(next(loop.blocks())))
+               for loop in walk_module.all_nodes(torch.jit.freeze(model).graph.block()) if loop.kind() == "prim::Loop")
+    assert 12 * body > unroll_module.MAX_NODES  # the case: over the budget of a loop a loop layer could hold
+    check_compiled(model, [torch.rand(1, 3, 32, 32), torch.rand(1, 3, 32, 32)])

@@ -1,11 +1,15 @@
-"""Custom autograd Functions (prim::PythonOp): left in PyTorch with a warning that names them and says the
-compiled module cannot be saved; replaced by a registered inference-time equivalent, they convert."""
+"""Custom autograd Functions (prim::PythonOp): replaced by a registered inference-time equivalent, or by their own
+forward scripted without its autograd bookkeeping (`ctx.save_for_backward`, `ctx.alpha = alpha`), they convert;
+otherwise they stay in PyTorch with a warning that names them, says why, and says the module cannot be saved."""
 import io
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 from harness import assert_matches_eager, check_compiled
+
+from torchkiln.compiler import compile_with_report
 
 import torchkiln
 from torchkiln.lowering.passes.replace_python_ops import PYTHON_OPS
@@ -63,12 +67,117 @@ def registry():
     PYTHON_OPS.update(saved)
 
 
+def bloom_gelu_forward(x: torch.Tensor) -> torch.Tensor:
+    """transformers' BLOOM GELU, which its GeLUFunction's forward calls."""
+    return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+
+class GeLUFunction(torch.autograd.Function):
+    """transformers' BloomGelu: a custom backward around a plain function."""
+
+    @staticmethod
+    def forward(ctx, input: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(input)
+        return bloom_gelu_forward(input)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor) -> torch.Tensor:
+        (input,) = ctx.saved_tensors
+        return grad_output * input  # not what inference runs
+
+
+class SignedScale(torch.autograd.Function):
+    """A branch on the data: scripted, the branch stays a branch (a trace would keep only the branch it took)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_non_differentiable(x)
+        if bool(x.sum() > 0):
+            return x * 2
+        return x - 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class NumpyTanh(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return torch.from_numpy(np.tanh(x.numpy()))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class GradAware(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2 if ctx.needs_input_grad[0] else x * 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+class Unscriptable(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return GradAware.apply(NumpyTanh.apply(self.fc(x))).relu()
+
+
+class Gelu(nn.Module):
+    def __init__(self, function: type) -> None:
+        super().__init__()
+        self.function, self.fc1, self.fc2 = function, nn.Linear(8, 16), nn.Linear(16, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.function.apply(self.fc1(x)))
+
+
 @pytest.mark.parametrize("frontend", ["script", "trace"])
-def test_an_unregistered_function_runs_in_pytorch_with_a_warning(frontend, registry):
+def test_a_function_whose_forward_scripts_is_inlined_and_saves(frontend, registry):
     model, x = Block().eval(), torch.randn(2, 8)
     if frontend == "trace":
         model = torch.jit.trace(model, (x,))
-    with pytest.warns(UserWarning, match=r"ScaledSiLU.*SplitHalves.*cannot be saved.*register_python_op"):
+    compiled, _ = check_compiled(model, [x], min_block_size=1)
+    buffer = io.BytesIO()
+    torch.jit.save(compiled, buffer)
+    buffer.seek(0)
+    with torch.no_grad():
+        assert_matches_eager(torchkiln.load(buffer)(x), model(x))
+
+
+def test_bloom_gelu_function_traced_is_one_engine(registry):
+    model, x = Gelu(GeLUFunction).eval(), torch.randn(2, 4, 8)
+    check_compiled(torch.jit.trace(model, (x,)), [x], op="aten::tanh")
+
+
+def test_an_inlined_forward_keeps_its_branch_on_the_data(registry):
+    model = Gelu(SignedScale).eval()
+    x = torch.randn(2, 8)
+    traced = torch.jit.trace(model, (x,))
+    compiled, report = compile_with_report(traced, [x], min_block_size=1)
+    assert "prim::PythonOp" not in str(report)
+    for sign in (1.0, -1.0):  # the branch the trace took, and the other
+        y = sign * (x.abs() + 1)
+        if float(model.fc1(y).sum()) * sign < 0:
+            y = -y
+        with torch.no_grad():
+            assert_matches_eager(compiled(y), model(y))
+
+
+@pytest.mark.parametrize("frontend", ["script", "trace"])
+def test_a_function_whose_forward_does_not_script_runs_in_pytorch_with_a_warning(frontend, registry):
+    model, x = Unscriptable().eval(), torch.randn(2, 8)
+    if frontend == "trace":
+        model = torch.jit.trace(model, (x,))
+    with pytest.warns(UserWarning, match=r"GradAware \(its forward reads ctx.needs_input_grad\).*NumpyTanh \(its "
+                                         r"forward does not script.*cannot be saved.*register_python_op"):
         compiled, report = check_compiled(model, [x], min_block_size=1, engines=None, torch_blocks=None)
     assert report.num_torch_blocks >= 1
     with pytest.raises(RuntimeError, match="Could not export Python function call"):
@@ -99,3 +208,21 @@ def test_a_replacement_with_other_arguments_names_the_function(registry):
     torchkiln.register_python_op("ScaledSiLU", wrong)
     with pytest.raises(ValueError, match="replacement registered for .*ScaledSiLU does not take the arguments"):
         torchkiln.compile(Block().eval(), [torch.randn(2, 8)])
+
+
+class GradModeScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2 if torch.is_grad_enabled() else x * 3  # apply runs this with gradients off
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 3
+
+
+def test_a_forward_that_reads_the_grad_mode_is_not_inlined(registry):
+    model, x = Gelu(GradModeScale).eval(), torch.randn(2, 8)
+    with pytest.warns(UserWarning, match=r"GradModeScale \(its forward reads or sets the grad mode"):
+        check_compiled(torch.jit.trace(model, (x,)), [x], min_block_size=1, engines=None, torch_blocks=None)
+    compiled, _ = compile_with_report(torch.jit.trace(model, (x,)), [x], min_block_size=1)
+    assert_matches_eager(compiled(x), model(x).detach())  # with gradients on, as a caller may run it

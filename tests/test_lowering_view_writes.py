@@ -6,7 +6,8 @@ from typing import List
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import assert_converted, assert_falls_back, assert_matches_eager, check_compiled, check_fn, wrap
+from harness import (assert_converted, assert_falls_back, assert_matches_eager, check_compiled, check_fn, check_traced,
+                     wrap)
 
 from torchkiln.compiler import compile_with_report
 
@@ -234,3 +235,80 @@ def test_a_write_into_a_slice_of_a_buffer_stays_in_pytorch():
     assert "aten::slice_scatter" not in str(report)
     for _ in range(3):  # the state grows with every call, in both, from the same start: compiling runs the
         assert_matches_eager(compiled(x), eager(x))  # method for shape analysis on a copy of the module
+
+
+def funnel_relative_shift_then_mask(q, r, cls_mask):
+    """transformers' FunnelRelMultiheadAttention.relative_positional_attention: the einsum's scores shifted by two
+    reshapes and slices (`_relative_shift_gather`), then `positional_attn *= cls_mask` in place into that view of
+    memory nothing else reads again."""
+    positional_attn = torch.einsum("binh,tnh->bnit", q, r)
+    batch, heads, seq, max_rel = positional_attn.shape
+    positional_attn = torch.reshape(positional_attn, [batch, heads, max_rel, seq])[:, :, 1:, :]
+    positional_attn = torch.reshape(positional_attn, [batch, heads, seq, max_rel - 1])[..., :seq]
+    positional_attn *= cls_mask
+    return positional_attn.softmax(-1)
+
+
+def dead_view_write_but_base_read_after(x):
+    """The same write, but the base is read afterwards and a reshape is no slice: it stays in PyTorch."""
+    y = x * 2
+    v = y.reshape(5, 4)[:, :2]
+    v.mul_(3.0)
+    return v + 1.0, y
+
+
+def beit_relative_position_index(x, table):
+    """transformers' BeitRelativePositionBias: a permuted, contiguous coordinate difference written in place
+    through selections (`relative_coords[:, :, 0] += window_size[0] - 1`), summed into a table's index."""
+    wh, ww = x.shape[-2], x.shape[-1]
+    coords = torch.stack(torch.meshgrid(torch.arange(wh), torch.arange(ww), indexing="ij"))
+    coords_flatten = torch.flatten(coords, 1)
+    relative_coords = (coords_flatten[:, :, None] - coords_flatten[:, None, :]).permute(1, 2, 0).contiguous()
+    relative_coords[:, :, 0] += wh - 1
+    relative_coords[:, :, 1] += ww - 1
+    relative_coords[:, :, 0] *= 2 * ww - 1
+    index = relative_coords.sum(-1)
+    bias = table[index.view(-1)].view(wh * ww, wh * ww, -1).permute(2, 0, 1)
+    return x.flatten(-2).unsqueeze(-1) + bias
+
+
+def contiguous_of_memory_read_after(x):
+    """`contiguous` of an already contiguous tensor is the tensor itself, so the write shows through `y` too:
+    not a copy, so it stays in PyTorch."""
+    y = x * 2
+    c = y.contiguous()
+    c[0] += 1.0
+    return c * 1.0, y
+
+
+def test_a_write_into_a_reshaped_view_of_memory_read_nowhere_else_converts():
+    _, report = check_traced(funnel_relative_shift_then_mask, torch.randn(2, 6, 4, 8), torch.randn(13, 4, 8),
+                             torch.randn(6, 6))
+    assert_converted(report, "aten::mul.Tensor")
+
+
+def test_a_write_into_a_reshaped_view_of_memory_read_afterwards_stays_in_pytorch():
+    _, report = check_fn(dead_view_write_but_base_read_after, torch.randn(4, 5), engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::mul_.Scalar", "a view made by aten::slice")
+
+
+def test_a_write_into_a_contiguous_copy_of_a_permuted_fresh_tensor_converts():
+    _, report = check_traced(beit_relative_position_index, torch.randn(2, 3, 4, 5), torch.randn(63, 3))
+    assert_converted(report, "aten::select_scatter")
+
+
+def test_a_write_into_contiguous_of_memory_read_afterwards_stays_in_pytorch():
+    _, report = check_fn(contiguous_of_memory_read_after, torch.randn(4, 5), engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::add_.Scalar", "a view made by aten::select")
+
+
+def dead_view_write_base_returned(x):
+    y = x * 2
+    v = y.reshape(5, 4)[:, :2]
+    v.mul_(3.0)
+    return y
+
+
+def test_a_write_into_a_reshaped_view_of_the_returned_tensor_stays_in_pytorch():
+    _, report = check_fn(dead_view_write_base_returned, torch.randn(4, 5), engines=None, torch_blocks=None)
+    assert_falls_back(report, "aten::mul_.Scalar", "a view made by aten::slice")

@@ -3,7 +3,9 @@ and bitwise ops on float, int and bool tensors, broadcasting, mixed dtypes, Pyth
 tensors, non-contiguous inputs, int64 with truncate_long_and_double, and traced graphs."""
 import pytest
 import torch
-from harness import assert_falls_back, check_compiled, check_fn, check_traced
+from harness import assert_falls_back, assert_matches_eager, check_compiled, check_fn, check_traced
+
+from torchkiln.compiler import compile_with_report
 
 
 def binary(op):
@@ -482,3 +484,29 @@ def test_isclose(kwargs):
     a = torch.tensor([[1.0, float("nan"), float("inf"), -float("inf"), 0.0, 1e10],
                       [1.0, 2.0, 3.0, float("inf"), -0.0, 1e10 + 1e5]])
     check_traced(lambda a, b: torch.isclose(a, b, **kwargs), a, a.flip(0))
+
+
+NUMPY_NAMES = """
+graph(%x : Tensor, %y : Tensor):
+  %two : int = prim::Constant[value=2]()
+  %scale : float = prim::Constant[value=2.5]()
+  %floor : str = prim::Constant[value="floor"]()
+  %a : Tensor = aten::multiply(%x, %y)
+  %b : Tensor = aten::multiply(%x, %scale)
+  %c : Tensor = aten::subtract(%x, %y, %two)
+  %d : Tensor = aten::divide(%x, %y)
+  %e : Tensor = aten::divide(%x, %y, %floor)
+  %r : (Tensor, Tensor, Tensor, Tensor, Tensor) = prim::TupleConstruct(%a, %b, %c, %d, %e)
+  return (%r)
+"""
+
+
+def test_numpy_named_aliases():
+    """multiply, subtract and divide: scripting renames them mul, sub and div, a trace of ConvBert keeps them
+    (`torch.multiply(mixed_key_conv_attn_layer, mixed_query_layer)`)."""
+    fn = torch._C._create_function_from_graph("numpy_names", torch._C.parse_ir(NUMPY_NAMES))
+    x, y = torch.randn(3, 4), torch.randn(3, 4) + 3
+    compiled, report = compile_with_report(fn, [x, y], min_block_size=1)
+    assert report.num_engine_blocks == 1 and report.num_torch_blocks == 0, report
+    assert_matches_eager(compiled(x, y), (torch.multiply(x, y), torch.multiply(x, 2.5), torch.subtract(x, y, alpha=2),
+                                          torch.divide(x, y), torch.divide(x, y, rounding_mode="floor")))

@@ -415,3 +415,25 @@ def test_fftshift_of_a_real_tensor(fn, dim):
     x = torch.randn(3, 5, 4)
     x[0, 0, :3] = torch.tensor([float("nan"), float("inf"), -float("inf")])
     check_traced(lambda x: fn(x, dim=dim), x)
+
+
+@pytest.mark.parametrize("shape, kwargs", [
+    ((2, 2, 16, 16), dict(kernel_size=3, padding=1)),  # RAFT's upsample_flow: 3x3 neighbourhoods of the flow
+    ((2, 3, 9, 7), dict(kernel_size=(2, 3), dilation=(2, 1), padding=(1, 0), stride=(2, 3))),
+    ((3, 8, 1), dict(kernel_size=(3, 1), padding=(1, 0))),  # ConvBert's span convolution, unbatched
+])
+def test_im2col(shape, kwargs):
+    x = R(*shape)
+    x[0, 0, 0] = float("inf")  # slices move values unchanged: no inf * 0 as a one-hot convolution would give
+    check_traced(lambda t: F.unfold(t, **kwargs) * 2, x, op="aten::im2col")
+
+
+def cat_onto_an_empty_cache(x, y):
+    """transformers' DynamicLayer starts its keys as torch.tensor([]) and concatenates onto them (XLM, FlauBERT):
+    eager skips a 1-d empty tensor in cat, whatever the other tensors' rank, though its dtype still promotes."""
+    empty = torch.zeros(0, dtype=torch.float64)
+    return torch.cat([torch.zeros(0), x, y], dim=-2), torch.cat([x, empty], dim=1), torch.cat([empty, empty * 2], 0)
+
+
+def test_cat_skips_one_dimensional_empty_tensors():
+    check_traced(cat_onto_an_empty_cache, R(2, 3, 4), R(2, 3, 4), op="aten::cat")

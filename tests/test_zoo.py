@@ -49,6 +49,33 @@ def vit():
     return transformers.ViTModel(config), [torch.randn(2, 3, 32, 32)]
 
 
+def beit():
+    """BEiT with its relative position bias, which writes a permuted coordinate table in place."""
+    config = transformers.BeitConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=2,
+                                     num_attention_heads=4, intermediate_size=128, use_relative_position_bias=True)
+    return transformers.BeitModel(config), [torch.randn(2, 3, 32, 32)]
+
+
+def funnel():
+    """Funnel: relative attention scores shifted by reshapes, then masked in place (`positional_attn *= cls_mask`)."""
+    config = transformers.FunnelConfig(vocab_size=1000, block_sizes=[1, 1], d_model=64, n_head=4, d_head=16,
+                                       d_inner=128, num_decoder_layers=1)
+    return transformers.FunnelModel(config), [_ids()]
+
+
+def bloom():
+    """BLOOM: its GELU is a custom autograd Function (GeLUFunction), inlined from its forward."""
+    config = transformers.BloomConfig(vocab_size=1000, hidden_size=64, n_layer=2, n_head=4, use_cache=False)
+    return transformers.BloomModel(config), [_ids()]
+
+
+def convbert():
+    """ConvBERT: span-based convolution by F.unfold (aten::im2col) and torch.multiply."""
+    config = transformers.ConvBertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         intermediate_size=128, max_position_embeddings=64)
+    return transformers.ConvBertModel(config), [_ids(), _mask()]
+
+
 def resnet():
     return SmallResNet(), [torch.randn(2, 3, 64, 64)]
 
@@ -104,8 +131,9 @@ def mlp_mixer():
     return MLPMixer(32, 8, 32, 2, 16, 64, num_classes=10), [torch.randn(2, 3, 32, 32)]
 
 
-@pytest.mark.parametrize("build", [bert, gpt2, distilbert, t5_encoder, vit, electra, wav2vec2, resnet, mobilenet, unet,
-                                   diffusion_block, regnet_y, mobilenet_v3_small, convnext, mlp_mixer],
+@pytest.mark.parametrize("build", [bert, gpt2, distilbert, t5_encoder, vit, electra, wav2vec2, beit, funnel, bloom,
+                                   convbert, resnet, mobilenet, unet, diffusion_block, regnet_y, mobilenet_v3_small,
+                                   convnext, mlp_mixer],
                          ids=lambda f: f.__name__)
 def test_zoo_model_is_one_engine_and_matches_eager(build):
     model, example = build()

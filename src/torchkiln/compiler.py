@@ -37,7 +37,7 @@ from torchkiln.lowering.passes.functionalize_list_appends import functionalize_l
 from torchkiln.lowering.passes.functionalize_view_writes import functionalize_view_writes
 from torchkiln.lowering.passes.libtorch import eliminate_dead_code
 from torchkiln.lowering.passes.lower_tuples import lower_tuples
-from torchkiln.lowering.passes.replace_python_ops import python_op_names
+from torchkiln.lowering.passes.replace_python_ops import NOT_INLINED_ATTR, python_op_names
 from torchkiln.lowering.passes.resolve_attribute_caches import resolve_attribute_caches
 from torchkiln.lowering.passes.resolve_static_containers import resolve_static_containers
 from torchkiln.lowering.walk import all_nodes
@@ -183,12 +183,16 @@ def _cast_float_inputs(graph: Graph, signature: tuple[Any, ...], dtype: torch.dt
 
 
 def _warn_python_ops(graph: Graph) -> None:
-    """Warn that custom autograd Functions left in the graph keep the compiled module from being saved."""
-    names = sorted({python_op_names(n)[0] for n in all_nodes(graph.block()) if n.kind() == "prim::PythonOp"})
-    if names:
-        warn(logger, f"custom torch.autograd.Function {', '.join(names)} (prim::PythonOp) runs in PyTorch, so the "
-                     f"compiled module runs but cannot be saved with torch.jit.save; replace it with TorchScript-able "
-                     f"code, or register an inference-time equivalent with torchkiln.register_python_op("
+    """Warn that custom autograd Functions left in the graph keep the compiled module from being saved, and why
+    each was not inlined."""
+    why = {python_op_names(n)[0]: n.s(NOT_INLINED_ATTR) if n.hasAttribute(NOT_INLINED_ATTR) else ""
+           for n in all_nodes(graph.block()) if n.kind() == "prim::PythonOp"}
+    if why:
+        names = sorted(why)
+        listed = ", ".join(f"{name} ({why[name]})" if why[name] else name for name in names)
+        warn(logger, f"custom torch.autograd.Function {listed} (prim::PythonOp) runs in PyTorch, so the "
+                     f"compiled module runs but cannot be saved with torch.jit.save; make its forward scriptable, "
+                     f"or register an inference-time equivalent with torchkiln.register_python_op("
                      f"{names[0]!r}, fn)")
 
 

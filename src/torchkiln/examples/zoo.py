@@ -286,15 +286,16 @@ def _mobilenet_fpn(size: int = 64) -> ZooModel:
     return ZooModel("fasterrcnn_mobilenet_v3_fpn_backbone", "torchvision", build, _images(size))
 
 
-def _raft_small(size: int = 64) -> ZooModel:
+def _raft(variant: str = "raft_small", size: int = 64) -> ZooModel:
     def build() -> nn.Module:
-        return import_torchvision().models.optical_flow.raft_small(weights=None)
-    return ZooModel("raft_small", "torchvision", build, lambda batch: [torch.randn(batch, 3, size, size),
-                                                                       torch.randn(batch, 3, size, size)])
+        return getattr(import_torchvision().models.optical_flow, variant)(weights=None)
+    return ZooModel(variant, "torchvision", build, lambda batch: [torch.randn(batch, 3, size, size),
+                                                                  torch.randn(batch, 3, size, size)])
 
 
 _TINY = dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
              max_position_embeddings=64)  # the transformers configs' common names
+_TINY_ENCODER = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
 
 
 def _transformer(name: str, model_class: str, config_class: str, seq: int = 16, masked: bool = True,
@@ -306,6 +307,16 @@ def _transformer(name: str, model_class: str, config_class: str, seq: int = 16, 
         return LastHiddenState(model)
     vocab = config.get("vocab_size", 1000)
     inputs = _token_inputs(vocab, seq) if masked else (lambda batch: [torch.randint(0, vocab, (batch, seq))])
+    return ZooModel(name, "transformers", build, inputs)
+
+
+def _transformers_model(name: str, model_class: str, config_class: str,
+                        inputs: Callable[[int], list[torch.Tensor]], **config) -> ZooModel:
+    """A transformers model from a config (random weights) on inputs other than tokens, returning its last hidden
+    state."""
+    def build() -> nn.Module:
+        transformers = import_transformers()
+        return LastHiddenState(getattr(transformers, model_class)(getattr(transformers, config_class)(**config)))
     return ZooModel(name, "transformers", build, inputs)
 
 
@@ -327,7 +338,8 @@ _WAVE2: list[ZooModel] = [
     _torchvision("swin_t", 64), _torchvision("googlenet", 64, aux_logits=False, init_weights=True),
     _torchvision("inception_v3", 96, aux_logits=False, init_weights=True), _torchvision("vgg11_bn", 64),
     _torchvision("alexnet", 64), _segmentation("fcn_resnet50"), _segmentation("deeplabv3_mobilenet_v3_large"),
-    _segmentation("lraspp_mobilenet_v3_large"), _resnet_fpn(), _mobilenet_fpn(), _raft_small(128),
+    _segmentation("lraspp_mobilenet_v3_large"), _resnet_fpn(), _mobilenet_fpn(), _raft("raft_small", 128),
+    _raft("raft_large", 128),
     # timm: MLP-mixers, vision transformers, metaformers, hybrid attention, TF-"same" padding, multi-resolution
     _timm("mixer_s16_224", img_size=64), _timm("resmlp_12_224", img_size=64),
     _timm("vit_tiny_patch16_224", img_size=64), _timm("deit_tiny_patch16_224", img_size=64),
@@ -354,6 +366,21 @@ _WAVE2: list[ZooModel] = [
     _transformer("roberta-tiny", "RobertaModel", "RobertaConfig", **{**_TINY, "max_position_embeddings": 66}),
     _transformer("albert-tiny", "AlbertModel", "AlbertConfig", embedding_size=32, **_TINY),
     _whisper_encoder(),
+    # transformers: what split in wave 3 (a permuted table written in place, in-place writes into reshaped views,
+    # a custom autograd GELU, im2col and torch.multiply, a cat onto an empty cache)
+    _transformers_model("beit-tiny", "BeitModel", "BeitConfig", _images(32), image_size=32, patch_size=8,
+                        use_relative_position_bias=True, **_TINY_ENCODER),
+    _transformers_model("data2vec-vision-tiny", "Data2VecVisionModel", "Data2VecVisionConfig", _images(32),
+                        image_size=32, patch_size=8, use_relative_position_bias=True, **_TINY_ENCODER),
+    _transformer("funnel-tiny", "FunnelModel", "FunnelConfig", vocab_size=1000, block_sizes=[1, 1], d_model=64,
+                 n_head=4, d_head=16, d_inner=128, num_decoder_layers=1),
+    _transformer("funnel-base-tiny", "FunnelBaseModel", "FunnelConfig", vocab_size=1000, block_sizes=[1, 1],
+                 d_model=64, n_head=4, d_head=16, d_inner=128),
+    _transformer("bloom-tiny", "BloomModel", "BloomConfig", masked=False, vocab_size=1000, hidden_size=64, n_layer=2,
+                 n_head=4, use_cache=False),
+    _transformer("convbert-tiny", "ConvBertModel", "ConvBertConfig", **_TINY),
+    _transformer("xlm-tiny", "XLMModel", "XLMConfig", masked=False, vocab_size=1000, emb_dim=64, n_layers=2,
+                 n_heads=4, max_position_embeddings=64),
     # bundled recurrent networks
     ZooModel("lstm_classifier", "bundled", RecurrentClassifier, lambda batch: [torch.randint(0, 1000, (batch, 16))]),
     ZooModel("gru_classifier", "bundled", lambda: RecurrentClassifier("gru"),
@@ -392,16 +419,6 @@ _WIDE: list[ZooModel] = [  # real models at their real sizes: 224x224 images, tr
                         hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                         num_key_value_heads=2, max_position_embeddings=2048, use_cache=False), max_batch=8),
 ]
-
-
-def _transformers_model(name: str, model_class: str, config_class: str,
-                        inputs: Callable[[int], list[torch.Tensor]], **config) -> ZooModel:
-    """A transformers model from a config (random weights) on inputs other than tokens, returning its last hidden
-    state."""
-    def build() -> nn.Module:
-        transformers = import_transformers()
-        return LastHiddenState(getattr(transformers, model_class)(getattr(transformers, config_class)(**config)))
-    return ZooModel(name, "transformers", build, inputs)
 
 
 def _whisper_encoder_256(frames: int = 200) -> ZooModel:

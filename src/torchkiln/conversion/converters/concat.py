@@ -3,20 +3,33 @@ reshapes and the stacks built on them (hstack, vstack/row_stack, dstack, column_
 block_diag and cartesian_prod."""
 from __future__ import annotations
 
+import functools
+
+import torch
+
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import normalize_dim
-import torch
 
 from torchkiln.conversion.impl.shuffle import reshape, unsqueeze
 from torchkiln.conversion.impl.tiling import meshgrid
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
+from torchkiln.ir.symbolic import is_symbolic
 from torchkiln.ir.tensor import Tensor
+
+
+def _skipped_by_cat(t: Tensor) -> bool:
+    """Eager cat leaves out a 1-d empty tensor (legacy), whatever the other tensors' rank; its dtype still counts."""
+    return t.rank == 1 and not is_symbolic(t.shape[0]) and t.shape[0] == 0
 
 
 @converter("aten::cat")
 def cat(ctx: ConversionCtx, args: Args) -> Tensor:
     tensors = [ctx.to_tensor(t) for t in args.tensors]
+    kept = [t for t in tensors if not _skipped_by_cat(t)]
+    if kept and len(kept) < len(tensors):
+        dtype = functools.reduce(torch.promote_types, (t.dtype for t in tensors))
+        tensors = [t if t.dtype == dtype else ctx.network.add_cast(t, dtype).get_output() for t in kept]
     rank = max(t.rank for t in tensors)
     return ctx.network.add_concatenation(tensors, normalize_dim(args.dim, rank)).get_output()
 

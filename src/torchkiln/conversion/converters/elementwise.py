@@ -2,7 +2,7 @@
 special functions of two arguments (zeta, igamma, nextafter, copysign, heaviside, logaddexp2, ldexp, xlog1py, the
 orthogonal polynomials: rows of ir/pointwise.py), the ternary addcmul and addcdiv (tensor, scalar and in-place
 forms), and the compositions logaddexp, hypot, fmax, fmin, xlogy, lerp and float_power (with eager's NaN and
-infinity rules)."""
+infinity rules). NumPy's names multiply, subtract and divide (a trace keeps them) are mul, sub and div."""
 from __future__ import annotations
 
 import torch
@@ -25,7 +25,7 @@ def add(ctx: ConversionCtx, args: Args) -> Tensor:
     return binary(ctx, args.self, scaled(ctx, args.other, args.alpha), OP.SUM)
 
 
-@converter("aten::sub.Tensor", "aten::sub.Scalar")
+@converter("aten::sub.Tensor", "aten::sub.Scalar", "aten::subtract.Tensor", "aten::subtract.Scalar")
 def sub(ctx: ConversionCtx, args: Args) -> Tensor:
     return binary(ctx, args.self, scaled(ctx, args.other, args.alpha), OP.SUB)
 
@@ -36,7 +36,7 @@ def rsub(ctx: ConversionCtx, args: Args) -> Tensor:
     return binary(ctx, args.other, scaled(ctx, args.self, args.alpha), OP.SUB)
 
 
-@converter("aten::mul.Tensor", "aten::mul.Scalar")
+@converter("aten::mul.Tensor", "aten::mul.Scalar", "aten::multiply.Tensor", "aten::multiply.Scalar")
 def mul(ctx: ConversionCtx, args: Args) -> Tensor:
     return binary(ctx, args.self, args.other, OP.PROD)
 
@@ -50,6 +50,7 @@ def _rounding(args: Args) -> str | None:
 
 
 @converter("aten::div.Tensor", "aten::div.Scalar", "aten::div.Tensor_mode", "aten::div.Scalar_mode",
+           "aten::divide.Tensor", "aten::divide.Scalar", "aten::divide.Tensor_mode", "aten::divide.Scalar_mode",
            capability=_rounding)
 def div(ctx: ConversionCtx, args: Args) -> Tensor:
     return binary(ctx, args.self, args.other, _ROUNDING[args.get("rounding_mode")])

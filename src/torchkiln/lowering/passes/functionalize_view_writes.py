@@ -6,11 +6,19 @@ A write into a view must never change what anything reads, so the rewrite is mad
 (analysis/resolve.py) shows every value sharing the memory: the base is new memory that an op with a schema
 makes in the graph's own block (not a method input, a constant or a module attribute, whose memory outlives
 the call), its only aliases are slices and selections of it, and every other view of the base is made after
-the write. Later reads of the base read the scatter's result. Where the view written (or a view it was sliced
+the write or read nowhere after it (a trace writes `x[i] += v` as `x[i].add_(v)`, then copies that view into a
+new `x[i]`). Later reads of the base read the scatter's result. Where the view written (or a view it was sliced
 from) is read after the write too (timm's GhostNet returns `x += shortcut` on a slice of a fresh cat), those
 reads read the functional op's result instead, which needs one more fact: nothing writes into that memory
-after this write, which the old view would see and the new value would not. Anything else stays as it is
-(and partitioning keeps it in PyTorch).
+after this write, which the old view would see and the new value would not.
+
+Two more cases need no scatter, because nothing can tell whether memory was shared:
+- a write into any view (reshapes, permutes, slices: transformers' Funnel shifts its scores with two reshapes and
+  then writes `positional_attn *= cls_mask`) of new memory that nothing but the write's own result reads after
+  the write becomes the functional op;
+- `contiguous(x)` (a copy, or `x` itself) that is written in place afterwards becomes `clone(x)` when nothing but
+  the contiguous result reads x's memory after it (BEiT writes its permuted coordinate table this way).
+Anything else stays as it is (and partitioning keeps it in PyTorch).
 """
 from __future__ import annotations
 
@@ -63,11 +71,66 @@ def _view_write(graph: Graph, writer: Node) -> tuple[list[Node], Value] | None:
     aliases = aliases_of(base)
     if any(u.user.kind() == "prim::SetAttr" for v in aliases for u in v.uses()):
         return None  # stored in a module attribute: read through it, it would still see the old memory
-    if any(value_key(v) not in allowed and not v.node().isAfter(writer) for v in aliases):
-        return None  # an alias made before the write would still see the old memory
+    if any(value_key(v) not in allowed and not v.node().isAfter(writer) and _used_after(graph, v, writer)
+           for v in aliases):
+        return None  # an alias made before the write and read after it would still see the old memory
     if _read_after(views, writer) and any(w is not writer and w.isAfter(writer) for w in writers_into(aliases)):
         return None  # the view read afterwards would have to see the later write too
     return chain, base
+
+
+def _private_root(graph: Graph, value: Value) -> Value | None:
+    """The new memory made in the method that `value` is (a view of), through views of one base each; None when
+    it may be memory that outlives the call, or view several."""
+    while True:
+        if value.node().owningBlock() != graph.block():
+            return None
+        sources = alias_sources(value)
+        if not sources:
+            return value if _made_here(value) else None
+        if len(sources) != 1:
+            return None
+        value = sources[0]
+
+
+def _unread_after(graph: Graph, root: Value, node: Node, keep: Value) -> bool:
+    """Whether no value sharing `root`'s memory, except `keep` and what is made from it, is read after `node`
+    (nor read inside a nested block, nor stored in a module attribute)."""
+    kept = {value_key(v) for v in aliases_of(keep)}
+    for v in aliases_of(root):
+        if value_key(v) in kept:
+            continue
+        if _used_after(graph, v, node) or any(u.user.kind() == "prim::SetAttr" for u in v.uses()):
+            return False
+    return True
+
+
+def _dead_view_write(graph: Graph, writer: Node) -> bool:
+    """Whether `writer` writes in place into a view of new memory that nothing but its result reads afterwards,
+    so that its functional op computes the same."""
+    if not writer.kind().endswith("_") or not _writes_first_argument_only(writer) or writer.outputsSize() != 1:
+        return False
+    view = writer.inputsAt(0)
+    root = _private_root(graph, view) if alias_sources(view) else None  # new memory itself: the converters' case
+    if root is None:
+        return False
+    shared = {value_key(v) for v in aliases_of(root)} - {value_key(view)}
+    if any(value_key(v) in shared for v in list(writer.inputs())[1:]):
+        return False  # reads the memory it writes through another view
+    return _unread_after(graph, root, writer, writer.output())
+
+
+def _contiguous_copy(graph: Graph, node: Node) -> bool:
+    """Whether `node` is `contiguous(x)` whose result is written in place, where nothing but that result reads
+    x's memory after it: a copy then computes the same as the view contiguous may return."""
+    if node_key(node) != "aten::contiguous" or not writers_into(aliases_of(node.output())):
+        return False
+    root = _private_root(graph, node.inputsAt(0))
+    return root is not None and _unread_after(graph, root, node, node.output())
+
+
+def _used_after(graph: Graph, value: Value, node: Node) -> bool:
+    return any(u.user.owningBlock() != graph.block() or u.user.isAfter(node) for u in value.uses())
 
 
 def _read_after(values: list[Value], node: Node) -> bool:
@@ -105,7 +168,27 @@ def functionalize_view_writes(graph: Graph, ctx: LoweringContext) -> bool:
     while changed:
         changed = False
         for writer in list(graph.nodes()):
+            if _contiguous_copy(graph, writer):
+                copy = graph.create("aten::clone", list(writer.inputs()))  # the same memory format
+                copy.output().setType(writer.output().type())
+                copy.insertBefore(writer)
+                writer.output().replaceAllUsesWith(copy.output())
+                writer.destroy()
+                changed = rewrote = True
+                break
             found = _view_write(graph, writer)
+            if found is None and _dead_view_write(graph, writer):
+                with graph.insert_point_guard(writer):
+                    try:
+                        value = _functional(graph, writer, writer.inputsAt(0))
+                    except RuntimeError:
+                        continue
+                writer.output().replaceAllUsesWith(value)
+                logger.debug("%s into a view of memory nothing reads again rewritten as its functional op",
+                             writer.kind())
+                writer.destroy()
+                changed = rewrote = True
+                break
             if found is None:
                 continue
             chain, base = found

@@ -3,7 +3,9 @@
 LibTorch's UnrollLoops also unrolls loops of unknown length by 8 (keeping a loop) and
 UnrollConstantLoops copies a body of any size up to 63 times; this pass unrolls a loop only when
 it disappears entirely and the copies stay small: at most MAX_TRIPS iterations and MAX_NODES
-nodes in all. The trip count may come from constants or the compiled input shapes.
+nodes in all. A loop whose body writes in place (RAFT appends each iteration's flow to a list) has no other way
+into an engine, since a loop layer's body is a function of its carried tensors, so it may take MAX_WRITING_NODES.
+The trip count may come from constants or the compiled input shapes.
 """
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ from torchkiln.analysis.resolve import NotStatic, Resolver
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
 from torchkiln.lowering.static_values import input_resolver
 from torchkiln.lowering.walk import all_nodes
-from torchkiln.torchscript import Graph, Node, Value
+from torchkiln.torchscript import Graph, Node, Value, node_schema, writes_to_arguments
 
 MAX_TRIPS = 32
 MAX_NODES = 512
+MAX_WRITING_NODES = 4096  # for a loop that writes in place: unrolled, or not in an engine at all
 
 
 def _is_true(v: Value) -> bool:
@@ -34,9 +37,15 @@ def _trips(loop: Node, resolver: Resolver) -> int | None:
         return None
     if not isinstance(trips, int) or isinstance(trips, bool):
         return None
-    size = sum(n.kind() != "prim::Constant" for n in all_nodes(body))
+    nodes = [n for n in all_nodes(body) if n.kind() != "prim::Constant"]
     trips = max(trips, 0)
-    return trips if trips <= MAX_TRIPS and trips * size <= MAX_NODES else None
+    budget = MAX_WRITING_NODES if any(_writes(n) for n in nodes) else MAX_NODES
+    return trips if trips <= MAX_TRIPS and trips * len(nodes) <= budget else None
+
+
+def _writes(node: Node) -> bool:
+    schema = node_schema(node)
+    return schema is not None and writes_to_arguments(schema)
 
 
 def _unroll(graph: Graph, loop: Node, trips: int) -> None:
@@ -77,5 +86,6 @@ def unroll_static_loops(graph: Graph, resolver: Resolver) -> bool:
 
 @lowering_pass()
 def unroll_loops(graph: Graph, ctx: LoweringContext) -> bool:
-    """Replace a for-loop of at most MAX_TRIPS iterations (MAX_NODES nodes unrolled) by copies of its body."""
+    """Replace a for-loop of at most MAX_TRIPS iterations (MAX_NODES nodes unrolled; MAX_WRITING_NODES where it
+    writes in place) by copies of its body."""
     return unroll_static_loops(graph, input_resolver(graph, ctx.settings))
