@@ -10,7 +10,7 @@ import math
 import onnxruntime as ort
 import pytest
 import torch
-from harness import assert_matches_eager
+from harness import assert_matches_eager, session_graph
 
 import torchkiln
 from torchkiln.compiler import compile_with_report
@@ -287,6 +287,22 @@ def test_onnx_runtime_runs_quantized_layers_on_integer_kernels(quantized, name, 
     assert quantized and ops.count("MatMulIntegerToFloat") == len(quantized) and "Gemm" not in ops, ops
     if name == "cnn":
         assert ops.count("QLinearConv") == 2 and "Conv" not in ops and "FusedConv" not in ops, ops
+
+
+def test_quantized_linear_layers_add_their_bias_in_the_integer_kernel(quantized, tmp_path):
+    """Each int8 linear layer runs as one MatMulIntegerToFloat that adds its bias: no float Add of a constant after
+    it (24 of them were 6% of the BERT-style encoder's int8 time at batch 8)."""
+    compiled, _ = quantized("transformer", I8)
+    nodes = session_graph(compiled, _samples(1), str(tmp_path))
+    integer = [node for node in nodes if node.op_type == "MatMulIntegerToFloat"]
+    layers = [m for m in _network(compiled) if isinstance(m, L.MatrixMultiplyLayer)
+              and isinstance(m.inputs[1].producer, L.DequantizeLayer) and "bias" in m.weights]
+    assert layers and len(integer) == len(layers) and all(len(n.input) == 7 and n.input[6] for n in integer), \
+        [list(n.input) for n in integer]
+    made = {n.output[0] for n in integer}
+    made_by = {out for node in nodes for out in node.output}
+    assert not [n for n in nodes if n.op_type == "Add" and set(n.input) & made and set(n.input) - made_by], \
+        [node.op_type for node in nodes]
 
 
 def test_damaged_calibration_cache_is_recalibrated_with_a_warning(tmp_path, caplog):
