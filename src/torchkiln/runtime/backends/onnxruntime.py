@@ -45,6 +45,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -58,6 +59,9 @@ from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 from torchkiln.runtime.serialization import dtype_name
 from torchkiln.runtime.symbols import MAX_CACHED_SIGNATURES, SymbolBinder
+
+if TYPE_CHECKING:
+    import onnx
 
 logger = logging.getLogger(__name__)
 
@@ -256,16 +260,23 @@ class OutsideExactRange(Exception):
     """A call gave a layer values its ONNX form does not compute exactly (`ExportContext.exact_below`)."""
 
 
+def session_onnx(sub: Network) -> onnx.ModelProto:
+    """The ONNX model a session runs for `sub`: with the guard output and ONNX Runtime's own ops (`network_to_onnx`)."""
+    from torchkiln.onnx_export import network_to_onnx
+
+    return network_to_onnx(sub, guard=True, contrib_ops=True)
+
+
 def session_models(network: Network, plan: Plan | None, digest: bytes) -> SessionModels | None:
     """The ONNX model of each session `OrtRunner` makes for `plan`, in order, for the engine of SHA-256 `digest`
     (what the module cache stores with a compiled module, so that its sessions are made again without exporting);
     None where the plan is not ONNX Runtime's here (None: it cannot plan here) or a segment does not export."""
-    from torchkiln.onnx_export import OnnxExportError, network_to_onnx
+    from torchkiln.onnx_export import OnnxExportError
 
     if plan is None or plan.target.backend != "onnxruntime":
         return None
     try:
-        models = tuple(network_to_onnx(sub, guard=True).SerializeToString()
+        models = tuple(session_onnx(sub).SerializeToString()
                        for sub, on_ort in _plan_subnetworks(network, plan) if on_ort)
     except OnnxExportError:
         return None
@@ -308,10 +319,10 @@ class _Session:
                                              f"{os.path.basename(profile_prefix)}.weights")
         self.session = None if model is None else self._stored(ort, sub, model, options)
         if self.session is None:
-            from torchkiln.onnx_export import OnnxExportError, network_to_onnx
+            from torchkiln.onnx_export import OnnxExportError
 
             try:
-                self.session = ort.InferenceSession(network_to_onnx(sub, guard=True).SerializeToString(), options,
+                self.session = ort.InferenceSession(session_onnx(sub).SerializeToString(), options,
                                                     providers=["CPUExecutionProvider"],
                                                     disabled_optimizers=DISABLED_OPTIMIZERS)
             except (OnnxExportError, *_ort_errors(ort)) as e:
