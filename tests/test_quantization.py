@@ -15,6 +15,7 @@ from harness import assert_matches_eager, session_graph
 import torchkiln
 from torchkiln.compiler import compile_with_report
 from torchkiln.ir import layers as L
+from torchkiln.onnx_export import network_to_onnx
 from torchkiln.runtime.backends.onnxruntime import DISABLED_OPTIMIZERS, session_onnx
 from torchkiln.runtime.engine import Engine
 from torchkiln.stitching.stitch import engine_attrs
@@ -301,6 +302,35 @@ def test_quantized_linear_layers_add_their_bias_in_the_integer_kernel(quantized,
         [list(n.input) for n in integer]
     sums = [m for m in _network(compiled) if isinstance(m, L.ElementWiseLayer) and m.op == L.ElementWiseOperation.SUM]
     assert [node.op_type for node in nodes].count("Add") == len(sums), [node.op_type for node in nodes]
+
+
+class MatmulByParameter(torch.nn.Module):
+    """x @ w + b with w [in, out] (a matrix multiply reading its weight untransposed), then a linear layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w, self.b = torch.nn.Parameter(torch.randn(16, 24) / 4), torch.nn.Parameter(torch.randn(24))
+        self.out = torch.nn.Linear(24, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(x @ self.w + self.b))
+
+
+def test_integer_matrix_multiplies_compute_the_reference_engines_values(tmp_path):
+    """MatMulIntegerToFloat with the bias, for a weight read as it is ([in, out]: scales per column) and transposed
+    (a linear layer's [out, in]): the reference engine's values within float32 rounding, and the standalone export
+    standard ONNX (no com.microsoft op)."""
+    torch.manual_seed(5)
+    model, x = MatmulByParameter().eval(), torch.randn(4, 3, 16, generator=torch.Generator().manual_seed(6))
+    options = dict(enabled_precisions={I8}, calibration_inputs=[x])
+    compiled = torchkiln.compile(model, [x], **options)
+    nodes = session_graph(compiled, [x], str(tmp_path))
+    assert [len(n.input) for n in nodes if n.op_type == "MatMulIntegerToFloat"] == [7, 7], \
+        [n.op_type for n in nodes]
+    reference = torchkiln.compile(model, [x], backend="reference", **options)
+    assert_matches_eager(compiled(x), reference(x))
+    export = network_to_onnx(Engine.deserialize(getattr(compiled, engine_attrs(compiled)[0]).numpy().tobytes()).network)
+    assert {n.domain for n in export.graph.node} == {""} and "MatMul" in {n.op_type for n in export.graph.node}
 
 
 def test_damaged_calibration_cache_is_recalibrated_with_a_warning(tmp_path, caplog):
