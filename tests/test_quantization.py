@@ -333,6 +333,21 @@ def test_integer_matrix_multiplies_compute_the_reference_engines_values(tmp_path
     assert {n.domain for n in export.graph.node} == {""} and "MatMul" in {n.op_type for n in export.graph.node}
 
 
+def test_dynamic_batch_int8_engine_runs_on_onnx_runtime(trained, caplog):
+    """An int8 engine of a dynamic batch runs on ONNX Runtime (its int8 activations, written as uint8, are declared
+    uint8 in the export's shapes of symbolic dims), with the reference engine's values."""
+    x, _ = _digits(64, 1)
+    spec = torchkiln.Input(min_shape=(1, 1, 8, 8), opt_shape=(16, 1, 8, 8), max_shape=(64, 1, 8, 8))
+    options = dict(enabled_precisions={I8}, calibration_inputs=[x[:16]])
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        compiled = torchkiln.compile(trained["transformer"], [spec], **options)
+        out = [compiled(x[:n]) for n in (1, 5, 64)]
+    assert "cannot run here" not in caplog.text, caplog.text
+    reference = torchkiln.compile(trained["transformer"], [spec], backend="reference", **options)
+    for o, n in zip(out, (1, 5, 64)):
+        assert_matches_eager(o, reference(x[:n]))
+
+
 def test_damaged_calibration_cache_is_recalibrated_with_a_warning(tmp_path, caplog):
     model = Offset().eval()
     x = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(4))
