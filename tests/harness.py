@@ -181,3 +181,21 @@ def tiny_bert() -> torch.nn.Module:
     config = transformers.BertConfig(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                      intermediate_size=128, max_position_embeddings=64)
     return transformers.BertModel(config).eval()
+
+
+def session_graph(module: torch.jit.ScriptModule, inputs: Sequence[torch.Tensor], folder: str) -> list[Any]:
+    """The nodes of the graph ONNX Runtime runs for the one engine of a compiled module (its onnxruntime backend's
+    sessions, in order, as ORT optimized them: written by their profiling into `folder`), after one call."""
+    import onnx
+
+    from torchkiln.runtime.backends.onnxruntime import OrtRunner
+    from torchkiln.runtime.engine import Engine
+    from torchkiln.stitching.stitch import engine_attrs
+
+    [attr] = engine_attrs(module)
+    engine = Engine.deserialize(getattr(module, attr).numpy().tobytes())
+    cpu = torch.device("cpu")
+    runner = OrtRunner(engine.network, engine.plan_for(cpu), cpu, engine.run_options, folder)
+    runner.run(list(inputs))
+    return [node for _, model in runner.end_profiling()
+            for node in onnx.load(model, load_external_data=False).graph.node]

@@ -34,6 +34,8 @@ class OnnxExportError(TorchkilnError):
     """A layer (kind, parameter or dtype) has no exact ONNX form that ONNX Runtime's CPU provider runs."""
 
 
+CONTRIB_DOMAIN = "com.microsoft"  # ONNX Runtime's own ops (`network_to_onnx(contrib_ops=True)`)
+
 ONNX_DTYPES: dict[torch.dtype, int] = {
     torch.float32: TensorProto.FLOAT, torch.float64: TensorProto.DOUBLE, torch.float16: TensorProto.FLOAT16,
     torch.bfloat16: TensorProto.BFLOAT16, torch.int8: TensorProto.INT8, torch.int16: TensorProto.INT16,
@@ -128,6 +130,10 @@ class ExportContext:
         self.guards: list[tuple[L.Layer | None, str, torch.dtype, tuple[Dim, ...], float]] = []
         # Tensors (ids) of int8 quantize layers exported as uint8 (`unsigned_quantized`)
         self.unsigned: set[int] = set()
+        # With contrib ops (ONNX Runtime's sessions): the matrix multiplies (ids) exported as MatMulIntegerToFloat, and
+        # the dequantize layers' outputs (ids) that pass their integer input to them (`integer_matrix_multiplies`)
+        self.integer_matmuls: set[int] = set()
+        self.integer_inputs: set[int] = set()
 
     def read_symbols(self, network: Network) -> None:
         """Take each of the network's symbols from the first input dim that is that symbol."""

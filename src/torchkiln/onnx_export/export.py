@@ -12,9 +12,9 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import has_symbols
 from torchkiln.onnx_export import exporters  # noqa: F401  (registers every exporter)
-from torchkiln.onnx_export.exporters.quantize import unsigned_quantized
-from torchkiln.onnx_export.context import EXPORTERS, ONNX_DTYPES, ExportContext, OnnxExportError, dtype_name, \
-    value_info
+from torchkiln.onnx_export.context import CONTRIB_DOMAIN, EXPORTERS, ONNX_DTYPES, ExportContext, OnnxExportError, \
+    dtype_name, value_info
+from torchkiln.onnx_export.exporters.quantize import integer_matrix_multiplies, unsigned_quantized
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ def _empty_results(ctx: ExportContext, layer: L.Layer) -> list[str] | None:
     return [ctx.constant(torch.empty(t.shape, dtype=t.dtype), "empty") for t in layer.outputs]
 
 
-def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = False) -> onnx.ModelProto:
+def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = False,
+                    contrib_ops: bool = False) -> onnx.ModelProto:
     """The network as an ONNX model: inputs and outputs keep the network's tensor names, weights become
     initializers. Raises OnnxExportError naming the first layer (kind, param) that has no exact ONNX form.
 
@@ -60,13 +61,19 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
     Layer outputs with symbolic dims get a value_info with those dims as dim_params (`s0`, `((s0-1)//2)+1`):
     ONNX's shape inference loses a dim behind a shape computed at run time (a slice to an input's length), and
     ONNX Runtime fuses an add and layer norm (SkipLayerNormalization) only where it sees both addends' shapes
-    equal."""
+    equal.
+
+    With `contrib_ops` (the onnxruntime backend's sessions), layers ONNX Runtime runs faster as one of its own
+    (`com.microsoft`) ops of the same meaning are written so: an int8 linear layer as MatMulIntegerToFloat with its
+    bias (exporters/quantize.py). Without, the model is standard ONNX."""
     top = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= top:
         raise OnnxExportError(f"opset {opset}: ONNX export supports opsets {MIN_OPSET} to {top}")
     ctx = ExportContext(opset, guarded=guard)
     ctx.read_symbols(network)
     ctx.unsigned = unsigned_quantized(network)
+    if contrib_ops:
+        ctx.integer_matmuls, ctx.integer_inputs = integer_matrix_multiplies(network)
     names: dict[int, str] = {}
     inputs = []
     for t in [*network.inputs, *network.outputs]:
@@ -81,8 +88,8 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
         outs = export_layer(ctx, layer, [names[id(t)] for t in layer.inputs])
         for t, name in zip(layer.outputs, outs):
             names[id(t)] = name
-            if has_symbols(t.shape) and not isinstance(layer, L.ConstantLayer):
-                shapes.append(value_info(name, t.dtype, t.shape))
+            if has_symbols(t.shape) and not isinstance(layer, L.ConstantLayer) and id(t) not in ctx.integer_inputs:
+                shapes.append(value_info(name, torch.uint8 if id(t) in ctx.unsigned else t.dtype, t.shape))
     outputs = []
     for t in network.outputs:  # each output gets the network tensor's name (ORT removes the Identity)
         name = t.name if names[id(t)] != t.name else ctx.fresh(f"{t.name}:output")  # an input passed through
@@ -96,7 +103,9 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
     graph = helper.make_graph(ctx.nodes, network.name, inputs, outputs, initializer=ctx.initializers,
                               value_info=[v for v in shapes if v.name not in outputs_named])
     opsets = [helper.make_opsetid("", opset)]
-    model = helper.make_model(graph, opset_imports=opsets, producer_name="torchkiln", producer_version=__version__)
+    contrib = [helper.make_opsetid(CONTRIB_DOMAIN, 1)] if any(n.domain == CONTRIB_DOMAIN for n in ctx.nodes) else []
+    model = helper.make_model(graph, opset_imports=opsets + contrib, producer_name="torchkiln",
+                              producer_version=__version__)
     # The oldest IR version the opset allows (not the onnx package's newest), so older ONNX Runtimes load it.
     model.ir_version = helper.find_min_ir_version_for(opsets)
     logger.debug("exported network %s to ONNX opset %d: %d layers, %d nodes, %d initializers", network.name,

@@ -10,7 +10,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import decide, has_symbols, is_symbolic
 from torchkiln.ir.tensor import Tensor
 from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter
-from torchkiln.onnx_export.exporters.quantize import quantized_kernel
+from torchkiln.onnx_export.exporters.quantize import integer_matrix_multiply, quantized_kernel
 
 
 @exporter(L.ConvolutionLayer)
@@ -103,6 +103,8 @@ def _swap_last_two(ctx: ExportContext, x: str, rank: int) -> str:
 
 @exporter(L.MatrixMultiplyLayer)
 def _matrix_multiply(ctx: ExportContext, layer: L.MatrixMultiplyLayer, xs: list[str]) -> str:
+    if id(layer) in ctx.integer_matmuls:
+        return integer_matrix_multiply(ctx, layer, xs)
     (ta, tb), out = layer.inputs, layer.outputs[0].dtype
     a, b = ctx.cast(xs[0], ta.dtype, out), ctx.cast(xs[1], tb.dtype, out)
     if layer.op0 == L.MatrixOperation.TRANSPOSE:

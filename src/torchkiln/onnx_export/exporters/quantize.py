@@ -5,14 +5,21 @@ QLinearMatMul (DequantizeLinear -> Conv/MatMul -> QuantizeLinear).
 An int8 activation that only dequantize layers read is written as uint8 with its zero point moved by 128 (the same
 values): ONNX Runtime's x86 kernels (MLAS) take uint8 activations with int8 weights, and its own int8-to-uint8
 rewrite skips a QuantizeLinear that several DequantizeLinear read (one activation quantized for several
-convolutions or matrix multiplies), which then stay float."""
+convolutions or matrix multiplies), which then stay float.
+
+For ONNX Runtime's own sessions (`network_to_onnx(contrib_ops=True)`), an int8 matrix multiply with a bias, of a
+per-tensor quantized activation by a constant weight quantized per output column, is ONNX Runtime's
+`com.microsoft.MatMulIntegerToFloat` with the bias as its last input: what ORT's QDQ fusion makes of
+DequantizeLinear -> MatMul, but with the bias added in the kernel's output loop (ORT fuses no Add after it: 24
+float Adds were 6% of a BERT-style encoder's int8 time at batch 8). Its dequantize layers then write no
+DequantizeLinear: the integer values pass through to it."""
 from __future__ import annotations
 
 import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.onnx_export.context import ExportContext, exporter
+from torchkiln.onnx_export.context import CONTRIB_DOMAIN, ExportContext, exporter
 
 
 def unsigned_quantized(network: Network) -> set[int]:
@@ -24,6 +31,46 @@ def unsigned_quantized(network: Network) -> set[int]:
     found -= {id(t) for t in network.outputs}
     found -= {id(t) for layer in network.layers if not isinstance(layer, L.DequantizeLayer) for t in layer.inputs}
     return found
+
+
+def _integer_operands(layer: L.Layer, readers: dict[int, int], outputs: set[int]) -> bool:
+    """Whether a matrix multiply is one `integer_matrix_multiplies` takes (module docstring): float32, with a bias,
+    reading a per-tensor int8 activation (rank 2 or more) and a 2-d int8 constant quantized per output column, each
+    through a dequantize layer that only it reads."""
+    if not isinstance(layer, L.MatrixMultiplyLayer) or layer.op0 != L.MatrixOperation.NONE \
+            or "bias" not in layer.weights or layer.outputs[0].dtype != torch.float32 or layer.inputs[0].rank < 2:
+        return False
+    a, b = (t.producer for t in layer.inputs)
+    column = 0 if layer.op1 == L.MatrixOperation.TRANSPOSE else 1
+    return all(isinstance(dq, L.DequantizeLayer) and dq.quant_type == torch.int8 and dq.to_type == torch.float32
+               and readers.get(id(dq.outputs[0])) == 1 and id(dq.outputs[0]) not in outputs for dq in (a, b)) \
+        and a.axis is None and b.axis in (None, column) and isinstance(b.inputs[0].producer, L.ConstantLayer) \
+        and b.inputs[0].rank == 2 and layer.weights["bias"].numel() == b.inputs[0].shape[column]
+
+
+def integer_matrix_multiplies(network: Network) -> tuple[set[int], set[int]]:
+    """The matrix multiplies (ids) exported as MatMulIntegerToFloat with their bias (module docstring), and the
+    outputs (ids) of the dequantize layers they read, which pass their integer input through."""
+    readers: dict[int, int] = {}
+    for layer in network.layers:
+        for t in layer.inputs:
+            readers[id(t)] = readers.get(id(t), 0) + 1
+    outputs = {id(t) for t in network.outputs}
+    found = [layer for layer in network.layers if _integer_operands(layer, readers, outputs)]
+    return {id(layer) for layer in found}, {id(t) for layer in found for t in layer.inputs}
+
+
+def integer_matrix_multiply(ctx: ExportContext, layer: L.MatrixMultiplyLayer, xs: list[str]) -> str:
+    """com.microsoft.MatMulIntegerToFloat(a, b, a scale, b scale, a zero point, b zero point, bias): `xs` are the
+    integer operands (their dequantize layers passed them through), b [K, N] (transposed where the layer reads
+    [N, K]: a Transpose of a constant, which ORT folds when the session is made)."""
+    a, b = (t.producer for t in layer.inputs)
+    (a_scale, a_zero), (b_scale, b_zero) = (_scale_and_zero(ctx, dq, unsigned=id(dq.inputs[0]) in ctx.unsigned)
+                                            for dq in (a, b))
+    q = xs[1] if layer.op1 != L.MatrixOperation.TRANSPOSE else ctx.node("Transpose", [xs[1]], perm=[1, 0])[0]
+    bias = ctx.constant(layer.weights["bias"].to(torch.float32).reshape(-1), "bias")
+    return ctx.node("MatMulIntegerToFloat", [xs[0], q, a_scale, b_scale, a_zero, b_zero, bias],
+                    domain=CONTRIB_DOMAIN)[0]
 
 
 def _scale_and_zero(ctx: ExportContext, layer: L.QuantizeLayer | L.DequantizeLayer, unit: bool = False,
@@ -47,7 +94,7 @@ def _axis(layer: L.QuantizeLayer | L.DequantizeLayer) -> dict[str, int]:
 _FUSED_INTO = (L.ConvolutionLayer, L.MatrixMultiplyLayer)
 
 
-def _fused(layer: L.QuantizeLayer) -> bool:
+def _fused(ctx: ExportContext, layer: L.QuantizeLayer) -> bool:
     """Whether ORT fuses the QuantizeLinear into the QLinearConv / QLinearMatMul / QLinearAdd before it: after a
     convolution or matrix multiply, or after a ReLU of a convolution or sum where the zero point is int8's lowest
     value (the range [0, amax] builder/passes/quantize.py gives it: ORT then drops the ReLU, exactly; it would drop
@@ -59,7 +106,7 @@ def _fused(layer: L.QuantizeLayer) -> bool:
         producer = producer.inputs[0].producer
         return isinstance(producer, L.ConvolutionLayer) or \
             isinstance(producer, L.ElementWiseLayer) and producer.op == L.ElementWiseOperation.SUM
-    return isinstance(producer, _FUSED_INTO)
+    return isinstance(producer, _FUSED_INTO) and id(producer) not in ctx.integer_matmuls
 
 
 @exporter(L.QuantizeLayer)
@@ -70,7 +117,7 @@ def _quantize(ctx: ExportContext, layer: L.QuantizeLayer, xs: list[str]) -> str:
     QLinearConv), which it does only with the scale in QuantizeLinear (its output may then differ by one step at
     those values). A range narrower than int8's is a Clip after it."""
     x = ctx.cast(xs[0], layer.inputs[0].dtype, torch.float32)
-    fused = _fused(layer)
+    fused = _fused(ctx, layer)
     if not fused:
         inverse = torch.reciprocal(layer.weights["scale"])
         if layer.axis is not None:
@@ -87,6 +134,8 @@ def _quantize(ctx: ExportContext, layer: L.QuantizeLayer, xs: list[str]) -> str:
 
 @exporter(L.DequantizeLayer)
 def _dequantize(ctx: ExportContext, layer: L.DequantizeLayer, xs: list[str]) -> str:
+    if id(layer.outputs[0]) in ctx.integer_inputs:  # read by MatMulIntegerToFloat (`integer_matrix_multiply`)
+        return xs[0]
     unsigned = id(layer.inputs[0]) in ctx.unsigned
     out = ctx.node("DequantizeLinear", [xs[0], *_scale_and_zero(ctx, layer, unsigned=unsigned)], **_axis(layer))[0]
     return ctx.cast(out, torch.float32, layer.to_type)

@@ -45,6 +45,7 @@ import dataclasses
 import logging
 import os
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -59,6 +60,9 @@ from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 from torchkiln.runtime.serialization import dtype_name
 from torchkiln.runtime.symbols import MAX_CACHED_SIGNATURES, SymbolBinder
 
+if TYPE_CHECKING:
+    import onnx
+
 logger = logging.getLogger(__name__)
 
 # Layers that only move or reinterpret data; a segment of these alone is not worth a session boundary.
@@ -67,6 +71,11 @@ DATA_MOVEMENT = (L.IdentityLayer, L.ShuffleLayer, L.CastLayer, L.SliceLayer, L.E
 TOO_SMALL = "only moves data between reference layers: not worth an ONNX Runtime session boundary"
 SHARED_VIEW = "makes an engine output that shares memory with another output (as on the reference backend)"
 _VIEWS = (L.IdentityLayer, L.ShuffleLayer, L.SliceLayer, L.ExpandLayer, L.CastLayer)  # may return their input's memory
+# ORT graph transformers the sessions run without, by measurement. SkipLayerNormFusion: ORT 1.32's
+# SkipLayerNormalization kernel takes 5-8x the time of the Add and LayerNormalization it replaces (x86, AVX-512,
+# [1-32, 128, 256-768], one and two threads; BERT-style encoder of hidden 256 at batch 8: fp32 45 -> 38 ms, int8
+# 28 -> 20 ms on one thread).
+DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 
 def layer_reason(layer: L.Layer) -> str | None:
@@ -251,16 +260,23 @@ class OutsideExactRange(Exception):
     """A call gave a layer values its ONNX form does not compute exactly (`ExportContext.exact_below`)."""
 
 
+def session_onnx(sub: Network) -> onnx.ModelProto:
+    """The ONNX model a session runs for `sub`: with the guard output and ONNX Runtime's own ops (`network_to_onnx`)."""
+    from torchkiln.onnx_export import network_to_onnx
+
+    return network_to_onnx(sub, guard=True, contrib_ops=True)
+
+
 def session_models(network: Network, plan: Plan | None, digest: bytes) -> SessionModels | None:
     """The ONNX model of each session `OrtRunner` makes for `plan`, in order, for the engine of SHA-256 `digest`
     (what the module cache stores with a compiled module, so that its sessions are made again without exporting);
     None where the plan is not ONNX Runtime's here (None: it cannot plan here) or a segment does not export."""
-    from torchkiln.onnx_export import OnnxExportError, network_to_onnx
+    from torchkiln.onnx_export import OnnxExportError
 
     if plan is None or plan.target.backend != "onnxruntime":
         return None
     try:
-        models = tuple(network_to_onnx(sub, guard=True).SerializeToString()
+        models = tuple(session_onnx(sub).SerializeToString()
                        for sub, on_ort in _plan_subnetworks(network, plan) if on_ort)
     except OnnxExportError:
         return None
@@ -303,11 +319,12 @@ class _Session:
                                              f"{os.path.basename(profile_prefix)}.weights")
         self.session = None if model is None else self._stored(ort, sub, model, options)
         if self.session is None:
-            from torchkiln.onnx_export import OnnxExportError, network_to_onnx
+            from torchkiln.onnx_export import OnnxExportError
 
             try:
-                self.session = ort.InferenceSession(network_to_onnx(sub, guard=True).SerializeToString(), options,
-                                                    providers=["CPUExecutionProvider"])
+                self.session = ort.InferenceSession(session_onnx(sub).SerializeToString(), options,
+                                                    providers=["CPUExecutionProvider"],
+                                                    disabled_optimizers=DISABLED_OPTIMIZERS)
             except (OnnxExportError, *_ort_errors(ort)) as e:
                 raise BackendUnavailable(f"ONNX Runtime refused the segment {sub.name!r}: {e}") from None
         self.input_names = [v.name for v in self.session.get_inputs()]
@@ -319,7 +336,8 @@ class _Session:
     def _stored(ort, sub: Network, model: bytes, options):
         """The session of a stored model; None (logged) where ORT refuses it or it is not the segment's."""
         try:
-            session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+            session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"],
+                                           disabled_optimizers=DISABLED_OPTIMIZERS)
         except _ort_errors(ort) as e:
             logger.warning("segment %s: ONNX Runtime refused its stored ONNX model (%s); exporting it again",
                            sub.name, e)
