@@ -139,17 +139,22 @@ class Gelu(nn.Module):
         return self.fc2(self.function.apply(self.fc1(x)))
 
 
+def assert_saved_module_matches(compiled, model, x):
+    """`compiled`, saved and loaded back, gives `model`'s output on `x`."""
+    buffer = io.BytesIO()
+    torch.jit.save(compiled, buffer)
+    buffer.seek(0)
+    with torch.no_grad():
+        assert_matches_eager(torchkiln.load(buffer)(x), model(x))
+
+
 @pytest.mark.parametrize("frontend", ["script", "trace"])
 def test_a_function_whose_forward_scripts_is_inlined_and_saves(frontend, registry):
     model, x = Block().eval(), torch.randn(2, 8)
     if frontend == "trace":
         model = torch.jit.trace(model, (x,))
     compiled, _ = check_compiled(model, [x], min_block_size=1)
-    buffer = io.BytesIO()
-    torch.jit.save(compiled, buffer)
-    buffer.seek(0)
-    with torch.no_grad():
-        assert_matches_eager(torchkiln.load(buffer)(x), model(x))
+    assert_saved_module_matches(compiled, model, x)
 
 
 def test_bloom_gelu_function_traced_is_one_engine(registry):
@@ -189,11 +194,7 @@ def test_registered_equivalents_convert_and_save(registry):
     torchkiln.register_python_op("SplitHalves", split_halves)
     model, x = Block().eval(), torch.randn(2, 8)
     compiled, _ = check_compiled(model, [x], min_block_size=1)
-    buffer = io.BytesIO()
-    torch.jit.save(compiled, buffer)
-    buffer.seek(0)
-    with torch.no_grad():
-        assert_matches_eager(torchkiln.load(buffer)(x), model(x))
+    assert_saved_module_matches(compiled, model, x)
 
 
 def test_a_replacement_that_does_not_script_is_refused(registry):
