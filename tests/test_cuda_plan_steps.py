@@ -323,8 +323,8 @@ class TopDown(torch.nn.Module):
     ("nearest", None, None, [(2, 8, 8, 6), (2, 8, 4, 3)], True),  # shrunk by 2
     ("nearest", None, None, [(2, 8, 5, 6), (2, 8, 15, 18)], False),  # by 3: ATen's float index decides
     ("nearest", None, 2.1, [(2, 8, 5, 6), (2, 8, 10, 12)], False),  # a factor that is not the sizes' ratio
-    ("bilinear", None, None, [(2, 8, 5, 6), (2, 8, 10, 12)], False)], ids=[
-    "grown", "nearest-exact-by-4", "shrunk", "by-3-stays-aten", "other-factor-stays-aten", "bilinear-stays-aten"])
+    ("bicubic", None, None, [(2, 8, 5, 6), (2, 8, 10, 12)], False)], ids=[
+    "grown", "nearest-exact-by-4", "shrunk", "by-3-stays-aten", "other-factor-stays-aten", "bicubic-stays-aten"])
 def test_a_nearest_resize_by_a_whole_ratio_is_index_arithmetic(mode, size, scale, shapes, fused):
     torch.manual_seed(0)
     module = TopDown(mode, size, scale).eval()
@@ -337,6 +337,43 @@ def test_a_nearest_resize_by_a_whole_ratio_is_index_arithmetic(mode, size, scale
     assert (ops == ["indexed"]) == fused, ops
     ref = module(*xs)
     assert torch.equal(out[0], ref) if fused else (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+class Upsampled(torch.nn.Module):
+    """A segmentation head's tail: logits scaled and interpolated (bilinear or linear) to a size or by a factor."""
+
+    def __init__(self, mode: str, size=None, scale=None, align_corners=None) -> None:
+        super().__init__()
+        self.mode, self.size, self.scale, self.align_corners = mode, size, scale, align_corners
+
+    def forward(self, x):
+        return F.interpolate(x * 0.5, size=self.size, scale_factor=self.scale, mode=self.mode,
+                             align_corners=self.align_corners)
+
+
+@pytest.mark.parametrize("mode, size, scale, align, shape, channels_last, dtype", [
+    ("bilinear", (40, 48), None, False, (2, 5, 5, 6), False, torch.float32),  # grown 8x, to a size
+    ("bilinear", (7, 9), None, False, (2, 5, 12, 20), True, torch.float32),  # shrunk, channels-last
+    ("bilinear", (28, 28), None, False, (2, 6, 1, 1), True, torch.float32),  # a pooled map spread out
+    ("bilinear", None, 2.5, False, (1, 3, 6, 7), False, torch.float32),  # a factor that is not the sizes' ratio
+    ("bilinear", (11, 13), None, True, (2, 4, 5, 6), False, torch.float32),  # aligned corners
+    ("linear", (17,), None, False, (2, 4, 6), False, torch.float32),
+    ("bilinear", (40, 48), None, False, (2, 5, 5, 6), True, torch.float16)], ids=[
+    "grown", "shrunk-channels-last", "from-one-pixel", "factor", "align-corners", "linear", "half"])
+def test_a_linear_resize_is_one_generated_indexed_kernel(mode, size, scale, align, shape, channels_last, dtype):
+    module = Upsampled(mode, size, scale, align).eval()
+    data = torchkiln.convert_method_to_engine(module, "forward", [torchkiln.Input(shape, dtype=dtype)],
+                                              backend="reference")
+    network = Engine.deserialize(data).network
+    x = torch.randn(shape).to(dtype)
+    x = x.contiguous(memory_format=torch.channels_last) if channels_last else x
+    plan, out = run_plan(network, [x])
+    ops = [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"]
+    assert ops == ["indexed"], ops
+    ref = module(x.float()).to(dtype) if dtype == torch.float16 else module(x)
+    assert out[0].shape == ref.shape
+    bound = 2e-3 if dtype == torch.float16 else 1e-5  # float32 arithmetic; fp16: one rounding of the result
+    assert (out[0].float() - ref.float()).abs().max() <= bound * ref.float().abs().max()
 
 
 def _squeeze_excite(returned: bool = False) -> Network:

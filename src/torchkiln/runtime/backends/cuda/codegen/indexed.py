@@ -8,7 +8,8 @@ inputs at the indices it maps the index to (tinygrad's views as index expression
   broadcast dim;
 - a shuffle: the transposes undone, and the reshape's flat position re-split over the input's dims;
 - a slice: start + index * step; an expand: 0 along an expanded dim; a nearest-neighbour resize by a whole ratio:
-  the index divided (growth) or multiplied (shrink) by it;
+  the index divided (growth) or multiplied (shrink) by it; a linear or bilinear resize: its corners read and
+  weighed as ATen weighs them;
 - a concatenation: each input at the index shifted by its start, where the index falls in it (a masked read), the
   value chosen by `tl.where`;
 - constant padding: the index shifted by the leading pad, masked where it falls outside; the pad value there.
@@ -25,6 +26,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from torchkiln.errors import EngineInputError, NetworkError
@@ -54,18 +56,21 @@ def movement_fusable(layer: L.Layer) -> str | None:
     if isinstance(layer, L.ConcatenationLayer) and any(t.dtype != layer.outputs[0].dtype for t in layer.inputs):
         return "it concatenates tensors of different dtypes"
     if isinstance(layer, L.ResizeLayer):
-        return _nearest_refusal(layer)
+        return _resize_refusal(layer)
     return None
 
 
-def _nearest_refusal(layer: L.ResizeLayer) -> str | None:
-    """None if a resize reads each output element's input at an index the generator computes exactly: nearest
-    neighbour (or nearest-exact), every dim kept, grown by a power of two or shrunk by a whole factor. ATen computes
-    the source index as floor(index * scale) in float32 with scale = 1 / scale_factor where one is given, else
-    input / output size; for these ratios that is index // k or index * k exactly. Any other ratio (or a given
-    factor that is not the sizes' ratio) stays on ATen, whose float rounding decides the index."""
+def _resize_refusal(layer: L.ResizeLayer) -> str | None:
+    """None if the generator computes a resize: linear or bilinear interpolation (`_Emitter._interpolated`), or a
+    nearest-neighbour resize (or nearest-exact) read at an index computed exactly: every dim kept, grown by a power
+    of two or shrunk by a whole factor. ATen computes a nearest source index as floor(index * scale) in float32 with
+    scale = 1 / scale_factor where one is given, else input / output size; for these ratios that is index // k or
+    index * k exactly. Any other nearest ratio (or a given factor that is not the sizes' ratio) stays on ATen, whose
+    float rounding decides the index."""
+    if layer.mode in _INTERPOLATED:
+        return None
     if layer.mode not in ("nearest", "nearest-exact"):
-        return f"{layer.mode} interpolation computes values, not indices"
+        return f"{layer.mode} interpolation"
     x, out = layer.inputs[0].shape, layer.outputs[0].shape
     scales = [None] * (len(x) - len(layer.scales or ())) + list(layer.scales or ())
     for n, m, scale in zip(x, out, scales):
@@ -156,6 +161,8 @@ class _Emitter(Builder):
             return self._concatenation(layer, idx, mask)
         if isinstance(layer, L.PaddingLayer):
             return self._padding(layer, idx, mask)
+        if isinstance(layer, L.ResizeLayer) and layer.mode in _INTERPOLATED:
+            return self._interpolated(layer, idx, mask)
         if isinstance(layer, MOVEMENT):
             return self.value(layer.inputs[0], self._moved(layer, idx), mask)
         reason = fusable(layer)
@@ -227,6 +234,32 @@ class _Emitter(Builder):
             value = self.emit(f"tl.where({idx[axis]} < {end}, {part}, {value})", dtype)[0]
         return value, dtype
 
+    def _interpolated(self, layer: L.ResizeLayer, idx: Index, mask: str) -> Value:
+        """A linear or bilinear resize at `idx`, as ATen's kernels compute it in float32: per resized dim, the source
+        coordinate (clamped at 0 without aligned corners), its floor i0 and the next index i1 (i0 again at the
+        last), their weights 1 - l and l; then the corners read and weighed, the last dim innermost."""
+        x, out = layer.inputs[0], layer.outputs[0]
+        resized = range(x.rank - _INTERPOLATED[layer.mode], x.rank)
+        scales = list(layer.scales or [None] * len(resized))[-len(resized):]
+        corners: list[list[tuple[str, str]]] = []  # per resized dim: (index, weight) of its two sources
+        for d, factor in zip(resized, scales):
+            scale = literal(_source_scale(x.shape[d], out.shape[d], bool(layer.align_corners), factor))
+            at = f"{idx[d]}.to(tl.float32)"
+            src = self.emit(f"{at} * {scale}" if layer.align_corners else
+                            f"tl.maximum(({at} + 0.5) * {scale} - 0.5, 0.0)", torch.float32)[0]
+            i0 = self.index(f"{src}.to(tl.int32)")
+            i1 = self.index(f"{i0} + ({i0} < {x.shape[d] - 1}).to(tl.int32)")
+            l1 = self.emit(f"{src} - {i0}.to(tl.float32)", torch.float32)[0]
+            corners.append([(i0, self.emit(f"1.0 - {l1}", torch.float32)[0]), (i1, l1)])
+
+        def weighed(k: int, at: Index) -> str:  # dims from the k-th resized one: a weighed sum of two reads each
+            if k == len(corners):
+                return converted(self.value(x, at, mask), torch.float32)
+            d = resized[k]
+            return " + ".join(f"{w} * ({weighed(k + 1, at[:d] + (i,) + at[d + 1:])})" for i, w in corners[k])
+
+        return self.emit(weighed(0, idx), torch.float32)
+
     def _padding(self, layer: L.PaddingLayer, idx: Index, mask: str) -> Value:
         x, out = layer.inputs[0], layer.outputs[0]
         rank = x.rank
@@ -244,6 +277,17 @@ class _Emitter(Builder):
         fill = ("True" if fill.item() else "False") if out.dtype == torch.bool else \
             scalar_literal(fill) if out.dtype in INTEGERS else literal(float(fill))
         return self.emit(f"tl.where({inside}, {converted(value, out.dtype)}, {fill})", held(out.dtype))
+
+
+_INTERPOLATED = {"linear": 1, "bilinear": 2}  # interpolating modes the generator computes: the dims they resize
+
+
+def _source_scale(size: int, out: int, align_corners: bool, factor: float | None) -> float:
+    """The float32 factor ATen maps an output index to a source coordinate by: (size - 1) / (out - 1) with aligned
+    corners (0 for one output), else 1 / the given scale factor, else size / out."""
+    if align_corners:
+        return float(np.float32(size - 1) / np.float32(out - 1)) if out > 1 else 0.0
+    return float(np.float32(1.0 / factor)) if factor else float(np.float32(size) / np.float32(out))
 
 
 def _affine(i: str, start: int, step: int) -> str:
