@@ -321,10 +321,11 @@ class TopDown(torch.nn.Module):
     ("nearest", None, None, [(2, 8, 5, 6), (2, 8, 10, 12)], True),  # grown by 2 to the lateral's size
     ("nearest-exact", None, 4.0, [(2, 8, 3, 5), (2, 8, 12, 20)], True),
     ("nearest", None, None, [(2, 8, 8, 6), (2, 8, 4, 3)], True),  # shrunk by 2
+    ("nearest-exact", None, None, [(2, 8, 12, 6), (2, 8, 4, 3)], True),  # shrunk by 3, 2: the middle of each run
     ("nearest", None, None, [(2, 8, 5, 6), (2, 8, 15, 18)], False),  # by 3: ATen's float index decides
     ("nearest", None, 2.1, [(2, 8, 5, 6), (2, 8, 10, 12)], False),  # a factor that is not the sizes' ratio
     ("bicubic", None, None, [(2, 8, 5, 6), (2, 8, 10, 12)], False)], ids=[
-    "grown", "nearest-exact-by-4", "shrunk", "by-3-stays-aten", "other-factor-stays-aten", "bicubic-stays-aten"])
+    "grown", "nearest-exact-by-4", "shrunk", "nearest-exact-shrunk", "by-3-stays-aten", "other-factor-stays-aten", "bicubic-stays-aten"])
 def test_a_nearest_resize_by_a_whole_ratio_is_index_arithmetic(mode, size, scale, shapes, fused):
     torch.manual_seed(0)
     module = TopDown(mode, size, scale).eval()
@@ -374,6 +375,33 @@ def test_a_linear_resize_is_one_generated_indexed_kernel(mode, size, scale, alig
     assert out[0].shape == ref.shape
     bound = 2e-3 if dtype == torch.float16 else 1e-5  # float32 arithmetic; fp16: one rounding of the result
     assert (out[0].float() - ref.float()).abs().max() <= bound * ref.float().abs().max()
+
+
+class Broadcast(torch.nn.Module):
+    """A map interpolated (linear or bilinear) to a size with a dim of 1, then added to a larger map (a broadcast)."""
+
+    def __init__(self, mode: str, size) -> None:
+        super().__init__()
+        self.mode, self.size = mode, size
+
+    def forward(self, x, y):
+        return y + F.interpolate(x * 0.5, size=self.size, mode=self.mode)
+
+
+@pytest.mark.parametrize("mode, size, shapes", [
+    ("bilinear", (1, 5), [(2, 3, 4, 6), (2, 3, 7, 5)]), ("linear", (1,), [(2, 3, 4), (2, 3, 6)])],
+    ids=["bilinear", "linear"])
+def test_a_linear_resize_to_one_pixel_read_at_a_broadcast_index(mode, size, shapes):
+    """The resize's output read at a literal index (0 along its broadcast dim) computes its source coordinate."""
+    module = Broadcast(mode, size).eval()
+    data = torchkiln.convert_method_to_engine(module, "forward", [torchkiln.Input(s) for s in shapes],
+                                              backend="reference")
+    network = Engine.deserialize(data).network
+    xs = [torch.randn(s) for s in shapes]
+    plan, out = run_plan(network, xs)
+    assert [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"] == ["indexed"]
+    ref = module(*xs)
+    assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
 def _squeeze_excite(returned: bool = False) -> Network:
