@@ -65,7 +65,7 @@ def _resize_refusal(layer: L.ResizeLayer) -> str | None:
     nearest-neighbour resize (or nearest-exact) read at an index computed exactly: every dim kept, grown by a power
     of two or shrunk by a whole factor. ATen computes a nearest source index as floor(index * scale) in float32 with
     scale = 1 / scale_factor where one is given, else input / output size; for these ratios that is index // k or
-    index * k exactly. Any other nearest ratio (or a given factor that is not the sizes' ratio) stays on ATen, whose
+    index * k exactly (nearest-exact: floor((index + 0.5) * scale), index // k or index * k + k // 2). Any other nearest ratio (or a given factor that is not the sizes' ratio) stays on ATen, whose
     float rounding decides the index."""
     if layer.mode in _INTERPOLATED:
         return None
@@ -180,9 +180,11 @@ class _Emitter(Builder):
                          for i, start, step, n in zip(idx, layer.start, layer.stride, layer.shape))
         if isinstance(layer, L.ExpandLayer):
             return _broadcast(idx, out.shape, x.shape)
-        if isinstance(layer, L.ResizeLayer):  # whole ratios only (_nearest_refusal)
+        if isinstance(layer, L.ResizeLayer):  # whole ratios only (_resize_refusal); nearest-exact: a run's middle
+            middle = layer.mode == "nearest-exact"
             return tuple(i if n == m else "0" if n == 1 else self.index(f"{i} // {m // n}") if m > n
-                         else self.index(f"{i} * {n // m}") for i, n, m in zip(idx, x.shape, out.shape))
+                         else self.index(f"{i} * {n // m}" + (f" + {n // m // 2}" if middle else ""))
+                         for i, n, m in zip(idx, x.shape, out.shape))
         before = list(x.shape) if layer.first_transpose is None else [x.shape[p] for p in layer.first_transpose]
         after = list(out.shape)
         if layer.second_transpose is not None:  # out dim k is the reshaped tensor's dim second[k]
