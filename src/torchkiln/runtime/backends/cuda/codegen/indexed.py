@@ -246,7 +246,7 @@ class _Emitter(Builder):
         corners: list[list[tuple[str, str]]] = []  # per resized dim: (index, weight) of its two sources
         for d, factor in zip(resized, scales):
             scale = literal(_source_scale(x.shape[d], out.shape[d], bool(layer.align_corners), factor))
-            at = f"{idx[d]}.to(tl.float32)"
+            at = f"{idx[d]}.to(tl.float32)" if idx[d].isidentifier() else f"tl.full([BLOCK], {idx[d]}, tl.float32)"
             src = self.emit(f"{at} * {scale}" if layer.align_corners else
                             f"tl.maximum(({at} + 0.5) * {scale} - 0.5, 0.0)", torch.float32)[0]
             i0 = self.index(f"{src}.to(tl.int32)")
