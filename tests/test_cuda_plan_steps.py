@@ -325,7 +325,8 @@ class TopDown(torch.nn.Module):
     ("nearest", None, None, [(2, 8, 5, 6), (2, 8, 15, 18)], False),  # by 3: ATen's float index decides
     ("nearest", None, 2.1, [(2, 8, 5, 6), (2, 8, 10, 12)], False),  # a factor that is not the sizes' ratio
     ("bicubic", None, None, [(2, 8, 5, 6), (2, 8, 10, 12)], False)], ids=[
-    "grown", "nearest-exact-by-4", "shrunk", "nearest-exact-shrunk", "by-3-stays-aten", "other-factor-stays-aten", "bicubic-stays-aten"])
+    "grown", "nearest-exact-by-4", "shrunk", "nearest-exact-shrunk", "by-3-stays-aten", "other-factor-stays-aten",
+    "bicubic-stays-aten"])
 def test_a_nearest_resize_by_a_whole_ratio_is_index_arithmetic(mode, size, scale, shapes, fused):
     torch.manual_seed(0)
     module = TopDown(mode, size, scale).eval()

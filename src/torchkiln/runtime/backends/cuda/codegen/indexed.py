@@ -65,8 +65,9 @@ def _resize_refusal(layer: L.ResizeLayer) -> str | None:
     nearest-neighbour resize (or nearest-exact) read at an index computed exactly: every dim kept, grown by a power
     of two or shrunk by a whole factor. ATen computes a nearest source index as floor(index * scale) in float32 with
     scale = 1 / scale_factor where one is given, else input / output size; for these ratios that is index // k or
-    index * k exactly (nearest-exact: floor((index + 0.5) * scale), index // k or index * k + k // 2). Any other nearest ratio (or a given factor that is not the sizes' ratio) stays on ATen, whose
-    float rounding decides the index."""
+    index * k exactly (nearest-exact: floor((index + 0.5) * scale), index // k or index * k + k // 2). Any other
+    nearest ratio (or a given factor that is not the sizes' ratio) stays on ATen, whose float rounding decides the
+    index."""
     if layer.mode in _INTERPOLATED:
         return None
     if layer.mode not in ("nearest", "nearest-exact"):
