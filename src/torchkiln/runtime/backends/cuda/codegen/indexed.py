@@ -61,15 +61,15 @@ def movement_fusable(layer: L.Layer) -> str | None:
 
 
 def _resize_refusal(layer: L.ResizeLayer) -> str | None:
-    """None if the generator computes a resize: linear or bilinear interpolation (`_Emitter._interpolated`), or a
-    nearest-neighbour resize (or nearest-exact) read at an index computed exactly: every dim kept, grown by a power
-    of two or shrunk by a whole factor. ATen computes a nearest source index as floor(index * scale) in float32 with
-    scale = 1 / scale_factor where one is given, else input / output size; for these ratios that is index // k or
-    index * k exactly (nearest-exact: floor((index + 0.5) * scale), index // k or index * k + k // 2). Any other
-    nearest ratio (or a given factor that is not the sizes' ratio) stays on ATen, whose float rounding decides the
-    index."""
-    if layer.mode in _INTERPOLATED:
-        return None
+    """None if the generator computes a resize: linear or bilinear interpolation of floats
+    (`_Emitter._interpolated`), or a nearest-neighbour resize (or nearest-exact) read at an index computed exactly:
+    every dim kept, grown by a power of two or shrunk by a whole factor. ATen computes a nearest source index as
+    floor(index * scale) in float32 with scale = 1 / scale_factor where one is given, else input / output size; for
+    these ratios that is index // k or index * k exactly (nearest-exact: floor((index + 0.5) * scale), index // k or
+    index * k + k // 2). Any other nearest ratio (or a given factor that is not the sizes' ratio) stays on ATen,
+    whose float rounding decides the index."""
+    if layer.mode in _INTERPOLATED:  # (ATen rounds an integer interpolation its own way: left to it)
+        return None if layer.inputs[0].dtype.is_floating_point else f"a {layer.mode} resize of {layer.inputs[0].dtype}"
     if layer.mode not in ("nearest", "nearest-exact"):
         return f"{layer.mode} interpolation"
     x, out = layer.inputs[0].shape, layer.outputs[0].shape
