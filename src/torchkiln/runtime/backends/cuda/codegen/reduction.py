@@ -354,7 +354,8 @@ class _Source:
         name, combine, neutral = _SCANS[op.layer.op]
         x = converted(self.values[op.args[0]], dtype)
         x = x if x.isidentifier() else b.emit(x, dtype)[0]
-        scanned = f"tl.associative_scan({x}, {self.axis}, _{name})"  # (tl.cumsum: the interpreter runs this module's functions)
+        # (not tl.cumsum: the interpreter runs this module's combine functions)
+        scanned = f"tl.associative_scan({x}, {self.axis}, _{name})"
         if b.carries is None:
             return b.emit(scanned, dtype)
         carry = f"{b.prefix}carry{len(b.carries)}"
@@ -729,8 +730,8 @@ class RowLauncher(GroupLauncher):
     def _split_reduction(self, operands: list[torch.Tensor], outputs: list[torch.Tensor], rows: int, cols: int,
                          sizes: list[int], strides: list[list[int]], int64: bool, run: int | None) -> None:
         """A norm's partial statistics over spans of `chunk` columns of the rows that fill a 128-byte line together
-        (rows interleaving in runs of `run` bytes; many programs, every read coalesced), then each row's statistics merged and the outputs
-        made from them."""
+        (rows interleaving in runs of `run` bytes; many programs, every read coalesced), then each row's statistics
+        merged and the outputs made from them."""
         packed = min(_next_power_of_two(rows), 64, _rows_filling(128, run))
         chunk = max(16, _ACROSS_TILE // packed, _next_power_of_two((cols + MAX_SPLITS - 1) // MAX_SPLITS))
         splits = (cols + chunk - 1) // chunk
