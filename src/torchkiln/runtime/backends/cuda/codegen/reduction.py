@@ -354,7 +354,7 @@ class _Source:
         name, combine, neutral = _SCANS[op.layer.op]
         x = converted(self.values[op.args[0]], dtype)
         x = x if x.isidentifier() else b.emit(x, dtype)[0]
-        # (not tl.cumsum: the interpreter runs this module's combine functions)
+        # (tl.cumsum: the interpreter runs this module's functions)
         scanned = f"tl.associative_scan({x}, {self.axis}, _{name})"
         if b.carries is None:
             return b.emit(scanned, dtype)
