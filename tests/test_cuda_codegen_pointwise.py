@@ -611,3 +611,16 @@ def test_integer_rolls_and_pads_are_index_arithmetic():
     net.mark_output(net.add_elementwise(padded, small, E.SUM).get_output())
     got, ref = run_indexed(net, {"ids": ids})[0], reference(net, {"ids": ids})[0]
     assert got.dtype == ref.dtype == I64 and torch.equal(got.cpu(), ref)
+
+
+def test_a_negative_float_cast_to_uint8_wraps_as_atens_cast():
+    """ATen converts a float to uint8 through int64 (c10's cast: -1.5 gives 255 on every device), where the GPU's own
+    conversion clamps to 0; the generated kernels convert as ATen (on a GPU this fails without the int64 hop)."""
+    f = torch.tensor([-1.5, -1.0, -100.7, -128.0, 0.2, 1.9, 127.5, 200.9, 255.0, -0.0])
+    net = Network()
+    fx = net.add_input("f", f.dtype, f.shape)
+    net.mark_output(net.add_cast(fx, torch.uint8).get_output())
+    net.mark_output(net.add_elementwise(net.add_cast(fx, torch.uint8).get_output(),
+                                        net.add_constant(torch.tensor(3, dtype=torch.uint8)).get_output(),
+                                        E.SUM).get_output())
+    _assert_exact(net, {"f": f})

@@ -125,7 +125,7 @@ def converted(value: Value, dtype: torch.dtype) -> str:
     if dtype == torch.bool:
         return f"({var} != 0)"
     if want != torch.float32:
-        return f"{var}.to({TL[dtype]})"
+        return _as_integer(var, have, dtype)
     as_float = f"{var}.to(tl.float32)"
     return as_float if dtype == torch.float32 or have == torch.bool else f"{as_float}.to({TL[dtype]}).to(tl.float32)"
 
@@ -133,7 +133,17 @@ def converted(value: Value, dtype: torch.dtype) -> str:
 def stored(value: Value, dtype: torch.dtype) -> str:
     """`value` as the element stored to a tensor of `dtype`."""
     var, have = value
-    return var if have == dtype else f"{var}.to({TL[dtype]})"
+    if have == dtype:
+        return var
+    return _as_integer(var, have, dtype) if dtype in INTEGERS else f"{var}.to({TL[dtype]})"
+
+
+def _as_integer(var: str, have: torch.dtype, dtype: torch.dtype) -> str:
+    """`var` (held as `have`) converted to the integer `dtype` as ATen converts: a float to uint8 through int64
+    (c10's cast, so -1.5 gives 255 on every device; the GPU's own float-to-uint8 conversion clamps to 0)."""
+    if dtype == torch.uint8 and have.is_floating_point:
+        return f"{var}.to(tl.int64).to(tl.uint8)"
+    return f"{var}.to({TL[dtype]})"
 
 
 def loaded(load: str, dtype: torch.dtype) -> str:
