@@ -39,7 +39,8 @@ logger = logging.getLogger("torchkiln.builder")
 # A quantized layer's own relative error (||quantized - fp32|| / ||fp32|| of its output) past which it stays in float.
 TOLERANCE = {torch.int8: 0.1, torch.float8_e4m3fn: 0.1}
 # 2: a convolution whose ReLU is quantized (`quantized_relus`) keeps the ReLU's amax as its output's
-CACHE_FORMAT = "torchkiln-calibration-2"
+# 3: any ReLU alone reading a convolution is quantized (`quantized_relus`), not only one that convolutions read
+CACHE_FORMAT = "torchkiln-calibration-3"
 
 
 @dataclasses.dataclass(frozen=True)

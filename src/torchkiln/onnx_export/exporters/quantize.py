@@ -19,6 +19,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.quantization import order_preserving, per_tensor_int8
 from torchkiln.onnx_export.context import CONTRIB_DOMAIN, ExportContext, exporter
 
 
@@ -106,7 +107,17 @@ def _fused(ctx: ExportContext, layer: L.QuantizeLayer) -> bool:
         producer = producer.inputs[0].producer
         return isinstance(producer, L.ConvolutionLayer) or \
             isinstance(producer, L.ElementWiseLayer) and producer.op == L.ElementWiseOperation.SUM
+    if order_preserving(producer) and _same_grid(layer, producer.inputs[0].producer):
+        return True
     return isinstance(producer, _FUSED_INTO) and id(producer) not in ctx.integer_matmuls
+
+
+def _same_grid(q: L.QuantizeLayer, dq: L.Layer | None) -> bool:
+    """Whether `q` quantizes by `dq`'s scale and zero point (both int8 per tensor): what `q` reads, once dequantized
+    by `dq`, it maps back exactly, and ONNX Runtime drops the pair around a max pooling or reshape between them."""
+    zero = lambda layer: int(layer.weights.get("zero_point", torch.zeros(1)).reshape(-1)[0])  # noqa: E731
+    return per_tensor_int8(q) and per_tensor_int8(dq) and zero(q) == zero(dq) \
+        and torch.equal(q.weights["scale"].reshape(-1), dq.weights["scale"].reshape(-1))
 
 
 @exporter(L.QuantizeLayer)

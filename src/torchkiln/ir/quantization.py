@@ -1,0 +1,21 @@
+"""What passes and exporters ask of quantize and dequantize layers and the layers between them."""
+from __future__ import annotations
+
+import torch
+
+from torchkiln.ir import layers as L
+
+
+def order_preserving(layer: L.Layer) -> bool:
+    """Whether the layer's output is values of its first input, moved, selected or the largest of a window (a max
+    pooling): it commutes with a per-tensor quantizer, which is monotonic and non-decreasing, exactly."""
+    return isinstance(layer, (L.ShuffleLayer, L.SliceLayer)) or \
+        isinstance(layer, L.PoolingLayer) and layer.type == L.PoolingType.MAX
+
+
+def per_tensor_int8(layer: L.Layer) -> bool:
+    """Whether a quantize or dequantize layer is int8, per tensor, of int8's full range, to or from float32."""
+    return isinstance(layer, (L.QuantizeLayer, L.DequantizeLayer)) and layer.quant_type == torch.int8 \
+        and layer.axis is None and (not isinstance(layer, L.QuantizeLayer)
+                                    or (layer.quant_min, layer.quant_max) == L.QUANT_RANGE[torch.int8]) \
+        and (layer.to_type if isinstance(layer, L.DequantizeLayer) else layer.inputs[0].dtype) == torch.float32
