@@ -475,24 +475,26 @@ def test_residual_add_runs_as_qlinearadd_between_integer_convolutions(tmp_path):
 
 
 class ConvPoolConv(torch.nn.Module):
-    """A ResNet stem and the convolution after it: convolution, ReLU, 3x3/2 max pooling, convolution."""
+    """A ResNet stem and the convolution after it: convolution, ReLU (or ReLU6), 3x3/2 max pooling, convolution."""
 
-    def __init__(self) -> None:
+    def __init__(self, activation: torch.nn.Module) -> None:
         super().__init__()
         self.a, self.b = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Conv2d(16, 8, 3, padding=1)
+        self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.nn.functional.max_pool2d(torch.relu(self.a(x)), 3, 2, 1))
+        return self.b(torch.nn.functional.max_pool2d(self.activation(self.a(x)), 3, 2, 1))
 
 
-def test_max_pooling_between_quantized_convolutions_runs_on_uint8(tmp_path):
-    """A ReLU whose output a max pooling reads goes into its convolution's quantizer ([0, amax]), and the quantizer
-    after the pooling takes that scale and zero point: ORT runs QLinearConv (the ReLU dropped), a uint8 max pooling
-    and QLinearConv in one layout, with no Transpose between. Within one output step of the reference engine, at
-    few values; close to fp32."""
+@pytest.mark.parametrize("activation", [torch.nn.ReLU(), torch.nn.ReLU6()], ids=["relu", "relu6"])
+def test_max_pooling_between_quantized_convolutions_runs_on_uint8(activation, tmp_path):
+    """A ReLU (or ReLU6) whose output a max pooling reads goes into its convolution's quantizer ([0, amax]), and the
+    quantizer after the pooling takes that scale and zero point: ORT runs QLinearConv (the ReLU or Clip dropped), a
+    uint8 max pooling and QLinearConv in one layout, with no Transpose between. Within one output step of the
+    reference engine, at few values; close to fp32."""
     torch.manual_seed(4)
-    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(11))
-    model, options = ConvPoolConv().eval(), dict(enabled_precisions={I8}, calibration_inputs=[x])
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(11)) * 4
+    model, options = ConvPoolConv(activation).eval(), dict(enabled_precisions={I8}, calibration_inputs=[x])
     compiled = torchkiln.compile(model, [x], **options)
     layers = _network(compiled)
     pool = next(layer for layer in layers if isinstance(layer, L.PoolingLayer))
@@ -504,7 +506,7 @@ def test_max_pooling_between_quantized_convolutions_runs_on_uint8(tmp_path):
                         tmp_path, x)
     first = ops.index("QLinearConv")
     assert ops[first:first + 3] in (["QLinearConv", name, "QLinearConv"] for name in ("MaxPool", "NhwcMaxPool")) \
-        and not {"Relu", "Conv", "FusedConv"} & set(ops) and ops.count("Transpose") <= 2, ops
+        and not {"Relu", "Clip", "Conv", "FusedConv"} & set(ops) and ops.count("Transpose") <= 2, ops
     reference = torchkiln.compile(model, [x], backend="reference", **options)
     out, ref = compiled(x), reference(x)
     step = float([q for q in layers if isinstance(q, L.QuantizeLayer)][-1].weights["scale"])

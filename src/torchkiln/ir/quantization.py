@@ -19,3 +19,11 @@ def per_tensor_int8(layer: L.Layer) -> bool:
         and layer.axis is None and (not isinstance(layer, L.QuantizeLayer)
                                     or (layer.quant_min, layer.quant_max) == L.QUANT_RANGE[torch.int8]) \
         and (layer.to_type if isinstance(layer, L.DequantizeLayer) else layer.inputs[0].dtype) == torch.float32
+
+
+def clamps_at_zero(layer: L.Layer | None) -> bool:
+    """Whether the layer is a ReLU or a clamp from 0 (ReLU6, hardtanh(0, max)): its output lies in [0, max], which a
+    quantizer of range [0, amax] holds, so quantizing after it loses none of that range."""
+    return isinstance(layer, L.ActivationLayer) and (
+        layer.type == L.ActivationType.RELU
+        or layer.type in (L.ActivationType.CLIP, L.ActivationType.HARD_TANH) and layer.alpha == 0 and layer.beta > 0)

@@ -16,7 +16,7 @@ from torchkiln.builder.ranges import UNSIGNED_ZERO, channel_amax, scale_of
 from torchkiln.builder.settings import BuildSettings, QuantizationPlan
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.quantization import order_preserving, per_tensor_int8
+from torchkiln.ir.quantization import clamps_at_zero, order_preserving, per_tensor_int8
 from torchkiln.ir.reference import dequantize, quantize
 
 
@@ -66,7 +66,8 @@ def _readers(network: Network) -> dict[int, list[L.Layer]]:
 
 
 def quantized_relus(network: Network, candidates: Container[str], quant_type: torch.dtype) -> dict[str, L.Layer]:
-    """The int8 convolutions (by name) whose output quantizer goes after the ReLU that alone reads their output, as
+    """The int8 convolutions (by name) whose output quantizer goes after the ReLU (or ReLU6, or clamp from 0:
+    `clamps_at_zero`) that alone reads their output, as
     ONNX Runtime's quantizer places it (its ReLU then disappears into QLinearConv): wherever the ReLU's output is
     not a network output, whoever reads it (a quantized layer reads it through that quantizer; a max pooling keeps
     its scale, `quantize_through_order_preserving`). Its range is [0, amax] (zero point `UNSIGNED_ZERO`)."""
@@ -80,8 +81,7 @@ def quantized_relus(network: Network, candidates: Container[str], quant_type: to
                 or layer.outputs[0].dtype != torch.float32 or id(layer.outputs[0]) in outputs:
             continue
         relu = readers.get(id(layer.outputs[0]), [])
-        if len(relu) == 1 and isinstance(relu[0], L.ActivationLayer) and relu[0].type == L.ActivationType.RELU \
-                and id(relu[0].outputs[0]) not in outputs:
+        if len(relu) == 1 and clamps_at_zero(relu[0]) and id(relu[0].outputs[0]) not in outputs:
             found[layer.name] = relu[0]
     return found
 
