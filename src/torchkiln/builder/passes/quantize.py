@@ -67,10 +67,10 @@ def _readers(network: Network) -> dict[int, list[L.Layer]]:
 
 def quantized_relus(network: Network, candidates: Container[str], quant_type: torch.dtype) -> dict[str, L.Layer]:
     """The int8 convolutions (by name) whose output quantizer goes after the ReLU (or ReLU6, or clamp from 0:
-    `clamps_at_zero`) that alone reads their output, as
-    ONNX Runtime's quantizer places it (its ReLU then disappears into QLinearConv): wherever the ReLU's output is
-    not a network output, whoever reads it (a quantized layer reads it through that quantizer; a max pooling keeps
-    its scale, `quantize_through_order_preserving`). Its range is [0, amax] (zero point `UNSIGNED_ZERO`)."""
+    `clamps_at_zero`) that alone reads their output, as ONNX Runtime's quantizer places it (the ReLU then disappears
+    into QLinearConv): wherever the ReLU's output is not a network output, whoever reads it (a quantized layer reads
+    it through that quantizer; a max pooling passes its scale on: `quantize_through_order_preserving`). Its range is
+    [0, amax] (zero point `UNSIGNED_ZERO`)."""
     if quant_type != torch.int8:
         return {}
     readers = _readers(network)

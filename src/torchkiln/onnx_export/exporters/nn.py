@@ -53,8 +53,8 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
         producer = layer.inputs[0].producer
         if isinstance(producer, L.DequantizeLayer) and not per_tensor_int8(producer):
             # ONNX Runtime 1.32 aborts the process (a libstdc++ assertion in its QDQ transformers) on
-            # DequantizeLinear -> MaxPool with the NaN and -inf guards below, and without them its QDQ propagation
-            # makes a QuantizeLinear it then refuses (zero point of another type)
+            # DequantizeLinear -> MaxPool with the NaN and -inf guards below, which a dequantized fp8 value (NaN is
+            # one) needs; a dequantized int8 value is finite and needs none
             ctx.decline("max pooling of a dequantized value other than int8's per tensor (ONNX Runtime's QDQ "
                         "transformers fail on it)")
         result = ctx.op("MaxPool", xs, dt, **attrs)
