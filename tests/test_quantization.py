@@ -278,7 +278,8 @@ def _executed_ops(network, tmp_path, x: torch.Tensor | None = None) -> list[str]
 def test_onnx_runtime_runs_quantized_layers_on_integer_kernels(quantized, name, tmp_path):
     """The export's QuantizeLinear/DequantizeLinear around convolutions and matrix multiplies are the QDQ form ORT
     fuses: QLinearConv, and MatMulIntegerToFloat for a matrix multiply whose output stays float (attention's
-    products of two activations stay float)."""
+    products of two activations stay float); the CNN's flatten between them runs on uint8 (only the input and the
+    second linear layer's input are quantized in the session)."""
     compiled, _ = quantized(name, I8)
     engine = Engine.deserialize(getattr(compiled, engine_attrs(compiled)[0]).numpy().tobytes())
     assert not engine.reference_layers()  # one ONNX Runtime session for the whole engine
@@ -286,8 +287,9 @@ def test_onnx_runtime_runs_quantized_layers_on_integer_kernels(quantized, name, 
     quantized = [m for m in engine.network.layers
                  if isinstance(m, L.MatrixMultiplyLayer) and isinstance(m.inputs[1].producer, L.DequantizeLayer)]
     assert quantized and ops.count("MatMulIntegerToFloat") == len(quantized) and "Gemm" not in ops, ops
-    if name == "cnn":
+    if name == "cnn":  # the flatten reads the second convolution's ReLU quantized and keeps its scale
         assert ops.count("QLinearConv") == 2 and "Conv" not in ops and "FusedConv" not in ops, ops
+        assert ops.count("QuantizeLinear") == 2 and "DequantizeLinear" not in ops, ops
 
 
 def test_quantized_linear_layers_add_their_bias_in_the_integer_kernel(quantized, tmp_path):
