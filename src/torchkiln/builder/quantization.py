@@ -39,7 +39,9 @@ logger = logging.getLogger("torchkiln.builder")
 # A quantized layer's own relative error (||quantized - fp32|| / ||fp32|| of its output) past which it stays in float.
 TOLERANCE = {torch.int8: 0.1, torch.float8_e4m3fn: 0.1}
 # 2: a convolution whose ReLU is quantized (`quantized_relus`) keeps the ReLU's amax as its output's
-CACHE_FORMAT = "torchkiln-calibration-2"
+# 3: any ReLU (or clamp from 0) alone reading a convolution is quantized (`quantized_relus`), not only one that
+#    convolutions read
+CACHE_FORMAT = "torchkiln-calibration-3"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +79,9 @@ def _run(network: Network, sample: Sequence[torch.Tensor], device: torch.device,
 
 
 def _own_error(layer: L.Layer, found: Candidate, inputs: list[torch.Tensor], out: torch.Tensor, amax: float,
-               output_amax: float | None, quant_type: torch.dtype, device: torch.device, relu: bool = False) -> float:
-    """The relative error of `layer`'s output (of the ReLU after it, with `relu`: `quantized_relus`) when its
+               output_amax: float | None, quant_type: torch.dtype, device: torch.device,
+               relu: L.Layer | None = None) -> float:
+    """The relative error of `layer`'s output (of the ReLU after it, `relu`: `quantized_relus`) when its
     activation, weight (and output, with `output_amax`) are quantized, on its fp32 inputs."""
     inputs = list(inputs)
     inputs[found.activation] = fake_quantized(inputs[found.activation], amax, quant_type)
@@ -91,10 +94,10 @@ def _own_error(layer: L.Layer, found: Candidate, inputs: list[torch.Tensor], out
     else:
         inputs[1] = weight
     low = run_layer(layer, inputs, weights, device)[0]
-    if relu:
-        out, low = torch.relu(out), torch.relu(low)
+    if relu is not None:
+        out, low = (run_layer(relu, [v], {}, device)[0] for v in (out, low))
     if output_amax is not None:
-        low = fake_quantized(low, output_amax, quant_type, unsigned=relu)
+        low = fake_quantized(low, output_amax, quant_type, unsigned=relu is not None)
     return relative_rms(out, low)
 
 
@@ -121,7 +124,8 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
             if layer.name in candidates:
                 getattr(hists[layer.name], method)(values[id(sources[layer.name])])
             if layer.name in out_hists:
-                getattr(out_hists[layer.name], method)(torch.relu(outs[0]) if layer.name in relus else outs[0])
+                getattr(out_hists[layer.name], method)(
+                    run_layer(relus[layer.name], outs, {}, device)[0] if layer.name in relus else outs[0])
         return visit
 
     for method in ("observe_max", "observe"):
@@ -135,7 +139,7 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
         if layer.name in candidates:
             inputs = [values[id(t)] for t in layer.inputs]
             error = _own_error(layer, candidates[layer.name], inputs, outs[0], amax[layer.name],
-                               out_amax.get(layer.name), quant_type, device, layer.name in relus)
+                               out_amax.get(layer.name), quant_type, device, relus.get(layer.name))
             errors[layer.name] = max(errors[layer.name], error)
 
     for sample in samples:

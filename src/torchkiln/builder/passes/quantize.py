@@ -16,6 +16,7 @@ from torchkiln.builder.ranges import UNSIGNED_ZERO, channel_amax, scale_of
 from torchkiln.builder.settings import BuildSettings, QuantizationPlan
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.quantization import clamps_at_zero, order_preserving, per_tensor_int8
 from torchkiln.ir.reference import dequantize, quantize
 
 
@@ -56,17 +57,23 @@ def quantizes_output(found: Candidate) -> bool:
     return found.weight.dim() > 2
 
 
-def quantized_relus(network: Network, candidates: Container[str], quant_type: torch.dtype) -> dict[str, L.Layer]:
-    """The int8 convolutions (by name) whose output quantizer goes after the ReLU that alone reads their output, as
-    ONNX Runtime's quantizer places it (its ReLU then disappears into QLinearConv): where only `candidates` read
-    the ReLU's output (they read it quantized anyway; a max pooling or residual add would read it dequantized) and
-    it is not a network output. Its range is [0, amax] (zero point `UNSIGNED_ZERO`), each reader's quantizer."""
-    if quant_type != torch.int8:
-        return {}
+def _readers(network: Network) -> dict[int, list[L.Layer]]:
     readers: dict[int, list[L.Layer]] = {}
     for layer in network.layers:
         for t in layer.inputs:
             readers.setdefault(id(t), []).append(layer)
+    return readers
+
+
+def quantized_relus(network: Network, candidates: Container[str], quant_type: torch.dtype) -> dict[str, L.Layer]:
+    """The int8 convolutions (by name) whose output quantizer goes after the ReLU (or ReLU6, or clamp from 0:
+    `clamps_at_zero`) that alone reads their output, as ONNX Runtime's quantizer places it (the ReLU then disappears
+    into QLinearConv): wherever the ReLU's output is not a network output, whoever reads it (a quantized layer reads
+    it through that quantizer; a max pooling passes its scale on: `quantize_through_order_preserving`). Its range is
+    [0, amax] (zero point `UNSIGNED_ZERO`)."""
+    if quant_type != torch.int8:
+        return {}
+    readers = _readers(network)
     outputs = {id(t) for t in network.outputs}
     found = {}
     for layer in network.layers:
@@ -74,12 +81,7 @@ def quantized_relus(network: Network, candidates: Container[str], quant_type: to
                 or layer.outputs[0].dtype != torch.float32 or id(layer.outputs[0]) in outputs:
             continue
         relu = readers.get(id(layer.outputs[0]), [])
-        if len(relu) != 1 or not isinstance(relu[0], L.ActivationLayer) or relu[0].type != L.ActivationType.RELU \
-                or id(relu[0].outputs[0]) in outputs:
-            continue
-        after = readers.get(id(relu[0].outputs[0]), [])
-        if after and all(r.name in candidates and (c := candidate(r)) is not None and r.inputs[c.activation]
-                         is relu[0].outputs[0] for r in after):
+        if len(relu) == 1 and clamps_at_zero(relu[0]) and id(relu[0].outputs[0]) not in outputs:
             found[layer.name] = relu[0]
     return found
 
@@ -105,14 +107,6 @@ def _quantize_output(network: Network, layer: L.Layer, scale: float, quant_type:
     for k, m in enumerate(made):
         network.layers.remove(m)
         network.layers.insert(after + k, m)
-
-
-def _readers(network: Network) -> dict[int, list[L.Layer]]:
-    readers: dict[int, list[L.Layer]] = {}
-    for layer in network.layers:
-        for t in layer.inputs:
-            readers.setdefault(id(t), []).append(layer)
-    return readers
 
 
 def _quantizer_of(t, readers: dict[int, list[L.Layer]]) -> L.QuantizeLayer | None:
@@ -154,6 +148,29 @@ def quantize_residual_adds(network: Network) -> bool:
             for layer in [out_q, *readers.get(id(out_q.outputs[0]), [])]:
                 layer.weights = {**layer.weights, **unsigned}
         readers = _readers(network)
+        changed = True
+    return changed
+
+
+def quantize_through_order_preserving(network: Network) -> bool:
+    """A max pooling, shuffle or slice of a dequantized int8 value, whose output a quantized layer reads through an
+    int8 quantizer, gives that quantizer (and its dequantizers) the dequantizer's scale and zero point: `dequantize
+    -> layer -> quantize` of one scale and zero point is the layer on the quantized values, exactly (its values are
+    the grid's, which the quantizer maps back), and ONNX Runtime runs it so (a uint8 MaxPool between QLinearConvs,
+    in their layout). In order, so that a chain of them passes the scale along."""
+    readers = _readers(network)
+    changed = False
+    for layer in network.layers:
+        dq = layer.inputs[0].producer if layer.inputs else None
+        if not order_preserving(layer) or not per_tensor_int8(dq) or layer.outputs[0].dtype != torch.float32:
+            continue
+        q = _quantizer_of(layer.outputs[0], readers)
+        if q is None or not per_tensor_int8(q):
+            continue
+        params = {"scale": dq.weights["scale"]} | \
+            ({"zero_point": dq.weights["zero_point"]} if "zero_point" in dq.weights else {})
+        for made in [q, *(r for r in readers.get(id(q.outputs[0]), []) if isinstance(r, L.DequantizeLayer))]:
+            made.weights = {k: w for k, w in made.weights.items() if k not in ("scale", "zero_point")} | params
         changed = True
     return changed
 
@@ -241,4 +258,5 @@ def quantize_layers(network: Network, settings: BuildSettings) -> bool:
         changed = True
     if plan.quant_type == torch.int8:
         changed = quantize_residual_adds(network) or changed
+        changed = quantize_through_order_preserving(network) or changed
     return mark_explicit_kernels(network) or changed

@@ -7,6 +7,7 @@ import math
 import torch
 
 from torchkiln.ir import layers as L
+from torchkiln.ir.quantization import per_tensor_int8
 from torchkiln.ir.symbolic import decide, has_symbols, is_symbolic
 from torchkiln.ir.tensor import Tensor
 from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter
@@ -49,13 +50,15 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
                  ceil_mode=int(layer.ceil_mode))
     if layer.type == L.PoolingType.MAX:
         attrs["dilations"] = list(layer.dilation or (1,) * len(layer.window))
-        if isinstance(layer.inputs[0].producer, L.DequantizeLayer):
+        producer = layer.inputs[0].producer
+        if isinstance(producer, L.DequantizeLayer) and not per_tensor_int8(producer):
             # ONNX Runtime 1.32 aborts the process (a libstdc++ assertion in its QDQ transformers) on
-            # DequantizeLinear -> MaxPool with the NaN and -inf guards below, and without them its QDQ propagation
-            # makes a QuantizeLinear it then refuses (zero point of another type)
-            ctx.decline("max pooling of a dequantized value (ONNX Runtime's QDQ transformers fail on it)")
+            # DequantizeLinear -> MaxPool with the NaN and -inf guards below, which a dequantized fp8 value (NaN is
+            # one) needs; a dequantized int8 value is finite and needs none
+            ctx.decline("max pooling of a dequantized value other than int8's per tensor (ONNX Runtime's QDQ "
+                        "transformers fail on it)")
         result = ctx.op("MaxPool", xs, dt, **attrs)
-        if not dt.is_floating_point:
+        if not dt.is_floating_point or isinstance(producer, L.DequantizeLayer):  # a dequantized int8 value is finite
             return result
         # torch's max pooling propagates NaN, ONNX Runtime's MaxPool skips it; and for a window of -inf only it gives
         # the dtype's lowest value. It is exact for input without NaN and -inf. With the guard output, such a call

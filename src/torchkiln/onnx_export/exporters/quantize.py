@@ -19,6 +19,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.quantization import clamps_at_zero, order_preserving, per_tensor_int8
 from torchkiln.onnx_export.context import CONTRIB_DOMAIN, ExportContext, exporter
 
 
@@ -95,18 +96,35 @@ _FUSED_INTO = (L.ConvolutionLayer, L.MatrixMultiplyLayer)
 
 
 def _fused(ctx: ExportContext, layer: L.QuantizeLayer) -> bool:
-    """Whether ORT fuses the QuantizeLinear into the QLinearConv / QLinearMatMul / QLinearAdd before it: after a
-    convolution or matrix multiply, or after a ReLU of a convolution or sum where the zero point is int8's lowest
-    value (the range [0, amax] builder/passes/quantize.py gives it: ORT then drops the ReLU, exactly; it would drop
-    it for an fp8 zero point too, wrongly)."""
+    """Whether ORT fuses the QuantizeLinear into the QLinearConv / QLinearMatMul / QLinearAdd before it, or drops it
+    with the DequantizeLinear before a max pooling or reshape: after a convolution or matrix multiply; after a ReLU
+    (or a clamp from 0 up to at least the quantizer's top, which ORT drops too) of a convolution or sum where the
+    zero point is int8's lowest value (the range [0, amax] builder/passes/quantize.py gives it: ORT then drops the
+    ReLU, exactly; it would drop it for an fp8 zero point too, wrongly); or after an order-preserving layer of a
+    value dequantized by the same scale and zero point (`_same_grid`: exact then)."""
     producer = layer.inputs[0].producer
-    if isinstance(producer, L.ActivationLayer) and producer.type == L.ActivationType.RELU \
-            and layer.quant_type == torch.int8 and layer.axis is None and layer.weights.get("zero_point") is not None \
-            and int(layer.weights["zero_point"].reshape(-1)[0]) == L.QUANT_RANGE[torch.int8][0]:
+    if clamps_at_zero(producer) and layer.quant_type == torch.int8 and layer.axis is None \
+            and layer.weights.get("zero_point") is not None and _zero_point(layer) == L.QUANT_RANGE[torch.int8][0]:
+        top = float(layer.weights["scale"].reshape(()).float() * 255)  # in float32, as ORT's ClipQuantFusion
+        if producer.type != L.ActivationType.RELU and producer.beta < top - torch.finfo(torch.float32).eps:
+            return False  # ORT keeps a Clip that cuts below the quantizer's top, and converts around it
         producer = producer.inputs[0].producer
         return isinstance(producer, L.ConvolutionLayer) or \
             isinstance(producer, L.ElementWiseLayer) and producer.op == L.ElementWiseOperation.SUM
+    if order_preserving(producer) and _same_grid(layer, producer.inputs[0].producer):
+        return True
     return isinstance(producer, _FUSED_INTO) and id(producer) not in ctx.integer_matmuls
+
+
+def _same_grid(q: L.QuantizeLayer, dq: L.Layer | None) -> bool:
+    """Whether `q` quantizes by `dq`'s scale and zero point (both int8 per tensor): what `q` reads, once dequantized
+    by `dq`, it maps back exactly, and ONNX Runtime drops the pair around a max pooling or reshape between them."""
+    return per_tensor_int8(q) and per_tensor_int8(dq) and _zero_point(q) == _zero_point(dq) \
+        and torch.equal(q.weights["scale"].reshape(-1), dq.weights["scale"].reshape(-1))
+
+
+def _zero_point(layer: L.Layer) -> int:
+    return int(layer.weights["zero_point"].reshape(-1)[0]) if "zero_point" in layer.weights else 0
 
 
 @exporter(L.QuantizeLayer)

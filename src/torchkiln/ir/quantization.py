@@ -1,0 +1,29 @@
+"""What passes and exporters ask of quantize and dequantize layers and the layers between them."""
+from __future__ import annotations
+
+import torch
+
+from torchkiln.ir import layers as L
+
+
+def order_preserving(layer: L.Layer) -> bool:
+    """Whether the layer's output is values of its first input, moved, selected or the largest of a window (a max
+    pooling): it commutes with a per-tensor quantizer, which is monotonic and non-decreasing, exactly."""
+    return isinstance(layer, (L.ShuffleLayer, L.SliceLayer)) or \
+        isinstance(layer, L.PoolingLayer) and layer.type == L.PoolingType.MAX
+
+
+def per_tensor_int8(layer: L.Layer) -> bool:
+    """Whether a quantize or dequantize layer is int8, per tensor, of int8's full range, to or from float32."""
+    return isinstance(layer, (L.QuantizeLayer, L.DequantizeLayer)) and layer.quant_type == torch.int8 \
+        and layer.axis is None and (not isinstance(layer, L.QuantizeLayer)
+                                    or (layer.quant_min, layer.quant_max) == L.QUANT_RANGE[torch.int8]) \
+        and (layer.to_type if isinstance(layer, L.DequantizeLayer) else layer.inputs[0].dtype) == torch.float32
+
+
+def clamps_at_zero(layer: L.Layer | None) -> bool:
+    """Whether the layer is a ReLU or a clamp from 0 (ReLU6, hardtanh(0, max)): its output lies in [0, max], which a
+    quantizer of range [0, amax] holds, so quantizing after it loses none of that range."""
+    return isinstance(layer, L.ActivationLayer) and (
+        layer.type == L.ActivationType.RELU
+        or layer.type in (L.ActivationType.CLIP, L.ActivationType.HARD_TANH) and layer.alpha == 0 and layer.beta > 0)
