@@ -57,14 +57,6 @@ def quantizes_output(found: Candidate) -> bool:
     return found.weight.dim() > 2
 
 
-def _readers(network: Network) -> dict[int, list[L.Layer]]:
-    readers: dict[int, list[L.Layer]] = {}
-    for layer in network.layers:
-        for t in layer.inputs:
-            readers.setdefault(id(t), []).append(layer)
-    return readers
-
-
 def quantized_relus(network: Network, candidates: Container[str], quant_type: torch.dtype) -> dict[str, L.Layer]:
     """The int8 convolutions (by name) whose output quantizer goes after the ReLU (or ReLU6, or clamp from 0:
     `clamps_at_zero`) that alone reads their output, as ONNX Runtime's quantizer places it (the ReLU then disappears
@@ -73,7 +65,7 @@ def quantized_relus(network: Network, candidates: Container[str], quant_type: to
     [0, amax] (zero point `UNSIGNED_ZERO`)."""
     if quant_type != torch.int8:
         return {}
-    readers = _readers(network)
+    readers = network.consumers()
     outputs = {id(t) for t in network.outputs}
     found = {}
     for layer in network.layers:
@@ -122,7 +114,7 @@ def quantize_residual_adds(network: Network) -> bool:
     between QLinearConvs. An addend the graph does not dequantize is read through a new dequantizer of its
     quantizer (a residual's identity is the input of the block's first convolution, quantized for it; so the
     ReLU before has no float reader left)."""
-    readers = _readers(network)
+    readers = network.consumers()
     changed = False
     for add in list(network.layers):
         if not isinstance(add, L.ElementWiseLayer) or add.op != L.ElementWiseOperation.SUM \
@@ -147,7 +139,7 @@ def quantize_residual_adds(network: Network) -> bool:
                         "zero_point": torch.tensor([UNSIGNED_ZERO], dtype=torch.int8)}
             for layer in [out_q, *readers.get(id(out_q.outputs[0]), [])]:
                 layer.weights = {**layer.weights, **unsigned}
-        readers = _readers(network)
+        readers = network.consumers()
         changed = True
     return changed
 
@@ -158,7 +150,7 @@ def quantize_through_order_preserving(network: Network) -> bool:
     -> layer -> quantize` of one scale and zero point is the layer on the quantized values, exactly (its values are
     the grid's, which the quantizer maps back), and ONNX Runtime runs it so (a uint8 MaxPool between QLinearConvs,
     in their layout). In order, so that a chain of them passes the scale along."""
-    readers = _readers(network)
+    readers = network.consumers()
     changed = False
     for layer in network.layers:
         dq = layer.inputs[0].producer if layer.inputs else None
