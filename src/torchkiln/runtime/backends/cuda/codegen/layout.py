@@ -12,6 +12,7 @@ Small tensors take ATen's copy: below `MIN_BYTES` a Python-launched kernel costs
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -48,7 +49,10 @@ def to_channels_last_kernel(
 '''
 
 
-def _kernel():
+@functools.cache
+def _kernel(interpreted: str):
+    """The kernel, loaded once per process and Triton interpreter setting (a call must not hash the source again:
+    the runner's input copy runs on every call)."""
     from torchkiln.runtime.backends.cuda.codegen.compile import load_source
 
     return getattr(load_source(SOURCE), KERNEL_NAME)
@@ -73,6 +77,7 @@ def copy_to_channels_last(x: torch.Tensor, out: torch.Tensor | None = None) -> t
     n, c, h, w = x.shape
     block_c = min(MAX_BLOCK_C, max(2, 1 << (c - 1).bit_length()))
     grid = ((h * w + BLOCK_P - 1) // BLOCK_P, (c + block_c - 1) // block_c, n)
-    _kernel()[grid](x, out, c, h * w, x.stride(0), x.stride(1), INT64=needs_int64(x, out), BLOCK_P=BLOCK_P,
-                    BLOCK_C=block_c, num_warps=4)
+    kernel = _kernel(os.environ.get("TRITON_INTERPRET", ""))
+    kernel[grid](x, out, c, h * w, x.stride(0), x.stride(1), INT64=needs_int64(x, out), BLOCK_P=BLOCK_P,
+                 BLOCK_C=block_c, num_warps=4)
     return out
