@@ -318,7 +318,7 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
 def _bound(value: float, dtype: torch.dtype) -> str:
     """An activation's parameter as a value of integer `dtype`: an infinite one is the type's limit."""
     info = torch.iinfo(dtype)
-    return f"tl.full([1], {int(min(max(value, info.min), info.max))}, {TL[dtype]})"
+    return scalar_literal(torch.tensor(int(min(max(value, info.min), info.max)), dtype=dtype))
 
 
 # x ** c for the constant exponents ATen's pow kernels compute by multiplication (its pow_tensor_scalar special

@@ -323,6 +323,11 @@ class _Source:
         """The tile's column axis (what a row's reduction reduces)."""
         return 0 if self.transposed else 1
 
+    @property
+    def row_shape(self) -> str:
+        """The shape of a tile of one value per row (an accumulator's, a carry's)."""
+        return "[1, ROWS]" if self.transposed else "[ROWS, 1]"
+
     def weight_operand(self, weight: torch.Tensor) -> str:
         """The operand name of a weight (each weight is bound once, however many passes read it)."""
         w = weight.reshape(()) if weight.numel() == 1 else weight
@@ -359,8 +364,7 @@ class _Source:
         if b.carries is None:
             return b.emit(scanned, dtype)
         carry = f"{b.prefix}carry{len(b.carries)}"
-        shape = "[1, ROWS]" if self.transposed else "[ROWS, 1]"
-        b.carries.append(f"{carry} = tl.full({shape}, {neutral}, {TL[dtype]})")
+        b.carries.append(f"{carry} = tl.full({self.row_shape}, {neutral}, {TL[dtype]})")
         value = b.emit(f"{carry} {combine} {scanned}", dtype)
         b.lines.append(f"{carry} = {carry} {combine} tl.reduce({x}, {self.axis}, _{name}){self.across}")
         return value
@@ -406,8 +410,7 @@ class _Source:
             if not reductions:
                 continue
             for k, op in enumerate(reductions):
-                shape = "[1, ROWS]" if self.transposed else "[ROWS, 1]"
-                lines.append(f"acc{depth}_{k} = tl.full({shape}, {_NEUTRAL[op.template]}, tl.float32)")
+                lines.append(f"acc{depth}_{k} = tl.full({self.row_shape}, {_NEUTRAL[op.template]}, tl.float32)")
             body, carries = [], []
             inner = _Emitter(self, f"p{depth}_", body, carries)
             self.load_inputs(inner, False)
