@@ -73,8 +73,9 @@ SHARED_VIEW = "makes an engine output that shares memory with another output (as
 _VIEWS = (L.IdentityLayer, L.ShuffleLayer, L.SliceLayer, L.ExpandLayer, L.CastLayer)  # may return their input's memory
 # ORT graph transformers the sessions run without, by measurement. SkipLayerNormFusion: ORT 1.32's
 # SkipLayerNormalization kernel takes 5-8x the time of the Add and LayerNormalization it replaces (x86, AVX-512,
-# [1-32, 128, 256-768], one and two threads; BERT-style encoder of hidden 256 at batch 8: fp32 45 -> 38 ms, int8
-# 28 -> 20 ms on one thread).
+# [1-32, 128, 256-768], one and two threads; a 4-layer post-norm encoder of hidden 256 at batch 8: fp32 45 -> 38
+# ms, int8 28 -> 20 ms on one thread). It is off for every network: the fused kernel was slower at every shape
+# measured.
 DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
 
 
