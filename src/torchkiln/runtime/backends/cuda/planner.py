@@ -26,9 +26,8 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    along the last axis (cumsum, cumprod) with the pointwise layers making its input and using its result, and the
    other reductions over the same rows, as one generated Triton kernel (`generated`/`rows`, codegen/reduction.py):
    a residual add, the precision pass's casts and a layer norm; scale, mask and softmax; RMSNorm written as a mean
-   between pointwise layers; integer position ids made from a padding mask (mask, cumsum, multiply,
-   offset). Without Triton,
-   the half-precision layer norms between their casts become CUDA's layer norm on the half input
+   between pointwise layers; integer position ids made from a padding mask (mask, cumsum, multiply, offset).
+   Without Triton, the half-precision layer norms between their casts become CUDA's layer norm on the half input
    (`library`/`layer_norm`); the rest run on ATen.
    4b. **Recomputed prologues**: a pointwise value a row step computes for its reduction and later generated
    pointwise steps over the value's shape also read is computed again by each of them from what it is made of,
