@@ -521,3 +521,29 @@ def test_both_tile_orientations_compute_the_same(monkeypatch, case):
                 kernels[not transposed] = kernels[transposed]  # every launch in this orientation
             for g_, r in zip(launcher([v.to(DEVICE)]), ref):
                 (assert_close_half if g_.dtype == F16 else assert_close)(g_, r)
+
+
+def test_a_static_space_has_constant_sizes_but_a_dynamic_one_does_not():
+    """Sizes known at build are compile-time constants (Triton proves the runs it may load as vectors), except in the
+    split kernels that tile short interleaved runs across columns; a dynamic dim keeps every size a runtime value
+    (one compile for every shape). Both kinds compute the same."""
+    from torchkiln.ir.symbolic import DimSymbol
+
+    static = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
+    source = reduction.generate(static.layers, static.inputs, static.outputs).source
+    assert "s0: tl.constexpr" in source and "s4: tl.constexpr" in source
+    split = source[source.index(f"def {reduction.SPLIT_STATS}(") + 1:]
+    assert "s0: tl.constexpr" not in split[:split.index("):")]  # the first orientation's split kernel
+    assert reduction.constant_sizes(True, reduction.SPLIT_APPLY + reduction.TRANSPOSED)
+    assert not reduction.constant_sizes(True, reduction.SPLIT_APPLY)
+    assert reduction.constant_sizes(True, reduction.KERNEL) and not reduction.constant_sizes(False, reduction.KERNEL)
+
+    net = Network("dynamic softmax")
+    x = net.add_input("x", F32, (DimSymbol("batch", 1, 64), 200))
+    net.mark_output(net.add_softmax(x, 1).get_output())
+    source = reduction.generate(net.layers, net.inputs, net.outputs).source
+    assert "tl.constexpr" in source and "s0: tl.constexpr" not in source and "s1: tl.constexpr" not in source
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    for rows in (3, 7):
+        v = data(rows, 200)
+        assert_close(launcher([v.to(DEVICE)])[0], torch.softmax(v, 1))
