@@ -247,6 +247,8 @@ def test_rows_tiled_across_a_channels_last_input(monkeypatch, passes):
 def _split_launches(launcher, seen):
     for transposed, (stats, apply) in launcher._split.items():
         launcher._split[transposed] = (_Recording(stats, seen), _Recording(apply, seen))
+    if launcher._split_sub_rows is not None:
+        launcher._split_sub_rows = tuple(_Recording(fn, seen) for fn in launcher._split_sub_rows)
 
 
 def _record_launches(launcher, seen):
@@ -263,15 +265,17 @@ def test_norms_reduced_in_spans(monkeypatch, case):
     (mean 10, deviation 0.1) check the merge of squared deviations, where E[x^2] - E[x]^2 would lose 3 digits."""
     monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
     monkeypatch.setattr(reduction, "_ACROSS_TILE", 64)
+    monkeypatch.setattr(reduction, "_SHORT_RUN_TILE", 64)
     g = torch.Generator().manual_seed(7)
     if case == "group-norm-channels-last":
         net = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
         values = {"x": data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)}
-        expected = ("rows_split_stats_kernel", 16, 16)  # 4 channels a group: 16 groups fill 128 bytes
-    elif case == "group-norm-3-channels-a-group":  # 6 bytes a group: 21 groups to 128 bytes, taken as 16
+        # 4 channels a group (8-byte runs): a row per channel (sub-rows), 32 of them a program
+        expected = ("rows_split_stats_kernel_t_s", 32, 16)
+    elif case == "group-norm-3-channels-a-group":  # 6-byte runs: 3 sub-rows a group, 36 in all
         net = group_norm_sigmoid_net((2, 18, 5, 6), 6, F16)
         values = {"x": data(2, 18, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)}
-        expected = ("rows_split_stats_kernel", 16, 16)
+        expected = ("rows_split_stats_kernel_t_s", 32, 16)
     elif case == "layer-norm-few-rows":
         net = layer_norm_net((3, 150), (150,), F32, residual=True)
         values = {"x": torch.randn(3, 150, generator=g) * 0.1 + 10, "y": torch.randn(3, 150, generator=g) * 0.1}
@@ -282,7 +286,7 @@ def test_norms_reduced_in_spans(monkeypatch, case):
         net.mark_output(net.add_normalization(x, L.NormalizationKind.INSTANCE, 1e-5, scale=torch.randn(3, generator=g),
                                               bias=torch.randn(3, generator=g)).get_output())
         values = {"x": (data(2, 3, 9, 10) * 0.05 + 10).contiguous(memory_format=torch.channels_last)}
-        expected = ("rows_split_stats_kernel", 8, 16)  # a row per channel, 4 bytes apart
+        expected = ("rows_split_stats_kernel", 8, 16)  # a row per channel, 4 bytes apart (along a warp)
     launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
     assert launcher.kernel.splittable
     seen = []
@@ -291,6 +295,37 @@ def test_norms_reduced_in_spans(monkeypatch, case):
     assert seen and seen[0] == expected and seen[1][0] == expected[0].replace("stats", "apply")
     for g_, r in zip(got, reference(net, values)):
         (assert_close_half if g_.dtype == F16 else assert_close)(g_, r)
+
+
+@pytest.mark.parametrize("second", ["channels-last", "contiguous", "per-channel"])
+def test_a_group_norm_over_sub_rows_reads_operands_of_any_layout(monkeypatch, second):
+    """A group norm of a sum over short channels-last runs, split into a row per channel: the sum's other operand
+    channels-last too, contiguous (its strides unlike the first's), or one value per channel (a row operand of the
+    split); fp32 rows far from zero against their spread (E[x^2] - E[x]^2 would lose 3 digits), two spans a sub-row,
+    the last partial. The reference is computed in float64: torch's own float32 group norm of a channels-last CPU
+    tensor is off by 1e-2 on such rows."""
+    monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
+    monkeypatch.setattr(reduction, "_SHORT_RUN_TILE", 64)
+    shape, g = (3, 12, 5, 7), torch.Generator().manual_seed(11)
+    other = (1, 12, 1, 1) if second == "per-channel" else shape
+    net = Network("gn of a sum")
+    x, y = net.add_input("x", F32, shape), net.add_input("y", F32, other)
+    total = net.add_elementwise(x, y, L.ElementWiseOperation.SUM).get_output()
+    norm = net.add_normalization(total, L.NormalizationKind.GROUP, 1e-5, scale=torch.randn(12, generator=g),
+                                 bias=torch.randn(12, generator=g), num_groups=4).get_output()
+    net.mark_output(net.add_activation(norm, L.ActivationType.SIGMOID).get_output())
+    xv = (torch.randn(shape, generator=g) * 0.3 + 10).contiguous(memory_format=torch.channels_last)
+    yv = torch.randn(other, generator=g) * 0.3
+    yv = yv.contiguous(memory_format=torch.channels_last) if second == "channels-last" else yv
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    seen = []
+    _split_launches(launcher, seen)
+    got = launcher([xv.to(DEVICE), yv.to(DEVICE)])
+    assert seen[0] == ("rows_split_stats_kernel_t_s", 32, 16)  # 3 channels a group: 12-byte runs
+    norm = net.layers[1]
+    ref = torch.sigmoid(torch.nn.functional.group_norm(xv.double() + yv.double(), 4, norm.weights["scale"].double(),
+                                                       norm.weights["bias"].double(), 1e-5))
+    assert_close(got[0], ref.float())
 
 
 def test_groups_with_other_reductions_or_full_outputs_of_a_sum_are_not_split():

@@ -48,6 +48,7 @@ KERNEL = "rows_kernel"
 LOOPED = "rows_kernel_looped"
 SPLIT_STATS, SPLIT_APPLY = "rows_split_stats_kernel", "rows_split_apply_kernel"
 TRANSPOSED = "_t"  # a kernel's name suffix where its tile is [columns, rows] (`RowLauncher` says when)
+SUB_ROWS = "_s"  # ... and a split norm's where a row's innermost reduced dim is split off into rows of its own
 MAX_PERSISTENT = 16384  # columns a program keeps in registers; longer rows are reduced in passes
 LOOP_BLOCK = 2048  # columns a pass of the looped body covers
 _TILE = 1024  # elements per program that short rows are packed up to...
@@ -55,6 +56,7 @@ MIN_PROGRAMS = 256  # ... while that leaves at least this many programs (about t
 _ACROSS_TILE = 4096  # elements per program tile where rows are tiled across (`_interleaved_run`)
 SPLIT_MIN_COLS = 4096  # a norm's rows at least this long may be reduced in spans (`RowLauncher._split_reduction`)
 MAX_SPLITS = 256  # spans of a row at most
+_SHORT_RUN_TILE = 8192  # elements per program of a split norm over short interleaved runs (`_split_short_runs`)
 _NEUTRAL = {"sum": "0.0", "max": "-INF", "min": "INF"}
 _COMBINE = '''
 @triton.jit
@@ -309,6 +311,12 @@ class _Source:
         self._weight_names: dict[tuple, str] = {}
         self.values: dict[object, Value] = {}
         self.transposed = False  # the tile is [columns, rows] (`across`, `along` and `axis` name its axes)
+        self.sub_rows = False  # the space's first reduced dim indexes rows (sub-rows of a row) in the split kernels
+
+    @property
+    def lead(self) -> int:
+        """The space's dims that index a program's rows."""
+        return self.rank - self.reduced + self.sub_rows
 
     @property
     def across(self) -> str:
@@ -470,14 +478,16 @@ class _Source:
         """A split reduction's second kernel: each row's mean and variance merged from its spans' statistics (Chan's
         parallel formulas), then the group's values and stores over BLOCK columns (program ids: row block, block)."""
         mean, var = self.lowering.norms[0]
-        merge = [f"span = tl.arange(0, SPLITS){self.along}", "smask = rmask & (span < splits)",
-                 "where = st + row * (splits * 2) + span * 2",
+        # a row's statistics: those of its SUB sub-rows' spans, stored one after another
+        merge = [f"span = tl.arange(0, SPLITS){self.along}", "smask = rmask & (span < SUB * splits)",
+                 "where = st + row // SUB * (SUB * splits * 2) + span * 2",
                  "span_mean = tl.load(where, mask=smask, other=0.0)",
                  "span_m2 = tl.load(where + 1, mask=smask, other=0.0)",
-                 "count = tl.where(span < splits, tl.minimum(cols - span * chunk, chunk), 0).to(tl.float32)",
-                 f"row_mean = tl.reduce(count * span_mean, {self.axis}, _sum){self.across} / cols",
+                 "count = tl.where(span < SUB * splits, tl.minimum(cols - span % splits * chunk, chunk), 0)"
+                 ".to(tl.float32)",
+                 f"row_mean = tl.reduce(count * span_mean, {self.axis}, _sum){self.across} / (cols * SUB)",
                  "dev = span_mean - row_mean",
-                 f"row_var = tl.reduce(span_m2 + count * dev * dev, {self.axis}, _sum){self.across} / cols"]
+                 f"row_var = tl.reduce(span_m2 + count * dev * dev, {self.axis}, _sum){self.across} / (cols * SUB)"]
         self.values[mean], self.values[var] = ("row_mean", torch.float32), ("row_var", torch.float32)
         body: list[str] = []
         b = _Emitter(self, "v", body)
@@ -531,7 +541,7 @@ class _Source:
 
     def offsets(self) -> list[str]:
         """Row indices, their mask and every operand's row offsets."""
-        lead = self.rank - self.reduced
+        lead = self.lead
         lines = ["if INT64:", f"    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS){self.across}",
                  "else:", f"    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS){self.across}",
                  "rmask = row < rows", "rrem = row"]
@@ -542,7 +552,7 @@ class _Source:
         return lines
 
     def column_offsets(self) -> list[str]:
-        lead = self.rank - self.reduced
+        lead = self.lead
         lines = ["crem = col"]  # not `rrem`: a pass's loop may not change the type of a value made before it
         for d in reversed(range(lead, self.rank)):
             lines += [f"j{d} = crem % s{d}", f"crem = crem // s{d}"] if d > lead else [f"j{d} = crem"]
@@ -567,11 +577,17 @@ class _Source:
         """(function name, body lines, extra parameters) of each kernel, in the tile orientation set."""
         bodies = [(KERNEL, self.persistent(), ()), (LOOPED, self.looped(), ())]
         split = ("st", "splits", "chunk")
+        sub_rows = []
         if self.lowering.splittable() and not any(self.row_outputs()):  # one norm: statistics, then the values
             bodies += [(SPLIT_STATS, self.split_stats(), split), (SPLIT_APPLY, self.split_apply(), split)]
+            if self.transposed and self.reduced > 1:  # and again over sub-rows (`RowLauncher._split_reduction`)
+                self.sub_rows = True
+                sub_rows = [(SPLIT_STATS + TRANSPOSED + SUB_ROWS, self.split_stats(), split),
+                            (SPLIT_APPLY + TRANSPOSED + SUB_ROWS, self.split_apply(), split)]
+                self.sub_rows = False
         elif self.lowering.one_sum() and all(self.row_outputs()):  # partial sums, then each row's values
             bodies += [(SPLIT_STATS, self.split_sum_stats(), split), (SPLIT_APPLY, self.split_sum_apply(), split)]
-        return [(fn + TRANSPOSED if self.transposed else fn, body, extra) for fn, body, extra in bodies]
+        return [(fn + TRANSPOSED if self.transposed else fn, body, extra) for fn, body, extra in bodies] + sub_rows
 
     def source(self) -> str:
         """Every kernel, with rows along the tile's first axis and again along its second (`TRANSPOSED`)."""
@@ -586,7 +602,8 @@ class _Source:
             params = [*names, *extra, "rows", "cols", *(size.format(f"s{d}") for d in range(self.rank)),
                       *(f"{p}_t{d}" for p in names for d in range(self.rank)),
                       "INT64: tl.constexpr", "ROWS: tl.constexpr", "BLOCK: tl.constexpr",
-                      *(["SPLITS: tl.constexpr"] if fn.startswith(SPLIT_APPLY) else [])]
+                      *(["SPLITS: tl.constexpr", "SUB: tl.constexpr"] if fn.startswith(SPLIT_APPLY) and
+                        self.lowering.splittable() else ["SPLITS: tl.constexpr"] if fn.startswith(SPLIT_APPLY) else [])]
             signature = ",\n        ".join(params)
             out.append(f"\n\n@triton.jit\ndef {fn}(\n        {signature},\n):\n" +
                        "".join(f"    {line}\n" for line in body))
@@ -602,7 +619,7 @@ def constant_sizes(static: bool, fn: str) -> bool:
     ([32,256,32,32]) 40 against 52, 20-byte runs 61 against 62; a softmax of [4096,768] 4.9 against 5.3; a mean of
     channels-last [32,240,28,28] 6.3 against 6.8. But a split group norm over 8-byte runs ([32,128,64,64]
     channels-last) took 160 against 120: vectors along a run of 8 bytes put a warp's lanes a position apart."""
-    return static and not (fn.startswith((SPLIT_STATS, SPLIT_APPLY)) and not fn.endswith(TRANSPOSED))
+    return static and fn not in (SPLIT_STATS, SPLIT_APPLY)
 
 
 def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> RowKernel:
@@ -675,6 +692,9 @@ class RowLauncher(GroupLauncher):
             self._looped[transposed] = getattr(module, LOOPED + suffix)
             self._split[transposed] = (getattr(module, SPLIT_STATS + suffix), getattr(module, SPLIT_APPLY + suffix)) \
                 if kernel.splittable else None
+        sub_rows = SPLIT_STATS + TRANSPOSED + SUB_ROWS
+        self._split_sub_rows = (getattr(module, sub_rows), getattr(module, sub_rows.replace(SPLIT_STATS, SPLIT_APPLY))) \
+            if hasattr(module, sub_rows) else None
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         kernel = self.kernel
@@ -750,16 +770,50 @@ class RowLauncher(GroupLauncher):
         """A norm's partial statistics over spans of `chunk` columns of the rows that fill a 128-byte line together
         (rows interleaving in runs of `run` bytes; many programs, every read coalesced), then each row's statistics
         merged and the outputs made from them."""
+        if run is not None and run < 16 and not self.kernel.split_sum:
+            self._split_short_runs(operands, outputs, rows, cols, sizes, strides, int64)
+            return
         packed = min(_next_power_of_two(rows), 64, _rows_filling(128, run))
         chunk = max(16, _ACROSS_TILE // packed, _next_power_of_two((cols + MAX_SPLITS - 1) // MAX_SPLITS))
+        fns = self._split[_transposed(packed, run)]
+        self._launch_split(fns, operands, outputs, rows, cols, sizes, strides, int64, packed, chunk, 1)
+
+    def _split_short_runs(self, operands: list[torch.Tensor], outputs: list[torch.Tensor], rows: int, cols: int,
+                          sizes: list[int], strides: list[list[int]], int64: bool) -> None:
+        """A norm over rows interleaving in runs under 16 bytes (a group norm of a channels-last tensor with a few
+        channels a group), reduced in spans with the rows along the axis a warp walks first. A run of several
+        elements is split off into sub-rows first (the innermost reduced dim becomes a row dim: one channel of a
+        group), so that neighbouring rows are neighbouring elements; the apply kernel merges a row's statistics
+        over its sub-rows' spans. H100, fp16, CUDA graphs, us: a group norm of a channels-last [32,128,64,64]
+        tensor in 32 groups (8-byte runs), 120 the first tile orientation and whole runs; an instance norm of it
+        (2-byte runs), 138 against 55 this way. 32 rows and 256 columns a program were the fastest of 8-128 rows
+        and 32-512 columns."""
+        lead = len(sizes) - self.kernel.reduced
+        sub = sizes[-1] if self._split_sub_rows is not None and any(s[-1] == 1 for s in strides) else 1
+        fns = self._split[True]
+        if sub > 1:  # the innermost reduced dim (stride 1 in an operand) moves to the rows' last
+            sizes = [*sizes[:lead], sizes[-1], *sizes[lead:-1]]
+            strides = [[*s[:lead], s[-1], *s[lead:-1]] for s in strides]
+            rows, cols, fns = rows * sub, cols // sub, self._split_sub_rows
+        packed = min(_next_power_of_two(rows), 32)
+        chunk = max(16, _SHORT_RUN_TILE // packed, _next_power_of_two((cols * sub + MAX_SPLITS - 1) // MAX_SPLITS))
+        self._launch_split(fns, operands, outputs, rows, cols, sizes, strides, int64, packed, chunk, sub)
+
+    def _launch_split(self, fns: tuple, operands: list[torch.Tensor], outputs: list[torch.Tensor], rows: int,
+                      cols: int, sizes: list[int], strides: list[list[int]], int64: bool, packed: int, chunk: int,
+                      sub: int) -> None:
+        """The two kernels of a split reduction (`fns`), over spans of `chunk` columns of `packed` rows a program."""
         splits = (cols + chunk - 1) // chunk
         stats = torch.empty(rows * splits * 2, dtype=torch.float32, device=outputs[0].device)
         grid = ((rows + packed - 1) // packed, splits)
         args = (*operands, *outputs, stats, splits, chunk, rows, cols, *sizes, *(v for s in strides for v in s))
         meta = {"INT64": int64, "ROWS": packed, "BLOCK": chunk, "num_warps": _num_warps(packed * chunk)}
-        stats_fn, apply_fn = self._split[_transposed(packed, run)]
+        stats_fn, apply_fn = fns
         stats_fn[grid](*args, **meta)
-        apply_fn[grid[:1] if self.kernel.split_sum else grid](*args, SPLITS=_next_power_of_two(splits), **meta)
+        if self.kernel.split_sum:
+            apply_fn[grid[:1]](*args, SPLITS=_next_power_of_two(splits), **meta)
+        else:
+            apply_fn[grid](*args, SPLITS=_next_power_of_two(splits * sub), SUB=sub, **meta)
 
     def _in_space(self, x: torch.Tensor, space: torch.Size) -> torch.Tensor:
         """`x` as a view over the kernel's space: right-aligned to the tensors' rank, dim 1 split into groups for a
