@@ -248,7 +248,8 @@ def _split_launches(launcher, seen):
     for transposed, (stats, apply) in launcher._split.items():
         launcher._split[transposed] = (_Recording(stats, seen), _Recording(apply, seen))
     if launcher._split_sub_rows is not None:
-        launcher._split_sub_rows = tuple(_Recording(fn, seen) for fn in launcher._split_sub_rows)
+        stats, apply, merge = launcher._split_sub_rows
+        launcher._split_sub_rows = (_Recording(stats, seen), _Recording(apply, seen), merge)
 
 
 def _record_launches(launcher, seen):

@@ -478,16 +478,19 @@ class _Source:
         """A split reduction's second kernel: each row's mean and variance merged from its spans' statistics (Chan's
         parallel formulas), then the group's values and stores over BLOCK columns (program ids: row block, block)."""
         mean, var = self.lowering.norms[0]
-        # a row's statistics: those of its SUB sub-rows' spans, stored one after another
-        merge = [f"span = tl.arange(0, SPLITS){self.along}", "smask = rmask & (span < SUB * splits)",
-                 "where = st + row // SUB * (SUB * splits * 2) + span * 2",
-                 "span_mean = tl.load(where, mask=smask, other=0.0)",
-                 "span_m2 = tl.load(where + 1, mask=smask, other=0.0)",
-                 "count = tl.where(span < SUB * splits, tl.minimum(cols - span % splits * chunk, chunk), 0)"
-                 ".to(tl.float32)",
-                 f"row_mean = tl.reduce(count * span_mean, {self.axis}, _sum){self.across} / (cols * SUB)",
-                 "dev = span_mean - row_mean",
-                 f"row_var = tl.reduce(span_m2 + count * dev * dev, {self.axis}, _sum){self.across} / (cols * SUB)"]
+        if self.sub_rows:  # each row's statistics, merged over its sub-rows by SPLIT_MERGE, after the spans'
+            merge = ["where = st + rows * splits * 2 + row // SUB * 2",
+                     "row_mean = tl.load(where, mask=rmask, other=0.0)",
+                     "row_var = tl.load(where + 1, mask=rmask, other=0.0)"]
+        else:
+            merge = [f"span = tl.arange(0, SPLITS){self.along}", "smask = rmask & (span < splits)",
+                     "where = st + row * (splits * 2) + span * 2",
+                     "span_mean = tl.load(where, mask=smask, other=0.0)",
+                     "span_m2 = tl.load(where + 1, mask=smask, other=0.0)",
+                     "count = tl.where(span < splits, tl.minimum(cols - span * chunk, chunk), 0).to(tl.float32)",
+                     f"row_mean = tl.reduce(count * span_mean, {self.axis}, _sum){self.across} / cols",
+                     "dev = span_mean - row_mean",
+                     f"row_var = tl.reduce(span_m2 + count * dev * dev, {self.axis}, _sum){self.across} / cols"]
         self.values[mean], self.values[var] = ("row_mean", torch.float32), ("row_var", torch.float32)
         body: list[str] = []
         b = _Emitter(self, "v", body)
@@ -602,12 +605,38 @@ class _Source:
             params = [*names, *extra, "rows", "cols", *(size.format(f"s{d}") for d in range(self.rank)),
                       *(f"{p}_t{d}" for p in names for d in range(self.rank)),
                       "INT64: tl.constexpr", "ROWS: tl.constexpr", "BLOCK: tl.constexpr",
-                      *(["SPLITS: tl.constexpr", "SUB: tl.constexpr"] if fn.startswith(SPLIT_APPLY) and
-                        self.lowering.splittable() else ["SPLITS: tl.constexpr"] if fn.startswith(SPLIT_APPLY) else [])]
+                      *((["SUB: tl.constexpr"] if fn.endswith(SUB_ROWS) else ["SPLITS: tl.constexpr"])
+                        if fn.startswith(SPLIT_APPLY) else [])]
             signature = ",\n        ".join(params)
             out.append(f"\n\n@triton.jit\ndef {fn}(\n        {signature},\n):\n" +
                        "".join(f"    {line}\n" for line in body))
+        if any(fn.endswith(SUB_ROWS) for fn, _, _ in bodies):
+            out.append(_SPLIT_MERGE)
         return "".join(out)
+
+
+SPLIT_MERGE = "rows_split_merge_kernel"
+_SPLIT_MERGE = f'''
+
+@triton.jit
+def {SPLIT_MERGE}(st, splits, chunk, rows, cols, SUB: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr):
+    # each of `rows` rows' mean and variance from the statistics of its SUB sub-rows' spans (cols columns each,
+    # `splits` spans of `chunk`), which lie one after another; stored after them, as [row, 2]
+    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[None, :]
+    rmask = row < rows
+    span = tl.arange(0, SPLITS)[:, None]
+    smask = rmask & (span < SUB * splits)
+    where = st + row * (SUB * splits * 2) + span * 2
+    span_mean = tl.load(where, mask=smask, other=0.0)
+    span_m2 = tl.load(where + 1, mask=smask, other=0.0)
+    count = tl.where(span < SUB * splits, tl.minimum(cols - span % splits * chunk, chunk), 0).to(tl.float32)
+    row_mean = tl.reduce(count * span_mean, 0, _sum)[None, :] / (cols * SUB)
+    dev = span_mean - row_mean
+    row_var = tl.reduce(span_m2 + count * dev * dev, 0, _sum)[None, :] / (cols * SUB)
+    merged = st + rows * SUB * splits * 2 + row * 2
+    tl.store(merged, row_mean, mask=rmask)
+    tl.store(merged + 1, row_var, mask=rmask)
+'''
 
 
 def constant_sizes(static: bool, fn: str) -> bool:
@@ -693,8 +722,8 @@ class RowLauncher(GroupLauncher):
             self._split[transposed] = (getattr(module, SPLIT_STATS + suffix), getattr(module, SPLIT_APPLY + suffix)) \
                 if kernel.splittable else None
         sub_rows = SPLIT_STATS + TRANSPOSED + SUB_ROWS
-        self._split_sub_rows = (getattr(module, sub_rows), getattr(module, sub_rows.replace(SPLIT_STATS, SPLIT_APPLY))) \
-            if hasattr(module, sub_rows) else None
+        self._split_sub_rows = (getattr(module, sub_rows), getattr(module, sub_rows.replace(SPLIT_STATS, SPLIT_APPLY)),
+                                getattr(module, SPLIT_MERGE)) if hasattr(module, sub_rows) else None
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         kernel = self.kernel
@@ -802,18 +831,27 @@ class RowLauncher(GroupLauncher):
     def _launch_split(self, fns: tuple, operands: list[torch.Tensor], outputs: list[torch.Tensor], rows: int,
                       cols: int, sizes: list[int], strides: list[list[int]], int64: bool, packed: int, chunk: int,
                       sub: int) -> None:
-        """The two kernels of a split reduction (`fns`), over spans of `chunk` columns of `packed` rows a program."""
+        """The kernels of a split reduction (`fns`: statistics, apply, and where rows are sub-rows (`sub` > 1) the
+        merge of each row's), over spans of `chunk` columns of `packed` rows a program."""
         splits = (cols + chunk - 1) // chunk
-        stats = torch.empty(rows * splits * 2, dtype=torch.float32, device=outputs[0].device)
+        merged = rows // sub * 2 if sub > 1 else 0
+        stats = torch.empty(rows * splits * 2 + merged, dtype=torch.float32, device=outputs[0].device)
         grid = ((rows + packed - 1) // packed, splits)
         args = (*operands, *outputs, stats, splits, chunk, rows, cols, *sizes, *(v for s in strides for v in s))
         meta = {"INT64": int64, "ROWS": packed, "BLOCK": chunk, "num_warps": _num_warps(packed * chunk)}
-        stats_fn, apply_fn = fns
+        stats_fn, apply_fn = fns[:2]
         stats_fn[grid](*args, **meta)
         if self.kernel.split_sum:
             apply_fn[grid[:1]](*args, SPLITS=_next_power_of_two(splits), **meta)
+            return
+        if sub > 1:
+            entries = _next_power_of_two(splits * sub)
+            per = max(1, min(_next_power_of_two(rows // sub), _SHORT_RUN_TILE // entries))
+            fns[2][((rows // sub + per - 1) // per,)](stats, splits, chunk, rows // sub, cols, SUB=sub, ROWS=per,
+                                                       SPLITS=entries, num_warps=4)
+            apply_fn[grid](*args, SUB=sub, **meta)
         else:
-            apply_fn[grid](*args, SPLITS=_next_power_of_two(splits * sub), SUB=sub, **meta)
+            apply_fn[grid](*args, SPLITS=_next_power_of_two(splits), **meta)
 
     def _in_space(self, x: torch.Tensor, space: torch.Size) -> torch.Tensor:
         """`x` as a view over the kernel's space: right-aligned to the tensors' rank, dim 1 split into groups for a
