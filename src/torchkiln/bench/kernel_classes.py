@@ -11,7 +11,7 @@ from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm, indexed, la
 CLASSES = ("library", "generated", "aten", "copies", "idle")
 _ROWS = (reduction.KERNEL, reduction.LOOPED, reduction.SPLIT_STATS, reduction.SPLIT_APPLY)
 GENERATED = (pointwise.KERNEL_NAME, *_ROWS, *(name + reduction.TRANSPOSED for name in _ROWS),
-             *(name + reduction.TRANSPOSED + reduction.SUB_ROWS for name in _ROWS[2:]), reduction.SPLIT_MERGE,
+             reduction.SPLIT_APPLY + reduction.TRANSPOSED + reduction.SUB_ROWS, reduction.SPLIT_MERGE,
              gemm.KERNEL_NAME,
              pooling.KERNEL_NAME, depthwise.KERNEL_NAME, indexed.KERNEL_NAME, layout.KERNEL_NAME)  # every kernel
 # function the generators name

@@ -311,12 +311,7 @@ class _Source:
         self._weight_names: dict[tuple, str] = {}
         self.values: dict[object, Value] = {}
         self.transposed = False  # the tile is [columns, rows] (`across`, `along` and `axis` name its axes)
-        self.sub_rows = False  # the space's first reduced dim indexes rows (sub-rows of a row) in the split kernels
-
-    @property
-    def lead(self) -> int:
-        """The space's dims that index a program's rows."""
-        return self.rank - self.reduced + self.sub_rows
+        self.sub_rows = False  # a split apply kernel over sub-rows (`RowLauncher._split_short_runs`)
 
     @property
     def across(self) -> str:
@@ -478,7 +473,7 @@ class _Source:
         """A split reduction's second kernel: each row's mean and variance merged from its spans' statistics (Chan's
         parallel formulas), then the group's values and stores over BLOCK columns (program ids: row block, block)."""
         mean, var = self.lowering.norms[0]
-        if self.sub_rows:  # each row's statistics, merged over its sub-rows by SPLIT_MERGE, after the spans'
+        if self.sub_rows:  # its rows are sub-rows: their row's statistics, merged by SPLIT_MERGE after the spans'
             merge = ["where = st + rows * splits * 2 + row // SUB * 2",
                      "row_mean = tl.load(where, mask=rmask, other=0.0)",
                      "row_var = tl.load(where + 1, mask=rmask, other=0.0)"]
@@ -544,7 +539,7 @@ class _Source:
 
     def offsets(self) -> list[str]:
         """Row indices, their mask and every operand's row offsets."""
-        lead = self.lead
+        lead = self.rank - self.reduced
         lines = ["if INT64:", f"    row = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS){self.across}",
                  "else:", f"    row = tl.program_id(0) * ROWS + tl.arange(0, ROWS){self.across}",
                  "rmask = row < rows", "rrem = row"]
@@ -555,7 +550,7 @@ class _Source:
         return lines
 
     def column_offsets(self) -> list[str]:
-        lead = self.lead
+        lead = self.rank - self.reduced
         lines = ["crem = col"]  # not `rrem`: a pass's loop may not change the type of a value made before it
         for d in reversed(range(lead, self.rank)):
             lines += [f"j{d} = crem % s{d}", f"crem = crem // s{d}"] if d > lead else [f"j{d} = crem"]
@@ -583,10 +578,9 @@ class _Source:
         sub_rows = []
         if self.lowering.splittable() and not any(self.row_outputs()):  # one norm: statistics, then the values
             bodies += [(SPLIT_STATS, self.split_stats(), split), (SPLIT_APPLY, self.split_apply(), split)]
-            if self.transposed and self.reduced > 1:  # and again over sub-rows (`RowLauncher._split_reduction`)
+            if self.transposed and self.reduced > 1:  # the values again, over sub-rows
                 self.sub_rows = True
-                sub_rows = [(SPLIT_STATS + TRANSPOSED + SUB_ROWS, self.split_stats(), split),
-                            (SPLIT_APPLY + TRANSPOSED + SUB_ROWS, self.split_apply(), split)]
+                sub_rows = [(SPLIT_APPLY + TRANSPOSED + SUB_ROWS, self.split_apply(), split)]
                 self.sub_rows = False
         elif self.lowering.one_sum() and all(self.row_outputs()):  # partial sums, then each row's values
             bodies += [(SPLIT_STATS, self.split_sum_stats(), split), (SPLIT_APPLY, self.split_sum_apply(), split)]
@@ -721,8 +715,8 @@ class RowLauncher(GroupLauncher):
             self._looped[transposed] = getattr(module, LOOPED + suffix)
             self._split[transposed] = (getattr(module, SPLIT_STATS + suffix), getattr(module, SPLIT_APPLY + suffix)) \
                 if kernel.splittable else None
-        sub_rows = SPLIT_STATS + TRANSPOSED + SUB_ROWS
-        self._split_sub_rows = (getattr(module, sub_rows), getattr(module, sub_rows.replace(SPLIT_STATS, SPLIT_APPLY)),
+        sub_rows = SPLIT_APPLY + TRANSPOSED + SUB_ROWS
+        self._split_sub_rows = (getattr(module, SPLIT_STATS + TRANSPOSED), getattr(module, sub_rows),
                                 getattr(module, SPLIT_MERGE)) if hasattr(module, sub_rows) else None
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -810,20 +804,20 @@ class RowLauncher(GroupLauncher):
     def _split_short_runs(self, operands: list[torch.Tensor], outputs: list[torch.Tensor], rows: int, cols: int,
                           sizes: list[int], strides: list[list[int]], int64: bool) -> None:
         """A norm over rows interleaving in runs under 16 bytes (a group norm of a channels-last tensor with a few
-        channels a group), reduced in spans with the rows along the axis a warp walks first. A run of several
-        elements is split off into sub-rows first (the innermost reduced dim becomes a row dim: one channel of a
-        group), so that neighbouring rows are neighbouring elements; the apply kernel merges a row's statistics
-        over its sub-rows' spans. H100, fp16, CUDA graphs, us: a group norm of a channels-last [32,128,64,64]
-        tensor in 32 groups (8-byte runs), 120 the first tile orientation and whole runs; an instance norm of it
-        (2-byte runs), 138 against 55 this way. 32 rows and 256 columns a program were the fastest of 8-128 rows
-        and 32-512 columns."""
+        channels a group), reduced in spans with the rows along the axis a warp walks first. Where a run's elements
+        continue the rows' last dim in every operand (a group's channels continue its group index), they become
+        sub-rows of their own (a row per channel: neighbouring rows are neighbouring elements, and the row index
+        alone gives the address); a merge kernel then gives each row its sub-rows' statistics. H100, fp16, CUDA
+        graphs, us: an instance norm of a channels-last [32,128,64,64] tensor (2-byte runs) 138 the other way
+        against 55 this way; 32 rows and 256 columns a program were the fastest of 8-128 rows and 32-512 columns."""
         lead = len(sizes) - self.kernel.reduced
-        sub = sizes[-1] if self._split_sub_rows is not None and any(s[-1] == 1 for s in strides) else 1
-        fns = self._split[True]
-        if sub > 1:  # the innermost reduced dim (stride 1 in an operand) moves to the rows' last
-            sizes = [*sizes[:lead], sizes[-1], *sizes[lead:-1]]
-            strides = [[*s[:lead], s[-1], *s[lead:-1]] for s in strides]
-            rows, cols, fns = rows * sub, cols // sub, self._split_sub_rows
+        sub, fns = sizes[-1], self._split_sub_rows
+        if fns is None or sub == 1 or any(s[lead - 1] != sub * s[-1] for s in strides):
+            sub, fns = 1, self._split[True]
+        else:  # the innermost reduced dim joins the rows' last; a reduced dim of 1 keeps the space's rank
+            sizes = [*sizes[:lead - 1], sizes[lead - 1] * sub, 1, *sizes[lead:-1]]
+            strides = [[*s[:lead - 1], s[-1], 0, *s[lead:-1]] for s in strides]
+            rows, cols = rows * sub, cols // sub
         packed = min(_next_power_of_two(rows), 32)
         chunk = max(16, _SHORT_RUN_TILE // packed, _next_power_of_two((cols * sub + MAX_SPLITS - 1) // MAX_SPLITS))
         self._launch_split(fns, operands, outputs, rows, cols, sizes, strides, int64, packed, chunk, sub)
