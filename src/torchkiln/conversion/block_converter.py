@@ -10,7 +10,8 @@ import torch
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.analysis.registry import find_converter, find_evaluator
 from torchkiln.conversion import load_all
-from torchkiln.conversion.control_flow import convert_if, convert_loop, convert_predicate, is_tensor_predicate
+from torchkiln.conversion.control_flow import (convert_if, convert_loop, convert_predicate, convert_shape_predicate,
+                                               is_tensor_predicate)
 from torchkiln.analysis.resolve import NotStatic, is_dynamic
 from torchkiln.errors import ConversionError, NetworkError, cause_line
 from torchkiln.ir.network import Network
@@ -72,6 +73,10 @@ def _convert_node(ctx: ConversionCtx, node: Node) -> None:
         return
     if is_tensor_predicate(ctx, node):
         ctx.value_tensor_map[value_key(outputs[0])] = convert_predicate(ctx, node)
+        return
+    shape_predicate = convert_shape_predicate(ctx, node)
+    if shape_predicate is not None:
+        ctx.value_tensor_map[value_key(outputs[0])] = shape_predicate
         return
     converter = find_converter(node)
     if converter is None:

@@ -5,7 +5,9 @@ A block is converted by the block converter's own node walk with the context's n
 sub-network; every run-time tensor the block reads from outside (`torchscript.outer_values`) becomes an input of
 the sub-network, bound in `value_tensor_map` while the block converts, so no layer of a sub-network reads a tensor
 of another network. The condition is `bool(tensor)` (`aten::Bool`, which partitioning keeps in the engine only where
-it is read as a condition): a 0-d bool tensor here.
+it is read as a condition), or a comparison of dynamic dims their ranges do not decide (`x.size(1) > 64`:
+`analysis/shape_conditions.py`): a 0-d bool tensor here, the latter computed from the input shapes alone (dim_value
+layers and a comparison), so the conditional layer reading it has a shape-only predicate (`ir/shape_only.py`).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from torchkiln.analysis.shape_conditions import shape_comparison
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.errors import ConversionError
 from torchkiln.ir import cost
@@ -49,6 +52,22 @@ def convert_predicate(ctx: ConversionCtx, node: Node) -> Tensor:
         zero = ctx.network.add_constant(torch.zeros((), dtype=flag.dtype)).get_output()
         flag = ctx.network.add_elementwise(flag, zero, L.ElementWiseOperation.NOT_EQUAL).get_output()
     return flag
+
+
+_COMPARISONS = {"eq": L.ElementWiseOperation.EQUAL, "ne": L.ElementWiseOperation.NOT_EQUAL,
+                "lt": L.ElementWiseOperation.LESS, "le": L.ElementWiseOperation.LESS_EQUAL,
+                "gt": L.ElementWiseOperation.GREATER, "ge": L.ElementWiseOperation.GREATER_EQUAL}
+
+
+def convert_shape_predicate(ctx: ConversionCtx, node: Node) -> Tensor | None:
+    """A comparison of dynamic dims the ranges do not decide, as a 0-d bool tensor of the input shapes; None for
+    any other node."""
+    found = shape_comparison(node, ctx.resolve)
+    if found is None:
+        return None
+    op, a, b = found
+    lhs, rhs = ctx.to_tensor(a, torch.int64), ctx.to_tensor(b, torch.int64)
+    return ctx.network.add_elementwise(lhs, rhs, _COMPARISONS[op]).get_output()
 
 
 def _outer_tensors(ctx: ConversionCtx, node: Node) -> list[tuple[Value, Tensor]]:

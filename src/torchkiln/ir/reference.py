@@ -424,9 +424,13 @@ def _fresh(results: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
 RunNetwork = Callable[["object", list[torch.Tensor]], list[torch.Tensor]]
 
 
-def conditional(layer: L.ConditionalLayer, xs: list[torch.Tensor], run: RunNetwork) -> torch.Tensor | list:
-    """The taken branch's outputs, each sub-network run by `run(network, inputs)` (a backend's own runner)."""
-    return _fresh(run(layer.then_branch if bool(xs[0]) else layer.else_branch, xs[1:]))
+def conditional(layer: L.ConditionalLayer, xs: list[torch.Tensor], run: RunNetwork,
+                taken: bool | None = None) -> torch.Tensor | list:
+    """The taken branch's outputs, each sub-network run by `run(network, inputs)` (a backend's own runner). The
+    predicate is read from xs[0] unless `taken` gives it (a runner that knew it beforehand: ir/shape_only.py)."""
+    if taken is None:
+        taken = bool(xs[0])
+    return _fresh(run(layer.then_branch if taken else layer.else_branch, xs[1:]))
 
 
 def loop(layer: L.LoopLayer, xs: list[torch.Tensor], run: RunNetwork, device: torch.device) -> torch.Tensor | list:

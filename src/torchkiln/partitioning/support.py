@@ -6,6 +6,7 @@ import enum
 
 from torchkiln.analysis.registry import FALLBACK_ATTR, find_converter, find_evaluator
 from torchkiln.analysis.resolve import NotStatic, Resolver, is_dynamic
+from torchkiln.analysis.shape_conditions import shape_comparison
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import (Node, TensorMeta, is_tensor_type, node_blocks, node_key, node_schema, value_key,
                                    writes_to_arguments)
@@ -92,9 +93,12 @@ def reads_as_condition(node: Node) -> bool:
     return bool(uses)
 
 
-def is_predicate(node: Node) -> bool:
-    """`bool(tensor)` read only as a condition: an engine computes it as a 0-d bool tensor (see control_flow)."""
-    return node.kind() == "aten::Bool" and is_tensor_type(node.inputsAt(0).type()) and reads_as_condition(node)
+def is_predicate(node: Node, resolver: Resolver) -> bool:
+    """A condition an engine computes as a 0-d bool tensor (see conversion/control_flow.py), read only as a
+    condition: `bool(tensor)`, or a comparison of dynamic dims their ranges do not decide (`x.size(1) > 64`)."""
+    if node.kind() == "aten::Bool":
+        return is_tensor_type(node.inputsAt(0).type()) and reads_as_condition(node)
+    return shape_comparison(node, resolver.resolve) is not None and reads_as_condition(node)
 
 
 def _inner_refusal(inner: Node, settings: CompileSettings) -> str | None:
@@ -131,7 +135,7 @@ def _control_flow(node: Node, resolver: Resolver, settings: CompileSettings) -> 
         except NotStatic:
             return Decision.torch(Fallback.CONTROL_FLOW, "its trip count is only known at run time")
     for v in conditions:
-        if v.node().kind() != "prim::Constant" and not is_predicate(v.node()):
+        if v.node().kind() != "prim::Constant" and not is_predicate(v.node(), resolver):
             return Decision.torch(Fallback.CONTROL_FLOW, f"its condition comes from {v.node().kind()}")
     pending = [inner for block in node.blocks() for inner in block.nodes()]
     while pending:
@@ -177,7 +181,7 @@ def _classify(node: Node, resolver: Resolver, settings: CompileSettings) -> Deci
                 return Decision(Target.STATIC)
             values = [resolver.resolve(o) for o in node.outputs()]
         except NotStatic as e:
-            return Decision(Target.ENGINE) if is_predicate(node) else _not_static(node, resolver, e)
+            return Decision(Target.ENGINE) if is_predicate(node, resolver) else _not_static(node, resolver, e)
         return Decision(Target.ENGINE if is_dynamic(values) else Target.STATIC)
     return Decision.torch(Fallback.NO_CONVERTER, node_key(node))
 

@@ -14,8 +14,11 @@
   GPU, through an event) for the previous call's replay to finish with the shared buffers.
 - Where capture fails (a step synchronizes with the host), the runner logs a warning once and runs that
   engine's steps eagerly from then on; the values are the same.
-- An engine holding a conditional or loop layer is never captured: the layer reads its condition on the host
-  (`captures_graphs`; its branches and body run by their own plans, control_flow.py).
+- Control flow (control_flow.py: branches and bodies run by their own plans): a conditional layer whose predicate
+  the input shapes decide (`ir/shape_only.py`) has its branch picked when the shapes are bound, so its step reads
+  nothing on the host and the graph captured for a shape holds the branch that shape takes. An engine holding a
+  conditional with a data-dependent predicate, or a loop, is never captured: the layer reads its condition on the
+  host (`captures_graphs`).
 """
 from __future__ import annotations
 
@@ -80,10 +83,13 @@ class _Bound:
         self.graph = graph
 
 
-def captures_graphs(network: Network) -> bool:
+def captures_graphs(network: Network, plan: Plan) -> bool:
     """Whether the network's steps may be captured as a CUDA graph: not where a conditional or loop layer reads its
-    condition on the host (control_flow.py); such an engine runs its steps one by one."""
-    return not any(layer.SUBNETWORKS for layer in network.layers)
+    condition on the host (control_flow.py); such an engine runs its steps one by one. A conditional whose branch
+    the input shapes decide (in its own step, its branches the same all the way down) reads nothing there."""
+    decided = control_flow.decided_conditionals(network, plan.steps)
+    return control_flow.decided_only(network) and all(
+        k in decided for k, step in enumerate(plan.steps) if any(network.layers[j].SUBNETWORKS for j in step.layers))
 
 
 def place_weights(network: Network, plan: Plan, device: torch.device) -> list[dict[str, torch.Tensor]]:
@@ -97,7 +103,8 @@ def place_weights(network: Network, plan: Plan, device: torch.device) -> list[di
 def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tensor]], binder: SymbolBinder | None,
                shapes: Sequence[tuple[int, ...]], device: torch.device, allow_tf32: bool) -> _Bound:
     """The plan's steps as callables for these input shapes (symbolic parameters evaluated; a step of
-    shape-only layers replaced by its values, computed now: runtime/fold_shapes.py)."""
+    shape-only layers replaced by its values, computed now: runtime/fold_shapes.py; a conditional whose predicate
+    is shape-only given the branch these shapes take: control_flow.py)."""
     bindings = binder.bind(shapes) if binder is not None else {}
     slot_of = slots(network)
     tensor_at = {s: tid for tid, s in slot_of.items()}
@@ -106,7 +113,10 @@ def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tenso
     def specialize(layer: L.Layer) -> L.Layer:
         return binder.specialize(layer, bindings) if binder is not None else layer
 
-    folded = ShapeFolding(network, plan.steps).fold(io, tensor_at, bindings, specialize, weights, device)
+    folding = ShapeFolding(network, plan.steps)
+    folded = folding.fold(io, tensor_at, bindings, specialize, weights, device)
+    taken = {k: bool(folding.values([layer.inputs[0]], bindings, specialize, weights, device)[id(layer.inputs[0])])
+             for k, layer in control_flow.decided_conditionals(network, plan.steps).items() if k not in folded}
     returned = {slot_of[id(t)] for t in network.outputs}
     fns = []
     for k, (step, sio) in enumerate(zip(plan.steps, io)):
@@ -118,8 +128,9 @@ def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tenso
         # specialized layers (dataclasses.replace) share their tensors with the originals, so ids agree
         own = StepLayers(layers, [weights[j] for j in step.layers], [tensor_at[s] for s in sio.inputs],
                          [tensor_at[s] for s in sio.outputs], device)
-        fns.append((make_step(own, plan.kernels[step.kernel], allow_tf32), list(sio.inputs), list(sio.outputs),
-                    list(sio.frees)))
+        fn = control_flow.decided_step(own, taken[k], allow_tf32) if k in taken else \
+            make_step(own, plan.kernels[step.kernel], allow_tf32)
+        fns.append((fn, list(sio.inputs), list(sio.outputs), list(sio.frees)))
     return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs])
 
 
@@ -142,7 +153,7 @@ class CudaRunner:
         self._lock = threading.Lock()
         self._pool = None
         self._last_call = torch.cuda.Event()  # recorded at the end of every call (a wait before any record is a no-op)
-        self._graphs = options.cuda_graphs and captures_graphs(network)
+        self._graphs = options.cuda_graphs and captures_graphs(network, plan)
 
     def _bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
         return bind_steps(self.network, self.plan, self.weights, self.binder, [tuple(x.shape) for x in inputs],
