@@ -12,6 +12,7 @@ from harness import assert_falls_back, check_compiled
 
 import torchkiln
 from torchkiln.conversion import control_flow as CF
+from torchkiln.ir.shape_only import shape_only_predicate
 
 BACKENDS = [None, "reference"]  # None: the default backend
 
@@ -178,6 +179,81 @@ def test_dynamic_shapes_if_is_one_engine_and_a_branch_with_dim_arithmetic_falls_
     assert_falls_back(report, "prim::If", "has a parameter computed from dynamic dims")
 
 
+class LongSequences(torch.nn.Module):
+    """A branch on the input's shape: the sequence length (a dynamic dim) against 64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        if x.size(1) > 64:
+            z = torch.relu(y) * 2.0 + x
+        else:
+            z = torch.sigmoid(y) - x
+        return z * 0.5
+
+
+class SquareBlocks(torch.nn.Module):
+    """A branch on two dynamic dims and the element count: x.size(0) * 16 == x.shape[1] or x.numel() >= 1024."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 3.0
+        if x.size(0) * 16 == x.shape[1]:
+            y = y + 1.0
+        if x.numel() >= 1024:
+            y = torch.tanh(y)
+        return y - x
+
+
+SEQUENCES = torchkiln.Input(min_shape=(1, 32, 8), opt_shape=(2, 64, 8), max_shape=(4, 128, 8))
+
+
+def _layers(compiled: torch.jit.ScriptModule, kind: str) -> list:
+    return [layer for e in _engines(compiled) for layer in e.network.layers if layer.KIND == kind]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_if_on_a_dynamic_dim_is_one_engine_and_takes_the_branch_of_each_shape(backend):
+    """`if x.size(1) > 64` on a dynamic dim: a conditional layer whose predicate the engine computes from the input
+    shapes (it stayed in PyTorch, splitting the engine in two); calls alternating between shapes on either side give
+    eager's answers."""
+    model = LongSequences().eval()
+    compiled, report = check_compiled(model, [torch.randn(2, 64, 8)], inputs=[SEQUENCES], backend=backend,
+                                      min_block_size=1)
+    assert "prim::If" in _kinds(report), report
+    [engine] = _engines(compiled)
+    [conditional] = [layer for layer in engine.network.layers if layer.KIND == "conditional"]
+    assert shape_only_predicate(engine.network, conditional)
+    if backend is None:  # onnxruntime: the dims, the comparison and the If are ONNX
+        assert not report.reference_layers, report
+    for shape in ((2, 100, 8), (3, 40, 8), (1, 65, 8), (1, 64, 8), (4, 128, 8), (2, 100, 8)):
+        x = torch.randn(shape)
+        with torch.no_grad():
+            want = model(x)
+            torch.testing.assert_close(compiled(x), want, rtol=0, atol=1e-4 * float(want.abs().max()))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_ifs_on_dim_arithmetic_and_the_element_count_are_one_engine(backend):
+    dynamic = [torchkiln.Input(min_shape=(1, 8), opt_shape=(2, 32), max_shape=(8, 256))]
+    model = SquareBlocks().eval()
+    compiled, _ = check_compiled(model, [torch.randn(2, 32)], inputs=dynamic, backend=backend, min_block_size=1)
+    assert len(_layers(compiled, "conditional")) == 2
+    for shape in ((2, 32), (4, 64), (8, 128), (3, 40), (8, 200), (1, 8)):  # each combination of the two conditions
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-4 * float(model(x).abs().max()))
+
+
+@pytest.mark.parametrize("spec", [torchkiln.Input(min_shape=(1, 65, 8), opt_shape=(2, 80, 8), max_shape=(4, 128, 8)),
+                                  torchkiln.Input((2, 80, 8))], ids=["range-decides", "static"])
+def test_an_if_on_a_dim_its_range_decides_is_folded(spec):
+    """Where every shape in range takes one branch, the If folds at build time: no conditional layer."""
+    compiled, _ = check_compiled(LongSequences().eval(), [torch.randn(2, 80, 8)], inputs=[spec], min_block_size=1)
+    assert not _layers(compiled, "conditional")
+
+
 def test_a_branch_that_raises_keeps_the_if_in_pytorch():
     """A raise (or a warning) must happen when its branch runs: such an If stays in PyTorch, and raises there."""
     class Checked(torch.nn.Module):
@@ -259,3 +335,29 @@ def test_control_flow_engines_run_on_the_cuda_backend():
         x = torch.randn(4, device=device) * scale
         with torch.no_grad():
             torch.testing.assert_close(compiled(x, step), WhileLoop()(x, step), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_if_on_a_dynamic_dim_is_captured_as_a_cuda_graph_per_shape():
+    """The cuda runner picks the branch of `if x.size(1) > 64` from the bound shapes and captures one CUDA graph per
+    shape (hence per branch): shapes alternating between the branches, each first run eagerly and then replayed,
+    give eager's answers. An engine with a data-dependent if is still run uncaptured."""
+    torch.manual_seed(0)
+    device = torch.device("cuda")
+    model = LongSequences().to(device).eval()
+    compiled, _ = check_compiled(model, [torch.randn(2, 64, 8, device=device)], inputs=[SEQUENCES], backend="cuda",
+                                 device="cuda", min_block_size=1)
+    shapes = [(2, 100, 8), (3, 40, 8), (1, 65, 8), (1, 64, 8)]
+    for shape in shapes * 3:
+        x = torch.randn(shape, device=device)
+        with torch.no_grad():
+            want = model(x)
+        torch.testing.assert_close(compiled(x), want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    [engine] = _engines(compiled)
+    runner = engine.runner(x.device)  # the runner the calls above used (runners are kept per device)
+    assert runner._graphs
+    assert {key[0] for key in runner._bound} >= set(shapes)
+    assert all(bound.graph is not None for bound in runner._bound.values())
+    data, _ = check_compiled(DataIf().to(device).eval(), [torch.randn(3, 6, device=device)], backend="cuda",
+                             min_block_size=1)
+    assert not _engines(data)[0].runner(x.device)._graphs

@@ -22,6 +22,7 @@ from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # 
 from torchkiln.runtime.engine import Engine  # noqa: E402
 from torchkiln.runtime.executor import ReferenceExecutor  # noqa: E402
 from torchkiln.runtime.plan import Kernel, Plan, Step, slots  # noqa: E402
+from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
 
 CPU = torch.device("cpu")
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs these plans in test_cuda_backend"),
@@ -529,6 +530,35 @@ def test_control_flow_layers_run_their_sub_networks_by_their_own_plans():
     assert not captures_graphs(net, plan)
     body_plan = planner.make_plan(net.layers[-2].body, CPU, BackendOptions(timing_iterations=0))
     assert "pointwise" in [body_plan.kernels[s.kernel].op for s in body_plan.steps]
+
+
+def test_a_conditional_on_the_input_shapes_has_its_branch_picked_when_the_shapes_are_bound():
+    """`if x.size(1) > 64` on a dynamic dim: the runner picks the branch from the bound shapes, so the conditional's
+    step reads no predicate (a meta tensor in its place, which cannot be read, changes nothing) and the engine may be
+    captured as one CUDA graph per shape; shapes on either side give eager's answers."""
+    from test_control_flow import SEQUENCES, LongSequences
+    from torchkiln.runtime.backends.cuda import control_flow
+    from torchkiln.runtime.backends.cuda.runner import captures_graphs
+
+    model = LongSequences().eval()
+    network = Engine.deserialize(torchkiln.convert_method_to_engine(model, "forward", [SEQUENCES],
+                                                                    backend="reference")).network
+    plan = planner.make_plan(network, CPU, BackendOptions(timing_iterations=0))
+    [k] = control_flow.decided_conditionals(network, plan.steps)
+    assert captures_graphs(network, plan)
+    predicate = slots(network)[id(network.layers[plan.steps[k].layers[0]].inputs[0])]
+    for shape in ((2, 100, 8), (3, 40, 8)):
+        x = torch.randn(shape)
+        bound = bind_steps(network, plan, place_weights(network, plan, CPU), SymbolBinder.for_network(network),
+                           [shape], CPU, allow_tf32=False)
+        values = [x] + [None] * (bound.num_slots - 1)
+        for j, (fn, ins, outs, _) in enumerate(bound.fns):
+            if j == k:
+                values[predicate] = torch.empty((), dtype=torch.bool, device="meta")
+            for slot, value in zip(outs, fn([values[i] for i in ins])):
+                values[slot] = value
+        with torch.no_grad():
+            assert_matches_eager(values[bound.output_slots[0]], model(x))
 
 
 def test_int8_linear_plan_matches_the_reference_engine():

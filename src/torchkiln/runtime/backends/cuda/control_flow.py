@@ -50,16 +50,17 @@ class SubnetworkPlans:
         return bound.run_eagerly(inputs)
 
 
-def _control_flow(layer: L.Layer, allow_tf32: bool, taken: bool | None = None
-                  ) -> Callable[[list[torch.Tensor]], object]:
-    """The layer's meaning with its sub-networks run by their plans; a conditional's branch is `taken` where given."""
+def _control_flow(layer: L.Layer, allow_tf32: bool, taken: bool | None = None,
+                  device: torch.device | None = None) -> Callable[[list[torch.Tensor]], object]:
+    """The layer's meaning with its sub-networks run by their plans on `device` (None: the first input's); a
+    conditional's branch is `taken` where given (its predicate is then never read)."""
     plans = SubnetworkPlans(allow_tf32)
 
     def run(xs: list[torch.Tensor]) -> object:
-        device = xs[0].device
-        run_sub = lambda network, inputs: plans.run(network, inputs, device)  # noqa: E731
+        where = device or xs[0].device
+        run_sub = lambda network, inputs: plans.run(network, inputs, where)  # noqa: E731
         return conditional(layer, xs, run_sub, taken) if isinstance(layer, L.ConditionalLayer) else \
-            loop(layer, xs, run_sub, device)
+            loop(layer, xs, run_sub, where)
 
     return run
 
@@ -76,7 +77,7 @@ def decided_step(step: kernels.StepLayers, taken: bool, allow_tf32: bool) -> ker
     """The callable of a step of one conditional layer whose branch is known (`taken`): it runs that branch by
     its plan on the operands and reads no predicate, so nothing waits for the host."""
     [layer] = step.layers
-    run = _control_flow(layer, allow_tf32, taken)
+    run = _control_flow(layer, allow_tf32, taken, step.device)
     position = {tid: i for i, tid in enumerate(step.inputs)}
     reads = [position[id(t)] for t in layer.inputs]
     made = {id(t): i for i, t in enumerate(layer.outputs)}
