@@ -207,6 +207,28 @@ class SquareBlocks(torch.nn.Module):
         return y - x
 
 
+class CombinedConditions(torch.nn.Module):
+    """`or`, `and` and `not` of conditions on dynamic dims (TorchScript writes `a and b` as an If giving a bool)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 3.0
+        if x.size(1) > 100 or not x.size(0) * 16 < x.size(1) and x.size(0) != 3:
+            y = y + 1.0
+        else:
+            y = torch.sigmoid(y)
+        return y - x
+
+
+class ShapeAndData(torch.nn.Module):
+    """A condition on a dynamic dim and on the data: not decided by the shapes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 3.0
+        if x.size(1) > 64 and bool(x.sum() > 0):
+            y = y + 1.0
+        return y - x
+
+
 SEQUENCES = torchkiln.Input(min_shape=(1, 32, 8), opt_shape=(2, 64, 8), max_shape=(4, 128, 8))
 
 
@@ -243,6 +265,31 @@ def test_ifs_on_dim_arithmetic_and_the_element_count_are_one_engine(backend):
     assert len(_layers(compiled, "conditional")) == 2
     for shape in ((2, 32), (4, 64), (8, 128), (3, 40), (8, 200), (1, 8)):  # each combination of the two conditions
         x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-4 * float(model(x).abs().max()))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_and_or_not_of_conditions_on_dynamic_dims_are_one_engine(backend):
+    """s1 > 100 or (not 16 * s0 < s1 and s0 != 3): shapes taking each way through the condition give eager's answers."""
+    dynamic = [torchkiln.Input(min_shape=(1, 8), opt_shape=(2, 32), max_shape=(8, 256))]
+    model = CombinedConditions().eval()
+    compiled, report = check_compiled(model, [torch.randn(2, 32)], inputs=dynamic, backend=backend, min_block_size=1)
+    assert len(_layers(compiled, "conditional")) == 1
+    if backend is None:
+        assert not report.reference_layers, report
+    for shape in ((2, 128), (2, 40), (4, 40), (3, 40), (8, 256)):  # then, else, then, else, then
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-4 * float(model(x).abs().max()))
+
+
+def test_a_condition_on_a_dim_and_on_the_data_keeps_its_if_in_pytorch():
+    dynamic = [torchkiln.Input(min_shape=(1, 8), opt_shape=(2, 32), max_shape=(8, 256))]
+    model = ShapeAndData().eval()
+    compiled, report = check_compiled(model, [torch.randn(2, 32)], inputs=dynamic, engines=None, torch_blocks=1,
+                                      min_block_size=1)
+    assert_falls_back(report, "prim::If", "an engine carries tensors")
+    for shape, shift in (((2, 100), 1.0), ((2, 100), -1.0), ((2, 40), 1.0)):
+        x = torch.randn(shape) + shift
         torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-4 * float(model(x).abs().max()))
 
 

@@ -67,16 +67,16 @@ _CONTROL_FLOW = {"prim::If": convert_if, "prim::Loop": convert_loop}
 
 def _convert_node(ctx: ConversionCtx, node: Node) -> None:
     outputs = list(node.outputs())
+    shape_predicate = convert_shape_predicate(ctx, node)  # before control flow: `a and b` is an If
+    if shape_predicate is not None:
+        ctx.value_tensor_map[value_key(outputs[0])] = shape_predicate
+        return
     control_flow = _CONTROL_FLOW.get(node.kind())
     if control_flow is not None:
         ctx.value_tensor_map.update(zip(map(value_key, outputs), control_flow(ctx, node, _convert_node)))
         return
     if is_tensor_predicate(ctx, node):
         ctx.value_tensor_map[value_key(outputs[0])] = convert_predicate(ctx, node)
-        return
-    shape_predicate = convert_shape_predicate(ctx, node)
-    if shape_predicate is not None:
-        ctx.value_tensor_map[value_key(outputs[0])] = shape_predicate
         return
     converter = find_converter(node)
     if converter is None:

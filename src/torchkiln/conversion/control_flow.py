@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from torchkiln.analysis.shape_conditions import shape_comparison
+from torchkiln.analysis.shape_conditions import dim_comparison, is_shape_condition, static_bool
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.errors import ConversionError
 from torchkiln.ir import cost
@@ -60,14 +60,32 @@ _COMPARISONS = {"eq": L.ElementWiseOperation.EQUAL, "ne": L.ElementWiseOperation
 
 
 def convert_shape_predicate(ctx: ConversionCtx, node: Node) -> Tensor | None:
-    """A comparison of dynamic dims the ranges do not decide, as a 0-d bool tensor of the input shapes; None for
-    any other node."""
-    found = shape_comparison(node, ctx.resolve)
-    if found is None:
+    """A condition on dynamic dims the ranges do not decide (`analysis/shape_conditions.py`) as a 0-d bool tensor
+    of the input shapes; None for any other node."""
+    if not is_shape_condition(node, ctx.resolve):
         return None
-    op, a, b = found
-    lhs, rhs = ctx.to_tensor(a, torch.int64), ctx.to_tensor(b, torch.int64)
-    return ctx.network.add_elementwise(lhs, rhs, _COMPARISONS[op]).get_output()
+    comparison = dim_comparison(node, ctx.resolve)
+    if comparison is not None:
+        op, a, b = comparison
+        lhs, rhs = ctx.to_tensor(a, torch.int64), ctx.to_tensor(b, torch.int64)
+        return ctx.network.add_elementwise(lhs, rhs, _COMPARISONS[op]).get_output()
+    if node.kind() == "aten::__not__":
+        return ctx.network.add_unary(_condition(ctx, node.inputsAt(0)), L.UnaryOperation.NOT).get_output()
+    then_block, else_block = node.blocks()  # `and` / `or`: an If giving one bool
+    picked = [_condition(ctx, list(block.outputs())[0]) for block in (then_block, else_block)]
+    return ctx.network.add_select(_condition(ctx, node.inputsAt(0)), *picked).get_output()
+
+
+def _condition(ctx: ConversionCtx, v: Value) -> Tensor:
+    """The 0-d bool tensor of a build-time bool or a shape condition (converted once)."""
+    hit, known = ctx.known(v)
+    if hit:
+        return known
+    constant = static_bool(v, ctx.resolve)
+    if constant is not None:
+        return ctx.to_tensor(constant, torch.bool)
+    ctx.value_tensor_map[value_key(v)] = convert_shape_predicate(ctx, v.node())
+    return ctx.value_tensor_map[value_key(v)]
 
 
 def _outer_tensors(ctx: ConversionCtx, node: Node) -> list[tuple[Value, Tensor]]:
