@@ -229,6 +229,17 @@ class ShapeAndData(torch.nn.Module):
         return y - x
 
 
+class RowSteps(torch.nn.Module):
+    """A for loop over range(x.size(0)), a dynamic dim, carrying a tensor."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x * 1.0
+        for i in range(x.size(0)):
+            h = torch.sigmoid(h * 0.9 + i)
+        return h
+
+
+ROWS = torchkiln.Input(min_shape=(1, 8), opt_shape=(3, 8), max_shape=(8, 8))
 SEQUENCES = torchkiln.Input(min_shape=(1, 32, 8), opt_shape=(2, 64, 8), max_shape=(4, 128, 8))
 
 
@@ -279,6 +290,16 @@ def test_and_or_not_of_conditions_on_dynamic_dims_are_one_engine(backend):
         assert not report.reference_layers, report
     for shape in ((2, 128), (2, 40), (4, 40), (3, 40), (8, 256)):  # then, else, then, else, then
         x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-4 * float(model(x).abs().max()))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_for_loop_over_a_dynamic_dim_is_one_engine(backend):
+    model = RowSteps().eval()
+    compiled, _ = check_compiled(model, [torch.randn(3, 8)], inputs=[ROWS], backend=backend, min_block_size=1)
+    assert len(_layers(compiled, "loop")) == 1
+    for rows in (1, 8, 2):
+        x = torch.randn(rows, 8)
         torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-4 * float(model(x).abs().max()))
 
 
@@ -385,26 +406,33 @@ def test_control_flow_engines_run_on_the_cuda_backend():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_an_if_on_a_dynamic_dim_is_captured_as_a_cuda_graph_per_shape():
-    """The cuda runner picks the branch of `if x.size(1) > 64` from the bound shapes and captures one CUDA graph per
-    shape (hence per branch): shapes alternating between the branches, each first run eagerly and then replayed,
-    give eager's answers. An engine with a data-dependent if is still run uncaptured."""
+@pytest.mark.parametrize("name", ["if", "for", "constant-for"])
+def test_control_flow_the_shapes_decide_is_captured_as_a_cuda_graph_per_shape(name):
+    """The cuda runner decides `if x.size(1) > 64`, `for i in range(x.size(0))` and a for loop of 1000 iterations
+    from the bound shapes and captures one CUDA graph per shape (hence per branch and trip count): shapes alternating
+    between the branches or counts, each first run eagerly and then replayed, give eager's answers. An engine with a
+    data-dependent if is still run uncaptured."""
     torch.manual_seed(0)
     device = torch.device("cuda")
-    model = LongSequences().to(device).eval()
-    compiled, _ = check_compiled(model, [torch.randn(2, 64, 8, device=device)], inputs=[SEQUENCES], backend="cuda",
+    model, spec, shapes = {
+        "if": (LongSequences(), SEQUENCES, [(2, 100, 8), (3, 40, 8), (1, 65, 8), (1, 64, 8)]),
+        "for": (RowSteps(), ROWS, [(1, 8), (5, 8), (8, 8)]),
+        "constant-for": (LongFor(), None, [(2, 5)]),
+    }[name]
+    model = model.to(device).eval()
+    example = [torch.randn(shapes[0], device=device) for _ in range(2 if name == "constant-for" else 1)]
+    compiled, _ = check_compiled(model, example, inputs=None if spec is None else [spec], backend="cuda",
                                  device="cuda", min_block_size=1)
-    shapes = [(2, 100, 8), (3, 40, 8), (1, 65, 8), (1, 64, 8)]
     for shape in shapes * 3:
-        x = torch.randn(shape, device=device)
+        xs = [torch.randn(shape, device=device) * (0.1 if k else 1.0) for k in range(len(example))]
         with torch.no_grad():
-            want = model(x)
-        torch.testing.assert_close(compiled(x), want, rtol=0, atol=1e-4 * float(want.abs().max()))
+            want = model(*xs)
+        torch.testing.assert_close(compiled(*xs), want, rtol=0, atol=1e-4 * float(want.abs().max()))
     [engine] = _engines(compiled)
-    runner = engine.runner(x.device)  # the runner the calls above used (runners are kept per device)
+    runner = engine.runner(xs[0].device)  # the runner the calls above used (runners are kept per device)
     assert runner._graphs
     assert {key[0] for key in runner._bound} >= set(shapes)
     assert all(bound.graph is not None for bound in runner._bound.values())
     data, _ = check_compiled(DataIf().to(device).eval(), [torch.randn(3, 6, device=device)], backend="cuda",
                              min_block_size=1)
-    assert not _engines(data)[0].runner(x.device)._graphs
+    assert not _engines(data)[0].runner(xs[0].device)._graphs

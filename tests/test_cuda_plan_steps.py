@@ -532,33 +532,64 @@ def test_control_flow_layers_run_their_sub_networks_by_their_own_plans():
     assert "pointwise" in [body_plan.kernels[s.kernel].op for s in body_plan.steps]
 
 
-def test_a_conditional_on_the_input_shapes_has_its_branch_picked_when_the_shapes_are_bound():
-    """`if x.size(1) > 64` on a dynamic dim: the runner picks the branch from the bound shapes, so the conditional's
-    step reads no predicate (a meta tensor in its place, which cannot be read, changes nothing) and the engine may be
-    captured as one CUDA graph per shape; shapes on either side give eager's answers."""
-    from test_control_flow import SEQUENCES, LongSequences
+def _decided_plan(model, spec):
+    """The reference engine's network of `model` for `spec`, its CUDA plan, and the plan's one decided step."""
     from torchkiln.runtime.backends.cuda import control_flow
-    from torchkiln.runtime.backends.cuda.runner import captures_graphs
 
-    model = LongSequences().eval()
-    network = Engine.deserialize(torchkiln.convert_method_to_engine(model, "forward", [SEQUENCES],
+    network = Engine.deserialize(torchkiln.convert_method_to_engine(model, "forward", [spec],
                                                                     backend="reference")).network
     plan = planner.make_plan(network, CPU, BackendOptions(timing_iterations=0))
-    [k] = control_flow.decided_conditionals(network, plan.steps)
+    [k] = control_flow.decided_layers(network, plan.steps)
+    return network, plan, k
+
+
+def _bind_shape(network, plan, shape):
+    return bind_steps(network, plan, place_weights(network, plan, CPU), SymbolBinder.for_network(network), [shape],
+                      CPU, allow_tf32=False)
+
+
+@pytest.mark.parametrize("name, shapes", [("if", ((2, 100, 8), (3, 40, 8))), ("for", ((1, 8), (5, 8)))])
+def test_control_flow_the_input_shapes_decide_is_decided_when_the_shapes_are_bound(name, shapes):
+    """`if x.size(1) > 64` and `for i in range(x.size(0))` on dynamic dims: the runner decides the branch or the
+    trip count from the bound shapes, so the layer's step reads neither its predicate nor its trip count and
+    condition (meta tensors in their place, which cannot be read, change nothing) and the engine may be captured
+    as one CUDA graph per shape; shapes taking either branch, and other trip counts, give eager's answers."""
+    from test_control_flow import ROWS, SEQUENCES, LongSequences, RowSteps
+    from torchkiln.runtime.backends.cuda.runner import captures_graphs
+
+    model, spec = {"if": (LongSequences, SEQUENCES), "for": (RowSteps, ROWS)}[name]
+    model = model().eval()
+    network, plan, k = _decided_plan(model, spec)
     assert captures_graphs(network, plan)
-    predicate = slots(network)[id(network.layers[plan.steps[k].layers[0]].inputs[0])]
-    for shape in ((2, 100, 8), (3, 40, 8)):
+    layer = network.layers[plan.steps[k].layers[0]]
+    unread = [slots(network)[id(t)] for t in layer.inputs[:1 if name == "if" else 2]]
+    for shape in shapes:
         x = torch.randn(shape)
-        bound = bind_steps(network, plan, place_weights(network, plan, CPU), SymbolBinder.for_network(network),
-                           [shape], CPU, allow_tf32=False)
+        bound = _bind_shape(network, plan, shape)
+        assert bound.capturable
         values = [x] + [None] * (bound.num_slots - 1)
         for j, (fn, ins, outs, _) in enumerate(bound.fns):
             if j == k:
-                values[predicate] = torch.empty((), dtype=torch.bool, device="meta")
+                for slot in unread:
+                    values[slot] = torch.empty((), dtype=values[slot].dtype, device="meta")
             for slot, value in zip(outs, fn([values[i] for i in ins])):
                 values[slot] = value
         with torch.no_grad():
             assert_matches_eager(values[bound.output_slots[0]], model(x))
+
+
+def test_a_decided_loop_of_more_iterations_than_a_graph_holds_runs_uncaptured_at_that_shape(monkeypatch):
+    from test_control_flow import ROWS, RowSteps
+    from torchkiln.runtime.backends.cuda import control_flow
+
+    monkeypatch.setattr(control_flow, "MAX_CAPTURED_TRIPS", 4)
+    model = RowSteps().eval()
+    network, plan, _ = _decided_plan(model, ROWS)
+    for rows, capturable in ((4, True), (5, False)):
+        x = torch.randn(rows, 8)
+        bound = _bind_shape(network, plan, (rows, 8))
+        assert bound.capturable is capturable
+        assert_matches_eager(bound.run_eagerly([x])[0], model(x))
 
 
 def test_int8_linear_plan_matches_the_reference_engine():

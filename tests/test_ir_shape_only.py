@@ -1,13 +1,14 @@
 """Shape-only layers and predicates (ir/shape_only.py) on networks built by hand: a conditional whose predicate
 comes from the input shapes alone (a dim's value, a shape layer) is decided by the shapes; one that reads tensor
-data, even in part, is not; a data-dependent size is not a shape."""
+data, even in part, is not; a data-dependent size is not a shape. A loop's iterations are decided by the shapes
+where its trip count is (a dim, a constant) and its body's condition is a constant (a for loop)."""
 import pytest
 import torch
-from test_onnx_export import scalar, subnetwork
+from test_onnx_export import carried_body, scalar, subnetwork
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.shape_only import shape_only_conditionals, shape_only_layers, shape_only_predicate
+from torchkiln.ir.shape_only import decided_by_shapes, shape_only_layers, shape_only_predicate, shape_only_trips
 from torchkiln.ir.symbolic import DimSymbol
 
 E = L.ElementWiseOperation
@@ -56,7 +57,7 @@ def _network(predicate):
 def test_a_predicate_is_shape_only_where_it_comes_from_the_shapes_alone(predicate, decided):
     net, layer = _network(predicate)
     assert shape_only_predicate(net, layer) is decided
-    assert shape_only_conditionals(net) == ({net.layers.index(layer)} if decided else set())
+    assert decided_by_shapes(net) == ({net.layers.index(layer)} if decided else set())
 
 
 def test_a_layer_that_is_not_a_conditional_has_no_shape_only_predicate():
@@ -80,3 +81,34 @@ def test_a_data_dependent_size_is_not_a_shape():
     net.mark_output(layer.get_output())
     assert {net.layers[j].KIND for j in shape_only_layers(net)} == {"constant"}
     assert not shape_only_predicate(net, layer)
+
+
+def _loop(trips, limit):
+    """A loop over c = c * 0.5 + r + i of x's [4] values, `trips(net, x)` times at most, while sum(c) < `limit`
+    (None: a for loop)."""
+    net = Network("loop")
+    x = net.add_input("x", torch.float32, (S,))
+    n = net.add_input("n", torch.float32, (4,))
+    count = trips(net, x)
+    layer = net.add_loop(count, scalar(net, True), [n], [n], carried_body(0.5, limit), 1000)
+    net.mark_output(layer.get_output())
+    return net, layer
+
+
+def _dim(net, x):
+    return net.add_layer(L.DimValueLayer, [], value=S).get_output()
+
+
+def _data(net, x):
+    total = net.add_reduce(x, L.ReduceOperation.SUM, (0,), False).get_output()
+    return net.add_cast(total, torch.int64).get_output()
+
+
+@pytest.mark.parametrize("trips, limit, decided", [(_dim, None, True), (lambda net, x: scalar(net, 10), None, True),
+                                                   (_data, None, False), (_dim, 30.0, False)],
+                         ids=["dim-for", "constant-for", "data-trips", "while"])
+def test_a_loops_iterations_are_decided_by_the_shapes_where_its_count_is_and_its_body_never_stops_it(
+        trips, limit, decided):
+    net, layer = _loop(trips, limit)
+    assert shape_only_trips(net, layer) is decided
+    assert decided_by_shapes(net) == ({net.layers.index(layer)} if decided else set())

@@ -33,12 +33,9 @@ def shape_only_layers(network: Network) -> set[int]:
     return found
 
 
-def shape_only_conditionals(network: Network) -> set[int]:
-    """Indices (into `network.layers`) of the conditional layers whose predicate is shape-only
-    (`shape_only_predicate`)."""
-    made = {id(t) for j in shape_only_layers(network) for t in network.layers[j].outputs}
-    return {j for j, layer in enumerate(network.layers)
-            if isinstance(layer, L.ConditionalLayer) and id(layer.inputs[0]) in made}
+def shape_only_tensors(network: Network) -> set[int]:
+    """Ids of the tensors the shape-only layers make."""
+    return {id(t) for j in shape_only_layers(network) for t in network.layers[j].outputs}
 
 
 def shape_only_predicate(network: Network, layer: L.Layer) -> bool:
@@ -49,4 +46,25 @@ def shape_only_predicate(network: Network, layer: L.Layer) -> bool:
     bound, before any layer runs (the CUDA runner then captures the taken branch in the graph of that shape).
     False for any other layer, and for a predicate computed from data (`if x.sum() > 0:`), even in part.
     """
-    return any(network.layers[j] is layer for j in shape_only_conditionals(network))
+    return isinstance(layer, L.ConditionalLayer) and id(layer.inputs[0]) in shape_only_tensors(network)
+
+
+def shape_only_trips(network: Network, layer: L.Layer) -> bool:
+    """Whether `layer`, a loop layer of `network`, runs a number of iterations the input shapes alone decide: its
+    trip count and first condition are shape-only (`for i in range(x.size(0))`, or a constant count) and its
+    body's condition is a constant (a for loop), so neither depends on what an iteration computes."""
+    return isinstance(layer, L.LoopLayer) and _fixed_trips(layer, shape_only_tensors(network))
+
+
+def decided_by_shapes(network: Network) -> set[int]:
+    """Indices (into `network.layers`) of the control-flow layers whose course the input shapes decide: conditionals
+    with a shape-only predicate and loops with shape-only trips (`shape_only_predicate`, `shape_only_trips`)."""
+    made = shape_only_tensors(network)
+    return {j for j, layer in enumerate(network.layers)
+            if isinstance(layer, L.ConditionalLayer) and id(layer.inputs[0]) in made
+            or isinstance(layer, L.LoopLayer) and _fixed_trips(layer, made)}
+
+
+def _fixed_trips(layer: L.LoopLayer, made: set[int]) -> bool:
+    again = layer.body.outputs[0].producer
+    return id(layer.inputs[0]) in made and id(layer.inputs[1]) in made and isinstance(again, L.ConstantLayer)

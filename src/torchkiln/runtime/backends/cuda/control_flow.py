@@ -2,12 +2,14 @@
 body run by its own CUDA plan (made for the sub-network at its first call on a device, its steps bound per input
 shape), not layer by layer.
 
-A conditional layer whose predicate the input shapes alone decide (`ir/shape_only.py`: `if x.size(1) > 64:` on a
-dynamic dim) has its branch picked when the runner binds the input shapes (`decided_conditionals`,
-`decided_step`): its step then runs that branch's plan and reads nothing on the host, so a CUDA graph holds it, one
-graph per input shape and hence per branch. A predicate computed from data, and a loop's condition, are read on the
-host when the layer runs, so an engine holding one runs its steps one by one, uncaptured
-(`runner.captures_graphs`)."""
+Where the input shapes alone decide a layer's course (`ir/shape_only.py`: a conditional on `x.size(1) > 64`, a
+for loop over `range(x.size(0))` or a constant count), the runner decides it when it binds the input shapes
+(`decisions`, `decided_step`): the step runs the taken branch, or the body that many times on iteration tensors
+made then, and reads nothing on the host, so a CUDA graph holds it: one graph per input shape, hence per branch
+and trip count (a loop of more than `MAX_CAPTURED_TRIPS` iterations runs by its meaning, uncaptured, at that
+shape). A predicate
+or loop condition computed from data is read on the host when the layer runs, so an engine holding one runs its
+steps one by one, uncaptured (`runner.captures_graphs`)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -17,7 +19,8 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.reference import conditional, loop
-from torchkiln.ir.shape_only import shape_only_conditionals
+from torchkiln.ir.shape_only import decided_by_shapes
+from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda import kernels
 from torchkiln.runtime.plan import Step
@@ -50,34 +53,64 @@ class SubnetworkPlans:
         return bound.run_eagerly(inputs)
 
 
-def _control_flow(layer: L.Layer, allow_tf32: bool, taken: bool | None = None,
+MAX_CAPTURED_TRIPS = 1024  # a loop of more iterations runs by its meaning, uncaptured: a graph would hold each one
+
+Decision = bool | int  # a conditional's branch (True: then) or a loop's iteration count
+
+
+def _control_flow(layer: L.Layer, allow_tf32: bool, decision: Decision | None = None,
                   device: torch.device | None = None) -> Callable[[list[torch.Tensor]], object]:
-    """The layer's meaning with its sub-networks run by their plans on `device` (None: the first input's); a
-    conditional's branch is `taken` where given (its predicate is then never read)."""
+    """The layer's meaning with its sub-networks run by their plans on `device` (None: the first input's); where
+    `decision` gives its course, no predicate, trip count or condition is read."""
     plans = SubnetworkPlans(allow_tf32)
+    iterations = None
+    if isinstance(layer, L.LoopLayer) and decision is not None:  # made now: a captured graph cannot copy them in
+        iterations = [torch.full((), i, dtype=torch.int64, device=device)
+                      for i in range(min(decision, layer.max_trips + 1))]
 
     def run(xs: list[torch.Tensor]) -> object:
         where = device or xs[0].device
         run_sub = lambda network, inputs: plans.run(network, inputs, where)  # noqa: E731
-        return conditional(layer, xs, run_sub, taken) if isinstance(layer, L.ConditionalLayer) else \
-            loop(layer, xs, run_sub, where)
+        return conditional(layer, xs, run_sub, decision) if isinstance(layer, L.ConditionalLayer) else \
+            loop(layer, xs, run_sub, where, iterations)
 
     return run
 
 
-def decided_conditionals(network: Network, steps: Sequence[Step]) -> dict[int, L.ConditionalLayer]:
-    """The steps (by index) that are one conditional layer with a shape-only predicate: the runner picks their
-    branch when it binds the input shapes (the planner gives every control-flow layer a step of its own)."""
-    decidable = shape_only_conditionals(network)
+def decided_layers(network: Network, steps: Sequence[Step]) -> dict[int, L.Layer]:
+    """The steps (by index) that are one control-flow layer whose course the input shapes decide: the runner
+    decides them when it binds the input shapes (the planner gives every control-flow layer a step of its own)."""
+    decidable = decided_by_shapes(network)
     return {k: network.layers[step.layers[0]] for k, step in enumerate(steps)
             if len(step.layers) == 1 and step.layers[0] in decidable}
 
 
-def decided_step(step: kernels.StepLayers, taken: bool, allow_tf32: bool) -> kernels.StepFn:
-    """The callable of a step of one conditional layer whose branch is known (`taken`): it runs that branch by
-    its plan on the operands and reads no predicate, so nothing waits for the host."""
+def decisions(network: Network, steps: Sequence[Step],
+              values: Callable[[list[Tensor]], dict[int, torch.Tensor]]) -> dict[int, Decision]:
+    """Each decided step's course at the bound shapes, from `values` (the shape-only tensors' values by id)."""
+    found: dict[int, Decision] = {}
+    for k, layer in decided_layers(network, steps).items():
+        known = values(layer.inputs[:1] if isinstance(layer, L.ConditionalLayer) else layer.inputs[:2])
+        if isinstance(layer, L.ConditionalLayer):
+            found[k] = bool(known[id(layer.inputs[0])])
+            continue
+        trips, go = int(known[id(layer.inputs[0])]), bool(known[id(layer.inputs[1])])
+        again = bool(layer.body.outputs[0].producer.weights["value"])
+        found[k] = 0 if not go or trips <= 0 else trips if again else 1
+    return found
+
+
+def capturable(decision: Decision) -> bool:
+    """Whether a step so decided may run decided and be captured: a loop's iterations are each held by the graph
+    (and their tensors made at binding), so one of more than MAX_CAPTURED_TRIPS runs by its meaning, uncaptured."""
+    return isinstance(decision, bool) or decision <= MAX_CAPTURED_TRIPS
+
+
+def decided_step(step: kernels.StepLayers, decision: Decision, allow_tf32: bool) -> kernels.StepFn:
+    """The callable of a step of one control-flow layer whose course is known: it runs the taken branch, or the body
+    `decision` times, by its plan, and reads nothing on the host."""
     [layer] = step.layers
-    run = _control_flow(layer, allow_tf32, taken, step.device)
+    run = _control_flow(layer, allow_tf32, decision, step.device)
     position = {tid: i for i, tid in enumerate(step.inputs)}
     reads = [position[id(t)] for t in layer.inputs]
     made = {id(t): i for i, t in enumerate(layer.outputs)}
@@ -92,10 +125,10 @@ def decided_step(step: kernels.StepLayers, taken: bool, allow_tf32: bool) -> ker
 
 
 def decided_only(network: Network) -> bool:
-    """Whether every control-flow layer of `network`, and of its branches in turn, is a conditional with a
-    shape-only predicate: what the runner can decide before it runs (and capture)."""
-    decidable = shape_only_conditionals(network)
-    return all(j in decidable and decided_only(layer.then_branch) and decided_only(layer.else_branch)
+    """Whether the input shapes decide the course of every control-flow layer of `network`, and of its branches and
+    bodies in turn: what the runner can decide before it runs (and capture)."""
+    decidable = decided_by_shapes(network)
+    return all(j in decidable and all(decided_only(getattr(layer, field)) for field in layer.SUBNETWORKS)
                for j, layer in enumerate(network.layers) if layer.SUBNETWORKS)
 
 

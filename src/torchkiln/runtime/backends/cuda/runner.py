@@ -14,11 +14,11 @@
   GPU, through an event) for the previous call's replay to finish with the shared buffers.
 - Where capture fails (a step synchronizes with the host), the runner logs a warning once and runs that
   engine's steps eagerly from then on; the values are the same.
-- Control flow (control_flow.py: branches and bodies run by their own plans): a conditional layer whose predicate
-  the input shapes decide (`ir/shape_only.py`) has its branch picked when the shapes are bound, so its step reads
-  nothing on the host and the graph captured for a shape holds the branch that shape takes. An engine holding a
-  conditional with a data-dependent predicate, or a loop, is never captured: the layer reads its condition on the
-  host (`captures_graphs`).
+- Control flow (control_flow.py: branches and bodies run by their own plans): a conditional or loop layer whose
+  course the input shapes decide (`ir/shape_only.py`: a predicate on dims, a for loop's trip count) is decided when
+  the shapes are bound, so its step reads nothing on the host and the graph captured for a shape holds the branch
+  (or the iterations) that shape takes. An engine holding a conditional or loop whose condition is computed from
+  data is never captured: the layer reads its condition on the host (`captures_graphs`).
 """
 from __future__ import annotations
 
@@ -50,8 +50,9 @@ class _Bound:
     """The steps for one input-shape signature, and (once captured) their CUDA graph."""
 
     def __init__(self, fns: list[tuple[StepFn, list[int], list[int], list[int]]], num_slots: int,
-                 num_inputs: int, output_slots: list[int]) -> None:
+                 num_inputs: int, output_slots: list[int], capturable: bool = True) -> None:
         self.fns = fns
+        self.capturable = capturable  # False where a decided loop runs too many iterations to hold in a graph
         self.num_slots = num_slots
         self.num_inputs = num_inputs
         self.output_slots = output_slots
@@ -85,9 +86,9 @@ class _Bound:
 
 def captures_graphs(network: Network, plan: Plan) -> bool:
     """Whether the network's steps may be captured as a CUDA graph: not where a conditional or loop layer reads its
-    condition on the host (control_flow.py); such an engine runs its steps one by one. A conditional whose branch
-    the input shapes decide (in its own step, its branches the same all the way down) reads nothing there."""
-    decided = control_flow.decided_conditionals(network, plan.steps)
+    condition on the host (control_flow.py); such an engine runs its steps one by one. A layer whose course the
+    input shapes decide (in its own step, its sub-networks the same all the way down) reads nothing there."""
+    decided = control_flow.decided_layers(network, plan.steps)
     return control_flow.decided_only(network) and all(
         k in decided for k, step in enumerate(plan.steps) if any(network.layers[j].SUBNETWORKS for j in step.layers))
 
@@ -103,8 +104,8 @@ def place_weights(network: Network, plan: Plan, device: torch.device) -> list[di
 def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tensor]], binder: SymbolBinder | None,
                shapes: Sequence[tuple[int, ...]], device: torch.device, allow_tf32: bool) -> _Bound:
     """The plan's steps as callables for these input shapes (symbolic parameters evaluated; a step of
-    shape-only layers replaced by its values, computed now: runtime/fold_shapes.py; a conditional whose predicate
-    is shape-only given the branch these shapes take: control_flow.py)."""
+    shape-only layers replaced by its values, computed now: runtime/fold_shapes.py; a control-flow layer whose
+    course the shapes decide given that course: control_flow.py)."""
     bindings = binder.bind(shapes) if binder is not None else {}
     slot_of = slots(network)
     tensor_at = {s: tid for tid, s in slot_of.items()}
@@ -115,8 +116,9 @@ def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tenso
 
     folding = ShapeFolding(network, plan.steps)
     folded = folding.fold(io, tensor_at, bindings, specialize, weights, device)
-    taken = {k: bool(folding.values([layer.inputs[0]], bindings, specialize, weights, device)[id(layer.inputs[0])])
-             for k, layer in control_flow.decided_conditionals(network, plan.steps).items() if k not in folded}
+    decisions = control_flow.decisions(network, plan.steps,
+                                       lambda tensors: folding.values(tensors, bindings, specialize, weights, device))
+    decided = {k: d for k, d in decisions.items() if k not in folded and control_flow.capturable(d)}
     returned = {slot_of[id(t)] for t in network.outputs}
     fns = []
     for k, (step, sio) in enumerate(zip(plan.steps, io)):
@@ -128,10 +130,11 @@ def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tenso
         # specialized layers (dataclasses.replace) share their tensors with the originals, so ids agree
         own = StepLayers(layers, [weights[j] for j in step.layers], [tensor_at[s] for s in sio.inputs],
                          [tensor_at[s] for s in sio.outputs], device)
-        fn = control_flow.decided_step(own, taken[k], allow_tf32) if k in taken else \
+        fn = control_flow.decided_step(own, decided[k], allow_tf32) if k in decided else \
             make_step(own, plan.kernels[step.kernel], allow_tf32)
         fns.append((fn, list(sio.inputs), list(sio.outputs), list(sio.frees)))
-    return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs])
+    return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs],
+                  capturable=all(k in decided or k in folded for k in decisions))
 
 
 class CudaRunner:
@@ -173,7 +176,7 @@ class CudaRunner:
             stream.wait_event(self._last_call)  # the previous call, maybe on another stream, is done with the buffers
             if bound.graph is None:  # (a replay's copy into its channels-last input buffers converts them)
                 inputs = [channels_last_input(x) if last else x for x, last in zip(inputs, self.channels_last)]
-            if bound.graph is None and self._graphs:
+            if bound.graph is None and self._graphs and bound.capturable:
                 outputs = self._first_call(bound, inputs)
             elif bound.graph is None:
                 outputs = self._fresh(bound.run_eagerly(inputs))
