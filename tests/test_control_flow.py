@@ -239,6 +239,19 @@ class RowSteps(torch.nn.Module):
         return h
 
 
+class WithinWindow(torch.nn.Module):
+    """`bool()` of a tensor made from a dynamic dim alone (an arange compared and reduced): a branch on the shape."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inside = torch.arange(x.size(1), device=x.device) < 40
+        if bool(inside.all()):
+            y = x + 1.0
+        else:
+            y = x * 2.0
+        return y
+
+
+WINDOWS = torchkiln.Input(min_shape=(1, 32), opt_shape=(2, 40), max_shape=(4, 128))
 ROWS = torchkiln.Input(min_shape=(1, 8), opt_shape=(3, 8), max_shape=(8, 8))
 SEQUENCES = torchkiln.Input(min_shape=(1, 32, 8), opt_shape=(2, 64, 8), max_shape=(4, 128, 8))
 
@@ -406,16 +419,17 @@ def test_control_flow_engines_run_on_the_cuda_backend():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name", ["if", "for", "constant-for"])
+@pytest.mark.parametrize("name", ["if", "bool-of-sizes", "for", "constant-for"])
 def test_control_flow_the_shapes_decide_is_captured_as_a_cuda_graph_per_shape(name):
-    """The cuda runner decides `if x.size(1) > 64`, `for i in range(x.size(0))` and a for loop of 1000 iterations
-    from the bound shapes and captures one CUDA graph per shape (hence per branch and trip count): shapes alternating
-    between the branches or counts, each first run eagerly and then replayed, give eager's answers. An engine with a
-    data-dependent if is still run uncaptured."""
+    """The cuda runner decides `if x.size(1) > 64`, `if bool((arange(x.size(1)) < 40).all())`, `for i in
+    range(x.size(0))` and a for loop of 1000 iterations from the bound shapes and captures one CUDA graph per shape
+    (hence per branch and trip count): shapes alternating between the branches or counts, each first run eagerly and
+    then replayed, give eager's answers. An engine with a data-dependent if is still run uncaptured."""
     torch.manual_seed(0)
     device = torch.device("cuda")
     model, spec, shapes = {
         "if": (LongSequences(), SEQUENCES, [(2, 100, 8), (3, 40, 8), (1, 65, 8), (1, 64, 8)]),
+        "bool-of-sizes": (WithinWindow(), WINDOWS, [(2, 40), (2, 41), (3, 33)]),
         "for": (RowSteps(), ROWS, [(1, 8), (5, 8), (8, 8)]),
         "constant-for": (LongFor(), None, [(2, 5)]),
     }[name]

@@ -548,21 +548,24 @@ def _bind_shape(network, plan, shape):
                       CPU, allow_tf32=False)
 
 
-@pytest.mark.parametrize("name, shapes", [("if", ((2, 100, 8), (3, 40, 8))), ("for", ((1, 8), (5, 8)))])
+@pytest.mark.parametrize("name, shapes", [("if", ((2, 100, 8), (3, 40, 8))), ("bool-of-sizes", ((2, 40), (2, 41))),
+                                         ("for", ((1, 8), (5, 8)))])
 def test_control_flow_the_input_shapes_decide_is_decided_when_the_shapes_are_bound(name, shapes):
-    """`if x.size(1) > 64` and `for i in range(x.size(0))` on dynamic dims: the runner decides the branch or the
-    trip count from the bound shapes, so the layer's step reads neither its predicate nor its trip count and
-    condition (meta tensors in their place, which cannot be read, change nothing) and the engine may be captured
-    as one CUDA graph per shape; shapes taking either branch, and other trip counts, give eager's answers."""
-    from test_control_flow import ROWS, SEQUENCES, LongSequences, RowSteps
+    """`if x.size(1) > 64`, `if bool((arange(x.size(1)) < 40).all())` and `for i in range(x.size(0))` on dynamic
+    dims: the runner decides the branch or the trip count from the bound shapes, so the layer's step reads neither
+    its predicate nor its trip count and condition (meta tensors in their place, which cannot be read, change
+    nothing) and the engine may be captured as one CUDA graph per shape; shapes taking either branch, and other
+    trip counts, give eager's answers."""
+    from test_control_flow import ROWS, SEQUENCES, WINDOWS, LongSequences, RowSteps, WithinWindow
     from torchkiln.runtime.backends.cuda.runner import captures_graphs
 
-    model, spec = {"if": (LongSequences, SEQUENCES), "for": (RowSteps, ROWS)}[name]
+    model, spec = {"if": (LongSequences, SEQUENCES), "bool-of-sizes": (WithinWindow, WINDOWS),
+                   "for": (RowSteps, ROWS)}[name]
     model = model().eval()
     network, plan, k = _decided_plan(model, spec)
     assert captures_graphs(network, plan)
     layer = network.layers[plan.steps[k].layers[0]]
-    unread = [slots(network)[id(t)] for t in layer.inputs[:1 if name == "if" else 2]]
+    unread = [slots(network)[id(t)] for t in layer.inputs[:2 if name == "for" else 1]]
     for shape in shapes:
         x = torch.randn(shape)
         bound = _bind_shape(network, plan, shape)
