@@ -5,9 +5,10 @@ A block is converted by the block converter's own node walk with the context's n
 sub-network; every run-time tensor the block reads from outside (`torchscript.outer_values`) becomes an input of
 the sub-network, bound in `value_tensor_map` while the block converts, so no layer of a sub-network reads a tensor
 of another network. The condition is `bool(tensor)` (`aten::Bool`, which partitioning keeps in the engine only where
-it is read as a condition), or a comparison of dynamic dims their ranges do not decide (`x.size(1) > 64`:
-`analysis/shape_conditions.py`): a 0-d bool tensor here, the latter computed from the input shapes alone (dim_value
-layers and a comparison), so the conditional layer reading it has a shape-only predicate (`ir/shape_only.py`).
+it is read as a condition), or a condition on dynamic dims their ranges do not decide (`x.size(1) > 64`, and `not`,
+`and`, `or` of such: `analysis/shape_conditions.py`): a 0-d bool tensor here, the latter computed from the input
+shapes alone (dim_value layers, comparisons, logical layers), so the conditional layer reading it has a shape-only
+predicate (`ir/shape_only.py`).
 """
 from __future__ import annotations
 
