@@ -252,6 +252,23 @@ class WithinWindow(torch.nn.Module):
 
 
 WINDOWS = torchkiln.Input(min_shape=(1, 32), opt_shape=(2, 40), max_shape=(4, 128))
+class Flattened(torch.nn.Module):
+    """Branches reading x.flatten(): s0 * s1 elements, an expression of the input's dynamic dims. The condition
+    is on the data (`on_data`) or on the shape."""
+
+    def __init__(self, on_data: bool) -> None:
+        super().__init__()
+        self.on_data = on_data
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.flatten() * 2.0
+        if (self.on_data and bool(y.sum() > 0)) or (not self.on_data and x.size(1) > 64):
+            z = y + 1.0
+        else:
+            z = torch.sigmoid(y)
+        return z
+
+
 ROWS = torchkiln.Input(min_shape=(1, 8), opt_shape=(3, 8), max_shape=(8, 8))
 SEQUENCES = torchkiln.Input(min_shape=(1, 32, 8), opt_shape=(2, 64, 8), max_shape=(4, 128, 8))
 
@@ -313,6 +330,20 @@ def test_a_for_loop_over_a_dynamic_dim_is_one_engine(backend):
     assert len(_layers(compiled, "loop")) == 1
     for rows in (1, 8, 2):
         x = torch.randn(rows, 8)
+        torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-4 * float(model(x).abs().max()))
+
+
+@pytest.mark.parametrize("on_data", [True, False], ids=["data", "shape"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_branches_reading_a_tensor_sized_by_an_expression_of_dynamic_dims(backend, on_data):
+    """A branch's input of s0 * s1 elements: a sub-network's input dims are bound by the outer network (the
+    reference backend refused to bind them, EngineFormatError)."""
+    model = Flattened(on_data).eval()
+    compiled, _ = check_compiled(model, [torch.randn(2, 80)], inputs=[WINDOWS], backend=backend,
+                                 min_block_size=1)
+    assert len(_layers(compiled, "conditional")) == 1
+    for shape, shift in (((2, 100), 1.0), ((2, 40), -1.0), ((4, 50), 1.0), ((3, 70), -1.0)):
+        x = torch.randn(shape) + shift
         torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=1e-4 * float(model(x).abs().max()))
 
 

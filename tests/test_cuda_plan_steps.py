@@ -520,8 +520,8 @@ def test_control_flow_layers_run_their_sub_networks_by_their_own_plans():
     seen = []
     original = control_flow.SubnetworkPlans.run
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(control_flow.SubnetworkPlans, "run", lambda self, network, inputs, device: seen.append(
-            network.name) or original(self, network, inputs, device))
+        mp.setattr(control_flow.SubnetworkPlans, "run", lambda self, network, *args: seen.append(
+            network.name) or original(self, network, *args))
         for taken in (True, False):
             xs = [torch.rand(4), torch.rand(4), torch.tensor(taken)]
             plan, out = run_plan(net, xs)
@@ -579,6 +579,21 @@ def test_control_flow_the_input_shapes_decide_is_decided_when_the_shapes_are_bou
                 values[slot] = value
         with torch.no_grad():
             assert_matches_eager(values[bound.output_slots[0]], model(x))
+
+
+@pytest.mark.parametrize("on_data", [True, False], ids=["data", "shape"])
+def test_a_branch_reading_a_tensor_sized_by_an_expression_of_dynamic_dims_runs_by_its_plan(on_data):
+    """x.flatten() (s0 * s1 elements) read by the branches: their plans are bound with the outer network's bindings
+    (binding the sub-network's own input dims refused them: EngineFormatError)."""
+    from test_control_flow import WINDOWS, Flattened
+
+    model = Flattened(on_data).eval()
+    network = Engine.deserialize(torchkiln.convert_method_to_engine(model, "forward", [WINDOWS],
+                                                                    backend="reference")).network
+    plan = planner.make_plan(network, CPU, BackendOptions(timing_iterations=0))
+    for shape, shift in (((2, 100), 1.0), ((2, 40), -1.0), ((4, 50), 1.0)):
+        x = torch.randn(shape) + shift
+        assert_matches_eager(run_plan_eagerly(network, plan, [x])[0], model(x))
 
 
 def test_a_decided_loop_of_more_iterations_than_a_graph_holds_runs_uncaptured_at_that_shape(monkeypatch):

@@ -25,14 +25,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
-from torchkiln.runtime.backends.cuda import control_flow, quant_kernels  # noqa: F401  (register their kernels)
+from torchkiln.runtime.backends.cuda import control_flow, quant_kernels  # noqa: F401  (quant_kernels registers makers)
 from torchkiln.runtime.backends.cuda.codegen.layout import copy_to_channels_last
 from torchkiln.runtime.backends.cuda.kernels import (StepFn, StepLayers, channels_last_input, make_step,
                                                     takes_channels_last)
@@ -102,11 +103,13 @@ def place_weights(network: Network, plan: Plan, device: torch.device) -> list[di
 
 
 def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tensor]], binder: SymbolBinder | None,
-               shapes: Sequence[tuple[int, ...]], device: torch.device, allow_tf32: bool) -> _Bound:
+               shapes: Sequence[tuple[int, ...]], device: torch.device, allow_tf32: bool,
+               bindings: Mapping[DimSymbol, int] | None = None) -> _Bound:
     """The plan's steps as callables for these input shapes (symbolic parameters evaluated; a step of
     shape-only layers replaced by its values, computed now: runtime/fold_shapes.py; a control-flow layer whose
-    course the shapes decide given that course: control_flow.py)."""
-    bindings = binder.bind(shapes) if binder is not None else {}
+    course the shapes decide given that course: control_flow.py). The symbols' values are `binder`'s for the
+    shapes, else `bindings` (a sub-network's: its outer network's)."""
+    bindings = binder.bind(shapes) if binder is not None else dict(bindings or {})
     slot_of = slots(network)
     tensor_at = {s: tid for tid, s in slot_of.items()}
     io = plan.io(network)
@@ -130,8 +133,8 @@ def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tenso
         # specialized layers (dataclasses.replace) share their tensors with the originals, so ids agree
         own = StepLayers(layers, [weights[j] for j in step.layers], [tensor_at[s] for s in sio.inputs],
                          [tensor_at[s] for s in sio.outputs], device)
-        fn = control_flow.decided_step(own, decided[k], allow_tf32) if k in decided else \
-            make_step(own, plan.kernels[step.kernel], allow_tf32)
+        fn = control_flow.layer_step(own, decided.get(k), bindings, allow_tf32) if len(layers) == 1 and \
+            layers[0].SUBNETWORKS else make_step(own, plan.kernels[step.kernel], allow_tf32)
         fns.append((fn, list(sio.inputs), list(sio.outputs), list(sio.frees)))
     return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs],
                   capturable=all(k in decided or k in folded for k in decisions))
