@@ -450,7 +450,7 @@ def test_control_flow_engines_run_on_the_cuda_backend():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("name", ["if", "bool-of-sizes", "for", "constant-for"])
+@pytest.mark.parametrize("name", ["if", "bool-of-sizes", "flattened", "for", "constant-for"])
 def test_control_flow_the_shapes_decide_is_captured_as_a_cuda_graph_per_shape(name):
     """The cuda runner decides `if x.size(1) > 64`, `if bool((arange(x.size(1)) < 40).all())`, `for i in
     range(x.size(0))` and a for loop of 1000 iterations from the bound shapes and captures one CUDA graph per shape
@@ -461,6 +461,7 @@ def test_control_flow_the_shapes_decide_is_captured_as_a_cuda_graph_per_shape(na
     model, spec, shapes = {
         "if": (LongSequences(), SEQUENCES, [(2, 100, 8), (3, 40, 8), (1, 65, 8), (1, 64, 8)]),
         "bool-of-sizes": (WithinWindow(), WINDOWS, [(2, 40), (2, 41), (3, 33)]),
+        "flattened": (Flattened(on_data=False), WINDOWS, [(2, 100), (2, 40), (4, 50)]),
         "for": (RowSteps(), ROWS, [(1, 8), (5, 8), (8, 8)]),
         "constant-for": (LongFor(), None, [(2, 5)]),
     }[name]
