@@ -22,6 +22,7 @@ from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # 
 from torchkiln.runtime.engine import Engine  # noqa: E402
 from torchkiln.runtime.executor import ReferenceExecutor  # noqa: E402
 from torchkiln.runtime.plan import Kernel, Plan, Step, slots  # noqa: E402
+from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
 
 CPU = torch.device("cpu")
 pytestmark = [pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU runs these plans in test_cuda_backend"),
@@ -519,16 +520,94 @@ def test_control_flow_layers_run_their_sub_networks_by_their_own_plans():
     seen = []
     original = control_flow.SubnetworkPlans.run
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(control_flow.SubnetworkPlans, "run", lambda self, network, inputs, device: seen.append(
-            network.name) or original(self, network, inputs, device))
+        mp.setattr(control_flow.SubnetworkPlans, "run", lambda self, network, *args: seen.append(
+            network.name) or original(self, network, *args))
         for taken in (True, False):
             xs = [torch.rand(4), torch.rand(4), torch.tensor(taken)]
             plan, out = run_plan(net, xs)
             assert_matches_eager(out, ReferenceExecutor(net, CPU).run(xs))
     assert {"then", "else", "body"} <= set(seen), seen
-    assert not captures_graphs(net)
+    assert not captures_graphs(net, plan)
     body_plan = planner.make_plan(net.layers[-2].body, CPU, BackendOptions(timing_iterations=0))
     assert "pointwise" in [body_plan.kernels[s.kernel].op for s in body_plan.steps]
+
+
+def _decided_plan(model, spec):
+    """The reference engine's network of `model` for `spec`, its CUDA plan, and the plan's one decided step."""
+    from torchkiln.runtime.backends.cuda import control_flow
+
+    network = Engine.deserialize(torchkiln.convert_method_to_engine(model, "forward", [spec],
+                                                                    backend="reference")).network
+    plan = planner.make_plan(network, CPU, BackendOptions(timing_iterations=0))
+    [k] = control_flow.decided_layers(network, plan.steps)
+    return network, plan, k
+
+
+def _bind_shape(network, plan, shape):
+    return bind_steps(network, plan, place_weights(network, plan, CPU), SymbolBinder.for_network(network), [shape],
+                      CPU, allow_tf32=False)
+
+
+@pytest.mark.parametrize("name, shapes", [("if", ((2, 100, 8), (3, 40, 8))), ("bool-of-sizes", ((2, 40), (2, 41))),
+                                         ("for", ((1, 8), (5, 8)))])
+def test_control_flow_the_input_shapes_decide_is_decided_when_the_shapes_are_bound(name, shapes):
+    """`if x.size(1) > 64`, `if bool((arange(x.size(1)) < 40).all())` and `for i in range(x.size(0))` on dynamic
+    dims: the runner decides the branch or the trip count from the bound shapes, so the layer's step reads neither
+    its predicate nor its trip count and condition (meta tensors in their place, which cannot be read, change
+    nothing) and the engine may be captured as one CUDA graph per shape; shapes taking either branch, and other
+    trip counts, give eager's answers."""
+    from test_control_flow import ROWS, SEQUENCES, WINDOWS, LongSequences, RowSteps, WithinWindow
+    from torchkiln.runtime.backends.cuda.runner import captures_graphs
+
+    model, spec = {"if": (LongSequences, SEQUENCES), "bool-of-sizes": (WithinWindow, WINDOWS),
+                   "for": (RowSteps, ROWS)}[name]
+    model = model().eval()
+    network, plan, k = _decided_plan(model, spec)
+    assert captures_graphs(network, plan)
+    layer = network.layers[plan.steps[k].layers[0]]
+    unread = [slots(network)[id(t)] for t in layer.inputs[:2 if name == "for" else 1]]
+    for shape in shapes:
+        x = torch.randn(shape)
+        bound = _bind_shape(network, plan, shape)
+        assert bound.capturable
+        values = [x] + [None] * (bound.num_slots - 1)
+        for j, (fn, ins, outs, _) in enumerate(bound.fns):
+            if j == k:
+                for slot in unread:
+                    values[slot] = torch.empty((), dtype=values[slot].dtype, device="meta")
+            for slot, value in zip(outs, fn([values[i] for i in ins])):
+                values[slot] = value
+        with torch.no_grad():
+            assert_matches_eager(values[bound.output_slots[0]], model(x))
+
+
+@pytest.mark.parametrize("on_data", [True, False], ids=["data", "shape"])
+def test_a_branch_reading_a_tensor_sized_by_an_expression_of_dynamic_dims_runs_by_its_plan(on_data):
+    """x.flatten() (s0 * s1 elements) read by the branches: their plans are bound with the outer network's bindings
+    (binding the sub-network's own input dims refused them: EngineFormatError)."""
+    from test_control_flow import WINDOWS, Flattened
+
+    model = Flattened(on_data).eval()
+    network = Engine.deserialize(torchkiln.convert_method_to_engine(model, "forward", [WINDOWS],
+                                                                    backend="reference")).network
+    plan = planner.make_plan(network, CPU, BackendOptions(timing_iterations=0))
+    for shape, shift in (((2, 100), 1.0), ((2, 40), -1.0), ((4, 50), 1.0)):
+        x = torch.randn(shape) + shift
+        assert_matches_eager(run_plan_eagerly(network, plan, [x])[0], model(x))
+
+
+def test_a_decided_loop_of_more_iterations_than_a_graph_holds_runs_uncaptured_at_that_shape(monkeypatch):
+    from test_control_flow import ROWS, RowSteps
+    from torchkiln.runtime.backends.cuda import control_flow
+
+    monkeypatch.setattr(control_flow, "MAX_CAPTURED_TRIPS", 4)
+    model = RowSteps().eval()
+    network, plan, _ = _decided_plan(model, ROWS)
+    for rows, capturable in ((4, True), (5, False)):
+        x = torch.randn(rows, 8)
+        bound = _bind_shape(network, plan, (rows, 8))
+        assert bound.capturable is capturable
+        assert_matches_eager(bound.run_eagerly([x])[0], model(x))
 
 
 def test_int8_linear_plan_matches_the_reference_engine():

@@ -10,7 +10,8 @@ import torch
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.analysis.registry import find_converter, find_evaluator
 from torchkiln.conversion import load_all
-from torchkiln.conversion.control_flow import convert_if, convert_loop, convert_predicate, is_tensor_predicate
+from torchkiln.conversion.control_flow import (convert_if, convert_loop, convert_predicate, convert_shape_predicate,
+                                               is_tensor_predicate)
 from torchkiln.analysis.resolve import NotStatic, is_dynamic
 from torchkiln.errors import ConversionError, NetworkError, cause_line
 from torchkiln.ir.network import Network
@@ -66,6 +67,10 @@ _CONTROL_FLOW = {"prim::If": convert_if, "prim::Loop": convert_loop}
 
 def _convert_node(ctx: ConversionCtx, node: Node) -> None:
     outputs = list(node.outputs())
+    shape_predicate = convert_shape_predicate(ctx, node)  # before control flow: `a and b` is an If
+    if shape_predicate is not None:
+        ctx.value_tensor_map[value_key(outputs[0])] = shape_predicate
+        return
     control_flow = _CONTROL_FLOW.get(node.kind())
     if control_flow is not None:
         ctx.value_tensor_map.update(zip(map(value_key, outputs), control_flow(ctx, node, _convert_node)))

@@ -5,7 +5,10 @@ A block is converted by the block converter's own node walk with the context's n
 sub-network; every run-time tensor the block reads from outside (`torchscript.outer_values`) becomes an input of
 the sub-network, bound in `value_tensor_map` while the block converts, so no layer of a sub-network reads a tensor
 of another network. The condition is `bool(tensor)` (`aten::Bool`, which partitioning keeps in the engine only where
-it is read as a condition): a 0-d bool tensor here.
+it is read as a condition), or a condition on dynamic dims their ranges do not decide (`x.size(1) > 64`, and `not`,
+`and`, `or` of such: `analysis/shape_conditions.py`): a 0-d bool tensor here, the latter computed from the input
+shapes alone (dim_value layers, comparisons, logical layers), so the conditional layer reading it has a shape-only
+predicate (`ir/shape_only.py`).
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from torchkiln.analysis.shape_conditions import dim_comparison, is_shape_condition, static_bool
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.errors import ConversionError
 from torchkiln.ir import cost
@@ -49,6 +53,40 @@ def convert_predicate(ctx: ConversionCtx, node: Node) -> Tensor:
         zero = ctx.network.add_constant(torch.zeros((), dtype=flag.dtype)).get_output()
         flag = ctx.network.add_elementwise(flag, zero, L.ElementWiseOperation.NOT_EQUAL).get_output()
     return flag
+
+
+_COMPARISONS = {"eq": L.ElementWiseOperation.EQUAL, "ne": L.ElementWiseOperation.NOT_EQUAL,
+                "lt": L.ElementWiseOperation.LESS, "le": L.ElementWiseOperation.LESS_EQUAL,
+                "gt": L.ElementWiseOperation.GREATER, "ge": L.ElementWiseOperation.GREATER_EQUAL}
+
+
+def convert_shape_predicate(ctx: ConversionCtx, node: Node) -> Tensor | None:
+    """A condition on dynamic dims the ranges do not decide (`analysis/shape_conditions.py`) as a 0-d bool tensor
+    of the input shapes; None for any other node."""
+    if not is_shape_condition(node, ctx.resolve):
+        return None
+    comparison = dim_comparison(node, ctx.resolve)
+    if comparison is not None:
+        op, a, b = comparison
+        lhs, rhs = ctx.to_tensor(a, torch.int64), ctx.to_tensor(b, torch.int64)
+        return ctx.network.add_elementwise(lhs, rhs, _COMPARISONS[op]).get_output()
+    if node.kind() == "aten::__not__":
+        return ctx.network.add_unary(_condition(ctx, node.inputsAt(0)), L.UnaryOperation.NOT).get_output()
+    then_block, else_block = node.blocks()  # `and` / `or`: an If giving one bool
+    picked = [_condition(ctx, list(block.outputs())[0]) for block in (then_block, else_block)]
+    return ctx.network.add_select(_condition(ctx, node.inputsAt(0)), *picked).get_output()
+
+
+def _condition(ctx: ConversionCtx, v: Value) -> Tensor:
+    """The 0-d bool tensor of a build-time bool or a shape condition (converted once)."""
+    hit, known = ctx.known(v)
+    if hit:
+        return known
+    constant = static_bool(v, ctx.resolve)
+    if constant is not None:
+        return ctx.to_tensor(constant, torch.bool)
+    ctx.value_tensor_map[value_key(v)] = convert_shape_predicate(ctx, v.node())
+    return ctx.value_tensor_map[value_key(v)]
 
 
 def _outer_tensors(ctx: ConversionCtx, node: Node) -> list[tuple[Value, Tensor]]:

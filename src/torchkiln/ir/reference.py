@@ -6,7 +6,7 @@ not modify its inputs or weights.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -424,24 +424,40 @@ def _fresh(results: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
 RunNetwork = Callable[["object", list[torch.Tensor]], list[torch.Tensor]]
 
 
-def conditional(layer: L.ConditionalLayer, xs: list[torch.Tensor], run: RunNetwork) -> torch.Tensor | list:
-    """The taken branch's outputs, each sub-network run by `run(network, inputs)` (a backend's own runner)."""
-    return _fresh(run(layer.then_branch if bool(xs[0]) else layer.else_branch, xs[1:]))
+def conditional(layer: L.ConditionalLayer, xs: list[torch.Tensor], run: RunNetwork,
+                taken: bool | None = None) -> torch.Tensor | list:
+    """The taken branch's outputs, each sub-network run by `run(network, inputs)` (a backend's own runner). The
+    predicate is read from xs[0] unless `taken` gives it (a runner that knew it beforehand: ir/shape_only.py)."""
+    if taken is None:
+        taken = bool(xs[0])
+    return _fresh(run(layer.then_branch if taken else layer.else_branch, xs[1:]))
 
 
-def loop(layer: L.LoopLayer, xs: list[torch.Tensor], run: RunNetwork, device: torch.device) -> torch.Tensor | list:
-    """The carried values after the iterations, the body run by `run(network, inputs)`."""
-    trips, go = int(xs[0]), bool(xs[1])
+def loop(layer: L.LoopLayer, xs: list[torch.Tensor], run: RunNetwork, device: torch.device,
+         iterations: Sequence[torch.Tensor] | None = None) -> torch.Tensor | list:
+    """The carried values after the iterations, the body run by `run(network, inputs)`. Where `iterations` gives
+    them (a runner that knew the course beforehand: ir/shape_only.py), the body runs once per given 0-d iteration
+    tensor, and neither the trip count nor a condition is read."""
     carried, read = xs[2:2 + layer.num_carried], xs[2 + layer.num_carried:]
+    if iterations is not None:
+        if len(iterations) > layer.max_trips:
+            raise _too_many_trips(layer)
+        for i in iterations:
+            carried = run(layer.body, [i, *carried, *read])[1:]
+        return _fresh(carried)
+    trips, go = int(xs[0]), bool(xs[1])
     i = 0
     while go and i < trips:
         if i == layer.max_trips:
-            raise EngineInputError(f"loop layer {layer.name!r}: these inputs need more than its {layer.max_trips} "
-                                   f"iterations")
+            raise _too_many_trips(layer)
         outs = run(layer.body, [torch.tensor(i, device=device), *carried, *read])
         go, carried = bool(outs[0]), outs[1:]
         i += 1
     return _fresh(carried)
+
+
+def _too_many_trips(layer: L.LoopLayer) -> EngineInputError:
+    return EngineInputError(f"loop layer {layer.name!r}: these inputs need more than its {layer.max_trips} iterations")
 
 
 @meaning(L.ConditionalLayer)

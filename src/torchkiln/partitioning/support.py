@@ -6,6 +6,7 @@ import enum
 
 from torchkiln.analysis.registry import FALLBACK_ATTR, find_converter, find_evaluator
 from torchkiln.analysis.resolve import NotStatic, Resolver, is_dynamic
+from torchkiln.analysis.shape_conditions import is_shape_condition
 from torchkiln.settings import CompileSettings
 from torchkiln.torchscript import (Node, TensorMeta, is_tensor_type, node_blocks, node_key, node_schema, value_key,
                                    writes_to_arguments)
@@ -80,21 +81,27 @@ def _not_static(node: Node, resolver: Resolver, error: NotStatic) -> Decision:
 CONDITION_USES = {"prim::If": 0, "prim::Loop": 1}  # where a control-flow node reads its condition
 
 
-def reads_as_condition(node: Node) -> bool:
-    """Whether every use of the node's output is a condition: of an If, a Loop's first trip, or a Loop's next."""
+def reads_as_condition(node: Node, resolver: Resolver) -> bool:
+    """Whether every use of the node's output is a condition: of an If, a Loop's first trip, or a Loop's next (or,
+    for a shape condition, the operand of a `not` that is itself such a predicate)."""
     uses = node.output().uses()
     for use in uses:
         user = use.user
         owner = user.owningBlock().owningNode() if user.kind() == "prim::Return" else None
         if not (CONDITION_USES.get(user.kind()) == use.offset
-                or owner is not None and owner.kind() == "prim::Loop" and use.offset == 0):
+                or owner is not None and owner.kind() == "prim::Loop" and use.offset == 0
+                or user.kind() == "aten::__not__" and is_predicate(user, resolver)):
             return False
     return bool(uses)
 
 
-def is_predicate(node: Node) -> bool:
-    """`bool(tensor)` read only as a condition: an engine computes it as a 0-d bool tensor (see control_flow)."""
-    return node.kind() == "aten::Bool" and is_tensor_type(node.inputsAt(0).type()) and reads_as_condition(node)
+def is_predicate(node: Node, resolver: Resolver) -> bool:
+    """A condition an engine computes as a 0-d bool tensor (see conversion/control_flow.py), read only as a
+    condition: `bool(tensor)`, or a condition on dynamic dims their ranges do not decide (`x.size(1) > 64`:
+    analysis/shape_conditions.py)."""
+    if node.kind() == "aten::Bool":
+        return is_tensor_type(node.inputsAt(0).type()) and reads_as_condition(node, resolver)
+    return is_shape_condition(node, resolver.resolve) and reads_as_condition(node, resolver)
 
 
 def _inner_refusal(inner: Node, settings: CompileSettings) -> str | None:
@@ -131,7 +138,7 @@ def _control_flow(node: Node, resolver: Resolver, settings: CompileSettings) -> 
         except NotStatic:
             return Decision.torch(Fallback.CONTROL_FLOW, "its trip count is only known at run time")
     for v in conditions:
-        if v.node().kind() != "prim::Constant" and not is_predicate(v.node()):
+        if v.node().kind() != "prim::Constant" and not is_predicate(v.node(), resolver):
             return Decision.torch(Fallback.CONTROL_FLOW, f"its condition comes from {v.node().kind()}")
     pending = [inner for block in node.blocks() for inner in block.nodes()]
     while pending:
@@ -144,8 +151,8 @@ def _control_flow(node: Node, resolver: Resolver, settings: CompileSettings) -> 
 
 
 def _classify(node: Node, resolver: Resolver, settings: CompileSettings) -> Decision:
-    if node_blocks(node):
-        return _control_flow(node, resolver, settings)
+    if node_blocks(node):  # an If giving a shape condition (`a and b`) is a predicate, not control flow
+        return Decision(Target.ENGINE) if is_predicate(node, resolver) else _control_flow(node, resolver, settings)
     converter = find_converter(node)
     if converter is not None:
         try:
@@ -177,7 +184,7 @@ def _classify(node: Node, resolver: Resolver, settings: CompileSettings) -> Deci
                 return Decision(Target.STATIC)
             values = [resolver.resolve(o) for o in node.outputs()]
         except NotStatic as e:
-            return Decision(Target.ENGINE) if is_predicate(node) else _not_static(node, resolver, e)
+            return Decision(Target.ENGINE) if is_predicate(node, resolver) else _not_static(node, resolver, e)
         return Decision(Target.ENGINE if is_dynamic(values) else Target.STATIC)
     return Decision.torch(Fallback.NO_CONVERTER, node_key(node))
 

@@ -60,7 +60,7 @@ def _control_flow(layer: L.Layer, device: torch.device) -> Meaning:
     def run(network: Network, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         found = executors.get(id(network))
         if found is None:
-            found = executors[id(network)] = ReferenceExecutor(network, device)
+            found = executors[id(network)] = ReferenceExecutor(network, device, sub_network=True)
         return found.run(inputs)
 
     if isinstance(layer, L.ConditionalLayer):
@@ -71,7 +71,7 @@ def _control_flow(layer: L.Layer, device: torch.device) -> Meaning:
 class ReferenceExecutor:
     """A network bound to one device, ready to run."""
 
-    def __init__(self, network: Network, device: torch.device) -> None:
+    def __init__(self, network: Network, device: torch.device, sub_network: bool = False) -> None:
         self.device = device
         slot: dict[int, int] = {id(t): i for i, t in enumerate(network.inputs)}
         for layer in network.layers:
@@ -100,7 +100,9 @@ class ReferenceExecutor:
                                frees[step]))
         self.output_slots = [slot[id(t)] for t in network.outputs]
         self.clone_output = [may_alias_storage(t) for t in network.outputs]
-        self.binder = SymbolBinder.for_network(network)  # dynamic shapes: binds symbols per input signature
+        # dynamic shapes: binds symbols per input signature. A sub-network has none to bind (conversion refuses
+        # symbolic parameters there), and its input dims may be expressions that only the outer network binds.
+        self.binder = None if sub_network else SymbolBinder.for_network(network)
 
     def run(self, inputs: list[torch.Tensor],
             visit: Callable[[L.Layer, list[torch.Tensor]], None] | None = None) -> list[torch.Tensor]:

@@ -1,12 +1,8 @@
 """Shape-only layers: values fixed by the input shapes alone, computed once per input-shape signature.
 
 A layer is *shape-only* when what it computes depends on the engine's input shapes and constants, never on
-an input's values: a `ShapeLayer` (every tensor's shape is an expression of the input symbols), and every
-layer all of whose inputs are shape-only: constants, `fill` and `dim_value` (no inputs; their symbolic
-parameters are evaluated when the symbols are bound), and what is computed from those (the arange, compare
-and cast of a mask made from `x.size(1)`). No layer kind of the IR is random or keeps state, so a
-shape-only layer's value is one function of the bindings. A static engine's builder folds such layers into
-constants; a dynamic engine can fold them only once its symbols are bound.
+an input's values (`ir/shape_only.py`). A static engine's builder folds such layers into constants; a dynamic
+engine can fold them only once its symbols are bound.
 
 A runner folds a *step* (`Plan.steps`) when every layer in it is shape-only (and not all are constants,
 which cost nothing already): its outputs are computed here with the reference meanings, once per input-shape
@@ -26,6 +22,7 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.reference import run_layer
+from torchkiln.ir.shape_only import shape_only_layers
 from torchkiln.ir.symbolic import DimSymbol, substitute
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.plan import Step, StepIO
@@ -33,17 +30,6 @@ from torchkiln.runtime.plan import Step, StepIO
 MAX_FOLDED_BYTES = 8 << 20  # per input-shape signature: a runner keeps several signatures bound
 
 Specialize = Callable[[L.Layer], L.Layer]  # a layer with its symbolic parameters evaluated at the bindings
-
-
-def shape_only_layers(network: Network) -> set[int]:
-    """Indices (into `network.layers`) of the shape-only layers (see the module docstring)."""
-    known: set[int] = set()  # ids of tensors whose values the input shapes fix
-    found: set[int] = set()
-    for j, layer in enumerate(network.layers):
-        if isinstance(layer, L.ShapeLayer) or all(id(t) in known for t in layer.inputs):
-            found.add(j)
-            known.update(id(t) for t in layer.outputs)
-    return found
 
 
 class ShapeFolding:

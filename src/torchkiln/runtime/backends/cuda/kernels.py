@@ -170,7 +170,7 @@ def _shape(layer: L.ShapeLayer, ws: Weights, allow_tf32: bool):
     return shape
 
 
-LAYER_KERNELS = {  # layer kinds with a CUDA variant of their meaning (control_flow.py adds its own)
+LAYER_KERNELS = {  # layer kinds with a CUDA variant of their meaning (a control-flow layer's step: control_flow.py)
     L.ConvolutionLayer: _convolution,
     L.GatherLayer: _gather,
     L.NormalizationLayer: _normalization,

@@ -14,22 +14,26 @@
   GPU, through an event) for the previous call's replay to finish with the shared buffers.
 - Where capture fails (a step synchronizes with the host), the runner logs a warning once and runs that
   engine's steps eagerly from then on; the values are the same.
-- An engine holding a conditional or loop layer is never captured: the layer reads its condition on the host
-  (`captures_graphs`; its branches and body run by their own plans, control_flow.py).
+- Control flow (control_flow.py: branches and bodies run by their own plans): a conditional or loop layer whose
+  course the input shapes decide (`ir/shape_only.py`: a predicate on dims, a for loop's trip count) is decided when
+  the shapes are bound, so its step reads nothing on the host and the graph captured for a shape holds the branch
+  (or the iterations) that shape takes. An engine holding a conditional or loop whose condition is computed from
+  data is never captured: the layer reads its condition on the host (`captures_graphs`).
 """
 from __future__ import annotations
 
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
-from torchkiln.runtime.backends.cuda import control_flow, quant_kernels  # noqa: F401  (register their kernels)
+from torchkiln.runtime.backends.cuda import control_flow, quant_kernels  # noqa: F401  (quant_kernels registers makers)
 from torchkiln.runtime.backends.cuda.codegen.layout import copy_to_channels_last
 from torchkiln.runtime.backends.cuda.kernels import (StepFn, StepLayers, channels_last_input, make_step,
                                                     takes_channels_last)
@@ -47,8 +51,9 @@ class _Bound:
     """The steps for one input-shape signature, and (once captured) their CUDA graph."""
 
     def __init__(self, fns: list[tuple[StepFn, list[int], list[int], list[int]]], num_slots: int,
-                 num_inputs: int, output_slots: list[int]) -> None:
+                 num_inputs: int, output_slots: list[int], capturable: bool = True) -> None:
         self.fns = fns
+        self.capturable = capturable  # False where a decided loop runs too many iterations to hold in a graph
         self.num_slots = num_slots
         self.num_inputs = num_inputs
         self.output_slots = output_slots
@@ -80,10 +85,13 @@ class _Bound:
         self.graph = graph
 
 
-def captures_graphs(network: Network) -> bool:
+def captures_graphs(network: Network, plan: Plan) -> bool:
     """Whether the network's steps may be captured as a CUDA graph: not where a conditional or loop layer reads its
-    condition on the host (control_flow.py); such an engine runs its steps one by one."""
-    return not any(layer.SUBNETWORKS for layer in network.layers)
+    condition on the host (control_flow.py); such an engine runs its steps one by one. A layer whose course the
+    input shapes decide (in its own step, its sub-networks the same all the way down) reads nothing there."""
+    decided = control_flow.decided_layers(network, plan.steps)
+    return control_flow.decided_only(network) and all(
+        k in decided for k, step in enumerate(plan.steps) if any(network.layers[j].SUBNETWORKS for j in step.layers))
 
 
 def place_weights(network: Network, plan: Plan, device: torch.device) -> list[dict[str, torch.Tensor]]:
@@ -95,10 +103,13 @@ def place_weights(network: Network, plan: Plan, device: torch.device) -> list[di
 
 
 def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tensor]], binder: SymbolBinder | None,
-               shapes: Sequence[tuple[int, ...]], device: torch.device, allow_tf32: bool) -> _Bound:
+               shapes: Sequence[tuple[int, ...]], device: torch.device, allow_tf32: bool,
+               bindings: Mapping[DimSymbol, int] | None = None) -> _Bound:
     """The plan's steps as callables for these input shapes (symbolic parameters evaluated; a step of
-    shape-only layers replaced by its values, computed now: runtime/fold_shapes.py)."""
-    bindings = binder.bind(shapes) if binder is not None else {}
+    shape-only layers replaced by its values, computed now: runtime/fold_shapes.py; a control-flow layer whose
+    course the shapes decide given that course: control_flow.py). The symbols' values are `binder`'s for the
+    shapes, else `bindings` (a sub-network's: its outer network's)."""
+    bindings = binder.bind(shapes) if binder is not None else dict(bindings or {})
     slot_of = slots(network)
     tensor_at = {s: tid for tid, s in slot_of.items()}
     io = plan.io(network)
@@ -106,7 +117,11 @@ def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tenso
     def specialize(layer: L.Layer) -> L.Layer:
         return binder.specialize(layer, bindings) if binder is not None else layer
 
-    folded = ShapeFolding(network, plan.steps).fold(io, tensor_at, bindings, specialize, weights, device)
+    folding = ShapeFolding(network, plan.steps)
+    folded = folding.fold(io, tensor_at, bindings, specialize, weights, device)
+    decisions = control_flow.decisions(network, plan.steps,
+                                       lambda tensors: folding.values(tensors, bindings, specialize, weights, device))
+    decided = {k: d for k, d in decisions.items() if k not in folded and control_flow.capturable(d)}
     returned = {slot_of[id(t)] for t in network.outputs}
     fns = []
     for k, (step, sio) in enumerate(zip(plan.steps, io)):
@@ -118,9 +133,11 @@ def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tenso
         # specialized layers (dataclasses.replace) share their tensors with the originals, so ids agree
         own = StepLayers(layers, [weights[j] for j in step.layers], [tensor_at[s] for s in sio.inputs],
                          [tensor_at[s] for s in sio.outputs], device)
-        fns.append((make_step(own, plan.kernels[step.kernel], allow_tf32), list(sio.inputs), list(sio.outputs),
-                    list(sio.frees)))
-    return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs])
+        fn = control_flow.layer_step(own, decided.get(k), bindings, allow_tf32) if len(layers) == 1 and \
+            layers[0].SUBNETWORKS else make_step(own, plan.kernels[step.kernel], allow_tf32)
+        fns.append((fn, list(sio.inputs), list(sio.outputs), list(sio.frees)))
+    return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs],
+                  capturable=all(k in decided or k in folded for k in decisions))
 
 
 class CudaRunner:
@@ -142,7 +159,7 @@ class CudaRunner:
         self._lock = threading.Lock()
         self._pool = None
         self._last_call = torch.cuda.Event()  # recorded at the end of every call (a wait before any record is a no-op)
-        self._graphs = options.cuda_graphs and captures_graphs(network)
+        self._graphs = options.cuda_graphs and captures_graphs(network, plan)
 
     def _bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
         return bind_steps(self.network, self.plan, self.weights, self.binder, [tuple(x.shape) for x in inputs],
@@ -162,7 +179,7 @@ class CudaRunner:
             stream.wait_event(self._last_call)  # the previous call, maybe on another stream, is done with the buffers
             if bound.graph is None:  # (a replay's copy into its channels-last input buffers converts them)
                 inputs = [channels_last_input(x) if last else x for x, last in zip(inputs, self.channels_last)]
-            if bound.graph is None and self._graphs:
+            if bound.graph is None and self._graphs and bound.capturable:
                 outputs = self._first_call(bound, inputs)
             elif bound.graph is None:
                 outputs = self._fresh(bound.run_eagerly(inputs))
