@@ -159,6 +159,7 @@ def test_a_module_without_weights_takes_its_device_from_the_example_inputs():
     meta = torch.empty(2, device="meta")
     assert _example_device([torchkiln.Input((2,)), {"x": (3, meta)}]) == torch.device("meta")
     assert _example_device([torchkiln.Input((2,))]) is None
+    assert _example_device([torchkiln.Input((2,)), torchkiln.Input.from_tensor(meta)]) == torch.device("meta")
 
 
 def test_set_device():

@@ -73,9 +73,12 @@ def _module_device(module: torch.nn.Module) -> torch.device | None:
 
 
 def _example_device(inputs: Any) -> torch.device | None:
-    """The device of the first example tensor among `inputs` (nested lists, tuples and dicts), if any."""
+    """The device of the first example tensor among `inputs` (nested lists, tuples and dicts; an Input made from a
+    tensor counts), if any."""
     if isinstance(inputs, torch.Tensor):
         return inputs.device
+    if isinstance(inputs, Input):
+        return None if inputs.example_data is None else inputs.example_data.device
     items = inputs.values() if isinstance(inputs, dict) else inputs if isinstance(inputs, (list, tuple)) else ()
     return next((d for d in map(_example_device, items) if d is not None), None)
 
