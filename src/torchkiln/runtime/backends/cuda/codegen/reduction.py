@@ -811,12 +811,15 @@ class RowLauncher(GroupLauncher):
         graphs, us: an instance norm of a channels-last [32,128,64,64] tensor (2-byte runs) 138 the other way
         against 55 this way; 32 rows and 256 columns a program were the fastest of 8-128 rows and 32-512 columns."""
         lead = len(sizes) - self.kernel.reduced
-        sub, fns = sizes[-1], self._split_sub_rows
-        if fns is None or sub == 1 or any(s[lead - 1] != sub * s[-1] for s in strides):
+        # the innermost reduced dim that continues the rows' last in every operand (a group's channels)
+        d = next((d for d in reversed(range(lead, len(sizes))) if sizes[d] > 1 and lead > 0 and
+                  all(s[lead - 1] == sizes[d] * s[d] for s in strides)), None)
+        if self._split_sub_rows is None or d is None:
             sub, fns = 1, self._split[True]
-        else:  # the innermost reduced dim joins the rows' last; a reduced dim of 1 keeps the space's rank
-            sizes = [*sizes[:lead - 1], sizes[lead - 1] * sub, 1, *sizes[lead:-1]]
-            strides = [[*s[:lead - 1], s[-1], 0, *s[lead:-1]] for s in strides]
+        else:  # it joins the rows' last; a reduced dim of 1 keeps the space's rank
+            sub, fns = sizes[d], self._split_sub_rows
+            sizes = [*sizes[:lead - 1], sizes[lead - 1] * sub, 1, *sizes[lead:d], *sizes[d + 1:]]
+            strides = [[*s[:lead - 1], s[d], 0, *s[lead:d], *s[d + 1:]] for s in strides]
             rows, cols = rows * sub, cols // sub
         packed = min(_next_power_of_two(rows), 32)
         chunk = max(16, _SHORT_RUN_TILE // packed, _next_power_of_two((cols * sub + MAX_SPLITS - 1) // MAX_SPLITS))
@@ -840,7 +843,7 @@ class RowLauncher(GroupLauncher):
             return
         if sub > 1:
             entries = _next_power_of_two(splits * sub)
-            per = max(1, min(_next_power_of_two(rows // sub), _SHORT_RUN_TILE // entries))
+            per = max(1, min(_next_power_of_two(rows // sub), 1024 // entries))  # 1024 groups: 64 programs
             fns[2][((rows // sub + per - 1) // per,)](stats, splits, chunk, rows // sub, cols, SUB=sub, ROWS=per,
                                                        SPLITS=entries, num_warps=4)
             apply_fn[grid](*args, SUB=sub, **meta)
