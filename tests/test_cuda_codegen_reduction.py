@@ -331,6 +331,23 @@ def test_a_group_norm_over_sub_rows_reads_operands_of_any_layout(monkeypatch, se
     assert_close(got[0], ref.float())
 
 
+def test_a_group_norm_of_an_nchw_input_written_channels_last_is_reduced_over_sub_rows(monkeypatch):
+    """Written channels-last for a convolution, an NCHW input's group norm (4 channels a group) has output rows that
+    interleave in 8-byte runs: it is reduced in spans over a row per channel (loads along positions, stores along
+    channels), not one row a program, whose stores would scatter."""
+    monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
+    monkeypatch.setattr(reduction, "_SHORT_RUN_TILE", 64)
+    net = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
+    v = data(2, 24, 5, 6, dtype=F16)
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs, channels_last=True)
+    seen = []
+    _split_launches(launcher, seen)
+    got = launcher([v.to(DEVICE)])[0]
+    assert seen == [("rows_split_stats_kernel", 32, 16), ("rows_split_apply_kernel_t_s", 32, 16)]
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert_close_half(got, reference(net, {"x": v})[0])
+
+
 def test_groups_with_other_reductions_or_full_outputs_of_a_sum_are_not_split():
     net = Network("softmax")
     x = net.add_input("x", F32, (2, 64))
