@@ -339,7 +339,7 @@ def _randn(*shapes: tuple, scale: float = 1.0, shift: float = 0.0) -> list[torch
 
 # name -> (model, the compile's example, its input spec, the layer kind it makes, inputs taking every path)
 CONTROL_FLOW = {
-    "data-if": lambda: (DataIf(), [torch.randn(3, 6)], None, "conditional",  # y.sum() > 0, < 0, == 0
+    "data-if": lambda: (DataIf(), [torch.randn(3, 6)], None, "conditional",  # y.sum() of either sign
                         _randn((3, 6), scale=4, shift=3) + _randn((3, 6), scale=4, shift=-3) + [torch.zeros(3, 6)]),
     "while-loop": lambda: (WhileLoop(), [torch.randn(4) * 8, torch.full((4,), 0.01)], None, "loop",
                            [torch.randn(4) * scale for scale in (0.1, 3.0, 100.0)]),  # no iteration, a few, many
