@@ -602,7 +602,8 @@ def test_cached_shape_inference_agrees_with_the_meta_path():
     from torchkiln.ir.shape_inference import infer_on_meta, infer_outputs
     from test_engine_fuzz import seed_engines
 
-    layers = [layer for data in seed_engines() for layer in Engine.deserialize(data).network.layers]
+    layers = [layer for data in seed_engines() for layer in Engine.deserialize(data).network.layers
+              if not layer.SUBNETWORKS]  # control flow gives what its sub-networks give: no meta path
     assert len({type(layer) for layer in layers}) >= 20
     for layer in layers:
         assert infer_outputs(layer) == list(infer_on_meta(layer)), layer.KIND
