@@ -571,8 +571,7 @@ void decode_subnetworks(Layer& layer, const KindInfo& kind, const Json& entry, c
   if (depth >= kinds().bound("MAX_NESTING"))
     format_error(where + ": sub-networks nested more than " + std::to_string(kinds().bound("MAX_NESTING")) + " deep");
   bool fits = raw && raw->type == Json::Type::Object && raw->object.size() == kind.subnetworks.size();
-  for (const std::string& f : kind.subnetworks)
-    fits = fits && raw->get(f) && raw->get(f)->type == Json::Type::Object;
+  for (const std::string& f : kind.subnetworks) fits = fits && raw->get(f) && raw->get(f)->type == Json::Type::Object;
   if (!fits) {
     std::vector<std::string> names;
     for (const std::string& f : kind.subnetworks) names.push_back(q(f));

@@ -68,7 +68,7 @@ struct Layer {
   std::map<std::string, at::Tensor> weights;
   std::map<std::string, Param> params;
   Meaning meaning = nullptr;
-  std::vector<int> frees;  // slots whose last reader this is
+  std::vector<int> frees;                                   // slots whose last reader this is
   std::vector<std::shared_ptr<const Network>> subnetworks;  // control flow: its kind's, in declared order
 
   const Param& param(const std::string& key) const;
