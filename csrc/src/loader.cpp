@@ -823,7 +823,7 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
       device->type != Json::Type::String || (device->s != "cpu" && device->s != "cuda"))
     format_error("engine metadata: bad name or device_type");
   engine->name = name->s;
-  engine->network.what = "engine " + q(name->s);
+  engine->network.what = "engine " + q(name->s);  // run-time messages name the engine, not its network
   engine->device_type = device->s;
   const Json* raw_bindings = meta->get("bindings");
   if (!raw_bindings || raw_bindings->type != Json::Type::Array ||
