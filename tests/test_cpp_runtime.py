@@ -6,6 +6,7 @@ The modules are compiled on the reference backend: the C++ runtime runs every la
 the reference backend runs in Python (an onnxruntime engine would run its ONNX Runtime sessions in Python)."""
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -19,10 +20,11 @@ from typing import List
 import filelock
 import pytest
 import torch
-from harness import assert_matches_eager, tiny_bert
-from test_engine_format import DATA_DEPENDENT_HOSTILE, data_dependent_hostile
+from harness import assert_matches_eager, check_compiled, tiny_bert
+from test_control_flow import ROWS, SEQUENCES, WINDOWS, DataIf, Flattened, LongSequences, RowSteps, WhileLoop, _layers
+from test_engine_format import DATA_DEPENDENT_HOSTILE, SUB_NETWORK_HOSTILE, data_dependent_hostile
 from test_engine_fuzz import MAX_FLOPS, MAX_MEMORY, fuzz_case, run_case
-from test_onnx_export import ALL_CASES
+from test_onnx_export import ALL_CASES, carried_body, scalar
 from test_runtime_backends import engine_of
 
 import torchkiln
@@ -282,40 +284,103 @@ class _Engines(torch.nn.Module):
 _Engines.__annotations__ = {"inputs": List[List[torch.Tensor]]}  # a type object: a case may have no inputs
 
 
-CPP_UNSUPPORTED = {"conditional", "loop"}  # control flow: the C++ loader refuses it (docs/deployment.md)
-CPP_CASES = [(name, build) for name, build in ALL_CASES if name.split("-")[0] not in CPP_UNSUPPORTED]
-
-
 def test_every_layer_kind_runs_in_cpp_as_in_python(cpp, tmp_path):
     """Every case of every layer kind (the ONNX export's cases), as a reference engine run by the Python runtime
     and by the C++ one."""
     engines, inputs, want = [], [], []
-    for name, build in CPP_CASES:
+    for name, build in ALL_CASES:
         net, xs = build(torch.Generator().manual_seed(0))
         engine = engine_of(net, "reference")
         engines.append(engine_blob(engine.serialize()))
         inputs.append(xs)
         want.append(engine.execute(xs))
     got = run_in_cpp(cpp, torch.jit.script(_Engines(engines, inputs)), (), tmp_path)
-    for (name, _), g, w in zip(CPP_CASES, got, want):
+    for (name, _), g, w in zip(ALL_CASES, got, want):
         assert_bitwise(g, w, name)
-    covered = {layer.KIND for _, build in CPP_CASES for layer in build(torch.Generator().manual_seed(0))[0].layers}
-    assert covered == set(describe()["kinds"]) - CPP_UNSUPPORTED, set(describe()["kinds"]) - covered
+    covered = {layer.KIND for _, build in ALL_CASES for layer in build(torch.Generator().manual_seed(0))[0].layers}
+    assert covered == set(describe()["kinds"]), set(describe()["kinds"]) - covered
 
 
-def test_control_flow_engines_are_refused_by_the_cpp_loader_naming_the_kind(cpp, tmp_path):
-    """The C++ runtime has no meaning for conditional and loop layers: loading such an engine is an
-    EngineFormatError that names the kind (the Python runtime runs them)."""
+class _Calls(torch.nn.Module):
+    """`module` called on each of `inputs` in one process (held by the module: lists read from a file come
+    untyped)."""
+
+    def __init__(self, module: torch.nn.Module, inputs: List[torch.Tensor]):
+        super().__init__()
+        self.module, self.inputs = module, inputs
+
+    def forward(self) -> List[torch.Tensor]:
+        return [self.module(x) for x in self.inputs]
+
+
+class _WithStep(torch.nn.Module):
+    """WhileLoop with its step held: a module of one input."""
+
+    def __init__(self, module: torch.nn.Module, step: torch.Tensor):
+        super().__init__()
+        self.module = module
+        self.register_buffer("step", step)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x, self.step)
+
+
+def _plain(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+    """`module` as torch.jit.load gives it back: a scripted wrapper may hold that (not torchkiln's module class)."""
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    buffer.seek(0)
+    return torch.jit.load(buffer)
+
+
+def _randn(*shapes: tuple, scale: float = 1.0, shift: float = 0.0) -> list[torch.Tensor]:
+    return [torch.randn(shape) * scale + shift for shape in shapes]
+
+
+# name -> (model, the compile's example, its input spec, the layer kind it makes, inputs taking every path)
+CONTROL_FLOW = {
+    "data-if": lambda: (DataIf(), [torch.randn(3, 6)], None, "conditional",  # y.sum() of either sign
+                        _randn((3, 6), scale=4, shift=3) + _randn((3, 6), scale=4, shift=-3) + [torch.zeros(3, 6)]),
+    "while-loop": lambda: (WhileLoop(), [torch.randn(4) * 8, torch.full((4,), 0.01)], None, "loop",
+                           [torch.randn(4) * scale for scale in (0.1, 3.0, 100.0)]),  # no iteration, a few, many
+    "for-over-a-dynamic-dim": lambda: (RowSteps(), [torch.randn(3, 8)], [ROWS], "loop", _randn((1, 8), (8, 8), (2, 8))),
+    "if-on-a-dynamic-dim": lambda: (LongSequences(), [torch.randn(2, 64, 8)], [SEQUENCES], "conditional",
+                                    _randn((2, 100, 8), (3, 40, 8), (1, 65, 8), (1, 64, 8), (4, 128, 8))),
+    "if-on-a-dynamic-dim-reading-s0*s1": lambda: (Flattened(on_data=False), [torch.randn(2, 80)], [WINDOWS],
+                                                  "conditional", _randn((2, 100), (2, 40), (4, 50), (3, 70))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CONTROL_FLOW))
+def test_control_flow_runs_in_cpp_as_in_python(cpp, tmp_path, name):
+    """A module whose one engine holds a conditional or loop layer (data-dependent or shape-only, over dynamic dims),
+    run in C++ on inputs taking each path, gives the reference backend's bits; sub-networks are bound by the outer
+    network's dims (a branch reading x.flatten(), s0*s1 elements)."""
+    torch.manual_seed(0)
+    model, example, spec, kind, xs = CONTROL_FLOW[name]()
+    compiled, _ = check_compiled(model.eval(), example, inputs=spec, backend="reference", min_block_size=1)
+    assert _layers(compiled, kind), name
+    plain = _plain(compiled)
+    if isinstance(model, WhileLoop):
+        model, compiled, plain = (_WithStep(m, example[1]) for m in (model, compiled, plain))
+    with torch.no_grad():
+        want = [compiled(x) for x in xs]
+        for w, x in zip(want, xs):
+            assert_matches_eager(w, model(x))
+    assert_bitwise(run_in_cpp(cpp, torch.jit.script(_Calls(plain, xs)), (), tmp_path), want)
+
+
+def test_sub_network_bounds_are_checked_by_the_cpp_loader_as_by_the_python_one(cpp, tmp_path):
+    """Nesting depth, the sub-networks a kind holds, their layers and signatures, and a loop's compute (its body's
+    times max_trips): EngineFormatError with the Python loader's words."""
     paths = []
-    for name, build in ALL_CASES:
-        if name.split("-")[0] in CPP_UNSUPPORTED:
-            paths.append(tmp_path / f"{name}.engine")
-            paths[-1].write_bytes(engine_of(build(torch.Generator().manual_seed(0))[0], "reference").serialize())
+    for name in sorted(SUB_NETWORK_HOSTILE):
+        paths.append(tmp_path / f"{name}.engine")
+        paths[-1].write_bytes(SUB_NETWORK_HOSTILE[name][0]())
     outcomes, _ = check_in_cpp(cpp, paths, MAX_MEMORY, MAX_FLOPS)
-    for path in paths:
-        text, kind = outcomes[str(path)][0], path.name.split("-")[0]
-        assert text.startswith("EngineFormatError: ") and f"layer kind '{kind}' has no meaning in the C++ runtime" \
-            in text, (path.name, text)
+    for name, path in zip(sorted(SUB_NETWORK_HOSTILE), paths):
+        text = outcomes[str(path)][0]
+        assert text.startswith("EngineFormatError: ") and SUB_NETWORK_HOSTILE[name][1] in text, (name, text)
 
 
 def _pointwise_cases():
@@ -357,16 +422,26 @@ def _gather_engine(device: str) -> Engine:
     return engine_of(n, "reference", device)
 
 
-@pytest.mark.parametrize("device, inputs", [
-    ("cpu", [torch.randn(4, 3), torch.tensor([0, 7])]),  # EngineIndexError
-    ("cpu", [torch.randn(4, 3), torch.tensor([0, 1], dtype=torch.int32)]),  # EngineInputError: the dtype
-    ("cpu", [torch.randn(4, 3)]),  # EngineInputError: how many
-    ("cuda", [torch.randn(4, 3), torch.tensor([0, 1])]),  # EngineInputError: a CUDA engine given CPU tensors
-], ids=["index", "dtype", "count", "device"])
-def test_engine_errors_in_cpp_are_the_python_runtime_errors(cpp, tmp_path, device, inputs):
+def _loop_engine(max_trips: int) -> Engine:
+    """A loop of a given trip count, and true conditions, bounded by `max_trips`."""
+    n = Network("loop")
+    x, r, trips = (n.add_input("x", torch.float32, (4,)), n.add_input("r", torch.float32, (4,)),
+                   n.add_input("trips", torch.int64, ()))
+    n.mark_output(n.add_loop(trips, scalar(n, True), [x], [r], carried_body(0.5, None), max_trips).get_output())
+    return engine_of(n, "reference")
+
+
+@pytest.mark.parametrize("engine, inputs", [
+    (lambda: _gather_engine("cpu"), [torch.randn(4, 3), torch.tensor([0, 7])]),  # EngineIndexError
+    (lambda: _gather_engine("cpu"), [torch.randn(4, 3), torch.tensor([0, 1], dtype=torch.int32)]),  # the dtype
+    (lambda: _gather_engine("cpu"), [torch.randn(4, 3)]),  # EngineInputError: how many
+    (lambda: _gather_engine("cuda"), [torch.randn(4, 3), torch.tensor([0, 1])]),  # a CUDA engine given CPU tensors
+    (lambda: _loop_engine(5), [torch.randn(4), torch.randn(4), torch.tensor(6)]),  # past max_trips
+], ids=["index", "dtype", "count", "device", "loop-past-max-trips"])
+def test_engine_errors_in_cpp_are_the_python_runtime_errors(cpp, tmp_path, engine, inputs):
     """The C++ runtime raises the Python runtime's error type and message (as a c10::Error naming the type), which
     torchkiln.load's mapping (reraise_engine_error) turns back into the torchkiln type."""
-    engine = _gather_engine(device)
+    engine = engine()
     with pytest.raises(EngineInputError) as raised:
         engine.execute(inputs)
     torch.jit.save(torch.jit.script(_Engines([engine_blob(engine.serialize())], [inputs])), str(tmp_path / "m.pt"))

@@ -5,6 +5,7 @@ import pathlib
 import re
 import struct
 import tracemalloc
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -601,7 +602,8 @@ def test_cached_shape_inference_agrees_with_the_meta_path():
     from torchkiln.ir.shape_inference import infer_on_meta, infer_outputs
     from test_engine_fuzz import seed_engines
 
-    layers = [layer for data in seed_engines() for layer in Engine.deserialize(data).network.layers]
+    layers = [layer for data in seed_engines() for layer in Engine.deserialize(data).network.layers
+              if not layer.SUBNETWORKS]  # control flow gives what its sub-networks give: no meta path
     assert len({type(layer) for layer in layers}) >= 20
     for layer in layers:
         assert infer_outputs(layer) == list(infer_on_meta(layer)), layer.KIND
@@ -775,27 +777,52 @@ def test_sub_networks_round_trip_and_run():
     assert torch.equal(engine.execute([torch.tensor(True), x])[0], x.exp())
 
 
-def test_sub_networks_nested_too_deep_are_refused():
-    with pytest.raises(EngineFormatError, match=f"sub-networks nested more than {S.MAX_NESTING} deep"):
-        Engine.deserialize(_conditional_engine(S.MAX_NESTING + 1))
-
-
-@pytest.mark.parametrize("damage, message", [
-    (lambda entry: entry.pop("subnetworks"), "expected the sub-networks"),
-    (lambda entry: entry["subnetworks"].pop("else_branch"), "expected the sub-networks"),
-    (lambda entry: entry["subnetworks"]["then_branch"]["layers"][0].update(kind="nope"), "unknown layer kind"),
-    (lambda entry: entry["subnetworks"]["then_branch"]["inputs"].pop(0), "level1 input: 1 tensors for 2"),
-])
-def test_damaged_sub_networks_are_format_errors(damage, message):
+def _damaged_conditional(damage: Callable[[dict], object]) -> bytes:
+    """A one-level conditional engine whose layer entry `damage` edits."""
     _, graph, weights = _split(_conditional_engine(1))
     damage(graph["network"]["layers"][0])
-    with pytest.raises(EngineFormatError, match=message):
-        Engine.deserialize(_pack(graph, weights))
+    return _pack(graph, weights)
 
 
-def test_sub_networks_on_another_kind_are_refused():
+def _sub_networks_on_a_unary() -> bytes:
     _, graph, weights = _split(_engine_of(lambda n, x: [n.add_unary(x, L.UnaryOperation.EXP).get_output()],
                                           [("x", torch.float32, (2,))]))
     graph["network"]["layers"][0]["subnetworks"] = {}
-    with pytest.raises(EngineFormatError, match="a unary layer holds no sub-networks"):
-        Engine.deserialize(_pack(graph, weights))
+    return _pack(graph, weights)
+
+
+def _costly_loop() -> bytes:
+    """A loop of 2^20 iterations of a (256, 1024) by (1024, 1024) product: 5.6e14 FLOPs, over the default compute
+    ceiling of a machine of 128 cores (3.8e14), in 6 MiB."""
+    body = Network("body")
+    i, x = body.add_input("i", torch.int64, ()), body.add_input("x", torch.float32, (256, 1024))
+    w = body.add_constant(torch.zeros(1024, 1024)).get_output()
+    y = body.add_matrix_multiply(x, L.MatrixOperation.NONE, w, L.MatrixOperation.NONE).get_output()
+    body.mark_output(body.add_constant(torch.tensor(True)).get_output())
+    body.mark_output(y)
+    trips = lambda n, v: n.add_constant(torch.tensor(v)).get_output()  # noqa: E731
+    return _engine_of(lambda n, x: n.add_loop(trips(n, 1 << 20), trips(n, True), [x], [], body, 1 << 20).outputs,
+                      [("x", torch.float32, (256, 1024))])
+
+
+# Hostile sub-networks: name -> (the engine's bytes, the error's words) (tests/test_cpp_runtime.py loads them in C++)
+SUB_NETWORK_HOSTILE: dict[str, tuple[Callable[[], bytes], str]] = {
+    "nested-too-deep": (lambda: _conditional_engine(S.MAX_NESTING + 1),
+                        f"sub-networks nested more than {S.MAX_NESTING} deep"),
+    "none": (lambda: _damaged_conditional(lambda entry: entry.pop("subnetworks")), "expected the sub-networks"),
+    "no-else": (lambda: _damaged_conditional(lambda entry: entry["subnetworks"].pop("else_branch")),
+                "expected the sub-networks"),
+    "unknown-kind-inside": (lambda: _damaged_conditional(
+        lambda entry: entry["subnetworks"]["then_branch"]["layers"][0].update(kind="nope")), "unknown layer kind"),
+    "branch-inputs": (lambda: _damaged_conditional(lambda entry: entry["subnetworks"]["then_branch"]["inputs"].pop(0)),
+                      "level1 input: 1 tensors for 2"),
+    "on-another-kind": (_sub_networks_on_a_unary, "a unary layer holds no sub-networks"),
+    "costly-loop": (_costly_loop, "FLOPs per call by this layer, over the limit of"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SUB_NETWORK_HOSTILE))
+def test_hostile_sub_networks_are_format_errors(name):
+    make, words = SUB_NETWORK_HOSTILE[name]
+    with pytest.raises(EngineFormatError, match=re.escape(words)):
+        Engine.deserialize(make())

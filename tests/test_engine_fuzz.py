@@ -98,6 +98,31 @@ def _workspace(n: Network) -> list:
     return [conv, resized, product, three]
 
 
+def _control_flow(n: Network) -> list:
+    """A data-dependent conditional (a branch holding a weight) feeding a loop whose condition the body computes:
+    sub-networks nested in layer entries."""
+    x = n.add_input("x", torch.float32, (2, 4))
+    zero = n.add_constant(torch.zeros(())).get_output()
+    total = n.add_reduce(x, L.ReduceOperation.SUM, (0, 1), False).get_output()
+    predicate = n.add_elementwise(total, zero, L.ElementWiseOperation.GREATER).get_output()
+    then, otherwise = Network("then"), Network("else")
+    a, b = then.add_input("a", torch.float32, (2, 4)), otherwise.add_input("b", torch.float32, (2, 4))
+    w = then.add_constant(torch.randn(4, 4)).get_output()
+    then.mark_output(then.add_matrix_multiply(a, L.MatrixOperation.NONE, w, L.MatrixOperation.NONE).get_output())
+    otherwise.mark_output(otherwise.add_unary(b, L.UnaryOperation.EXP).get_output())
+    picked = n.add_conditional(predicate, [x], then, otherwise).get_output()
+    body = Network("body")
+    i, c = body.add_input("i", torch.int64, ()), body.add_input("c", torch.float32, (2, 4))
+    nxt = body.add_elementwise(c, body.add_cast(i, torch.float32).get_output(), L.ElementWiseOperation.SUM)
+    limit = body.add_constant(torch.tensor(100.0)).get_output()
+    body.mark_output(body.add_elementwise(body.add_reduce(nxt.get_output(), L.ReduceOperation.SUM, (0, 1),
+                                                          False).get_output(), limit,
+                                          L.ElementWiseOperation.LESS).get_output())
+    body.mark_output(nxt.get_output())
+    trips, go = n.add_constant(torch.tensor(8)).get_output(), n.add_constant(torch.tensor(True)).get_output()
+    return [n.add_loop(trips, go, [picked], [], body, 8).get_output()]
+
+
 def _engine(name: str, build: Callable[[Network], list]) -> bytes:
     network = Network(name)
     for out in build(network):
@@ -109,7 +134,8 @@ def _engine(name: str, build: Callable[[Network], list]) -> bytes:
 @functools.cache
 def seed_engines() -> tuple[bytes, ...]:
     torch.manual_seed(0)
-    return tuple(_engine(build.__name__.strip("_"), build) for build in (_cnn, _indexing, _attention, _workspace))
+    builds = (_cnn, _indexing, _attention, _workspace, _control_flow)
+    return tuple(_engine(build.__name__.strip("_"), build) for build in builds)
 
 
 # ---- hostile engines: well-formed networks of extents the chooser picks, for the memory and FLOPs ceilings ----

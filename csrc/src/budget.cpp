@@ -118,6 +118,31 @@ void attention_sizes(const Sizes& z, double& rows, double& keys, double& length)
   length = y.shape.size() >= 2 ? z.dim(y.shape[y.shape.size() - 2]) : 1.0;
 }
 
+double flops(const Sizes& z);
+double workspace(const Sizes& z);
+
+// ---- control flow: what its sub-networks cost ----
+
+double network_flops(const Network& n, const std::vector<int64_t>& hi) {  // its layers' sum
+  double total = 0;
+  for (const Layer& layer : n.layers) total += flops(Sizes{layer, n.tensors, hi});
+  return total;
+}
+
+// What running a sub-network may hold at once, bounded above by every tensor it makes and its layers' largest
+// workspace together.
+double network_bytes(const Network& n, const std::vector<int64_t>& hi) {
+  double made = 0, weights = 0, most = 0;
+  for (const Layer& layer : n.layers) {
+    Sizes z{layer, n.tensors, hi};
+    if (layer.kind != "constant")
+      for (size_t k = 0; k < layer.outputs.size(); ++k) made += z.nbytes(z.out(k));
+    for (const auto& [key, w] : layer.weights) weights += (double)w.numel() * w.element_size();
+    most = std::max(most, workspace(z));
+  }
+  return made + weights + most;
+}
+
 double flops(const Sizes& z) {
   const Layer& l = z.layer;
   const std::string& kind = l.kind;
@@ -152,6 +177,13 @@ double flops(const Sizes& z) {
   if (kind == "topk")
     return z.numel(z.in(0)) * (1 + std::log2(std::max((double)l.param("k").i.value, 1.0) + 1)) + z.touched();
   if (kind == "unique") return z.numel(z.in(0)) * (1 + std::log2(z.numel(z.in(0)) + 1)) + z.touched();
+  if (kind == "conditional")
+    return std::max(network_flops(*l.subnetworks[0], z.hi), network_flops(*l.subnetworks[1], z.hi));
+  if (kind == "loop") {  // every iteration it may run (at most max_trips), the body and the copy of what it carries
+    double carried = 0;
+    for (size_t k = 0; k < l.outputs.size(); ++k) carried += z.numel(z.out(k));
+    return (double)l.param("max_trips").i.value * (network_flops(*l.subnetworks[0], z.hi) + carried + 1);
+  }
   return z.touched();
 }
 
@@ -237,6 +269,9 @@ double workspace(const Sizes& z) {
   if (kind == "gather") return z.numel(z.in(1)) * (3 + at::elementSize(z.in(1).dtype));
   if (kind == "topk") return z.numel(z.in(0)) * (at::elementSize(z.in(0).dtype) + 8);
   if (kind == "unique") return z.numel(z.in(0)) * (at::elementSize(z.in(0).dtype) + 16);
+  if (kind == "conditional")
+    return std::max(network_bytes(*l.subnetworks[0], z.hi), network_bytes(*l.subnetworks[1], z.hi));
+  if (kind == "loop") return network_bytes(*l.subnetworks[0], z.hi);  // an iteration's tensors go when the next starts
   return 0;
 }
 

@@ -1,5 +1,6 @@
 // Running an engine: the input checks and symbol binding of runtime/engine.py and runtime/symbols.py, then each
-// layer's meaning in order, intermediates freed after their last reader (runtime/executor.py).
+// layer's meaning in order, intermediates freed after their last reader (runtime/executor.py); a control-flow
+// layer's sub-networks run the same way, with the outer network's symbol values.
 #include "torchkiln/engine.h"
 
 #include <c10/core/GradMode.h>
@@ -133,9 +134,10 @@ void Engine::check_inputs(const std::vector<at::Tensor>& inputs) const {
 }
 
 std::vector<int64_t> Engine::bind(const std::vector<at::Tensor>& inputs) const {
+  const std::vector<TensorInfo>& tensors = network.tensors;
   std::vector<int64_t> values(symbols.size(), -1);
   std::vector<std::pair<int, int>> first(symbols.size());
-  for (int i = 0; i < num_inputs; ++i)
+  for (int i = 0; i < network.num_inputs; ++i)
     for (size_t j = 0; j < tensors[i].shape.size(); ++j) {
       const Dim& d = tensors[i].shape[j];
       if (d.op != Dim::Op::Sym) continue;
@@ -159,6 +161,38 @@ std::vector<int64_t> Engine::bind(const std::vector<at::Tensor>& inputs) const {
   return values;
 }
 
+std::vector<at::Tensor> run_network(const Network& network, const std::vector<at::Tensor>& inputs, const Env& env) {
+  std::vector<int64_t> values = env.symbols;  // a data-dependent layer binds its size here, for this run
+  Env own{values, env.device, env.meta};
+  std::vector<at::Tensor> slots(network.tensors.size());
+  for (int i = 0; i < network.num_inputs; ++i) slots[i] = inputs[i];
+  std::vector<at::Tensor> xs;
+  for (const Layer& layer : network.layers) {
+    xs.clear();
+    for (int s : layer.inputs) xs.push_back(slots[s]);
+    std::vector<at::Tensor> outs = layer.meaning(layer, xs, own);
+    if ((layer.kind == "non_zero" || layer.kind == "unique") && !outs.empty())  // its size, known now (env reads it)
+      values[layer.param("count").i.value] = outs[0].size(0);
+    for (size_t k = 0; k < layer.outputs.size(); ++k) {
+      const TensorInfo& t = network.tensors[layer.outputs[k]];
+      bool same = k < outs.size() && outs[k].scalar_type() == t.dtype && outs[k].dim() == (int64_t)t.shape.size();
+      for (size_t d = 0; same && d < t.shape.size(); ++d) same = outs[k].size(d) == t.shape[d].eval(values);
+      if (!same)
+        format_error(network.what + " layer '" + layer.name + "' (" + layer.kind +
+                     ") computed an output other "
+                     "than the " +
+                     kinds().dtype_name(t.dtype) + " tensor of " + std::to_string(t.shape.size()) +
+                     " dims its engine declares for '" + t.name + "'");
+      slots[layer.outputs[k]] = std::move(outs[k]);
+    }
+    for (int s : layer.frees) slots[s] = at::Tensor();
+  }
+  std::vector<at::Tensor> result;
+  for (size_t k = 0; k < network.outputs.size(); ++k)
+    result.push_back(network.clone_output[k] ? slots[network.outputs[k]].clone() : slots[network.outputs[k]]);
+  return result;
+}
+
 std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) const {
   check_inputs(inputs);
   at::Device device = inputs.empty() ? at::Device(device_type) : inputs[0].device();
@@ -170,53 +204,36 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) c
     }
   c10::AutoGradMode no_grad(false);
   std::vector<int64_t> values = symbols.empty() ? std::vector<int64_t>{} : bind(inputs);
-  Env env{values, device, false};
-  std::vector<at::Tensor> slots(tensors.size());
-  for (int i = 0; i < num_inputs; ++i) slots[i] = inputs[i];
-  std::vector<at::Tensor> xs;
-  for (const Layer& layer : layers_on(device)) {
-    xs.clear();
-    for (int s : layer.inputs) xs.push_back(slots[s]);
-    std::vector<at::Tensor> outs = layer.meaning(layer, xs, env);
-    if ((layer.kind == "non_zero" || layer.kind == "unique") && !outs.empty())  // its size, known now (env reads it)
-      values[layer.param("count").i.value] = outs[0].size(0);
-    for (size_t k = 0; k < layer.outputs.size(); ++k) {
-      const TensorInfo& t = tensors[layer.outputs[k]];
-      bool same = k < outs.size() && outs[k].scalar_type() == t.dtype && outs[k].dim() == (int64_t)t.shape.size();
-      for (size_t d = 0; same && d < t.shape.size(); ++d) same = outs[k].size(d) == t.shape[d].eval(values);
-      if (!same)
-        format_error("engine '" + name + "' layer '" + layer.name + "' (" + layer.kind +
-                     ") computed an output other "
-                     "than the " +
-                     kinds().dtype_name(t.dtype) + " tensor of " + std::to_string(t.shape.size()) +
-                     " dims its engine declares for '" + t.name + "'");
-      slots[layer.outputs[k]] = std::move(outs[k]);
-    }
-    for (int s : layer.frees) slots[s] = at::Tensor();
-  }
-  std::vector<at::Tensor> result;
-  for (size_t k = 0; k < outputs.size(); ++k)
-    result.push_back(clone_output[k] ? slots[outputs[k]].clone() : slots[outputs[k]]);
-  return result;
+  return run_network(network_on(device), inputs, Env{values, device, false});
 }
 
-const std::vector<Layer>& Engine::layers_on(const at::Device& device) const {
-  if (device.type() == at::kCPU) return layers;
+namespace {
+
+// `network` with every weight, its sub-networks' included, copied to `device`.
+std::shared_ptr<const Network> copied_to(const Network& network, const at::Device& device) {
+  auto moved = std::make_shared<Network>(network);
+  for (Layer& layer : moved->layers) {
+    for (auto& [key, w] : layer.weights) w = w.to(device);
+    for (auto& sub : layer.subnetworks) sub = copied_to(*sub, device);
+  }
+  return moved;
+}
+
+}  // namespace
+
+const Network& Engine::network_on(const at::Device& device) const {
+  if (device.type() == at::kCPU) return network;
   static std::mutex mutex;  // engines may run on several threads; copies are made once
   std::lock_guard<std::mutex> lock(mutex);
-  auto& held = device_layers_[device.str()];
-  if (!held) {
-    auto moved = std::make_shared<std::vector<Layer>>(layers);
-    for (Layer& layer : *moved)
-      for (auto& [key, w] : layer.weights) w = w.to(device);
-    held = std::move(moved);
-  }
+  auto& held = device_networks_[device.str()];
+  if (!held) held = copied_to(network, device);
   return *held;
 }
 
 std::string Engine::signature() const {
   std::vector<std::string> ins, outs;
-  for (int i = 0; i < num_inputs; ++i) {
+  const std::vector<TensorInfo>& tensors = network.tensors;
+  for (int i = 0; i < network.num_inputs; ++i) {
     const Binding& b = bindings[i];
     std::vector<std::string> dims;
     for (size_t d = 0; d < tensors[i].shape.size(); ++d) {
@@ -228,7 +245,7 @@ std::string Engine::signature() const {
     }
     ins.push_back(kinds().dtype_name(b.dtype) + "[" + c10::Join(",", dims) + "]");
   }
-  for (int s : outputs) {
+  for (int s : network.outputs) {
     std::vector<std::string> dims;
     for (const Dim& d : tensors[s].shape) dims.push_back(d.is_int() ? std::to_string(d.value) : "?");
     outs.push_back(kinds().dtype_name(tensors[s].dtype) + "[" + c10::Join(",", dims) + "]");

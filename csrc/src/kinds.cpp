@@ -42,6 +42,8 @@ Kinds load() {
     for (const Json& d : v.get("weight_dtypes")->array) info.weight_dtypes.push_back(scalar_type(d.s));
     info.min_inputs = v.get("min_inputs")->i;
     info.max_inputs = v.get("max_inputs")->type == Json::Type::Null ? -1 : v.get("max_inputs")->i;
+    if (const Json* subnetworks = v.get("subnetworks"))
+      for (const Json& f : subnetworks->array) info.subnetworks.push_back(f.s);
     out.kinds[name] = std::move(info);
   }
   return out;

@@ -19,6 +19,7 @@ struct KindInfo {
   std::vector<std::string> weights, required_weights;
   std::vector<at::ScalarType> weight_dtypes;
   int64_t min_inputs = 1, max_inputs = -1;  // -1: any number
+  std::vector<std::string> subnetworks;      // control flow: the sub-networks its entry holds, in order
 };
 
 struct OptionInfo {              // a backend option of engine metadata (runtime/backends/base.py)

@@ -489,6 +489,18 @@ std::vector<at::Tensor> infer_outputs(const Layer& layer, const std::vector<Tens
   }
 }
 
+// Meta tensors of `results`' dtypes and shapes at every symbol's largest value (a control-flow layer's outputs are
+// what its sub-networks give: their own layers were inferred).
+std::vector<at::Tensor> on_meta(const std::vector<const TensorInfo*>& results, const std::vector<int64_t>& highest) {
+  std::vector<at::Tensor> out;
+  for (const TensorInfo* t : results) {
+    std::vector<int64_t> dims;
+    for (const Dim& d : t->shape) dims.push_back(d.eval(highest));
+    out.push_back(at::empty(dims, at::TensorOptions().dtype(t->dtype).device(at::kMeta)));
+  }
+  return out;
+}
+
 }  // namespace
 
 // ---- the network ---------------------------------------------------------------------------------------
@@ -505,10 +517,11 @@ void symbols_in(const Param& p, std::set<int64_t>& out) {
   for (const Param& q : p.list) symbols_in(q, out);
 }
 
-// serialization.py's _check_defined: every symbol a layer's parameters use is an input dim or the size an earlier
-// data-dependent layer defines; a layer defines its own once. (Its outputs' dims are its parameters' and inputs'.)
-void check_defined(const Layer& layer, std::vector<bool>& known, const std::vector<Symbol>& symbols,
-                   const std::string& where) {
+// serialization.py's _check_defined: every symbol a layer's parameters and outputs use is an input dim or the size
+// an earlier data-dependent layer defines; a layer defines its own once. (The outputs' dims of a layer without
+// sub-networks are its parameters' and inputs'; a conditional's are its then-branch's outputs'.)
+void check_defined(const Layer& layer, const std::vector<const TensorInfo*>& results, std::vector<bool>& known,
+                   const std::vector<Symbol>& symbols, const std::string& where) {
   if (layer.kind == "non_zero" || layer.kind == "unique") {
     int64_t own = layer.param("count").i.value;
     if (known[own])
@@ -517,6 +530,8 @@ void check_defined(const Layer& layer, std::vector<bool>& known, const std::vect
   }
   std::set<int64_t> used;
   for (const auto& [k, p] : layer.params) symbols_in(p, used);
+  for (const TensorInfo* t : results)
+    for (const Dim& d : t->shape) symbols_in(d, used);
   std::vector<std::string> unknown;
   for (int64_t s : used)
     if (!known[s]) unknown.push_back("'" + symbols[s].name + "'");
@@ -525,11 +540,56 @@ void check_defined(const Layer& layer, std::vector<bool>& known, const std::vect
                  "] that no input dim or earlier layer defines");
 }
 
-void decode_network(Engine& engine, const Json& raw, const std::map<std::string, at::Tensor>& weights,
-                    double max_memory, double max_flops) {
-  field(&raw, "name", Json::Type::String, "network");
-  engine.symbols = parse_symbols(raw.get("symbols"));
-  const auto& symbols = engine.symbols;
+// A control-flow layer's result types (ir/layers.py's result_types): its then-branch's outputs, or a loop's
+// carried inputs; none for another layer.
+std::vector<const TensorInfo*> result_types(const Layer& layer, const std::vector<TensorInfo>& tensors) {
+  std::vector<const TensorInfo*> out;
+  if (layer.kind == "conditional") {
+    const Network& then = *layer.subnetworks[0];
+    for (int s : then.outputs) out.push_back(&then.tensors[s]);
+  } else if (layer.kind == "loop") {
+    int64_t carried = layer.param("num_carried").i.value;
+    for (int64_t k = 0; k < carried; ++k) out.push_back(&tensors[layer.inputs[2 + k]]);
+  }
+  return out;
+}
+
+void decode_graph(Network& network, const Json& raw, const std::map<std::string, at::Tensor>& weights,
+                  double max_memory, double max_flops, const std::vector<Symbol>& symbols, int depth, size_t& count);
+
+// serialization.py's _decode_subnetworks: a control-flow layer's sub-networks, each read as a network is, with the
+// outer network's symbols, at most MAX_NESTING deep.
+void decode_subnetworks(Layer& layer, const KindInfo& kind, const Json& entry, const std::string& where,
+                        const std::map<std::string, at::Tensor>& weights, double max_memory, double max_flops,
+                        const std::vector<Symbol>& symbols, int depth, size_t& count) {
+  const Json* raw = entry.get("subnetworks");
+  if (raw && raw->type == Json::Type::Null) raw = nullptr;
+  if (kind.subnetworks.empty()) {
+    if (raw) format_error(where + ": a " + layer.kind + " layer holds no sub-networks");
+    return;
+  }
+  if (depth >= kinds().bound("MAX_NESTING"))
+    format_error(where + ": sub-networks nested more than " + std::to_string(kinds().bound("MAX_NESTING")) + " deep");
+  bool fits = raw && raw->type == Json::Type::Object && raw->object.size() == kind.subnetworks.size();
+  for (const std::string& f : kind.subnetworks) fits = fits && raw->get(f) && raw->get(f)->type == Json::Type::Object;
+  if (!fits) {
+    std::vector<std::string> names;
+    for (const std::string& f : kind.subnetworks) names.push_back(q(f));
+    format_error(where + ": expected the sub-networks [" + c10::Join(", ", names) + "]");
+  }
+  for (const std::string& f : kind.subnetworks) {
+    auto sub = std::make_shared<Network>();
+    decode_graph(*sub, *raw->get(f), weights, max_memory, max_flops, symbols, depth + 1, count);
+    layer.subnetworks.push_back(std::move(sub));
+  }
+}
+
+// serialization.py's _decode_network: a network (depth 0) or a control-flow layer's sub-network; `count` holds the
+// layers read so far at any depth, bounded by MAX_LAYERS together.
+void decode_graph(Network& network, const Json& raw, const std::map<std::string, at::Tensor>& weights,
+                  double max_memory, double max_flops, const std::vector<Symbol>& symbols, int depth, size_t& count) {
+  network.name = field(&raw, "name", Json::Type::String, "network").s;
+  network.what = (depth ? "sub-network " : "engine ") + q(network.name);
   std::vector<int64_t> highest;
   for (const Symbol& s : symbols) highest.push_back(s.hi);
   std::map<std::string, int> slots;
@@ -546,18 +606,20 @@ void decode_network(Engine& engine, const Json& raw, const std::map<std::string,
     std::string name = define(field(&raw_inputs[i], "name", Json::Type::String, where), where);
     TensorInfo t{name, parse_dtype(raw_inputs[i].get("dtype"), where),
                  parse_dims(raw_inputs[i].get("shape"), where, symbols)};
-    for (size_t j = 0; j < t.shape.size(); ++j)
+    for (size_t j = 0; j < t.shape.size() && depth == 0; ++j)  // a sub-network's may be expressions
       if (!t.shape[j].is_int() && t.shape[j].op != Dim::Op::Sym)
         format_error("network input '" + name + "' dim " + std::to_string(j) +
                      ": an input dim must be an int or a single symbol");
-    slots[name] = engine.tensors.size();
-    engine.tensors.push_back(std::move(t));
+    slots[name] = network.tensors.size();
+    network.tensors.push_back(std::move(t));
   }
-  engine.num_inputs = engine.tensors.size();
+  network.num_inputs = network.tensors.size();
   std::vector<bool> known(symbols.size(), false);  // defined by an input dim or an earlier data-dependent layer
-  for (const TensorInfo& t : engine.tensors)
-    for (const Dim& d : t.shape)
-      if (d.op == Dim::Op::Sym) known[d.value] = true;
+  for (const TensorInfo& t : network.tensors) {
+    std::set<int64_t> used;
+    for (const Dim& d : t.shape) symbols_in(d, used);
+    for (int64_t k : used) known[k] = true;
+  }
   const auto& raw_layers = list_field(&raw, "layers", "network", kinds().bound("MAX_LAYERS"));
   const auto& raw_outputs = list_field(&raw, "outputs", "network", max_tensors);
   std::vector<std::vector<std::string>> reads;
@@ -576,12 +638,16 @@ void decode_network(Engine& engine, const Json& raw, const std::map<std::string,
   std::set<std::string> layer_names;
   for (size_t i = 0; i < raw_layers.size(); ++i) {
     const Json& entry = raw_layers[i];
-    std::string where = "layer " + std::to_string(i);
+    std::string where = (depth ? Json{Json::Type::String, false, 0, 0, network.name.substr(0, 60)}.repr() + " " : "") +
+                        "layer " + std::to_string(i);
+    if (++count > (size_t)kinds().bound("MAX_LAYERS"))
+      format_error(where + ": the engine holds more than " + std::to_string(kinds().bound("MAX_LAYERS")) +
+                   " layers with its sub-networks");
     const std::string& kind_name = field(&entry, "kind", Json::Type::String, where).s;
     const KindInfo* kind = kinds().find(kind_name);
     if (!kind) format_error(where + ": unknown layer kind " + Json{Json::Type::String, false, 0, 0, kind_name}.repr());
     const std::string& name = field(&entry, "name", Json::Type::String, where).s;
-    where = "layer " + std::to_string(i) + " (" + kind_name + " '" + name.substr(0, 60) + "')";
+    where += " (" + kind_name + " '" + name.substr(0, 60) + "')";
     if (name.empty() || name.size() > kinds().bound("MAX_STRING")) format_error(where + ": bad layer name");
     Layer layer;
     layer.kind = kind_name;
@@ -614,10 +680,14 @@ void decode_network(Engine& engine, const Json& raw, const std::map<std::string,
       format_error(where + ": unknown parameters [" + extra + "]");
     }
     if (!layer_names.insert(name).second) format_error(where + ": layer name used twice");
-    validate_layer(layer, engine.tensors, symbols, where);
-    check_defined(layer, known, symbols, where);
+    decode_subnetworks(layer, *kind, entry, where, weights, max_memory, max_flops, symbols, depth, count);
+    validate_layer(layer, network.tensors, symbols, where);
+    std::vector<const TensorInfo*> results = result_types(layer, network.tensors);
+    check_defined(layer, results, known, symbols, where);
     layer.meaning = meaning_of(kind_name);
-    std::vector<at::Tensor> inferred = infer_outputs(layer, engine.tensors, highest, max_memory, where);
+    std::vector<at::Tensor> inferred = layer.subnetworks.empty()
+                                           ? infer_outputs(layer, network.tensors, highest, max_memory, where)
+                                           : on_meta(results, highest);
     const auto& declared = list_field(&entry, "outputs", where, max_tensors);
     if (declared.size() != inferred.size())
       format_error(where + ": declares " + std::to_string(declared.size()) + " outputs, the layer has " +
@@ -635,32 +705,32 @@ void decode_network(Engine& engine, const Json& raw, const std::map<std::string,
       if (out.shape.size() > kinds().bound("MAX_RANK"))
         format_error(where + ": output " + std::to_string(k) + " has rank " + std::to_string(out.shape.size()));
       if (layer.kind == "constant") out.constant = layer.weights.at("value");
-      slots[oname] = engine.tensors.size();
-      layer.outputs.push_back(engine.tensors.size());
-      engine.tensors.push_back(std::move(out));
+      slots[oname] = network.tensors.size();
+      layer.outputs.push_back(network.tensors.size());
+      network.tensors.push_back(std::move(out));
     }
-    budget.add(i, layer, engine.tensors, highest, where);
-    engine.layers.push_back(std::move(layer));
+    budget.add(i, layer, network.tensors, highest, where);
+    network.layers.push_back(std::move(layer));
   }
   std::set<std::string> marked;
   for (const Json& tname : raw_outputs) {
     if (tname.type != Json::Type::String || !slots.count(tname.s) || !marked.insert(tname.s).second)
       format_error("network output " + tname.repr() + " is not defined or listed twice");
-    engine.outputs.push_back(slots[tname.s]);
+    network.outputs.push_back(slots[tname.s]);
   }
   // Where each intermediate is freed (executor.py): after its last reader, or where it is made if nothing reads it.
   std::map<int, size_t> last_reader;
-  for (size_t i = 0; i < engine.layers.size(); ++i)
-    for (int s : engine.layers[i].inputs) last_reader[s] = i;
-  for (size_t i = 0; i < engine.layers.size(); ++i)
-    for (int s : engine.layers[i].outputs) last_reader.emplace(s, i);
-  std::set<int> outputs(engine.outputs.begin(), engine.outputs.end());
+  for (size_t i = 0; i < network.layers.size(); ++i)
+    for (int s : network.layers[i].inputs) last_reader[s] = i;
+  for (size_t i = 0; i < network.layers.size(); ++i)
+    for (int s : network.layers[i].outputs) last_reader.emplace(s, i);
+  std::set<int> outputs(network.outputs.begin(), network.outputs.end());
   for (auto [s, i] : last_reader)
-    if (!outputs.count(s)) engine.layers[i].frees.push_back(s);
+    if (!outputs.count(s)) network.layers[i].frees.push_back(s);
   std::map<int, const Layer*> producer;
-  for (const Layer& l : engine.layers)
+  for (const Layer& l : network.layers)
     for (int s : l.outputs) producer[s] = &l;
-  for (int s : engine.outputs) {
+  for (int s : network.outputs) {
     bool alias = true;
     for (int t = s; producer.count(t);) {
       const Layer* p = producer[t];
@@ -671,7 +741,7 @@ void decode_network(Engine& engine, const Json& raw, const std::map<std::string,
       if (p->kind == "constant") break;
       t = p->inputs[0];
     }
-    engine.clone_output.push_back(alias);
+    network.clone_output.push_back(alias);
   }
 }
 
@@ -742,14 +812,18 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
   const Json* device = meta->get("device_type");
   std::string device_type = device && device->type == Json::Type::String && device->s == "cuda" ? "cuda" : "cpu";
   auto engine = std::make_shared<Engine>();
-  decode_network(*engine, *raw_network, weights, max_engine_memory(limits.max_memory, device_type),
-                 max_engine_flops(limits.max_flops, device_type));
+  field(raw_network, "name", Json::Type::String, "network");
+  engine->symbols = parse_symbols(raw_network->get("symbols"));
+  size_t count = 0;
+  decode_graph(engine->network, *raw_network, weights, max_engine_memory(limits.max_memory, device_type),
+               max_engine_flops(limits.max_flops, device_type), engine->symbols, 0, count);
   // The metadata (runtime/engine.py's Engine.deserialize).
   const Json* name = meta->get("name");
   if (!name || name->type != Json::Type::String || name->s.size() > kinds().bound("MAX_STRING") || !device ||
       device->type != Json::Type::String || (device->s != "cpu" && device->s != "cuda"))
     format_error("engine metadata: bad name or device_type");
   engine->name = name->s;
+  engine->network.what = "engine " + q(name->s);  // run-time messages name the engine, not its network
   engine->device_type = device->s;
   const Json* raw_bindings = meta->get("bindings");
   if (!raw_bindings || raw_bindings->type != Json::Type::Array ||
@@ -794,12 +868,12 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
   }
   engine->precision = parse_dtype(meta->get("precision"), "engine precision");
   // The bindings against the network's inputs (InputBinding.check_against).
-  if (engine->bindings.size() != (size_t)engine->num_inputs)
+  if (engine->bindings.size() != (size_t)engine->network.num_inputs)
     format_error("engine '" + engine->name + "': " + std::to_string(engine->bindings.size()) + " bindings for " +
-                 std::to_string(engine->num_inputs) + " inputs");
-  for (int i = 0; i < engine->num_inputs; ++i) {
+                 std::to_string(engine->network.num_inputs) + " inputs");
+  for (int i = 0; i < engine->network.num_inputs; ++i) {
     const Binding& b = engine->bindings[i];
-    const TensorInfo& t = engine->tensors[i];
+    const TensorInfo& t = engine->network.tensors[i];
     std::vector<std::string> dims;
     for (const Dim& d : t.shape)
       dims.push_back(d.op == Dim::Op::Sym ? engine->symbols[d.value].name : std::to_string(d.value));

@@ -574,6 +574,40 @@ Tensors dim_value(const Layer& l, const Tensors&, const Env& env) {
       at::full({}, l.integer("value", env), at::TensorOptions().dtype(dtype_of(l.str("dtype"))).device(env.device))};
 }
 
+// ---- control flow: sub-networks run by run_network, with the outer network's symbols -------------------------
+
+// Copies of a control-flow layer's results: a branch or body may give back one of its inputs, a view of one or a
+// constant's weight, and no output may share memory with those.
+Tensors fresh(Tensors results) {
+  for (at::Tensor& r : results) r = r.clone();
+  return results;
+}
+
+Tensors conditional(const Layer& l, const Tensors& xs, const Env& env) {
+  const Network& taken = *l.subnetworks[xs[0].item<bool>() ? 0 : 1];
+  return fresh(run_network(taken, Tensors(xs.begin() + 1, xs.end()), env));
+}
+
+Tensors loop(const Layer& l, const Tensors& xs, const Env& env) {
+  int64_t carried_count = l.param("num_carried").i.value, max_trips = l.param("max_trips").i.value;
+  Tensors carried(xs.begin() + 2, xs.begin() + 2 + carried_count), read(xs.begin() + 2 + carried_count, xs.end());
+  int64_t trips = xs[0].item<int64_t>();
+  bool go = xs[1].item<bool>();
+  Tensors ins;
+  for (int64_t i = 0; go && i < trips; ++i) {
+    if (i == max_trips)
+      input_error("loop layer '" + l.name + "': these inputs need more than its " + std::to_string(max_trips) +
+                  " iterations");
+    ins.assign({at::scalar_tensor(i, at::TensorOptions().dtype(at::kLong).device(env.device))});
+    ins.insert(ins.end(), carried.begin(), carried.end());
+    ins.insert(ins.end(), read.begin(), read.end());
+    Tensors outs = run_network(*l.subnetworks[0], ins, env);
+    go = outs[0].item<bool>();
+    carried.assign(outs.begin() + 1, outs.end());
+  }
+  return fresh(std::move(carried));
+}
+
 const std::map<std::string, Meaning>& meanings() {
   static const std::map<std::string, Meaning> table = {
       {"constant", constant},
@@ -611,6 +645,8 @@ const std::map<std::string, Meaning>& meanings() {
       {"dequantize", dequantize},
       {"non_zero", non_zero},
       {"unique", unique},
+      {"conditional", conditional},
+      {"loop", loop},
   };
   return table;
 }
@@ -626,6 +662,22 @@ Meaning meaning_of(const std::string& kind) {
 // ---- validate (ir/layers.py) ---------------------------------------------------------------------------
 
 namespace {
+
+bool same_dim(const Dim& a, const Dim& b) {  // the same tree (honest engines write equal dims alike: sympy's form)
+  if (a.op != b.op || a.value != b.value || a.args.size() != b.args.size()) return false;
+  for (size_t k = 0; k < a.args.size(); ++k)
+    if (!same_dim(a.args[k], b.args[k])) return false;
+  return true;
+}
+
+std::string dim_text(const Dim& d, const std::vector<Symbol>& symbols) {
+  static const char* ops[] = {"", "", "add", "mul", "max", "min", "floordiv", "mod"};
+  if (d.op == Dim::Op::Int) return std::to_string(d.value);
+  if (d.op == Dim::Op::Sym) return symbols[d.value].name;
+  std::vector<std::string> args;
+  for (const Dim& a : d.args) args.push_back(dim_text(a, symbols));
+  return std::string(ops[(int)d.op]) + "(" + c10::Join(", ", args) + ")";
+}
 
 struct Check {
   const Layer& l;
@@ -661,6 +713,30 @@ struct Check {
       fail(what + " " + std::to_string(a) + " is out of range for a tensor of rank " + std::to_string(r));
   }
   int64_t dim_at_most(const Dim& d) const { return bounds(d).second; }
+  std::string type_text(const TensorInfo& t) const {
+    std::vector<std::string> dims;
+    for (const Dim& d : t.shape) dims.push_back(dim_text(d, symbols));
+    return "torch." + kinds().dtype_name(t.dtype) + "[" + c10::Join(", ", dims) + "]";
+  }
+  // ir/layers.py's _check_flag and _check_signature (control flow).
+  void flag(const std::string& what, const TensorInfo& t, std::vector<at::ScalarType> dtypes) const {
+    if (t.shape.empty() && std::find(dtypes.begin(), dtypes.end(), t.dtype) != dtypes.end()) return;
+    std::vector<std::string> names;
+    for (at::ScalarType d : dtypes) names.push_back(kinds().dtype_name(d));
+    fail(what + " must be a 0-d " + c10::Join(", ", names) + " tensor, got " + type_text(t));
+  }
+  // `tensors` (a sub-network's inputs or outputs) have the count, dtypes and shapes of `expected`.
+  void signature(const std::string& what, const std::vector<const TensorInfo*>& tensors,
+                 const std::vector<const TensorInfo*>& expected) const {
+    if (tensors.size() != expected.size())
+      fail(what + ": " + std::to_string(tensors.size()) + " tensors for " + std::to_string(expected.size()));
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const TensorInfo &t = *tensors[k], &e = *expected[k];
+      bool same = t.dtype == e.dtype && t.shape.size() == e.shape.size();
+      for (size_t d = 0; same && d < t.shape.size(); ++d) same = same_dim(t.shape[d], e.shape[d]);
+      if (!same) fail(what + " " + std::to_string(k) + " is " + type_text(t) + ", expected " + type_text(e));
+    }
+  }
   void constant_indices(size_t k, int64_t lo, int64_t hi) const {
     const at::Tensor& value = in(k).constant;
     if (value.defined() && value.numel()) {
@@ -673,6 +749,19 @@ struct Check {
 };
 
 std::string dims_text(const std::vector<int64_t>& v) { return "[" + c10::Join(", ", v) + "]"; }
+
+// A network's inputs from `from` on, and its outputs from `from` on.
+std::vector<const TensorInfo*> inputs_of(const Network& n, size_t from = 0) {
+  std::vector<const TensorInfo*> out;
+  for (int i = (int)from; i < n.num_inputs; ++i) out.push_back(&n.tensors[i]);
+  return out;
+}
+
+std::vector<const TensorInfo*> outputs_of(const Network& n, size_t from = 0) {
+  std::vector<const TensorInfo*> out;
+  for (size_t k = from; k < n.outputs.size(); ++k) out.push_back(&n.tensors[n.outputs[k]]);
+  return out;
+}
 
 }  // namespace
 
@@ -889,6 +978,34 @@ void validate_layer(const Layer& l, const std::vector<TensorInfo>& tensors, cons
     for (const Dim& d : c.in(0).shape) most *= c.dim_at_most(d);
     if (count.op != Dim::Op::Sym || symbols[count.value].lo != 0 || symbols[count.value].hi != most)
       c.fail("count must be a symbol of its own in [0, " + std::to_string(most) + "] (the input's element count)");
+  } else if (k == "conditional") {
+    std::vector<const TensorInfo*> operands;
+    for (size_t i = 1; i < l.inputs.size(); ++i) operands.push_back(&c.in(i));
+    c.flag("the predicate", c.in(0), {at::kBool});
+    for (const auto& branch : l.subnetworks) c.signature(branch->name + " input", inputs_of(*branch), operands);
+    const Network &then = *l.subnetworks[0], &otherwise = *l.subnetworks[1];
+    if (then.outputs.empty()) c.fail("a branch gives no outputs");
+    c.signature("else_branch output", outputs_of(otherwise), outputs_of(then));
+  } else if (k == "loop") {
+    const Dim &carried = l.param("num_carried").i, &trips = l.param("max_trips").i;
+    if (!carried.is_int() || !trips.is_int()) c.fail("num_carried and max_trips must be ints");
+    if (!(1 <= carried.value && carried.value <= n - 2))
+      c.fail("num_carried " + std::to_string(carried.value) + " is outside [1, " + std::to_string(n - 2) + "]");
+    if (!(0 <= trips.value && trips.value <= kinds().bound("MAX_LOOP_TRIPS")))
+      c.fail("max_trips " + std::to_string(trips.value) + " is outside [0, " +
+             std::to_string(kinds().bound("MAX_LOOP_TRIPS")) + "]");
+    c.flag("the trip count", c.in(0), {at::kLong, at::kInt});
+    c.flag("the condition", c.in(1), {at::kBool});
+    const Network& body = *l.subnetworks[0];
+    if (body.num_inputs == 0) c.fail("the body takes no iteration input");
+    c.flag("the body's iteration input", body.tensors[0], {at::kLong});
+    std::vector<const TensorInfo*> values, carried_values;
+    for (int64_t i = 2; i < n; ++i) values.push_back(&c.in(i));
+    carried_values.assign(values.begin(), values.begin() + carried.value);
+    c.signature("body input", inputs_of(body, 1), values);
+    if (body.outputs.empty()) c.fail("the body gives no condition");
+    c.flag("the body's condition output", body.tensors[body.outputs[0]], {at::kBool});
+    c.signature("body carried output", outputs_of(body, 1), carried_values);
   } else if (k == "grid_sample") {
     const std::string &m = l.str("mode"), &p = l.str("padding_mode");
     if ((m != "bilinear" && m != "nearest" && m != "bicubic") || (p != "zeros" && p != "border" && p != "reflection"))

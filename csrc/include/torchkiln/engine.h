@@ -54,6 +54,7 @@ struct TensorInfo {
 };
 
 struct Layer;
+struct Network;
 struct Env {
   const std::vector<int64_t>& symbols;  // each symbol's value for this call
   at::Device device;
@@ -67,7 +68,8 @@ struct Layer {
   std::map<std::string, at::Tensor> weights;
   std::map<std::string, Param> params;
   Meaning meaning = nullptr;
-  std::vector<int> frees;  // slots whose last reader this is
+  std::vector<int> frees;                                   // slots whose last reader this is
+  std::vector<std::shared_ptr<const Network>> subnetworks;  // control flow: its kind's, in declared order
 
   const Param& param(const std::string& key) const;
   int64_t integer(const std::string& key, const Env& env) const;
@@ -78,6 +80,21 @@ struct Layer {
   bool has(const std::string& key) const;  // the parameter is not None
   const at::Tensor* weight(const std::string& key) const;
 };
+
+// A network, or a control-flow layer's sub-network (bound by its outer network's symbols).
+struct Network {
+  std::string name;                 // as the engine's JSON names it
+  std::string what;                 // "engine 'NAME'" or "sub-network 'NAME'", for messages
+  std::vector<TensorInfo> tensors;  // by slot: network inputs, then each layer's outputs
+  int num_inputs = 0;
+  std::vector<Layer> layers;
+  std::vector<int> outputs;
+  std::vector<bool> clone_output;  // an output that may alias an input or a weight is copied
+};
+
+// A network's outputs: each layer's meaning in order, intermediates freed after their last reader, a data-dependent
+// size bound as its layer runs (`env` holds the outer network's symbol values).
+std::vector<at::Tensor> run_network(const Network& network, const std::vector<at::Tensor>& inputs, const Env& env);
 
 struct Binding {
   std::string name;
@@ -100,19 +117,16 @@ class Engine {
   at::ScalarType precision;
   std::vector<Binding> bindings;
   std::vector<Symbol> symbols;
-  std::vector<TensorInfo> tensors;  // by slot: network inputs, then each layer's outputs
-  int num_inputs = 0;
-  std::vector<Layer> layers;
-  std::vector<int> outputs;
-  std::vector<bool> clone_output;         // an output that may alias an input or a weight is copied
+  Network network;
   std::vector<std::string> plan_targets;  // Target.describe() of each stored plan
 
  private:
   void check_inputs(const std::vector<at::Tensor>& inputs) const;
   std::vector<int64_t> bind(const std::vector<at::Tensor>& inputs) const;
-  // The layers with their weights on `device`: `layers` on the CPU, else a copy made once per device and kept.
-  const std::vector<Layer>& layers_on(const at::Device& device) const;
-  mutable std::map<std::string, std::shared_ptr<const std::vector<Layer>>> device_layers_;
+  // The network with its weights (its sub-networks' too) on `device`: `network` on the CPU, else a copy made once
+  // per device and kept.
+  const Network& network_on(const at::Device& device) const;
+  mutable std::map<std::string, std::shared_ptr<const Network>> device_networks_;
 };
 
 // Shape inference and execution: each layer kind's ATen meaning (ir/reference.py).
