@@ -114,11 +114,16 @@ def _matrix_multiply(ctx: ExportContext, layer: L.MatrixMultiplyLayer, xs: list[
         a = _swap_last_two(ctx, a, ta.rank)
     if layer.op1 == L.MatrixOperation.TRANSPOSE:  # of a constant weight: ORT folds it at session start
         b = _swap_last_two(ctx, b, tb.rank)
+    quantized = isinstance(tb.producer, L.DequantizeLayer)
+    if "bias" in layer.weights and not quantized and out == torch.float32 and layer.outputs[0].rank == 2:
+        return ctx.node("Gemm", [a, b, ctx.constant(layer.weights["bias"].to(out), "bias")])[0]
     y = ctx.op("MatMul", [a, b], out)
     if "bias" not in layer.weights:
         return y
     bias = layer.weights["bias"].to(out)
-    if not isinstance(tb.producer, L.DequantizeLayer):  # MatMul + Add: the pattern ORT fuses (Gemm, BiasGelu...)
+    if not quantized:
+        # 2-d float32: Gemm (ORT fuses an activation after it); else MatMul + Add, which ORT's sessions keep apart
+        # (ORT's MatMulAddFusion off: onnxruntime.py) or fuse with a GELU after (BiasGelu)
         return ctx.op("Add", [y, ctx.constant(bias, "bias")], out)
     # Quantized: ORT would fuse MatMul + Add into a float Gemm before its QDQ fusions see the MatMul (and, for an
     # N-d one, fail making the Gemm's reshapes); a bias of rank 3 or more keeps the Add apart, so the MatMul runs
