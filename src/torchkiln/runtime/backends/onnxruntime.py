@@ -76,8 +76,10 @@ _VIEWS = (L.IdentityLayer, L.ShuffleLayer, L.SliceLayer, L.ExpandLayer, L.CastLa
 # [1-32, 128, 256-768], one and two threads; a 4-layer post-norm encoder of hidden 256 at batch 8: fp32 45 -> 38
 # ms, int8 28 -> 20 ms on one thread). It is off for every network: the fused kernel was slower at every shape
 # measured. MatMulAddFusion: it makes a linear layer of 3-d or more input Reshape + Gemm + Reshape, where MatMul
-# + Add (or BiasGelu, ORT's fusion of the Add and a GELU after it) was faster (4-layer encoders of hidden 256 at
-# sequence 128: batch 1 ~9% less time per call, batch 8 a tie); a 2-d one is exported as Gemm.
+# + Add (or BiasGelu, ORT's fusion of the Add and a GELU after it) took 0.86-0.91x the time per call on two threads
+# that do not spin (a 4-layer post-norm encoder of hidden 256 at sequence 128, batch 1 and 8; an MLP-Mixer at batch
+# 8; ViT-tiny a tie) and within 2% either way on one thread; a 2-d linear layer is exported as Gemm, which ORT
+# fuses with an activation after it.
 DISABLED_OPTIMIZERS = ("SkipLayerNormFusion", "MatMulAddFusion")
 
 
