@@ -800,17 +800,69 @@ def _optimized_ops(net: Network, path) -> tuple[list[str], ort.InferenceSession]
     return [node.op_type for node in nodes], session
 
 
-def test_masked_attention_compares_no_score_with_minus_inf(tmp_path):
-    """The exact softmax of attention with a run-time mask (0 for a fully masked query) finds such queries by the max
-    and the sum of their scores: every Equal ORT runs reads a reduction, none the [batch, heads, q, k] scores."""
+def test_masked_attention_reads_its_scores_once_under_the_guard(tmp_path):
+    """Attention with a run-time mask, under the guard output: ORT reads the [batch, heads, q, k] scores in the
+    Softmax alone (the queries a mask masks whole are found from the mask, not from the scores), and a batch row
+    whose mask is all zeros (every query masked whole) matches eager without setting the guard."""
     net, example, ref = converted(tiny_bert)
     nodes, session = _optimized_graph(net, tmp_path / "optimized.onnx", guard=True)
-    producer = {out: node.op_type for node in nodes for out in node.output}
-    equals = [node for node in nodes if node.op_type == "Equal"]
-    assert equals and all({producer.get(x) for x in node.input} & {"ReduceMax", "ReduceSum"} for node in equals), \
-        [[producer.get(x) for x in node.input] for node in equals]
-    feeds = {v.name: x.numpy() for v, x in zip(session.get_inputs(), example)}
-    assert_matches_eager(torch.from_numpy(session.run(None, feeds)[0]), ref)
+    scores = {node.input[0] for node in nodes if node.op_type == "Softmax"}
+    readers = [node.op_type for node in nodes for x in node.input if x in scores]
+    assert len(scores) == 2 and readers == ["Softmax"] * 2, readers
+    model, (ids, mask) = tiny_bert()
+    mask[1] = 0
+    with torch.no_grad():
+        ref = model(ids, mask)
+    out, flag = session.run(None, {v.name: x.numpy() for v, x in zip(session.get_inputs(), (ids, mask))})
+    assert not flag
+    assert_matches_eager(torch.from_numpy(out), ref)
+
+
+def test_masked_attention_guard_is_set_only_where_a_softmax_is_not_exact(tmp_path):
+    """A run-time mask that masks some queries whole gives eager's zeros there without the guard; a NaN score sets
+    it (a query's Softmax is NaN, as it is in eager), and so does a query whose unmasked keys all score -inf (eager's
+    0, ORT's Softmax NaN): the call then runs on the reference."""
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, keep):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 4)
+    keep = torch.rand(2, 1, 5, 7) > 0.3
+    keep[..., 0] = True
+    keep[0, :, 1], keep[1, :, 4] = False, False  # two queries masked whole
+    net = _engine_network(Attend(), [q, k, v, keep])
+    _, session = _optimized_graph(net, tmp_path / "optimized.onnx", guard=True)
+
+    def run(q, k):
+        return session.run(None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "keep": keep.numpy()})
+
+    out, flag = run(q, k)
+    assert not flag
+    assert_matches_eager(torch.from_numpy(out), F.scaled_dot_product_attention(q, k, v, attn_mask=keep))
+    nan_q = q.clone()
+    nan_q[1, 2, 3, 4] = float("nan")
+    assert run(nan_q, k)[1]
+    minus_inf = k.clone()
+    minus_inf[0, 0, 0] = 0.0
+    minus_inf[0, 0, 0, 0] = float("-inf")  # query 0's only key scores -inf if q[..., 0] > 0
+    q0 = q.clone()
+    q0[0, 0, 0, 0] = 1.0
+    keep0 = keep.clone()
+    keep0[0, :, 0] = False
+    keep0[0, :, 0, 0] = True
+    out, flag = session.run(None, {"q": q0.numpy(), "k": minus_inf.numpy(), "v": v.numpy(), "keep": keep0.numpy()})
+    assert flag and torch.from_numpy(out)[0, 0, 0].isnan().all()
+    assert F.scaled_dot_product_attention(q0, minus_inf, v, attn_mask=keep0)[0, 0, 0].eq(0).all()
+
+
+def test_guard_output_tests_the_sum_of_its_tensors_sums_once(tmp_path):
+    """Tensors guarded for NaN and inf (each attention's output here) are each summed, and the sums added, so that
+    ORT runs one IsNaN and one IsInf for the whole network."""
+    net, _, _ = converted(tiny_bert)
+    nodes, _ = _optimized_graph(net, tmp_path / "optimized.onnx", guard=True)
+    ops = [node.op_type for node in nodes]
+    assert ops.count("IsNaN") == ops.count("IsInf") == 1 and "Sum" in ops, sorted(ops)
 
 
 def test_unmasked_attention_is_a_plain_softmax_under_the_guard(tmp_path):

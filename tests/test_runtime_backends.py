@@ -235,6 +235,32 @@ def test_sessions_run_a_residual_add_and_layer_norm_unfused(tmp_path):
         assert_matches_eager(compiled(x), model(x))
 
 
+class FeedForwardHead(torch.nn.Module):
+    """A token-wise feed-forward block (linear layers of 3-d input, GELU between) and a 2-d classifier head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+        self.head, self.out = torch.nn.Linear(16, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x + self.down(F.gelu(self.up(x)))
+        return self.out(torch.relu(self.head(y.mean(1))))
+
+
+def test_sessions_run_linear_layers_of_3d_input_as_matmul_and_add(tmp_path):
+    """ORT's MatMulAddFusion makes a linear layer of 3-d input Reshape + Gemm + Reshape, slower than MatMul + Add
+    (and unfusing the GELU after it): the sessions run without it, so the up projection and its GELU are MatMul +
+    BiasGelu, the down projection MatMul + Add; a 2-d linear layer is still a Gemm (its ReLU fused into it)."""
+    model, x = FeedForwardHead().eval(), torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    compiled = torchkiln.compile(model, [x])
+    ops = [node.op_type for node in session_graph(compiled, [x], str(tmp_path))]
+    assert ops.count("MatMul") == 2 and "BiasGelu" in ops and "Reshape" not in ops, ops
+    assert ops.count("Gemm") + ops.count("FusedGemm") == 2 and "FusedGemm" in ops, ops
+    with torch.no_grad():
+        assert_matches_eager(compiled(x), model(x))
+
+
 def test_saved_module_runs_on_onnxruntime_in_a_new_process(tmp_path):
     model = Atan2Between().eval()
     x = torch.randn(2, 16)

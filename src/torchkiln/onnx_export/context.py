@@ -163,30 +163,39 @@ class ExportContext:
 
     def guard_flag(self) -> str:
         """A bool [] that is true when some tensor recorded by `exact_below` has a value outside its bound (each
-        check's nodes named after the layer that recorded it)."""
-        flag = None
-        for layer, *guard in self.guards:
+        check's nodes named after the layer that recorded it). Float32 and float64 tensors without a bound are
+        summed, and the sums of each dtype added, so that one IsNaN and one IsInf test them all."""
+        flags, sums = [], {}
+        for layer, x, dtype, shape, bound in self.guards:
             self.layer = layer
-            outside = self._outside(*guard)
-            flag = outside if flag is None else self.node("Or", [flag, outside])[0]
+            if bound == math.inf and dtype in (torch.float32, torch.float64):
+                sums.setdefault(dtype, []).append(self._sum(x, dtype, shape))
+            else:
+                flags.append(self._outside(x, dtype, bound))
         self.layer = None
+        for dtype, totals in sums.items():
+            total = totals[0] if len(totals) == 1 else self.op("Sum", totals, dtype)
+            flags.append(self.node("Or", [self.op("IsNaN", [total], dtype, typed_outputs=()),
+                                          self.op("IsInf", [total], dtype, typed_outputs=())])[0])
+        flag = flags[0]
+        for other in flags[1:]:
+            flag = self.node("Or", [flag, other])[0]
         return flag
 
-    def _outside(self, x: str, dtype: torch.dtype, shape: tuple[Dim, ...], bound: float) -> str:
+    def _outside(self, x: str, dtype: torch.dtype, bound: float) -> str:
         """Whether some |x| >= bound (NaN never is below it); a bool []."""
-        if bound < math.inf or dtype not in (torch.float32, torch.float64):
-            inside = self.op("Less", [self.op("Abs", [x], dtype), self.scalar(bound, dtype)], dtype, typed_outputs=())
-            return self.node("Not", [self.op("ReduceMin", [inside], torch.bool, keepdims=0)])[0]
-        # No bound, float32 or float64: x's sum is NaN or +-inf where x holds a NaN or an inf, whatever the order of
-        # the additions (and where finite values overflow, the call is computed otherwise for nothing). A float32
-        # tensor of rank 3 or more is summed per channel by GlobalAveragePool first: ORT runs it in the NCHWc
-        # layout of the convolutions around it, where a ReduceSum of the whole tensor needs it reordered (ORT's
-        # GlobalAveragePool refuses an empty dim but the first).
+        inside = self.op("Less", [self.op("Abs", [x], dtype), self.scalar(bound, dtype)], dtype, typed_outputs=())
+        return self.node("Not", [self.op("ReduceMin", [inside], torch.bool, keepdims=0)])[0]
+
+    def _sum(self, x: str, dtype: torch.dtype, shape: tuple[Dim, ...]) -> str:
+        """x's sum, a float32 or float64 []: NaN or +-inf where x holds a NaN or an inf, whatever the order of the
+        additions (and where finite values overflow, the call is computed otherwise for nothing). A float32 tensor of
+        rank 3 or more is summed per channel by GlobalAveragePool first: ORT runs it in the NCHWc layout of the
+        convolutions around it, where a ReduceSum of the whole tensor needs it reordered (ORT's GlobalAveragePool
+        refuses an empty dim but the first)."""
         if dtype == torch.float32 and len(shape) >= 3 and all(decide("eq", d, 0) is False for d in shape[1:]):
             x = self.node("GlobalAveragePool", [x])[0]
-        total = self.op("ReduceSum", [x], dtype, keepdims=0)
-        return self.node("Or", [self.op("IsNaN", [total], dtype, typed_outputs=()),
-                                self.op("IsInf", [total], dtype, typed_outputs=())])[0]
+        return self.op("ReduceSum", [x], dtype, keepdims=0)
 
     # ---- names, constants, nodes ----------------------------------------------------------
     def fresh(self, base: str) -> str:

@@ -114,11 +114,16 @@ def _matrix_multiply(ctx: ExportContext, layer: L.MatrixMultiplyLayer, xs: list[
         a = _swap_last_two(ctx, a, ta.rank)
     if layer.op1 == L.MatrixOperation.TRANSPOSE:  # of a constant weight: ORT folds it at session start
         b = _swap_last_two(ctx, b, tb.rank)
+    quantized = isinstance(tb.producer, L.DequantizeLayer)
+    if "bias" in layer.weights and not quantized and out == torch.float32 and layer.outputs[0].rank == 2:
+        return ctx.node("Gemm", [a, b, ctx.constant(layer.weights["bias"].to(out), "bias")])[0]
     y = ctx.op("MatMul", [a, b], out)
     if "bias" not in layer.weights:
         return y
     bias = layer.weights["bias"].to(out)
-    if not isinstance(tb.producer, L.DequantizeLayer):  # MatMul + Add: the pattern ORT fuses (Gemm, BiasGelu...)
+    if not quantized:
+        # 2-d float32: Gemm (ORT fuses an activation after it); else MatMul + Add, which ORT's sessions keep apart
+        # (ORT's MatMulAddFusion off: onnxruntime.py) or fuse with a GELU after (BiasGelu)
         return ctx.op("Add", [y, ctx.constant(bias, "bias")], out)
     # Quantized: ORT would fuse MatMul + Add into a float Gemm before its QDQ fusions see the MatMul (and, for an
     # N-d one, fail making the Gemm's reshapes); a bias of rank 3 or more keeps the Add apart, so the MatMul runs
@@ -331,16 +336,32 @@ def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> st
     scale = layer.scale if layer.scale is not None else 1.0 / math.sqrt(tq.shape[-1])
     scores = ctx.op("MatMul", [q, _swap_last_two(ctx, k, tk.rank)], dt)
     scores = ctx.op("Mul", [scores, ctx.scalar(scale, dt)], dt)
-    if ctx.guarded and len(xs) == 3:
-        # No mask, or the causal one, which keeps key 0 for every query: a query's scores are all -inf only where
-        # q.k is not finite, which the guard output reports (the call then runs on the reference), so the plain
-        # Softmax is exact (one read of the scores for the guard, where the exact softmax reads them three times)
-        ctx.exact_below(scores, dt, (*layer.outputs[0].shape[:-1], tk.shape[-2]))
-        probabilities = ctx.op("Softmax", [ctx.op("Add", [scores, bias], dt) if bias else scores], dt, axis=-1)
-        return ctx.op("MatMul", [probabilities, v], dt)
+    if ctx.guarded:
+        return _guarded_attention(ctx, layer, scores, bias, v, len(xs) > 3)
     if bias:
         scores = ctx.op("Add", [scores, bias], dt)
     return ctx.op("MatMul", [_safe_softmax(ctx, scores, dt), v], dt)
+
+
+def _guarded_attention(ctx: ExportContext, layer: L.AttentionLayer, scores: str, bias: str | None, v: str,
+                       masked: bool) -> str:
+    """Softmax and the product with v under the guard output: a plain Softmax, exact as torch's safe softmax.
+    A Softmax differs from it only for a query whose every score is -inf (NaN there, where torch gives 0), so:
+    - a query that a run-time mask (added as -inf) masks whole is found from the mask alone: its mask row becomes 0
+      (its Softmax is then finite, or NaN where a q.k is NaN or +inf, as torch's) and its output is multiplied by 0
+      (0, or NaN where torch's 0 * v is NaN);
+    - any other query's scores are all -inf only where q.k is not finite (the causal mask keeps key 0 for every
+      query): its Softmax is NaN, and so is its output, which the guard output reports (the call then runs on the
+      reference). The output is guarded rather than the scores: [..., q, dv] is read once, not [..., q, k]."""
+    dt, keep = layer.outputs[0].dtype, None
+    if masked:
+        whole = _every_minus_inf(ctx, bias, dt)  # [..., q or 1, 1]: a query masked whole
+        bias = ctx.op("Where", [whole, ctx.scalar(0, dt), bias], dt, typed=(1, 2))
+        keep = ctx.op("Where", [whole, ctx.scalar(0, dt), ctx.scalar(1, dt)], dt, typed=(1, 2))
+    probabilities = ctx.op("Softmax", [ctx.op("Add", [scores, bias], dt) if bias else scores], dt, axis=-1)
+    out = ctx.op("MatMul", [probabilities, v], dt)
+    ctx.exact_below(out, dt, layer.outputs[0].shape)
+    return ctx.op("Mul", [out, keep], dt) if keep else out
 
 
 def _repeat_heads(ctx: ExportContext, x: str, t: Tensor, heads: int) -> str:
@@ -360,16 +381,21 @@ def _additive(ctx: ExportContext, keep: str, dt: torch.dtype) -> str:
     return ctx.op("Where", [keep, ctx.scalar(0, dt), ctx.scalar(float("-inf"), dt)], dt, typed=(1, 2))
 
 
-def _safe_softmax(ctx: ExportContext, scores: str, dt: torch.dtype) -> str:
-    """Softmax over the last axis, 0 for a query whose every score is -inf (all its keys masked), as torch's
-    SDPA computes it (ATen's _safe_softmax); a plain Softmax gives NaN there. Such a row is one whose max and sum are
-    both -inf: the max says no score is above -inf but for NaN (which ORT's ReduceMax may skip), the sum that no
-    score is NaN or +inf, whatever the order of the additions. Two reads of the scores and a Where, where comparing
-    every score with -inf took three passes more."""
+def _every_minus_inf(ctx: ExportContext, x: str, dt: torch.dtype) -> str:
+    """Whether every value along x's last axis is -inf (bool, that axis kept as 1). The max says no value is above
+    -inf but for NaN (which ORT's ReduceMax may skip), the sum that none is NaN or +inf, whatever the order of the
+    additions."""
     axes = ctx.ints([-1], "axes")
     minus_inf = ctx.scalar(float("-inf"), dt)
-    most = ctx.op("ReduceMax", [scores, axes], dt, typed=(0,), keepdims=1)
-    total = ctx.op("ReduceSum", [scores, axes], dt, typed=(0,), keepdims=1)
-    every = ctx.node("And", [ctx.op("Equal", [most, minus_inf], dt, typed_outputs=()),
-                             ctx.op("Equal", [total, minus_inf], dt, typed_outputs=())])[0]
+    most = ctx.op("ReduceMax", [x, axes], dt, typed=(0,), keepdims=1)
+    total = ctx.op("ReduceSum", [x, axes], dt, typed=(0,), keepdims=1)
+    return ctx.node("And", [ctx.op("Equal", [most, minus_inf], dt, typed_outputs=()),
+                            ctx.op("Equal", [total, minus_inf], dt, typed_outputs=())])[0]
+
+
+def _safe_softmax(ctx: ExportContext, scores: str, dt: torch.dtype) -> str:
+    """Softmax over the last axis, 0 for a query whose every score is -inf (all its keys masked), as torch's
+    SDPA computes it (ATen's _safe_softmax); a plain Softmax gives NaN there. Two reads of the scores and a Where,
+    where comparing every score with -inf took three passes more."""
+    every = _every_minus_inf(ctx, scores, dt)
     return ctx.op("Where", [every, ctx.scalar(0, dt), ctx.op("Softmax", [scores], dt, axis=-1)], dt, typed=(1, 2))

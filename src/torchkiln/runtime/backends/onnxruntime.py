@@ -75,8 +75,12 @@ _VIEWS = (L.IdentityLayer, L.ShuffleLayer, L.SliceLayer, L.ExpandLayer, L.CastLa
 # SkipLayerNormalization kernel takes 5-8x the time of the Add and LayerNormalization it replaces (x86, AVX-512,
 # [1-32, 128, 256-768], one and two threads; a 4-layer post-norm encoder of hidden 256 at batch 8: fp32 45 -> 38
 # ms, int8 28 -> 20 ms on one thread). It is off for every network: the fused kernel was slower at every shape
-# measured.
-DISABLED_OPTIMIZERS = ("SkipLayerNormFusion",)
+# measured. MatMulAddFusion: it makes a linear layer of 3-d or more input Reshape + Gemm + Reshape, where MatMul
+# + Add (or BiasGelu, ORT's fusion of the Add and a GELU after it) took 0.86-0.91x the time per call on two threads
+# that do not spin (a 4-layer post-norm encoder of hidden 256 at sequence 128, batch 1 and 8; an MLP-Mixer at batch
+# 8; ViT-tiny a tie) and within 2% either way on one thread; a 2-d linear layer is exported as Gemm, which ORT
+# fuses with an activation after it.
+DISABLED_OPTIMIZERS = ("SkipLayerNormFusion", "MatMulAddFusion")
 
 
 def layer_reason(layer: L.Layer) -> str | None:
