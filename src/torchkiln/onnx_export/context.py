@@ -163,8 +163,9 @@ class ExportContext:
 
     def guard_flag(self) -> str:
         """A bool [] that is true when some tensor recorded by `exact_below` has a value outside its bound (each
-        check's nodes named after the layer that recorded it). Float32 and float64 tensors without a bound are
-        summed, and the sums of each dtype added, so that one IsNaN and one IsInf test them all."""
+        check's nodes named after the layer that recorded it; the nodes joining checks after the last of them, so
+        that a profile gives every node a layer). Float32 and float64 tensors without a bound are summed, and the
+        sums of each dtype added, so that one IsNaN and one IsInf test them all."""
         flags, sums = [], {}
         for layer, x, dtype, shape, bound in self.guards:
             self.layer = layer
@@ -172,7 +173,6 @@ class ExportContext:
                 sums.setdefault(dtype, []).append(self._sum(x, dtype, shape))
             else:
                 flags.append(self._outside(x, dtype, bound))
-        self.layer = None
         for dtype, totals in sums.items():
             total = totals[0] if len(totals) == 1 else self.op("Sum", totals, dtype)
             flags.append(self.node("Or", [self.op("IsNaN", [total], dtype, typed_outputs=()),
@@ -180,6 +180,7 @@ class ExportContext:
         flag = flags[0]
         for other in flags[1:]:
             flag = self.node("Or", [flag, other])[0]
+        self.layer = None
         return flag
 
     def _outside(self, x: str, dtype: torch.dtype, bound: float) -> str:
