@@ -222,7 +222,8 @@ def test_a_busy_process_beside_the_benchmark_is_seen_as_load():
     """A process spinning on one core while the benchmark waits is other processes' load; the warning says so."""
     import time
 
-    from torchkiln.bench.timing import LoadMeter, load_warning
+    from torchkiln.bench.timing import load_warning
+    from torchkiln.runtime.cpu_load import LoadMeter
 
     spin = "import time\nend = time.time() + 5\nwhile time.time() < end: pass"
     spinner = subprocess.Popen([sys.executable, "-c", spin])

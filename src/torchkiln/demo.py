@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 import torch
 
-from torchkiln.bench.timing import LoadMeter, load_warning, relative_spread, summarize, time_interleaved
+from torchkiln.bench.timing import load_warning, relative_spread, summarize, time_interleaved
 from torchkiln.compiler import compile
 from torchkiln.examples import MLP, SmallResNet
+from torchkiln.runtime.cpu_load import LoadMeter
 from torchkiln.settings import Input, as_device
 
 MODELS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...]]] = {

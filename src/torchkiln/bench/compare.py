@@ -27,10 +27,10 @@ from torchkiln._version import __version__
 from torchkiln.bench.kernel_classes import by_class, format_classes
 from torchkiln.bench.peers import BEST_PEER_CANDIDATES, DEFAULT_PEERS, PEERS
 from torchkiln.bench.saved import profile_calls
-from torchkiln.bench.timing import (LoadMeter, geomean, load_warning, relative_spread, summarize, synchronize,
-                                    time_interleaved)
+from torchkiln.bench.timing import geomean, load_warning, relative_spread, summarize, synchronize, time_interleaved
 from torchkiln.examples.blocks import BLOCKS
 from torchkiln.examples.zoo import CPU, SOURCES, WIDE, ZooModel, find_zoo_model, load_zoo_model
+from torchkiln.runtime.cpu_load import LoadMeter
 from torchkiln.runtime.engine import usable_cores
 
 logger = logging.getLogger("torchkiln.bench")
