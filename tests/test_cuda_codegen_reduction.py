@@ -693,3 +693,29 @@ def test_static_spaces_of_other_shapes_share_a_kernel_that_specializes_by_their_
     for _ in range(2):
         for net, launcher, v in zip(nets, launchers, values):
             assert_close_half(launcher([v.to(DEVICE)])[0], reference(net, {"x": v})[0])
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["rows-in-registers", "sub-rows"])
+def test_column_offsets_past_int32_are_computed_in_int64(monkeypatch, split):
+    """A group norm whose rows' column offsets reach 2**31 while every stride stays below it (a sample of 2**31
+    elements read channels-last has such rows): the columns are indexed in int64 too, not only the rows (int32
+    column offsets wrapped: a read 4 GiB before the tensor). Its input is a view of 2**31 fp16 elements whose H
+    stride is 2**30 + 64; only the few pages it names are touched."""
+    if split:
+        monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
+        monkeypatch.setattr(reduction, "_SHORT_RUN_TILE", 64)
+    shape, step = (1, 4, 3, 5), (1 << 30) + 64
+    net = Network("gn")
+    x = net.add_input("x", F16, shape)
+    g = torch.Generator().manual_seed(3)
+    net.mark_output(net.add_normalization(x, L.NormalizationKind.GROUP, 1e-5, scale=torch.randn(4, generator=g),
+                                          bias=torch.randn(4, generator=g), num_groups=2).get_output())
+    v = data(*shape, dtype=F16)
+    big = torch.empty(2 * step + 64, dtype=F16, device=DEVICE).as_strided(shape, (0, 1, step, 8))
+    big.copy_(v)
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    seen = []
+    _split_launches(launcher, seen)
+    (got,) = launcher([big])
+    assert [name for name, *_ in seen] == (["rows_split_stats_kernel", "rows_split_apply_kernel_t_s"] if split else [])
+    assert_close_half(got, reference(net, {"x": v})[0])
