@@ -543,8 +543,11 @@ class _Source:
         return lines
 
     def column_offsets(self) -> list[str]:
+        """Every operand's column offsets, in int64 where INT64: a row's columns may lie 2**31 elements apart while
+        every stride is below it (a channels-last sample of 2**31 elements), where int32 products would wrap."""
         lead = self.rank - self.reduced
-        lines = ["crem = col"]  # not `rrem`: a pass's loop may not change the type of a value made before it
+        # not `rrem`: a pass's loop may not change the type of a value made before it
+        lines = ["if INT64:", "    crem = col.to(tl.int64)", "else:", "    crem = col"]
         for d in reversed(range(lead, self.rank)):
             lines += [f"j{d} = crem % s{d}", f"crem = crem // s{d}"] if d > lead else [f"j{d} = crem"]
         for p, row in zip(self.names(), [*self.row_operand.values(), *self.row_outputs()]):
