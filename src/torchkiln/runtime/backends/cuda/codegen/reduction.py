@@ -311,7 +311,6 @@ class _Source:
         self._weight_names: dict[tuple, str] = {}
         self.values: dict[object, Value] = {}
         self.transposed = False  # the tile is [columns, rows] (`across`, `along` and `axis` name its axes)
-        self.sub_rows = False  # a split apply kernel over sub-rows (`RowLauncher._split_short_runs`)
 
     @property
     def across(self) -> str:
@@ -469,11 +468,12 @@ class _Source:
                    "mask = rmask & (col < cols)", *self.column_offsets()]
         return self.offsets() + columns + body
 
-    def split_apply(self) -> list[str]:
+    def split_apply(self, sub_rows: bool = False) -> list[str]:
         """A split reduction's second kernel: each row's mean and variance merged from its spans' statistics (Chan's
-        parallel formulas), then the group's values and stores over BLOCK columns (program ids: row block, block)."""
+        parallel formulas), then the group's values and stores over BLOCK columns (program ids: row block, block);
+        with `sub_rows`, over sub-rows (`RowLauncher._split_short_runs`), reading their rows' merged statistics."""
         mean, var = self.lowering.norms[0]
-        if self.sub_rows:  # its rows are sub-rows: their row's statistics, merged by SPLIT_MERGE after the spans'
+        if sub_rows:  # its rows are sub-rows: their row's statistics, merged by SPLIT_MERGE after the spans'
             merge = ["where = st + rows * splits * 2 + row // SUB * 2",
                      "row_mean = tl.load(where, mask=rmask, other=0.0)",
                      "row_var = tl.load(where + 1, mask=rmask, other=0.0)"]
@@ -575,9 +575,7 @@ class _Source:
         if self.lowering.splittable() and not any(self.row_outputs()):  # one norm: statistics, then the values
             bodies += [(SPLIT_STATS, self.split_stats(), split), (SPLIT_APPLY, self.split_apply(), split)]
             if self.transposed and self.reduced > 1:  # the values again, over sub-rows
-                self.sub_rows = True
-                sub_rows = [(SPLIT_APPLY + TRANSPOSED + SUB_ROWS, self.split_apply(), split)]
-                self.sub_rows = False
+                sub_rows = [(SPLIT_APPLY + TRANSPOSED + SUB_ROWS, self.split_apply(sub_rows=True), split)]
         elif self.lowering.one_sum() and all(self.row_outputs()):  # partial sums, then each row's values
             bodies += [(SPLIT_STATS, self.split_sum_stats(), split), (SPLIT_APPLY, self.split_sum_apply(), split)]
         return [(fn + TRANSPOSED if self.transposed else fn, body, extra) for fn, body, extra in bodies] + sub_rows
