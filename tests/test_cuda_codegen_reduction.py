@@ -26,11 +26,14 @@ F32, F16 = torch.float32, torch.float16
 R = L.ReduceOperation
 
 
-def reference(net: Network, values: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """The layers' meanings chained, on the CPU."""
-    env = {id(t): values[t.name] for t in net.inputs}
+def reference(net: Network, values: dict[str, torch.Tensor], float64: bool = False) -> list[torch.Tensor]:
+    """The layers' meanings chained, on the CPU (a float32 network's in float64 if asked: for rows far from zero,
+    where torch's float32 norms lose digits)."""
+    wide = (lambda t: t.double() if t.dtype == F32 else t) if float64 else (lambda t: t)
+    env = {id(t): wide(values[t.name]) for t in net.inputs}
     for layer in net.layers:
-        outs = run_layer(layer, [env[id(t)] for t in layer.inputs], layer.weights, torch.device("cpu"))
+        weights = {k: wide(w) for k, w in layer.weights.items()}
+        outs = run_layer(layer, [env[id(t)] for t in layer.inputs], weights, torch.device("cpu"))
         env.update({id(t): o for t, o in zip(layer.outputs, outs)})
     return [env[id(t)] for t in net.outputs]
 
@@ -348,6 +351,78 @@ def test_a_group_norm_of_an_nchw_input_written_channels_last_is_reduced_over_sub
     assert_close_half(got, reference(net, {"x": v})[0])
 
 
+def group_norm_operands_net(shape, groups, dtype):
+    """x * s -> GroupNorm -> sigmoid -> * r + m (cast around the norm in half precision): s one value per sample (a
+    row operand), r a full input of x's shape, m of lower rank (one value per position along the last dim)."""
+    net = Network("gn operands")
+    x, s = net.add_input("x", dtype, shape), net.add_input("s", dtype, (shape[0],) + (1,) * (len(shape) - 1))
+    r, m = net.add_input("r", F32, shape), net.add_input("m", F32, shape[-1:])
+    h = net.add_elementwise(x, s, L.ElementWiseOperation.PROD).get_output()
+    h = net.add_cast(h, F32).get_output() if dtype != F32 else h
+    g = torch.Generator().manual_seed(3)
+    norm = net.add_normalization(h, L.NormalizationKind.GROUP, 1e-5, scale=torch.randn(shape[1], generator=g),
+                                 bias=torch.randn(shape[1], generator=g), num_groups=groups).get_output()
+    out = net.add_activation(norm, L.ActivationType.SIGMOID).get_output()
+    out = net.add_elementwise(out, r, L.ElementWiseOperation.PROD).get_output()
+    out = net.add_elementwise(out, m, L.ElementWiseOperation.SUM).get_output()
+    net.mark_output(net.add_cast(out, dtype).get_output() if dtype != F32 else out)
+    return net
+
+
+@pytest.mark.parametrize("case", ["nchw-written-channels-last", "channels-last-6-a-group", "1d-channels-inner"])
+def test_a_group_norm_over_sub_rows_with_row_full_and_lower_rank_operands(monkeypatch, case):
+    """The sub-row split of a group norm reading a per-sample row operand (loaded per sub-row), a full operand of
+    another layout than x's and one of lower rank (both broadcast through the merged row dim): an NCHW input written
+    channels-last (3 channels a group, fp32 rows far from zero, float64 reference); a channels-last fp16 input of 6
+    channels a group (54 sub-rows: no multiple of a program's 32; 6 * 2 spans merged over a range of 16); a 1-d
+    norm's [N, C, L] input whose channels are innermost in memory (a transposed [N, L, C] tensor)."""
+    monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
+    monkeypatch.setattr(reduction, "_SHORT_RUN_TILE", 64)
+    shape, groups, dtype, channels_last = {"nchw-written-channels-last": ((2, 12, 5, 7), 4, F32, True),
+                                           "channels-last-6-a-group": ((3, 18, 5, 6), 3, F16, False),
+                                           "1d-channels-inner": ((2, 12, 40), 6, F32, False)}[case]
+    net = group_norm_operands_net(shape, groups, dtype)
+    g = torch.Generator().manual_seed(5)
+    values = {"x": (torch.randn(shape, generator=g) * 0.3 + (10 if dtype == F32 else 1)).to(dtype),
+              "s": (torch.rand((shape[0],) + (1,) * (len(shape) - 1), generator=g) + 0.5).to(dtype),
+              "r": torch.randn(shape, generator=g), "m": torch.randn(shape[-1:], generator=g)}
+    given = dict(values)
+    if case == "channels-last-6-a-group":
+        given["x"] = values["x"].contiguous(memory_format=torch.channels_last)
+    elif case == "1d-channels-inner":
+        given["x"] = values["x"].transpose(1, 2).contiguous().transpose(1, 2)
+        given["r"] = values["r"].transpose(1, 2).contiguous().transpose(1, 2)
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs, channels_last=channels_last)
+    seen = []
+    _split_launches(launcher, seen)
+    (got,) = launcher([given[t.name].to(DEVICE) for t in net.inputs])
+    assert [name for name, *_ in seen] == ["rows_split_stats_kernel", "rows_split_apply_kernel_t_s"]
+    assert got.is_contiguous(memory_format=torch.channels_last) == (len(shape) == 4)
+    if dtype == F32:
+        assert_close(got, reference(net, values, float64=True)[0].float())
+    else:
+        assert_close_half(got, reference(net, values)[0])
+
+
+@pytest.mark.parametrize("shape, groups", [((2, 6, 9, 7), 6), ((2, 8, 1, 37), 4), ((2, 8, 37, 1), 4)],
+                         ids=["a-channel-a-group", "h-1", "w-1"])
+def test_a_group_norm_written_channels_last_with_dims_of_one(monkeypatch, shape, groups):
+    """An NCHW input's group norm written channels-last, one channel a group (an instance norm: no dim of one is
+    split off into sub-rows) or an H or W of 1 (a dim of one, whose strides are any), against float64."""
+    monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
+    monkeypatch.setattr(reduction, "_SHORT_RUN_TILE", 64)
+    net = group_norm_sigmoid_net(shape, groups, F32)
+    v = torch.randn(shape, generator=torch.Generator().manual_seed(2)) * 0.3 + 10
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs, channels_last=True)
+    seen = []
+    _split_launches(launcher, seen)
+    (got,) = launcher([v.to(DEVICE)])
+    assert seen[0][0] == "rows_split_stats_kernel"
+    assert seen[-1][0].endswith(reduction.SUB_ROWS) == (groups < shape[1])
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    assert_close(got, reference(net, {"x": v}, float64=True)[0].float())
+
+
 def test_groups_with_other_reductions_or_full_outputs_of_a_sum_are_not_split():
     net = Network("softmax")
     x = net.add_input("x", F32, (2, 64))
@@ -602,3 +677,45 @@ def test_a_static_space_has_constant_sizes_but_a_dynamic_one_does_not():
     for rows in (3, 7):
         v = data(rows, 200)
         assert_close(launcher([v.to(DEVICE)])[0], torch.softmax(v, 1))
+
+
+def test_static_spaces_of_other_shapes_share_a_kernel_that_specializes_by_their_sizes(monkeypatch):
+    """Two static group norms of other shapes (and their sub-row launches, whose sizes are the merged space's) make
+    one source, so one loaded module's kernels serve both: their constant sizes are values Triton compiles a kernel
+    for each of, not part of the source. Each computes its own shape's answer, run one after the other twice."""
+    monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
+    monkeypatch.setattr(reduction, "_SHORT_RUN_TILE", 64)
+    nets = [group_norm_sigmoid_net(shape, 4, F16) for shape in ((2, 12, 5, 6), (3, 12, 7, 4))]
+    launchers = [reduction.compile_group(n.layers, n.inputs, n.outputs, channels_last=True) for n in nets]
+    assert launchers[0].kernel.source == launchers[1].kernel.source
+    assert launchers[0]._split_sub_rows[1] is launchers[1]._split_sub_rows[1]
+    values = [data(*n.inputs[0].shape, dtype=F16, seed=k) for k, n in enumerate(nets)]
+    for _ in range(2):
+        for net, launcher, v in zip(nets, launchers, values):
+            assert_close_half(launcher([v.to(DEVICE)])[0], reference(net, {"x": v})[0])
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["rows-in-registers", "sub-rows"])
+def test_column_offsets_past_int32_are_computed_in_int64(monkeypatch, split):
+    """A group norm whose rows' column offsets reach 2**31 while every stride stays below it (a sample of 2**31
+    elements read channels-last has such rows): the columns are indexed in int64 too, not only the rows (int32
+    column offsets wrapped: a read 4 GiB before the tensor). Its input is a view of 2**31 fp16 elements whose H
+    stride is 2**30 + 64; only the few pages it names are touched."""
+    if split:
+        monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
+        monkeypatch.setattr(reduction, "_SHORT_RUN_TILE", 64)
+    shape, step = (1, 4, 3, 5), (1 << 30) + 64
+    net = Network("gn")
+    x = net.add_input("x", F16, shape)
+    g = torch.Generator().manual_seed(3)
+    net.mark_output(net.add_normalization(x, L.NormalizationKind.GROUP, 1e-5, scale=torch.randn(4, generator=g),
+                                          bias=torch.randn(4, generator=g), num_groups=2).get_output())
+    v = data(*shape, dtype=F16)
+    big = torch.empty(2 * step + 64, dtype=F16, device=DEVICE).as_strided(shape, (0, 1, step, 8))
+    big.copy_(v)
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    seen = []
+    _split_launches(launcher, seen)
+    (got,) = launcher([big])
+    assert [name for name, *_ in seen] == (["rows_split_stats_kernel", "rows_split_apply_kernel_t_s"] if split else [])
+    assert_close_half(got, reference(net, {"x": v})[0])

@@ -25,8 +25,8 @@ reduction depth (a softmax has two: the max, then the sum of exponentials), reco
 from the operands in each pass, then a last pass that stores the full outputs.
 
 Operands (group inputs and weights) and outputs are read and written through their strides broadcast to the
-space, so one compiled kernel serves every shape and layout; row offsets are computed once per program, column
-offsets once per pass.
+space, so one source serves every shape and layout (Triton compiles it once per value of the sizes where they are
+compile-time constants: `constant_sizes`); row offsets are computed once per program, column offsets once per pass.
 """
 from __future__ import annotations
 
@@ -311,7 +311,6 @@ class _Source:
         self._weight_names: dict[tuple, str] = {}
         self.values: dict[object, Value] = {}
         self.transposed = False  # the tile is [columns, rows] (`across`, `along` and `axis` name its axes)
-        self.sub_rows = False  # a split apply kernel over sub-rows (`RowLauncher._split_short_runs`)
 
     @property
     def across(self) -> str:
@@ -469,23 +468,17 @@ class _Source:
                    "mask = rmask & (col < cols)", *self.column_offsets()]
         return self.offsets() + columns + body
 
-    def split_apply(self) -> list[str]:
+    def split_apply(self, sub_rows: bool = False) -> list[str]:
         """A split reduction's second kernel: each row's mean and variance merged from its spans' statistics (Chan's
-        parallel formulas), then the group's values and stores over BLOCK columns (program ids: row block, block)."""
+        parallel formulas), then the group's values and stores over BLOCK columns (program ids: row block, block);
+        with `sub_rows`, over sub-rows (`RowLauncher._split_short_runs`), reading their rows' merged statistics."""
         mean, var = self.lowering.norms[0]
-        if self.sub_rows:  # its rows are sub-rows: their row's statistics, merged by SPLIT_MERGE after the spans'
+        if sub_rows:  # its rows are sub-rows: their row's statistics, merged by SPLIT_MERGE after the spans'
             merge = ["where = st + rows * splits * 2 + row // SUB * 2",
                      "row_mean = tl.load(where, mask=rmask, other=0.0)",
                      "row_var = tl.load(where + 1, mask=rmask, other=0.0)"]
         else:
-            merge = [f"span = tl.arange(0, SPLITS){self.along}", "smask = rmask & (span < splits)",
-                     "where = st + row * (splits * 2) + span * 2",
-                     "span_mean = tl.load(where, mask=smask, other=0.0)",
-                     "span_m2 = tl.load(where + 1, mask=smask, other=0.0)",
-                     "count = tl.where(span < splits, tl.minimum(cols - span * chunk, chunk), 0).to(tl.float32)",
-                     f"row_mean = tl.reduce(count * span_mean, {self.axis}, _sum){self.across} / cols",
-                     "dev = span_mean - row_mean",
-                     f"row_var = tl.reduce(span_m2 + count * dev * dev, {self.axis}, _sum){self.across} / cols"]
+            merge = _merged_statistics(self.along, self.across, self.axis)
         self.values[mean], self.values[var] = ("row_mean", torch.float32), ("row_var", torch.float32)
         body: list[str] = []
         b = _Emitter(self, "v", body)
@@ -550,8 +543,11 @@ class _Source:
         return lines
 
     def column_offsets(self) -> list[str]:
+        """Every operand's column offsets, in int64 where INT64: a row's columns may lie 2**31 elements apart while
+        every stride is below it (a channels-last sample of 2**31 elements), where int32 products would wrap."""
         lead = self.rank - self.reduced
-        lines = ["crem = col"]  # not `rrem`: a pass's loop may not change the type of a value made before it
+        # not `rrem`: a pass's loop may not change the type of a value made before it
+        lines = ["if INT64:", "    crem = col.to(tl.int64)", "else:", "    crem = col"]
         for d in reversed(range(lead, self.rank)):
             lines += [f"j{d} = crem % s{d}", f"crem = crem // s{d}"] if d > lead else [f"j{d} = crem"]
         for p, row in zip(self.names(), [*self.row_operand.values(), *self.row_outputs()]):
@@ -579,9 +575,7 @@ class _Source:
         if self.lowering.splittable() and not any(self.row_outputs()):  # one norm: statistics, then the values
             bodies += [(SPLIT_STATS, self.split_stats(), split), (SPLIT_APPLY, self.split_apply(), split)]
             if self.transposed and self.reduced > 1:  # the values again, over sub-rows
-                self.sub_rows = True
-                sub_rows = [(SPLIT_APPLY + TRANSPOSED + SUB_ROWS, self.split_apply(), split)]
-                self.sub_rows = False
+                sub_rows = [(SPLIT_APPLY + TRANSPOSED + SUB_ROWS, self.split_apply(sub_rows=True), split)]
         elif self.lowering.one_sum() and all(self.row_outputs()):  # partial sums, then each row's values
             bodies += [(SPLIT_STATS, self.split_sum_stats(), split), (SPLIT_APPLY, self.split_sum_apply(), split)]
         return [(fn + TRANSPOSED if self.transposed else fn, body, extra) for fn, body, extra in bodies] + sub_rows
@@ -609,6 +603,22 @@ class _Source:
         return "".join(out)
 
 
+def _merged_statistics(along: str, across: str, axis: int, sub: bool = False) -> list[str]:
+    """Source lines giving each row's mean and variance (`row_mean`, `row_var`) from its spans' statistics in `st`
+    (Chan's parallel formulas): `splits` spans of `chunk` of the row's `cols` columns, [row, span, 2] float32; with
+    `sub`, of each of its SUB sub-rows of `cols` columns, which lie one after another. A span range of SPLITS."""
+    spans, first, total = ("SUB * splits", "span % splits * chunk", "(cols * SUB)") if sub else \
+        ("splits", "span * chunk", "cols")
+    return [f"span = tl.arange(0, SPLITS){along}", f"smask = rmask & (span < {spans})",
+            f"where = st + row * ({spans} * 2) + span * 2",
+            "span_mean = tl.load(where, mask=smask, other=0.0)",
+            "span_m2 = tl.load(where + 1, mask=smask, other=0.0)",
+            f"count = tl.where(span < {spans}, tl.minimum(cols - {first}, chunk), 0).to(tl.float32)",
+            f"row_mean = tl.reduce(count * span_mean, {axis}, _sum){across} / {total}",
+            "dev = span_mean - row_mean",
+            f"row_var = tl.reduce(span_m2 + count * dev * dev, {axis}, _sum){across} / {total}"]
+
+
 SPLIT_MERGE = "rows_split_merge_kernel"
 _SPLIT_MERGE = f'''
 
@@ -618,15 +628,7 @@ def {SPLIT_MERGE}(st, splits, chunk, rows, cols, SUB: tl.constexpr, ROWS: tl.con
     # `splits` spans of `chunk`), which lie one after another; stored after them, as [row, 2]
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[None, :]
     rmask = row < rows
-    span = tl.arange(0, SPLITS)[:, None]
-    smask = rmask & (span < SUB * splits)
-    where = st + row * (SUB * splits * 2) + span * 2
-    span_mean = tl.load(where, mask=smask, other=0.0)
-    span_m2 = tl.load(where + 1, mask=smask, other=0.0)
-    count = tl.where(span < SUB * splits, tl.minimum(cols - span % splits * chunk, chunk), 0).to(tl.float32)
-    row_mean = tl.reduce(count * span_mean, 0, _sum)[None, :] / (cols * SUB)
-    dev = span_mean - row_mean
-    row_var = tl.reduce(span_m2 + count * dev * dev, 0, _sum)[None, :] / (cols * SUB)
+''' + "".join(f"    {line}\n" for line in _merged_statistics("[:, None]", "[None, :]", 0, sub=True)) + '''\
     merged = st + rows * SUB * splits * 2 + row * 2
     tl.store(merged, row_mean, mask=rmask)
     tl.store(merged + 1, row_var, mask=rmask)
