@@ -14,6 +14,7 @@ import pathlib
 import random
 import shutil
 import subprocess
+import sys
 import time
 from typing import List
 
@@ -106,6 +107,39 @@ def assert_bitwise(got, want, path: str = "out") -> None:
 
 def _compile(model: torch.nn.Module, inputs, **settings) -> torch.jit.ScriptModule:
     return torchkiln.compile(model.eval(), inputs=inputs, backend="reference", **settings)
+
+
+_BOTH_IN_ONE_PROCESS = """
+import sys, torch
+if sys.argv[2] == "library-first":
+    torch.ops.load_library(sys.argv[1])
+import torchkiln
+if sys.argv[2] == "package-first":
+    torch.ops.load_library(sys.argv[1])
+active = [line for line in torch._C._dispatch_dump("torchkiln::execute_engine").splitlines()
+          if line.startswith("CompositeExplicitAutograd") and "inactive" not in line]
+assert len(active) == 1 and "execute_op.py" in active[0], active  # the package's kernel runs engines here
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+x = torch.randn(3, 8)
+compiled = torchkiln.compile(model, inputs=[x], min_block_size=1)
+with torch.no_grad():
+    want = model(x)
+    err = (compiled(x) - want).abs().max().item()
+assert err <= 1e-4 * want.abs().max().item(), err
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("order", ["library-first", "package-first"])
+def test_the_library_and_the_package_share_a_python_process(cpp, tmp_path, order):
+    """A Python process may load the C++ runtime library before or after importing torchkiln: the ops are defined
+    once, and the package's kernels (its backends) run the engines there."""
+    script = tmp_path / "both.py"
+    script.write_text(_BOTH_IN_ONE_PROCESS)
+    done = subprocess.run([sys.executable, "-W", "error::UserWarning:torch.library", str(script),
+                           str(cpp["library"]), order], capture_output=True, text=True, timeout=RUN_SECONDS)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def test_layer_kinds_json_is_current():

@@ -95,18 +95,20 @@ at::Tensor attn_bias_from_attn_mask(const at::Tensor& mask) {
 }  // namespace
 }  // namespace torchkiln
 
-TORCH_LIBRARY(torchkiln, m) {
+// A fragment, not the namespace's one TORCH_LIBRARY, so that a Python process may hold both this library and the
+// torchkiln package in either order. Where the package registered the ops first, they keep its kernels (its
+// onnxruntime and cuda backends run them there); where this library comes first, the package overrides the kernels
+// with its own when it is imported (runtime/execute_op.py).
+TORCH_LIBRARY_FRAGMENT(torchkiln, m) {
+  if (c10::Dispatcher::singleton().findSchema({"torchkiln::execute_engine", ""}).has_value()) return;
   m.def("execute_engine(Tensor[] inputs, Tensor engine, str signature='') -> Tensor[]");
   m.def(torch::schema("fresh_copy(Tensor self) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE));
   m.def("const(Tensor self) -> Tensor");
   m.def("attn_bias_from_attn_mask(Tensor attn_mask) -> Tensor");
+  const auto composite = c10::DispatchKey::CompositeExplicitAutograd;
+  m.impl("execute_engine", torch::dispatch(composite, TORCH_FN(torchkiln::execute_engine)));
+  m.impl("fresh_copy", torch::dispatch(composite, TORCH_FN(torchkiln::fresh_copy)));
+  m.impl("const", torch::dispatch(composite, TORCH_FN(torchkiln::fresh_copy)));
+  m.impl("attn_bias_from_attn_mask", torch::dispatch(composite, TORCH_FN(torchkiln::attn_bias_from_attn_mask)));
+  m.impl("execute_engine", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN(torchkiln::execute_below_autograd)));
 }
-
-TORCH_LIBRARY_IMPL(torchkiln, CompositeExplicitAutograd, m) {
-  m.impl("execute_engine", torchkiln::execute_engine);
-  m.impl("fresh_copy", torchkiln::fresh_copy);
-  m.impl("const", torchkiln::fresh_copy);
-  m.impl("attn_bias_from_attn_mask", torchkiln::attn_bias_from_attn_mask);
-}
-
-TORCH_LIBRARY_IMPL(torchkiln, Autograd, m) { m.impl("execute_engine", torchkiln::execute_below_autograd); }

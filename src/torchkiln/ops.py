@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import torch
 
+from torchkiln.runtime.execute_op import define_op, impl_op
+
 _lib = torch.library.Library("torchkiln", "FRAGMENT")
-_lib.define("const(Tensor self) -> Tensor")
-_lib.define("attn_bias_from_attn_mask(Tensor attn_mask) -> Tensor")
+define_op(_lib, "const(Tensor self) -> Tensor")
+define_op(_lib, "attn_bias_from_attn_mask(Tensor attn_mask) -> Tensor")
 
 
 def _const(x: torch.Tensor) -> torch.Tensor:
@@ -27,5 +29,5 @@ def _attn_bias_from_attn_mask(mask: torch.Tensor) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(~mask, float("-inf"))
 
 
-_lib.impl("const", _const, "CompositeExplicitAutograd")
-_lib.impl("attn_bias_from_attn_mask", _attn_bias_from_attn_mask, "CompositeExplicitAutograd")
+impl_op(_lib, "const", _const, "CompositeExplicitAutograd")
+impl_op(_lib, "attn_bias_from_attn_mask", _attn_bias_from_attn_mask, "CompositeExplicitAutograd")

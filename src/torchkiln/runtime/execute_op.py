@@ -15,6 +15,7 @@ import dataclasses
 import re
 import reprlib
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,11 +26,36 @@ from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.engine import Engine
 from torchkiln.runtime.serialization import dtype_name, engine_digest, parse_dtype
 
-_lib = torch.library.Library("torchkiln", "DEF")
-_lib.define("execute_engine(Tensor[] inputs, Tensor engine, str signature='') -> Tensor[]")
+def define_op(lib: torch.library.Library, schema: str, **options: str) -> None:
+    """Define `schema` in torchkiln's namespace, unless the C++ runtime library (loaded first into this process)
+    defined it: then it must be the same schema, and the kernels this package registers next (`impl_op`) override
+    the library's (the package's backends run the engines in a Python process)."""
+    name = schema.split("(", 1)[0]
+    try:
+        existing = getattr(torch.ops.torchkiln, name).default._schema
+    except (AttributeError, RuntimeError):
+        lib.define(schema, **options)
+        return
+    wanted = torch._C.parse_schema(f"torchkiln::{schema}")
+    if str(existing) != str(wanted):
+        raise RuntimeError(f"torchkiln::{name} is already defined as {existing}, not {wanted}: the C++ runtime "
+                           f"library loaded into this process is of another torchkiln version")
+
+
+def impl_op(lib: torch.library.Library, name: str, fn: Any, key: str) -> None:
+    """Register `fn` as op `name`'s kernel for dispatch key `key`, quietly where it overrides the C++ runtime
+    library's (`define_op`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*other operators may also be overridden")
+        lib.impl(name, fn, key)
+
+
+# A fragment: the C++ runtime library may hold the namespace's ops already (docs/deployment.md)
+_lib = torch.library.Library("torchkiln", "FRAGMENT")
+define_op(_lib, "execute_engine(Tensor[] inputs, Tensor engine, str signature='') -> Tensor[]")
 # A copy that TorchScript's constant propagation leaves to run time (CONSERVATIVE: it may have side effects), so
 # that an output which would be a graph constant is a new tensor per call (stitching/fresh_outputs.py).
-_lib.define("fresh_copy(Tensor self) -> Tensor", alias_analysis="CONSERVATIVE")
+define_op(_lib, "fresh_copy(Tensor self) -> Tensor", alias_analysis="CONSERVATIVE")
 _load_lock = threading.Lock()
 # The errors the op raises on purpose; TorchScript's interpreter turns them into RuntimeErrors whose text
 # names them, and `reraise_engine_error` turns them back.
@@ -376,9 +402,9 @@ def _fake_execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor,
 
 
 # Every backend key, so that an engine attribute of another layout (sparse, quantized...) reaches check_blob.
-_lib.impl("execute_engine", execute_engine, "CompositeExplicitAutograd")
-_lib.impl("execute_engine", _below_autograd, "Autograd")
-_lib.impl("fresh_copy", torch.clone, "CompositeExplicitAutograd")
+impl_op(_lib, "execute_engine", execute_engine, "CompositeExplicitAutograd")
+impl_op(_lib, "execute_engine", _below_autograd, "Autograd")
+impl_op(_lib, "fresh_copy", torch.clone, "CompositeExplicitAutograd")
 torch.library.register_fake("torchkiln::execute_engine", _fake_execute_engine, lib=_lib)
 
 

@@ -333,8 +333,9 @@ def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int
     otherwise copy its input into that layout). A row kernel walks its rows in its input's layout; its sizes are
     compile-time constants (`reduction.constant_sizes`), so Triton sees both the loads' and the stores' contiguous
     axes and converts the tile between them: a group norm + SiLU of an NCHW [32,128,64,64] fp16 input written
-    channels-last took 52 us on an H100, against 54 + 21 for NCHW and the copy. (With runtime sizes the stores
-    scattered: a GroupNorm ResBlock at [8,128,64,64] took 0.31 ms that way against 0.27 with the copy.)"""
+    channels-last took 52 us on an H100, against 54 + 21 for NCHW and the copy. Not a row step of dynamic shape:
+    with run-time sizes the stores scatter (a GroupNorm ResBlock at [8,128,64,64] took 0.31 ms that way against
+    0.27 with the copy)."""
     wants: dict[int, bool] = {}  # tensor id -> every read of it from another step is a channels-last convolution's
     for kernel, members in groups:
         made = {id(t) for j in members for t in network.layers[j].outputs}
@@ -348,6 +349,8 @@ def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int
     for kernel, members in groups:
         if kernel.kind == "generated" and kernel.op in ("pointwise", "indexed", "rows"):
             leaving = [t for j in members for t in network.layers[j].outputs if id(t) in wants or id(t) in returned]
+            if kernel.op == "rows" and any(t.is_dynamic for t in leaving):  # run-time sizes: the stores scatter
+                leaving = []
             if leaving and all(t.rank == 4 and wants.get(id(t)) and id(t) not in returned for t in leaving):
                 kernel = Kernel(kernel.kind, kernel.op, (*kernel.tactic, (CHANNELS_LAST_OUT, True)))
         out.append((kernel, members))
