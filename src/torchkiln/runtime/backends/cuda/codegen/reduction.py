@@ -770,9 +770,10 @@ class RowLauncher(GroupLauncher):
         across = packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth <= 1 or cols > MAX_PERSISTENT)
         few = (rows + packed - 1) // packed < MIN_PROGRAMS  # programs of the launch below
         # A norm whose input rows do not interleave in short runs, written in a layout whose rows do (an NCHW
-        # input's group norm written channels-last for a convolution), is reduced in spans over sub-rows too: its tile's loads run along positions
-        # and its stores along channels, which Triton converts between (one row a program would scatter its stores:
-        # a group norm + SiLU of an NCHW [32,128,64,64] fp16 input written channels-last, 297 against 53 us, H100).
+        # input's group norm written channels-last for a convolution), is reduced in spans over sub-rows too: its
+        # tile's loads run along positions and its stores along channels, which Triton converts between (one row a
+        # program would scatter its stores: a group norm + SiLU of an NCHW [32,128,64,64] fp16 input written
+        # channels-last, 297 against 53 us, H100).
         # Rows of 2**31 columns or more are never split (a span's start is an int32 there).
         splittable = self._split[False] is not None and SPLIT_MIN_COLS <= cols < 2 ** 31
         out_run = _interleaved_run(strides[len(views):], sizes, lead, outputs)
