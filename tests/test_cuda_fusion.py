@@ -168,6 +168,14 @@ def test_group_norm_and_silu_are_one_kernel():
     assert [bool(plan.kernels[s.kernel].option(CHANNELS_LAST_OUT)) for s in plan.steps
             if plan.kernels[s.kernel].op == "rows"] == [True]
     assert channels_last_inputs(net, plan) == [False]
+    # with a dynamic batch the row kernel's sizes are run-time values, with which channels-last stores scatter: the
+    # norm keeps its input's layout
+    data = torchkiln.convert_method_to_engine(module.eval(), "forward", [torchkiln.Input(
+        min_shape=(1, 16, 6, 6), opt_shape=(2, 16, 6, 6), max_shape=(4, 16, 6, 6))], backend="reference")
+    dynamic = Engine.deserialize(data).network
+    plan = planner.make_plan(dynamic, DEVICE, BackendOptions(timing_iterations=0))
+    assert [bool(plan.kernels[s.kernel].option(CHANNELS_LAST_OUT)) for s in plan.steps
+            if plan.kernels[s.kernel].op == "rows"] == [False]
 
 
 def test_pointwise_outputs_read_by_channels_last_convolutions_are_written_channels_last():
