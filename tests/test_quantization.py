@@ -306,6 +306,20 @@ def test_quantized_linear_layers_add_their_bias_in_the_integer_kernel(quantized,
     assert [node.op_type for node in nodes].count("Add") == len(sums), [node.op_type for node in nodes]
 
 
+def test_calibrated_quantizers_divide_by_their_scale_in_quantize_linear(quantized, tmp_path):
+    """The quantizers calibration places divide by their scale (`divide`), as ONNX's QuantizeLinear does, so the
+    session quantizes each activation in one QuantizeLinear of its scale, exactly (test_onnx_export's
+    quantize-divide cases), where a multiply by the reciprocal before a QuantizeLinear of scale 1 was 16 of the
+    BERT-style encoder's int8 nodes (5% of its time)."""
+    compiled, _ = quantized("transformer", I8)
+    quantizers = [q for q in _network(compiled) if isinstance(q, L.QuantizeLayer)]
+    assert quantizers and all(q.divide for q in quantizers)
+    nodes = session_graph(compiled, _samples(1), str(tmp_path))
+    made_by = {out: node for node in nodes for out in node.output}
+    quantize = [node for node in nodes if node.op_type == "QuantizeLinear"]
+    assert quantize and not [n.input[0] for n in quantize if getattr(made_by.get(n.input[0]), "op_type", "") == "Mul"]
+
+
 class MatmulByParameter(torch.nn.Module):
     """x @ w + b with w [in, out] (a matrix multiply reading its weight untransposed), then a linear layer."""
 

@@ -129,13 +129,14 @@ def _zero_point(layer: L.Layer) -> int:
 
 @exporter(L.QuantizeLayer)
 def _quantize(ctx: ExportContext, layer: L.QuantizeLayer, xs: list[str]) -> str:
-    """QuantizeLinear divides by the scale, where torch multiplies by its float32 reciprocal: the two differ on
-    values a last bit from a half step. So x is multiplied by the reciprocal first and quantized with scale 1, which
-    is exact; except where ONNX Runtime fuses it (`_fused`: DequantizeLinear -> Conv -> QuantizeLinear into
+    """QuantizeLinear divides by the scale: exactly a quantizer that divides (`divide`: those calibration places).
+    Torch's fake quantization (a QAT graph's) multiplies by the float32 reciprocal instead; the two differ on values
+    a last bit from a half step. So x is multiplied by the reciprocal first and quantized with scale 1, which is
+    exact; except where ONNX Runtime fuses it (`_fused`: DequantizeLinear -> Conv -> QuantizeLinear into
     QLinearConv), which it does only with the scale in QuantizeLinear (its output may then differ by one step at
     those values). A range narrower than int8's is a Clip after it."""
     x = ctx.cast(xs[0], layer.inputs[0].dtype, torch.float32)
-    fused = _fused(ctx, layer)
+    fused = layer.divide or _fused(ctx, layer)
     if not fused:
         inverse = torch.reciprocal(layer.weights["scale"])
         if layer.axis is not None:
