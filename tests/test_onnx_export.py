@@ -477,6 +477,11 @@ for _qt, _zero in ((torch.int8, torch.tensor([3], dtype=torch.int8)), (torch.flo
     add_case(L.QuantizeLayer, f"divide-{_qt}", [((2, 3, 4, 4), F32)],
              lambda n, x, qt=_qt, zero=_zero: n.add_fake_quantize(x, torch.tensor([0.02]), zero, qt, divide=True),
              _between_roundings)
+    add_case(L.QuantizeLayer, f"divide-relu-reshape-{_qt}", [((2, 3, 4, 4), F32)],  # ORT must not drop the ReLU
+             lambda n, x, qt=_qt: n.add_fake_quantize(n.add_shuffle(n.add_activation(x, L.ActivationType.RELU)
+                                                                    .get_output(), reshape_dims=(6, 16)).get_output(),
+                                                      torch.tensor([0.02]), None, qt, divide=True),
+             _between_roundings)
     add_case(L.QuantizeLayer, f"narrow-{_qt}", [((2, 3, 4, 4), F32)],
              lambda n, x, qt=_qt: n.add_fake_quantize(x, torch.tensor([0.02]), None, qt, bounds=(-100, 15)))
     add_case(L.DequantizeLayer, f"per-channel-{_qt}", [((2, 3, 4, 4), F32)],
