@@ -20,6 +20,7 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.quantization import clamps_at_zero, order_preserving, per_tensor_int8
+from torchkiln.ir.tensor import Tensor
 from torchkiln.onnx_export.context import CONTRIB_DOMAIN, ExportContext, exporter
 
 
@@ -129,21 +130,31 @@ def _zero_point(layer: L.Layer) -> int:
 
 def _scale_in_quantize(ctx: ExportContext, layer: L.QuantizeLayer) -> bool:
     """Whether QuantizeLinear takes the layer's scale, with no Mul or Div before it: where ONNX Runtime fuses it
-    (`_fused`), and for an int8 quantizer that divides (`divide`: QuantizeLinear's own arithmetic) unless it reads a
-    ReLU or clip, moved or not (`order_preserving`): ORT moves a QuantizeLinear back through moves (its QDQ
-    propagation) and drops a Relu or Clip before one (ReluQuantFusion, ClipQuantFusion), exactly only where
-    `_fused` says so. An fp8 one never: ORT drops a Relu before any fp8 QuantizeLinear."""
+    (`_fused`), and for an int8 quantizer that divides (`divide`: QuantizeLinear's own arithmetic) where ORT can
+    change nothing before it. ORT moves a QuantizeLinear back through moves (its QDQ propagation: `_source`), drops
+    a Relu or Clip before one (ReluQuantFusion, ClipQuantFusion: exact only where `_fused` says so), and fuses
+    DequantizeLinear -> op -> QuantizeLinear into an integer op that requantizes (QLinearAdd, QLinearAveragePool...),
+    so not after a ReLU or clip, nor after a layer reading a dequantized value. An fp8 one never: ORT drops a Relu
+    before any fp8 QuantizeLinear."""
     if _fused(ctx, layer):
         return True
     if not layer.divide or layer.quant_type != torch.int8:
         return False
-    source = layer.inputs[0].producer
-    while order_preserving(source):
-        source = source.inputs[0].producer
-    return not (isinstance(source, L.ActivationLayer) and source.type in _DROPPED_BEFORE_QUANTIZE)
+    source = _source(layer.inputs[0])
+    return (source is None or not isinstance(source, L.DequantizeLayer)) and not (
+        isinstance(source, L.ActivationLayer) and source.type in _DROPPED_BEFORE_QUANTIZE) \
+        and (source is None or not any(isinstance(_source(t), L.DequantizeLayer) for t in source.inputs))
 
 
 _DROPPED_BEFORE_QUANTIZE = (L.ActivationType.RELU, L.ActivationType.CLIP, L.ActivationType.HARD_TANH)
+
+
+def _source(t: Tensor) -> L.Layer | None:
+    """The layer whose values `t` holds, moved or selected (`order_preserving` layers walked back)."""
+    source = t.producer
+    while order_preserving(source):
+        source = source.inputs[0].producer
+    return source
 
 
 @exporter(L.QuantizeLayer)
