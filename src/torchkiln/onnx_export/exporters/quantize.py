@@ -141,12 +141,14 @@ def _scale_in_quantize(ctx: ExportContext, layer: L.QuantizeLayer) -> bool:
     if not layer.divide or layer.quant_type != torch.int8:
         return False
     source = _source(layer.inputs[0])
-    return (source is None or not isinstance(source, L.DequantizeLayer)) and not (
-        isinstance(source, L.ActivationLayer) and source.type in _DROPPED_BEFORE_QUANTIZE) \
-        and (source is None or not any(isinstance(_source(t), L.DequantizeLayer) for t in source.inputs))
+    if source is None:  # a network input
+        return True
+    dropped = isinstance(source, L.ActivationLayer) and source.type in _EXPORTED_AS_RELU_OR_CLIP
+    return not dropped and not isinstance(source, L.DequantizeLayer) \
+        and not any(isinstance(_source(t), L.DequantizeLayer) for t in source.inputs)
 
 
-_DROPPED_BEFORE_QUANTIZE = (L.ActivationType.RELU, L.ActivationType.CLIP, L.ActivationType.HARD_TANH)
+_EXPORTED_AS_RELU_OR_CLIP = (L.ActivationType.RELU, L.ActivationType.CLIP, L.ActivationType.HARD_TANH)
 
 
 def _source(t: Tensor) -> L.Layer | None:
