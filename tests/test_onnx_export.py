@@ -460,9 +460,28 @@ for opset in (21, 23):
     add_case(L.AttentionLayer, f"opset{opset}-3d-scale", [((2, 5, 8), F32), ((2, 6, 8), F32), ((2, 6, 8), F32)],
              lambda n, q, k, v: n.add_attention(q, k, v, scale=0.3))
 
+def _between_roundings(gen: torch.Generator) -> list[torch.Tensor]:
+    """[2, 3, 4, 4] values: 32 a last bit from a half step of scale 0.02 that x / 0.02 and x * (1 / 0.02)
+    (float32) round to different integers, and 64 random ones."""
+    scale = torch.tensor(0.02)
+    half = (torch.arange(-100, 100) + 0.5) * scale
+    near = torch.cat([torch.nextafter(half, half + d) for d in (1.0, -1.0)])
+    apart = near[torch.round(near / scale) != torch.round(near * torch.reciprocal(scale))][:32]
+    assert len(apart) == 32
+    return [torch.cat([apart, torch.randn(64, generator=gen) * 2]).reshape(2, 3, 4, 4)]
+
+
 for _qt, _zero in ((torch.int8, torch.tensor([3], dtype=torch.int8)), (torch.float8_e4m3fn, None)):
     add_case(L.QuantizeLayer, f"dequantize-{_qt}", [((2, 3, 4, 4), F32)],
              lambda n, x, qt=_qt, zero=_zero: n.add_fake_quantize(x, torch.tensor([0.02]), zero, qt))
+    add_case(L.QuantizeLayer, f"divide-{_qt}", [((2, 3, 4, 4), F32)],
+             lambda n, x, qt=_qt, zero=_zero: n.add_fake_quantize(x, torch.tensor([0.02]), zero, qt, divide=True),
+             _between_roundings)
+    add_case(L.QuantizeLayer, f"divide-relu-reshape-{_qt}", [((2, 3, 4, 4), F32)],  # ORT must not drop the ReLU
+             lambda n, x, qt=_qt: n.add_fake_quantize(n.add_shuffle(n.add_activation(x, L.ActivationType.RELU)
+                                                                    .get_output(), reshape_dims=(6, 16)).get_output(),
+                                                      torch.tensor([0.02]), None, qt, divide=True),
+             _between_roundings)
     add_case(L.QuantizeLayer, f"narrow-{_qt}", [((2, 3, 4, 4), F32)],
              lambda n, x, qt=_qt: n.add_fake_quantize(x, torch.tensor([0.02]), None, qt, bounds=(-100, 15)))
     add_case(L.DequantizeLayer, f"per-channel-{_qt}", [((2, 3, 4, 4), F32)],

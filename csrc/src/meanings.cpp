@@ -227,7 +227,8 @@ at::Tensor quant_shaped(const Layer& l, const at::Tensor& w, int64_t rank) {  //
 Tensors quantize(const Layer& l, const Tensors& xs, const Env&) {
   int64_t rank = xs[0].dim();
   at::ScalarType type = dtype_of(l.str("quant_type"));
-  at::Tensor scaled = xs[0].to(at::kFloat) * at::reciprocal(quant_shaped(l, l.weights.at("scale"), rank));
+  at::Tensor scale = quant_shaped(l, l.weights.at("scale"), rank), x = xs[0].to(at::kFloat);
+  at::Tensor scaled = l.flag("divide") ? x / scale : x * at::reciprocal(scale);
   if (type == at::kChar) {
     double lo = (double)l.param("quant_min").i.value, hi = (double)l.param("quant_max").i.value;
     at::Tensor q = at::round(scaled);

@@ -54,10 +54,11 @@ UNSIGNED_ZERO = -128  # the int8 zero point of a range [0, amax] (uint8's 0: ONN
 
 
 def fake_quantized(x: torch.Tensor, amax: float, quant_type: torch.dtype, unsigned: bool = False) -> torch.Tensor:
-    """`x` through a per-tensor quantizer of range `amax`: symmetric, or over [0, amax] where `unsigned` (int8)."""
+    """`x` through a per-tensor quantizer of range `amax` as calibration places it (dividing by the scale):
+    symmetric, or over [0, amax] where `unsigned` (int8)."""
     scale = torch.tensor(scale_of(amax, quant_type, unsigned))
     zero = torch.tensor(UNSIGNED_ZERO) if unsigned else None
-    return dequantize(quantize(x, scale, zero, quant_type), scale, zero)
+    return dequantize(quantize(x, scale, zero, quant_type, divide=True), scale, zero)
 
 
 def scale_of(amax: float | torch.Tensor, quant_type: torch.dtype, unsigned: bool = False) -> float | torch.Tensor:

@@ -391,11 +391,13 @@ class _QuantizeBase(Layer):
 
 @layer_kind
 class QuantizeLayer(_QuantizeBase):
-    """q = clamp(round_half_even(x * (1 / scale)) + zero_point) in quant_type (torch.fake_quantize_*'s rounding)."""
+    """q = clamp(round_half_even(x * (1 / scale)) + zero_point) in quant_type (torch.fake_quantize_*'s rounding);
+    with `divide`, x / scale in place of x * (1 / scale) (ONNX's QuantizeLinear)."""
 
     KIND: ClassVar[str] = "quantize"
     quant_min: int = -128  # int8: the range the value is clamped to (a QAT graph's may be narrower)
     quant_max: int = 127
+    divide: bool = False  # x / scale: the quantizers calibration places (no eager graph defines their arithmetic)
 
     def validate(self) -> None:
         super().validate()

@@ -257,14 +257,15 @@ class Network:
 
     def add_fake_quantize(self, input: Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None = None,
                           quant_type: torch.dtype = torch.int8, axis: int | None = None,
-                          bounds: tuple[int, int] = (-128, 127)) -> Tensor:
+                          bounds: tuple[int, int] = (-128, 127), divide: bool = False) -> Tensor:
         """A quantize layer and the dequantize layer reading it (TensorRT's explicit Q/DQ pair): the dequantized
-        value, in `input`'s float dtype. `bounds` is the int8 range values are clamped to."""
+        value, in `input`'s float dtype. `bounds` is the int8 range values are clamped to; `divide`: the quantizer
+        divides by the scale (QuantizeLayer)."""
         quant = {"axis": axis, "quant_type": quant_type}
         weights = {"scale": scale.float().reshape(-1), "zero_point": None if zero_point is None else
                    zero_point.to(torch.int8).reshape(-1)}
         q = self.add_layer(L.QuantizeLayer, [input], weights=weights, quant_min=bounds[0], quant_max=bounds[1],
-                           **quant)
+                           divide=divide, **quant)
         return self.add_layer(L.DequantizeLayer, q.outputs, weights=weights, to_type=input.dtype,
                               **quant).outputs[0]
 

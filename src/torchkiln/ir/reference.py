@@ -59,13 +59,14 @@ def _cast(layer, xs, ws, device):
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None, quant_type: torch.dtype,
-             bounds: tuple[int, int] | None = None) -> torch.Tensor:
-    """x in quant_type: torch.fake_quantize_*'s arithmetic (x times the float32 reciprocal of the scale, rounded
-    half to even, plus the zero point, clamped to `bounds`, else the type's range); fp8 saturates to its largest
-    finite value, then rounds to nearest even. NaN becomes the lowest value in int8 (as ATen's kernels give it on
-    x86; C++ leaves the conversion undefined), NaN in fp8."""
+             bounds: tuple[int, int] | None = None, divide: bool = False) -> torch.Tensor:
+    """x in quant_type: torch.fake_quantize_*'s arithmetic (x times the float32 reciprocal of the scale, or x
+    divided by the scale where `divide`, as ONNX's QuantizeLinear; rounded half to even, plus the zero point,
+    clamped to `bounds`, else the type's range); fp8 saturates to its largest finite value, then rounds to nearest
+    even. NaN becomes the lowest value in int8 (as ATen's kernels give it on x86; C++ leaves the conversion
+    undefined), NaN in fp8."""
     lo, hi = bounds or L.QUANT_RANGE[quant_type]
-    scaled = x.float() * torch.reciprocal(scale)
+    scaled = x.float() / scale if divide else x.float() * torch.reciprocal(scale)
     if quant_type == torch.int8:
         zero = 0 if zero_point is None else zero_point.float()
         return (torch.round(scaled) + zero).nan_to_num(lo).clamp(lo, hi).to(torch.int8)
@@ -84,7 +85,8 @@ def _quantize(layer, xs, ws, device):
     rank = xs[0].dim()
     zero = ws.get("zero_point")
     return quantize(xs[0], layer.shaped(ws["scale"], rank), None if zero is None else layer.shaped(zero, rank),
-                    layer.quant_type, (layer.quant_min, layer.quant_max) if layer.quant_type == torch.int8 else None)
+                    layer.quant_type, (layer.quant_min, layer.quant_max) if layer.quant_type == torch.int8 else None,
+                    layer.divide)
 
 
 @meaning(L.DequantizeLayer)

@@ -91,7 +91,7 @@ def _quantize_output(network: Network, layer: L.Layer, scale: float, quant_type:
     out = layer.outputs[0]
     before = len(network.layers)
     fake = network.add_fake_quantize(out, torch.tensor([scale]), None if zero is None else torch.tensor([zero]),
-                                     quant_type)
+                                     quant_type, divide=True)
     made = network.layers[before:]
     network.replace_all_uses(out, fake)
     made[0].inputs = [out]  # the quantizer itself reads the layer's output
@@ -219,7 +219,7 @@ def quantize_layers(network: Network, settings: BuildSettings) -> bool:
                                    quant_type=q.quant_type, to_type=x.dtype)
         elif key not in shared:
             dq = network.add_fake_quantize(x, torch.tensor([scale_of(amax[layer.name], plan.quant_type)]),
-                                           None, plan.quant_type).producer
+                                           None, plan.quant_type, divide=True).producer
             shared[key] = dq.inputs[0].producer
         else:
             q = shared[key]

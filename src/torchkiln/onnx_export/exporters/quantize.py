@@ -20,6 +20,7 @@ import torch
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.quantization import clamps_at_zero, order_preserving, per_tensor_int8
+from torchkiln.ir.tensor import Tensor
 from torchkiln.onnx_export.context import CONTRIB_DOMAIN, ExportContext, exporter
 
 
@@ -127,23 +128,57 @@ def _zero_point(layer: L.Layer) -> int:
     return int(layer.weights["zero_point"].reshape(-1)[0]) if "zero_point" in layer.weights else 0
 
 
+def _scale_in_quantize(ctx: ExportContext, layer: L.QuantizeLayer) -> bool:
+    """Whether QuantizeLinear takes the layer's scale, with no Mul or Div before it: where ONNX Runtime fuses it
+    (`_fused`), and for an int8 quantizer that divides (`divide`: QuantizeLinear's own arithmetic) where ORT can
+    change nothing before it. ORT moves a QuantizeLinear back through moves (its QDQ propagation: `_source`), drops
+    a Relu or Clip before one (ReluQuantFusion, ClipQuantFusion: exact only where `_fused` says so), and fuses
+    DequantizeLinear -> op -> QuantizeLinear into an integer op that requantizes (QLinearAdd, QLinearAveragePool...),
+    so not after a ReLU or clip, nor after a layer reading a dequantized value. An fp8 one never: ORT drops a Relu
+    before any fp8 QuantizeLinear."""
+    if _fused(ctx, layer):
+        return True
+    if not layer.divide or layer.quant_type != torch.int8:
+        return False
+    source = _source(layer.inputs[0])
+    if source is None:  # a network input
+        return True
+    dropped = isinstance(source, L.ActivationLayer) and source.type in _EXPORTED_AS_RELU_OR_CLIP
+    return not dropped and not isinstance(source, L.DequantizeLayer) \
+        and not any(isinstance(_source(t), L.DequantizeLayer) for t in source.inputs)
+
+
+_EXPORTED_AS_RELU_OR_CLIP = (L.ActivationType.RELU, L.ActivationType.CLIP, L.ActivationType.HARD_TANH)
+
+
+def _source(t: Tensor) -> L.Layer | None:
+    """The layer whose values `t` holds, moved or selected (`order_preserving` layers walked back)."""
+    source = t.producer
+    while order_preserving(source):
+        source = source.inputs[0].producer
+    return source
+
+
 @exporter(L.QuantizeLayer)
 def _quantize(ctx: ExportContext, layer: L.QuantizeLayer, xs: list[str]) -> str:
-    """QuantizeLinear divides by the scale, where torch multiplies by its float32 reciprocal: the two differ on
-    values a last bit from a half step. So x is multiplied by the reciprocal first and quantized with scale 1, which
-    is exact; except where ONNX Runtime fuses it (`_fused`: DequantizeLinear -> Conv -> QuantizeLinear into
-    QLinearConv), which it does only with the scale in QuantizeLinear (its output may then differ by one step at
-    those values). A range narrower than int8's is a Clip after it."""
+    """QuantizeLinear divides by the scale: exactly a quantizer that divides (`divide`: those calibration places).
+    Torch's fake quantization (a QAT graph's) multiplies by the float32 reciprocal instead; the two differ on values
+    a last bit from a half step. So x is multiplied by the reciprocal first (divided by the scale where `divide`)
+    and quantized with scale 1, which is exact; except where the scale goes in QuantizeLinear (`_scale_in_quantize`):
+    where ONNX Runtime fuses it (`_fused`: DequantizeLinear -> Conv -> QuantizeLinear into QLinearConv), which it
+    does only with the scale in QuantizeLinear (a quantizer that multiplies may then differ by one step at those
+    values), and where nothing before it is at risk. A range narrower than int8's is a Clip after it."""
     x = ctx.cast(xs[0], layer.inputs[0].dtype, torch.float32)
-    fused = _fused(ctx, layer)
-    if not fused:
-        inverse = torch.reciprocal(layer.weights["scale"])
+    scaled = _scale_in_quantize(ctx, layer)
+    if not scaled:
+        factor = layer.weights["scale"] if layer.divide else torch.reciprocal(layer.weights["scale"])
         if layer.axis is not None:
             rank = layer.inputs[0].rank
-            inverse = inverse.reshape([-1] + [1] * (rank - layer.axis % rank - 1))
-        x = ctx.node("Mul", [x, ctx.constant(inverse.reshape(()) if layer.axis is None else inverse, "inverse")])[0]
+            factor = factor.reshape([-1] + [1] * (rank - layer.axis % rank - 1))
+        x = ctx.node("Div" if layer.divide else "Mul",
+                     [x, ctx.constant(factor.reshape(()) if layer.axis is None else factor, "factor")])[0]
     unsigned = id(layer.outputs[0]) in ctx.unsigned
-    q = ctx.node("QuantizeLinear", [x, *_scale_and_zero(ctx, layer, not fused, unsigned)], **_axis(layer))[0]
+    q = ctx.node("QuantizeLinear", [x, *_scale_and_zero(ctx, layer, not scaled, unsigned)], **_axis(layer))[0]
     if layer.quant_type == torch.int8 and (layer.quant_min, layer.quant_max) != (-128, 127):
         bounds = [ctx.constant(torch.tensor(b, dtype=torch.int8), "bound") for b in (layer.quant_min, layer.quant_max)]
         q = ctx.node("Clip", [q, *bounds])[0]
