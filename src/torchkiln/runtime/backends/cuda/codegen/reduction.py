@@ -48,7 +48,7 @@ KERNEL = "rows_kernel"
 LOOPED = "rows_kernel_looped"
 SPLIT_STATS, SPLIT_APPLY = "rows_split_stats_kernel", "rows_split_apply_kernel"
 TRANSPOSED = "_t"  # a kernel's name suffix where its tile is [columns, rows] (`RowLauncher` says when)
-SUB_ROWS = "_s"  # ... and a split norm's where a row's innermost reduced dim is split off into rows of its own
+SUB_ROWS = "_s"  # ... and a split norm's apply over sub-rows (`RowLauncher._split_short_runs`)
 MAX_PERSISTENT = 16384  # columns a program keeps in registers; longer rows are reduced in passes
 LOOP_BLOCK = 2048  # columns a pass of the looped body covers
 _TILE = 1024  # elements per program that short rows are packed up to...
@@ -717,9 +717,9 @@ class RowLauncher(GroupLauncher):
             self._looped[transposed] = getattr(module, LOOPED + suffix)
             self._split[transposed] = (getattr(module, SPLIT_STATS + suffix), getattr(module, SPLIT_APPLY + suffix)) \
                 if kernel.splittable else None
-        sub_rows = SPLIT_APPLY + TRANSPOSED + SUB_ROWS
-        self._split_sub_rows = (getattr(module, SPLIT_STATS + TRANSPOSED), getattr(module, sub_rows),
-                                getattr(module, SPLIT_MERGE)) if hasattr(module, sub_rows) else None
+        sub_rows = SPLIT_APPLY + TRANSPOSED + SUB_ROWS  # (statistics, apply, merge) over sub-rows
+        self._split_sub_rows = (self._split[True][0], getattr(module, sub_rows), getattr(module, SPLIT_MERGE)) \
+            if hasattr(module, sub_rows) else None
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         kernel = self.kernel
@@ -776,8 +776,8 @@ class RowLauncher(GroupLauncher):
         # channels-last, 297 against 53 us, H100).
         # Rows of 2**31 columns or more are never split (a span's start is an int32 there).
         splittable = self._split[False] is not None and SPLIT_MIN_COLS <= cols < 2 ** 31
-        out_run = _interleaved_run(strides[len(views):], sizes, lead, outputs)
-        if splittable and not kernel.split_sum and (run is None or run >= 16) and out_run is not None and out_run < 16:
+        if splittable and not kernel.split_sum and not _short(run) and \
+                _short(_interleaved_run(strides[len(views):], sizes, lead, outputs)):
             self._split_short_runs(operands, outputs, rows, cols, sizes, strides, int64)
             return outputs
         if splittable and (
@@ -806,7 +806,7 @@ class RowLauncher(GroupLauncher):
         """A norm's partial statistics over spans of `chunk` columns of the rows that fill a 128-byte line together
         (rows interleaving in runs of `run` bytes; many programs, every read coalesced), then each row's statistics
         merged and the outputs made from them."""
-        if run is not None and run < 16 and not self.kernel.split_sum:
+        if _short(run) and not self.kernel.split_sum:
             self._split_short_runs(operands, outputs, rows, cols, sizes, strides, int64)
             return
         packed = min(_next_power_of_two(rows), 64, _rows_filling(128, run))
@@ -856,7 +856,7 @@ class RowLauncher(GroupLauncher):
             return
         if sub > 1:
             entries = _next_power_of_two(splits * sub)
-            per = max(1, min(_next_power_of_two(rows // sub), 1024 // entries))  # 1024 groups: 64 programs
+            per = max(1, min(_next_power_of_two(rows // sub), 1024 // entries))  # at most 1024 statistics a program
             fns[2][((rows // sub + per - 1) // per,)](stats, splits, chunk, rows // sub, cols, SUB=sub, ROWS=per,
                                                        SPLITS=entries, num_warps=4)
             apply_fn[grid](*args, SUB=sub, **meta)
@@ -879,6 +879,11 @@ def _transposed(packed: int, run: int | None) -> bool:
     spans, 62 against 1106); channels-last, 20-byte runs (10 channels a group, [32,320,32,32]) 63 against 159, but
     8-byte runs ([32,128,64,64]) 160 against 121; 2-byte runs (a mean of channels-last activations) the same."""
     return packed == 1 or (run is not None and run >= 16)
+
+
+def _short(run: int | None) -> bool:
+    """Whether rows interleave in runs under 16 bytes (`_interleaved_run`): the reductions over sub-rows."""
+    return run is not None and run < 16
 
 
 def _interleaved_run(strides: list[list[int]], sizes: Sequence[int], lead: int,
