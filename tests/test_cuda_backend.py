@@ -70,6 +70,52 @@ def test_an_output_is_never_overwritten_by_a_later_call(resnet):
         _close(out, resnet(x))
 
 
+class _Wide(torch.nn.Module):
+    """Outputs of 8 MB (a tail graph hands them out) from a matrix multiply and its epilogue."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(256, 2048) / 16)
+
+    def forward(self, x):
+        return torch.relu(x @ self.w) * 2 + 1
+
+
+def test_large_outputs_are_handed_out_without_a_copy_and_never_overwritten():
+    model = _Wide().eval().cuda()
+    compiled = torchkiln.compile(model, [torchkiln.Input((1024, 256))])
+    xs = [torch.randn(1024, 256, device="cuda") for _ in range(6)]
+    refs = [model(x) for x in xs]
+    kept = [compiled(x) for x in xs]  # every output held: two tails, then the last steps uncaptured
+    for out, ref in zip(kept, refs):
+        _close(out, ref)
+    [bound] = _engine(compiled).runner(xs[0].device)._bound.values()
+    assert bound.handoff is not None and len(bound.tails) == cuda_runner.TAILS
+    del kept
+    tail_memory = {t.outputs[0].data_ptr() for t in bound.tails}
+    out = None
+    for x, ref in zip(xs, refs):  # the last call's output held while calling again: the tails alternate
+        out = compiled(x)
+        _close(out, ref)
+        assert out.data_ptr() in tail_memory  # handed out, not copied
+    view = compiled(xs[0])[:3]  # a view alone holds the output
+    changed = compiled(xs[1])
+    changed.add_(100.0)  # the caller's own memory to change
+    del changed
+    for x, ref in zip(xs[2:], refs[2:]):
+        _close(compiled(x), ref)
+    _close(view, refs[0][:3])
+
+
+def test_small_outputs_are_copied_out_of_one_graph(resnet):
+    compiled = torchkiln.compile(resnet, [torchkiln.Input((2, 3, 32, 32))])
+    x = torch.randn(2, 3, 32, 32, device="cuda")
+    for _ in range(3):
+        _close(compiled(x), resnet(x))
+    [bound] = _engine(compiled).runner(x.device)._bound.values()
+    assert bound.graph is not None and bound.handoff is None and not bound.tails
+
+
 def test_threads_on_their_own_streams_get_their_own_results(resnet):
     compiled = torchkiln.compile(resnet, [torchkiln.Input((2, 3, 32, 32))])
     xs = [torch.randn(2, 3, 32, 32, device="cuda") for _ in range(4)]

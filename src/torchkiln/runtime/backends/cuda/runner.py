@@ -7,8 +7,14 @@
   `MAX_GRAPHS` for a dynamic one): symbolic layer parameters are evaluated, a step whose layers depend on the
   input shapes alone becomes its values, computed then (`runtime/fold_shapes.py`), every step's callable is made,
   the steps run once eagerly (which also compiles generated kernels), then are captured as one CUDA graph on
-  a private memory pool. Later calls copy the inputs into the graph's input buffers, replay it, and copy its
-  outputs out, so an output of one call is never overwritten by a later call.
+  a private memory pool. Later calls copy the inputs into the graph's input buffers and replay it.
+- Outputs (`_Tail`): a call hands out memory no later call overwrites while the caller can still reach it. Where
+  the outputs are large (`DIRECT_BYTES`) and made by the last few steps (`TAIL_STEPS`), those steps are captured
+  apart, as up to `TAILS` tail graphs, each on a memory pool of its own: a call replays the main graph, then a tail
+  whose outputs no caller holds any more (the storages' use counts), and hands its outputs out without a copy.
+  Where every tail's outputs are still held (a caller keeping each call's outputs), the tail's steps run uncaptured
+  into fresh memory. Elsewhere the outputs are copied out of the one graph, as a copy costs less than a second
+  graph launch. An output sharing memory with an input, a weight or the main graph's buffers is always copied.
 - A call runs on the caller's current stream and never waits for the host. Calls from several threads are
   serialized by a lock around the few launches a call makes; a call on another stream first waits (on the
   GPU, through an event) for the previous call's replay to finish with the shared buffers.
@@ -45,10 +51,15 @@ from torchkiln.runtime.symbols import SymbolBinder
 logger = logging.getLogger(__name__)
 
 MAX_GRAPHS = 16  # input-shape signatures kept captured per engine and device
+DIRECT_BYTES = 4 << 20  # outputs at least this large are handed out of tail graphs, not copied (a copy's traffic
+# then costs more than a second graph launch: ~3 us on an H100)
+TAIL_STEPS = 4  # steps from the first one making an output to the end that a tail may hold (each tail's pool keeps
+# their memory: a short tail keeps that near the outputs' own size)
+TAILS = 2  # tail graphs per input shape: a caller keeping the last call's outputs while it calls again gets the other
 
 
 class _Bound:
-    """The steps for one input-shape signature, and (once captured) their CUDA graph."""
+    """The steps for one input-shape signature, and (once captured) their CUDA graph and tails."""
 
     def __init__(self, fns: list[tuple[StepFn, list[int], list[int], list[int]]], num_slots: int,
                  num_inputs: int, output_slots: list[int], capturable: bool = True) -> None:
@@ -60,29 +71,111 @@ class _Bound:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_inputs: list[torch.Tensor] = []
         self.static_outputs: list[torch.Tensor] = []
+        made = [k for k, (_, _, outs, _) in enumerate(fns) if set(outs) & set(output_slots)]
+        self.tail_start = made[0] if made else len(fns)  # the first step making an output
+        self.handoff: list[torch.Tensor | None] | None = None  # the main graph's live values, where tails run
+        self.tails: list[_Tail] = []
+        self.tail_limit = TAILS  # fewer where capturing one failed
 
     def run_eagerly(self, inputs: Sequence[torch.Tensor],
                     visit: Callable[[int], None] | None = None) -> list[torch.Tensor]:
         """The steps launched one by one; `visit(k)` after step k's launch (per-step timing: runtime/profile.py)."""
         values: list[torch.Tensor | None] = [None] * self.num_slots
         values[: self.num_inputs] = inputs
-        for k, (fn, ins, outs, frees) in enumerate(self.fns):
+        return self._run(values, 0, visit)
+
+    def _run(self, values: list[torch.Tensor | None], start: int, visit: Callable[[int], None] | None = None,
+             stop: int | None = None) -> list[torch.Tensor]:
+        """Steps `start` to `stop` (the end) on `values` (changed in place); the outputs where run to the end."""
+        for k in range(start, len(self.fns) if stop is None else stop):
+            fn, ins, outs, frees = self.fns[k]
             for slot, value in zip(outs, fn([values[i] for i in ins])):
                 values[slot] = value
             for slot in frees:
                 values[slot] = None
             if visit is not None:
                 visit(k)
-        return [values[s] for s in self.output_slots]
+        return [values[s] for s in self.output_slots] if stop is None else []
 
-    def capture(self, inputs: Sequence[torch.Tensor], pool: object) -> None:
-        """Capture the steps as one graph. The eager call just before it did the lazy work (cuDNN's algorithm
-        choice, Triton's compiles, weight casts), so it is not warmed up again."""
+    def capture(self, inputs: Sequence[torch.Tensor], pool: object, tails: bool) -> None:
+        """Capture the steps as one graph, or (`tails`) those before the tail as the main graph and the tail as its
+        first tail graph. The eager call just before it did the lazy work (cuDNN's algorithm choice, Triton's
+        compiles, weight casts), so it is not warmed up again."""
         self.static_inputs = [x.clone() for x in inputs]
+        values: list[torch.Tensor | None] = [None] * self.num_slots
+        values[: self.num_inputs] = self.static_inputs
+        if tails and self.tail_start == 0:  # nothing before the tail: no main graph
+            self.handoff = values
+            self.add_tail()
+            return
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            self.static_outputs = self.run_eagerly(self.static_inputs)
+            if tails:
+                self._run(values, 0, stop=self.tail_start)
+            else:
+                self.static_outputs = self._run(values, 0)
         self.graph = graph
+        if tails:
+            self.handoff = values
+            self.add_tail()
+
+    @property
+    def captured(self) -> bool:
+        return self.graph is not None or self.handoff is not None
+
+    def add_tail(self) -> _Tail:
+        """A new tail graph on a pool of its own, captured from the main graph's live values."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="thread_local"):
+            outputs = self._run(list(self.handoff), self.tail_start)  # the tail's other values die here, so
+        main = {v.untyped_storage().data_ptr() for v in self.handoff if v is not None}
+        tail = _Tail(graph, outputs, [o.untyped_storage().data_ptr() in main for o in outputs])
+        self.tails.append(tail)
+        return tail
+
+    def free_tail(self) -> _Tail | None:
+        """A tail whose outputs no caller holds, captured anew while there are fewer than `TAILS`."""
+        tail = next((t for t in self.tails if not t.held()), None)
+        if tail is None and len(self.tails) < self.tail_limit:
+            try:
+                tail = self.add_tail()
+            except RuntimeError as e:  # (out of memory): the tail runs uncaptured, as where every tail is held
+                self.tail_limit = len(self.tails)
+                logger.warning("a tail graph could not be captured, so held outputs' calls run their last steps "
+                               "uncaptured: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return tail
+
+    def run_tail_eagerly(self) -> list[torch.Tensor]:
+        """The tail's steps, uncaptured, on the main graph's live values: outputs in fresh memory (those sharing
+        the main graph's buffers copied)."""
+        outputs = self._run(list(self.handoff), self.tail_start)
+        return [o.clone() if shared else o for o, shared in zip(outputs, self.tails[0].shared)]
+
+
+def _use_count(t: torch.Tensor) -> int:
+    """How many tensors (views included) hold `t`'s storage."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+class _Tail:
+    """A tail graph: the last steps, captured on a pool of their own, and their outputs, handed out to callers."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: list[torch.Tensor], shared: list[bool]) -> None:
+        self.graph = graph
+        self.outputs = outputs
+        self.shared = shared  # per output: its storage is one of the main graph's (always copied out)
+        self.baseline = [_use_count(o) for o in outputs]  # the tail's own holds (its outputs' only holders now)
+
+    def held(self) -> bool:
+        """Whether a caller still holds an output (or a view of one) a call handed out."""
+        return any(not shared and _use_count(o) > base
+                   for o, shared, base in zip(self.outputs, self.shared, self.baseline))
+
+    def replay(self, may_alias: Sequence[bool]) -> list[torch.Tensor]:
+        """Replay, and hand the outputs out (an alias of each, so the use count sees the caller's hold)."""
+        self.graph.replay()
+        return [o.clone() if shared or alias else o.detach()
+                for o, shared, alias in zip(self.outputs, self.shared, may_alias)]
 
 
 def captures_graphs(network: Network, plan: Plan) -> bool:
@@ -177,11 +270,11 @@ class CudaRunner:
                 self._bound.move_to_end(key)
             stream = torch.cuda.current_stream(self.device)
             stream.wait_event(self._last_call)  # the previous call, maybe on another stream, is done with the buffers
-            if bound.graph is None:  # (a replay's copy into its channels-last input buffers converts them)
+            if not bound.captured:  # (a replay's copy into its channels-last input buffers converts them)
                 inputs = [channels_last_input(x) if last else x for x, last in zip(inputs, self.channels_last)]
-            if bound.graph is None and self._graphs and bound.capturable:
+            if not bound.captured and self._graphs and bound.capturable:
                 outputs = self._first_call(bound, inputs)
-            elif bound.graph is None:
+            elif not bound.captured:
                 outputs = self._fresh(bound.run_eagerly(inputs))
             else:
                 for static, x, last in zip(bound.static_inputs, inputs, self.channels_last):
@@ -189,8 +282,9 @@ class CudaRunner:
                         copy_to_channels_last(x, static)
                     else:
                         static.copy_(x)
-                bound.graph.replay()
-                outputs = [o.clone() for o in bound.static_outputs]
+                if bound.graph is not None:
+                    bound.graph.replay()
+                outputs = self._outputs(bound)
             self._last_call.record(stream)  # one event, re-recorded: a wait takes the record made before it
         return outputs
 
@@ -199,14 +293,22 @@ class CudaRunner:
         outputs = bound.run_eagerly(inputs)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
+        big = sum(o.nbytes for o, alias in zip(outputs, self.may_alias) if not alias) >= DIRECT_BYTES
         try:
-            bound.capture(inputs, self._pool)
+            bound.capture(inputs, self._pool, big and len(bound.fns) - bound.tail_start <= TAIL_STEPS)
         except RuntimeError as e:
-            bound.graph = None
+            bound.graph, bound.handoff, bound.tails = None, None, []
             self._graphs = False
             logger.warning("engine %s: CUDA graph capture failed, so its steps run one by one from now on: %s",
                            self.network.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
         return self._fresh(outputs)
+
+    def _outputs(self, bound: _Bound) -> list[torch.Tensor]:
+        """A replayed main graph's outputs: its copied outputs, a free tail's outputs, else the tail run uncaptured."""
+        if bound.handoff is None:
+            return [o.clone() for o in bound.static_outputs]
+        tail = bound.free_tail()
+        return tail.replay(self.may_alias) if tail is not None else self._fresh(bound.run_tail_eagerly())
 
     def _fresh(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Outputs that may share memory with an input or a weight, copied (as the reference executor does)."""
