@@ -186,6 +186,27 @@ def test_a_convolutions_bias_is_the_first_operation_of_the_norm_after_it(norm):
     assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+def test_a_convolutions_bias_joins_a_layer_norm_over_its_transposed_channels():
+    """A depthwise conv (with bias) -> permute to channels-last -> layer norm over the channels -> GELU: the bias
+    joins the norm's row kernel, added along the axis the channels moved to, with the transpose a view the kernel
+    reads (one pass over the convolution's output); the reference's values."""
+    net = Network("conv-permute-norm")
+    x = net.add_input("x", torch.float32, (2, 8, 6, 5))
+    conv = net.add_convolution_nd(x, torch.randn(8, 1, 3, 3) * 0.3, torch.randn(8) * 3, stride=(1, 1),
+                                  padding=(1, 1), dilation=(1, 1), groups=8).get_output()
+    shuffled = net.add_shuffle(conv, first_transpose=(0, 2, 3, 1)).get_output()
+    normed = net.add_normalization(shuffled, L.NormalizationKind.LAYER, 1e-6, normalized_shape=(8,),
+                                   scale=torch.rand(8) + 0.5, bias=torch.randn(8)).get_output()
+    net.mark_output(net.add_activation(normed, L.ActivationType.GELU_ERF).get_output())
+    xv = torch.randn(2, 8, 6, 5)
+    plan, out = run_plan(net, [xv])
+    steps = [(plan.kernels[s.kernel].op, [net.layers[j].KIND for j in s.layers]) for s in plan.steps
+             if plan.kernels[s.kernel].op != "constant"]
+    assert steps == [("conv_epilogue", ["convolution", "shuffle", "normalization", "activation"])], steps
+    ref = ReferenceExecutor(net, CPU).run([xv])[0]
+    assert ref.std() > 0.3 and (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
 def test_sibling_pointwise_groups_over_one_input_become_one_pass():
     """GELU's shape as GPT-2 writes it, 0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3))), with a sigmoid for the
     tanh: 0.5 * x starts one group and the branch another (both read x first); their product joins the branch's

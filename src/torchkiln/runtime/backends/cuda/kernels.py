@@ -269,23 +269,39 @@ def _max_pool(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     return lambda xs: [pool(xs[0])]
 
 
+def permutation(layer: L.Layer | None) -> tuple[int, ...] | None:
+    """The axes of a shuffle layer that only transposes (a view: nothing reshaped), else None."""
+    if not isinstance(layer, L.ShuffleLayer) or layer.reshape_dims is not None or layer.second_transpose is not None:
+        return None
+    return tuple(layer.first_transpose) if layer.first_transpose is not None else None
+
+
 @maker("library", "conv_epilogue")
 def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """A convolution without its bias, then one generated kernel: the bias (a per-channel scale layer made here,
-    outside the network) and the pointwise layers after it, or the row group (a reduction's) after it."""
+    outside the network) and the pointwise layers after it, or the row group (a reduction's) after it. Where the
+    step's second layer transposes the convolution's output (planner rule 2), the kernel reads that transposed view
+    and adds the bias along the axis the channels moved to."""
     from torchkiln.runtime.backends.cuda.codegen import pointwise, reduction
 
     conv, rest = step.layers[0], step.layers[1:]
     ws = step.weights[0]
-    out = conv.outputs[0]
+    perm = permutation(rest[0]) if rest and rest[0].inputs[0] is conv.outputs[0] else None
+    if perm is not None:
+        rest = rest[1:]
+    out = conv.outputs[0] if perm is None else step.layers[1].outputs[0]
     raw = Tensor(f"{out.name}:without_bias", out.shape, out.dtype)
     first: list[L.Layer] = []
     if "bias" in ws:
         first.append(L.ScaleLayer(name=f"{conv.name}/bias", inputs=[raw], outputs=[out],
-                                  weights={"shift": ws["bias"]}, mode=L.ScaleMode.CHANNEL, channel_axis=1))
+                                  weights={"shift": ws["bias"]}, mode=L.ScaleMode.CHANNEL,
+                                  channel_axis=1 if perm is None else perm.index(1)))
     conv_fn = _convolution(conv, {"kernel": ws["kernel"]}, allow_tf32)
     layout = channels_last_input if kernel.option("channels_last") else nchw_input
-    convolve = lambda xs: conv_fn([layout(xs[0])])  # noqa: E731
+    if perm is None:
+        convolve = lambda xs: conv_fn([layout(xs[0])])  # noqa: E731
+    else:
+        convolve = lambda xs: conv_fn([layout(xs[0])]).permute(perm)  # noqa: E731
     reads = epilogue_inputs(conv, rest, step.inputs)
     at = [step.inputs.index(id(t)) for t in reads]
     rows = any(reduction.reduced_axes(layer) is not None for layer in rest)

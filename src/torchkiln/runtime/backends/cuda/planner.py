@@ -15,8 +15,9 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    (GELU's 0.5 * x and its tanh branch: one pass over x); a refused merge logs why.
    A plain convolution whose only reader is such a layer (of its shape) leads that layer's group: it runs
    without its bias, and the bias (a per-channel scale layer made for the kernel) is the group's first
-   operation (`conv_epilogue`). So is one whose only reader is a row step's layer (a group norm after it): the
-   bias is the row kernel's first operation.
+   operation (`conv_epilogue`). So is one whose only reader is a row step's layer (a group norm after it), or a
+   transpose that only such a layer reads (a layer norm over the channels of a channels-last view): the bias is
+   the row kernel's first operation (along the axis the channels moved to).
 3. **Quantized matrix multiplies** (quant_kernels.py): a matrix multiply of a dequantized int8 (or, from sm_89,
    fp8) activation by a dequantized constant weight runs on the quantized values (`torch._int_mm` /
    `torch._scaled_mm`) with the dequantize epilogue (`library`/`quantized_matmul`).
@@ -85,7 +86,7 @@ from torchkiln.ir.network import Network
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
-from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT, takes_channels_last
+from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT, permutation, takes_channels_last
 from torchkiln.runtime.backends.cuda.patches import patch_convolution
 from torchkiln.runtime.backends.cuda.quant_kernels import KERNEL as QUANTIZED_MATMUL, quantized_matmuls
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
@@ -379,22 +380,31 @@ def _biases_into_row_steps(network: Network, groups: list[tuple[Kernel, list[int
     """A convolution whose bias would be a kernel of its own (`conv_epilogue` of no further layers; rule 6 took no
     generated product for it) and whose only reader is a layer of a generated row step (a group norm after it)
     joins that step: the bias is the row kernel's first operation, one pass over the convolution's output instead
-    of two. The step runs where the row step ran."""
+    of two. So does one read only by a transpose (alone in its step) that such a layer alone reads (a layer norm
+    over the channels of a channels-last view): the row kernel reads the transposed view, the bias along the axis
+    the channels moved to. The step runs where the row step ran."""
     steps: list[tuple[Kernel, list[int]] | None] = list(groups)
     where: dict[int, int] = {}
     for k, (_, members) in enumerate(groups):
         for j in members:
             where.setdefault(j, k)
     for k, step in enumerate(steps):
-        kernel, members = step
-        if kernel.op != "conv_epilogue" or len(members) != 1:
+        if step is None or step[0].op != "conv_epilogue" or len(step[1]) != 1:
             continue
+        kernel, members = step
         reader = graph.sole_reader(network.layers[members[0]].outputs[0])
+        view: list[int] = []  # a transpose between, alone in its step: the row kernel reads the transposed view
+        if permutation(reader) is not None and steps[where[graph.index[id(reader)]]] == \
+                (Kernel("aten", reader.KIND), [graph.index[id(reader)]]):
+            view = [graph.index[id(reader)]]
+            reader = graph.sole_reader(reader.outputs[0])
         r = where.get(graph.index[id(reader)]) if reader is not None else None
         if r is None or r < k or steps[r] is None or steps[r][0] != Kernel("generated", "rows"):
             continue
-        steps[r] = (kernel, members + steps[r][1])
+        steps[r] = (kernel, members + view + steps[r][1])
         steps[k] = None
+        for j in view:
+            steps[where[j]] = None
     return [step for step in steps if step is not None]
 
 
