@@ -131,8 +131,8 @@ class DiffusionBlock(nn.Module):
 
 
 class FPNMerge(nn.Module):
-    """A feature pyramid's top-down step as torchvision's FeaturePyramidNetwork (Faster/Mask R-CNN, RetinaNet) takes
-    it: lateral 1x1 conv of the finer backbone map + nearest 2x upsampling of the coarser merged map -> 3x3 conv."""
+    """A top-down step of torchvision's FeaturePyramidNetwork (Faster/Mask R-CNN, RetinaNet): lateral 1x1 conv of the
+    finer backbone map + the coarser merged map upsampled 2x (nearest) -> 3x3 output conv."""
 
     def __init__(self, c_in: int = 512, c: int = 256) -> None:
         super().__init__()
@@ -150,9 +150,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RoPEAttention(nn.Module):
-    """Causal self-attention with rotary position embeddings on q and k, as Llama/Mistral/Qwen (Hugging Face) write
-    it: cos/sin of positions x inverse frequencies, q * cos + rotate_half(q) * sin, then SDPA and the output
-    projection."""
+    """Llama's, Mistral's and Qwen's (Hugging Face) causal self-attention with rotary embeddings: q and k times cos +
+    rotate_half times sin of positions x inverse frequencies, then SDPA and the output projection."""
 
     def __init__(self, d: int = 1024, heads: int = 16, base: float = 10000.0) -> None:
         super().__init__()
@@ -182,9 +181,8 @@ def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
 
 
 class GQAttention(nn.Module):
-    """Causal grouped-query self-attention as Llama 2/3, Mistral and Qwen2 write it: fewer key/value heads than
-    query heads, each repeated to its group of query heads (expand + reshape), then SDPA and the output
-    projection."""
+    """Llama's, Mistral's and Qwen2's causal grouped-query self-attention: 4 key/value heads for 16 query heads,
+    repeated to them (repeat_kv: expand + reshape), then SDPA and the output projection."""
 
     def __init__(self, d: int = 1024, heads: int = 16, kv_heads: int = 4) -> None:
         super().__init__()
@@ -205,8 +203,8 @@ class GQAttention(nn.Module):
 
 
 class DepthwiseSeparable(nn.Module):
-    """MobileNet's depthwise-separable convolution (also Xception's and MobileNetV2's depthwise stage):
-    3x3 depthwise conv -> batch norm -> ReLU6 -> 1x1 pointwise conv -> batch norm -> ReLU6."""
+    """MobileNetV1's depthwise-separable convolution (its 56x56 stage, 128 channels): 3x3 depthwise conv -> batch
+    norm -> ReLU6 -> 1x1 pointwise conv -> batch norm -> ReLU6."""
 
     def __init__(self, c_in: int = 128, c_out: int = 128) -> None:
         super().__init__()
