@@ -395,7 +395,8 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
                        "and Whisper's encoder from transformers configs; torchkiln.examples.zoo.CPU) or blocks "
                        "(= --blocks)")
     bench.add_argument("--blocks", action="store_true", help="--zoo on generic blocks of real models (RMSNorm + "
-                       "SwiGLU, ConvNeXt, GroupNorm ResBlock, attention by hand, squeeze-excitation, LayerNorm MLP: "
+                       "SwiGLU, ConvNeXt, GroupNorm ResBlock, attention by hand, squeeze-excitation, LayerNorm and "
+                       "tanh-GELU MLPs, FPN merge, RoPE attention, GQA attention, depthwise-separable conv: "
                        "torchkiln.examples.blocks); --batch scales their inputs")
     bench.add_argument("--models", default=None,
                        help="--zoo: comma-separated zoo models instead of the set's (torchvision: resnet50, "

@@ -1,11 +1,14 @@
 """Generic blocks of real models, for `python -m torchkiln bench --blocks`: each a small module in the shapes a real
 model runs it at, with random weights that give meaningful outputs. No block is tuned for: they are the shapes of
-work (norms, softmax, gated MLPs, squeeze-excitation, depthwise convolutions) that any model is made of."""
+work (norms, softmax, gated MLPs, squeeze-excitation, depthwise convolutions, rotary embeddings, grouped-query
+attention, feature-pyramid merges) that any model is made of."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from torchkiln.examples.models import randomize_batch_norm
 
 
 class RMSNormSwiGLU(nn.Module):
@@ -127,6 +130,93 @@ class DiffusionBlock(nn.Module):
         return x + self.out(a.transpose(-2, -1).reshape(b, c, h, w))
 
 
+class FPNMerge(nn.Module):
+    """A top-down step of torchvision's FeaturePyramidNetwork (Faster/Mask R-CNN, RetinaNet): lateral 1x1 conv of the
+    finer backbone map + the coarser merged map upsampled 2x (nearest) -> 3x3 output conv."""
+
+    def __init__(self, c_in: int = 512, c: int = 256) -> None:
+        super().__init__()
+        self.inner, self.layer = nn.Conv2d(c_in, c, 1), nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, finer, coarser):
+        lateral = self.inner(finer)
+        return self.layer(lateral + F.interpolate(coarser, size=lateral.shape[-2:], mode="nearest"))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """The second half of the last dim negated, then the first: Llama's rotation of pairs (i, i + d/2)."""
+    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class RoPEAttention(nn.Module):
+    """Llama's, Mistral's and Qwen's (Hugging Face) causal self-attention with rotary embeddings: q and k times cos +
+    rotate_half times sin of positions x inverse frequencies, then SDPA and the output projection."""
+
+    def __init__(self, d: int = 1024, heads: int = 16, base: float = 10000.0) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, d // heads
+        self.q_proj, self.k_proj = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+        self.v_proj, self.o_proj = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False)
+        inv_freq = 1.0 / base ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        freqs = torch.outer(torch.arange(s, device=x.device).float(), self.inv_freq.float())
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(a.transpose(1, 2).reshape(b, s, d))
+
+
+def repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[b, kv_heads, s, d] -> [b, kv_heads * groups, s, d], each key/value head repeated for its query heads."""
+    b, kv_heads, s, head_dim = x.shape
+    return x[:, :, None].expand(b, kv_heads, groups, s, head_dim).reshape(b, kv_heads * groups, s, head_dim)
+
+
+class GQAttention(nn.Module):
+    """Llama's, Mistral's and Qwen2's causal grouped-query self-attention: 4 key/value heads for 16 query heads,
+    repeated to them (repeat_kv: expand + reshape), then SDPA and the output projection."""
+
+    def __init__(self, d: int = 1024, heads: int = 16, kv_heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, d // heads
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(d, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        b, s, d = x.shape
+        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        groups = self.heads // self.kv_heads
+        a = F.scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), is_causal=True)
+        return self.o_proj(a.transpose(1, 2).reshape(b, s, d))
+
+
+class DepthwiseSeparable(nn.Module):
+    """MobileNetV1's depthwise-separable convolution (its 56x56 stage, 128 channels): 3x3 depthwise conv -> batch
+    norm -> ReLU6 -> 1x1 pointwise conv -> batch norm -> ReLU6."""
+
+    def __init__(self, c_in: int = 128, c_out: int = 128) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(c_in, c_in, 3, padding=1, groups=c_in, bias=False)
+        self.pw = nn.Conv2d(c_in, c_out, 1, bias=False)
+        self.bn1, self.bn2 = nn.BatchNorm2d(c_in), nn.BatchNorm2d(c_out)
+        randomize_batch_norm(self)
+
+    def forward(self, x):
+        return F.relu6(self.bn2(self.pw(F.relu6(self.bn1(self.dw(x))))))
+
+
 def _mask(batch: int, seq: int) -> torch.Tensor:
     """An additive padding mask: the last quarter of every other sequence masked."""
     mask = torch.zeros(batch, 1, 1, seq)
@@ -142,4 +232,8 @@ BLOCKS = {  # name -> (module builder, inputs at a batch size)
     "block-squeeze-excite": (SqueezeExcite, lambda batch: [torch.randn(batch, 240, 28, 28)]),
     "block-layernorm-mlp": (LayerNormGeLUMLP, lambda batch: [torch.randn(batch, 197, 768)]),
     "block-tanh-gelu-mlp": (TanhGeluMLP, lambda batch: [torch.randn(batch, 128, 768)]),
+    "block-fpn-merge": (FPNMerge, lambda batch: [torch.randn(batch, 512, 28, 28), torch.randn(batch, 256, 14, 14)]),
+    "block-rope-attention": (RoPEAttention, lambda batch: [torch.randn(batch, 256, 1024)]),
+    "block-gqa-attention": (GQAttention, lambda batch: [torch.randn(batch, 256, 1024)]),
+    "block-depthwise-separable": (DepthwiseSeparable, lambda batch: [torch.randn(batch, 128, 56, 56)]),
 }
