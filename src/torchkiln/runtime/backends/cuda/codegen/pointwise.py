@@ -382,9 +382,13 @@ def _source(b: Builder, outputs: Sequence[Tensor]) -> str:
     params = [*b.operands, *outs, "numel", *dims, *strides,
               *[f"{p}_{k}" for p in b.operands for k in ("lin", "div", "mod")],
               *[f"{p}_MODE: tl.constexpr" for p in b.operands], "LINEAR: tl.constexpr", "INT64: tl.constexpr",
-              "BLOCK: tl.constexpr"]
+              "EVEN: tl.constexpr", "BLOCK: tl.constexpr"]
     body = ["if INT64:", "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "else:",
-            "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel",
+            "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+            "if EVEN:",  # every program full: a constant mask, so accesses are whole vectors
+            "    mask = tl.full((BLOCK,), 1, tl.int1)",
+            "else:",
+            "    mask = offs < numel",
             "if LINEAR:"]
     for p in b.operands:  # MODE 0: one value; 1: the layout's strides; 2: varies along one dim only
         body += [f"    if {p}_MODE == 0:", f"        o_{p} = offs * 0", f"    elif {p}_MODE == 1:",
@@ -509,7 +513,7 @@ class PointwiseLauncher(GroupLauncher):
         flags = {f"{p}_MODE": m[0] for p, m in zip(names, modes)}
         grid = ((numel + BLOCK - 1) // BLOCK,)
         self._fn[grid](*operands, *outputs, numel, *shape, *strides, *steps, **flags, LINEAR=linear,
-                 INT64=needs_int64(*expanded, *outputs), BLOCK=BLOCK, num_warps=WARPS)
+                 INT64=needs_int64(*expanded, *outputs), EVEN=numel % BLOCK == 0, BLOCK=BLOCK, num_warps=WARPS)
         return outputs
 
 
