@@ -421,12 +421,17 @@ def write_table(results: Iterable[OpResult], path: str | Path, header: Sequence[
     lines.append(f"# {COLUMNS}")
     for r in results:
         if not r.tested:
-            lines.append(f"{r.op}\t-\t-\t-\t{', '.join(sorted(r.skipped)) or 'no samples'}")
+            lines.append(f"{r.op}\t-\t-\t-\t{skipped_text(r.skipped) or 'no samples'}")
         for (variant, backend), cell in r.cells.items():
             reason = cell.reasons.get(cell.worst, "") if cell.worst != "ENGINE" else ""
             lines.append(f"{r.op}\t{variant}\t{backend}\t{cell.summary()}\t{reason}")
         lines += [f"{r.op}\t-\t{backend}\t-\t{note}" for backend, note in r.notes.items()]
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+def skipped_text(skipped: collections.Counter, most: int | None = None) -> str:
+    """'random x4, untraceable: RuntimeError x2': why samples were left out, the commonest first."""
+    return ", ".join(f"{why} x{n}" for why, n in skipped.most_common(most))
 
 
 def _table_text(path: str | Path | None) -> str:
@@ -445,6 +450,9 @@ def read_table(path: str | Path | None = None) -> list[OpResult]:
         if variant == "-":
             if backend != "-":
                 result.notes[backend] = reason
+            for why, _, n in (part.rpartition(" x") for part in reason.split(", ") if backend == "-"):
+                if n.isdigit():  # a table written before the counts were: its reasons only
+                    result.skipped[why] = int(n)
             continue
         cell = result.cell(variant, backend)
         for part in counts.split(", "):
@@ -478,7 +486,7 @@ def merge(base: Sequence[OpResult], swept: Sequence[Sequence[OpResult]], backend
             for backend in backends:
                 cells = {k: c for k, c in r.cells.items() if k[1] == backend}
                 note = r.notes.get(backend) or ("" if cells else
-                                                f"not compiled: {', '.join(sorted(r.skipped)) or 'no samples'}")
+                                                f"not compiled: {skipped_text(r.skipped) or 'no samples'}")
                 if note == NOT_RUN and (r.op, backend) in found:
                     continue
                 found.add((r.op, backend))

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from torchkiln.coverage import opinfo
+from torchkiln.runtime.engine import usable_cores
 
 logger = logging.getLogger("opinfo_sweep")
 DOC = Path(__file__).resolve().parents[3] / "docs" / "coverage.md"  # the source checkout's
@@ -32,6 +33,10 @@ TABLE = Path(__file__).resolve().with_name(opinfo.TABLE_FILE)
 BEGIN, END = "<!-- opinfo table: begin (scripts/opinfo_sweep.py) -->", "<!-- opinfo table: end -->"
 RETRY_VARIANTS = ("inputs", "constants")  # an op whose process crashed or hung runs again without special values
 POLL_S = 1.0  # how often the running processes' clocks are checked
+# --limit, --time-cap and --jobs where not given, by the device of the backends swept (the GPU's where any is on it):
+# the CPU sweep as the stored table was made; the cuda sweep sized for two 9-minute shards on 16 cores (a compile
+# there also builds Triton kernels, and each op's process initialises CUDA; docs/coverage.md gives the estimate).
+DEFAULTS = {"cpu": {"limit": 10, "time_cap": 60.0, "jobs": 1}, "cuda": {"limit": 5, "time_cap": 20.0, "jobs": 0}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,14 +161,6 @@ def _log_op(i: int, n: int, result: opinfo.OpResult, seconds: float) -> None:
                 " WRONG" * ("WRONG" in worst) + " ERROR" * ("ERROR" in worst), notes)
 
 
-def by_cost(infos: Sequence[Any]) -> list[Any]:
-    """`infos`, those with the most samples compiled in the stored table first (fewer idle jobs at the end)."""
-    with contextlib.suppress(OSError, ValueError):
-        cost = {r.op: sum(c.counts.total() for c in r.cells.values()) for r in opinfo.read_table()}
-        return sorted(infos, key=lambda info: -cost.get(opinfo.op_name(info), 0))
-    return list(infos)
-
-
 # The tables and the doc
 
 def _cell(cell: opinfo.CellResult | None) -> str:
@@ -180,7 +177,7 @@ def _reason(result: opinfo.OpResult, backends: Sequence[str]) -> str:
                 if not text and cell is not None and cell.counts[status]:
                     text = f"{variant}/{backend}: {cell.reasons.get(status, '')}"[:160]
     if not result.tested:
-        why = ", ".join(f"{k} x{n}" for k, n in result.skipped.most_common(2)) or "no float32 samples"
+        why = opinfo.skipped_text(result.skipped, 2) or "no float32 samples"
         text = f"not compiled: {why}"
     notes = "; ".join(f"{b}: {note}"[:100] for b, note in result.notes.items() if b in backends)
     return "; ".join(t for t in (text, notes) if t).replace("|", "\\|").replace("\n", " ")
@@ -263,11 +260,13 @@ def _merge(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="The OpInfo conformance sweep (scripts/opinfo_sweep.py).")
     p.add_argument("--ops", nargs="*", help="OpInfo names (default: all with float32 samples)")
-    p.add_argument("--limit", type=int, default=10, help="samples per op and variant (special: per kind)")
-    p.add_argument("--time-cap", type=float, default=60.0, help="seconds per op; no new sample after it (the "
-                   "process is killed after twice this)")
+    p.add_argument("--limit", type=int, help="samples per op and variant (special: per kind); default 10, on "
+                   "cuda 5")
+    p.add_argument("--time-cap", type=float, help="seconds per op; no new sample after it (the process is killed "
+                   "after twice this); default 60, on cuda 20")
     p.add_argument("--backends", nargs="*", default=list(opinfo.BACKENDS))
-    p.add_argument("--jobs", type=int, default=1, help="ops run at a time, each in a process of its own")
+    p.add_argument("--jobs", type=int, help="ops run at a time, each in a process of its own; default 1, on cuda "
+                   "one per usable core")
     p.add_argument("--shard", type=parse_shard, default=(0, 1), metavar="I/N",
                    help="every N-th op starting at the I-th (from 0)")
     p.add_argument("--deadline", type=float, help="seconds after which no op starts (those left are noted "
@@ -282,6 +281,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    devices = {opinfo.backend_device(b).type for b in args.backends}
+    for name, value in DEFAULTS["cuda" if "cuda" in devices else "cpu"].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value or usable_cores())
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     warnings.filterwarnings("ignore")
     logging.getLogger("torchkiln").setLevel(logging.ERROR)
@@ -294,8 +297,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     infos = shard(opinfo.op_infos(args.ops), *args.shard)
     options = SweepOptions(tuple(args.backends), args.limit, args.time_cap)
-    swept = {r.op: r for r in sweep(by_cost(infos), options, max(args.jobs, 1), args.deadline)}
-    results = [swept[opinfo.op_name(i)] for i in infos]
+    results = sweep(infos, options, max(args.jobs, 1), args.deadline)
     seconds = time.perf_counter() - start
     not_run = sum(opinfo.NOT_RUN in r.notes.values() for r in results)
     default = tuple(args.backends) == opinfo.BACKENDS
