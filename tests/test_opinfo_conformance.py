@@ -172,3 +172,12 @@ def test_merging_another_backends_table_keeps_the_stored_cells(tmp_path):
     assert rows["item"][-1].startswith("not compiled: untraceable: RuntimeError x")  # the stored reasons' counts
     before = table.read_text()
     assert opinfo_sweep.main(merge) == 0 and table.read_text() == before  # merging again changes nothing
+
+
+def test_spawned_processes_sweep_as_forked_ones(monkeypatch):
+    """Where a GPU is unusable in a forked process the ops' processes are spawned: the same results."""
+    ops, options = op_infos(["neg"]), opinfo_sweep.SweepOptions(("reference",), limit=1, time_cap=60.0)
+    (forked,) = opinfo_sweep.sweep(ops, options)
+    monkeypatch.setattr(opinfo_sweep, "start_method", lambda backends: "spawn")
+    (spawned,) = opinfo_sweep.sweep(ops, options)
+    assert spawned.tested and spawned == forked

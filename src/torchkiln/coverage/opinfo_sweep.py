@@ -75,7 +75,17 @@ def shard(items: Sequence[Any], index: int, count: int) -> list[Any]:
     return list(items[index::count])
 
 
-def _child(info: Any, options: SweepOptions, variants: tuple[str, ...], time_cap: float, send: Connection) -> None:
+def _quiet() -> None:
+    """The sweep's processes: torchkiln's log at errors only, no warnings, one thread each."""
+    warnings.filterwarnings("ignore")
+    logging.getLogger("torchkiln").setLevel(logging.ERROR)
+    torch.set_num_threads(1)
+
+
+def _child(op: Any, options: SweepOptions, variants: tuple[str, ...], time_cap: float, send: Connection) -> None:
+    """An op's process: run_op of the OpInfo (given by name to a spawned process), its result sent back."""
+    _quiet()
+    info = opinfo.op_infos([op])[0] if isinstance(op, str) else op
     result = opinfo.OpResult(opinfo.op_name(info))
     try:
         opinfo.run_op(info, options.backends, variants, limit=options.limit, time_cap=time_cap, result=result)
@@ -84,10 +94,31 @@ def _child(info: Any, options: SweepOptions, variants: tuple[str, ...], time_cap
     send.send(result)
 
 
-def _start(info: Any, variants: tuple[str, ...], options: SweepOptions, time_cap: float) -> _Job:
+def _device_check(device: torch.device, send: Connection) -> None:
+    send.send(opinfo.device_error(device))
+
+
+def start_method(backends: Sequence[str]) -> str:
+    """"fork" (fast: the ops' processes share this one's imports) where every backend is on the CPU or a forked
+    process can use the backends' GPU; else "spawn" (each process imports torch and op_db again: seconds more)."""
+    for device in {opinfo.backend_device(b) for b in backends} - {torch.device("cpu")}:
+        receive, send = multiprocessing.Pipe(duplex=False)
+        process = multiprocessing.get_context("fork").Process(target=_device_check, args=(device, send))
+        process.start()
+        send.close()
+        error = receive.recv() if receive.poll(120) else "no answer in 120 s"
+        process.join(5)
+        if error is not None:
+            logger.warning("%s is unusable in a forked process (%s): the ops' processes are spawned", device, error)
+            return "spawn"
+    return "fork"
+
+
+def _start(info: Any, variants: tuple[str, ...], options: SweepOptions, time_cap: float, method: str) -> _Job:
     receive, send = multiprocessing.Pipe(duplex=False)
-    process = multiprocessing.get_context("fork").Process(target=_child, args=(info, options, variants, time_cap,
-                                                                                 send), daemon=True)
+    op = info if method == "fork" else opinfo.op_name(info)  # an OpInfo does not pickle
+    process = multiprocessing.get_context(method).Process(target=_child, args=(op, options, variants, time_cap, send),
+                                                          daemon=True)
     process.start()
     send.close()  # the child's end only: its exit closes the pipe
     return _Job(info, variants, process, receive, time.monotonic())
@@ -116,7 +147,8 @@ def _not_run(info: Any, backends: Sequence[str], skipped: collections.Counter) -
 
 def sweep(infos: Sequence[Any], options: SweepOptions, jobs: int = 1, deadline: float | None = None
           ) -> list[opinfo.OpResult]:
-    """run_op of each OpInfo in a forked process, `jobs` at a time, in the order given; results in that order.
+    """run_op of each OpInfo in a process of its own (start_method's), `jobs` at a time, in the order given;
+    results in that order.
 
     A process is killed after twice the time cap; the op then runs again without special values. No op starts
     after `deadline` seconds (those are noted NOT_RUN) and a running op takes no new sample after it."""
@@ -124,6 +156,7 @@ def sweep(infos: Sequence[Any], options: SweepOptions, jobs: int = 1, deadline: 
         raise RuntimeError("the sweep forks a process per op, and CUDA is initialised in this one already: its "
                            "children could not use it")
     start = time.monotonic()
+    method = start_method(options.backends)
     pending = collections.deque((info, opinfo.VARIANTS, collections.Counter()) for info in infos)
     running: list[_Job] = []
     skipped: dict[str, collections.Counter] = {}
@@ -133,7 +166,7 @@ def sweep(infos: Sequence[Any], options: SweepOptions, jobs: int = 1, deadline: 
         while pending and len(running) < jobs and (left is None or left > 0):
             info, variants, skipped[opinfo.op_name(info)] = pending.popleft()
             cap = options.time_cap if left is None else min(options.time_cap, left)
-            running.append(_start(info, variants, options, cap))
+            running.append(_start(info, variants, options, cap, method))
         if left is not None and left <= 0:
             done.update((opinfo.op_name(i), _not_run(i, options.backends, s)) for i, _, s in pending)
             pending.clear()
@@ -286,12 +319,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, name) is None:
             setattr(args, name, value or usable_cores())
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    warnings.filterwarnings("ignore")
-    logging.getLogger("torchkiln").setLevel(logging.ERROR)
+    _quiet()
     if args.merge:
         return _merge(args)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # op_db's import asks is_available: not fork-safe
-    torch.set_num_threads(1)
     import torchkiln.compiler  # noqa: F401 - imported once here rather than in every op's process
 
     start = time.perf_counter()
