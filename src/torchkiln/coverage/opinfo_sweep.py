@@ -76,7 +76,7 @@ def shard(items: Sequence[Any], index: int, count: int) -> list[Any]:
 
 
 def _quiet() -> None:
-    """The sweep's processes: torchkiln's log at errors only, no warnings, one thread each."""
+    """An op's process: torchkiln's log at errors only, no warnings, one thread."""
     warnings.filterwarnings("ignore")
     logging.getLogger("torchkiln").setLevel(logging.ERROR)
     torch.set_num_threads(1)
@@ -312,31 +312,38 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _header(args: argparse.Namespace, ops: int, seconds: float, not_run: int) -> str:
+    """The table's header line: the CPU sweep's as the stored table has it; another backend's (a shard) prefixed
+    with its name and telling its GPU, shard, time cap and jobs."""
+    cpu = tuple(args.backends) == opinfo.BACKENDS
+    parts = [f"{'' if cpu else ' '.join(args.backends) + ': '}torch {torch.__version__}"
+             f"{_device_names(args.backends)}",
+             f"{ops} OpInfo ops with float32 samples" + ("" if args.shard == (0, 1) else " (shard {}/{})".format(
+                 *args.shard)),
+             f"up to {args.limit} samples per op and variant"]
+    parts += [] if cpu else [f"time cap {args.time_cap:g} s", f"{args.jobs} jobs"]
+    parts += [f"{seconds:.0f} s"] + ([f"{not_run} not run (deadline)"] if not_run else [])
+    return ", ".join(parts)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    start = time.perf_counter()
     args = parser().parse_args(argv)
     devices = {opinfo.backend_device(b).type for b in args.backends}
     for name, value in DEFAULTS["cuda" if "cuda" in devices else "cpu"].items():
         if getattr(args, name) is None:
             setattr(args, name, value or usable_cores())
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    _quiet()
     if args.merge:
         return _merge(args)
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # op_db's import asks is_available: not fork-safe
     import torchkiln.compiler  # noqa: F401 - imported once here rather than in every op's process
 
-    start = time.perf_counter()
     infos = shard(opinfo.op_infos(args.ops), *args.shard)
     options = SweepOptions(tuple(args.backends), args.limit, args.time_cap)
-    results = sweep(infos, options, max(args.jobs, 1), args.deadline)
-    seconds = time.perf_counter() - start
+    deadline = None if args.deadline is None else args.deadline - (time.perf_counter() - start)  # from the start
+    results = sweep(infos, options, max(args.jobs, 1), deadline)
     not_run = sum(opinfo.NOT_RUN in r.notes.values() for r in results)
-    default = tuple(args.backends) == opinfo.BACKENDS
-    header = (f"{'' if default else ' '.join(args.backends) + ': '}torch {torch.__version__}"
-              f"{_device_names(args.backends)}, {len(infos)} OpInfo ops with float32 samples"
-              f"{'' if args.shard == (0, 1) else ' (shard {}/{})'.format(*args.shard)}, up to {args.limit} samples "
-              f"per op and variant{'' if default else f', time cap {args.time_cap:g} s, {args.jobs} jobs'}, "
-              f"{seconds:.0f} s{f', {not_run} not run (deadline)' if not_run else ''}")
+    header = _header(args, len(infos), time.perf_counter() - start, not_run)
     opinfo.write_table(results, args.table, [header], args.backends)
     fraction = opinfo.format_fraction(results)
     logger.info(fraction)
