@@ -4,7 +4,8 @@ no op starts; the stored table, docs/coverage.md's table, and merging another ma
 
 The processes are forked from this one, which never initialises CUDA (a process that did cannot fork children that
 use it): torch's availability checks go through NVML (PYTORCH_NVML_BASED_CUDA_CHECK), the device's name is asked
-for after the last fork, and `sweep` refuses to start when CUDA is initialised already.
+for after the last fork, and `sweep` refuses to start when CUDA is initialised already. Where a forked process
+cannot use the GPU all the same (a forked preflight says so), the processes are spawned instead.
 """
 from __future__ import annotations
 
