@@ -13,8 +13,8 @@ pytest.importorskip("expecttest", reason="torch's OpInfo database needs expectte
 from torchkiln.cli import main  # noqa: E402
 from torchkiln.coverage import opinfo_sweep  # noqa: E402
 from torchkiln.coverage.opinfo import (NOT_RUN, OpResult, Outcome, backend_device, engine_fraction,  # noqa: E402
-                                      format_fraction, mismatch, op_infos, op_name, read_header, read_table, run_op,
-                                      write_table)
+                                      format_fraction, merge, mismatch, op_infos, op_name, read_header, read_table,
+                                      run_op, write_table)
 
 SUBSET = [
     # elementwise
@@ -181,3 +181,15 @@ def test_spawned_processes_sweep_as_forked_ones(monkeypatch):
     monkeypatch.setattr(opinfo_sweep, "start_method", lambda backends: "spawn")
     (spawned,) = opinfo_sweep.sweep(ops, options)
     assert spawned.tested and spawned == forked
+
+
+def test_a_shard_that_did_not_run_an_op_leaves_another_shards_result():
+    base = OpResult("a")
+    base.cell("inputs", "reference").add(Outcome("ENGINE"))
+    ran, not_run, skipped = OpResult("a"), OpResult("a", notes={"cuda": NOT_RUN}), OpResult("b")
+    ran.cell("inputs", "cuda").add(Outcome("WRONG", "output: max abs error 1 > 0.0001 x max|eager| 2"))
+    skipped.skipped["random"] += 2
+    for shards in ([[ran], [not_run, skipped]], [[not_run, skipped], [ran]]):
+        a, b = merge([base], shards, ["cuda"])
+        assert a.cells == {**base.cells, **ran.cells} and not a.notes
+        assert b.notes == {"cuda": "not compiled: random x2"} and not b.cells
