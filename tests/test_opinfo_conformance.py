@@ -193,3 +193,9 @@ def test_a_shard_that_did_not_run_an_op_leaves_another_shards_result():
         a, b = merge([base], shards, ["cuda"])
         assert a.cells == {**base.cells, **ran.cells} and not a.notes
         assert b.notes == {"cuda": "not compiled: random x2"} and not b.cells
+
+
+def test_an_op_cut_short_by_its_time_cap_is_noted():
+    (info,) = op_infos(["add"])
+    result = run_op(info, ["reference"], time_cap=0.0)
+    assert not result.tested and result.notes == {"reference": "time cap: no sample after 0 s"}

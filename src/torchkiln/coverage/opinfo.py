@@ -369,12 +369,14 @@ def run_op(info: Any, backends: Sequence[str] = BACKENDS, variants: Sequence[str
     by_device: dict[torch.device, list[str]] = {}
     for backend in backends:
         by_device.setdefault(backend_device(backend), []).append(backend)
+    groups = list(by_device.items())
     with true_fp32():
-        for device, group in by_device.items():
+        for i, (device, group) in enumerate(groups):
             why = (f"not applicable: no float32 on {device.type}" if not supports_float32(info, device)
                    else _run_on_device(info, device, group, variants, limit, seed, deadline, result))
             if why == "time cap":
                 result.skipped[why] += 1
+                result.notes.update({b: f"time cap: no sample after {time_cap:g} s" for _, g in groups[i:] for b in g})
                 return result
             result.notes.update({b: why for b in group if why})
     return result
