@@ -411,7 +411,7 @@ def _run_on_device(info: Any, device: torch.device, backends: Sequence[str], var
 
 
 # The stored table: one line per (op, variant, backend) with its counts and the reason of its worst status; a
-# backend's note (not run, not applicable, stopped) is a line with variant "-".
+# backend's note (not run, not applicable, stopped, time cap) is a line with variant "-".
 
 def write_table(results: Iterable[OpResult], path: str | Path, header: Sequence[str] = (),
                 backends: Sequence[str] = ()) -> None:

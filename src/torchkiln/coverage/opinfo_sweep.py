@@ -254,7 +254,8 @@ def _device_names(backends: Sequence[str]) -> str:
 
 
 def _report(results: Sequence[opinfo.OpResult], backends: Sequence[str]) -> None:
-    """Log the ops WRONG and ERROR on each backend, and those with a note (not run, not applicable, stopped)."""
+    """Log the ops WRONG and ERROR on each backend, and those with a note (not run, not applicable, stopped, time
+    cap)."""
     for status in ("WRONG", "ERROR"):
         for backend in backends:
             bad = [r.op for r in results if any(c.counts[status] for (_, b), c in r.cells.items() if b == backend)]
