@@ -107,8 +107,14 @@ def start_method(backends: Sequence[str]) -> str:
         process = multiprocessing.get_context("fork").Process(target=_device_check, args=(device, send))
         process.start()
         send.close()
-        error = receive.recv() if receive.poll(120) else "no answer in 120 s"
+        try:
+            error = receive.recv() if receive.poll(60) else "no answer in 60 s"
+        except EOFError:
+            error = "its process crashed"
         process.join(5)
+        if process.is_alive():
+            process.kill()
+            process.join()
         if error is not None:
             logger.warning("%s is unusable in a forked process (%s): the ops' processes are spawned", device, error)
             return "spawn"
