@@ -3,6 +3,7 @@ sample traced, compiled with min_block_size=1 on the reference and onnxruntime b
 in three variants (tensors as inputs; the tensors after the first as constants; NaN/inf, 0-d, empty values).
 The full sweep is scripts/opinfo_sweep.py (table in docs/coverage.md)."""
 import logging
+import os
 
 import pytest
 import torch
@@ -10,8 +11,10 @@ import torch
 pytest.importorskip("expecttest", reason="torch's OpInfo database needs expecttest (the [test] extra)")
 
 from torchkiln.cli import main  # noqa: E402
-from torchkiln.coverage.opinfo import (OpResult, Outcome, engine_fraction, mismatch, op_infos, read_table, run_op,
-                                      write_table)
+from torchkiln.coverage import opinfo_sweep  # noqa: E402
+from torchkiln.coverage.opinfo import (NOT_RUN, OpResult, Outcome, backend_device, engine_fraction,  # noqa: E402
+                                      format_fraction, merge, mismatch, op_infos, op_name, read_header, read_table,
+                                      run_op, write_table)
 
 SUBSET = [
     # elementwise
@@ -91,3 +94,108 @@ def test_mismatch_names_what_differs():
     assert "torch.float64[3]" in mismatch(ref.double(), ref)
     assert "2 values where eager gives 1" in mismatch((ref, ref), ref)
     assert mismatch(torch.empty(3), torch.zeros(3), values=False) is None
+
+
+def test_backends_map_to_their_devices():
+    assert backend_device("cuda") == torch.device("cuda")
+    assert backend_device("reference") == backend_device("onnxruntime") == torch.device("cpu")
+
+
+def test_shards_are_disjoint_and_cover_every_op():
+    names = [op_name(info) for info in op_infos()]
+    shards = [opinfo_sweep.shard(names, i, 3) for i in range(3)]
+    assert sorted(sum(shards, [])) == sorted(names) and all(shards)
+    assert sum(len(s) for s in shards) == len(set().union(*map(set, shards))) == len(names)
+    assert opinfo_sweep.parse_shard("1/2") == (1, 2)
+    with pytest.raises(Exception, match="0 <= I < N"):
+        opinfo_sweep.parse_shard("2/2")
+
+
+def test_deadline_notes_the_ops_not_run_and_still_writes_the_table(tmp_path):
+    table = tmp_path / "t.tsv"
+    assert opinfo_sweep.main(["--ops", "add", "neg", "--backends", "reference", "--deadline", "0", "--table",
+                              str(table), "--no-doc"]) == 0
+    assert {r.op: r.notes for r in read_table(table)} == {"add": {"reference": NOT_RUN}, "neg": {"reference": NOT_RUN}}
+    header, backends = read_header(table)
+    assert "2 not run (deadline)" in header[0] and backends == ["reference"]
+
+
+class _CrashingOp:
+    """An op whose sample generator ends its process: the sweep records how, and goes on."""
+
+    name, variant_test_name = "crashes", ""
+
+    def supported_dtypes(self, device_type):
+        return {torch.float32}
+
+    def sample_inputs(self, *args, **kwargs):
+        os._exit(3)
+
+
+def test_a_crashing_process_is_recorded_and_the_sweep_goes_on():
+    (add,) = op_infos(["add"])
+    options = opinfo_sweep.SweepOptions(("reference",), limit=1, time_cap=30.0)
+    crashed, added = opinfo_sweep.sweep([_CrashingOp(), add], options, jobs=2)
+    assert dict(crashed.skipped) == {"special values: the process crashed (exit code 3)": 1,
+                                     "the process crashed (exit code 3)": 1}
+    assert not crashed.tested and added.cell("inputs", "reference").best == "ENGINE"
+
+
+def test_merging_another_backends_table_keeps_the_stored_cells(tmp_path):
+    """A shard table swept on the reference backend, its column renamed as a GPU machine's would be named, merged
+    into a copy of the stored table: the stored cells stay, the new backend's are added, the doc gets its columns."""
+    swept, table, doc = tmp_path / "swept.tsv", tmp_path / "table.tsv", tmp_path / "coverage.md"
+    assert opinfo_sweep.main(["--ops", "add", "nn.functional.relu", "--backends", "reference", "--limit", "1",
+                              "--jobs", "2", "--table", str(swept), "--no-doc"]) == 0
+    renamed = tmp_path / "other.tsv"
+    renamed.write_text(swept.read_text().replace("\treference\t", "\tother\t").replace("reference", "other"))
+    table.write_text(opinfo_sweep.TABLE.read_text())
+    doc.write_text("# coverage\n")
+    merge = ["--merge", str(renamed), "--table", str(table), "--doc", str(doc)]
+    assert opinfo_sweep.main(merge) == 0
+    stored, merged = read_table(), {r.op: r for r in read_table(table)}
+    assert len(merged) == len(stored)
+    for r in stored:
+        cpu = {k: (c.counts, c.reasons) for k, c in merged[r.op].cells.items() if k[1] != "other"}
+        assert cpu == {k: (c.counts, c.reasons) for k, c in r.cells.items()}, r.op
+    for r in read_table(swept):
+        assert {v: c.counts for (v, b), c in merged[r.op].cells.items() if b == "other"} == {
+            v: c.counts for (v, _), c in r.cells.items()}
+    header, backends = read_header(table)
+    assert backends == ["reference", "onnxruntime", "other"]
+    assert header[0].startswith(read_header()[0][0]) and "; other: torch" in header[0]
+    assert format_fraction(list(merged.values())).startswith(format_fraction(stored) + "; on other: 2/2 (100.0%)")
+    text = doc.read_text()
+    assert "| special ref | special ort | special other | worst reason |" in text
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in text.splitlines() if line.startswith("| ")}
+    assert rows["add"][2:9:3] == ["ENGINE 1", "ENGINE 1", "ENGINE 2"]  # the other backend's columns
+    assert rows["item"][-1].startswith("not compiled: untraceable: RuntimeError x")  # the stored reasons' counts
+    before = table.read_text()
+    assert opinfo_sweep.main(merge) == 0 and table.read_text() == before  # merging again changes nothing
+
+
+def test_spawned_processes_sweep_as_forked_ones(monkeypatch):
+    """Where a GPU is unusable in a forked process the ops' processes are spawned: the same results."""
+    ops, options = op_infos(["neg"]), opinfo_sweep.SweepOptions(("reference",), limit=1, time_cap=60.0)
+    (forked,) = opinfo_sweep.sweep(ops, options)
+    monkeypatch.setattr(opinfo_sweep, "start_method", lambda backends: "spawn")
+    (spawned,) = opinfo_sweep.sweep(ops, options)
+    assert spawned.tested and spawned == forked
+
+
+def test_a_shard_that_did_not_run_an_op_leaves_another_shards_result():
+    base = OpResult("a")
+    base.cell("inputs", "reference").add(Outcome("ENGINE"))
+    ran, not_run, skipped = OpResult("a"), OpResult("a", notes={"cuda": NOT_RUN}), OpResult("b")
+    ran.cell("inputs", "cuda").add(Outcome("WRONG", "output: max abs error 1 > 0.0001 x max|eager| 2"))
+    skipped.skipped["random"] += 2
+    for shards in ([[ran], [not_run, skipped]], [[not_run, skipped], [ran]]):
+        a, b = merge([base], shards, ["cuda"])
+        assert a.cells == {**base.cells, **ran.cells} and not a.notes
+        assert b.notes == {"cuda": "not compiled: random x2"} and not b.cells
+
+
+def test_an_op_cut_short_by_its_time_cap_is_noted():
+    (info,) = op_infos(["add"])
+    result = run_op(info, ["reference"], time_cap=0.0)
+    assert not result.tested and result.notes == {"reference": "time cap: no sample after 0 s"}

@@ -14,10 +14,14 @@ after the first are closed over, so converters that need constant weights are re
 +-inf, a 0-d tensor, an empty tensor substituted for its first tensor, where eager accepts them).
 Samples eager rejects, random ops and graphs tracing cannot express are left out. `scripts/opinfo_sweep.py`
 runs every op and writes the stored table (`opinfo_table.tsv`) that `python -m torchkiln coverage` reads.
+
+A backend's cases are made on its device (`backend_device`: the GPU for cuda): the samples, eager's answer, the
+trace and the compiled module's run, with TF32 off in eager and in the engines (the compare is 1e-4 relative).
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import time
@@ -34,11 +38,16 @@ logger = logging.getLogger(__name__)
 
 STATUSES = ("ENGINE", "FALLBACK", "ERROR", "WRONG")  # best first
 VARIANTS = ("inputs", "constants", "special")
-BACKENDS = ("reference", "onnxruntime")
+BACKENDS = ("reference", "onnxruntime")  # the CPU backends: the stored table's sweep and the op fraction's
+BACKEND_DEVICES = {"cuda": "cuda"}  # the device of a backend's cases where it is not the CPU
 SPECIALS = ("nan_inf", "0-d", "empty")
 RTOL = 1e-4  # max abs error <= RTOL * max|eager|, as the test harness
 MAX_NUMEL = 1_000_000  # samples with more elements in all are skipped
 TABLE_FILE = "opinfo_table.tsv"
+COLUMNS = "op\tvariant\tbackend\tcounts\treason"
+BACKENDS_LINE = "backends: "  # the header line naming the backends a table's sweep ran
+NOT_RUN = "not run: the sweep's deadline came first"
+COMPILE_OPTIONS = {"min_block_size": 1, "disable_tf32": True}  # disable_tf32: true fp32 on cuda (the default)
 # Special values where eager's own answer varies with the element's position (its vector or scalar path) or the
 # kernel it picks, so no compiled answer can match it everywhere: (op, kind) -> why the case is left out.
 EAGER_VARIES = {
@@ -100,6 +109,7 @@ class OpResult:
     op: str
     cells: dict[tuple[str, str], CellResult] = dataclasses.field(default_factory=dict)
     skipped: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    notes: dict[str, str] = dataclasses.field(default_factory=dict)  # backend -> why it has no (more) cells
 
     def cell(self, variant: str, backend: str) -> CellResult:
         return self.cells.setdefault((variant, backend), CellResult())
@@ -117,6 +127,15 @@ class OpResult:
 def op_name(info: Any) -> str:
     """The OpInfo's name, with its variant: 'nn.functional.conv2d', 'max.reduction_with_dim'."""
     return f"{info.name}.{info.variant_test_name}" if info.variant_test_name else info.name
+
+
+def backend_device(backend: str) -> torch.device:
+    """The device a backend's cases are made and compared on: the CPU, or the GPU for cuda."""
+    return torch.device(BACKEND_DEVICES.get(backend, "cpu"))
+
+
+def supports_float32(info: Any, device: torch.device) -> bool:
+    return torch.float32 in info.supported_dtypes(device.type)
 
 
 def op_infos(names: Iterable[str] | None = None) -> list[Any]:
@@ -188,11 +207,12 @@ def _sample_cases(op: Callable[..., Any], sample: Any, variant: str) -> Iterator
                 yield Case(variant, _Call(op, leaves, spec, slots), (value, *tensors[1:]), kind)
 
 
-def cases(info: Any, variant: str, limit: int, seed: int = 0) -> Iterator[Case]:
-    """Up to `limit` cases of an op's float32 samples in one variant (for `special`: up to `limit` of each kind)."""
+def cases(info: Any, variant: str, limit: int, seed: int = 0, device: torch.device | str = "cpu") -> Iterator[Case]:
+    """Up to `limit` cases of an op's float32 samples on `device` in one variant (for `special`: up to `limit` of
+    each kind)."""
     torch.manual_seed(seed)
     taken: collections.Counter = collections.Counter()
-    for sample in info.sample_inputs("cpu", torch.float32, requires_grad=False):
+    for sample in info.sample_inputs(torch.device(device).type, torch.float32, requires_grad=False):
         leaves = pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
         if sum(t.numel() for t in leaves if isinstance(t, torch.Tensor)) > MAX_NUMEL:
             continue
@@ -222,6 +242,8 @@ def mismatch(out: Any, ref: Any, path: str = "output", values: bool = True) -> s
             return f"{where}: a {type(o).__name__} where eager gives a tensor"
         if o.shape != r.shape or o.dtype != r.dtype:
             return f"{where}: {o.dtype}{list(o.shape)} where eager gives {r.dtype}{list(r.shape)}"
+        if o.device != r.device:
+            return f"{where}: on {o.device} where eager gives {r.device}"
         if not values:
             continue
         if not r.dtype.is_floating_point and not r.dtype.is_complex:
@@ -244,6 +266,31 @@ def mismatch(out: Any, ref: Any, path: str = "output", values: bool = True) -> s
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0][:200] if text else ''}"
+
+
+def device_error(device: torch.device) -> str | None:
+    """The error a device reports (a CUDA error is sticky: every later call fails), or None; the CPU has none."""
+    if device.type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as e:  # noqa: BLE001 - what the device says, recorded
+        return _first_line(e)
+    return None
+
+
+@contextlib.contextmanager
+def true_fp32() -> Iterator[None]:
+    """Eager's float32 convolutions and matrix multiplies without TF32 (cuDNN's default allows it) while inside (the
+    cuDNN flag through its context manager: op_db's import freezes cuDNN's flags outside one)."""
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with cudnn.flags(enabled=cudnn.enabled, benchmark=cudnn.benchmark, deterministic=cudnn.deterministic,
+                         allow_tf32=False):
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
 
 
 def _eager(fn: Callable[..., Any], inputs: Sequence[torch.Tensor], seed: int) -> Any:
@@ -290,13 +337,16 @@ def check_case(traced: torch.jit.ScriptModule, inputs: Sequence[torch.Tensor], r
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            compiled, report = compile_with_report(traced, _specs(inputs), min_block_size=1, backend=backend)
+            compiled, report = compile_with_report(traced, _specs(inputs), backend=backend, **COMPILE_OPTIONS)
     except Exception as e:  # noqa: BLE001 - the outcome being measured
         return Outcome("ERROR", f"compile: {_first_line(e)}")
     try:
         torch.manual_seed(0)  # as eager's run: ops left in PyTorch draw the same random numbers
         with torch.no_grad():
             out = compiled(*[t.clone() for t in inputs])
+        error = device_error(backend_device(backend))  # an asynchronous CUDA error belongs to this run
+        if error is not None:
+            return Outcome("ERROR", f"run: {error}")
     except Exception as e:  # noqa: BLE001
         return Outcome("ERROR", f"run: {_first_line(e)}")
     wrong = mismatch(out, ref, values=values)
@@ -311,56 +361,100 @@ def check_case(traced: torch.jit.ScriptModule, inputs: Sequence[torch.Tensor], r
 
 def run_op(info: Any, backends: Sequence[str] = BACKENDS, variants: Sequence[str] = VARIANTS, limit: int = 3,
            seed: int = 0, time_cap: float | None = None, result: OpResult | None = None) -> OpResult:
-    """Check up to `limit` samples of an op per variant on each backend (no new sample after `time_cap` s)."""
+    """Check up to `limit` samples of an op per variant on each backend, the samples made on the backend's device
+    (no new sample after `time_cap` s). A backend whose device has no float32 for the op, or reports an error (a
+    CUDA error spoils every later call), gets a note instead of (more) cells."""
     result = result if result is not None else OpResult(op_name(info))
-    start = time.perf_counter()
-    values = info.name not in UNDEFINED_VALUES
-    for variant in variants:
-        for case in cases(info, variant, limit, seed):
-            if time_cap is not None and time.perf_counter() - start > time_cap:
-                result.skipped["time cap"] += 1
+    deadline = None if time_cap is None else time.perf_counter() + time_cap
+    by_device: dict[torch.device, list[str]] = {}
+    for backend in backends:
+        by_device.setdefault(backend_device(backend), []).append(backend)
+    groups = list(by_device.items())
+    with true_fp32():
+        for i, (device, group) in enumerate(groups):
+            why = (f"not applicable: no float32 on {device.type}" if not supports_float32(info, device)
+                   else _run_on_device(info, device, group, variants, limit, seed, deadline, result))
+            if why == "time cap":
+                result.skipped[why] += 1
+                result.notes.update({b: f"time cap: no sample after {time_cap:g} s" for _, g in groups[i:] for b in g})
                 return result
+            result.notes.update({b: why for b in group if why})
+    return result
+
+
+def _run_on_device(info: Any, device: torch.device, backends: Sequence[str], variants: Sequence[str], limit: int,
+                   seed: int, deadline: float | None, result: OpResult) -> str:
+    """run_op's cases on one device: "" when done, "time cap" or why the device stopped."""
+    values = info.name not in UNDEFINED_VALUES
+    error = device_error(device)  # a device unusable in this process (CUDA initialised before the fork) is named
+    if error is not None:
+        return f"stopped: {error}"
+    for variant in variants:
+        for case in cases(info, variant, limit, seed, device):
+            if deadline is not None and time.perf_counter() > deadline:
+                return "time cap"
             traced, ref, why = _trace(case, values)
             if traced is not None and _specs(case.inputs) is None:
                 traced, why = None, "an empty input (Input refuses it)"
             if traced is None:
                 result.skipped[why] += 1
-                continue
-            for backend in backends:
+            for backend in backends if traced is not None else ():
                 outcome = check_case(traced, case.inputs, ref, backend, values)
                 if outcome.status != "ENGINE":
                     logger.info("%s %s%s on %s: %s %s", result.op, variant, f" ({case.label})" * bool(case.label),
                                 backend, outcome.status, outcome.reason)
                 result.cell(variant, backend).add(outcome)
-    return result
+            error = device_error(device)
+            if error is not None:
+                return f"stopped: {error}"
+    return ""
 
 
-# The stored table: one line per (op, variant, backend) with its counts and the reason of its worst status.
+# The stored table: one line per (op, variant, backend) with its counts and the reason of its worst status; a
+# backend's note (not run, not applicable, stopped, time cap) is a line with variant "-".
 
-def write_table(results: Iterable[OpResult], path: str | Path, header: Sequence[str] = ()) -> None:
-    """Write the sweep's results as tab-separated lines: op, variant, backend, counts, worst status's reason."""
+def write_table(results: Iterable[OpResult], path: str | Path, header: Sequence[str] = (),
+                backends: Sequence[str] = ()) -> None:
+    """Write the sweep's results as tab-separated lines: op, variant, backend, counts, worst status's reason;
+    `backends` (those swept) goes into the header."""
     lines = [f"# {h}" for h in header]
-    lines.append("# op\tvariant\tbackend\tcounts\treason")
+    if backends:
+        lines.append(f"# {BACKENDS_LINE}{' '.join(backends)}")
+    lines.append(f"# {COLUMNS}")
     for r in results:
         if not r.tested:
-            lines.append(f"{r.op}\t-\t-\t-\t{', '.join(sorted(r.skipped)) or 'no samples'}")
+            lines.append(f"{r.op}\t-\t-\t-\t{skipped_text(r.skipped) or 'no samples'}")
         for (variant, backend), cell in r.cells.items():
             reason = cell.reasons.get(cell.worst, "") if cell.worst != "ENGINE" else ""
             lines.append(f"{r.op}\t{variant}\t{backend}\t{cell.summary()}\t{reason}")
+        lines += [f"{r.op}\t-\t{backend}\t-\t{note}" for backend, note in r.notes.items()]
     Path(path).write_text("\n".join(lines) + "\n")
+
+
+def skipped_text(skipped: collections.Counter, most: int | None = None) -> str:
+    """'random x4, untraceable: RuntimeError x2': why samples were left out, the commonest first."""
+    return ", ".join(f"{why} x{n}" for why, n in skipped.most_common(most))
+
+
+def _table_text(path: str | Path | None) -> str:
+    return (resources.files("torchkiln.coverage").joinpath(TABLE_FILE).read_text() if path is None
+            else Path(path).read_text())
 
 
 def read_table(path: str | Path | None = None) -> list[OpResult]:
     """The results of a stored table (the bundled one by default); counts only, each with its worst reason."""
-    text = (resources.files("torchkiln.coverage").joinpath(TABLE_FILE).read_text() if path is None
-            else Path(path).read_text())
     results: dict[str, OpResult] = {}
-    for line in text.splitlines():
+    for line in _table_text(path).splitlines():
         if not line.strip() or line.startswith("#"):
             continue
         op, variant, backend, counts, reason = (line.split("\t") + [""] * 5)[:5]
         result = results.setdefault(op, OpResult(op))
         if variant == "-":
+            if backend != "-":
+                result.notes[backend] = reason
+            for why, _, n in (part.rpartition(" x") for part in reason.split(", ") if backend == "-"):
+                if n.isdigit():  # a table written before the counts were: its reasons only
+                    result.skipped[why] = int(n)
             continue
         cell = result.cell(variant, backend)
         for part in counts.split(", "):
@@ -371,13 +465,54 @@ def read_table(path: str | Path | None = None) -> list[OpResult]:
     return list(results.values())
 
 
-def engine_fraction(results: Sequence[OpResult]) -> tuple[int, int]:
-    """(ops with ENGINE on at least one sample, ops with at least one sample compiled)."""
-    tested = [r for r in results if r.tested]
-    return sum(r.engine for r in tested), len(tested)
+def read_header(path: str | Path | None = None) -> tuple[list[str], list[str]]:
+    """A stored table's header lines (without the column names and the backends line) and the backends its sweep
+    ran (those of its cells and notes where the header does not name them)."""
+    lines = [line[2:] for line in _table_text(path).splitlines() if line.startswith("# ")]
+    named = next((line[len(BACKENDS_LINE):].split() for line in lines if line.startswith(BACKENDS_LINE)), None)
+    if named is None:
+        found = {b for r in read_table(path) for b in [*(b for _, b in r.cells), *r.notes]}
+        named = [b for b in (*BACKENDS, *sorted(found - set(BACKENDS))) if b in found]
+    return [line for line in lines if line != COLUMNS and not line.startswith(BACKENDS_LINE)], named
+
+
+def merge(base: Sequence[OpResult], swept: Sequence[Sequence[OpResult]], backends: Sequence[str]) -> list[OpResult]:
+    """`base` with, for each op of the `swept` tables (a shard each), the cells and notes of `backends` replaced by
+    the swept ones (other backends' cells kept; ops new to `base` added). An op that a shard did not run (its
+    deadline) keeps what another shard of the same merge found."""
+    merged = {r.op: dataclasses.replace(r, cells=dict(r.cells), notes=dict(r.notes)) for r in base}
+    found: set[tuple[str, str]] = set()
+    for results in swept:
+        for r in results:
+            target = merged.setdefault(r.op, OpResult(r.op, skipped=collections.Counter(r.skipped)))
+            for backend in backends:
+                cells = {k: c for k, c in r.cells.items() if k[1] == backend}
+                note = r.notes.get(backend) or ("" if cells else
+                                                f"not compiled: {skipped_text(r.skipped) or 'no samples'}")
+                if note == NOT_RUN and (r.op, backend) in found:
+                    continue
+                found.add((r.op, backend))
+                target.cells = {k: c for k, c in target.cells.items() if k[1] != backend} | cells
+                target.notes.pop(backend, None)
+                if note:
+                    target.notes[backend] = note
+    return list(merged.values())
+
+
+def engine_fraction(results: Sequence[OpResult], backends: Sequence[str] = BACKENDS) -> tuple[int, int]:
+    """(ops with ENGINE on at least one sample, ops with at least one sample compiled) on `backends`."""
+    cells = [[c for (_, b), c in r.cells.items() if b in backends] for r in results]
+    tested = [op for op in cells if any(c.counts for c in op)]
+    return sum(any(c.counts["ENGINE"] for c in op) for op in tested), len(tested)
 
 
 def format_fraction(results: Sequence[OpResult]) -> str:
-    engine, tested = engine_fraction(results)
-    return (f"OpInfo ops with an engine on a float32 sample (scripts/opinfo_sweep.py): {engine}/{tested} "
-            f"({100.0 * engine / max(tested, 1):.1f}%)")
+    """The op fraction on the CPU backends (the stored sweep's, comparable over time), then each other backend's
+    where the table has its cells (cuda, merged from a GPU machine's sweep)."""
+    def fraction(backends: Sequence[str]) -> str:
+        engine, tested = engine_fraction(results, backends)
+        return f"{engine}/{tested} ({100.0 * engine / max(tested, 1):.1f}%)"
+
+    others = sorted({b for r in results for _, b in r.cells} - set(BACKENDS))
+    return (f"OpInfo ops with an engine on a float32 sample (scripts/opinfo_sweep.py): {fraction(BACKENDS)}"
+            + "".join(f"; on {b}: {fraction([b])}" for b in others))
