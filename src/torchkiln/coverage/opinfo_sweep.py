@@ -159,11 +159,11 @@ def sweep(infos: Sequence[Any], options: SweepOptions, jobs: int = 1, deadline: 
 
     A process is killed after twice the time cap; the op then runs again without special values. No op starts
     after `deadline` seconds (those are noted NOT_RUN) and a running op takes no new sample after it."""
-    if torch.cuda.is_initialized():
-        raise RuntimeError("the sweep forks a process per op, and CUDA is initialised in this one already: its "
-                           "children could not use it")
     start = time.monotonic()
-    method = start_method(options.backends)
+    gpu = {opinfo.backend_device(b) for b in options.backends} != {torch.device("cpu")}
+    # importing op_db starts CUDA where there is a GPU (torch's test helpers probe cuDNN): forked children could
+    # not use it then
+    method = "spawn" if gpu and torch.cuda.is_initialized() else start_method(options.backends)
     pending = collections.deque((info, opinfo.VARIANTS, collections.Counter()) for info in infos)
     running: list[_Job] = []
     skipped: dict[str, collections.Counter] = {}
