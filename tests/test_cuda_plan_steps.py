@@ -207,6 +207,30 @@ def test_a_convolutions_bias_joins_a_layer_norm_over_its_transposed_channels():
     assert ref.std() > 0.3 and (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+def test_a_one_element_operand_of_an_indexed_kernel_is_read_as_a_block():
+    """A concatenation of a one-element tensor and a longer one (block_diag of a 0-d tensor, cartesian_prod of a
+    [1] and a [2] tensor): the one-element operand's offset has no index in it, and a masked load needs a block of
+    pointers; before, Triton refused the kernel."""
+    net = Network("cat-one")
+    a, b = net.add_input("a", torch.float32, (1,)), net.add_input("b", torch.float32, (3,))
+    doubled = [net.add_elementwise(t, t, L.ElementWiseOperation.SUM).get_output() for t in (a, b)]
+    net.mark_output(net.add_concatenation(doubled, 0).get_output())
+    av, bv = torch.randn(1), torch.randn(3)
+    plan, out = run_plan(net, [av, bv])
+    assert "indexed" in [plan.kernels[s.kernel].op for s in plan.steps]
+    assert torch.equal(out[0], torch.cat([av * 2, bv * 2]))
+
+
+def test_a_layer_reading_one_tensor_twice_runs_alone_in_its_step():
+    """x @ x.T (a covariance's product): the step's inputs hold x once, the layer reads it twice."""
+    net = Network("gram")
+    x = net.add_input("x", torch.float32, (3, 5))
+    net.mark_output(net.add_matrix_multiply(x, L.MatrixOperation.NONE, x, L.MatrixOperation.TRANSPOSE).get_output())
+    xv = torch.randn(3, 5)
+    _, out = run_plan(net, [xv])
+    assert (out[0] - xv @ xv.T).abs().max() <= 1e-5 * (xv @ xv.T).abs().max()
+
+
 def test_sibling_pointwise_groups_over_one_input_become_one_pass():
     """GELU's shape as GPT-2 writes it, 0.5 * x * (1 + tanh(c * (x + 0.044715 * x**3))), with a sigmoid for the
     tanh: 0.5 * x starts one group and the branch another (both read x first); their product joins the branch's

@@ -66,8 +66,9 @@ def _layer_fn(layer: L.Layer, weights: Weights, allow_tf32: bool, device: torch.
 
 def _layer_by_layer(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     fns = [_layer_fn(layer, w, allow_tf32, step.device) for layer, w in zip(step.layers, step.weights)]
-    if len(step.layers) == 1 and len(step.outputs) == 1 and [id(t) for t in step.layers[0].outputs] == step.outputs:
-        fn = fns[0]  # one layer of one output: no bookkeeping
+    if len(step.layers) == 1 and len(step.outputs) == 1 and [id(t) for t in step.layers[0].outputs] == step.outputs \
+            and [id(t) for t in step.layers[0].inputs] == list(step.inputs):
+        fn = fns[0]  # one layer of one output reading each input once, in order: no bookkeeping
         return lambda xs: [fn(xs)]
     ins = step.inputs
     plan = [(fn, [id(t) for t in layer.inputs], [id(t) for t in layer.outputs]) for fn, layer in zip(fns, step.layers)]

@@ -128,7 +128,8 @@ class _Emitter(Builder):
     def read(self, name: str, dtype: torch.dtype, shape: Sequence[int], idx: Index, mask: str) -> Value:
         """Operand `name` (of `shape`) at `idx` (its dims), through its strides `{name}_t{d}`."""
         terms = [f"{i} * {name}_t{d}" for d, (i, n) in enumerate(zip(idx, shape)) if n != 1 and i != "0"]
-        return self.emit(loaded(f"tl.load({name} + {' + '.join(terms) or '0'}, mask={mask}, other=0)", dtype),
+        # an offset of no index is a block of zeros: a masked load needs a block of pointers (a one-element operand)
+        return self.emit(loaded(f"tl.load({name} + {' + '.join(terms) or 'offs * 0'}, mask={mask}, other=0)", dtype),
                          held(dtype))
 
     def load_weight(self, weight: torch.Tensor) -> Value:
@@ -325,7 +326,7 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
             raise NetworkError(f"group output {t.name!r} is not computed by the group's layers")
     stores = []
     for k, t in enumerate(outputs):
-        offset = " + ".join(f"i{d} * out{k}_t{d}" for d in range(len(shape)) if shape[d] != 1) or "0"
+        offset = " + ".join(f"i{d} * out{k}_t{d}" for d in range(len(shape)) if shape[d] != 1) or "offs * 0"
         stores.append(f"tl.store(out{k} + {offset}, {stored(b.value(t, idx, 'mask'), t.dtype)}, mask=mask)")
     walk = tuple(range(len(shape))) if walk is None else tuple(walk)
     if sorted(walk) != list(range(len(shape))):
