@@ -12,9 +12,9 @@ wheel: `python -m pip download --no-deps -d .whl expecttest==0.3.0` here):
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/expecttest-*.whl
     export PYTHONPATH=$PWD/src:/tmp/site
-    python3 scripts/opinfo_sweep.py --backends cuda --limit 5 --time-cap 20 --jobs 16 --shard 0/2 --deadline 450 \
+    python3 scripts/opinfo_sweep.py --backends cuda --limit 2 --time-cap 15 --jobs 16 --shard 0/2 --deadline 450 \
         --table $OUT/opinfo_cuda_0.tsv --no-doc
-    python3 scripts/opinfo_sweep.py --backends cuda --limit 5 --time-cap 20 --jobs 16 --shard 1/2 --deadline 450 \
+    python3 scripts/opinfo_sweep.py --backends cuda --limit 2 --time-cap 15 --jobs 16 --shard 1/2 --deadline 450 \
         --table $OUT/opinfo_cuda_1.tsv --no-doc
 
 then, back here, merge their cuda cells into the stored table and docs/coverage.md's table (a cuda column per
