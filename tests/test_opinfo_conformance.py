@@ -162,13 +162,16 @@ def test_merging_another_backends_table_keeps_the_stored_cells(tmp_path):
         assert {v: c.counts for (v, b), c in merged[r.op].cells.items() if b == "other"} == {
             v: c.counts for (v, _), c in r.cells.items()}
     header, backends = read_header(table)
-    assert backends == ["reference", "onnxruntime", "other"]
+    assert backends == [*read_header()[1], "other"]
     assert header[0].startswith(read_header()[0][0]) and "; other: torch" in header[0]
-    assert format_fraction(list(merged.values())).startswith(format_fraction(stored) + "; on other: 2/2 (100.0%)")
+    fraction = format_fraction(list(merged.values()))
+    assert fraction.startswith(format_fraction(stored).split(";")[0]) and "; on other: 2/2 (100.0%)" in fraction
     text = doc.read_text()
-    assert "| special ref | special ort | special other | worst reason |" in text
+    assert "| special ref | special ort |" in text and "| special other | worst reason |" in text
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in text.splitlines() if line.startswith("| ")}
-    assert rows["add"][2:9:3] == ["ENGINE 1", "ENGINE 1", "ENGINE 2"]  # the other backend's columns
+    columns = rows["op"]
+    assert [rows["add"][columns.index(f"{v} other")] for v in ("inputs", "constants", "special")] == \
+        ["ENGINE 1", "ENGINE 1", "ENGINE 2"]  # the other backend's columns
     assert rows["item"][-1].startswith("not compiled: untraceable: RuntimeError x")  # the stored reasons' counts
     before = table.read_text()
     assert opinfo_sweep.main(merge) == 0 and table.read_text() == before  # merging again changes nothing
