@@ -10,8 +10,8 @@ The cuda backend on a GPU machine (1 GPU, 16 cores), in two shards of at most 9 
 table (the samples made on the GPU and compared with GPU eager, TF32 off; op_db needs expecttest, carried as a
 wheel: `python -m pip download --no-deps -d .whl expecttest==0.3.0` here):
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/expecttest-*.whl
-    export PYTHONPATH=$PWD/src:/tmp/site
+    python3 -m pip install -q --no-index --no-deps --target .site .whl/expecttest-*.whl
+    export PYTHONPATH=$PWD/src:$PWD/.site
     python3 scripts/opinfo_sweep.py --backends cuda --limit 2 --time-cap 15 --jobs 16 --shard 0/2 --deadline 450 \
         --table $OUT/opinfo_cuda_0.tsv --no-doc
     python3 scripts/opinfo_sweep.py --backends cuda --limit 2 --time-cap 15 --jobs 16 --shard 1/2 --deadline 450 \
