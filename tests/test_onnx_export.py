@@ -802,13 +802,15 @@ def test_onnx_runtime_fuses_the_bert_network(tmp_path):
     assert "MatMul" not in ops or "Gemm" in ops
 
 
-def _optimized_graph(net: Network, path, guard: bool = False) -> tuple[list, ort.InferenceSession]:
-    """The nodes of ORT's optimized form of the network's export (default optimization level; with the guard output
-    where `guard`, as the onnxruntime backend runs it), and the session."""
+def _optimized_graph(net: Network, path, guard: bool = False, opset: int | None = None
+                     ) -> tuple[list, ort.InferenceSession]:
+    """The nodes of ORT's optimized form of the network's export (default optimization level and opset; with the
+    guard output where `guard`, as the onnxruntime backend runs it), and the session."""
     options = ort.SessionOptions()
     options.optimized_model_filepath = str(path)
     options.intra_op_num_threads = 1
-    session = ort.InferenceSession(network_to_onnx(net, guard=guard).SerializeToString(), options,
+    model = network_to_onnx(net, guard=guard) if opset is None else network_to_onnx(net, opset, guard=guard)
+    session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
     return list(onnx.load(path).graph.node), session
 
@@ -837,10 +839,12 @@ def test_masked_attention_reads_its_scores_once_under_the_guard(tmp_path):
     assert_matches_eager(torch.from_numpy(out), ref)
 
 
-def test_masked_attention_guard_is_set_only_where_a_softmax_is_not_exact(tmp_path):
+@pytest.mark.parametrize("opset", [21, 23], ids=["matmul-softmax", "attention-op"])
+def test_masked_attention_guard_is_set_only_where_a_softmax_is_not_exact(tmp_path, opset):
     """A run-time mask that masks some queries whole gives eager's zeros there without the guard; a NaN score sets
     it (a query's Softmax is NaN, as it is in eager), and so does a query whose unmasked keys all score -inf (eager's
-    0, ORT's Softmax NaN): the call then runs on the reference."""
+    0, ORT's Softmax NaN): the call then runs on the reference. So in both forms: MatMul-Softmax-MatMul and ONNX's
+    Attention op (opset 23, what the backend's sessions run where ORT loads it)."""
     class Attend(torch.nn.Module):
         def forward(self, q, k, v, keep):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
@@ -851,7 +855,8 @@ def test_masked_attention_guard_is_set_only_where_a_softmax_is_not_exact(tmp_pat
     keep[..., 0] = True
     keep[0, :, 1], keep[1, :, 4] = False, False  # two queries masked whole
     net = _engine_network(Attend(), [q, k, v, keep])
-    _, session = _optimized_graph(net, tmp_path / "optimized.onnx", guard=True)
+    nodes, session = _optimized_graph(net, tmp_path / "optimized.onnx", guard=True, opset=opset)
+    assert ("Attention" in {node.op_type for node in nodes}) == (opset == 23)
 
     def run(q, k):
         return session.run(None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "keep": keep.numpy()})
@@ -873,6 +878,28 @@ def test_masked_attention_guard_is_set_only_where_a_softmax_is_not_exact(tmp_pat
     out, flag = session.run(None, {"q": q0.numpy(), "k": minus_inf.numpy(), "v": v.numpy(), "keep": keep0.numpy()})
     assert flag and torch.from_numpy(out)[0, 0, 0].isnan().all()
     assert F.scaled_dot_product_attention(q0, minus_inf, v, attn_mask=keep0)[0, 0, 0].eq(0).all()
+
+
+def test_attention_op_export_gives_zero_for_a_query_masked_whole(tmp_path):
+    """An ONNX file at opset 23 (no guard: for any runtime) writes attention as ONNX's Attention op, with the queries a
+    run-time mask masks whole made 0 by the export itself, as torch gives them."""
+    class Attend(torch.nn.Module):
+        def forward(self, q, k, v, keep):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 4)
+    keep = torch.rand(2, 1, 5, 7) > 0.3
+    keep[..., 0] = True
+    keep[0, :, 1], keep[1, :, 4] = False, False
+    net = _engine_network(Attend(), [q, k, v, keep])
+    model = network_to_onnx(net, 23)
+    assert "Attention" in {node.op_type for node in model.graph.node}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    [out] = session.run(None, {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "keep": keep.numpy()})
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    assert ref[0, :, 1].eq(0).all() and ref[1, :, 4].eq(0).all()
+    assert_matches_eager(torch.from_numpy(out), ref)
 
 
 def test_guard_output_tests_the_sum_of_its_tensors_sums_once(tmp_path):
