@@ -839,12 +839,8 @@ def test_masked_attention_reads_its_scores_once_under_the_guard(tmp_path):
     assert_matches_eager(torch.from_numpy(out), ref)
 
 
-@pytest.mark.parametrize("opset", [21, 23], ids=["matmul-softmax", "attention-op"])
-def test_masked_attention_guard_is_set_only_where_a_softmax_is_not_exact(tmp_path, opset):
-    """A run-time mask that masks some queries whole gives eager's zeros there without the guard; a NaN score sets
-    it (a query's Softmax is NaN, as it is in eager), and so does a query whose unmasked keys all score -inf (eager's
-    0, ORT's Softmax NaN): the call then runs on the reference. So in both forms: MatMul-Softmax-MatMul and ONNX's
-    Attention op (opset 23, what the backend's sessions run where ORT loads it)."""
+def _masked_attention():
+    """q, k, v and a run-time bool mask that masks two queries whole, and SDPA's engine network over them."""
     class Attend(torch.nn.Module):
         def forward(self, q, k, v, keep):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
@@ -854,7 +850,16 @@ def test_masked_attention_guard_is_set_only_where_a_softmax_is_not_exact(tmp_pat
     keep = torch.rand(2, 1, 5, 7) > 0.3
     keep[..., 0] = True
     keep[0, :, 1], keep[1, :, 4] = False, False  # two queries masked whole
-    net = _engine_network(Attend(), [q, k, v, keep])
+    return q, k, v, keep, _engine_network(Attend(), [q, k, v, keep])
+
+
+@pytest.mark.parametrize("opset", [21, 23], ids=["matmul-softmax", "attention-op"])
+def test_masked_attention_guard_is_set_only_where_a_softmax_is_not_exact(tmp_path, opset):
+    """A run-time mask that masks some queries whole gives eager's zeros there without the guard; a NaN score sets
+    it (a query's Softmax is NaN, as it is in eager), and so does a query whose unmasked keys all score -inf (eager's
+    0, ORT's Softmax NaN): the call then runs on the reference. So in both forms: MatMul-Softmax-MatMul and ONNX's
+    Attention op (opset 23, what the backend's sessions run where ORT loads it)."""
+    q, k, v, keep, net = _masked_attention()
     nodes, session = _optimized_graph(net, tmp_path / "optimized.onnx", guard=True, opset=opset)
     assert ("Attention" in {node.op_type for node in nodes}) == (opset == 23)
 
@@ -883,16 +888,7 @@ def test_masked_attention_guard_is_set_only_where_a_softmax_is_not_exact(tmp_pat
 def test_attention_op_export_gives_zero_for_a_query_masked_whole(tmp_path):
     """An ONNX file at opset 23 (no guard: for any runtime) writes attention as ONNX's Attention op, with the queries a
     run-time mask masks whole made 0 by the export itself, as torch gives them."""
-    class Attend(torch.nn.Module):
-        def forward(self, q, k, v, keep):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
-
-    torch.manual_seed(0)
-    q, k, v = torch.randn(2, 3, 5, 8), torch.randn(2, 3, 7, 8), torch.randn(2, 3, 7, 4)
-    keep = torch.rand(2, 1, 5, 7) > 0.3
-    keep[..., 0] = True
-    keep[0, :, 1], keep[1, :, 4] = False, False
-    net = _engine_network(Attend(), [q, k, v, keep])
+    q, k, v, keep, net = _masked_attention()
     model = network_to_onnx(net, 23)
     assert "Attention" in {node.op_type for node in model.graph.node}
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
