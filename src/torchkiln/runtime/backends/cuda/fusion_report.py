@@ -12,7 +12,8 @@ module docstring), asked about the finished plan, the first that applies:
 - a row step's join rule (fusion.py), rule 8's sole-reader rule for an indexed step, and rule 2's join and merge
   rules (`_join_refusal`, `_merge_refusal`) between pointwise groups;
 - else "no rule fuses <producer> into <reader>".
-Reporting only: nothing but reporting code imports this module.
+Reporting only: the cuda backend's planning entry (which logs the edges at debug level) and the step profiler
+import it; the planner does not.
 """
 from __future__ import annotations
 
@@ -29,11 +30,10 @@ logger = logging.getLogger(__name__)
 
 LIBRARY = {L.ConvolutionLayer: "cuDNN", L.MatrixMultiplyLayer: "cuBLAS", L.AttentionLayer: "SDPA"}
 # what a library producer step's epilogue takes, by its kernel's op
+_CUBLAS = "matrix multiplies keep cuBLAS's bias only: no generated epilogue (rule 6: linear layers stay on cuBLAS)"
 EPILOGUES = {
-    "matrix_multiply": "matrix multiplies keep cuBLAS's bias only: no generated epilogue (rule 6: linear layers stay "
-                       "on cuBLAS)",
-    "linear_group": "matrix multiplies keep cuBLAS's bias only: no generated epilogue (rule 6: linear layers stay "
-                    "on cuBLAS)",
+    "matrix_multiply": _CUBLAS,
+    "linear_group": _CUBLAS,
     "quantized_matmul": "the quantized matrix multiply takes its dequantize epilogue only (rule 3)",
     "attention": "SDPA takes no epilogue (rule 5)",
     "layer_norm": "CUDA's layer norm takes no epilogue (rule 4, without Triton)",
@@ -83,8 +83,8 @@ class _Context:
         """Whether step `k` runs a `kind` kernel of one of `ops`."""
         return self.kernel(k).kind == kind and self.kernel(k).op in ops
 
-    def sole_reader_reason(self, t, p: L.Layer) -> str:
-        """Why `t` (made by `p`) is not a value only one layer reads: an engine output, or several readers."""
+    def sole_reader_reason(self, t) -> str:
+        """Why `t` is not a value only one layer reads: an engine output, or several readers."""
         if id(t) in self.graph.returned:
             return f"{t.name!r} is an engine output (written to memory anyway)"
         readers = self.graph.readers.get(id(t), [])
@@ -188,8 +188,8 @@ def _library_reader(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) ->
     if lib is None or not (kernel.kind == "library" or kernel.op in ("gemm", "depthwise")):
         return ""
     if kernel.kind == "generated":
-        return f"the reader, {r.KIND} {r.name!r}, is a generated {kernel.op} kernel (rule 6): it reads its input from " \
-               f"memory and takes an epilogue, no prologue"
+        return f"the reader, {r.KIND} {r.name!r}, is a generated {kernel.op} kernel (rule 6): it reads its input " \
+               f"from memory and takes an epilogue, no prologue"
     head = f"the reader, {r.KIND} {r.name!r}, is a library call ({lib} reads its operands from memory: no generated " \
            f"prologue)"
     return head + (_product_candidate(ctx, b, r) if isinstance(r, L.ConvolutionLayer) else "")
@@ -223,7 +223,7 @@ def _library_producer(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) 
         return f"the producer, {p.KIND} {p.name!r}, is a {kernel.kind} {kernel.op} step: {EPILOGUES[kernel.op]}"
     if not isinstance(p, L.ConvolutionLayer) or kernel.op not in CONVOLUTION_STEPS:
         return ""
-    why = ctx.sole_reader_reason(t, p)
+    why = ctx.sole_reader_reason(t)
     if why:
         return f"{why}: a convolution's epilogue takes its only reader (rules 1, 2, 6)"
     if kernel.kind == "generated":
@@ -231,10 +231,9 @@ def _library_producer(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) 
     if isinstance(r, P.POINTWISE) and tuple(r.outputs[0].shape) != tuple(t.shape):
         return f"iteration spaces differ: the convolution's {list(t.shape)}, the reader's {list(r.outputs[0].shape)}"
     if ctx.is_step(b, "generated", "rows"):
-        if "bias" not in p.weights:
-            return "a convolution joins the row step it feeds to add its bias there, and this one has no bias"
-        return f"a convolution joins the row step it feeds as its bias (a {kernel.op} step of the convolution " \
-               f"alone, channels-last); this one is a {kernel.op} step"
+        why = "it has no bias" if "bias" not in p.weights else f"it is a {kernel.kind} {kernel.op} step"
+        return f"a convolution joins the row step it alone feeds as the row kernel's bias, from a channels-last " \
+               f"conv_epilogue step of its own; {why}"
     return ""
 
 
@@ -269,6 +268,9 @@ def _indexed_steps(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) -> 
         if not moves.movable(k):
             return f"step {k} ({ctx.kernel(k).kind} {ctx.kernel(k).op}) cannot be part of an indexed kernel (rule 8: " \
                    f"generated pointwise or indexed steps, and pointwise or movement layers of static shapes on ATen)"
+    if b - a > P.MAX_SPAN:
+        return f"step {a} runs {b - a} steps before step {b}: an indexed kernel takes producers up to {P.MAX_SPAN} " \
+               f"steps back (rule 8)"
     return ""
 
 

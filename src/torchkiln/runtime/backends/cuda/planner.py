@@ -72,6 +72,10 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
 
 A 2-D max pool of a batched input runs in a generated Triton kernel over any strides, vectorized along the
 channels of channels-last tensors (`max_pool`); its output keeps its input's memory format.
+
+Every pair of steps these rules leave apart has a reason: `fusion_report.py` asks the rules above about the finished
+plan (`_join_refusal`, `_merge_refusal`, `_Movement`, fusion.py's row join), and the cuda backend logs its lines at
+debug level after planning.
 """
 from __future__ import annotations
 
