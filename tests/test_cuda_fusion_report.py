@@ -109,7 +109,7 @@ def concatenation_over_too_many_layers():
         t = net.add_unary(t, L.UnaryOperation.NEG).get_output()
     net.mark_output(t)
     return net, [(0, 1, cat.get_output().name,
-                  f"the producer, concatenation {cat.name!r}, runs on ATen: rule 8 refused it: the kernel would "
+                  f"the producer, concatenation {cat.name!r}, runs on ATen: rule 8 does not take it: the kernel would "
                   f"compute {MAX_LAYERS + 1} layers (at most {MAX_LAYERS})")]
 
 

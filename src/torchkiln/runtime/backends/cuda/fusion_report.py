@@ -170,7 +170,7 @@ def _aten(ctx: _Context, k: int, layer: L.Layer, role: str) -> str:
         elif why is None:
             why = "it copies nothing (a view) and is not a permute between two generated pointwise steps"
         if why:
-            return f"{head}: rule 8 refused it: {why}"
+            return f"{head}: rule 8 does not take it: {why}"
     return f"{head}: no generated kernel for {layer.KIND} layers"
 
 
