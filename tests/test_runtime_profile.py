@@ -188,3 +188,8 @@ def test_cuda_backend_times_every_plan_step():
     assert all(r["mean_ms"] >= 0 for r in rows)  # a step that launches nothing (a constant) may take no GPU time
     assert all(r["mean_ms"] > 0 for r in rows if r["kind"].split()[0] in ("generated", "library"))
     _check_sums(profile)
+    # the steps left apart, and why (tests/test_cuda_fusion_report.py), end the table
+    from torchkiln.runtime.backends.cuda.fusion_report import format_edges
+
+    assert profile["unfused"] == format_edges(engine.network, plan) and profile["unfused"]
+    assert format_profile(profile).splitlines()[-len(profile["unfused"]):] == [f"  {e}" for e in profile["unfused"]]

@@ -379,9 +379,9 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
                        "@f32' (min;opt;max; timed at opt); dtypes f32 f16 bf16 f64 i32 i64 i8 u8 bool")
     bench.add_argument("--profile", action="store_true", help="print each engine's steps (a layer, an ONNX Runtime "
                        "node or a fused kernel, run one by one) with their time per call and share, like trtexec "
-                       "--dumpProfile; the time per op (torch.profiler, self time, top entries); on a GPU the time "
-                       "per call by kernel class (library, generated, ATen, copies, idle); with --zoo or --blocks, "
-                       "torchkiln's by kernel class")
+                       "--dumpProfile, on cuda with each pair of steps left apart and why; the time per op "
+                       "(torch.profiler, self time, top entries); on a GPU the time per call by kernel class (library, "
+                       "generated, ATen, copies, idle); with --zoo or --blocks, torchkiln's by kernel class")
     bench.add_argument("--profile-sort", choices=("order", "time"), default="order",
                        help="--profile: order of the per-step table, the engine's or slowest first (default: "
                        "%(default)s)")

@@ -77,6 +77,7 @@ class EngineProfile:
     backend: str
     rows: list[StepRow]
     totals: list[float]
+    unfused: list[str] = dataclasses.field(default_factory=list)  # cuda: each pair of steps left apart, and why
 
     def to_json(self) -> dict[str, Any]:
         total = statistics.fmean(self.totals) if self.totals else 0.0
@@ -92,7 +93,7 @@ class EngineProfile:
                 "total_ms": {"mean": total, "median": statistics.median(self.totals) if self.totals else 0.0},
                 "steps_sum_ms": {"mean": sum(r.mean for r in self.rows),
                                  "median": statistics.median(sums) if sums else 0.0},
-                "steps": steps}
+                "steps": steps, "unfused": self.unfused}
 
 
 def format_profile(profile: dict[str, Any], sort: str = "order", width: int = 60) -> str:
@@ -115,7 +116,9 @@ def format_profile(profile: dict[str, Any], sort: str = "order", width: int = 60
         *(line(str(r["index"]), r["name"], r["kind"], f"{r['mean_ms']:.4f}", f"{r['median_ms']:.4f}",
                f"{r['percent']:.1f}") for r in rows),
         line("", "sum of the steps", "", f"{steps['mean']:.4f}", f"{steps['median']:.4f}", f"{share:.1f}"),
-        line("", "engine call", "", f"{total['mean']:.4f}", f"{total['median']:.4f}", "100.0")])
+        line("", "engine call", "", f"{total['mean']:.4f}", f"{total['median']:.4f}", "100.0"),
+        *(["steps left apart (a value one step makes and another reads, and why they are not one kernel):"] +
+          [f"  {edge}" for edge in profile["unfused"]] if profile.get("unfused") else [])])
 
 
 def _cut(text: str, width: int) -> str:
@@ -179,7 +182,11 @@ class _Timer:
         calls, counted = self.deltas(warmup, len(rows))
         for j, row in enumerate(rows):
             row.times = [calls[k][j] for k in counted]
-        return EngineProfile(self.engine.name, self.backend, rows, [sum(calls[k]) for k in counted])
+        return EngineProfile(self.engine.name, self.backend, rows, [sum(calls[k]) for k in counted], self.unfused())
+
+    def unfused(self) -> list[str]:
+        """Each pair of steps left apart, and why (where the backend says)."""
+        return []
 
     def deltas(self, warmup: int, steps: int) -> tuple[list[list[float]], list[int]]:
         """Each call's ms between its marks, and the calls counted: after the first `warmup`, those that made a mark
@@ -234,6 +241,11 @@ class _CudaTimer(_Timer):
             kernel = plan.kernels[step.kernel]
             rows.append(StepRow(step_name(names), f"{kernel.kind} {kernel.op}", names))
         return rows
+
+    def unfused(self) -> list[str]:
+        from torchkiln.runtime.backends.cuda.fusion_report import format_edges
+
+        return format_edges(self.runner.network, self.runner.plan)
 
 
 class _OrtTimer(_Timer):

@@ -85,9 +85,12 @@ def _cuda_target(device: torch.device) -> Target:
 
 
 def _cuda_plan(network: Network, device: torch.device, options: BackendOptions) -> Plan:
+    from torchkiln.runtime.backends.cuda.fusion_report import log_unfused
     from torchkiln.runtime.backends.cuda.planner import make_plan as plan
 
-    return plan(network, device, options)
+    made = plan(network, device, options)
+    log_unfused(network, made)  # at debug level: each pair of steps left apart, and why
+    return made
 
 
 def _cuda_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions,

@@ -177,3 +177,10 @@ def row_groups(network: Network, taken: Collection[int] = ()) -> list[list[int]]
         used |= members
         groups.append(sorted(members))
     return groups
+
+
+def row_join_refusal(network: Network, j: int, members: Collection[int]) -> str | None:
+    """Why layer `j` stays out of the row group of `members` (its reductions and pointwise layers), by the rule
+    `row_groups` applies (None: it may join now; another group took it first)."""
+    seed = min(m for m in members if classify(network.layers[m]) == OpClass.REDUCTION)
+    return _why_not(j, set(members), _Space(network.layers[seed]), _Graph(network), ())

@@ -72,6 +72,10 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
 
 A 2-D max pool of a batched input runs in a generated Triton kernel over any strides, vectorized along the
 channels of channels-last tensors (`max_pool`); its output keeps its input's memory format.
+
+Every pair of steps these rules leave apart has a reason: `fusion_report.py` asks the rules above about the finished
+plan (`_join_refusal`, `_merge_refusal`, `_Movement`, fusion.py's row join), and the cuda backend logs its lines at
+debug level after planning.
 """
 from __future__ import annotations
 
@@ -511,11 +515,7 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
                     group_of[id(t)] = g
             if g is None:
                 continue
-            lead = network.layers[out[g][1][0]]
-            # what the layer reads is made by a step before the group's, or by the group itself
-            ready = all(id(x) not in made or placed.get(id(x), g) < g or group_of.get(id(x)) == g
-                        for x in layer.inputs)
-            if ready and layer.outputs[0].shape == lead.outputs[0].shape:
+            if not _join_refusal(layer, network.layers[out[g][1][0]], g, made, placed, group_of):
                 target_group = g
                 break
         if target_group is None:
@@ -544,6 +544,21 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
     return [step for step in out if step is not None]
 
 
+def _join_refusal(layer: L.Layer, lead: L.Layer, g: int, made: set[int], placed: dict[int, int],
+                  group_of: dict[int, int]) -> str:
+    """Why pointwise `layer` cannot join the open group at step `g` led by `lead` (whose value it reads), or "": what
+    it reads is made by a step before the group's, or by the group itself (`placed`, `group_of`: tensor id -> the step
+    making it, the open group making it; `made`: the ids of the tensors layers make), and its output has the group's
+    shape."""
+    late = [x.name for x in layer.inputs
+            if not (id(x) not in made or placed.get(id(x), g) < g or group_of.get(id(x)) == g)]
+    if late:
+        return f"it reads {late[0]!r}, made after the group's step"
+    if layer.outputs[0].shape != lead.outputs[0].shape:
+        return f"its output's shape {list(layer.outputs[0].shape)} is not the group's {list(lead.outputs[0].shape)}"
+    return ""
+
+
 def _fused_movement(network: Network, steps: list[tuple[Kernel, list[int]]], graph: _Graph
                     ) -> list[tuple[Kernel, list[int]]]:
     """Rule 8 of the module docstring: a movement layer that copies (concatenation, padding, a reshape after a
@@ -551,64 +566,12 @@ def _fused_movement(network: Network, steps: list[tuple[Kernel, list[int]]], gra
     that alone feed it, as one generated indexed kernel (codegen/indexed.py: the moves are index arithmetic)."""
     if _fusable() is None:
         return steps
-    from torchkiln.runtime.backends.cuda.codegen.indexed import MAX_LAYERS, indexed_fusable
-
-    out: list[tuple[Kernel, list[int]] | None] = list(steps)
-    step_of = {j: k for k, (_, members) in enumerate(out) for j in members}
-
-    def movable(k: int) -> bool:
-        kernel, members = out[k]
-        if (kernel.kind, kernel.op) not in (("generated", "pointwise"), ("generated", "indexed")) and \
-                not (kernel.kind == "aten" and len(members) == 1 and kernel.op != "constant"):
-            return False
-        return all(indexed_fusable(network.layers[j]) is None for j in members)
-
-    def sole_reader(k: int) -> int | None:
-        """The one step reading every output of step `k` that anything reads, if there is one and `k`'s outputs
-        are not returned."""
-        outputs = [t for j in out[k][1] for t in network.layers[j].outputs]
-        if any(id(t) in graph.returned for t in outputs):
-            return None
-        readers = {step_of[graph.index[id(r)]] for t in outputs for r in graph.readers.get(id(t), [])} - {k}
-        return readers.pop() if len(readers) == 1 else None
-
-    def made_by(k: int) -> int | None:
-        t = network.layers[out[k][1][0]].inputs[0]
-        return step_of.get(graph.index.get(id(t.producer), -1)) if t.producer is not None else None
-
-    def generated_pointwise(k: int | None) -> bool:
-        return k is not None and out[k] is not None and out[k][0] == Kernel("generated", "pointwise")
-
-    def view_between(k: int) -> bool:
-        """A shuffle that copies nothing (a permute) between a generated pointwise step it alone reads and one
-        that alone reads it: one indexed kernel then saves the pass over the moved value."""
-        kernel, members = out[k]
-        p = made_by(k)
-        return kernel == Kernel("aten", "shuffle") and generated_pointwise(p) and sole_reader(p) == k and \
-            generated_pointwise(sole_reader(k))
-
+    moves = _Movement(network, steps, graph)
+    out = moves.out
     for k in range(len(out)):
-        if out[k] is None or not movable(k) or not (_copies(network, out[k], graph) or view_between(k)):
+        if out[k] is None or not moves.candidate(k):
             continue
-        members, sink = {k}, k
-        while (c := sole_reader(sink)) is not None and out[c] is not None and movable(c) and c > sink:
-            members.add(c)
-            sink = c
-        grew = True
-        while grew:
-            grew = False
-            for m in sorted(members):
-                for t in {id(x): x for j in out[m][1] for x in network.layers[j].inputs}.values():
-                    p = step_of.get(graph.index.get(id(t.producer), -1)) if t.producer is not None else None
-                    if p is None or p in members or out[p] is None or sink - p > MAX_SPAN or not movable(p) \
-                            or sole_reader(p) not in members:
-                        continue
-                    members.add(p)
-                    grew = True
-        layers = [j for m in sorted(members) for j in out[m][1]]
-        reason = _indexed_refusal(network, layers, graph, MAX_LAYERS)
-        if not reason and not _copies(network, out[k], graph) and (made_by(k) not in members or sink == k):
-            reason = "the view copies nothing and the steps around it do not join it"
+        members, sink, layers, reason = moves.group(k)
         if reason:
             logger.debug("%s %r stays apart from the steps around it: %s", network.layers[out[k][1][0]].KIND,
                          network.layers[out[k][1][0]].name, reason)
@@ -616,8 +579,83 @@ def _fused_movement(network: Network, steps: list[tuple[Kernel, list[int]]], gra
         for m in members:
             out[m] = None
         out[sink] = (Kernel("generated", "indexed"), layers)
-        step_of.update((j, sink) for j in layers)
+        moves.step_of.update((j, sink) for j in layers)
     return [step for step in out if step is not None]
+
+
+class _Movement:
+    """Rule 8 over `steps` (an entry set to None: merged into a later one): which steps may join an indexed kernel,
+    and the group a movement step would grow."""
+
+    def __init__(self, network: Network, steps: list[tuple[Kernel, list[int]]], graph: _Graph) -> None:
+        self.network, self.graph = network, graph
+        self.out: list[tuple[Kernel, list[int]] | None] = list(steps)
+        self.step_of = {j: k for k, (_, members) in enumerate(steps) for j in members}
+
+    def movable(self, k: int) -> bool:
+        from torchkiln.runtime.backends.cuda.codegen.indexed import indexed_fusable
+
+        kernel, members = self.out[k]
+        if (kernel.kind, kernel.op) not in (("generated", "pointwise"), ("generated", "indexed")) and \
+                not (kernel.kind == "aten" and len(members) == 1 and kernel.op != "constant"):
+            return False
+        return all(indexed_fusable(self.network.layers[j]) is None for j in members)
+
+    def sole_reader(self, k: int) -> int | None:
+        """The one step reading every output of step `k` that anything reads, if there is one and `k`'s outputs
+        are not returned."""
+        outputs = [t for j in self.out[k][1] for t in self.network.layers[j].outputs]
+        if any(id(t) in self.graph.returned for t in outputs):
+            return None
+        readers = {self.step_of[self.graph.index[id(r)]] for t in outputs
+                   for r in self.graph.readers.get(id(t), [])} - {k}
+        return readers.pop() if len(readers) == 1 else None
+
+    def made_by(self, k: int) -> int | None:
+        t = self.network.layers[self.out[k][1][0]].inputs[0]
+        return self.step_of.get(self.graph.index.get(id(t.producer), -1)) if t.producer is not None else None
+
+    def generated_pointwise(self, k: int | None) -> bool:
+        return k is not None and self.out[k] is not None and self.out[k][0] == Kernel("generated", "pointwise")
+
+    def view_between(self, k: int) -> bool:
+        """A shuffle that copies nothing (a permute) between a generated pointwise step it alone reads and one
+        that alone reads it: one indexed kernel then saves the pass over the moved value."""
+        kernel, members = self.out[k]
+        p = self.made_by(k)
+        return kernel == Kernel("aten", "shuffle") and self.generated_pointwise(p) and self.sole_reader(p) == k and \
+            self.generated_pointwise(self.sole_reader(k))
+
+    def candidate(self, k: int) -> bool:
+        """Whether step `k` seeds an indexed kernel: a movable step that copies, or a permute between two steps."""
+        return self.movable(k) and (_copies(self.network, self.out[k], self.graph) or self.view_between(k))
+
+    def group(self, k: int) -> tuple[set[int], int, list[int], str]:
+        """The steps candidate step `k` would join (down to the last one it alone feeds, and those that alone feed
+        them up to MAX_SPAN steps back), the last of them, their layers, and why they cannot be one kernel ("")."""
+        from torchkiln.runtime.backends.cuda.codegen.indexed import MAX_LAYERS
+
+        out, network, graph = self.out, self.network, self.graph
+        members, sink = {k}, k
+        while (c := self.sole_reader(sink)) is not None and out[c] is not None and self.movable(c) and c > sink:
+            members.add(c)
+            sink = c
+        grew = True
+        while grew:
+            grew = False
+            for m in sorted(members):
+                for t in {id(x): x for j in out[m][1] for x in network.layers[j].inputs}.values():
+                    p = self.step_of.get(graph.index.get(id(t.producer), -1)) if t.producer is not None else None
+                    if p is None or p in members or out[p] is None or sink - p > MAX_SPAN or not self.movable(p) \
+                            or self.sole_reader(p) not in members:
+                        continue
+                    members.add(p)
+                    grew = True
+        layers = [j for m in sorted(members) for j in out[m][1]]
+        reason = _indexed_refusal(network, layers, graph, MAX_LAYERS)
+        if not reason and not _copies(network, out[k], graph) and (self.made_by(k) not in members or sink == k):
+            reason = "the view copies nothing and the steps around it do not join it"
+        return members, sink, layers, reason
 
 
 MAX_SPAN = 12  # steps a producer may run later, inside the indexed kernel it alone feeds (bounds held memory)
