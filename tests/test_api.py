@@ -22,6 +22,19 @@ def test_convert_method_to_engine_and_embed():
     assert_matches_eager(module(x), model(x))
 
 
+def test_a_method_input_never_read_is_still_an_engine_binding():
+    """forward(x, unused): the whole-method engine takes both inputs (before, shape analysis skipped the unread one
+    and conversion failed with a KeyError deep inside)."""
+    class Unread(torch.nn.Module):
+        def forward(self, x, unused):
+            return torch.exp(x) * 2
+
+    model = Unread().eval()
+    data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input((4, 8)), torchkiln.Input((8, 8))])
+    x, other = torch.randn(4, 8), torch.randn(8, 8)
+    assert_matches_eager(torchkiln.embed_engine_in_new_module(data)(x, other), model(x, other))
+
+
 def test_embedded_engine_with_two_inputs_and_outputs(tmp_path):
     model = TwoOutputs()
     specs = [torchkiln.Input((3, 5)), torchkiln.Input((3, 5))]

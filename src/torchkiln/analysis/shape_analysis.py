@@ -104,11 +104,14 @@ def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
                    example_inputs: Sequence[Any]) -> dict[int, TensorMeta | list[TensorMeta]]:
     """TensorMeta for every tensor-typed value of the graph's top-level block (value_key -> meta), and a
     list of them for every Tensor[] value."""
-    originals = list(graph.inputs()) + [o for n in graph.nodes() for o in n.outputs()]
-    # Constants are known and unread values sit at no boundary (and may be undefined tensors): never probed.
+    inputs = list(graph.inputs())
+    originals = inputs + [o for n in graph.nodes() for o in n.outputs()]
+    # Constants are known and unread values sit at no boundary (and may be undefined tensors): never probed. An
+    # input the method never reads is still one of a whole-method engine's bindings.
     picked = [orig for orig in originals
               if _holds_shapes(orig.type()) and not _may_be_uninitialized(orig)
-              and orig.node().kind() != "prim::Constant" and bool(orig.uses()) and not _length_varies(orig)]
+              and orig.node().kind() != "prim::Constant" and (bool(orig.uses()) or orig in inputs)
+              and not _length_varies(orig)]
     try:
         results = probe_values(graph, module, example_inputs, picked)
     except ValueError as e:
