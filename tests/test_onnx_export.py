@@ -885,6 +885,23 @@ def test_masked_attention_guard_is_set_only_where_a_softmax_is_not_exact(tmp_pat
     assert F.scaled_dot_product_attention(q0, minus_inf, v, attn_mask=keep0)[0, 0, 0].eq(0).all()
 
 
+def test_sessions_run_attention_as_one_op_with_no_transposes(tmp_path):
+    """A BERT-style encoder in the sessions' opset (23 where ORT loads it): each attention layer is ONNX's Attention
+    op over [batch, seq, heads * dim] tensors, and ORT's optimized graph keeps no Transpose (the export's transposes
+    to that layout cancel against the model's own); the values are eager's."""
+    from torchkiln.runtime.backends.onnxruntime import ATTENTION_OPSET, session_opset
+
+    if session_opset() < ATTENTION_OPSET:
+        pytest.skip(f"this ONNX Runtime ({ort.__version__}) does not load opset {ATTENTION_OPSET}")
+    net, example, ref = converted(tiny_bert)
+    nodes, session = _optimized_graph(net, tmp_path / "optimized.onnx", guard=True, opset=session_opset())
+    ops = [node.op_type for node in nodes]
+    assert ops.count("Attention") == 2 and "Transpose" not in ops and "Softmax" not in ops, ops
+    out, flag = session.run(None, {v.name: x.numpy() for v, x in zip(session.get_inputs(), example)})
+    assert not flag
+    assert_matches_eager(torch.from_numpy(out), ref)
+
+
 def test_attention_op_export_gives_zero_for_a_query_masked_whole(tmp_path):
     """An ONNX file at opset 23 (no guard: for any runtime) writes attention as ONNX's Attention op, with the queries a
     run-time mask masks whole made 0 by the export itself, as torch gives them."""
