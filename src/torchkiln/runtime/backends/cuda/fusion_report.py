@@ -1,4 +1,4 @@
-"""Why each pair of steps of a CUDA plan stays apart (issue 24: every pair left unfused has a reason).
+"""Why each pair of steps of a CUDA plan stays apart: every pair left unfused has a reason.
 
 An *unfused edge* is a tensor a layer of one step makes and a layer of another step reads (constants and network
 inputs left out: the plan holds them before any step). Its reason comes from the planner's rules (planner.py's
