@@ -221,6 +221,21 @@ def test_a_one_element_operand_of_an_indexed_kernel_is_read_as_a_block():
     assert torch.equal(out[0], torch.cat([av * 2, bv * 2]))
 
 
+@pytest.mark.parametrize("start", [2, 0], ids=["element-2", "element-0"])
+def test_an_indexed_kernel_reads_one_element_at_a_constant_index_as_a_block(start):
+    """A one-element slice of a longer tensor concatenated with another (x[2:3] then cat): the slice's index is a
+    literal, so the operand's offset holds no index variable (`2 * in0_t0`) and must still be a block of pointers
+    for its masked load; before, Triton refused the kernel where the element was not the first."""
+    net = Network("cat-slice")
+    a, b = net.add_input("a", torch.float32, (5,)), net.add_input("b", torch.float32, (3,))
+    one = net.add_slice(a, (start,), (1,), (1,)).get_output()
+    net.mark_output(net.add_concatenation([one, b], 0).get_output())
+    av, bv = torch.randn(5), torch.randn(3)
+    plan, out = run_plan(net, [av, bv])
+    assert [plan.kernels[s.kernel].op for s in plan.steps] == ["indexed"]
+    assert torch.equal(out[0], torch.cat([av[start:start + 1], bv]))
+
+
 def test_a_layer_reading_one_tensor_twice_runs_alone_in_its_step():
     """x @ x.T (a covariance's product): the step's inputs hold x once, the layer reads it twice."""
     net = Network("gram")
