@@ -127,10 +127,13 @@ class _Emitter(Builder):
 
     def read(self, name: str, dtype: torch.dtype, shape: Sequence[int], idx: Index, mask: str) -> Value:
         """Operand `name` (of `shape`) at `idx` (its dims), through its strides `{name}_t{d}`."""
-        terms = [f"{i} * {name}_t{d}" for d, (i, n) in enumerate(zip(idx, shape)) if n != 1 and i != "0"]
-        # an offset of no index is a block of zeros: a masked load needs a block of pointers (a one-element operand)
-        return self.emit(loaded(f"tl.load({name} + {' + '.join(terms) or 'offs * 0'}, mask={mask}, other=0)", dtype),
-                         held(dtype))
+        used = [(d, i) for d, (i, n) in enumerate(zip(idx, shape)) if n != 1 and i != "0"]
+        terms = [f"{i} * {name}_t{d}" for d, i in used]
+        # an offset of no index variable (a one-element operand, or one read at literal indices: x[2:3]) is one value:
+        # a masked load needs a block of pointers, so it starts from a block of zeros
+        if not any(i.isidentifier() for _, i in used):
+            terms.insert(0, "offs * 0")
+        return self.emit(loaded(f"tl.load({name} + {' + '.join(terms)}, mask={mask}, other=0)", dtype), held(dtype))
 
     def load_weight(self, weight: torch.Tensor) -> Value:
         """A weight of the layer being emitted, broadcast to its output and read at its index."""
