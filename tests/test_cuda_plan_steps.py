@@ -236,6 +236,19 @@ def test_an_indexed_kernel_reads_one_element_at_a_constant_index_as_a_block(star
     assert torch.equal(out[0], torch.cat([av[start:start + 1], bv]))
 
 
+def test_an_indexed_kernel_reads_an_element_of_a_concatenation_at_a_constant_index_as_a_block():
+    """cat([cat([a, b])[6:7], c]): the inner concatenation's part is read at `6 - 5`, an index variable of one value
+    (no block), so that read too starts from a block of zeros."""
+    net = Network("cat-slice-cat")
+    a, b, c = (net.add_input(n, torch.float32, (s,)) for n, s in (("a", 5), ("b", 3), ("c", 2)))
+    inner = net.add_concatenation([a, b], 0).get_output()
+    net.mark_output(net.add_concatenation([net.add_slice(inner, (6,), (1,), (1,)).get_output(), c], 0).get_output())
+    av, bv, cv = torch.randn(5), torch.randn(3), torch.randn(2)
+    plan, out = run_plan(net, [av, bv, cv])
+    assert [plan.kernels[s.kernel].op for s in plan.steps] == ["indexed"]
+    assert torch.equal(out[0], torch.cat([bv[1:2], cv]))
+
+
 def test_a_layer_reading_one_tensor_twice_runs_alone_in_its_step():
     """x @ x.T (a covariance's product): the step's inputs hold x once, the layer reads it twice."""
     net = Network("gram")
