@@ -249,6 +249,25 @@ def test_an_indexed_kernel_reads_an_element_of_a_concatenation_at_a_constant_ind
     assert torch.equal(out[0], torch.cat([bv[1:2], cv]))
 
 
+@pytest.mark.parametrize("reads", ["x,x,x", "x,x,v", "x,v,x,m"])
+def test_an_attention_reading_one_tensor_twice_maps_its_inputs_by_tensor(reads):
+    """F.scaled_dot_product_attention(x, x, x) (self-attention without projections), (x, x, v), (x, v, x, mask):
+    the step's inputs hold each tensor once, the layer reads one several times; before, the step took its
+    operands by position (an IndexError)."""
+    net = Network("self-attention")
+    given = {"x": net.add_input("x", torch.float32, (1, 2, 4, 8)), "v": net.add_input("v", torch.float32, (1, 2, 4, 8)),
+             "m": net.add_input("m", torch.float32, (4, 4))}
+    names = reads.split(",")
+    net.mark_output(net.add_attention(*(given[n] for n in names[:3]),
+                                      mask=given[names[3]] if len(names) > 3 else None).get_output())
+    xs = [torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(4, 4)]
+    _, out = run_plan(net, xs)
+    by_name = dict(zip("xvm", xs))
+    q, k, v = (by_name[n] for n in names[:3])
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=by_name[names[3]] if len(names) > 3 else None)
+    assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
 def test_a_layer_reading_one_tensor_twice_runs_alone_in_its_step():
     """x @ x.T (a covariance's product): the step's inputs hold x once, the layer reads it twice."""
     net = Network("gram")
