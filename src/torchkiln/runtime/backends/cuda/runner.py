@@ -165,12 +165,14 @@ class _Tail:
         self.outputs = outputs
         self.shared = shared  # per output: its storage is one of the main graph's (always copied out)
         self.baseline = [_use_count(o) for o in outputs]  # the tail's own holds (its outputs' only holders now)
+        self.memory = [o.data_ptr() for o in outputs]  # where the graph writes them
         self.stream: torch.cuda.Stream | None = None  # the stream of the call its outputs were last handed out by
 
     def held(self) -> bool:
-        """Whether a caller still holds an output (or a view of one) a call handed out."""
-        return any(not shared and _use_count(o) > base
-                   for o, shared, base in zip(self.outputs, self.shared, self.baseline))
+        """Whether a caller still holds an output (or a view of one) a call handed out; always, once a caller resized
+        an output's storage (`resize_` through its alias moves the memory, and the graph writes the old one)."""
+        return any(not shared and (_use_count(o) > base or o.data_ptr() != at)
+                   for o, shared, base, at in zip(self.outputs, self.shared, self.baseline, self.memory))
 
     def replay(self, may_alias: Sequence[bool], stream: torch.cuda.Stream) -> list[torch.Tensor]:
         """Replay on `stream`, and hand the outputs out (an alias of each, so the use count sees the caller's hold).
