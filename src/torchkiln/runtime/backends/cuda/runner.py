@@ -14,7 +14,9 @@
   whose outputs no caller holds any more (the storages' use counts), and hands its outputs out without a copy.
   Where every tail's outputs are still held (a caller keeping each call's outputs), the tail's steps run uncaptured
   into fresh memory. Elsewhere the outputs are copied out of the one graph, as a copy costs less than a second
-  graph launch. An output sharing memory with an input, a weight or the main graph's buffers is always copied.
+  graph launch. An output sharing memory with an input, a weight or the main graph's buffers is always copied. A
+  tail replayed on another stream than the one its outputs were last handed out on first waits for that stream's
+  work so far (what the caller queued there before letting them go).
 - A call runs on the caller's current stream and never waits for the host. Calls from several threads are
   serialized by a lock around the few launches a call makes; a call on another stream first waits (on the
   GPU, through an event) for the previous call's replay to finish with the shared buffers.
