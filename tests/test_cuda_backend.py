@@ -107,6 +107,31 @@ def test_large_outputs_are_handed_out_without_a_copy_and_never_overwritten():
     _close(view, refs[0][:3])
 
 
+def test_a_tail_output_still_read_on_its_stream_is_not_overwritten_by_a_call_on_another():
+    """A caller reads an output on its stream, lets it go and calls again on another stream (pipelined serving):
+    the tail is free again, but its replay waits for the work queued on the first stream, where the copy below,
+    held back by a sleep, still reads the first call's output."""
+    model = _Wide().eval().cuda()
+    compiled = torchkiln.compile(model, [torchkiln.Input((1024, 256))])
+    xs = [torch.randn(1024, 256, device="cuda") for _ in range(2)]
+    refs = [model(x) for x in xs]
+    for _ in range(2):  # the first call captures the tail, the second replays it; neither output is kept
+        compiled(xs[0])
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    with torch.cuda.stream(first):
+        out = compiled(xs[0])
+        torch.cuda._sleep(200_000_000)  # about 0.1 s of the first stream's time before the copy
+        copy = out.clone()
+        del out
+    with torch.cuda.stream(second):
+        other = compiled(xs[1])
+    torch.cuda.synchronize()
+    [bound] = _engine(compiled).runner(xs[0].device)._bound.values()
+    assert len(bound.tails) == 1  # both calls replayed the one tail
+    _close(copy, refs[0])
+    _close(other, refs[1])
+
+
 def test_small_outputs_are_copied_out_of_one_graph(resnet):
     compiled = torchkiln.compile(resnet, [torchkiln.Input((2, 3, 32, 32))])
     x = torch.randn(2, 3, 32, 32, device="cuda")

@@ -181,6 +181,23 @@ def test_inputs_of_different_layouts_and_a_non_dense_input():
         assert_close(got, reference(net, values)[0])
 
 
+@pytest.mark.parametrize("per_channel", [False, True], ids=["same-layout", "per-channel"])
+def test_whole_programs_with_a_constant_mask_on_either_path(per_channel):
+    """A space of whole programs (2 * 4 * 8 * 32 = 2048 elements, two of BLOCK) gets the constant mask: on the
+    linear path (a per-channel operand too, read by its lin/div/mod) and on the general one (a strided view), and
+    one element more (2049) a masked last program."""
+    for shape in ((2, 4, 8, 32), (1, 2049, 1, 1)):
+        net = Network()
+        b_shape = (1, shape[1], 1, 1) if per_channel else shape
+        a, b = net.add_input("a", F32, shape), net.add_input("b", F32, b_shape)
+        net.mark_output(net.add_elementwise(a, b, E.SUM).get_output())
+        gen = torch.Generator().manual_seed(5)
+        wide = torch.randn(*shape[:3], shape[3] * 2, generator=gen)
+        for a_value in (torch.randn(shape, generator=gen), wide[..., ::2]):
+            values = {"a": a_value, "b": torch.randn(b_shape, generator=gen)}
+            assert_close(run(net, values)[0], reference(net, values)[0])
+
+
 def test_a_per_sample_and_channel_gate_over_a_channels_last_input():
     """x * sigmoid(gate) with a [N, C, 1, 1] gate (squeeze-excitation's): the gate varies along two dims, so the
     general path runs, walking the space in the output's memory order (channels-last here)."""

@@ -221,6 +221,53 @@ def test_a_one_element_operand_of_an_indexed_kernel_is_read_as_a_block():
     assert torch.equal(out[0], torch.cat([av * 2, bv * 2]))
 
 
+@pytest.mark.parametrize("start", [2, 0], ids=["element-2", "element-0"])
+def test_an_indexed_kernel_reads_one_element_at_a_constant_index_as_a_block(start):
+    """A one-element slice of a longer tensor concatenated with another (x[2:3] then cat): the slice's index is a
+    literal, so the operand's offset holds no index variable (`2 * in0_t0`) and must still be a block of pointers
+    for its masked load; before, Triton refused the kernel where the element was not the first."""
+    net = Network("cat-slice")
+    a, b = net.add_input("a", torch.float32, (5,)), net.add_input("b", torch.float32, (3,))
+    one = net.add_slice(a, (start,), (1,), (1,)).get_output()
+    net.mark_output(net.add_concatenation([one, b], 0).get_output())
+    av, bv = torch.randn(5), torch.randn(3)
+    plan, out = run_plan(net, [av, bv])
+    assert [plan.kernels[s.kernel].op for s in plan.steps] == ["indexed"]
+    assert torch.equal(out[0], torch.cat([av[start:start + 1], bv]))
+
+
+def test_an_indexed_kernel_reads_an_element_of_a_concatenation_at_a_constant_index_as_a_block():
+    """cat([cat([a, b])[6:7], c]): the inner concatenation's part is read at `6 - 5`, an index variable of one value
+    (no block), so that read too starts from a block of zeros."""
+    net = Network("cat-slice-cat")
+    a, b, c = (net.add_input(n, torch.float32, (s,)) for n, s in (("a", 5), ("b", 3), ("c", 2)))
+    inner = net.add_concatenation([a, b], 0).get_output()
+    net.mark_output(net.add_concatenation([net.add_slice(inner, (6,), (1,), (1,)).get_output(), c], 0).get_output())
+    av, bv, cv = torch.randn(5), torch.randn(3), torch.randn(2)
+    plan, out = run_plan(net, [av, bv, cv])
+    assert [plan.kernels[s.kernel].op for s in plan.steps] == ["indexed"]
+    assert torch.equal(out[0], torch.cat([bv[1:2], cv]))
+
+
+@pytest.mark.parametrize("reads", ["x,x,x", "x,x,v", "x,v,x,m"])
+def test_an_attention_reading_one_tensor_twice_maps_its_inputs_by_tensor(reads):
+    """F.scaled_dot_product_attention(x, x, x) (self-attention without projections), (x, x, v), (x, v, x, mask):
+    the step's inputs hold each tensor once, the layer reads one several times; before, the step took its
+    operands by position (an IndexError)."""
+    net = Network("self-attention")
+    given = {"x": net.add_input("x", torch.float32, (1, 2, 4, 8)), "v": net.add_input("v", torch.float32, (1, 2, 4, 8)),
+             "m": net.add_input("m", torch.float32, (4, 4))}
+    names = reads.split(",")
+    net.mark_output(net.add_attention(*(given[n] for n in names[:3]),
+                                      mask=given[names[3]] if len(names) > 3 else None).get_output())
+    xs = [torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8), torch.randn(4, 4)]
+    _, out = run_plan(net, xs)
+    by_name = dict(zip("xvm", xs))
+    q, k, v = (by_name[n] for n in names[:3])
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=by_name[names[3]] if len(names) > 3 else None)
+    assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
 def test_a_layer_reading_one_tensor_twice_runs_alone_in_its_step():
     """x @ x.T (a covariance's product): the step's inputs hold x once, the layer reads it twice."""
     net = Network("gram")

@@ -221,10 +221,12 @@ def _half_layer_norm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> Step
 
 @maker("library", "attention")
 def _attention(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
-    """SDPA through the backend the build timed fastest (the tactic "backend"; "" = PyTorch's choice)."""
+    """SDPA through the backend the build timed fastest (the tactic "backend"; "" = PyTorch's choice). Its operands are
+    found by tensor: the step's inputs hold each once, and self-attention reads x as query, key and value."""
     layer = step.layers[0]
     run = sdpa(str(dict(kernel.tactic).get("backend", "")), layer.causal, layer.scale, layer.enable_gqa)
-    return lambda xs: [run(xs[0], xs[1], xs[2], xs[3] if len(xs) > 3 else None)]
+    at = [step.inputs.index(id(t)) for t in layer.inputs]
+    return lambda xs: [run(*(xs[k] for k in at[:3]), xs[at[3]] if len(at) > 3 else None)]
 
 
 @maker("generated", "pointwise")

@@ -14,7 +14,9 @@
   whose outputs no caller holds any more (the storages' use counts), and hands its outputs out without a copy.
   Where every tail's outputs are still held (a caller keeping each call's outputs), the tail's steps run uncaptured
   into fresh memory. Elsewhere the outputs are copied out of the one graph, as a copy costs less than a second
-  graph launch. An output sharing memory with an input, a weight or the main graph's buffers is always copied.
+  graph launch. An output sharing memory with an input, a weight or the main graph's buffers is always copied. A
+  tail replayed on another stream than the one its outputs were last handed out on first waits for that stream's
+  work so far (what the caller queued there before letting them go).
 - A call runs on the caller's current stream and never waits for the host. Calls from several threads are
   serialized by a lock around the few launches a call makes; a call on another stream first waits (on the
   GPU, through an event) for the previous call's replay to finish with the shared buffers.
@@ -165,14 +167,25 @@ class _Tail:
         self.outputs = outputs
         self.shared = shared  # per output: its storage is one of the main graph's (always copied out)
         self.baseline = [_use_count(o) for o in outputs]  # the tail's own holds (its outputs' only holders now)
+        self.memory = [o.data_ptr() for o in outputs]  # where the graph writes them
+        self.stream: torch.cuda.Stream | None = None  # the stream of the call its outputs were last handed out by
 
     def held(self) -> bool:
-        """Whether a caller still holds an output (or a view of one) a call handed out."""
-        return any(not shared and _use_count(o) > base
-                   for o, shared, base in zip(self.outputs, self.shared, self.baseline))
+        """Whether a caller still holds an output (or a view of one) a call handed out; always, once a caller resized
+        an output's storage (`resize_` through its alias moves the memory, and the graph writes the old one)."""
+        return any(not shared and (_use_count(o) > base or o.data_ptr() != at)
+                   for o, shared, base, at in zip(self.outputs, self.shared, self.baseline, self.memory))
 
-    def replay(self, may_alias: Sequence[bool]) -> list[torch.Tensor]:
-        """Replay, and hand the outputs out (an alias of each, so the use count sees the caller's hold)."""
+    def replay(self, may_alias: Sequence[bool], stream: torch.cuda.Stream) -> list[torch.Tensor]:
+        """Replay on `stream`, and hand the outputs out (an alias of each, so the use count sees the caller's hold).
+        Outputs last handed out on another stream may still be read there by work the caller queued before letting
+        them go, so `stream` first waits for that stream's work so far (as the caching allocator reuses a tensor's
+        memory freed on its own stream only)."""
+        if self.stream is not None and self.stream != stream:
+            done = torch.cuda.Event()
+            done.record(self.stream)
+            stream.wait_event(done)
+        self.stream = stream
         self.graph.replay()
         return [o.clone() if shared or alias else o.detach()
                 for o, shared, alias in zip(self.outputs, self.shared, may_alias)]
@@ -284,7 +297,7 @@ class CudaRunner:
                         static.copy_(x)
                 if bound.graph is not None:
                     bound.graph.replay()
-                outputs = self._outputs(bound)
+                outputs = self._outputs(bound, stream)
             self._last_call.record(stream)  # one event, re-recorded: a wait takes the record made before it
         return outputs
 
@@ -303,12 +316,12 @@ class CudaRunner:
                            self.network.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
         return self._fresh(outputs)
 
-    def _outputs(self, bound: _Bound) -> list[torch.Tensor]:
+    def _outputs(self, bound: _Bound, stream: torch.cuda.Stream) -> list[torch.Tensor]:
         """A replayed main graph's outputs: its copied outputs, a free tail's outputs, else the tail run uncaptured."""
         if bound.handoff is None:
             return [o.clone() for o in bound.static_outputs]
         tail = bound.free_tail()
-        return tail.replay(self.may_alias) if tail is not None else self._fresh(bound.run_tail_eagerly())
+        return tail.replay(self.may_alias, stream) if tail is not None else self._fresh(bound.run_tail_eagerly())
 
     def _fresh(self, outputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Outputs that may share memory with an input or a weight, copied (as the reference executor does)."""

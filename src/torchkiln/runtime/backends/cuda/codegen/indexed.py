@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -103,6 +104,8 @@ class IndexedKernel:
 
 
 Index = tuple[str, ...]  # one expression (a variable or a literal) per dim
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_BLOCK_NAME = re.compile(r"[iv]\d+")  # the output's indices and emitted values
 
 
 class _Emitter(Builder):
@@ -116,6 +119,7 @@ class _Emitter(Builder):
         self.ranks: dict[str, int] = {f"in{i}": t.rank for i, t in enumerate(inputs)}
         self.memo: dict[tuple[int, Index, str], Value] = {}
         self.at: tuple[Index, str, tuple[int, ...]] = ((), "mask", ())  # where the layer being emitted computes
+        self.blocks: set[str] = set()  # index variables holding a block (`is_block`)
 
     def index(self, expr: str) -> str:
         """`expr` as an index variable (a literal or a variable stays as it is)."""
@@ -123,14 +127,24 @@ class _Emitter(Builder):
             return expr
         var = f"j{len(self.lines)}"
         self.lines.append(f"{var} = {expr}")
+        if any(self.is_block(name) for name in _NAME.findall(expr)):
+            self.blocks.add(var)
         return var
+
+    def is_block(self, name: str) -> bool:
+        """Whether a variable holds a block: the output's indices (`i0`), values, the mask, and index variables made
+        from those; one made from literal indices alone (x[6:7] of a concatenation: `6 - 5`) holds one value."""
+        return name in self.blocks or name == "mask" or _BLOCK_NAME.fullmatch(name) is not None
 
     def read(self, name: str, dtype: torch.dtype, shape: Sequence[int], idx: Index, mask: str) -> Value:
         """Operand `name` (of `shape`) at `idx` (its dims), through its strides `{name}_t{d}`."""
-        terms = [f"{i} * {name}_t{d}" for d, (i, n) in enumerate(zip(idx, shape)) if n != 1 and i != "0"]
-        # an offset of no index is a block of zeros: a masked load needs a block of pointers (a one-element operand)
-        return self.emit(loaded(f"tl.load({name} + {' + '.join(terms) or 'offs * 0'}, mask={mask}, other=0)", dtype),
-                         held(dtype))
+        used = [(d, i) for d, (i, n) in enumerate(zip(idx, shape)) if n != 1 and i != "0"]
+        terms = [f"{i} * {name}_t{d}" for d, i in used]
+        # an offset of no block index (a one-element operand, or one read at literal indices: x[2:3]) is one value: a
+        # masked load needs a block of pointers, so it starts from a block of zeros
+        if not any(self.is_block(i) for _, i in used):
+            terms.insert(0, "offs * 0")
+        return self.emit(loaded(f"tl.load({name} + {' + '.join(terms)}, mask={mask}, other=0)", dtype), held(dtype))
 
     def load_weight(self, weight: torch.Tensor) -> Value:
         """A weight of the layer being emitted, broadcast to its output and read at its index."""
