@@ -132,6 +132,24 @@ def test_a_tail_output_still_read_on_its_stream_is_not_overwritten_by_a_call_on_
     _close(other, refs[1])
 
 
+@pytest.mark.parametrize("build", [_Wide, None], ids=["tails", "one-graph"])
+def test_a_graph_captured_under_inference_mode_serves_calls_outside_it(build, resnet):
+    """The first call (the capture) under torch.inference_mode, later ones outside it: the graph's input buffers and
+    the outputs a tail hands out are normal tensors (a later call copies into the one, a caller changes the other in
+    place)."""
+    model = build().eval().cuda() if build else resnet
+    shape = (1024, 256) if build else (2, 3, 32, 32)
+    compiled = torchkiln.compile(model, [torchkiln.Input(shape)])
+    xs = [torch.randn(shape, device="cuda") for _ in range(3)]
+    with torch.inference_mode():
+        compiled(xs[0])
+        compiled(xs[0])
+    for x in xs:
+        out = compiled(x)
+        _close(out, model(x))
+        out.add_(1.0)
+
+
 def test_small_outputs_are_copied_out_of_one_graph(resnet):
     compiled = torchkiln.compile(resnet, [torchkiln.Input((2, 3, 32, 32))])
     x = torch.randn(2, 3, 32, 32, device="cuda")

@@ -30,10 +30,11 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -102,8 +103,11 @@ class _Bound:
     def capture(self, inputs: Sequence[torch.Tensor], pool: object, tails: bool) -> None:
         """Capture the steps as one graph, or (`tails`) those before the tail as the main graph and the tail as its
         first tail graph. The eager call just before it did the lazy work (cuDNN's algorithm choice, Triton's
-        compiles, weight casts), so it is not warmed up again."""
-        self.static_inputs = [x.clone() for x in inputs]
+        compiles, weight casts), so it is not warmed up again. Its buffers are normal tensors, whatever the call's
+        mode: a first call under torch.inference_mode would make them inference tensors, which a later call outside
+        it could not copy its inputs into, nor use the outputs a tail hands out in place."""
+        with _normal_tensors():
+            self.static_inputs = [x.clone() for x in inputs]
         values: list[torch.Tensor | None] = [None] * self.num_slots
         values[: self.num_inputs] = self.static_inputs
         if tails and self.tail_start == 0:  # nothing before the tail: no main graph
@@ -111,7 +115,7 @@ class _Bound:
             self.add_tail()
             return
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
+        with _normal_tensors(), torch.cuda.graph(graph, pool=pool):
             if tails:
                 self._run(values, 0, stop=self.tail_start)
             else:
@@ -128,7 +132,8 @@ class _Bound:
     def add_tail(self) -> _Tail:
         """A new tail graph on a pool of its own, captured from the main graph's live values."""
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(), capture_error_mode="thread_local"):
+        with _normal_tensors(), torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(),
+                                                 capture_error_mode="thread_local"):
             outputs = self._run(list(self.handoff), self.tail_start)  # the tail's other values die here, so
         main = {v.untyped_storage().data_ptr() for v in self.handoff if v is not None}
         tail = _Tail(graph, outputs, [o.untyped_storage().data_ptr() in main for o in outputs])
@@ -152,6 +157,13 @@ class _Bound:
         the main graph's buffers copied)."""
         outputs = self._run(list(self.handoff), self.tail_start)
         return [o.clone() if shared else o for o, shared in zip(outputs, self.tails[0].shared)]
+
+
+@contextlib.contextmanager
+def _normal_tensors() -> Iterator[None]:
+    """Tensors made inside are normal ones (not inference tensors), without autograd history."""
+    with torch.inference_mode(False), torch.no_grad():
+        yield
 
 
 def _use_count(t: torch.Tensor) -> int:
