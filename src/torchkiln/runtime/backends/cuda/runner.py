@@ -65,8 +65,10 @@ class _Bound:
     """The steps for one input-shape signature, and (once captured) their CUDA graph and tails."""
 
     def __init__(self, fns: list[tuple[StepFn, list[int], list[int], list[int]]], num_slots: int,
-                 num_inputs: int, output_slots: list[int], capturable: bool = True) -> None:
+                 num_inputs: int, output_slots: list[int], capturable: bool = True,
+                 persistent: frozenset[int] = frozenset()) -> None:
         self.fns = fns
+        self.persistent = persistent  # storages (data pointers) of the weights and folded values the steps read
         self.capturable = capturable  # False where a decided loop runs too many iterations to hold in a graph
         self.num_slots = num_slots
         self.num_inputs = num_inputs
@@ -135,8 +137,9 @@ class _Bound:
         with _normal_tensors(), torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(),
                                                  capture_error_mode="thread_local"):
             outputs = self._run(list(self.handoff), self.tail_start)  # the tail's other values die here, so
-        main = {v.untyped_storage().data_ptr() for v in self.handoff if v is not None}
-        tail = _Tail(graph, outputs, [o.untyped_storage().data_ptr() in main for o in outputs])
+        # an output in memory that outlives the call (the main graph's, a weight's, a folded value's) is copied
+        kept = {v.untyped_storage().data_ptr() for v in self.handoff if v is not None} | self.persistent
+        tail = _Tail(graph, outputs, [o.untyped_storage().data_ptr() in kept for o in outputs])
         self.tails.append(tail)
         return tail
 
@@ -254,8 +257,11 @@ def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tenso
         fn = control_flow.layer_step(own, decided.get(k), bindings, allow_tf32) if len(layers) == 1 and \
             layers[0].SUBNETWORKS else make_step(own, plan.kernels[step.kernel], allow_tf32)
         fns.append((fn, list(sio.inputs), list(sio.outputs), list(sio.frees)))
+    persistent = frozenset(t.untyped_storage().data_ptr() for t in
+                           [*(w for ws in weights for w in ws.values()), *(v for vs in folded.values() for v in vs)]
+                           if isinstance(t, torch.Tensor))
     return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs],
-                  capturable=all(k in decided or k in folded for k in decisions))
+                  capturable=all(k in decided or k in folded for k in decisions), persistent=persistent)
 
 
 class CudaRunner:
