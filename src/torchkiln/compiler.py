@@ -16,6 +16,7 @@ import torch
 
 from torchkiln import progress
 from torchkiln.builder import BuildSettings, build_engine
+from torchkiln.builder import bfloat16_tactic
 from torchkiln.builder.calibration import calibrated_build
 from torchkiln.builder.quantization import QuantizeRequest, quantized_build
 from torchkiln.cache import EngineCache, ModuleCache
@@ -116,12 +117,17 @@ def _build_settings(settings: CompileSettings) -> BuildSettings:
     ONNX Runtime's CPU provider runs float16 and bfloat16 no faster than float32 on CPUs without native
     half-precision arithmetic (most of its kernels convert per op, many have no half kernel at all), so an
     onnxruntime engine is built in float32: as fast or faster, and more exact. backend="reference" keeps the
-    lower precision (ATen's CPU kernels)."""
+    lower precision (ATen's CPU kernels). Where the CPU computes bfloat16 natively, a bfloat16 reference build of
+    each engine competes with it (builder/bfloat16_tactic.py)."""
     dtype, backend = settings.compute_dtype, settings.engine_backend
     if backend == "onnxruntime" and dtype != torch.float32:
-        logger.warning("enabled_precisions asks for %s, but ONNX Runtime's CPU provider does not run it faster "
-                       "than float32 here, so the engines are built in float32 (backend='reference' keeps %s)",
-                       dtype, dtype)
+        if dtype == torch.bfloat16 and settings.device.type == "cpu" and bfloat16_tactic.cpu_computes_bfloat16():
+            logger.info("enabled_precisions asks for bfloat16 on the onnxruntime backend: each engine is built in "
+                        "float32 for ONNX Runtime and in bfloat16 on the reference backend, and the faster kept")
+        else:
+            logger.warning("enabled_precisions asks for %s, but ONNX Runtime's CPU provider does not run it faster "
+                           "than float32 here, so the engines are built in float32 (backend='reference' keeps %s)",
+                           dtype, dtype)
         dtype = torch.float32
     return BuildSettings(compute_dtype=dtype, device=settings.device, backend=backend,
                          backend_options=BackendOptions(**backend_values(settings)))
@@ -353,6 +359,23 @@ def _build_block(network: Network, convert: Callable[[], Network], build: BuildS
     return engine
 
 
+def _build_timed(network: Network, convert: Callable[[], Network], build: BuildSettings,
+                 samples: Sequence[Sequence[torch.Tensor]] | None, kept: list[Fp32Layer],
+                 alternative: BuildSettings | None, safety: bool) -> Engine:
+    """`_build_block` (calibrated on `samples` where `build` is reduced precision), and where `alternative` is the
+    bfloat16 build to time against it (builder/bfloat16_tactic.py), that one too: the faster on the first sample
+    is kept (its float32 layers added to `kept`)."""
+    engine = _build_block(network, convert, build, samples if build.compute_dtype != torch.float32 else None, kept)
+    if alternative is None or not samples:
+        return engine
+    low: list[Fp32Layer] = []
+    other = _build_block(convert(), convert, alternative, samples if safety else None, low)
+    if bfloat16_tactic.faster_engine([engine, other], samples[0]) == 0:
+        return engine
+    kept.extend(low)
+    return other
+
+
 def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: CompileSettings, name: str,
                    failed: dict[Node, Decision], kept: list[Fp32Layer]) -> list[Engine] | None:
     """Convert and build every engine block; None if a block's conversion failed.
@@ -366,7 +389,9 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
     build = _build_settings(settings)
     blocks = [b for b in part.blocks if b.is_engine]
     request = _quantize_request(settings)
-    calibrate = (request is not None or settings.precision_safety and build.compute_dtype != torch.float32) and blocks
+    alternative = bfloat16_tactic.bfloat16_alternative(build, settings.compute_dtype) if request is None else None
+    calibrate = (request is not None or alternative is not None or
+                 settings.precision_safety and build.compute_dtype != torch.float32) and blocks
     # run once, at the first block built (a block whose engine comes from the cache needs no samples)
     samples = functools.cache(lambda: block_input_values(part, module, _calibration_samples(settings), blocks)
                               if calibrate else [None] * len(blocks))
@@ -404,7 +429,8 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
                 engines.append(_quantized_block(network, convert, build, lambda k=k: samples()[k], request, kept))
             else:
                 usable = samples()[k] is not None and all(isinstance(x, torch.Tensor) for s in samples()[k] for x in s)
-                engines.append(_build_block(network, convert, build, samples()[k] if usable else None, kept))
+                engines.append(_build_timed(network, convert, build, samples()[k] if usable else None, kept,
+                                            alternative, settings.precision_safety))
             cache.save(key, engines[-1], [(r.layer, r.kind, r.node, r.reason) for r in kept[before:]])
     return engines
 
@@ -681,8 +707,10 @@ def convert_method_to_engine(module: torch.nn.Module, method_name: str = "forwar
         if request is not None:  # the engine's inputs are the method's
             return _quantized_block(network, convert, build, lambda: _calibration_samples(settings), request,
                                     []).serialize()
-        if settings.precision_safety and build.compute_dtype != torch.float32:
-            return _build_block(network, convert, build, _calibration_samples(settings), []).serialize()
+        alternative = bfloat16_tactic.bfloat16_alternative(build, settings.compute_dtype)
+        if alternative is not None or settings.precision_safety and build.compute_dtype != torch.float32:
+            return _build_timed(network, convert, build, _calibration_samples(settings), [], alternative,
+                                settings.precision_safety).serialize()
         return build_engine(network, bindings, build, method_name).serialize()
 
 
