@@ -915,6 +915,63 @@ def test_attention_op_export_gives_zero_for_a_query_masked_whole(tmp_path):
     assert_matches_eager(torch.from_numpy(out), ref)
 
 
+class _Sdpa(torch.nn.Module):
+    def __init__(self, **kw) -> None:
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **self.kw)
+
+
+def _lowest_row(shape):
+    mask = torch.randn(shape)
+    mask[0, :, 1] = torch.finfo(torch.float32).min  # query 1 of batch row 0: every key at the lowest float
+    return mask
+
+
+_B, _H, _LQ, _LK, _E = 2, 3, 5, 7, 8
+_ATTENTION_OP_CASES = {  # name: (q batch, k and v batch, mask, SDPA's keywords)
+    "padding-mask-b11k": (2, 2, torch.rand(_B, 1, 1, _LK) > 0.3, {}),
+    "mask-11k": (2, 2, torch.randn(1, 1, 1, _LK), {}),
+    "mask-k": (2, 2, torch.rand(_LK) > 0.3, {}),
+    "mask-q1": (2, 2, torch.randn(_B, 1, _LQ, 1), {}),
+    "scale-0": (2, 2, torch.randn(_LQ, _LK), {"scale": 0.0}),
+    "scale-negative": (2, 2, torch.randn(_LQ, _LK), {"scale": -0.5}),
+    "kv-batch-broadcast": (2, 1, torch.randn(_LQ, _LK), {}),
+    "float-mask-row-at-lowest": (2, 2, _lowest_row((_B, 1, _LQ, _LK)), {}),
+}
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["session", "file"])
+@pytest.mark.parametrize("name", list(_ATTENTION_OP_CASES))
+def test_attention_in_opset_23_matches_eager_for_every_sdpa_argument(name, guard):
+    """SDPA's broadcast masks ([b, 1, 1, k], [k], [b, 1, q, 1]), scales ONNX Runtime's Attention kernel refuses (0,
+    negative), k and v broadcast over q's batch, and a float mask whose row is all the lowest float (ORT's kernel
+    gives 0 there, torch the mean of v): at opset 23, in a session's form (with the guard) and in a file, eager's
+    values, or under the guard the flag that sends the call to the reference."""
+    from torchkiln.runtime.backends.onnxruntime import ATTENTION_OPSET, session_opset
+
+    if session_opset() < ATTENTION_OPSET:
+        pytest.skip(f"this ONNX Runtime ({ort.__version__}) does not load opset {ATTENTION_OPSET}")
+    bq, bkv, mask, kw = _ATTENTION_OP_CASES[name]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, _H, s, _E, generator=gen) for b, s in ((bq, _LQ), (bkv, _LK), (bkv, _LK)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net = _engine_network(_Sdpa(**kw).eval(), [q, k, v, mask])
+    model = network_to_onnx(net, ATTENTION_OPSET, guard=guard, contrib_ops=guard)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    outs = session.run(None, {t.name: x.numpy() for t, x in zip(net.inputs, [q, k, v, mask])})
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    if guard and name == "float-mask-row-at-lowest":
+        assert outs[1]  # the reference runs the call
+        return
+    assert not guard or not outs[1]
+    assert_matches_eager(torch.from_numpy(outs[0]), ref)
+
 def test_guard_output_tests_the_sum_of_its_tensors_sums_once(tmp_path):
     """Tensors guarded for NaN and inf (each attention's output here) are each summed, and the sums added, so that
     ORT runs one IsNaN and one IsInf for the whole network."""
