@@ -975,6 +975,29 @@ def test_attention_in_opset_23_matches_eager_for_every_sdpa_argument(name, guard
     assert not guard or not outs[1]
     assert_matches_eager(torch.from_numpy(outs[0]), ref)
 
+def test_attention_op_takes_a_padding_mask_of_dynamic_sequences():
+    """Dynamic query and key lengths with a [batch, 1, 1, keys] bool padding mask, in the sessions' opset: the mask is
+    expanded over the queries at run time (ORT's kernel broadcasts it over batch and heads only); eager's values at
+    several lengths."""
+    import torchkiln
+    from torchkiln.runtime.backends.onnxruntime import session_onnx
+    from torchkiln.runtime.engine import Engine
+
+    specs = [torchkiln.Input(min_shape=(2, 3, 1, 8), opt_shape=(2, 3, n, 8), max_shape=(2, 3, 16, 8)) for n in (5, 7, 7)]
+    specs.append(torchkiln.Input(min_shape=(2, 1, 1, 1), opt_shape=(2, 1, 1, 7), max_shape=(2, 1, 1, 16), dtype=torch.bool))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net = Engine.deserialize(torchkiln.convert_method_to_engine(_Sdpa().eval(), "forward", specs)).network
+    model = session_onnx(net)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    gen = torch.Generator().manual_seed(0)
+    for lq, lk in [(5, 7), (1, 1), (16, 3), (3, 16)]:
+        q, k, v = (torch.randn(2, 3, n, 8, generator=gen) for n in (lq, lk, lk))
+        mask = torch.rand(2, 1, 1, lk, generator=gen) > 0.3
+        out, flag = session.run(None, {t.name: x.numpy() for t, x in zip(net.inputs, [q, k, v, mask])})
+        assert not flag
+        assert_matches_eager(torch.from_numpy(out), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
 def test_guard_output_tests_the_sum_of_its_tensors_sums_once(tmp_path):
     """Tensors guarded for NaN and inf (each attention's output here) are each summed, and the sums added, so that
     ORT runs one IsNaN and one IsInf for the whole network."""

@@ -8,7 +8,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.quantization import per_tensor_int8
-from torchkiln.ir.symbolic import bounds, broadcast_shapes, decide, has_symbols, is_symbolic
+from torchkiln.ir.symbolic import bounds, decide, has_symbols, is_symbolic
 from torchkiln.ir.tensor import Tensor
 from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter
 from torchkiln.onnx_export.exporters.quantize import integer_matrix_multiply, quantized_kernel
@@ -371,7 +371,7 @@ def _attention_op(ctx: ExportContext, layer: L.AttentionLayer, qkv: list[str], b
         lowest = ctx.op("Equal", [ctx.op("ReduceMax", [bias, ctx.ints([-1], "axes")], dt, typed=(0,), keepdims=1),
                                   ctx.scalar(torch.finfo(dt).min, dt)], dt, typed_outputs=())
         at_lowest = ctx.op("Where", [lowest, ctx.scalar(math.inf, dt), ctx.scalar(0, dt)], dt, typed=(1, 2))
-        ctx.exact_below(at_lowest, dt, (*broadcast_shapes(layer.inputs[3].shape, (lq, 1))[:-1], 1))
+        ctx.exact_below(at_lowest, dt, (*layer.inputs[3].shape[:-2], lq, 1))  # (bias: the mask over [q, k])
     if masked and not ctx.guarded:
         whole = _every_minus_inf(ctx, bias, dt)
         bias = ctx.op("Where", [whole, ctx.scalar(0, dt), bias], dt, typed=(1, 2))
