@@ -983,8 +983,10 @@ def test_attention_op_takes_a_padding_mask_of_dynamic_sequences():
     from torchkiln.runtime.backends.onnxruntime import session_onnx
     from torchkiln.runtime.engine import Engine
 
-    specs = [torchkiln.Input(min_shape=(2, 3, 1, 8), opt_shape=(2, 3, n, 8), max_shape=(2, 3, 16, 8)) for n in (5, 7, 7)]
-    specs.append(torchkiln.Input(min_shape=(2, 1, 1, 1), opt_shape=(2, 1, 1, 7), max_shape=(2, 1, 1, 16), dtype=torch.bool))
+    specs = [torchkiln.Input(min_shape=(2, 3, 1, 8), opt_shape=(2, 3, n, 8), max_shape=(2, 3, 16, 8))
+             for n in (5, 7, 7)]
+    specs.append(torchkiln.Input(min_shape=(2, 1, 1, 1), opt_shape=(2, 1, 1, 7), max_shape=(2, 1, 1, 16),
+                                 dtype=torch.bool))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         net = Engine.deserialize(torchkiln.convert_method_to_engine(_Sdpa().eval(), "forward", specs)).network
