@@ -1000,6 +1000,22 @@ def test_attention_op_takes_a_padding_mask_of_dynamic_sequences():
         assert not flag
         assert_matches_eager(torch.from_numpy(out), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
 
+@pytest.mark.parametrize("empty", ["queries", "batch"])
+def test_attention_in_opset_23_runs_an_empty_query_sequence_or_batch(empty):
+    """A query length or batch that may be 0 at run time (dynamic, from 0): ONNX Runtime's Attention kernel refuses
+    both, so the export keeps MatMul-Softmax-MatMul, which gives eager's empty output."""
+    n, b = DimSymbol("n", 0, 8), DimSymbol("b", 0, 4)
+    q_shape, kv_shape = ((2, 3, n, 8), (2, 3, 5, 8)) if empty == "queries" else ((b, 3, 4, 8), (b, 3, 5, 8))
+    net = Network("attention")
+    q, k, v = (net.add_input(name, F32, shape) for name, shape in zip("qkv", (q_shape, kv_shape, kv_shape)))
+    net.mark_output(net.add_attention(q, k, v).get_output())
+    gen = torch.Generator().manual_seed(0)
+    for size in (0, 2):
+        dims = {n: size, b: size}
+        inputs = [torch.randn([dims.get(d, d) for d in shape], generator=gen)
+                  for shape in (q_shape, kv_shape, kv_shape)]
+        assert_matches_eager(run_onnx(net, inputs, 23)[0], F.scaled_dot_product_attention(*inputs))
+
 def test_guard_output_tests_the_sum_of_its_tensors_sums_once(tmp_path):
     """Tensors guarded for NaN and inf (each attention's output here) are each summed, and the sums added, so that
     ORT runs one IsNaN and one IsInf for the whole network."""
