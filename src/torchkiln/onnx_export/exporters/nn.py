@@ -344,14 +344,15 @@ def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> st
 
 def _fits_attention_op(ctx: ExportContext, layer: L.AttentionLayer) -> bool:
     """Whether the layer is ONNX's Attention op (opset 23): 4-d q, k and v of one batch and one number of heads (ONNX
-    Runtime's kernel broadcasts neither), a key sequence never empty and a scale that is the default or positive and
-    finite (the kernel refuses the others); in a file for any runtime, no run-time float mask (ORT's kernel gives 0
-    for a query whose every score is the lowest float, torch the mean of v: a session's guard reports it)."""
+    Runtime's kernel broadcasts neither), a batch, query and key sequence never empty and a scale that is the default
+    or positive and finite (the kernel refuses the others); in a file for any runtime, no run-time float mask (ORT's
+    kernel gives 0 for a query whose every score is the lowest float, torch the mean of v: a session's guard reports
+    it)."""
     (tq, tk, tv), float_mask = layer.inputs[:3], len(layer.inputs) > 3 and layer.inputs[3].dtype != torch.bool
     return ctx.opset >= 23 and tq.rank == tk.rank == tv.rank == 4 and \
         tq.shape[0] == tk.shape[0] == tv.shape[0] and tq.shape[1] == tk.shape[1] == tv.shape[1] and \
-        bounds(tk.shape[-2])[0] >= 1 and (layer.scale is None or 0 < layer.scale < math.inf) and \
-        (ctx.guarded or not float_mask)
+        all(bounds(d)[0] >= 1 for d in (tq.shape[0], tq.shape[-2], tk.shape[-2])) and \
+        (layer.scale is None or 0 < layer.scale < math.inf) and (ctx.guarded or not float_mask)
 
 
 def _attention_op(ctx: ExportContext, layer: L.AttentionLayer, qkv: list[str], bias: str | None, masked: bool) -> str:
