@@ -79,3 +79,30 @@ def test_a_whole_method_engine_takes_the_tactic_too(monkeypatch, caplog):
         out, ref = torchkiln.embed_engine_in_new_module(data)(x), model(x)
     cos = torch.nn.functional.cosine_similarity(out.flatten().double(), ref.flatten().double(), dim=0)
     assert cos >= 0.999 and (out - ref).abs().max() <= 5e-2 * ref.abs().max()
+
+
+class _Erfcx(torch.nn.Module):
+    """A linear layer and erfcx, whose ATen CPU kernel has no bfloat16 form."""
+
+    def __init__(self, width: int = 64):
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.special.erfcx(self.linear(x))
+
+
+def test_a_bfloat16_build_that_fails_leaves_onnxruntimes_float32(monkeypatch, caplog):
+    """The tactic's bfloat16 build is an alternative: where it fails (erfcx has no bfloat16 kernel in ATen), the
+    float32 ONNX Runtime engine is kept, as without the tactic, and the answer is float32 eager's."""
+    monkeypatch.setattr(bfloat16_tactic, "cpu_computes_bfloat16", lambda: True)
+    torch.manual_seed(0)
+    model, x = _Erfcx().eval(), torch.randn(4, 64)
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        compiled = torchkiln.compile(model, [torchkiln.Input.from_tensor(x)], enabled_precisions={torch.bfloat16},
+                                     min_block_size=1)
+    assert engine_from_blob(getattr(compiled, ENGINE_ATTR.format(0))).backend == "onnxruntime"
+    assert "erfcx" in caplog.text
+    with torch.no_grad():
+        out, ref = compiled(x), model(x)
+    assert (out - ref).abs().max() <= 1e-4 * ref.abs().max()

@@ -903,9 +903,13 @@ def test_sessions_run_attention_as_one_op_with_no_transposes(tmp_path):
 
 
 def test_attention_op_export_gives_zero_for_a_query_masked_whole(tmp_path):
-    """An ONNX file at opset 23 (no guard: for any runtime) writes attention as ONNX's Attention op, with the queries a
-    run-time mask masks whole made 0 by the export itself, as torch gives them."""
-    q, k, v, keep, net = _masked_attention()
+    """An ONNX file at opset 23 (no guard: for any runtime) writes attention with a run-time bool mask as ONNX's
+    Attention op, with the queries the mask masks whole made 0 by the export itself, as torch gives them. (An engine
+    network's mask is a float one, which a file keeps in MatMul-Softmax-MatMul: see the test above.)"""
+    q, k, v, keep, _ = _masked_attention()
+    net = Network("attention")
+    xs = [net.add_input(name, x.dtype, tuple(x.shape)) for name, x in zip(("q", "k", "v", "keep"), (q, k, v, keep))]
+    net.mark_output(net.add_attention(*xs).get_output())
     model = network_to_onnx(net, 23)
     assert "Attention" in {node.op_type for node in model.graph.node}
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -914,6 +918,103 @@ def test_attention_op_export_gives_zero_for_a_query_masked_whole(tmp_path):
     assert ref[0, :, 1].eq(0).all() and ref[1, :, 4].eq(0).all()
     assert_matches_eager(torch.from_numpy(out), ref)
 
+
+class _Sdpa(torch.nn.Module):
+    def __init__(self, **kw) -> None:
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **self.kw)
+
+
+def _lowest_row(shape):
+    mask = torch.randn(shape)
+    mask[0, :, 1] = torch.finfo(torch.float32).min  # query 1 of batch row 0: every key at the lowest float
+    return mask
+
+
+_B, _H, _LQ, _LK, _E = 2, 3, 5, 7, 8
+_ATTENTION_OP_CASES = {  # name: (q batch, k and v batch, mask, SDPA's keywords)
+    "padding-mask-b11k": (2, 2, torch.rand(_B, 1, 1, _LK) > 0.3, {}),
+    "mask-11k": (2, 2, torch.randn(1, 1, 1, _LK), {}),
+    "mask-q1": (2, 2, torch.randn(_B, 1, _LQ, 1), {}),
+    "scale-0": (2, 2, torch.randn(_LQ, _LK), {"scale": 0.0}),
+    "scale-negative": (2, 2, torch.randn(_LQ, _LK), {"scale": -0.5}),
+    "kv-batch-broadcast": (2, 1, torch.randn(_LQ, _LK), {}),
+    "float-mask-row-at-lowest": (2, 2, _lowest_row((_B, 1, _LQ, _LK)), {}),
+}
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["session", "file"])
+@pytest.mark.parametrize("name", list(_ATTENTION_OP_CASES))
+def test_attention_in_opset_23_matches_eager_for_every_sdpa_argument(name, guard):
+    """SDPA's broadcast masks ([b, 1, 1, k], [k], [b, 1, q, 1]), scales ONNX Runtime's Attention kernel refuses (0,
+    negative), k and v broadcast over q's batch, and a float mask whose row is all the lowest float (ORT's kernel
+    gives 0 there, torch the mean of v): at opset 23, in a session's form (with the guard) and in a file, eager's
+    values, or under the guard the flag that sends the call to the reference."""
+    from torchkiln.runtime.backends.onnxruntime import ATTENTION_OPSET, session_opset
+
+    if session_opset() < ATTENTION_OPSET:
+        pytest.skip(f"this ONNX Runtime ({ort.__version__}) does not load opset {ATTENTION_OPSET}")
+    bq, bkv, mask, kw = _ATTENTION_OP_CASES[name]
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, _H, s, _E, generator=gen) for b, s in ((bq, _LQ), (bkv, _LK), (bkv, _LK)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net = _engine_network(_Sdpa(**kw).eval(), [q, k, v, mask])
+    model = network_to_onnx(net, ATTENTION_OPSET, guard=guard, contrib_ops=guard)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    outs = session.run(None, {t.name: x.numpy() for t, x in zip(net.inputs, [q, k, v, mask])})
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **kw)
+    if guard and name == "float-mask-row-at-lowest":
+        assert outs[1]  # the reference runs the call
+        return
+    assert not guard or not outs[1]
+    assert_matches_eager(torch.from_numpy(outs[0]), ref)
+
+def test_attention_op_takes_a_padding_mask_of_dynamic_sequences():
+    """Dynamic query and key lengths with a [batch, 1, 1, keys] bool padding mask, in the sessions' opset: the mask is
+    expanded over the queries at run time (ORT's kernel broadcasts it over batch and heads only); eager's values at
+    several lengths."""
+    import torchkiln
+    from torchkiln.runtime.backends.onnxruntime import session_onnx
+    from torchkiln.runtime.engine import Engine
+
+    specs = [torchkiln.Input(min_shape=(2, 3, 1, 8), opt_shape=(2, 3, n, 8), max_shape=(2, 3, 16, 8))
+             for n in (5, 7, 7)]
+    specs.append(torchkiln.Input(min_shape=(2, 1, 1, 1), opt_shape=(2, 1, 1, 7), max_shape=(2, 1, 1, 16),
+                                 dtype=torch.bool))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net = Engine.deserialize(torchkiln.convert_method_to_engine(_Sdpa().eval(), "forward", specs)).network
+    model = session_onnx(net)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    gen = torch.Generator().manual_seed(0)
+    for lq, lk in [(5, 7), (1, 1), (16, 3), (3, 16)]:
+        q, k, v = (torch.randn(2, 3, n, 8, generator=gen) for n in (lq, lk, lk))
+        mask = torch.rand(2, 1, 1, lk, generator=gen) > 0.3
+        out, flag = session.run(None, {t.name: x.numpy() for t, x in zip(net.inputs, [q, k, v, mask])})
+        assert not flag
+        assert_matches_eager(torch.from_numpy(out), F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+
+@pytest.mark.parametrize("empty", ["queries", "batch"])
+def test_attention_in_opset_23_runs_an_empty_query_sequence_or_batch(empty):
+    """A query length or batch that may be 0 at run time (dynamic, from 0): ONNX Runtime's Attention kernel refuses
+    both, so the export keeps MatMul-Softmax-MatMul, which gives eager's empty output."""
+    n, b = DimSymbol("n", 0, 8), DimSymbol("b", 0, 4)
+    q_shape, kv_shape = ((2, 3, n, 8), (2, 3, 5, 8)) if empty == "queries" else ((b, 3, 4, 8), (b, 3, 5, 8))
+    net = Network("attention")
+    q, k, v = (net.add_input(name, F32, shape) for name, shape in zip("qkv", (q_shape, kv_shape, kv_shape)))
+    net.mark_output(net.add_attention(q, k, v).get_output())
+    gen = torch.Generator().manual_seed(0)
+    for size in (0, 2):
+        dims = {n: size, b: size}
+        inputs = [torch.randn([dims.get(d, d) for d in shape], generator=gen)
+                  for shape in (q_shape, kv_shape, kv_shape)]
+        assert_matches_eager(run_onnx(net, inputs, 23)[0], F.scaled_dot_product_attention(*inputs))
 
 def test_guard_output_tests_the_sum_of_its_tensors_sums_once(tmp_path):
     """Tensors guarded for NaN and inf (each attention's output here) are each summed, and the sums added, so that

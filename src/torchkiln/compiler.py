@@ -26,7 +26,7 @@ from torchkiln.conversion import load_all
 from torchkiln.analysis.dynamic_shapes import analyze_dynamic_shapes
 from torchkiln.analysis.resolve import Resolver
 from torchkiln.analysis.shape_analysis import example_args, probe_values
-from torchkiln.errors import ConversionError, EngineInputError, UnsupportedOperatorError, cause_line
+from torchkiln.errors import ConversionError, EngineInputError, TorchkilnError, UnsupportedOperatorError, cause_line
 from torchkiln.frontend import as_module, check_method, to_torchscript
 from torchkiln.frontend.arguments import bind_static_arguments, split_named_inputs
 from torchkiln.frontend.entry_arguments import take_entry_arguments
@@ -369,8 +369,13 @@ def _build_timed(network: Network, convert: Callable[[], Network], build: BuildS
     if alternative is None or not samples:
         return engine
     low: list[Fp32Layer] = []
-    other = _build_block(convert(), convert, alternative, samples if safety else None, low)
-    if bfloat16_tactic.faster_engine([engine, other], samples[0]) == 0:
+    try:
+        other = _build_block(convert(), convert, alternative, samples if safety else None, low)
+        if bfloat16_tactic.faster_engine([engine, other], samples[0]) == 0:
+            return engine
+    except (RuntimeError, TorchkilnError) as e:  # e.g. an ATen kernel without a bfloat16 form
+        logger.warning("engine %s: its bfloat16 build on the reference backend failed, so the float32 ONNX Runtime "
+                       "engine is kept: %s", engine.name, cause_line(e))
         return engine
     kept.extend(low)
     return other

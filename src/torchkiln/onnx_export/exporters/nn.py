@@ -325,8 +325,7 @@ def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> st
         mask, tmask = xs[3], layer.inputs[3]
         mask = _additive(ctx, mask, dt) if tmask.dtype == torch.bool else ctx.cast(mask, tmask.dtype, dt)
         bias = mask if bias is None else ctx.op("Add", [bias, mask], dt)
-    if ctx.opset >= 23 and tq.rank == tk.rank == tv.rank == 4 and tq.shape[1] == tk.shape[1] == tv.shape[1] and \
-            bounds(tk.shape[-2])[0] >= 1:  # (ONNX Runtime's kernel refuses an empty key sequence)
+    if _fits_attention_op(ctx, layer):
         return _attention_op(ctx, layer, xs[:3], bias, len(xs) > 3)
     q, k, v = xs[:3]
     if layer.enable_gqa and tk.shape[-3] != tq.shape[-3]:
@@ -343,6 +342,19 @@ def _attention(ctx: ExportContext, layer: L.AttentionLayer, xs: list[str]) -> st
     return ctx.op("MatMul", [_safe_softmax(ctx, scores, dt), v], dt)
 
 
+def _fits_attention_op(ctx: ExportContext, layer: L.AttentionLayer) -> bool:
+    """Whether the layer is ONNX's Attention op (opset 23): 4-d q, k and v of one batch and one number of heads (ONNX
+    Runtime's kernel broadcasts neither), a batch, query and key sequence never empty and a scale that is the default
+    or positive and finite (the kernel refuses the others); in a file for any runtime, no run-time float mask (ORT's
+    kernel gives 0 for a query whose every score is the lowest float, torch the mean of v: a session's guard reports
+    it)."""
+    (tq, tk, tv), float_mask = layer.inputs[:3], len(layer.inputs) > 3 and layer.inputs[3].dtype != torch.bool
+    return ctx.opset >= 23 and tq.rank == tk.rank == tv.rank == 4 and \
+        tq.shape[0] == tk.shape[0] == tv.shape[0] and tq.shape[1] == tk.shape[1] == tv.shape[1] and \
+        all(bounds(d)[0] >= 1 for d in (tq.shape[0], tq.shape[-2], tk.shape[-2])) and \
+        (layer.scale is None or 0 < layer.scale < math.inf) and (ctx.guarded or not float_mask)
+
+
 def _attention_op(ctx: ExportContext, layer: L.AttentionLayer, qkv: list[str], bias: str | None, masked: bool) -> str:
     """ONNX's Attention op (opset 23), with torch's answers where a plain softmax gives others. A query that a run-time
     mask masks whole gives 0 in torch. In a file for any runtime, its mask row is made 0 and its output multiplied
@@ -351,6 +363,16 @@ def _attention_op(ctx: ExportContext, layer: L.AttentionLayer, qkv: list[str], b
     finite, or a kernel that gives NaN there) sends the call to the reference: the extra nodes cost 2% of a masked
     encoder's time."""
     dt, keep = layer.outputs[0].dtype, None
+    lq, lk = layer.inputs[0].shape[-2], layer.inputs[1].shape[-2]
+    if masked and not layer.causal and tuple(layer.inputs[3].shape[-2:]) != (lq, lk):
+        # ORT's kernel broadcasts a mask over batch and heads only: [..., 1, k] or [..., q, 1] is expanded
+        bias = ctx.node("Expand", [bias, ctx.shape_tensor([lq, lk], "mask_shape")])[0]
+    if masked and layer.inputs[3].dtype != torch.bool:
+        # a query whose every score is the lowest float gets 0 from ORT's kernel, the mean of v from torch
+        lowest = ctx.op("Equal", [ctx.op("ReduceMax", [bias, ctx.ints([-1], "axes")], dt, typed=(0,), keepdims=1),
+                                  ctx.scalar(torch.finfo(dt).min, dt)], dt, typed_outputs=())
+        at_lowest = ctx.op("Where", [lowest, ctx.scalar(math.inf, dt), ctx.scalar(0, dt)], dt, typed=(1, 2))
+        ctx.exact_below(at_lowest, dt, (*layer.inputs[3].shape[:-2], lq, 1))  # (bias: the mask over [q, k])
     if masked and not ctx.guarded:
         whole = _every_minus_inf(ctx, bias, dt)
         bias = ctx.op("Where", [whole, ctx.scalar(0, dt), bias], dt, typed=(1, 2))

@@ -271,25 +271,27 @@ ATTENTION_OPSET = 23  # ONNX's Attention op
 
 @functools.cache
 def session_opset() -> int:
-    """The opset of the sessions' models: 23 where this ONNX Runtime loads it, so that attention layers run as ONNX's
-    Attention op: ORT's fused CPU kernel, which gave the same values as MatMul-Softmax-MatMul and ran faster at 2
-    threads (a BERT-style encoder of 4 layers, width 256, sequence 128, batch 8: 18.3 -> 17.4 ms; a ViT of width 192
-    over 37 tokens, batch 8: 4.9 -> 4.6 ms). Else the export's default."""
+    """The opset of the sessions' models: 23 where this ONNX Runtime runs its Attention op (on the CPU), so that
+    attention layers run as that op: ORT's fused CPU kernel, which gave the same values as MatMul-Softmax-MatMul and
+    ran faster at 2 threads (a BERT-style encoder of 4 layers, width 256, sequence 128, batch 8: 18.3 -> 17.4 ms; a
+    ViT of width 192 over 37 tokens, batch 8: 4.9 -> 4.6 ms). Else the export's default."""
     import onnx
     from onnx import helper
 
     from torchkiln.onnx_export.export import DEFAULT_OPSET
 
     ort = _ort()
-    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
-    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])
-    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "opset_probe", [x], [y])
+    # an Attention node, not only the opset: an ORT may load opset 23 and have no CPU kernel of the op
+    qkv = [helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, [1, 1, 1]) for name in "qkv"]
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 1, 1])
+    graph = helper.make_graph([helper.make_node("Attention", ["q", "k", "v"], ["y"], q_num_heads=1, kv_num_heads=1)],
+                              "opset_probe", qkv, [y])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ATTENTION_OPSET)], ir_version=10)
     try:
         ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     except _ort_errors(ort) as e:
-        logger.info("ONNX Runtime %s does not load opset %d (%s): sessions use opset %d", ort.__version__,
-                    ATTENTION_OPSET, e, DEFAULT_OPSET)
+        logger.info("ONNX Runtime %s does not run opset %d's Attention op (%s): sessions use opset %d",
+                    ort.__version__, ATTENTION_OPSET, e, DEFAULT_OPSET)
         return DEFAULT_OPSET
     return ATTENTION_OPSET
 
