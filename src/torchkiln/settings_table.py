@@ -234,7 +234,9 @@ _CUDA_ONLY = "cuda backend: "
 SETTINGS: tuple[Setting, ...] = (
     Setting("enabled_precisions", "frozenset[torch.dtype]", None,
             "precisions engine layers may run in: float32, float16, bfloat16, int8, float8_e4m3fn (torch dtypes, or "
-            "names such as f16, int8, fp8); float layers run in the lowest float one enabled; with int8 (else fp8) "
+            "names such as f16, int8, fp8); float layers run in the lowest float one enabled (on the onnxruntime "
+            "backend float32, but bfloat16 on the reference backend where the CPU has it and it times faster: "
+            "docs/backends.md); with int8 (else fp8) "
             "convolutions and matrix multiplies are quantized after calibration (docs/quantization.md)", _precisions,
             Flag(("-p", "--enabled-precision"), "P", repeat=True, parse=_dtype),
             shown_default="{torch.float32}", example={"float16", "float32"}, example_args=("-p", "f16", "-p", "f32")),
