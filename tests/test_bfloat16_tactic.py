@@ -3,6 +3,7 @@ computes bfloat16 natively, each engine is built in float32 for ONNX Runtime and
 backend, and the faster is kept; either way the answer is eager's within bfloat16's precision."""
 import logging
 
+import pytest
 import torch
 
 import torchkiln
@@ -106,3 +107,19 @@ def test_a_bfloat16_build_that_fails_leaves_onnxruntimes_float32(monkeypatch, ca
     with torch.no_grad():
         out, ref = compiled(x), model(x)
     assert (out - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+@pytest.mark.parametrize("winner", [0, 1], ids=["float32-kept", "bfloat16-kept"])
+def test_the_float32_layers_logged_are_the_kept_engines(monkeypatch, caplog, winner):
+    """Precision safety's list of layers kept in float32 (a tolerance made tiny here, so that there are some) is
+    logged for the bfloat16 engine only where it is the one kept."""
+    from torchkiln.builder import calibration
+
+    monkeypatch.setattr(bfloat16_tactic, "cpu_computes_bfloat16", lambda: True)
+    monkeypatch.setattr(bfloat16_tactic, "faster_engine", lambda engines, inputs: winner)
+    monkeypatch.setitem(calibration.TOLERANCE, torch.bfloat16, 1e-7)
+    x = torch.randn(2, 16, 128)
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        _, _, engine = _compile(x)
+    assert engine.backend == ("onnxruntime", "reference")[winner]
+    assert ("kept in float32" in caplog.text) == bool(winner)

@@ -339,24 +339,34 @@ def _quantized_block(network: Network, convert: Callable[[], Network], build: Bu
 
 
 def _build_block(network: Network, convert: Callable[[], Network], build: BuildSettings,
-                samples: Sequence[Sequence[torch.Tensor]] | None, kept: list[Fp32Layer]) -> Engine:
+                samples: Sequence[Sequence[torch.Tensor]] | None, kept: list[Fp32Layer], announce: bool = True
+                ) -> Engine:
     """Build one converted block (`convert` makes it again); with `samples` (fp16/bf16 with precision_safety),
-    calibrated on them: the layers it keeps in fp32 are logged and added to `kept`."""
+    calibrated on them: the layers it keeps in fp32 are added to `kept` (and logged, where `announce`)."""
     bindings = block_bindings(network)
     if samples is None:
         return build_engine(network, bindings, build, network.name)
     origins = network.origins
     engine, fp32 = calibrated_build(convert, bindings, build, network.name, samples)
-    if fp32:
-        logger.warning("engine %s: %d layers kept in float32 because in %s they overflow or lose precision on the "
-                       "calibration inputs (precision_safety=False turns this off):", engine.name, len(fp32),
-                       str(build.compute_dtype).removeprefix("torch."))
     kinds = {layer.name: layer.KIND for layer in engine.network.layers}
+    rows = []
     for layer, reason in fp32.items():
         node = " at ".join(origins.get(layer, ("(made by the builder)",)))
-        logger.warning("  %s layer %r (%s): %s", kinds.get(layer, "?"), layer, node, reason)
-        kept.append(Fp32Layer(engine.name, layer, kinds.get(layer, "?"), node, reason))
+        rows.append(Fp32Layer(engine.name, layer, kinds.get(layer, "?"), node, reason))
+    if announce:
+        _announce_fp32(rows, build.compute_dtype)
+    kept.extend(rows)
     return engine
+
+
+def _announce_fp32(rows: Sequence[Fp32Layer], dtype: torch.dtype) -> None:
+    """Log the layers a reduced-precision build keeps in fp32, and why."""
+    if rows:
+        logger.warning("engine %s: %d layers kept in float32 because in %s they overflow or lose precision on the "
+                       "calibration inputs (precision_safety=False turns this off):", rows[0].engine, len(rows),
+                       str(dtype).removeprefix("torch."))
+    for row in rows:
+        logger.warning("  %s layer %r (%s): %s", row.kind, row.layer, row.node, row.reason)
 
 
 def _build_timed(network: Network, convert: Callable[[], Network], build: BuildSettings,
@@ -370,13 +380,14 @@ def _build_timed(network: Network, convert: Callable[[], Network], build: BuildS
         return engine
     low: list[Fp32Layer] = []
     try:
-        other = _build_block(convert(), convert, alternative, samples if safety else None, low)
+        other = _build_block(convert(), convert, alternative, samples if safety else None, low, announce=False)
         if bfloat16_tactic.faster_engine([engine, other], samples[0]) == 0:
             return engine
     except (RuntimeError, TorchkilnError) as e:  # e.g. an ATen kernel without a bfloat16 form
         logger.warning("engine %s: its bfloat16 build on the reference backend failed, so the float32 ONNX Runtime "
                        "engine is kept: %s", engine.name, cause_line(e))
         return engine
+    _announce_fp32(low, alternative.compute_dtype)  # the kept engine's: not those of a build thrown away
     kept.extend(low)
     return other
 
