@@ -136,7 +136,7 @@ class _Bound:
         graph = torch.cuda.CUDAGraph()
         with _normal_tensors(), torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(),
                                                  capture_error_mode="thread_local"):
-            outputs = self._run(list(self.handoff), self.tail_start)  # the tail's other values die here, so
+            outputs = self._run(list(self.handoff), self.tail_start)  # (the list dies here: no temporary holds)
         # an output in memory that outlives the call (the main graph's, a weight's, a folded value's) is copied
         kept = {v.untyped_storage().data_ptr() for v in self.handoff if v is not None} | self.persistent
         tail = _Tail(graph, outputs, [o.untyped_storage().data_ptr() in kept for o in outputs])
