@@ -273,7 +273,7 @@ def build_parser(words: Collection[str] | None = None) -> argparse.ArgumentParse
     demo.add_argument("--threads", type=int, default=None, help="CPU threads of eager and the engine alike "
                       "(default: torch's number of threads)")
     demo.set_defaults(fn=_demo)
-    compile_command.add_parser(sub, parents=[_verbosity()])
+    compile_command.add_parser(sub, parents=[_verbosity()]).set_defaults(fn=_compile)
     info = sub.add_parser("info", parents=[_verbosity()], help="describe an engine file or the engines in a saved "
                           "compiled module")
     info.add_argument("path", help="engine bytes, or a saved module (torch.jit.save)")
@@ -331,6 +331,10 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     elif extra:
         command.error(f"unrecognized arguments: {' '.join(extra)}")
     return args
+
+
+def _compile(args: argparse.Namespace) -> int:
+    return compile_command.run(args, sys.stdout, sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

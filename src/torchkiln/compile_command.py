@@ -10,10 +10,9 @@ import dataclasses
 import logging
 import math
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from torchkiln.settings_table import add_setting_arguments, settings_from_args
 
@@ -27,7 +26,8 @@ class CommandError(Exception):
     """A problem with the command's arguments or files, reported as one line with exit status 2."""
 
 
-def add_parser(sub: argparse._SubParsersAction, parents: Sequence[argparse.ArgumentParser] = ()) -> None:
+def add_parser(sub: argparse._SubParsersAction, parents: Sequence[argparse.ArgumentParser] = ()
+               ) -> argparse.ArgumentParser:
     """Register `compile` and its flags (each with its help text), torchtrtc's spellings included."""
     p = sub.add_parser(
         "compile", parents=parents,
@@ -68,7 +68,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: Sequence[argparse.Argum
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL, help=f"--check-accuracy's tolerance relative to "
                                                                       f"max|ref| (default {DEFAULT_RTOL:g})")
     add_torchtrtc_flags(p)
-    p.set_defaults(fn=run)
+    return p
 
 
 # ---- torchtrtc's command line ----------------------------------------------------------------------------------
@@ -343,11 +343,11 @@ def check_accuracy(original: Any, compiled: Any, inputs: Sequence[Any], device: 
     return rows
 
 
-def _accuracy(original: Any, compiled: Any, inputs: Sequence[Any], device: Any, args: argparse.Namespace) -> bool:
+def _accuracy(original: Any, compiled: Any, inputs: Sequence[Any], device: Any, args: argparse.Namespace,
+              out: TextIO) -> bool:
     logger.info("checking accuracy against %s on random inputs", args.input)
     rows = check_accuracy(original, compiled, inputs, device, args.atol, args.rtol)
-    for row in rows:
-        print(f"accuracy: {row}")
+    out.writelines(f"accuracy: {row}\n" for row in rows)
     return all(row.ok for row in rows)
 
 
@@ -374,7 +374,7 @@ def parse_specs(specs: Sequence[str]) -> list[Any]:
         raise CommandError(str(e)) from None
 
 
-def _check_support(args: argparse.Namespace, specs: Sequence[str]) -> int:
+def _check_support(args: argparse.Namespace, specs: Sequence[str], out: TextIO) -> int:
     """--check-method-support: with input specs, what compile with --require-full-compilation does (a dry run: no
     engine is built); without, which ops of the method no converter or evaluator handles."""
     from torchkiln.compiler import check_full_compilation, unsupported_ops
@@ -384,24 +384,24 @@ def _check_support(args: argparse.Namespace, specs: Sequence[str]) -> int:
     module = load_saved(args.input, args.device)
     if not specs:
         missing = unsupported_ops(module, method)
-        for op, count in missing.items():
-            print(f"unsupported: {op} x{count}")
-        print(f"{args.input}: " + (f"{len(missing)} ops of {method} have no converter or evaluator" if missing else
-                                   f"every op of {method} has a converter or evaluator; give the input specs to "
-                                   f"check that it compiles to one engine (that depends on them)"))
+        out.writelines(f"unsupported: {op} x{count}\n" for op, count in missing.items())
+        out.write(f"{args.input}: " + (f"{len(missing)} ops of {method} have no converter or evaluator" if missing
+                                       else f"every op of {method} has a converter or evaluator; give the input "
+                                       f"specs to check that it compiles to one engine (that depends on them)") + "\n")
         return 1 if missing else 0
     try:
         check_full_compilation(module, parse_specs(specs), method, **_settings(args))
     except (UnsupportedOperatorError, ConversionError) as e:
-        print(f"{args.input}: {method} does not compile to one engine: "
-              f"{str(e).removeprefix('require_full_compilation=True but ')}")
+        out.write(f"{args.input}: {method} does not compile to one engine: "
+                  f"{str(e).removeprefix('require_full_compilation=True but ')}\n")
         return 1
-    print(f"{args.input}: {method} compiles to one engine, with nothing left in PyTorch")
+    out.write(f"{args.input}: {method} compiles to one engine, with nothing left in PyTorch\n")
     return 0
 
 
-def run(args: argparse.Namespace) -> int:
-    """The compile command; returns the exit status."""
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """The compile command, its results written to `out` and a failed accuracy check to `err`; returns the exit
+    status."""
     import torch
 
     from torchkiln.compiler import compile_with_report, convert_method_to_engine, embed_engine_in_new_module
@@ -414,7 +414,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("give the input specs after IN OUT or with -i, not both")
     specs = args.inputs or args.specs
     if args.check_method_support:
-        return _check_support(args, specs)
+        return _check_support(args, specs, out)
     if args.output is None:
         raise CommandError("OUT is needed, where to save the result: compile IN OUT SPEC..., e.g. compile model.ts "
                            "model_kiln.ts '(1,3,224,224)@f32'")
@@ -446,9 +446,9 @@ def run(args: argparse.Namespace) -> int:
     if args.check_accuracy:
         weights = list(module.parameters()) + list(module.buffers())
         device = _map_location(args.device) or next((w.device for w in weights), torch.device("cpu"))
-        if not _accuracy(load_saved(args.input, args.device), compiled, inputs, device, args):
-            print(f"torchkiln compile: --check-accuracy failed (atol {args.atol:g}, rtol {args.rtol:g}); "
-                  f"{args.output} not written", file=sys.stderr)
+        if not _accuracy(load_saved(args.input, args.device), compiled, inputs, device, args, out):
+            err.write(f"torchkiln compile: --check-accuracy failed (atol {args.atol:g}, rtol {args.rtol:g}); "
+                      f"{args.output} not written\n")
             return 1
     if engine_bytes is not None:
         with open(args.output, "wb") as f:
