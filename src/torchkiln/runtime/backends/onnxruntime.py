@@ -78,8 +78,8 @@ _VIEWS = (L.IdentityLayer, L.ShuffleLayer, L.SliceLayer, L.ExpandLayer, L.CastLa
 # ms, int8 28 -> 20 ms on one thread). It is off for every network: the fused kernel was slower at every shape
 # measured. MatMulAddFusion: it makes a linear layer of 3-d or more input Reshape + Gemm + Reshape, where MatMul
 # + Add (or BiasGelu, ORT's fusion of the Add and a GELU after it) took 0.86-0.91x the time per call on two threads
-# that do not spin (a 4-layer post-norm encoder of hidden 256 at sequence 128, batch 1 and 8; an MLP-Mixer at batch
-# 8; ViT-tiny a tie) and within 2% either way on one thread; a 2-d linear layer is exported as Gemm, which ORT
+# that do not spin (a 4-layer post-norm encoder of hidden 256 at sequence 128, batch 1 and 8; a token-mixing MLP
+# network at batch 8; a vision transformer of width 192 a tie) and within 2% either way on one thread; a 2-d linear layer is exported as Gemm, which ORT
 # fuses with an activation after it.
 DISABLED_OPTIMIZERS = ("SkipLayerNormFusion", "MatMulAddFusion")
 
@@ -273,8 +273,8 @@ ATTENTION_OPSET = 23  # ONNX's Attention op
 def session_opset() -> int:
     """The opset of the sessions' models: 23 where this ONNX Runtime runs its Attention op (on the CPU), so that
     attention layers run as that op: ORT's fused CPU kernel, which gave the same values as MatMul-Softmax-MatMul and
-    ran faster at 2 threads (a BERT-style encoder of 4 layers, width 256, sequence 128, batch 8: 18.3 -> 17.4 ms; a
-    ViT of width 192 over 37 tokens, batch 8: 4.9 -> 4.6 ms). Else the export's default."""
+    ran faster at 2 threads (an encoder of 4 attention layers, width 256, sequence 128, batch 8: 19.3 -> 18.1 ms; a
+    vision transformer of width 192 over 37 tokens, batch 8: 5.3 -> 5.0 ms). Else the export's default."""
     import onnx
     from onnx import helper
 
