@@ -119,6 +119,14 @@ class Layer:
             self.fail(f"indices hold values in [{int(value.min())}, {int(value.max())}], outside [{lo}, {hi})")
 
 
+def transposition(layer: Layer | None) -> tuple[int, ...] | None:
+    """The axes of a shuffle layer that only transposes (a view: nothing reshaped), else None."""
+    if not isinstance(layer, ShuffleLayer) or layer.reshape_dims is not None or layer.second_transpose is not None \
+            or layer.first_transpose is None:
+        return None
+    return tuple(layer.first_transpose)
+
+
 def constant_value(tensor: Tensor) -> torch.Tensor | None:
     """The value of a tensor a ConstantLayer produces, else None."""
     producer = tensor.producer

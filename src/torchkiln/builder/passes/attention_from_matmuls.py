@@ -207,12 +207,8 @@ def _scores_like(t: Tensor) -> bool:
 
 def _untransposed(t: Tensor) -> Tensor | None:
     """x where `t` is x with its last two dims swapped by a shuffle, else None."""
-    shuffle = t.producer
     swap = tuple(range(RANK - 2)) + (RANK - 1, RANK - 2)
-    if isinstance(shuffle, L.ShuffleLayer) and shuffle.reshape_dims is None and shuffle.second_transpose is None \
-            and shuffle.first_transpose is not None and tuple(shuffle.first_transpose) == swap:
-        return shuffle.inputs[0]
-    return None
+    return t.producer.inputs[0] if L.transposition(t.producer) == swap else None
 
 
 def _rewrite(network: Network, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | torch.Tensor | None, scale: float,

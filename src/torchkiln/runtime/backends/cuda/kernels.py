@@ -272,13 +272,6 @@ def _max_pool(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     return lambda xs: [pool(xs[0])]
 
 
-def permutation(layer: L.Layer | None) -> tuple[int, ...] | None:
-    """The axes of a shuffle layer that only transposes (a view: nothing reshaped), else None."""
-    if not isinstance(layer, L.ShuffleLayer) or layer.reshape_dims is not None or layer.second_transpose is not None:
-        return None
-    return tuple(layer.first_transpose) if layer.first_transpose is not None else None
-
-
 @maker("library", "conv_epilogue")
 def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """A convolution without its bias, then one generated kernel: the bias (a per-channel scale layer made here,
@@ -289,7 +282,7 @@ def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn
 
     conv, rest = step.layers[0], step.layers[1:]
     ws = step.weights[0]
-    perm = permutation(rest[0]) if rest and rest[0].inputs[0] is conv.outputs[0] else None
+    perm = L.transposition(rest[0]) if rest and rest[0].inputs[0] is conv.outputs[0] else None
     if perm is not None:
         rest = rest[1:]
     out = conv.outputs[0] if perm is None else step.layers[1].outputs[0]

@@ -90,7 +90,7 @@ from torchkiln.ir.network import Network
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
-from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT, permutation, takes_channels_last
+from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT, takes_channels_last
 from torchkiln.runtime.backends.cuda.patches import patch_convolution
 from torchkiln.runtime.backends.cuda.quant_kernels import KERNEL as QUANTIZED_MATMUL, quantized_matmuls
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
@@ -398,7 +398,7 @@ def _biases_into_row_steps(network: Network, groups: list[tuple[Kernel, list[int
         kernel, members = step
         reader = graph.sole_reader(network.layers[members[0]].outputs[0])
         view: list[int] = []  # a transpose between, alone in its step: the row kernel reads the transposed view
-        if permutation(reader) is not None and steps[where[graph.index[id(reader)]]] == \
+        if L.transposition(reader) is not None and steps[where[graph.index[id(reader)]]] == \
                 (Kernel("aten", reader.KIND), [graph.index[id(reader)]]):
             view = [graph.index[id(reader)]]
             reader = graph.sole_reader(reader.outputs[0])
