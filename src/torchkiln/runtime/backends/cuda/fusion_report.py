@@ -149,18 +149,18 @@ def _aten(ctx: _Context, k: int, layer: L.Layer, role: str) -> str:
     fusable = P._fusable()
     if fusable is None:
         return f"{head}: Triton is not installed"
-    if isinstance(layer, P.POINTWISE) and fusable(layer):
-        return f"{head}: {fusable(layer)}"
+    if isinstance(layer, P.POINTWISE) and (why := fusable(layer)):
+        return f"{head}: {why}"
     if isinstance(layer, REDUCTIONS):
         from torchkiln.runtime.backends.cuda.codegen.reduction import reduction_fusable
 
-        if reduction_fusable(layer):
-            return f"{head}: {reduction_fusable(layer)}"
+        if why := reduction_fusable(layer):
+            return f"{head}: {why}"
     if isinstance(layer, L.PoolingLayer) and layer.type == L.PoolingType.MAX:
         from torchkiln.runtime.backends.cuda.codegen.pooling import poolable
 
-        if poolable(layer):
-            return f"{head}: {poolable(layer)}"
+        if why := poolable(layer):
+            return f"{head}: {why}"
     from torchkiln.runtime.backends.cuda.codegen.indexed import MOVEMENT, indexed_fusable
 
     if isinstance(layer, MOVEMENT):
