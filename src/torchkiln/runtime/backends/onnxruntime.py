@@ -79,8 +79,8 @@ _VIEWS = (L.IdentityLayer, L.ShuffleLayer, L.SliceLayer, L.ExpandLayer, L.CastLa
 # measured. MatMulAddFusion: it makes a linear layer of 3-d or more input Reshape + Gemm + Reshape, where MatMul
 # + Add (or BiasGelu, ORT's fusion of the Add and a GELU after it) took 0.86-0.91x the time per call on two threads
 # that do not spin (a 4-layer post-norm encoder of hidden 256 at sequence 128, batch 1 and 8; a token-mixing MLP
-# network at batch 8; a vision transformer of width 192 a tie) and within 2% either way on one thread; a 2-d linear layer is exported as Gemm, which ORT
-# fuses with an activation after it.
+# network at batch 8; a vision transformer of width 192 a tie) and within 2% either way on one thread; a 2-d
+# linear layer is exported as Gemm, which ORT fuses with an activation after it.
 DISABLED_OPTIMIZERS = ("SkipLayerNormFusion", "MatMulAddFusion")
 
 

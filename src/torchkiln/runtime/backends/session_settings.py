@@ -17,8 +17,8 @@ quiet machine's winner, what a deployment on a dedicated server gets):
 4. Where other processes used more than `LOADED` of the machine's CPU time while the candidates ran, the default
    is kept: under steady load a call longer than the gaps in it never runs undisturbed, and the fastest calls then
    favour one thread that does not spin (measured on 2 cores with two busy-loop processes: a RegNet-style CNN
-   whose call takes 7.8 ms quiet, default 15.9 ms fastest call, non-spinning 10.7; a token-mixing MLP network whose call takes
-   15.5 ms quiet, one thread 23.9 against the default's 31.5).
+   whose call takes 7.8 ms quiet, default 15.9 ms fastest call, non-spinning 10.7; a token-mixing MLP network whose
+   call takes 15.5 ms quiet, one thread 23.9 against the default's 31.5).
 On a quiet 2-core x86 machine (2 threads asked for) the default won by its fastest calls in 19 of the 20 cases of 10
 CPU zoo models at batch 1 and 8 (calls of 0.4-18 ms: one thread took 1.48-1.92x as long, non-spinning threads
 1.01-1.78x), so a build there keeps the default quiet or loaded. One thread won only in calls under `MIN_CALL_S`:

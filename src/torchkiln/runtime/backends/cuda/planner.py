@@ -63,10 +63,10 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
 
 8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a nearest
    resize by a whole ratio or a linear one, a reshape of a transposed tensor), or a permute between two generated
-   pointwise steps (a layer scale over a channels-last view, permuted back and added to the residual), runs in a generated indexed
-   kernel with the movable steps it alone feeds, down to the last one, and those that alone feed it, up to
-   `MAX_SPAN` steps back (a movable step: a generated pointwise or indexed step, or a movement or pointwise layer of
-   static shapes on ATen). RoPE's rotate-half with its multiplies is one kernel; so is a shifted window's roll with
+   pointwise steps (a layer scale over a channels-last view, permuted back and added to the residual), runs in a
+   generated indexed kernel with the movable steps it alone feeds, down to the last one, and those that alone feed
+   it, up to `MAX_SPAN` steps back (a movable step: a generated pointwise or indexed step, or a movement or
+   pointwise layer of static shapes on ATen). RoPE's rotate-half with its multiplies is one kernel; so is a shifted window's roll with
    its window partition (two concatenations and a copy before). A group refused (more than `MAX_LAYERS` layers,
    outputs of several shapes) logs why.
 
