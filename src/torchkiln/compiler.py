@@ -121,7 +121,7 @@ def _build_settings(settings: CompileSettings) -> BuildSettings:
     each engine competes with it (builder/bfloat16_tactic.py)."""
     dtype, backend = settings.compute_dtype, settings.engine_backend
     if backend == "onnxruntime" and dtype != torch.float32:
-        if dtype == torch.bfloat16 and settings.device.type == "cpu" and bfloat16_tactic.cpu_computes_bfloat16():
+        if bfloat16_tactic.applies(dtype, backend, settings.device):
             logger.info("enabled_precisions asks for bfloat16 on the onnxruntime backend: each engine is built in "
                         "float32 for ONNX Runtime and in bfloat16 on the reference backend, and the faster kept")
         else:

@@ -31,11 +31,15 @@ def cpu_computes_bfloat16() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
+def applies(asked: torch.dtype, backend: str, device: torch.device) -> bool:
+    """Whether a compile asking for `asked` on `backend` and `device` takes the tactic."""
+    return asked == torch.bfloat16 and backend == "onnxruntime" and device.type == "cpu" and cpu_computes_bfloat16()
+
+
 def bfloat16_alternative(build: BuildSettings, asked: torch.dtype) -> BuildSettings | None:
     """The bfloat16 reference build to time against `build` (an onnxruntime build in float32 because bfloat16 was
     asked for), or None where the tactic does not apply."""
-    if asked != torch.bfloat16 or build.backend != "onnxruntime" or build.device.type != "cpu" or \
-            not cpu_computes_bfloat16():
+    if not applies(asked, build.backend, build.device):
         return None
     return dataclasses.replace(build, compute_dtype=torch.bfloat16, backend="reference")
 
