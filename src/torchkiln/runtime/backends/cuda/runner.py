@@ -13,8 +13,8 @@
   apart, as up to `TAILS` tail graphs, each on a memory pool of its own: a call replays the main graph, then a tail
   whose outputs no caller holds any more (the storages' use counts), and hands its outputs out without a copy.
   Where every tail's outputs are still held (a caller keeping each call's outputs), the tail's steps run uncaptured
-  into fresh memory. Elsewhere the outputs are copied out of the one graph, as a copy costs less than a second
-  graph launch. An output sharing memory with an input, a weight or the main graph's buffers is always copied. A
+  into fresh memory. Elsewhere the outputs are copied out of the one graph (a small copy, against a second graph
+  launch). An output sharing memory with an input, a weight or the main graph's buffers is always copied. A
   tail replayed on another stream than the one its outputs were last handed out on first waits for that stream's
   work so far (what the caller queued there before letting them go).
 - A call runs on the caller's current stream and never waits for the host. Calls from several threads are
@@ -54,8 +54,8 @@ from torchkiln.runtime.symbols import SymbolBinder
 logger = logging.getLogger(__name__)
 
 MAX_GRAPHS = 16  # input-shape signatures kept captured per engine and device
-DIRECT_BYTES = 4 << 20  # outputs at least this large are handed out of tail graphs, not copied (a copy's traffic
-# then costs more than a second graph launch: ~3 us on an H100)
+DIRECT_BYTES = 4 << 20  # outputs at least this large are handed out of tail graphs, not copied (a copy of 32 MiB
+# took 23 us on an H100; a tail costs a second graph launch: a threshold chosen, not a measured crossover)
 TAIL_STEPS = 4  # steps from the first one making an output to the end that a tail may hold (each tail's pool keeps
 # their memory: a short tail keeps that near the outputs' own size)
 TAILS = 2  # tail graphs per input shape: a caller keeping the last call's outputs while it calls again gets the other
