@@ -201,6 +201,19 @@ def test_layer_that_quantizes_badly_stays_in_float_and_is_named(caplog):
     assert cosine > 0.999, cosine
 
 
+def test_layers_a_backend_has_no_quantized_kernel_for_stay_in_float():
+    """The cuda backend has quantized matrix multiplies only: its convolutions stay in float with that reason (a
+    convolution of dequantized values would run slower than in float); ONNX Runtime quantizes both."""
+    from torchkiln.builder.quantization import QuantizedLayer, without_kernels
+
+    layers = [QuantizedLayer("c", "convolution", 1.0, 0.01), QuantizedLayer("m", "matrix_multiply", 1.0, 0.01),
+              QuantizedLayer("bad", "matrix_multiply", 1.0, 0.5, kept="quantized output error 0.5")]
+    cuda = without_kernels(layers, "cuda")
+    assert [q.kept for q in cuda] == ["the cuda backend has no quantized convolution kernel", "",
+                                      "quantized output error 0.5"]
+    assert without_kernels(layers, "onnxruntime") == layers
+
+
 def test_without_precision_checks_the_same_layer_would_lose_its_signal():
     """The check above can fail: quantized, the offset convolution's output is mostly error."""
     from torchkiln.builder.quantization import relative_rms

@@ -331,10 +331,18 @@ def _quantized_block(network: Network, convert: Callable[[], Network], build: Bu
     for q in layers:
         logger.debug("  %s layer %r: amax %.4g, own quantization error %.3g%s", q.kind, q.name, q.amax, q.error,
                      f" (kept in float: {q.kept})" if q.kept else "")
+    by_reason: dict[str, list[str]] = {}
     for q in (q for q in layers if q.kept):
         node = " at ".join(origins.get(q.name, ("(made by the builder)",)))
-        logger.warning("engine %s: %s layer %r (%s) stays in float: %s", engine.name, q.kind, q.name, node, q.kept)
+        by_reason.setdefault(q.kept, []).append(f"{q.kind} layer {q.name!r} ({node})")
         kept.append(Fp32Layer(engine.name, q.name, q.kind, node, q.kept))
+    for reason, names in by_reason.items():  # a reason many layers share (the backend's kernels) once
+        if len(names) > 3:
+            logger.warning("engine %s: %d layers stay in float: %s (%s, ...; the partition report lists them)",
+                           engine.name, len(names), reason, ", ".join(names[:2]))
+        for name in names:
+            (logger.debug if len(names) > 3 else logger.warning)("engine %s: %s stays in float: %s", engine.name,
+                                                                 name, reason)
     return engine
 
 

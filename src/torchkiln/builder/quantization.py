@@ -33,6 +33,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.reference import dequantize, run_layer
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.executor import ReferenceExecutor
+from torchkiln.settings_table import ENGINE_BACKENDS
 
 logger = logging.getLogger("torchkiln.builder")
 
@@ -152,6 +153,15 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
             for name in candidates]
 
 
+def without_kernels(layers: list[QuantizedLayer], backend: str) -> list[QuantizedLayer]:
+    """`layers`, those of a kind `backend` has no quantized kernel for kept in float (quantized, such a layer runs
+    as a float layer over dequantized values: slower than in float, and less exact)."""
+    runs = ENGINE_BACKENDS[backend].quantized
+    return [q if q.kept or q.kind in runs else
+            dataclasses.replace(q, kept=f"the {backend} backend has no quantized {q.kind.replace('_', ' ')} kernel")
+            for q in layers]
+
+
 def _read_cache(path: str | None, name: str, quant_type: torch.dtype, algo: CalibrationAlgo,
                 names: set[str]) -> list[QuantizedLayer] | None:
     """The cache's layers for engine `name`, or None (logged) where the file has no usable entry: missing,
@@ -223,6 +233,7 @@ def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBind
             _write_cache(request.cache_file, name, request.quant_type, request.algorithm, layers)
     else:
         logger.info("engine %s: calibration ranges read from %s", name, request.cache_file)
+    layers = without_kernels(layers, settings.backend)
     plan = QuantizationPlan(request.quant_type, tuple((q.name, q.amax) for q in layers if not q.kept),
                             tuple((q.name, q.output_amax) for q in layers if not q.kept and q.output_amax is not None))
     engine = build_engine(convert(), bindings, dataclasses.replace(settings, quantization=plan), name, plan=False)

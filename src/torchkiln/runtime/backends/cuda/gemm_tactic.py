@@ -26,7 +26,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.base import BackendOptions
-from torchkiln.runtime.backends.cuda import timing
+from torchkiln.runtime.backends.cuda import quant_kernels, timing
 from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm
 from torchkiln.runtime.backends.cuda.kernels import StepLayers, epilogue_inputs, make_step
 from torchkiln.runtime.backends.cuda.runner import placed_weight
@@ -55,13 +55,20 @@ def group_io(network: Network, members: Sequence[int], readers: dict[int, list[L
 
 @dataclasses.dataclass(frozen=True)
 class Request:
-    """A product (layer index), the pointwise layers of its epilogue, the library steps that compute the same, and
-    the generated kernel's kind ("gemm" or "depthwise", a row of the kernel table)."""
+    """A product (layer index), the pointwise layers of its epilogue, the library steps that compute the same, the
+    generated kernel's kind ("gemm", "depthwise" or "quantized_gemm", a row of the kernel table), and the layers
+    before the product that the generated step takes in (a quantized product's quantize, dequantize and weight)."""
 
     product: int
     epilogue: tuple[int, ...]
     library: tuple[Group, ...]
     kind: str = "gemm"
+    prologue: tuple[int, ...] = ()
+
+    @property
+    def members(self) -> list[int]:
+        """The generated step's layers, in the network's order."""
+        return [*sorted((*self.prologue, self.product)), *self.epilogue]
 
 
 def choose(network: Network, requests: Sequence[Request], readers: dict[int, list[L.Layer]], returned: set[int],
@@ -92,8 +99,8 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
                                   _converts_output(network, request, readers))}
         for config in configs:
             kernel = Kernel("generated", request.kind, (("config", config.text()),))
-            runs[config.text()] = _steps(network, [(kernel, [request.product, *request.epilogue])], values, readers,
-                                         returned, device, options)
+            runs[config.text()] = _steps(network, [(kernel, request.members)], values, readers, returned, device,
+                                         options)
         pending.append((i, key, runs))
     first_calls = [run for _, _, runs in pending for run in runs.values()]
     with torch.no_grad(), concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
@@ -121,11 +128,15 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
     """The request's timing-cache key, the merged step's inputs, and the configurations to time. The key holds the
     generated source (a depthwise convolution's holds its window, stride, padding and dilation) and the library
     steps' kernel rows (their layout)."""
-    inputs, outputs = group_io(network, [request.product, *request.epilogue], readers, returned)
+    inputs, outputs = group_io(network, request.members, readers, returned)
     layer = network.layers[request.product]
     rest = [network.layers[j] for j in request.epilogue]
-    source = GENERATORS[request.kind].generate(layer, rest, epilogue_inputs(layer, rest, [id(t) for t in inputs]),
-                                               outputs).source
+    if request.kind == quant_kernels.GENERATED_OP:
+        source = quant_kernels.generated_kernel([network.layers[j] for j in request.members],
+                                                [id(t) for t in inputs], outputs)[0].source
+    else:
+        source = GENERATORS[request.kind].generate(layer, rest, epilogue_inputs(layer, rest, [id(t) for t in inputs]),
+                                                   outputs).source
     weight = layer.weights.get("kernel")
     key = [torch.cuda.get_device_name(device), torch.__version__, _triton_version(), request.kind,
            hashlib.sha256(source.encode()).hexdigest()[:24], [list(timing.opt_shape(t.shape)) for t in inputs],
@@ -136,7 +147,10 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
         return json.dumps(key), inputs, depthwise.candidates(*out)
     conv = isinstance(layer, L.ConvolutionLayer)
     n = out[1] if conv else out[-1]
-    return json.dumps(key), inputs, gemm.candidates(math.prod(out) // max(n, 1), n, x[1] if conv else x[-1])
+    m, k = math.prod(out) // max(n, 1), x[1] if conv else x[-1]
+    if request.kind == quant_kernels.GENERATED_OP:
+        return json.dumps(key), inputs, gemm.quantized_candidates(m, n, k)
+    return json.dumps(key), inputs, gemm.candidates(m, n, k)
 
 
 def _first_call(run: Callable[[], None]) -> str | None:

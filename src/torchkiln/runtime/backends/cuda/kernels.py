@@ -302,7 +302,7 @@ def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn
     at = [step.inputs.index(id(t)) for t in reads]
     rows = any(reduction.reduced_axes(layer) is not None for layer in rest)
     launch = (reduction if rows else pointwise).compile_group(first + rest, [raw if first else out, *reads],
-                                                              [_output(first + rest, o) for o in step.outputs])
+                                                              [step_output(first + rest, o) for o in step.outputs])
 
     def run(xs: list[torch.Tensor]) -> list[torch.Tensor]:
         return launch([convolve(xs[:1]), *(xs[k] for k in at)])
@@ -310,7 +310,8 @@ def _conv_epilogue(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn
     return run
 
 
-def _output(layers: Sequence[L.Layer], tid: int) -> Tensor:
+def step_output(layers: Sequence[L.Layer], tid: int) -> Tensor:
+    """The tensor of id `tid` that one of `layers` makes."""
     return next(t for layer in layers for t in layer.outputs if id(t) == tid)
 
 
@@ -330,7 +331,7 @@ def _gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
 
     product, rest = step.layers[0], step.layers[1:]
     reads = epilogue_inputs(product, rest, step.inputs)
-    launch = GemmLauncher(generate(product, rest, reads, [_output(step.layers, o) for o in step.outputs]),
+    launch = GemmLauncher(generate(product, rest, reads, [step_output(step.layers, o) for o in step.outputs]),
                           product, Config.parse(str(kernel.option("config", ""))))
     x_at, at = step.inputs.index(id(product.inputs[0])), [step.inputs.index(id(t)) for t in reads]
     bias = step.weights[0].get("bias")
@@ -349,7 +350,7 @@ def _depthwise(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
 
     conv, rest = step.layers[0], step.layers[1:]
     reads = epilogue_inputs(conv, rest, step.inputs)
-    launch = DepthwiseLauncher(conv, rest, reads, [_output(step.layers, o) for o in step.outputs],
+    launch = DepthwiseLauncher(conv, rest, reads, [step_output(step.layers, o) for o in step.outputs],
                                Config.parse(str(kernel.option("config", ""))))
     weight, bias = lay_out(step.weights[0]["kernel"]), step.weights[0].get("bias")
     x_at, at = step.inputs.index(id(conv.inputs[0])), [step.inputs.index(id(t)) for t in reads]

@@ -21,6 +21,11 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
 3. **Quantized matrix multiplies** (quant_kernels.py): a matrix multiply of a dequantized int8 (or, from sm_89,
    fp8) activation by a dequantized constant weight runs on the quantized values (`torch._int_mm` /
    `torch._scaled_mm`) with the dequantize epilogue (`library`/`quantized_matmul`).
+   3b. **Generated quantized products** (where timing is on): such a multiply with the generated pointwise step
+   that alone reads its product (the cast back to half precision, an activation, a residual) and its quantize
+   step where that quantizer is the multiply's alone is timed as one generated Triton GEMM on the quantized
+   values (codegen/gemm.py: the activation quantized as it is loaded, the dequantize, bias and pointwise layers
+   in its epilogue) against those library steps; the faster is kept (`generated`/`quantized_gemm`).
    **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
    become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
 4. **Row groups** (fusion.py): each reduction over trailing axes (reduce, softmax, layer and instance norm) or scan
@@ -92,6 +97,7 @@ from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import have_triton
 from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT, takes_channels_last
 from torchkiln.runtime.backends.cuda.patches import patch_convolution
+from torchkiln.runtime.backends.cuda.quant_kernels import GENERATED_OP as GENERATED_QUANTIZED
 from torchkiln.runtime.backends.cuda.quant_kernels import KERNEL as QUANTIZED_MATMUL, quantized_matmuls
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
@@ -219,8 +225,11 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     order = sorted(range(len(groups)), key=lambda k: first_at.get(k, max(groups[k][1])))
     groups = [groups[k] for k in order]
     groups = _generated_biases(network, _fused_movement(network, _group_pointwise(network, groups, graph), graph))
-    groups = _generated_products(network, groups, graph, lambda requests: gemm_tactic.choose(
-        network, requests, graph.readers, graph.returned, device, options, cache))
+
+    def choose(requests: list[gemm_tactic.Request]) -> list[str | None]:
+        return gemm_tactic.choose(network, requests, graph.readers, graph.returned, device, options, cache)
+
+    groups = _quantized_products(network, _generated_products(network, groups, graph, choose), graph, choose)
     groups = _biases_into_row_steps(network, _recomputed_prologues(network, groups, graph), graph)
     cache.save()
     return _as_plan(target(device), _channels_last_outputs(network, groups))
@@ -254,6 +263,53 @@ def _generated_products(network: Network, groups: list[tuple[Kernel, list[int]]]
         if config is not None:
             out[g] = (Kernel("generated", request.kind, (("config", config),)), [request.product, *request.epilogue])
     return out
+
+
+def _quantized_products(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph,
+                        choose: ProductChooser) -> list[tuple[Kernel, list[int]]]:
+    """Rule 3b of the module docstring: a quantized matrix multiply step, with the generated pointwise step that
+    alone reads its product (the cast back to half precision and what follows it) and its activation's quantize
+    step where that quantizer is the multiply's alone, becomes one generated quantized GEMM step where
+    `choose(requests)` names a tile configuration (the timed tactic; None keeps the library steps). It runs where
+    the pointwise step ran (after everything its layers read)."""
+    if not have_triton():
+        return groups
+    from torchkiln.runtime.backends.cuda.codegen.gemm import quantized_gemm_layer
+
+    owner: dict[int, int] = {}  # layer index -> the group that computes it (constants aside: every reader has them)
+    for g, (_, members) in enumerate(groups):
+        for j in members:
+            if not isinstance(network.layers[j], L.ConstantLayer):
+                owner.setdefault(j, g)
+    found: dict[int, tuple[gemm_tactic.Request, tuple[int, ...]]] = {}  # step -> request, the steps it replaces
+    for g, (kernel, members) in enumerate(groups):
+        if kernel != QUANTIZED_MATMUL or quantized_gemm_layer(mm := network.layers[max(members)]) is not None:
+            continue
+        steps, prologue = [g], [j for j in members if j != max(members)]
+        quantize = mm.inputs[0].producer.inputs[0].producer
+        q_step = owner.get(graph.index.get(id(quantize), -1))
+        if isinstance(quantize, L.QuantizeLayer) and graph.sole_reader(quantize.outputs[0]) is mm.inputs[0].producer \
+                and q_step is not None and groups[q_step][1] == [graph.index[id(quantize)]]:
+            steps.insert(0, q_step)
+            prologue.append(graph.index[id(quantize)])
+        reader = graph.sole_reader(mm.outputs[0])
+        p = owner.get(graph.index[id(reader)]) if reader is not None else None
+        epilogue: tuple[int, ...] = ()
+        if p is not None and p not in found and groups[p][0].kind == "generated" and groups[p][0].op == "pointwise" \
+                and all(t.shape == mm.outputs[0].shape
+                        for t in gemm_tactic.group_io(network, groups[p][1], graph.readers, graph.returned)[1]):
+            steps.append(p)
+            epilogue = tuple(groups[p][1])
+        library = tuple(groups[k] for k in steps)
+        found[steps[-1]] = (gemm_tactic.Request(max(members), epilogue, library, GENERATED_QUANTIZED,
+                                                tuple(sorted(prologue))), tuple(steps))
+    configs = choose([request for request, _ in found.values()]) if found else []
+    merged, dropped = {}, set()
+    for (at, (request, steps)), config in zip(found.items(), configs):
+        if config is not None:
+            merged[at] = (Kernel("generated", GENERATED_QUANTIZED, (("config", config),)), request.members)
+            dropped.update(steps)
+    return [merged[g] if g in merged else group for g, group in enumerate(groups) if g in merged or g not in dropped]
 
 
 def _recomputed_prologues(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph

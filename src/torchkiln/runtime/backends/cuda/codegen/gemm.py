@@ -8,6 +8,13 @@ pointwise layers after it are the epilogue (codegen/epilogue.py).
 
 Tile sizes are a tactic (`Config`): the planner times a few against the library GEMM followed by the pointwise
 kernel, at the opt shape, and keeps the fastest.
+
+A quantized product (`Quantization`: a matrix multiply of a dequantized int8 or fp8 activation by a dequantized
+constant weight, post-training quantization's Q/DQ form) runs on the quantized values: int8 x int8 into an int32
+accumulator, or fp8 e4m3 x fp8 e4m3 into float32, then times each column's scale (the activation's scale times the
+weight's channel scale) and plus the bias in float32, then the epilogue. Where the activation's quantizer is its
+own, the kernel reads the float activation and quantizes each tile as it loads it (the quantize layer's arithmetic,
+ir/reference.py's `quantize`), so no quantized copy of the activation is written.
 """
 from __future__ import annotations
 
@@ -69,8 +76,31 @@ def candidates(m: int, n: int, k: int) -> list[Config]:
     return [dataclasses.replace(base, block_m=block_m, block_n=block_n, block_k=block_k, warps=warps)]
 
 
+def quantized_candidates(m: int, n: int, k: int) -> list[Config]:
+    """The tile configurations worth timing for a quantized product: the half-precision one, and the same tile
+    with twice the K block (an int8 or fp8 element is half the bytes); K blocks of at least 32, the depth of the
+    tensor cores' int8 and fp8 instructions."""
+    base = candidates(m, n, k)[0]
+    deeper = max(32, min(2 * base.block_k, _pow2(k)))
+    found = [dataclasses.replace(base, block_k=max(32, base.block_k))]
+    return found + [dataclasses.replace(base, block_k=deeper)] if deeper != found[0].block_k else found
+
+
 def _pow2(x: int) -> int:
     return 1 << max(x - 1, 0).bit_length()
+
+
+@dataclasses.dataclass(frozen=True)
+class Quantization:
+    """How a quantized product reads its operands: their type, and, where `quantize`, the float activation's
+    quantizer (x times the reciprocal of its scale, or divided by it where `divide`; int8: rounded half to even,
+    clamped to [low, high], NaN to low; fp8: clamped to its finite range, NaN kept, rounded by the conversion)."""
+
+    quant_type: torch.dtype
+    quantize: bool
+    divide: bool = False
+    low: int = -128
+    high: int = 127
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +115,9 @@ class GemmKernel:
     rank: int
 
 
-def _product_layout(product: L.Layer) -> tuple[tuple[int, ...], int]:
+def _product_layout(product: L.Layer, quantized: bool = False) -> tuple[tuple[int, ...], int]:
     """(m_dims, n_dim) of the product's output, or NetworkError if the layer is not a GEMM this kernel runs."""
-    why = gemm_layer(product)
+    why = quantized_gemm_layer(product) if quantized else gemm_layer(product)
     if why is not None:
         raise NetworkError(f"{product.KIND} layer {product.name!r} is not a generated GEMM: {why}")
     rank = product.outputs[0].rank
@@ -122,19 +152,54 @@ def gemm_layer(layer: L.Layer) -> str | None:
 
 
 def generate(product: L.Layer, layers: Sequence[L.Layer], inputs: Sequence[Tensor],
-             outputs: Sequence[Tensor]) -> GemmKernel:
+             outputs: Sequence[Tensor], quantization: Quantization | None = None) -> GemmKernel:
     """The kernel computing `outputs` from the product's output through the pointwise `layers` (the product's
-    output is their first layer's input; `inputs` are the epilogue's other inputs)."""
-    _product_layout(product)
+    output is their first layer's input; `inputs` are the epilogue's other inputs); with `quantization`, of a
+    quantized product (`quantized_gemm_layer`)."""
+    _product_layout(product, quantization is not None)
     b = epilogue.build(product.outputs[0], layers, inputs, outputs)
-    return GemmKernel(_source(b, outputs), tuple(inputs), tuple(b.weights), tuple(outputs), product.outputs[0].rank)
+    return GemmKernel(_source(b, outputs, quantization), tuple(inputs), tuple(b.weights), tuple(outputs),
+                      product.outputs[0].rank)
 
 
-def _source(b: Builder, outputs: Sequence[Tensor]) -> str:
-    params = ["a", "w", "bias", *epilogue.pointer_params(b, outputs), "M", "N", "K", "a_m", "a_k", "w_n", "w_k",
-              *epilogue.stride_params(b, outputs),
+def quantized_gemm_layer(product: L.Layer) -> str | None:
+    """None if `product` is a matrix multiply this kernel computes on quantized operands (x @ W.T of a rank >= 2
+    activation, a 2-D weight and a bias of one value per column); else why not. The caller checks the operands'
+    dequantize layers (quant_kernels.quantized_matmuls)."""
+    if not isinstance(product, L.MatrixMultiplyLayer):
+        return f"{product.KIND} is not a matrix multiply"
+    if product.op0 != L.MatrixOperation.NONE or product.op1 != L.MatrixOperation.TRANSPOSE:
+        return "only x @ W.T"
+    if product.inputs[0].rank < 2 or product.inputs[1].rank != 2:
+        return "only an input of rank >= 2 times a 2-D weight"
+    if "bias" in product.weights and product.weights["bias"].dim() > 1:
+        return "only a bias of one value per output column"
+    return None
+
+
+_QUANT_TL = {torch.int8: "tl.int8", torch.float8_e4m3fn: "tl.float8e4nv"}
+
+
+def _quantize_lines(q: Quantization) -> list[str]:
+    """Kernel lines quantizing the loaded float tile `x` in place (the quantize layer's arithmetic)."""
+    lines = ["    x = x.to(tl.float32) / a_q" if q.divide else "    x = x.to(tl.float32) * a_q"]
+    if q.quant_type == torch.int8:
+        lines += [f"    x = tl.where(x != x, {float(q.low)}, x)",
+                  f"    x = tl.minimum(tl.maximum(x, {float(q.low)}), {float(q.high)})",
+                  "    x = (x + 12582912.0) - 12582912.0"]  # 1.5 * 2**23: rounds half to even below 2**22
+    else:
+        low, high = L.QUANT_RANGE[q.quant_type]
+        lines.append(f"    x = tl.where(x != x, x, tl.minimum(tl.maximum(x, {float(low)}), {float(high)}))")
+    return lines + [f"    x = x.to({_QUANT_TL[q.quant_type]})"]
+
+
+def _source(b: Builder, outputs: Sequence[Tensor], q: Quantization | None = None) -> str:
+    scales = ["a_q", "col_scale"] if q is not None else []
+    params = ["a", "w", "bias", *scales, *epilogue.pointer_params(b, outputs), "M", "N", "K", "a_m", "a_k", "w_n",
+              "w_k", *epilogue.stride_params(b, outputs),
               "HAS_BIAS: tl.constexpr", "EVEN_K: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
               "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr"]
+    integer = q is not None and q.quant_type == torch.int8
     body = [
         "pid = tl.program_id(0)",
         "grid_m = (M + BLOCK_M - 1) // BLOCK_M",
@@ -151,7 +216,9 @@ def _source(b: Builder, outputs: Sequence[Tensor]) -> str:
         "w_ptr = w + rn[None, :].to(tl.int64) * w_n + rk[:, None] * w_k",
         "in_m = rm[:, None] < M",
         "in_n = rn[None, :] < N",
+        "acc = tl.full((BLOCK_M, BLOCK_N), 0, tl.int32)" if integer else
         "acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)",
+        *(["a_q = tl.load(a_q)"] if q is not None and q.quantize else []),
         "for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):",
         "    if EVEN_K:",
         "        x = tl.load(a_ptr, mask=in_m, other=0.0)",
@@ -160,9 +227,12 @@ def _source(b: Builder, outputs: Sequence[Tensor]) -> str:
         "        left = K - k * BLOCK_K",
         "        x = tl.load(a_ptr, mask=in_m & (rk[None, :] < left), other=0.0)",
         "        y = tl.load(w_ptr, mask=in_n & (rk[:, None] < left), other=0.0)",
-        "    acc = tl.dot(x, y, acc)",
+        *(_quantize_lines(q) if q is not None and q.quantize else []),
+        "    acc = tl.dot(x, y, acc, out_dtype=tl.int32)" if integer else "    acc = tl.dot(x, y, acc)",
         "    a_ptr += BLOCK_K * a_k",
         "    w_ptr += BLOCK_K * w_k",
+        *(["acc = acc.to(tl.float32) * tl.load(col_scale + rn, mask=rn < N, other=0.0)[None, :]"]
+          if q is not None else []),
         "if HAS_BIAS:",
         "    acc = acc + tl.load(bias + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]",
         "mask = in_m & in_n",
@@ -179,11 +249,14 @@ def _source(b: Builder, outputs: Sequence[Tensor]) -> str:
 class GemmLauncher:
     """Runs a generated GEMM on CUDA tensors (or CPU tensors under Triton's interpreter) for one product layer."""
 
-    def __init__(self, kernel: GemmKernel, product: L.Layer, config: Config) -> None:
+    def __init__(self, kernel: GemmKernel, product: L.Layer, config: Config,
+                 scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """`scales`: a quantized product's (activation quantizer's factor, one element; each column's scale)."""
         from torchkiln.runtime.backends.cuda.codegen.compile import load_source
 
         self.config = config
-        self.m_dims, self.n_dim = _product_layout(product)
+        self.scales = () if scales is None else scales
+        self.m_dims, self.n_dim = _product_layout(product, scales is not None)
         self.conv = isinstance(product, L.ConvolutionLayer)
         self.epilogue = epilogue.Operands(kernel.inputs, kernel.weights, kernel.outputs, self.m_dims, self.n_dim,
                                           self.conv)
@@ -216,7 +289,8 @@ class GemmLauncher:
         if m == 0 or n == 0:
             return outputs
         grid = (_cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n),)
-        self._fn[grid](x, w, w if bias is None else bias, *operands, *outputs, m, n, k, *a, w.stride(0), w.stride(1),
+        self._fn[grid](x, w, w if bias is None else bias, *self.scales, *operands, *outputs, m, n, k, *a, w.stride(0),
+                       w.stride(1),
                        *strides, HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m,
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_stages=cfg.stages,
                        num_warps=cfg.warps)
