@@ -135,16 +135,16 @@ def _fp16_linear(quant_type: torch.dtype, divide: bool = False, shared: bool = F
     engine as post-training quantization leaves it. With `shared`, a second multiply reads the same quantizer."""
     gen = torch.Generator().manual_seed(0)
     net = Network("q16")
-    x, r = net.add_input("x", torch.float16, (3, 7, 48)), net.add_input("r", torch.float16, (3, 7, 40))
+    x, r = net.add_input("x", torch.float16, (3, 7, 48)), net.add_input("r", torch.float16, (3, 7, 32))
     scale = {"scale": torch.tensor([0.5])}  # a power of two: x * (1 / scale) lands on halves exactly (ties)
     q = net.add_layer(L.QuantizeLayer, [x], weights=scale, quant_type=quant_type, divide=divide).get_output()
     for k in range(2 if shared else 1):
         dq = net.add_layer(L.DequantizeLayer, [q], weights=scale, quant_type=quant_type).get_output()
-        w, w_scale = quantize_weight(torch.randn(40, 48, generator=gen) / 4, 0, quant_type)
+        w, w_scale = quantize_weight(torch.randn(32, 48, generator=gen) / 4, 0, quant_type)
         dqw = net.add_layer(L.DequantizeLayer, [net.add_constant(w).get_output()], weights={"scale": w_scale}, axis=0,
                             quant_type=quant_type).get_output()
         mm = net.add_matrix_multiply(dq, L.MatrixOperation.NONE, dqw, L.MatrixOperation.TRANSPOSE)
-        mm.weights = {"bias": torch.randn(40, generator=gen)}
+        mm.weights = {"bias": torch.randn(32, generator=gen)}
         h = net.add_cast(mm.get_output(), torch.float16).get_output()
         h = net.add_activation(h, L.ActivationType.GELU_ERF).get_output()
         net.mark_output(net.add_elementwise(h, r, L.ElementWiseOperation.SUM).get_output())
@@ -186,13 +186,13 @@ def test_generated_quantized_gemm_matches_the_reference(divide, shared, monkeypa
     from torchkiln.runtime.backends.cuda.quant_kernels import GENERATED_OP
 
     net = _fp16_linear(I8, divide, shared)
-    plan = _plan_generated(net, monkeypatch, Config(16, 16, 16, 1, 4, 2).text())
+    plan = _plan_generated(net, monkeypatch, Config(16, 16, 32, 1, 4, 2).text())  # int8 dots are 32 deep
     steps = [[net.layers[j].KIND for j in s.layers] for s in plan.steps if plan.kernels[s.kernel].op == GENERATED_OP]
     own = [] if shared else ["quantize"]
     assert steps == [[*own, "dequantize", "constant", "dequantize", "matrix_multiply", "cast", "activation",
                       "elementwise"]] * (2 if shared else 1), steps
     assert sum(plan.kernels[s.kernel].op == "quantize" for s in plan.steps) == (1 if shared else 0)
-    xs = [_activation(I8), torch.randn(3, 7, 40, generator=torch.Generator().manual_seed(2)).half()]
+    xs = [_activation(I8), torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(2)).half()]
     got = run_plan_eagerly(net, plan, xs)
     ref = ReferenceExecutor(net, torch.device("cpu")).run(xs)
     for g, r in zip(got, ref):
@@ -228,7 +228,7 @@ def test_generated_quantized_gemm_on_the_gpu(quant_type, monkeypatch):
     plan = planner.make_plan(net, device, BackendOptions(timing_iterations=0))
     assert GENERATED_OP in {plan.kernels[s.kernel].op for s in plan.steps}
     runner = CudaRunner(net, plan, device, BackendOptions())
-    xs = [_activation(quant_type), torch.randn(3, 7, 40).half()]
+    xs = [_activation(quant_type), torch.randn(3, 7, 32).half()]
     ref = ReferenceExecutor(net, torch.device("cpu")).run(xs)[0]
     for _ in range(3):  # eager and capture, then replays
         got = runner.run([x.to(device) for x in xs])[0].cpu()
