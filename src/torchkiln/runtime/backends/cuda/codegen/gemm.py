@@ -77,13 +77,19 @@ def candidates(m: int, n: int, k: int) -> list[Config]:
 
 
 def quantized_candidates(m: int, n: int, k: int) -> list[Config]:
-    """The tile configurations worth timing for a quantized product: the half-precision one, and the same tile
-    with twice the K block (an int8 or fp8 element is half the bytes); K blocks of at least 32, the depth of the
-    tensor cores' int8 and fp8 instructions."""
-    base = candidates(m, n, k)[0]
-    deeper = max(32, min(2 * base.block_k, _pow2(k)))
-    found = [dataclasses.replace(base, block_k=max(32, base.block_k))]
-    return found + [dataclasses.replace(base, block_k=deeper)] if deeper != found[0].block_k else found
+    """The tile configurations worth timing for a quantized product: tiles of the shapes that keep a Hopper's int8
+    and fp8 tensor cores busy (128 deep: an element is half an fp16's bytes), narrowed to the product where it is
+    smaller; K blocks of at least 32, the depth of those instructions. Several per product, since no half-precision
+    tactic is measured for these shapes."""
+    found = []
+    for base in (Config(128, 128, 128, 4, 8), Config(128, 256, 128, 3, 8), Config(64, 128, 128, 4, 4),
+                 Config(128, 128, 64, 4, 4)):
+        tile = dataclasses.replace(base, block_m=min(base.block_m, max(16, _pow2(m))),
+                                   block_n=min(base.block_n, max(16, _pow2(n))),
+                                   block_k=min(base.block_k, max(32, _pow2(k))))
+        if tile not in found:
+            found.append(tile)
+    return found
 
 
 def _pow2(x: int) -> int:
