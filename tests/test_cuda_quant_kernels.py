@@ -192,7 +192,8 @@ def test_generated_quantized_gemm_matches_the_reference(divide, shared, monkeypa
     own = [] if shared else ["quantize"]
     assert steps == [[*own, "dequantize", "constant", "dequantize", "matrix_multiply", "cast", "activation",
                       "elementwise"]] * (2 if shared else 1), steps
-    assert sum(plan.kernels[s.kernel].op == "quantize" for s in plan.steps) == (1 if shared else 0)
+    alone = [plan.kernels[s.kernel].op for s in plan.steps if [net.layers[j].KIND for j in s.layers] == ["quantize"]]
+    assert alone == (["pointwise"] if shared else [])  # a shared quantizer: its own generated kernel
     xs = [_activation(I8), torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(2)).half()]
     got = run_plan_eagerly(net, plan, xs)
     ref = ReferenceExecutor(net, torch.device("cpu")).run(xs)
@@ -207,7 +208,7 @@ def test_quantized_library_steps_stay_where_the_tactic_says_so(monkeypatch):
     net = _fp16_linear(I8)
     plan = _plan_generated(net, monkeypatch, None)
     assert [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"] == \
-        ["quantize", KERNEL.op, "pointwise"]
+        ["pointwise", KERNEL.op, "pointwise"]
 
 
 @needs_cuda
@@ -236,3 +237,40 @@ def test_generated_quantized_gemm_on_the_gpu(quant_type, monkeypatch):
     finite = torch.isfinite(ref)
     assert torch.equal(finite, torch.isfinite(got))
     assert float((got.float() - ref.float())[finite].abs().max()) <= 2.0 ** -10 * float(ref[finite].abs().max())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU plan runs in Triton's interpreter")
+@pytest.mark.usefixtures("triton_interpreter")
+@pytest.mark.parametrize("divide", [False, True], ids=["reciprocal", "divide"])
+def test_a_quantize_joins_the_pointwise_kernel_that_makes_its_input(divide):
+    """x -> GELU -> quantize (per tensor, int8) is one generated kernel writing int8 only; its values are the
+    reference's exactly: ties to even, clamping, NaN to the lowest value, infinities."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from harness import run_plan_eagerly
+
+    from torchkiln.runtime.backends import BackendOptions
+    from torchkiln.runtime.backends.cuda import planner
+
+    net = Network("gelu_q")
+    x = net.add_input("x", torch.float16, (3, 7, 48))
+    h = net.add_activation(net.add_activation(x, L.ActivationType.RELU).get_output(), L.ActivationType.GELU_ERF)
+    scale = {"scale": torch.tensor([0.5])}
+    net.mark_output(net.add_layer(L.QuantizeLayer, [h.get_output()], weights=scale, quant_type=I8, divide=divide,
+                                  quant_min=-100, quant_max=100).get_output())
+    plan = planner.make_plan(net, torch.device("cpu"), BackendOptions(timing_iterations=0))
+    assert [(plan.kernels[s.kernel].op, len(s.layers)) for s in plan.steps] == [("pointwise", 3)]
+    xs = [_activation(I8)]
+    xs[0][0, 3, :3] = torch.tensor([0.75, 1.25, 2.25]).half()  # GELU keeps them near: ties of x / 0.5 after it
+    got = run_plan_eagerly(net, plan, xs)[0]
+    ref = ReferenceExecutor(net, torch.device("cpu")).run(xs)[0]
+    assert got.dtype == I8 and torch.equal(got, ref)
+    assert int(ref.max()) == 100 and int(ref.min()) == -100  # the layer's own bounds, reached
+
+
+def test_a_quantize_per_channel_stays_on_aten():
+    from torchkiln.runtime.backends.cuda.codegen.pointwise import fusable
+
+    net = Network("q_axis")
+    x = net.add_input("x", torch.float32, (4, 8))
+    q = net.add_layer(L.QuantizeLayer, [x], weights={"scale": torch.rand(8) + 0.1}, quant_type=I8, axis=1)
+    assert fusable(q) == "a quantize per channel, or with a zero point"

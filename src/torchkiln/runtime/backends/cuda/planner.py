@@ -103,7 +103,8 @@ from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
 logger = logging.getLogger(__name__)
 
-POINTWISE = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.ScaleLayer, L.SelectLayer)
+POINTWISE = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.ScaleLayer, L.SelectLayer,
+             L.QuantizeLayer)
 HALF = (torch.float16, torch.bfloat16)
 
 

@@ -51,7 +51,7 @@ _DIVISIONS = (L.ElementWiseOperation.FLOOR_DIV, L.ElementWiseOperation.TRUNC_DIV
               L.ElementWiseOperation.FMOD)
 Value = tuple[str, torch.dtype]  # a kernel variable and the dtype it holds (`held`)
 _KINDS = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.ScaleLayer, L.ParametricReLULayer,
-          L.ConstantLayer, L.SelectLayer)
+          L.ConstantLayer, L.SelectLayer, L.QuantizeLayer)
 HEADER = '''import triton
 import triton.language as tl
 from triton.language.extra import libdevice
@@ -71,6 +71,11 @@ def fusable(layer: L.Layer) -> str | None:
     out = layer.outputs[0].dtype
     if isinstance(layer, (L.ScaleLayer, L.ParametricReLULayer)) and not all(d.is_floating_point for d in dtypes):
         return f"a {layer.KIND} of {out} values"
+    if isinstance(layer, L.QuantizeLayer):
+        zero = layer.weights.get("zero_point")
+        if layer.weights["scale"].numel() != 1 or (zero is not None and bool(zero.any())):
+            return "a quantize per channel, or with a zero point"
+        return None
     if not isinstance(layer, (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer)):
         return None
     row, name, computed = _row(layer), _op_name(layer), computed_in(layer)
@@ -281,6 +286,14 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
                 w = w.reshape([-1] + [1] * (rank - layer.channel_axis % rank - 1))
             x = b.emit(template.format(x=x, w=b.as_float(b.weight(w))), torch.float32)[0]
         return b.emit(x, torch.float32)
+    if isinstance(layer, L.QuantizeLayer):  # per tensor, int8, no zero point (`fusable`): ir/reference.py's quantize
+        scale = layer.weights["scale"].float().reshape(())
+        x = b.as_float(xs[0])
+        x = b.emit(f"{x} / {b.as_float(b.weight(scale))}" if layer.divide else
+                   f"{x} * {b.as_float(b.weight(torch.reciprocal(scale)))}", torch.float32)[0]
+        low, high = float(layer.quant_min), float(layer.quant_max)
+        x = b.emit(f"tl.minimum(tl.maximum(tl.where({x} != {x}, {low}, {x}), {low}), {high})", torch.float32)[0]
+        return b.emit(f"(({x} + 12582912.0) - 12582912.0).to(tl.int8)", torch.int8)  # 1.5 * 2**23: half to even
     if isinstance(layer, L.SelectLayer):  # torch.where
         cond, then, other = xs
         return b.emit(f"tl.where({converted(cond, torch.bool)}, {converted(then, out)}, {converted(other, out)})",
