@@ -22,10 +22,11 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    fp8) activation by a dequantized constant weight runs on the quantized values (`torch._int_mm` /
    `torch._scaled_mm`) with the dequantize epilogue (`library`/`quantized_matmul`).
    3b. **Generated quantized products** (where timing is on): such a multiply with the generated pointwise step
-   that alone reads its product (the cast back to half precision, an activation, a residual) and its quantize
-   step where that quantizer is the multiply's alone is timed as one generated Triton GEMM on the quantized
-   values (codegen/gemm.py: the activation quantized as it is loaded, the dequantize, bias and pointwise layers
-   in its epilogue) against those library steps; the faster is kept (`generated`/`quantized_gemm`).
+   that alone reads its product (the cast back to half precision, an activation, the next layer's int8 quantize,
+   a residual) is timed as one generated Triton GEMM on the quantized values (codegen/gemm.py: the dequantize,
+   bias and pointwise layers in its epilogue) against those library steps; the faster is kept
+   (`generated`/`quantized_gemm`). A per-tensor int8 quantize is a pointwise layer (rule 2), so it joins the
+   kernel that makes its input.
    **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
    become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
 4. **Row groups** (fusion.py): each reduction over trailing axes (reduce, softmax, layer and instance norm) or scan
@@ -269,10 +270,9 @@ def _generated_products(network: Network, groups: list[tuple[Kernel, list[int]]]
 def _quantized_products(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph,
                         choose: ProductChooser) -> list[tuple[Kernel, list[int]]]:
     """Rule 3b of the module docstring: a quantized matrix multiply step, with the generated pointwise step that
-    alone reads its product (the cast back to half precision and what follows it) and its activation's quantize
-    step where that quantizer is the multiply's alone, becomes one generated quantized GEMM step where
-    `choose(requests)` names a tile configuration (the timed tactic; None keeps the library steps). It runs where
-    the pointwise step ran (after everything its layers read)."""
+    alone reads its product (the cast back to half precision and what follows it), becomes one generated quantized
+    GEMM step where `choose(requests)` names a tile configuration (the timed tactic; None keeps the library steps).
+    It runs where the pointwise step ran (after everything its layers read)."""
     if not have_triton():
         return groups
     from torchkiln.runtime.backends.cuda.codegen.gemm import quantized_gemm_layer
@@ -287,12 +287,6 @@ def _quantized_products(network: Network, groups: list[tuple[Kernel, list[int]]]
         if kernel != QUANTIZED_MATMUL or quantized_gemm_layer(mm := network.layers[max(members)]) is not None:
             continue
         steps, prologue = [g], [j for j in members if j != max(members)]
-        quantize = mm.inputs[0].producer.inputs[0].producer
-        q_step = owner.get(graph.index.get(id(quantize), -1))
-        if isinstance(quantize, L.QuantizeLayer) and graph.sole_reader(quantize.outputs[0]) is mm.inputs[0].producer \
-                and q_step is not None and groups[q_step][1] == [graph.index[id(quantize)]]:
-            steps.insert(0, q_step)
-            prologue.append(graph.index[id(quantize)])
         reader = graph.sole_reader(mm.outputs[0])
         p = owner.get(graph.index[id(reader)]) if reader is not None else None
         epilogue: tuple[int, ...] = ()

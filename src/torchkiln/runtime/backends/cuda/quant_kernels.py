@@ -12,9 +12,9 @@ the libraries refuse (int8: M <= 16; fp8: M not a multiple of 16) compute the sa
 values with `torch.matmul`.
 
 Where Triton is installed, the planner also times a generated quantized GEMM (`quantized_gemm`,
-codegen/gemm.py) for such a multiply: it quantizes the float activation as it loads it where the quantize layer
-is the multiply's alone, and runs the dequantize epilogue, the bias and the pointwise layers after it (the cast
-back to half precision, an activation, a residual) in the same kernel.
+codegen/gemm.py) for such a multiply: the integer or fp8 product with the dequantize epilogue, the bias and the
+pointwise layers after it (the cast back to half precision, an activation and its next quantize, a residual) in
+one kernel.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from torchkiln.runtime.plan import Kernel
 
 if TYPE_CHECKING:
     from torchkiln.ir.tensor import Tensor
-    from torchkiln.runtime.backends.cuda.codegen.gemm import GemmKernel, Quantization
+    from torchkiln.runtime.backends.cuda.codegen.gemm import GemmKernel
 
 KERNEL = Kernel("library", "quantized_matmul")
 GENERATED_OP = "quantized_gemm"  # the generated kernel's row: Kernel("generated", GENERATED_OP, (("config", ...),))
@@ -109,37 +109,26 @@ def _quantized_matmul(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> Ste
 
 
 class QuantizedProduct:
-    """The roles of a quantized multiply's step layers: its quantize layer (None where the step reads the quantized
-    activation), the activation's and the weight's dequantize layers, the weight's constant, the multiply, and
-    the pointwise layers after it."""
+    """The roles of a quantized multiply's step layers: the activation's and the weight's dequantize layers, the
+    weight's constant, the multiply, and the pointwise layers after it."""
 
     def __init__(self, layers: list[L.Layer]) -> None:
-        kinds = (L.QuantizeLayer, L.DequantizeLayer, L.ConstantLayer, L.MatrixMultiplyLayer)
         self.mm = next(layer for layer in layers if isinstance(layer, L.MatrixMultiplyLayer))
         self.dqx, self.dqw = self.mm.inputs[0].producer, self.mm.inputs[1].producer
         self.constant = self.dqw.inputs[0].producer
-        found = self.dqx.inputs[0].producer
-        self.quantize = found if any(found is layer for layer in layers) else None
-        self.epilogue = [layer for layer in layers if not isinstance(layer, kinds)]
-
-    @property
-    def activation(self) -> object:
-        """The tensor the step reads as its activation: the quantize layer's float input, or the quantized value."""
-        return (self.quantize or self.dqx).inputs[0]
+        own = {id(self.mm), id(self.dqx), id(self.dqw), id(self.constant)}
+        self.epilogue = [layer for layer in layers if id(layer) not in own]
 
 
 def generated_kernel(layers: list[L.Layer], inputs: Sequence[int], outputs: Sequence[Tensor]
-                     ) -> tuple[GemmKernel, QuantizedProduct, Quantization]:
+                     ) -> tuple[GemmKernel, QuantizedProduct]:
     """The generated quantized GEMM of a step's `layers` (`QuantizedProduct`'s roles), reading `inputs` (tensor ids,
     the step's order) and writing `outputs`."""
-    from torchkiln.runtime.backends.cuda.codegen.gemm import Quantization, generate
+    from torchkiln.runtime.backends.cuda.codegen.gemm import generate
 
     roles = QuantizedProduct(layers)
-    q = roles.quantize
-    quantization = Quantization(roles.dqw.quant_type, q is not None, bool(q is not None and q.divide),
-                                *((q.quant_min, q.quant_max) if q is not None else (-128, 127)))
     reads = epilogue_inputs(roles.mm, roles.epilogue, inputs)
-    return generate(roles.mm, roles.epilogue, reads, outputs, quantization), roles, quantization
+    return generate(roles.mm, roles.epilogue, reads, outputs, roles.dqw.quant_type), roles
 
 
 @maker("generated", GENERATED_OP)
@@ -147,20 +136,13 @@ def _quantized_gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepF
     from torchkiln.runtime.backends.cuda.codegen.gemm import Config, GemmLauncher
 
     weights = {id(layer): w for layer, w in zip(step.layers, step.weights)}
-    source, roles, _ = generated_kernel(step.layers, step.inputs, [step_output(step.layers, o) for o in step.outputs])
+    source, roles = generated_kernel(step.layers, step.inputs, [step_output(step.layers, o) for o in step.outputs])
     scale_x = weights[id(roles.dqx)]["scale"].reshape(()).float()
     columns = (scale_x * weights[id(roles.dqw)]["scale"].float().reshape(-1)).contiguous()
-    q = roles.quantize
-    if q is None:
-        factor = torch.ones((), device=step.device)
-    else:
-        scale_q = weights[id(q)]["scale"].reshape(()).float()
-        factor = scale_q if q.divide else torch.reciprocal(scale_q)  # the reference's arithmetic
     weight = weights[id(roles.constant)]["value"]  # [N, K]: the generated GEMM takes x @ W.T only
-    launch = GemmLauncher(source, roles.mm, Config.parse(str(kernel.option("config", ""))),
-                          (factor.reshape(1), columns))
+    launch = GemmLauncher(source, roles.mm, Config.parse(str(kernel.option("config", ""))), columns)
     reads = epilogue_inputs(roles.mm, roles.epilogue, step.inputs)
-    x_at, at = step.inputs.index(id(roles.activation)), [step.inputs.index(id(t)) for t in reads]
+    x_at, at = step.inputs.index(id(roles.dqx.inputs[0])), [step.inputs.index(id(t)) for t in reads]
     bias = weights[id(roles.mm)].get("bias")
     bias = None if bias is None else bias.float()
     return lambda xs: launch(xs[x_at], weight, bias, [xs[k] for k in at])
