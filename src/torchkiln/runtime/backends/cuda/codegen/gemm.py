@@ -13,8 +13,8 @@ A quantized product (a matrix multiply of a dequantized int8 or fp8 activation b
 post-training quantization's Q/DQ form) runs on the quantized values: int8 x int8 into an int32 accumulator, or fp8
 e4m3 x fp8 e4m3 into float32, then times each column's scale (the activation's scale times the weight's channel
 scale) and plus the bias in float32, then the epilogue. (Quantizing the float activation as the kernel loads it was
-measured and dropped: BERT-base's GEMMs at batch 32 took 3.7 ms against 1.3 ms reading the quantized activation on
-an H100; the quantize joins the kernel that makes the activation instead.)
+measured and dropped: a 12-layer, 768-wide encoder's GEMMs over 4096 tokens took 3.7 ms against 1.3 ms reading the
+quantized activation on an H100; the quantize joins the kernel that makes the activation instead.)
 """
 from __future__ import annotations
 
@@ -171,7 +171,8 @@ def quantized_gemm_layer(product: L.Layer) -> str | None:
 
 
 def _source(b: Builder, outputs: Sequence[Tensor], quant_type: torch.dtype | None = None) -> str:
-    params = ["a", "w", "bias", *(["col_scale"] if quant_type is not None else []), *epilogue.pointer_params(b, outputs), "M", "N", "K", "a_m", "a_k", "w_n",
+    scales = ["col_scale"] if quant_type is not None else []
+    params = ["a", "w", "bias", *scales, *epilogue.pointer_params(b, outputs), "M", "N", "K", "a_m", "a_k", "w_n",
               "w_k", *epilogue.stride_params(b, outputs),
               "HAS_BIAS: tl.constexpr", "EVEN_K: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
               "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr"]
