@@ -301,10 +301,11 @@ class _Loaded:
 SESSION_MODELS = "_torchkiln_session_models"  # a blob's attribute: the `SessionModels` stored with its engine
 
 
-def _blob_key(blob: torch.Tensor) -> tuple[int, int, int]:
-    """Changes whenever the bytes may have: another storage, or an in-place write (the version counter)."""
+def _blob_key(blob: torch.Tensor) -> tuple[int, int, int, torch.dtype]:
+    """Changes whenever the bytes may have (another storage, or an in-place write: the version counter) and with
+    the dtype, so a blob of its engine's key is as `check_blob` passed it (`.data` keeps the kind of tensor)."""
     version = -1 if blob.is_inference() else blob._version  # inference tensors cannot be written outside it
-    return blob.data_ptr(), version, blob.numel()
+    return blob.data_ptr(), version, blob.numel(), blob.dtype
 
 
 def check_blob(blob: Any, holds_bytes: bool = True) -> None:
@@ -327,11 +328,12 @@ def check_blob(blob: Any, holds_bytes: bool = True) -> None:
 
 def engine_from_blob(blob: torch.Tensor, expected: str = "") -> Engine:
     """The Engine a module's blob holds, deserialized when the bytes are new; refused (EngineFormatError)
-    if `expected` names another engine signature or the blob is no uint8 tensor."""
-    check_blob(blob)
-    key = _blob_key(blob)
+    if `expected` names another engine signature or the blob is no uint8 tensor (checked where its bytes are new:
+    the key of a blob that holds an engine changes with anything `check_blob` checks)."""
     loaded = getattr(blob, "_torchkiln_engine", None)
-    if loaded is None or loaded.key != key:
+    if loaded is None or loaded.key != _blob_key(blob):
+        check_blob(blob)
+        key = _blob_key(blob)
         with _load_lock:
             loaded = getattr(blob, "_torchkiln_engine", None)
             if loaded is None or loaded.key != key:
@@ -351,7 +353,7 @@ def engine_from_blob(blob: torch.Tensor, expected: str = "") -> Engine:
 
 def plain_tensors(tensors: Sequence[Any]) -> bool:
     """Whether these are all plain tensors that hold data (no subclass such as fake tensors, not on meta)."""
-    return all(type(x) is torch.Tensor and x.device.type != "meta" for x in tensors)
+    return all(type(x) is torch.Tensor and not x.is_meta for x in tensors)
 
 
 def execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, signature: str = "") -> list[torch.Tensor]:

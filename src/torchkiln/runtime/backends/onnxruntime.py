@@ -366,6 +366,11 @@ class _Session:
                 raise BackendUnavailable(f"ONNX Runtime refused the segment {sub.name!r}: {e}") from None
         self.input_names = [v.name for v in self.session.get_inputs()]
         self.output_names = [v.name for v in self.session.get_outputs()]
+        # The compiled session's own run, where ORT has one (`_sess`): InferenceSession.run first checks in Python
+        # that every input is fed, that no OrtValue of another session is, and that no WebGPU graph is captured,
+        # none of which a call here can break (it feeds the session's own input names, numpy arrays, on the CPU);
+        # ~15 us a call after a 2 ms one (issue 27: that Python runs with cold caches).
+        self._run = getattr(self.session, "_sess", self.session).run
         self.outputs = list(sub.outputs)
         self.guarded = len(self.output_names) > len(self.outputs)  # the guard output (network_to_onnx) is last
 
@@ -386,8 +391,8 @@ class _Session:
         return session
 
     def run(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
-        feeds = {name: x.detach().contiguous().numpy() for name, x in zip(self.input_names, xs)}
-        outs = self.session.run(self.output_names, feeds)
+        feeds = {name: _numpy(x) for name, x in zip(self.input_names, xs)}
+        outs = self._run(self.output_names, feeds, None)
         if self.guarded and outs.pop():
             raise OutsideExactRange(f"values outside the range ONNX Runtime computes exactly reached a layer of "
                                     f"{self.session_name} (NaN or inf into a linear resize, for example)")
@@ -411,6 +416,11 @@ class _Session:
                     f"ONNX Runtime gave {dtype_name(out.dtype)}{list(out.shape)} for tensor {t.name!r} (output of "
                     f"{where}), where the engine declares {dtype_name(t.dtype)}{list(shape)}: the layer's ONNX "
                     f"export is wrong; compile with backend='reference' to run this engine")
+
+
+def _numpy(x: torch.Tensor):
+    """A numpy view of `x`'s own memory where it is contiguous (ORT reads it in place), else of a contiguous copy."""
+    return x.numpy() if x.is_contiguous() and not x.requires_grad else x.detach().contiguous().numpy()
 
 
 def _usable(models: SessionModels | None, version: str, sessions: int) -> list[bytes | None]:
@@ -469,6 +479,14 @@ class OrtRunner:
         self._reference: ReferenceExecutor | None = None
         self._binder = SymbolBinder.for_network(network)
         self._checked: set[tuple[tuple[int, ...], ...]] = set()  # input shapes whose outputs were checked
+        # One session of static input shapes: once its outputs are checked (at the first call), a call is its run
+        self._one_session: _Session | None = None
+        if len(self.steps) == 1 and isinstance(self.steps[0][0], _Session) and not self.passed_through and \
+                not symbols_of([t.shape for t in network.inputs]):
+            self._one_session, reads, made = self.steps[0]
+            # where the session reads the inputs in another order (or not all) and makes the outputs in another
+            self._take = None if reads == self.input_ids else [self.input_ids.index(i) for i in reads]
+            self._order = None if made == self.output_ids else [made.index(i) for i in self.output_ids]
         logger.debug("network %s on onnxruntime: %d sessions, %d reference segments, %d threads (spinning: %s)",
                      network.name, self.sessions, len(self.steps) - self.sessions, threads, spin)
 
@@ -476,28 +494,36 @@ class OrtRunner:
             visit: Callable[[L.Layer | None, list[torch.Tensor]], None] | None = None) -> list[torch.Tensor]:
         """The network's outputs; `visit(layer, its outputs)` is called after each layer of a reference segment and
         `visit(None, the session's outputs)` after each session (per-step timing: runtime/profile.py)."""
-        values = dict(zip(self.input_ids, inputs))
-        signature = tuple(tuple(x.shape) for x in inputs)
-        bindings = None if signature in self._checked else self._binder.bind(signature) if self._binder else {}
         try:
-            for (step, ins, outs), frees in zip(self.steps, self.frees):
-                xs = [values[i] for i in ins]
-                if isinstance(step, _Session):
-                    results = step.run(xs)
-                    if bindings is not None:  # once per input-shape signature
-                        step.check(results, bindings)
-                    if visit is not None:
-                        visit(None, results)
-                else:
-                    results = step.run(xs, visit)
-                values.update(zip(outs, results))
-                for i in frees:
-                    del values[i]
+            if self._one_session is not None and self._checked and visit is None:
+                outputs = self._one_session.run(inputs if self._take is None else [inputs[k] for k in self._take])
+                return outputs if self._order is None else [outputs[k] for k in self._order]
+            return self._run_steps(inputs, visit)
         except self.errors as e:
             return self._run_on_reference(inputs, e)
         except OutsideExactRange as e:
             logger.debug("network %s: this call runs on the reference backend: %s", self.network.name, e)
             return self._reference_executor().run(inputs)
+
+    def _run_steps(self, inputs: list[torch.Tensor],
+                   visit: Callable[[L.Layer | None, list[torch.Tensor]], None] | None) -> list[torch.Tensor]:
+        """`run`, step by step, each session's outputs checked at the first call of each input-shape signature."""
+        values = dict(zip(self.input_ids, inputs))
+        signature = tuple(tuple(x.shape) for x in inputs)
+        bindings = None if signature in self._checked else self._binder.bind(signature) if self._binder else {}
+        for (step, ins, outs), frees in zip(self.steps, self.frees):
+            xs = [values[i] for i in ins]
+            if isinstance(step, _Session):
+                results = step.run(xs)
+                if bindings is not None:  # once per input-shape signature
+                    step.check(results, bindings)
+                if visit is not None:
+                    visit(None, results)
+            else:
+                results = step.run(xs, visit)
+            values.update(zip(outs, results))
+            for i in frees:
+                del values[i]
         if bindings is not None:
             if len(self._checked) >= MAX_CACHED_SIGNATURES:
                 self._checked.clear()
