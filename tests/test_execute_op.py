@@ -39,6 +39,17 @@ def test_engine_cache_follows_setattr(tmp_path):
     torch.testing.assert_close(torch.jit.load(tmp_path / "m.ts")(x), b(x))
 
 
+def test_an_engine_attribute_made_another_dtype_in_place_is_refused():
+    """`.data` set to a view of the same bytes as another dtype keeps the storage, version and size: the engine
+    loaded from those bytes is not reused, and the attribute is refused as any non-uint8 one."""
+    _, _, ca, _ = _compiled_pair()
+    x = torch.randn(2, 64)
+    ca(x)
+    ca._torchkiln_engine_0.data = ca._torchkiln_engine_0.view(torch.int8)
+    with pytest.raises(torchkiln.EngineFormatError, match="must be a uint8 tensor of engine bytes, got a torch.int8"):
+        ca(x)
+
+
 def test_engine_of_another_module_is_refused(tmp_path):
     ca = torchkiln.compile(MLP().eval(), SPEC)
     other = torchkiln.compile(MLP(classes=7).eval(), SPEC)

@@ -21,7 +21,8 @@ from torchkiln.ir import Network
 from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import DimSymbol, shape_range
 from torchkiln.runtime.backends import BACKENDS
-from torchkiln.runtime.backends.onnxruntime import TOO_SMALL, OrtRunner, plan_segments
+from torchkiln.examples import MLP
+from torchkiln.runtime.backends.onnxruntime import TOO_SMALL, OrtRunner, _numpy, plan_segments
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.executor import ReferenceExecutor
 
@@ -74,6 +75,9 @@ def test_every_layer_kind_matches_the_reference_meanings(backend):
                 engine.execute(inputs)
             continue
         out = [o.cpu() for o in engine.execute([x.to(device) for x in inputs])]
+        # a second call takes the runner's steady path (ORT: the session's run alone, outputs checked already)
+        again = [o.cpu() for o in engine.execute([x.to(device) for x in inputs])]
+        torch.testing.assert_close(again, out, rtol=0, atol=0, equal_nan=True, msg=f"{name}: a second call differs")
         # a generated kernel rounds a half-precision chain once, at its end; the reference after every layer
         half = device == "cuda" and any(t.dtype in (torch.float16, torch.bfloat16)
                                         for layer in net.layers for t in layer.outputs)
@@ -81,6 +85,55 @@ def test_every_layer_kind_matches_the_reference_meanings(backend):
         for o, x in ((o, x) for o in out for x in inputs):
             assert not (o.numel() and x.numel() and o.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()), \
                 f"{name}: an output shares memory with an input"
+
+
+def test_one_session_whose_inputs_and_outputs_are_in_another_order_maps_them_at_every_call():
+    """The session reads `b` first and not `unused`, and makes the outputs in the other order than the network
+    returns them: the first call (outputs checked) and later ones (the session's run alone) map them alike."""
+    net = Network("reordered")
+    a = net.add_input("a", torch.float32, (3, 4))
+    b = net.add_input("b", torch.float32, (3, 4))
+    net.add_input("unused", torch.float32, (2,))
+    first = net.add_activation(b, L.ActivationType.RELU).get_output()
+    second = net.add_elementwise(first, a, E.SUM).get_output()
+    net.mark_output(second)
+    net.mark_output(first)
+    engine = engine_of(net, "onnxruntime")
+    runner = engine.runner(CPU)
+    assert runner.sessions == 1 and len(runner.steps) == 1
+    assert runner.steps[0][1] != runner.input_ids and runner.steps[0][2] != runner.output_ids
+    for seed in range(3):
+        g = torch.Generator().manual_seed(seed)
+        inputs = [torch.randn(3, 4, generator=g), torch.randn(3, 4, generator=g), torch.randn(2, generator=g)]
+        out = engine.execute(inputs)
+        assert len(out) == 2 and all(torch.equal(o, r) for o, r in zip(out, ReferenceExecutor(net, CPU).run(inputs)))
+
+
+def test_outputs_kept_across_calls_keep_their_values():
+    """ORT's outputs come back without a copy (numpy arrays over buffers of its own, made per call): an output a
+    caller keeps is never memory a later call writes."""
+    model = MLP().eval()
+    compiled = torchkiln.compile(model, [torchkiln.Input((2, 64))])
+    xs = [torch.randn(2, 64, generator=torch.Generator().manual_seed(k)) for k in range(4)]
+    kept = [compiled(x) for x in xs]
+    with torch.no_grad():
+        for x, out in zip(xs, kept):
+            assert_matches_eager(out, model(x))
+    assert len({out.data_ptr() for out in kept}) == len(kept)
+
+
+def test_onnx_runtime_reads_a_contiguous_input_in_place():
+    """What a session is fed for a contiguous input is a view of the tensor's own memory (requires_grad or not),
+    which ORT's numpy conversion wraps without copying; a non-contiguous input is fed as a contiguous copy."""
+    from onnxruntime import OrtValue
+
+    for x in (torch.randn(2, 64), torch.randn(2, 64, requires_grad=True)):
+        fed = _numpy(x)
+        assert fed.ctypes.data == x.data_ptr() and fed.shape == (2, 64)
+        assert OrtValue.ortvalue_from_numpy(fed).data_ptr() == x.data_ptr()
+    x = torch.randn(64, 2).t()
+    fed = _numpy(x)
+    assert fed.flags["C_CONTIGUOUS"] and fed.ctypes.data != x.data_ptr() and torch.equal(torch.from_numpy(fed), x)
 
 
 def _mixed_network() -> Network:

@@ -127,6 +127,37 @@ def test_out_of_range_index_raises_like_eager(model, data, good, bad):
         compiled(*args)
 
 
+def test_grad_mode_is_as_it_was_after_a_call_and_after_an_error_inside_the_engine():
+    compiled, args = _index_case(_Embed(), [], torch.tensor([0, 3, 1]), torch.tensor([0, 4, 1]))
+    for enabled in (True, False):
+        with torch.set_grad_enabled(enabled):
+            assert not compiled(torch.tensor([1, 2, 0])).requires_grad and torch.is_grad_enabled() == enabled
+            with pytest.raises(torchkiln.EngineIndexError):
+                compiled(*args)
+            assert torch.is_grad_enabled() == enabled
+
+
+def test_inputs_checked_by_one_comparison_still_get_each_documented_error(compiled):
+    """After calls that fit (each input compared at once with its dtype and shape), every kind of misfit still
+    reaches the check that names it."""
+    x = torch.randn(2, 64)
+    compiled(x)
+    compiled(x)
+    for bad, message in [(torch.randn(2, 63), r"expected shape \(2, 64\), got \(2, 63\)"),
+                         (x.double(), "expected dtype torch.float32, got torch.float64"),
+                         (x.to(torch.float16), "expected dtype torch.float32, got torch.float16"),
+                         (torch.randn(64), r"expected shape \(2, 64\), got \(64,\)")]:
+        with pytest.raises(torchkiln.EngineInputError, match=message):
+            compiled(bad)
+    engine = engine_from_blob(compiled._torchkiln_engine_0)
+    with pytest.raises(torchkiln.EngineInputError, match=r"expects 1 inputs \('x'\), got 0"):
+        engine.execute([])
+    with pytest.raises(torchkiln.EngineInputError, match="expected a tensor, got ndarray"):
+        engine.execute([x.numpy()])
+    parameter = torch.nn.Parameter(x.clone())  # a tensor subclass: checked in full, and taken
+    torch.testing.assert_close(engine.execute([parameter])[0], compiled(x), rtol=0, atol=0)
+
+
 def test_advanced_indexing_wraps_negative_indices_like_eager():
     model = _AdvancedIndexTwo()
     args = [X, torch.tensor([-1, 0, -4]), torch.tensor([2, -3, -1])]

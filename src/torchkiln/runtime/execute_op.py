@@ -301,10 +301,12 @@ class _Loaded:
 SESSION_MODELS = "_torchkiln_session_models"  # a blob's attribute: the `SessionModels` stored with its engine
 
 
-def _blob_key(blob: torch.Tensor) -> tuple[int, int, int]:
-    """Changes whenever the bytes may have: another storage, or an in-place write (the version counter)."""
+def _blob_key(blob: torch.Tensor) -> tuple[int, int, int, torch.dtype]:
+    """Changes whenever the bytes may have (another storage, or an in-place write: the version counter), and with
+    the dtype: a blob whose key is still its engine's is as `check_blob` passed it (setting `.data` keeps the kind
+    of tensor, so only the dtype can change with the same storage)."""
     version = -1 if blob.is_inference() else blob._version  # inference tensors cannot be written outside it
-    return blob.data_ptr(), version, blob.numel()
+    return blob.data_ptr(), version, blob.numel(), blob.dtype
 
 
 def check_blob(blob: Any, holds_bytes: bool = True) -> None:
@@ -327,11 +329,12 @@ def check_blob(blob: Any, holds_bytes: bool = True) -> None:
 
 def engine_from_blob(blob: torch.Tensor, expected: str = "") -> Engine:
     """The Engine a module's blob holds, deserialized when the bytes are new; refused (EngineFormatError)
-    if `expected` names another engine signature or the blob is no uint8 tensor."""
-    check_blob(blob)
-    key = _blob_key(blob)
+    if `expected` names another engine signature or the blob is no uint8 tensor (`check_blob`, where the blob's key
+    is not its engine's)."""
     loaded = getattr(blob, "_torchkiln_engine", None)
-    if loaded is None or loaded.key != key:
+    if loaded is None or loaded.key != _blob_key(blob):
+        check_blob(blob)
+        key = _blob_key(blob)
         with _load_lock:
             loaded = getattr(blob, "_torchkiln_engine", None)
             if loaded is None or loaded.key != key:
@@ -351,7 +354,10 @@ def engine_from_blob(blob: torch.Tensor, expected: str = "") -> Engine:
 
 def plain_tensors(tensors: Sequence[Any]) -> bool:
     """Whether these are all plain tensors that hold data (no subclass such as fake tensors, not on meta)."""
-    return all(type(x) is torch.Tensor and x.device.type != "meta" for x in tensors)
+    for x in tensors:  # a loop, not all() of a generator: this runs at every call of a compiled module
+        if type(x) is not torch.Tensor or x.is_meta:
+            return False
+    return True
 
 
 def execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor, signature: str = "") -> list[torch.Tensor]:

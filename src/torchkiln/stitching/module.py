@@ -18,6 +18,7 @@ import os
 from typing import IO, Any
 
 import torch
+from torch.autograd import profiler as torch_profiler
 from torch.nn.modules import module as nn_module
 
 from torchkiln.runtime.execute_op import execute_engine, plain_tensors, reraise_engine_error
@@ -36,7 +37,7 @@ class EngineCall:
 
     def run(self, blob: torch.Tensor, args: tuple[torch.Tensor, ...]) -> Any:
         inputs = [args[i] for i in self.args]
-        if torch.autograd._profiler_enabled():  # through the dispatcher, so a profile shows the op as it is
+        if torch_profiler._is_profiler_enabled:  # through the dispatcher, so a profile shows the op as it is
             outputs = torch.ops.torchkiln.execute_engine(inputs, blob, self.signature)
         else:
             outputs = execute_engine(inputs, blob, self.signature)
@@ -76,8 +77,12 @@ class RaisesEngineErrors:
     """Mixin for a ScriptModule: an engine's error raised inside it reaches the caller as its torchkiln type."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        call = self._engine_call()
-        if call is not None and not kwargs and len(args) == call.num_args and not self._has_hooks():
+        call = self.__dict__.get("_torchkiln_engine_call", False)
+        if call is False:
+            call = self._engine_call()
+        if call is not None and not kwargs and len(args) == call.num_args and not (
+                self._forward_hooks or self._forward_pre_hooks or nn_module._global_forward_hooks
+                or nn_module._global_forward_pre_hooks):
             blob = self._c.getattr(call.attr)
             if plain_tensors([blob, *args]):
                 return call.run(blob, args)
@@ -94,9 +99,6 @@ class RaisesEngineErrors:
                 "forward") else None
         return self.__dict__["_torchkiln_engine_call"]
 
-    def _has_hooks(self) -> bool:
-        return bool(self._forward_hooks or self._forward_pre_hooks or nn_module._global_forward_hooks
-                    or nn_module._global_forward_pre_hooks)
 
 
 class CompiledModule(RaisesEngineErrors, torch.jit.RecursiveScriptModule):
