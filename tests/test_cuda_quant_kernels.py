@@ -286,3 +286,53 @@ def test_a_quantize_per_channel_stays_on_aten():
     x = net.add_input("x", torch.float32, (4, 8))
     q = net.add_layer(L.QuantizeLayer, [x], weights={"scale": torch.rand(8) + 0.1}, quant_type=I8, axis=1)
     assert fusable(q) == "a quantize per channel, or with a zero point"
+
+
+def _quantize_network(quant_type: torch.dtype, shape: tuple[int, ...] = (4, 40)) -> Network:
+    net = Network("q")
+    x = net.add_input("x", torch.float16, shape)
+    net.mark_output(net.add_layer(L.QuantizeLayer, [x], weights={"scale": torch.tensor([0.5])},
+                                  quant_type=quant_type).get_output())
+    return net
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU plan runs in Triton's interpreter")
+@pytest.mark.usefixtures("triton_interpreter")
+def test_an_fp8_quantize_is_a_generated_kernel():
+    """fp8: clamped to +-448. Values whose quotient fp8 holds exactly: the interpreter's own fp8 conversion rounds
+    wrongly across binades and turns NaN into 384, so the GPU test below checks rounding and NaN."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from harness import run_plan_eagerly
+
+    from torchkiln.runtime.backends import BackendOptions
+    from torchkiln.runtime.backends.cuda import planner
+
+    net = _quantize_network(F8, (1, 12))
+    plan = planner.make_plan(net, torch.device("cpu"), BackendOptions(timing_iterations=0))
+    assert [plan.kernels[s.kernel].op for s in plan.steps] == ["pointwise"]
+    x = torch.tensor([[0.0, 0.125, -0.375, 0.75, 112.0, -224.0, 500.0, -1e4, float("inf"), -float("inf"),
+                       -0.0, 0.0078125]]).half()
+    got = run_plan_eagerly(net, plan, [x])[0]
+    ref = ReferenceExecutor(net, torch.device("cpu")).run([x])[0]
+    assert got.dtype == F8
+    assert torch.equal(got.view(torch.int8), ref.view(torch.int8))
+
+
+@needs_cuda
+@pytest.mark.parametrize("quant_type", [I8, F8], ids=["int8", "fp8"])
+def test_generated_quantize_on_the_gpu_is_the_reference_bit_for_bit(quant_type):
+    if quant_type == F8 and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs sm_89")
+    from torchkiln.runtime.backends import BackendOptions
+    from torchkiln.runtime.backends.cuda import planner
+    from torchkiln.runtime.backends.cuda.runner import CudaRunner
+
+    net = _quantize_network(quant_type, (64, 1000))
+    device = torch.device("cuda")
+    plan = planner.make_plan(net, device, BackendOptions(timing_iterations=0))
+    assert [plan.kernels[s.kernel].op for s in plan.steps] == ["pointwise"]
+    x = (torch.randn(64, 1000, generator=torch.Generator().manual_seed(3)) * 60).half()
+    x[0, :5] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.25, 0.75]).half()
+    got = CudaRunner(net, plan, device, BackendOptions()).run([x.to(device)])[0].cpu()
+    ref = ReferenceExecutor(net, torch.device("cpu")).run([x])[0]
+    assert torch.equal(got.view(torch.int8), ref.view(torch.int8))  # the same bits, NaN included

@@ -44,7 +44,7 @@ FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 VALUE_DTYPES = (*FLOATS, torch.bool, *INTEGERS)
 TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.bool: "tl.int1",
-      **{d: f"tl.{str(d).removeprefix('torch.')}" for d in INTEGERS}}
+      torch.float8_e4m3fn: "tl.float8e4nv", **{d: f"tl.{str(d).removeprefix('torch.')}" for d in INTEGERS}}
 _BOOL_RULES = (P.DtypeRule.COMPARE, P.DtypeRule.LOGICAL, P.DtypeRule.PREDICATE)
 _BITWISE = (L.ElementWiseOperation.BITWISE_AND, L.ElementWiseOperation.BITWISE_OR, L.ElementWiseOperation.BITWISE_XOR)
 _DIVISIONS = (L.ElementWiseOperation.FLOOR_DIV, L.ElementWiseOperation.TRUNC_DIV, L.ElementWiseOperation.REMAINDER,
@@ -64,6 +64,11 @@ def fusable(layer: L.Layer) -> str | None:
     """None if `layer` can be computed in a generated pointwise kernel, else why not."""
     if not isinstance(layer, _KINDS):
         return f"{layer.KIND} is not a pointwise layer kind the generator knows"
+    if isinstance(layer, L.QuantizeLayer):  # its output is the one int8 or fp8 value a kernel makes (and only stores)
+        zero = layer.weights.get("zero_point")
+        if layer.weights["scale"].numel() != 1 or (zero is not None and bool(zero.any())):
+            return "a quantize per channel, or with a zero point"
+        return None if layer.inputs[0].dtype in FLOATS else f"a quantize of {layer.inputs[0].dtype} values"
     dtypes = [t.dtype for t in (*layer.inputs, *layer.outputs)] + [w.dtype for w in layer.weights.values()]
     wrong = [d for d in dtypes if d not in VALUE_DTYPES]
     if wrong:
@@ -71,11 +76,6 @@ def fusable(layer: L.Layer) -> str | None:
     out = layer.outputs[0].dtype
     if isinstance(layer, (L.ScaleLayer, L.ParametricReLULayer)) and not all(d.is_floating_point for d in dtypes):
         return f"a {layer.KIND} of {out} values"
-    if isinstance(layer, L.QuantizeLayer):
-        zero = layer.weights.get("zero_point")
-        if layer.weights["scale"].numel() != 1 or (zero is not None and bool(zero.any())):
-            return "a quantize per channel, or with a zero point"
-        return None
     if not isinstance(layer, (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer)):
         return None
     row, name, computed = _row(layer), _op_name(layer), computed_in(layer)
@@ -286,11 +286,16 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
                 w = w.reshape([-1] + [1] * (rank - layer.channel_axis % rank - 1))
             x = b.emit(template.format(x=x, w=b.as_float(b.weight(w))), torch.float32)[0]
         return b.emit(x, torch.float32)
-    if isinstance(layer, L.QuantizeLayer):  # per tensor, int8, no zero point (`fusable`): ir/reference.py's quantize
+    if isinstance(layer, L.QuantizeLayer):  # per tensor, no zero point (`fusable`): ir/reference.py's quantize
         scale = layer.weights["scale"].float().reshape(())
         x = b.as_float(xs[0])
         x = b.emit(f"{x} / {b.as_float(b.weight(scale))}" if layer.divide else
                    f"{x} * {b.as_float(b.weight(torch.reciprocal(scale)))}", torch.float32)[0]
+        if out == torch.float8_e4m3fn:  # clamped to its finite range, NaN kept, rounded by the conversion
+            low, high = L.QUANT_RANGE[out]
+            x = b.emit(f"tl.where({x} != {x}, {x}, tl.minimum(tl.maximum({x}, {float(low)}), {float(high)}))",
+                       torch.float32)[0]
+            return b.emit(f"{x}.to({TL[out]})", out)
         low, high = float(layer.quant_min), float(layer.quant_max)
         x = b.emit(f"tl.minimum(tl.maximum(tl.where({x} != {x}, {low}, {x}), {low}), {high})", torch.float32)[0]
         return b.emit(f"(({x} + 12582912.0) - 12582912.0).to(tl.int8)", torch.int8)  # 1.5 * 2**23: half to even
