@@ -336,3 +336,38 @@ def test_generated_quantize_on_the_gpu_is_the_reference_bit_for_bit(quant_type):
     got = CudaRunner(net, plan, device, BackendOptions()).run([x.to(device)])[0].cpu()
     ref = ReferenceExecutor(net, torch.device("cpu")).run([x])[0]
     assert torch.equal(got.view(torch.int8), ref.view(torch.int8))  # the same bits, NaN included
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU plan runs in Triton's interpreter")
+@pytest.mark.usefixtures("triton_interpreter")
+def test_two_products_multiplied_each_take_an_epilogue(monkeypatch):
+    """cast(q(x) @ A.T) * cast(q(x) @ B.T) (a gated unit): the first GEMM writes its fp16 cast, the second computes
+    its cast and the product with the first's in its epilogue; values as the meanings'."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from harness import run_plan_eagerly
+
+    from torchkiln.runtime.backends.cuda.codegen.gemm import Config
+    from torchkiln.runtime.backends.cuda.quant_kernels import GENERATED_OP
+
+    gen = torch.Generator().manual_seed(5)
+    net = Network("gated")
+    x = net.add_input("x", torch.float16, (3, 7, 48))
+    scale = {"scale": torch.tensor([0.5])}
+    q = net.add_layer(L.QuantizeLayer, [x], weights=scale, quant_type=I8).get_output()
+    made = []
+    for _ in range(2):
+        dq = net.add_layer(L.DequantizeLayer, [q], weights=scale, quant_type=I8).get_output()
+        w, w_scale = quantize_weight(torch.randn(32, 48, generator=gen) / 4, 0, I8)
+        dqw = net.add_layer(L.DequantizeLayer, [net.add_constant(w).get_output()], weights={"scale": w_scale}, axis=0,
+                            quant_type=I8).get_output()
+        mm = net.add_matrix_multiply(dq, L.MatrixOperation.NONE, dqw, L.MatrixOperation.TRANSPOSE).get_output()
+        made.append(net.add_cast(mm, torch.float16).get_output())
+    net.mark_output(net.add_elementwise(*made, L.ElementWiseOperation.PROD).get_output())
+    plan = _plan_generated(net, monkeypatch, Config(16, 16, 32, 1, 4, 2).text())
+    steps = [[net.layers[j].KIND for j in s.layers] for s in plan.steps if plan.kernels[s.kernel].op == GENERATED_OP]
+    product = ["dequantize", "constant", "dequantize", "matrix_multiply"]
+    assert steps == [[*product, "cast"], [*product, "cast", "elementwise"]], steps
+    xs = [_activation(I8)]
+    got = run_plan_eagerly(net, plan, xs)[0]
+    ref = ReferenceExecutor(net, torch.device("cpu")).run(xs)[0]
+    assert float((got.float() - ref.float()).abs().max()) <= 2.0 ** -10 * float(ref.abs().max())
