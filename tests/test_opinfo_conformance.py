@@ -202,3 +202,23 @@ def test_an_op_cut_short_by_its_time_cap_is_noted():
     (info,) = op_infos(["add"])
     result = run_op(info, ["reference"], time_cap=0.0)
     assert not result.tested and result.notes == {"reference": "time cap: no sample after 0 s"}
+
+
+def test_a_trace_returning_an_unwritten_allocation_is_left_out():
+    """A kernel the tracer cannot see (torch.cuda.jiterator's launch) leaves its output's allocation in the trace:
+    its values are whatever memory comes back, so the case is not compared (the cuda sweep counted such cases
+    WRONG). An allocation the graph writes in place is a value, and kept."""
+    from torchkiln.coverage.opinfo import returns_uninitialized
+
+    class Unwritten(torch.nn.Module):
+        def forward(self, x):
+            return x + 1, torch.empty_like(x)
+
+    class Written(torch.nn.Module):
+        def forward(self, x):
+            return torch.empty_like(x).fill_(2.0) * x
+
+    x = torch.randn(3, 4)
+    assert returns_uninitialized(torch.jit.trace(Unwritten(), x).inlined_graph)
+    assert not returns_uninitialized(torch.jit.trace(Written(), x).inlined_graph)
+    assert not returns_uninitialized(torch.jit.trace(torch.nn.ReLU(), x).inlined_graph)
