@@ -371,3 +371,16 @@ def test_two_products_multiplied_each_take_an_epilogue(monkeypatch):
     got = run_plan_eagerly(net, plan, xs)[0]
     ref = ReferenceExecutor(net, torch.device("cpu")).run(xs)[0]
     assert float((got.float() - ref.float()).abs().max()) <= 2.0 ** -10 * float(ref.abs().max())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU plan runs in Triton's interpreter")
+def test_the_fusion_report_says_why_a_quantized_gemm_reads_its_activation_from_memory(monkeypatch):
+    pytest.importorskip("triton", reason="triton is not installed")
+    from torchkiln.runtime.backends.cuda.codegen.gemm import Config
+    from torchkiln.runtime.backends.cuda.fusion_report import format_edges
+
+    net = _fp16_linear(I8, chained=True)
+    lines = format_edges(net, _plan_generated(net, monkeypatch, Config(16, 16, 32, 1, 4, 2).text()))
+    assert len(lines) == 2, lines  # the input's quantize -> the first GEMM -> the second GEMM
+    assert all("generated quantized GEMM (rule 3b): it reads its activation quantized from memory" in line
+               for line in lines), lines

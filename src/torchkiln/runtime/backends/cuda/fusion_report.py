@@ -300,5 +300,15 @@ def _max_pool(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) -> str:
     return ""
 
 
-_RULES = (_aten_reader, _aten_producer, _library_reader, _library_producer, _row_steps, _indexed_steps,
-          _pointwise_groups, _max_pool)
+def _quantized_products(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) -> str:
+    if ctx.is_step(b, "generated", "quantized_gemm") and isinstance(r, L.DequantizeLayer):
+        return f"the reader is a generated quantized GEMM (rule 3b): it reads its activation quantized from memory " \
+               f"(quantizing it in the GEMM's loads was measured slower), and {p.KIND} {p.name!r} writes it"
+    if ctx.is_step(a, "generated", "quantized_gemm"):
+        return "the generated quantized GEMM (rule 3b) took the pointwise step that alone reads its product as its " \
+               f"epilogue; {r.KIND} {r.name!r} is not part of it"
+    return ""
+
+
+_RULES = (_aten_reader, _aten_producer, _library_reader, _library_producer, _quantized_products, _row_steps,
+          _indexed_steps, _pointwise_groups, _max_pool)
