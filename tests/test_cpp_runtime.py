@@ -470,8 +470,9 @@ def _loop_engine(max_trips: int) -> Engine:
     (lambda: _gather_engine("cpu"), [torch.randn(4, 3), torch.tensor([0, 1], dtype=torch.int32)]),  # the dtype
     (lambda: _gather_engine("cpu"), [torch.randn(4, 3)]),  # EngineInputError: how many
     (lambda: _gather_engine("cuda"), [torch.randn(4, 3), torch.tensor([0, 1])]),  # a CUDA engine given CPU tensors
+    (lambda: _gather_engine("cpu"), [torch.randn(4, 3).to_sparse(), torch.tensor([0, 1])]),  # a sparse input
     (lambda: _loop_engine(5), [torch.randn(4), torch.randn(4), torch.tensor(6)]),  # past max_trips
-], ids=["index", "dtype", "count", "device", "loop-past-max-trips"])
+], ids=["index", "dtype", "count", "device", "layout", "loop-past-max-trips"])
 def test_engine_errors_in_cpp_are_the_python_runtime_errors(cpp, tmp_path, engine, inputs):
     """The C++ runtime raises the Python runtime's error type and message (as a c10::Error naming the type), which
     torchkiln.load's mapping (reraise_engine_error) turns back into the torchkiln type."""

@@ -33,6 +33,16 @@ def test_wrong_device(compiled):
         engine.execute([torch.empty(2, 64, device="meta")])
 
 
+def test_sparse_input(compiled):
+    """A sparse tensor of the right shape and dtype passed the checks and failed inside ONNX Runtime's feed (a bare
+    RuntimeError about memory formats); it is an input error naming the layout."""
+    x = torch.randn(2, 64)
+    compiled(x)  # a call that fits first: the one-comparison path must refuse it too
+    with pytest.raises(torchkiln.EngineInputError,
+                       match=r"engine input 0 \('x'\): expected a dense tensor, got layout torch.sparse_coo"):
+        compiled(x.to_sparse())
+
+
 def test_wrong_number_of_inputs_to_module(compiled):
     with pytest.raises(RuntimeError, match=r"forward\(\) expected at most 2 argument\(s\) but received 3"):
         compiled(torch.randn(2, 64), torch.randn(2, 64))

@@ -77,6 +77,20 @@ std::string py_tuple(at::IntArrayRef v) {
 
 std::string torch_dtype(at::ScalarType t) { return "torch." + kinds().dtype_name(t); }
 
+// A layout as Python prints it (torch.sparse_coo, ...), for the input error the Python runtime raises too.
+std::string torch_layout(c10::Layout layout) {
+  switch (layout) {
+    case c10::kSparse: return "torch.sparse_coo";
+    case c10::kSparseCsr: return "torch.sparse_csr";
+    case c10::kSparseCsc: return "torch.sparse_csc";
+    case c10::kSparseBsr: return "torch.sparse_bsr";
+    case c10::kSparseBsc: return "torch.sparse_bsc";
+    case c10::kMkldnn: return "torch._mkldnn";
+    case c10::kJagged: return "torch.jagged";
+    default: return "torch.strided";
+  }
+}
+
 }  // namespace
 
 int64_t Dim::eval(const std::vector<int64_t>& symbols) const { return narrow(eval_wide(*this, symbols)); }
@@ -110,6 +124,9 @@ void Engine::check_inputs(const std::vector<at::Tensor>& inputs) const {
     std::string what = "engine input " + std::to_string(i) + " ('" + b.name + "')";
     if (value.device().type() != (device_type == "cuda" ? at::kCUDA : at::kCPU))
       input_error(what + ": expected a tensor on " + device_type + ", got one on " + value.device().str());
+    if (value.layout() != at::kStrided)
+      input_error(what + ": expected a dense tensor, got layout " + torch_layout(value.layout()) +
+                  " (to_dense() makes one)");
     if (value.scalar_type() != b.dtype)
       input_error(what + ": expected dtype " + torch_dtype(b.dtype) + ", got " + torch_dtype(value.scalar_type()));
     at::IntArrayRef shape = value.sizes();
