@@ -451,3 +451,17 @@ def test_a_fused_quantize_reads_its_half_input_rounded(form, dtype, monkeypatch)
     assert float((value.float() - ref_value.float()).abs().max()) <= 2.0 ** -7 * float(ref_value.abs().max())
     assert torch.equal(q, quantize(value, torch.tensor(_SCALE[form]), None, I8, (-100, 90), divide=form == "softmax"))
     assert int((q.int() - ref_q.int()).abs().max()) <= 1
+
+
+def test_a_dividing_quantize_divides_correctly_rounded():
+    """x / scale (the quantizers calibration places) as IEEE division: Triton's `/` on float32 is the GPU's
+    approximate division (PTX div.full, up to 2 ulp off), which moves quotients near a rounding tie by one int8
+    step; the interpreter divides exactly, so this is read from the source (every division of the generated
+    kernels is tl.div_rn: ir/pointwise.py)."""
+    from torchkiln.runtime.backends.cuda.codegen.pointwise import generate
+
+    net = Network("q_divide")
+    x = net.add_input("x", torch.float16, (4, 40))
+    q = net.add_layer(L.QuantizeLayer, [x], weights={"scale": torch.tensor([0.3])}, quant_type=I8, divide=True)
+    source = generate([q], [x], q.outputs).source
+    assert "tl.div_rn(" in source and " / " not in source.split("def ", 1)[1], source
