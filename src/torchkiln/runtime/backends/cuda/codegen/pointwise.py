@@ -291,7 +291,7 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
         if source in _HALVES and x[1] == torch.float32:  # the half value (the kernel holds it unrounded) is quantized
             x = b.emit(f"{x[0]}.to({TL[source]}).to(tl.float32)", torch.float32)
         x = b.as_float(x)
-        x = b.emit(f"{x} / {b.as_float(b.weight(scale))}" if layer.divide else
+        x = b.emit(f"tl.div_rn({x}, {b.as_float(b.weight(scale))})" if layer.divide else  # IEEE, as ATen divides
                    f"{x} * {b.as_float(b.weight(torch.reciprocal(scale)))}", torch.float32)[0]
         if out == torch.float8_e4m3fn:  # clamped to its finite range, NaN kept, rounded by the conversion
             low, high = L.QUANT_RANGE[out]
