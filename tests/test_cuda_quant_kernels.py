@@ -384,3 +384,84 @@ def test_the_fusion_report_says_why_a_quantized_gemm_reads_its_activation_from_m
     assert len(lines) == 2, lines  # the input's quantize -> the first GEMM -> the second GEMM
     assert all("generated quantized GEMM (rule 3b): it reads its activation quantized from memory" in line
                for line in lines), lines
+
+
+_SCALE = {"layer norm": 0.02, "softmax": 0.001, "gemm epilogue": 0.02}  # steps near the values' half precision ulp
+
+
+def _quantized_value_network(form: str, dtype: torch.dtype) -> tuple[Network, list[torch.Tensor]]:
+    """A half-precision value that a generated kernel makes and writes, and its int8 quantization, the kernel's other
+    output: a layer norm of a residual sum (a row kernel), a softmax (a row kernel; the quantizer divides), or a
+    quantized linear layer's cast plus a residual (a quantized GEMM's epilogue). Its inputs."""
+    gen = torch.Generator().manual_seed(7)
+    shape = (4, 16, 64)
+    net = Network(form)
+    x = net.add_input("x", dtype, shape)
+    xs = [(torch.randn(shape, generator=gen) * 3).to(dtype)]
+    if form == "softmax":
+        value = net.add_softmax(x, 2).get_output()
+    else:
+        r = net.add_input("r", dtype, shape)
+        xs.append(torch.randn(shape, generator=gen).to(dtype))
+        if form == "layer norm":
+            h = net.add_elementwise(x, r, L.ElementWiseOperation.SUM).get_output()
+            value = net.add_normalization(h, L.NormalizationKind.LAYER, 1e-5, torch.rand(64, generator=gen) + 0.5,
+                                          torch.randn(64, generator=gen), (64,)).get_output()
+        else:
+            scale = {"scale": torch.tensor([0.05])}
+            q = net.add_layer(L.QuantizeLayer, [x], weights=scale, quant_type=I8).get_output()
+            dq = net.add_layer(L.DequantizeLayer, [q], weights=scale, quant_type=I8).get_output()
+            w, w_scale = quantize_weight(torch.randn(64, 64, generator=gen) / 4, 0, I8)
+            dqw = net.add_layer(L.DequantizeLayer, [net.add_constant(w).get_output()], weights={"scale": w_scale},
+                                axis=0, quant_type=I8).get_output()
+            mm = net.add_matrix_multiply(dq, L.MatrixOperation.NONE, dqw, L.MatrixOperation.TRANSPOSE)
+            mm.weights = {"bias": torch.randn(64, generator=gen)}
+            value = net.add_elementwise(net.add_cast(mm.get_output(), dtype).get_output(), r,
+                                        L.ElementWiseOperation.SUM).get_output()
+    net.mark_output(value)
+    scale = {"scale": torch.tensor([_SCALE[form]])}
+    net.mark_output(net.add_layer(L.QuantizeLayer, [value], weights=scale, quant_type=I8, quant_min=-100, quant_max=90,
+                                  divide=form == "softmax").get_output())
+    return net, xs
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU plan runs in Triton's interpreter")
+@pytest.mark.usefixtures("triton_interpreter")
+@pytest.mark.parametrize("form, dtype", [("layer norm", torch.float16), ("layer norm", torch.bfloat16),
+                                         ("softmax", torch.float16), ("gemm epilogue", torch.float16)],
+                         ids=["layer-norm-fp16", "layer-norm-bf16", "softmax", "gemm-epilogue"])
+def test_a_fused_quantize_reads_its_half_input_rounded(form, dtype, monkeypatch):
+    """The kernel holds half-precision values in float32; a quantize must read its input as the half value the
+    kernel writes (the reference quantizes that value): its int8 output is the reference's quantize of the kernel's
+    own half output, bit for bit (unrounded, about 1% of them were one step off)."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from harness import run_plan_eagerly
+
+    from torchkiln.ir.reference import quantize
+    from torchkiln.runtime.backends.cuda.codegen.gemm import Config
+
+    net, xs = _quantized_value_network(form, dtype)
+    plan = _plan_generated(net, monkeypatch, Config(16, 16, 32, 1, 4, 2).text())
+    made = {net.outputs[0].producer.name, net.outputs[1].producer.name}
+    joined = [plan.kernels[s.kernel].op for s in plan.steps if made <= {net.layers[j].name for j in s.layers}]
+    assert len(joined) == 1, joined  # the value and its quantization: one kernel
+    value, q = run_plan_eagerly(net, plan, xs)
+    ref_value, ref_q = ReferenceExecutor(net, torch.device("cpu")).run(xs)
+    assert value.dtype == dtype and q.dtype == I8
+    assert float((value.float() - ref_value.float()).abs().max()) <= 2.0 ** -7 * float(ref_value.abs().max())
+    assert torch.equal(q, quantize(value, torch.tensor(_SCALE[form]), None, I8, (-100, 90), divide=form == "softmax"))
+    assert int((q.int() - ref_q.int()).abs().max()) <= 1
+
+
+def test_a_dividing_quantize_divides_correctly_rounded():
+    """x / scale (the quantizers calibration places) as IEEE division: Triton's `/` on float32 is the GPU's
+    approximate division (PTX div.full, up to 2 ulp off), which moves quotients near a rounding tie by one int8
+    step; the interpreter divides exactly, so this is read from the source (every division of the generated
+    kernels is tl.div_rn: ir/pointwise.py)."""
+    from torchkiln.runtime.backends.cuda.codegen.pointwise import generate
+
+    net = Network("q_divide")
+    x = net.add_input("x", torch.float16, (4, 40))
+    q = net.add_layer(L.QuantizeLayer, [x], weights={"scale": torch.tensor([0.3])}, quant_type=I8, divide=True)
+    source = generate([q], [x], q.outputs).source
+    assert "tl.div_rn(" in source and " / " not in source.split("def ", 1)[1], source

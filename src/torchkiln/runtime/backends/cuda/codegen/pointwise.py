@@ -287,9 +287,11 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
             x = b.emit(template.format(x=x, w=b.as_float(b.weight(w))), torch.float32)[0]
         return b.emit(x, torch.float32)
     if isinstance(layer, L.QuantizeLayer):  # per tensor, no zero point (`fusable`): ir/reference.py's quantize
-        scale = layer.weights["scale"].float().reshape(())
-        x = b.as_float(xs[0])
-        x = b.emit(f"{x} / {b.as_float(b.weight(scale))}" if layer.divide else
+        scale, x, source = layer.weights["scale"].float().reshape(()), xs[0], layer.inputs[0].dtype
+        if source in _HALVES and x[1] == torch.float32:  # the half value (the kernel holds it unrounded) is quantized
+            x = b.emit(f"{x[0]}.to({TL[source]}).to(tl.float32)", torch.float32)
+        x = b.as_float(x)
+        x = b.emit(f"tl.div_rn({x}, {b.as_float(b.weight(scale))})" if layer.divide else  # IEEE, as ATen divides
                    f"{x} * {b.as_float(b.weight(torch.reciprocal(scale)))}", torch.float32)[0]
         if out == torch.float8_e4m3fn:  # clamped to its finite range, NaN kept, rounded by the conversion
             low, high = L.QUANT_RANGE[out]
