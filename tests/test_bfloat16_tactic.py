@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torchkiln
-from torchkiln.builder import BuildSettings, bfloat16_tactic
+from torchkiln.builder import BuildSettings, bfloat16_tactic, engine_timing
 from torchkiln.runtime.execute_op import engine_from_blob
 from torchkiln.stitching.stitch import ENGINE_ATTR
 
@@ -44,9 +44,9 @@ def test_the_alternative_is_a_bfloat16_reference_build_only_where_it_applies(mon
 def test_bfloat16_is_timed_against_onnxruntime_and_the_kept_engine_matches_eager(monkeypatch, caplog):
     monkeypatch.setattr(bfloat16_tactic, "cpu_computes_bfloat16", lambda: True)
     x = torch.randn(8, 64, 128)
-    with caplog.at_level(logging.INFO, logger="torchkiln.builder.bfloat16_tactic"):
+    with caplog.at_level(logging.INFO, logger="torchkiln.builder.engine_timing"):
         model, compiled, engine = _compile(x)
-    [line] = [r.getMessage() for r in caplog.records if r.name == "torchkiln.builder.bfloat16_tactic"]
+    [line] = [r.getMessage() for r in caplog.records if r.name == "torchkiln.builder.engine_timing"]
     assert "float32 on onnxruntime" in line and "bfloat16 on the reference backend" in line
     assert line.count("(kept)") == 1
     kept = "onnxruntime" if "onnxruntime" in line.split("(kept)")[0].split(",")[-1] else "reference"
@@ -72,7 +72,7 @@ def test_without_native_bfloat16_the_engine_is_onnxruntimes_float32(monkeypatch,
 def test_a_whole_method_engine_takes_the_tactic_too(monkeypatch, caplog):
     monkeypatch.setattr(bfloat16_tactic, "cpu_computes_bfloat16", lambda: True)
     model, x = _Encoder().eval(), torch.randn(4, 32, 128)
-    with caplog.at_level(logging.INFO, logger="torchkiln.builder.bfloat16_tactic"):
+    with caplog.at_level(logging.INFO, logger="torchkiln.builder.engine_timing"):
         data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input.from_tensor(x)],
                                                   enabled_precisions={torch.bfloat16})
     assert "(kept)" in caplog.text
@@ -116,7 +116,7 @@ def test_the_float32_layers_logged_are_the_kept_engines(monkeypatch, caplog, win
     from torchkiln.builder import calibration
 
     monkeypatch.setattr(bfloat16_tactic, "cpu_computes_bfloat16", lambda: True)
-    monkeypatch.setattr(bfloat16_tactic, "faster_engine", lambda engines, inputs: winner)
+    monkeypatch.setattr(engine_timing, "faster_engine", lambda engines, inputs, labels: winner)
     monkeypatch.setitem(calibration.TOLERANCE, torch.bfloat16, 1e-7)
     x = torch.randn(2, 16, 128)
     with caplog.at_level(logging.WARNING, logger="torchkiln"):

@@ -620,3 +620,40 @@ def test_qat_max_pooling_between_quantizers_of_one_scale_matches_eager(backend, 
     assert ops[first:first + 3] in (["QLinearConv", name, "QLinearConv"] for name in ("MaxPool", "NhwcMaxPool")) \
         and "Relu" not in ops and ops.count("Transpose") <= 2, ops
     _assert_within_one_step(out, ref, 0.25)
+
+
+@pytest.mark.parametrize("winner", [0, 1], ids=["quantized-kept", "float16-kept"])
+def test_a_quantized_engine_competes_with_its_half_precision_build(monkeypatch, caplog, winner):
+    """With float16 enabled beside int8, the block is built both ways and the faster kept (the timing, whose
+    choice is forced here either way): the quantized engine, or the float16 one with a warning that says why and
+    how to force quantization. Either way the answer matches eager."""
+    from torchkiln.builder import engine_timing
+
+    labels = []
+    monkeypatch.setattr(engine_timing, "faster_engine",
+                        lambda engines, inputs, names: labels.extend(names) or winner)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).eval()
+    x = torch.randn(16, 64)
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        compiled = torchkiln.compile(model, [x], backend="reference", enabled_precisions={torch.half, I8},
+                                     calibration_inputs=[x])
+    assert labels == ["int8 and float16", "float16 alone"]
+    quantized = [layer for layer in _network(compiled) if isinstance(layer, L.QuantizeLayer)]
+    assert bool(quantized) == (winner == 0)
+    assert ("built in float16 alone, which ran faster" in caplog.text) == (winner == 1)
+    with torch.no_grad():
+        out, ref = compiled(x).float(), model(x)
+    cosine = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0)
+    assert cosine > 0.999, cosine
+
+
+def test_a_quantized_engine_without_a_half_type_enabled_is_not_timed_against_float(monkeypatch):
+    from torchkiln.builder import engine_timing
+
+    monkeypatch.setattr(engine_timing, "faster_engine", lambda *args: pytest.fail("timed against a float build"))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32)).eval()
+    x = torch.randn(16, 64)
+    compiled = torchkiln.compile(model, [x], backend="reference", enabled_precisions={I8}, calibration_inputs=[x],
+                                 min_block_size=1)
+    assert any(isinstance(layer, L.QuantizeLayer) for layer in _network(compiled))

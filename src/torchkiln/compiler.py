@@ -16,7 +16,7 @@ import torch
 
 from torchkiln import progress
 from torchkiln.builder import BuildSettings, build_engine
-from torchkiln.builder import bfloat16_tactic
+from torchkiln.builder import bfloat16_tactic, engine_timing
 from torchkiln.builder.calibration import calibrated_build
 from torchkiln.builder.quantization import QuantizeRequest, quantized_build
 from torchkiln.cache import EngineCache, ModuleCache
@@ -346,6 +346,35 @@ def _quantized_block(network: Network, convert: Callable[[], Network], build: Bu
     return engine
 
 
+def _quantized_or_float(network: Network, convert: Callable[[], Network], build: BuildSettings,
+                        samples: Callable[[], Sequence[Sequence[torch.Tensor]] | None], request: QuantizeRequest,
+                        kept: list[Fp32Layer], safety: bool) -> Engine:
+    """`_quantized_block`; where a half-precision float type is enabled beside the quantized one (the build's
+    compute dtype), the block is also built in that float type alone, and the faster of the two on the block's first
+    sample is kept: enabled precisions are what the builder may use, as TensorRT's are, and a quantized engine can
+    be slower than its float one (a product whose quantized kernel is no faster, the quantizers' own passes). The
+    layers kept in float by the engine kept are added to `kept`."""
+    own: list[Fp32Layer] = []
+    engine = _quantized_block(network, convert, build, samples, request, own)
+    found = samples() if build.compute_dtype in (torch.float16, torch.bfloat16) else None
+    if not found or not all(isinstance(x, torch.Tensor) for s in found for x in s):
+        kept.extend(own)
+        return engine
+    low: list[Fp32Layer] = []
+    other = _build_block(convert(), convert, build, found if safety else None, low, announce=False)
+    quantized = str(request.quant_type).removeprefix("torch.")
+    half = str(build.compute_dtype).removeprefix("torch.")
+    if engine_timing.faster_engine([engine, other], found[0], [f"{quantized} and {half}", f"{half} alone"]) == 0:
+        kept.extend(own)
+        return engine
+    logger.warning("engine %s: built in %s alone, which ran faster than with %s layers on its first calibration "
+                   "sample (enabled_precisions without %s forces the quantized build)", engine.name, half, quantized,
+                   half)
+    _announce_fp32(low, build.compute_dtype)
+    kept.extend(low)
+    return other
+
+
 def _build_block(network: Network, convert: Callable[[], Network], build: BuildSettings,
                 samples: Sequence[Sequence[torch.Tensor]] | None, kept: list[Fp32Layer], announce: bool = True
                 ) -> Engine:
@@ -389,7 +418,8 @@ def _build_timed(network: Network, convert: Callable[[], Network], build: BuildS
     low: list[Fp32Layer] = []
     try:
         other = _build_block(convert(), convert, alternative, samples if safety else None, low, announce=False)
-        if bfloat16_tactic.faster_engine([engine, other], samples[0]) == 0:
+        if engine_timing.faster_engine([engine, other], samples[0], ["float32 on onnxruntime",
+                                                                    "bfloat16 on the reference backend"]) == 0:
             return engine
     except (RuntimeError, TorchkilnError) as e:  # e.g. an ATen kernel without a bfloat16 form
         logger.warning("engine %s: its bfloat16 build on the reference backend failed, so the float32 ONNX Runtime "
@@ -449,8 +479,9 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
             convert = functools.partial(convert_block, block.nodes, block.inputs, block.outputs, part.metas, settings,
                                         f"{name}_{k}")
             before = len(kept)
-            if request is not None:  # samples only where the calibration cache has no entry
-                engines.append(_quantized_block(network, convert, build, lambda k=k: samples()[k], request, kept))
+            if request is not None:  # samples only where the calibration cache has no entry (or a choice needs them)
+                engines.append(_quantized_or_float(network, convert, build, lambda k=k: samples()[k], request, kept,
+                                                   settings.precision_safety))
             else:
                 usable = samples()[k] is not None and all(isinstance(x, torch.Tensor) for s in samples()[k] for x in s)
                 engines.append(_build_timed(network, convert, build, samples()[k] if usable else None, kept,
@@ -729,8 +760,8 @@ def convert_method_to_engine(module: torch.nn.Module, method_name: str = "forwar
         convert = functools.partial(convert_block, nodes, inputs_, outputs, metas, settings, method_name)
         request = _quantize_request(settings)
         if request is not None:  # the engine's inputs are the method's
-            return _quantized_block(network, convert, build, lambda: _calibration_samples(settings), request,
-                                    []).serialize()
+            return _quantized_or_float(network, convert, build, lambda: _calibration_samples(settings), request,
+                                       [], settings.precision_safety).serialize()
         alternative = bfloat16_tactic.bfloat16_alternative(build, settings.compute_dtype)
         if alternative is not None or settings.precision_safety and build.compute_dtype != torch.float32:
             return _build_timed(network, convert, build, _calibration_samples(settings), [], alternative,

@@ -1,7 +1,8 @@
 """bfloat16 on the CPU as a tactic: where a compile asks for bfloat16 on the onnxruntime backend and the CPU computes
 bfloat16 natively (AVX512-BF16 or AMX), each engine is built twice, in float32 for ONNX Runtime (whose CPU provider
 has almost no bfloat16 kernels) and in bfloat16 on the reference backend (ATen, whose matrix multiplies and
-convolutions run oneDNN's bfloat16 kernels), and the faster on the block's own inputs is kept.
+convolutions run oneDNN's bfloat16 kernels), and the faster on the block's own inputs is kept
+(builder/engine_timing.py).
 
 The bfloat16 build goes through precision safety like any reduced-precision build: layers that overflow or lose
 precision in bfloat16 on the calibration inputs stay in float32 (builder/calibration.py). Measured on this project's
@@ -11,18 +12,10 @@ bfloat16 against 17.9 ms in ONNX Runtime's float32 (cosine 0.99998 against float
 from __future__ import annotations
 
 import dataclasses
-import logging
-import time
-from collections.abc import Sequence
 
 import torch
 
 from torchkiln.builder.settings import BuildSettings
-from torchkiln.runtime.engine import Engine
-
-logger = logging.getLogger(__name__)
-
-ROUNDS = 5  # timed calls of an engine in a row, after two that warm it; the fastest is its time
 
 
 def cpu_computes_bfloat16() -> bool:
@@ -42,24 +35,3 @@ def bfloat16_alternative(build: BuildSettings, asked: torch.dtype) -> BuildSetti
     if not applies(asked, build.backend, build.device):
         return None
     return dataclasses.replace(build, compute_dtype=torch.bfloat16, backend="reference")
-
-
-def faster_engine(engines: Sequence[Engine], inputs: Sequence[torch.Tensor]) -> int:
-    """The index of the engine whose fastest call on `inputs` is the fastest. Each engine's calls run in a row, and
-    the engines are timed forwards then backwards (a load that changes meanwhile weighs on both): interleaving
-    single calls would time each engine against the other's still-spinning worker threads (ONNX Runtime's pool,
-    OpenMP's), which a compiled module never runs beside."""
-    fastest = [float("inf")] * len(engines)
-    order = [*range(len(engines)), *reversed(range(len(engines)))]
-    with torch.no_grad():
-        for k in order:
-            for call in range(2 + ROUNDS):
-                start = time.perf_counter()
-                engines[k].execute(list(inputs))
-                if call >= 2:
-                    fastest[k] = min(fastest[k], time.perf_counter() - start)
-    best = min(range(len(engines)), key=fastest.__getitem__)
-    logger.info("engine %s: %s", engines[0].name, ", ".join(
-        f"{'float32 on onnxruntime' if e.backend == 'onnxruntime' else 'bfloat16 on the reference backend'} "
-        f"{t * 1e3:.3f} ms" + (" (kept)" if k == best else "") for k, (e, t) in enumerate(zip(engines, fastest))))
-    return best
