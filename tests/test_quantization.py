@@ -657,3 +657,19 @@ def test_a_quantized_engine_without_a_half_type_enabled_is_not_timed_against_flo
     compiled = torchkiln.compile(model, [x], backend="reference", enabled_precisions={I8}, calibration_inputs=[x],
                                  min_block_size=1)
     assert any(isinstance(layer, L.QuantizeLayer) for layer in _network(compiled))
+
+
+def test_a_cache_calibrator_with_a_half_type_enabled_keeps_the_quantized_engine(trained, tmp_path, caplog):
+    """A CacheCalibrator has no data to time the half-precision build on: the quantized engine is kept, as before
+    the timed choice (which would otherwise make the compile fail asking for samples)."""
+    cache = tmp_path / "calibration.json"
+    x, _ = _digits(BATCH, 7)
+    spec = [torchkiln.Input((BATCH, 1, 8, 8))]
+    options = dict(backend="reference", min_block_size=1)
+    torchkiln.compile(trained["cnn"], spec, enabled_precisions={I8}, calibration_inputs=[x],
+                      calibration_cache_file=str(cache), calibration_algorithm="max", **options)
+    with caplog.at_level(logging.INFO, logger="torchkiln"):
+        again = torchkiln.compile(trained["cnn"], spec, enabled_precisions={torch.half, I8},
+                                  calibrator=torchkiln.ptq.CacheCalibrator(str(cache), "max"), **options)
+    assert "not timed against its float16 build" in caplog.text
+    assert any(isinstance(layer, L.QuantizeLayer) for layer in _network(again))

@@ -356,7 +356,13 @@ def _quantized_or_float(network: Network, convert: Callable[[], Network], build:
     layers kept in float by the engine kept are added to `kept`."""
     own: list[Fp32Layer] = []
     engine = _quantized_block(network, convert, build, samples, request, own)
-    found = samples() if build.compute_dtype in (torch.float16, torch.bfloat16) else None
+    found = None
+    if build.compute_dtype in (torch.float16, torch.bfloat16):
+        try:
+            found = samples()
+        except ValueError as e:  # a CacheCalibrator's ranges came from its cache: it has no data to time on
+            logger.info("engine %s: kept quantized, not timed against its %s build: %s", engine.name,
+                        str(build.compute_dtype).removeprefix("torch."), e)
     if not found or not all(isinstance(x, torch.Tensor) for s in found for x in s):
         kept.extend(own)
         return engine
