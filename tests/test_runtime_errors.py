@@ -43,6 +43,26 @@ def test_sparse_input(compiled):
         compiled(x.to_sparse())
 
 
+def test_nested_input(compiled):
+    """A nested tensor (eager's linear layers take one) failed inside the input check with torch's internal error
+    about its sizes; it is an input error."""
+    compiled(torch.randn(2, 64))
+    nested = torch.nested.nested_tensor([torch.randn(2, 64), torch.randn(2, 64)])
+    with pytest.raises(torchkiln.EngineInputError, match=r"input 0 \('x'\): expected a dense tensor, got a nested"):
+        compiled(nested)
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", "reference"])
+def test_a_negative_view_input_is_read_by_its_values(backend):
+    """A tensor with its negative bit set (a lazy negation, `torch._neg_view`) is a dense input: ONNX Runtime's feed
+    failed on it (numpy refuses the bit); its values are resolved first."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+    x = torch.randn(4, 8)
+    compiled = torchkiln.compile(model, [x], backend=backend)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(torch._neg_view(x)), model(-x), rtol=0, atol=1e-6)
+
+
 def test_wrong_number_of_inputs_to_module(compiled):
     with pytest.raises(RuntimeError, match=r"forward\(\) expected at most 2 argument\(s\) but received 3"):
         compiled(torch.randn(2, 64), torch.randn(2, 64))

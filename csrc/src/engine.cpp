@@ -127,6 +127,8 @@ void Engine::check_inputs(const std::vector<at::Tensor>& inputs) const {
     if (value.layout() != at::kStrided)
       input_error(what + ": expected a dense tensor, got layout " + torch_layout(value.layout()) +
                   " (to_dense() makes one)");
+    if (value.is_nested())
+      input_error(what + ": expected a dense tensor, got a nested tensor (to_padded_tensor() makes one)");
     if (value.scalar_type() != b.dtype)
       input_error(what + ": expected dtype " + torch_dtype(b.dtype) + ", got " + torch_dtype(value.scalar_type()));
     at::IntArrayRef shape = value.sizes();

@@ -65,6 +65,9 @@ class InputBinding:
             raise EngineInputError(f"{what}: expected a tensor on {device_type}, got one on {value.device}")
         if value.layout != torch.strided:
             raise EngineInputError(f"{what}: expected a dense tensor, got layout {value.layout} (to_dense() makes one)")
+        if value.is_nested:
+            raise EngineInputError(f"{what}: expected a dense tensor, got a nested tensor (to_padded_tensor() makes "
+                                   f"one)")
         if value.dtype != self.dtype:
             raise EngineInputError(f"{what}: expected dtype {self.dtype}, got {value.dtype}")
         shape = tuple(value.shape)
@@ -189,8 +192,8 @@ class Engine:
         if static is None or len(inputs) != len(static):
             return False
         for x, (dtype, shape) in zip(inputs, static):
-            if type(x) is not torch.Tensor or not x.is_cpu or x.layout != torch.strided or x.dtype != dtype \
-                    or x.shape != shape:
+            if type(x) is not torch.Tensor or not x.is_cpu or x.layout != torch.strided or x.is_nested \
+                    or x.dtype != dtype or x.shape != shape:
                 return False
         return True
 

@@ -426,8 +426,11 @@ class _Session:
 
 
 def _numpy(x: torch.Tensor) -> numpy.ndarray:
-    """A numpy view of `x`'s own memory where it is contiguous (ORT reads it in place), else of a contiguous copy."""
-    return x.numpy() if x.is_contiguous() and not x.requires_grad else x.detach().contiguous().numpy()
+    """A numpy view of `x`'s own memory where it is contiguous (ORT reads it in place), else of a contiguous copy
+    (of its values: a negative view's are resolved)."""
+    if x.is_contiguous() and not x.requires_grad and not x.is_neg():
+        return x.numpy()
+    return x.detach().resolve_neg().contiguous().numpy()
 
 
 def _usable(models: SessionModels | None, version: str, sessions: int) -> list[bytes | None]:
