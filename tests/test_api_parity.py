@@ -238,6 +238,7 @@ def test_input_torch_tensor_and_example_tensor():
         (dict(shape=(3, 3), dtype=torch.int64, torch_tensor=t), "outside the Input's shape range"),
         (dict(torch_tensor=t, example_tensor=t), "not both"),
         (dict(torch_tensor=[1, 2]), "must be a torch.Tensor"),
+        (dict(torch_tensor=torch.nested.nested_tensor([t.float()])), "must be a tensor with a shape, got a nested"),
     ]:
         with pytest.raises(ValueError, match=message):
             torchkiln.Input(**kwargs)

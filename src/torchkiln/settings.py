@@ -103,6 +103,9 @@ class Input:
         tensor = torch_tensor if torch_tensor is not None else example_tensor
         if tensor is not None and not isinstance(tensor, torch.Tensor):
             raise ValueError(f"Input torch_tensor must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor is not None and tensor.is_nested:  # (it has no shape: shape analysis cannot run on it)
+            raise ValueError("Input torch_tensor must be a tensor with a shape, got a nested tensor "
+                             "(to_padded_tensor() makes one)")
         ranged = (min_shape, opt_shape, max_shape)
         if shape is None and tensor is not None and all(s is None for s in ranged):
             shape = tuple(tensor.shape)
