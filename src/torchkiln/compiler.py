@@ -374,8 +374,8 @@ def _quantized_or_float(network: Network, convert: Callable[[], Network], build:
         kept.extend(own)
         return engine
     logger.warning("engine %s: built in %s alone, which ran faster than with %s layers on its first calibration "
-                   "sample (enabled_precisions without %s forces the quantized build)", engine.name, half, quantized,
-                   half)
+                   "sample (enabled_precisions without %s keeps the %s layers, the others then in float32)",
+                   engine.name, half, quantized, half, quantized)
     _announce_fp32(low, build.compute_dtype)
     kept.extend(low)
     return other
