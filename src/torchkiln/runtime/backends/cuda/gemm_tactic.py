@@ -57,7 +57,7 @@ def group_io(network: Network, members: Sequence[int], readers: dict[int, list[L
 class Request:
     """A product (layer index), the pointwise layers of its epilogue, the library steps that compute the same, the
     generated kernel's kind ("gemm", "depthwise" or "quantized_gemm", a row of the kernel table), and the layers
-    before the product that the generated step takes in (a quantized product's quantize, dequantize and weight)."""
+    before the product that the generated step takes in (a quantized product's dequantize layers and weight)."""
 
     product: int
     epilogue: tuple[int, ...]

@@ -3,9 +3,10 @@
 A matrix multiply whose activation and constant weight are dequantized values (post-training quantization's
 Q/DQ form, builder/passes/quantize.py) runs as one step over the quantized activation and weight: `torch._int_mm`
 (int8 x int8 -> int32) or `torch._scaled_mm` (fp8 e4m3 x fp8 e4m3 -> float32), then the dequantize epilogue, the
-activation's scale times each output column's weight scale, and the bias. The quantize layer before it stays its
-own step (it may feed several multiplies). The step's members are the weight's constant, both dequantize layers and
-the multiply; the weight is laid out column-major once, when the step is made.
+activation's scale times each output column's weight scale, and the bias. The quantize layer before it is not part
+of the step (it may feed several multiplies): a per-tensor one joins the generated kernel that makes its input
+(planner rule 2). The step's members are the weight's constant, both dequantize layers and the multiply; the weight
+is laid out column-major once, when the step is made.
 
 Integer sums are exact (the reference sums dequantized values in fp32: they differ by fp32 rounding only). Shapes
 the libraries refuse (int8: M <= 16; fp8: M not a multiple of 16) compute the same product on the dequantized
