@@ -22,8 +22,8 @@ also after loading engine bytes) and reused. Tensors cross as numpy views of tor
 contiguous inputs) and come back through `torch.from_numpy` of ORT's output arrays (numpy arrays over buffers ORT
 makes per call: no copy either), so ORT outputs never alias inputs, weights or another call's outputs; reference
 segments clone what may alias, as the reference executor does. Io binding (inputs bound by pointer, outputs into
-tensors made per call) was measured slower: more Python calls per run (resnet18 at batch 1: 26-38 us over
-`session.run` alone, against 3-13 us for the numpy views through the session's own run).
+tensors made per call) was measured slower: more Python calls per run (an 18-layer residual CNN at batch 1: 26-38
+us over `session.run` alone, against 3-13 us for the numpy views through the session's own run).
 
 Gather indices made at run time: ORT's gathers wrap a negative index where torch raises, so the exported graph
 turns a negative one into one past any dim, which ORT refuses like any index past the end; the call then runs
@@ -375,8 +375,8 @@ class _Session:
         # The compiled session's own run, where ORT has one (`_sess`): InferenceSession.run first checks in Python
         # that every input is fed, that no OrtValue of another session is, and that no WebGPU graph is captured,
         # none of which a call here can break (it feeds the session's own input names, numpy arrays, on the CPU).
-        # Those checks took ~15 us a call right after a 2 ms ORT call (resnet18, batch 1), whose work leaves that
-        # Python to run with cold caches.
+        # Those checks took ~15 us a call right after a 2 ms ORT call (an 18-layer residual CNN, batch 1), whose work
+        # leaves that Python to run with cold caches.
         self._run = getattr(self.session, "_sess", self.session).run
         self.outputs = list(sub.outputs)
         self.guarded = len(self.output_names) > len(self.outputs)  # the guard output (network_to_onnx) is last

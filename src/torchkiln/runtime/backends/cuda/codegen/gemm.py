@@ -126,14 +126,9 @@ def gemm_layer(layer: L.Layer) -> str | None:
     if out.dtype not in DTYPES:
         return f"dtype {out.dtype}: generated GEMMs are half precision"
     if isinstance(layer, L.MatrixMultiplyLayer):
-        if layer.op0 != L.MatrixOperation.NONE or layer.op1 != L.MatrixOperation.TRANSPOSE:
-            return "only x @ W.T"
-        x, w = layer.inputs
-        if w.rank != 2 or x.rank < 2 or x.dtype != out.dtype or w.dtype != out.dtype:
-            return "only an input of rank >= 2 times a 2-D weight of its dtype"
-        if "bias" in layer.weights and layer.weights["bias"].dim() > 1:
-            return "only a bias of one value per output column"
-        return None
+        if any(t.dtype != out.dtype for t in layer.inputs):
+            return "only an input and a weight of the product's dtype"
+        return _linear_form(layer)
     if isinstance(layer, L.ConvolutionLayer):
         w = layer.weights["kernel"]
         if layer.transposed or w.dim() != 4 or tuple(w.shape[2:]) != (1, 1) or layer.groups != 1 or \
@@ -156,16 +151,20 @@ def generate(product: L.Layer, layers: Sequence[L.Layer], inputs: Sequence[Tenso
 
 
 def quantized_gemm_layer(product: L.Layer) -> str | None:
-    """None if `product` is a matrix multiply this kernel computes on quantized operands (x @ W.T of a rank >= 2
-    activation, a 2-D weight and a bias of one value per column); else why not. The caller checks the operands'
-    dequantize layers (quant_kernels.quantized_matmuls)."""
+    """None if `product` is a matrix multiply this kernel computes on quantized operands (`_linear_form`); else why
+    not. The caller checks the operands' dequantize layers (quant_kernels.quantized_matmuls)."""
     if not isinstance(product, L.MatrixMultiplyLayer):
         return f"{product.KIND} is not a matrix multiply"
-    if product.op0 != L.MatrixOperation.NONE or product.op1 != L.MatrixOperation.TRANSPOSE:
+    return _linear_form(product)
+
+
+def _linear_form(mm: L.MatrixMultiplyLayer) -> str | None:
+    """None if `mm` is x @ W.T of a rank >= 2 input, a 2-D weight and a bias of one value per column; else why not."""
+    if mm.op0 != L.MatrixOperation.NONE or mm.op1 != L.MatrixOperation.TRANSPOSE:
         return "only x @ W.T"
-    if product.inputs[0].rank < 2 or product.inputs[1].rank != 2:
+    if mm.inputs[0].rank < 2 or mm.inputs[1].rank != 2:
         return "only an input of rank >= 2 times a 2-D weight"
-    if "bias" in product.weights and product.weights["bias"].dim() > 1:
+    if "bias" in mm.weights and mm.weights["bias"].dim() > 1:
         return "only a bias of one value per output column"
     return None
 
