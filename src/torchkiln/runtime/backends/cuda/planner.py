@@ -231,7 +231,7 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
     def choose(requests: list[gemm_tactic.Request]) -> list[str | None]:
         return gemm_tactic.choose(network, requests, graph.readers, graph.returned, device, options, cache)
 
-    groups = _quantized_products(network, _generated_products(network, groups, graph, choose), graph, choose)
+    groups = _generated_products(network, groups, graph, choose)
     groups = _biases_into_row_steps(network, _recomputed_prologues(network, groups, graph), graph)
     cache.save()
     return _as_plan(target(device), _channels_last_outputs(network, groups))
@@ -242,39 +242,46 @@ ProductChooser = Callable[[list[gemm_tactic.Request]], list["str | None"]]
 DEPTHWISE_LIBRARY_OPS = ("convolution", "conv_epilogue", "conv_relu", "conv_add_relu")
 
 
+Replaced = dict[int, tuple[gemm_tactic.Request, tuple[int, ...]]]  # its last step -> a request, the steps it replaces
+
+
 def _generated_products(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph,
                         choose: ProductChooser) -> list[tuple[Kernel, list[int]]]:
-    """Rule 6 of the module docstring: a 1x1 convolution step with its generated epilogue (`conv_epilogue`) becomes
-    one generated GEMM step, and a depthwise convolution step (cuDNN's, in either layout, with or without its
-    epilogue) one generated depthwise step, where `choose(requests)` names a tile configuration for its request (the
-    timed tactic; None keeps the library steps)."""
+    """Rules 3b and 6 of the module docstring: each request of `_product_requests` and `_quantized_requests` becomes
+    one generated step where `choose(requests)` names a tile configuration for it (the timed tactic; None keeps the
+    library steps). The generated step runs where the last library step it replaces ran (after everything its
+    layers read: what the earlier steps make, only the later ones read)."""
     if not have_triton():
         return groups
+    found = {**_product_requests(network, groups), **_quantized_requests(network, groups, graph)}
+    merged, dropped = {}, set()
+    for (at, (request, steps)), config in zip(found.items(), choose([r for r, _ in found.values()]) if found else []):
+        if config is not None:
+            merged[at] = (Kernel("generated", request.kind, (("config", config),)), request.members)
+            dropped.update(steps)
+    return [merged.get(g, group) for g, group in enumerate(groups) if g in merged or g not in dropped]
+
+
+def _product_requests(network: Network, groups: list[tuple[Kernel, list[int]]]) -> Replaced:
+    """Rule 6: a 1x1 convolution step with its generated epilogue (`conv_epilogue`) as a generated GEMM, and a
+    depthwise convolution step (cuDNN's, in either layout, with or without its epilogue) as a generated depthwise
+    kernel."""
     from torchkiln.runtime.backends.cuda.codegen.depthwise import depthwise_layer
     from torchkiln.runtime.backends.cuda.codegen.gemm import gemm_layer
 
-    found: dict[int, gemm_tactic.Request] = {}  # group index -> its request
+    found: Replaced = {}
     for g, (kernel, members) in enumerate(groups):
         lead = network.layers[members[0]]
         if kernel.op == "conv_epilogue" and gemm_layer(lead) is None:
-            found[g] = gemm_tactic.Request(members[0], tuple(members[1:]), (groups[g],))
+            found[g] = gemm_tactic.Request(members[0], tuple(members[1:]), (groups[g],)), (g,)
         elif kernel.kind == "library" and kernel.op in DEPTHWISE_LIBRARY_OPS and depthwise_layer(lead) is None:
-            found[g] = gemm_tactic.Request(members[0], tuple(members[1:]), (groups[g],), "depthwise")
-    out = list(groups)
-    for (g, request), config in zip(found.items(), choose(list(found.values())) if found else []):
-        if config is not None:
-            out[g] = (Kernel("generated", request.kind, (("config", config),)), [request.product, *request.epilogue])
-    return out
+            found[g] = gemm_tactic.Request(members[0], tuple(members[1:]), (groups[g],), "depthwise"), (g,)
+    return found
 
 
-def _quantized_products(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph,
-                        choose: ProductChooser) -> list[tuple[Kernel, list[int]]]:
-    """Rule 3b of the module docstring: a quantized matrix multiply step, with the generated pointwise step that
-    alone reads its product (the cast back to half precision and what follows it), becomes one generated quantized
-    GEMM step where `choose(requests)` names a tile configuration (the timed tactic; None keeps the library steps).
-    It runs where the pointwise step ran (after everything its layers read)."""
-    if not have_triton():
-        return groups
+def _quantized_requests(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph) -> Replaced:
+    """Rule 3b: a quantized matrix multiply step, with the generated pointwise step that alone reads its product (the
+    cast back to half precision and what follows it) as its epilogue, as one generated quantized GEMM."""
     from torchkiln.runtime.backends.cuda.codegen.gemm import quantized_gemm_layer
 
     owner: dict[int, int] = {}  # layer index -> the group that computes it (constants aside: every reader has them)
@@ -282,7 +289,7 @@ def _quantized_products(network: Network, groups: list[tuple[Kernel, list[int]]]
         for j in members:
             if not isinstance(network.layers[j], L.ConstantLayer):
                 owner.setdefault(j, g)
-    found: dict[int, tuple[gemm_tactic.Request, tuple[int, ...]]] = {}  # step -> request, the steps it replaces
+    found: Replaced = {}
     for g, (kernel, members) in enumerate(groups):
         if kernel != QUANTIZED_MATMUL or quantized_gemm_layer(mm := network.layers[max(members)]) is not None:
             continue
@@ -295,16 +302,9 @@ def _quantized_products(network: Network, groups: list[tuple[Kernel, list[int]]]
                         for t in gemm_tactic.group_io(network, groups[p][1], graph.readers, graph.returned)[1]):
             steps.append(p)
             epilogue = tuple(groups[p][1])
-        library = tuple(groups[k] for k in steps)
-        found[steps[-1]] = (gemm_tactic.Request(max(members), epilogue, library, GENERATED_QUANTIZED,
-                                                tuple(sorted(prologue))), tuple(steps))
-    configs = choose([request for request, _ in found.values()]) if found else []
-    merged, dropped = {}, set()
-    for (at, (request, steps)), config in zip(found.items(), configs):
-        if config is not None:
-            merged[at] = (Kernel("generated", GENERATED_QUANTIZED, (("config", config),)), request.members)
-            dropped.update(steps)
-    return [merged[g] if g in merged else group for g, group in enumerate(groups) if g in merged or g not in dropped]
+        found[steps[-1]] = (gemm_tactic.Request(max(members), epilogue, tuple(groups[k] for k in steps),
+                                                GENERATED_QUANTIZED, tuple(sorted(prologue))), tuple(steps))
+    return found
 
 
 def _recomputed_prologues(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph

@@ -137,13 +137,13 @@ def _quantized_gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepF
     from torchkiln.runtime.backends.cuda.codegen.gemm import Config, GemmLauncher
 
     weights = {id(layer): w for layer, w in zip(step.layers, step.weights)}
-    source, roles = generated_kernel(step.layers, step.inputs, [step_output(step.layers, o) for o in step.outputs])
+    generated, roles = generated_kernel(step.layers, step.inputs, [step_output(step.layers, o) for o in step.outputs])
     scale_x = weights[id(roles.dqx)]["scale"].reshape(()).float()
     columns = (scale_x * weights[id(roles.dqw)]["scale"].float().reshape(-1)).contiguous()
     weight = weights[id(roles.constant)]["value"]  # [N, K]: the generated GEMM takes x @ W.T only
-    launch = GemmLauncher(source, roles.mm, Config.parse(str(kernel.option("config", ""))), columns)
-    reads = epilogue_inputs(roles.mm, roles.epilogue, step.inputs)
-    x_at, at = step.inputs.index(id(roles.dqx.inputs[0])), [step.inputs.index(id(t)) for t in reads]
+    launch = GemmLauncher(generated, roles.mm, Config.parse(str(kernel.option("config", ""))), columns)
+    x_at = step.inputs.index(id(roles.dqx.inputs[0]))
+    at = [step.inputs.index(id(t)) for t in generated.inputs]  # the epilogue's other inputs, in launch order
     bias = weights[id(roles.mm)].get("bias")
     bias = None if bias is None else bias.float()
     return lambda xs: launch(xs[x_at], weight, bias, [xs[k] for k in at])
