@@ -261,6 +261,13 @@ class Builder:
 _HALVES = (torch.float16, torch.bfloat16)
 
 
+def _rounded_to(b: Builder, x: Value, dtype: torch.dtype) -> Value:
+    """`x`, a value of `dtype`, rounded to it where the kernel holds it in float32 unrounded (a half type's)."""
+    if dtype in _HALVES and x[1] == torch.float32:
+        return b.emit(f"{x[0]}.to({TL[dtype]}).to(tl.float32)", torch.float32)
+    return x
+
+
 def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
     """Emit `layer`'s computation; its value."""
     out = layer.outputs[0].dtype
@@ -271,8 +278,7 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
         x, source = xs[0], layer.inputs[0].dtype
         if is_bool:
             return b.emit(f"{x[0]} != 0", torch.bool)
-        if source in _HALVES and x[1] == torch.float32:  # the value is of that type: round it here
-            x = b.emit(f"{x[0]}.to({TL[source]}).to(tl.float32)", torch.float32)
+        x = _rounded_to(b, x, source)
         if out in _HALVES and x[1] == torch.float32 and out != source:  # rounds to the narrower float
             return b.emit(f"{x[0]}.to({TL[out]}).to(tl.float32)", torch.float32)
         return b.emit(converted(x, out), held(out))
@@ -288,9 +294,7 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
         return b.emit(x, torch.float32)
     if isinstance(layer, L.QuantizeLayer):  # per tensor, no zero point (`fusable`): ir/reference.py's quantize
         scale, x, source = layer.weights["scale"].float().reshape(()), xs[0], layer.inputs[0].dtype
-        if source in _HALVES and x[1] == torch.float32:  # the half value (the kernel holds it unrounded) is quantized
-            x = b.emit(f"{x[0]}.to({TL[source]}).to(tl.float32)", torch.float32)
-        x = b.as_float(x)
+        x = b.as_float(_rounded_to(b, x, source))  # the half value is quantized
         x = b.emit(f"tl.div_rn({x}, {b.as_float(b.weight(scale))})" if layer.divide else  # IEEE, as ATen divides
                    f"{x} * {b.as_float(b.weight(torch.reciprocal(scale)))}", torch.float32)[0]
         if out == torch.float8_e4m3fn:  # clamped to its finite range, NaN kept, rounded by the conversion
