@@ -366,19 +366,15 @@ def _quantized_or_float(network: Network, convert: Callable[[], Network], build:
     if not found or not all(isinstance(x, torch.Tensor) for s in found for x in s):
         kept.extend(own)
         return engine
-    low: list[Fp32Layer] = []
-    other = _build_block(convert(), convert, build, found if safety else None, low, announce=False)
     quantized = str(request.quant_type).removeprefix("torch.")
     half = str(build.compute_dtype).removeprefix("torch.")
-    if engine_timing.faster_engine([engine, other], found[0], [f"{quantized} and {half}", f"{half} alone"]) == 0:
-        kept.extend(own)
-        return engine
-    logger.warning("engine %s: built in %s alone, which ran faster than with %s layers on its first calibration "
-                   "sample (enabled_precisions without %s keeps the %s layers, the others then in float32)",
-                   engine.name, half, quantized, half, quantized)
-    _announce_fp32(low, build.compute_dtype)
-    kept.extend(low)
-    return other
+    kept_engine = _keep_faster(engine, own, convert, build, found, safety, kept, [f"{quantized} and {half}",
+                                                                                  f"{half} alone"])
+    if kept_engine is not engine:
+        logger.warning("engine %s: built in %s alone, which ran faster than with %s layers on its first calibration "
+                       "sample (enabled_precisions without %s keeps the %s layers, the others then in float32)",
+                       engine.name, half, quantized, half, quantized)
+    return kept_engine
 
 
 def _build_block(network: Network, convert: Callable[[], Network], build: BuildSettings,
@@ -421,17 +417,27 @@ def _build_timed(network: Network, convert: Callable[[], Network], build: BuildS
     engine = _build_block(network, convert, build, samples if build.compute_dtype != torch.float32 else None, kept)
     if alternative is None or not samples:
         return engine
-    low: list[Fp32Layer] = []
     try:
-        other = _build_block(convert(), convert, alternative, samples if safety else None, low, announce=False)
-        if engine_timing.faster_engine([engine, other], samples[0], ["float32 on onnxruntime",
-                                                                    "bfloat16 on the reference backend"]) == 0:
-            return engine
+        return _keep_faster(engine, [], convert, alternative, samples, safety, kept,
+                            ["float32 on onnxruntime", "bfloat16 on the reference backend"])
     except (RuntimeError, TorchkilnError) as e:  # e.g. an ATen kernel without a bfloat16 form
         logger.warning("engine %s: its bfloat16 build on the reference backend failed, so the float32 ONNX Runtime "
                        "engine is kept: %s", engine.name, cause_line(e))
         return engine
-    _announce_fp32(low, alternative.compute_dtype)  # the kept engine's: not those of a build thrown away
+
+
+def _keep_faster(engine: Engine, own: list[Fp32Layer], convert: Callable[[], Network], alternative: BuildSettings,
+                 samples: Sequence[Sequence[torch.Tensor]], safety: bool, kept: list[Fp32Layer],
+                 labels: Sequence[str]) -> Engine:
+    """`engine` (the layers it keeps in float: `own`), or the block built again with `alternative` (calibrated on
+    `samples` where `safety`), whichever runs faster on the first sample (`labels`: the two, for the log). The kept
+    engine's float layers are added to `kept` (and the alternative's announced: not those of a build thrown away)."""
+    low: list[Fp32Layer] = []
+    other = _build_block(convert(), convert, alternative, samples if safety else None, low, announce=False)
+    if engine_timing.faster_engine([engine, other], samples[0], labels) == 0:
+        kept.extend(own)
+        return engine
+    _announce_fp32(low, alternative.compute_dtype)
     kept.extend(low)
     return other
 
