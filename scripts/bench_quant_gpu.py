@@ -1,7 +1,7 @@
-"""INT8 and FP8 against fp16 on a GPU: torchkiln's cuda engine of each zoo model built three ways (fp16, fp16 with
-int8, fp16 with fp8; the quantized builds calibrated on four random batches at the model's shapes), timed side by
-side in one process, interleaved (`torchkiln.bench.timing.time_interleaved`, CUDA events), each build's cosine
-against fp32 eager, and what its plan runs (its steps' kernel rows). Not a test.
+"""INT8 and FP8 against fp16 and fp32 on a GPU: torchkiln's cuda engine of each zoo model built four ways (fp32,
+fp16, fp16 with int8, fp16 with fp8; the quantized builds calibrated on four random batches at the model's shapes),
+timed side by side in one process, interleaved (`torchkiln.bench.timing.time_interleaved`, CUDA events), each
+build's cosine against fp32 eager, and what its plan runs (its steps' kernel rows). Not a test.
 
 Since the quantized builds compete with their fp16 build (docs/quantization.md), a quantized build that times
 slower keeps its fp16 engine; the plan column shows which was kept. `--only-quantized` leaves float16 out of the
@@ -26,7 +26,9 @@ from torchkiln.examples.zoo import find_zoo_model, load_zoo_model
 from torchkiln.runtime.engine import Engine
 from torchkiln.stitching.stitch import engine_attrs
 
-PRECISIONS = {"fp16": None, "int8": torch.int8, "fp8": torch.float8_e4m3fn}
+# build label -> (its float precision, its quantized type or None)
+PRECISIONS = {"fp32": (torch.float, None), "fp16": (torch.half, None), "int8": (torch.half, torch.int8),
+              "fp8": (torch.half, torch.float8_e4m3fn)}
 
 
 def plan_ops(module: torch.jit.ScriptModule, device: torch.device) -> str:
@@ -60,8 +62,8 @@ def main() -> None:
         with torch.no_grad():
             reference = model(*inputs).float().flatten()
         built, info = {}, {}
-        for label, quant in PRECISIONS.items():
-            precisions = {torch.half} if quant is None else {quant} if args.only_quantized else {torch.half, quant}
+        for label, (floating, quant) in PRECISIONS.items():
+            precisions = {floating} if quant is None else {quant} if args.only_quantized else {floating, quant}
             start = time.perf_counter()
             options = {} if quant is None else {"calibration_inputs": samples}
             compiled = torchkiln.compile(model, [torchkiln.Input.from_tensor(x) for x in inputs],

@@ -222,3 +222,22 @@ def test_a_trace_returning_an_unwritten_allocation_is_left_out():
     assert returns_uninitialized(torch.jit.trace(Unwritten(), x).inlined_graph)
     assert not returns_uninitialized(torch.jit.trace(Written(), x).inlined_graph)
     assert not returns_uninitialized(torch.jit.trace(torch.nn.ReLU(), x).inlined_graph)
+
+
+def test_special_values_eager_rejects_are_found_on_the_cpu_first():
+    """On a GPU, eager checks an index with a device-side assert that ends the process (a sticky CUDA error), so a
+    special-values case meant for another device runs on the CPU first, where eager raises instead."""
+    from torchkiln.coverage.opinfo import Case, _Call, _tensor_leaves, _trace, rejected_on_the_cpu
+
+    def case(x, index, label="empty"):
+        leaves, spec, slots = _tensor_leaves((x, (0, index), {}))
+        return Case("special", _Call(torch.index_select, leaves, spec, slots), (x, index), label)
+
+    index, gpu = torch.tensor([0, 2]), torch.device("meta")  # (meta: a device other than the CPU; no copy is made)
+    empty = case(torch.empty(0, 4), index)  # no row 2
+    assert rejected_on_the_cpu(empty, gpu) == "eager raises RuntimeError on the CPU"
+    assert rejected_on_the_cpu(case(torch.randn(3, 4), index), gpu) is None
+    assert rejected_on_the_cpu(empty, torch.device("cpu")) is None  # the CPU run itself raises: "eager raises"
+    assert rejected_on_the_cpu(case(torch.empty(0, 4), index, label=""), gpu) is None  # samples as op_db gives them
+    mixed = case(torch.randn(3, 4), index.to("meta"))
+    assert _trace(mixed)[2] == "inputs on several devices (an engine's inputs are on the compile's device)"

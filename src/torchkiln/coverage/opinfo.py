@@ -330,8 +330,32 @@ def returns_uninitialized(graph: torch._C.Graph) -> bool:
     return False
 
 
+def _on_the_cpu(case: Case) -> Case:
+    """`case` with every tensor it holds (inputs and closed-over ones) on the CPU."""
+    fn = case.fn
+    leaves = [leaf.cpu() if isinstance(leaf, torch.Tensor) else leaf for leaf in fn.leaves]
+    return dataclasses.replace(case, fn=_Call(fn.op, leaves, fn.spec, fn.slots),
+                               inputs=tuple(t.cpu() for t in case.inputs))
+
+
+def rejected_on_the_cpu(case: Case, device: torch.device) -> str | None:
+    """Why eager rejects a special-values case meant for another device than the CPU, found by running it on the
+    CPU first (eager checks there on the host what a GPU checks with a device-side assert, which would end the
+    process), or None."""
+    if not case.label or device.type == "cpu":
+        return None
+    on_cpu = _on_the_cpu(case)
+    try:
+        _eager(on_cpu.fn, on_cpu.inputs, 0)
+    except Exception as e:  # noqa: BLE001 - eager rejects the sample
+        return f"eager raises {type(e).__name__} on the CPU"
+    return None
+
+
 def _trace(case: Case, values: bool = True) -> tuple[torch.jit.ScriptModule | None, Any, str]:
     """The traced case and eager's answer, or (None, None, why the case is left out)."""
+    if len({t.device for t in case.inputs}) > 1:  # (eager's tensor_split wants its index tensor on the CPU)
+        return None, None, "inputs on several devices (an engine's inputs are on the compile's device)"
     try:
         ref = _eager(case.fn, case.inputs, 0)
     except Exception as e:  # noqa: BLE001 - eager rejects the sample: nothing to compare
@@ -426,7 +450,8 @@ def _run_on_device(info: Any, device: torch.device, backends: Sequence[str], var
         for case in cases(info, variant, limit, seed, device):
             if deadline is not None and time.perf_counter() > deadline:
                 return "time cap"
-            traced, ref, why = _trace(case, values)
+            why = rejected_on_the_cpu(case, device)
+            traced, ref, why = (None, None, why) if why else _trace(case, values)
             if traced is not None and _specs(case.inputs) is None:
                 traced, why = None, "an empty input (Input refuses it)"
             if traced is None:
