@@ -128,9 +128,10 @@ class Engine:
         self.session_models: SessionModels | None = None  # stored ONNX models of its sessions (module cache)
         self._runners: dict[torch.device, Runner] = {}
         self._lock = threading.Lock()
-        # A CPU engine of static shapes: per input the (dtype, shape) a call must have, compared at once (`_fits`)
-        self._static = tuple((b.dtype, torch.Size(b.opt_shape)) for b in self.bindings) if device_type == "cpu" and \
+        # An engine of static shapes: per input the (dtype, shape) a call must have, compared at once (`_fits`)
+        self._static = tuple((b.dtype, torch.Size(b.opt_shape)) for b in self.bindings) if \
             all(b.min_shape == b.max_shape for b in self.bindings) else None
+        self._devices: dict[int, torch.device] = {-1: _CPU}  # `get_device()`'s index -> the device
 
     def reference_layers(self) -> list[tuple[str, str, str]]:
         """(layer, kind, reason) of the layers an onnxruntime engine runs on the reference meanings; [] for
@@ -185,23 +186,28 @@ class Engine:
                                                                 self.session_models)
         return found
 
-    def _fits(self, inputs: Sequence[object]) -> bool:
-        """Whether a CPU engine of static shapes takes `inputs` as they are: plain CPU tensors of exactly its dtypes
-        and shapes (a comparison per input, where `check_inputs` names what is wrong)."""
+    def _fits(self, inputs: Sequence[object]) -> torch.device | None:
+        """The device of `inputs` where an engine of static shapes takes them as they are: plain tensors of exactly
+        its dtypes and shapes, all on one device of its type (a comparison per input; `check_inputs` names what is
+        wrong); else None."""
         static = self._static
-        if static is None or len(inputs) != len(static):
-            return False
+        if static is None or not inputs or len(inputs) != len(static):
+            return None
+        on_cpu = self.device_type == "cpu"
+        index = inputs[0].get_device() if type(inputs[0]) is torch.Tensor else None
         for x, (dtype, shape) in zip(inputs, static):
-            if type(x) is not torch.Tensor or not x.is_cpu or x.layout != torch.strided or x.is_nested \
-                    or x.dtype != dtype or x.shape != shape:
-                return False
-        return True
+            if type(x) is not torch.Tensor or (x.is_cpu if on_cpu else not x.is_cuda) or x.get_device() != index \
+                    or x.layout != torch.strided or x.is_nested or x.dtype != dtype or x.shape != shape:
+                return None
+        device = self._devices.get(index)
+        if device is None:
+            device = self._devices[index] = inputs[0].device
+        return device if device.type == self.device_type else None
 
     def execute(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Check the inputs against the bindings, then run the engine (outside autograd)."""
-        if self._fits(inputs):
-            device = _CPU
-        else:
+        device = self._fits(inputs)
+        if device is None:
             self.check_inputs(inputs)
             device = inputs[0].device if inputs else torch.device(self.device_type)
             if any(x.device != device for x in inputs):

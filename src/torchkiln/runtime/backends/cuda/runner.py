@@ -18,8 +18,9 @@
   tail replayed on another stream than the one its outputs were last handed out on first waits for that stream's
   work so far (what the caller queued there before letting them go).
 - A call runs on the caller's current stream and never waits for the host. Calls from several threads are
-  serialized by a lock around the few launches a call makes; a call on another stream first waits (on the
-  GPU, through an event) for the previous call's replay to finish with the shared buffers.
+  serialized by a lock around the few launches a call makes; a call on another stream than the last call's first
+  waits (on the GPU, through an event recorded on that stream) for the previous call's work to finish with the
+  shared buffers.
 - Where capture fails (a step synchronizes with the host), the runner logs a warning once and runs that
   engine's steps eagerly from then on; the values are the same.
 - Control flow (control_flow.py: branches and bodies run by their own plans): a conditional or loop layer whose
@@ -282,7 +283,7 @@ class CudaRunner:
         self._bound: OrderedDict[tuple, _Bound] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = None
-        self._last_call = torch.cuda.Event()  # recorded at the end of every call (a wait before any record is a no-op)
+        self._last_stream: torch.cuda.Stream | None = None  # the stream the last call queued its work on
         self._graphs = options.cuda_graphs and captures_graphs(network, plan)
 
     def _bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
@@ -300,7 +301,13 @@ class CudaRunner:
             else:
                 self._bound.move_to_end(key)
             stream = torch.cuda.current_stream(self.device)
-            stream.wait_event(self._last_call)  # the previous call, maybe on another stream, is done with the buffers
+            if self._last_stream is not None and stream != self._last_stream:
+                # the previous call's work, queued on another stream, is done with the buffers first (on one stream
+                # the order does it: an event's record and wait cost 10-16 us of host time a call)
+                done = torch.cuda.Event()
+                done.record(self._last_stream)
+                stream.wait_event(done)
+            self._last_stream = stream
             if not bound.captured:  # (a replay's copy into its channels-last input buffers converts them)
                 inputs = [channels_last_input(x) if last else x for x, last in zip(inputs, self.channels_last)]
             if not bound.captured and self._graphs and bound.capturable:
@@ -316,7 +323,6 @@ class CudaRunner:
                 if bound.graph is not None:
                     bound.graph.replay()
                 outputs = self._outputs(bound, stream)
-            self._last_call.record(stream)  # one event, re-recorded: a wait takes the record made before it
         return outputs
 
     def _first_call(self, bound: _Bound, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
