@@ -280,6 +280,8 @@ class CudaRunner:
         self.binder = SymbolBinder.for_network(network)
         self.may_alias = [may_alias_storage(t) for t in network.outputs]
         self.channels_last = channels_last_inputs(network, plan)
+        # several inputs, none converted to channels-last: one launch copies them into the graph's buffers
+        self._copy_all = len(self.channels_last) > 1 and not any(self.channels_last)
         self._bound: OrderedDict[tuple, _Bound] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = None
@@ -315,11 +317,14 @@ class CudaRunner:
             elif not bound.captured:
                 outputs = self._fresh(bound.run_eagerly(inputs))
             else:
-                for static, x, last in zip(bound.static_inputs, inputs, self.channels_last):
-                    if last:
-                        copy_to_channels_last(x, static)
-                    else:
-                        static.copy_(x)
+                if self._copy_all:
+                    torch._foreach_copy_(bound.static_inputs, inputs)
+                else:
+                    for static, x, last in zip(bound.static_inputs, inputs, self.channels_last):
+                        if last:
+                            copy_to_channels_last(x, static)
+                        else:
+                            static.copy_(x)
                 if bound.graph is not None:
                     bound.graph.replay()
                 outputs = self._outputs(bound, stream)
