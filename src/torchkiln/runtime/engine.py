@@ -196,7 +196,7 @@ class Engine:
         on_cpu = self.device_type == "cpu"
         index = inputs[0].get_device() if type(inputs[0]) is torch.Tensor else None
         for x, (dtype, shape) in zip(inputs, static):
-            if type(x) is not torch.Tensor or (x.is_cpu if on_cpu else not x.is_cuda) or x.get_device() != index \
+            if type(x) is not torch.Tensor or not (x.is_cpu if on_cpu else x.is_cuda) or x.get_device() != index \
                     or x.layout != torch.strided or x.is_nested or x.dtype != dtype or x.shape != shape:
                 return None
         device = self._devices.get(index)
