@@ -190,3 +190,21 @@ def test_meta_inputs_the_engine_does_not_take_are_refused():
     with FakeTensorMode(allow_non_fake_inputs=True) as mode, \
             pytest.raises(torchkiln.EngineInputError, match="dim 1 is 63, outside"):
         compiled(mode.from_tensor(torch.randn(2, 63)))
+
+
+def test_a_module_holds_its_engine_written_from_the_serialized_pieces():
+    """Stitching writes an engine's attribute from its serialized pieces (the weights as views of the network's
+    tensors), not from joined bytes copied again: the attribute holds exactly `serialize()`'s bytes, and is a
+    writable normal tensor even under inference_mode."""
+    from torchkiln.runtime.execute_op import engine_blob
+    from torchkiln.runtime.serialization import engine_digest
+
+    compiled = torchkiln.compile(MLP().eval(), [torchkiln.Input((2, 64))], backend="reference")
+    blob = compiled._torchkiln_engine_0
+    engine = torchkiln.runtime.engine.Engine.deserialize(blob.numpy().tobytes())
+    data = engine.serialize()
+    assert engine_digest(blob.numpy().tobytes()) == engine_digest(data)
+    with torch.inference_mode():
+        made = engine_blob(engine.serialized_pieces())
+    assert not made.is_inference() and made.dtype == torch.uint8
+    assert made.numpy().tobytes() == data == engine_blob(data).numpy().tobytes()

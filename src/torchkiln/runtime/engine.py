@@ -229,6 +229,11 @@ class Engine:
 
     # ---- bytes ----------------------------------------------------------------------------
     def serialize(self) -> bytes:
+        return b"".join(self.serialized_pieces())
+
+    def serialized_pieces(self) -> list[bytes | memoryview]:
+        """`serialize`'s bytes as pieces to join in order, the weights views of the network's tensors (a module's
+        engine attribute is written from them directly: `execute_op.engine_blob`)."""
         meta = {
             "name": self.name,
             "device_type": self.device_type,
@@ -238,7 +243,7 @@ class Engine:
             "bindings": [{"name": b.name, "dtype": S.dtype_name(b.dtype), "min_shape": list(b.min_shape),
                           "opt_shape": list(b.opt_shape), "max_shape": list(b.max_shape)} for b in self.bindings],
         }
-        return S.encode_engine(meta, self.network, [p.to_json() for p in self.plans])
+        return S.engine_pieces(meta, self.network, [p.to_json() for p in self.plans])
 
     @classmethod
     def deserialize(cls, data: bytes, max_memory: int | None = None, max_flops: int | None = None) -> Engine:

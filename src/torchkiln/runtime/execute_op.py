@@ -63,11 +63,22 @@ ENGINE_ERRORS: tuple[type[TorchkilnError], ...] = (EngineIndexError, EngineInput
 _META_LOAD = "was the module loaded with map_location='meta'?"
 
 
-def engine_blob(data: bytes) -> torch.Tensor:
-    """Engine bytes as the uint8 tensor a module holds (a normal tensor even under inference_mode, so its
-    version counter counts in-place writes)."""
+def engine_blob(data: bytes | Sequence[bytes | memoryview]) -> torch.Tensor:
+    """Engine bytes (or the pieces they join: `Engine.serialized_pieces`) as the uint8 tensor a module holds,
+    written there by one copy (a normal tensor even under inference_mode, so its version counter counts in-place
+    writes). A 5 GB engine took 27 s when its joined bytes were copied again into the tensor's own memory."""
+    pieces = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+    sizes = [memoryview(p).nbytes for p in pieces]
     with torch.inference_mode(False):
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        blob = torch.empty(sum(sizes), dtype=torch.uint8)
+    at = 0
+    with warnings.catch_warnings():  # (a read-only buffer, only read here)
+        warnings.filterwarnings("ignore", message=".*not writable")
+        for piece, n in zip(pieces, sizes):
+            if n:  # torch's copy: several threads fault in the new memory (a third of memoryview's time, cold)
+                blob[at:at + n].copy_(torch.frombuffer(piece, dtype=torch.uint8))
+            at += n
+    return blob
 
 
 def _spec(dtype: torch.dtype, shape: Sequence[Any]) -> str:

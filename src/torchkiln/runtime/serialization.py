@@ -242,6 +242,13 @@ def _encode_network(network: Network, weights: dict[str, torch.Tensor], keys: di
 
 def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, Any]] = ()) -> bytes:
     """Serialize engine metadata, its network and its plans (JSON objects) in format 2."""
+    return b"".join(engine_pieces(meta, network, plans))
+
+
+def engine_pieces(meta: dict[str, Any], network: Network, plans: list[dict[str, Any]] = ()
+                  ) -> list[bytes | memoryview]:
+    """`encode_engine`'s bytes as pieces to join in order: the weights are views of the network's tensors, so that
+    whoever joins them copies a large engine's bytes once, into where they are kept (`execute_op.engine_blob`)."""
     weights: dict[str, torch.Tensor] = {}
     graph = {"network": _encode_network(network, weights, {})}
     symbols = network.symbols()
@@ -259,7 +266,7 @@ def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, 
     if weights:
         sections.append(("weights", safetensors_chunks(weights)))
     sections += [(f"plan.{k}", data) for k, data in enumerate(others[1:])]
-    return join_sections(sections)
+    return section_pieces(sections)
 
 
 # safetensors' dtype names, in the order its writer lays tensors out (then by name): larger alignment first.
@@ -298,6 +305,11 @@ Chunks = bytes | Sequence[bytes | memoryview]  # a section's data: its bytes, or
 def join_sections(sections: Sequence[tuple[str, Chunks]]) -> bytes:
     """Format-2 engine bytes of these (name, data) sections, checksum included. The data is hashed where it lies
     and copied once, into the result."""
+    return b"".join(section_pieces(sections))
+
+
+def section_pieces(sections: Sequence[tuple[str, Chunks]]) -> list[bytes | memoryview]:
+    """`join_sections`'s bytes as pieces to join in order (the data where it lies, hashed there)."""
     pieces = [[data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data) for _, data in sections]
     lengths = [sum(memoryview(p).nbytes for p in section) for section in pieces]
     body = [_HEADER.pack(MAGIC, FORMAT_VERSION, len(sections)),
@@ -306,7 +318,7 @@ def join_sections(sections: Sequence[tuple[str, Chunks]]) -> bytes:
     digest = hashlib.sha256()
     for piece in body:
         digest.update(piece)
-    return b"".join([*body, digest.digest()])
+    return [*body, digest.digest()]
 
 
 def split_sections(data: bytes) -> list[tuple[str, bytes]]:
