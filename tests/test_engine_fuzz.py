@@ -19,6 +19,8 @@ import traceback
 from collections.abc import Callable
 
 import torch
+import torch._dynamo  # noqa: F401  (imported by torch's own refs at the first meta group norm: the import makes
+# torch's cache directory in the temporary directory, once a process, which the test below would take for a write)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
