@@ -240,15 +240,11 @@ def _encode_network(network: Network, weights: dict[str, torch.Tensor], keys: di
     }
 
 
-def encode_engine(meta: dict[str, Any], network: Network, plans: list[dict[str, Any]] = ()) -> bytes:
-    """Serialize engine metadata, its network and its plans (JSON objects) in format 2."""
-    return b"".join(engine_pieces(meta, network, plans))
-
-
 def engine_pieces(meta: dict[str, Any], network: Network, plans: list[dict[str, Any]] = ()
                   ) -> list[bytes | memoryview]:
-    """`encode_engine`'s bytes as pieces to join in order: the weights are views of the network's tensors, so that
-    whoever joins them copies a large engine's bytes once, into where they are kept (`execute_op.engine_blob`)."""
+    """Engine metadata, its network and its plans (JSON objects) in format 2, as pieces to join in order: the weights
+    are views of the network's tensors, so that whoever joins them copies a large engine's bytes once, into where
+    they are kept (`Engine.serialize`, `execute_op.engine_blob`)."""
     weights: dict[str, torch.Tensor] = {}
     graph = {"network": _encode_network(network, weights, {})}
     symbols = network.symbols()
