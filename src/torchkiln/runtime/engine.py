@@ -193,16 +193,19 @@ class Engine:
         static = self._static
         if static is None or not inputs or len(inputs) != len(static):
             return None
-        on_cpu = self.device_type == "cpu"
-        index = inputs[0].get_device() if type(inputs[0]) is torch.Tensor else None
+        on_cpu, index = self.device_type == "cpu", None
         for x, (dtype, shape) in zip(inputs, static):
-            if type(x) is not torch.Tensor or not (x.is_cpu if on_cpu else x.is_cuda) or x.get_device() != index \
-                    or x.layout != torch.strided or x.is_nested or x.dtype != dtype or x.shape != shape:
+            if type(x) is not torch.Tensor or not (x.is_cpu if on_cpu else x.is_cuda) or x.layout != torch.strided \
+                    or x.is_nested or x.dtype != dtype or x.shape != shape:
                 return None
+            at = x.get_device()
+            if index is not None and at != index:
+                return None
+            index = at
         device = self._devices.get(index)
         if device is None:
             device = self._devices[index] = inputs[0].device
-        return device if device.type == self.device_type else None
+        return device
 
     def execute(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Check the inputs against the bindings, then run the engine (outside autograd)."""
