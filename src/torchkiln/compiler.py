@@ -52,6 +52,7 @@ from torchkiln.partitioning.support import Decision, Fallback, Target
 from torchkiln.runtime.backends.base import BackendOptions, SessionModels
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.serialization import engine_digest
+from torchkiln.runtime.tape import add_tape
 from torchkiln.runtime.execute_op import SESSION_MODELS, engine_blob, engine_from_blob, engine_signature
 from torchkiln.settings import CompileSettings, Input, as_device
 from torchkiln.settings_table import SETTINGS, backend_values
@@ -498,8 +499,17 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
                 usable = samples()[k] is not None and all(isinstance(x, torch.Tensor) for s in samples()[k] for x in s)
                 engines.append(_build_timed(network, convert, build, samples()[k] if usable else None, kept,
                                             alternative, settings.precision_safety))
+            _record_tape(engines[-1], settings)
             cache.save(key, engines[-1], [(r.layer, r.kind, r.node, r.reason) for r in kept[before:]])
     return engines
+
+
+def _record_tape(engine: Engine, settings: CompileSettings) -> Engine:
+    """The engine, with a tape of its planned run for the C++ runtime where `native_tape` asks for one (None: on the
+    cuda backend); a run a tape cannot replay gets none, the reason logged."""
+    if settings.native_tape if settings.native_tape is not None else engine.backend == "cuda":
+        add_tape(engine, settings.device)
+    return engine
 
 
 def _partition_and_build(lowered: LoweredModule, metas: dict[int, Any], settings: CompileSettings,
@@ -771,14 +781,16 @@ def convert_method_to_engine(module: torch.nn.Module, method_name: str = "forwar
         build = _build_settings(settings)
         convert = functools.partial(convert_block, nodes, inputs_, outputs, metas, settings, method_name)
         request = _quantize_request(settings)
-        if request is not None:  # the engine's inputs are the method's
-            return _quantized_or_float(network, convert, build, lambda: _calibration_samples(settings), request,
-                                       [], settings.precision_safety).serialize()
         alternative = bfloat16_tactic.bfloat16_alternative(build, settings.compute_dtype)
-        if alternative is not None or settings.precision_safety and build.compute_dtype != torch.float32:
-            return _build_timed(network, convert, build, _calibration_samples(settings), [], alternative,
-                                settings.precision_safety).serialize()
-        return build_engine(network, bindings, build, method_name).serialize()
+        if request is not None:  # the engine's inputs are the method's
+            engine = _quantized_or_float(network, convert, build, lambda: _calibration_samples(settings), request,
+                                         [], settings.precision_safety)
+        elif alternative is not None or settings.precision_safety and build.compute_dtype != torch.float32:
+            engine = _build_timed(network, convert, build, _calibration_samples(settings), [], alternative,
+                                  settings.precision_safety)
+        else:
+            engine = build_engine(network, bindings, build, method_name)
+        return _record_tape(engine, settings).serialize()
 
 
 # Names an argument of a TorchScript method cannot take: they would hide what the method's code refers to.

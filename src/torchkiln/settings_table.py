@@ -107,6 +107,10 @@ def boolean(name: str, value: Any, context: Mapping[str, Any]) -> bool:
     return value
 
 
+def _optional_boolean(name: str, value: Any, context: Mapping[str, Any]) -> bool | None:
+    return None if value is None else boolean(name, value, context)
+
+
 def truthy(name: str, value: Any, context: Mapping[str, Any]) -> bool:
     """Any value, as a bool (Torch-TensorRT's switches take any truthy value)."""
     return bool(value)
@@ -322,6 +326,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cache_built_engines", "bool", False, "store the compiled module and each built engine in the "
             "engine cache ($TORCHKILN_CACHE_DIR, docs/engine_cache.md)", boolean, Flag(("--cache-built-engines",)),
             example=True, example_args=("--cache-built-engines",)),
+    Setting("native_tape", "bool | None", None, "record each engine's planned run as a tape for the C++ runtime "
+            "(docs/tape_format.md); None: on the cuda backend, where it runs the plan's kernels without Python",
+            _optional_boolean, Flag(("--native-tape",), "on|off", choices=("on", "off"), parse=lambda v: v == "on"),
+            example=True, example_args=("--native-tape", "on")),
     Setting("reuse_cached_engines", "bool", False, "load the compiled module, or else each engine, from the "
             "engine cache instead of compiling or building it when its key matches", boolean,
             Flag(("--reuse-cached-engines",)), example=True, example_args=("--reuse-cached-engines",)),

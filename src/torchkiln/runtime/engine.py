@@ -109,7 +109,8 @@ class Engine:
 
     def __init__(self, network: Network, bindings: Sequence[InputBinding], device_type: str,
                  precision: torch.dtype, name: str = "engine", backend: str = "reference",
-                 backend_options: BackendOptions = BackendOptions(), plans: Sequence[Plan] = ()) -> None:
+                 backend_options: BackendOptions = BackendOptions(), plans: Sequence[Plan] = (),
+                 tapes: Sequence[bytes] = ()) -> None:
         if not runs_on(backend, device_type):
             raise EngineFormatError(f"engine {name!r}: backend {backend!r} does not run on {device_type}")
         if len(bindings) != len(network.inputs):
@@ -125,6 +126,7 @@ class Engine:
         self.backend_options = backend_options  # as stored; `run_options` as this machine runs them
         self.run_options = options_here(backend_options, backend, name)
         self.plans = list(plans)  # one per target it was planned for; serialized with the engine
+        self.tapes = list(tapes)  # recorded runs for the C++ runtime (runtime/tape.py), as their sections' bytes
         self.session_models: SessionModels | None = None  # stored ONNX models of its sessions (module cache)
         self._runners: dict[torch.device, Runner] = {}
         self._lock = threading.Lock()
@@ -246,7 +248,7 @@ class Engine:
             "bindings": [{"name": b.name, "dtype": S.dtype_name(b.dtype), "min_shape": list(b.min_shape),
                           "opt_shape": list(b.opt_shape), "max_shape": list(b.max_shape)} for b in self.bindings],
         }
-        return S.engine_pieces(meta, self.network, [p.to_json() for p in self.plans])
+        return S.engine_pieces(meta, self.network, [p.to_json() for p in self.plans], self.tapes)
 
     @classmethod
     def deserialize(cls, data: bytes, max_memory: int | None = None, max_flops: int | None = None) -> Engine:
@@ -256,7 +258,7 @@ class Engine:
         workspace) and `max_flops` the FLOPs of one call, both checked on shapes before anything is allocated;
         None takes TORCHKILN_MAX_ENGINE_MEMORY / TORCHKILN_MAX_ENGINE_FLOPS, or else a default scaled to the
         engine's device (`runtime/limits.py`)."""
-        meta, network, raw_plans = S.decode_engine(data, max_memory, max_flops)
+        meta, network, raw_plans, tapes = S.decode_engine(data, max_memory, max_flops)
         name = meta.get("name")
         device_type = meta.get("device_type")
         if not isinstance(name, str) or len(name) > S.MAX_STRING or device_type not in ("cpu", "cuda"):
@@ -283,7 +285,7 @@ class Engine:
         if any(p.target.backend != backend for p in plans):
             raise EngineFormatError(f"engine metadata: a plan is for another backend than the engine's {backend!r}")
         return cls(network, bindings, device_type, S.parse_dtype(meta.get("precision"), "engine precision"), name,
-                   backend, options, plans)
+                   backend, options, plans, tapes)
 
     def __repr__(self) -> str:
         return (f"Engine({self.name!r}, {self.device_type}, {self.backend}, {S.dtype_name(self.precision)}, "

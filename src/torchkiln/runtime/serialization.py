@@ -6,7 +6,8 @@ Format 2 (written; little-endian):
     | the sections, in table order | SHA-256 of everything before it
 Sections: "meta" (JSON: name, device kind, precision, backend and its options, input bindings), "graph"
 (JSON: the portable layer graph), "weights" (safetensors; absent without weights), and one "plan.K" (JSON,
-`runtime.plan.Plan.to_json`) per target the engine was planned for. Unknown sections are refused.
+`runtime.plan.Plan.to_json`) per target the engine was planned for, and one "tape.K" per tape the build recorded
+(`runtime/tape_format.py`, docs/tape_format.md). Unknown sections are refused.
 Format 1 (still read: engines saved before plans existed): magic | u32 1 | u32 0 | u64 graph length | u64
 weights length | graph JSON holding the metadata and the network | weights | SHA-256. It has no plans, so
 its backend plans it on load.
@@ -44,6 +45,7 @@ from torchkiln.errors import EngineFormatError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, from_tree, symbols_of, to_tree
+from torchkiln.runtime import tape_format
 from torchkiln.runtime.limits import MAX_LAYERS, Budget, last_readers, max_engine_flops, max_engine_memory
 
 MAGIC = b"TKLNENG\0"
@@ -240,9 +242,10 @@ def _encode_network(network: Network, weights: dict[str, torch.Tensor], keys: di
     }
 
 
-def engine_pieces(meta: dict[str, Any], network: Network, plans: list[dict[str, Any]] = ()
-                  ) -> list[bytes | memoryview]:
-    """Engine metadata, its network and its plans (JSON objects) in format 2, as pieces to join in order: the weights
+def engine_pieces(meta: dict[str, Any], network: Network, plans: Sequence[dict[str, Any]] = (),
+                  tapes: Sequence[bytes] = ()) -> list[bytes | memoryview]:
+    """Engine metadata, its network, its plans (JSON objects) and its tapes (sections' bytes,
+    `runtime/tape_format.py`) in format 2, as pieces to join in order: the weights
     are views of the network's tensors, so that whoever joins them copies a large engine's bytes once, into where
     they are kept (`Engine.serialize`, `execute_op.engine_blob`)."""
     weights: dict[str, torch.Tensor] = {}
@@ -262,6 +265,7 @@ def engine_pieces(meta: dict[str, Any], network: Network, plans: list[dict[str, 
     if weights:
         sections.append(("weights", safetensors_chunks(weights)))
     sections += [(f"plan.{k}", data) for k, data in enumerate(others[1:])]
+    sections += [(f"tape.{k}", data) for k, data in enumerate(tapes)]
     return section_pieces(sections)
 
 
@@ -334,8 +338,9 @@ def _json_bytes(value: Any) -> bytes:
 
 
 def decode_engine(data: bytes, max_memory: int | None = None,
-                  max_flops: int | None = None) -> tuple[dict[str, Any], Network, list[Any]]:
-    """Check and parse engine bytes into (metadata, network, raw plans); any problem is an EngineFormatError.
+                  max_flops: int | None = None) -> tuple[dict[str, Any], Network, list[Any], list[bytes]]:
+    """Check and parse engine bytes into (metadata, network, raw plans, tape sections); any problem is an
+    EngineFormatError.
 
     `max_memory` and `max_flops` bound what the engine may plan (see `runtime/limits.py`; None: the environment's
     or the default ceiling of the engine's device kind). A bad ceiling is a ValueError."""
@@ -350,7 +355,7 @@ def decode_engine(data: bytes, max_memory: int | None = None,
 
 
 def _decode_engine(data: bytes, max_memory: int | None,
-                   max_flops: int | None) -> tuple[dict[str, Any], Network, list[Any]]:
+                   max_flops: int | None) -> tuple[dict[str, Any], Network, list[Any], list[bytes]]:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise EngineFormatError(f"engine data must be bytes, got {type(data).__name__}")
     data = bytes(data)
@@ -368,7 +373,7 @@ def _decode_engine(data: bytes, max_memory: int | None,
     if len(sections["graph"]) > MAX_GRAPH_BYTES:
         raise EngineFormatError(f"engine graph of {len(sections['graph'])} bytes exceeds the {MAX_GRAPH_BYTES}-byte "
                                 f"limit")
-    meta_bytes = sum(len(v) for k, v in sections.items() if k not in ("graph", "weights"))
+    meta_bytes = sum(len(v) for k, v in sections.items() if k not in ("graph", "weights") and not k.startswith("tape."))
     if meta_bytes > MAX_META_BYTES:
         raise EngineFormatError(f"engine metadata and plans of {meta_bytes} bytes exceed the {MAX_META_BYTES}-byte "
                                 f"limit")
@@ -386,11 +391,20 @@ def _decode_engine(data: bytes, max_memory: int | None,
         meta, raw_network = _parse_graph(sections["meta"]), graph
         if not isinstance(meta, dict):
             raise EngineFormatError("engine metadata must be a JSON object")
-    plans = [_parse_graph(sections[k]) for k in sorted((k for k in sections if k.startswith("plan.")),
-                                                         key=lambda k: int(k[5:]))]
+    plans = [_parse_graph(sections[k]) for k in _numbered(sections, "plan.")]
     device_type = "cuda" if meta.get("device_type") == "cuda" else "cpu"  # another kind is refused after this
     ceilings = max_engine_memory(max_memory, device_type), max_engine_flops(max_flops, device_type)
-    return meta, _decode_network(raw_network, weights, *ceilings), plans
+    network = _decode_network(raw_network, weights, *ceilings)
+    tapes = [sections[k] for k in _numbered(sections, "tape.")]
+    for k, tape in enumerate(tapes):
+        tape_format.check(tape, f"engine tape {k}", [layer.weights for layer in network.layers], len(network.inputs),
+                          len(network.outputs), DTYPES)
+    return meta, network, plans, tapes
+
+
+def _numbered(sections: dict[str, bytes], prefix: str) -> list[str]:
+    """The names of the sections `prefix`K, by K."""
+    return sorted((k for k in sections if k.startswith(prefix)), key=lambda k: int(k[len(prefix):]))
 
 
 def engine_digest(data: bytes | memoryview) -> bytes:
@@ -430,8 +444,8 @@ def _sections(data: bytes) -> dict[str, bytes]:
     sections: dict[str, bytes] = {}
     for raw_name, n in table:
         name = raw_name.rstrip(b"\0").decode("ascii", "replace")
-        known = name in ("meta", "graph", "weights") or (name.startswith("plan.") and name[5:].isdigit()
-                                                           and len(name) <= 8)
+        known = name in ("meta", "graph", "weights") or any(
+            name.startswith(prefix) and name[5:].isdigit() and len(name) <= 8 for prefix in ("plan.", "tape."))
         if not known or name in sections:
             raise EngineFormatError(f"engine section {name!r} is {'repeated' if known else 'unknown'}")
         sections[name] = data[start:start + n]
