@@ -37,6 +37,10 @@ _VALUE_SHAPED = frozenset({"nonzero", "masked_select", "unique_dim", "unique_con
                            "unique_dim_consecutive", "bincount", "repeat_interleave"})
 
 
+# operators that read tensor values to the host
+_HOST_READS = frozenset({"_local_scalar_dense", "item", "equal", "is_nonzero", "allclose"})
+
+
 class TapeRefused(Exception):
     """A run that a tape cannot replay faithfully; the message says why."""
 
@@ -150,7 +154,8 @@ class _Recorder(TorchDispatchMode):
                 written.append(self.define(result))
             elif kind == "ListType" and ret.type.getElementType().kind() == "TensorType":
                 written += [self.define(t) for t in result]
-            elif self.in_body:
+            elif self.in_body and (base in _HOST_READS or kind not in ("IntType", "SymIntType")):
+                # (an int return is a shape's: SDPA's sequence lengths; a value read to the host is refused)
                 raise TapeRefused(f"{schema.name} returns a {ret.type} to the host, so a later call could take "
                                   f"another course")
         record["out"] = written

@@ -1,0 +1,144 @@
+"""Tapes (docs/tape_format.md): recorded at build where asked, kept through the engine's bytes, refused where a replay
+could go another way than the recording, and checked on load by the Python loader (the C++ loader's checks are in
+tests/test_cpp_tape.py)."""
+import logging
+import struct
+
+import pytest
+import torch
+
+import torchkiln
+from torchkiln.errors import EngineFormatError
+from torchkiln.runtime import tape_format
+from torchkiln.runtime.engine import Engine
+
+
+class _Cnn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return torch.softmax(self.head(y.mean((2, 3))), -1)
+
+
+class _Embedding(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(50, 16)
+        self.head = torch.nn.Linear(16, 4)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.table(ids)))
+
+
+def _engine(module: torch.nn.Module, x: torch.Tensor, **settings) -> Engine:
+    torch.manual_seed(0)
+    compiled = torchkiln.compile(module.eval(), inputs=[x], backend="reference", **settings)
+    return Engine.deserialize(bytes(compiled._c.getattr("_torchkiln_engine_0").numpy()))
+
+
+@pytest.fixture(scope="module")
+def cnn_engine() -> Engine:
+    torch.manual_seed(0)
+    return _engine(_Cnn(), torch.randn(2, 3, 16, 16), native_tape=True)
+
+
+def test_a_cpu_build_asked_for_a_tape_records_one_that_survives_its_bytes(cnn_engine):
+    assert len(cnn_engine.tapes) == 1
+    doc, blob = tape_format.decode(cnn_engine.tapes[0], "tape")
+    assert doc["target"]["device_type"] == "cpu" and doc["target"]["torch"] == torch.__version__.split("+")[0]
+    assert doc["inputs"] == [{"dtype": "float32", "shape": [2, 3, 16, 16]}]
+    ops = [i["op"] for i in doc["body"] if "op" in i]
+    assert "aten::_convolution" in ops and "aten::addmm" in ops and "aten::_softmax" in ops
+    # the body reads the weights the prologue bound, by reference to the engine's own: no constant copies
+    assert doc["constants"] == [] and blob == b""
+    bound = {i["out"]: tuple(i["weight"]) for i in doc["prologue"] if "weight" in i}
+    layers = cnn_engine.network.layers
+    assert all(name in layers[j].weights for j, name in bound.values()) and len(bound) == 4
+    again = Engine.deserialize(cnn_engine.serialize())
+    assert again.tapes == cnn_engine.tapes
+
+
+def test_no_tape_unless_asked_off_the_cuda_backend():
+    torch.manual_seed(0)
+    assert _engine(_Cnn(), torch.randn(2, 3, 16, 16)).tapes == []
+
+
+def test_a_body_that_reads_a_value_on_the_host_gets_no_tape(caplog):
+    """The reference gather checks its indices on the host: a later call could raise where the recording did not."""
+    with caplog.at_level(logging.INFO, logger="torchkiln.runtime.tape"):
+        engine = _engine(_Embedding(), torch.randint(0, 50, (2, 7)), native_tape=True)
+    assert engine.tapes == []
+    assert any("aten::_local_scalar_dense" in r.getMessage() and "another course" in r.getMessage()
+               for r in caplog.records)
+
+
+def _with_tape(engine: Engine, doc: dict, blob: bytes = b"") -> bytes:
+    copy = Engine.deserialize(engine.serialize())
+    copy.tapes = [tape_format.encode(doc, blob)]
+    return copy.serialize()
+
+
+def _doc(engine: Engine) -> dict:
+    return tape_format.decode(engine.tapes[0], "tape")[0]
+
+
+def _first(doc: dict, key: str) -> dict:
+    return next(i for i in doc["body"] + doc["prologue"] if key in i)
+
+
+HOSTILE = {
+    "an id past num_values": (lambda d: d["outputs"].__setitem__(0, d["num_values"]), "value id"),
+    "a value read before it is written": (lambda d: next(i for i in d["prologue"] if "op" in i)["args"].__setitem__(
+        0, {"t": d["outputs"][0]}), "before anything"),
+    "a value written twice": (lambda d: d["body"].append(dict(d["body"][-1])), "a second time"),
+    "an unknown weight": (lambda d: _first(d, "weight")["weight"].__setitem__(1, "nope"), "has no weight"),
+    "a weight of no layer": (lambda d: _first(d, "weight")["weight"].__setitem__(0, 10 ** 6), "layer"),
+    "an unknown dtype": (lambda d: d["inputs"][0].__setitem__("dtype", "float128"), "unknown dtype"),
+    "an unknown argument tag": (lambda d: _first(d, "op")["args"].append({"pointer": 3}), "unknown argument tag"),
+    "two instruction kinds": (lambda d: d["body"][0].__setitem__("launch", 0), "exactly one of the keys"),
+    "a kernel past the table": (lambda d: d["body"].append({"launch": 0, "grid": [1, 1, 1], "args": []}),
+                                "kernel"),
+    "a constant past the blob": (lambda d: d["constants"].append({"data": [0, 4], "dtype": "float32", "shape": [1],
+                                                                  "strides": [1], "device": "cpu"}), "data length"),
+    "too few inputs": (lambda d: d["inputs"].clear(), "0 inputs"),
+    "a foreign device": (lambda d: d["target"].__setitem__("device_type", "tpu"), "device_type"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_a_hostile_tape_is_an_engine_format_error(cnn_engine, case):
+    mutate, message = HOSTILE[case]
+    doc = _doc(cnn_engine)
+    mutate(doc)
+    with pytest.raises(EngineFormatError, match=message):
+        Engine.deserialize(_with_tape(cnn_engine, doc))
+
+
+def test_a_launch_with_another_argument_count_than_its_kernel_is_refused(cnn_engine):
+    doc = _doc(cnn_engine)
+    doc["kernels"] = [{"name": "k", "cubin": [0, 4], "num_warps": 4, "shared": 0, "params": ["*fp32", "i32"]}]
+    doc["body"].append({"launch": 0, "grid": [1, 1, 1], "args": [{"t": 0}]})
+    with pytest.raises(EngineFormatError, match="1 args for kernel 0's 2 params"):
+        Engine.deserialize(_with_tape(cnn_engine, doc, b"\0" * 4))
+    doc["body"][-1]["args"] = [3, 4]
+    with pytest.raises(EngineFormatError, match="a pointer param takes a tensor value"):
+        Engine.deserialize(_with_tape(cnn_engine, doc, b"\0" * 4))
+
+
+@pytest.mark.parametrize("header, message", [
+    (b"TKTAPX\0\0" + struct.pack("<IQ", 1, 2) + b"{}", "bad magic"),
+    (tape_format.MAGIC + struct.pack("<IQ", 2, 2) + b"{}", "version 2"),
+    (tape_format.MAGIC + struct.pack("<IQ", 1, 99) + b"{}", "runs past"),
+    (tape_format.MAGIC + struct.pack("<IQ", 1, 3) + b"{\"a", "does not parse"),
+    (tape_format.MAGIC + struct.pack("<IQ", 1, 3) + b"NaN", "does not parse"),
+    (tape_format.MAGIC[:5], "truncated"),
+])
+def test_a_tape_section_with_a_bad_header_is_refused(cnn_engine, header, message):
+    copy = Engine.deserialize(cnn_engine.serialize())
+    copy.tapes = [header]
+    with pytest.raises(EngineFormatError, match=message):
+        Engine.deserialize(copy.serialize())
