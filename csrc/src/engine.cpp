@@ -4,11 +4,19 @@
 #include "torchkiln/engine.h"
 
 #include <c10/core/GradMode.h>
+#include <torch/version.h>
 
+#include <cstdlib>
+#include <iostream>
 #include <mutex>
 #include <regex>
 
 #include "kinds.h"
+#include "tape.h"
+
+#ifdef TORCHKILN_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
 namespace torchkiln {
 
@@ -222,8 +230,77 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) c
       input_error("engine '" + name + "': all inputs must be on one device, got [" + c10::Join(", ", seen) + "]");
     }
   c10::AutoGradMode no_grad(false);
+  if (TapeRunner* runner = tape_runner(inputs, device)) return runner->run(inputs);
   std::vector<int64_t> values = symbols.empty() ? std::vector<int64_t>{} : bind(inputs);
   return run_network(network_on(device), inputs, Env{values, device, false});
+}
+
+namespace {
+
+// What a tape's target must equal for it to run here; empty where this runtime cannot tell (a GPU in a build
+// without CUDA).
+std::optional<TapeTarget> target_here(const at::Device& device) {
+  std::string torch = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                      std::to_string(TORCH_VERSION_PATCH);
+  if (device.is_cpu()) return TapeTarget{"cpu", "", "", torch, ""};
+#ifdef TORCHKILN_CUDA
+  if (device.is_cuda()) {
+    const cudaDeviceProp* p = at::cuda::getDeviceProperties(device.index());
+    return TapeTarget{"cuda", p->name, std::to_string(p->major) + "." + std::to_string(p->minor), torch, ""};
+  }
+#endif
+  return std::nullopt;
+}
+
+std::string tensors_text(const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& specs) {
+  std::vector<std::string> parts;
+  for (const auto& [dtype, shape] : specs) parts.push_back(kinds().dtype_name(dtype) + "[" + c10::Join(", ", shape) + "]");
+  return c10::Join(", ", parts);
+}
+
+}  // namespace
+
+TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const {
+  if (tapes.empty() && backend != "cuda") return nullptr;  // a cuda engine's build records a tape unless it cannot
+  std::optional<TapeTarget> here = target_here(device);
+  std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> given;
+  for (const at::Tensor& x : inputs) given.emplace_back(x.scalar_type(), x.sizes().vec());
+  std::vector<std::string> targets;
+  bool other_shapes = false;
+  for (size_t k = 0; k < tapes.size(); ++k) {
+    const TapeTarget& t = tapes[k]->target;
+    targets.push_back(t.describe());
+    if (!here || t.device_type != here->device_type || t.device_name != here->device_name ||
+        t.capability != here->capability || t.torch != here->torch)
+      continue;
+    if (tapes[k]->inputs != given) {
+      other_shapes = true;
+      continue;
+    }
+    std::lock_guard<std::mutex> lock(tape_mutex_);
+    auto& runner = tape_runners_[{device.str(), k}];
+    if (!runner) {
+      runner = std::make_shared<TapeRunner>(tapes[k], network, device);
+      const char* log = std::getenv("TORCHKILN_TAPE_LOG");
+      if (log && std::string(log) == "1")
+        std::cerr << "torchkiln: engine '" << name << "' runs tape " << k << " on " << device.str() << "\n";
+    }
+    return runner.get();
+  }
+  if (!warned_.exchange(true)) {
+    std::string why = tapes.empty() ? "it holds no tape (its build's log says why)"
+                      : !here       ? "this runtime was built without CUDA, so it cannot tell the GPU a tape is for"
+                      : other_shapes
+                          ? "its tapes run other inputs than this call's " + tensors_text(given) + " (" +
+                                [&] {
+                                  std::vector<std::string> specs;
+                                  for (const auto& t : tapes) specs.push_back(tensors_text(t->inputs));
+                                  return c10::Join("; ", specs);
+                                }() + ")"
+                          : "its tapes are for " + c10::Join(", ", targets) + ", not " + here->describe();
+    TORCH_WARN("torchkiln: engine '", name, "' runs its layers one ATen call at a time, not a tape: ", why);
+  }
+  return nullptr;
 }
 
 namespace {

@@ -20,6 +20,7 @@ struct Builder : rapidjson::BaseReaderHandler<rapidjson::UTF8<>, Builder> {
   std::vector<std::string> keys;
   Json root;
   std::string problem;
+  bool constants = true;
 
   Json* add(Json value) {
     if (stack.empty()) {
@@ -49,7 +50,10 @@ struct Builder : rapidjson::BaseReaderHandler<rapidjson::UTF8<>, Builder> {
   bool RawNumber(const char* text, rapidjson::SizeType length, bool) {
     std::string t(text, length);
     Json j;
-    if (t == "NaN" || t == "Infinity" || t == "-Infinity") {
+    if ((t == "NaN" || t == "Infinity" || t == "-Infinity") && !constants) {
+      problem = t + " (not JSON)";
+      return false;
+    } else if (t == "NaN" || t == "Infinity" || t == "-Infinity") {
       j.type = Json::Type::Float;
       j.f = std::strtod(t.c_str(), nullptr);
     } else if (t == "Inf" || t == "-Inf" || t == "-NaN") {
@@ -156,8 +160,9 @@ std::string Json::repr(size_t limit) const {
   return out.size() > limit ? out.substr(0, limit) + "..." : out;
 }
 
-Json parse_json(const char* data, size_t size, const std::string& what) {
+Json parse_json(const char* data, size_t size, const std::string& what, bool constants) {
   Builder builder;
+  builder.constants = constants;
   rapidjson::MemoryStream stream(data, size);
   rapidjson::Reader reader;
   constexpr unsigned kFlags = rapidjson::kParseIterativeFlag | rapidjson::kParseNanAndInfFlag |

@@ -27,7 +27,8 @@ struct Json {
   std::string repr(size_t limit = 60) const;      // short text for messages
 };
 
-// Parse `size` bytes of JSON; EngineFormatError with `what` ("engine graph") naming what is wrong.
-Json parse_json(const char* data, size_t size, const std::string& what = "engine graph");
+// Parse `size` bytes of JSON; EngineFormatError with `what` ("engine graph") naming what is wrong. `constants`:
+// NaN, Infinity and -Infinity are read (Python's json.loads reads them; a tape's reader refuses them).
+Json parse_json(const char* data, size_t size, const std::string& what = "engine graph", bool constants = true);
 
 }  // namespace torchkiln

@@ -16,6 +16,7 @@
 #include "budget.h"
 #include "json.h"
 #include "kinds.h"
+#include "tape.h"
 #include "torchkiln/engine.h"
 
 namespace torchkiln {
@@ -53,8 +54,9 @@ Sections sections_v1(const uint8_t* data, size_t size) {
   return {{"graph", {data + kPrefixV1, graph_len}}, {"weights", {data + kPrefixV1 + graph_len, weights_len}}};
 }
 
-bool is_plan_name(const std::string& name) {
-  if (name.rfind("plan.", 0) != 0 || name.size() > 8 || name.size() == 5) return false;
+// "plan.K" or "tape.K" (`prefix`, five characters), K of one to three digits.
+bool is_numbered(const std::string& name, const char* prefix) {
+  if (name.rfind(prefix, 0) != 0 || name.size() > 8 || name.size() == 5) return false;
   return std::all_of(name.begin() + 5, name.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
@@ -83,7 +85,8 @@ Sections sections_v2(const uint8_t* data, size_t size) {
   for (auto& [raw, n] : table) {
     std::string name;
     for (char c : raw) name += (static_cast<unsigned char>(c) < 128) ? c : '?';
-    bool known = name == "meta" || name == "graph" || name == "weights" || is_plan_name(name);
+    bool known = name == "meta" || name == "graph" || name == "weights" || is_numbered(name, "plan.") ||
+                 is_numbered(name, "tape.");
     if (!known || sections.count(name))
       format_error("engine section '" + name + "' is " + (known ? "repeated" : "unknown"));
     sections[name] = {data + start, n};
@@ -784,7 +787,7 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
                  std::to_string(kinds().bound("MAX_GRAPH_BYTES")) + "-byte limit");
   size_t meta_bytes = 0;
   for (const auto& [k, v] : sections)
-    if (k != "graph" && k != "weights") meta_bytes += v.second;
+    if (k != "graph" && k != "weights" && k.rfind("tape.", 0) != 0) meta_bytes += v.second;
   if (meta_bytes > (size_t)kinds().bound("MAX_META_BYTES"))
     format_error("engine metadata and plans of " + std::to_string(meta_bytes) + " bytes exceed the " +
                  std::to_string(kinds().bound("MAX_META_BYTES")) + "-byte limit");
@@ -817,6 +820,13 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
   size_t count = 0;
   decode_graph(engine->network, *raw_network, weights, max_engine_memory(limits.max_memory, device_type),
                max_engine_flops(limits.max_flops, device_type), engine->symbols, 0, count);
+  std::vector<std::pair<int, std::pair<const uint8_t*, size_t>>> tapes;
+  for (const auto& [k, v] : sections)
+    if (k.rfind("tape.", 0) == 0) tapes.emplace_back(std::stoi(k.substr(5)), v);
+  std::sort(tapes.begin(), tapes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t k = 0; k < tapes.size(); ++k)
+    engine->tapes.push_back(std::make_shared<const Tape>(
+        parse_tape(tapes[k].second.first, tapes[k].second.second, "engine tape " + std::to_string(k), engine->network)));
   // The metadata (runtime/engine.py's Engine.deserialize).
   const Json* name = meta->get("name");
   if (!name || name->type != Json::Type::String || name->s.size() > kinds().bound("MAX_STRING") || !device ||

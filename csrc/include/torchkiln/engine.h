@@ -4,9 +4,11 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -102,6 +104,9 @@ struct Binding {
   std::vector<int64_t> min_shape, opt_shape, max_shape;
 };
 
+struct Tape;  // a recorded run of the engine's plan (docs/tape_format.md, csrc/src/tape.h)
+class TapeRunner;
+
 struct Limits {
   std::optional<double> max_memory, max_flops;  // None: TORCHKILN_MAX_ENGINE_* or the device's default
 };
@@ -119,6 +124,7 @@ class Engine {
   std::vector<Symbol> symbols;
   Network network;
   std::vector<std::string> plan_targets;  // Target.describe() of each stored plan
+  std::vector<std::shared_ptr<const Tape>> tapes;
 
  private:
   void check_inputs(const std::vector<at::Tensor>& inputs) const;
@@ -127,6 +133,12 @@ class Engine {
   // per device and kept.
   const Network& network_on(const at::Device& device) const;
   mutable std::map<std::string, std::shared_ptr<const Network>> device_networks_;
+  // The runner of a tape that fits this call (its device, GPU, torch, input shapes and dtypes), else null, with a
+  // warning the first time saying why the layers run instead.
+  TapeRunner* tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const;
+  mutable std::mutex tape_mutex_;
+  mutable std::map<std::pair<std::string, size_t>, std::shared_ptr<TapeRunner>> tape_runners_;  // (device, tape)
+  mutable std::atomic<bool> warned_{false};
 };
 
 // Shape inference and execution: each layer kind's ATen meaning (ir/reference.py).

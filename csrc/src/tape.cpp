@@ -1,0 +1,301 @@
+// Replaying a tape (docs/tape_format.md, "Running a tape"): input buffers, the prologue once, then the body per call:
+// its operators through the dispatcher (arguments typed by their schemas), its kernels through the CUDA driver, and
+// on a GPU (CUDA builds) the body captured once as a CUDA graph and replayed.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include "tape.h"
+#include "torchkiln/engine.h"
+#include "triton_modules.h"
+
+#ifdef TORCHKILN_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace torchkiln {
+
+struct TapeRunner::Graph {
+#ifdef TORCHKILN_CUDA
+  at::cuda::CUDAGraph graph;
+#endif
+};
+
+namespace {
+
+void reads_of(const TapeArg& arg, std::vector<int64_t>& out) {
+  if (arg.kind == TapeArg::Kind::Tensor) out.push_back(arg.i);
+  for (const TapeArg& a : arg.list) reads_of(a, out);
+}
+
+std::vector<int64_t> reads_of(const TapeInstruction& instruction) {
+  std::vector<int64_t> out;
+  for (const TapeArg& a : instruction.args) reads_of(a, out);
+  for (const auto& kv : instruction.kwargs) reads_of(kv.second, out);
+  return out;
+}
+
+// Steps for `instructions`, each freeing the values written among them whose last reader (or, unread, whose writer)
+// it is, but for those `keep` marks.
+std::vector<TapeRunner::Step> steps_of(const std::vector<TapeInstruction>& instructions, const std::string& part,
+                                       const std::vector<bool>& keep) {
+  std::vector<int64_t> last(keep.size(), -1);
+  std::vector<bool> written(keep.size(), false);
+  for (size_t k = 0; k < instructions.size(); ++k) {
+    for (int64_t v : instructions[k].out)
+      if (v >= 0) written[v] = true, last[v] = k;
+    for (int64_t v : reads_of(instructions[k])) last[v] = k;
+  }
+  std::vector<TapeRunner::Step> steps;
+  for (size_t k = 0; k < instructions.size(); ++k)
+    steps.push_back({&instructions[k], part + " instruction " + std::to_string(k), std::nullopt, {}});
+  for (size_t v = 0; v < keep.size(); ++v)
+    if (written[v] && !keep[v]) steps[last[v]].frees.push_back(v);
+  return steps;
+}
+
+std::string type_name(const c10::TypePtr& type) { return type->str(); }
+
+}  // namespace
+
+TapeRunner::TapeRunner(std::shared_ptr<const Tape> tape, const Network& network, const at::Device& device)
+    : tape_(std::move(tape)), network_(network), device_(device) {
+  // The prologue's values the body reads stay (as do the outputs); a body's value lives until its last reader.
+  std::vector<bool> outputs(tape_->num_values, false), body_reads(tape_->num_values, false);
+  for (int64_t v : tape_->outputs) outputs[v] = body_reads[v] = true;
+  for (const TapeInstruction& instruction : tape_->body)
+    for (int64_t v : reads_of(instruction)) body_reads[v] = true;
+  prologue_ = steps_of(tape_->prologue, "prologue", body_reads);
+  body_ = steps_of(tape_->body, "body", outputs);
+}
+
+TapeRunner::~TapeRunner() = default;
+
+c10::IValue TapeRunner::argument(const TapeArg& arg, const c10::TypePtr& type, const std::string& what) const {
+  using K = TapeArg::Kind;
+  auto refuse = [&]() -> c10::IValue {
+    format_error(tape_->where + ": " + what + ": a " + type_name(type) + " argument cannot take what the tape gives");
+  };
+  if (arg.kind == K::None) return type->kind() == c10::TypeKind::OptionalType ? c10::IValue() : refuse();
+  switch (type->kind()) {
+    case c10::TypeKind::OptionalType:
+      return argument(arg, type->expectRef<c10::OptionalType>().getElementType(), what);
+    case c10::TypeKind::TensorType:
+      return arg.kind == K::Tensor ? c10::IValue(values_[arg.i]) : refuse();
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+    case c10::TypeKind::ScalarTypeType:
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:  // these enums are ints on the stack
+      if (arg.kind == K::Int || arg.kind == K::Dtype || arg.kind == K::Layout || arg.kind == K::MemoryFormat)
+        return c10::IValue(arg.i);
+      return arg.kind == K::Bool ? c10::IValue(int64_t(arg.b)) : refuse();
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType:
+      if (arg.kind == K::Float) return c10::IValue(arg.f);
+      return arg.kind == K::Int ? c10::IValue(static_cast<double>(arg.i)) : refuse();
+    case c10::TypeKind::NumberType:  // a Scalar: an int where the JSON wrote an integer
+      if (arg.kind == K::Float) return c10::IValue(arg.f);
+      if (arg.kind == K::Int) return c10::IValue(arg.i);
+      return arg.kind == K::Bool ? c10::IValue(arg.b) : refuse();
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType:
+      return arg.kind == K::Bool ? c10::IValue(arg.b) : refuse();
+    case c10::TypeKind::StringType:
+      return arg.kind == K::Str ? c10::IValue(arg.s) : refuse();
+    case c10::TypeKind::DeviceObjType:
+      return arg.kind == K::Device ? c10::IValue(arg.b ? device_ : at::Device(at::kCPU)) : refuse();
+    case c10::TypeKind::ListType:
+      break;
+    default:
+      return refuse();
+  }
+  if (arg.kind != K::List) return refuse();
+  const c10::TypePtr& element = type->expectRef<c10::ListType>().getElementType();
+  // Typed lists, as the kernels' unboxing wants them (an int[] is an IntList, a Tensor?[] a list of optionals).
+  switch (element->kind()) {
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType: {
+      c10::List<int64_t> out;
+      for (const TapeArg& a : arg.list) out.push_back(argument(a, element, what).toInt());
+      return out;
+    }
+    case c10::TypeKind::FloatType: {
+      c10::List<double> out;
+      for (const TapeArg& a : arg.list) out.push_back(argument(a, element, what).toDouble());
+      return out;
+    }
+    case c10::TypeKind::BoolType: {
+      c10::List<bool> out;
+      for (const TapeArg& a : arg.list) out.push_back(argument(a, element, what).toBool());
+      return out;
+    }
+    case c10::TypeKind::TensorType: {
+      c10::List<at::Tensor> out;
+      for (const TapeArg& a : arg.list) out.push_back(argument(a, element, what).toTensor());
+      return out;
+    }
+    default: {
+      bool optional_tensor = element->kind() == c10::TypeKind::OptionalType &&
+                             element->expectRef<c10::OptionalType>().getElementType()->kind() ==
+                                 c10::TypeKind::TensorType;
+      if (optional_tensor) {
+        c10::List<std::optional<at::Tensor>> out;
+        for (const TapeArg& a : arg.list) out.push_back(argument(a, element, what).toOptional<at::Tensor>());
+        return out;
+      }
+      c10::impl::GenericList out(element);
+      for (const TapeArg& a : arg.list) out.push_back(argument(a, element, what));
+      return out;
+    }
+  }
+}
+
+void TapeRunner::call_op(Step& step) {
+  const TapeInstruction& ins = *step.instruction;
+  const c10::FunctionSchema& schema = step.op->schema();
+  const auto& declared = schema.arguments();
+  std::string what = step.what + " (" + ins.name + ")";
+  if (ins.args.size() > declared.size())
+    format_error(tape_->where + ": " + what + ": " + std::to_string(ins.args.size()) + " arguments for its " +
+                 std::to_string(declared.size()));
+  for (const auto& kv : ins.kwargs) {
+    bool known = false;
+    for (size_t j = ins.args.size(); j < declared.size() && !known; ++j) known = declared[j].name() == kv.first;
+    if (!known) format_error(tape_->where + ": " + what + ": no argument '" + kv.first + "' to give by name");
+  }
+  torch::jit::Stack stack;
+  for (size_t j = 0; j < declared.size(); ++j) {
+    const c10::Argument& a = declared[j];
+    const TapeArg* given = j < ins.args.size() ? &ins.args[j] : nullptr;
+    for (size_t m = 0; !given && m < ins.kwargs.size(); ++m)
+      if (ins.kwargs[m].first == a.name()) given = &ins.kwargs[m].second;
+    if (given)
+      stack.push_back(argument(*given, a.type(), what + " argument '" + a.name() + "'"));
+    else if (a.default_value())
+      stack.push_back(*a.default_value());
+    else
+      format_error(tape_->where + ": " + what + ": argument '" + a.name() + "' is given no value and has no default");
+  }
+  step.op->callBoxed(stack);
+  std::vector<at::Tensor> results;  // the returns flattened: a Tensor or Tensor? each, a Tensor[] tensor by tensor
+  for (size_t j = 0; j < schema.returns().size() && j < stack.size(); ++j) {
+    const c10::TypePtr& type = schema.returns()[j].type();
+    const c10::IValue& value = stack[j];
+    bool optional_tensor = type->kind() == c10::TypeKind::OptionalType &&
+                           type->expectRef<c10::OptionalType>().getElementType()->kind() == c10::TypeKind::TensorType;
+    if (type->kind() == c10::TypeKind::TensorType || optional_tensor)
+      results.push_back(value.isTensor() ? value.toTensor() : at::Tensor());
+    else if (type->kind() == c10::TypeKind::ListType && value.isTensorList())
+      for (const at::Tensor& t : value.toTensorVector()) results.push_back(t);
+  }
+  if (results.size() != ins.out.size())
+    format_error(tape_->where + ": " + what + ": " + std::to_string(results.size()) + " tensors returned for its " +
+                 std::to_string(ins.out.size()) + " outputs");
+  for (size_t j = 0; j < results.size(); ++j)
+    if (ins.out[j] >= 0) values_[ins.out[j]] = std::move(results[j]);
+}
+
+void TapeRunner::launch(const Step& step) {
+  const TapeInstruction& ins = *step.instruction;
+  if (!modules_) format_error(tape_->where + ": " + step.what + ": a kernel launch in a tape for the CPU");
+  void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device_).native_handle();
+  modules_->launch(ins.index, ins.grid, ins.args, values_, stream, step.what);
+}
+
+void TapeRunner::execute(std::vector<Step>& steps) {
+  for (Step& step : steps) {
+    const TapeInstruction& ins = *step.instruction;
+    switch (ins.kind) {
+      case TapeInstruction::Kind::Weight:
+        values_[ins.out[0]] = network_.layers[ins.index].weights.at(ins.name);
+        break;
+      case TapeInstruction::Kind::Constant: {
+        const TapeConstant& c = tape_->constants[ins.index];
+        at::TensorOptions options = c.value.options().device(c.on_engine ? device_ : at::Device(at::kCPU));
+        values_[ins.out[0]] = at::empty_strided(c.value.sizes(), c.strides, options).copy_(c.value);
+        break;
+      }
+      case TapeInstruction::Kind::Op:
+        call_op(step);
+        break;
+      case TapeInstruction::Kind::Launch:
+        launch(step);
+        break;
+    }
+    for (int64_t v : step.frees) values_[v] = at::Tensor();
+  }
+}
+
+void TapeRunner::start(const std::vector<at::Tensor>& inputs) {
+  values_.assign(tape_->num_values, at::Tensor());
+  for (size_t k = 0; k < inputs.size(); ++k)
+    values_[k] = at::empty(tape_->inputs[k].second, inputs[k].options().device(device_)).copy_(inputs[k]);
+  for (auto* steps : {&prologue_, &body_})
+    for (Step& step : *steps)
+      if (step.instruction->kind == TapeInstruction::Kind::Op && !step.op) {
+        const TapeInstruction& ins = *step.instruction;
+        try {
+          step.op = c10::Dispatcher::singleton().findSchemaOrThrow(ins.name.c_str(), ins.overload.c_str());
+        } catch (const c10::Error&) {
+          format_error(tape_->where + ": " + step.what + ": this torch has no operator " + ins.name +
+                       (ins.overload.empty() ? "" : "." + ins.overload));
+        }
+      }
+  if (device_.is_cuda() && !tape_->kernels.empty() && !modules_)  // loaded once the inputs made the context current
+    modules_ = std::make_unique<TritonModules>(tape_->kernels, tape_->where);
+  execute(prologue_);
+#ifdef TORCHKILN_CUDA
+  if (device_.is_cuda()) {
+    // As torch.cuda.graph does: on a side stream, after the work queued before it, the body runs once (the
+    // workspaces cuBLAS and cuDNN keep per stream are made outside the capture, and an error shows here rather
+    // than mid-capture), then is captured on a private memory pool; the caller's stream waits for both.
+    c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
+    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device_.index());
+    at::cuda::CUDAEvent before, after;
+    before.record(current);
+    before.block(side);
+    {
+      c10::cuda::CUDAStreamGuard on_side(side);
+      execute(body_);
+      auto graph = std::make_unique<Graph>();
+      graph->graph.capture_begin();
+      execute(body_);
+      graph->graph.capture_end();
+      graph_ = std::move(graph);
+    }
+    after.record(side);
+    after.block(current);
+    graph_->graph.replay();
+    return;
+  }
+#endif
+  execute(body_);
+}
+
+std::vector<at::Tensor> TapeRunner::run(const std::vector<at::Tensor>& inputs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  c10::DeviceGuard on_device(device_);
+  // The buffers and values kept between calls are plain tensors, whether or not the first call was in inference mode.
+  c10::InferenceMode not_inference(false);
+  c10::AutoGradMode no_grad(false);
+  if (!started_) {
+    start(inputs);
+    started_ = true;
+  } else {
+    for (size_t k = 0; k < inputs.size(); ++k) values_[k].copy_(inputs[k]);
+    if (graph_) {
+#ifdef TORCHKILN_CUDA
+      graph_->graph.replay();
+#endif
+    } else {
+      execute(body_);
+    }
+  }
+  std::vector<at::Tensor> out;
+  for (int64_t v : tape_->outputs) out.push_back(values_[v].clone());
+  return out;
+}
+
+}  // namespace torchkiln

@@ -1,0 +1,112 @@
+// Tapes (docs/tape_format.md): an engine's planned run recorded at build, read and checked at load (tape_loader.cpp)
+// and replayed per device (tape.cpp) instead of the network's layers.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torchkiln {
+
+struct Network;
+
+// An operator or launch argument as the tape's JSON gives it; the operator's schema says what it becomes.
+struct TapeArg {
+  enum class Kind { None, Bool, Int, BigInt, Float, Str, Tensor, Dtype, Device, Layout, MemoryFormat, List };
+  Kind kind = Kind::None;
+  bool b = false;  // Bool; Device: true for the device the tape runs on, false for the CPU
+  int64_t i = 0;   // Int (BigInt: an integer beyond int64, refused when run); Tensor: its value id; Dtype, Layout, MemoryFormat: the enum's value
+  double f = 0;
+  std::string s;
+  std::vector<TapeArg> list;
+};
+
+struct TapeKernel {
+  std::string name;
+  std::string cubin;  // the bytes Triton compiled
+  int64_t num_warps = 1, shared = 0;
+  std::vector<std::string> params;  // "*fp16", "i32", ...
+};
+
+struct TapeConstant {
+  at::Tensor value;  // on the CPU, contiguous
+  std::vector<int64_t> strides;
+  bool on_engine = true;  // made on the device the tape runs on, else on the CPU
+};
+
+struct TapeInstruction {
+  enum class Kind { Weight, Constant, Op, Launch };
+  Kind kind = Kind::Op;
+  int64_t index = 0;           // Weight: the layer; Constant: the constant; Launch: the kernel
+  std::string name, overload;  // Weight: the weight's name; Op: the operator's name and overload
+  std::vector<TapeArg> args;   // Op: positional; Launch: one per kernel param
+  std::vector<std::pair<std::string, TapeArg>> kwargs;
+  std::vector<int64_t> out;  // the value ids written, -1 for an undefined tensor
+  std::array<int64_t, 3> grid{};
+};
+
+struct TapeTarget {
+  std::string device_type, device_name, capability, torch, triton;
+  std::string describe() const;  // "cuda NVIDIA H100 80GB HBM3 sm 9.0 torch 2.11.0"
+};
+
+struct Tape {
+  std::string where;  // "engine tape K", for messages
+  TapeTarget target;
+  std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> inputs;  // per binding: dtype, shape
+  int64_t num_values = 0;
+  std::vector<TapeKernel> kernels;
+  std::vector<TapeConstant> constants;
+  std::vector<TapeInstruction> prologue, body;
+  std::vector<int64_t> outputs;
+};
+
+// A tape section's bytes checked and read (the spec's "What loading checks"); EngineFormatError naming `where` and
+// the instruction otherwise. `network` is the engine's: its weights and its numbers of inputs and outputs.
+Tape parse_tape(const uint8_t* data, size_t size, const std::string& where, const Network& network);
+
+class TritonModules;
+
+// One tape run on one device: input buffers, the prologue's values, the body run as it is or replayed as a CUDA
+// graph. Calls are serialized.
+class TapeRunner {
+ public:
+  TapeRunner(std::shared_ptr<const Tape> tape, const Network& network, const at::Device& device);
+  ~TapeRunner();
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
+
+  struct Step {
+    const TapeInstruction* instruction;
+    std::string what;                      // "body instruction 3", for messages
+    std::optional<c10::OperatorHandle> op;  // resolved at the first run
+    std::vector<int64_t> frees;            // the values whose last reader this is
+  };
+
+ private:
+  struct Graph;
+  void start(const std::vector<at::Tensor>& inputs);
+  void execute(std::vector<Step>& steps);
+  void call_op(Step& step);
+  void launch(const Step& step);
+  c10::IValue argument(const TapeArg& arg, const c10::TypePtr& type, const std::string& what) const;
+
+  std::shared_ptr<const Tape> tape_;
+  const Network& network_;  // the engine's, its weights on the CPU
+  at::Device device_;
+  std::mutex mutex_;
+  bool started_ = false;
+  std::vector<at::Tensor> values_;
+  std::vector<Step> prologue_, body_;
+  std::unique_ptr<TritonModules> modules_;
+  std::unique_ptr<Graph> graph_;  // the body captured (CUDA builds, on a GPU)
+};
+
+}  // namespace torchkiln
