@@ -265,16 +265,16 @@ TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at:
   std::optional<TapeTarget> here = target_here(device);
   std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> given;
   for (const at::Tensor& x : inputs) given.emplace_back(x.scalar_type(), x.sizes().vec());
-  std::vector<std::string> targets;
-  bool other_shapes = false;
+  std::vector<std::string> targets, shapes;
   for (size_t k = 0; k < tapes.size(); ++k) {
     const TapeTarget& t = tapes[k]->target;
-    targets.push_back(t.describe());
     if (!here || t.device_type != here->device_type || t.device_name != here->device_name ||
-        t.capability != here->capability || t.torch != here->torch)
+        t.capability != here->capability || t.torch != here->torch) {
+      targets.push_back(t.describe());
       continue;
+    }
     if (tapes[k]->inputs != given) {
-      other_shapes = true;
+      shapes.push_back(tensors_text(tapes[k]->inputs));
       continue;
     }
     std::lock_guard<std::mutex> lock(tape_mutex_);
@@ -288,16 +288,16 @@ TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at:
     return runner.get();
   }
   if (!warned_.exchange(true)) {
-    std::string why = tapes.empty() ? "it holds no tape (its build's log says why)"
-                      : !here       ? "this runtime was built without CUDA, so it cannot tell the GPU a tape is for"
-                      : other_shapes
-                          ? "its tapes run other inputs than this call's " + tensors_text(given) + " (" +
-                                [&] {
-                                  std::vector<std::string> specs;
-                                  for (const auto& t : tapes) specs.push_back(tensors_text(t->inputs));
-                                  return c10::Join("; ", specs);
-                                }() + ")"
-                          : "its tapes are for " + c10::Join(", ", targets) + ", not " + here->describe();
+    std::string why;
+    if (tapes.empty())
+      why = "it holds no tape (its build's log says why)";
+    else if (!here)
+      why = "this runtime was built without CUDA, so it cannot tell which GPU it runs on";
+    else if (!shapes.empty())
+      why = "its tapes for " + here->describe() + " run inputs " + c10::Join("; ", shapes) + ", not this call's " +
+            tensors_text(given);
+    else
+      why = "its tapes are for " + c10::Join(", ", targets) + ", not " + here->describe();
     TORCH_WARN("torchkiln: engine '", name, "' runs its layers one ATen call at a time, not a tape: ", why);
   }
   return nullptr;

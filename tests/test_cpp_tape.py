@@ -1,0 +1,277 @@
+"""Tapes in the C++ runtime (docs/tape_format.md): CPU tapes recorded on the reference backend are replayed by the
+C++ runtime (TORCHKILN_TAPE_LOG=1 says so) and give the Python runtime's bits, on their first call and later ones;
+a call the tape does not fit runs the layers, with one warning; a tape's operator arguments are typed by the
+operators' schemas; the C++ loader refuses hostile tapes as the Python one does, in bounded time."""
+from __future__ import annotations
+
+import json
+import random
+import struct
+import subprocess
+from typing import List
+
+import pytest
+import torch
+from test_cpp_runtime import (RUN_SECONDS, _calibrated, _Cnn, _Engines, _no_python_env, assert_bitwise, check_in_cpp,
+                              cpp)
+from test_engine_fuzz import MAX_FLOPS, MAX_MEMORY
+from test_tape import HOSTILE
+
+import torchkiln
+from torchkiln.runtime import tape_format
+from torchkiln.runtime.engine import Engine
+from torchkiln.runtime.execute_op import engine_blob
+
+__all__ = ["cpp"]  # test_cpp_runtime's fixture: the runtime, its check tool and run_module, built into one folder
+
+
+class _Encoder(torch.nn.Module):
+    """A pre-norm-free transformer encoder layer: SDPA between layer norms and a GELU feed-forward."""
+
+    def __init__(self, d: int = 16, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.ff = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, d)
+        x = self.norm1(x + self.out(a))
+        return self.norm2(x + self.ff(x))
+
+
+def _taped(model: torch.nn.Module, spec: torchkiln.Input) -> tuple[torch.Tensor, Engine]:
+    """The engine blob of `model` compiled whole on the reference backend with a CPU tape, and its engine."""
+    compiled = torchkiln.compile(model.eval(), inputs=[spec], backend="reference", native_tape=True,
+                                 min_block_size=1)
+    blob = compiled._c.getattr("_torchkiln_engine_0")
+    engine = Engine.deserialize(bytes(blob.numpy()))
+    assert len(engine.tapes) == 1 and not compiled._c.hasattr("_torchkiln_engine_1")
+    return blob, engine
+
+
+@pytest.fixture(scope="module")
+def cnn() -> tuple[torch.Tensor, Engine]:
+    torch.manual_seed(0)
+    return _taped(_calibrated(_Cnn(), torch.randn(8, 3, 32, 32)), torchkiln.Input((2, 3, 32, 32)))
+
+
+def _run_engines(cpp, blobs: List[torch.Tensor], inputs: List[List[torch.Tensor]], tmp_path, **env: str):
+    """Each engine blob called by the op on its inputs in one C++ process: (outputs, stderr, return code)."""
+    torch.jit.save(torch.jit.script(_Engines(blobs, inputs)), str(tmp_path / "m.pt"))
+    torch.save((), tmp_path / "in.pt")
+    done = subprocess.run([str(cpp["run"]), str(tmp_path / "m.pt"), str(tmp_path / "in.pt"), str(tmp_path / "out.pt")],
+                          capture_output=True, text=True, timeout=RUN_SECONDS, env={**_no_python_env(), **env})
+    outputs = torch.load(tmp_path / "out.pt", weights_only=False) if done.returncode == 0 else None
+    return outputs, done.stderr, done.returncode
+
+
+def _python(blob: torch.Tensor, xs: List[torch.Tensor]) -> List[torch.Tensor]:
+    with torch.no_grad():
+        return torch.ops.torchkiln.execute_engine(xs, blob, "")
+
+
+def test_recorded_tapes_run_in_cpp_as_the_python_runtime_runs_the_plan(cpp, cnn, tmp_path):
+    """A CNN, an MLP with a dynamic batch and an attention encoder: each engine's tape runs in C++ (its first call
+    runs the prologue, later ones the body again) with the Python runtime's bits; a call at a batch other than the
+    tape's runs the layers, with one warning naming the tape's inputs."""
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    cases = [(cnn[0], [[torch.randn(2, 3, 32, 32)] for _ in range(3)]),
+             (_taped(mlp, torchkiln.Input(min_shape=(1, 8), opt_shape=(3, 8), max_shape=(8, 8)))[0],
+              [[torch.randn(3, 8)], [torch.randn(5, 8)], [torch.randn(3, 8)]]),
+             (_taped(_Encoder(), torchkiln.Input((2, 5, 16)))[0], [[torch.randn(2, 5, 16)] for _ in range(2)])]
+    blobs = [blob for blob, calls in cases for _ in calls]
+    inputs = [xs for _, calls in cases for xs in calls]
+    got, stderr, code = _run_engines(cpp, blobs, inputs, tmp_path, TORCHKILN_TAPE_LOG="1")
+    assert code == 0, stderr
+    for k, (blob, xs, g) in enumerate(zip(blobs, inputs, got)):
+        assert_bitwise(g, _python(blob, xs), f"call {k}")
+    names = [Engine.deserialize(bytes(blob.numpy())).name for blob, _ in cases]
+    for name in names:
+        assert stderr.count(f"torchkiln: engine '{name}' runs tape 0 on cpu") == 1, stderr
+    warned = [line for line in stderr.splitlines() if "not a tape" in line]
+    assert len(warned) == 1 and f"'{names[1]}'" in warned[0] and "float32[3, 8]" in warned[0] \
+        and "float32[5, 8]" in warned[0], stderr
+
+
+def _with_doc(engine: Engine, doc: dict, blob: bytes = b"") -> torch.Tensor:
+    copy = Engine.deserialize(engine.serialize())
+    copy.tapes = [tape_format.encode(doc, blob)]
+    return engine_blob(copy.serialize())
+
+
+def _doc(engine: Engine) -> dict:
+    return tape_format.decode(engine.tapes[0], "tape")[0]
+
+
+def test_a_tape_for_another_torch_runs_the_layers_and_says_so(cpp, cnn, tmp_path):
+    doc = _doc(cnn[1])
+    doc["target"]["torch"] = "0.1.0"
+    blob, x = _with_doc(cnn[1], doc), torch.randn(2, 3, 32, 32)
+    got, stderr, code = _run_engines(cpp, [blob, blob], [[x], [x]], tmp_path, TORCHKILN_TAPE_LOG="1")
+    assert code == 0, stderr
+    assert_bitwise(got, [_python(blob, [x])] * 2)
+    assert "runs tape" not in stderr and stderr.count("not a tape: its tapes are for cpu torch 0.1.0, not cpu torch") == 1
+
+
+def _t(value: int) -> dict:
+    return {"t": value}
+
+
+# A hand-written body of (3, 8) float32 -> (3, 4) float32 whose arguments take every kind the schemas give:
+# Tensor[] returns flattened, an int Scalar by name, dtype/layout/device/bool kwargs, Tensor?[] with None, an
+# optional Scalar left None, floats as tagged strings, a strided constant on the engine device and an int list.
+_ARGUMENTS_BODY = [
+    {"op": "aten::split_with_sizes", "overload": "", "args": [_t(0), [4, 4], 1], "kwargs": {}, "out": [1, 2]},
+    {"op": "aten::add", "overload": "Tensor", "args": [_t(1), _t(2)], "kwargs": {"alpha": 2}, "out": [3]},
+    {"op": "aten::full", "overload": "", "args": [[3, 4], {"float": "-inf"}],
+     "kwargs": {"dtype": {"dtype": "float32"}, "layout": {"layout": "strided"}, "device": {"device": "engine"},
+                "pin_memory": False}, "out": [4]},
+    {"constant": 0, "out": 5},
+    {"op": "aten::index", "overload": "Tensor", "args": [_t(3), [None, _t(5)]], "kwargs": {}, "out": [6]},
+    {"op": "aten::clamp", "overload": "", "args": [_t(6), None, 1.5], "kwargs": {}, "out": [7]},
+    {"op": "aten::gt", "overload": "Scalar", "args": [_t(7), 0], "kwargs": {}, "out": [8]},
+    {"op": "aten::where", "overload": "self", "args": [_t(8), _t(7), _t(4)], "kwargs": {}, "out": [9]},
+    {"constant": 1, "out": 10},
+    {"op": "aten::mul", "overload": "Tensor", "args": [_t(9), _t(10)], "kwargs": {}, "out": [11]},
+    {"op": "aten::contiguous", "overload": "", "args": [_t(11)],
+     "kwargs": {"memory_format": {"memory_format": "contiguous_format"}}, "out": [12]},
+]
+
+
+def _arguments_tape(engine: Engine) -> tuple[dict, bytes]:
+    index = torch.tensor([3, 2, 1, 0])
+    scale = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
+    doc = _doc(engine)
+    doc.update(num_values=13, kernels=[], prologue=[], body=_ARGUMENTS_BODY, outputs=[12], constants=[
+        {"data": [0, 32], "dtype": "int64", "shape": [4], "strides": [1], "device": "engine"},
+        {"data": [32, 48], "dtype": "float32", "shape": [3, 4], "strides": [1, 3], "device": "engine"}])
+    return doc, index.numpy().tobytes() + scale.numpy().tobytes()
+
+
+def _arguments_want(x: torch.Tensor) -> torch.Tensor:
+    index = torch.tensor([3, 2, 1, 0])
+    scale = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
+    a, b = x.split_with_sizes([4, 4], 1)
+    y = torch.add(a, b, alpha=2)[:, index].clamp(None, 1.5)
+    return torch.where(y > 0, y, torch.full((3, 4), float("-inf"))) * scale
+
+
+def test_operator_arguments_follow_their_schemas(cpp, tmp_path):
+    """A hand-written tape (the recorder makes few of these argument kinds on a CPU), run twice; an operator this
+    torch does not have is an EngineFormatError naming the tape, the instruction and the operator."""
+    torch.manual_seed(0)
+    _, engine = _taped(torch.nn.Linear(8, 4), torchkiln.Input((3, 8)))
+    doc, data = _arguments_tape(engine)
+    blob, xs = _with_doc(engine, doc, data), [torch.randn(3, 8), torch.randn(3, 8)]
+    Engine.deserialize(bytes(blob.numpy()))  # the Python loader takes it too
+    got, stderr, code = _run_engines(cpp, [blob, blob], [[x] for x in xs], tmp_path, TORCHKILN_TAPE_LOG="1")
+    assert code == 0 and "runs tape 0 on cpu" in stderr, stderr
+    for g, x in zip(got, xs):
+        assert_bitwise(g, [_arguments_want(x)])
+    doc["body"][6]["op"] = "aten::no_such_op"
+    _, stderr, code = _run_engines(cpp, [_with_doc(engine, doc, data)], [[xs[0]]], tmp_path)
+    assert code == 1 and "EngineFormatError: engine tape 0: body instruction 6: this torch has no operator " \
+        "aten::no_such_op.Scalar" in stderr, stderr
+
+
+def _header(magic: bytes, version: int, n: int, text: bytes) -> bytes:
+    return magic + struct.pack("<IQ", version, n) + text
+
+
+_HEADERS = {
+    "bad magic": (_header(b"TKTAPX\0\0", 1, 2, b"{}"), "bad magic"),
+    "another version": (_header(tape_format.MAGIC, 2, 2, b"{}"), "tape version 2"),
+    "JSON past the section": (_header(tape_format.MAGIC, 1, 99, b"{}"), "runs past"),
+    "truncated JSON": (_header(tape_format.MAGIC, 1, 3, b'{"a'), "not valid JSON"),
+    "NaN": (_header(tape_format.MAGIC, 1, 3, b"NaN"), "not valid JSON"),
+    "truncated header": (tape_format.MAGIC[:5], "truncated"),
+}
+
+
+def _mutated(doc: dict, name: str) -> dict:
+    doc = json.loads(json.dumps(doc))
+    HOSTILE[name][0](doc)
+    return doc
+
+
+def test_hostile_tapes_are_format_errors_in_cpp(cpp, cnn, tmp_path):
+    """test_tape's hostile tapes (ids, weights, dtypes, tags, kernels, blob ranges), bad headers and launches whose
+    arguments do not match their kernel: the C++ loader refuses each with the Python loader's words, quickly."""
+    engine = cnn[1]
+    cases = {name: (bytes(_with_doc(engine, _mutated(_doc(engine), name)).numpy()), HOSTILE[name][1])
+             for name in HOSTILE}
+    for name, (section, words) in _HEADERS.items():
+        copy = Engine.deserialize(engine.serialize())
+        copy.tapes = [section]
+        cases[name] = (copy.serialize(), words)
+    kernel = {"name": "k", "cubin": [0, 4], "num_warps": 4, "shared": 0, "params": ["*fp32", "i32"]}
+    for name, args, words in [("too few launch args", [_t(0)], "1 args for kernel 0's 2 params"),
+                              ("a number for a pointer", [3, 4], "a pointer param takes a tensor value"),
+                              ("a tensor for a scalar", [_t(0), _t(0)], "a i32 param takes a number")]:
+        doc = _doc(engine)
+        doc["kernels"] = [kernel]
+        doc["body"].append({"launch": 0, "grid": [1, 1, 1], "args": args})
+        cases[name] = (bytes(_with_doc(engine, doc, b"\0" * 4).numpy()), words)
+    doc = _doc(engine)
+    doc["kernels"] = [{**kernel, "cubin": [2, 4]}]
+    cases["a cubin past the blob"] = (bytes(_with_doc(engine, doc, b"\0" * 4).numpy()), "cubin length")
+    paths = []
+    for k, (data, _) in enumerate(cases.values()):
+        paths.append(tmp_path / f"{k}.engine")
+        paths[-1].write_bytes(data)
+        with pytest.raises(torchkiln.EngineFormatError):
+            Engine.deserialize(data)
+    outcomes, _ = check_in_cpp(cpp, paths, MAX_MEMORY, MAX_FLOPS)
+    for (name, (_, words)), path in zip(cases.items(), paths):
+        text, ms = outcomes[str(path)]
+        assert text.startswith("EngineFormatError: engine tape 0") and words in text, (name, text)
+        assert ms < 2000, (name, ms)
+
+
+def _damaged(text: bytes, rng: random.Random) -> bytes:
+    """`text` with one digit changed, one character dropped or one byte replaced."""
+    at = rng.randrange(len(text))
+    choice = rng.randrange(3)
+    if choice == 0:
+        digits = [k for k, c in enumerate(text) if chr(c).isdigit()]
+        at = rng.choice(digits)
+        return text[:at] + str(rng.randrange(10)).encode() + text[at + 1:]
+    if choice == 1:
+        return text[:at] + text[at + 1:]
+    return text[:at] + bytes([rng.choice(b'{}[],:"0-9aet.')]) + text[at + 1:]
+
+
+DAMAGED_CASES = 120
+
+
+def test_damaged_tapes_load_in_cpp_exactly_where_they_load_in_python(cpp, cnn, tmp_path):
+    """Tapes with their JSON damaged at random: the C++ loader loads the ones the Python loader loads (the tape
+    counted) and refuses the others with an EngineFormatError."""
+    engine = cnn[1]
+    text = json.dumps(_doc(engine), separators=(",", ":")).encode()
+    paths, python = [], {}
+    for k in range(DAMAGED_CASES):
+        damaged = _damaged(text, random.Random(f"tape-{k}"))
+        copy = Engine.deserialize(engine.serialize())
+        copy.tapes = [_header(tape_format.MAGIC, 1, len(damaged), damaged)]
+        data = copy.serialize()
+        paths.append(tmp_path / f"{k}.engine")
+        paths[-1].write_bytes(data)
+        try:
+            Engine.deserialize(data)
+            python[str(paths[-1])] = True
+        except torchkiln.EngineFormatError:
+            python[str(paths[-1])] = False
+    done = subprocess.run([str(cpp["check"]), "--tapes", *map(str, paths)], capture_output=True, text=True,
+                          timeout=RUN_SECONDS, env=_no_python_env())
+    assert done.returncode == 0, done.stderr
+    lines = [line.split("\t") for line in done.stdout.splitlines() if not line.startswith("peak_rss_kib")]
+    assert len(lines) == len(paths)
+    for path, text_, ms in lines:
+        assert text_ == "loaded, 1 tapes" if python[path] else text_.startswith("EngineFormatError: "), (path, text_)
+    assert 0 < sum(python.values()) < len(paths)
