@@ -115,7 +115,8 @@ def test_a_tape_for_another_torch_runs_the_layers_and_says_so(cpp, cnn, tmp_path
     got, stderr, code = _run_engines(cpp, [blob, blob], [[x], [x]], tmp_path, TORCHKILN_TAPE_LOG="1")
     assert code == 0, stderr
     assert_bitwise(got, [_python(blob, [x])] * 2)
-    assert "runs tape" not in stderr and stderr.count("not a tape: its tapes are for cpu torch 0.1.0, not cpu torch") == 1
+    assert "runs tape" not in stderr, stderr
+    assert stderr.count("not a tape: its tapes are for cpu torch 0.1.0, not cpu torch") == 1, stderr
 
 
 def _t(value: int) -> dict:

@@ -254,7 +254,8 @@ std::optional<TapeTarget> target_here(const at::Device& device) {
 
 std::string tensors_text(const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& specs) {
   std::vector<std::string> parts;
-  for (const auto& [dtype, shape] : specs) parts.push_back(kinds().dtype_name(dtype) + "[" + c10::Join(", ", shape) + "]");
+  for (const auto& [dtype, shape] : specs)
+    parts.push_back(kinds().dtype_name(dtype) + "[" + c10::Join(", ", shape) + "]");
   return c10::Join(", ", parts);
 }
 

@@ -824,9 +824,11 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
   for (const auto& [k, v] : sections)
     if (k.rfind("tape.", 0) == 0) tapes.emplace_back(std::stoi(k.substr(5)), v);
   std::sort(tapes.begin(), tapes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (size_t k = 0; k < tapes.size(); ++k)
-    engine->tapes.push_back(std::make_shared<const Tape>(
-        parse_tape(tapes[k].second.first, tapes[k].second.second, "engine tape " + std::to_string(k), engine->network)));
+  for (size_t k = 0; k < tapes.size(); ++k) {
+    auto [bytes, n] = tapes[k].second;
+    engine->tapes.push_back(
+        std::make_shared<const Tape>(parse_tape(bytes, n, "engine tape " + std::to_string(k), engine->network)));
+  }
   // The metadata (runtime/engine.py's Engine.deserialize).
   const Json* name = meta->get("name");
   if (!name || name->type != Json::Type::String || name->s.size() > kinds().bound("MAX_STRING") || !device ||

@@ -23,7 +23,9 @@ struct TapeArg {
   enum class Kind { None, Bool, Int, BigInt, Float, Str, Tensor, Dtype, Device, Layout, MemoryFormat, List };
   Kind kind = Kind::None;
   bool b = false;  // Bool; Device: true for the device the tape runs on, false for the CPU
-  int64_t i = 0;   // Int (BigInt: an integer beyond int64, refused when run); Tensor: its value id; Dtype, Layout, MemoryFormat: the enum's value
+  // Int (BigInt: an integer beyond int64, refused when run); Tensor: its value id; Dtype, Layout, MemoryFormat: the
+  // enum's value
+  int64_t i = 0;
   double f = 0;
   std::string s;
   std::vector<TapeArg> list;
