@@ -8,8 +8,8 @@
 #include "triton_modules.h"
 
 #ifdef TORCHKILN_CUDA
-#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/core/Event.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -250,18 +250,27 @@ void TapeRunner::start(const std::vector<at::Tensor>& inputs) {
   if (device_.is_cuda()) {
     // As torch.cuda.graph does: on a side stream, after the work queued before it, the body runs once (the
     // workspaces cuBLAS and cuDNN keep per stream are made outside the capture, and an error shows here rather
-    // than mid-capture), then is captured on a private memory pool; the caller's stream waits for both.
+    // than mid-capture), then is captured on a private memory pool; the caller's stream waits for both. The
+    // capture is thread-local: a server may run other engines on other threads meanwhile.
     c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
     c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device_.index());
-    at::cuda::CUDAEvent before, after;
+    c10::Event before(c10::DeviceType::CUDA), after(c10::DeviceType::CUDA);  // (CUDAEvent moved between releases)
     before.record(current);
     before.block(side);
     {
       c10::cuda::CUDAStreamGuard on_side(side);
       execute(body_);
       auto graph = std::make_unique<Graph>();
-      graph->graph.capture_begin();
-      execute(body_);
+      graph->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+      try {
+        execute(body_);
+      } catch (...) {
+        try {
+          graph->graph.capture_end();  // the side stream leaves capture mode; the broken graph is dropped
+        } catch (...) {
+        }
+        throw;
+      }
       graph->graph.capture_end();
       graph_ = std::move(graph);
     }
