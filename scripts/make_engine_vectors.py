@@ -23,7 +23,9 @@ from torchkiln.ir import layers as L  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.ir.symbolic import DimSymbol  # noqa: E402
 from torchkiln.runtime import serialization as S  # noqa: E402
+from torchkiln.runtime import tape_format  # noqa: E402
 from torchkiln.runtime.engine import Engine, InputBinding  # noqa: E402
+from torchkiln.runtime.tape import record_tape  # noqa: E402
 
 OUT = ROOT / "tests" / "engine_vectors"
 # Vectors whose message ends in the words of the library that read the bytes (Python's json, the safetensors
@@ -65,12 +67,23 @@ def _layer(graph: dict, kind: str) -> dict:
     return next(layer for layer in graph["network"]["layers"] if layer["kind"] == kind)
 
 
+def _tapes(cnn: bytes) -> dict[str, bytes]:
+    """The CNN with a CPU tape of its run (docs/tape_format.md), and with that tape damaged."""
+    tape = record_tape(Engine.deserialize(cnn), torch.device("cpu"))
+    doc, blob = tape_format.decode(tape, "tape")
+    next(i for i in doc["prologue"] if "op" in i)["args"][0] = {"t": doc["outputs"][0]}
+    damaged = {"good_tape": tape, "tape_read_before_written": tape_format.encode(doc, blob),
+               "tape_bad_magic": b"TKTAPX" + tape[6:]}
+    return {name: S.join_sections([*S.split_sections(cnn), ("tape.0", t)]) for name, t in damaged.items()}
+
+
 def vectors() -> dict[str, bytes]:
     cnn = seed_engines()[0]
     found = {f"good_{name}": data for name, data in zip(("cnn", "indexing", "attention", "workspace"),
                                                        seed_engines())}
     found["good_dynamic_clip_infinity"] = _dynamic()
     found["good_format_1"] = _format_1(cnn)
+    found.update(_tapes(cnn))
     found["bad_magic"] = b"XKLNENG\0" + cnn[8:]
     found["truncated"] = cnn[:40]
     found["padded"] = cnn + b"\0"
