@@ -29,6 +29,12 @@ using Wide = unsigned __int128;
 constexpr Wide kCap = Wide(1) << 120;  // beyond any blob: a product or sum past it is refused all the same
 Wide capped(Wide v) { return v > kCap ? kCap : v; }
 
+std::string decimal(Wide v) {
+  std::string out;
+  do out.insert(out.begin(), char('0' + int(v % 10))); while (v /= 10);
+  return out;
+}
+
 class Checker {
  public:
   Checker(const std::string& where, const Network& network, const uint8_t* blob, size_t blob_size)
@@ -158,14 +164,15 @@ class Checker {
         extent = capped(extent + capped((Wide)(dims[k] - 1) * (Wide)s));
         c.strides.push_back(s);
       }
-      if (extent > numel) fail(what + ": its strides reach past its elements");
+      if (extent > numel)
+        fail(what + ": its strides reach " + decimal(extent) + " elements, past its " + decimal(numel));
     } else {
       c.strides.assign(dims.size(), 0);
     }
     auto [offset, length] = blob_range(raw.get("data"), what + " data");
     if (numel * (Wide)at::elementSize(dtype) != length)
-      fail(what + ": " + std::to_string(length) + " bytes for its " + std::to_string(dims.size()) +
-           "-dim shape of " + kinds().dtype_name(dtype));
+      fail(what + ": " + std::to_string(length) + " bytes for " + decimal(numel) + " elements of torch." +
+           kinds().dtype_name(dtype));
     const Json* device = raw.get("device");
     if (!device || device->type != Json::Type::String || (device->s != "engine" && device->s != "cpu"))
       fail(what + ": device must be 'engine' or 'cpu'");
@@ -368,7 +375,13 @@ Tape parse_tape(const uint8_t* data, size_t size, const std::string& where, cons
   if (n > kMaxJson || kHeader + n > size)
     format_error(where + ": its JSON of " + std::to_string(n) + " bytes runs past the section or the " +
                  std::to_string(kMaxJson) + "-byte limit");
-  Json doc = parse_json(reinterpret_cast<const char*>(data + kHeader), n, where + ": its JSON", false);
+  Json doc;
+  try {
+    doc = parse_json(reinterpret_cast<const char*>(data + kHeader), n, "JSON", false);
+  } catch (const c10::Error& e) {  // in runtime/tape_format.py's words, then RapidJSON's
+    std::string text = e.what_without_backtrace();  // "EngineFormatError: JSON is not valid JSON: ..."
+    format_error(where + ": its JSON does not parse (" + text.substr(text.find("JSON ") + 5) + ")");
+  }
   if (doc.type != Json::Type::Object) format_error(where + ": its JSON is not an object");
   return Checker(where, network, data + kHeader + n, size - kHeader - n).run(doc);
 }
