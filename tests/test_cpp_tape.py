@@ -164,7 +164,8 @@ def _arguments_want(x: torch.Tensor) -> torch.Tensor:
 
 def test_operator_arguments_follow_their_schemas(cpp, tmp_path):
     """A hand-written tape (the recorder makes few of these argument kinds on a CPU), run twice; an operator this
-    torch does not have is an EngineFormatError naming the tape, the instruction and the operator."""
+    torch does not have, an argument its schema's type cannot take and one neither given nor defaulted are
+    EngineFormatErrors naming the tape, the instruction and the operator or argument."""
     torch.manual_seed(0)
     _, engine = _taped(torch.nn.Linear(8, 4), torchkiln.Input((3, 8)))
     doc, data = _arguments_tape(engine)
@@ -174,10 +175,17 @@ def test_operator_arguments_follow_their_schemas(cpp, tmp_path):
     assert code == 0 and "runs tape 0 on cpu" in stderr, stderr
     for g, x in zip(got, xs):
         assert_bitwise(g, [_arguments_want(x)])
-    doc["body"][6]["op"] = "aten::no_such_op"
-    _, stderr, code = _run_engines(cpp, [_with_doc(engine, doc, data)], [[xs[0]]], tmp_path)
-    assert code == 1 and "EngineFormatError: engine tape 0: body instruction 6: this torch has no operator " \
-        "aten::no_such_op.Scalar" in stderr, stderr
+    for change, words in [
+            (lambda body: body[6].update(op="aten::no_such_op"),
+             "body instruction 6: this torch has no operator aten::no_such_op.Scalar"),
+            (lambda body: body[6]["args"].__setitem__(1, "zero"),
+             "body instruction 6 (aten::gt) argument 'other': a Scalar argument cannot take what the tape gives"),
+            (lambda body: body[9]["args"].pop(),
+             "body instruction 9 (aten::mul): argument 'other' is given no value and has no default")]:
+        bad = json.loads(json.dumps(doc))
+        change(bad["body"])
+        _, stderr, code = _run_engines(cpp, [_with_doc(engine, bad, data)], [[xs[0]]], tmp_path)
+        assert code == 1 and f"EngineFormatError: engine tape 0: {words}" in stderr, stderr
 
 
 def _header(magic: bytes, version: int, n: int, text: bytes) -> bytes:

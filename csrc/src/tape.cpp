@@ -55,8 +55,6 @@ std::vector<TapeRunner::Step> steps_of(const std::vector<TapeInstruction>& instr
   return steps;
 }
 
-std::string type_name(const c10::TypePtr& type) { return type->str(); }
-
 }  // namespace
 
 TapeRunner::TapeRunner(std::shared_ptr<const Tape> tape, const Network& network, const at::Device& device)
@@ -75,7 +73,7 @@ TapeRunner::~TapeRunner() = default;
 c10::IValue TapeRunner::argument(const TapeArg& arg, const c10::TypePtr& type, const std::string& what) const {
   using K = TapeArg::Kind;
   auto refuse = [&]() -> c10::IValue {
-    format_error(tape_->where + ": " + what + ": a " + type_name(type) + " argument cannot take what the tape gives");
+    format_error(tape_->where + ": " + what + ": a " + type->str() + " argument cannot take what the tape gives");
   };
   if (arg.kind == K::None) return type->kind() == c10::TypeKind::OptionalType ? c10::IValue() : refuse();
   switch (type->kind()) {
