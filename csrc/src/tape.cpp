@@ -241,8 +241,8 @@ void TapeRunner::start(const std::vector<at::Tensor>& inputs) {
                        (ins.overload.empty() ? "" : "." + ins.overload));
         }
       }
-  if (device_.is_cuda() && !tape_->kernels.empty() && !modules_)  // loaded once the inputs made the context current
-    modules_ = std::make_unique<TritonModules>(tape_->kernels, tape_->where);
+  if (device_.is_cuda() && !tape_->kernels.empty() && !modules_)
+    modules_ = std::make_unique<TritonModules>(tape_->kernels, device_, tape_->where);
   execute(prologue_);
 #ifdef TORCHKILN_CUDA
   if (device_.is_cuda()) {

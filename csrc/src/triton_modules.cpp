@@ -14,6 +14,10 @@ namespace {
 // The few driver entry points used, declared with opaque handles (CUmodule, CUfunction, CUstream are pointers;
 // CUresult is an int, 0 for success).
 struct Driver {
+  int (*ctx_get_current)(void** context);
+  int (*ctx_set_current)(void* context);
+  int (*device_get)(int* device, int ordinal);
+  int (*primary_ctx_retain)(void** context, int device);
   int (*module_load_data)(void** module, const void* image);
   int (*module_unload)(void* module);
   int (*module_get_function)(void** function, void* module, const char* name);
@@ -38,6 +42,10 @@ const Driver& driver() {
       return symbol;
     };
     Driver out;
+    out.ctx_get_current = reinterpret_cast<decltype(out.ctx_get_current)>(find("cuCtxGetCurrent"));
+    out.ctx_set_current = reinterpret_cast<decltype(out.ctx_set_current)>(find("cuCtxSetCurrent"));
+    out.device_get = reinterpret_cast<decltype(out.device_get)>(find("cuDeviceGet"));
+    out.primary_ctx_retain = reinterpret_cast<decltype(out.primary_ctx_retain)>(find("cuDevicePrimaryCtxRetain"));
     out.module_load_data = reinterpret_cast<decltype(out.module_load_data)>(find("cuModuleLoadData"));
     out.module_unload = reinterpret_cast<decltype(out.module_unload)>(find("cuModuleUnload"));
     out.module_get_function = reinterpret_cast<decltype(out.module_get_function)>(find("cuModuleGetFunction"));
@@ -54,6 +62,20 @@ std::string error_text(int code) {
   const char* text = nullptr;
   driver().get_error_string(code, &text);
   return text ? text : "CUDA driver error " + std::to_string(code);
+}
+
+// The device's primary context made current on this thread where none is (as Triton's launcher does): the runtime
+// API binds it lazily, so a thread that made no runtime call yet has none for the driver API.
+void ensure_context(int ordinal, const std::string& where) {
+  const Driver& cu = driver();
+  void* context = nullptr;
+  cu.ctx_get_current(&context);
+  if (context) return;
+  int device = 0;
+  int code = cu.device_get(&device, ordinal);
+  if (code == 0) code = cu.primary_ctx_retain(&context, device);
+  if (code == 0) code = cu.ctx_set_current(context);
+  TORCH_CHECK(code == 0, where, ": no CUDA context for device ", ordinal, ": ", error_text(code));
 }
 
 // The bytes a scalar param takes in the kernel's parameter buffer.
@@ -98,9 +120,11 @@ uint64_t scalar_bits(const std::string& type, const TapeArg& arg, const std::str
 
 }  // namespace
 
-TritonModules::TritonModules(const std::vector<TapeKernel>& kernels, const std::string& where)
-    : kernels_(kernels), where_(where) {
+TritonModules::TritonModules(const std::vector<TapeKernel>& kernels, const at::Device& device,
+                             const std::string& where)
+    : kernels_(kernels), where_(where), device_(device.index()) {
   const Driver& cu = driver();
+  ensure_context(device_, where);
   for (const TapeKernel& k : kernels) {
     std::string what = where + ": kernel '" + k.name + "'";
     void *module = nullptr, *function = nullptr;
@@ -128,6 +152,7 @@ TritonModules::~TritonModules() {
 void TritonModules::launch(size_t k, const std::array<int64_t, 3>& grid, const std::vector<TapeArg>& args,
                            const std::vector<at::Tensor>& values, void* stream, const std::string& what) const {
   if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return;
+  ensure_context(device_, where_);
   const TapeKernel& kernel = kernels_[k];
   // One 8-byte slot per argument, then Triton's global and profile scratch pointers (null: tapes never use them).
   std::vector<uint64_t> slots(args.size() + 2, 0);

@@ -14,8 +14,8 @@ namespace torchkiln {
 
 class TritonModules {
  public:
-  // Each kernel's cubin loaded into the current device's context; EngineFormatError where one does not load.
-  TritonModules(const std::vector<TapeKernel>& kernels, const std::string& where);
+  // Each kernel's cubin loaded into `device`'s primary context; EngineFormatError where one does not load.
+  TritonModules(const std::vector<TapeKernel>& kernels, const at::Device& device, const std::string& where);
   ~TritonModules();
   TritonModules(const TritonModules&) = delete;
   TritonModules& operator=(const TritonModules&) = delete;
@@ -27,6 +27,7 @@ class TritonModules {
  private:
   const std::vector<TapeKernel>& kernels_;
   std::string where_;
+  int device_;  // its index
   std::vector<void*> modules_, functions_;
 };
 
