@@ -296,3 +296,26 @@ def test_damaged_tapes_load_in_cpp_exactly_where_they_load_in_python(cpp, cnn, t
         assert _same_outcome(text_, python[path]), (path, text_, python[path])
     loaded = sum(said == "loaded, 1 tapes" for said in python.values())
     assert 0 < loaded < len(paths)
+
+
+def test_kernel_launches_pack_their_arguments_as_tritons_launcher_does(cpp):
+    """The runner's launch of a kernel taking every param type, through a stand-in CUDA driver that prints its calls
+    (csrc/tools/fake_libcuda.cpp; no GPU here): the context made current, the shared memory opted into, the block of
+    32 x num_warps threads, each argument's bytes (fp16 rounded once from the double, bf16 truncated from the float),
+    Triton's two null scratch pointers, and no launch of an empty grid."""
+    driver = cpp["check"].parent / "fake_driver"
+    done = subprocess.run([str(cpp["check"].parent / "torchkiln_launch_check")], capture_output=True, text=True,
+                          timeout=RUN_SECONDS, env={**_no_python_env(), "LD_LIBRARY_PATH": str(driver)})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    pointer = int(next(line for line in lines if line.startswith("data_ptr ")).split()[1], 16)
+    launches = [line.split() for line in lines if line.startswith("cuLaunchKernel")]
+    assert [line for line in lines if not line.startswith(("data_ptr", "cuLaunchKernel"))] == [
+        "cuCtxSetCurrent", "cuModuleGetFunction every_type", "cuFuncGetAttribute 1", "cuFuncSetAttribute 8 65536"]
+    assert len(launches) == 1 and launches[0][1:10] == ["2", "3", "4", "128", "1", "1", "65536", "0x1234", "(nil)"]
+    half = struct.unpack("<H", struct.pack("<e", 1 + 2 ** -11 + 2 ** -40))[0]
+    assert half == 0x3C01  # rounded up; a float on the way would have rounded it to 1.0
+    single = struct.unpack("<I", struct.pack("<f", 0.1))[0]
+    want = [pointer, 1, 0xFD, 0xFFFF, 0xFFFFFFF9, 1 << 40, 2 ** 64 - 1, half, single >> 16, single,
+            struct.unpack("<Q", struct.pack("<d", 0.1))[0], 0, 0]
+    assert [int(word, 16) for word in launches[0][10:]] == want
