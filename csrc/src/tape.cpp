@@ -209,10 +209,14 @@ void TapeRunner::execute(std::vector<Step>& steps) {
       case TapeInstruction::Kind::Weight:
         values_[ins.out[0]] = network_.layers[ins.index].weights.at(ins.name);
         break;
-      case TapeInstruction::Kind::Constant: {
-        const TapeConstant& c = tape_->constants[ins.index];
-        at::TensorOptions options = c.value.options().device(c.on_engine ? device_ : at::Device(at::kCPU));
-        values_[ins.out[0]] = at::empty_strided(c.value.sizes(), c.strides, options).copy_(c.value);
+      case TapeInstruction::Kind::Constant: {  // made once: no copy from the host per call, nor in a CUDA graph
+        at::Tensor& made = constants_[ins.index];
+        if (!made.defined()) {
+          const TapeConstant& c = tape_->constants[ins.index];
+          at::TensorOptions options = c.value.options().device(c.on_engine ? device_ : at::Device(at::kCPU));
+          made = at::empty_strided(c.value.sizes(), c.strides, options).copy_(c.value);
+        }
+        values_[ins.out[0]] = made;
         break;
       }
       case TapeInstruction::Kind::Op:
@@ -228,6 +232,7 @@ void TapeRunner::execute(std::vector<Step>& steps) {
 
 void TapeRunner::start(const std::vector<at::Tensor>& inputs) {
   values_.assign(tape_->num_values, at::Tensor());
+  constants_.assign(tape_->constants.size(), at::Tensor());
   for (size_t k = 0; k < inputs.size(); ++k)
     values_[k] = at::empty(tape_->inputs[k].second, inputs[k].options().device(device_)).copy_(inputs[k]);
   for (auto* steps : {&prologue_, &body_})

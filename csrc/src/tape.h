@@ -106,6 +106,7 @@ class TapeRunner {
   std::mutex mutex_;
   bool started_ = false;
   std::vector<at::Tensor> values_;
+  std::vector<at::Tensor> constants_;  // each constant on its device, made at its first reader
   std::vector<Step> prologue_, body_;
   std::unique_ptr<TritonModules> modules_;
   std::unique_ptr<Graph> graph_;  // the body captured (CUDA builds, on a GPU)
