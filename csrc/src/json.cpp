@@ -50,10 +50,11 @@ struct Builder : rapidjson::BaseReaderHandler<rapidjson::UTF8<>, Builder> {
   bool RawNumber(const char* text, rapidjson::SizeType length, bool) {
     std::string t(text, length);
     Json j;
-    if ((t == "NaN" || t == "Infinity" || t == "-Infinity") && !constants) {
-      problem = t + " (not JSON)";
-      return false;
-    } else if (t == "NaN" || t == "Infinity" || t == "-Infinity") {
+    if (t == "NaN" || t == "Infinity" || t == "-Infinity") {
+      if (!constants) {
+        problem = t + " (not JSON)";
+        return false;
+      }
       j.type = Json::Type::Float;
       j.f = std::strtod(t.c_str(), nullptr);
     } else if (t == "Inf" || t == "-Inf" || t == "-NaN") {

@@ -124,7 +124,7 @@ class Engine {
   std::vector<Symbol> symbols;
   Network network;
   std::vector<std::string> plan_targets;  // Target.describe() of each stored plan
-  std::vector<std::shared_ptr<const Tape>> tapes;
+  std::vector<std::shared_ptr<const Tape>> tapes;  // its "tape.K" sections, by K
 
  private:
   void check_inputs(const std::vector<at::Tensor>& inputs) const;
