@@ -1,7 +1,8 @@
 """Tapes in the C++ runtime (docs/tape_format.md): CPU tapes recorded on the reference backend are replayed by the
 C++ runtime (TORCHKILN_TAPE_LOG=1 says so) and give the Python runtime's bits, on their first call and later ones;
 a call the tape does not fit runs the layers, with one warning; a tape's operator arguments are typed by the
-operators' schemas; the C++ loader refuses hostile tapes as the Python one does, in bounded time."""
+operators' schemas; the C++ loader refuses hostile tapes as the Python one does, with its words, in bounded time;
+a kernel launch gets the bytes Triton's launcher would give it (through a stand-in CUDA driver: no GPU here)."""
 from __future__ import annotations
 
 import json
@@ -26,7 +27,7 @@ __all__ = ["cpp"]  # test_cpp_runtime's fixture: the runtime, its check tool and
 
 
 class _Encoder(torch.nn.Module):
-    """A pre-norm-free transformer encoder layer: SDPA between layer norms and a GELU feed-forward."""
+    """A post-norm transformer encoder layer: SDPA and a GELU feed-forward, each followed by a layer norm."""
 
     def __init__(self, d: int = 16, heads: int = 2):
         super().__init__()
