@@ -1,6 +1,7 @@
 // Replaying a tape (docs/tape_format.md, "Running a tape"): input buffers, the prologue once, then the body per call:
 // its operators through the dispatcher (arguments typed by their schemas), its kernels through the CUDA driver, and
 // on a GPU (CUDA builds) the body captured once as a CUDA graph and replayed.
+#include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "tape.h"
@@ -9,7 +10,6 @@
 
 #ifdef TORCHKILN_CUDA
 #include <ATen/cuda/CUDAGraph.h>
-#include <c10/core/Event.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -267,19 +267,23 @@ void TapeRunner::start(const std::vector<at::Tensor>& inputs) {
       graph->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       try {
         execute(body_);
-      } catch (...) {
+        graph->graph.capture_end();
+        graph_ = std::move(graph);
+      } catch (const c10::Error& e) {  // (a step the capture refuses): the body runs as it is from now on
         try {
           graph->graph.capture_end();  // the side stream leaves capture mode; the broken graph is dropped
         } catch (...) {
         }
-        throw;
+        TORCH_WARN(tape_->where, ": its body could not be captured as a CUDA graph, so it runs step by step from ",
+                   "now on: ", e.what_without_backtrace());
       }
-      graph->graph.capture_end();
-      graph_ = std::move(graph);
     }
     after.record(side);
     after.block(current);
-    graph_->graph.replay();
+    if (graph_)
+      graph_->graph.replay();
+    else
+      execute(body_);
     return;
   }
 #endif
@@ -295,7 +299,19 @@ std::vector<at::Tensor> TapeRunner::run(const std::vector<at::Tensor>& inputs) {
   if (!started_) {
     start(inputs);
     started_ = true;
+    if (device_.is_cuda()) last_stream_ = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device_);
   } else {
+    if (device_.is_cuda()) {
+      // The previous call's work, queued on another stream, is done with the buffers before this call's copies
+      // (on one stream the order does it), as the Python runner does.
+      c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device_);
+      if (last_stream_ && *last_stream_ != stream) {
+        c10::Event done(c10::DeviceType::CUDA);
+        done.record(*last_stream_);
+        done.block(stream);
+      }
+      last_stream_ = stream;
+    }
     for (size_t k = 0; k < inputs.size(); ++k) values_[k].copy_(inputs[k]);
     if (graph_) {
 #ifdef TORCHKILN_CUDA

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/Stream.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
 #include <array>
@@ -110,6 +111,7 @@ class TapeRunner {
   std::vector<Step> prologue_, body_;
   std::unique_ptr<TritonModules> modules_;
   std::unique_ptr<Graph> graph_;  // the body captured (CUDA builds, on a GPU)
+  std::optional<c10::Stream> last_stream_;  // the stream the last call queued its work on (a GPU)
 };
 
 }  // namespace torchkiln
