@@ -1,0 +1,99 @@
+"""Zoo models in the C++ runtime, on a GPU: each model compiled in fp16 (the cuda backend records a tape), saved, run
+by examples/cpp's run_module with no Python in its process, and compared with the Python runtime: whether the
+outputs are identical, and the median per-call latency of each (wall time between device synchronizations).
+
+    PYTHONPATH=src python scripts/cpp_tape_zoo.py --run-module build/cpp-test/example/run_module --work /tmp/w \
+        --batch 1 --models efficientnet_b0,swin_t-224            (default models: the wide zoo)
+
+Build run_module first (docs/deployment.md). A model that fails to compile or run is reported and skipped.
+"""
+import argparse
+import json
+import logging
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import torch
+
+import torchkiln
+from cpp_cuda_check import _engine, _median_ms
+from torchkiln.examples.zoo import WIDE, find_zoo_model, load_zoo_model
+
+LOG = logging.getLogger("cpp_tape_zoo")
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    """The tensors of a module's output, in order (tuples, lists and dicts by key order)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    return [t for item in value for t in _tensors(item)] if isinstance(value, (list, tuple)) else []
+
+
+def check(name: str, batch: int, work: pathlib.Path, run_module: str, runs: int) -> dict:
+    """One model: compile, time in Python, run and time in C++, compare."""
+    model_def = find_zoo_model(name)
+    batch = min(batch, model_def.max_batch or batch)
+    model = load_zoo_model(model_def, "cuda").half()
+    inputs = [x.cuda().half() if x.is_floating_point() else x.cuda() for x in model_def.inputs(batch)]
+    start = time.perf_counter()
+    compiled = torchkiln.compile(model, inputs=inputs, enabled_precisions={torch.half})
+    row = {"model": name, "batch": batch, "compile_s": round(time.perf_counter() - start, 1),
+           "tapes": len(_engine(compiled).tapes) if compiled._c.hasattr("_torchkiln_engine_0") else 0}
+    with torch.no_grad():
+        want = _tensors(compiled(*inputs))
+        row["python_ms"] = round(_median_ms(lambda: compiled(*inputs), "cuda", runs), 3)
+    stem = work / f"{name}-b{batch}"
+    torch.jit.save(compiled, f"{stem}.pt")
+    torch.save(tuple(x.cpu() for x in inputs), f"{stem}.inputs.pt")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")} | {"TORCHKILN_TAPE_LOG": "1"}
+    start = time.perf_counter()
+    done = subprocess.run([run_module, "--device", "cuda", "--runs", str(runs), f"{stem}.pt", f"{stem}.inputs.pt",
+                           f"{stem}.cpp.pt"], capture_output=True, text=True, env=env, timeout=600)
+    row["cpp_process_s"] = round(time.perf_counter() - start, 2)
+    if done.returncode != 0:
+        row["error"] = done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else "failed"
+        return row
+    words = done.stdout.split()
+    row["cpp_ms"] = round(float(words[words.index("latency_ms_median") + 1]), 3)
+    row["ran_tape"] = "runs tape" in done.stderr
+    got = _tensors(torch.load(f"{stem}.cpp.pt", weights_only=False))
+    row["identical"] = len(got) == len(want) and all(torch.equal(g, w.cpu()) for g, w in zip(got, want))
+    row["max_abs_diff"] = max(((g.double() - w.cpu().double()).abs().max().item() for g, w in zip(got, want)
+                               if g.shape == w.shape), default=float("nan"))
+    row["cpp_over_python"] = round(row["cpp_ms"] / row["python_ms"], 3)
+    for path in (f"{stem}.pt", f"{stem}.cpp.pt"):
+        os.remove(path)
+    return row
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-module", required=True, help="examples/cpp's run_module, built")
+    parser.add_argument("--work", type=pathlib.Path, required=True)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--models", default=",".join(WIDE))
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--deadline", type=float, default=0, help="seconds after which no new model starts; 0: none")
+    args = parser.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    for name in args.models.split(","):
+        if args.deadline and time.perf_counter() - start > args.deadline:
+            print(json.dumps({"model": name, "skipped": "deadline"}), flush=True)
+            continue
+        try:
+            row = check(name, args.batch, args.work, args.run_module, args.runs)
+        except Exception as e:  # one model's failure is its row
+            row = {"model": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
+        print(json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
