@@ -142,3 +142,17 @@ def test_a_tape_section_with_a_bad_header_is_refused(cnn_engine, header, message
     copy.tapes = [header]
     with pytest.raises(EngineFormatError, match=message):
         Engine.deserialize(copy.serialize())
+
+
+def test_work_on_the_meta_device_is_not_recorded():
+    """Shapes a step works out on meta tensors are the host's business: nothing for a replay to run."""
+    from torchkiln.runtime.tape import _Recorder
+
+    recorder = _Recorder({}, torch.device("cpu"))
+    x = torch.randn(3)
+    recorder.define(x)
+    with recorder:
+        shape = (torch.empty(2, 3, device="meta") @ torch.empty(3, 4, device="meta")).shape
+        y = x + shape[1]
+    assert [i["op"] for i in recorder.instructions] == ["aten::add"]
+    assert recorder.instructions[0]["args"] == [{"t": 0}, 4] and recorder.known(y) == 1

@@ -89,6 +89,8 @@ class _Recorder(TorchDispatchMode):
         if ref is not None:
             self.instructions.append({"weight": list(ref), "out": self.num_values})
             return self.define(t)
+        if t.is_meta:
+            raise TapeRefused("the run passes a meta tensor (a shape worked out on the host) to a device operator")
         if t.layout != torch.strided or t.is_quantized or t.is_nested or dtype_name(t.dtype) not in DTYPES:
             raise TapeRefused(f"the run reads a tensor a tape cannot store ({t.dtype}, {t.layout})")
         data = t.detach().contiguous().cpu()
@@ -135,6 +137,8 @@ class _Recorder(TorchDispatchMode):
     # ---- ATen calls ----------------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if _on_meta(args, kwargs):  # shapes worked out on the host (meta tensors hold no values): no work to replay
+            return func(*args, **kwargs)
         schema = func._schema
         base = schema.name.split("::")[-1]
         if self.in_body and base in _VALUE_SHAPED:
@@ -209,6 +213,18 @@ class _Recorder(TorchDispatchMode):
         self.compiled.append(kernel)
         row = self.kernel_index[id(kernel)] = len(self.kernels) - 1
         return row
+
+
+def _on_meta(args: tuple, kwargs: dict) -> bool:
+    """Whether an operator call works on the meta device: a meta tensor among its arguments, or a meta device asked."""
+    def meta(x: Any) -> bool:
+        if isinstance(x, torch.Tensor):
+            return x.is_meta
+        if isinstance(x, torch.device):
+            return x.type == "meta"
+        return isinstance(x, (list, tuple)) and any(meta(v) for v in x)
+
+    return meta(args) or meta(tuple(kwargs.values()))
 
 
 def _scalar(value: Any, ty: str, kernel: str) -> int | float:
