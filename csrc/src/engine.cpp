@@ -288,6 +288,10 @@ TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at:
     }
     return runner.get();
   }
+  if (here && device.is_cuda() && backend == "cuda" && !targets.empty() && shapes.empty())
+    // Its plan is for other GPUs (or another torch): the C++ runtime does not plan again, as the Python one would.
+    format_error("engine '" + name + "' has no plan for " + here->describe() + ": its tapes are for " +
+                 c10::Join(", ", targets) + "; build it on this GPU (the Python runtime plans it again here)");
   if (!warned_.exchange(true)) {
     std::string why;
     if (tapes.empty())
