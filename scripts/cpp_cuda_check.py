@@ -129,7 +129,8 @@ def report(work: pathlib.Path) -> str:
         cpp_ms = float(log[log.index("latency_ms_median") + 1])
         wall = float((work / f"cpp_{name}.wall").read_text())
         diff = (got.double() - want.double()).abs().max().item()
-        lines.append(f"{name:<9} {str(torch.equal(got, want)):<10} {diff:<13.4g} {_cosine(got, want):<9.6f} {cpp_ms:<14.3f} {python_ms[name]:<17.3f} "
+        lines.append(f"{name:<9} {str(torch.equal(got, want)):<10} {diff:<13.4g} {_cosine(got, want):<9.6f} "
+                     f"{cpp_ms:<14.3f} {python_ms[name]:<17.3f} "
                      f"{wall:.2f}")
     return "\n".join(lines)
 
