@@ -261,33 +261,59 @@ std::string tensors_text(const std::vector<std::pair<at::ScalarType, std::vector
 
 }  // namespace
 
+namespace {
+
+bool same_target(const TapeTarget& a, const TapeTarget& b) {
+  return a.device_type == b.device_type && a.device_name == b.device_name && a.capability == b.capability &&
+         a.torch == b.torch;
+}
+
+bool fits_inputs(const Tape& tape, const std::vector<at::Tensor>& inputs) {
+  if (tape.inputs.size() != inputs.size()) return false;
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (inputs[k].scalar_type() != tape.inputs[k].first || !inputs[k].sizes().equals(tape.inputs[k].second))
+      return false;
+  return true;
+}
+
+}  // namespace
+
 TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const {
   if (tapes.empty() && backend != "cuda") return nullptr;  // a cuda engine's build records a tape unless it cannot
+  const std::pair<int, int> where{static_cast<int>(device.type()), device.index()};
+  {
+    // Per call: the tapes whose target is this device (worked out at its first call) against the inputs' shapes.
+    std::lock_guard<std::mutex> lock(tape_mutex_);
+    auto fitting = tapes_here_.find(where);
+    if (fitting == tapes_here_.end()) {
+      std::optional<TapeTarget> here = target_here(device);
+      std::vector<size_t> ks;
+      for (size_t k = 0; k < tapes.size(); ++k)
+        if (here && same_target(tapes[k]->target, *here)) ks.push_back(k);
+      fitting = tapes_here_.emplace(where, std::move(ks)).first;
+    }
+    for (size_t k : fitting->second) {
+      if (!fits_inputs(*tapes[k], inputs)) continue;
+      auto& runner = tape_runners_[{where, k}];
+      if (!runner) {
+        runner = std::make_shared<TapeRunner>(tapes[k], network, device);
+        const char* log = std::getenv("TORCHKILN_TAPE_LOG");
+        if (log && std::string(log) == "1")
+          std::cerr << "torchkiln: engine '" << name << "' runs tape " << k << " on " << device.str() << "\n";
+      }
+      return runner.get();
+    }
+  }
+  // No tape fits: say why (an error where the tapes are all for other GPUs, else a warning once).
   std::optional<TapeTarget> here = target_here(device);
   std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> given;
   for (const at::Tensor& x : inputs) given.emplace_back(x.scalar_type(), x.sizes().vec());
   std::vector<std::string> targets, shapes;
-  for (size_t k = 0; k < tapes.size(); ++k) {
-    const TapeTarget& t = tapes[k]->target;
-    if (!here || t.device_type != here->device_type || t.device_name != here->device_name ||
-        t.capability != here->capability || t.torch != here->torch) {
-      targets.push_back(t.describe());
-      continue;
-    }
-    if (tapes[k]->inputs != given) {
-      shapes.push_back(tensors_text(tapes[k]->inputs));
-      continue;
-    }
-    std::lock_guard<std::mutex> lock(tape_mutex_);
-    auto& runner = tape_runners_[{device.str(), k}];
-    if (!runner) {
-      runner = std::make_shared<TapeRunner>(tapes[k], network, device);
-      const char* log = std::getenv("TORCHKILN_TAPE_LOG");
-      if (log && std::string(log) == "1")
-        std::cerr << "torchkiln: engine '" << name << "' runs tape " << k << " on " << device.str() << "\n";
-    }
-    return runner.get();
-  }
+  for (const auto& tape : tapes)
+    if (here && same_target(tape->target, *here))
+      shapes.push_back(tensors_text(tape->inputs));
+    else
+      targets.push_back(tape->target.describe());
   if (here && device.is_cuda() && backend == "cuda" && !targets.empty() && shapes.empty())
     // Its plan is for other GPUs (or another torch): the C++ runtime does not plan again, as the Python one would.
     format_error("engine '" + name + "' has no plan for " + here->describe() + ": its tapes are for " +

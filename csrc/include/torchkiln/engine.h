@@ -137,7 +137,9 @@ class Engine {
   // warning the first time saying why the layers run instead.
   TapeRunner* tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const;
   mutable std::mutex tape_mutex_;
-  mutable std::map<std::pair<std::string, size_t>, std::shared_ptr<TapeRunner>> tape_runners_;  // (device, tape)
+  // by device (its type and index): the tapes whose target is that device; the runners made, by (device, tape)
+  mutable std::map<std::pair<int, int>, std::vector<size_t>> tapes_here_;
+  mutable std::map<std::pair<std::pair<int, int>, size_t>, std::shared_ptr<TapeRunner>> tape_runners_;
   mutable std::atomic<bool> warned_{false};
 };
 
