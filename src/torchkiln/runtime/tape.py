@@ -37,10 +37,6 @@ _VALUE_SHAPED = frozenset({"nonzero", "masked_select", "unique_dim", "unique_con
                            "unique_dim_consecutive", "bincount", "repeat_interleave"})
 
 
-# operators that read tensor values to the host
-_HOST_READS = frozenset({"_local_scalar_dense", "item", "equal", "is_nonzero", "allclose"})
-
-
 class TapeRefused(Exception):
     """A run that a tape cannot replay faithfully; the message says why."""
 
@@ -158,8 +154,9 @@ class _Recorder(TorchDispatchMode):
                 written.append(self.define(result))
             elif kind == "ListType" and ret.type.getElementType().kind() == "TensorType":
                 written += [self.define(t) for t in result]
-            elif self.in_body and (base in _HOST_READS or kind not in ("IntType", "SymIntType")):
-                # (an int return is a shape's: SDPA's sequence lengths; a value read to the host is refused)
+            elif self.in_body and kind not in ("IntType", "SymIntType"):
+                # a value read to the host (`_local_scalar_dense`'s number, `equal`'s bool); an int return is a
+                # shape's (SDPA's sequence lengths)
                 raise TapeRefused(f"{schema.name} returns a {ret.type} to the host, so a later call could take "
                                   f"another course")
         record["out"] = written
@@ -180,13 +177,11 @@ class _Recorder(TorchDispatchMode):
                 raise TapeRefused("a launch was not the last thing its JIT call did")
             self.instructions.pop()
             row = self.kernel_row(kernel)
-            params = [ty for ty in kernel.src.signature.values() if ty != "constexpr"]
-            kept = [a for a, ty in zip(args, kernel.src.signature.values()) if ty != "constexpr"]
-            if len(args) != len(kernel.src.signature) or len(kept) != len(params):
-                raise TapeRefused(f"kernel {kernel.name}: {len(args)} launch arguments for "
-                                  f"{len(kernel.src.signature)} parameters")
+            types = list(kernel.src.signature.values())  # every parameter's, constexprs too, as the launcher gets them
+            if len(args) != len(types):
+                raise TapeRefused(f"kernel {kernel.name}: {len(args)} launch arguments for {len(types)} parameters")
             encoded = [{"t": self.value(a)} if ty.startswith("*") else _scalar(a, ty, kernel.name)
-                       for a, ty in zip(kept, params)]
+                       for a, ty in zip(args, types) if ty != "constexpr"]
             self.instructions.append({"launch": row, "grid": list(grid), "args": encoded})
 
     def kernel_row(self, kernel: Any) -> int:
@@ -275,8 +270,7 @@ def record_tape(engine: Engine, device: torch.device) -> bytes:
     where a tape could not replay that run faithfully."""
     shapes = [tuple(b.opt_shape) for b in engine.bindings]
     plan = engine.plan_for(device)
-    options = dataclasses.replace(engine.run_options, cuda_graphs=False) if hasattr(engine.run_options, "cuda_graphs") \
-        else engine.run_options
+    options = dataclasses.replace(engine.run_options, cuda_graphs=False)
     weights = {id(w): (j, name) for j, layer in enumerate(engine.network.layers) for name, w in layer.weights.items()}
     recorder = _Recorder(weights, device)
     inputs = [_sample(b.dtype, shape, device) for b, shape in zip(engine.bindings, shapes)]
@@ -317,16 +311,13 @@ def _release(version: str) -> str:
     return version.split("+")[0]
 
 
-def add_tape(engine: Engine, device: torch.device) -> bool:
-    """Record a tape of `engine` on `device` and keep it with the engine; False (the reason logged) where refused."""
+def add_tape(engine: Engine, device: torch.device) -> None:
+    """Record a tape of `engine` on `device` and keep it with the engine; none (the reason logged) where refused."""
     try:
         engine.tapes.append(record_tape(engine, device))
     except TapeRefused as e:
         logger.info("engine %s: no tape for the C++ runtime (it runs the layers' ATen meanings there): %s",
                     engine.name, e)
-        return False
     except Exception as e:  # a tape is an addition to the engine: failing to record one must not fail the build
         logger.warning("engine %s: recording a tape for the C++ runtime failed, so it has none (the C++ runtime runs "
                        "its layers' ATen meanings): %s: %s", engine.name, type(e).__name__, e)
-        return False
-    return True

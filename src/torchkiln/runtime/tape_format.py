@@ -77,7 +77,7 @@ class _Checker:
 
     def field(self, obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
         value = obj.get(key) if isinstance(obj, dict) else None
-        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        if not isinstance(value, kind):
             self.fail(f"{where}: {key!r} is missing or not a {getattr(kind, '__name__', kind)}")
         return value
 
