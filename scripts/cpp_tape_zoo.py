@@ -34,7 +34,33 @@ def _tensors(value: object) -> list[torch.Tensor]:
     return [t for item in value for t in _tensors(item)] if isinstance(value, (list, tuple)) else []
 
 
-def check(name: str, batch: int, work: pathlib.Path, run_module: str, runs: int) -> dict:
+def time_saved(stem: str, runs: int) -> None:
+    """In a process of its own: the saved module loaded and timed on its saved inputs (median ms, printed as JSON),
+    its outputs saved beside it (`{stem}.{mode}.pt`, the mode by whether the C++ runtime library hosts its calls)."""
+    from torchkiln.runtime.execute_op import HOSTED
+
+    module = torchkiln.load(f"{stem}.pt")
+    inputs = [x.cuda() for x in torch.load(f"{stem}.inputs.pt")]
+    with torch.no_grad():
+        outputs = _tensors(module(*inputs))
+        ms = _median_ms(lambda: module(*inputs), "cuda", runs)
+    mode = "hosted" if HOSTED else "python"
+    torch.save([t.cpu() for t in outputs], f"{stem}.{mode}.pt")
+    print(json.dumps({"mode": mode, "ms": round(ms, 3)}))
+
+
+def in_python(stem: pathlib.Path, runs: int, library: str, hosted: bool) -> dict:
+    """`time_saved` in a fresh Python process, the C++ runtime library hosting its calls or not."""
+    env = {**os.environ, "TORCHKILN_RUNTIME_LIBRARY": library, "TORCHKILN_NATIVE_RUNTIME": "1" if hosted else "0",
+           "TORCHKILN_TAPE_LOG": "1"}
+    done = subprocess.run([sys.executable, __file__, "--time-saved", str(stem), "--runs", str(runs)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else "failed"}
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "ran_tape": "runs tape" in done.stderr}
+
+
+def check(name: str, batch: int, work: pathlib.Path, run_module: str, runs: int, library: str = "") -> dict:
     """One model: compile, time in Python, run and time in C++, compare."""
     model_def = find_zoo_model(name)
     batch = min(batch, model_def.max_batch or batch)
@@ -66,21 +92,35 @@ def check(name: str, batch: int, work: pathlib.Path, run_module: str, runs: int)
     row["max_abs_diff"] = max(((g.double() - w.cpu().double()).abs().max().item() for g, w in zip(got, want)
                                if g.shape == w.shape), default=float("nan"))
     row["cpp_over_python"] = round(row["cpp_ms"] / row["python_ms"], 3)
-    for path in (f"{stem}.pt", f"{stem}.cpp.pt"):
-        os.remove(path)
+    if library:  # one runtime: a Python process with the library (its kernel runs what a tape fits) and without
+        python, hosted = in_python(stem, runs, library, False), in_python(stem, runs, library, True)
+        row["python_process"], row["hosted_process"] = python, hosted
+        if "ms" in python and "ms" in hosted:
+            row["hosted_over_python"] = round(hosted["ms"] / python["ms"], 3)
+            row["hosted_identical"] = all(torch.equal(a, b) for a, b in zip(
+                torch.load(f"{stem}.python.pt"), torch.load(f"{stem}.hosted.pt")))
+    for path in work.glob(f"{stem.name}.*"):
+        path.unlink()
     return row
 
 
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--run-module", required=True, help="examples/cpp's run_module, built")
-    parser.add_argument("--work", type=pathlib.Path, required=True)
+    parser.add_argument("--run-module", help="examples/cpp's run_module, built")
+    parser.add_argument("--library", default="", help="libtorchkiln_runtime.so: also time each module in a Python "
+                        "process that it hosts, and in one without it")
+    parser.add_argument("--time-saved", help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=pathlib.Path)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--models", default=",".join(WIDE))
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--deadline", type=float, default=0, help="seconds after which no new model starts; 0: none")
     args = parser.parse_args()
+    if args.time_saved:
+        return time_saved(args.time_saved, args.runs)
+    if not (args.run_module and args.work):
+        parser.error("--run-module and --work are needed")
     args.work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     for name in args.models.split(","):
@@ -88,7 +128,7 @@ def main() -> None:
             print(json.dumps({"model": name, "skipped": "deadline"}), flush=True)
             continue
         try:
-            row = check(name, args.batch, args.work, args.run_module, args.runs)
+            row = check(name, args.batch, args.work, args.run_module, args.runs, args.library)
         except Exception as e:  # one model's failure is its row
             row = {"model": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
         print(json.dumps(row), flush=True)

@@ -116,9 +116,15 @@ if sys.argv[2] == "library-first":
 import torchkiln
 if sys.argv[2] == "package-first":
     torch.ops.load_library(sys.argv[1])
-active = [line for line in torch._C._dispatch_dump("torchkiln::execute_engine").splitlines()
-          if line.startswith("CompositeExplicitAutograd") and "inactive" not in line]
-assert len(active) == 1 and "execute_op.py" in active[0], active  # the package's kernel runs engines here
+def kernel(op):
+    return [line for line in torch._C._dispatch_dump(op).splitlines()
+            if line.startswith("CompositeExplicitAutograd") and "inactive" not in line]
+active = kernel("torchkiln::execute_engine")
+if sys.argv[2] == "library-first":  # the library's kernel runs what a tape fits, the package's kernel the rest
+    assert len(active) == 1 and "op.cpp" in active[0], active
+    assert "execute_op.py" in kernel("torchkiln::execute_engine_python")[0]
+else:  # the library came too late: the package's kernel runs every call
+    assert len(active) == 1 and "execute_op.py" in active[0], active
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
 x = torch.randn(3, 8)
@@ -134,7 +140,8 @@ print("ok")
 @pytest.mark.parametrize("order", ["library-first", "package-first"])
 def test_the_library_and_the_package_share_a_python_process(cpp, tmp_path, order):
     """A Python process may load the C++ runtime library before or after importing torchkiln: the ops are defined
-    once, and the package's kernels (its backends) run the engines there."""
+    once; the library's kernel takes the calls a tape fits where it came first (tests/test_cpp_hosted.py), the
+    package's kernels (its backends) run the others."""
     script = tmp_path / "both.py"
     script.write_text(_BOTH_IN_ONE_PROCESS)
     done = subprocess.run([sys.executable, "-W", "error::UserWarning:torch.library", str(script),

@@ -278,32 +278,59 @@ bool fits_inputs(const Tape& tape, const std::vector<at::Tensor>& inputs) {
 
 }  // namespace
 
+const std::vector<size_t>& Engine::tapes_for(const at::Device& device) const {
+  const std::pair<int, int> where{static_cast<int>(device.type()), device.index()};
+  auto fitting = tapes_here_.find(where);
+  if (fitting == tapes_here_.end()) {
+    std::optional<TapeTarget> here = target_here(device);
+    std::vector<size_t> ks;
+    for (size_t k = 0; k < tapes.size(); ++k)
+      if (here && same_target(tapes[k]->target, *here)) ks.push_back(k);
+    fitting = tapes_here_.emplace(where, std::move(ks)).first;
+  }
+  return fitting->second;
+}
+
+bool Engine::has_tape_for(const at::Device& device) const {
+  std::lock_guard<std::mutex> lock(tape_mutex_);
+  return !tapes_for(device).empty();
+}
+
+TapeRunner* Engine::fitting_tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const {
+  // Per call: the tapes whose target is this device (worked out at its first call) against the inputs' shapes.
+  const std::pair<int, int> where{static_cast<int>(device.type()), device.index()};
+  std::lock_guard<std::mutex> lock(tape_mutex_);
+  for (size_t k : tapes_for(device)) {
+    if (!fits_inputs(*tapes[k], inputs)) continue;
+    auto& runner = tape_runners_[{where, k}];
+    if (!runner) {
+      runner = std::make_shared<TapeRunner>(tapes[k], network, device);
+      const char* log = std::getenv("TORCHKILN_TAPE_LOG");
+      if (log && std::string(log) == "1")
+        std::cerr << "torchkiln: engine '" << name << "' runs tape " << k << " on " << device.str() << "\n";
+    }
+    return runner.get();
+  }
+  return nullptr;
+}
+
+std::optional<std::vector<at::Tensor>> Engine::run_fitting_tape(const std::vector<at::Tensor>& inputs) const {
+  if (tapes.empty() || inputs.empty() || inputs.size() != bindings.size()) return std::nullopt;
+  for (const Binding& b : bindings)
+    if (b.min_shape != b.max_shape) return std::nullopt;  // (its other shapes would hold the weights twice)
+  const at::Device device = inputs[0].device();
+  if (device.type() != c10::Device(device_type).type()) return std::nullopt;
+  for (const at::Tensor& x : inputs)
+    if (!x.defined() || x.layout() != at::kStrided || x.is_nested() || x.device() != device) return std::nullopt;
+  TapeRunner* runner = fitting_tape_runner(inputs, device);
+  if (!runner) return std::nullopt;
+  c10::AutoGradMode no_grad(false);
+  return runner->run(inputs);
+}
+
 TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const {
   if (tapes.empty() && backend != "cuda") return nullptr;  // a cuda engine's build records a tape unless it cannot
-  const std::pair<int, int> where{static_cast<int>(device.type()), device.index()};
-  {
-    // Per call: the tapes whose target is this device (worked out at its first call) against the inputs' shapes.
-    std::lock_guard<std::mutex> lock(tape_mutex_);
-    auto fitting = tapes_here_.find(where);
-    if (fitting == tapes_here_.end()) {
-      std::optional<TapeTarget> here = target_here(device);
-      std::vector<size_t> ks;
-      for (size_t k = 0; k < tapes.size(); ++k)
-        if (here && same_target(tapes[k]->target, *here)) ks.push_back(k);
-      fitting = tapes_here_.emplace(where, std::move(ks)).first;
-    }
-    for (size_t k : fitting->second) {
-      if (!fits_inputs(*tapes[k], inputs)) continue;
-      auto& runner = tape_runners_[{where, k}];
-      if (!runner) {
-        runner = std::make_shared<TapeRunner>(tapes[k], network, device);
-        const char* log = std::getenv("TORCHKILN_TAPE_LOG");
-        if (log && std::string(log) == "1")
-          std::cerr << "torchkiln: engine '" << name << "' runs tape " << k << " on " << device.str() << "\n";
-      }
-      return runner.get();
-    }
-  }
+  if (TapeRunner* runner = fitting_tape_runner(inputs, device)) return runner;
   // No tape fits: say why (an error where the tapes are all for other GPUs, else a warning once).
   std::optional<TapeTarget> here = target_here(device);
   std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> given;

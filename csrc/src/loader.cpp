@@ -770,6 +770,15 @@ std::string describe_target(const Json& plan) {
 
 }  // namespace
 
+bool holds_tapes(const uint8_t* data, size_t size) {
+  if (size < kHeader || std::memcmp(data, kMagic, 8) != 0 || read_le<uint32_t>(data + 8) != 2) return false;
+  uint64_t count = read_le<uint32_t>(data + 12);
+  if (count > (uint64_t)kinds().bound("MAX_SECTIONS") || kHeader + count * kSection > size) return false;
+  for (uint64_t k = 0; k < count; ++k)
+    if (std::memcmp(data + kHeader + k * kSection, "tape.", 5) == 0) return true;
+  return false;
+}
+
 std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, const Limits& limits) {
   if (size < kPrefixV1 + kDigest)
     format_error("engine data is truncated: " + std::to_string(size) + " bytes is shorter than any engine");

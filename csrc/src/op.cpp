@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <limits>
 #include <mutex>
 #include <tuple>
@@ -38,15 +39,50 @@ void check_blob(const at::Tensor& blob) {  // execute_op.check_blob
 struct Loaded {
   c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> blob;
   std::tuple<const void*, int64_t, int64_t> key;
-  std::shared_ptr<Engine> engine;
+  std::shared_ptr<Engine> engine;  // hosted: null where the package runs every call
   std::string fits;  // the module signature the engine was found to fit (checked once, not on every call)
 };
 
-// The engine a blob holds, refused (EngineFormatError) where `expected` names another engine signature.
-std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::string& expected) {
+// (a Tensor[] as a TensorList: the dispatcher takes dispatch keys from the tensors of a TensorList, not of a vector)
+using Signature = std::vector<at::Tensor>(at::TensorList, const at::Tensor&, c10::string_view);
+
+// The package's kernel (torchkiln::execute_engine_python) where a Python process hosts this library: runtime/
+// execute_op.py defines it when this library defined the ops first. Looked up until found.
+std::optional<c10::TypedOperatorHandle<Signature>> package_kernel() {
+  static std::atomic<bool> found{false};
+  static std::optional<c10::TypedOperatorHandle<Signature>> handle;
+  if (found.load(std::memory_order_acquire)) return handle;
+  static std::mutex lock;
+  std::lock_guard<std::mutex> guard(lock);
+  if (!handle) {
+    auto op = c10::Dispatcher::singleton().findSchema({"torchkiln::execute_engine_python", ""});
+    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) return std::nullopt;
+    handle = op->typed<Signature>();
+    found.store(true, std::memory_order_release);
+  }
+  return handle;
+}
+
+// Calls that a hosted library hands to the package even where a tape fits (its step profiler times the package's
+// runner: torchkiln::hold_tapes).
+std::atomic<int64_t> tapes_held{0};
+
+// The engine a blob holds, refused (EngineFormatError) where `expected` names another engine signature. Hosted
+// (`device`, the call's, given): the engine whose fitting calls run here, or null where the package runs them all
+// (the blob names no tape, the engine has dynamic shapes or no tape for the device of its first call here, its bytes
+// or signature are refused: the package then raises its own error).
+std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::string& expected,
+                                         const at::Device* device = nullptr) {
   static std::mutex lock;
   static std::unordered_map<const c10::TensorImpl*, Loaded> cache;
-  check_blob(blob);
+  const bool hosted = device != nullptr;
+  if (hosted) {
+    if (!blob.defined() || blob.scalar_type() != at::kByte || blob.layout() != at::kStrided || blob.is_nested() ||
+        blob.is_quantized() || !blob.device().is_cpu())
+      return nullptr;
+  } else {
+    check_blob(blob);
+  }
   std::tuple<const void*, int64_t, int64_t> key{blob.data_ptr(), blob.is_inference() ? -1 : (int64_t)blob._version(),
                                                 blob.numel()};
   std::lock_guard<std::mutex> guard(lock);
@@ -54,8 +90,19 @@ std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::stri
   if (found == cache.end() || found->second.blob.expired() || found->second.key != key) {
     for (auto it = cache.begin(); it != cache.end();)  // forget the engines of blobs that are gone
       it = it->second.blob.expired() ? cache.erase(it) : std::next(it);
-    at::Tensor bytes = blob.detach().cpu().contiguous();
-    auto engine = Engine::deserialize(bytes.data_ptr<uint8_t>(), bytes.numel());
+    at::Tensor bytes = blob.detach().contiguous();
+    std::shared_ptr<Engine> engine;
+    if (!hosted) {
+      engine = Engine::deserialize(bytes.data_ptr<uint8_t>(), bytes.numel());
+    } else if (holds_tapes(bytes.data_ptr<uint8_t>(), bytes.numel())) {
+      try {
+        engine = Engine::deserialize(bytes.data_ptr<uint8_t>(), bytes.numel());
+        for (const Binding& b : engine->bindings)
+          if (b.min_shape != b.max_shape) engine = nullptr;
+        if (engine && !engine->has_tape_for(*device)) engine = nullptr;
+      } catch (const c10::Error&) {
+      }
+    }
     found = cache.insert_or_assign(blob.unsafeGetTensorImpl(),
                                    Loaded{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
                                               blob.getIntrusivePtr()),
@@ -63,25 +110,47 @@ std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::stri
                 .first;
   }
   Loaded& loaded = found->second;
-  if (!expected.empty() && expected != loaded.fits) {
-    if (!loaded.engine->fits(expected))
+  if (loaded.engine && !expected.empty() && expected != loaded.fits) {
+    if (!loaded.engine->fits(expected)) {
+      if (hosted) return nullptr;
       format_error("engine '" + loaded.engine->name + "' does not fit this module: the module expects '" + expected +
                    "', the engine has '" + loaded.engine->signature() + "'");
+    }
     loaded.fits = expected;
   }
   return loaded.engine;
 }
 
-std::vector<at::Tensor> execute_engine(const std::vector<at::Tensor>& inputs, const at::Tensor& blob,
-                                       c10::string_view signature) {
-  return engine_from_blob(blob, std::string(signature))->execute(inputs);
+std::vector<at::Tensor> execute_engine(at::TensorList inputs, const at::Tensor& blob, c10::string_view signature) {
+  if (auto package = package_kernel()) {
+    // Hosted by a Python process: a call that a tape fits runs here, every other one (and every error) in the package.
+    if (tapes_held.load(std::memory_order_relaxed) == 0 && !inputs.empty()) {
+      const at::Device device = inputs[0].device();
+      if (auto engine = engine_from_blob(blob, std::string(signature), &device))
+        if (auto outputs = engine->run_fitting_tape(inputs.vec())) return *std::move(outputs);
+    }
+    return package->call(inputs, blob, signature);
+  }
+  return engine_from_blob(blob, std::string(signature))->execute(inputs.vec());
 }
 
-std::vector<at::Tensor> execute_below_autograd(const std::vector<at::Tensor>& inputs, const at::Tensor& blob,
+bool holds_data(const at::Tensor& x) {  // a plain tensor on a device with memory (no meta, fake or other subclass)
+  return !x.defined() || (!x.is_meta() && !x.key_set().has(c10::DispatchKey::Python));
+}
+
+std::vector<at::Tensor> execute_below_autograd(at::TensorList inputs, const at::Tensor& blob,
                                                c10::string_view signature) {
   at::AutoDispatchBelowADInplaceOrView guard;  // engines are inference-only: outputs do not require grad
-  return execute_engine(inputs, blob, signature);
+  bool plain = holds_data(blob);
+  for (const at::Tensor& x : inputs) plain = plain && holds_data(x);
+  if (plain) return execute_engine(inputs, blob, signature);
+  // meta, fake and other tensor subclasses go below autograd to their own kernels
+  static auto op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("torchkiln::execute_engine", "").typed<Signature>();
+  return op.call(inputs, blob, signature);
 }
+
+int64_t hold_tapes(int64_t delta) { return tapes_held += delta; }
 
 at::Tensor fresh_copy(const at::Tensor& self) { return self.clone(); }
 
@@ -111,4 +180,6 @@ TORCH_LIBRARY_FRAGMENT(torchkiln, m) {
   m.impl("const", torch::dispatch(composite, TORCH_FN(torchkiln::fresh_copy)));
   m.impl("attn_bias_from_attn_mask", torch::dispatch(composite, TORCH_FN(torchkiln::attn_bias_from_attn_mask)));
   m.impl("execute_engine", torch::dispatch(c10::DispatchKey::Autograd, TORCH_FN(torchkiln::execute_below_autograd)));
+  // +1 while a Python process's step profiler runs (every call then goes to the package), -1 after; the new count
+  m.def("hold_tapes(int delta) -> int", TORCH_FN(torchkiln::hold_tapes));
 }

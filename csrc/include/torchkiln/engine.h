@@ -111,10 +111,18 @@ struct Limits {
   std::optional<double> max_memory, max_flops;  // None: TORCHKILN_MAX_ENGINE_* or the device's default
 };
 
+// Whether engine bytes name a "tape.K" section, read from their section table alone (nothing else is checked).
+bool holds_tapes(const uint8_t* data, size_t size);
+
 class Engine {
  public:
   static std::shared_ptr<Engine> deserialize(const uint8_t* data, size_t size, const Limits& limits = {});
   std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs) const;
+  // A call's outputs where a tape for this device fits it exactly (its engine of static shapes, plain tensors on one
+  // device, the tape's dtypes and shapes); nullopt, with no check, warning or error, otherwise. A Python process
+  // that hosts this library runs these calls here and hands the others to the package's runtime (op.cpp).
+  std::optional<std::vector<at::Tensor>> run_fitting_tape(const std::vector<at::Tensor>& inputs) const;
+  bool has_tape_for(const at::Device& device) const;  // a tape whose target is `device`
   std::string signature() const;                 // what a module records of its engine (runtime/execute_op.py)
   bool fits(const std::string& expected) const;  // `expected` is this engine's signature (or its legacy form)
 
@@ -136,6 +144,8 @@ class Engine {
   // The runner of a tape that fits this call (its device, GPU, torch, input shapes and dtypes), else null, with a
   // warning the first time saying why the layers run instead.
   TapeRunner* tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const;
+  TapeRunner* fitting_tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const;  // or null
+  const std::vector<size_t>& tapes_for(const at::Device& device) const;  // those whose target it is (tape_mutex_ held)
   mutable std::mutex tape_mutex_;
   // by device (its type and index): the tapes whose target is that device; the runners made, by (device, tape)
   mutable std::map<std::pair<int, int>, std::vector<size_t>> tapes_here_;

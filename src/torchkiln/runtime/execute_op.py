@@ -24,6 +24,7 @@ import torch
 from torchkiln.errors import EngineFormatError, EngineIndexError, EngineInputError, TorchkilnError
 from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.engine import Engine
+from torchkiln.runtime.native import host_library
 from torchkiln.runtime.serialization import dtype_name, engine_digest, parse_dtype
 
 def define_op(lib: torch.library.Library, schema: str, **options: str) -> None:
@@ -50,9 +51,14 @@ def impl_op(lib: torch.library.Library, name: str, fn: Any, key: str) -> None:
         lib.impl(name, fn, key)
 
 
-# A fragment: the C++ runtime library may hold the namespace's ops already (docs/deployment.md)
+# A fragment: the C++ runtime library may hold the namespace's ops already (docs/deployment.md). Where it is built
+# it does: its kernel runs the calls a tape fits and hands the others to the package's, execute_engine_python.
+HOSTED = host_library()
 _lib = torch.library.Library("torchkiln", "FRAGMENT")
-define_op(_lib, "execute_engine(Tensor[] inputs, Tensor engine, str signature='') -> Tensor[]")
+_SCHEMA = "(Tensor[] inputs, Tensor engine, str signature='') -> Tensor[]"
+define_op(_lib, f"execute_engine{_SCHEMA}")
+if HOSTED:
+    define_op(_lib, f"execute_engine_python{_SCHEMA}")
 # A copy that TorchScript's constant propagation leaves to run time (CONSERVATIVE: it may have side effects), so
 # that an output which would be a graph constant is a new tensor per call (stitching/fresh_outputs.py).
 define_op(_lib, "fresh_copy(Tensor self) -> Tensor", alias_analysis="CONSERVATIVE")
@@ -419,8 +425,11 @@ def _fake_execute_engine(inputs: list[torch.Tensor], engine: torch.Tensor,
 
 
 # Every backend key, so that an engine attribute of another layout (sparse, quantized...) reaches check_blob.
-impl_op(_lib, "execute_engine", execute_engine, "CompositeExplicitAutograd")
-impl_op(_lib, "execute_engine", _below_autograd, "Autograd")
+if HOSTED:  # (the library's kernels below autograd and above run the calls it can, and call this for the others)
+    impl_op(_lib, "execute_engine_python", execute_engine, "CompositeExplicitAutograd")
+else:
+    impl_op(_lib, "execute_engine", execute_engine, "CompositeExplicitAutograd")
+    impl_op(_lib, "execute_engine", _below_autograd, "Autograd")
 impl_op(_lib, "fresh_copy", torch.clone, "CompositeExplicitAutograd")
 torch.library.register_fake("torchkiln::execute_engine", _fake_execute_engine, lib=_lib)
 

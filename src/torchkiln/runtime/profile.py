@@ -17,6 +17,7 @@ engine's first `warmup` profiled calls are not counted: they make the profiled s
 from __future__ import annotations
 
 import bisect
+import contextlib
 import contextvars
 import dataclasses
 import json
@@ -33,6 +34,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.runtime.executor import ReferenceExecutor
+from torchkiln.runtime.native import tapes_held
 
 if TYPE_CHECKING:
     from torchkiln.runtime.engine import Engine
@@ -405,16 +407,19 @@ class StepProfiler:
         self._profiles: list[EngineProfile] | None = None
         self._folder: str | None = None
         self._token: contextvars.Token | None = None
+        self._held = contextlib.ExitStack()
 
     def __enter__(self) -> StepProfiler:
         if self._token is not None or self._profiles is not None:
             raise RuntimeError("a StepProfiler runs once")
         self._folder = tempfile.mkdtemp(prefix="torchkiln-profile-")
+        self._held.enter_context(tapes_held())  # calls come to the package's runner, where its steps are timed
         self._token = _ACTIVE.set(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         _ACTIVE.reset(self._token)
+        self._held.close()
         try:
             for device in {device for _, device in self._timers}:
                 if device.type == "cuda":

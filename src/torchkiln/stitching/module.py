@@ -21,7 +21,7 @@ import torch
 from torch.autograd import profiler as torch_profiler
 from torch.nn.modules import module as nn_module
 
-from torchkiln.runtime.execute_op import execute_engine, plain_tensors, reraise_engine_error
+from torchkiln.runtime.execute_op import HOSTED, execute_engine, plain_tensors, reraise_engine_error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,8 +37,10 @@ class EngineCall:
 
     def run(self, blob: torch.Tensor, args: tuple[torch.Tensor, ...]) -> Any:
         inputs = [args[i] for i in self.args]
-        if torch_profiler._is_profiler_enabled:  # through the dispatcher, so a profile shows the op as it is
-            outputs = torch.ops.torchkiln.execute_engine(inputs, blob, self.signature)
+        # through the dispatcher where the C++ runtime library's kernel runs fitting calls (HOSTED), and so that a
+        # profile shows the op as it is
+        if HOSTED or torch_profiler._is_profiler_enabled:
+            outputs = torch.ops.torchkiln.execute_engine.default(inputs, blob, self.signature)
         else:
             outputs = execute_engine(inputs, blob, self.signature)
         return outputs[self.result] if isinstance(self.result, int) else tuple(outputs[i] for i in self.result)
