@@ -3,7 +3,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <dlfcn.h>
+
 #include <atomic>
+#include <iostream>
+#include <locale>
 #include <limits>
 #include <mutex>
 #include <tuple>
@@ -152,6 +156,21 @@ std::vector<at::Tensor> execute_below_autograd(at::TensorList inputs, const at::
 
 int64_t hold_tapes(int64_t delta) { return tapes_held += delta; }
 
+// Whether this library's C++ standard library is the process's. A toolchain that links parts of libstdc++ into the
+// library statically (a gcc-toolset's libstdc++_nonshared.a) gives it a second std::locale, which crashes the first
+// number it formats in a process whose own libstdc++ came first: a Python process that loads it. (A C++ program
+// binds its own calls to the library's copy.)
+bool shares_standard_library() {
+  if (dlsym(RTLD_DEFAULT, "Py_IsInitialized") == nullptr) return true;
+  Dl_info self, found;
+  if (!dladdr(reinterpret_cast<void*>(&shares_standard_library), &self) || !self.dli_fname) return true;
+  void* handle = dlopen(self.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+  void* locale = handle ? dlsym(handle, "_ZNSt6locale7classicEv") : nullptr;  // searched from this library on
+  bool own = locale && dladdr(locale, &found) && found.dli_fname && std::string(found.dli_fname) == self.dli_fname;
+  if (handle) dlclose(handle);
+  return !own;
+}
+
 at::Tensor fresh_copy(const at::Tensor& self) { return self.clone(); }
 
 // torchkiln's ops that a compiled module's PyTorch blocks may call (torchkiln/ops.py).
@@ -170,6 +189,12 @@ at::Tensor attn_bias_from_attn_mask(const at::Tensor& mask) {
 // with its own when it is imported (runtime/execute_op.py).
 TORCH_LIBRARY_FRAGMENT(torchkiln, m) {
   if (c10::Dispatcher::singleton().findSchema({"torchkiln::execute_engine", ""}).has_value()) return;
+  if (!torchkiln::shares_standard_library()) {  // the package's kernels run every call (runtime/native.py warns)
+    std::cerr << "torchkiln: libtorchkiln_runtime.so was built with a C++ standard library other than this "
+                 "process's, so it registers nothing here; build it with the compiler whose libstdc++ the process "
+                 "loads (docs/deployment.md)\n";
+    return;
+  }
   m.def("execute_engine(Tensor[] inputs, Tensor engine, str signature='') -> Tensor[]");
   m.def(torch::schema("fresh_copy(Tensor self) -> Tensor", c10::AliasAnalysisKind::CONSERVATIVE));
   m.def("const(Tensor self) -> Tensor");

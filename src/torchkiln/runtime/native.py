@@ -55,6 +55,9 @@ def host_library() -> bool:
             logger.warning("the C++ runtime library %s does not load in this process (%s): engines run on the "
                            "Python runtime", path, e)
             return False
+        if not _library_defines_ops():
+            logger.warning("the C++ runtime library %s registered no ops in this process (its message says why): "
+                           "engines run on the Python runtime", path)
     return _library_defines_ops()
 
 
