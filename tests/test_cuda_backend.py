@@ -25,6 +25,11 @@ def _engine(compiled, k=0):
     return engine_from_blob(getattr(compiled, ENGINE_ATTR.format(k)))
 
 
+# No tape: every call runs on the package's runner, whose graphs and tails these tests inspect (a C++ runtime library
+# hosted by this process would take the calls a tape fits: docs/deployment.md).
+PACKAGE_RUNNER = {"native_tape": False}
+
+
 def _close(out, ref, fp16=False):
     ref = ref.float()
     if fp16:
@@ -41,7 +46,7 @@ def resnet():
 
 def test_fp32_engine_on_the_cuda_backend_matches_eager_and_replays_a_graph(resnet):
     x = torch.randn(2, 3, 64, 64, device="cuda")
-    compiled = torchkiln.compile(resnet, [torchkiln.Input(x.shape)], backend="cuda")
+    compiled = torchkiln.compile(resnet, [torchkiln.Input(x.shape)], backend="cuda", **PACKAGE_RUNNER)
     engine = _engine(compiled)
     assert engine.backend == "cuda"
     ref = resnet(x)
@@ -83,7 +88,7 @@ class _Wide(torch.nn.Module):
 
 def test_large_outputs_are_handed_out_without_a_copy_and_never_overwritten():
     model = _Wide().eval().cuda()
-    compiled = torchkiln.compile(model, [torchkiln.Input((1024, 256))])
+    compiled = torchkiln.compile(model, [torchkiln.Input((1024, 256))], **PACKAGE_RUNNER)
     xs = [torch.randn(1024, 256, device="cuda") for _ in range(6)]
     refs = [model(x) for x in xs]
     kept = [compiled(x) for x in xs]  # every output held: two tails, then the last steps uncaptured
@@ -112,7 +117,7 @@ def test_a_tail_output_still_read_on_its_stream_is_not_overwritten_by_a_call_on_
     the tail is free again, but its replay waits for the work queued on the first stream, where the copy below,
     held back by a sleep, still reads the first call's output."""
     model = _Wide().eval().cuda()
-    compiled = torchkiln.compile(model, [torchkiln.Input((1024, 256))])
+    compiled = torchkiln.compile(model, [torchkiln.Input((1024, 256))], **PACKAGE_RUNNER)
     xs = [torch.randn(1024, 256, device="cuda") for _ in range(2)]
     refs = [model(x) for x in xs]
     for _ in range(2):  # the first call captures the tail, the second replays it; neither output is kept
@@ -151,7 +156,7 @@ def test_a_graph_captured_under_inference_mode_serves_calls_outside_it(build, re
 
 
 def test_small_outputs_are_copied_out_of_one_graph(resnet):
-    compiled = torchkiln.compile(resnet, [torchkiln.Input((2, 3, 32, 32))])
+    compiled = torchkiln.compile(resnet, [torchkiln.Input((2, 3, 32, 32))], **PACKAGE_RUNNER)
     x = torch.randn(2, 3, 32, 32, device="cuda")
     for _ in range(3):
         _close(compiled(x), resnet(x))
