@@ -265,10 +265,10 @@ def _sample(dtype: torch.dtype, shape: Sequence[int], device: torch.device) -> t
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
-def record_tape(engine: Engine, device: torch.device) -> bytes:
-    """A tape section of `engine`'s planned run on `device` at its optimization shapes; TapeRefused (saying why)
-    where a tape could not replay that run faithfully."""
-    shapes = [tuple(b.opt_shape) for b in engine.bindings]
+def record_tape(engine: Engine, device: torch.device, shapes: Sequence[tuple[int, ...]] | None = None) -> bytes:
+    """A tape section of `engine`'s planned run on `device` with inputs of `shapes` (its optimization shapes where
+    None); TapeRefused (saying why) where a tape could not replay that run faithfully."""
+    shapes = [tuple(b.opt_shape) for b in engine.bindings] if shapes is None else [tuple(s) for s in shapes]
     plan = engine.plan_for(device)
     options = dataclasses.replace(engine.run_options, cuda_graphs=False)
     weights = {id(w): (j, name) for j, layer in enumerate(engine.network.layers) for name, w in layer.weights.items()}
@@ -311,13 +311,28 @@ def _release(version: str) -> str:
     return version.split("+")[0]
 
 
+def tape_shapes(engine: Engine) -> list[list[tuple[int, ...]]]:
+    """The input shapes a build records tapes at: the engine's optimization shapes, then its smallest and its largest
+    where they differ (an engine of dynamic shapes), each once."""
+    found: list[list[tuple[int, ...]]] = []
+    for key in ("opt_shape", "min_shape", "max_shape"):
+        shapes = [tuple(getattr(b, key)) for b in engine.bindings]
+        if shapes not in found and (not found or all(math.prod(s) for s in shapes)):  # (no tape of empty inputs)
+            found.append(shapes)
+    return found
+
+
 def add_tape(engine: Engine, device: torch.device) -> None:
-    """Record a tape of `engine` on `device` and keep it with the engine; none (the reason logged) where refused."""
-    try:
-        engine.tapes.append(record_tape(engine, device))
-    except TapeRefused as e:
-        logger.info("engine %s: no tape for the C++ runtime (it runs the layers' ATen meanings there): %s",
-                    engine.name, e)
-    except Exception as e:  # a tape is an addition to the engine: failing to record one must not fail the build
-        logger.warning("engine %s: recording a tape for the C++ runtime failed, so it has none (the C++ runtime runs "
-                       "its layers' ATen meanings): %s: %s", engine.name, type(e).__name__, e)
+    """Record tapes of `engine` on `device` at `tape_shapes` and keep them with the engine; none (the reason logged)
+    where refused: the C++ runtime runs the layers' ATen meanings at a call no tape fits."""
+    for shapes in tape_shapes(engine):
+        try:
+            engine.tapes.append(record_tape(engine, device, shapes))
+        except TapeRefused as e:
+            logger.info("engine %s: no tape at inputs %s for the C++ runtime (it runs the layers' ATen meanings "
+                        "there): %s", engine.name, shapes, e)
+            return  # (a refusal is the plan's, whatever the shapes)
+        except Exception as e:  # a tape is an addition to the engine: failing to record one must not fail the build
+            logger.warning("engine %s: recording a tape at inputs %s for the C++ runtime failed, so it has none there "
+                           "(the C++ runtime runs its layers' ATen meanings): %s: %s", engine.name, shapes,
+                           type(e).__name__, e)
