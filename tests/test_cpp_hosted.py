@@ -44,6 +44,8 @@ meta = torch.ops.torchkiln.execute_engine([x.to("meta")], blob, signature)
 assert meta[0].is_meta and meta[0].shape == outputs["static"][0].shape, meta
 graded = modules["static"](x.clone().requires_grad_())
 assert not graded.requires_grad and torch.equal(graded, outputs["static"][0])
+with torch.inference_mode():  # outputs made in the caller's mode, as the package's are
+    assert modules["static"](x).is_inference() and modules["dynamic"](*inputs["dynamic"][0]).is_inference()
 with StepProfiler(warmup=0) as profiler:
     modules["static"](x)
 assert len(profiler.profiles()) == 1 and profiler.profiles()[0].rows, profiler.profiles()

@@ -75,10 +75,11 @@ std::atomic<int64_t> tapes_held{0};
 // (`device`, the call's, given): the engine whose fitting calls run here, or null where the package runs them all
 // (the blob names no tape, the engine has dynamic shapes or no tape for the device of its first call here, its bytes
 // or signature are refused: the package then raises its own error).
+std::mutex cache_lock;
+std::unordered_map<const c10::TensorImpl*, Loaded> cache;  // by blob
+
 std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::string& expected,
                                          const at::Device* device = nullptr) {
-  static std::mutex lock;
-  static std::unordered_map<const c10::TensorImpl*, Loaded> cache;
   const bool hosted = device != nullptr;
   if (hosted) {
     if (!blob.defined() || blob.scalar_type() != at::kByte || blob.layout() != at::kStrided || blob.is_nested() ||
@@ -89,11 +90,11 @@ std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::stri
   }
   std::tuple<const void*, int64_t, int64_t> key{blob.data_ptr(), blob.is_inference() ? -1 : (int64_t)blob._version(),
                                                 blob.numel()};
-  std::lock_guard<std::mutex> guard(lock);
+  std::lock_guard<std::mutex> guard(cache_lock);
+  for (auto it = cache.begin(); it != cache.end();)  // forget the engines of blobs that are gone (a few: each call)
+    it = it->second.blob.expired() ? cache.erase(it) : std::next(it);
   auto found = cache.find(blob.unsafeGetTensorImpl());
-  if (found == cache.end() || found->second.blob.expired() || found->second.key != key) {
-    for (auto it = cache.begin(); it != cache.end();)  // forget the engines of blobs that are gone
-      it = it->second.blob.expired() ? cache.erase(it) : std::next(it);
+  if (found == cache.end() || found->second.key != key) {
     at::Tensor bytes = blob.detach().contiguous();
     std::shared_ptr<Engine> engine;
     if (!hosted) {
@@ -103,7 +104,9 @@ std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::stri
         engine = Engine::deserialize(bytes.data_ptr<uint8_t>(), bytes.numel());
         for (const Binding& b : engine->bindings)
           if (b.min_shape != b.max_shape) engine = nullptr;
-        if (engine && !engine->has_tape_for(*device)) engine = nullptr;
+        // (a call on a device of another kind is the package's to refuse: it decides nothing here)
+        if (engine && device->type() == c10::Device(engine->device_type).type() && !engine->has_tape_for(*device))
+          engine = nullptr;
       } catch (const c10::Error&) {
       }
     }
@@ -115,8 +118,8 @@ std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::stri
   }
   Loaded& loaded = found->second;
   if (loaded.engine && !expected.empty() && expected != loaded.fits) {
-    if (!loaded.engine->fits(expected)) {
-      if (hosted) return nullptr;
+    if (hosted ? expected != loaded.engine->signature() : !loaded.engine->fits(expected)) {
+      if (hosted) return nullptr;  // (exactly the package's signature check, an engine of static shapes)
       format_error("engine '" + loaded.engine->name + "' does not fit this module: the module expects '" + expected +
                    "', the engine has '" + loaded.engine->signature() + "'");
     }
@@ -130,8 +133,17 @@ std::vector<at::Tensor> execute_engine(at::TensorList inputs, const at::Tensor& 
     // Hosted by a Python process: a call that a tape fits runs here, every other one (and every error) in the package.
     if (tapes_held.load(std::memory_order_relaxed) == 0 && !inputs.empty()) {
       const at::Device device = inputs[0].device();
-      if (auto engine = engine_from_blob(blob, std::string(signature), &device))
-        if (auto outputs = engine->run_fitting_tape(inputs.vec())) return *std::move(outputs);
+      if (auto engine = engine_from_blob(blob, std::string(signature), &device)) {
+        try {
+          if (auto outputs = engine->run_fitting_tape(inputs.vec())) return *std::move(outputs);
+        } catch (const c10::Error& e) {  // the tape cannot run here: the package runs the engine from now on
+          TORCH_WARN("torchkiln: engine '", engine->name, "' runs on the Python runtime, not its tape: ",
+                     e.what_without_backtrace());
+          std::lock_guard<std::mutex> guard(cache_lock);
+          auto found = cache.find(blob.unsafeGetTensorImpl());
+          if (found != cache.end()) found->second.engine = nullptr;
+        }
+      }
     }
     return package->call(inputs, blob, signature);
   }

@@ -293,6 +293,13 @@ void TapeRunner::start(const std::vector<at::Tensor>& inputs) {
 std::vector<at::Tensor> TapeRunner::run(const std::vector<at::Tensor>& inputs) {
   std::lock_guard<std::mutex> lock(mutex_);
   c10::DeviceGuard on_device(device_);
+  replay(inputs);
+  std::vector<at::Tensor> out;  // made in the caller's mode (inference tensors under inference_mode)
+  for (int64_t v : tape_->outputs) out.push_back(values_[v].clone());
+  return out;
+}
+
+void TapeRunner::replay(const std::vector<at::Tensor>& inputs) {
   // The buffers and values kept between calls are plain tensors, whether or not the first call was in inference mode.
   c10::InferenceMode not_inference(false);
   c10::AutoGradMode no_grad(false);
@@ -321,9 +328,6 @@ std::vector<at::Tensor> TapeRunner::run(const std::vector<at::Tensor>& inputs) {
       execute(body_);
     }
   }
-  std::vector<at::Tensor> out;
-  for (int64_t v : tape_->outputs) out.push_back(values_[v].clone());
-  return out;
 }
 
 }  // namespace torchkiln

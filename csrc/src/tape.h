@@ -95,6 +95,7 @@ class TapeRunner {
 
  private:
   struct Graph;
+  void replay(const std::vector<at::Tensor>& inputs);  // the inputs copied in, the body run (the first call: start)
   void start(const std::vector<at::Tensor>& inputs);
   void execute(std::vector<Step>& steps);
   void call_op(Step& step);

@@ -40,7 +40,8 @@ def define_op(lib: torch.library.Library, schema: str, **options: str) -> None:
     wanted = torch._C.parse_schema(f"torchkiln::{schema}")
     if str(existing) != str(wanted):
         raise RuntimeError(f"torchkiln::{name} is already defined as {existing}, not {wanted}: the C++ runtime "
-                           f"library loaded into this process is of another torchkiln version")
+                           f"library loaded into this process is of another torchkiln version (rebuild it, or set "
+                           f"TORCHKILN_NATIVE_RUNTIME=0 to keep it out)")
 
 
 def impl_op(lib: torch.library.Library, name: str, fn: Any, key: str) -> None:
