@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -107,3 +108,13 @@ def test_the_library_is_loaded_unless_the_setting_says_no(cpp, setting):
                 TORCHKILN_NATIVE_RUNTIME=setting)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == str(setting == "1")
+
+
+def test_a_library_built_against_another_torch_is_not_loaded(cpp, tmp_path):
+    library = tmp_path / "libtorchkiln_runtime.so"
+    shutil.copy(cpp["library"], library)
+    assert pathlib.Path(f"{cpp['library']}.torch").read_text().strip() == torch.__version__.split("+")[0]
+    pathlib.Path(f"{library}.torch").write_text("0.1.0\n")
+    done = _run("from torchkiln.runtime import execute_op; print(execute_op.HOSTED)", library)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr[-3000:]
+    assert "built against torch 0.1.0" in done.stderr

@@ -49,6 +49,12 @@ def host_library() -> bool:
             path = runtime_library_path()
         except FileNotFoundError:
             return False
+        stamp = pathlib.Path(path + ".torch")  # the torch release it was built against (csrc/CMakeLists.txt)
+        built = stamp.read_text().strip() if stamp.is_file() else None
+        if built is not None and built != torch.__version__.split("+")[0]:
+            logger.warning("the C++ runtime library %s was built against torch %s, not this process's %s: engines "
+                           "run on the Python runtime (rebuild the library)", path, built, torch.__version__)
+            return False
         try:
             torch.ops.load_library(path)
         except (OSError, RuntimeError) as e:
