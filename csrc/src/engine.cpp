@@ -304,7 +304,7 @@ TapeRunner* Engine::fitting_tape_runner(const std::vector<at::Tensor>& inputs, c
     if (!fits_inputs(*tapes[k], inputs)) continue;
     auto& runner = tape_runners_[{where, k}];
     if (!runner) {
-      runner = std::make_shared<TapeRunner>(tapes[k], network, device);
+      runner = std::make_shared<TapeRunner>(tapes[k], network, device, cuda_graphs);
       const char* log = std::getenv("TORCHKILN_TAPE_LOG");
       if (log && std::string(log) == "1")
         std::cerr << "torchkiln: engine '" << name << "' runs tape " << k << " on " << device.str() << "\n";

@@ -874,6 +874,7 @@ std::shared_ptr<Engine> Engine::deserialize(const uint8_t* data, size_t size, co
     if (!value) continue;
     if (option.type == "bool" && value->type != Json::Type::Bool)
       format_error("engine metadata: " + option.name + " must be True or False, got " + value->repr());
+    if (option.name == "cuda_graphs") engine->cuda_graphs = value->b;  // the one option this runtime follows
     if (option.type == "int" &&
         !(value->is_int() && value->i >= option.low && (option.high < 0 || value->i <= option.high)))
       format_error("engine metadata: " + option.name + " must be an int >= " + std::to_string(option.low) +

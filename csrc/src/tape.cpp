@@ -57,8 +57,9 @@ std::vector<TapeRunner::Step> steps_of(const std::vector<TapeInstruction>& instr
 
 }  // namespace
 
-TapeRunner::TapeRunner(std::shared_ptr<const Tape> tape, const Network& network, const at::Device& device)
-    : tape_(std::move(tape)), network_(network), device_(device) {
+TapeRunner::TapeRunner(std::shared_ptr<const Tape> tape, const Network& network, const at::Device& device,
+                       bool capture)
+    : tape_(std::move(tape)), network_(network), device_(device), capture_(capture) {
   // The prologue's values the body reads stay (as do the outputs); a body's value lives until its last reader.
   std::vector<bool> outputs(tape_->num_values, false), body_reads(tape_->num_values, false);
   for (int64_t v : tape_->outputs) outputs[v] = body_reads[v] = true;
@@ -250,7 +251,7 @@ void TapeRunner::start(const std::vector<at::Tensor>& inputs) {
     modules_ = std::make_unique<TritonModules>(tape_->kernels, device_, tape_->where);
   execute(prologue_);
 #ifdef TORCHKILN_CUDA
-  if (device_.is_cuda()) {
+  if (device_.is_cuda() && capture_) {
     // As torch.cuda.graph does: on a side stream, after the work queued before it, the body runs once (the
     // workspaces cuBLAS and cuDNN keep per stream are made outside the capture, and an error shows here rather
     // than mid-capture), then is captured on a private memory pool; the caller's stream waits for both. The

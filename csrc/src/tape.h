@@ -82,7 +82,8 @@ class TritonModules;
 // graph. Calls are serialized.
 class TapeRunner {
  public:
-  TapeRunner(std::shared_ptr<const Tape> tape, const Network& network, const at::Device& device);
+  // `capture`: on a GPU, the body captured as a CUDA graph at the first call (the engine's cuda_graphs option)
+  TapeRunner(std::shared_ptr<const Tape> tape, const Network& network, const at::Device& device, bool capture = true);
   ~TapeRunner();
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
 
@@ -105,6 +106,7 @@ class TapeRunner {
   std::shared_ptr<const Tape> tape_;
   const Network& network_;  // the engine's, its weights on the CPU
   at::Device device_;
+  bool capture_;
   std::mutex mutex_;
   bool started_ = false;
   std::vector<at::Tensor> values_;

@@ -133,6 +133,7 @@ class Engine {
   Network network;
   std::vector<std::string> plan_targets;  // Target.describe() of each stored plan
   std::vector<std::shared_ptr<const Tape>> tapes;  // its "tape.K" sections, by K
+  bool cuda_graphs = true;  // its backend option: a GPU tape's body is replayed as a CUDA graph
 
  private:
   void check_inputs(const std::vector<at::Tensor>& inputs) const;
