@@ -268,7 +268,7 @@ bool same_target(const TapeTarget& a, const TapeTarget& b) {
          a.torch == b.torch;
 }
 
-bool fits_inputs(const Tape& tape, const std::vector<at::Tensor>& inputs) {
+bool fits_inputs(const Tape& tape, at::TensorList inputs) {
   if (tape.inputs.size() != inputs.size()) return false;
   for (size_t k = 0; k < inputs.size(); ++k)
     if (inputs[k].scalar_type() != tape.inputs[k].first || !inputs[k].sizes().equals(tape.inputs[k].second))
@@ -296,7 +296,7 @@ bool Engine::has_tape_for(const at::Device& device) const {
   return !tapes_for(device).empty();
 }
 
-TapeRunner* Engine::fitting_tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const {
+TapeRunner* Engine::fitting_tape_runner(at::TensorList inputs, const at::Device& device) const {
   // Per call: the tapes whose target is this device (worked out at its first call) against the inputs' shapes.
   const std::pair<int, int> where{static_cast<int>(device.type()), device.index()};
   std::lock_guard<std::mutex> lock(tape_mutex_);
@@ -314,12 +314,10 @@ TapeRunner* Engine::fitting_tape_runner(const std::vector<at::Tensor>& inputs, c
   return nullptr;
 }
 
-std::optional<std::vector<at::Tensor>> Engine::run_fitting_tape(const std::vector<at::Tensor>& inputs) const {
+std::optional<std::vector<at::Tensor>> Engine::run_fitting_tape(at::TensorList inputs) const {
+  // (a device of another kind than the engine's has no tape: `tapes_for` compares the kinds)
   if (tapes.empty() || inputs.empty() || inputs.size() != bindings.size()) return std::nullopt;
-  for (const Binding& b : bindings)
-    if (b.min_shape != b.max_shape) return std::nullopt;  // (its other shapes would hold the weights twice)
   const at::Device device = inputs[0].device();
-  if (device.type() != c10::Device(device_type).type()) return std::nullopt;
   for (const at::Tensor& x : inputs)
     if (!x.defined() || x.layout() != at::kStrided || x.is_nested() || x.device() != device) return std::nullopt;
   TapeRunner* runner = fitting_tape_runner(inputs, device);

@@ -78,7 +78,7 @@ std::atomic<int64_t> tapes_held{0};
 std::mutex cache_lock;
 std::unordered_map<const c10::TensorImpl*, Loaded> cache;  // by blob
 
-std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::string& expected,
+std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, c10::string_view expected,
                                          const at::Device* device = nullptr) {
   const bool hosted = device != nullptr;
   if (hosted) {
@@ -102,7 +102,7 @@ std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::stri
     } else if (holds_tapes(bytes.data_ptr<uint8_t>(), bytes.numel())) {
       try {
         engine = Engine::deserialize(bytes.data_ptr<uint8_t>(), bytes.numel());
-        for (const Binding& b : engine->bindings)
+        for (const Binding& b : engine->bindings)  // (its other shapes would hold the weights twice: once here)
           if (b.min_shape != b.max_shape) engine = nullptr;
         // (a call on a device of another kind is the package's to refuse: it decides nothing here)
         if (engine && device->type() == c10::Device(engine->device_type).type() && !engine->has_tape_for(*device))
@@ -117,13 +117,14 @@ std::shared_ptr<Engine> engine_from_blob(const at::Tensor& blob, const std::stri
                 .first;
   }
   Loaded& loaded = found->second;
-  if (loaded.engine && !expected.empty() && expected != loaded.fits) {
-    if (hosted ? expected != loaded.engine->signature() : !loaded.engine->fits(expected)) {
+  if (loaded.engine && !expected.empty() && expected != c10::string_view(loaded.fits)) {
+    const std::string wanted(expected);
+    if (hosted ? wanted != loaded.engine->signature() : !loaded.engine->fits(wanted)) {
       if (hosted) return nullptr;  // (exactly the package's signature check, an engine of static shapes)
-      format_error("engine '" + loaded.engine->name + "' does not fit this module: the module expects '" + expected +
-                   "', the engine has '" + loaded.engine->signature() + "'");
+      format_error("engine '" + loaded.engine->name + "' does not fit this module: the module expects '" +
+                   wanted + "', the engine has '" + loaded.engine->signature() + "'");
     }
-    loaded.fits = expected;
+    loaded.fits = wanted;
   }
   return loaded.engine;
 }
@@ -133,9 +134,9 @@ std::vector<at::Tensor> execute_engine(at::TensorList inputs, const at::Tensor& 
     // Hosted by a Python process: a call that a tape fits runs here, every other one (and every error) in the package.
     if (tapes_held.load(std::memory_order_relaxed) == 0 && !inputs.empty()) {
       const at::Device device = inputs[0].device();
-      if (auto engine = engine_from_blob(blob, std::string(signature), &device)) {
+      if (auto engine = engine_from_blob(blob, signature, &device)) {
         try {
-          if (auto outputs = engine->run_fitting_tape(inputs.vec())) return *std::move(outputs);
+          if (auto outputs = engine->run_fitting_tape(inputs)) return *std::move(outputs);
         } catch (const c10::Error& e) {  // the tape cannot run here: the package runs the engine from now on
           TORCH_WARN("torchkiln: engine '", engine->name, "' runs on the Python runtime, not its tape: ",
                      e.what_without_backtrace());
@@ -147,7 +148,7 @@ std::vector<at::Tensor> execute_engine(at::TensorList inputs, const at::Tensor& 
     }
     return package->call(inputs, blob, signature);
   }
-  return engine_from_blob(blob, std::string(signature))->execute(inputs.vec());
+  return engine_from_blob(blob, signature)->execute(inputs.vec());
 }
 
 bool holds_data(const at::Tensor& x) {  // a plain tensor on a device with memory (no meta, fake or other subclass)

@@ -231,7 +231,7 @@ void TapeRunner::execute(std::vector<Step>& steps) {
   }
 }
 
-void TapeRunner::start(const std::vector<at::Tensor>& inputs) {
+void TapeRunner::start(at::TensorList inputs) {
   values_.assign(tape_->num_values, at::Tensor());
   constants_.assign(tape_->constants.size(), at::Tensor());
   for (size_t k = 0; k < inputs.size(); ++k)
@@ -291,7 +291,7 @@ void TapeRunner::start(const std::vector<at::Tensor>& inputs) {
   execute(body_);
 }
 
-std::vector<at::Tensor> TapeRunner::run(const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor> TapeRunner::run(at::TensorList inputs) {
   std::lock_guard<std::mutex> lock(mutex_);
   c10::DeviceGuard on_device(device_);
   replay(inputs);
@@ -300,7 +300,7 @@ std::vector<at::Tensor> TapeRunner::run(const std::vector<at::Tensor>& inputs) {
   return out;
 }
 
-void TapeRunner::replay(const std::vector<at::Tensor>& inputs) {
+void TapeRunner::replay(at::TensorList inputs) {
   // The buffers and values kept between calls are plain tensors, whether or not the first call was in inference mode.
   c10::InferenceMode not_inference(false);
   c10::AutoGradMode no_grad(false);

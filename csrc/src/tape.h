@@ -85,7 +85,7 @@ class TapeRunner {
   // `capture`: on a GPU, the body captured as a CUDA graph at the first call (the engine's cuda_graphs option)
   TapeRunner(std::shared_ptr<const Tape> tape, const Network& network, const at::Device& device, bool capture = true);
   ~TapeRunner();
-  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs);
+  std::vector<at::Tensor> run(at::TensorList inputs);
 
   struct Step {
     const TapeInstruction* instruction;
@@ -96,8 +96,8 @@ class TapeRunner {
 
  private:
   struct Graph;
-  void replay(const std::vector<at::Tensor>& inputs);  // the inputs copied in, the body run (the first call: start)
-  void start(const std::vector<at::Tensor>& inputs);
+  void replay(at::TensorList inputs);  // the inputs copied in, the body run (the first call: start)
+  void start(at::TensorList inputs);
   void execute(std::vector<Step>& steps);
   void call_op(Step& step);
   void launch(const Step& step);

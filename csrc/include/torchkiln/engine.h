@@ -118,10 +118,10 @@ class Engine {
  public:
   static std::shared_ptr<Engine> deserialize(const uint8_t* data, size_t size, const Limits& limits = {});
   std::vector<at::Tensor> execute(const std::vector<at::Tensor>& inputs) const;
-  // A call's outputs where a tape for this device fits it exactly (its engine of static shapes, plain tensors on one
-  // device, the tape's dtypes and shapes); nullopt, with no check, warning or error, otherwise. A Python process
-  // that hosts this library runs these calls here and hands the others to the package's runtime (op.cpp).
-  std::optional<std::vector<at::Tensor>> run_fitting_tape(const std::vector<at::Tensor>& inputs) const;
+  // A call's outputs where a tape for its device fits it exactly (plain tensors on one device, the tape's dtypes and
+  // shapes); nullopt, with no check, warning or error, otherwise. A Python process that hosts this library runs
+  // these calls here and hands the others to the package's runtime (op.cpp).
+  std::optional<std::vector<at::Tensor>> run_fitting_tape(at::TensorList inputs) const;
   bool has_tape_for(const at::Device& device) const;  // a tape whose target is `device`
   std::string signature() const;                 // what a module records of its engine (runtime/execute_op.py)
   bool fits(const std::string& expected) const;  // `expected` is this engine's signature (or its legacy form)
@@ -145,7 +145,7 @@ class Engine {
   // The runner of a tape that fits this call (its device, GPU, torch, input shapes and dtypes), else null, with a
   // warning the first time saying why the layers run instead.
   TapeRunner* tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const;
-  TapeRunner* fitting_tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const;  // or null
+  TapeRunner* fitting_tape_runner(at::TensorList inputs, const at::Device& device) const;  // or null
   const std::vector<size_t>& tapes_for(const at::Device& device) const;  // those whose target it is (tape_mutex_ held)
   mutable std::mutex tape_mutex_;
   // by device (its type and index): the tapes whose target is that device; the runners made, by (device, tape)

@@ -24,6 +24,9 @@ from torch.nn.modules import module as nn_module
 from torchkiln.runtime.execute_op import HOSTED, execute_engine, plain_tensors, reraise_engine_error
 
 
+_EXECUTE_OP = torch.ops.torchkiln.execute_engine.default  # (looked up once: `EngineCall.run` is per inference)
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineCall:
     """A forward that is one engine call: the engine's attribute, which arguments it takes (by position), the
@@ -40,7 +43,7 @@ class EngineCall:
         # through the dispatcher where the C++ runtime library's kernel runs fitting calls (HOSTED), and so that a
         # profile shows the op as it is
         if HOSTED or torch_profiler._is_profiler_enabled:
-            outputs = torch.ops.torchkiln.execute_engine.default(inputs, blob, self.signature)
+            outputs = _EXECUTE_OP(inputs, blob, self.signature)
         else:
             outputs = execute_engine(inputs, blob, self.signature)
         return outputs[self.result] if isinstance(self.result, int) else tuple(outputs[i] for i in self.result)
