@@ -2,7 +2,8 @@
 
 - Made once per engine and device: weights moved to the GPU once, convolution kernels in channels-last where
   the plan says so (cuDNN then keeps activations channels-last through the stack); a 4-D input such a
-  convolution reads is taken channels-last (`channels_last_inputs`).
+  convolution reads is taken channels-last (`channels_last_inputs`): the graph's first work converts it, from the
+  buffer a call copies the input into as it comes.
 - Per input-shape signature (every shape for a static engine; a bounded least-recently-used set of
   `MAX_GRAPHS` for a dynamic one): symbolic layer parameters are evaluated, a step whose layers depend on the
   input shapes alone becomes its values, computed then (`runtime/fold_shapes.py`), every step's callable is made,
@@ -44,7 +45,6 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import control_flow, quant_kernels  # noqa: F401  (quant_kernels registers makers)
-from torchkiln.runtime.backends.cuda.codegen.layout import copy_to_channels_last
 from torchkiln.runtime.backends.cuda.kernels import (StepFn, StepLayers, channels_last_input, make_step,
                                                     takes_channels_last)
 from torchkiln.runtime.executor import may_alias_storage
@@ -82,6 +82,7 @@ class _Bound:
         self.handoff: list[torch.Tensor | None] | None = None  # the main graph's live values, where tails run
         self.tails: list[_Tail] = []
         self.tail_limit = TAILS  # fewer where capturing one failed
+        self.channels_last: tuple[int, ...] = ()  # inputs the first step converts to channels-last (in the graph)
 
     def run_eagerly(self, inputs: Sequence[torch.Tensor],
                     visit: Callable[[int], None] | None = None) -> list[torch.Tensor]:
@@ -92,7 +93,11 @@ class _Bound:
 
     def _run(self, values: list[torch.Tensor | None], start: int, visit: Callable[[int], None] | None = None,
              stop: int | None = None) -> list[torch.Tensor]:
-        """Steps `start` to `stop` (the end) on `values` (changed in place); the outputs where run to the end."""
+        """Steps `start` to `stop` (the end) on `values` (changed in place); the outputs where run to the end. Run
+        from the first step, the `channels_last` inputs are converted first (inside the graph where captured)."""
+        if start == 0:
+            for i in self.channels_last:
+                values[i] = channels_last_input(values[i])
         for k in range(start, len(self.fns) if stop is None else stop):
             fn, ins, outs, frees = self.fns[k]
             for slot, value in zip(outs, fn([values[i] for i in ins])):
@@ -280,8 +285,6 @@ class CudaRunner:
         self.binder = SymbolBinder.for_network(network)
         self.may_alias = [may_alias_storage(t) for t in network.outputs]
         self.channels_last = channels_last_inputs(network, plan)
-        # several inputs, none converted to channels-last: one launch copies them into the graph's buffers
-        self._copy_all = len(self.channels_last) > 1 and not any(self.channels_last)
         self._bound: OrderedDict[tuple, _Bound] = OrderedDict()
         self._lock = threading.Lock()
         self._pool = None
@@ -289,8 +292,10 @@ class CudaRunner:
         self._graphs = options.cuda_graphs and captures_graphs(network, plan)
 
     def _bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
-        return bind_steps(self.network, self.plan, self.weights, self.binder, [tuple(x.shape) for x in inputs],
-                          self.device, self.options.allow_tf32)
+        bound = bind_steps(self.network, self.plan, self.weights, self.binder, [tuple(x.shape) for x in inputs],
+                           self.device, self.options.allow_tf32)
+        bound.channels_last = tuple(i for i, last in enumerate(self.channels_last) if last)
+        return bound
 
     def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         key = tuple(tuple(x.shape) for x in inputs)  # dtypes are the bindings' (checked by the engine)
@@ -310,21 +315,15 @@ class CudaRunner:
                 done.record(self._last_stream)
                 stream.wait_event(done)
             self._last_stream = stream
-            if not bound.captured:  # (a replay's copy into its channels-last input buffers converts them)
-                inputs = [channels_last_input(x) if last else x for x, last in zip(inputs, self.channels_last)]
             if not bound.captured and self._graphs and bound.capturable:
                 outputs = self._first_call(bound, inputs)
             elif not bound.captured:
                 outputs = self._fresh(bound.run_eagerly(inputs))
             else:
-                if self._copy_all:
+                if len(inputs) > 1:  # one launch for all
                     torch._foreach_copy_(bound.static_inputs, inputs)
-                else:
-                    for static, x, last in zip(bound.static_inputs, inputs, self.channels_last):
-                        if last:
-                            copy_to_channels_last(x, static)
-                        else:
-                            static.copy_(x)
+                elif inputs:
+                    bound.static_inputs[0].copy_(inputs[0])
                 if bound.graph is not None:
                     bound.graph.replay()
                 outputs = self._outputs(bound, stream)
@@ -360,9 +359,11 @@ class CudaRunner:
 def channels_last_inputs(network: Network, plan: Plan) -> list[bool]:
     """Per network input: whether the runner takes it channels-last (planner rule 7): it is 4-D, a channels-last
     convolution reads it, and every other step reading it is one too or a generated kernel (which reads any
-    layout). The copy into the CUDA graph's input buffer then converts it, once, where the convolution would
-    have; an input no convolution reads stays as it comes (a layout-changing copy of a squeeze-excitation's
-    [32,240,28,28] fp16 input took 42 us of its 87 on an H100, the block's own kernels 27)."""
+    layout). It is converted once, where the convolution would have, as the first work of the CUDA graph: a call
+    only copies it as it comes into the graph's buffer (a converting copy launched from Python, the generated kernel
+    of codegen/layout.py, held a depthwise-separable block's [32,128,56,56] fp16 call on the host at 133 us a call
+    against 94 us of GPU work, H100). An input no convolution reads stays as it comes (a layout-changing copy of a
+    squeeze-excitation's [32,240,28,28] fp16 input took 42 us of its 87 on an H100, the block's own kernels 27)."""
     takes, others = set(), set()
     for step in plan.steps:
         kernel = plan.kernels[step.kernel]
