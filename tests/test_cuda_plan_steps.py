@@ -268,6 +268,24 @@ def test_an_attention_reading_one_tensor_twice_maps_its_inputs_by_tensor(reads):
     assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+def test_an_attention_with_a_constant_unaligned_mask_matches_eager_on_every_call():
+    """A window attention's constant position bias over 49 keys: the step aligns it at its first call and passes the
+    aligned copy from then on; every call (new query values) matches eager SDPA with the mask as given."""
+    torch.manual_seed(0)
+    net = Network("window attention")
+    q = net.add_input("q", torch.float32, (2, 3, 49, 8))
+    bias = torch.randn(1, 3, 49, 49)
+    net.mark_output(net.add_attention(q, q, q, net.add_constant(bias).get_output()).get_output())
+    plan = planner.make_plan(net, CPU, BackendOptions(timing_iterations=0))
+    bound = bind_steps(net, plan, place_weights(net, plan, CPU), SymbolBinder.for_network(net), [(2, 3, 49, 8)], CPU,
+                       allow_tf32=False)
+    for _ in range(2):
+        x = torch.randn(2, 3, 49, 8)
+        ref = F.scaled_dot_product_attention(x, x, x, attn_mask=bias)
+        out = bound.run_eagerly([x])[0]
+        assert (out - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
 def test_a_layer_reading_one_tensor_twice_runs_alone_in_its_step():
     """x @ x.T (a covariance's product): the step's inputs hold x once, the layer reads it twice."""
     net = Network("gram")

@@ -253,6 +253,30 @@ def test_an_attention_mask_reaches_sdpa_with_contiguous_key_positions():
     assert rows_contiguous(expanded) is expanded and rows_contiguous(None) is None
 
 
+def test_a_constant_attention_mask_is_aligned_once_without_making_broadcast_dims():
+    """SDPA's memory-efficient backend pads, on every call, a mask whose strides but the last are not multiples of 8
+    (a window attention's 49 keys): a constant one is made aligned once, values unchanged, the dims it broadcasts
+    along left at stride 0 (nothing made for them); an aligned mask is passed as it is."""
+    from torchkiln.runtime.backends.cuda.timing import MASK_ALIGN, aligned_mask, constant_mask
+
+    bias = torch.randn(3, 49, 49)
+    for mask in (bias, bias[None].expand(4, 3, 49, 49), bias.permute(0, 2, 1)):
+        fixed = aligned_mask(mask)
+        assert torch.equal(fixed, mask) and fixed.stride(-1) == 1
+        assert all(st % MASK_ALIGN == 0 for st in fixed.stride()[:-1])
+        assert fixed.untyped_storage().nbytes() <= 3 * 49 * 56 * 4  # the broadcast batch dim is not made
+    aligned = torch.randn(2, 3, 7, 16)[..., :16]
+    assert aligned_mask(aligned) is aligned
+
+    net = Network("window attention")
+    q = net.add_input("q", torch.float16, (2, 3, 49, 32))
+    const = net.add_constant(bias.half()[None]).get_output()
+    assert constant_mask(net.add_attention(q, q, q, const))
+    assert not constant_mask(net.add_attention(q, q, q, net.add_input("m", torch.float16, (2, 3, 49, 49))))
+    assert not constant_mask(net.add_attention(q, q, q, net.add_constant(torch.ones(49, 49, dtype=torch.bool))
+                                               .get_output()))  # SDPA makes an additive mask of it per call anyway
+
+
 def _rotary(read_by_matmul: bool = False) -> Network:
     """q * cos + cat(-q[..., 8:], q[..., :8]) * sin (rotate-half), q made by a matrix multiply."""
     net = Network("rotary")

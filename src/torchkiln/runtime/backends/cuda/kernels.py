@@ -18,7 +18,7 @@ from torchkiln.ir.reference import MEANINGS, gather
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen.layout import copy_to_channels_last
 from torchkiln.runtime.backends.cuda.patches import patch_gemm
-from torchkiln.runtime.backends.cuda.timing import sdpa
+from torchkiln.runtime.backends.cuda.timing import aligned_mask, constant_mask, sdpa
 from torchkiln.runtime.executor import convolve
 from torchkiln.runtime.plan import Kernel
 
@@ -226,7 +226,15 @@ def _attention(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     layer = step.layers[0]
     run = sdpa(str(dict(kernel.tactic).get("backend", "")), layer.causal, layer.scale, layer.enable_gqa)
     at = [step.inputs.index(id(t)) for t in layer.inputs]
-    return lambda xs: [run(*(xs[k] for k in at[:3]), xs[at[3]] if len(at) > 3 else None)]
+    if not constant_mask(layer):
+        return lambda xs: [run(*(xs[k] for k in at[:3]), xs[at[3]] if len(at) > 3 else None)]
+    aligned: list[torch.Tensor] = []  # the constant mask, aligned at the first call
+
+    def with_constant_mask(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if not aligned:
+            aligned.append(aligned_mask(xs[at[3]]))
+        return [run(*(xs[k] for k in at[:3]), aligned[0])]
+    return with_constant_mask
 
 
 @maker("generated", "pointwise")
