@@ -16,7 +16,7 @@ import torchkiln
 from torchkiln.compiler import compile_with_report
 from torchkiln.ir import layers as L
 from torchkiln.onnx_export import network_to_onnx
-from torchkiln.runtime.backends.onnxruntime import DISABLED_OPTIMIZERS, integer_kernels_exact, session_onnx
+from torchkiln.runtime.backends.onnxruntime import DISABLED_OPTIMIZERS, session_onnx
 from torchkiln.runtime.engine import Engine
 from torchkiln.stitching.stitch import engine_attrs
 
@@ -24,9 +24,6 @@ I8, F8 = torch.int8, torch.float8_e4m3fn
 MARGIN = 0.005  # quantized top-1 within half a point of fp32's (the issue's target)
 CLASSES, TRAIN, TEST = 10, 2000, 2000
 
-# where ORT's integer kernels would saturate (x86 without VNNI), its sessions run int8 layers as float Q/DQ nodes
-_NEEDS_EXACT_INTEGER_KERNELS = pytest.mark.skipif(not integer_kernels_exact(), reason="this CPU has no VNNI: ORT's "
-                                                  "integer kernels would saturate, so sessions run int8 as float")
 
 
 def _digits(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,7 +312,6 @@ def test_onnx_runtime_runs_quantized_layers_on_integer_kernels(quantized, name, 
         assert ops.count("QuantizeLinear") == 2 and "DequantizeLinear" not in ops, ops
 
 
-@_NEEDS_EXACT_INTEGER_KERNELS
 def test_quantized_linear_layers_add_their_bias_in_the_integer_kernel(quantized, tmp_path):
     """Each int8 linear layer runs as one MatMulIntegerToFloat that adds its bias: ORT runs no Add but the network's
     sums (24 bias Adds were 6% of the BERT-style encoder's int8 time at batch 8)."""
@@ -385,7 +381,6 @@ class MatmulByParameter(torch.nn.Module):
         return self.out(torch.relu(x @ self.w + self.b))
 
 
-@_NEEDS_EXACT_INTEGER_KERNELS
 def test_integer_matrix_multiplies_compute_the_reference_engines_values(tmp_path):
     """MatMulIntegerToFloat with the bias, for a weight read as it is ([in, out]: scales per column) and transposed
     (a linear layer's [out, in]): the reference engine's values within float32 rounding, and the standalone export
@@ -464,8 +459,8 @@ def test_readers_of_one_activation_share_its_quantizer_each_with_its_own_dequant
 
 def test_onnx_runtime_runs_convolutions_sharing_a_quantized_input_on_integer_kernels(tmp_path):
     """One activation quantized for two convolutions is exported as uint8 (ORT's own int8-to-uint8 rewrite skips a
-    QuantizeLinear with several readers, and its x86 kernels take no int8 activation): both run as QLinearConv, with
-    the reference engine's values."""
+    QuantizeLinear with several readers, and its x86 kernels take no int8 activation): both run as QLinearConv,
+    within one quantization step of the reference engine's values."""
     x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(8))
     model, options = TwoBranches().eval(), dict(enabled_precisions={I8}, calibration_inputs=[x])
     compiled = torchkiln.compile(model, [x], **options)
@@ -473,15 +468,17 @@ def test_onnx_runtime_runs_convolutions_sharing_a_quantized_input_on_integer_ker
     ops = _executed_ops(engine.network, tmp_path, x)
     assert ops.count("QLinearConv") == 2 and "Conv" not in ops and "FusedConv" not in ops, ops
     reference = torchkiln.compile(model, [x], backend="reference", **options)
-    assert torch.equal(compiled(x), reference(x))
+    steps = [float(q.weights["scale"]) for q in engine.network.layers if isinstance(q, L.QuantizeLayer)]
+    _assert_within_one_step(compiled(x), reference(x), max(steps))
 
 
 def _assert_within_one_step(out: torch.Tensor, ref: torch.Tensor, step: float) -> None:
     """ONNX Runtime's integer kernels requantize otherwise than float32 at a last bit from a half step: the output
     differs from the reference engine's by at most one step of its quantizer (the difference of two dequantized
-    float32 values, so plus their rounding), at under 1% of values."""
+    float32 values, so plus their rounding), at under 3% of values (a residual block's QLinearConv and QLinearAdd
+    chain: 1.8% with 7-bit weights on an AVX2 CPU; a saturating integer kernel is off by thousands of steps)."""
     bound = step * (1 + 1e-6) + torch.finfo(torch.float32).eps * float(ref.abs().max())
-    assert float((out - ref).abs().max()) <= bound and float((out != ref).float().mean()) < 0.01, \
+    assert float((out - ref).abs().max()) <= bound and float((out != ref).float().mean()) < 0.03, \
         (float((out - ref).abs().max()), step, float((out != ref).float().mean()))
 
 
@@ -685,3 +682,67 @@ def test_a_cache_calibrator_with_a_half_type_enabled_keeps_the_quantized_engine(
                                   calibrator=torchkiln.ptq.CacheCalibrator(str(cache), "max"), **options)
     assert "not timed against its float16 build" in caplog.text
     assert any(isinstance(layer, L.QuantizeLayer) for layer in _network(again))
+
+
+@pytest.mark.parametrize("vnni", [False, True], ids=["avx2-only", "vnni"])
+def test_int8_weights_fit_the_cpus_exact_integer_kernels(monkeypatch, tmp_path, vnni):
+    """On an x86 CPU without VNNI, ORT's uint8 x int8 kernels add products in saturating 16-bit pairs: post-training
+    quantization for the CPU then gives weights in [-64, 64] (2 x 255 x 64 fits), and the backend's own session runs
+    them on the integer kernels (QLinearConv), within one quantization step of the reference engine. With VNNI the
+    weights use all of [-127, 127] (run on the integer kernels only where this CPU has VNNI: elsewhere they saturate,
+    as `integer_kernels` says)."""
+    from torchkiln.runtime import integer_kernels
+    from torchkiln.runtime.backends.onnxruntime import _Session
+
+    runs_here = not vnni or integer_kernels.integer_kernels_exact()
+    monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: vnni)
+    torch.manual_seed(3)
+    model = ConvReluConv().eval()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(10))
+    options = dict(enabled_precisions={I8}, calibration_inputs=[x])
+    compiled = torchkiln.compile(model, [x], **options)
+    network = Engine.deserialize(getattr(compiled, engine_attrs(compiled)[0]).numpy().tobytes()).network
+    convs = [c for c in network.layers if isinstance(c, L.ConvolutionLayer) and c.kernel_type == I8]
+    assert len(convs) == 2
+    top = 127 if vnni else integer_kernels.NARROW_WEIGHT_MAX
+    for conv in convs:
+        q = conv.weights["kernel"] / conv.weights["kernel_scale"].reshape(-1, 1, 1, 1)
+        assert float(q.abs().amax()) == pytest.approx(top, abs=1e-3)  # each channel's largest at the top
+    assert integer_kernels.exact_for(network)
+    if not runs_here:
+        return
+    session = _Session(ort, network, 1, False, profile_prefix=str(tmp_path / "profile"))
+    session.run([x])
+    with open(session.session.end_profiling(), encoding="utf-8") as f:
+        ops = [e["args"]["op_name"] for e in json.load(f) if e.get("cat") == "Node"
+               and e["name"].endswith("_kernel_time")]
+    assert ops.count("QLinearConv") == 2, ops
+    reference = torchkiln.compile(model, [x], backend="reference", **options)
+    steps = [float(q.weights["scale"]) for q in network.layers if isinstance(q, L.QuantizeLayer)]
+    _assert_within_one_step(compiled(x), reference(x), max(steps))
+
+
+def test_wide_int8_weights_or_products_of_two_activations_run_as_float_without_vnni(monkeypatch):
+    """Where ORT's integer kernels would saturate (no VNNI), a network with an int8 weight past 64 (a QAT graph's own
+    8-bit weights) or a product of two dequantized int8 activations is not exact on them (its session runs Q/DQ in
+    float); 7-bit weights are; with VNNI every network is."""
+    from torchkiln.ir.network import Network
+    from torchkiln.runtime import integer_kernels
+
+    def network(weight: torch.Tensor, activation_product: bool = False) -> Network:
+        net = Network("quantized")
+        x = net.add_input("x", torch.float32, (4, 8))
+        qx = net.add_fake_quantize(x, torch.tensor([0.05]), None, I8)
+        w = net.add_layer(L.DequantizeLayer, [net.add_constant(weight).get_output()],
+                          weights={"scale": torch.full((8,), 0.01)}, axis=1, quant_type=I8).get_output()
+        other = net.add_fake_quantize(x, torch.tensor([0.1]), None, I8) if activation_product else w
+        op = L.MatrixOperation.TRANSPOSE if activation_product else L.MatrixOperation.NONE
+        net.mark_output(net.add_matrix_multiply(qx, L.MatrixOperation.NONE, other, op).get_output())
+        return net
+
+    narrow, wide = torch.full((8, 8), 64, dtype=I8), torch.full((8, 8), 65, dtype=I8)
+    monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: False)
+    assert integer_kernels.exact_for(network(narrow)) and not integer_kernels.exact_for(network(wide))
+    assert not integer_kernels.exact_for(network(narrow, activation_product=True))
+    monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: True)
+    assert integer_kernels.exact_for(network(wide)) and integer_kernels.exact_for(network(narrow, True))

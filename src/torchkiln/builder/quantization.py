@@ -33,6 +33,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.reference import dequantize, run_layer
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.executor import ReferenceExecutor
+from torchkiln.runtime.integer_kernels import FULL_WEIGHT_MAX, weight_max
 from torchkiln.settings_table import ENGINE_BACKENDS
 
 logger = logging.getLogger("torchkiln.builder")
@@ -81,12 +82,12 @@ def _run(network: Network, sample: Sequence[torch.Tensor], device: torch.device,
 
 def _own_error(layer: L.Layer, found: Candidate, inputs: list[torch.Tensor], out: torch.Tensor, amax: float,
                output_amax: float | None, quant_type: torch.dtype, device: torch.device,
-               relu: L.Layer | None = None) -> float:
+               relu: L.Layer | None = None, weight_max: int = FULL_WEIGHT_MAX) -> float:
     """The relative error of `layer`'s output (of the ReLU after it, `relu`: `quantized_relus`) when its
     activation, weight (and output, with `output_amax`) are quantized, on its fp32 inputs."""
     inputs = list(inputs)
     inputs[found.activation] = fake_quantized(inputs[found.activation], amax, quant_type)
-    q, scale = quantize_weight(found.weight, found.axis, quant_type)
+    q, scale = quantize_weight(found.weight, found.axis, quant_type, weight_max)
     shaped = scale.reshape([-1 if d == found.axis % q.dim() else 1 for d in range(q.dim())])
     weight = dequantize(q, shaped, None).to(device)
     weights = {k: w.to(device) for k, w in layer.weights.items()}
@@ -111,8 +112,10 @@ def relative_rms(ref: torch.Tensor, low: torch.Tensor) -> float:
 
 
 def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo: CalibrationAlgo,
-              quant_type: torch.dtype, device: torch.device) -> list[QuantizedLayer]:
-    """Each candidate layer of the fp32 `network` with its calibrated range and own quantization error."""
+              quant_type: torch.dtype, device: torch.device, weight_max: int = FULL_WEIGHT_MAX
+              ) -> list[QuantizedLayer]:
+    """Each candidate layer of the fp32 `network` with its calibrated range and own quantization error (int8 weights
+    in [-weight_max, weight_max])."""
     candidates = {layer.name: c for layer in network.layers if (c := candidate(layer)) is not None}
     relus = quantized_relus(network, candidates, quant_type)
     sources = _sources(network, candidates)
@@ -140,7 +143,7 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
         if layer.name in candidates:
             inputs = [values[id(t)] for t in layer.inputs]
             error = _own_error(layer, candidates[layer.name], inputs, outs[0], amax[layer.name],
-                               out_amax.get(layer.name), quant_type, device, relus.get(layer.name))
+                               out_amax.get(layer.name), quant_type, device, relus.get(layer.name), weight_max)
             errors[layer.name] = max(errors[layer.name], error)
 
     for sample in samples:
@@ -163,9 +166,9 @@ def without_kernels(layers: list[QuantizedLayer], backend: str) -> list[Quantize
 
 
 def _read_cache(path: str | None, name: str, quant_type: torch.dtype, algo: CalibrationAlgo,
-                names: set[str]) -> list[QuantizedLayer] | None:
+                names: set[str], weight_max: int) -> list[QuantizedLayer] | None:
     """The cache's layers for engine `name`, or None (logged) where the file has no usable entry: missing,
-    damaged, or made for another type, algorithm or network."""
+    damaged, or made for another type, algorithm, weight range (the layers' errors depend on it) or network."""
     if not path or not os.path.exists(path):
         return None
     try:
@@ -173,7 +176,8 @@ def _read_cache(path: str | None, name: str, quant_type: torch.dtype, algo: Cali
             data = json.load(f)
         entry = data["engines"][name] if data.get("format") == CACHE_FORMAT else None
         same = entry is not None and entry.get("quant_type") == str(quant_type) \
-            and entry.get("algorithm") == algo.value and {row["name"] for row in entry["layers"]} == names
+            and entry.get("algorithm") == algo.value and entry.get("weight_max", FULL_WEIGHT_MAX) == weight_max \
+            and {row["name"] for row in entry["layers"]} == names
         layers = [QuantizedLayer(**row) for row in entry["layers"]] if same else None
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         layers, same = None, False
@@ -181,7 +185,7 @@ def _read_cache(path: str | None, name: str, quant_type: torch.dtype, algo: Cali
                                   and isinstance(q.kept, str) for q in layers):
         return layers
     logger.warning("calibration cache %s has no usable entry for engine %s (missing, damaged, or made for another "
-                   "type, algorithm or network); calibrating", path, name)
+                   "type, algorithm, weight range or network); calibrating", path, name)
     return None
 
 
@@ -190,7 +194,7 @@ def _is_range(value: object) -> bool:
 
 
 def _write_cache(path: str, name: str, quant_type: torch.dtype, algo: CalibrationAlgo,
-                 layers: list[QuantizedLayer]) -> None:
+                 layers: list[QuantizedLayer], weight_max: int) -> None:
     data: dict[str, Any] = {"format": CACHE_FORMAT, "engines": {}}
     if os.path.exists(path):
         try:
@@ -200,7 +204,7 @@ def _write_cache(path: str, name: str, quant_type: torch.dtype, algo: Calibratio
                 data = old
         except (OSError, ValueError):
             pass
-    data["engines"][name] = {"quant_type": str(quant_type), "algorithm": algo.value,
+    data["engines"][name] = {"quant_type": str(quant_type), "algorithm": algo.value, "weight_max": weight_max,
                              "layers": [dataclasses.asdict(row) for row in layers]}
     with open(path, "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
@@ -224,18 +228,23 @@ def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBind
     reference = build_engine(convert(), bindings, dataclasses.replace(settings, compute_dtype=torch.float32),
                              f"{name}_fp32", plan=False).network
     names = {layer.name for layer in reference.layers if candidate(layer) is not None}
-    layers = _read_cache(request.cache_file, name, request.quant_type, request.algorithm, names) \
+    top = weight_max(settings.device) if request.quant_type == torch.int8 else FULL_WEIGHT_MAX
+    if top < FULL_WEIGHT_MAX and names:
+        logger.info("engine %s: int8 weights in [-%d, %d] (7 bits): this CPU's integer kernels would saturate wider "
+                    "ones (no VNNI)", name, top, top)
+    layers = _read_cache(request.cache_file, name, request.quant_type, request.algorithm, names, top) \
         if request.read_cache else None
     if layers is None:
-        layers = calibrate(reference, samples(), request.algorithm, request.quant_type, settings.device) \
+        layers = calibrate(reference, samples(), request.algorithm, request.quant_type, settings.device, top) \
             if names else []
         if request.cache_file:
-            _write_cache(request.cache_file, name, request.quant_type, request.algorithm, layers)
+            _write_cache(request.cache_file, name, request.quant_type, request.algorithm, layers, top)
     else:
         logger.info("engine %s: calibration ranges read from %s", name, request.cache_file)
     layers = without_kernels(layers, settings.backend)
     plan = QuantizationPlan(request.quant_type, tuple((q.name, q.amax) for q in layers if not q.kept),
-                            tuple((q.name, q.output_amax) for q in layers if not q.kept and q.output_amax is not None))
+                            tuple((q.name, q.output_amax) for q in layers if not q.kept and q.output_amax is not None),
+                            top)
     engine = build_engine(convert(), bindings, dataclasses.replace(settings, quantization=plan), name, plan=False)
     ship(engine, settings.device)
     return engine, layers

@@ -61,12 +61,13 @@ def fake_quantized(x: torch.Tensor, amax: float, quant_type: torch.dtype, unsign
     return dequantize(quantize(x, scale, zero, quant_type, divide=True), scale, zero)
 
 
-def scale_of(amax: float | torch.Tensor, quant_type: torch.dtype, unsigned: bool = False) -> float | torch.Tensor:
-    """The symmetric scale that maps amax to the type's largest value (int8: 127, fp8 e4m3: 448), or with
-    `unsigned` (int8, zero point `UNSIGNED_ZERO`) the scale that maps [0, amax] to all 256 levels; a zero amax
-    (a tensor of zeros) gets scale 1."""
+def scale_of(amax: float | torch.Tensor, quant_type: torch.dtype, unsigned: bool = False,
+             top: int | None = None) -> float | torch.Tensor:
+    """The symmetric scale that maps amax to the type's largest value (int8: 127, fp8 e4m3: 448; `top` instead where
+    given), or with `unsigned` (int8, zero point `UNSIGNED_ZERO`) the scale that maps [0, amax] to all 256 levels; a
+    zero amax (a tensor of zeros) gets scale 1."""
     lo, hi = L.QUANT_RANGE[quant_type]
-    hi = hi - lo if unsigned else hi
+    hi = hi - lo if unsigned else top or hi
     if isinstance(amax, torch.Tensor):
         return torch.where(amax > 0, amax / hi, torch.ones_like(amax)).float()
     return amax / hi if amax > 0 else 1.0

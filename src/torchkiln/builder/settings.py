@@ -17,6 +17,7 @@ class QuantizationPlan:
     quant_type: torch.dtype
     activation_amax: tuple[tuple[str, float], ...] = ()
     output_amax: tuple[tuple[str, float], ...] = ()
+    weight_max: int = 127  # int8 weights lie in [-weight_max, weight_max] (runtime/integer_kernels.py)
 
 
 @dataclasses.dataclass(frozen=True)

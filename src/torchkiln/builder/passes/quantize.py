@@ -78,9 +78,11 @@ def quantized_relus(network: Network, candidates: Container[str], quant_type: to
     return found
 
 
-def quantize_weight(weight: torch.Tensor, axis: int, quant_type: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The weight quantized per slice along `axis` (symmetric, by each slice's largest |value|), and the scales."""
-    scale = scale_of(channel_amax(weight, axis), quant_type)
+def quantize_weight(weight: torch.Tensor, axis: int, quant_type: torch.dtype,
+                    weight_max: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight quantized per slice along `axis` (symmetric, by each slice's largest |value|, to
+    [-weight_max, weight_max] where given for int8), and the scales."""
+    scale = scale_of(channel_amax(weight, axis), quant_type, top=weight_max if quant_type == torch.int8 else None)
     shaped = scale.reshape([-1 if d == axis % weight.dim() else 1 for d in range(weight.dim())])
     return quantize(weight, shaped, None, quant_type), scale
 
@@ -228,7 +230,7 @@ def quantize_layers(network: Network, settings: BuildSettings) -> bool:
         for made in network.layers[before:]:
             network.move_before(made, layer)
         layer.inputs[found.activation] = dq.outputs[0]
-        q, scale = quantize_weight(found.weight, found.axis, plan.quant_type)
+        q, scale = quantize_weight(found.weight, found.axis, plan.quant_type, plan.weight_max)
         if isinstance(layer, L.ConvolutionLayer):
             shaped = scale.reshape([-1] + [1] * (q.dim() - 1))
             layer.weights = {**layer.weights, "kernel": dequantize(q, shaped, None), "kernel_scale": scale}

@@ -62,6 +62,7 @@ from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, is_symbolic, substitut
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable, SessionModels
 from torchkiln.runtime.backends.session_settings import DEFAULT_SETTINGS, Tactic, candidates, choose_settings
 from torchkiln.runtime.executor import ReferenceExecutor
+from torchkiln.runtime.integer_kernels import exact_for
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 from torchkiln.runtime.serialization import dtype_name
 from torchkiln.runtime.symbols import MAX_CACHED_SIGNATURES, SymbolBinder
@@ -304,10 +305,10 @@ def session_opset() -> int:
 
 def session_onnx(sub: Network) -> onnx.ModelProto:
     """The ONNX model a session runs for `sub`: with the guard output and ONNX Runtime's own ops (`network_to_onnx`;
-    not where its integer kernels would saturate, `integer_kernels_exact`), in `session_opset()`."""
+    not where its integer kernels would saturate, `integer_kernels.exact_for`), in `session_opset()`."""
     from torchkiln.onnx_export import network_to_onnx
 
-    return network_to_onnx(sub, opset=session_opset(), guard=True, contrib_ops=integer_kernels_exact())
+    return network_to_onnx(sub, opset=session_opset(), guard=True, contrib_ops=exact_for(sub))
 
 
 def session_models(network: Network, plan: Plan | None, digest: bytes) -> SessionModels | None:
@@ -339,28 +340,6 @@ def _plan_subnetworks(network: Network, plan: Plan) -> list[tuple[Network, bool]
     return [(_subnetwork(network, seg, after), seg.on_ort) for seg, after in zip(segments, read_after)]
 
 
-# x86 instruction sets whose int8 dot products ORT's integer kernels use without saturating
-_EXACT_INT8_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
-@functools.cache
-def integer_kernels_exact() -> bool:
-    """Whether ONNX Runtime's integer kernels (QLinearConv, MatMulInteger) compute exact sums on this CPU. On x86
-    without VNNI, MLAS multiplies uint8 by int8 with VPMADDUBSW, whose 16-bit pair sums saturate (ORT's quantization
-    docs say so): measured here (AVX2 only), a QAT convolution's outputs came out 3.9 off where eager's are exact.
-    Elsewhere (VNNI, AMX, ARM's dot products) the sums are exact."""
-    import platform
-
-    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
-        return True
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return True  # (not Linux: the CPU cannot be told here)
-    return bool(_EXACT_INT8_FLAGS & set(flags))
-
-
 class _Session:
     """One ORT segment: its session and its input and output names. `model`: the segment's ONNX model as
     `session_models` gave it (from a module cache entry), used instead of exporting where ORT accepts it and
@@ -375,7 +354,7 @@ class _Session:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         self.session_name = sub.name
         options.log_severity_level = 3  # run-time errors come back as exceptions, handled by the runner
-        if not integer_kernels_exact():  # quantized layers run as ORT's float Q/DQ nodes: eager's exact values
+        if not exact_for(sub):  # quantized layers run as ORT's float Q/DQ nodes: eager's exact values
             options.add_session_config_entry("session.disable_quant_qdq", "1")
         self.optimized_model = None
         if profile_prefix is not None:  # ORT's profiler on, and the graph it runs written (weights apart)
