@@ -7,6 +7,7 @@ import json
 import logging
 import math
 
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -722,27 +723,56 @@ def test_int8_weights_fit_the_cpus_exact_integer_kernels(monkeypatch, tmp_path, 
     _assert_within_one_step(compiled(x), reference(x), max(steps))
 
 
+def _quantized_matmul(weight: torch.Tensor, activation_product: bool = False):
+    """x [4, 8] quantized, times an int8 constant `weight` [8, 8] dequantized per column (or, with
+    `activation_product`, times x quantized again: a product of two dequantized activations), plus a bias."""
+    from torchkiln.ir.network import Network
+
+    net = Network("quantized")
+    x = net.add_input("x", torch.float32, (4, 8))
+    qx = net.add_fake_quantize(x, torch.tensor([0.05]), None, I8)
+    w = net.add_layer(L.DequantizeLayer, [net.add_constant(weight).get_output()],
+                      weights={"scale": torch.full((8,), 0.01)}, axis=1, quant_type=I8).get_output()
+    other = net.add_fake_quantize(x, torch.tensor([0.1]), None, I8) if activation_product else w
+    op = L.MatrixOperation.TRANSPOSE if activation_product else L.MatrixOperation.NONE
+    mm = net.add_matrix_multiply(qx, L.MatrixOperation.NONE, other, op)
+    mm.weights = {"bias": torch.linspace(-1, 1, mm.outputs[0].shape[-1])}
+    net.mark_output(mm.get_output())
+    return net
+
+
+NARROW, WIDE = torch.full((8, 8), 64, dtype=I8), torch.full((8, 8), 65, dtype=I8)
+
+
 def test_wide_int8_weights_or_products_of_two_activations_run_as_float_without_vnni(monkeypatch):
     """Where ORT's integer kernels would saturate (no VNNI), a network with an int8 weight past 64 (a QAT graph's own
     8-bit weights) or a product of two dequantized int8 activations is not exact on them (its session runs Q/DQ in
     float); 7-bit weights are; with VNNI every network is."""
-    from torchkiln.ir.network import Network
     from torchkiln.runtime import integer_kernels
 
-    def network(weight: torch.Tensor, activation_product: bool = False) -> Network:
-        net = Network("quantized")
-        x = net.add_input("x", torch.float32, (4, 8))
-        qx = net.add_fake_quantize(x, torch.tensor([0.05]), None, I8)
-        w = net.add_layer(L.DequantizeLayer, [net.add_constant(weight).get_output()],
-                          weights={"scale": torch.full((8,), 0.01)}, axis=1, quant_type=I8).get_output()
-        other = net.add_fake_quantize(x, torch.tensor([0.1]), None, I8) if activation_product else w
-        op = L.MatrixOperation.TRANSPOSE if activation_product else L.MatrixOperation.NONE
-        net.mark_output(net.add_matrix_multiply(qx, L.MatrixOperation.NONE, other, op).get_output())
-        return net
-
-    narrow, wide = torch.full((8, 8), 64, dtype=I8), torch.full((8, 8), 65, dtype=I8)
     monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: False)
-    assert integer_kernels.exact_for(network(narrow)) and not integer_kernels.exact_for(network(wide))
-    assert not integer_kernels.exact_for(network(narrow, activation_product=True))
+    exact = integer_kernels.exact_for
+    assert exact(_quantized_matmul(NARROW)) and not exact(_quantized_matmul(WIDE))
+    assert not exact(_quantized_matmul(NARROW, activation_product=True))
     monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: True)
-    assert integer_kernels.exact_for(network(wide)) and integer_kernels.exact_for(network(narrow, True))
+    assert exact(_quantized_matmul(WIDE)) and exact(_quantized_matmul(NARROW, activation_product=True))
+
+
+def test_a_stored_session_model_with_integer_kernels_is_not_used_where_they_would_saturate(monkeypatch, tmp_path):
+    """A session's stored ONNX model (the module cache) exported where the integer kernels are exact holds
+    MatMulIntegerToFloat; on a CPU where they would saturate the wide weights, the session exports the segment
+    again (float Q/DQ), so no integer kernel runs."""
+    from torchkiln.runtime import integer_kernels
+    from torchkiln.runtime.backends.onnxruntime import _Session
+
+    network = _quantized_matmul(WIDE)
+    monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: True)
+    stored = session_onnx(network).SerializeToString()
+    assert "MatMulIntegerToFloat" in [n.op_type for n in onnx.load_from_string(stored).graph.node]
+    monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: False)
+    session = _Session(ort, network, 1, False, profile_prefix=str(tmp_path / "profile"), model=stored)
+    session.run([torch.randn(4, 8)])
+    with open(session.session.end_profiling(), encoding="utf-8") as f:
+        ops = [e["args"]["op_name"] for e in json.load(f) if e.get("cat") == "Node"
+               and e["name"].endswith("_kernel_time")]
+    assert ops and "MatMulIntegerToFloat" not in ops and "MatMulInteger" not in ops, ops

@@ -354,7 +354,8 @@ class _Session:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         self.session_name = sub.name
         options.log_severity_level = 3  # run-time errors come back as exceptions, handled by the runner
-        if not exact_for(sub):  # quantized layers run as ORT's float Q/DQ nodes: eager's exact values
+        exact = exact_for(sub)
+        if not exact:  # quantized layers run as ORT's float Q/DQ nodes: eager's exact values
             options.add_session_config_entry("session.disable_quant_qdq", "1")
         self.optimized_model = None
         if profile_prefix is not None:  # ORT's profiler on, and the graph it runs written (weights apart)
@@ -363,7 +364,8 @@ class _Session:
             self.optimized_model = options.optimized_model_filepath = f"{profile_prefix}.onnx"
             options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                              f"{os.path.basename(profile_prefix)}.weights")
-        self.session = None if model is None else self._stored(ort, sub, model, options)
+        # (a stored model may hold integer kernels exported where they were exact: a cache shared with a VNNI CPU)
+        self.session = None if model is None or not exact else self._stored(ort, sub, model, options)
         if self.session is None:
             from torchkiln.onnx_export import OnnxExportError
 
