@@ -744,35 +744,74 @@ def _quantized_matmul(weight: torch.Tensor, activation_product: bool = False):
 NARROW, WIDE = torch.full((8, 8), 64, dtype=I8), torch.full((8, 8), 65, dtype=I8)
 
 
-def test_wide_int8_weights_or_products_of_two_activations_run_as_float_without_vnni(monkeypatch):
-    """Where ORT's integer kernels would saturate (no VNNI), a network with an int8 weight past 64 (a QAT graph's own
-    8-bit weights) or a product of two dequantized int8 activations is not exact on them (its session runs Q/DQ in
-    float); 7-bit weights are; with VNNI every network is."""
+def test_which_int8_networks_the_integer_kernels_run_exactly_without_vnni(monkeypatch):
+    """Where ORT's uint8 x int8 kernels would saturate (no VNNI), a network with an int8 weight past 64 (a QAT
+    graph's own 8-bit weights) is exact on them only with its weights written as uint8; 7-bit weights are as they
+    are; a product of two dequantized int8 activations is not (its session runs Q/DQ in float); with VNNI every
+    network is."""
     from torchkiln.runtime import integer_kernels
 
     monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: False)
     exact = integer_kernels.exact_for
     assert exact(_quantized_matmul(NARROW)) and not exact(_quantized_matmul(WIDE))
-    assert not exact(_quantized_matmul(NARROW, activation_product=True))
+    assert exact(_quantized_matmul(WIDE), unsigned_weights=True)  # written as uint8
+    assert not exact(_quantized_matmul(NARROW, activation_product=True), unsigned_weights=True)
     monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: True)
     assert exact(_quantized_matmul(WIDE)) and exact(_quantized_matmul(NARROW, activation_product=True))
 
 
-def test_a_stored_session_model_with_integer_kernels_is_not_used_where_they_would_saturate(monkeypatch, tmp_path):
-    """A session's stored ONNX model (the module cache) exported where the integer kernels are exact holds
-    MatMulIntegerToFloat; on a CPU where they would saturate the wide weights, the session exports the segment
-    again (float Q/DQ), so no integer kernel runs."""
+def _session_ops(session) -> list[str]:
+    with open(session.session.end_profiling(), encoding="utf-8") as f:
+        return [e["args"]["op_name"] for e in json.load(f) if e.get("cat") == "Node"
+                and e["name"].endswith("_kernel_time")]
+
+
+def test_wide_int8_weights_run_exactly_on_integer_kernels_as_uint8_without_vnni(monkeypatch, tmp_path):
+    """On a CPU without VNNI (simulated where the CPU has it), a linear layer with 8-bit weights (65: past what
+    uint8 x int8 pair sums hold) runs on MatMulIntegerToFloat with its weights written as uint8 (value + 128, zero
+    point 128), whose kernels widen before adding: the reference engine's values within float32 rounding. A stored
+    session model (the module cache, exported where int8 weights were exact) is not used then."""
+    from torchkiln.runtime import integer_kernels
+    from torchkiln.runtime.backends.onnxruntime import _Session
+    from torchkiln.runtime.executor import ReferenceExecutor
+
+    torch.manual_seed(0)
+    weight = torch.randint(-127, 128, (8, 8), dtype=I8)
+    weight[0, 0] = 127
+    network = _quantized_matmul(weight)
+    monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: True)
+    stored = session_onnx(network).SerializeToString()
+    b = next(i for i in onnx.load_from_string(stored).graph.initializer if i.data_type == onnx.TensorProto.INT8)
+    assert b.dims == [8, 8]  # the stored model holds the int8 weight
+    monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: False)
+    x = 3 * torch.randn(4, 8)
+    session = _Session(ort, network, 1, False, profile_prefix=str(tmp_path / "profile"), model=stored)
+    out = session.run([x])[0]
+    assert "MatMulIntegerToFloat" in _session_ops(session)
+    written = onnx.load(session.optimized_model)
+    assert not any(i.data_type == onnx.TensorProto.INT8 for i in written.graph.initializer)  # exported again
+    ref = ReferenceExecutor(network, torch.device("cpu")).run([x])[0]
+    assert float((out - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+def test_a_qat_convolution_runs_exactly_on_integer_kernels_without_vnni(monkeypatch, tmp_path):
+    """A convolution with 8-bit weights (post-training quantization's, as on a VNNI CPU; a QAT graph's are the same)
+    runs as QLinearConv on a CPU without VNNI (simulated where the CPU has it), its kernel written as uint8: within
+    one quantization step of the reference engine, where uint8 x int8 sums saturated (4.0 off on such a CPU)."""
     from torchkiln.runtime import integer_kernels
     from torchkiln.runtime.backends.onnxruntime import _Session
 
-    network = _quantized_matmul(WIDE)
-    monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: True)
-    stored = session_onnx(network).SerializeToString()
-    assert "MatMulIntegerToFloat" in [n.op_type for n in onnx.load_from_string(stored).graph.node]
+    monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: True)  # 8-bit weights
+    torch.manual_seed(3)
+    model = ConvReluConv().eval()
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(10))
+    options = dict(enabled_precisions={I8}, calibration_inputs=[x])
+    compiled = torchkiln.compile(model, [x], backend="reference", **options)
+    network = Engine.deserialize(getattr(compiled, engine_attrs(compiled)[0]).numpy().tobytes()).network
     monkeypatch.setattr(integer_kernels, "integer_kernels_exact", lambda: False)
-    session = _Session(ort, network, 1, False, profile_prefix=str(tmp_path / "profile"), model=stored)
-    session.run([torch.randn(4, 8)])
-    with open(session.session.end_profiling(), encoding="utf-8") as f:
-        ops = [e["args"]["op_name"] for e in json.load(f) if e.get("cat") == "Node"
-               and e["name"].endswith("_kernel_time")]
-    assert ops and "MatMulIntegerToFloat" not in ops and "MatMulInteger" not in ops, ops
+    assert not integer_kernels.exact_for(network) and integer_kernels.exact_for(network, unsigned_weights=True)
+    session = _Session(ort, network, 1, False, profile_prefix=str(tmp_path / "profile"))
+    out = session.run([x])[0]
+    assert _session_ops(session).count("QLinearConv") == 2
+    steps = [float(q.weights["scale"]) for q in network.layers if isinstance(q, L.QuantizeLayer)]
+    _assert_within_one_step(out, compiled(x), max(steps))

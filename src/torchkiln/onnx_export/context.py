@@ -128,8 +128,10 @@ class ExportContext:
         # Tensors the exported ops match the meanings for only while every |value| < bound (see `exact_below`).
         # (the layer, x, its dtype and shape, the bound)
         self.guards: list[tuple[L.Layer | None, str, torch.dtype, tuple[Dim, ...], float]] = []
-        # Tensors (ids) of int8 quantize layers exported as uint8 (`unsigned_quantized`)
+        # Tensors (ids) of int8 quantize layers, and with unsigned weights of int8 constants, exported as uint8 (value
+        # + 128, `unsigned_quantized`, `unsigned_constants`); with `unsigned_weights`, quantized kernels too
         self.unsigned: set[int] = set()
+        self.unsigned_weights = False
         # With contrib ops (ONNX Runtime's sessions): the matrix multiplies (ids) exported as MatMulIntegerToFloat, and
         # the dequantize layers' outputs (ids) that pass their integer input to them (`integer_matrix_multiplies`)
         self.integer_matmuls: set[int] = set()

@@ -14,7 +14,7 @@ from torchkiln.ir.symbolic import has_symbols
 from torchkiln.onnx_export import exporters  # noqa: F401  (registers every exporter)
 from torchkiln.onnx_export.context import CONTRIB_DOMAIN, EXPORTERS, ONNX_DTYPES, ExportContext, OnnxExportError, \
     dtype_name, value_info
-from torchkiln.onnx_export.exporters.quantize import integer_matrix_multiplies, unsigned_quantized
+from torchkiln.onnx_export.exporters.quantize import integer_matrix_multiplies, unsigned_constants, unsigned_quantized
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _empty_results(ctx: ExportContext, layer: L.Layer) -> list[str] | None:
 
 
 def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = False,
-                    contrib_ops: bool = False) -> onnx.ModelProto:
+                    contrib_ops: bool = False, unsigned_weights: bool = False) -> onnx.ModelProto:
     """The network as an ONNX model: inputs and outputs keep the network's tensor names, weights become
     initializers. Raises OnnxExportError naming the first layer (kind, param) that has no exact ONNX form.
 
@@ -65,13 +65,18 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
 
     With `contrib_ops` (the onnxruntime backend's sessions), layers ONNX Runtime runs faster as one of its own
     (`com.microsoft`) ops of the same meaning are written so: an int8 linear layer as MatMulIntegerToFloat with its
-    bias (exporters/quantize.py). Without, the model is standard ONNX."""
+    bias (exporters/quantize.py). Without, the model is standard ONNX.
+
+    With `unsigned_weights`, int8 weights (quantized convolution kernels, int8 constants only dequantize layers read)
+    are written as uint8, value + 128 with zero point 128 (the same values): the form ONNX Runtime's integer kernels
+    compute exactly on x86 CPUs without VNNI (runtime/integer_kernels.py)."""
     top = onnx.defs.onnx_opset_version()
     if not MIN_OPSET <= opset <= top:
         raise OnnxExportError(f"opset {opset}: ONNX export supports opsets {MIN_OPSET} to {top}")
     ctx = ExportContext(opset, guarded=guard)
     ctx.read_symbols(network)
-    ctx.unsigned = unsigned_quantized(network)
+    ctx.unsigned = unsigned_quantized(network) | (unsigned_constants(network) if unsigned_weights else set())
+    ctx.unsigned_weights = unsigned_weights
     if contrib_ops:
         ctx.integer_matmuls, ctx.integer_inputs = integer_matrix_multiplies(network)
     names: dict[int, str] = {}

@@ -16,7 +16,10 @@ _INT64_MIN = -(2 ** 63)
 
 @exporter(L.ConstantLayer)
 def _constant(ctx: ExportContext, layer: L.ConstantLayer, xs: list[str]) -> str:
-    return ctx.constant(layer.weights["value"], "value")
+    value = layer.weights["value"]
+    if id(layer.outputs[0]) in ctx.unsigned:  # int8 weights written as uint8 (`network_to_onnx(unsigned_weights)`)
+        value = (value.to(torch.int16) + 128).to(torch.uint8)
+    return ctx.constant(value, "value")
 
 
 @exporter(L.FillLayer)

@@ -303,12 +303,24 @@ def session_opset() -> int:
     return ATTENTION_OPSET
 
 
+def integer_form(sub: Network) -> tuple[bool, bool]:
+    """Whether ORT's integer kernels run `sub` exactly here, and whether its int8 weights are written as uint8 for
+    that (a CPU without VNNI, weights wider than the 7 bits post-training quantization gives there: a QAT graph's):
+    runtime/integer_kernels.py."""
+    if exact_for(sub):
+        return True, False
+    unsigned = exact_for(sub, unsigned_weights=True)
+    return unsigned, unsigned
+
+
 def session_onnx(sub: Network) -> onnx.ModelProto:
     """The ONNX model a session runs for `sub`: with the guard output and ONNX Runtime's own ops (`network_to_onnx`;
-    not where its integer kernels would saturate, `integer_kernels.exact_for`), in `session_opset()`."""
+    not where its integer kernels would be inexact, `integer_form`), int8 weights as uint8 where that makes them
+    exact, in `session_opset()`."""
     from torchkiln.onnx_export import network_to_onnx
 
-    return network_to_onnx(sub, opset=session_opset(), guard=True, contrib_ops=exact_for(sub))
+    exact, unsigned = integer_form(sub)
+    return network_to_onnx(sub, opset=session_opset(), guard=True, contrib_ops=exact, unsigned_weights=unsigned)
 
 
 def session_models(network: Network, plan: Plan | None, digest: bytes) -> SessionModels | None:
@@ -354,7 +366,7 @@ class _Session:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         self.session_name = sub.name
         options.log_severity_level = 3  # run-time errors come back as exceptions, handled by the runner
-        exact = exact_for(sub)
+        exact, unsigned = integer_form(sub)
         if not exact:  # quantized layers run as ORT's float Q/DQ nodes: eager's exact values
             options.add_session_config_entry("session.disable_quant_qdq", "1")
         self.optimized_model = None
@@ -364,8 +376,8 @@ class _Session:
             self.optimized_model = options.optimized_model_filepath = f"{profile_prefix}.onnx"
             options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                              f"{os.path.basename(profile_prefix)}.weights")
-        # (a stored model may hold integer kernels exported where they were exact: a cache shared with a VNNI CPU)
-        self.session = None if model is None or not exact else self._stored(ort, sub, model, options)
+        # (a stored model may hold int8 weights exported where they were exact: a cache shared with a VNNI CPU)
+        self.session = None if model is None or not exact or unsigned else self._stored(ort, sub, model, options)
         if self.session is None:
             from torchkiln.onnx_export import OnnxExportError
 
