@@ -40,7 +40,7 @@ def integer_kernels_exact() -> bool:
         with open("/proc/cpuinfo") as f:
             flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
     except OSError:
-        return True  # (not Linux: the CPU cannot be told here)
+        return False  # (not Linux: the CPU cannot be told here; 7-bit or uint8 weights are exact on any x86)
     return bool(_EXACT_INT8_FLAGS & set(flags))
 
 
