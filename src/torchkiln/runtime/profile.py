@@ -223,15 +223,10 @@ class _CudaTimer(_Timer):
         self.bound: dict[tuple[tuple[int, ...], ...], Any] = {}
 
     def replay(self, inputs: list[torch.Tensor], visit: Callable[..., None]) -> list[torch.Tensor]:
-        from torchkiln.runtime.backends.cuda.kernels import channels_last_input
-        from torchkiln.runtime.backends.cuda.runner import bind_steps
-
         r = self.runner
         shapes = tuple(tuple(x.shape) for x in inputs)
         if shapes not in self.bound:
-            self.bound[shapes] = bind_steps(r.network, r.plan, r.weights, r.binder, shapes, r.device,
-                                            r.options.allow_tf32)
-        inputs = [channels_last_input(x) if last else x for x, last in zip(inputs, r.channels_last)]
+            self.bound[shapes] = r.bind(inputs)
         outputs = self.bound[shapes].run_eagerly(inputs, visit)
         return [o.clone() if copy else o for o, copy in zip(outputs, r.may_alias)]  # as the runner returns them
 

@@ -291,7 +291,8 @@ class CudaRunner:
         self._last_stream: torch.cuda.Stream | None = None  # the stream the last call queued its work on
         self._graphs = options.cuda_graphs and captures_graphs(network, plan)
 
-    def _bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
+    def bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
+        """The plan's steps for these inputs' shapes, converting the channels-last inputs first."""
         bound = bind_steps(self.network, self.plan, self.weights, self.binder, [tuple(x.shape) for x in inputs],
                            self.device, self.options.allow_tf32)
         bound.channels_last = tuple(i for i, last in enumerate(self.channels_last) if last)
@@ -302,7 +303,7 @@ class CudaRunner:
         with self._lock:
             bound = self._bound.get(key)
             if bound is None:
-                bound = self._bound[key] = self._bind(inputs)
+                bound = self._bound[key] = self.bind(inputs)
                 while len(self._bound) > MAX_GRAPHS:
                     self._bound.popitem(last=False)
             else:
