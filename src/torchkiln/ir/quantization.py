@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
 
 
 def order_preserving(layer: L.Layer) -> bool:
@@ -27,3 +28,13 @@ def clamps_at_zero(layer: L.Layer | None) -> bool:
     return isinstance(layer, L.ActivationLayer) and (
         layer.type == L.ActivationType.RELU
         or layer.type in (L.ActivationType.CLIP, L.ActivationType.HARD_TANH) and layer.alpha == 0 and layer.beta > 0)
+
+
+def dequantized_constants(network: Network) -> set[int]:
+    """The int8 constants (output ids) that only dequantize layers read and that are not network outputs: weights
+    whose stored integer type no layer sees (an export may write them as uint8, value + 128)."""
+    readers, outputs = network.consumers(), {id(t) for t in network.outputs}
+    return {id(layer.outputs[0]) for layer in network.layers
+            if isinstance(layer, L.ConstantLayer) and layer.outputs[0].dtype == torch.int8
+            and id(layer.outputs[0]) not in outputs and readers.get(id(layer.outputs[0]))
+            and all(isinstance(r, L.DequantizeLayer) for r in readers[id(layer.outputs[0])])}

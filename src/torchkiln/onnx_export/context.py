@@ -129,7 +129,7 @@ class ExportContext:
         # (the layer, x, its dtype and shape, the bound)
         self.guards: list[tuple[L.Layer | None, str, torch.dtype, tuple[Dim, ...], float]] = []
         # Tensors (ids) of int8 quantize layers, and with unsigned weights of int8 constants, exported as uint8 (value
-        # + 128, `unsigned_quantized`, `unsigned_constants`); with `unsigned_weights`, quantized kernels too
+        # + 128, `unsigned_quantized`, `ir.quantization.dequantized_constants`); with `unsigned_weights`, quantized kernels too
         self.unsigned: set[int] = set()
         self.unsigned_weights = False
         # With contrib ops (ONNX Runtime's sessions): the matrix multiplies (ids) exported as MatMulIntegerToFloat, and

@@ -14,7 +14,8 @@ from torchkiln.ir.symbolic import has_symbols
 from torchkiln.onnx_export import exporters  # noqa: F401  (registers every exporter)
 from torchkiln.onnx_export.context import CONTRIB_DOMAIN, EXPORTERS, ONNX_DTYPES, ExportContext, OnnxExportError, \
     dtype_name, value_info
-from torchkiln.onnx_export.exporters.quantize import integer_matrix_multiplies, unsigned_constants, unsigned_quantized
+from torchkiln.ir.quantization import dequantized_constants
+from torchkiln.onnx_export.exporters.quantize import integer_matrix_multiplies, unsigned_quantized
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
         raise OnnxExportError(f"opset {opset}: ONNX export supports opsets {MIN_OPSET} to {top}")
     ctx = ExportContext(opset, guarded=guard)
     ctx.read_symbols(network)
-    ctx.unsigned = unsigned_quantized(network) | (unsigned_constants(network) if unsigned_weights else set())
+    ctx.unsigned = unsigned_quantized(network) | (dequantized_constants(network) if unsigned_weights else set())
     ctx.unsigned_weights = unsigned_weights
     if contrib_ops:
         ctx.integer_matmuls, ctx.integer_inputs = integer_matrix_multiplies(network)

@@ -22,6 +22,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.quantization import dequantized_constants
 
 # x86 instruction sets whose int8 dot products ORT's integer kernels use without saturating
 _EXACT_INT8_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
@@ -57,8 +58,7 @@ def exact_for(network: Network, unsigned_weights: bool = False) -> bool:
     `unsigned_weights`, is written as uint8 (value + 128, zero point 128: any int8 weight is exact so)."""
     if integer_kernels_exact():
         return True
-    readers = network.consumers()
-    outputs = {id(t) for t in network.outputs}
+    written_unsigned = dequantized_constants(network) if unsigned_weights else set()
     for layer in network.layers:
         if isinstance(layer, (L.MatrixMultiplyLayer, L.ConvolutionLayer)) and \
                 sum(_dequantized_activation(t) for t in layer.inputs) > 1:
@@ -71,9 +71,7 @@ def exact_for(network: Network, unsigned_weights: bool = False) -> bool:
         elif isinstance(layer, L.DequantizeLayer) and layer.quant_type == torch.int8 and \
                 isinstance(layer.inputs[0].producer, L.ConstantLayer) and \
                 not _narrow(layer.inputs[0].producer.weights["value"]):
-            weight = layer.inputs[0]  # written as uint8 only where dequantize layers alone read it
-            if not unsigned_weights or id(weight) in outputs or \
-                    any(not isinstance(r, L.DequantizeLayer) for r in readers.get(id(weight), [])):
+            if id(layer.inputs[0]) not in written_unsigned:  # (uint8 only where dequantize layers alone read it)
                 return False
     return True
 

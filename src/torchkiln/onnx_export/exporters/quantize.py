@@ -35,16 +35,6 @@ def unsigned_quantized(network: Network) -> set[int]:
     return found
 
 
-def unsigned_constants(network: Network) -> set[int]:
-    """The int8 constants (output ids) that only dequantize layers read and that are not network outputs: the
-    weights `network_to_onnx(unsigned_weights=True)` writes as uint8."""
-    readers, outputs = network.consumers(), {id(t) for t in network.outputs}
-    return {id(layer.outputs[0]) for layer in network.layers
-            if isinstance(layer, L.ConstantLayer) and layer.outputs[0].dtype == torch.int8
-            and id(layer.outputs[0]) not in outputs and readers.get(id(layer.outputs[0]))
-            and all(isinstance(r, L.DequantizeLayer) for r in readers[id(layer.outputs[0])])}
-
-
 def _integer_operands(layer: L.Layer, readers: dict[int, int], outputs: set[int]) -> bool:
     """Whether a matrix multiply is one `integer_matrix_multiplies` takes (module docstring): float32, with a bias,
     reading a per-tensor int8 activation (rank 2 or more) and a 2-d int8 constant quantized per output column, each
