@@ -6,6 +6,7 @@ import dataclasses
 import torch
 
 from torchkiln.runtime.backends.base import BackendOptions
+from torchkiln.runtime.integer_kernels import FULL_WEIGHT_MAX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +18,7 @@ class QuantizationPlan:
     quant_type: torch.dtype
     activation_amax: tuple[tuple[str, float], ...] = ()
     output_amax: tuple[tuple[str, float], ...] = ()
-    weight_max: int = 127  # int8 weights lie in [-weight_max, weight_max] (runtime/integer_kernels.py)
+    weight_max: int = FULL_WEIGHT_MAX  # int8 weights lie in [-weight_max, weight_max] (runtime/integer_kernels.py)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -313,13 +313,13 @@ def integer_form(sub: Network) -> tuple[bool, bool]:
     return unsigned, unsigned
 
 
-def session_onnx(sub: Network) -> onnx.ModelProto:
+def session_onnx(sub: Network, form: tuple[bool, bool] | None = None) -> onnx.ModelProto:
     """The ONNX model a session runs for `sub`: with the guard output and ONNX Runtime's own ops (`network_to_onnx`;
-    not where its integer kernels would be inexact, `integer_form`), int8 weights as uint8 where that makes them
-    exact, in `session_opset()`."""
+    not where its integer kernels would be inexact), int8 weights as uint8 where that makes them exact (`form`,
+    `integer_form(sub)` where not given), in `session_opset()`."""
     from torchkiln.onnx_export import network_to_onnx
 
-    exact, unsigned = integer_form(sub)
+    exact, unsigned = integer_form(sub) if form is None else form
     return network_to_onnx(sub, opset=session_opset(), guard=True, contrib_ops=exact, unsigned_weights=unsigned)
 
 
@@ -382,7 +382,7 @@ class _Session:
             from torchkiln.onnx_export import OnnxExportError
 
             try:
-                self.session = ort.InferenceSession(session_onnx(sub).SerializeToString(), options,
+                self.session = ort.InferenceSession(session_onnx(sub, (exact, unsigned)).SerializeToString(), options,
                                                     providers=["CPUExecutionProvider"],
                                                     disabled_optimizers=DISABLED_OPTIMIZERS)
             except (OnnxExportError, *_ort_errors(ort)) as e:
