@@ -164,3 +164,19 @@ def test_work_on_the_meta_device_is_not_recorded():
         y = x + shape[1]
     assert [i["op"] for i in recorder.instructions] == ["aten::add"]
     assert recorder.instructions[0]["args"] == [{"t": 0}, 4] and recorder.known(y) == 1
+
+
+def test_a_zero_dim_constant_the_run_reads_is_stored_with_its_bytes():
+    """A scalar tensor no recorded call made (a 0-dim float64 constant) is stored whole; viewing it as bytes needs
+    one dim first (a 0-dim tensor cannot change its element size)."""
+    from torchkiln.runtime.tape import _Recorder
+
+    recorder = _Recorder({}, torch.device("cpu"))
+    x = torch.randn(3)
+    recorder.define(x)
+    scale = torch.tensor(2.5, dtype=torch.float64)
+    with recorder:
+        x * scale
+    (constant,) = recorder.constants
+    assert constant["shape"] == [] and constant["dtype"] == "float64"
+    assert struct.unpack("<d", bytes(recorder.blob)) == (2.5,)

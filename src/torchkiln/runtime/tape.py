@@ -96,7 +96,7 @@ class _Recorder(TorchDispatchMode):
             raise TapeRefused(f"the run reads over {MAX_CONSTANT_BYTES >> 20} MiB of tensors that no recorded call "
                               f"made and no engine weight is")
         offset = len(self.blob)
-        self.blob += data.view(torch.uint8).numpy().tobytes() if nbytes else b""
+        self.blob += data.reshape(-1).view(torch.uint8).numpy().tobytes() if nbytes else b""
         self.constants.append({"data": [offset, nbytes], "dtype": dtype_name(t.dtype), "shape": list(t.shape),
                                "strides": list(t.stride()), "device": "cpu" if t.device.type == "cpu" else "engine"})
         self.instructions.append({"constant": len(self.constants) - 1, "out": self.num_values})
