@@ -1,5 +1,6 @@
 """The generated GEMM with a pointwise epilogue (codegen/gemm.py) and the planner's rule that makes it: on the CPU in
 Triton's interpreter against the layers' meanings in fp32, and (where CUDA is present) through the CUDA runner."""
+import math
 import pytest
 import torch
 import torch.nn.functional as F
@@ -140,9 +141,22 @@ def test_which_layers_are_generated_gemms_and_configurations():
     assert Config.parse(SMALL.text()) == SMALL
     with pytest.raises(NetworkError, match="malformed GEMM tile configuration"):
         Config.parse("64,64")
-    assert all(c.block_m >= 64 for m in (1, 300, 10 ** 6) for c in candidates(m, 3072, 768))
-    narrow = candidates(401408, 16, 24)[0]  # MobileNet-v2's first projection at batch 32: taller, narrower blocks
+    assert all(candidates(m, 3072, 768)[0].block_m >= 64 for m in (1, 300, 10 ** 6))  # the fitted tile
+    narrow = candidates(401408, 16, 24)[0]  # an inverted residual's first projection at batch 32: taller, narrower
     assert (narrow.block_m, narrow.block_n, narrow.block_k) == (256, 16, 32)
+
+
+@pytest.mark.parametrize("m, n, k, sms", [(1, 3072, 768, 132), (49, 1152, 192, 132), (196, 40, 240, 132),
+                                          (49, 1152, 192, 16), (10 ** 6, 3072, 768, 132)])
+def test_a_filling_tile_is_offered_for_products_that_leave_multiprocessors_idle(m, n, k, sms):
+    fitted, *rest = candidates(m, n, k, sms)
+    programs = [math.ceil(m / c.block_m) * math.ceil(n / c.block_n) for c in (fitted, *rest)]
+    if programs[0] < sms:  # the fitted tile leaves some idle: the other fills them, or is as small as a tile goes
+        (filling,) = rest
+        assert programs[1] >= sms or filling.block_m == filling.block_n == 16
+        assert filling.block_m <= max(16, 1 << (m - 1).bit_length()) and filling.block_k <= 128
+    for c in rest:  # its pipeline fits in shared memory
+        assert (c.block_m + c.block_n) * c.block_k * 2 * c.stages <= 192 << 10
 
 
 # ---- the planner's rule, through bind_steps (Triton's interpreter on the CPU) ----------------------------------

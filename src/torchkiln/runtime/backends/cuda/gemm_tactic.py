@@ -127,7 +127,7 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
               device: torch.device) -> tuple[str, list[Tensor], list[gemm.Config | depthwise.Config]]:
     """The request's timing-cache key, the merged step's inputs, and the configurations to time. The key holds the
     generated source (a depthwise convolution's holds its window, stride, padding and dilation) and the library
-    steps' kernel rows (their layout)."""
+    steps' kernel rows (their layout) and the candidates."""
     inputs, outputs = group_io(network, request.members, readers, returned)
     layer = network.layers[request.product]
     rest = [network.layers[j] for j in request.epilogue]
@@ -144,13 +144,15 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
     out, x = timing.opt_shape(layer.outputs[0].shape), timing.opt_shape(layer.inputs[0].shape)
     if request.kind == "depthwise":
         key.append([[k.op, [list(o) for o in k.tactic]] for k, _ in request.library])
-        return json.dumps(key), inputs, depthwise.candidates(*out)
-    conv = isinstance(layer, L.ConvolutionLayer)
-    n = out[1] if conv else out[-1]
-    m, k = math.prod(out) // max(n, 1), x[1] if conv else x[-1]
-    if request.kind == quant_kernels.GENERATED_OP:
-        return json.dumps(key), inputs, gemm.quantized_candidates(m, n, k)
-    return json.dumps(key), inputs, gemm.candidates(m, n, k)
+        configs = depthwise.candidates(*out)
+    else:
+        conv = isinstance(layer, L.ConvolutionLayer)
+        n = out[1] if conv else out[-1]
+        m, k = math.prod(out) // max(n, 1), x[1] if conv else x[-1]
+        configs = gemm.quantized_candidates(m, n, k) if request.kind == quant_kernels.GENERATED_OP else \
+            gemm.candidates(m, n, k, torch.cuda.get_device_properties(device).multi_processor_count)
+    key.append([c.text() for c in configs])  # a choice made among other candidates is made again
+    return json.dumps(key), inputs, configs
 
 
 def _first_call(run: Callable[[], None]) -> str | None:
