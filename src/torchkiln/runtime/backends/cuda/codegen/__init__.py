@@ -11,6 +11,16 @@ def have_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+@functools.cache
+def multiprocessors(device: object) -> int:
+    """A CUDA device's streaming multiprocessors; 0 for any other (Triton's interpreter, where launch sizes do not
+    matter)."""
+    import torch
+
+    device = torch.device(device)
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
 def needs_int64(*tensors) -> bool:
     """Whether an element offset of any of `tensors` (over its strides) or its element count reaches 2**31, so a
     generated kernel must index in int64 (int32 indexing is cheaper)."""

@@ -39,7 +39,7 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends.cuda.codegen import needs_int64
+from torchkiln.runtime.backends.cuda.codegen import multiprocessors, needs_int64
 from torchkiln.runtime.backends.cuda.codegen.pointwise import (FLOATS, HEADER, TL, VALUE_DTYPES, Builder,
                                                                 GroupLauncher, Value, converted, emit_layer, fusable,
                                                                 held, loaded, stored)
@@ -57,6 +57,7 @@ _ACROSS_TILE = 4096  # elements per program tile where rows are tiled across (`_
 SPLIT_MIN_COLS = 4096  # a norm's rows at least this long may be reduced in spans (`RowLauncher._split_reduction`)
 MAX_SPLITS = 256  # spans of a row at most
 _SHORT_RUN_TILE = 8192  # elements per program of a split norm over short interleaved runs (`_split_short_runs`)
+FEW_PROGRAM_WARPS = 8  # warps a program of a launch too small to fill the GPU may take (`_num_warps`)
 _NEUTRAL = {"sum": "0.0", "max": "-INF", "min": "INF"}
 _COMBINE = '''
 @triton.jit
@@ -694,10 +695,13 @@ def _next_power_of_two(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def _num_warps(tile: int) -> int:
+def _num_warps(tile: int, programs: int = 0, sms: int = 0) -> int:
     """Warps per program for a tile of `tile` elements (H100, rows of 768 at 4096 rows: 2 warps for one row of
-    1024 took 6.0 us, 4 warps for two rows 6.9)."""
-    return 2 if tile <= 1024 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
+    1024 took 6.0 us, 4 warps for two rows 6.9). A launch of fewer `programs` than the GPU's `sms` leaves
+    multiprocessors idle and each program's latency is the kernel's: up to `FEW_PROGRAM_WARPS`, as many as give a
+    thread 4 elements."""
+    warps = 2 if tile <= 1024 else 4 if tile <= 2048 else 8 if tile <= 8192 else 16
+    return max(warps, min(FEW_PROGRAM_WARPS, tile // 128)) if programs < sms else warps
 
 
 class RowLauncher(GroupLauncher):
@@ -787,16 +791,17 @@ class RowLauncher(GroupLauncher):
         if across:
             block = whole if packed * whole <= MAX_PERSISTENT else max(16, _ACROSS_TILE // packed)
             fn = (self._persistent if cols <= block else self._looped)[_transposed(packed, run)]
-            warps = _num_warps(packed * block)
         elif cols <= MAX_PERSISTENT:
             block = max(_next_power_of_two(cols), 16)
             packed = max(1, min(_TILE // block, _next_power_of_two(rows)))
             while packed > 1 and (rows + packed - 1) // packed < MIN_PROGRAMS:
                 packed //= 2
-            fn, warps = self._persistent[_transposed(packed, run)], _num_warps(packed * block)
+            fn = self._persistent[_transposed(packed, run)]
         else:
-            fn, block, packed, warps = self._looped[True], LOOP_BLOCK, 1, 8
+            fn, block, packed = self._looped[True], LOOP_BLOCK, 1
         grid = ((rows + packed - 1) // packed,)
+        warps = 8 if not across and cols > MAX_PERSISTENT else \
+            _num_warps(packed * block, grid[0], multiprocessors(device))
         fn[grid](*operands, *outputs, rows, cols, *sizes, *(v for s in strides for v in s), INT64=int64, ROWS=packed,
                  BLOCK=block, num_warps=warps)
         return outputs
