@@ -719,3 +719,12 @@ def test_column_offsets_past_int32_are_computed_in_int64(monkeypatch, split):
     (got,) = launcher([big])
     assert [name for name, *_ in seen] == (["rows_split_stats_kernel", "rows_split_apply_kernel_t_s"] if split else [])
     assert_close_half(got, reference(net, {"x": v})[0])
+
+
+def test_a_launch_too_small_to_fill_the_gpu_gives_its_programs_more_warps():
+    """Rows of 768 at batch 1 (128 programs on 132 multiprocessors): 8 warps a program, 4 elements a thread; the
+    same tile over many rows keeps 2, and so does any launch off a GPU (no multiprocessors to fill)."""
+    assert reduction._num_warps(1024, programs=128, sms=132) == 8
+    assert reduction._num_warps(1024, programs=4096, sms=132) == 2
+    assert reduction._num_warps(256, programs=16, sms=132) == 2
+    assert reduction._num_warps(1024, programs=16, sms=0) == 2
