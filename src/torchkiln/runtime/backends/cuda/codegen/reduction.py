@@ -641,14 +641,14 @@ def constant_sizes(static: bool, fn: str) -> bool:
     """Whether kernel `fn` takes the space's sizes (its rows, columns and dims, and its operands' strides) as
     compile-time constants: where they are known at build (no dynamic dim; each launch passes the same values, so
     Triton compiles once), except in the split kernels that tile rows across columns (`_transposed` false: rows
-    interleaving in runs under 16 bytes). Constant strides and row and column counts too: a residual add + layer
-    norm of [32,128,768] fp16 took 5.34 us against 5.77 with only the dims constant, [1,128,768] 1.91 against 2.00
-    (H200, CUDA graphs). A constant size lets Triton
-    prove how long the runs of consecutive columns are and load them as vectors. H100, fp16, CUDA graphs, us,
+    interleaving in runs under 16 bytes). A constant size lets Triton prove how long the runs of consecutive
+    columns are and load them as vectors. H100, fp16, CUDA graphs, us,
     constant against runtime sizes: group norm NCHW [32,128,64,64] 50 against 61; channels-last with 16-byte runs
     ([32,256,32,32]) 40 against 52, 20-byte runs 61 against 62; a softmax of [4096,768] 4.9 against 5.3; a mean of
     channels-last [32,240,28,28] 6.3 against 6.8. But a split group norm over 8-byte runs ([32,128,64,64]
-    channels-last) took 160 against 120: vectors along a run of 8 bytes put a warp's lanes a position apart."""
+    channels-last) took 160 against 120: vectors along a run of 8 bytes put a warp's lanes a position apart.
+    Constant strides and row and column counts as well: a residual add + layer norm of [32,128,768] fp16 took 5.34 us
+    against 5.77 with only the dims constant, [1,128,768] 1.91 against 2.00 (H200, CUDA graphs)."""
     return static and fn not in (SPLIT_STATS, SPLIT_APPLY)
 
 
