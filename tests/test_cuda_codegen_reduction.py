@@ -661,9 +661,13 @@ def test_a_static_space_has_constant_sizes_but_a_dynamic_one_does_not():
 
     static = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
     source = reduction.generate(static.layers, static.inputs, static.outputs).source
-    assert "s0: tl.constexpr" in source and "s4: tl.constexpr" in source
+    persistent = source[source.index(f"def {reduction.KERNEL}("):]
+    persistent = persistent[:persistent.index("):")]
+    for size in ("rows", "cols", "s0", "s4", "in0_t0", "in0_t4", "out0_t3"):  # row and column counts, strides too
+        assert f"{size}: tl.constexpr" in persistent
     split = source[source.index(f"def {reduction.SPLIT_STATS}(") + 1:]
     assert "s0: tl.constexpr" not in split[:split.index("):")]  # the first orientation's split kernel
+    assert "in0_t0: tl.constexpr" not in split[:split.index("):")]
     assert reduction.constant_sizes(True, reduction.SPLIT_APPLY + reduction.TRANSPOSED)
     assert not reduction.constant_sizes(True, reduction.SPLIT_APPLY)
     assert reduction.constant_sizes(True, reduction.KERNEL) and not reduction.constant_sizes(False, reduction.KERNEL)
@@ -673,6 +677,7 @@ def test_a_static_space_has_constant_sizes_but_a_dynamic_one_does_not():
     net.mark_output(net.add_softmax(x, 1).get_output())
     source = reduction.generate(net.layers, net.inputs, net.outputs).source
     assert "tl.constexpr" in source and "s0: tl.constexpr" not in source and "s1: tl.constexpr" not in source
+    assert "cols: tl.constexpr" not in source and "in0_t0: tl.constexpr" not in source
     launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
     for rows in (3, 7):
         v = data(rows, 200)
