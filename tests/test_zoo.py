@@ -291,3 +291,12 @@ def test_every_benchmark_block_is_one_engine_and_matches_eager(name):
     build, inputs = BLOCKS[name]
     torch.manual_seed(0)
     check_compiled(build().eval(), inputs(1), engines=1, torch_blocks=0)
+
+
+@pytest.mark.parametrize("build", [regnet_y, mobilenet_v3_small, convnext, mlp_mixer], ids=lambda f: f.__name__)
+def test_the_models_built_in_code_script(build):
+    """The CPU zoo's own models script (the frontend traces a module it cannot script, and warns)."""
+    model, example = build()
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(torch.jit.script(model)(*example), model(*example), rtol=0, atol=0)

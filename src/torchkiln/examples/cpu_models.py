@@ -4,6 +4,7 @@ bottlenecks with squeeze-excitation), a MobileNetV3 (depthwise, squeeze-excitati
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from torchkiln.examples.models import randomize_batch_norm
@@ -132,8 +133,9 @@ class ConvNeXtBlock(nn.Module):
 class LayerNorm2d(nn.LayerNorm):
     """LayerNorm over the channels of an NCHW tensor."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (TorchScript cannot script super().forward)
+        y = F.layer_norm(x.permute(0, 2, 3, 1), self.normalized_shape, self.weight, self.bias, self.eps)
+        return y.permute(0, 3, 1, 2)
 
 
 class ConvNeXt(nn.Module):
