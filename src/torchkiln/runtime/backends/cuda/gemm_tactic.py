@@ -27,7 +27,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda import quant_kernels, timing
-from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm
+from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm, multiprocessors
 from torchkiln.runtime.backends.cuda.kernels import StepLayers, epilogue_inputs, make_step
 from torchkiln.runtime.backends.cuda.runner import placed_weight
 from torchkiln.runtime.plan import Kernel
@@ -150,7 +150,7 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
         n = out[1] if conv else out[-1]
         m, k = math.prod(out) // max(n, 1), x[1] if conv else x[-1]
         configs = gemm.quantized_candidates(m, n, k) if request.kind == quant_kernels.GENERATED_OP else \
-            gemm.candidates(m, n, k, torch.cuda.get_device_properties(device).multi_processor_count)
+            gemm.candidates(m, n, k, multiprocessors(device))
     key.append([c.text() for c in configs])  # a choice made among other candidates is made again
     return json.dumps(key), inputs, configs
 
