@@ -126,6 +126,21 @@ def test_choose_settings_keeps_the_default_whose_calls_load_slowed(monkeypatch):
     assert chosen == session_settings.DEFAULT_SETTINGS
 
 
+def test_a_candidate_that_wins_is_timed_again_against_the_default(monkeypatch):
+    """One thread wins the first rounds (1 ms against the default's 2): it is timed again against the default alone,
+    and taken only if it wins those rounds too."""
+    ms = 1e-3
+    for again, kept in (([[2 * ms] * 5, [3 * ms] * 5], session_settings.DEFAULT_SETTINGS),
+                        ([[2 * ms] * 5, [1 * ms] * 5], ONE_THREAD)):
+        phases = iter([([[2 * ms] * 5, [1 * ms] * 5], 0.0), (again, 0.0)])
+        timed = []
+        monkeypatch.setattr(session_settings, "_interleaved",
+                            lambda runners, xs, calls, rounds: timed.append(len(runners)) or next(phases))
+        scripts = {session_settings.DEFAULT_SETTINGS: [2 * ms], ONE_THREAD: [1 * ms]}
+        chosen = session_settings.choose_settings(_mlp(), list(scripts), lambda tactic: _Scripted(scripts[tactic]))
+        assert chosen == kept and timed == [2, 2]
+
+
 def test_a_plan_is_the_same_when_made_twice(monkeypatch):
     _measured(monkeypatch)
     net = _mlp(64, 512)
