@@ -30,6 +30,11 @@ def clamps_at_zero(layer: L.Layer | None) -> bool:
         or layer.type in (L.ActivationType.CLIP, L.ActivationType.HARD_TANH) and layer.alpha == 0 and layer.beta > 0)
 
 
+def as_uint8(value: torch.Tensor) -> torch.Tensor:
+    """int8 values (or zero points) as uint8, moved by 128: with the zero point moved too, the same real values."""
+    return (value.to(torch.int16) + 128).to(torch.uint8)
+
+
 def dequantized_constants(network: Network) -> set[int]:
     """The int8 constants (output ids) that only dequantize layers read and that are not network outputs: weights
     whose stored integer type no layer sees (an export may write them as uint8, value + 128)."""

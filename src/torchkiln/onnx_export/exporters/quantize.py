@@ -19,7 +19,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.quantization import clamps_at_zero, order_preserving, per_tensor_int8
+from torchkiln.ir.quantization import as_uint8, clamps_at_zero, order_preserving, per_tensor_int8
 from torchkiln.ir.tensor import Tensor
 from torchkiln.onnx_export.context import CONTRIB_DOMAIN, ExportContext, exporter
 
@@ -83,7 +83,7 @@ def _scale_and_zero(ctx: ExportContext, layer: L.QuantizeLayer | L.DequantizeLay
     scale = torch.ones_like(scale) if unit else scale
     zero = layer.weights.get("zero_point", torch.zeros(scale.shape, dtype=torch.int8)).to(layer.quant_type)
     if unsigned:
-        zero = (zero.to(torch.int32) + 128).to(torch.uint8)
+        zero = as_uint8(zero)
     if layer.axis is None:
         scale, zero = scale.reshape(()), zero.reshape(())
     return [ctx.constant(scale, "scale"), ctx.constant(zero, "zero_point")]
@@ -203,7 +203,7 @@ def quantized_kernel(ctx: ExportContext, layer: L.ConvolutionLayer) -> str:
         (kernel / shaped).clamp(lo, hi)
     q, zero = q.to(layer.kernel_type), torch.zeros(scale.shape, dtype=layer.kernel_type)
     if ctx.unsigned_weights and layer.kernel_type == torch.int8:  # (`network_to_onnx(unsigned_weights=True)`)
-        q, zero = (q.to(torch.int16) + 128).to(torch.uint8), torch.full(scale.shape, 128, dtype=torch.uint8)
+        q, zero = as_uint8(q), as_uint8(zero)
     return ctx.node("DequantizeLinear", [ctx.constant(q, "kernel"),
                                          ctx.constant(scale, "kernel_scale"), ctx.constant(zero, "kernel_zero")],
                     axis=0)[0]

@@ -7,6 +7,7 @@ import sympy
 import torch
 
 from torchkiln.ir import layers as L
+from torchkiln.ir.quantization import as_uint8
 from torchkiln.ir.reference import run_layer
 from torchkiln.ir.symbolic import Dim, decide, dim_str, has_symbols, is_symbolic
 from torchkiln.onnx_export.context import ONNX_DTYPES, ExportContext, exporter
@@ -18,7 +19,7 @@ _INT64_MIN = -(2 ** 63)
 def _constant(ctx: ExportContext, layer: L.ConstantLayer, xs: list[str]) -> str:
     value = layer.weights["value"]
     if id(layer.outputs[0]) in ctx.unsigned:  # int8 weights written as uint8 (`network_to_onnx(unsigned_weights)`)
-        value = (value.to(torch.int16) + 128).to(torch.uint8)
+        value = as_uint8(value)
     return ctx.constant(value, "value")
 
 
