@@ -160,6 +160,22 @@ def test_half_layer_norm_of_a_residual_sum_writes_the_sum():
     assert torch.equal(got[1].cpu(), ref[1].cpu())
 
 
+def test_a_row_kernel_loads_every_operand_before_its_first_reduction():
+    """A layer norm's scale and shift are read at the kernel's start, not after its mean and variance, in both tile
+    orientations of the kernel that keeps rows in registers; the values stay the same."""
+    net = layer_norm_net((2, 5, 64), (64,), F16, residual=True)
+    source = reduction.generate(net.layers, net.inputs, net.outputs).source
+    for name in (reduction.KERNEL, reduction.KERNEL + reduction.TRANSPOSED):
+        body = source[source.index(f"def {name}("):]
+        body = body[:body.index("@triton.jit")]
+        loads = [i for i, line in enumerate(body.splitlines()) if "tl.load(" in line]
+        first_reduction = next(i for i, line in enumerate(body.splitlines()) if "tl.reduce(" in line)
+        assert len(loads) == 4 and max(loads) < first_reduction, body
+    values = {"x": data(2, 5, 64, dtype=F16), "y": data(2, 5, 64, dtype=F16, seed=1)}
+    got = check(net, values, half=True)
+    assert torch.equal(got[1].cpu(), (values["x"] + values["y"]))
+
+
 def test_instance_norm_of_a_channels_last_input():
     net = Network("in")
     x = net.add_input("x", F32, (2, 3, 5, 6))

@@ -282,6 +282,7 @@ class _Emitter(Builder):
         self.kernel, self.prefix, self.lines = kernel, prefix, lines
         self.count = 0
         self.carries = carries  # in a pass of the looped body: the lines before its loop (a scan's carry)
+        self.loads: set[str] = set()  # the lines that load an operand (they read nothing the pass computes)
 
     def emit(self, expr: str, dtype: torch.dtype) -> Value:
         var = f"{self.prefix}{self.count}"
@@ -292,7 +293,16 @@ class _Emitter(Builder):
     def load(self, name: str, dtype: torch.dtype) -> Value:
         row = self.kernel.row_operand[name]
         where = f"{name} + ro_{name}" if row else f"{name} + ro_{name} + co_{name}"
-        return self.emit(loaded(f"tl.load({where}, mask={'rmask' if row else 'mask'}, other=0)", dtype), held(dtype))
+        value = self.emit(loaded(f"tl.load({where}, mask={'rmask' if row else 'mask'}, other=0)", dtype), held(dtype))
+        self.loads.add(self.lines[-1])
+        return value
+
+    def loads_first(self) -> list[str]:
+        """The pass's lines with every load moved ahead of the rest, in order: a load then waits on no reduction
+        (a layer norm's scale and shift, read after its two reductions, cost an H100 0.14 us more a [1,128,768]
+        add + layer norm: 1.96 against 1.82 us)."""
+        return [line for line in self.lines if line in self.loads] + \
+            [line for line in self.lines if line not in self.loads]
 
     def load_weight(self, weight: torch.Tensor) -> Value:
         return self.load(self.kernel.weight_operand(weight), weight.dtype)
@@ -396,7 +406,7 @@ class _Source:
                 self.finish(op, b, b.emit(self.reduction(op), torch.float32)[0])
             else:
                 self.emit_op(b, op)
-        body += self.stores(row=False) + self.stores(row=True)
+        body = b.loads_first() + self.stores(row=False) + self.stores(row=True)
         columns = [f"col = tl.arange(0, BLOCK){self.along}", "mask = rmask & (col < cols)", *self.column_offsets()]
         return self.offsets() + columns + body  # offsets last: emitting the body names the weights it reads
 
