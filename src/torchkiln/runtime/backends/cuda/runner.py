@@ -45,6 +45,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import control_flow, quant_kernels  # noqa: F401  (quant_kernels registers makers)
+from torchkiln.runtime.backends.cuda.codegen import chained, chains
 from torchkiln.runtime.backends.cuda.kernels import (StepFn, StepLayers, channels_last_input, make_step,
                                                     takes_channels_last)
 from torchkiln.runtime.executor import may_alias_storage
@@ -67,8 +68,9 @@ class _Bound:
 
     def __init__(self, fns: list[tuple[StepFn, list[int], list[int], list[int]]], num_slots: int,
                  num_inputs: int, output_slots: list[int], capturable: bool = True,
-                 persistent: frozenset[int] = frozenset()) -> None:
+                 persistent: frozenset[int] = frozenset(), links: frozenset[int] = frozenset()) -> None:
         self.fns = fns
+        self.links = links  # steps whose generated kernels are launched chained to the step before (`codegen.chained`)
         self.persistent = persistent  # storages (data pointers) of the weights and folded values the steps read
         self.capturable = capturable  # False where a decided loop runs too many iterations to hold in a graph
         self.num_slots = num_slots
@@ -100,7 +102,12 @@ class _Bound:
                 values[i] = channels_last_input(values[i])
         for k in range(start, len(self.fns) if stop is None else stop):
             fn, ins, outs, frees = self.fns[k]
-            for slot, value in zip(outs, fn([values[i] for i in ins])):
+            if k in self.links and k != start:
+                with chained(True):
+                    made = fn([values[i] for i in ins])
+            else:
+                made = fn([values[i] for i in ins])
+            for slot, value in zip(outs, made):
                 values[slot] = value
             for slot in frees:
                 values[slot] = None
@@ -231,11 +238,12 @@ def place_weights(network: Network, plan: Plan, device: torch.device) -> list[di
 
 def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tensor]], binder: SymbolBinder | None,
                shapes: Sequence[tuple[int, ...]], device: torch.device, allow_tf32: bool,
-               bindings: Mapping[DimSymbol, int] | None = None) -> _Bound:
+               bindings: Mapping[DimSymbol, int] | None = None, chain: bool = False) -> _Bound:
     """The plan's steps as callables for these input shapes (symbolic parameters evaluated; a step of
     shape-only layers replaced by its values, computed now: runtime/fold_shapes.py; a control-flow layer whose
     course the shapes decide given that course: control_flow.py). The symbols' values are `binder`'s for the
-    shapes, else `bindings` (a sub-network's: its outer network's)."""
+    shapes, else `bindings` (a sub-network's: its outer network's). With `chain`, a generated step right after
+    another launches its kernels chained to that step's (`codegen.chained`)."""
     bindings = binder.bind(shapes) if binder is not None else dict(bindings or {})
     slot_of = slots(network)
     tensor_at = {s: tid for tid, s in slot_of.items()}
@@ -266,8 +274,10 @@ def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tenso
     persistent = frozenset(t.untyped_storage().data_ptr() for t in
                            [*(w for ws in weights for w in ws.values()), *(v for vs in folded.values() for v in vs)]
                            if isinstance(t, torch.Tensor))
+    generated = [k not in folded and plan.kernels[step.kernel].kind == "generated" for k, step in enumerate(plan.steps)]
+    links = frozenset(k for k in range(1, len(fns)) if chain and generated[k] and generated[k - 1])
     return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs],
-                  capturable=all(k in decided or k in folded for k in decisions), persistent=persistent)
+                  capturable=all(k in decided or k in folded for k in decisions), persistent=persistent, links=links)
 
 
 class CudaRunner:
@@ -294,7 +304,7 @@ class CudaRunner:
     def bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
         """The plan's steps for these inputs' shapes, converting the channels-last inputs first."""
         bound = bind_steps(self.network, self.plan, self.weights, self.binder, [tuple(x.shape) for x in inputs],
-                           self.device, self.options.allow_tf32)
+                           self.device, self.options.allow_tf32, chain=self._graphs and chains(self.device))
         bound.channels_last = tuple(i for i, last in enumerate(self.channels_last) if last)
         return bound
 

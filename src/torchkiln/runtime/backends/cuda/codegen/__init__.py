@@ -1,8 +1,22 @@
 """Triton source generated from layers (never stored in an engine: regenerated when an engine loads)."""
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib.util
+from collections.abc import Iterator
+
+# A kernel launched right after another generated kernel on its stream is launched programmatically dependent on it
+# (PDL, Hopper and later): it is scheduled as the kernel before it finishes, and its first act is to wait for that
+# kernel's writes (`WAIT_LINES`). In a CUDA graph this hides most of the launch between two kernels: a chain of add +
+# layer-norm kernels over [1,128,768] fp16 took 1.27 us a kernel against 1.81 (H100). After a library kernel it does
+# not pay (1 row kernel + 1 cuBLAS GEMM: 5.56 against 5.40 us), so only generated kernels are chained, to generated
+# kernels. A kernel reads and writes nothing before its wait, so the chaining never changes what it computes.
+CHAIN_CAPABILITY = (9, 0)
+PDL_PARAM = "PDL: tl.constexpr = False"  # every generated kernel's last parameter...
+WAIT_LINES = ("if PDL:", "    gdc_wait()")  # ... and the first lines of its body
+_CHAINED = contextvars.ContextVar("torchkiln_chained", default=False)
 
 
 @functools.cache
@@ -19,6 +33,31 @@ def multiprocessors(device: object) -> int:
 
     device = torch.device(device)
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
+@functools.cache
+def chains(device: object) -> bool:
+    """Whether generated kernels on `device` can be launched chained (`chained`)."""
+    import torch
+
+    device = torch.device(device)
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= CHAIN_CAPABILITY
+
+
+@contextlib.contextmanager
+def chained(on: bool) -> Iterator[None]:
+    """Generated kernels launched in this block follow another generated kernel on their stream (where `on`)."""
+    token = _CHAINED.set(on)
+    try:
+        yield
+    finally:
+        _CHAINED.reset(token)
+
+
+def chain_options() -> dict[str, bool]:
+    """The launch options of a generated kernel: a programmatic dependent launch inside `chained(True)`, else none
+    (the kernel's `PDL` stays False and it waits for nothing)."""
+    return {"PDL": True, "launch_pdl": True} if _CHAINED.get() else {}
 
 
 def needs_int64(*tensors) -> bool:

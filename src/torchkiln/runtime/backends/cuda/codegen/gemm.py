@@ -27,7 +27,7 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends.cuda.codegen import epilogue
+from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, epilogue
 from torchkiln.runtime.backends.cuda.codegen.epilogue import strides_2d
 from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER, Builder
 
@@ -200,9 +200,10 @@ def _source(b: Builder, outputs: Sequence[Tensor], quant_type: torch.dtype | Non
     params = ["a", "w", "bias", *scales, *epilogue.pointer_params(b, outputs), "M", "N", "K", "a_m", "a_k", "w_n",
               "w_k", *epilogue.stride_params(b, outputs),
               "HAS_BIAS: tl.constexpr", "EVEN_K: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
-              "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr"]
+              "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr", PDL_PARAM]
     integer = quant_type == torch.int8
     body = [
+        *WAIT_LINES,
         "pid = tl.program_id(0)",
         "grid_m = (M + BLOCK_M - 1) // BLOCK_M",
         "grid_n = (N + BLOCK_N - 1) // BLOCK_N",
@@ -293,7 +294,7 @@ class GemmLauncher:
                        w.stride(1),
                        *strides, HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m,
                        BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_stages=cfg.stages,
-                       num_warps=cfg.warps)
+                       num_warps=cfg.warps, **chain_options())
         return outputs
 
 

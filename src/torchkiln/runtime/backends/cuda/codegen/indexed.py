@@ -33,7 +33,7 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends.cuda.codegen import needs_int64
+from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, needs_int64
 from torchkiln.runtime.backends.cuda.codegen.pointwise import (BLOCK, HEADER, VALUE_DTYPES, Builder, Value,
                                                                 INTEGERS, converted, emit_layer, fusable, held,
                                                                 literal, loaded, scalar_literal, stored)
@@ -354,8 +354,8 @@ def _source(b: _Emitter, shape: tuple[int, ...], walk: tuple[int, ...], num_outp
     outs = [f"out{k}" for k in range(num_outputs)]
     strides = [f"{p}_t{d}" for p in pointers for d in range(b.ranks[p])]
     strides += [f"{p}_t{d}" for p in outs for d in range(len(shape))]
-    params = [*pointers, *outs, "numel", *strides, "INT64: tl.constexpr", "BLOCK: tl.constexpr"]
-    body = ["if INT64:", "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "else:",
+    params = [*pointers, *outs, "numel", *strides, "INT64: tl.constexpr", "BLOCK: tl.constexpr", PDL_PARAM]
+    body = [*WAIT_LINES, "if INT64:", "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "else:",
             "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel", "rem = offs"]
     for k, d in enumerate(reversed(walk)):  # innermost first
         body += [f"i{d} = rem % {shape[d]}", f"rem = rem // {shape[d]}"] if k < len(walk) - 1 else [f"i{d} = rem"]
@@ -417,7 +417,7 @@ class IndexedLauncher:
         strides = [s for x in (*inputs, *weights, *outputs) for s in x.stride()]
         grid = ((numel + BLOCK - 1) // BLOCK,)
         self._fn(last)[grid](*inputs, *weights, *outputs, numel, *strides, INT64=needs_int64(*inputs, *outputs),
-                             BLOCK=BLOCK)
+                             BLOCK=BLOCK, **chain_options())
         return outputs
 
 

@@ -35,7 +35,7 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L, pointwise as P
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends.cuda.codegen import needs_int64
+from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, needs_int64
 
 BLOCK = 1024  # elements per program
 WARPS = 4  # warps per program
@@ -55,6 +55,7 @@ _KINDS = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.Sc
 HEADER = '''import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_wait
 
 INF = tl.constexpr(float("inf"))
 '''
@@ -406,8 +407,8 @@ def _source(b: Builder, outputs: Sequence[Tensor]) -> str:
     params = [*b.operands, *outs, "numel", *dims, *strides,
               *[f"{p}_{k}" for p in b.operands for k in ("lin", "div", "mod")],
               *[f"{p}_MODE: tl.constexpr" for p in b.operands], "LINEAR: tl.constexpr", "INT64: tl.constexpr",
-              "EVEN: tl.constexpr", "BLOCK: tl.constexpr"]
-    body = ["if INT64:", "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "else:",
+              "EVEN: tl.constexpr", "BLOCK: tl.constexpr", PDL_PARAM]
+    body = [*WAIT_LINES, "if INT64:", "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "else:",
             "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
             "if EVEN:",  # every program full: a constant mask, so accesses are whole vectors
             "    mask = tl.full((BLOCK,), 1, tl.int1)",
@@ -537,7 +538,8 @@ class PointwiseLauncher(GroupLauncher):
         flags = {f"{p}_MODE": m[0] for p, m in zip(names, modes)}
         grid = ((numel + BLOCK - 1) // BLOCK,)
         self._fn[grid](*operands, *outputs, numel, *shape, *strides, *steps, **flags, LINEAR=linear,
-                 INT64=needs_int64(*expanded, *outputs), EVEN=numel % BLOCK == 0, BLOCK=BLOCK, num_warps=WARPS)
+                 INT64=needs_int64(*expanded, *outputs), EVEN=numel % BLOCK == 0, BLOCK=BLOCK, num_warps=WARPS,
+                 **chain_options())
         return outputs
 
 

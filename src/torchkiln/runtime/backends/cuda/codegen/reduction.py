@@ -39,7 +39,7 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends.cuda.codegen import multiprocessors, needs_int64
+from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, multiprocessors, needs_int64
 from torchkiln.runtime.backends.cuda.codegen.pointwise import (FLOATS, HEADER, TL, VALUE_DTYPES, Builder,
                                                                 GroupLauncher, Value, converted, emit_layer, fusable,
                                                                 held, loaded, stored)
@@ -606,10 +606,10 @@ class _Source:
                       *(size.format(f"{p}_t{d}") for p in names for d in range(self.rank)),
                       "INT64: tl.constexpr", "ROWS: tl.constexpr", "BLOCK: tl.constexpr",
                       *((["SUB: tl.constexpr"] if fn.endswith(SUB_ROWS) else ["SPLITS: tl.constexpr"])
-                        if fn.startswith(SPLIT_APPLY) else [])]
+                        if fn.startswith(SPLIT_APPLY) else []), PDL_PARAM]
             signature = ",\n        ".join(params)
             out.append(f"\n\n@triton.jit\ndef {fn}(\n        {signature},\n):\n" +
-                       "".join(f"    {line}\n" for line in body))
+                       "".join(f"    {line}\n" for line in (*WAIT_LINES, *body)))
         if any(fn.endswith(SUB_ROWS) for fn, _, _ in bodies):
             out.append(_SPLIT_MERGE)
         return "".join(out)
@@ -635,9 +635,11 @@ SPLIT_MERGE = "rows_split_merge_kernel"
 _SPLIT_MERGE = f'''
 
 @triton.jit
-def {SPLIT_MERGE}(st, splits, chunk, rows, cols, SUB: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr):
+def {SPLIT_MERGE}(st, splits, chunk, rows, cols, SUB: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
+        {PDL_PARAM}):
     # each of `rows` rows' mean and variance from the statistics of its SUB sub-rows' spans (cols columns each,
     # `splits` spans of `chunk`), which lie one after another; stored after them, as [row, 2]
+''' + "".join(f"    {line}\n" for line in WAIT_LINES) + '''\
     row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)[None, :]
     rmask = row < rows
 ''' + "".join(f"    {line}\n" for line in _merged_statistics("[:, None]", "[None, :]", 0, sub=True)) + '''\
@@ -817,7 +819,7 @@ class RowLauncher(GroupLauncher):
         warps = 8 if not across and cols > MAX_PERSISTENT else \
             _num_warps(packed * block, grid[0], multiprocessors(device))
         fn[grid](*operands, *outputs, rows, cols, *sizes, *(v for s in strides for v in s), INT64=int64, ROWS=packed,
-                 BLOCK=block, num_warps=warps)
+                 BLOCK=block, num_warps=warps, **chain_options())
         return outputs
 
     def _split_reduction(self, operands: list[torch.Tensor], outputs: list[torch.Tensor], rows: int, cols: int,
@@ -867,7 +869,8 @@ class RowLauncher(GroupLauncher):
         stats = torch.empty(rows * splits * 2 + merged, dtype=torch.float32, device=outputs[0].device)
         grid = ((rows + packed - 1) // packed, splits)
         args = (*operands, *outputs, stats, splits, chunk, rows, cols, *sizes, *(v for s in strides for v in s))
-        meta = {"INT64": int64, "ROWS": packed, "BLOCK": chunk, "num_warps": _num_warps(packed * chunk)}
+        meta = {"INT64": int64, "ROWS": packed, "BLOCK": chunk, "num_warps": _num_warps(packed * chunk),
+                **chain_options()}
         stats_fn, apply_fn = fns[:2]
         stats_fn[grid](*args, **meta)
         if self.kernel.split_sum:
@@ -877,7 +880,7 @@ class RowLauncher(GroupLauncher):
             entries = _next_power_of_two(splits * sub)
             per = max(1, min(_next_power_of_two(rows // sub), 1024 // entries))  # at most 1024 statistics a program
             fns[2][((rows // sub + per - 1) // per,)](stats, splits, chunk, rows // sub, cols, SUB=sub, ROWS=per,
-                                                       SPLITS=entries, num_warps=4)
+                                                       SPLITS=entries, num_warps=4, **chain_options())
             apply_fn[grid](*args, SUB=sub, **meta)
         else:
             apply_fn[grid](*args, SPLITS=_next_power_of_two(splits), **meta)
