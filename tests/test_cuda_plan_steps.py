@@ -756,7 +756,8 @@ class PositionIds(torch.nn.Module):
 
 def test_integer_position_ids_are_one_generated_scan_kernel():
     """The integer pointwise layers around the cumsum join it in one generated row step (the scan its reduction);
-    only the embedding's gather stays on ATen. Exact against eager, padding included."""
+    the embedding's gather reads ids proved to lie in [1, 13] (ir/value_ranges.py) of its 40 rows, so it is a
+    generated indexed kernel. Exact against eager, padding included."""
     torch.manual_seed(0)
     module = PositionIds().eval()
     data = torchkiln.convert_method_to_engine(module, "forward", [torchkiln.Input((4, 12), dtype=torch.int64)],
@@ -768,7 +769,7 @@ def test_integer_position_ids_are_one_generated_scan_kernel():
     plan, out = run_plan(network, [ids])
     steps = [(plan.kernels[s.kernel].kind, plan.kernels[s.kernel].op) for s in plan.steps
              if plan.kernels[s.kernel].op != "constant"]
-    assert steps == [("generated", "rows"), ("aten", "gather")]
+    assert steps == [("generated", "rows"), ("generated", "indexed")]
     assert len(plan.steps[-2].layers) == 7  # ne, cast, cumsum, cast, mul, cast, add (the + 0 is folded)
     assert torch.equal(out[0], module(ids))
 
@@ -809,3 +810,90 @@ def test_a_select_joins_the_pointwise_group_around_it():
     plan, out = run_plan(network, xs)
     assert [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"] == ["pointwise"]
     assert torch.equal(out[0], MaskedScale()(*xs))
+
+
+def _positions(net: Network, ids, pad: int = 1):
+    """RoBERTa's position ids of `ids` (int64): cumsum of the non-padding mask, times the mask, plus the padding
+    index; proved to lie in [pad, pad + ids' length]."""
+    one = net.add_constant(torch.tensor(pad)).get_output()
+    mask = net.add_cast(net.add_elementwise(ids, one, L.ElementWiseOperation.NOT_EQUAL).get_output(),
+                        torch.int64).get_output()
+    running = net.add_cumulative(mask, L.CumulativeOperation.SUM, 1).get_output()
+    kept = net.add_elementwise(running, mask, L.ElementWiseOperation.PROD).get_output()
+    return net.add_elementwise(kept, one, L.ElementWiseOperation.SUM).get_output()
+
+
+def _padded_ids(seed: int = 0) -> torch.Tensor:
+    ids = torch.randint(2, 50, (3, 12), generator=torch.Generator().manual_seed(seed))
+    ids[0, 8:] = 1
+    ids[2, :] = 1
+    return ids
+
+
+def test_gathers_at_indices_proved_in_range_are_one_generated_indexed_kernel():
+    """Embeddings at computed position ids: a table row gathered by the positions (proved in [1, 13] of 40 rows),
+    an element gather from a constant [3, 40] buffer by them (token types, proved [0, 0]), the token-type row by
+    that, and their sum: one generated indexed kernel after the position ids' row step. Exact against the
+    reference, padding rows included."""
+    g = torch.Generator().manual_seed(1)
+    net = Network("embeddings")
+    ids = net.add_input("ids", torch.int64, (3, 12))
+    positions = _positions(net, ids)
+    table = net.add_constant(torch.randn(40, 8, generator=g)).get_output()
+    buffered = net.add_constant(torch.zeros(3, 40, dtype=torch.int64)).get_output()
+    types = net.add_gather(buffered, positions, 1, L.GatherMode.ELEMENT).get_output()
+    type_table = net.add_constant(torch.randn(2, 8, generator=g)).get_output()
+    rows = net.add_gather(table, positions, 0).get_output()
+    typed = net.add_gather(type_table, types, 0).get_output()
+    net.mark_output(net.add_elementwise(rows, typed, L.ElementWiseOperation.SUM).get_output())
+    x = _padded_ids()
+    plan, out = run_plan(net, [x])
+    steps = [(plan.kernels[s.kernel].kind, plan.kernels[s.kernel].op) for s in plan.steps
+             if plan.kernels[s.kernel].op != "constant"]
+    assert steps == [("generated", "rows"), ("generated", "indexed")], steps
+    assert torch.equal(out[0], ReferenceExecutor(net, CPU).run([x])[0])
+
+
+@pytest.mark.parametrize("mode", ["default", "nd"])
+def test_gathers_at_constant_indices_are_index_arithmetic(mode):
+    """A gather at constant indices (checked when the layer was made) over a computed tensor: a [3,10,4] table's
+    dim 1 at [2,5] indices, or an nd gather of a mask's elements, then a pointwise layer: one indexed kernel."""
+    g = torch.Generator().manual_seed(2)
+    net = Network("constant gather")
+    if mode == "default":
+        x = net.add_input("x", torch.float32, (3, 10, 4))
+        h = net.add_activation(x, L.ActivationType.RELU).get_output()
+        picked = net.add_gather(h, net.add_constant(torch.randint(0, 10, (2, 5), generator=g)).get_output(), 1)
+        net.mark_output(net.add_elementwise(picked.get_output(), picked.get_output(),
+                                            L.ElementWiseOperation.PROD).get_output())
+        value = torch.randn(3, 10, 4, generator=g)
+    else:
+        x = net.add_input("x", torch.bool, (2, 6))
+        at = torch.stack([torch.randint(0, 2, (3, 5), generator=g), torch.randint(0, 6, (3, 5), generator=g)], -1)
+        picked = net.add_gather(x, net.add_constant(at).get_output(), 0, L.GatherMode.ND).get_output()
+        other = net.add_constant(torch.rand(3, 5, generator=g) > 0.3).get_output()
+        net.mark_output(net.add_elementwise(picked, other, L.ElementWiseOperation.AND).get_output())
+        value = torch.rand(2, 6, generator=g) > 0.5
+    plan, out = run_plan(net, [value])
+    ops = [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"]
+    assert ops == ["indexed"] or ops == ["pointwise", "indexed"], ops
+    assert torch.equal(out[0], ReferenceExecutor(net, CPU).run([value])[0])
+
+
+@pytest.mark.parametrize("case", ["input ids", "range too wide"])
+def test_gathers_at_indices_not_proved_in_range_stay_on_aten_with_the_reason_reported(case):
+    """Token ids (a network input) are not known to be valid rows, and positions up to 13 are not rows of a
+    10-row table: ATen's gather checks them, so they stay there, and the fusion report says why."""
+    from torchkiln.runtime.backends.cuda import fusion_report
+
+    net = Network("unproved")
+    ids = net.add_input("ids", torch.int64, (3, 12))
+    indices = ids if case == "input ids" else _positions(net, ids)
+    table = net.add_constant(torch.randn(10 if case == "range too wide" else 60, 8)).get_output()
+    gathered = net.add_gather(table, indices, 0)
+    net.mark_output(net.add_activation(gathered.get_output(), L.ActivationType.RELU).get_output())
+    plan = planner.make_plan(net, CPU, BackendOptions(timing_iterations=0))
+    assert Kernel("aten", "gather") in plan.kernels
+    why = "not proved in range" if case == "input ids" else "may hold values in [1, 13], outside [0, 10)"
+    reasons = [e.reason for e in fusion_report.unfused_edges(net, plan)]
+    assert any(why in r and gathered.name in r for r in reasons), reasons

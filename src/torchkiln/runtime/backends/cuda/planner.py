@@ -713,15 +713,15 @@ MAX_SPAN = 12  # steps a producer may run later, inside the indexed kernel it al
 
 
 def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> bool:
-    """Whether an ATen movement step copies its input: a concatenation, a padding, a resize, or a shuffle that reshapes
-    (merging or splitting dims) the output of a transpose. Not where the transposed tensor is an attention
+    """Whether an ATen movement step copies its input: a concatenation, a padding, a resize, a gather, or a shuffle
+    that reshapes (merging or splitting dims) the output of a transpose. Not where the transposed tensor is an attention
     layer's output: SDPA's fused backends return it laid out [N, L, H, E], so the usual transpose(1, 2) and
     reshape back to [N, L, H * E] is a view, and ATen's reshape copies only where a backend's layout needs it."""
     kernel, members = step
     if kernel.kind != "aten":
         return False
     layer = network.layers[members[0]]
-    if isinstance(layer, (L.ConcatenationLayer, L.PaddingLayer, L.ResizeLayer)):
+    if isinstance(layer, (L.ConcatenationLayer, L.PaddingLayer, L.ResizeLayer, L.GatherLayer)):
         return True
     if not isinstance(layer, L.ShuffleLayer) or layer.reshape_dims is None:
         return False

@@ -33,13 +33,15 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
+from torchkiln.ir.value_ranges import proved_range
 from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, needs_int64
 from torchkiln.runtime.backends.cuda.codegen.pointwise import (BLOCK, HEADER, VALUE_DTYPES, Builder, Value,
                                                                 INTEGERS, converted, emit_layer, fusable, held,
                                                                 literal, loaded, scalar_literal, stored)
 
 KERNEL_NAME = "indexed_kernel"
-MOVEMENT = (L.ShuffleLayer, L.SliceLayer, L.ConcatenationLayer, L.PaddingLayer, L.ExpandLayer, L.ResizeLayer)
+MOVEMENT = (L.ShuffleLayer, L.SliceLayer, L.ConcatenationLayer, L.PaddingLayer, L.ExpandLayer, L.ResizeLayer,
+            L.GatherLayer)
 MAX_LAYERS = 256  # layers one kernel computes (each value's expression is built by recursion over the group)
 
 
@@ -58,6 +60,29 @@ def movement_fusable(layer: L.Layer) -> str | None:
         return "it concatenates tensors of different dtypes"
     if isinstance(layer, L.ResizeLayer):
         return _resize_refusal(layer)
+    if isinstance(layer, L.GatherLayer):
+        return _gather_refusal(layer)
+    return None
+
+
+def _gather_refusal(layer: L.GatherLayer) -> str | None:
+    """None if every index the gather can read is known to lie in its data's range: constant indices (checked when
+    the layer was made), or computed ones whose proved range (`ir/value_ranges.py`) lies inside. A generated kernel
+    reads its data at the index unchecked; ATen's gather checks each (a device-side assertion), so a gather of
+    indices read at run time, such as token ids, stays there."""
+    data, indices = layer.inputs
+    if data.rank == 0:
+        return "it gathers from a scalar"
+    if L.constant_value(indices) is not None:
+        return None
+    if layer.mode == L.GatherMode.ND:
+        return "its nd indices are computed at run time"
+    size = data.shape[layer.axis % data.rank]
+    found = proved_range(indices)
+    if found is None:
+        return "its indices are read at run time and not proved in range (ATen's gather checks them)"
+    if not (0 <= found[0] and found[1] < size):
+        return f"its indices may hold values in [{found[0]}, {found[1]}], outside [0, {size})"
     return None
 
 
@@ -173,6 +198,8 @@ class _Emitter(Builder):
             return self.inlined(L.constant_value(t)) or \
                 self.read(f"in{self.given[id(t)]}", t.dtype, t.shape, idx, mask)
         out = layer.outputs[0]
+        if isinstance(layer, L.GatherLayer):
+            return self._gathered(layer, idx, mask)
         if isinstance(layer, L.ConcatenationLayer):
             return self._concatenation(layer, idx, mask)
         if isinstance(layer, L.PaddingLayer):
@@ -234,6 +261,22 @@ class _Emitter(Builder):
         split = tuple("0" if n == 1 else self.index(f"({flat} // {math.prod(into_middle[d + 1:])}) % {n}")
                       for d, n in enumerate(into_middle))
         return idx[:head] + split + idx[len(idx) - tail:]
+
+    def _gathered(self, layer: L.GatherLayer, idx: Index, mask: str) -> Value:
+        """A gather at `idx`: its indices read where the output's index says, then its data read at them (indices
+        in range: `_gather_refusal`)."""
+        data, indices = layer.inputs
+        if layer.mode == L.GatherMode.ND:  # indices [..., depth] name data's first depth dims
+            lead, depth = indices.rank - 1, indices.shape[-1]
+            at = tuple(self.index(self.value(indices, idx[:lead] + (str(k),), mask)[0]) for k in range(depth))
+            return self.value(data, at + idx[lead:], mask)
+        axis = layer.axis % data.rank
+        if layer.mode == L.GatherMode.ELEMENT:  # indices of the output's shape replace its index along the axis
+            at = self.index(self.value(indices, idx, mask)[0])
+            return self.value(data, idx[:axis] + (at,) + idx[axis + 1:], mask)
+        # default: the indices' dims stand in for data's axis
+        at = self.index(self.value(indices, idx[axis:axis + indices.rank], mask)[0])
+        return self.value(data, idx[:axis] + (at,) + idx[axis + indices.rank:], mask)
 
     def _concatenation(self, layer: L.ConcatenationLayer, idx: Index, mask: str) -> Value:
         axis = layer.axis % layer.outputs[0].rank
