@@ -72,8 +72,9 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    pointwise steps (a layer scale over a channels-last view, permuted back and added to the residual), runs in a
    generated indexed kernel with the movable steps it alone feeds, down to the last one, and those that alone feed
    it, up to `MAX_SPAN` steps back (a movable step: a generated pointwise or indexed step, or a movement or
-   pointwise layer of static shapes on ATen). RoPE's rotate-half with its multiplies is one kernel; so is a shifted window's roll with
-   its window partition (two concatenations and a copy before). A group refused (more than `MAX_LAYERS` layers,
+   pointwise layer of static shapes on ATen). RoPE's rotate-half with its multiplies is one kernel; so is a shifted
+   window's roll with its window partition (two concatenations and a copy before). A gather counts where its
+   indices are constant or proved in range (`ir/value_ranges.py`). A group refused (more than `MAX_LAYERS` layers,
    outputs of several shapes) logs why.
 
 A 2-D max pool of a batched input runs in a generated Triton kernel over any strides, vectorized along the

@@ -84,8 +84,9 @@ def candidates(m: int, n: int, k: int, sms: int = SMS) -> list[Config]:
 def _filling(config: Config, m: int, n: int, k: int, sms: int) -> Config:
     """`config` resized to the product and the GPU: M blocks no taller than the product, then the wider of the M and
     N blocks halved until the launch has `sms` programs or both are 16; K blocks as deep as the product up to 128
-    while the pipeline's stages fit `SHARED_BYTES`; 2 warps below a 64 x 64 tile, 8 from 128 x 256. A small-M product (a CNN's late stages, or any network at batch 1) leaves most
-    multiprocessors idle with the fitted tile. Timed beside it and the library on an H200, over the 33 1x1
+    while the pipeline's stages fit `SHARED_BYTES`; 2 warps below a 64 x 64 tile, 8 from 128 x 256. A small-M
+    product (a CNN's late stages, or any network at batch 1) leaves most multiprocessors idle with the fitted
+    tile. Timed beside it and the library on an H200, over the 33 1x1
     convolutions of an inverted-residual network with squeeze-excitation: this tile won 23 at batch 1 (the network
     0.457 -> 0.421 ms) and 14 at batch 32 (the library the other 19; 1.329 -> 1.294 ms)."""
     block_m, block_n = min(config.block_m, max(16, _pow2(m))), config.block_n
