@@ -184,6 +184,26 @@ def test_chunks_merge_into_one_table(tmp_path, capsys):
     assert "differ in precision: 'float16' and 'float32'" in capsys.readouterr().err
 
 
+def test_kernel_launches_per_call_are_counted_and_tabled(tmp_path):
+    """A profile's kernel rows give launches per call; a GPU run with --profile records them for every peer, and the
+    table lists them per case (here a CPU run's result with the counts a GPU run would have recorded)."""
+    from torchkiln.bench.compare import format_table
+    from torchkiln.bench.kernel_classes import launches
+
+    assert launches([{"calls": 30}, {"calls": 12}, {"calls": 8}], 10) == 5.0
+    path = str(tmp_path / "run.json")
+    assert main(["bench", "--zoo", "--models", "mlp", "--batch", "2", "--device", "cpu", "--iters", "2", "--warmup",
+                 "0", "--peers", "eager,torchkiln", "--sources", "bundled", "--json", path]) == 0
+    result = json.loads(open(path).read())
+    assert "kernel launches" not in format_table(result)  # none counted on the CPU
+    result["cases"][0]["peers"]["eager"]["kernels_per_call"] = 7.0
+    result["cases"][0]["peers"]["torchkiln"]["kernels_per_call"] = 3.0
+    lines = format_table(result).splitlines()
+    at = lines.index("kernel launches per call (memcpy and memset included)")
+    assert lines[at + 1].split()[2:] == ["eager", "torchkiln"]
+    assert lines[at + 2].split() == ["mlp", "2", "7", "3"]
+
+
 def test_every_generated_kernel_is_classed_generated():
     """Each kernel function a generator's source defines (a group norm's has the split reduction's two) is counted as
     generated time, not library time."""

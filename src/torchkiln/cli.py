@@ -385,7 +385,8 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
                        "node or a fused kernel, run one by one) with their time per call and share, like trtexec "
                        "--dumpProfile, on cuda with each pair of steps left apart and why; the time per op "
                        "(torch.profiler, self time, top entries); on a GPU the time per call by kernel class (library, "
-                       "generated, ATen, copies, idle); with --zoo or --blocks, torchkiln's by kernel class")
+                       "generated, ATen, copies, idle); with --zoo or --blocks, torchkiln's by kernel class and every "
+                       "peer's kernel launches per call")
     bench.add_argument("--profile-sort", choices=("order", "time"), default="order",
                        help="--profile: order of the per-step table, the engine's or slowest first (default: "
                        "%(default)s)")

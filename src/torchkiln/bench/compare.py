@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from torchkiln._version import __version__
-from torchkiln.bench.kernel_classes import by_class, format_classes
+from torchkiln.bench.kernel_classes import by_class, format_classes, launches
 from torchkiln.bench.peers import BEST_PEER_CANDIDATES, DEFAULT_PEERS, PEERS
 from torchkiln.bench.saved import profile_calls
 from torchkiln.bench.timing import geomean, load_warning, relative_spread, summarize, synchronize, time_interleaved
@@ -102,10 +102,12 @@ def _time_peers(runners: dict[str, Callable[[], Any]], rows: dict[str, dict[str,
         stats = summarize(ts)
         rows[name].update(status="ok", ms=stats["p50"], latency_ms=stats, spread=relative_spread(stats),
                           items_per_s=batch * 1e3 / stats["p50"])
-        if profile and name == "torchkiln" and device.type == "cuda":
+        if profile and device.type == "cuda":  # every peer's launches; torchkiln's time by kernel class
             with torch.no_grad():
                 _, kernels = profile_calls(runners[name], device, PROFILE_ITERS, 0)
-            rows[name]["kernel_classes"] = by_class(kernels, PROFILE_ITERS, stats["p50"])
+            rows[name]["kernels_per_call"] = launches(kernels, PROFILE_ITERS)
+            if name == "torchkiln":
+                rows[name]["kernel_classes"] = by_class(kernels, PROFILE_ITERS, stats["p50"])
     return other_load
 
 
@@ -414,6 +416,13 @@ def format_table(result: dict[str, Any]) -> str:
         lines += ["", "torchkiln's time per call by kernel class (ms, share of the call)"]
         lines += [f"{c['model']:{name}} {c['batch']:>5} {format_classes(c['peers']['torchkiln']['kernel_classes'])}"
                   for c in profiled]
+    counted = [c for c in result["cases"] if any("kernels_per_call" in r for r in c.get("peers", {}).values())]
+    if counted:
+        lines += ["", "kernel launches per call (memcpy and memset included)", head]
+        for c in counted:
+            cells = [f"{c['peers'][p]['kernels_per_call']:.0f}" if "kernels_per_call" in c["peers"].get(p, {})
+                     else "-" for p in peers]
+            lines.append(f"{c['model']:{name}} {c['batch']:>5} " + " ".join(f"{s:>{width}}" for s in cells))
     if failures:
         lines += ["", "failed:"] + failures
     overheads = [f"  {c['model']} batch {c['batch']}: {c['call_overhead_us']:.1f} us" for c in result["cases"]

@@ -38,6 +38,12 @@ def by_class(kernels: Iterable[dict[str, Any]], iters: int, wall_ms: float) -> d
     return out
 
 
+def launches(kernels: Iterable[dict[str, Any]], iters: int) -> float:
+    """Kernel launches per call (memcpy and memset nodes included), from profile rows ({"calls"}) over `iters`
+    calls."""
+    return sum(row["calls"] for row in kernels) / iters
+
+
 def format_classes(classes: dict[str, float]) -> str:
     """One line: each class's ms per call and share of the wall time."""
     wall = sum(classes.values()) or 1.0
