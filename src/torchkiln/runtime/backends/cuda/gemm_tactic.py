@@ -27,7 +27,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda import quant_kernels, timing
-from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm, multiprocessors
+from torchkiln.runtime.backends.cuda.codegen import chained, chains, depthwise, gemm, multiprocessors
 from torchkiln.runtime.backends.cuda.kernels import StepLayers, epilogue_inputs, make_step
 from torchkiln.runtime.backends.cuda.runner import placed_weight
 from torchkiln.runtime.plan import Kernel
@@ -102,9 +102,10 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
             runs[config.text()] = _steps(network, [(kernel, request.members)], values, readers, returned, device,
                                          options)
         pending.append((i, key, runs))
-    first_calls = [run for _, _, runs in pending for run in runs.values()]
+    chain = chains(device)
+    first_calls = [(run, chain and name != "library") for _, _, runs in pending for name, run in runs.items()]
     with torch.no_grad(), concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-        failed = {id(run): error for run, error in zip(first_calls, pool.map(_first_call, first_calls)) if error}
+        failed = {id(run): error for (run, _), error in zip(first_calls, pool.map(_first_call, first_calls)) if error}
     for i, key, runs in pending:
         layer = network.layers[requests[i].product]
         times = {}
@@ -155,11 +156,17 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
     return json.dumps(key), inputs, configs
 
 
-def _first_call(run: Callable[[], None]) -> str | None:
-    """Run once (compiling what it generates); why it failed, or None."""
+def _first_call(call: tuple[Callable[[], None], bool]) -> str | None:
+    """Run once (compiling what it generates), and where asked once more launched chained (`codegen.chained`: the
+    variant a generated step after another runs, a compile of its own, made here beside the other candidates'
+    rather than one by one at the runner's first call); why it failed, or None."""
+    run, chain = call
     try:
         with torch.no_grad():
             run()
+            if chain:
+                with chained(True):
+                    run()
         return None
     except Exception as e:  # noqa: BLE001 - reported per candidate, which is then not timed
         return str(e).splitlines()[0] if str(e) else type(e).__name__
