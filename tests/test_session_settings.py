@@ -168,3 +168,41 @@ def test_a_loaded_engine_runs_the_threads_asked_for_where_it_runs(monkeypatch):
             assert options.intra_op_num_threads == min(2, usable_cores())
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_network_whose_loop_runs_as_its_data_says_is_not_measured():
+    """A while loop's iterations depend on its data: on random inputs it may run until its max_trips guard, so the
+    settings are not timed (no session is even made for them) and the default is kept. A for loop of a fixed count
+    is measured as any network."""
+    import torchkiln
+
+    class WhileLoop(torch.nn.Module):
+        def forward(self, x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+            y = x * 1.0
+            while y.abs().sum() > 1.0:
+                y = y * 0.5 + step
+            return y + 1.0
+
+    class ForLoop(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = x
+            for _ in range(1000):
+                h = torch.tanh(h * 0.9 + 0.1)
+            return h
+
+    def network(module, *shapes):
+        data = torchkiln.convert_method_to_engine(module.eval(), "forward", [torchkiln.Input(s) for s in shapes],
+                                                  backend="reference", min_block_size=1)
+        return Engine.deserialize(data).network
+
+    def never(tactic):
+        raise AssertionError("a session was made to time the settings")
+
+    while_net = network(WhileLoop(), (4,), (4,))
+    assert any(isinstance(layer, L.LoopLayer) for layer in while_net.layers)
+    assert session_settings.data_bound_loop(while_net)
+    tactics = session_settings.candidates(True)
+    assert session_settings.choose_settings(while_net, tactics, never) == session_settings.DEFAULT_SETTINGS
+    for_net = network(ForLoop(), (2, 5))
+    assert any(isinstance(layer, L.LoopLayer) for layer in for_net.layers)
+    assert not session_settings.data_bound_loop(for_net) and not session_settings.data_bound_loop(_mlp())

@@ -31,7 +31,9 @@ a 4-layer MLP of 1 MFLOP (14 against 16 us; a tie at 8 MFLOP, two threads ahead 
 of about 0.5 ms a call (0.28 against 0.45 ms).
 
 Not measured (the default kept): a network whose fastest warm-up call takes under `MIN_CALL_S` (what the settings
-change is then within the call overhead), dynamic shapes, and a network whose random inputs fail.
+change is then within the call overhead), dynamic shapes, a network whose random inputs fail, and one holding a loop
+whose iterations its data decides (a while loop: on random inputs it may run until its `max_trips` guard; a
+halving loop of four values ran 34 s a call that way, one call of a 107 s build).
 """
 from __future__ import annotations
 
@@ -41,7 +43,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.shape_only import decided_by_shapes
 from torchkiln.ir.symbolic import has_symbols
 from torchkiln.runtime.cpu_load import LOADED, LoadMeter
 
@@ -80,11 +84,20 @@ def random_inputs(network: Network) -> list[torch.Tensor] | None:
     return xs
 
 
+def data_bound_loop(network: Network) -> bool:
+    """Whether `network` (or a sub-network of one of its layers) holds a loop whose trip count or condition its data
+    decides, so that random inputs say nothing of how long a call takes."""
+    decided = decided_by_shapes(network)
+    return any(isinstance(layer, L.LoopLayer) and j not in decided or
+               any(data_bound_loop(getattr(layer, name)) for name in layer.SUBNETWORKS)
+               for j, layer in enumerate(network.layers))
+
+
 def choose_settings(network: Network, tactics: Sequence[Tactic], runner_for: Callable[[Tactic], object]) -> Tactic:
     """The tactic `quiet_winner` picks from interleaved timings of each runner (`runner_for(tactic).run(inputs)`)
     on random inputs, or DEFAULT_SETTINGS where the network is not measured (module docstring)."""
     xs = random_inputs(network)
-    if xs is None or len(tactics) < 2:
+    if xs is None or len(tactics) < 2 or data_bound_loop(network):
         return DEFAULT_SETTINGS
     try:
         runners = [runner_for(tactics[0])]
