@@ -190,19 +190,21 @@ def test_a_network_whose_loop_runs_as_its_data_says_is_not_measured():
                 h = torch.tanh(h * 0.9 + 0.1)
             return h
 
-    def network(module, *shapes):
-        data = torchkiln.convert_method_to_engine(module.eval(), "forward", [torchkiln.Input(s) for s in shapes],
-                                                  backend="reference", min_block_size=1)
-        return Engine.deserialize(data).network
+    def network(module, *inputs):  # example inputs the loops end on (random ones may not end a while loop)
+        from torchkiln.stitching.stitch import engine_attrs
+
+        compiled = torchkiln.compile(module.eval(), inputs=list(inputs), backend="reference", min_block_size=1)
+        (attr,) = engine_attrs(compiled)
+        return Engine.deserialize(getattr(compiled, attr).numpy().tobytes()).network
 
     def never(tactic):
         raise AssertionError("a session was made to time the settings")
 
-    while_net = network(WhileLoop(), (4,), (4,))
+    while_net = network(WhileLoop(), torch.randn(4) * 8, torch.full((4,), 0.01))
     assert any(isinstance(layer, L.LoopLayer) for layer in while_net.layers)
     assert session_settings.data_bound_loop(while_net)
     tactics = session_settings.candidates(True)
     assert session_settings.choose_settings(while_net, tactics, never) == session_settings.DEFAULT_SETTINGS
-    for_net = network(ForLoop(), (2, 5))
+    for_net = network(ForLoop(), torch.randn(2, 5))
     assert any(isinstance(layer, L.LoopLayer) for layer in for_net.layers)
     assert not session_settings.data_bound_loop(for_net) and not session_settings.data_bound_loop(_mlp())
