@@ -183,19 +183,45 @@ def tiny_bert() -> torch.nn.Module:
     return transformers.BertModel(config).eval()
 
 
+def sole_engine(module: torch.jit.ScriptModule) -> Any:
+    """The one engine of a compiled module, deserialized."""
+    from torchkiln.runtime.engine import Engine
+    from torchkiln.stitching.stitch import engine_attrs
+
+    [attr] = engine_attrs(module)
+    return Engine.deserialize(getattr(module, attr).numpy().tobytes())
+
+
 def session_graph(module: torch.jit.ScriptModule, inputs: Sequence[torch.Tensor], folder: str) -> list[Any]:
     """The nodes of the graph ONNX Runtime runs for the one engine of a compiled module (its onnxruntime backend's
     sessions, in order, as ORT optimized them: written by their profiling into `folder`), after one call."""
     import onnx
 
     from torchkiln.runtime.backends.onnxruntime import OrtRunner
-    from torchkiln.runtime.engine import Engine
-    from torchkiln.stitching.stitch import engine_attrs
 
-    [attr] = engine_attrs(module)
-    engine = Engine.deserialize(getattr(module, attr).numpy().tobytes())
+    engine = sole_engine(module)
     cpu = torch.device("cpu")
     runner = OrtRunner(engine.network, engine.plan_for(cpu), cpu, engine.run_options, folder)
     runner.run(list(inputs))
     return [node for _, model in runner.end_profiling()
             for node in onnx.load(model, load_external_data=False).graph.node]
+
+
+class WhileLoop(torch.nn.Module):
+    """Halve until the norm is below 1: the trip count depends on the data."""
+
+    def forward(self, x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+        y = x * 1.0
+        while y.abs().sum() > 1.0:
+            y = y * 0.5 + step
+        return y + 1.0
+
+
+class LongFor(torch.nn.Module):
+    """1000 iterations carrying a tensor: too many to unroll."""
+
+    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = x
+        for _ in range(1000):
+            h = torch.tanh(h * 0.9 + w)
+        return h

@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from harness import assert_falls_back, check_compiled
+from harness import LongFor, WhileLoop, assert_falls_back, check_compiled
 
 import torchkiln
 from torchkiln.conversion import control_flow as CF
@@ -29,26 +29,6 @@ class DataIf(torch.nn.Module):
         else:
             z = torch.sigmoid(y) - x
         return z * 0.5
-
-
-class WhileLoop(torch.nn.Module):
-    """Halve until the norm is below 1: the trip count depends on the data."""
-
-    def forward(self, x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-        y = x * 1.0
-        while y.abs().sum() > 1.0:
-            y = y * 0.5 + step
-        return y + 1.0
-
-
-class LongFor(torch.nn.Module):
-    """1000 iterations carrying a tensor: too many to unroll."""
-
-    def forward(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        h = x
-        for _ in range(1000):
-            h = torch.tanh(h * 0.9 + w)
-        return h
 
 
 def _kinds(report) -> set[str]:

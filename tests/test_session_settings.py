@@ -175,27 +175,11 @@ def test_a_network_whose_loop_runs_as_its_data_says_is_not_measured():
     settings are not timed (no session is even made for them) and the default is kept. A for loop of a fixed count
     is measured as any network."""
     import torchkiln
-
-    class WhileLoop(torch.nn.Module):
-        def forward(self, x: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
-            y = x * 1.0
-            while y.abs().sum() > 1.0:
-                y = y * 0.5 + step
-            return y + 1.0
-
-    class ForLoop(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            h = x
-            for _ in range(1000):
-                h = torch.tanh(h * 0.9 + 0.1)
-            return h
+    from harness import LongFor, WhileLoop, sole_engine
 
     def network(module, *inputs):  # example inputs the loops end on (random ones may not end a while loop)
-        from torchkiln.stitching.stitch import engine_attrs
-
         compiled = torchkiln.compile(module.eval(), inputs=list(inputs), backend="reference", min_block_size=1)
-        (attr,) = engine_attrs(compiled)
-        return Engine.deserialize(getattr(compiled, attr).numpy().tobytes()).network
+        return sole_engine(compiled).network
 
     def never(tactic):
         raise AssertionError("a session was made to time the settings")
@@ -205,6 +189,6 @@ def test_a_network_whose_loop_runs_as_its_data_says_is_not_measured():
     assert session_settings.data_bound_loop(while_net)
     tactics = session_settings.candidates(True)
     assert session_settings.choose_settings(while_net, tactics, never) == session_settings.DEFAULT_SETTINGS
-    for_net = network(ForLoop(), torch.randn(2, 5))
+    for_net = network(LongFor(), torch.randn(2, 5), torch.randn(2, 5) * 0.1)
     assert any(isinstance(layer, L.LoopLayer) for layer in for_net.layers)
     assert not session_settings.data_bound_loop(for_net) and not session_settings.data_bound_loop(_mlp())
