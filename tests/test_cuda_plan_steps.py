@@ -16,7 +16,7 @@ from torchkiln.errors import NetworkError  # noqa: E402
 from torchkiln.ir import layers as L  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.runtime.backends import BackendOptions  # noqa: E402
-from torchkiln.runtime.backends.cuda import planner  # noqa: E402
+from torchkiln.runtime.backends.cuda import fusion_report, planner  # noqa: E402
 from torchkiln.runtime.backends.cuda.cache import CACHE_ENV  # noqa: E402
 from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
 from torchkiln.runtime.engine import Engine  # noqa: E402
@@ -148,7 +148,8 @@ def test_max_pool_step_keeps_the_convolutions_channels_last():
 
 def test_a_convolution_read_by_no_pointwise_layer_adds_its_bias_in_a_generated_kernel():
     """conv (with bias) -> average pool: nothing pointwise reads the convolution, yet its bias is a generated
-    kernel after the convolution run without it (ATen's bias add over channels-last is not vectorized)."""
+    kernel after the convolution run without it (ATen's bias add over channels-last is not vectorized); the pool,
+    a window read, is a generated indexed kernel of its own (the bias is not added once per window position)."""
     net = Network("downsample")
     x = net.add_input("x", torch.float32, (2, 3, 8, 8))
     conv = net.add_convolution_nd(x, torch.randn(5, 3, 1, 1), torch.randn(5), stride=(2, 2), padding=(0, 0),
@@ -158,7 +159,7 @@ def test_a_convolution_read_by_no_pointwise_layer_adds_its_bias_in_a_generated_k
     xv = torch.randn(2, 3, 8, 8)
     plan, out = run_plan(net, [xv])
     assert [(plan.kernels[s.kernel].kind, plan.kernels[s.kernel].op) for s in plan.steps] == [
-        ("library", "conv_epilogue"), ("aten", "pooling")]
+        ("library", "conv_epilogue"), ("generated", "indexed")]
     ref = ReferenceExecutor(net, CPU).run([xv])[0]
     assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
 
@@ -534,6 +535,94 @@ def test_an_integer_linear_resize_stays_on_aten():
     x = torch.randint(0, 256, shape, dtype=torch.uint8)
     plan, out = run_plan(network, [x])
     assert torch.equal(out[0], Resized()(x))
+
+
+class Pooled(torch.nn.Module):
+    """A pool, then the pointwise work that reads it: the pool minus its input, a per-channel scale and a residual
+    add (a pooling token mixer) where the pool keeps the shape, else a scale and a shift; `before` puts a pointwise
+    producer in front of the pool."""
+
+    def __init__(self, pool, channels: int, before: bool = False) -> None:
+        super().__init__()
+        self.pool, self.before = pool, before
+        self.scale = torch.nn.Parameter(torch.rand(channels) + 0.5)
+
+    def forward(self, x):
+        y = torch.relu(x) * 2.0 if self.before else x
+        pooled = self.pool(y)
+        scale = self.scale.view([-1] + [1] * (pooled.dim() - 2))
+        return x + (pooled - y) * scale if pooled.shape == y.shape else pooled * scale + 1.0
+
+
+def _pooled_plan(module, shape, dtype=torch.float32, x=None):
+    data = torchkiln.convert_method_to_engine(module, "forward", [torchkiln.Input(shape, dtype=dtype)],
+                                              backend="reference")
+    network = Engine.deserialize(data).network
+    plan, out = run_plan(network, [x if x is not None else torch.randn(shape)])
+    return network, plan, out
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (torch.nn.AvgPool2d(3, 1, 1, count_include_pad=False), (2, 4, 9, 7)),
+    (torch.nn.AvgPool2d(2, 2), (2, 4, 8, 6)),
+    (torch.nn.AvgPool2d(3, 2, 1, ceil_mode=True), (2, 4, 8, 7)),  # the last window clipped at the padding's end
+    (torch.nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), (2, 4, 8, 7)),
+    (torch.nn.AvgPool2d(3, 1, 1, divisor_override=5), (2, 4, 6, 6)),
+    (torch.nn.AvgPool1d(3, 2, 1, count_include_pad=False), (2, 4, 11)),
+    (torch.nn.MaxPool1d(3, 2, 1, dilation=2), (2, 4, 11)),
+    (torch.nn.MaxPool3d(2, 2, ceil_mode=True), (2, 3, 5, 4, 6))], ids=[
+    "avg-3x3-s1-exclude-pad", "avg-2x2-s2", "avg-ceil-include-pad", "avg-ceil-exclude-pad", "avg-divisor",
+    "avg-1d", "max-1d-dilated", "max-3d-ceil"])
+def test_a_pool_is_index_arithmetic_in_the_kernel_of_its_readers(pool, shape):
+    """A pool on ATen becomes a generated indexed kernel with the pointwise layers reading it, and matches eager:
+    every window position read where it falls inside the input, the divisor as ATen counts it."""
+    torch.manual_seed(0)
+    module = Pooled(pool, shape[1]).eval()
+    x = torch.randn(shape)
+    _, plan, out = _pooled_plan(module, shape, x=x)
+    ops = [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"]
+    assert ops == ["indexed"], ops
+    ref = module(x)
+    assert out[0].shape == ref.shape
+    assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_a_half_precision_pool_sums_in_float32_and_rounds_once():
+    """As ATen's CUDA kernel: fp16 values summed in float32 over each window, divided, rounded once on store."""
+    torch.manual_seed(1)
+    shape = (2, 8, 9, 9)
+    pool = torch.nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+    x = torch.randn(shape).half().contiguous(memory_format=torch.channels_last)
+    _, plan, out = _pooled_plan(pool, shape, torch.float16, x)
+    assert [plan.kernels[s.kernel].op for s in plan.steps] == ["indexed"]
+    ref = pool(x.float())
+    assert F.cosine_similarity(out[0].float().flatten(), ref.flatten(), dim=0) >= 0.999
+    assert (out[0].float() - ref).abs().max() <= 1e-3 * ref.abs().max()  # one fp16 rounding of the result
+
+
+def test_what_makes_a_pools_input_runs_before_its_kernel():
+    """The pointwise producer of a pool's input stays a step of its own: inside the pool's kernel it would be
+    computed once per window position."""
+    torch.manual_seed(2)
+    module = Pooled(torch.nn.AvgPool2d(3, 1, 1), 4, before=True).eval()
+    x = torch.randn(2, 4, 6, 5)
+    network, plan, out = _pooled_plan(module, tuple(x.shape), x=x)
+    ops = [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"]
+    assert ops == ["pointwise", "indexed"], ops
+    ref = module(x)
+    assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_a_pool_of_a_wide_window_stays_on_aten():
+    """More window positions than a kernel unrolls: the pool runs on ATen, and the fusion report says why."""
+    module = Pooled(torch.nn.AvgPool2d(8, 1), 3).eval()
+    x = torch.randn(1, 3, 9, 9)
+    network, plan, out = _pooled_plan(module, tuple(x.shape), x=x)
+    assert "pooling" in [plan.kernels[s.kernel].op for s in plan.steps]
+    assert "its window has 64 positions (a kernel unrolls at most 49)" in "\n".join(
+        fusion_report.format_edges(network, plan))
+    ref = module(x)
+    assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
 def _squeeze_excite(returned: bool = False) -> Network:

@@ -74,7 +74,10 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    it, up to `MAX_SPAN` steps back (a movable step: a generated pointwise or indexed step, or a movement or
    pointwise layer of static shapes on ATen). RoPE's rotate-half with its multiplies is one kernel; so is a shifted
    window's roll with its window partition (two concatenations and a copy before). A gather counts where its
-   indices are constant or proved in range (`ir/value_ranges.py`). A group refused (more than `MAX_LAYERS` layers,
+   indices are constant or proved in range (`ir/value_ranges.py`). A pool on ATen (average pools; max pools the
+   generated max pool kernel refuses) counts too, with at most `MAX_TAPS` window positions: it joins the steps it
+   alone feeds (a pool minus its input, a layer scale, a residual), but what makes its input runs before
+   it (inside, that would be computed once per window position). A group refused (more than `MAX_LAYERS` layers,
    outputs of several shapes) logs why.
 
 A 2-D max pool of a batched input runs in a generated Triton kernel over any strides, vectorized along the
@@ -667,6 +670,15 @@ class _Movement:
         t = self.network.layers[self.out[k][1][0]].inputs[0]
         return self.step_of.get(self.graph.index.get(id(t.producer), -1)) if t.producer is not None else None
 
+    def inputs_of(self, k: int) -> set[int]:
+        return {id(x) for j in self.out[k][1] for x in self.network.layers[j].inputs}
+
+    def pools(self, k: int) -> bool:
+        """Whether step `k` is a pool: it reads each input value once per window position, so what makes its input
+        does not join its kernel (it would be computed once per position) and the pool does not join the kernel
+        making its input."""
+        return any(isinstance(self.network.layers[j], L.PoolingLayer) for j in self.out[k][1])
+
     def generated_pointwise(self, k: int | None) -> bool:
         return k is not None and self.out[k] is not None and self.out[k][0] == Kernel("generated", "pointwise")
 
@@ -689,7 +701,8 @@ class _Movement:
 
         out, network, graph = self.out, self.network, self.graph
         members, sink = {k}, k
-        while (c := self.sole_reader(sink)) is not None and out[c] is not None and self.movable(c) and c > sink:
+        while (c := self.sole_reader(sink)) is not None and out[c] is not None and self.movable(c) and c > sink \
+                and not self.pools(c):
             members.add(c)
             sink = c
         grew = True
@@ -699,7 +712,8 @@ class _Movement:
                 for t in {id(x): x for j in out[m][1] for x in network.layers[j].inputs}.values():
                     p = self.step_of.get(graph.index.get(id(t.producer), -1)) if t.producer is not None else None
                     if p is None or p in members or out[p] is None or sink - p > MAX_SPAN or not self.movable(p) \
-                            or self.sole_reader(p) not in members:
+                            or self.sole_reader(p) not in members or any(self.pools(q) for q in members if
+                                                                          id(t) in self.inputs_of(q)):
                         continue
                     members.add(p)
                     grew = True
@@ -714,7 +728,8 @@ MAX_SPAN = 12  # steps a producer may run later, inside the indexed kernel it al
 
 
 def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> bool:
-    """Whether an ATen movement step copies its input: a concatenation, a padding, a resize, a gather, or a shuffle
+    """Whether an ATen movement step copies its input: a concatenation, a padding, a resize, a gather, a pool (a
+    window read; max pools the generated max pool kernel takes are not ATen steps), or a shuffle
     that reshapes (merging or splitting dims) the output of a transpose. Not where the transposed tensor is an attention
     layer's output: SDPA's fused backends return it laid out [N, L, H, E], so the usual transpose(1, 2) and
     reshape back to [N, L, H * E] is a view, and ATen's reshape copies only where a backend's layout needs it."""
@@ -722,7 +737,7 @@ def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> 
     if kernel.kind != "aten":
         return False
     layer = network.layers[members[0]]
-    if isinstance(layer, (L.ConcatenationLayer, L.PaddingLayer, L.ResizeLayer, L.GatherLayer)):
+    if isinstance(layer, (L.ConcatenationLayer, L.PaddingLayer, L.ResizeLayer, L.GatherLayer, L.PoolingLayer)):
         return True
     if not isinstance(layer, L.ShuffleLayer) or layer.reshape_dims is None:
         return False

@@ -12,7 +12,9 @@ inputs at the indices it maps the index to (tinygrad's views as index expression
   weighed as ATen weighs them;
 - a concatenation: each input at the index shifted by its start, where the index falls in it (a masked read), the
   value chosen by `tl.where`;
-- constant padding: the index shifted by the leading pad, masked where it falls outside; the pad value there.
+- constant padding: the index shifted by the leading pad, masked where it falls outside; the pad value there;
+- a max or average pool (a window layer, not a move, but read the same way): its input at every tap of the
+  window, masked where the tap falls in the padding, combined as ATen's kernels combine them.
 A group input or weight is read at the index it is asked for, through its own strides. A value asked for at two
 indices (a concatenation of two slices of one tensor) is computed at both; values are computed in float32 as in
 the pointwise generator (a cast to a half type rounds where it stands), and stored in the output's dtype.
@@ -23,6 +25,7 @@ map is a constant expression that Triton's compiler simplifies.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -35,14 +38,16 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.ir.value_ranges import proved_range
 from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, needs_int64
+from torchkiln.runtime.backends.cuda.codegen.pooling import window_dims
 from torchkiln.runtime.backends.cuda.codegen.pointwise import (BLOCK, HEADER, VALUE_DTYPES, Builder, Value,
                                                                 INTEGERS, converted, emit_layer, fusable, held,
                                                                 literal, loaded, scalar_literal, stored)
 
 KERNEL_NAME = "indexed_kernel"
 MOVEMENT = (L.ShuffleLayer, L.SliceLayer, L.ConcatenationLayer, L.PaddingLayer, L.ExpandLayer, L.ResizeLayer,
-            L.GatherLayer)
+            L.GatherLayer, L.PoolingLayer)  # (a pool reads its input at index arithmetic too: its window's taps)
 MAX_LAYERS = 256  # layers one kernel computes (each value's expression is built by recursion over the group)
+MAX_TAPS = 49  # a pool's window positions one kernel unrolls (7x7)
 
 
 def movement_fusable(layer: L.Layer) -> str | None:
@@ -62,6 +67,22 @@ def movement_fusable(layer: L.Layer) -> str | None:
         return _resize_refusal(layer)
     if isinstance(layer, L.GatherLayer):
         return _gather_refusal(layer)
+    if isinstance(layer, L.PoolingLayer):
+        return _pooling_refusal(layer)
+    return None
+
+
+def _pooling_refusal(layer: L.PoolingLayer) -> str | None:
+    """None if the generator computes a pool: of floats, over the trailing dims of a batched or unbatched input,
+    with at most MAX_TAPS window positions (each is one read per output)."""
+    x = layer.inputs[0]
+    if not x.dtype.is_floating_point:
+        return f"it pools {x.dtype} values (the kernel pools floats)"
+    if x.rank not in (len(layer.window) + 1, len(layer.window) + 2) or len(layer.outputs) != 1:
+        return f"a {len(layer.window)}-d window over a rank-{x.rank} input with {len(layer.outputs)} outputs"
+    taps = math.prod(layer.window)
+    if taps > MAX_TAPS:
+        return f"its window has {taps} positions (a kernel unrolls at most {MAX_TAPS})"
     return None
 
 
@@ -206,6 +227,8 @@ class _Emitter(Builder):
             return self._padding(layer, idx, mask)
         if isinstance(layer, L.ResizeLayer) and layer.mode in _INTERPOLATED:
             return self._interpolated(layer, idx, mask)
+        if isinstance(layer, L.PoolingLayer):
+            return self._pooled(layer, idx, mask)
         if isinstance(layer, MOVEMENT):
             return self.value(layer.inputs[0], self._moved(layer, idx), mask)
         reason = fusable(layer)
@@ -321,6 +344,51 @@ class _Emitter(Builder):
 
         return self.emit(weighed(0, idx), torch.float32)
 
+    def _pooled(self, layer: L.PoolingLayer, idx: Index, mask: str) -> Value:
+        """A max or average pool at `idx`, as ATen's kernels compute it in float32: the window's taps read in
+        row-major order where they fall inside the input; the largest (a NaN wins and stays), or the sum divided by
+        the override, by the window's positions inside the input and its padding (`count_include_pad`, clipped
+        at the padding's end as ceil mode's last window is), or by those inside the input."""
+        x = layer.inputs[0]
+        dims = window_dims(layer)
+        lead = x.rank - len(dims)
+        starts = [_shifted(self, _scaled(self, i, stride), -pad) for i, (_, stride, pad, _) in zip(idx[lead:], dims)]
+        average = layer.type == L.PoolingType.AVERAGE
+        acc = None if average else "(-INF)"
+        for tap in itertools.product(*(range(window) for window, *_ in dims)):
+            at, checks = [], []
+            for start, t, n, (_, _, _, dilation) in zip(starts, tap, x.shape[lead:], dims):
+                at.append(_shifted(self, start, t * dilation))
+                if _LITERAL.fullmatch(at[-1]) is None:
+                    checks.append(f"({at[-1]} >= 0) & ({at[-1]} < {n})")
+                elif not 0 <= int(at[-1]) < n:
+                    break
+            else:
+                inside = self.index(" & ".join([mask, *checks])) if checks else mask
+                v = converted(self.value(x, idx[:lead] + tuple(at), inside), torch.float32)
+                if average:
+                    term = f"tl.where({inside}, {v}, 0.0)"
+                    acc = self.emit(term if acc is None else f"{acc} + {term}", torch.float32)[0]
+                else:
+                    acc = self.emit(f"tl.where({inside} & (({v} > {acc}) | ({v} != {v})), {v}, {acc})",
+                                    torch.float32)[0]
+        if not average:
+            return acc, torch.float32
+        if layer.divisor_override is not None:
+            return self.emit(f"{acc} / {literal(float(layer.divisor_override))}", torch.float32)
+        counts = []
+        for start, n, (window, _, pad, _) in zip(starts, x.shape[lead:], dims):
+            if _LITERAL.fullmatch(start):
+                first, end = int(start), min(int(start) + window, n + pad)
+                counts.append(str(end - first if layer.count_include_pad else min(end, n) - max(first, 0)))
+                continue
+            end = self.index(f"tl.minimum({start} + {window}, {n + pad})")
+            counts.append(f"({end} - {start})" if layer.count_include_pad else
+                          f"(tl.minimum({end}, {n}) - tl.maximum({start}, 0))")
+        if all(_LITERAL.fullmatch(c) for c in counts):
+            return self.emit(f"{acc} / {literal(float(math.prod(int(c) for c in counts)))}", torch.float32)
+        return self.emit(f"{acc} / ({' * '.join(counts)}).to(tl.float32)", torch.float32)
+
     def _padding(self, layer: L.PaddingLayer, idx: Index, mask: str) -> Value:
         x, out = layer.inputs[0], layer.outputs[0]
         rank = x.rank
@@ -349,6 +417,23 @@ def _source_scale(size: int, out: int, align_corners: bool, factor: float | None
     if align_corners:
         return float(np.float32(size - 1) / np.float32(out - 1)) if out > 1 else 0.0
     return float(np.float32(1.0 / factor)) if factor else float(np.float32(size) / np.float32(out))
+
+
+_LITERAL = re.compile(r"-?\d+")
+
+
+def _scaled(b: _Emitter, i: str, factor: int) -> str:
+    """Index `i` times `factor`: a literal where `i` is one, else an index variable."""
+    if _LITERAL.fullmatch(i):
+        return str(int(i) * factor)
+    return i if factor == 1 else b.index(f"{i} * {factor}")
+
+
+def _shifted(b: _Emitter, i: str, offset: int) -> str:
+    """Index `i` plus `offset`: a literal where `i` is one, else an index variable."""
+    if _LITERAL.fullmatch(i):
+        return str(int(i) + offset)
+    return i if offset == 0 else b.index(f"{i} + {offset}" if offset > 0 else f"{i} - {-offset}")
 
 
 def _affine(i: str, start: int, step: int) -> str:

@@ -72,11 +72,13 @@ def max_pool2d_kernel(
 '''
 
 
-def _pairs(values: tuple[int, ...], default: int) -> tuple[int, int]:
-    """A 2-d parameter as given by a pooling layer: empty (the default), one value for both dims, or two."""
-    if not values:
-        return default, default
-    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
+def window_dims(layer: L.PoolingLayer) -> list[tuple[int, int, int, int]]:
+    """Per window dim of a pooling layer: its size, stride, padding and dilation, as torch reads the layer's
+    parameters (no stride: the window's; one value: every dim's; no dilation: 1)."""
+    def at(values: tuple[int, ...], k: int, default: int) -> int:
+        return default if not values else values[0] if len(values) == 1 else values[k]
+    return [(w, at(layer.stride, k, w), at(layer.padding, k, 0), at(layer.dilation, k, 1))
+            for k, w in enumerate(layer.window)]
 
 
 def poolable(layer: L.Layer) -> str | None:
@@ -110,10 +112,7 @@ class MaxPool2d:
         if reason is not None:
             raise NetworkError(f"pooling layer {layer.name!r} cannot run in the generated kernel: {reason}")
         self.layer = layer
-        self.window = (layer.window[0], layer.window[1])
-        self.stride = _pairs(layer.stride, 0) if layer.stride else self.window  # torch: no stride = the window
-        self.padding = _pairs(layer.padding, 0)
-        self.dilation = _pairs(layer.dilation, 1)
+        self.window, self.stride, self.padding, self.dilation = (tuple(d) for d in zip(*window_dims(layer)))
         self._fn = getattr(load_source(SOURCE), KERNEL_NAME)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
