@@ -398,6 +398,35 @@ def test_a_while_loop_gets_the_iterations_its_body_cost_allows_and_a_costly_one_
     assert_falls_back(report, "prim::Loop", "iterations fit an engine's")
 
 
+_ENDLESS = """
+import torch, torchkiln
+
+class Endless(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 1.0
+        while bool((y == y).all()):  # no finite input ends it
+            y = y + 1.0
+        return y
+
+data = torchkiln.convert_method_to_engine(Endless().eval(), "forward", [torchkiln.Input((4,))], backend="reference")
+print("converted", len(data))
+"""
+
+
+def test_a_while_loop_the_random_example_inputs_never_end_converts(tmp_path):
+    """Shape analysis runs the method on random example inputs (Input specs alone); a while loop that never ends on
+    them runs at most PROBE_TRIPS iterations there, so conversion finishes (before: it ran without end). Run in a
+    process of its own with a time limit, so that a regression fails rather than hangs."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "endless.py"
+    script.write_text(_ENDLESS)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "converted" in done.stdout
+
+
 def _engines(compiled: torch.jit.ScriptModule) -> list:
     from torchkiln.runtime.execute_op import engine_from_blob
     from torchkiln.stitching.stitch import engine_attrs

@@ -84,6 +84,7 @@ def probe_values(graph: Graph, module: torch.jit.ScriptModule | None, example_in
     for v in values:
         probe.registerOutput(copy_of[value_key(v)])
     probe.makeMultiOutputIntoTuple()
+    _bound_loops(probe, probe.block())
     takes_self = len(list(graph.inputs())) == len(example_inputs) + 1
     fn = torch._C._create_function_from_graph("torchkiln_shape_probe", probe)
     # a copy: a forward that updates the module's own state (a buffer written in place, a counter) must not have
@@ -98,6 +99,27 @@ def probe_values(graph: Graph, module: torch.jit.ScriptModule | None, example_in
                          f"check that the Input shapes and dtypes are ones the model accepts, or give the Input a "
                          f"tensor_domain of values it accepts") from e
     return list(results) if isinstance(results, tuple) else [results]
+
+
+PROBE_TRIPS = 1000  # iterations a loop of run-time length (a while loop) runs at most in a probe
+
+
+def _bound_loops(graph: Graph, block: torch._C.Block) -> None:
+    """Each loop of `block` (and of the blocks inside) whose trip count is not a constant within PROBE_TRIPS runs at
+    most PROBE_TRIPS times: a while loop's end depends on its values, and on random example inputs it may never
+    come (a halving loop with a random step ran without end). A probe records shapes, dtypes and devices; those a
+    loop carries keep theirs each iteration (a loop whose shapes grow is of run-time length, and stays in PyTorch)."""
+    for node in block.nodes():
+        for inner in node.blocks():
+            _bound_loops(graph, inner)
+        if node.kind() != "prim::Loop":
+            continue
+        trips = node.inputsAt(0)
+        if trips.node().kind() == "prim::Constant" and trips.toIValue() <= PROBE_TRIPS:
+            continue
+        with graph.insert_point_guard(node):
+            bounded = graph.insert("prim::min", [trips, graph.insertConstant(PROBE_TRIPS)])
+        node.replaceInput(0, bounded)
 
 
 def analyze_shapes(graph: Graph, module: torch.jit.ScriptModule | None,
