@@ -128,6 +128,51 @@ def test_bias_folds_into_matrix_multiply(transposed):
     assert (after - before).abs().max() <= 1e-6 * before.abs().max()
 
 
+@pytest.mark.parametrize("transposed, biased, flattened, mode", [
+    (True, True, True, L.ScaleMode.CHANNEL), (False, False, False, L.ScaleMode.CHANNEL),
+    (True, False, False, L.ScaleMode.UNIFORM)], ids=["linear-flattened-norm", "in-out-weight", "uniform"])
+def test_a_scale_of_a_products_columns_folds_into_its_weight_and_bias(transposed, biased, flattened, mode):
+    """A linear layer, then a batch norm over its features (flattened over the tokens, as a 1-d batch norm needs):
+    one multiply with the scale in its weight and bias, the same values."""
+    n = Network()
+    x = n.add_input("x", F32, (2, 5, 16))
+    w = n.add_constant(torch.randn(8, 16) if transposed else torch.randn(16, 8)).get_output()
+    op1 = L.MatrixOperation.TRANSPOSE if transposed else L.MatrixOperation.NONE
+    mm = n.add_matrix_multiply(x, L.MatrixOperation.NONE, w, op1)
+    if biased:
+        mm.weights = {"bias": torch.randn(8)}
+    h = mm.get_output()
+    h = n.add_shuffle(h, reshape_dims=(10, 8)).get_output() if flattened else h
+    size = 8 if mode == L.ScaleMode.CHANNEL else 1
+    h = n.add_scale(h, mode, scale=torch.rand(size) + 0.5, shift=torch.randn(size), channel_axis=h.rank - 1).get_output()
+    h = n.add_shuffle(h, reshape_dims=(2, 5, 8)).get_output() if flattened else h
+    n.mark_output(n.add_activation(h, L.ActivationType.RELU).get_output())
+    x_in = torch.randn(2, 5, 16)
+    before = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    assert _run_pass("fold_scale_into_matrix_multiply", n)
+    assert "scale" not in _kinds(n)
+    after = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    assert (after - before).abs().max() <= 1e-5 * before.abs().max()
+
+
+@pytest.mark.parametrize("case", ["rows", "transposed", "read-elsewhere", "shared-weight"])
+def test_a_scale_not_per_column_or_of_a_shared_product_is_not_folded(case):
+    n = Network()
+    x = n.add_input("x", F32, (2, 5, 16))
+    w = n.add_constant(torch.randn(8, 16)).get_output()
+    h = n.add_matrix_multiply(x, L.MatrixOperation.NONE, w, L.MatrixOperation.TRANSPOSE).get_output()
+    if case == "shared-weight":
+        n.mark_output(n.add_matrix_multiply(x, L.MatrixOperation.NONE, w, L.MatrixOperation.TRANSPOSE).get_output())
+    if case == "transposed":
+        h = n.add_shuffle(h, first_transpose=(0, 2, 1)).get_output()  # [2, 8, 5]: the columns move to dim 1
+    axis = 1 if case == "rows" else 2
+    n.mark_output(n.add_scale(h, L.ScaleMode.CHANNEL, scale=torch.rand(h.shape[axis]) + 0.5,
+                              channel_axis=axis).get_output())
+    if case == "read-elsewhere":
+        n.mark_output(h)
+    assert not _run_pass("fold_scale_into_matrix_multiply", n)
+
+
 def test_bias_of_another_shape_is_not_folded():
     n = Network()
     x = n.add_input("x", F32, (4, 16))

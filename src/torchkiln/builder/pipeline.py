@@ -11,7 +11,8 @@ The order, and why:
    is then one constant whose rows it can check, and the bias fold does not take the scores' matrix multiply.
    causal_attention_masks and grouped_query_attention after it, so attention written by hand gets them too: a
    folded causal mask becomes the causal flag, and key/value heads repeated for grouped-query attention are read
-   unrepeated (remove_dead_layers then drops the copies).
+   unrepeated (remove_dead_layers then drops the copies). fold_scale_into_matrix_multiply after the bias fold: a
+   batch norm over a linear layer's features scales the bias the fold put in the multiply, and its weight, in fp32.
 4. remove_dead_layers, so precision does not cast values nothing reads.
 5. quantize_layers (post-training quantization) after the folds, so a convolution's kernel is quantized with its
    batch norm folded in and a matrix multiply's bias is in its epilogue; before precision, which leaves quantized
@@ -36,6 +37,7 @@ from torchkiln.builder.passes.constant_folding import fold_constants
 from torchkiln.builder.passes.dead_layer_removal import remove_dead_layers
 from torchkiln.builder.passes.fold_bias_into_matrix_multiply import fold_bias_into_matrix_multiply
 from torchkiln.builder.passes.fold_scale_into_convolution import fold_scale_into_convolution
+from torchkiln.builder.passes.fold_scale_into_matrix_multiply import fold_scale_into_matrix_multiply
 from torchkiln.builder.passes.grouped_query_attention import grouped_query_attention
 from torchkiln.builder.passes.identity_elimination import eliminate_identities
 from torchkiln.builder.passes.precision import lower_precision
@@ -53,6 +55,7 @@ BUILD_PIPELINE: tuple[BuildPass, ...] = (
     causal_attention_masks,
     grouped_query_attention,
     fold_bias_into_matrix_multiply,
+    fold_scale_into_matrix_multiply,
     remove_dead_layers,
     quantize_layers,
     lower_precision,
