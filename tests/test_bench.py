@@ -114,6 +114,23 @@ def test_zoo_on_the_cpu_reports_failed_peers_and_skipped_models(tmp_path, capsys
     assert "ratio" not in mlp and data["geomean_ratio"] is None  # no best-peer candidate ran on the CPU
 
 
+def test_outputs_in_named_tuples_and_dicts_are_compared_as_their_tensors():
+    """A scripted Inception3 returns its logits in a named tuple beside None where eager returns the logits alone: the
+    accuracy is over the tensors a model returns, in order."""
+    from collections import namedtuple
+
+    from torchkiln.bench.compare import flat_output
+
+    Outputs = namedtuple("Outputs", "logits aux")
+    logits, other = torch.randn(2, 5), torch.randn(3)
+    assert flat_output(Outputs(logits, None)) is logits
+    assert torch.equal(flat_output({"a": logits, "b": [other, None]}), torch.cat([logits.flatten(), other]))
+    with pytest.raises(TypeError, match="holding no tensor"):
+        flat_output((None,))
+    with pytest.raises(TypeError, match="returned str, not tensors"):
+        flat_output("logits")
+
+
 def test_kernel_classes_of_a_profile():
     """Kernel names as torch.profiler gives them on an H100: cuBLAS and cuDNN are library calls, Triton kernels
     torchkiln generated, ATen's own, copies; idle is what the kernels leave of the wall time."""

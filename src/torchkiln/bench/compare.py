@@ -47,11 +47,26 @@ def one_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}"[:200]
 
 
+def flat_output(out: Any) -> torch.Tensor:
+    """A model's output as one tensor: its tensors (in tuples, lists, dicts and named tuples, nested; None left out:
+    a scripted Inception3 returns its logits with no auxiliary ones) flattened and concatenated in order, as float32
+    where there are several. TypeError where it holds something else, or no tensor."""
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict):
+        parts = [flat_output(v) for v in out.values() if v is not None]
+    elif isinstance(out, (tuple, list)):
+        parts = [flat_output(v) for v in out if v is not None]
+    else:
+        raise TypeError(f"the peer returned {type(out).__name__}, not tensors")
+    if not parts:
+        raise TypeError(f"the peer returned {type(out).__name__} holding no tensor")
+    return parts[0] if len(parts) == 1 else torch.cat([p.detach().reshape(-1).float() for p in parts])
+
+
 def _accuracy(out: Any, reference: torch.Tensor) -> dict[str, float]:
-    """Cosine similarity and max abs error of `out` against the fp32 reference, in float64."""
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"the peer returned {type(out).__name__}, not a tensor")
-    o, r = out.detach().double().flatten(), reference.double().flatten()
+    """Cosine similarity and max abs error of `out` (`flat_output`) against the fp32 reference, in float64."""
+    o, r = flat_output(out).detach().double().flatten(), reference.double().flatten()
     if o.shape != r.shape:
         raise ValueError(f"output has {o.numel()} elements, the reference {r.numel()}")
     cosine = (o @ r / (o.norm() * r.norm()).clamp_min(1e-300)).item()
@@ -126,7 +141,7 @@ def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.
     torch.manual_seed(batch)
     inputs = [x.to(device) for x in zoo_model.inputs(batch)]
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        reference = models[torch.float32](*inputs).float().clone()  # true fp32
+        reference = flat_output(models[torch.float32](*inputs)).float().clone()  # true fp32
     run_inputs = [x.to(precision) if x.is_floating_point() else x for x in inputs]
     case: dict[str, Any] = {"model": model_name, "source": zoo_model.source, "batch": batch, "peers": {}}
     # On the CPU every peer is built, then all are timed interleaved (host load falls on all alike); on CUDA (CUDA
