@@ -625,6 +625,41 @@ def test_a_pool_of_a_wide_window_stays_on_aten():
     assert (out[0] - ref).abs().max() <= 1e-5 * ref.abs().max()
 
 
+class FeedForward(torch.nn.Module):
+    """Up-projection, activation, down-projection; `flat` runs the up-projection on the rows as a matrix and
+    reshapes back before the activation (a transformer's Conv1D feed-forward)."""
+
+    def __init__(self, activation, bias: bool = True, flat: bool = False) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(16, 64, bias=bias), torch.nn.Linear(64, 16)
+        self.activation, self.flat = activation, flat
+
+    def forward(self, x):
+        h = self.up(x.reshape(-1, 16)).reshape(x.shape[0], x.shape[1], 64) if self.flat else self.up(x)
+        return self.down(self.activation(h))
+
+
+@pytest.mark.parametrize("activation, bias, flat, fused", [
+    (torch.nn.ReLU(), False, False, True), (torch.nn.GELU(approximate="tanh"), True, True, True),
+    (torch.nn.GELU(), True, False, False)], ids=["relu-no-bias", "tanh-gelu-reshaped", "erf-gelu-stays-apart"])
+def test_a_products_relu_or_tanh_gelu_is_its_library_epilogue(activation, bias, flat, fused):
+    """A half-precision linear layer whose only reader is a ReLU or a tanh GELU is one cuBLASLt call with the
+    activation in its epilogue; GELU's erf form has no such epilogue and stays a pass of its own."""
+    torch.manual_seed(3)
+    module = FeedForward(activation, bias, flat).eval()
+    x = torch.randn(2, 5, 16)
+    data = torchkiln.convert_method_to_engine(module.half(), "forward", [torchkiln.Input((2, 5, 16), dtype=torch.float16)],
+                                              backend="reference")
+    network = Engine.deserialize(data).network
+    plan, out = run_plan(network, [x.half()])
+    ops = [plan.kernels[s.kernel].op for s in plan.steps]
+    assert ("linear_activation" in ops) == fused, ops
+    ref = module.float()(x)
+    got = out[0].float()
+    assert F.cosine_similarity(got.flatten(), ref.flatten(), dim=0) >= 0.999
+    assert (got - ref).abs().max() <= 1e-2 * ref.abs().max()  # fp16 products and activations, rounded as stored
+
+
 def _squeeze_excite(returned: bool = False) -> Network:
     """conv -> SiLU -> mean over H, W -> 1x1 reduce -> ReLU -> 1x1 expand -> sigmoid -> SiLU output * gate; the
     SiLU's output also returned where `returned`."""

@@ -582,6 +582,13 @@ class ShuffleLayer(Layer):
     second_transpose: tuple[int, ...] | None = None
     zero_is_placeholder: bool = True
 
+    def keeps_last_dim(self) -> bool:
+        """Whether it only regroups the leading dims (no transpose, the last dim kept): every value keeps its
+        index along the last dim (a matrix multiply's column)."""
+        x, out = self.inputs[0], self.outputs[0]
+        still = all(p is None or list(p) == sorted(p) for p in (self.first_transpose, self.second_transpose))
+        return still and x.rank >= 1 and out.rank >= 1 and x.shape[-1] == out.shape[-1]
+
 
 @layer_kind
 class ReduceLayer(Layer):

@@ -14,15 +14,6 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
 
 
-def _keeps_columns(layer: L.Layer) -> bool:
-    """A shuffle that only regroups the leading dims: no transpose, the last dim kept."""
-    if not isinstance(layer, L.ShuffleLayer):
-        return False
-    x, out = layer.inputs[0], layer.outputs[0]
-    same = all(p is None or list(p) == sorted(p) for p in (layer.first_transpose, layer.second_transpose))
-    return same and x.rank >= 1 and out.rank >= 1 and x.shape[-1] == out.shape[-1]
-
-
 def _column_weights(scale: L.ScaleLayer, columns: int) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
     """The scale's factor and shift per column (None where it has none), or None if it is not per column."""
     x = scale.inputs[0]
@@ -52,7 +43,7 @@ def fold_scale_into_matrix_multiply(network: Network, settings: BuildSettings) -
             continue
         value = matmul.get_output()
         layer = sole_reader(value)
-        while layer is not None and _keeps_columns(layer):
+        while isinstance(layer, L.ShuffleLayer) and layer.keeps_last_dim():
             layer = sole_reader(layer.get_output())
         if not isinstance(layer, L.ScaleLayer):
             continue

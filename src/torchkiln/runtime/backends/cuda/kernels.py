@@ -18,7 +18,7 @@ from torchkiln.ir.reference import MEANINGS, gather
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen.layout import copy_to_channels_last
 from torchkiln.runtime.backends.cuda.patches import patch_gemm
-from torchkiln.runtime.backends.cuda.timing import aligned_mask, constant_mask, sdpa
+from torchkiln.runtime.backends.cuda.timing import EPILOGUE_ACTIVATIONS, aligned_mask, constant_mask, sdpa
 from torchkiln.runtime.executor import convolve
 from torchkiln.runtime.plan import Kernel
 
@@ -363,6 +363,31 @@ def _depthwise(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     weight, bias = lay_out(step.weights[0]["kernel"]), step.weights[0].get("bias")
     x_at, at = step.inputs.index(id(conv.inputs[0])), [step.inputs.index(id(t)) for t in reads]
     return lambda xs: launch(xs[x_at], weight, bias, [xs[k] for k in at])
+
+
+@maker("library", "linear_activation")
+def _linear_activation(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """x @ W (+ bias) with its ReLU or tanh GELU as one cuBLASLt call (the library's fused epilogue), on x's rows as
+    a matrix; the reshapes between the product and the activation run on the result (views)."""
+    matmul, *moves, activation = step.layers
+    gelu = EPILOGUE_ACTIVATIONS[activation.type]
+    x_at, w_at = step.inputs.index(id(matmul.inputs[0])), step.inputs.index(id(matmul.inputs[1]))
+    transposed = matmul.op1 == L.MatrixOperation.TRANSPOSE
+    columns = matmul.inputs[1].shape[0 if transposed else 1]
+    bias = step.weights[0].get("bias")
+    if bias is None:
+        bias = torch.zeros(columns, dtype=matmul.outputs[0].dtype, device=step.device)
+    reshapes = [_layer_fn(m, w, allow_tf32, step.device) for m, w in zip(moves, step.weights[1:-1])]
+
+    def run(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        x, w = xs[x_at], xs[w_at]
+        y = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), w.t() if transposed else w, use_gelu=gelu)
+        y = y.reshape(*x.shape[:-1], columns)
+        for fn in reshapes:
+            y = fn([y])
+        return [y]
+
+    return run
 
 
 @maker("library", "linear_group")

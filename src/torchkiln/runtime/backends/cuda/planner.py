@@ -46,6 +46,11 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    Attention's SDPA backend (cuDNN, memory-efficient, flash, math) is a tactic: each that accepts the inputs is
    timed in a CUDA graph at the opt shapes and the fastest is kept (PyTorch's own choice without timing).
 
+5b. **Product epilogues** (half precision): a matrix multiply of a constant weight whose only reader is a ReLU or a
+   tanh GELU (through reshapes that only regroup its rows) is one cuBLASLt call with that activation and the bias in
+   its epilogue (`library`/`linear_activation`, `torch._addmm_activation`), where timing says it beats the product
+   and a separate pass (a feed-forward layer's up-projection).
+
 6. **Generated products** (where timing is on): a 1x1 convolution of stride 1 with its generated epilogue (an
    inverted residual's expand and project convolutions: bias, ReLU6, residual), in half precision, is timed as one
    generated Triton GEMM with the epilogue fused (codegen/gemm.py, a tile configuration by the product's size)
@@ -161,6 +166,25 @@ def _epilogue(conv: L.ConvolutionLayer, graph: _Graph) -> tuple[str, list[L.Laye
     return None
 
 
+def _epilogue_activation(matmul: L.MatrixMultiplyLayer, graph: _Graph, assigned: set[int]) -> list[L.Layer]:
+    """The layers after a half-precision product of a constant weight that run in its cuBLASLt epilogue (rule 5b): the
+    reshapes that only regroup its rows, then a ReLU or a tanh GELU; [] where there is none."""
+    weight = matmul.inputs[1]
+    if matmul.outputs[0].dtype not in HALF or matmul.op0 != L.MatrixOperation.NONE or weight.rank != 2 or \
+            matmul.op1 not in (L.MatrixOperation.NONE, L.MatrixOperation.TRANSPOSE) or matmul.inputs[0].rank < 2 or \
+            not isinstance(weight.producer, L.ConstantLayer):
+        return []
+    chain, reader = [], graph.sole_reader(matmul.outputs[0])
+    while isinstance(reader, L.ShuffleLayer) and reader.keeps_last_dim():
+        chain.append(reader)
+        reader = graph.sole_reader(reader.outputs[0])
+    if not isinstance(reader, L.ActivationLayer) or reader.type not in timing.EPILOGUE_ACTIVATIONS or \
+            reader.outputs[0].dtype != matmul.outputs[0].dtype:
+        return []
+    chain.append(reader)
+    return [] if any(graph.index[id(x)] in assigned for x in chain) else chain
+
+
 def _fusable_precision(conv: L.ConvolutionLayer, options: BackendOptions) -> bool:
     dtype = conv.outputs[0].dtype
     return dtype in HALF or (dtype == torch.float32 and options.allow_tf32)
@@ -210,6 +234,13 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
                 layer, timing.opt_shape(layer.inputs[0].shape), device, options, cache))
             groups.append((Kernel("library", "convolution", (("channels_last", layout),)), [j]))
         elif isinstance(layer, L.MatrixMultiplyLayer):
+            after = _epilogue_activation(layer, graph, assigned)
+            if after and timing.linear_activation_is_faster(layer, after[-1], timing.opt_shape(layer.inputs[0].shape),
+                                                            device, options, cache):
+                members = [j] + [graph.index[id(x)] for x in after]
+                assigned.update(members)
+                groups.append((Kernel("library", "linear_activation"), members))
+                continue
             groups.append((Kernel("library", "matrix_multiply"), [j]))
         elif _generated_max_pool(layer):
             groups.append((Kernel("generated", "max_pool"), [j]))

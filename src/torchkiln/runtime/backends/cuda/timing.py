@@ -266,6 +266,37 @@ def fused_is_faster(conv: L.ConvolutionLayer, op: str, input_shape: tuple[int, .
                          f"{conv.name} ({op} at {input_shape})") == "fused"
 
 
+EPILOGUE_ACTIVATIONS = {L.ActivationType.RELU: False, L.ActivationType.GELU_TANH: True}  # type -> use_gelu
+
+
+def linear_activation_is_faster(matmul: L.MatrixMultiplyLayer, activation: L.ActivationLayer,
+                                input_shape: tuple[int, ...], device: torch.device, options: BackendOptions,
+                                cache: TimingCache) -> bool:
+    """Whether cuBLASLt's fused bias + activation epilogue (`torch._addmm_activation`: ReLU, or GELU's tanh form)
+    beats the product followed by its activation as a separate pass, for this product at `input_shape`; True
+    without timing. Timed in a CUDA graph, as the runner replays them."""
+    if options.timing_iterations == 0 or device.type != "cuda":
+        return True
+    w = matmul.inputs[1]
+    dtype = matmul.outputs[0].dtype
+    key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, "linear_activation",
+                      activation.type.value, str(dtype), list(input_shape), list(w.shape), matmul.op1.value,
+                      "graphed"])
+
+    def candidates() -> dict[str, Callable[[], object]]:
+        x = torch.randn(input_shape, device=device, dtype=dtype).reshape(-1, input_shape[-1])
+        weight = torch.randn(tuple(w.shape), device=device, dtype=dtype)
+        weight = weight.t() if matmul.op1 == L.MatrixOperation.TRANSPOSE else weight
+        bias = torch.randn(weight.shape[1], device=device, dtype=dtype)
+        gelu = EPILOGUE_ACTIVATIONS[activation.type]
+        after = (lambda y: F.gelu(y, approximate="tanh")) if gelu else torch.relu
+        return {"fused": lambda: torch._addmm_activation(bias, x, weight, use_gelu=gelu),
+                "unfused": lambda: after(torch.addmm(bias, x, weight))}
+
+    return _timed_choice(cache, key, candidates, time_graphed_ms, options.timing_iterations,
+                         f"{matmul.name} (with {activation.type.value} at {input_shape})") == "fused"
+
+
 def patch_gemm_is_faster(conv: L.ConvolutionLayer, input_shape: tuple[int, ...], device: torch.device,
                          options: BackendOptions, cache: TimingCache) -> bool:
     """Whether the patch GEMM (patches.py) beats cuDNN for this patchifying convolution at `input_shape`; False
