@@ -1,6 +1,10 @@
 """Builder passes, each run alone on a hand-built network and compared with the network before it."""
+import math
+
 import pytest
 import torch
+
+import torchkiln
 
 from torchkiln.builder import BuildSettings, build_engine
 from torchkiln.builder.pipeline import PASSES
@@ -171,6 +175,64 @@ def test_a_scale_not_per_column_or_of_a_shared_product_is_not_folded(case):
     if case == "read-elsewhere":
         n.mark_output(h)
     assert not _run_pass("fold_scale_into_matrix_multiply", n)
+
+
+GELU_FORMULAS = {  # as models write them out
+    "tanh": lambda x: 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0)))),
+    "tanh-factored": lambda x: x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))),
+    "erf": lambda x: x * 0.5 * (1.0 + torch.erf(x / math.sqrt(2.0))),
+    "sigmoid-approximation": lambda x: x * torch.sigmoid(1.702 * x),  # not GELU: stays
+    "other-coefficient": lambda x: 0.5 * x * (1.0 + torch.tanh(0.8 * (x + 0.044715 * x * x * x))),  # stays
+}
+
+
+class Formula(torch.nn.Module):
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.linear, self.name = torch.nn.Linear(8, 8), name
+
+    def forward(self, x):
+        return GELU_FORMULAS[self.name](self.linear(x))
+
+
+class LeakedFormula(torch.nn.Module):
+    """GELU's tanh form whose tanh term is also returned."""
+
+    def forward(self, x):
+        inner = torch.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))
+        return 0.5 * x * (1.0 + inner), inner
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("tanh", L.ActivationType.GELU_TANH), ("tanh-factored", L.ActivationType.GELU_TANH),
+    ("erf", L.ActivationType.GELU_ERF), ("sigmoid-approximation", None), ("other-coefficient", None)])
+def test_gelu_written_out_becomes_one_activation_layer(name, expected):
+    """Recognized by its values on many points in float64: GELU's tanh and erf forms, however a model orders its
+    terms or rounds its coefficients; a formula of other values stays as written."""
+    torch.manual_seed(0)
+    module = Formula(name).eval()
+    data = torchkiln.convert_method_to_engine(module, "forward", [torchkiln.Input((4, 8))], backend="reference")
+    network = Engine.deserialize(data).network
+    geluish = [layer.type for layer in network.layers if isinstance(layer, L.ActivationLayer)]
+    if expected is None:
+        assert L.ActivationType.GELU_TANH not in geluish and L.ActivationType.GELU_ERF not in geluish
+    else:
+        assert geluish == [expected] and _kinds(network).count("elementwise") == 0, _kinds(network)
+    x = torch.randn(4, 8) * 3
+    out = network_engine(network).execute([x])[0]
+    ref = module(x)
+    assert (out - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+def test_a_gelu_formula_whose_partial_values_are_read_elsewhere_stays():
+    data = torchkiln.convert_method_to_engine(LeakedFormula().eval(), "forward", [torchkiln.Input((4, 8))],
+                                              backend="reference")
+    network = Engine.deserialize(data).network
+    assert L.ActivationType.GELU_TANH not in [getattr(layer, "type", None) for layer in network.layers]
+
+
+def network_engine(network):
+    return Engine(network, _bindings(network), "cpu", F32)
 
 
 def test_bias_of_another_shape_is_not_folded():

@@ -9,6 +9,8 @@ The order, and why:
 3. fold_constants before fold_bias_into_matrix_multiply: a bias computed from constants becomes one
    constant the bias fold can take. attention_from_matmuls between them: a position bias computed from constants
    is then one constant whose rows it can check, and the bias fold does not take the scores' matrix multiply.
+   gelu_from_pointwise after the fold too, so that a formula's coefficients computed from constants (sqrt(2 / pi))
+   are single constants.
    causal_attention_masks and grouped_query_attention after it, so attention written by hand gets them too: a
    folded causal mask becomes the causal flag, and key/value heads repeated for grouped-query attention are read
    unrepeated (remove_dead_layers then drops the copies). fold_scale_into_matrix_multiply after the bias fold: a
@@ -38,6 +40,7 @@ from torchkiln.builder.passes.dead_layer_removal import remove_dead_layers
 from torchkiln.builder.passes.fold_bias_into_matrix_multiply import fold_bias_into_matrix_multiply
 from torchkiln.builder.passes.fold_scale_into_convolution import fold_scale_into_convolution
 from torchkiln.builder.passes.fold_scale_into_matrix_multiply import fold_scale_into_matrix_multiply
+from torchkiln.builder.passes.gelu_from_pointwise import gelu_from_pointwise
 from torchkiln.builder.passes.grouped_query_attention import grouped_query_attention
 from torchkiln.builder.passes.identity_elimination import eliminate_identities
 from torchkiln.builder.passes.precision import lower_precision
@@ -51,6 +54,7 @@ BUILD_PIPELINE: tuple[BuildPass, ...] = (
     eliminate_identities,
     fold_scale_into_convolution,
     fold_constants,
+    gelu_from_pointwise,
     attention_from_matmuls,
     causal_attention_masks,
     grouped_query_attention,
