@@ -148,7 +148,8 @@ def test_a_scale_of_a_products_columns_folds_into_its_weight_and_bias(transposed
     h = mm.get_output()
     h = n.add_shuffle(h, reshape_dims=(10, 8)).get_output() if flattened else h
     size = 8 if mode == L.ScaleMode.CHANNEL else 1
-    h = n.add_scale(h, mode, scale=torch.rand(size) + 0.5, shift=torch.randn(size), channel_axis=h.rank - 1).get_output()
+    h = n.add_scale(h, mode, scale=torch.rand(size) + 0.5, shift=torch.randn(size),
+                    channel_axis=h.rank - 1).get_output()
     h = n.add_shuffle(h, reshape_dims=(2, 5, 8)).get_output() if flattened else h
     n.mark_output(n.add_activation(h, L.ActivationType.RELU).get_output())
     x_in = torch.randn(2, 5, 16)

@@ -648,8 +648,8 @@ def test_a_products_relu_or_tanh_gelu_is_its_library_epilogue(activation, bias, 
     torch.manual_seed(3)
     module = FeedForward(activation, bias, flat).eval()
     x = torch.randn(2, 5, 16)
-    data = torchkiln.convert_method_to_engine(module.half(), "forward", [torchkiln.Input((2, 5, 16), dtype=torch.float16)],
-                                              backend="reference")
+    data = torchkiln.convert_method_to_engine(module.half(), "forward",
+                                              [torchkiln.Input((2, 5, 16), dtype=torch.float16)], backend="reference")
     network = Engine.deserialize(data).network
     plan, out = run_plan(network, [x.half()])
     ops = [plan.kernels[s.kernel].op for s in plan.steps]
