@@ -427,6 +427,26 @@ def test_a_while_loop_the_random_example_inputs_never_end_converts(tmp_path):
     assert "converted" in done.stdout
 
 
+class Endless(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 1.0
+        while bool((y == y).all()):  # no finite input ends it
+            y = y + 1.0
+        return y
+
+
+def test_a_calibration_sample_the_loop_guard_refuses_is_skipped_with_a_warning(monkeypatch, caplog):
+    """Precision safety calibrates a half-precision engine on random inputs when none are given; a while loop past its
+    iteration guard on them refuses the sample, which is skipped with a warning instead of failing the build."""
+    monkeypatch.setattr(CF, "WHILE_LOOP_FLOPS", CF.MIN_WHILE_TRIPS * 64.0)  # a small guard: a quick refusal
+    with caplog.at_level("WARNING", logger="torchkiln"):
+        compiled = torchkiln.compile(Endless().eval(), inputs=[torchkiln.Input((4,))], backend="reference",
+                                     enabled_precisions={torch.float16}, min_block_size=1)
+    assert "calibration sample 0 is skipped: the network refuses it" in caplog.text
+    with pytest.raises(Exception, match="these inputs need more than its"):
+        compiled(torch.randn(4))
+
+
 def _engines(compiled: torch.jit.ScriptModule) -> list:
     from torchkiln.runtime.execute_op import engine_from_blob
     from torchkiln.stitching.stitch import engine_attrs

@@ -22,6 +22,7 @@ import torch
 
 from torchkiln.builder.builder import build_engine, ship
 from torchkiln.builder.settings import BuildSettings
+from torchkiln.errors import EngineInputError
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.engine import Engine, InputBinding
@@ -155,8 +156,13 @@ def calibrated_build(convert: Callable[[], Network], bindings: Sequence[InputBin
         engine = build_engine(convert(), bindings, dataclasses.replace(settings, keep_fp32=frozenset(kept)), name,
                               plan=False)
         new: dict[str, str] = {}
-        for sample in samples:
-            errors = compare_networks(reference, engine.network, sample, settings.device)
+        for k, sample in enumerate(samples):
+            try:
+                errors = compare_networks(reference, engine.network, sample, settings.device)
+            except EngineInputError as e:  # (a while loop past its iteration guard on random inputs, say)
+                logger.warning("engine %s: calibration sample %d is skipped: the network refuses it (%s); give "
+                               "calibration_inputs it runs on to check its precision there", name, k, e)
+                continue
             for layer, why in unsafe_layers(engine.network, errors, tolerance).items():
                 if layer not in kept:
                     new.setdefault(layer, why)
