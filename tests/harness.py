@@ -217,6 +217,16 @@ class WhileLoop(torch.nn.Module):
         return y + 1.0
 
 
+class Endless(torch.nn.Module):
+    """A while loop no finite input ends."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 1.0
+        while bool((y == y).all()):
+            y = y + 1.0
+        return y
+
+
 class LongFor(torch.nn.Module):
     """1000 iterations carrying a tensor: too many to unroll."""
 

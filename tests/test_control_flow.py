@@ -4,11 +4,12 @@ Compiled on the default backend and the reference, compared with eager on inputs
 from __future__ import annotations
 
 import io
+import pathlib
 import warnings
 
 import pytest
 import torch
-from harness import LongFor, WhileLoop, assert_falls_back, check_compiled
+from harness import Endless, LongFor, WhileLoop, assert_falls_back, check_compiled
 
 import torchkiln
 from torchkiln.conversion import control_flow as CF
@@ -399,14 +400,10 @@ def test_a_while_loop_gets_the_iterations_its_body_cost_allows_and_a_costly_one_
 
 
 _ENDLESS = """
-import torch, torchkiln
-
-class Endless(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x * 1.0
-        while bool((y == y).all()):  # no finite input ends it
-            y = y + 1.0
-        return y
+import sys
+sys.path.insert(0, {tests!r})
+import torchkiln
+from harness import Endless
 
 data = torchkiln.convert_method_to_engine(Endless().eval(), "forward", [torchkiln.Input((4,))], backend="reference")
 print("converted", len(data))
@@ -421,18 +418,10 @@ def test_a_while_loop_the_random_example_inputs_never_end_converts(tmp_path):
     import sys
 
     script = tmp_path / "endless.py"
-    script.write_text(_ENDLESS)
+    script.write_text(_ENDLESS.format(tests=str(pathlib.Path(__file__).parent)))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "converted" in done.stdout
-
-
-class Endless(torch.nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = x * 1.0
-        while bool((y == y).all()):  # no finite input ends it
-            y = y + 1.0
-        return y
 
 
 def test_a_calibration_sample_the_loop_guard_refuses_is_skipped_with_a_warning(monkeypatch, caplog):
