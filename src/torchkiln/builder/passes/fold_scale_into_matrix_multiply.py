@@ -47,12 +47,12 @@ def fold_scale_into_matrix_multiply(network: Network, settings: BuildSettings) -
             layer = sole_reader(layer.get_output())
         if not isinstance(layer, L.ScaleLayer):
             continue
-        columns = value.shape[-1]
+        w = weight.weights["value"]
+        columns = w.shape[0 if matmul.op1 == L.MatrixOperation.TRANSPOSE else 1]
         found = _column_weights(layer, columns)
-        if found is None or not isinstance(columns, int):
+        if found is None:
             continue
         s, t = found
-        w = weight.weights["value"]
         bias = matmul.weights.get("bias")
         bias = torch.zeros(columns, dtype=torch.float32) if bias is None else bias.float().expand(columns)
         if s is not None:

@@ -25,7 +25,7 @@ MIN_LAYERS = 4  # fewer layers than any GELU formula needs
 PROBES = torch.cat([torch.linspace(-12.0, 12.0, 4801, dtype=torch.float64),
                     torch.linspace(-60.0, 60.0, 241, dtype=torch.float64)])
 TOLERANCE = 1e-7  # |region - gelu| <= TOLERANCE * max(1, |gelu|): below float32's rounding of every value
-FORMS = {L.ActivationType.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"), L.ActivationType.GELU_ERF: F.gelu}
+FORMS = {L.ActivationType.GELU_TANH: F.gelu(PROBES, approximate="tanh"), L.ActivationType.GELU_ERF: F.gelu(PROBES)}
 
 
 def _single(t: Tensor) -> bool:
@@ -75,8 +75,8 @@ def _evaluate(region: list[L.Layer], x: Tensor) -> torch.Tensor | None:
 
 
 def _form(value: torch.Tensor) -> L.ActivationType | None:
-    for kind, gelu in FORMS.items():
-        expected = gelu(PROBES)
+    """The GELU form whose values on PROBES (`FORMS`) the region's `value` gives, or None."""
+    for kind, expected in FORMS.items():
         if value.shape == expected.shape and bool(
                 ((value - expected).abs() <= TOLERANCE * expected.abs().clamp_min(1.0)).all()):
             return kind

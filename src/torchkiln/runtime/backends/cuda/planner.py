@@ -701,9 +701,6 @@ class _Movement:
         t = self.network.layers[self.out[k][1][0]].inputs[0]
         return self.step_of.get(self.graph.index.get(id(t.producer), -1)) if t.producer is not None else None
 
-    def inputs_of(self, k: int) -> set[int]:
-        return {id(x) for j in self.out[k][1] for x in self.network.layers[j].inputs}
-
     def pools(self, k: int) -> bool:
         """Whether step `k` is a pool: it reads each input value once per window position, so what makes its input
         does not join its kernel (it would be computed once per position) and the pool does not join the kernel
@@ -743,8 +740,8 @@ class _Movement:
                 for t in {id(x): x for j in out[m][1] for x in network.layers[j].inputs}.values():
                     p = self.step_of.get(graph.index.get(id(t.producer), -1)) if t.producer is not None else None
                     if p is None or p in members or out[p] is None or sink - p > MAX_SPAN or not self.movable(p) \
-                            or self.sole_reader(p) not in members or any(self.pools(q) for q in members if
-                                                                          id(t) in self.inputs_of(q)):
+                            or self.sole_reader(p) not in members or any(
+                                isinstance(r, L.PoolingLayer) for r in graph.readers.get(id(t), [])):
                         continue
                     members.add(p)
                     grew = True

@@ -352,13 +352,13 @@ class _Emitter(Builder):
         x = layer.inputs[0]
         dims = window_dims(layer)
         lead = x.rank - len(dims)
-        starts = [_shifted(self, _scaled(self, i, stride), -pad) for i, (_, stride, pad, _) in zip(idx[lead:], dims)]
+        starts = [self.index(_affine(i, -pad, stride)) for i, (_, stride, pad, _) in zip(idx[lead:], dims)]
         average = layer.type == L.PoolingType.AVERAGE
         acc = None if average else "(-INF)"
         for tap in itertools.product(*(range(window) for window, *_ in dims)):
             at, checks = [], []
             for start, t, n, (_, _, _, dilation) in zip(starts, tap, x.shape[lead:], dims):
-                at.append(_shifted(self, start, t * dilation))
+                at.append(self.index(_affine(start, t * dilation, 1)))
                 if _LITERAL.fullmatch(at[-1]) is None:
                     checks.append(f"({at[-1]} >= 0) & ({at[-1]} < {n})")
                 elif not 0 <= int(at[-1]) < n:
@@ -422,21 +422,10 @@ def _source_scale(size: int, out: int, align_corners: bool, factor: float | None
 _LITERAL = re.compile(r"-?\d+")
 
 
-def _scaled(b: _Emitter, i: str, factor: int) -> str:
-    """Index `i` times `factor`: a literal where `i` is one, else an index variable."""
-    if _LITERAL.fullmatch(i):
-        return str(int(i) * factor)
-    return i if factor == 1 else b.index(f"{i} * {factor}")
-
-
-def _shifted(b: _Emitter, i: str, offset: int) -> str:
-    """Index `i` plus `offset`: a literal where `i` is one, else an index variable."""
-    if _LITERAL.fullmatch(i):
-        return str(int(i) + offset)
-    return i if offset == 0 else b.index(f"{i} + {offset}" if offset > 0 else f"{i} - {-offset}")
-
-
 def _affine(i: str, start: int, step: int) -> str:
+    """start + i * step: a literal where index `i` is one."""
+    if _LITERAL.fullmatch(i):
+        return str(start + int(i) * step)
     term = i if step == 1 else f"{i} * {step}"
     return term if start == 0 else f"{start} + {term}"
 
