@@ -149,7 +149,7 @@ def test_which_layers_are_generated_gemms_and_configurations():
 @pytest.mark.parametrize("m, n, k, sms", [(1, 3072, 768, 132), (49, 1152, 192, 132), (196, 40, 240, 132),
                                           (49, 1152, 192, 16), (10 ** 6, 3072, 768, 132)])
 def test_a_filling_tile_is_offered_for_products_that_leave_multiprocessors_idle(m, n, k, sms):
-    fitted, *rest = candidates(m, n, k, sms)
+    fitted, *rest = [c for c in candidates(m, n, k, sms) if c.split_k == 1]
     programs = [math.ceil(m / c.block_m) * math.ceil(n / c.block_n) for c in (fitted, *rest)]
     if programs[0] < sms:  # the fitted tile leaves some idle: the other fills them, or is as small as a tile goes
         (filling,) = rest
@@ -157,6 +157,40 @@ def test_a_filling_tile_is_offered_for_products_that_leave_multiprocessors_idle(
         assert filling.block_m <= max(16, 1 << (m - 1).bit_length()) and filling.block_k <= 128
     for c in rest:  # its pipeline fits in shared memory
         assert (c.block_m + c.block_n) * c.block_k * 2 * c.stages <= 192 << 10
+
+
+@pytest.mark.parametrize("split", [2, 3, 8])
+def test_split_k_sums_its_parts_in_order_and_resets_its_counters(split):
+    """K split over programs: each stores its part, the last of a tile sums them in order and applies the epilogue
+    (GELU here). The result is the reference's within fp16 rounding, the same on every call (the sum's order does
+    not depend on which program was last), and the tiles' counters are back at 0 for the next launch."""
+    x = t("x", 3, 7, 200)
+    mm, y = linear(x, 36)
+    z = t("z", 3, 7, 36)
+    gelu = L.ActivationLayer(name="gelu", inputs=[y], outputs=[z], weights={}, type=L.ActivationType.GELU_ERF)
+    run = GemmLauncher(generate(mm, [gelu], [], [z]), mm, Config(16, 16, 16, 1, 4, 2, split))
+    xv, wv = torch.randn(3, 7, 200, device=DEVICE).half(), (torch.randn(36, 200, device=DEVICE) / 12).half()
+    b = mm.weights["bias"].to(DEVICE)
+    first, again = run(xv, wv, b, [])[0], run(xv, wv, b, [])[0]
+    close_to(first, F.gelu(product_ref(xv, wv, b)).half())
+    assert torch.equal(first, again)
+    ((parts, counts),) = run._workspaces.values()
+    assert parts.numel() == split * 21 * 36 and counts.numel() == 2 * 3 and not counts.any()
+
+
+@pytest.mark.parametrize("m, n, k, sms, split", [(32, 64, 1536, 132, 8), (1, 384, 1536, 132, 8), (32, 96, 384, 132, 2),
+                                                 (128, 768, 768, 132, 4), (32, 1536, 64, 132, None),
+                                                 (4096, 768, 3072, 132, None), (32, 64, 1536, 1, None)])
+def test_a_split_k_tile_is_offered_for_few_tiles_over_a_long_k(m, n, k, sms, split):
+    """A product of few output tiles and a long K (a squeeze-excitation's reduction) also times a split-K tile: a
+    power of two of parts, each at least two blocks of K deep, no more programs than multiprocessors."""
+    found = [c for c in candidates(m, n, k, sms) if c.split_k > 1]
+    if split is None:
+        assert not found
+        return
+    (c,) = found
+    assert c.split_k == split and math.ceil(k / c.block_k) >= 2 * c.split_k
+    assert math.ceil(m / c.block_m) * math.ceil(n / c.block_n) * c.split_k <= sms
 
 
 # ---- the planner's rule, through bind_steps (Triton's interpreter on the CPU) ----------------------------------

@@ -33,6 +33,7 @@ from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER, Builder
 
 KERNEL_NAME = "gemm_epilogue_kernel"
 SHARED_BYTES = 192 << 10  # the half-precision operand tiles a program's pipeline may hold (an H100 has 227 KiB)
+MAX_SPLIT = 16  # the most programs one output tile's K is split over
 SMS = 132  # multiprocessors of an H100 or H200: `candidates` fills this many unless told the device's own
 DTYPES = (torch.float16, torch.bfloat16)
 
@@ -47,6 +48,7 @@ class Config:
     stages: int
     warps: int
     group_m: int = 8
+    split_k: int = 1  # programs sharing one output tile, each over a part of K (`_split`)
 
     def text(self) -> str:
         return ",".join(str(v) for v in dataclasses.astuple(self))
@@ -77,8 +79,11 @@ def candidates(m: int, n: int, k: int, sms: int = SMS) -> list[Config]:
     block_m = min(256, base.block_m * base.block_n // block_n) if m * n > 1 << 20 else base.block_m
     warps = max(base.warps, 4) if block_m > base.block_m else base.warps
     fitted = dataclasses.replace(base, block_m=block_m, block_n=block_n, block_k=block_k, warps=warps)
-    filling = _filling(fitted, m, n, k, sms)
-    return [fitted] if filling == fitted else [fitted, filling]
+    found = [fitted]
+    for other in (_filling(fitted, m, n, k, sms), _split(m, n, k, sms)):
+        if other is not None and other not in found:
+            found.append(other)
+    return found
 
 
 def _filling(config: Config, m: int, n: int, k: int, sms: int) -> Config:
@@ -101,6 +106,21 @@ def _filling(config: Config, m: int, n: int, k: int, sms: int) -> Config:
         block_k //= 2
     tile = block_m * block_n
     return Config(block_m, block_n, block_k, stages, 2 if tile < 64 * 64 else 4 if tile < 128 * 256 else 8)
+
+
+def _split(m: int, n: int, k: int, sms: int) -> Config | None:
+    """A split-K tile for a product of few output tiles and a long K (a squeeze-excitation's reduction [B, C] @
+    [C, C/4], a linear layer at batch 1), or None: 64 x 64 tiles at most, K split in a power of two of parts of at
+    least two 64-deep blocks each, as many as fill `sms` multiprocessors (16 at most). The partial products meet in
+    a float32 workspace; the program that finishes a tile last sums them in order and applies the epilogue, so the
+    result does not depend on which program was last."""
+    block_m, block_n, block_k = min(64, max(16, _pow2(m))), min(64, max(16, _pow2(n))), 64
+    tiles = math.ceil(m / block_m) * math.ceil(n / block_n)
+    split = min(MAX_SPLIT, max(1, sms // tiles), math.ceil(k / block_k) // 2)
+    if split < 2:
+        return None
+    split = 1 << (split.bit_length() - 1)
+    return Config(block_m, block_n, block_k, 3, 4 if block_m * block_n >= 64 * 64 else 2, 8, split)
 
 
 def quantized_candidates(m: int, n: int, k: int) -> list[Config]:
@@ -196,16 +216,37 @@ def _linear_form(mm: L.MatrixMultiplyLayer) -> str | None:
     return None
 
 
+# A split program stores its partial tile, then counts itself in at its tile's counter; the last one to arrive
+# (every other program's stores before its count, the barrier ordering the program's threads) sums the parts in
+# order from L2 (`.cg`: no stale L1 lines), sets the counter back to 0 for the next launch, and alone stores the
+# epilogue's outputs (the other programs' `in_m` is all false from here).
+_SPLIT_LINES = (
+    "if SPLIT_K > 1:",
+    "    mn = M.to(tl.int64) * N",
+    "    tile = rm[:, None].to(tl.int64) * N + rn[None, :]",
+    "    tl.store(parts + pid_k * mn + tile, acc, mask=in_m & in_n)",
+    "    tl.debug_barrier()",
+    "    last = tl.atomic_add(counts + pid, 1) == SPLIT_K - 1",
+    "    in_m = in_m & last",
+    "    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)",
+    "    for s in tl.static_range(SPLIT_K):",
+    "        acc += tl.load(parts + s * mn + tile, mask=in_m & in_n, other=0.0, cache_modifier='.cg')",
+    "    tl.store(counts + pid, 0, mask=last)",
+)
+
+
 def _source(b: Builder, outputs: Sequence[Tensor], quant_type: torch.dtype | None = None) -> str:
     scales = ["col_scale"] if quant_type is not None else []
-    params = ["a", "w", "bias", *scales, *epilogue.pointer_params(b, outputs), "M", "N", "K", "a_m", "a_k", "w_n",
-              "w_k", *epilogue.stride_params(b, outputs),
+    params = ["a", "w", "bias", *scales, *epilogue.pointer_params(b, outputs), "parts", "counts", "M", "N", "K",
+              "a_m", "a_k", "w_n", "w_k", *epilogue.stride_params(b, outputs),
               "HAS_BIAS: tl.constexpr", "EVEN_K: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
-              "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr", PDL_PARAM]
+              "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr", "SPLIT_K: tl.constexpr", PDL_PARAM]
     integer = quant_type == torch.int8
     body = [
         *WAIT_LINES,
         "pid = tl.program_id(0)",
+        "pid_k = pid % SPLIT_K",  # the part of K this program sums (`_split`); 0 unsplit
+        "pid = pid // SPLIT_K",
         "grid_m = (M + BLOCK_M - 1) // BLOCK_M",
         "grid_n = (N + BLOCK_N - 1) // BLOCK_N",
         "in_group = GROUP_M * grid_n",  # programs of GROUP_M rows of blocks run together: W tiles stay in L2
@@ -222,7 +263,15 @@ def _source(b: Builder, outputs: Sequence[Tensor], quant_type: torch.dtype | Non
         "in_n = rn[None, :] < N",
         "acc = tl.full((BLOCK_M, BLOCK_N), 0, tl.int32)" if integer else
         "acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)",
-        "for k in range(0, (K + BLOCK_K - 1) // BLOCK_K):",
+        "lo = 0",
+        "hi = (K + BLOCK_K - 1) // BLOCK_K",
+        "if SPLIT_K > 1:",
+        "    per = (hi + SPLIT_K - 1) // SPLIT_K",
+        "    lo = pid_k * per",
+        "    hi = tl.minimum(lo + per, hi)",
+        "    a_ptr += lo * BLOCK_K * a_k",
+        "    w_ptr += lo * BLOCK_K * w_k",
+        "for k in range(lo, hi):",
         "    if EVEN_K:",
         "        x = tl.load(a_ptr, mask=in_m, other=0.0)",
         "        y = tl.load(w_ptr, mask=in_n, other=0.0)",
@@ -233,6 +282,7 @@ def _source(b: Builder, outputs: Sequence[Tensor], quant_type: torch.dtype | Non
         "    acc = tl.dot(x, y, acc, out_dtype=tl.int32)" if integer else "    acc = tl.dot(x, y, acc)",
         "    a_ptr += BLOCK_K * a_k",
         "    w_ptr += BLOCK_K * w_k",
+        *_SPLIT_LINES,
         *(["acc = acc.to(tl.float32) * tl.load(col_scale + rn, mask=rn < N, other=0.0)[None, :]"]
           if quant_type is not None else []),
         "if HAS_BIAS:",
@@ -263,6 +313,7 @@ class GemmLauncher:
         self.epilogue = epilogue.Operands(kernel.inputs, kernel.weights, kernel.outputs, self.m_dims, self.n_dim,
                                           self.conv)
         self._fn = getattr(load_source(kernel.source), KERNEL_NAME)
+        self._workspaces: dict[tuple[torch.device, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                  inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -290,13 +341,25 @@ class GemmLauncher:
         m = math.prod(shape) // n if n else 0
         if m == 0 or n == 0:
             return outputs
-        grid = (_cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n),)
-        self._fn[grid](x, w, w if bias is None else bias, *self.scales, *operands, *outputs, m, n, k, *a, w.stride(0),
-                       w.stride(1),
-                       *strides, HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0, BLOCK_M=cfg.block_m,
-                       BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, num_stages=cfg.stages,
-                       num_warps=cfg.warps, **chain_options())
+        tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
+        parts, counts = self._workspace(m, n, tiles, x.device) if cfg.split_k > 1 else (w, w)
+        self._fn[(tiles * cfg.split_k,)](
+            x, w, w if bias is None else bias, *self.scales, *operands, *outputs, parts, counts, m, n, k, *a,
+            w.stride(0), w.stride(1), *strides, HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            SPLIT_K=cfg.split_k, num_stages=cfg.stages, num_warps=cfg.warps, **chain_options())
         return outputs
+
+    def _workspace(self, m: int, n: int, tiles: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """A split-K launch's float32 partial products and its tiles' arrival counters (zero between launches: the
+        last program of a tile resets its counter), made at the first launch of a product's shape and kept."""
+        key = (device, m, n)
+        found = self._workspaces.get(key)
+        if found is None:
+            found = self._workspaces[key] = (torch.empty(self.config.split_k * m * n, dtype=torch.float32,
+                                                         device=device),
+                                             torch.zeros(tiles, dtype=torch.int32, device=device))
+        return found
 
 
 def _cdiv(a: int, b: int) -> int:
