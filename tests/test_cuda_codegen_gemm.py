@@ -99,6 +99,27 @@ def test_pointwise_convolution_with_bias_residual_and_relu6(layout, dtype):
     assert got.is_contiguous(memory_format=torch.channels_last)
 
 
+def test_only_a_float_products_activations_divide_approximately():
+    """In a half-precision GEMM's epilogue an activation's division is the GPU's approximate one (`fast_div`); a
+    division layer's quotient, a quantized product's epilogue and a pointwise kernel keep IEEE division."""
+    from torchkiln.runtime.backends.cuda.codegen import pointwise
+
+    x = t("x", 4, 40)
+    mm, y = linear(x, 36)
+    z, q = t("z", 4, 36), t("q", 4, 36)
+    silu = L.ActivationLayer(name="silu", inputs=[y], outputs=[z], weights={}, type=L.ActivationType.SILU)
+    div = L.ElementWiseLayer(name="div", inputs=[z, y], outputs=[q], weights={}, op=L.ElementWiseOperation.DIV)
+
+    def body(source: str) -> str:
+        return source.split("def gemm_epilogue_kernel", 1)[1] if "gemm_epilogue_kernel" in source else \
+            source.split("@triton.jit", 2)[2]
+
+    both = body(generate(mm, [silu, div], [], [q]).source)
+    assert both.count("fast_div(") == 1 and both.count("tl.div_rn(") == 1
+    assert "fast_div(" not in body(generate(mm, [silu], [], [z], quant_type=torch.int8).source)
+    assert "fast_div(" not in body(pointwise.generate([silu], [y], [z]).source)
+
+
 def test_epilogue_operands_broadcast_and_several_outputs():
     """A per-column constant, a residual broadcast over the batch (read after a copy to the output's layout) and
     two outputs (the sum and its ReLU) from one GEMM."""
@@ -178,19 +199,26 @@ def test_split_k_sums_its_parts_in_order_and_resets_its_counters(split):
     assert parts.numel() == split * 21 * 36 and counts.numel() == 2 * 3 and not counts.any()
 
 
-@pytest.mark.parametrize("m, n, k, sms, split", [(32, 64, 1536, 132, 8), (1, 384, 1536, 132, 8), (32, 96, 384, 132, 2),
-                                                 (128, 768, 768, 132, 4), (32, 1536, 64, 132, None),
+@pytest.mark.parametrize("m, n, k, sms, split", [(32, 64, 1536, 132, 12), (1, 384, 1536, 132, 4), (32, 96, 384, 132, 3),
+                                                 (128, 768, 768, 132, None), (32, 1536, 64, 132, None),
                                                  (4096, 768, 3072, 132, None), (32, 64, 1536, 1, None)])
 def test_a_split_k_tile_is_offered_for_few_tiles_over_a_long_k(m, n, k, sms, split):
-    """A product of few output tiles and a long K (a squeeze-excitation's reduction) also times a split-K tile: a
-    power of two of parts, each at least two blocks of K deep, no more programs than multiprocessors."""
+    """A product of few output tiles and a long K (a squeeze-excitation's reduction) also times the filling tile
+    with K split: no more programs than multiprocessors, no part of K left empty."""
     found = [c for c in candidates(m, n, k, sms) if c.split_k > 1]
     if split is None:
         assert not found
         return
     (c,) = found
-    assert c.split_k == split and math.ceil(k / c.block_k) >= 2 * c.split_k
+    blocks, per = math.ceil(k / c.block_k), math.ceil(math.ceil(k / c.block_k) / c.split_k)
+    assert c.split_k == split and per * (c.split_k - 1) < blocks
     assert math.ceil(m / c.block_m) * math.ceil(n / c.block_n) * c.split_k <= sms
+
+
+def test_a_balanced_tile_is_offered_for_large_products():
+    assert Config(64, 64, 64, 4, 4) in candidates(25088, 512, 128)
+    assert Config(64, 64, 32, 4, 4) in candidates(100352, 144, 24)  # K blocks no deeper than the product
+    assert Config(64, 64, 64, 4, 4) not in candidates(128, 768, 768)  # a small product: the filling tile's
 
 
 # ---- the planner's rule, through bind_steps (Triton's interpreter on the CPU) ----------------------------------

@@ -20,13 +20,15 @@ from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen.pointwise import TL, Builder, emit_layers, stored
 
 
-def build(made: Tensor, layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> Builder:
+def build(made: Tensor, layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+          approximate_division: bool = False) -> Builder:
     """The epilogue computing `outputs` from the product's output `made` (the accumulator `acc` of the kernel)
-    through the pointwise `layers`; `inputs` are its other inputs. Without layers, the product is the output."""
+    through the pointwise `layers`; `inputs` are its other inputs. Without layers, the product is the output.
+    `approximate_division`: as `Builder`'s."""
     if any(tuple(t.shape) != tuple(made.shape) for t in outputs):
         raise NetworkError(f"epilogue outputs {[list(t.shape) for t in outputs]} are not all of the product's "
                            f"shape {list(made.shape)}")
-    b = Builder(made.rank)
+    b = Builder(made.rank, approximate_division)
     b.values[id(made)] = b.emit(f"acc.to({TL[made.dtype]}).to(tl.float32)", torch.float32)  # the product's rounding
     for i, t in enumerate(inputs):
         if t.rank > made.rank:
