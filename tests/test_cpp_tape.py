@@ -16,7 +16,7 @@ import torch
 from test_cpp_runtime import (RUN_SECONDS, _calibrated, _Cnn, _Engines, _no_python_env, assert_bitwise, check_in_cpp,
                               cpp)
 from test_engine_fuzz import MAX_FLOPS, MAX_MEMORY
-from test_tape import HOSTILE
+from test_tape import HOSTILE, with_launch
 
 import torchkiln
 from torchkiln.runtime import tape_format
@@ -280,10 +280,10 @@ DAMAGED_CASES = 120
 
 
 def test_damaged_tapes_load_in_cpp_exactly_where_they_load_in_python(cpp, cnn, tmp_path):
-    """Tapes with their JSON damaged at random: the C++ loader loads the ones the Python loader loads (the tape
-    counted) and refuses the others with the Python loader's words."""
+    """Tapes with their JSON damaged at random (the CNN's, with launches marked chained and not): the C++ loader
+    loads the ones the Python loader loads (the tape counted) and refuses the others with the Python loader's words."""
     engine = cnn[1]
-    text = json.dumps(_doc(engine), separators=(",", ":")).encode()
+    text = json.dumps(with_launch(with_launch(_doc(engine), pdl=True), pdl=False), separators=(",", ":")).encode()
     paths, python = [], {}
     for k in range(DAMAGED_CASES):
         damaged = _damaged(text, random.Random(f"tape-{k}"))

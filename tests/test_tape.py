@@ -98,6 +98,13 @@ def _first(doc: dict, key: str) -> dict:
     return next(i for i in doc["body"] + doc["prologue"] if key in i)
 
 
+def with_launch(doc: dict, **keys) -> dict:
+    """`doc` with a kernel of no params (an empty cubin) and, at the body's end, a launch of it with `keys` added."""
+    doc["kernels"].append({"name": "k", "cubin": [0, 0], "num_warps": 1, "shared": 0, "params": []})
+    doc["body"].append({"launch": len(doc["kernels"]) - 1, "grid": [1, 1, 1], "args": [], **keys})
+    return doc
+
+
 HOSTILE = {
     "an id past num_values": (lambda d: d["outputs"].__setitem__(0, d["num_values"]), "value id"),
     "a value read before it is written": (lambda d: next(i for i in d["prologue"] if "op" in i)["args"].__setitem__(
@@ -114,6 +121,9 @@ HOSTILE = {
                                                                   "strides": [1], "device": "cpu"}), "data length"),
     "too few inputs": (lambda d: d["inputs"].clear(), "0 inputs"),
     "a foreign device": (lambda d: d["target"].__setitem__("device_type", "tpu"), "device_type"),
+    "a pdl of 1": (lambda d: with_launch(d, pdl=1), "'pdl' must be true or false"),
+    "a pdl of a string": (lambda d: with_launch(d, pdl="true"), "'pdl' must be true or false"),
+    "a pdl of null": (lambda d: with_launch(d, pdl=None), "'pdl' must be true or false"),
 }
 
 
@@ -135,6 +145,15 @@ def test_a_launch_with_another_argument_count_than_its_kernel_is_refused(cnn_eng
     doc["body"][-1]["args"] = [3, 4]
     with pytest.raises(EngineFormatError, match="a pointer param takes a tensor value"):
         Engine.deserialize(_with_tape(cnn_engine, doc, b"\0" * 4))
+
+
+def test_a_launch_marked_programmatic_or_not_loads(cnn_engine):
+    """`pdl` true, false or absent (a tape written before the field: a plain launch)."""
+    doc = _doc(cnn_engine)
+    for keys in ({"pdl": True}, {"pdl": False}, {}):
+        with_launch(doc, **keys)
+    again = Engine.deserialize(_with_tape(cnn_engine, doc))
+    assert [i.get("pdl") for i in _doc(again)["body"] if "launch" in i] == [True, False, None]
 
 
 @pytest.mark.parametrize("header, message", [
@@ -180,3 +199,4 @@ def test_a_zero_dim_constant_the_run_reads_is_stored_with_its_bytes():
     (constant,) = recorder.constants
     assert constant["shape"] == [] and constant["dtype"] == "float64"
     assert struct.unpack("<d", bytes(recorder.blob)) == (2.5,)
+
