@@ -1,6 +1,7 @@
 """Zoo models in the C++ runtime, on a GPU: each model compiled in fp16 (the cuda backend records a tape), saved, run
 by examples/cpp's run_module with no Python in its process, and compared with the Python runtime: whether the
-outputs are identical, and the median per-call latency of each (wall time between device synchronizations).
+outputs are identical, and the median per-call latency of each (wall time between device synchronizations). A row
+also counts its tape's chained launches (`chained_launches`: those marked "pdl" of all in tape 0's body).
 
     PYTHONPATH=src python scripts/cpp_tape_zoo.py --run-module build/cpp-test/example/run_module --work /tmp/w \
         --batch 1 --models efficientnet_b0,swin_t-224            (default models: the wide zoo)
@@ -21,6 +22,7 @@ import torch
 import torchkiln
 from cpp_cuda_check import _engine, _median_ms
 from torchkiln.examples.zoo import WIDE, find_zoo_model, load_zoo_model
+from torchkiln.runtime import tape_format
 
 LOG = logging.getLogger("cpp_tape_zoo")
 
@@ -68,8 +70,11 @@ def check(name: str, batch: int, work: pathlib.Path, run_module: str, runs: int,
     inputs = [x.cuda().half() if x.is_floating_point() else x.cuda() for x in model_def.inputs(batch)]
     start = time.perf_counter()
     compiled = torchkiln.compile(model, inputs=inputs, enabled_precisions={torch.half})
-    row = {"model": name, "batch": batch, "compile_s": round(time.perf_counter() - start, 1),
-           "tapes": len(_engine(compiled).tapes) if compiled._c.hasattr("_torchkiln_engine_0") else 0}
+    tapes = _engine(compiled).tapes if compiled._c.hasattr("_torchkiln_engine_0") else []
+    row = {"model": name, "batch": batch, "compile_s": round(time.perf_counter() - start, 1), "tapes": len(tapes)}
+    if tapes:  # tape 0's body: its launches chained (programmatic dependent, "pdl") of all its launches
+        body = tape_format.decode(tapes[0], "tape")[0]["body"]
+        row["chained_launches"] = f"{sum(bool(i.get('pdl')) for i in body)}/{sum('launch' in i for i in body)}"
     with torch.no_grad():
         want = _tensors(compiled(*inputs))
         row["python_ms"] = round(_median_ms(lambda: compiled(*inputs), "cuda", runs), 3)

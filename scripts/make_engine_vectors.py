@@ -68,12 +68,19 @@ def _layer(graph: dict, kind: str) -> dict:
 
 
 def _tapes(cnn: bytes) -> dict[str, bytes]:
-    """The CNN with a CPU tape of its run (docs/tape_format.md), and with that tape damaged."""
+    """The CNN with a CPU tape of its run (docs/tape_format.md), with that tape damaged, and with launches of a kernel
+    of no params added, chained (`pdl`) and not, or with a `pdl` that is no bool."""
     tape = record_tape(Engine.deserialize(cnn), torch.device("cpu"))
     doc, blob = tape_format.decode(tape, "tape")
+    launches = json.loads(json.dumps(doc))
+    launches["kernels"].append({"name": "k", "cubin": [0, 0], "num_warps": 1, "shared": 0, "params": []})
+    launches["body"] += [{"launch": 0, "grid": [1, 1, 1], "args": [], **pdl} for pdl in ({"pdl": True}, {"pdl": False},
+                                                                                        {}, {"pdl": 1})]
     next(i for i in doc["prologue"] if "op" in i)["args"][0] = {"t": doc["outputs"][0]}
     damaged = {"good_tape": tape, "tape_read_before_written": tape_format.encode(doc, blob),
-               "tape_bad_magic": b"TKTAPX" + tape[6:]}
+               "tape_bad_magic": b"TKTAPX" + tape[6:],
+               "good_tape_pdl": tape_format.encode({**launches, "body": launches["body"][:-1]}, blob),
+               "tape_pdl_not_bool": tape_format.encode(launches, blob)}
     return {name: S.join_sections([*S.split_sections(cnn), ("tape.0", t)]) for name, t in damaged.items()}
 
 

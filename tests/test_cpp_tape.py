@@ -2,7 +2,8 @@
 C++ runtime (TORCHKILN_TAPE_LOG=1 says so) and give the Python runtime's bits, on their first call and later ones;
 a call the tape does not fit runs the layers, with one warning; a tape's operator arguments are typed by the
 operators' schemas; the C++ loader refuses hostile tapes as the Python one does, with its words, in bounded time;
-a kernel launch gets the bytes Triton's launcher would give it (through a stand-in CUDA driver: no GPU here)."""
+a kernel launch gets the bytes Triton's launcher would give it, a chained one its programmatic dependent launch
+(through a stand-in CUDA driver: no GPU here)."""
 from __future__ import annotations
 
 import json
@@ -16,11 +17,11 @@ import torch
 from test_cpp_runtime import (RUN_SECONDS, _calibrated, _Cnn, _Engines, _no_python_env, assert_bitwise, check_in_cpp,
                               cpp)
 from test_engine_fuzz import MAX_FLOPS, MAX_MEMORY
-from test_tape import HOSTILE
+from test_tape import CHAINING_GPU, HOSTILE, chain_engine, with_launch
 
 import torchkiln
 from torchkiln.runtime import tape_format
-from torchkiln.runtime.tape import tape_shapes
+from torchkiln.runtime.tape import record_tape, tape_shapes
 from torchkiln.runtime.engine import Engine
 from torchkiln.runtime.execute_op import engine_blob
 
@@ -280,10 +281,10 @@ DAMAGED_CASES = 120
 
 
 def test_damaged_tapes_load_in_cpp_exactly_where_they_load_in_python(cpp, cnn, tmp_path):
-    """Tapes with their JSON damaged at random: the C++ loader loads the ones the Python loader loads (the tape
-    counted) and refuses the others with the Python loader's words."""
+    """Tapes with their JSON damaged at random (the CNN's, with launches marked chained and not): the C++ loader
+    loads the ones the Python loader loads (the tape counted) and refuses the others with the Python loader's words."""
     engine = cnn[1]
-    text = json.dumps(_doc(engine), separators=(",", ":")).encode()
+    text = json.dumps(with_launch(with_launch(_doc(engine), pdl=True), pdl=False), separators=(",", ":")).encode()
     paths, python = [], {}
     for k in range(DAMAGED_CASES):
         damaged = _damaged(text, random.Random(f"tape-{k}"))
@@ -304,24 +305,65 @@ def test_damaged_tapes_load_in_cpp_exactly_where_they_load_in_python(cpp, cnn, t
     assert 0 < loaded < len(paths)
 
 
+def _launch_check(cpp, driver: str) -> list[str]:
+    """What torchkiln_launch_check prints through the stand-in CUDA driver in build folder `driver`."""
+    tools = cpp["check"].parent
+    done = subprocess.run([str(tools / "torchkiln_launch_check")], capture_output=True, text=True, timeout=RUN_SECONDS,
+                          env={**_no_python_env(), "LD_LIBRARY_PATH": str(tools / driver)})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def _launches(lines: list[str]) -> list[list[str]]:
+    return [line.split() for line in lines if line.startswith("cuLaunchKernel")]
+
+
+_PLAIN = ["cuLaunchKernel", "2", "3", "4", "128", "1", "1", "65536", "0x1234", "(nil)"]  # grid, block, shared, stream
+
+
 def test_kernel_launches_pack_their_arguments_as_tritons_launcher_does(cpp):
     """The runner's launch of a kernel taking every param type, through a stand-in CUDA driver that prints its calls
     (csrc/tools/fake_libcuda.cpp; no GPU here): the context made current, the shared memory opted into, the block of
     32 x num_warps threads, each argument's bytes (fp16 rounded once from the double, bf16 truncated from the float),
-    Triton's two null scratch pointers, and no launch of an empty grid."""
-    driver = cpp["check"].parent / "fake_driver"
-    done = subprocess.run([str(cpp["check"].parent / "torchkiln_launch_check")], capture_output=True, text=True,
-                          timeout=RUN_SECONDS, env={**_no_python_env(), "LD_LIBRARY_PATH": str(driver)})
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
+    Triton's two null scratch pointers, and no launch of an empty grid. A chained launch (`pdl`) is cuLaunchKernelEx's
+    with one attribute, programmatic stream serialization (6) allowed (1), as Triton launches a launch_pdl kernel."""
+    lines = _launch_check(cpp, "fake_driver")
     pointer = int(next(line for line in lines if line.startswith("data_ptr ")).split()[1], 16)
-    launches = [line.split() for line in lines if line.startswith("cuLaunchKernel")]
+    launches = _launches(lines)
     assert [line for line in lines if not line.startswith(("data_ptr", "cuLaunchKernel"))] == [
         "cuCtxSetCurrent", "cuModuleGetFunction every_type", "cuFuncGetAttribute 1", "cuFuncSetAttribute 8 65536"]
-    assert len(launches) == 1 and launches[0][1:10] == ["2", "3", "4", "128", "1", "1", "65536", "0x1234", "(nil)"]
+    assert len(launches) == 2 and launches[0][:10] == _PLAIN
     half = struct.unpack("<H", struct.pack("<e", 1 + 2 ** -11 + 2 ** -40))[0]
     assert half == 0x3C01  # rounded up; a float on the way would have rounded it to 1.0
     single = struct.unpack("<I", struct.pack("<f", 0.1))[0]
     want = [pointer, 1, 0xFD, 0xFFFF, 0xFFFFFFF9, 1 << 40, 2 ** 64 - 1, half, single >> 16, single,
             struct.unpack("<Q", struct.pack("<d", 0.1))[0], 0, 0]
     assert [int(word, 16) for word in launches[0][10:]] == want
+    assert launches[1][:13] == ["cuLaunchKernelEx", "5", "1", "1", "128", "1", "1", "65536", "0x1234", "(nil)",
+                                "attributes", "1", "6:1"]
+    assert launches[1][13:] == launches[0][10:]
+
+
+def test_a_chained_launch_is_a_plain_one_where_the_driver_has_no_launch_kernel_ex(cpp):
+    """A driver before CUDA 11.8 (no cuLaunchKernelEx): the chained launch is cuLaunchKernel's, its arguments the
+    same; the kernel's wait then returns at once."""
+    launches = _launches(_launch_check(cpp, "fake_driver_before_11_8"))
+    assert [launch[:10] for launch in launches] == [_PLAIN, ["cuLaunchKernel", "5", "1", "1", *_PLAIN[4:]]]
+    assert launches[1][10:] == launches[0][10:]
+
+
+@CHAINING_GPU
+def test_a_gpu_tape_replays_its_chained_launch_with_the_python_runtimes_bits(cpp, tmp_path):
+    """A GPU tape whose body holds a programmatic dependent launch runs in C++ (the prologue, then the body captured
+    and replayed) with the bits of the Python runtime, which runs the plan captured and chained too."""
+    engine = chain_engine()
+    device = torch.device("cuda")
+    engine.tapes.append(record_tape(engine, device))
+    assert any(i.get("pdl") for i in _doc(engine)["body"])
+    blob = engine_blob(engine.serialize())
+    inputs = [[torch.randn(4, 16, 32, device=device)] for _ in range(3)]
+    got, stderr, code = _run_engines(cpp, [blob] * len(inputs), inputs, tmp_path, TORCHKILN_TAPE_LOG="1")
+    assert code == 0, stderr
+    assert stderr.count(f"torchkiln: engine '{engine.name}' runs tape 0 on cuda") == 1, stderr
+    for k, (xs, g) in enumerate(zip(inputs, got)):
+        assert_bitwise(g, _python(blob, xs), f"call {k}")

@@ -13,10 +13,10 @@ from torchkiln.ir import layers as L  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.ir.tensor import Tensor  # noqa: E402
 from torchkiln.runtime.backends import BackendOptions  # noqa: E402
-from torchkiln.runtime.backends.cuda import planner, runner  # noqa: E402
-from torchkiln.runtime.backends.cuda.codegen import (PDL_PARAM, WAIT_LINES, chain_options, chained,  # noqa: E402
-                                                     chains, depthwise, gemm, indexed, pointwise, pooling,
-                                                     reduction)
+from torchkiln.runtime.backends.cuda import codegen, planner, runner  # noqa: E402
+from torchkiln.runtime.backends.cuda.codegen import (PDL_PARAM, WAIT_LINES, captured_later,  # noqa: E402
+                                                     chain_options, chained, chains, chains_steps, depthwise, gemm,
+                                                     indexed, pointwise, pooling, reduction)
 from torchkiln.runtime.backends.cuda.runner import bind_steps, place_weights  # noqa: E402
 from torchkiln.runtime.symbols import SymbolBinder  # noqa: E402
 
@@ -110,6 +110,20 @@ def test_only_a_generated_step_after_a_generated_step_is_linked():
     assert bind_steps(net, plan, weights, binder, [(4, 16, 32)], cpu, False).links == frozenset()
 
 
+def test_steps_are_chained_where_captured_or_recorded_for_a_capture(monkeypatch):
+    """A runner chains its steps inside its own graphs, and uncaptured only where its run is recorded for a runtime
+    that captures it (a tape's: `captured_later`); never on a GPU that does not chain."""
+    gpu = torch.device("cuda")
+    monkeypatch.setattr(codegen, "chains", lambda device: True)  # a GPU that chains (none here)
+    assert chains_steps(gpu, True) and not chains_steps(gpu, False)
+    with captured_later():
+        assert chains_steps(gpu, False) and chains_steps(gpu, True)
+    assert not chains_steps(gpu, False)
+    monkeypatch.setattr(codegen, "chains", lambda device: False)
+    with captured_later():
+        assert not chains_steps(gpu, True) and not chains_steps(gpu, False)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or not chains(torch.device("cuda")),
                     reason="needs a GPU that chains launches (compute capability 9.0 or later)")
 def test_a_chained_plan_computes_what_an_unchained_one_does(monkeypatch):
@@ -121,7 +135,7 @@ def test_a_chained_plan_computes_what_an_unchained_one_does(monkeypatch):
     chained_runner = runner.CudaRunner(net, plan, device, options)
     got = [chained_runner.run([x])[0].clone() for _ in range(3)]  # eager, captured, replayed
     assert any(b.links for b in chained_runner._bound.values())
-    monkeypatch.setattr(runner, "chains", lambda device: False)
+    monkeypatch.setattr(codegen, "chains", lambda device: False)
     plain = runner.CudaRunner(net, plan, device, options)
     want = [plain.run([x])[0].clone() for _ in range(3)]
     assert not any(b.links for b in plain._bound.values())

@@ -200,7 +200,7 @@ void TapeRunner::launch(const Step& step) {
   const TapeInstruction& ins = *step.instruction;
   if (!modules_) format_error(tape_->where + ": " + step.what + ": a kernel launch in a tape for the CPU");
   void* stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device_).native_handle();
-  modules_->launch(ins.index, ins.grid, ins.args, values_, stream, step.what);
+  modules_->launch(ins.index, ins.grid, ins.args, values_, stream, ins.pdl, step.what);
 }
 
 void TapeRunner::execute(std::vector<Step>& steps) {

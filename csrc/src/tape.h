@@ -54,6 +54,7 @@ struct TapeInstruction {
   std::vector<std::pair<std::string, TapeArg>> kwargs;
   std::vector<int64_t> out;  // the value ids written, -1 for an undefined tensor
   std::array<int64_t, 3> grid{};
+  bool pdl = false;  // Launch: programmatically dependent on the kernel before it on the stream (a chained launch)
 };
 
 struct TapeTarget {

@@ -256,6 +256,9 @@ class Checker {
           out.args.push_back(scalar(args[k]));
         }
       }
+      const Json* pdl = raw.get("pdl");
+      if (pdl && pdl->type != Json::Type::Bool) fail(what + ": 'pdl' must be true or false");
+      out.pdl = pdl && pdl->b;
     }
     return out;
   }

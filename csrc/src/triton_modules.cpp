@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <map>
 
@@ -10,6 +11,30 @@
 
 namespace torchkiln {
 namespace {
+
+// cuLaunchKernelEx's launch description, laid out as cuda.h's CUlaunchConfig and CUlaunchAttribute (its id, padding
+// to 8 bytes, then a 64-byte union of the attributes' values), declared with the one value used.
+union LaunchAttributeValue {
+  char pad[64];
+  int programmatic_stream_serialization_allowed;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION's
+  void* align;                                    // (the union holds pointers: 8-byte aligned)
+};
+struct LaunchAttribute {
+  int id;  // CUlaunchAttributeID
+  char pad[4];
+  LaunchAttributeValue value;
+};
+struct LaunchConfig {
+  unsigned grid_x, grid_y, grid_z, block_x, block_y, block_z, shared;
+  void* stream;
+  LaunchAttribute* attributes;
+  unsigned num_attributes;
+};
+static_assert(sizeof(LaunchAttribute) == 72 && offsetof(LaunchAttribute, value) == 8, "cuda.h's CUlaunchAttribute");
+static_assert(sizeof(LaunchConfig) == 56 && offsetof(LaunchConfig, stream) == 32 &&
+                  offsetof(LaunchConfig, attributes) == 40 && offsetof(LaunchConfig, num_attributes) == 48,
+              "cuda.h's CUlaunchConfig");
+constexpr int kProgrammaticStreamSerialization = 6;  // CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
 
 // The few driver entry points used, declared with opaque handles (CUmodule, CUfunction, CUstream are pointers;
 // CUresult is an int, 0 for success).
@@ -25,6 +50,8 @@ struct Driver {
   int (*func_set_attribute)(void* function, int attribute, int value);
   int (*launch_kernel)(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                        unsigned shared, void* stream, void** params, void** extra);
+  // null where the driver has none (before CUDA 11.8): chained launches are then launched plainly (`launch`)
+  int (*launch_kernel_ex)(const LaunchConfig* config, void* function, void** params, void** extra);
   int (*get_error_string)(int error, const char** text);
 };
 
@@ -52,6 +79,7 @@ const Driver& driver() {
     out.func_get_attribute = reinterpret_cast<decltype(out.func_get_attribute)>(find("cuFuncGetAttribute"));
     out.func_set_attribute = reinterpret_cast<decltype(out.func_set_attribute)>(find("cuFuncSetAttribute"));
     out.launch_kernel = reinterpret_cast<decltype(out.launch_kernel)>(find("cuLaunchKernel"));
+    out.launch_kernel_ex = reinterpret_cast<decltype(out.launch_kernel_ex)>(dlsym(lib, "cuLaunchKernelEx"));
     out.get_error_string = reinterpret_cast<decltype(out.get_error_string)>(find("cuGetErrorString"));
     return out;
   }();
@@ -150,7 +178,8 @@ TritonModules::~TritonModules() {
 }
 
 void TritonModules::launch(size_t k, const std::array<int64_t, 3>& grid, const std::vector<TapeArg>& args,
-                           const std::vector<at::Tensor>& values, void* stream, const std::string& what) const {
+                           const std::vector<at::Tensor>& values, void* stream, bool pdl,
+                           const std::string& what) const {
   if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return;
   ensure_context(device_, where_);
   const TapeKernel& kernel = kernels_[k];
@@ -168,8 +197,22 @@ void TritonModules::launch(size_t k, const std::array<int64_t, 3>& grid, const s
     }
   }
   for (uint64_t& slot : slots) params.push_back(&slot);
-  int code = driver().launch_kernel(functions_[k], grid[0], grid[1], grid[2], 32 * kernel.num_warps, 1, 1,
-                                    static_cast<unsigned>(kernel.shared), stream, params.data(), nullptr);
+  const Driver& cu = driver();
+  unsigned block = static_cast<unsigned>(32 * kernel.num_warps), shared = static_cast<unsigned>(kernel.shared);
+  int code;
+  if (pdl && cu.launch_kernel_ex) {  // as Triton's launcher launches a kernel compiled with launch_pdl
+    LaunchAttribute chained{};
+    chained.id = kProgrammaticStreamSerialization;
+    chained.value.programmatic_stream_serialization_allowed = 1;
+    LaunchConfig config{static_cast<unsigned>(grid[0]), static_cast<unsigned>(grid[1]), static_cast<unsigned>(grid[2]),
+                        block, 1, 1, shared, stream, &chained, 1};
+    code = cu.launch_kernel_ex(&config, functions_[k], params.data(), nullptr);
+  } else {
+    // A chained kernel launched plainly (a driver without cuLaunchKernelEx) starts once the kernel before it has
+    // finished, so its wait (griddepcontrol.wait) returns at once: the same results, only not overlapped.
+    code = cu.launch_kernel(functions_[k], grid[0], grid[1], grid[2], block, 1, 1, shared, stream, params.data(),
+                            nullptr);
+  }
   TORCH_CHECK(code == 0, where_, ": ", what, ": kernel '", kernel.name, "' does not launch: ", error_text(code));
 }
 

@@ -20,9 +20,10 @@ class TritonModules {
   TritonModules(const TritonModules&) = delete;
   TritonModules& operator=(const TritonModules&) = delete;
 
-  // Kernel `k` launched on `stream` (a cudaStream_t) with `args`: a tensor value's data pointer or a scalar per param.
+  // Kernel `k` launched on `stream` (a cudaStream_t) with `args`: a tensor value's data pointer or a scalar per param;
+  // `pdl`: programmatically dependent on the kernel before it on the stream (a chained launch).
   void launch(size_t k, const std::array<int64_t, 3>& grid, const std::vector<TapeArg>& args,
-              const std::vector<at::Tensor>& values, void* stream, const std::string& what) const;
+              const std::vector<at::Tensor>& values, void* stream, bool pdl, const std::string& what) const;
 
  private:
   const std::vector<TapeKernel>& kernels_;

@@ -1,6 +1,7 @@
 // torchkiln_launch_check: a kernel taking every param type launched through TritonModules (what the tape runner
-// launches with) on known arguments, then on an empty grid. Run with fake_driver/libcuda.so.1 (tools/fake_libcuda.cpp)
-// first on the library path, it prints what a GPU would be given (tests/test_cpp_tape.py checks it).
+// launches with) on known arguments, then on an empty grid, then chained (a programmatic dependent launch). Run with
+// fake_driver/libcuda.so.1 (tools/fake_libcuda.cpp) first on the library path, it prints what a GPU would be given
+// (tests/test_cpp_tape.py checks it).
 #include <cmath>
 #include <cstdio>
 
@@ -34,7 +35,9 @@ int main() {
   torchkiln::TritonModules modules(kernels, at::Device(at::kCUDA, 0), "launch check");
   std::printf("data_ptr %p\n", values[0].data_ptr());
   std::fflush(stdout);
-  modules.launch(0, {2, 3, 4}, args, values, reinterpret_cast<void*>(0x1234), "launch 0");
-  modules.launch(0, {0, 1, 1}, args, values, reinterpret_cast<void*>(0x1234), "launch 1");
+  void* stream = reinterpret_cast<void*>(0x1234);
+  modules.launch(0, {2, 3, 4}, args, values, stream, false, "launch 0");
+  modules.launch(0, {0, 1, 1}, args, values, stream, false, "launch 1");
+  modules.launch(0, {5, 1, 1}, args, values, stream, true, "launch 2");
   return 0;
 }

@@ -4,7 +4,9 @@ launches it made, for the C++ runtime to replay with no Python.
 A fresh runner of the engine's plan is made and called twice under a dispatch mode that writes down every ATen call
 with its arguments, while Triton's launcher writes down every kernel launch with the kernel's cubin. The runner's
 making and its first call (weights placed, kernels compiled, lazy work) are the prologue; the second call is the
-body. The runner runs without CUDA graphs so that its launches are seen; the C++ runtime captures the body itself.
+body. The runner runs without CUDA graphs so that its launches are seen; the C++ runtime captures the body itself, so
+the runner chains generated steps as it does in its own graphs (`codegen.captured_later`), and a chained launch is
+written down as a programmatic dependent one (`"pdl": true`).
 
 A run that a tape could not replay for other input values is refused, with the reason logged: a body that reads a
 value on the host, an output shape that depends on values, a launch needing what tapes do not carry.
@@ -24,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchkiln.runtime import tape_format
 from torchkiln.runtime.backends import make_runner
+from torchkiln.runtime.backends.cuda.codegen import captured_later
 from torchkiln.runtime.serialization import DTYPES, dtype_name
 
 if TYPE_CHECKING:
@@ -182,7 +185,9 @@ class _Recorder(TorchDispatchMode):
                 raise TapeRefused(f"kernel {kernel.name}: {len(args)} launch arguments for {len(types)} parameters")
             encoded = [{"t": self.value(a)} if ty.startswith("*") else _scalar(a, ty, kernel.name)
                        for a, ty in zip(args, types) if ty != "constexpr"]
-            self.instructions.append({"launch": row, "grid": list(grid), "args": encoded})
+            # Triton's launcher launches a kernel compiled with launch_pdl (a chained one) programmatically dependent
+            chained = {"pdl": True} if getattr(kernel.metadata, "launch_pdl", False) else {}
+            self.instructions.append({"launch": row, "grid": list(grid), "args": encoded, **chained})
 
     def kernel_row(self, kernel: Any) -> int:
         row = self.kernel_index.get(id(kernel))
@@ -192,8 +197,7 @@ class _Recorder(TorchDispatchMode):
         why = [what for what, bad in (
             ("scratch memory", getattr(meta, "global_scratch_size", 0) or getattr(meta, "profile_scratch_size", 0)),
             ("thread-block clusters", getattr(meta, "num_ctas", 1) != 1),
-            ("a cooperative launch", getattr(meta, "launch_cooperative_grid", False)),
-            ("a programmatic launch", getattr(meta, "launch_pdl", False))) if bad]
+            ("a cooperative launch", getattr(meta, "launch_cooperative_grid", False))) if bad]
         params = [ty for ty in kernel.src.signature.values() if ty != "constexpr"]
         if any(not (ty in tape_format.SCALAR_PARAMS or (ty[:1] == "*" and ty[1:] in tape_format.SCALAR_PARAMS))
                for ty in params):
@@ -277,7 +281,7 @@ def record_tape(engine: Engine, device: torch.device, shapes: Sequence[tuple[int
     for x in inputs:
         recorder.define(x)
     launches = _triton_launches(recorder) if device.type == "cuda" else contextlib.nullcontext()
-    with torch.inference_mode(False), torch.no_grad(), launches, recorder:
+    with torch.inference_mode(False), torch.no_grad(), launches, captured_later(), recorder:
         runner = make_runner(engine.backend, engine.network, plan, device, options, engine.name)
         runner.run(list(inputs))
         prologue, recorder.instructions = recorder.instructions, []

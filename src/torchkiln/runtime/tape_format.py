@@ -222,6 +222,8 @@ class _Checker:
                     self.read(arg["t"], what)
                 elif isinstance(arg, bool) or not isinstance(arg, (int, float)):
                     self.fail(f"{what}: a {param} param takes a number")
+            if not isinstance(raw.get("pdl", False), bool):
+                self.fail(f"{what}: 'pdl' must be true or false")
 
     def argument(self, values: list[Any], what: str, depth: int) -> None:
         if depth > 4 or len(values) > 4096:

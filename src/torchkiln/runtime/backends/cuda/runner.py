@@ -45,7 +45,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import control_flow, quant_kernels  # noqa: F401  (quant_kernels registers makers)
-from torchkiln.runtime.backends.cuda.codegen import chained, chains
+from torchkiln.runtime.backends.cuda.codegen import chained, chains_steps
 from torchkiln.runtime.backends.cuda.kernels import (StepFn, StepLayers, channels_last_input, make_step,
                                                     takes_channels_last)
 from torchkiln.runtime.executor import may_alias_storage
@@ -304,7 +304,7 @@ class CudaRunner:
     def bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
         """The plan's steps for these inputs' shapes, converting the channels-last inputs first."""
         bound = bind_steps(self.network, self.plan, self.weights, self.binder, [tuple(x.shape) for x in inputs],
-                           self.device, self.options.allow_tf32, chain=self._graphs and chains(self.device))
+                           self.device, self.options.allow_tf32, chain=chains_steps(self.device, self._graphs))
         bound.channels_last = tuple(i for i, last in enumerate(self.channels_last) if last)
         return bound
 

@@ -17,6 +17,7 @@ CHAIN_CAPABILITY = (9, 0)
 PDL_PARAM = "PDL: tl.constexpr = False"  # every generated kernel's last parameter...
 WAIT_LINES = ("if PDL:", "    gdc_wait()")  # ... and the first lines of its body
 _CHAINED = contextvars.ContextVar("torchkiln_chained", default=False)
+_CAPTURED_LATER = contextvars.ContextVar("torchkiln_captured_later", default=False)
 
 
 @functools.cache
@@ -52,6 +53,24 @@ def chained(on: bool) -> Iterator[None]:
         yield
     finally:
         _CHAINED.reset(token)
+
+
+@contextlib.contextmanager
+def captured_later() -> Iterator[None]:
+    """Runs in this block are recorded for a runtime that captures their launches as a CUDA graph itself (a tape, for
+    the C++ runtime: runtime/tape.py), though they run uncaptured here (`chains_steps`)."""
+    token = _CAPTURED_LATER.set(True)
+    try:
+        yield
+    finally:
+        _CAPTURED_LATER.reset(token)
+
+
+def chains_steps(device: object, captured: bool) -> bool:
+    """Whether a runner on `device` launches a generated step that follows another generated step chained to it
+    (`chained`): on a GPU that chains, where its launches are captured as a CUDA graph (`captured`: its own graph)
+    or recorded for one (`captured_later`). Uncaptured runs stay unchained: chaining was measured to pay in graphs."""
+    return (captured or _CAPTURED_LATER.get()) and chains(device)
 
 
 def chain_options() -> dict[str, bool]:
