@@ -299,7 +299,7 @@ def test_a_gpu_tape_marks_the_launches_the_captured_runner_chains():
     from torchkiln.runtime.tape import record_tape
 
     engine = chain_engine()
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())
     doc = tape_format.decode(record_tape(engine, device), "tape")[0]
     assert [i.get("pdl", False) for i in doc["body"] if "launch" in i] == [False, True, False]
     x = torch.randn(4, 16, 32, device=device)
