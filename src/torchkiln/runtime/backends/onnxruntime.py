@@ -60,6 +60,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import Dim, DimSymbol, bounds, is_symbolic, substitute, symbols_of
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable, SessionModels
+from torchkiln.runtime.backends.full_gates import full_size_gates, has_gates
 from torchkiln.runtime.backends.session_settings import DEFAULT_SETTINGS, Tactic, candidates, choose_settings
 from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.integer_kernels import exact_for
@@ -243,7 +244,7 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
 
     if options.timing_iterations == 0 or not any(step.kernel == 0 for step in steps):
         return plan(DEFAULT_SETTINGS)
-    tactics = candidates(options.ort_threads == 0 and torch.get_num_threads() > 1)
+    tactics = candidates(options.ort_threads == 0 and torch.get_num_threads() > 1, has_gates(network))
     exported: list[SessionModels | None] = []  # the sessions' models, exported once for every candidate
 
     def runner(tactic: Tactic) -> OrtRunner:
@@ -358,7 +359,8 @@ class _Session:
     its inputs and outputs are the segment's."""
 
     def __init__(self, ort, sub: Network, threads: int, spin: bool, profile_prefix: str | None = None,
-                 model: bytes | None = None) -> None:
+                 model: bytes | None = None, full_gates: bool = False) -> None:
+        """`full_gates`: ORT gets the model with its channel gates at full size (full_gates.py)."""
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
@@ -377,12 +379,19 @@ class _Session:
             options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                              f"{os.path.basename(profile_prefix)}.weights")
         # (a stored model may hold int8 weights exported where they were exact: a cache shared with a VNNI CPU)
+        if model is not None and full_gates:
+            import onnx
+
+            model = full_size_gates(onnx.load_from_string(model))[0].SerializeToString()
         self.session = None if model is None or not exact or unsigned else self._stored(ort, sub, model, options)
         if self.session is None:
             from torchkiln.onnx_export import OnnxExportError
 
             try:
-                self.session = ort.InferenceSession(session_onnx(sub, (exact, unsigned)).SerializeToString(), options,
+                exported = session_onnx(sub, (exact, unsigned))
+                if full_gates:
+                    exported = full_size_gates(exported)[0]
+                self.session = ort.InferenceSession(exported.SerializeToString(), options,
                                                     providers=["CPUExecutionProvider"],
                                                     disabled_optimizers=DISABLED_OPTIMIZERS)
             except (OnnxExportError, *_ort_errors(ort)) as e:
@@ -477,6 +486,7 @@ class OrtRunner:
         settings = next((k for k in plan.kernels if k.kind == "session"), Kernel("session", "onnx"))
         threads = 1 if settings.option("one_thread", False) else options.ort_threads or torch.get_num_threads()
         spin = settings.option("spin", True)
+        gates = bool(settings.option("full_gates", False))
         planned = _plan_subnetworks(network, plan)
         subs = [sub for sub, _ in planned]
         if network.symbols() and len(subs) > 1 and not _bind_their_own_symbols(network, subs):
@@ -490,7 +500,8 @@ class OrtRunner:
         stored = iter(_usable(models, ort.__version__, sum(on_ort for _, on_ort in planned)))
         for k, (sub, on_ort) in enumerate(planned):
             prefix = None if profile_dir is None else os.path.join(profile_dir, f"session{k}")
-            step = _Session(ort, sub, threads, spin, prefix, next(stored)) if on_ort else ReferenceExecutor(sub, device)
+            step = _Session(ort, sub, threads, spin, prefix, next(stored), gates) if on_ort else \
+                ReferenceExecutor(sub, device)
             self.steps.append((step, [id(t) for t in sub.inputs], [id(t) for t in sub.outputs]))
             for t in sub.inputs:
                 last_read[id(t)] = k

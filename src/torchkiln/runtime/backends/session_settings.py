@@ -2,7 +2,8 @@
 of its session kernels.
 
 The candidates: the intra-op threads asked for or one thread (only where `ort_threads` is 0, "torch's threads"),
-each with ORT's worker threads spinning while they wait for work or not. The tactic stores no number of threads:
+each with ORT's worker threads spinning while they wait for work or not; and, for a network that scales or shifts
+feature maps by channel gates (squeeze-excitation), the graph with the gates at full size (full_gates.py). The tactic stores no number of threads:
 the default runs the threads asked for where the engine runs (`ort_threads`, or torch's threads there), so a plan
 made on a 2-core machine runs 16 threads on a 16-core one.
 
@@ -61,11 +62,13 @@ WARMUP = 3  # untimed calls of each candidate; the fastest of the default's deci
 SETTLE_S = 0.05  # rest before timing, for spinning worker threads to go idle (as the bench's interleaving rests)
 
 
-def candidates(threads_measured: bool) -> list[Tactic]:
+def candidates(threads_measured: bool, gates: bool = False) -> list[Tactic]:
     """The tactics measured, the default first: ("one_thread", True) runs one intra-op thread, ("spin", False)
-    stops worker threads spinning."""
+    stops worker threads spinning; where `gates`, ("full_gates", True) gives ORT the graph with its channel gates at
+    full size (full_gates.py), with the default settings otherwise."""
     spins = [(), (("spin", False),)]
-    return spins + ([(("one_thread", True), *s) for s in spins] if threads_measured else [])
+    return spins + ([(("one_thread", True), *s) for s in spins] if threads_measured else []) + \
+        ([(("full_gates", True),)] if gates else [])
 
 
 def random_inputs(network: Network) -> list[torch.Tensor] | None:
