@@ -100,7 +100,7 @@ def test_pointwise_convolution_with_bias_residual_and_relu6(layout, dtype):
 
 
 def test_only_a_float_products_activations_divide_approximately():
-    """In a half-precision GEMM's epilogue an activation's division is the GPU's approximate one (`fast_div`); a
+    """In a half-precision GEMM's epilogue an activation's division is the GPU's approximate one (`_fast_div`); a
     division layer's quotient, a quantized product's epilogue and a pointwise kernel keep IEEE division."""
     from torchkiln.runtime.backends.cuda.codegen import pointwise
 
@@ -115,9 +115,9 @@ def test_only_a_float_products_activations_divide_approximately():
             source.split("@triton.jit", 2)[2]
 
     both = body(generate(mm, [silu, div], [], [q]).source)
-    assert both.count("fast_div(") == 1 and both.count("tl.div_rn(") == 1
-    assert "fast_div(" not in body(generate(mm, [silu], [], [z], quant_type=torch.int8).source)
-    assert "fast_div(" not in body(pointwise.generate([silu], [y], [z]).source)
+    assert both.count("_fast_div(") == 1 and both.count("tl.div_rn(") == 1
+    assert "_fast_div(" not in body(generate(mm, [silu], [], [z], quant_type=torch.int8).source)
+    assert "_fast_div(" not in body(pointwise.generate([silu], [y], [z]).source)
 
 
 def test_epilogue_operands_broadcast_and_several_outputs():

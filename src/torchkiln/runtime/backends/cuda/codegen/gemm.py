@@ -238,12 +238,12 @@ _SPLIT_LINES = (
     "    tile = rm[:, None].to(tl.int64) * N + rn[None, :]",
     "    tl.store(parts + pid_k * mn + tile, acc, mask=in_m & in_n)",
     "    tl.debug_barrier()",
-    "    last = tl.atomic_add(counts + pid, 1) == SPLIT_K - 1",
-    "    in_m = in_m & last",
+    "    count = tl.atomic_add(counts + pid, 1)",
+    "    in_m = in_m & (rm[:, None] * 0 + count == SPLIT_K - 1)",  # (Triton 3.9's interpreter mistypes tensor & scalar)
     "    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)",
     "    for s in tl.static_range(SPLIT_K):",
     "        acc += tl.load(parts + s * mn + tile, mask=in_m & in_n, other=0.0, cache_modifier='.cg')",
-    "    tl.store(counts + pid, 0, mask=last)",
+    "    tl.store(counts + pid, 0, mask=count == SPLIT_K - 1)",
 )
 
 
