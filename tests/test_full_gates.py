@@ -1,7 +1,7 @@
 """Channel gates at full size for ONNX Runtime's blocked layout (runtime/backends/full_gates.py): the rewrite keeps
 the values bit for bit, ORT's optimized graph then keeps a squeeze-excitation block's map blocked (no reorder
-between the first layer and the last), what is not a channel gate's multiply is left alone, and the tactic is offered only to
-networks with gates and runs where the plan holds it. No timing is asserted."""
+between the first layer and the last), what is not a channel gate's multiply is left alone, and the tactic is
+offered only to networks with gates and runs where the plan holds it. No timing is asserted."""
 import collections
 
 import pytest

@@ -4,8 +4,10 @@ ORT's NCHWc transformer runs convolutions, pools, activations, adds and same-sha
 tensors (8 channels a block with AVX2, 16 with AVX-512). A multiply whose operands' shapes differ is not
 transformed: a squeeze-excitation's `x * gate` ([N, C, H, W] by [N, C, 1, 1]) takes x out of the blocked layout, runs
 in NCHW and puts the product back, two reorders of the whole map per gate. Written as `x * Resize(gate)` (nearest,
-to [N, C, H, W]: each gate value repeated over the map) the operands have equal shapes and the blocked layout goes on:
-a MobileNetV3-style network at 96 x 96 lost all 18 of its mid-graph reorders. The values are exactly the broadcast's.
+to [N, C, H, W]: each gate value repeated over the map) the operands have equal shapes and the blocked layout goes on
+wherever the gate's own 1x1 convolutions are blocked (their widths multiples of the block): a network of inverted
+residual blocks with such gates, at 96 x 96, lost all 18 of its mid-graph reorders. The values are exactly the
+broadcast's.
 
 Whether it pays depends on the network (where the gate itself is not blocked, the resize only adds a write), so it is
 a session tactic (session_settings.py, `("full_gates", True)`) timed against the graph as exported.

@@ -379,19 +379,19 @@ class _Session:
             options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                              f"{os.path.basename(profile_prefix)}.weights")
         # (a stored model may hold int8 weights exported where they were exact: a cache shared with a VNNI CPU)
-        if model is not None and full_gates:
+        def graph(proto: onnx.ModelProto) -> bytes:
+            return (full_size_gates(proto)[0] if full_gates else proto).SerializeToString()
+
+        if model is not None and full_gates and exact and not unsigned:
             import onnx
 
-            model = full_size_gates(onnx.load_from_string(model))[0].SerializeToString()
+            model = graph(onnx.load_from_string(model))
         self.session = None if model is None or not exact or unsigned else self._stored(ort, sub, model, options)
         if self.session is None:
             from torchkiln.onnx_export import OnnxExportError
 
             try:
-                exported = session_onnx(sub, (exact, unsigned))
-                if full_gates:
-                    exported = full_size_gates(exported)[0]
-                self.session = ort.InferenceSession(exported.SerializeToString(), options,
+                self.session = ort.InferenceSession(graph(session_onnx(sub, (exact, unsigned))), options,
                                                     providers=["CPUExecutionProvider"],
                                                     disabled_optimizers=DISABLED_OPTIMIZERS)
             except (OnnxExportError, *_ort_errors(ort)) as e:

@@ -2,10 +2,10 @@
 of its session kernels.
 
 The candidates: the intra-op threads asked for or one thread (only where `ort_threads` is 0, "torch's threads"),
-each with ORT's worker threads spinning while they wait for work or not; and, for a network that scales or shifts
-feature maps by channel gates (squeeze-excitation), the graph with the gates at full size (full_gates.py). The tactic stores no number of threads:
-the default runs the threads asked for where the engine runs (`ort_threads`, or torch's threads there), so a plan
-made on a 2-core machine runs 16 threads on a 16-core one.
+each with ORT's worker threads spinning while they wait for work or not; and, for a network that multiplies feature
+maps by channel gates (squeeze-excitation), the graph with the gates at full size (full_gates.py). The tactic stores
+no number of threads: the default runs the threads asked for where the engine runs (`ort_threads`, or torch's threads
+there), so a plan made on a 2-core machine runs 16 threads on a 16-core one.
 
 The rule, meant to give the same choice whether the build machine is quiet or loaded (the choice should be the
 quiet machine's winner, what a deployment on a dedicated server gets):
