@@ -5,8 +5,9 @@ Triton expression a generated kernel computes it with (None: no kernel yet, so t
 Adding an op is one row here (and its enum member in `layers`), plus one test row.
 
 Triton expressions are Python templates over float32 values: `{x}` (unary, activation), `{a}` and `{b}`
-(binary), and the activation's `{alpha}` and `{beta}` (literals). An op computing integers (or bools, for the
-bitwise ones) has a second template, `integer`, over values of its result's dtype (`{t}`: that Triton type; an
+(binary), and the activation's `{alpha}` and `{beta}` (literals) and `{div}` (its division: IEEE `tl.div_rn`, or the
+GPU's approximate one where the kernel allows it; runtime/backends/cuda/codegen/pointwise.py). An op computing
+integers (or bools, for the bitwise ones) has a second template, `integer`, over values of its result's dtype (`{t}`: that Triton type; an
 activation's `{alpha}` and `{beta}` are values of it, an infinite one the type's limit), with
 ATen's integer semantics: two's complement wrap-around, floor division and remainder as Python's. Templates may
 call `tl.*` and `libdevice.*` (`triton.language.extra.libdevice`); Triton's CPU interpreter runs no libdevice
@@ -265,7 +266,7 @@ UNARY: dict[L.UnaryOperation, PointwiseOp] = {
 ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
     A.RELU: P(lambda x, a, b: torch.relu(x), node("Relu"), "tl.where({x} < 0, 0.0, {x})", aten="relu",
               integer="tl.maximum({x}, tl.full([1], 0, {t}))"),
-    A.SIGMOID: P(lambda x, a, b: torch.sigmoid(x), node("Sigmoid"), "tl.div_rn(1.0, 1.0 + tl.exp(-{x}))",
+    A.SIGMOID: P(lambda x, a, b: torch.sigmoid(x), node("Sigmoid"), "{div}(1.0, 1.0 + tl.exp(-{x}))",
                  aten="sigmoid"),
     A.TANH: P(lambda x, a, b: torch.tanh(x), node("Tanh"), "libdevice.tanh({x})", aten="tanh"),
     A.LEAKY_RELU: P(lambda x, a, b: F.leaky_relu(x, a), node("LeakyRelu", alpha="alpha"),
@@ -275,10 +276,10 @@ ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
     A.SELU: P(lambda x, a, b: F.selu(x), node("Selu"),  # ONNX's default alpha and gamma are torch's
               f"{_SELU_SCALE!r} * tl.where({{x}} > 0, {{x}}, {_SELU_ALPHA!r} * libdevice.expm1({{x}}))", aten="selu"),
     A.CELU: P(lambda x, a, b: F.celu(x, a), node("Celu", alpha="alpha"),
-              "tl.where({x} > 0, {x}, {alpha} * libdevice.expm1(tl.div_rn({x}, {alpha})))"),
-    A.SOFTSIGN: P(lambda x, a, b: F.softsign(x), node("Softsign"), "tl.div_rn({x}, 1.0 + tl.abs({x}))"),
+              "tl.where({x} > 0, {x}, {alpha} * libdevice.expm1({div}({x}, {alpha})))"),
+    A.SOFTSIGN: P(lambda x, a, b: F.softsign(x), node("Softsign"), "{div}({x}, 1.0 + tl.abs({x}))"),
     A.SOFTPLUS: P(lambda x, a, b: F.softplus(x, a, b), recipe("softplus"),  # alpha: beta, beta: threshold
-                  "tl.where({x} * {alpha} > {beta}, {x}, tl.div_rn(libdevice.log1p(tl.exp({x} * {alpha})), {alpha}))"),
+                  "tl.where({x} * {alpha} > {beta}, {x}, {div}(libdevice.log1p(tl.exp({x} * {alpha})), {alpha}))"),
     A.CLIP: P(lambda x, a, b: _clip(x, a, b), recipe("clip"), _CLAMP, integer=_INT_CLAMP),
     A.HARD_SIGMOID: P(lambda x, a, b: F.hardsigmoid(x), node("HardSigmoid", alpha=1.0 / 6.0, beta=0.5),
                       f"tl.where({{x}} != {{x}}, {{x}}, {_RELU6_OVER_6})", aten="hardsigmoid"),
@@ -289,7 +290,7 @@ ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
     A.GELU_ERF: P(lambda x, a, b: F.gelu(x), node("Gelu"), "0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"),
     A.GELU_TANH: P(lambda x, a, b: F.gelu(x, approximate="tanh"), node("Gelu", approximate="tanh"),
                    "0.5 * {x} * (1.0 + libdevice.tanh(0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})))"),
-    A.SILU: P(lambda x, a, b: F.silu(x), recipe("silu"), "tl.div_rn({x}, 1.0 + tl.exp(-{x}))", aten="silu"),
+    A.SILU: P(lambda x, a, b: F.silu(x), recipe("silu"), "{div}({x}, 1.0 + tl.exp(-{x}))", aten="silu"),
     A.MISH: P(lambda x, a, b: F.mish(x), node("Mish"), "{x} * libdevice.tanh(libdevice.log1p(tl.exp({x})))",
               aten="mish"),
     A.LOG_SIGMOID: P(lambda x, a, b: F.logsigmoid(x), recipe("log_sigmoid"),

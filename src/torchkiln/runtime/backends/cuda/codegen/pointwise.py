@@ -53,14 +53,14 @@ Value = tuple[str, torch.dtype]  # a kernel variable and the dtype it holds (`he
 _KINDS = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.ScaleLayer, L.ParametricReLULayer,
           L.ConstantLayer, L.SelectLayer, L.QuantizeLayer)
 # Every division of a generated kernel is IEEE (`tl.div_rn`), as ATen divides, except a half-precision activation's
-# (SiLU, sigmoid, softsign, ELU, softplus: continuous, and already through `tl.exp`'s approximation) in a kernel built
-# with `approximate_division` (a GEMM's epilogue: codegen/gemm.py), where it is `_fast_div`, the GPU's approximate
-# division (PTX div.full.f32, within 2 float32 ulp): the value rounded to half precision (2**-11) then differs from
-# the IEEE quotient's in about 2 of 10,000 values, by one unit in its last place. A division layer's quotient stays
-# IEEE (an exact quotient such as 6 / 3 stays exact for a floor or a comparison after it). After a product's
-# tensor-core loop the IEEE division's instructions are the program's critical path: a [25088,128] @ [128,512] product
-# with SiLU took 38.7 us with it, 21.1 with `_fast_div`, 16.9 without the SiLU (H200). In a memory-bound kernel it
-# costs nothing measurable.
+# (`{div}` in its template: SiLU, sigmoid, softsign, CELU, softplus; continuous, and already through `tl.exp`'s
+# approximation) in a kernel built with `approximate_division` (a GEMM's epilogue: codegen/gemm.py), where it is
+# `_fast_div`, the GPU's approximate division (PTX div.full.f32, within 2 float32 ulp): the value rounded to half
+# precision (2**-11) then differs from the IEEE quotient's in about 2 of 10,000 values, by one unit in its last place.
+# A division layer's quotient stays IEEE (an exact quotient such as 6 / 3 stays exact for a floor or a comparison
+# after it). After a product's tensor-core loop the IEEE division's instructions are the program's critical path: a
+# [25088,128] @ [128,512] product with SiLU took 38.7 us with it, 21.1 with `_fast_div`, 16.9 without the SiLU
+# (H200). In a memory-bound kernel it costs nothing measurable.
 HEADER = '''import triton
 import triton.language as tl
 from triton.language.extra import libdevice
@@ -350,11 +350,11 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
     elif isinstance(layer, L.ElementWiseLayer):
         expr = row.triton.format(a=operands[0], b=operands[1])
     elif isinstance(layer, L.ActivationLayer):
-        expr = row.triton.format(x=operands[0], alpha=literal(layer.alpha), beta=literal(layer.beta))
+        fast = b.approximate_division and out in _HALVES
+        expr = row.triton.format(x=operands[0], alpha=literal(layer.alpha), beta=literal(layer.beta),
+                                 div="_fast_div" if fast else "tl.div_rn")
     else:
         expr = row.triton.format(x=operands[0])
-    if b.approximate_division and out in _HALVES and isinstance(layer, L.ActivationLayer):
-        expr = expr.replace("tl.div_rn(", "_fast_div(")
     return b.emit(expr, torch.bool if is_bool else torch.float32)
 
 
