@@ -237,6 +237,18 @@ def _attention(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     return with_constant_mask
 
 
+@maker("generated", "attention")
+def _generated_attention(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """Attention as the generated flash-attention kernel (codegen/attention.py) with the tile the build timed
+    fastest (the tactic "config"). Its operands are found by tensor, as for SDPA's step."""
+    from torchkiln.runtime.backends.cuda.codegen.attention import Attention
+
+    layer = step.layers[0]
+    run = Attention(layer, str(kernel.option("config")))
+    at = [step.inputs.index(id(t)) for t in layer.inputs]
+    return lambda xs: [run(*(xs[k] for k in at[:3]), xs[at[3]] if len(at) > 3 else None)]
+
+
 @maker("generated", "pointwise")
 def _pointwise(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """The step's pointwise layers as one generated Triton kernel (codegen/pointwise.py)."""

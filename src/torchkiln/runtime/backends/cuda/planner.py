@@ -104,7 +104,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
-from torchkiln.runtime.backends.cuda.codegen import have_triton
+from torchkiln.runtime.backends.cuda.codegen import attention, have_triton
 from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT, takes_channels_last
 from torchkiln.runtime.backends.cuda.patches import patch_convolution
 from torchkiln.runtime.backends.cuda.quant_kernels import GENERATED_OP as GENERATED_QUANTIZED
@@ -247,7 +247,10 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
         elif isinstance(layer, L.AttentionLayer):
             shapes = [timing.opt_shape(t.shape) for t in layer.inputs]
             backend = timing.attention_backend(layer, shapes, device, options, cache)
-            groups.append((Kernel("library", "attention", (("backend", backend),) if backend else ()), [j]))
+            if backend in attention.CONFIGS:
+                groups.append((Kernel("generated", "attention", (("config", backend),)), [j]))
+            else:
+                groups.append((Kernel("library", "attention", (("backend", backend),) if backend else ()), [j]))
         else:
             groups.append((Kernel("aten", layer.KIND), [j]))
         assigned.add(j)

@@ -25,6 +25,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import DimSymbol, evaluate
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda.cache import cache_dir
+from torchkiln.runtime.backends.cuda.codegen import attention
 from torchkiln.runtime.backends.cuda.patches import patch_gemm
 
 logger = logging.getLogger(__name__)
@@ -206,14 +207,16 @@ def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[st
 
 def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], device: torch.device,
                       options: BackendOptions, cache: TimingCache) -> str:
-    """The fastest SDPA backend for `layer` with inputs of `shapes` (its opt shapes), or "" (PyTorch's own
-    choice) without timing. Backends that refuse the inputs (flash with a mask, say) are skipped."""
+    """The fastest SDPA backend for `layer` with inputs of `shapes` (its opt shapes), a generated kernel's tile (a
+    key of `codegen.attention.CONFIGS`), or "" (PyTorch's own choice) without timing. Backends that refuse the inputs
+    (flash with a mask, say) are skipped."""
     if options.timing_iterations == 0 or device.type != "cuda":
         return ""
     dtypes = [t.dtype for t in layer.inputs]
+    generated = attention.supported(layer, shapes) is None
     key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, "attention", layer.causal,
                       layer.scale, layer.enable_gqa, [str(d) for d in dtypes], [list(s) for s in shapes],
-                      constant_mask(layer)])
+                      constant_mask(layer), generated])
 
     def candidates() -> dict[str, Callable[[], object]]:
         q, k, v = (torch.randn(s, device=device, dtype=d) for s, d in zip(shapes[:3], dtypes[:3]))
@@ -223,6 +226,8 @@ def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], de
                 torch.zeros(shapes[3], device=device, dtype=dtypes[3])
             mask = aligned_mask(mask) if constant_mask(layer) else mask  # as the step will pass it
         runs = {name: sdpa(name, layer.causal, layer.scale, layer.enable_gqa) for name in ATTENTION_BACKENDS}
+        if generated:
+            runs.update({name: attention.Attention(layer, name) for name in attention.CONFIGS})
         return {name: (lambda run=run: run(q, k, v, mask)) for name, run in runs.items()}
 
     return _timed_choice(cache, key, candidates, time_graphed_ms, options.timing_iterations,
