@@ -233,7 +233,10 @@ class _MaskedAttention(torch.nn.Module):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def test_attention_runs_through_the_sdpa_backend_timed_fastest(tmp_path, monkeypatch):
+def test_attention_runs_through_the_backend_timed_fastest(tmp_path, monkeypatch):
+    """SDPA's backends and the generated kernel's tiles compete; the fastest runs, with SDPA's values."""
+    from torchkiln.runtime.backends.cuda.codegen.attention import CONFIGS
+
     monkeypatch.setenv("TORCHKILN_CACHE_DIR", str(tmp_path))
     model = _MaskedAttention().eval().cuda()
     x = torch.randn(2, 32, 64, device="cuda")
@@ -241,8 +244,8 @@ def test_attention_runs_through_the_sdpa_backend_timed_fastest(tmp_path, monkeyp
     keep[1, 20:] = 0
     compiled = torchkiln.compile(model, [torchkiln.Input(x.shape), torchkiln.Input(keep.shape, dtype=torch.int64)],
                                  enabled_precisions={torch.float16})
-    kernels = [k for k in _engine(compiled).plans[0].kernels if k.op == "attention"]
-    assert kernels and dict(kernels[0].tactic)["backend"] in {"cudnn", "efficient", "flash", "math"}
+    [kernel] = [k for k in _engine(compiled).plans[0].kernels if k.op == "attention"]
+    assert kernel.option("backend") in {"cudnn", "efficient", "flash", "math"} or kernel.option("config") in CONFIGS
     assert "attention" in (tmp_path / "timing.json").read_text()
     _close(compiled(x, keep), model(x, keep), fp16=True)
 
