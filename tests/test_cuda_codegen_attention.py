@@ -153,3 +153,21 @@ def test_a_plan_runs_attention_as_the_generated_kernel():
     ref = ReferenceExecutor(net, torch.device("cpu")).run([t.float() if t.is_floating_point() else t
                                                            for t in (q, k, v, mask)])[0]
     assert (out - ref).abs().max() <= 5e-3 * ref.abs().max()
+
+
+def test_the_fusion_report_names_the_generated_attention_kernel():
+    """A pointwise layer making the query stays a step of its own before the generated attention step, and the
+    report says why."""
+    from torchkiln.ir import layers as L
+    from torchkiln.runtime.backends.cuda import fusion_report
+
+    q, k, v = qkv(1, 2, 8, 8, 16)
+    net = Network()
+    ins = [net.add_input(n, t.dtype, tuple(t.shape)) for n, t in zip("qkv", (q, k, v))]
+    scaled = net.add_activation(ins[0], L.ActivationType.RELU).get_output()
+    net.mark_output(net.add_attention(scaled, ins[1], ins[2]).get_output())
+    plan = planner.make_plan(net, torch.device("cpu"), BackendOptions(timing_iterations=0))
+    kernels = [Kernel("generated", "attention", (("config", "generated:64x64"),)) if kernel.op == "attention"
+               else kernel for kernel in plan.kernels]
+    [edge] = fusion_report.unfused_edges(net, dataclasses.replace(plan, kernels=kernels))
+    assert "generated attention kernel" in edge.reason and "no prologue" in edge.reason

@@ -185,8 +185,11 @@ def _aten_producer(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) -> 
 def _library_reader(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) -> str:
     kernel = ctx.kernel(b)
     lib = LIBRARY.get(type(r))
-    if lib is None or not (kernel.kind == "library" or kernel.op in ("gemm", "depthwise")):
+    if lib is None or not (kernel.kind == "library" or kernel.op in ("gemm", "depthwise", "attention")):
         return ""
+    if kernel.op == "attention" and kernel.kind == "generated":
+        return f"the reader, {r.KIND} {r.name!r}, is the generated attention kernel (timed faster than {lib}): it " \
+               f"reads query, key, value and mask from memory, no prologue"
     if kernel.kind == "generated":
         return f"the reader, {r.KIND} {r.name!r}, is a generated {kernel.op} kernel (rule 6): it reads its input " \
                f"from memory and takes an epilogue, no prologue"
