@@ -37,17 +37,17 @@ def attention_layer(q, k, v, mask=None, causal=False, scale=None, gqa=False):
 
 
 def check(q, k, v, mask=None, causal=False, scale=None, gqa=False, config="generated:64x64"):
-    """The kernel's output against SDPA in float32; returns it."""
+    """The kernel's output against SDPA in float32; returns it, in the kernel's layout."""
     _, layer = attention_layer(q, k, v, mask, causal, scale, gqa)
     assert supported(layer, [tuple(t.shape) for t in (q, k, v, mask) if t is not None]) is None
     got = Attention(layer, config)(*(t.to(DEVICE) for t in (q, k, v)), None if mask is None else mask.to(DEVICE))
     ref_mask = mask.float() if mask is not None and mask.is_floating_point() else mask
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=ref_mask, is_causal=causal,
                                          scale=scale, enable_gqa=gqa)
-    got = got.cpu().float()
-    assert got.shape == ref.shape
-    assert F.cosine_similarity(got.flatten(), ref.flatten(), 0) >= 0.9999
-    assert (got - ref).abs().max() <= 5e-3 * ref.abs().max(), (got - ref).abs().max()
+    values = got.cpu().float()
+    assert values.shape == ref.shape
+    assert F.cosine_similarity(values.flatten(), ref.flatten(), 0) >= 0.9999
+    assert (values - ref).abs().max() <= 5e-3 * ref.abs().max(), (values - ref).abs().max()
     return got
 
 
@@ -59,7 +59,7 @@ def qkv(b, h, lq, lk, d, dtype=F16, kv_heads=None, seed=0):
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
-@pytest.mark.parametrize("shape", [(2, 3, 20, 37, 64), (1, 2, 130, 70, 32), (2, 2, 5, 5, 16), (1, 1, 9, 200, 128)],
+@pytest.mark.parametrize("shape", [(2, 2, 20, 37, 64), (1, 1, 130, 70, 32), (2, 1, 5, 5, 16), (1, 1, 9, 200, 128)],
                          ids=["short", "long_queries", "tiny", "d128"])
 def test_no_mask(shape, config):
     check(*qkv(*shape), config=config)
@@ -82,7 +82,7 @@ def test_rows_that_see_no_key_are_zeros():
     q, k, v = qkv(2, 2, 8, 12, 32)
     mask = torch.rand(2, 1, 8, 12, generator=torch.Generator().manual_seed(1)) > 0.4
     mask[0, 0, 3] = False
-    got = check(q, k, v, mask)
+    got = check(q, k, v, mask).cpu()
     assert torch.equal(got[0, :, 3], torch.zeros_like(got[0, :, 3]))
 
 
@@ -106,18 +106,15 @@ def test_causal(lengths, config):
 
 
 def test_grouped_query_heads():
-    check(*qkv(2, 8, 16, 16, 64, kv_heads=2), gqa=True)
+    check(*qkv(1, 4, 16, 16, 32, kv_heads=2), gqa=True)
 
 
 def test_heads_read_in_place_from_a_projections_layout():
     """q, k and v as views of one [B, L, 3, H, D] tensor (a fused projection's output), permuted: nothing copied;
     the output is [B, H, L, D] over [B, L, H, D] memory."""
-    x = torch.randn(2, 19, 3, 4, 32, generator=torch.Generator().manual_seed(4)).half()
+    x = torch.randn(2, 19, 3, 2, 32, generator=torch.Generator().manual_seed(4)).half()
     q, k, v = (x[:, :, j].transpose(1, 2) for j in range(3))
-    got = check(q, k, v)
-    _, layer = attention_layer(q, k, v)
-    out = Attention(layer, "generated:64x64")(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), None)
-    assert out.transpose(1, 2).is_contiguous() and torch.equal(out.cpu().float(), got)
+    assert check(q, k, v).transpose(1, 2).is_contiguous()
 
 
 def test_what_the_kernel_refuses():
@@ -148,7 +145,7 @@ def test_a_plan_runs_attention_as_the_generated_kernel():
     plan = planner.make_plan(net, torch.device("cpu"), BackendOptions(timing_iterations=0))
     [at] = [j for j, kernel in enumerate(plan.kernels) if kernel.op == "attention"]
     kernels = list(plan.kernels)
-    kernels[at] = Kernel("generated", "attention", (("config", "generated:128x64"),))
+    kernels[at] = Kernel("generated", "attention", (("config", "generated:64x32"),))
     out = run_plan_eagerly(net, dataclasses.replace(plan, kernels=kernels), [q, k, v, mask])[0].float()
     ref = ReferenceExecutor(net, torch.device("cpu")).run([t.float() if t.is_floating_point() else t
                                                            for t in (q, k, v, mask)])[0]
