@@ -176,10 +176,11 @@ class Attention:
             mask = mask.view(torch.uint8) if mask.dtype == torch.bool else mask
         m_strides = mask.stride() if mask is not None else (0, 0, 0, 0)
         scale = self.layer.scale if self.layer.scale is not None else 1.0 / math.sqrt(dim)
+        wide = needs_int64(q, k, v, out, *(() if mask is None else (mask,)))
         grid = (-(-q_len // self.block_m), b * h)
         self._fn[grid](q, k, v, mask if mask is not None else q, out, h, h // k.shape[1], q_len, k_len, dim,
                        scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *m_strides, *out.stride(),
-                       MASK=kind, CAUSAL=self.layer.causal, INT64=needs_int64(q, k, v, out, *(() if mask is None else (mask,))),
+                       MASK=kind, CAUSAL=self.layer.causal, INT64=wide,
                        BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=max(16, 1 << (dim - 1).bit_length()),
                        num_warps=self.warps, **chain_options())
         return out
