@@ -188,7 +188,8 @@ def _shapes_and_strides(*tensors: torch.Tensor | None) -> str:
 def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[str, Callable[[], object]]],
                   timer: Callable[[Callable[[], object], int], float], iterations: int, what: str) -> str:
     """The cached choice for `key`; else the fastest of `candidates()` (made only then), timed by `timer` and
-    cached. A candidate the library refuses (a RuntimeError) is skipped; "" where every one is."""
+    cached. A candidate that fails in its warm-up (the library refuses the inputs, a generated kernel does not compile)
+    is skipped; "" where every one is."""
     found = cache.get(key)
     if found is not None:
         return found
@@ -197,7 +198,8 @@ def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[st
         for name, run in candidates().items():
             try:
                 times[name] = timer(run, iterations)
-            except RuntimeError as e:  # no kernel of this kind for these inputs (refused in the warm-up)
+            except Exception as e:  # noqa: BLE001 - refused in the warm-up (no library kernel for these inputs, a
+                # generated kernel that does not compile for this GPU): skipped, the others timed
                 logger.debug("%s: %s refused: %s", what, name, str(e).splitlines()[0] if str(e) else "")
     choice = min(times, key=times.get) if times else ""
     logger.debug("tactic for %s: %s -> %s", what, {k: round(t, 4) for k, t in times.items()}, choice or "none")
