@@ -221,31 +221,34 @@ def _half_layer_norm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> Step
 
 @maker("library", "attention")
 def _attention(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
-    """SDPA through the backend the build timed fastest (the tactic "backend"; "" = PyTorch's choice). Its operands are
-    found by tensor: the step's inputs hold each once, and self-attention reads x as query, key and value."""
+    """SDPA through the backend the build timed fastest (the tactic "backend"; "" = PyTorch's choice), a constant
+    mask aligned once (`aligned_mask`)."""
     layer = step.layers[0]
     run = sdpa(str(dict(kernel.tactic).get("backend", "")), layer.causal, layer.scale, layer.enable_gqa)
-    at = [step.inputs.index(id(t)) for t in layer.inputs]
     if not constant_mask(layer):
-        return lambda xs: [run(*(xs[k] for k in at[:3]), xs[at[3]] if len(at) > 3 else None)]
+        return _attention_call(step, run)
     aligned: list[torch.Tensor] = []  # the constant mask, aligned at the first call
 
-    def with_constant_mask(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def with_constant_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if not aligned:
-            aligned.append(aligned_mask(xs[at[3]]))
-        return [run(*(xs[k] for k in at[:3]), aligned[0])]
-    return with_constant_mask
+            aligned.append(aligned_mask(mask))
+        return run(q, k, v, aligned[0])
+    return _attention_call(step, with_constant_mask)
 
 
 @maker("generated", "attention")
 def _generated_attention(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     """Attention as the generated flash-attention kernel (codegen/attention.py) with the tile the build timed
-    fastest (the tactic "config"). Its operands are found by tensor, as for SDPA's step."""
+    fastest (the tactic "config")."""
     from torchkiln.runtime.backends.cuda.codegen.attention import Attention
 
-    layer = step.layers[0]
-    run = Attention(layer, str(kernel.option("config")))
-    at = [step.inputs.index(id(t)) for t in layer.inputs]
+    return _attention_call(step, Attention(step.layers[0], str(kernel.option("config"))))
+
+
+def _attention_call(step: StepLayers, run: Callable) -> StepFn:
+    """`run(query, key, value, mask or None)` on the step's inputs, found by tensor: the step's inputs hold each
+    once, and self-attention reads x as query, key and value."""
+    at = [step.inputs.index(id(t)) for t in step.layers[0].inputs]
     return lambda xs: [run(*(xs[k] for k in at[:3]), xs[at[3]] if len(at) > 3 else None)]
 
 
