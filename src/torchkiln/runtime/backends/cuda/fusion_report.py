@@ -44,6 +44,10 @@ EPILOGUES = {
 CONVOLUTION_STEPS = ("convolution", "conv_epilogue", "patch_conv", "gemm", "depthwise")
 REDUCTIONS = (L.ReduceLayer, L.SoftMaxLayer, L.NormalizationLayer, L.CumulativeLayer)  # rule 4's layer kinds
 EPILOGUE_GROUPS = ("pointwise", "gemm", "depthwise")  # generated steps rule 2's pointwise layers join
+_PRODUCT = "(rule 6): it reads its input from memory and takes an epilogue, no prologue"
+GENERATED_READERS = {  # generated kernels that replace a library call: why one reads its operands from memory
+    "gemm": _PRODUCT, "depthwise": _PRODUCT,
+    "attention": "(timed faster than SDPA's): it reads query, key, value and mask from memory, no prologue"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,14 +189,10 @@ def _aten_producer(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) -> 
 def _library_reader(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) -> str:
     kernel = ctx.kernel(b)
     lib = LIBRARY.get(type(r))
-    if lib is None or not (kernel.kind == "library" or kernel.op in ("gemm", "depthwise", "attention")):
+    if lib is None or not (kernel.kind == "library" or kernel.op in GENERATED_READERS):
         return ""
-    if kernel.op == "attention" and kernel.kind == "generated":
-        return f"the reader, {r.KIND} {r.name!r}, is the generated attention kernel (timed faster than {lib}): it " \
-               f"reads query, key, value and mask from memory, no prologue"
     if kernel.kind == "generated":
-        return f"the reader, {r.KIND} {r.name!r}, is a generated {kernel.op} kernel (rule 6): it reads its input " \
-               f"from memory and takes an epilogue, no prologue"
+        return f"the reader, {r.KIND} {r.name!r}, is a generated {kernel.op} kernel {GENERATED_READERS[kernel.op]}"
     head = f"the reader, {r.KIND} {r.name!r}, is a library call ({lib} reads its operands from memory: no generated " \
            f"prologue)"
     return head + (_product_candidate(ctx, b, r) if isinstance(r, L.ConvolutionLayer) else "")
