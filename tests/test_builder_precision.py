@@ -177,3 +177,20 @@ def test_a_rule_result_is_narrowed_again_by_the_next_matrix_multiply():
     assert shifted.get_output().dtype == F32
     assert [t.dtype for t in mm.inputs] == [F16, F16] and relu.get_output().dtype == F16
     assert n.outputs[0].dtype == F32 and n.outputs[0].producer.KIND == "cast"
+
+
+def test_calibration_builds_its_reference_from_the_block_already_converted(monkeypatch):
+    """A calibrated fp16 build converts the block twice, not three times: its fp32 reference is the network the
+    block was first converted into (a conversion copies every weight)."""
+    import torchkiln.compiler as compiler
+
+    calls = []
+    real = compiler.convert_block
+    monkeypatch.setattr(compiler, "convert_block", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    compiled = torchkiln.compile(model, [torchkiln.Input(x.shape)], enabled_precisions={F16}, backend="reference")
+    assert len(calls) == 2
+    ref = model(x)
+    assert _matches(compiled(x).float(), ref, 1e-2)

@@ -146,19 +146,19 @@ def test_a_chained_plan_computes_what_an_unchained_one_does(monkeypatch):
 
 
 def test_a_generated_tactic_candidate_compiles_its_chained_variant_beside_the_others():
-    """A candidate's first call (in the tactic's thread pool) also runs it chained where asked, so the variant a
+    """A candidate's first call (in the tactics' thread pool) also runs it chained where asked, so the variant a
     chained step launches is compiled there, not at the runner's first call; a failure in either is reported."""
-    from torchkiln.runtime.backends.cuda.gemm_tactic import _first_call
+    from torchkiln.runtime.backends.cuda.timing import first_calls
 
     seen = []
-    assert _first_call((lambda: seen.append(chain_options()), True)) is None
+    assert first_calls([(lambda: seen.append(chain_options()), True)]) == [None]
     assert seen == [{}, {"PDL": True, "launch_pdl": True}]
     seen.clear()
-    assert _first_call((lambda: seen.append(chain_options()), False)) is None
+    assert first_calls([(lambda: seen.append(chain_options()), False)]) == [None]
     assert seen == [{}]
 
     def fails_chained():
         if chain_options():
             raise RuntimeError("no chained launch here")
 
-    assert _first_call((fails_chained, True)) == "no chained launch here"
+    assert first_calls([(fails_chained, True), (lambda: None, True)]) == ["no chained launch here", None]

@@ -337,28 +337,30 @@ def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("utf-8")
 
 
-def decode_engine(data: bytes, max_memory: int | None = None,
-                  max_flops: int | None = None) -> tuple[dict[str, Any], Network, list[Any], list[bytes]]:
+def decode_engine(data: bytes | memoryview, max_memory: int | None = None, max_flops: int | None = None,
+                  check_digest: bool = True) -> tuple[dict[str, Any], Network, list[Any], list[bytes]]:
     """Check and parse engine bytes into (metadata, network, raw plans, tape sections); any problem is an
-    EngineFormatError.
+    EngineFormatError. The bytes are read in place (what is kept is copied out of them).
 
     `max_memory` and `max_flops` bound what the engine may plan (see `runtime/limits.py`; None: the environment's
-    or the default ceiling of the engine's device kind). A bad ceiling is a ValueError."""
+    or the default ceiling of the engine's device kind). A bad ceiling is a ValueError. `check_digest=False` skips
+    the SHA-256 check, for bytes this process wrote from an engine (`execute_op.engine_blob`)."""
     # Loading makes many small objects; the cycle collector would rescan the growing heap again and again.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _decode_engine(data, max_memory, max_flops)
+        return _decode_engine(data, max_memory, max_flops, check_digest)
     finally:
         if collecting:
             gc.enable()
 
 
-def _decode_engine(data: bytes, max_memory: int | None,
-                   max_flops: int | None) -> tuple[dict[str, Any], Network, list[Any], list[bytes]]:
+def _decode_engine(data: bytes | memoryview, max_memory: int | None, max_flops: int | None,
+                   check_digest: bool) -> tuple[dict[str, Any], Network, list[Any], list[bytes]]:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise EngineFormatError(f"engine data must be bytes, got {type(data).__name__}")
-    data = bytes(data)
+    if not isinstance(data, bytes):  # read where it lies: each section is copied out as bytes
+        data = memoryview(data).cast("B")
     if len(data) < _PREFIX.size + _DIGEST:
         raise EngineFormatError(f"engine data is truncated: {len(data)} bytes is shorter than any engine")
     magic, version, _count = _HEADER.unpack_from(data)
@@ -369,7 +371,7 @@ def _decode_engine(data: bytes, max_memory: int | None,
                                 f"(up to {FORMAT_VERSION}); upgrade torchkiln to load it")
     if version < 1:
         raise EngineFormatError(f"engine format version {version} is unknown")
-    sections = _sections_v1(data) if version == 1 else _sections(data)
+    sections = _sections_v1(data, check_digest) if version == 1 else _sections(data, check_digest)
     if len(sections["graph"]) > MAX_GRAPH_BYTES:
         raise EngineFormatError(f"engine graph of {len(sections['graph'])} bytes exceeds the {MAX_GRAPH_BYTES}-byte "
                                 f"limit")
@@ -412,22 +414,24 @@ def engine_digest(data: bytes | memoryview) -> bytes:
     return bytes(memoryview(data)[-_DIGEST:])
 
 
-def _check_digest(data: bytes) -> None:
-    if hashlib.sha256(memoryview(data)[:-_DIGEST]).digest() != data[-_DIGEST:]:  # a view: the engine is not copied
+def _check_digest(data: bytes | memoryview) -> None:
+    if hashlib.sha256(memoryview(data)[:-_DIGEST]).digest() != bytes(data[-_DIGEST:]):  # a view: not copied
         raise EngineFormatError("engine data is corrupted: checksum mismatch")
 
 
-def _sections_v1(data: bytes) -> dict[str, bytes]:
+def _sections_v1(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes]:
     _magic, _version, _reserved, graph_len, weights_len = _PREFIX.unpack_from(data)
     expected = _PREFIX.size + graph_len + weights_len + _DIGEST
     if expected != len(data):
         raise EngineFormatError(f"engine data is truncated or padded: header declares {expected} bytes, got {len(data)}")
-    _check_digest(data)
+    if check_digest:
+        _check_digest(data)
     start = _PREFIX.size
-    return {"graph": data[start:start + graph_len], "weights": data[start + graph_len:start + graph_len + weights_len]}
+    return {"graph": bytes(data[start:start + graph_len]),
+            "weights": bytes(data[start + graph_len:start + graph_len + weights_len])}
 
 
-def _sections(data: bytes) -> dict[str, bytes]:
+def _sections(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes]:
     """Format 2's sections by name, checked against the table: known names, no repeats, lengths that add up."""
     _magic, _version, count = _HEADER.unpack_from(data)
     if count > MAX_SECTIONS:
@@ -440,7 +444,8 @@ def _sections(data: bytes) -> dict[str, bytes]:
     if expected != len(data):
         raise EngineFormatError(f"engine data is truncated or padded: its sections declare {expected} bytes, "
                                 f"got {len(data)}")
-    _check_digest(data)
+    if check_digest:
+        _check_digest(data)
     sections: dict[str, bytes] = {}
     for raw_name, n in table:
         name = raw_name.rstrip(b"\0").decode("ascii", "replace")
@@ -448,7 +453,7 @@ def _sections(data: bytes) -> dict[str, bytes]:
             name.startswith(prefix) and name[5:].isdigit() and len(name) <= 8 for prefix in ("plan.", "tape."))
         if not known or name in sections:
             raise EngineFormatError(f"engine section {name!r} is {'repeated' if known else 'unknown'}")
-        sections[name] = data[start:start + n]
+        sections[name] = bytes(data[start:start + n])
         start += n
     for name in ("meta", "graph"):
         if name not in sections:

@@ -11,13 +11,11 @@ output's where a convolution reads it. Without timing (or off a GPU) the library
 """
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import hashlib
 import json
 import logging
 import math
-import os
 from collections.abc import Callable, Sequence
 
 import torch
@@ -27,7 +25,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda import quant_kernels, timing
-from torchkiln.runtime.backends.cuda.codegen import chained, chains, depthwise, gemm, multiprocessors
+from torchkiln.runtime.backends.cuda.codegen import chains, depthwise, gemm, multiprocessors
 from torchkiln.runtime.backends.cuda.kernels import StepLayers, epilogue_inputs, make_step
 from torchkiln.runtime.backends.cuda.runner import placed_weight
 from torchkiln.runtime.plan import Kernel
@@ -103,9 +101,8 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
                                          options)
         pending.append((i, key, runs))
     chain = chains(device)
-    first_calls = [(run, chain and name != "library") for _, _, runs in pending for name, run in runs.items()]
-    with torch.no_grad(), concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-        failed = {id(run): error for (run, _), error in zip(first_calls, pool.map(_first_call, first_calls)) if error}
+    calls = [(run, chain and name != "library") for _, _, runs in pending for name, run in runs.items()]
+    failed = {id(run): error for (run, _), error in zip(calls, timing.first_calls(calls)) if error}
     for i, key, runs in pending:
         layer = network.layers[requests[i].product]
         times = {}
@@ -154,22 +151,6 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
             gemm.candidates(m, n, k, multiprocessors(device))
     key.append([c.text() for c in configs])  # a choice made among other candidates is made again
     return json.dumps(key), inputs, configs
-
-
-def _first_call(call: tuple[Callable[[], None], bool]) -> str | None:
-    """Run once (compiling what it generates), and where asked once more launched chained (`codegen.chained`: the
-    variant a generated step after another runs, a compile of its own, made here beside the other candidates'
-    rather than one by one at the runner's first call); why it failed, or None."""
-    run, chain = call
-    try:
-        with torch.no_grad():
-            run()
-            if chain:
-                with chained(True):
-                    run()
-        return None
-    except Exception as e:  # noqa: BLE001 - reported per candidate, which is then not timed
-        return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _triton_version() -> str:

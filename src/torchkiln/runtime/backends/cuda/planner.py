@@ -213,12 +213,13 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
         groups.append((Kernel("library", "linear_group"), members))
         assigned.update(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
     cache = timing.TimingCache.load()
+    engine_inputs = {id(t) for t in network.inputs}
     for j, layer in enumerate(network.layers):
         if j in assigned:
             continue
         if isinstance(layer, L.ConvolutionLayer) and layer.outputs[0].dtype in HALF and patch_convolution(layer) \
                 and timing.patch_gemm_is_faster(layer, timing.opt_shape(layer.inputs[0].shape), device, options,
-                                                cache):
+                                                cache, id(layer.inputs[0]) not in engine_inputs):
             groups.append((Kernel("library", "patch_conv"), [j]))
         elif isinstance(layer, L.ConvolutionLayer):
             found = _epilogue(layer, graph) if _fusable_precision(layer, options) else None

@@ -11,12 +11,13 @@ is ignored (and rewritten); one that cannot be written only costs the next build
 """
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
 import pathlib
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import DimSymbol, evaluate
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda.cache import cache_dir
-from torchkiln.runtime.backends.cuda.codegen import attention
+from torchkiln.runtime.backends.cuda.codegen import attention, chained, chains
 from torchkiln.runtime.backends.cuda.patches import patch_gemm
 
 logger = logging.getLogger(__name__)
@@ -185,21 +186,48 @@ def _shapes_and_strides(*tensors: torch.Tensor | None) -> str:
     return "; ".join(f"{list(t.shape)} strides {list(t.stride())}" for t in tensors if t is not None)
 
 
+def first_calls(calls: Sequence[tuple[Callable[[], object], bool]]) -> list[str | None]:
+    """Run each call once, several at once, and where its flag is set once more launched chained (`chained`: the
+    variant a generated step after another runs, a compile of its own); why each failed, or None. Triton compiles at
+    a kernel's first call, its compiler and ptxas outside the interpreter lock for the most part: the candidates of
+    a choice compile side by side here rather than one by one in their timing."""
+    with torch.no_grad(), concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        return list(pool.map(_first_call, calls))
+
+
+def _first_call(call: tuple[Callable[[], object], bool]) -> str | None:
+    run, chain = call
+    try:
+        with torch.no_grad():
+            run()
+            if chain:
+                with chained(True):
+                    run()
+        return None
+    except Exception as e:  # noqa: BLE001 - reported per candidate, which is then not timed
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
 def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[str, Callable[[], object]]],
-                  timer: Callable[[Callable[[], object], int], float], iterations: int, what: str) -> str:
-    """The cached choice for `key`; else the fastest of `candidates()` (made only then), timed by `timer` and
-    cached. A candidate that fails in its warm-up (the library refuses the inputs, a generated kernel does not compile)
-    is skipped; "" where every one is."""
+                  timer: Callable[[Callable[[], object], int], float], iterations: int, what: str,
+                  chained_too: Collection[str] = ()) -> str:
+    """The cached choice for `key`; else the fastest of `candidates()` (made only then, each run once first: see
+    `first_calls`; those named in `chained_too` also chained), timed by `timer` and cached. A candidate that fails
+    (the library refuses the inputs, a generated kernel does not compile) is skipped; "" where every one is."""
     found = cache.get(key)
     if found is not None:
         return found
     times = {}
+    made = candidates()
+    errors = first_calls([(run, name in chained_too) for name, run in made.items()])
     with torch.no_grad():
-        for name, run in candidates().items():
+        for (name, run), error in zip(made.items(), errors):
             try:
+                if error is not None:
+                    raise RuntimeError(error)
                 times[name] = timer(run, iterations)
-            except Exception as e:  # noqa: BLE001 - refused in the warm-up (no library kernel for these inputs, a
-                # generated kernel that does not compile for this GPU): skipped, the others timed
+            except Exception as e:  # noqa: BLE001 - refused (no library kernel for these inputs, a generated kernel
+                # that does not compile for this GPU): skipped, the others timed
                 logger.debug("%s: %s refused: %s", what, name, str(e).splitlines()[0] if str(e) else "")
     choice = min(times, key=times.get) if times else ""
     logger.debug("tactic for %s: %s -> %s", what, {k: round(t, 4) for k, t in times.items()}, choice or "none")
@@ -233,7 +261,7 @@ def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], de
         return {name: (lambda run=run: run(q, k, v, mask)) for name, run in runs.items()}
 
     return _timed_choice(cache, key, candidates, time_graphed_ms, options.timing_iterations,
-                         f"{layer.name} (attention at {shapes})")
+                         f"{layer.name} (attention at {shapes})", attention.CONFIGS if chains(device) else ())
 
 
 def fused_is_faster(conv: L.ConvolutionLayer, op: str, input_shape: tuple[int, ...], device: torch.device,
@@ -305,20 +333,25 @@ def linear_activation_is_faster(matmul: L.MatrixMultiplyLayer, activation: L.Act
 
 
 def patch_gemm_is_faster(conv: L.ConvolutionLayer, input_shape: tuple[int, ...], device: torch.device,
-                         options: BackendOptions, cache: TimingCache) -> bool:
+                         options: BackendOptions, cache: TimingCache, made_in_engine: bool = False) -> bool:
     """Whether the patch GEMM (patches.py) beats cuDNN for this patchifying convolution at `input_shape`; False
-    without timing. cuDNN is timed as the plan would run it: channels-last, its input converted to that layout (it was
-    timed NCHW, chosen, and then ran channels-last in the engine at 69 us: an H200, [1,3,224,224], 16x16 windows to
-    384 channels)."""
+    without timing. cuDNN is timed as the plan would run it: channels-last (it was timed NCHW, chosen, and then ran
+    channels-last in the engine at 69 us: an H200, [1,3,224,224], 16x16 windows to 384 channels). An engine input
+    is converted to that layout in the call; an input `made_in_engine` is written channels-last by its step for a
+    channels-last convolution (planner rule 7), so both candidates read it so and cuDNN pays no conversion (a
+    downsampling 2x2 convolution of [32,96,56,56] ran as a copy into patches, 18 us, and a GEMM)."""
     if options.timing_iterations == 0 or device.type != "cuda":
         return False
     w = conv.weights["kernel"]
     dtype = conv.outputs[0].dtype
     key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, "patch_conv", str(dtype),
-                      list(input_shape), list(w.shape), "bias" in conv.weights, "channels_last", "graphed"])
+                      list(input_shape), list(w.shape), "bias" in conv.weights, "channels_last", "graphed",
+                      "made in engine" if made_in_engine else "engine input"])
 
     def candidates() -> dict[str, Callable[[], object]]:
         x = torch.randn(input_shape, device=device, dtype=dtype)
+        if made_in_engine:
+            x = x.contiguous(memory_format=torch.channels_last)
         weight, bias = w.to(device=device, dtype=dtype), conv.weights.get("bias")
         bias = None if bias is None else bias.to(device=device, dtype=dtype)
         last = weight.contiguous(memory_format=torch.channels_last)
