@@ -240,6 +240,40 @@ def test_a_timed_choice_is_the_fastest_candidate_cached_and_skips_refusals(tmp_p
     assert timing._timed_choice(cache, "all refused", lambda: {"a": refused}, timer, 1, "test") == ""
 
 
+
+def test_a_timed_choice_compiles_only_its_generated_candidates_side_by_side(tmp_path, monkeypatch):
+    """Generated candidates run first in the thread pool (their compiles side by side; chained too where asked); the
+    library candidates run only in the calling thread, since SDPA's backend choice is process-wide state that threads
+    would leave wrong. A generated candidate failing its first call is skipped."""
+    import threading
+
+    from torchkiln.runtime.backends.cuda import timing
+    from torchkiln.runtime.backends.cuda.cache import CACHE_ENV
+    from torchkiln.runtime.backends.cuda.codegen import chain_options
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    cache = timing.TimingCache.load()
+    me = threading.get_ident()
+    seen: dict[str, list] = {"library": [], "generated": [], "broken": []}
+
+    def run(name, seconds, fails=False):
+        def call():
+            seen[name].append((threading.get_ident() == me, bool(chain_options())))
+            if fails:
+                raise RuntimeError("does not compile here")
+            return seconds
+        return call
+
+    def candidates():
+        return {"library": run("library", 2.0), "generated": run("generated", 3.0), "broken": run("broken", 1.0, True)}
+
+    choice = timing._timed_choice(cache, "k", candidates, lambda fn, iterations: fn(), 1, "test",
+                                  generated=("generated", "broken"), chain=True)
+    assert choice == "library"
+    assert seen["library"] == [(True, False)]  # only its timing's call, in this thread
+    assert seen["generated"][:2] == [(False, False), (False, True)] and seen["generated"][2:] == [(True, False)]
+    assert seen["broken"] == [(False, False)]  # failed in the pool: never timed
+
 def test_an_attention_mask_reaches_sdpa_with_contiguous_key_positions():
     """SDPA's fused kernels refuse a mask strided along the keys (a position bias permuted from [L, S, heads]):
     it is copied to row-major first, values unchanged; a mask contiguous along the keys (expanded over the batch

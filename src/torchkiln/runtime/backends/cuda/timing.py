@@ -210,21 +210,24 @@ def _first_call(call: tuple[Callable[[], object], bool]) -> str | None:
 
 def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[str, Callable[[], object]]],
                   timer: Callable[[Callable[[], object], int], float], iterations: int, what: str,
-                  chained_too: Collection[str] = ()) -> str:
-    """The cached choice for `key`; else the fastest of `candidates()` (made only then, each run once first: see
-    `first_calls`; those named in `chained_too` also chained), timed by `timer` and cached. A candidate that fails
-    (the library refuses the inputs, a generated kernel does not compile) is skipped; "" where every one is."""
+                  generated: Collection[str] = (), chain: bool = False) -> str:
+    """The cached choice for `key`; else the fastest of `candidates()` (made only then), timed by `timer` and
+    cached. The `generated` candidates compile side by side first (`first_calls`; also chained where `chain`); the
+    library ones warm up one by one in their timing: SDPA's backend choice (`sdpa_kernel`) is process-wide state,
+    which threads entering and leaving it at once leave wrong. A candidate that fails (the library refuses the
+    inputs, a generated kernel does not compile) is skipped; "" where every one is."""
     found = cache.get(key)
     if found is not None:
         return found
     times = {}
     made = candidates()
-    errors = first_calls([(run, name in chained_too) for name, run in made.items()])
+    ahead = [name for name in made if name in generated]
+    errors = dict(zip(ahead, first_calls([(made[name], chain) for name in ahead])))
     with torch.no_grad():
-        for (name, run), error in zip(made.items(), errors):
+        for name, run in made.items():
             try:
-                if error is not None:
-                    raise RuntimeError(error)
+                if errors.get(name) is not None:
+                    raise RuntimeError(errors[name])
                 times[name] = timer(run, iterations)
             except Exception as e:  # noqa: BLE001 - refused (no library kernel for these inputs, a generated kernel
                 # that does not compile for this GPU): skipped, the others timed
@@ -261,7 +264,7 @@ def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], de
         return {name: (lambda run=run: run(q, k, v, mask)) for name, run in runs.items()}
 
     return _timed_choice(cache, key, candidates, time_graphed_ms, options.timing_iterations,
-                         f"{layer.name} (attention at {shapes})", attention.CONFIGS if chains(device) else ())
+                         f"{layer.name} (attention at {shapes})", attention.CONFIGS, chains(device))
 
 
 def fused_is_faster(conv: L.ConvolutionLayer, op: str, input_shape: tuple[int, ...], device: torch.device,
