@@ -274,6 +274,42 @@ def test_a_timed_choice_compiles_only_its_generated_candidates_side_by_side(tmp_
     assert seen["generated"][:2] == [(False, False), (False, True)] and seen["generated"][2:] == [(True, False)]
     assert seen["broken"] == [(False, False)]  # failed in the pool: never timed
 
+
+def test_attention_steps_called_from_several_threads_leave_sdpas_backend_flags_as_they_were():
+    """An attention step with a chosen backend enters `sdpa_kernel`, which sets process-wide flags and restores what
+    it found on leaving. Steps of engines called from several threads at once left one backend on, or none, for every
+    later attention in the process; they now take turns (the flags are the same on CPU tensors)."""
+    import sys
+    import threading
+
+    from torchkiln.runtime.backends.cuda import timing
+
+    flags = torch.backends.cuda
+    before = (flags.flash_sdp_enabled(), flags.mem_efficient_sdp_enabled(), flags.math_sdp_enabled(),
+              flags.cudnn_sdp_enabled())
+    q = torch.randn(1, 2, 8, 4)
+    steps = [timing.sdpa(b) for b in ("math", "flash", "efficient", "cudnn", "math")]
+
+    def calls(step):
+        for _ in range(200):
+            try:
+                step(q, q, q, None)
+            except RuntimeError:  # a GPU backend on CPU tensors: refused, the flags restored all the same
+                pass
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often: without the turns this left the flags wrong every run
+    try:
+        threads = [threading.Thread(target=calls, args=(step,)) for step in steps]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert (flags.flash_sdp_enabled(), flags.mem_efficient_sdp_enabled(), flags.math_sdp_enabled(),
+            flags.cudnn_sdp_enabled()) == before
+
 def test_an_attention_mask_reaches_sdpa_with_contiguous_key_positions():
     """SDPA's fused kernels refuse a mask strided along the keys (a position bias permuted from [L, S, heads]):
     it is copied to row-major first, values unchanged; a mask contiguous along the keys (expanded over the batch

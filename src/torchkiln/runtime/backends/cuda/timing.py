@@ -17,6 +17,7 @@ import logging
 import os
 import pathlib
 import tempfile
+import threading
 from collections.abc import Callable, Collection, Sequence
 
 import torch
@@ -119,15 +120,24 @@ ATTENTION_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENT
                       "math": "MATH"}
 
 
+# `sdpa_kernel` sets process-wide flags and restores those it found on leaving: threads entering and leaving it at
+# once (engines called from several threads) left the process with one backend or none, for every later attention.
+_SDPA_FLAGS = threading.RLock()
+
+
 def sdpa(backend: str, causal: bool = False, scale: float | None = None, enable_gqa: bool = False
          ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]:
     """Scaled dot-product attention through one backend ("" = PyTorch's own choice)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     options = dict(is_causal=causal, scale=scale, enable_gqa=enable_gqa)
+
+    def chosen_by_pytorch(q, k, v, mask):
+        with _SDPA_FLAGS:  # (not while another step's `sdpa_kernel` has narrowed the flags)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **options)
+
     if not backend:
-        return lambda q, k, v, mask: F.scaled_dot_product_attention(q, k, v, attn_mask=rows_contiguous(mask),
-                                                                    **options)
+        return lambda q, k, v, mask: chosen_by_pytorch(q, k, v, rows_contiguous(mask))
     member = getattr(SDPBackend, ATTENTION_BACKENDS[backend])
     # Set when the backend refuses a call's inputs (a layout the timed inputs did not have): PyTorch chooses then.
     declined: list[bool] = []
@@ -136,7 +146,7 @@ def sdpa(backend: str, causal: bool = False, scale: float | None = None, enable_
         mask = rows_contiguous(mask)
         if not declined:
             try:
-                with sdpa_kernel(member):
+                with _SDPA_FLAGS, sdpa_kernel(member):
                     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **options)
             except RuntimeError as e:  # refused on the host, before anything ran
                 if "No available kernel" not in str(e):
@@ -144,7 +154,7 @@ def sdpa(backend: str, causal: bool = False, scale: float | None = None, enable_
                 declined.append(True)
                 logger.info("attention: the %s backend chosen at build time refuses these inputs (%s); PyTorch's "
                             "own choice runs them", backend, _shapes_and_strides(q, k, v, mask))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **options)
+        return chosen_by_pytorch(q, k, v, mask)
 
     return run
 
