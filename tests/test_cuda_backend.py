@@ -187,6 +187,41 @@ def test_threads_on_their_own_streams_get_their_own_results(resnet):
             _close(out, refs[i])
 
 
+
+def test_engines_first_called_from_several_threads_at_once_all_capture(resnet, caplog):
+    """Four engines' first calls (an uncaptured run, then the capture) at once from four threads, each on its own
+    stream: every engine captures its graph and every result is eager's. Captured in CUDA's global mode, one thread's
+    capture refused the others' first calls (cuBLAS's handle) and failed itself (capture.py)."""
+    shapes = [(1, 3, 32, 32), (2, 3, 32, 32), (3, 3, 40, 40), (4, 3, 24, 24)]
+    compiled = [torchkiln.compile(resnet, [torchkiln.Input(s)], **PACKAGE_RUNNER) for s in shapes]
+    xs = [torch.randn(s, device="cuda") for s in shapes]
+    refs = [resnet(x) for x in xs]
+    results: dict[int, list] = {}
+    errors = []
+
+    def work(i):
+        try:
+            stream = torch.cuda.Stream()
+            with torch.cuda.stream(stream):
+                results[i] = [compiled[i](xs[i]) for _ in range(10)]
+            stream.synchronize()
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    with caplog.at_level("WARNING", logger="torchkiln"):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    assert "capture failed" not in caplog.text
+    for i in range(4):
+        [bound] = _engine(compiled[i]).runner(xs[i].device)._bound.values()
+        assert bound.captured
+        for out in results[i]:
+            _close(out, refs[i])
+
 def test_dynamic_batch_captures_per_shape_in_a_bounded_set(monkeypatch):
     monkeypatch.setattr(cuda_runner, "MAX_GRAPHS", 2)
     model = MLP().eval().cuda()

@@ -45,6 +45,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import control_flow, quant_kernels  # noqa: F401  (quant_kernels registers makers)
+from torchkiln.runtime.backends.cuda.capture import ONE_CAPTURE, graph_capture
 from torchkiln.runtime.backends.cuda.codegen import chained, chains_steps
 from torchkiln.runtime.backends.cuda.kernels import (StepFn, StepLayers, channels_last_input, make_step,
                                                     takes_channels_last)
@@ -130,7 +131,7 @@ class _Bound:
             self.add_tail()
             return
         graph = torch.cuda.CUDAGraph()
-        with _normal_tensors(), torch.cuda.graph(graph, pool=pool):
+        with _normal_tensors(), graph_capture(graph, pool):
             if tails:
                 self._run(values, 0, stop=self.tail_start)
             else:
@@ -147,8 +148,7 @@ class _Bound:
     def add_tail(self) -> _Tail:
         """A new tail graph on a pool of its own, captured from the main graph's live values."""
         graph = torch.cuda.CUDAGraph()
-        with _normal_tensors(), torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle(),
-                                                 capture_error_mode="thread_local"):
+        with _normal_tensors(), graph_capture(graph, torch.cuda.graph_pool_handle()):
             outputs = self._run(list(self.handoff), self.tail_start)  # (the list dies here: no temporary holds)
         # an output in memory that outlives the call (the main graph's, a weight's, a folded value's) is copied
         kept = {v.untyped_storage().data_ptr() for v in self.handoff if v is not None} | self.persistent
@@ -341,18 +341,20 @@ class CudaRunner:
         return outputs
 
     def _first_call(self, bound: _Bound, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Run eagerly, then capture the graph for later calls (or, where capture fails, stop using graphs)."""
-        outputs = bound.run_eagerly(inputs)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        big = sum(o.nbytes for o, alias in zip(outputs, self.may_alias) if not alias) >= DIRECT_BYTES
-        try:
-            bound.capture(inputs, self._pool, big and len(bound.fns) - bound.tail_start <= TAIL_STEPS)
-        except RuntimeError as e:
-            bound.graph, bound.handoff, bound.tails = None, None, []
-            self._graphs = False
-            logger.warning("engine %s: CUDA graph capture failed, so its steps run one by one from now on: %s",
-                           self.network.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        """Run eagerly, then capture the graph for later calls (or, where capture fails, stop using graphs); while
+        no other thread captures (capture.py)."""
+        with ONE_CAPTURE:
+            outputs = bound.run_eagerly(inputs)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            big = sum(o.nbytes for o, alias in zip(outputs, self.may_alias) if not alias) >= DIRECT_BYTES
+            try:
+                bound.capture(inputs, self._pool, big and len(bound.fns) - bound.tail_start <= TAIL_STEPS)
+            except RuntimeError as e:
+                bound.graph, bound.handoff, bound.tails = None, None, []
+                self._graphs = False
+                logger.warning("engine %s: CUDA graph capture failed, so its steps run one by one from now on: %s",
+                               self.network.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
         return self._fresh(outputs)
 
     def _outputs(self, bound: _Bound, stream: torch.cuda.Stream) -> list[torch.Tensor]:

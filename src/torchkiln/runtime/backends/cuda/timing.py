@@ -27,6 +27,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import DimSymbol, evaluate
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda.cache import cache_dir
+from torchkiln.runtime.backends.cuda.capture import graph_capture
 from torchkiln.runtime.backends.cuda.codegen import attention, chained, chains
 from torchkiln.runtime.backends.cuda.patches import patch_gemm
 
@@ -109,7 +110,7 @@ def time_graphed_ms(fn: Callable[[], object], iterations: int) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with graph_capture(graph):
         for _ in range(iterations):
             fn()
     return time_ms(graph.replay, 1) / iterations
