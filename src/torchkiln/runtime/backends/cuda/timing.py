@@ -233,16 +233,17 @@ def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[st
     times = {}
     made = candidates()
     ahead = [name for name in made if name in generated]
-    errors = dict(zip(ahead, first_calls([(made[name], chain) for name in ahead])))
+    errors = dict(zip(ahead, first_calls([(made[name], chain) for name in ahead]))) if ahead else {}
     with torch.no_grad():
         for name, run in made.items():
-            try:
-                if errors.get(name) is not None:
-                    raise RuntimeError(errors[name])
-                times[name] = timer(run, iterations)
-            except Exception as e:  # noqa: BLE001 - refused (no library kernel for these inputs, a generated kernel
-                # that does not compile for this GPU): skipped, the others timed
-                logger.debug("%s: %s refused: %s", what, name, str(e).splitlines()[0] if str(e) else "")
+            error = errors.get(name)
+            if error is None:
+                try:
+                    times[name] = timer(run, iterations)
+                    continue
+                except Exception as e:  # noqa: BLE001 - refused in its warm-up (no library kernel for these inputs)
+                    error = str(e).splitlines()[0] if str(e) else ""
+            logger.debug("%s: %s refused: %s", what, name, error)  # skipped, the others timed
     choice = min(times, key=times.get) if times else ""
     logger.debug("tactic for %s: %s -> %s", what, {k: round(t, 4) for k, t in times.items()}, choice or "none")
     cache.put(key, choice)
