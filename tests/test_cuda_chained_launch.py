@@ -145,20 +145,28 @@ def test_a_chained_plan_computes_what_an_unchained_one_does(monkeypatch):
     assert (got[-1] - ref).abs().max().item() <= 1e-4 * ref.abs().max().item()
 
 
-def test_a_generated_tactic_candidate_compiles_its_chained_variant_beside_the_others():
-    """A candidate's first call (in the tactics' thread pool) also runs it chained where asked, so the variant a
-    chained step launches is compiled there, not at the runner's first call; a failure in either is reported."""
+def test_the_runners_dry_run_compiles_the_chained_variants_its_first_run_launches(monkeypatch):
+    """Tactic candidates compile unchained only (`timing.first_calls`); the chained variant of a step after a generated
+    step is compiled by the runner's dry run (`_Bound.compile_ahead`), which launches each step as its first run will:
+    chained where linked."""
     from torchkiln.runtime.backends.cuda.timing import first_calls
 
     seen = []
-    assert first_calls([(lambda: seen.append(chain_options()), True)]) == [None]
-    assert seen == [{}, {"PDL": True, "launch_pdl": True}]
-    seen.clear()
-    assert first_calls([(lambda: seen.append(chain_options()), False)]) == [None]
+    assert first_calls([lambda: seen.append(chain_options())]) == [None]
     assert seen == [{}]
+    net = chain_network()
+    cpu = torch.device("cpu")
+    plan = planner.make_plan(net, cpu, BackendOptions(timing_iterations=0))
+    weights = place_weights(net, plan, cpu)
+    bound = bind_steps(net, plan, weights, SymbolBinder.for_network(net), [(4, 16, 32)], cpu, False, chain=True)
+    queued = []
+    real_launch = codegen.launch
 
-    def fails_chained():
-        if chain_options():
-            raise RuntimeError("no chained launch here")
+    def noting(kernel, grid, *args, **meta):
+        queued.append((codegen.is_compiling_ahead(), bool(meta.get("PDL"))))
+        real_launch(kernel, grid, *args, **meta)
 
-    assert first_calls([(fails_chained, True), (lambda: None, True)]) == ["no chained launch here", None]
+    for module in (reduction, indexed):
+        monkeypatch.setattr(module, "launch", noting)
+    bound.compile_ahead([torch.randn(4, 16, 32)])
+    assert queued == [(True, False), (True, True), (True, False)]  # rows; indexed (linked); rows after the product

@@ -26,7 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from torchkiln.runtime import tape_format
 from torchkiln.runtime.backends import make_runner
-from torchkiln.runtime.backends.cuda.codegen import captured_later
+from torchkiln.runtime.backends.cuda.codegen import captured_later, is_compiling_ahead
 from torchkiln.runtime.serialization import DTYPES, dtype_name
 
 if TYPE_CHECKING:
@@ -136,7 +136,9 @@ class _Recorder(TorchDispatchMode):
     # ---- ATen calls ----------------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
-        if _on_meta(args, kwargs):  # shapes worked out on the host (meta tensors hold no values): no work to replay
+        if _on_meta(args, kwargs) or is_compiling_ahead():
+            # shapes worked out on the host (meta tensors hold no values), or the runner's dry run that compiles its
+            # kernels (`_Bound.compile_ahead`): no work to replay
             return func(*args, **kwargs)
         schema = func._schema
         base = schema.name.split("::")[-1]

@@ -25,7 +25,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda import quant_kernels, timing
-from torchkiln.runtime.backends.cuda.codegen import chains, depthwise, gemm, multiprocessors
+from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm, multiprocessors
 from torchkiln.runtime.backends.cuda.kernels import StepLayers, epilogue_inputs, make_step
 from torchkiln.runtime.backends.cuda.runner import placed_weight
 from torchkiln.runtime.plan import Kernel
@@ -100,9 +100,8 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
             runs[config.text()] = _steps(network, [(kernel, request.members)], values, readers, returned, device,
                                          options)
         pending.append((i, key, runs))
-    chain = chains(device)
-    calls = [(run, chain and name != "library") for _, _, runs in pending for name, run in runs.items()]
-    failed = {id(run): error for (run, _), error in zip(calls, timing.first_calls(calls)) if error}
+    calls = [run for _, _, runs in pending for run in runs.values()]
+    failed = {id(run): error for run, error in zip(calls, timing.first_calls(calls)) if error}
     for i, key, runs in pending:
         layer = network.layers[requests[i].product]
         times = {}

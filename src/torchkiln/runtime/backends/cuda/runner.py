@@ -46,7 +46,7 @@ from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import control_flow, quant_kernels  # noqa: F401  (quant_kernels registers makers)
 from torchkiln.runtime.backends.cuda.capture import ONE_CAPTURE, graph_capture
-from torchkiln.runtime.backends.cuda.codegen import chained, chains_steps
+from torchkiln.runtime.backends.cuda.codegen import chained, chains_steps, compiling_ahead
 from torchkiln.runtime.backends.cuda.kernels import (StepFn, StepLayers, channels_last_input, make_step,
                                                     takes_channels_last)
 from torchkiln.runtime.executor import may_alias_storage
@@ -69,8 +69,10 @@ class _Bound:
 
     def __init__(self, fns: list[tuple[StepFn, list[int], list[int], list[int]]], num_slots: int,
                  num_inputs: int, output_slots: list[int], capturable: bool = True,
-                 persistent: frozenset[int] = frozenset(), links: frozenset[int] = frozenset()) -> None:
+                 persistent: frozenset[int] = frozenset(), links: frozenset[int] = frozenset(),
+                 generated: bool = False) -> None:
         self.fns = fns
+        self.compiles = generated  # a step launches generated kernels, compiled at its first run (`compile_ahead`)
         self.links = links  # steps whose generated kernels are launched chained to the step before (`codegen.chained`)
         self.persistent = persistent  # storages (data pointers) of the weights and folded values the steps read
         self.capturable = capturable  # False where a decided loop runs too many iterations to hold in a graph
@@ -93,6 +95,29 @@ class _Bound:
         values: list[torch.Tensor | None] = [None] * self.num_slots
         values[: self.num_inputs] = inputs
         return self._run(values, 0, visit)
+
+    def compile_ahead(self, inputs: Sequence[torch.Tensor]) -> None:
+        """A dry run of the steps in which generated kernels run nothing but are compiled side by side
+        (`codegen.compiling_ahead`), so that the first run finds them compiled rather than compiling them one by one.
+        Each value a step makes is zeroed after it (a generated step's is never written), so that no later step reads
+        garbage as an index or a loop count. Memory of an input, a weight or a folded value is never written. Where
+        the dry run fails, the first run does its work and raises its error."""
+        owned = self.persistent | {x.untyped_storage().data_ptr() for x in inputs}
+        values: list[torch.Tensor | None] = [None] * self.num_slots
+        values[: self.num_inputs] = inputs
+
+        def zero_made(k: int) -> None:
+            for slot in self.fns[k][2]:
+                value = values[slot]
+                if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() not in owned:
+                    value.untyped_storage().fill_(0)
+
+        try:
+            with compiling_ahead():
+                self._run(values, 0, zero_made)
+        except Exception as e:  # noqa: BLE001 - the first run raises it again, with the steps' own errors
+            logger.debug("a dry run to compile generated kernels ahead stopped: %s: %s", type(e).__name__, e)
+        self.compiles = False
 
     def _run(self, values: list[torch.Tensor | None], start: int, visit: Callable[[int], None] | None = None,
              stop: int | None = None) -> list[torch.Tensor]:
@@ -277,7 +302,8 @@ def bind_steps(network: Network, plan: Plan, weights: list[dict[str, torch.Tenso
     generated = [k not in folded and plan.kernels[step.kernel].kind == "generated" for k, step in enumerate(plan.steps)]
     links = frozenset(k for k in range(1, len(fns)) if chain and generated[k] and generated[k - 1])
     return _Bound(fns, len(slot_of), len(network.inputs), [slot_of[id(t)] for t in network.outputs],
-                  capturable=all(k in decided or k in folded for k in decisions), persistent=persistent, links=links)
+                  capturable=all(k in decided or k in folded for k in decisions), persistent=persistent, links=links,
+                  generated=any(generated))
 
 
 class CudaRunner:
@@ -329,6 +355,8 @@ class CudaRunner:
             if not bound.captured and self._graphs and bound.capturable:
                 outputs = self._first_call(bound, inputs)
             elif not bound.captured:
+                if bound.compiles:
+                    bound.compile_ahead(inputs)
                 outputs = self._fresh(bound.run_eagerly(inputs))
             else:
                 if len(inputs) > 1:  # one launch for all
@@ -344,6 +372,8 @@ class CudaRunner:
         """Run eagerly, then capture the graph for later calls (or, where capture fails, stop using graphs); while
         no other thread captures (capture.py)."""
         with ONE_CAPTURE:
+            if bound.compiles:
+                bound.compile_ahead(inputs)
             outputs = bound.run_eagerly(inputs)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()

@@ -12,6 +12,7 @@ is ignored (and rewritten); one that cannot be written only costs the next build
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -27,8 +28,8 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import DimSymbol, evaluate
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda.cache import cache_dir
-from torchkiln.runtime.backends.cuda.capture import graph_capture
-from torchkiln.runtime.backends.cuda.codegen import attention, chained, chains
+from torchkiln.runtime.backends.cuda.capture import timing_capture
+from torchkiln.runtime.backends.cuda.codegen import attention, compile_threads
 from torchkiln.runtime.backends.cuda.patches import patch_gemm
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def time_graphed_ms(fn: Callable[[], object], iterations: int) -> float:
             fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with graph_capture(graph):
+    with timing_capture(graph):
         for _ in range(iterations):
             fn()
     return time_ms(graph.replay, 1) / iterations
@@ -197,23 +198,21 @@ def _shapes_and_strides(*tensors: torch.Tensor | None) -> str:
     return "; ".join(f"{list(t.shape)} strides {list(t.stride())}" for t in tensors if t is not None)
 
 
-def first_calls(calls: Sequence[tuple[Callable[[], object], bool]]) -> list[str | None]:
-    """Run each call once, several at once, and where its flag is set once more launched chained (`chained`: the
-    variant a generated step after another runs, a compile of its own); why each failed, or None. Triton compiles at
-    a kernel's first call, its compiler and ptxas outside the interpreter lock for the most part: the candidates of
-    a choice compile side by side here rather than one by one in their timing."""
-    with torch.no_grad(), concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-        return list(pool.map(_first_call, calls))
+def first_calls(calls: Sequence[Callable[[], object]]) -> list[str | None]:
+    """Run each call once, several at once (`codegen.compile_threads`), on this thread's current device; why each
+    failed, or None. Triton compiles at a kernel's first call, its compiler and ptxas outside the interpreter lock for
+    the most part: the candidates of a choice compile side by side here rather than one by one in their timing. (The
+    chained variant that a generated step after another launches is compiled only for the chosen candidate, by the
+    runner's dry run: `_Bound.compile_ahead`.)"""
+    device = torch.cuda.current_device() if torch.cuda.is_available() else None
+    with concurrent.futures.ThreadPoolExecutor(compile_threads()) as pool:
+        return list(pool.map(lambda run: _first_call(run, device), calls))
 
 
-def _first_call(call: tuple[Callable[[], object], bool]) -> str | None:
-    run, chain = call
+def _first_call(run: Callable[[], object], device: int | None) -> str | None:
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.cuda.device(device) if device is not None else contextlib.nullcontext():
             run()
-            if chain:
-                with chained(True):
-                    run()
         return None
     except Exception as e:  # noqa: BLE001 - reported per candidate, which is then not timed
         return str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -221,11 +220,11 @@ def _first_call(call: tuple[Callable[[], object], bool]) -> str | None:
 
 def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[str, Callable[[], object]]],
                   timer: Callable[[Callable[[], object], int], float], iterations: int, what: str,
-                  generated: Collection[str] = (), chain: bool = False) -> str:
+                  generated: Collection[str] = ()) -> str:
     """The cached choice for `key`; else the fastest of `candidates()` (made only then), timed by `timer` and
-    cached. The `generated` candidates compile side by side first (`first_calls`; also chained where `chain`); the
-    library ones warm up one by one in their timing: SDPA's backend choice (`sdpa_kernel`) is process-wide state,
-    which threads entering and leaving it at once leave wrong. A candidate that fails (the library refuses the
+    cached. The `generated` candidates compile side by side first (`first_calls`); the library ones warm up one by
+    one in their timing: SDPA's backend choice (`sdpa_kernel`) is process-wide state, which threads entering and
+    leaving it at once leave wrong. A candidate that fails (the library refuses the
     inputs, a generated kernel does not compile) is skipped; "" where every one is."""
     found = cache.get(key)
     if found is not None:
@@ -233,7 +232,7 @@ def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[st
     times = {}
     made = candidates()
     ahead = [name for name in made if name in generated]
-    errors = dict(zip(ahead, first_calls([(made[name], chain) for name in ahead]))) if ahead else {}
+    errors = dict(zip(ahead, first_calls([made[name] for name in ahead]))) if ahead else {}
     with torch.no_grad():
         for name, run in made.items():
             error = errors.get(name)
@@ -276,7 +275,7 @@ def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], de
         return {name: (lambda run=run: run(q, k, v, mask)) for name, run in runs.items()}
 
     return _timed_choice(cache, key, candidates, time_graphed_ms, options.timing_iterations,
-                         f"{layer.name} (attention at {shapes})", attention.CONFIGS, chains(device))
+                         f"{layer.name} (attention at {shapes})", attention.CONFIGS)
 
 
 def fused_is_faster(conv: L.ConvolutionLayer, op: str, input_shape: tuple[int, ...], device: torch.device,

@@ -1,11 +1,17 @@
 """Triton source generated from layers (never stored in an engine: regenerated when an engine loads)."""
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import functools
 import importlib.util
+import logging
+import os
 from collections.abc import Iterator
+from typing import Any
+
+logger = logging.getLogger(__name__)
 
 # A kernel launched right after another generated kernel on its stream is launched programmatically dependent on it
 # (PDL, Hopper and later): it is scheduled as the kernel before it finishes, and its first act is to wait for that
@@ -18,6 +24,9 @@ PDL_PARAM = "PDL: tl.constexpr = False"  # every generated kernel's last paramet
 WAIT_LINES = ("if PDL:", "    gdc_wait()")  # ... and the first lines of its body
 _CHAINED = contextvars.ContextVar("torchkiln_chained", default=False)
 _CAPTURED_LATER = contextvars.ContextVar("torchkiln_captured_later", default=False)
+_AHEAD: contextvars.ContextVar[_Ahead | None] = contextvars.ContextVar("torchkiln_ahead", default=None)
+COMPILE_THREADS_ENV = "TORCHKILN_COMPILE_THREADS"
+MAX_COMPILE_THREADS = 32
 
 
 @functools.cache
@@ -87,3 +96,81 @@ def needs_int64(*tensors) -> bool:
         if t.numel() >= limit or sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()) if n) >= limit:
             return True
     return False
+
+
+def compile_threads() -> int:
+    """Threads that compile generated kernels side by side: `$TORCHKILN_COMPILE_THREADS`, else the CPUs this process
+    may run on (at most 32). Triton's compiler and ptxas run outside the interpreter lock for the most part."""
+    given = os.environ.get(COMPILE_THREADS_ENV, "")
+    if given.strip().isdigit() and int(given) > 0:
+        return int(given)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_COMPILE_THREADS, cpus))
+
+
+def launch(kernel: Any, grid: tuple[int, ...], *args: Any, **meta: Any) -> None:
+    """Launch a generated Triton kernel: `kernel[grid](*args, **meta)`. Inside `compiling_ahead`, its compile for these
+    arguments is queued instead, and nothing runs."""
+    ahead = _AHEAD.get()
+    if ahead is None:
+        kernel[grid](*args, **meta)
+    else:
+        ahead.submit(kernel, grid, args, meta)
+
+
+def is_compiling_ahead() -> bool:
+    """Whether this thread is inside `compiling_ahead` (its launches run nothing)."""
+    return _AHEAD.get() is not None
+
+
+class _Pointer:
+    """What Triton specializes a tensor argument on, its dtype and address, without holding the tensor's memory (the
+    convention of Triton's own `MockTensor`, which `warmup` takes in place of a tensor)."""
+
+    def __init__(self, tensor: Any) -> None:
+        self.dtype = tensor.dtype
+        self._address = tensor.data_ptr()
+
+    def data_ptr(self) -> int:
+        return self._address
+
+
+class _Ahead:
+    """The compiles queued by launches inside `compiling_ahead`, on a thread pool."""
+
+    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
+        import torch
+
+        self.pool = pool
+        # Triton keeps a kernel's compiles per current device: the worker compiles for the launching thread's one
+        self.device = torch.cuda.current_device() if torch.cuda.is_available() else None
+        self.futures: list[concurrent.futures.Future] = []
+
+    def submit(self, kernel: Any, grid: tuple[int, ...], args: tuple, meta: dict[str, Any]) -> None:
+        args = tuple(_Pointer(a) if hasattr(a, "data_ptr") and hasattr(a, "dtype") else a for a in args)
+        self.futures.append(self.pool.submit(self._compile, kernel, grid, args, meta))
+
+    def _compile(self, kernel: Any, grid: tuple[int, ...], args: tuple, meta: dict[str, Any]) -> None:
+        import torch
+
+        with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
+            kernel.run(*args, grid=grid, warmup=True, **meta)
+
+
+@contextlib.contextmanager
+def compiling_ahead() -> Iterator[None]:
+    """Generated kernels launched inside run nothing: each one's compile for its arguments is queued on a pool of
+    `compile_threads()`, and leaving waits for them all. A dry run of a plan's first call in here compiles its
+    kernels side by side, where the call itself compiles them one by one as it reaches them. A compile that fails
+    is left for the real launch to fail again, with its own error."""
+    with concurrent.futures.ThreadPoolExecutor(compile_threads(), thread_name_prefix="torchkiln-compile") as pool:
+        ahead = _Ahead(pool)
+        token = _AHEAD.set(ahead)
+        try:
+            yield
+        finally:
+            _AHEAD.reset(token)
+            failed = sum(f.exception() is not None for f in ahead.futures)
+            if failed:
+                logger.debug("%d of %d kernels compiled ahead failed (their launches raise)", failed,
+                             len(ahead.futures))

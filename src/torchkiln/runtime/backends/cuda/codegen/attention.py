@@ -26,7 +26,7 @@ import torch
 
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
-from torchkiln.runtime.backends.cuda.codegen import chain_options, have_triton, needs_int64
+from torchkiln.runtime.backends.cuda.codegen import chain_options, have_triton, launch, needs_int64
 from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER
 from torchkiln.runtime.backends.cuda.codegen.reduction import COMBINE
 
@@ -162,10 +162,10 @@ class Attention:
         scale = self.layer.scale if self.layer.scale is not None else 1.0 / math.sqrt(dim)
         wide = needs_int64(q, k, v, out, *(() if mask is None else (mask,)))
         grid = (-(-q_len // self.block_m), b * h)
-        self._fn[grid](q, k, v, mask if mask is not None else q, out, h, h // k.shape[1], q_len, k_len, dim,
-                       scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *m_strides, *out.stride(),
-                       BOOL_MASK=boolean, ADD_MASK=mask is not None and not boolean, CAUSAL=self.layer.causal,
-                       INT64=wide, LOG2E=LOG2E,
-                       BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=max(16, 1 << (dim - 1).bit_length()),
-                       num_warps=self.warps, **chain_options())
+        launch(self._fn, grid, q, k, v, mask if mask is not None else q, out, h, h // k.shape[1], q_len, k_len, dim,
+               scale * LOG2E, *q.stride(), *k.stride(), *v.stride(), *m_strides, *out.stride(),
+               BOOL_MASK=boolean, ADD_MASK=mask is not None and not boolean, CAUSAL=self.layer.causal,
+               INT64=wide, LOG2E=LOG2E,
+               BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_D=max(16, 1 << (dim - 1).bit_length()),
+               num_warps=self.warps, **chain_options())
         return out

@@ -25,7 +25,7 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, epilogue
+from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, epilogue, launch
 from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER, Builder
 
 KERNEL_NAME = "depthwise_kernel"
@@ -273,9 +273,9 @@ class DepthwiseLauncher:
             return outputs
         cfg = self.config
         grid = (n * _cdiv(oh, cfg.rows) * _cdiv(ow, cfg.block_w), _cdiv(c, cfg.block_c))
-        self._fn[grid](x, kernel, kernel if bias is None else bias, *operands, *outputs, c, h, w, oh, ow, *x.stride(),
-                       *strides, HAS_BIAS=bias is not None, EVEN_C=c % cfg.block_c == 0, BLOCK_W=cfg.block_w,
-                       BLOCK_C=cfg.block_c, num_warps=cfg.warps, **chain_options())
+        launch(self._fn, grid, x, kernel, kernel if bias is None else bias, *operands, *outputs, c, h, w, oh, ow,
+               *x.stride(), *strides, HAS_BIAS=bias is not None, EVEN_C=c % cfg.block_c == 0, BLOCK_W=cfg.block_w,
+               BLOCK_C=cfg.block_c, num_warps=cfg.warps, **chain_options())
         return outputs
 
 

@@ -27,7 +27,7 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, epilogue
+from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, epilogue, launch
 from torchkiln.runtime.backends.cuda.codegen.epilogue import strides_2d
 from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER, Builder
 
@@ -355,8 +355,9 @@ class GemmLauncher:
             return outputs
         tiles = _cdiv(m, cfg.block_m) * _cdiv(n, cfg.block_n)
         parts, counts = self._workspace(m, n, tiles, x.device) if cfg.split_k > 1 else (w, w)
-        self._fn[(tiles * cfg.split_k,)](
-            x, w, w if bias is None else bias, *self.scales, *operands, *outputs, parts, counts, m, n, k, *a,
+        launch(
+            self._fn, (tiles * cfg.split_k,), x, w, w if bias is None else bias, *self.scales, *operands, *outputs,
+            parts, counts, m, n, k, *a,
             w.stride(0), w.stride(1), *strides, HAS_BIAS=bias is not None, EVEN_K=k % cfg.block_k == 0,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
             SPLIT_K=cfg.split_k, num_stages=cfg.stages, num_warps=cfg.warps, **chain_options())

@@ -37,7 +37,7 @@ from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.ir.value_ranges import proved_range
-from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, needs_int64
+from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, launch, needs_int64
 from torchkiln.runtime.backends.cuda.codegen.pooling import window_dims
 from torchkiln.runtime.backends.cuda.codegen.pointwise import (BLOCK, HEADER, VALUE_DTYPES, Builder, Value,
                                                                 INTEGERS, converted, emit_layer, fusable, held,
@@ -533,8 +533,8 @@ class IndexedLauncher:
             return outputs
         strides = [s for x in (*inputs, *weights, *outputs) for s in x.stride()]
         grid = ((numel + BLOCK - 1) // BLOCK,)
-        self._fn(last)[grid](*inputs, *weights, *outputs, numel, *strides, INT64=needs_int64(*inputs, *outputs),
-                             BLOCK=BLOCK, **chain_options())
+        launch(self._fn(last), grid, *inputs, *weights, *outputs, numel, *strides,
+               INT64=needs_int64(*inputs, *outputs), BLOCK=BLOCK, **chain_options())
         return outputs
 
 

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from torchkiln.runtime.backends.cuda.codegen import have_triton, needs_int64
+from torchkiln.runtime.backends.cuda.codegen import have_triton, launch, needs_int64
 
 KERNEL_NAME = "to_channels_last_kernel"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16, torch.int32,
@@ -78,6 +78,6 @@ def copy_to_channels_last(x: torch.Tensor, out: torch.Tensor | None = None) -> t
     block_c = min(MAX_BLOCK_C, max(2, 1 << (c - 1).bit_length()))
     grid = ((h * w + BLOCK_P - 1) // BLOCK_P, (c + block_c - 1) // block_c, n)
     kernel = _kernel(os.environ.get("TRITON_INTERPRET", ""))
-    kernel[grid](x, out, c, h * w, x.stride(0), x.stride(1), INT64=needs_int64(x, out), BLOCK_P=BLOCK_P,
-                 BLOCK_C=block_c, num_warps=4)
+    launch(kernel, grid, x, out, c, h * w, x.stride(0), x.stride(1), INT64=needs_int64(x, out), BLOCK_P=BLOCK_P,
+           BLOCK_C=block_c, num_warps=4)
     return out

@@ -35,7 +35,7 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L, pointwise as P
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, needs_int64
+from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, launch, needs_int64
 
 BLOCK = 1024  # elements per program
 WARPS = 4  # warps per program
@@ -555,9 +555,9 @@ class PointwiseLauncher(GroupLauncher):
         names = [f"in{i}" for i in range(len(inputs))] + [f"w{k}" for k in range(len(kernel.weights))]
         flags = {f"{p}_MODE": m[0] for p, m in zip(names, modes)}
         grid = ((numel + BLOCK - 1) // BLOCK,)
-        self._fn[grid](*operands, *outputs, numel, *shape, *strides, *steps, **flags, LINEAR=linear,
-                 INT64=needs_int64(*expanded, *outputs), EVEN=numel % BLOCK == 0, BLOCK=BLOCK, num_warps=WARPS,
-                 **chain_options())
+        launch(self._fn, grid, *operands, *outputs, numel, *shape, *strides, *steps, **flags, LINEAR=linear,
+               INT64=needs_int64(*expanded, *outputs), EVEN=numel % BLOCK == 0, BLOCK=BLOCK, num_warps=WARPS,
+               **chain_options())
         return outputs
 
 

@@ -20,7 +20,7 @@ import torch
 
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
-from torchkiln.runtime.backends.cuda.codegen import chain_options, have_triton, needs_int64
+from torchkiln.runtime.backends.cuda.codegen import chain_options, have_triton, launch, needs_int64
 
 KERNEL_NAME = "max_pool2d_kernel"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -136,8 +136,8 @@ class MaxPool2d:
         block_c = min(MAX_BLOCK_C, 1 << (c - 1).bit_length())
         block_p = TILE // block_c
         grid = ((positions + block_p - 1) // block_p, (c + block_c - 1) // block_c)
-        self._fn[grid](x, out, positions, c, h, w, oh, ow, *x.stride(), *out.stride(), *self.stride,
-                       *self.padding, *self.dilation, KH=self.window[0], KW=self.window[1],
-                       INT64=needs_int64(x, out), BLOCK_P=block_p,
-                       BLOCK_C=block_c, **chain_options())
+        launch(self._fn, grid, x, out, positions, c, h, w, oh, ow, *x.stride(), *out.stride(), *self.stride,
+               *self.padding, *self.dilation, KH=self.window[0], KW=self.window[1],
+               INT64=needs_int64(x, out), BLOCK_P=block_p,
+               BLOCK_C=block_c, **chain_options())
         return out

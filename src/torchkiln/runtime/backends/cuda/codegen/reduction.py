@@ -39,7 +39,8 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, multiprocessors, needs_int64
+from torchkiln.runtime.backends.cuda.codegen import (PDL_PARAM, WAIT_LINES, chain_options, launch, multiprocessors,
+                                                    needs_int64)
 from torchkiln.runtime.backends.cuda.codegen.pointwise import (FLOATS, HEADER, TL, VALUE_DTYPES, Builder,
                                                                 GroupLauncher, Value, converted, emit_layer, fusable,
                                                                 held, loaded, stored)
@@ -819,8 +820,8 @@ class RowLauncher(GroupLauncher):
         grid = ((rows + packed - 1) // packed,)
         warps = 8 if not across and cols > MAX_PERSISTENT else \
             _num_warps(packed * block, grid[0], multiprocessors(device))
-        fn[grid](*operands, *outputs, rows, cols, *sizes, *(v for s in strides for v in s), INT64=int64, ROWS=packed,
-                 BLOCK=block, num_warps=warps, **chain_options())
+        launch(fn, grid, *operands, *outputs, rows, cols, *sizes, *(v for s in strides for v in s), INT64=int64,
+               ROWS=packed, BLOCK=block, num_warps=warps, **chain_options())
         return outputs
 
     def _split_reduction(self, operands: list[torch.Tensor], outputs: list[torch.Tensor], rows: int, cols: int,
@@ -873,18 +874,18 @@ class RowLauncher(GroupLauncher):
         meta = {"INT64": int64, "ROWS": packed, "BLOCK": chunk, "num_warps": _num_warps(packed * chunk),
                 **chain_options()}
         stats_fn, apply_fn = fns[:2]
-        stats_fn[grid](*args, **meta)
+        launch(stats_fn, grid, *args, **meta)
         if self.kernel.split_sum:
-            apply_fn[grid[:1]](*args, SPLITS=_next_power_of_two(splits), **meta)
+            launch(apply_fn, grid[:1], *args, SPLITS=_next_power_of_two(splits), **meta)
             return
         if sub > 1:
             entries = _next_power_of_two(splits * sub)
             per = max(1, min(_next_power_of_two(rows // sub), 1024 // entries))  # at most 1024 statistics a program
-            fns[2][((rows // sub + per - 1) // per,)](stats, splits, chunk, rows // sub, cols, SUB=sub, ROWS=per,
-                                                       SPLITS=entries, num_warps=4, **chain_options())
-            apply_fn[grid](*args, SUB=sub, **meta)
+            launch(fns[2], ((rows // sub + per - 1) // per,), stats, splits, chunk, rows // sub, cols, SUB=sub,
+                   ROWS=per, SPLITS=entries, num_warps=4, **chain_options())
+            launch(apply_fn, grid, *args, SUB=sub, **meta)
         else:
-            apply_fn[grid](*args, SPLITS=_next_power_of_two(splits), **meta)
+            launch(apply_fn, grid, *args, SPLITS=_next_power_of_two(splits), **meta)
 
     def _in_space(self, x: torch.Tensor, space: torch.Size) -> torch.Tensor:
         """`x` as a view over the kernel's space: right-aligned to the tensors' rank, dim 1 split into groups for a
