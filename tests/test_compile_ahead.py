@@ -42,15 +42,19 @@ def reference(net: Network, x: torch.Tensor, scale: float = 15.0) -> torch.Tenso
 
 
 def test_a_launch_inside_compiling_ahead_runs_nothing():
-    x = torch.randn(64, 33)
+    x = torch.randn(64, 33, device="cuda" if torch.cuda.is_available() else "cpu")
     relu = Network("relu")
     t = relu.add_input("t", torch.float32, (64, 33))
     relu.mark_output(relu.add_activation(t, L.ActivationType.RELU).get_output())
     layer = relu.layers[0]
     launcher = pointwise.compile_group([layer], layer.inputs, layer.outputs)
-    with compiling_ahead():
+    with compiling_ahead() as queue:
         assert codegen.is_compiling_ahead()
         skipped = launcher([x])[0]
+        launcher([x])  # the same compile: queued once
+        assert len(queue.futures) == 1
+        launcher([x[:, 1:]])  # another pointer alignment and sizes: another compile
+        assert len(queue.futures) == 2
     assert not codegen.is_compiling_ahead()
     assert not torch.equal(skipped, torch.relu(x))
     assert torch.equal(launcher([x])[0], torch.relu(x))

@@ -241,15 +241,16 @@ def test_a_timed_choice_is_the_fastest_candidate_cached_and_skips_refusals(tmp_p
 
 
 
-def test_a_timed_choice_compiles_only_its_generated_candidates_side_by_side(tmp_path, monkeypatch):
-    """Generated candidates run first in the thread pool (their compiles side by side); the library candidates run
-    only in the calling thread, since SDPA's backend choice is process-wide state that threads would leave wrong. A
-    generated candidate failing its first call is skipped."""
+def test_a_timed_choice_runs_its_candidates_in_this_thread_after_a_pass_that_compiles_them(tmp_path, monkeypatch):
+    """Each candidate runs first in a pass where generated launches only queue their compiles (side by side on other
+    threads: `codegen.compiling_ahead`), then once for real and then in its timing, always in the calling thread:
+    SDPA's backend choice is process-wide state that threads would leave wrong. A candidate failing its first call is
+    never timed."""
     import threading
 
     from torchkiln.runtime.backends.cuda import timing
     from torchkiln.runtime.backends.cuda.cache import CACHE_ENV
-    from torchkiln.runtime.backends.cuda.codegen import chain_options
+    from torchkiln.runtime.backends.cuda.codegen import is_compiling_ahead
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     cache = timing.TimingCache.load()
@@ -258,7 +259,7 @@ def test_a_timed_choice_compiles_only_its_generated_candidates_side_by_side(tmp_
 
     def run(name, seconds, fails=False):
         def call():
-            seen[name].append((threading.get_ident() == me, bool(chain_options())))
+            seen[name].append((threading.get_ident() == me, is_compiling_ahead()))
             if fails:
                 raise RuntimeError("does not compile here")
             return seconds
@@ -267,12 +268,10 @@ def test_a_timed_choice_compiles_only_its_generated_candidates_side_by_side(tmp_
     def candidates():
         return {"library": run("library", 2.0), "generated": run("generated", 3.0), "broken": run("broken", 1.0, True)}
 
-    choice = timing._timed_choice(cache, "k", candidates, lambda fn, iterations: fn(), 1, "test",
-                                  generated=("generated", "broken"))
+    choice = timing._timed_choice(cache, "k", candidates, lambda fn, iterations: fn(), 1, "test")
     assert choice == "library"
-    assert seen["library"] == [(True, False)]  # only its timing's call, in this thread
-    assert seen["generated"] == [(False, False), (True, False)]  # compiled in the pool, timed here
-    assert seen["broken"] == [(False, False)]  # failed in the pool: never timed
+    assert seen["library"] == seen["generated"] == [(True, True), (True, False), (True, False)]
+    assert seen["broken"] == [(True, True), (True, False)]  # failed its first call: never timed
 
 
 def test_attention_steps_called_from_several_threads_leave_sdpas_backend_flags_as_they_were():

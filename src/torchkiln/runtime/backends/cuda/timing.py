@@ -11,8 +11,6 @@ is ignored (and rewritten); one that cannot be written only costs the next build
 """
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
 import json
 import logging
 import os
@@ -29,7 +27,7 @@ from torchkiln.ir.symbolic import DimSymbol, evaluate
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda.cache import cache_dir
 from torchkiln.runtime.backends.cuda.capture import timing_capture
-from torchkiln.runtime.backends.cuda.codegen import attention, compile_threads
+from torchkiln.runtime.backends.cuda.codegen import attention, compiling_ahead
 from torchkiln.runtime.backends.cuda.patches import patch_gemm
 
 logger = logging.getLogger(__name__)
@@ -199,40 +197,38 @@ def _shapes_and_strides(*tensors: torch.Tensor | None) -> str:
 
 
 def first_calls(calls: Sequence[Callable[[], object]]) -> list[str | None]:
-    """Run each call once, several at once (`codegen.compile_threads`), on this thread's current device; why each
-    failed, or None. Triton compiles at a kernel's first call, its compiler and ptxas outside the interpreter lock for
-    the most part: the candidates of a choice compile side by side here rather than one by one in their timing. (The
-    chained variant that a generated step after another launches is compiled only for the chosen candidate, by the
-    runner's dry run: `_Bound.compile_ahead`.)"""
-    device = torch.cuda.current_device() if torch.cuda.is_available() else None
-    with concurrent.futures.ThreadPoolExecutor(compile_threads()) as pool:
-        return list(pool.map(lambda run: _first_call(run, device), calls))
+    """Run each call once, its generated kernels compiled first, side by side (`codegen.compiling_ahead`: a pass of
+    the calls that launches nothing); why each failed, or None. (The chained variant that a generated step after
+    another launches is compiled only for the chosen candidate, by the runner's dry run: `_Bound.compile_ahead`.)"""
+    with torch.no_grad():
+        with compiling_ahead():
+            for run in calls:
+                try:
+                    run()
+                except Exception:  # noqa: BLE001 - raised again by its first call below, which reports it
+                    pass
+        return [_first_call(run) for run in calls]
 
 
-def _first_call(run: Callable[[], object], device: int | None) -> str | None:
+def _first_call(run: Callable[[], object]) -> str | None:
     try:
-        with torch.no_grad(), torch.cuda.device(device) if device is not None else contextlib.nullcontext():
-            run()
+        run()
         return None
     except Exception as e:  # noqa: BLE001 - reported per candidate, which is then not timed
         return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[str, Callable[[], object]]],
-                  timer: Callable[[Callable[[], object], int], float], iterations: int, what: str,
-                  generated: Collection[str] = ()) -> str:
+                  timer: Callable[[Callable[[], object], int], float], iterations: int, what: str) -> str:
     """The cached choice for `key`; else the fastest of `candidates()` (made only then), timed by `timer` and
-    cached. The `generated` candidates compile side by side first (`first_calls`); the library ones warm up one by
-    one in their timing: SDPA's backend choice (`sdpa_kernel`) is process-wide state, which threads entering and
-    leaving it at once leave wrong. A candidate that fails (the library refuses the
-    inputs, a generated kernel does not compile) is skipped; "" where every one is."""
+    cached. The candidates' generated kernels compile side by side first (`first_calls`). A candidate that fails
+    (the library refuses the inputs, a generated kernel does not compile) is skipped; "" where every one is."""
     found = cache.get(key)
     if found is not None:
         return found
     times = {}
     made = candidates()
-    ahead = [name for name in made if name in generated]
-    errors = dict(zip(ahead, first_calls([made[name] for name in ahead]))) if ahead else {}
+    errors = dict(zip(made, first_calls(list(made.values()))))
     with torch.no_grad():
         for name, run in made.items():
             error = errors.get(name)
@@ -275,7 +271,7 @@ def attention_backend(layer: L.AttentionLayer, shapes: list[tuple[int, ...]], de
         return {name: (lambda run=run: run(q, k, v, mask)) for name, run in runs.items()}
 
     return _timed_choice(cache, key, candidates, time_graphed_ms, options.timing_iterations,
-                         f"{layer.name} (attention at {shapes})", attention.CONFIGS)
+                         f"{layer.name} (attention at {shapes})")
 
 
 def fused_is_faster(conv: L.ConvolutionLayer, op: str, input_shape: tuple[int, ...], device: torch.device,

@@ -136,7 +136,7 @@ class _Pointer:
 
 
 class _Ahead:
-    """The compiles queued by launches inside `compiling_ahead`, on a thread pool."""
+    """The compiles queued by launches inside `compiling_ahead`, on a thread pool, each once."""
 
     def __init__(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
         import torch
@@ -144,11 +144,20 @@ class _Ahead:
         self.pool = pool
         # Triton keeps a kernel's compiles per current device: the worker compiles for the launching thread's one
         self.device = torch.cuda.current_device() if torch.cuda.is_available() else None
-        self.futures: list[concurrent.futures.Future] = []
+        self.futures: dict[tuple, concurrent.futures.Future] = {}
 
     def submit(self, kernel: Any, grid: tuple[int, ...], args: tuple, meta: dict[str, Any]) -> None:
         args = tuple(_Pointer(a) if hasattr(a, "data_ptr") and hasattr(a, "dtype") else a for a in args)
-        self.futures.append(self.pool.submit(self._compile, kernel, grid, args, meta))
+        # A block repeated at one shape launches the same kernels with the same arguments: compiled once. The key
+        # tells apart at least what Triton's specialization does (it takes integers only as 1, multiples of 16 or
+        # neither, and a pointer as aligned to 16 bytes or not).
+        key = (id(kernel), tuple(_specialized(a) for a in args), tuple((k, _specialized(v)) for k, v in meta.items()))
+        if key in self.futures:
+            return
+        caches = getattr(kernel, "device_caches", None)  # made on first use, which two threads would each do
+        if caches is not None and self.device is not None:
+            caches[self.device]
+        self.futures[key] = self.pool.submit(self._compile, kernel, grid, args, meta)
 
     def _compile(self, kernel: Any, grid: tuple[int, ...], args: tuple, meta: dict[str, Any]) -> None:
         import torch
@@ -157,20 +166,29 @@ class _Ahead:
             kernel.run(*args, grid=grid, warmup=True, **meta)
 
 
+def _specialized(value: Any) -> Any:
+    """A launch argument as the compile-once key of `_Ahead.submit` takes it."""
+    if isinstance(value, _Pointer):
+        return "pointer", str(value.dtype), value.data_ptr() % 16 == 0
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return type(value).__name__, value
+    return "object", id(value)
+
+
 @contextlib.contextmanager
-def compiling_ahead() -> Iterator[None]:
-    """Generated kernels launched inside run nothing: each one's compile for its arguments is queued on a pool of
-    `compile_threads()`, and leaving waits for them all. A dry run of a plan's first call in here compiles its
+def compiling_ahead() -> Iterator[_Ahead]:
+    """Generated kernels launched inside run nothing: each one's compile for its arguments is queued (once) on a pool
+    of `compile_threads()`, and leaving waits for them all. A dry run of a plan's first call in here compiles its
     kernels side by side, where the call itself compiles them one by one as it reaches them. A compile that fails
-    is left for the real launch to fail again, with its own error."""
+    is left for the real launch to fail again, with its own error. Yields the queue (`futures`: one a compile)."""
     with concurrent.futures.ThreadPoolExecutor(compile_threads(), thread_name_prefix="torchkiln-compile") as pool:
         ahead = _Ahead(pool)
         token = _AHEAD.set(ahead)
         try:
-            yield
+            yield ahead
         finally:
             _AHEAD.reset(token)
-            failed = sum(f.exception() is not None for f in ahead.futures)
+            failed = sum(f.exception() is not None for f in ahead.futures.values())
             if failed:
                 logger.debug("%d of %d kernels compiled ahead failed (their launches raise)", failed,
                              len(ahead.futures))
