@@ -62,15 +62,15 @@ def test_a_launch_inside_compiling_ahead_runs_nothing():
 
 def test_the_dry_run_feeds_no_step_garbage_and_leaves_inputs_and_weights_alone(caplog):
     net = lookup_network()
-    cpu = torch.device("cpu")
-    plan = planner.make_plan(net, cpu, BackendOptions(timing_iterations=0))
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    plan = planner.make_plan(net, device, BackendOptions(timing_iterations=0))
     kinds = [plan.kernels[s.kernel].kind for s in plan.steps]
     assert "generated" in kinds and "aten" in kinds, kinds
-    weights = place_weights(net, plan, cpu)
+    weights = place_weights(net, plan, device)
     kept = [w.clone() for ws in weights for w in ws.values()]
-    bound = bind_steps(net, plan, weights, SymbolBinder.for_network(net), [(4, 16)], cpu, False)
+    bound = bind_steps(net, plan, weights, SymbolBinder.for_network(net), [(4, 16)], device, False)
     assert bound.compiles
-    x = torch.rand(4, 16)
+    x = torch.rand(4, 16, device=device)
     given = x.clone()
     with caplog.at_level(logging.DEBUG, logger=runner.__name__):
         bound.compile_ahead([x])

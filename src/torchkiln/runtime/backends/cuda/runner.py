@@ -7,8 +7,9 @@
 - Per input-shape signature (every shape for a static engine; a bounded least-recently-used set of
   `MAX_GRAPHS` for a dynamic one): symbolic layer parameters are evaluated, a step whose layers depend on the
   input shapes alone becomes its values, computed then (`runtime/fold_shapes.py`), every step's callable is made,
-  the steps run once eagerly (which also compiles generated kernels), then are captured as one CUDA graph on
-  a private memory pool. Later calls copy the inputs into the graph's input buffers and replay it.
+  a dry run compiles the generated kernels side by side (`_Bound.compile_ahead`), the steps run once eagerly, then
+  are captured as one CUDA graph on a private memory pool. Later calls copy the inputs into the graph's input
+  buffers and replay it.
 - Outputs (`_Tail`): a call hands out memory no later call overwrites while the caller can still reach it. Where
   the outputs are large (`DIRECT_BYTES`) and made by the last few steps (`TAIL_STEPS`), those steps are captured
   apart, as up to `TAILS` tail graphs, each on a memory pool of its own: a call replays the main graph, then a tail
@@ -57,6 +58,7 @@ from torchkiln.runtime.symbols import SymbolBinder
 logger = logging.getLogger(__name__)
 
 MAX_GRAPHS = 16  # input-shape signatures kept captured per engine and device
+MAX_DRY_RUNS = 1024  # input-shape signatures whose first call runs a dry run first (`_Bound.compile_ahead`)
 DIRECT_BYTES = 4 << 20  # outputs at least this large are handed out of tail graphs, not copied (a copy of 32 MiB
 # took 23 us on an H100; a tail costs a second graph launch: a threshold chosen, not a measured crossover)
 TAIL_STEPS = 4  # steps from the first one making an output to the end that a tail may hold (each tail's pool keeps
@@ -326,6 +328,7 @@ class CudaRunner:
         self._pool = None
         self._last_stream: torch.cuda.Stream | None = None  # the stream the last call queued its work on
         self._graphs = options.cuda_graphs and captures_graphs(network, plan)
+        self._compiled: set[tuple] = set()  # input shapes whose steps' kernels a dry run compiled (`compile_ahead`)
 
     def bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
         """The plan's steps for these inputs' shapes, converting the channels-last inputs first."""
@@ -340,6 +343,10 @@ class CudaRunner:
             bound = self._bound.get(key)
             if bound is None:
                 bound = self._bound[key] = self.bind(inputs)
+                if key in self._compiled or len(self._compiled) >= MAX_DRY_RUNS:
+                    bound.compiles = False  # bound again after it left the cache: its kernels are compiled
+                else:
+                    self._compiled.add(key)
                 while len(self._bound) > MAX_GRAPHS:
                     self._bound.popitem(last=False)
             else:
