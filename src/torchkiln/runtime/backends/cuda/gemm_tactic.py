@@ -73,8 +73,8 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
            device: torch.device, options: BackendOptions, cache: timing.TimingCache) -> list[str | None]:
     """For each request, the tile configuration (`Config.text()`) of the fastest generated kernel, or None where the
     library steps are as fast (or nothing is timed). Every candidate kernel is compiled first, several at once
-    (Triton compiles at a kernel's first call; its compiler and ptxas run outside the interpreter lock for the
-    most part), then each is timed alone; requests of one key (a block repeated at one shape) are timed once."""
+    (`timing.first_calls`), then each is timed alone; requests of one key (a block repeated at one shape) are timed
+    once."""
     if options.timing_iterations == 0 or device.type != "cuda":
         return [None] * len(requests)
     results: list[str | None] = [None] * len(requests)

@@ -100,7 +100,8 @@ def needs_int64(*tensors) -> bool:
 
 def compile_threads() -> int:
     """Threads that compile generated kernels side by side: `$TORCHKILN_COMPILE_THREADS`, else the CPUs this process
-    may run on (at most 32). Triton's compiler and ptxas run outside the interpreter lock for the most part."""
+    may run on (at most 32). Triton's compiler holds the interpreter lock for part of its work: 16 distinct
+    pointwise kernels compiled 2.6 times as fast on 4 threads as on one, and no faster on 16 (H200 host)."""
     given = os.environ.get(COMPILE_THREADS_ENV, "")
     if given.strip().isdigit() and int(given) > 0:
         return int(given)
