@@ -675,6 +675,63 @@ def test_weights_section_is_what_safetensors_writes():
     assert all(torch.equal(loaded[k], t) for k, t in tensors.items())
 
 
+def test_weights_are_read_as_safetensors_reads_them_from_where_they_lie():
+    """`read_safetensors` copies each tensor once out of the bytes (bytes, or a view into a larger buffer) and gives
+    what safetensors gives: dtypes, shapes, values, and tensors that own their memory."""
+    import safetensors.torch
+
+    tensors = _weights_of_every_dtype()
+    data = safetensors.torch.save({k: t.clone() for k, t in tensors.items()})
+    wanted = safetensors.torch.load(data)
+    assert S._plain_safetensors(memoryview(data)) is not None  # read here, not handed to safetensors
+    padded = bytearray(b"x" * 13 + data + b"y" * 7)
+    for given in (data, memoryview(padded)[13:13 + len(data)]):
+        got = S.read_safetensors(given)
+        assert got.keys() == wanted.keys()
+        for k, t in wanted.items():
+            assert got[k].dtype == t.dtype and got[k].shape == t.shape and torch.equal(got[k], t), k
+    got = S.read_safetensors(memoryview(padded)[13:13 + len(data)])
+    padded[13 + len(data) - 1] ^= 0xFF  # the last byte of the data: a copy is not changed with it
+    assert all(torch.equal(got[k], t) for k, t in wanted.items())
+
+
+@pytest.mark.parametrize("change", ["metadata", "complex", "gap", "short header", "bad json", "overlap"])
+def test_weights_this_reader_does_not_take_go_to_safetensors_which_decides(change):
+    """Headers outside what `safetensors_chunks` writes (metadata, another dtype) load through safetensors itself;
+    broken ones raise there, so nothing safetensors refuses is accepted."""
+    import json
+    import struct
+
+    import safetensors.torch
+
+    tensors = {"a": torch.arange(6.0).reshape(2, 3), "b": torch.arange(4, dtype=torch.int32)}
+    if change == "metadata":
+        data = safetensors.torch.save(tensors, metadata={"made by": "a test"})
+    elif change == "complex":
+        data = safetensors.torch.save({**tensors, "c": torch.ones(2, dtype=torch.complex64)})
+    else:
+        data = safetensors.torch.save(tensors)
+        size = struct.unpack_from("<Q", data)[0]
+        header = json.loads(data[8:8 + size])
+        if change == "gap":
+            header["b"]["data_offsets"] = [header["b"]["data_offsets"][0] + 4, header["b"]["data_offsets"][1] + 4]
+        elif change == "overlap":
+            header["b"]["data_offsets"] = [20, 36]
+        text = json.dumps(header).encode()
+        if change == "bad json":
+            text = text[:-1]
+        body = data[8 + size:]
+        data = struct.pack("<Q", len(text) + (100 if change == "short header" else 0)) + text + body
+    try:
+        wanted = safetensors.torch.load(data)
+    except Exception as e:  # noqa: BLE001 - whatever safetensors raises, the reader raises too
+        with pytest.raises(type(e)):
+            S.read_safetensors(data)
+        return
+    got = S.read_safetensors(data)
+    assert got.keys() == wanted.keys() and all(torch.equal(got[k], wanted[k]) for k in wanted)
+
+
 def test_weights_of_a_dtype_outside_the_table_are_written_by_safetensors():
     import safetensors.torch
 

@@ -29,6 +29,7 @@ import functools
 import gc
 import hashlib
 import json
+import math
 import reprlib
 import struct
 import sys
@@ -299,6 +300,67 @@ def safetensors_chunks(tensors: dict[str, torch.Tensor]) -> list[bytes | memoryv
     return [struct.pack("<Q", len(text)) + text, *chunks]
 
 
+_SAFETENSORS_NAMES = {name: dtype for dtype, name in _SAFETENSORS_DTYPES.items()}
+MAX_SAFETENSORS_HEADER = 100_000_000  # bytes: safetensors' own limit
+
+
+def read_safetensors(data: bytes | memoryview) -> dict[str, torch.Tensor]:
+    """The tensors of safetensors bytes, each copied once out of `data` where it lies. `safetensors.torch.load` takes
+    only `bytes`, so an engine's weights were copied twice: into a `bytes` of the section, then into the tensors (2.5
+    GB each for a 1B-parameter model, most of it the first touch of fresh pages). Bytes as `safetensors_chunks` writes
+    them are read here; anything else (another dtype, a big-endian machine, a header this reader does not take) goes
+    to safetensors itself, which decides, so this accepts nothing that safetensors would refuse."""
+    view = memoryview(data).cast("B")
+    entries = _plain_safetensors(view) if sys.byteorder == "little" else None
+    if entries is None:
+        return safetensors.torch.load(view.tobytes())
+    start = 8 + struct.unpack_from("<Q", view)[0]
+    tensors = {}
+    for name, (dtype, shape, (begin, end)) in entries.items():
+        flat = torch.empty(end - begin, dtype=torch.uint8)
+        if end > begin:
+            flat.numpy()[:] = view[start + begin:start + end]
+        tensors[name] = flat.view(dtype).reshape(shape)
+    return tensors
+
+
+def _plain_safetensors(view: memoryview) -> dict[str, tuple[torch.dtype, list[int], tuple[int, int]]] | None:
+    """The entries of a safetensors header that lays out tensors of the dtype table end to end, exactly covering the
+    data after it, with no metadata but strings; None for anything else."""
+    if len(view) < 8:
+        return None
+    size = struct.unpack_from("<Q", view)[0]
+    if size > min(MAX_SAFETENSORS_HEADER, len(view) - 8) or view[8:9] != b"{":
+        return None
+    try:
+        header = json.loads(view[8:8 + size].tobytes())
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if not isinstance(header, dict):
+        return None
+    metadata = header.pop("__metadata__", {})
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        return None
+    entries = {}
+    for name, entry in header.items():
+        if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
+            return None
+        dtype, shape, offsets = _SAFETENSORS_NAMES.get(entry["dtype"]), entry["shape"], entry["data_offsets"]
+        if dtype is None or not isinstance(shape, list) or not isinstance(offsets, list) or len(offsets) != 2 or \
+                not all(type(d) is int and d >= 0 for d in (*shape, *offsets)):
+            return None
+        begin, end = offsets
+        if end - begin != math.prod(shape) * dtype.itemsize:
+            return None
+        entries[name] = (dtype, shape, (begin, end))
+    reached = 0
+    for _, _, (begin, end) in sorted(entries.values(), key=lambda e: e[2]):
+        if begin != reached:
+            return None
+        reached = end
+    return entries if reached == len(view) - 8 - size else None
+
+
 Chunks = bytes | Sequence[bytes | memoryview]  # a section's data: its bytes, or pieces to join in order
 
 
@@ -382,7 +444,7 @@ def _decode_engine(data: bytes | memoryview, max_memory: int | None, max_flops: 
     graph = _parse_graph(sections["graph"])
     raw_weights = sections.get("weights", b"")
     try:
-        weights = safetensors.torch.load(raw_weights) if raw_weights else {}
+        weights = read_safetensors(raw_weights) if len(raw_weights) else {}
     except Exception as e:
         raise EngineFormatError(f"engine weights are not valid safetensors: {e}") from None
     if not isinstance(graph, dict):
@@ -431,7 +493,7 @@ def _sections_v1(data: bytes | memoryview, check_digest: bool) -> dict[str, byte
             "weights": bytes(data[start + graph_len:start + graph_len + weights_len])}
 
 
-def _sections(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes]:
+def _sections(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes | memoryview]:
     """Format 2's sections by name, checked against the table: known names, no repeats, lengths that add up."""
     _magic, _version, count = _HEADER.unpack_from(data)
     if count > MAX_SECTIONS:
@@ -453,7 +515,8 @@ def _sections(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes]:
             name.startswith(prefix) and name[5:].isdigit() and len(name) <= 8 for prefix in ("plan.", "tape."))
         if not known or name in sections:
             raise EngineFormatError(f"engine section {name!r} is {'repeated' if known else 'unknown'}")
-        sections[name] = bytes(data[start:start + n])
+        # (the weights are read where they lie: `read_safetensors` copies each tensor out once)
+        sections[name] = memoryview(data)[start:start + n] if name == "weights" else bytes(data[start:start + n])
         start += n
     for name in ("meta", "graph"):
         if name not in sections:
