@@ -327,7 +327,10 @@ class CudaRunner:
         self._lock = threading.Lock()
         self._pool = None
         self._last_stream: torch.cuda.Stream | None = None  # the stream the last call queued its work on
-        self._graphs = options.cuda_graphs and captures_graphs(network, plan)
+        # A dry run (`compile_ahead`) only where no step reads a value on the host: a loop whose condition a generated
+        # kernel computes would run on the condition's uninitialized memory, for as long as that says
+        self._dry_runs = captures_graphs(network, plan)
+        self._graphs = options.cuda_graphs and self._dry_runs
         self._compiled: set[tuple] = set()  # input shapes whose steps' kernels a dry run compiled (`compile_ahead`)
 
     def bind(self, inputs: Sequence[torch.Tensor]) -> _Bound:
@@ -343,8 +346,8 @@ class CudaRunner:
             bound = self._bound.get(key)
             if bound is None:
                 bound = self._bound[key] = self.bind(inputs)
-                if key in self._compiled or len(self._compiled) >= MAX_DRY_RUNS:
-                    bound.compiles = False  # bound again after it left the cache: its kernels are compiled
+                if not self._dry_runs or key in self._compiled or len(self._compiled) >= MAX_DRY_RUNS:
+                    bound.compiles = False  # (or bound again after it left the cache: its kernels are compiled)
                 else:
                     self._compiled.add(key)
                 while len(self._bound) > MAX_GRAPHS:
