@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 
+from torchkiln.errors import cause_line
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import DimSymbol
@@ -192,7 +193,7 @@ class _Bound:
             except RuntimeError as e:  # (out of memory): the tail runs uncaptured, as where every tail is held
                 self.tail_limit = len(self.tails)
                 logger.warning("a tail graph could not be captured, so held outputs' calls run their last steps "
-                               "uncaptured: %s", str(e).splitlines()[0] if str(e) else type(e).__name__)
+                               "uncaptured: %s", cause_line(e))
         return tail
 
     def run_tail_eagerly(self) -> list[torch.Tensor]:
@@ -394,7 +395,7 @@ class CudaRunner:
                 bound.graph, bound.handoff, bound.tails = None, None, []
                 self._graphs = False
                 logger.warning("engine %s: CUDA graph capture failed, so its steps run one by one from now on: %s",
-                               self.network.name, str(e).splitlines()[0] if str(e) else type(e).__name__)
+                               self.network.name, cause_line(e))
         return self._fresh(outputs)
 
     def _outputs(self, bound: _Bound, stream: torch.cuda.Stream) -> list[torch.Tensor]:

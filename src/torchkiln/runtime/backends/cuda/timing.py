@@ -17,11 +17,12 @@ import os
 import pathlib
 import tempfile
 import threading
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from torchkiln.errors import cause_line
 from torchkiln.ir import layers as L
 from torchkiln.ir.symbolic import DimSymbol, evaluate
 from torchkiln.runtime.backends.base import BackendOptions
@@ -215,7 +216,7 @@ def _first_call(run: Callable[[], object]) -> str | None:
         run()
         return None
     except Exception as e:  # noqa: BLE001 - reported per candidate, which is then not timed
-        return str(e).splitlines()[0] if str(e) else type(e).__name__
+        return cause_line(e)
 
 
 def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[str, Callable[[], object]]],
@@ -237,7 +238,7 @@ def _timed_choice(cache: TimingCache, key: str, candidates: Callable[[], dict[st
                     times[name] = timer(run, iterations)
                     continue
                 except Exception as e:  # noqa: BLE001 - refused in its warm-up (no library kernel for these inputs)
-                    error = str(e).splitlines()[0] if str(e) else ""
+                    error = cause_line(e)
             logger.debug("%s: %s refused: %s", what, name, error)  # skipped, the others timed
     choice = min(times, key=times.get) if times else ""
     logger.debug("tactic for %s: %s -> %s", what, {k: round(t, 4) for k, t in times.items()}, choice or "none")
