@@ -313,7 +313,7 @@ def read_safetensors(data: bytes | memoryview) -> dict[str, torch.Tensor]:
     view = memoryview(data).cast("B")
     entries = _plain_safetensors(view) if sys.byteorder == "little" else None
     if entries is None:
-        return safetensors.torch.load(view.tobytes())
+        return safetensors.torch.load(data if isinstance(data, bytes) else view.tobytes())
     start = 8 + struct.unpack_from("<Q", view)[0]
     tensors = {}
     for name, (dtype, shape, (begin, end)) in entries.items():
@@ -481,7 +481,7 @@ def _check_digest(data: bytes | memoryview) -> None:
         raise EngineFormatError("engine data is corrupted: checksum mismatch")
 
 
-def _sections_v1(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes]:
+def _sections_v1(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes | memoryview]:
     _magic, _version, _reserved, graph_len, weights_len = _PREFIX.unpack_from(data)
     expected = _PREFIX.size + graph_len + weights_len + _DIGEST
     if expected != len(data):
@@ -490,7 +490,7 @@ def _sections_v1(data: bytes | memoryview, check_digest: bool) -> dict[str, byte
         _check_digest(data)
     start = _PREFIX.size
     return {"graph": bytes(data[start:start + graph_len]),
-            "weights": bytes(data[start + graph_len:start + graph_len + weights_len])}
+            "weights": memoryview(data)[start + graph_len:start + graph_len + weights_len]}  # read where it lies
 
 
 def _sections(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes | memoryview]:
@@ -508,7 +508,7 @@ def _sections(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes |
                                 f"got {len(data)}")
     if check_digest:
         _check_digest(data)
-    sections: dict[str, bytes] = {}
+    sections: dict[str, bytes | memoryview] = {}
     for raw_name, n in table:
         name = raw_name.rstrip(b"\0").decode("ascii", "replace")
         known = name in ("meta", "graph", "weights") or any(
