@@ -1,6 +1,7 @@
-"""Shape inference (ir/shape_inference.py): kinds with a shape rule, inferred on CPU tensors with no elements, give
-what their meaning gives on meta tensors for every op, dtype and broadcast (errors included), and a compile of a
-CNN does not import torch._dynamo (which meta tensors' Python references import, half a second)."""
+"""Shape inference (ir/shape_inference.py): kinds with a shape rule, inferred on CPU tensors with no elements, and
+normalizations and attention, inferred by their rules, give what their meaning gives on meta tensors for every op,
+dtype and broadcast (errors included), and compiles of a CNN and of a GroupNorm + attention block do not import
+torch._dynamo (which meta tensors' Python references import, half a second)."""
 import itertools
 import os
 import subprocess
@@ -81,10 +82,55 @@ def test_a_matrix_multiply_infers_what_meta_tensors_give(op0, op1, bias):
             _on_meta(L.MatrixMultiplyLayer, params, shapes, (dtype, dtype), weights), (shapes, dtype)
 
 
-def test_compiling_a_cnn_does_not_import_torch_dynamo(tmp_path):
+NORM = L.NormalizationKind
+NORM_CASES = [  # (kind, params, input shape, weight shape or None)
+    (NORM.GROUP, {"num_groups": 4}, (2, 8, 3, 3), (8,)), (NORM.GROUP, {"num_groups": 2}, (2, 8), None),
+    (NORM.GROUP, {"num_groups": 1}, (1, 6, 5), (6,)), (NORM.LAYER, {"normalized_shape": (8,)}, (2, 5, 8), (8,)),
+    (NORM.LAYER, {"normalized_shape": (5, 8)}, (2, 5, 8), (5, 8)), (NORM.LAYER, {"normalized_shape": (8,)}, (8,), None),
+    (NORM.LAYER, {"normalized_shape": (7,)}, (2, 5, 8), None), (NORM.LAYER, {"normalized_shape": (2, 5, 8)}, (5, 8), None),
+    (NORM.INSTANCE, {}, (2, 8, 3, 3), (8,)), (NORM.INSTANCE, {}, (2, 8), None)]
+
+
+@pytest.mark.parametrize("kind,params,shape,weight", NORM_CASES, ids=lambda c: str(getattr(c, "value", c)))
+def test_a_normalization_infers_what_meta_tensors_give(kind, params, shape, weight):
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.int64):
+        weights = {} if weight is None else {"scale": torch.ones(weight), "bias": torch.zeros(weight)}
+        args = (L.NormalizationLayer, {"kind": kind, "epsilon": 1e-5, **params}, (shape,), (dtype,), weights)
+        assert _inferred(*args) == _expected(*args), dtype
+
+
+ATTENTION_CASES = [  # (params, query, key, value, mask shape and dtype or None)
+    ({}, (2, 4, 5, 8), (2, 4, 7, 8), (2, 4, 7, 16), None), ({"causal": True}, (3, 5, 8), (3, 5, 8), (3, 5, 8), None),
+    ({}, (2, 4, 5, 8), (2, 4, 7, 8), (2, 4, 7, 8), ((5, 7), torch.bool)),
+    ({}, (2, 4, 5, 8), (2, 4, 7, 8), (2, 4, 7, 8), ((2, 1, 5, 7), "same")),
+    ({}, (2, 4, 5, 8), (2, 4, 7, 8), (2, 4, 7, 8), ((4, 5, 6), torch.bool)),
+    ({"enable_gqa": True}, (2, 8, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8), None),
+    ({"enable_gqa": True}, (2, 8, 5, 8), (2, 3, 7, 8), (2, 3, 7, 8), None),
+    ({}, (2, 8, 5, 8), (2, 2, 7, 8), (2, 2, 7, 8), None), ({}, (2, 4, 5, 8), (2, 4, 7, 6), (2, 4, 7, 8), None),
+    ({}, (2, 4, 5, 8), (2, 4, 7, 8), (2, 4, 6, 8), None), ({}, (2, 4, 5, 8), (1, 4, 7, 8), (1, 4, 7, 8), None),
+    ({"scale": 0.5}, (4, 5, 8), (4, 7, 8), (4, 7, 3), None)]
+
+
+@pytest.mark.parametrize("params,q,k,v,mask", ATTENTION_CASES, ids=str)
+def test_attention_infers_what_meta_tensors_give(params, q, k, v, mask):
+    for dtype in (torch.float32, torch.float16, torch.int64):
+        shapes, dtypes = [q, k, v], [dtype] * 3
+        if mask is not None:
+            shapes.append(mask[0])
+            dtypes.append(dtype if mask[1] == "same" else mask[1])
+        args = (L.AttentionLayer, params, shapes, dtypes)
+        assert _inferred(*args) == _expected(*args), dtype
+    args = (L.AttentionLayer, params, [q, k, v], [torch.float32, torch.float16, torch.float32])
+    assert _inferred(*args) == _expected(*args) == "error"
+
+
+@pytest.mark.parametrize("model", ["SmallResNet(width=8)", "DiffusionBlock(c=32, heads=2, groups=8)"])
+def test_compiling_does_not_import_torch_dynamo(model):
+    shape = (1, 3, 32, 32) if model.startswith("Small") else (1, 32, 8, 8)
     code = ("import sys, torch, torchkiln\n"
             "from torchkiln.examples import SmallResNet\n"
-            "torchkiln.compile(SmallResNet(width=8).eval(), [torchkiln.Input((1, 3, 32, 32))])\n"
+            "from torchkiln.examples.blocks import DiffusionBlock\n"
+            f"torchkiln.compile({model}.eval(), [torchkiln.Input({shape})])\n"
             "print('torch._dynamo' in sys.modules)\n")
     env = dict(os.environ, TORCHKILN_PROGRESS="0")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)

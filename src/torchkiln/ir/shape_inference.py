@@ -6,6 +6,8 @@ alike layers (an engine of 400,000 unary layers) runs the meaning once per disti
 meaning stays the single source of truth. Pointwise, reduce and matrix multiply layers run it on CPU tensors with
 no elements instead, their output shape given by a rule that run checks (`_infer_on_empty`): on meta tensors torch
 runs them through its Python references, whose first call imports torch._dynamo (half a second of a compile).
+Group and layer normalizations and attention, whose meta kernels are such references too, have their outputs from
+rules that hold wherever the rules' own checks pass (`_TYPE_RULES`); meta decides the rest.
 """
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from typing import Any
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.ir.layers import (ActivationLayer, ElementWiseLayer, Layer, MatrixMultiplyLayer, MatrixOperation,
-                                 ReduceLayer, UnaryLayer)
+from torchkiln.ir.layers import (ActivationLayer, AttentionLayer, ElementWiseLayer, Layer, MatrixMultiplyLayer,
+                                 MatrixOperation, NormalizationKind, NormalizationLayer, ReduceLayer, UnaryLayer)
 from torchkiln.ir.symbolic_shapes import any_symbolic, infer_symbolic
 
 Outputs = tuple[tuple[tuple[int, ...], torch.dtype], ...]
@@ -92,6 +94,52 @@ _SHAPE_RULES: dict[type[Layer], Callable[[Any], tuple[int, ...]]] = {
     MatrixMultiplyLayer: _matrix_product}
 
 
+def _normalized(layer: NormalizationLayer) -> Outputs | None:
+    """A group or layer normalization's output, its input's shape and dtype, where its meaning accepts its input
+    (the layer's validation checked groups and weights); None otherwise."""
+    x = layer.inputs[0]
+    normalized = tuple(layer.normalized_shape)
+    if not x.dtype.is_floating_point or layer.kind not in (NormalizationKind.GROUP, NormalizationKind.LAYER):
+        return None
+    if layer.kind == NormalizationKind.LAYER and not (
+            normalized and len(normalized) <= x.rank and tuple(x.shape[x.rank - len(normalized):]) == normalized):
+        return None
+    return ((tuple(x.shape), x.dtype),)
+
+
+def _attended(layer: AttentionLayer) -> Outputs | None:
+    """Attention's output, [*batch, L, Ev] of the query's dtype, for query [*batch, L, E], key [*batch', S, E] and
+    value [*batch', S, Ev] of one floating dtype and rank 3 or more, where batch' is batch (or, with `enable_gqa`,
+    batch with a number of heads, dim -3, that divides the query's), and a mask of bools or that dtype broadcasts
+    to [*batch, L, S]; None otherwise."""
+    q, k, v = (t.shape for t in layer.inputs[:3])
+    dtype = layer.inputs[0].dtype
+    if not dtype.is_floating_point or any(t.dtype != dtype for t in layer.inputs[1:3]):
+        return None
+    if not (len(q) == len(k) == len(v) >= 3 and q[-1] == k[-1] and k[-2] == v[-2] and k[:-2] == v[:-2]):
+        return None
+    if layer.enable_gqa:
+        if q[:-3] != k[:-3] or not (k[-3] >= 1 and q[-3] % k[-3] == 0):
+            return None
+    elif q[:-2] != k[:-2]:
+        return None
+    if len(layer.inputs) > 3:
+        mask = layer.inputs[3]
+        if mask.dtype not in (torch.bool, dtype) or mask.rank > len(q):
+            return None
+        try:
+            if tuple(torch.broadcast_shapes(mask.shape, (*q[:-1], k[-2]))) != (*q[:-1], k[-2]):
+                return None
+        except RuntimeError:
+            return None
+    return (((*q[:-1], v[-1]), dtype),)
+
+
+# Layer kinds whose outputs follow from their inputs and parameters by a rule, where the rule's checks pass
+_TYPE_RULES: dict[type[Layer], Callable[[Any], Outputs | None]] = {
+    NormalizationLayer: _normalized, AttentionLayer: _attended}
+
+
 def _emptied(shape: Sequence[int]) -> list[int]:
     """A shape with no elements that broadcasts and reduces as `shape` does: each dim of 1 kept, the others 0."""
     return [1 if d == 1 else 0 for d in shape]
@@ -122,6 +170,11 @@ def infer_on_meta(layer: Layer) -> Outputs:
 
     if type(layer) in _SHAPE_RULES:
         found = _infer_on_empty(layer)
+        if found is not None:
+            return found
+    rule = _TYPE_RULES.get(type(layer))
+    if rule is not None:
+        found = rule(layer)
         if found is not None:
             return found
     meta = torch.device("meta")
