@@ -251,16 +251,15 @@ class Engine:
         return S.engine_pieces(meta, self.network, [p.to_json() for p in self.plans], self.tapes)
 
     @classmethod
-    def deserialize(cls, data: bytes | memoryview, max_memory: int | None = None, max_flops: int | None = None,
-                    check_digest: bool = True) -> Engine:
+    def deserialize(cls, data: bytes | memoryview, max_memory: int | None = None, max_flops: int | None = None
+                    ) -> Engine:
         """Load engine bytes; anything wrong with them raises EngineFormatError.
 
         `max_memory` caps the bytes the engine may hold at once (weights, live intermediates and a layer's
         workspace) and `max_flops` the FLOPs of one call, both checked on shapes before anything is allocated;
         None takes TORCHKILN_MAX_ENGINE_MEMORY / TORCHKILN_MAX_ENGINE_FLOPS, or else a default scaled to the
-        engine's device (`runtime/limits.py`). `check_digest=False` skips the checksum, for bytes this process wrote
-        from an engine."""
-        meta, network, raw_plans, tapes = S.decode_engine(data, max_memory, max_flops, check_digest)
+        engine's device (`runtime/limits.py`)."""
+        meta, network, raw_plans, tapes = S.decode_engine(data, max_memory, max_flops)
         name = meta.get("name")
         device_type = meta.get("device_type")
         if not isinstance(name, str) or len(name) > S.MAX_STRING or device_type not in ("cpu", "cuda"):

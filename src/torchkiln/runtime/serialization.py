@@ -399,26 +399,25 @@ def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode("utf-8")
 
 
-def decode_engine(data: bytes | memoryview, max_memory: int | None = None, max_flops: int | None = None,
-                  check_digest: bool = True) -> tuple[dict[str, Any], Network, list[Any], list[bytes]]:
+def decode_engine(data: bytes | memoryview, max_memory: int | None = None, max_flops: int | None = None
+                  ) -> tuple[dict[str, Any], Network, list[Any], list[bytes]]:
     """Check and parse engine bytes into (metadata, network, raw plans, tape sections); any problem is an
     EngineFormatError. The bytes are read in place (what is kept is copied out of them).
 
     `max_memory` and `max_flops` bound what the engine may plan (see `runtime/limits.py`; None: the environment's
-    or the default ceiling of the engine's device kind). A bad ceiling is a ValueError. `check_digest=False` skips
-    the SHA-256 check, for bytes this process wrote from an engine (`execute_op.engine_blob`)."""
+    or the default ceiling of the engine's device kind). A bad ceiling is a ValueError."""
     # Loading makes many small objects; the cycle collector would rescan the growing heap again and again.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _decode_engine(data, max_memory, max_flops, check_digest)
+        return _decode_engine(data, max_memory, max_flops)
     finally:
         if collecting:
             gc.enable()
 
 
-def _decode_engine(data: bytes | memoryview, max_memory: int | None, max_flops: int | None,
-                   check_digest: bool) -> tuple[dict[str, Any], Network, list[Any], list[bytes]]:
+def _decode_engine(data: bytes | memoryview, max_memory: int | None, max_flops: int | None
+                   ) -> tuple[dict[str, Any], Network, list[Any], list[bytes]]:
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise EngineFormatError(f"engine data must be bytes, got {type(data).__name__}")
     if not isinstance(data, bytes):  # read where it lies: each section is copied out as bytes
@@ -433,7 +432,7 @@ def _decode_engine(data: bytes | memoryview, max_memory: int | None, max_flops: 
                                 f"(up to {FORMAT_VERSION}); upgrade torchkiln to load it")
     if version < 1:
         raise EngineFormatError(f"engine format version {version} is unknown")
-    sections = _sections_v1(data, check_digest) if version == 1 else _sections(data, check_digest)
+    sections = _sections_v1(data) if version == 1 else _sections(data)
     if len(sections["graph"]) > MAX_GRAPH_BYTES:
         raise EngineFormatError(f"engine graph of {len(sections['graph'])} bytes exceeds the {MAX_GRAPH_BYTES}-byte "
                                 f"limit")
@@ -481,19 +480,18 @@ def _check_digest(data: bytes | memoryview) -> None:
         raise EngineFormatError("engine data is corrupted: checksum mismatch")
 
 
-def _sections_v1(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes | memoryview]:
+def _sections_v1(data: bytes | memoryview) -> dict[str, bytes | memoryview]:
     _magic, _version, _reserved, graph_len, weights_len = _PREFIX.unpack_from(data)
     expected = _PREFIX.size + graph_len + weights_len + _DIGEST
     if expected != len(data):
         raise EngineFormatError(f"engine data is truncated or padded: header declares {expected} bytes, got {len(data)}")
-    if check_digest:
-        _check_digest(data)
+    _check_digest(data)
     start = _PREFIX.size
     return {"graph": bytes(data[start:start + graph_len]),
             "weights": memoryview(data)[start + graph_len:start + graph_len + weights_len]}  # read where it lies
 
 
-def _sections(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes | memoryview]:
+def _sections(data: bytes | memoryview) -> dict[str, bytes | memoryview]:
     """Format 2's sections by name, checked against the table: known names, no repeats, lengths that add up."""
     _magic, _version, count = _HEADER.unpack_from(data)
     if count > MAX_SECTIONS:
@@ -506,8 +504,7 @@ def _sections(data: bytes | memoryview, check_digest: bool) -> dict[str, bytes |
     if expected != len(data):
         raise EngineFormatError(f"engine data is truncated or padded: its sections declare {expected} bytes, "
                                 f"got {len(data)}")
-    if check_digest:
-        _check_digest(data)
+    _check_digest(data)
     sections: dict[str, bytes | memoryview] = {}
     for raw_name, n in table:
         name = raw_name.rstrip(b"\0").decode("ascii", "replace")

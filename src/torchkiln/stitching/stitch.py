@@ -61,7 +61,7 @@ def stitch(module: torch.jit.ScriptModule, partition: Partition, engines: Sequen
     # Last block first: a block reads values of earlier blocks, which must stay valid until it is stitched.
     for k, (block, engine) in reversed(list(enumerate(zip(engine_blocks, engines)))):
         attr = ENGINE_ATTR.format(k)
-        blob = engine_blob(engine.serialized_pieces(), written_here=True)
+        blob = engine_blob(engine.serialized_pieces(), engine)
         module._c._register_attribute(attr, torch._C.TensorType.get(), blob)
         with graph.insert_point_guard(block.nodes[0]):
             outs = insert_engine_call(graph, self_value, attr, block.inputs, len(block.outputs),
