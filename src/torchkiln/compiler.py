@@ -50,7 +50,6 @@ from torchkiln.partitioning.segment import Partition, partition
 from torchkiln.partitioning.signature import check_signature, unpack_list_inputs
 from torchkiln.partitioning.support import Decision, Fallback, Target
 from torchkiln.runtime.backends.base import BackendOptions, SessionModels
-from torchkiln.runtime.backends.cuda.codegen import compile_workers
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.serialization import engine_digest
 from torchkiln.runtime.tape import add_tape
@@ -652,8 +651,6 @@ def compile_with_report(module: torch.nn.Module, inputs: Sequence[Any] | None = 
         if cached is not None:
             compiled, report = cached
         else:
-            if settings.device.type == "cuda":
-                compile_workers.warm()  # they import torch while the frontend works
             lowered, metas = _prepare(module, settings)
             part, report, engines = _partition_and_build(lowered, metas, settings, name)
             report = dataclasses.replace(report, reference_layers=_reference_layers(engines))

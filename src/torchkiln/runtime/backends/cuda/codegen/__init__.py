@@ -8,12 +8,9 @@ import functools
 import importlib.util
 import logging
 import os
-import queue
 import threading
 from collections.abc import Iterator
 from typing import Any
-
-from torchkiln.runtime.backends.cuda.codegen import compile_workers
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +28,6 @@ _CAPTURED_LATER = contextvars.ContextVar("torchkiln_captured_later", default=Fal
 _AHEAD: contextvars.ContextVar[_Ahead | None] = contextvars.ContextVar("torchkiln_ahead", default=None)
 COMPILE_THREADS_ENV = "TORCHKILN_COMPILE_THREADS"
 MAX_COMPILE_THREADS = 32
-THREADS_BESIDE_WORKERS = 4  # threads that compile while compile workers start, and beside them once they have
 
 
 @functools.cache
@@ -103,16 +99,13 @@ def needs_int64(*tensors) -> bool:
     return False
 
 
-def compile_threads(with_workers: bool = False) -> int:
-    """Threads of this process that compile generated kernels side by side: `$TORCHKILN_COMPILE_THREADS`, else
-    `THREADS_BESIDE_WORKERS` beside compile workers, else the CPUs this process may run on (at most 32). Triton's
-    compiler holds the interpreter lock for part of its work: 16 distinct pointwise kernels compiled 2.6 times as
-    fast on 4 threads as on one, and no faster on 16 (H200 host)."""
+def compile_threads() -> int:
+    """Threads that compile generated kernels side by side: `$TORCHKILN_COMPILE_THREADS`, else the CPUs this process
+    may run on (at most 32). Triton's compiler holds the interpreter lock for part of its work: 16 distinct
+    pointwise kernels compiled 2.6 times as fast on 4 threads as on one, and no faster on 16 (H200 host)."""
     given = os.environ.get(COMPILE_THREADS_ENV, "")
     if given.strip().isdigit() and int(given) > 0:
         return int(given)
-    if with_workers:
-        return THREADS_BESIDE_WORKERS
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(MAX_COMPILE_THREADS, cpus))
 
@@ -145,26 +138,17 @@ class _Pointer:
 
 
 class _Ahead:
-    """The compiles queued by launches inside `compiling_ahead`, each once. Threads of this process take them from a
-    queue, and so do threads that hand them to compile workers (`compile_workers.py`), each as it comes free."""
+    """The compiles queued by launches inside `compiling_ahead`, on a thread pool, each once."""
 
-    def __init__(self, workers: list[compile_workers.Worker]) -> None:
+    def __init__(self, pool: concurrent.futures.ThreadPoolExecutor) -> None:
         import torch
 
-        # Triton keeps a kernel's compiles per current device: a thread compiles for the launching thread's one
+        self.pool = pool
+        # Triton keeps a kernel's compiles per current device: the worker compiles for the launching thread's one
         self.device = torch.cuda.current_device() if torch.cuda.is_available() else None
-        self.target = compile_workers.current_target() if workers else None  # what workers compile for
         self.futures: dict[tuple, concurrent.futures.Future] = {}
-        self.queue: queue.SimpleQueue = queue.SimpleQueue()
-        self.closed = False
         self.lock = threading.Lock()
         self.loading: dict[int, threading.Lock] = {}  # id of a compiled kernel -> the lock of its loading
-        self.threads = [threading.Thread(target=self._compile_here, name=f"torchkiln-compile-{i}", daemon=True)
-                        for i in range(compile_threads(bool(workers)))]
-        self.threads += [threading.Thread(target=self._hand_to, args=(w,), name=f"torchkiln-compile-worker-{i}",
-                                          daemon=True) for i, w in enumerate(workers)]
-        for thread in self.threads:
-            thread.start()
 
     def submit(self, kernel: Any, grid: tuple[int, ...], args: tuple, meta: dict[str, Any]) -> None:
         args = tuple(_Pointer(a) if hasattr(a, "data_ptr") and hasattr(a, "dtype") else a for a in args)
@@ -177,20 +161,13 @@ class _Ahead:
         caches = getattr(kernel, "device_caches", None)  # made on first use, which two threads would each do
         if caches is not None and self.device is not None:
             caches[self.device]
-        future = self.futures[key] = concurrent.futures.Future()
-        self.queue.put((future, kernel, grid, args, meta))
+        self.futures[key] = self.pool.submit(self._compile, kernel, grid, args, meta)
 
-    def close(self) -> None:
-        """Wait for every compile queued; the threads end."""
-        self.closed = True
-        for _ in self.threads:
-            self.queue.put(None)
-        concurrent.futures.wait(list(self.futures.values()))
-
-    def _device(self) -> contextlib.AbstractContextManager:
+    def _compile(self, kernel: Any, grid: tuple[int, ...], args: tuple, meta: dict[str, Any]) -> None:
         import torch
 
-        return torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext()
+        with torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext():
+            self._load(kernel.run(*args, grid=grid, warmup=True, **meta))
 
     def _load(self, compiled: Any) -> None:
         """Load a compiled kernel onto the device and make its launcher, as its first launch would: Triton builds a
@@ -204,42 +181,6 @@ class _Ahead:
         with lock:
             init()
 
-    def _compile_here(self) -> None:
-        while (task := self.queue.get()) is not None:
-            future, kernel, grid, args, meta = task
-            try:
-                with self._device():
-                    self._load(kernel.run(*args, grid=grid, warmup=True, **meta))
-                future.set_result(None)
-            except BaseException as e:  # noqa: BLE001  (the launch compiles it again, and raises)
-                future.set_exception(e)
-
-    def _hand_to(self, worker: compile_workers.Worker) -> None:
-        """Take queued compiles to `worker` once it is ready; each kernel then compiled here finds the worker's copy
-        in Triton's cache. Where the worker is gone, this thread compiles the rest here."""
-        while not worker.ready.wait(0.05):
-            if self.closed:
-                return  # (its stop mark stays in the queue, unread)
-        while worker.usable() and (task := self.queue.get()) is not None:
-            future, kernel, grid, args, meta = task
-            try:
-                with self._device():
-                    found = compile_workers.specialization(kernel, grid, args, meta)
-                    request = compile_workers.request(kernel, found, self.target) if found is not None else None
-                    if request is not None:
-                        try:
-                            reply = worker.compile(request)
-                        except OSError as e:
-                            reply = f"{e}; its compiles are made here"
-                        if reply is not None:
-                            logger.debug("a compile worker failed to compile %s: %s", request[2], reply)
-                    self._load(kernel.run(*args, grid=grid, warmup=True, **meta))
-                future.set_result(None)
-            except BaseException as e:  # noqa: BLE001  (the launch compiles it again, and raises)
-                future.set_exception(e)
-        if not worker.usable():
-            self._compile_here()
-
 
 def _specialized(value: Any) -> Any:
     """A launch argument as the compile-once key of `_Ahead.submit` takes it."""
@@ -252,18 +193,18 @@ def _specialized(value: Any) -> Any:
 
 @contextlib.contextmanager
 def compiling_ahead() -> Iterator[_Ahead]:
-    """Generated kernels launched inside run nothing: each one's compile for its arguments is queued (once), for
-    threads of this process and compile workers (`compile_workers.workers()`) to take, and leaving waits for them
-    all. A dry run of a plan's first call in here compiles its kernels side by side, where the call itself compiles
-    them one by one as it reaches them. A compile that fails is left for the real launch to fail again, with its own
-    error. Yields the queue (`futures`: one a compile)."""
-    ahead = _Ahead(compile_workers.workers())
-    token = _AHEAD.set(ahead)
-    try:
-        yield ahead
-    finally:
-        _AHEAD.reset(token)
-        ahead.close()
-        failed = sum(f.exception() is not None for f in ahead.futures.values())
-        if failed:
-            logger.debug("%d of %d kernels compiled ahead failed (their launches raise)", failed, len(ahead.futures))
+    """Generated kernels launched inside run nothing: each one's compile for its arguments is queued (once) on a pool
+    of `compile_threads()`, and leaving waits for them all. A dry run of a plan's first call in here compiles its
+    kernels side by side, where the call itself compiles them one by one as it reaches them. A compile that fails
+    is left for the real launch to fail again, with its own error. Yields the queue (`futures`: one a compile)."""
+    with concurrent.futures.ThreadPoolExecutor(compile_threads(), thread_name_prefix="torchkiln-compile") as pool:
+        ahead = _Ahead(pool)
+        token = _AHEAD.set(ahead)
+        try:
+            yield ahead
+        finally:
+            _AHEAD.reset(token)
+            failed = sum(f.exception() is not None for f in ahead.futures.values())
+            if failed:
+                logger.debug("%d of %d kernels compiled ahead failed (their launches raise)", failed,
+                             len(ahead.futures))
