@@ -124,14 +124,20 @@ def test_attention_infers_what_meta_tensors_give(params, q, k, v, mask):
     assert _inferred(*args) == _expected(*args) == "error"
 
 
-@pytest.mark.parametrize("model", ["SmallResNet(width=8)", "DiffusionBlock(c=32, heads=2, groups=8)"])
-def test_compiling_does_not_import_torch_dynamo(model):
+@pytest.mark.parametrize("model,options", [("SmallResNet(width=8)", ""), ("DiffusionBlock(c=32, heads=2, groups=8)", ""),
+                                           ("DiffusionBlock(c=32, heads=2, groups=8)",
+                                            ", backend='reference', native_tape=True")])
+def test_compiling_does_not_import_torch_dynamo(model, options):
+    """Nor does recording a tape (a torch dispatch mode, whose calls torch wraps in dynamo's disable by default)."""
     shape = (1, 3, 32, 32) if model.startswith("Small") else (1, 32, 8, 8)
     code = ("import sys, torch, torchkiln\n"
             "from torchkiln.examples import SmallResNet\n"
             "from torchkiln.examples.blocks import DiffusionBlock\n"
-            f"torchkiln.compile({model}.eval(), [torchkiln.Input({shape})])\n"
-            "print('torch._dynamo' in sys.modules)\n")
+            "from torchkiln.runtime.execute_op import engine_from_blob\n"
+            f"m = torchkiln.compile({model}.eval(), [torchkiln.Input({shape})]{options})\n")
+    if options:
+        code += "assert engine_from_blob(m._torchkiln_engine_0).tapes\n"
+    code += "print('torch._dynamo' in sys.modules)\n"
     env = dict(os.environ, TORCHKILN_PROGRESS="0")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "False", out.stderr

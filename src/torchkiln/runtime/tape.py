@@ -64,6 +64,13 @@ class _Recorder(TorchDispatchMode):
         self.compiled: list[Any] = []  # the compiled kernels, alive while recording
         self.pending: list[tuple[int, tuple[int, int, int], tuple[Any, ...]]] = []  # launches awaiting their kernel
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        """False: torch wraps a mode's `__torch_dispatch__` in dynamo's disable unless its class says not to, and
+        that wrap imports torch._dynamo at the mode's first call (about 2 s of a build on an H200 host). Nothing a
+        recording runs is compiled by dynamo."""
+        return False
+
     # ---- values --------------------------------------------------------------------------------------------------
     def define(self, t: torch.Tensor | None) -> int | None:
         """A new value id for a tensor a recorded call returned."""
