@@ -306,3 +306,25 @@ def test_the_cpu_zoo_has_a_dozen_model_families():
 
     assert len(CPU) >= 12 and {"mlp-mixer-64", "regnet_y_400mf-96", "bert-mini", "gpt2-mini", "wav2vec2-mini"} <= \
         set(CPU)
+
+
+def test_cold_builds_build_each_peer_in_processes_of_their_own_on_empty_caches(tmp_path, capsys):
+    """`bench --zoo --cold-builds`: each peer's build of each case, fresh and then warm, in processes of their own;
+    a peer that cannot build and a model that is missing are rows with their reasons."""
+    out = tmp_path / "cold.json"
+    assert main(["bench", "--zoo", "--cold-builds", "--models", "mlp,no_such_model", "--batch", "2", "--device", "cpu",
+                 "--peers", "torchkiln,eager,eager+cudagraph", "--sources", "bundled", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "torchkiln fresh / warm s" in table and "geomean torchkiln / eager" in table
+    data = json.loads(out.read_text())
+    assert data["config"]["mode"] == "cold-builds"
+    mlp, missing = data["cases"]
+    assert "no model 'no_such_model'" in missing["skipped"]
+    peers = mlp["peers"]
+    for name in ("torchkiln", "eager"):
+        row = peers[name]
+        assert row["status"] == "ok" and row["fresh_s"] > 0 and row["warm_s"] > 0 and row["cosine"] > 0.9999, row
+    assert peers["eager"]["ratio_fresh"] == pytest.approx(peers["torchkiln"]["fresh_s"] / peers["eager"]["fresh_s"])
+    assert peers["eager+cudagraph"]["status"] == "failed" and "CUDA" in peers["eager+cudagraph"]["reason"]
+    assert main(["bench", "--cold-builds", "--merge", str(out)]) == 2
+    assert "--cold-builds goes with --zoo" in capsys.readouterr().err

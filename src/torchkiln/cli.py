@@ -186,7 +186,7 @@ def _bench(args: argparse.Namespace) -> int:
     one saved module."""
     import json
 
-    from torchkiln.bench import chart, compare, options, saved
+    from torchkiln.bench import chart, cold, compare, options, saved
     from torchkiln.errors import TorchkilnError
 
     def fail(message: str) -> int:
@@ -198,6 +198,8 @@ def _bench(args: argparse.Namespace) -> int:
                     "module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...")
     if [bool(args.model), args.zoo is not None, args.blocks, bool(args.merge)].count(True) != 1:
         return fail("give either a saved module (MODEL.ts), --zoo [SET], --blocks or --merge FILE...")
+    if args.cold_builds and args.zoo is None and not args.blocks:
+        return fail("--cold-builds goes with --zoo [SET] or --blocks")
     try:
         device = options.bench_device(args.device)
         if args.model:
@@ -207,6 +209,12 @@ def _bench(args: argparse.Namespace) -> int:
         else:
             if args.merge:
                 result = compare.merge_results(compare.load_results(args.merge))
+            elif args.cold_builds:
+                result = cold.run_cold_builds(
+                    compare.zoo_models("blocks" if args.blocks else args.zoo, args.models, args.chunk),
+                    [int(b) for b in args.batch.split(",")], device, options.bench_precision(args.precision, device),
+                    args.peers.split(",") if args.peers else cold.COLD_PEERS[device.type], args.sources.split(","),
+                    progress=lambda line: print(line, file=sys.stderr, flush=True))
             else:
                 result = compare.run_comparison(
                     compare.zoo_models("blocks" if args.blocks else args.zoo, args.models, args.chunk),
@@ -214,9 +222,12 @@ def _bench(args: argparse.Namespace) -> int:
                     args.iters, args.warmup, args.peers.split(",") if args.peers else None, args.sources.split(","),
                     progress=lambda line: print(line, file=sys.stderr, flush=True), profile=args.profile,
                     threads=args.threads, rounds=args.rounds)
-            print(compare.format_table(result))
-            if args.png:
-                chart.write_png(result, args.png)
+            if args.cold_builds:
+                print(cold.format_table(result))
+            else:
+                print(compare.format_table(result))
+                if args.png:
+                    chart.write_png(result, args.png)
     except ValueError as e:  # what the user gave (saved.BenchInputError is one)
         return fail(str(e))
     except (TorchkilnError, RuntimeError) as e:
@@ -409,6 +420,10 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
                        "small_resnet, small_mobilenet, mlp)")
     bench.add_argument("--chunk", metavar="K/N", help="--zoo: run only the K-th (from 1) of N contiguous slices of "
                        "the models, e.g. to keep each call short; --merge joins the chunks' --json results")
+    bench.add_argument("--cold-builds", action="store_true", help="--zoo or --blocks: build times only, each peer "
+                       "building each case in a process of its own, with empty compile caches (torchkiln's, "
+                       "Triton's, Inductor's) and again on the caches the first build filled (default peers: "
+                       "torchkiln, compile-ro, compile-ro-freeze on cuda; torchkiln, compile on cpu)")
     bench.add_argument("--merge", nargs="+", metavar="FILE", help="print one table of the --json results of several "
                        "--zoo runs on one machine (with --json, write the merged result)")
     bench.add_argument("--batch", default="1,32", help="--zoo: comma-separated batch sizes, each capped at a model's "

@@ -73,8 +73,27 @@ def _accuracy(out: Any, reference: torch.Tensor) -> dict[str, float]:
     return {"cosine": cosine, "max_abs_error": (o - r).abs().max().item(), "max_abs_reference": r.abs().max().item()}
 
 
-def _build(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype,
-           reference: torch.Tensor) -> tuple[dict[str, Any], Callable[[], Any] | None]:
+def load_models(zoo_model: ZooModel, device: torch.device, precision: torch.dtype) -> dict[torch.dtype, torch.nn.Module]:
+    """A zoo model built on `device` (seeded: the same weights in every process), in fp32 and in `precision`."""
+    torch.manual_seed(0)
+    built = {torch.float32: load_zoo_model(zoo_model, device)}
+    built[precision] = built[torch.float32] if precision == torch.float32 else \
+        copy.deepcopy(built[torch.float32]).to(precision)
+    return built
+
+
+def case_inputs(zoo_model: ZooModel, models: dict[torch.dtype, torch.nn.Module], batch: int, device: torch.device,
+                precision: torch.dtype) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A case's inputs in `precision` (seeded by the batch size) and its fp32 reference output (TF32 off)."""
+    torch.manual_seed(batch)
+    inputs = [x.to(device) for x in zoo_model.inputs(batch)]
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        reference = flat_output(models[torch.float32](*inputs)).float().clone()  # true fp32
+    return [x.to(precision) if x.is_floating_point() else x for x in inputs], reference
+
+
+def build_peer(name: str, model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision: torch.dtype,
+               reference: torch.Tensor) -> tuple[dict[str, Any], Callable[[], Any] | None]:
     """One peer built for one case: its row (build time, accuracy; or the reason it failed) and its runner."""
     device = inputs[0].device
     row: dict[str, Any] = {"peer": name}
@@ -138,11 +157,7 @@ def _fails(run: Callable[[], Any]) -> bool:
 def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.nn.Module], batch: int,
           device: torch.device, precision: torch.dtype, peers: Sequence[str], iters: int, warmup: int,
           progress: Callable[[str], None], profile: bool = False, rounds: int = 5) -> dict[str, Any]:
-    torch.manual_seed(batch)
-    inputs = [x.to(device) for x in zoo_model.inputs(batch)]
-    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-        reference = flat_output(models[torch.float32](*inputs)).float().clone()  # true fp32
-    run_inputs = [x.to(precision) if x.is_floating_point() else x for x in inputs]
+    run_inputs, reference = case_inputs(zoo_model, models, batch, device, precision)
     case: dict[str, Any] = {"model": model_name, "source": zoo_model.source, "batch": batch, "peers": {}}
     # On the CPU every peer is built, then all are timed interleaved (host load falls on all alike); on CUDA (CUDA
     # events time the device, and models may be large) each peer is built, timed and freed in turn.
@@ -154,7 +169,7 @@ def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.
             if lost:
                 row, run = {"peer": name, "status": "failed", "reason": lost}, None
             else:
-                row, run = _build(name, models[precision], run_inputs, precision, reference)
+                row, run = build_peer(name, models[precision], run_inputs, precision, reference)
                 if run is None and (error := cuda_context_error(device)):
                     lost = f"not run: the CUDA context is unusable after {name} failed ({error})"
             case["peers"][name] = row
@@ -210,7 +225,7 @@ def cuda_context_error(device: torch.device) -> str | None:
     return None
 
 
-def _environment(device: torch.device) -> dict[str, Any]:
+def environment(device: torch.device) -> dict[str, Any]:
     env: dict[str, Any] = {"torch": torch.__version__, "torchkiln": __version__, "python": platform.python_version(),
                            "platform": platform.platform(), "device": str(device)}
     if device.type == "cuda":
@@ -256,7 +271,7 @@ def run_comparison(models: Sequence[str] = DEFAULT_MODELS, batches: Sequence[int
                    "precision": str(precision).removeprefix("torch."), "iters": iters, "warmup": warmup,
                    "rounds": rounds, "threads": threads or before, "peers": peers, "sources": list(sources),
                    "best_peer_of": list(BEST_PEER_CANDIDATES[device.type])},
-        "environment": {**_environment(device), "cores": usable_cores()},
+        "environment": {**environment(device), "cores": usable_cores()},
         "cases": cases,
         "loaded_cases": len(loaded),
         **_geomean_of(cases),
@@ -274,10 +289,7 @@ def _run_cases(models: Sequence[str], batches: Sequence[int], device: torch.devi
             continue
         try:
             zoo_model = find_zoo_model(name, sources)
-            torch.manual_seed(0)
-            built = {torch.float32: load_zoo_model(zoo_model, device)}
-            built[precision] = built[torch.float32] if precision == torch.float32 else \
-                copy.deepcopy(built[torch.float32]).to(precision)
+            built = load_models(zoo_model, device, precision)
         except Exception as e:  # unavailable here (no torchvision) or failing to build: skipped, with the reason
             reason = one_line(e)
             progress(f"{name}: skipped ({reason})")
