@@ -66,7 +66,8 @@ def run_cold_builds(models: Sequence[str], batches: Sequence[int], device: str |
     device = torch.device(device)
     unknown = [p for p in peers if p not in PEERS]
     if unknown or not peers:
-        raise ValueError(f"unknown peer(s) {unknown}; use some of {list(PEERS)}")
+        raise ValueError(f"unknown peer(s) {unknown}; use some of {list(PEERS)}" if unknown else
+                         f"no peers given; use some of {list(PEERS)}")
     cases = []
     for model in models:
         try:
