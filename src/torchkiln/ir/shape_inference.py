@@ -7,7 +7,7 @@ meaning stays the single source of truth. Pointwise, reduce and matrix multiply 
 no elements instead, their output shape given by a rule that run checks (`_infer_on_empty`): on meta tensors torch
 runs them through its Python references, whose first call imports torch._dynamo (half a second of a compile).
 Group and layer normalizations and attention, whose meta kernels are such references too, have their outputs from
-rules that hold wherever the rules' own checks pass (`_TYPE_RULES`); meta decides the rest.
+rules that hold wherever the rules' own checks pass (`_RULES`); meta decides the rest.
 """
 from __future__ import annotations
 
@@ -135,11 +135,6 @@ def _attended(layer: AttentionLayer) -> Outputs | None:
     return (((*q[:-1], v[-1]), dtype),)
 
 
-# Layer kinds whose outputs follow from their inputs and parameters by a rule, where the rule's checks pass
-_TYPE_RULES: dict[type[Layer], Callable[[Any], Outputs | None]] = {
-    NormalizationLayer: _normalized, AttentionLayer: _attended}
-
-
 def _emptied(shape: Sequence[int]) -> list[int]:
     """A shape with no elements that broadcasts and reduces as `shape` does: each dim of 1 kept, the others 0."""
     return [1 if d == 1 else 0 for d in shape]
@@ -163,16 +158,17 @@ def _infer_on_empty(layer: Layer) -> Outputs | None:
     return ((shape, outs[0].dtype),)
 
 
+# A kind's outputs without meta tensors, where its rule's checks pass (None: meta decides, and reports any error)
+_RULES: dict[type[Layer], Callable[[Any], Outputs | None]] = {
+    **{kind: _infer_on_empty for kind in _SHAPE_RULES}, NormalizationLayer: _normalized, AttentionLayer: _attended}
+
+
 def infer_on_meta(layer: Layer) -> Outputs:
-    """Run the layer's meaning on meta tensors (no memory is allocated for any shape); for a kind with a shape
-    rule, on CPU tensors with no elements (`_infer_on_empty`)."""
+    """Run the layer's meaning on meta tensors (no memory is allocated for any shape), unless its kind's rule gives
+    its outputs (`_RULES`)."""
     from torchkiln.ir.reference import run_layer
 
-    if type(layer) in _SHAPE_RULES:
-        found = _infer_on_empty(layer)
-        if found is not None:
-            return found
-    rule = _TYPE_RULES.get(type(layer))
+    rule = _RULES.get(type(layer))
     if rule is not None:
         found = rule(layer)
         if found is not None:
