@@ -44,18 +44,19 @@ def build_once(model: str, batch: int, peer: str, device: str, precision: str,
     return row
 
 
-def _build_in_process(args: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
-    """`build_once` in a process of its own: its row, or a failed row saying why."""
+def _build_in_process(args: dict[str, Any], env: dict[str, str], result: str) -> dict[str, Any]:
+    """`build_once` in a process of its own, which writes its row to the file `result`: the row, or a failed row
+    saying why."""
     try:
-        done = subprocess.run([sys.executable, "-m", "torchkiln.bench.cold", json.dumps(args)], env=env,
+        done = subprocess.run([sys.executable, "-m", "torchkiln.bench.cold", json.dumps(args), result], env=env,
                               capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
         return {"status": "failed", "reason": f"no result in {TIMEOUT_S} s"}
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
+    if done.returncode != 0 or not os.path.isfile(result):
         error = done.stderr.strip().splitlines()
         return {"status": "failed", "reason": f"exit status {done.returncode}: {error[-1] if error else ''}"[:200]}
-    return json.loads(lines[-1])
+    with open(result) as f:
+        return json.load(f)
 
 
 def run_cold_builds(models: Sequence[str], batches: Sequence[int], device: str | torch.device,
@@ -85,7 +86,7 @@ def run_cold_builds(models: Sequence[str], batches: Sequence[int], device: str |
                 with tempfile.TemporaryDirectory(prefix="torchkiln-cold-") as caches:
                     env = dict(os.environ, **{var: os.path.join(caches, name) for var, name in CACHE_FOLDERS.items()})
                     for run in RUNS:
-                        built = _build_in_process(args, env)
+                        built = _build_in_process(args, env, os.path.join(caches, f"{run}.json"))
                         if built.get("status", "ok") != "ok":
                             row = {"status": "failed", "reason": built.get("reason", "")}
                             break
@@ -143,8 +144,10 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    """The child's side: build the case the JSON argument names, print its row as one JSON line."""
-    print(json.dumps(build_once(**json.loads(sys.argv[1]))), flush=True)
+    """The child's side: build the case its first argument names (JSON), write its row to the file named second."""
+    row = build_once(**json.loads(sys.argv[1]))
+    with open(sys.argv[2], "w") as f:
+        json.dump(row, f)
 
 
 if __name__ == "__main__":
