@@ -209,19 +209,20 @@ def _bench(args: argparse.Namespace) -> int:
         else:
             if args.merge:
                 result = compare.merge_results(compare.load_results(args.merge))
-            elif args.cold_builds:
-                result = cold.run_cold_builds(
-                    compare.zoo_models("blocks" if args.blocks else args.zoo, args.models, args.chunk),
-                    [int(b) for b in args.batch.split(",")], device, options.bench_precision(args.precision, device),
-                    args.peers.split(",") if args.peers else cold.COLD_PEERS[device.type], args.sources.split(","),
-                    progress=lambda line: print(line, file=sys.stderr, flush=True))
             else:
-                result = compare.run_comparison(
-                    compare.zoo_models("blocks" if args.blocks else args.zoo, args.models, args.chunk),
-                    [int(b) for b in args.batch.split(",")], device, options.bench_precision(args.precision, device),
-                    args.iters, args.warmup, args.peers.split(",") if args.peers else None, args.sources.split(","),
-                    progress=lambda line: print(line, file=sys.stderr, flush=True), profile=args.profile,
-                    threads=args.threads, rounds=args.rounds)
+                models = compare.zoo_models("blocks" if args.blocks else args.zoo, args.models, args.chunk)
+                batches = [int(b) for b in args.batch.split(",")]
+                precision = options.bench_precision(args.precision, device)
+                peers = args.peers.split(",") if args.peers else None
+                progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+                if args.cold_builds:
+                    result = cold.run_cold_builds(models, batches, device, precision,
+                                                  peers or cold.COLD_PEERS[device.type], args.sources.split(","),
+                                                  progress)
+                else:
+                    result = compare.run_comparison(models, batches, device, precision, args.iters, args.warmup,
+                                                    peers, args.sources.split(","), progress=progress,
+                                                    profile=args.profile, threads=args.threads, rounds=args.rounds)
             if args.cold_builds:
                 print(cold.format_table(result))
             else:
