@@ -1,5 +1,5 @@
 """Convolution and pooling converters through the whole pipeline: transposed convolutions (scripted and
-traced), unbatched inputs, adaptive max pooling, pools that also return indices."""
+traced), string padding as tracing records it, unbatched inputs, adaptive max pooling, pools that also return indices."""
 import pytest
 import torch
 import torch.nn as nn
@@ -38,6 +38,25 @@ def test_conv_transpose(nd, kw, how):
         key = "aten::conv_transpose1d" if nd == 1 else f"aten::conv_transpose{nd}d.input"
         _, report = check_compiled(Wrapped(conv), [x], min_block_size=1)
         assert report.blocks[0].ops == (key,)
+
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+@pytest.mark.parametrize("nd", [1, 2, 3])
+@pytest.mark.parametrize("padding,kw", [
+    ("same", dict()),
+    ("same", dict(dilation=2)),
+    ("same", dict(groups=2)),
+    ("valid", dict(stride=2)),
+], ids=["same", "same-dilation", "same-groups", "valid-stride"])
+def test_string_padding_traced(nd, padding, kw):
+    """Tracing records a string-padded convolution as aten::_convolution_mode; "same" pads an even kernel more
+    at the end, as torch does."""
+    torch.manual_seed(0)
+    w, b = torch.randn(6, 4 // kw.get("groups", 1), *((4, 3, 2)[:nd])), torch.randn(6)
+    check_traced(lambda x: _CONV[nd](x, w, b, padding=padding, **kw), torch.randn(2, 4, *_SPATIAL[nd]),
+                 op="aten::_convolution_mode")
 
 
 def conv_transpose_unbatched(x):

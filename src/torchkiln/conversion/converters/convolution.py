@@ -1,4 +1,5 @@
-"""Convolution converters: aten::_convolution, aten::convolution, aten::conv1d/2d/3d, aten::conv_transpose1d/2d/3d."""
+"""Convolution converters: aten::_convolution, aten::convolution, aten::conv1d/2d/3d (and
+aten::_convolution_mode, their string-padded form as tracing records it), aten::conv_transpose1d/2d/3d."""
 from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
@@ -20,7 +21,7 @@ def convolution_full(ctx: ConversionCtx, args: Args) -> Tensor:
 
 
 @converter("aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::conv1d.padding", "aten::conv2d.padding",
-           "aten::conv3d.padding", capability=_static_weights)
+           "aten::conv3d.padding", "aten::_convolution_mode", capability=_static_weights)
 def conv_nd(ctx: ConversionCtx, args: Args) -> Tensor:
     return convolution(ctx, ctx.to_tensor(args.input), args.weight, args.bias, args.stride, args.padding,
                        args.dilation, args.groups)
