@@ -212,3 +212,62 @@ def test_shifted_window_attention_is_regrouped_into_one_attention_layer(backend)
     compiled = torchkiln.compile(model, inputs=[q, k, v], backend=backend, min_block_size=1)
     with torch.no_grad():
         _assert_same(compiled(q, k, v), model(q, k, v))
+
+
+class _Grouped(nn.Module):
+    """Attention within groups as torchvision's MaxViT writes it: 5-D [B, G, H, P, d] heads, scores by einsum,
+    a bias broadcast over them (per head: a relative position bias; per group: a mask), softmax, einsum."""
+
+    def __init__(self, bias_shape):
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(bias_shape)) if bias_shape else None
+
+    def forward(self, q, k, v):
+        scores = torch.einsum("B G H I D, B G H J D -> B G H I J", q, k * 0.25)
+        if self.bias is not None:
+            scores = scores + self.bias
+        return torch.einsum("B G H I J, B G H J D -> B G H I D", torch.softmax(scores, dim=-1), v)
+
+
+@pytest.mark.parametrize("bias_shape,groups", [
+    (None, [6, 2]), ((2, 7, 7), [6, 2]), ((1, 2, 7, 7), [6, 2]), ((3, 1, 7, 7), [2, 6]),
+    ((2, 3, 2, 7, 7), [1, 12]), ((3, 2, 1, 7), [2, 6]),
+], ids=["none", "per-head", "per-head-4d", "per-group", "full", "per-group-head-row"])
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_grouped_5d_attention_is_regrouped_into_one_attention_layer(bias_shape, groups, backend):
+    """q, k, v [B, G, H, L, d] regrouped to [N1, N2, L, d], N2 the leading dims the bias varies along (the heads at
+    least); the bias expanded and reshaped to [1, N2, L, S]; the result viewed back matches eager."""
+    torch.manual_seed(0)
+    model = _Grouped(bias_shape).eval()
+    q, k, v = (torch.randn(2, 3, 2, 7, 8) for _ in range(3))
+    data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input.from_tensor(t) for t in (q, k, v)],
+                                              backend=backend)
+    layers = Engine.deserialize(data).network.layers
+    kinds = [x.KIND for x in layers]
+    assert kinds.count("attention") == 1 and "softmax" not in kinds and "matrix_multiply" not in kinds
+    attention = next(x for x in layers if x.KIND == "attention")
+    assert [list(t.shape) for t in attention.inputs[:3]] == [groups + [7, 8]] * 3
+    compiled = torchkiln.compile(model, inputs=[q, k, v], backend=backend, min_block_size=1)
+    with torch.no_grad():
+        _assert_same(compiled(q, k, v), model(q, k, v))
+
+
+class _GroupedInputBias(nn.Module):
+    def forward(self, q, k, v, bias):
+        return torch.softmax(q @ k.transpose(-2, -1) + bias, dim=-1) @ v
+
+
+def test_grouped_5d_attention_with_a_runtime_bias_keeps_its_blocked_rows():
+    """A bias input (not a constant) per group: expanded at run time; a row it blocks entirely is NaN, as written."""
+    model = _GroupedInputBias().eval()
+    q, k, v = (torch.randn(2, 3, 2, 5, 4, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    bias = torch.randn(3, 1, 5, 5)
+    bias[1, 0, 2] = float("-inf")
+    inputs = [torchkiln.Input.from_tensor(t) for t in (q, k, v, bias)]
+    data = torchkiln.convert_method_to_engine(model, "forward", inputs)
+    assert [x.KIND for x in Engine.deserialize(data).network.layers].count("attention") == 1
+    compiled = torchkiln.compile(model, inputs=[q, k, v, bias], min_block_size=1)
+    with torch.no_grad():
+        ref = model(q, k, v, bias)
+    assert ref.isnan().any() and not ref.isnan().all()
+    _assert_same(compiled(q, k, v, bias), ref)

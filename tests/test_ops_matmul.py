@@ -1,7 +1,9 @@
 """Matrix product converters through the whole pipeline: baddbmm, addbmm, addmm, mv, dot, einsum."""
 import pytest
 import torch
-from harness import check_fn, check_traced
+import torchkiln
+from harness import Traced, check_fn, check_traced
+from torchkiln.runtime.engine import Engine
 
 
 def baddbmm(x, y, z):
@@ -62,10 +64,45 @@ def test_matrix_products(fn, op, shapes):
     ("i,j->ij", [(3,), (4,)]),
     ("...ij,...jk", [(2, 3, 4), (4, 2)]),
     ("bnhd,bmhd->bhnm", [(2, 5, 2, 4), (2, 3, 2, 4)]),
+    ("B G H I D, B G H J D -> B G H I J", [(2, 3, 2, 5, 4), (2, 3, 2, 6, 4)]),
+    ("bij,jk->bik", [(2, 3, 4), (4, 5)]),
+    ("bij,bjk->kbi", [(2, 3, 4), (2, 4, 5)]),
+    ("bij,bjk->bik", [(1, 3, 4), (2, 4, 5)]),
+    ("nchw,kchw->nk", [(2, 3, 4, 5), (6, 3, 4, 5)]),
+    ("bij,bkj->bki", [(2, 3, 4), (2, 5, 4)]),
+    ("aij,jk->ik", [(2, 3, 4), (4, 5)]),
+    ("aij,jk->k", [(2, 3, 4), (4, 5)]),
+    ("bxi,byj,ij->bxy", [(2, 3, 4), (2, 5, 6), (4, 6)]),
 ])
 def test_einsum(equation, shapes):
     tensors = [torch.randn(*s) for s in shapes]
     check_traced(lambda *ts: torch.einsum(equation, *ts), *tensors, op="aten::einsum")
+
+
+@pytest.mark.parametrize("equation,shapes,kinds", [
+    ("B G H I D, B G H J D -> B G H I J", [(2, 3, 2, 5, 4), (2, 3, 2, 6, 4)], {"matrix_multiply"}),
+    ("bij,jk->bik", [(2, 3, 4), (4, 5)], {"matrix_multiply", "shuffle"}),
+    ("bij,bjk->kbi", [(2, 3, 4), (2, 4, 5)], {"matrix_multiply", "shuffle"}),
+    ("aij,jk->ik", [(2, 3, 4), (4, 5)], {"matrix_multiply", "reduce"}),
+    ("ii->i", [(4, 4)], {"einsum"}),
+    ("i,j->ij", [(3,), (4,)], {"einsum"}),
+    ("...ij,...jk", [(2, 3, 4), (4, 2)], {"einsum"}),
+])
+def test_einsum_of_two_operands_is_a_matrix_multiply(equation, shapes, kinds):
+    """A contraction of two operands converts to a matrix multiply between shuffles (what the backends fuse:
+    attention, GEMM epilogues); a diagonal, an outer product or an ellipsis stays one einsum layer."""
+    tensors = [torch.randn(*s) for s in shapes]
+    traced = torch.jit.trace(Traced(lambda *ts: torch.einsum(equation, *ts)).eval(), tensors)
+    data = torchkiln.convert_method_to_engine(traced, "forward", [torchkiln.Input(t.shape) for t in tensors],
+                                              backend="reference", min_block_size=1)
+    assert {layer.KIND for layer in Engine.deserialize(data).network.layers} == kinds
+
+
+def test_einsum_with_dynamic_batch():
+    """The batch subscript stays a dim of its own, so a dynamic batch needs no merged size."""
+    w = torch.randn(4, 5)
+    check_traced(lambda x: torch.einsum("bij,jk->bik", x, w), torch.randn(3, 2, 4),
+                 inputs=[torchkiln.Input(min_shape=(1, 2, 4), opt_shape=(3, 2, 4), max_shape=(6, 2, 4))])
 
 
 def einsum_with_constant(x):

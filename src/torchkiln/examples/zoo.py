@@ -6,7 +6,8 @@ here), with `load_zoo_model`, which gives each random-weight model meaningful ou
 matrices, batch-norm statistics calibrated on random inputs). `CPU_WAVE2` names a second, wider set of real
 models at small sizes (segmentation, detection backbones, window attention, MLP-mixers, recurrent networks,
 decoder-only LLM families) for `scripts/zoo.py --cpu-wave2`; `WIDE` names the wide benchmark set, real models at
-their real sizes, for `python -m torchkiln bench --zoo wide`; `CPU` names real models at CPU sizes, for
+their real sizes, for `python -m torchkiln bench --zoo wide`; `HOLDOUT` names more real models at real sizes,
+of families the cuda backend's tuning never looked at, for `bench --zoo holdout`; `CPU` names real models at CPU sizes, for
 `bench --zoo cpu`. No builder downloads weights.
 """
 from __future__ import annotations
@@ -452,13 +453,44 @@ _CPU: list[ZooModel] = [  # real models at CPU sizes: 64-96 pixel images, encode
                         conv_dim=(128,) * 7, **_SMALL_ENCODER),
     _whisper_encoder_256(),
 ]
+_HOLDOUT: list[ZooModel] = [  # real models at real sizes that no tuning of the cuda backend has looked at
+    # channel shuffles and splits; multi-axis attention; Swin V2's cosine attention and log-spaced position MLP;
+    # fire modules (1x1 and 3x3 branches concatenated); a segmentation head with a sigmoid gate
+    _named(_torchvision("shufflenet_v2_x1_0"), "shufflenet_v2_x1_0-224"), _torchvision("maxvit_t"),
+    _named(_torchvision("swin_v2_t", 256), "swin_v2_t-256"),
+    _named(_torchvision("squeezenet1_1"), "squeezenet1_1-224"),
+    _named(_segmentation("lraspp_mobilenet_v3_large", 224), "lraspp_mobilenet_v3_large-224"),
+    # transformers, in their published configurations (the configs' defaults where those are the model)
+    _transformer("deberta-v3-base", "DebertaV2Model", "DebertaV2Config", seq=128, vocab_size=128100, hidden_size=768,
+                 num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072,
+                 relative_attention=True, position_buckets=256, norm_rel_ebd="layer_norm", share_att_key=True,
+                 pos_att_type=["p2c", "c2p"], max_relative_positions=-1, position_biased_input=False,
+                 type_vocab_size=0, layer_norm_eps=1e-7),
+    _transformer("bart-base", "BartModel", "BartConfig", seq=128, vocab_size=50265, d_model=768, encoder_layers=6,
+                 decoder_layers=6, encoder_attention_heads=12, decoder_attention_heads=12, encoder_ffn_dim=3072,
+                 decoder_ffn_dim=3072, use_cache=False),
+    _transformers_model("clip-vit-b32-vision", "CLIPVisionModel", "CLIPVisionConfig", _images(224), patch_size=32),
+    _transformers_model("mobilevit-small", "MobileViTModel", "MobileViTConfig", _images(256)),
+    _transformers_model("convnextv2-tiny", "ConvNextV2Model", "ConvNextV2Config", _images(224)),
+    _transformers_model("segformer-b0-256", "SegformerModel", "SegformerConfig", _images(256)),
+    _transformers_model("wav2vec2-base", "Wav2Vec2Model", "Wav2Vec2Config", lambda batch: [torch.randn(batch, 16000)]),
+    # decoder-only LLMs: query/key norms (Qwen3), partial rotary with parallel attention and MLP (Phi-1.5)
+    _named(_transformer("qwen3-0.6b", "Qwen3Model", "Qwen3Config", seq=256, masked=False, vocab_size=151936,
+                        hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                        num_key_value_heads=8, head_dim=128, max_position_embeddings=2048, use_cache=False),
+           max_batch=8),
+    _named(_transformer("phi-1.5", "PhiModel", "PhiConfig", seq=256, masked=False, vocab_size=51200,
+                        hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+                        partial_rotary_factor=0.5, max_position_embeddings=2048, use_cache=False), max_batch=8),
+]
+HOLDOUT = tuple(m.name for m in _HOLDOUT)  # `python -m torchkiln bench --zoo holdout`
 CPU = tuple(m.name for m in _CPU)  # `python -m torchkiln bench --zoo cpu --device cpu`
 WIDE = (  # `python -m torchkiln bench --zoo wide`: the models above and four of ZOO's, by family
     "efficientnet_b0", "mobilenet_v3_large", "resnext50_32x4d-224", "regnet_y_800mf", "convnext_tiny", "swin_t-224",
     "deeplabv3_mobilenet_v3_large-224", "fcn_resnet50-224", "resnet50_fpn_backbone", "deit_small_patch16_224",
     "diffusion-block", "roberta-base", "t5-encoder-small", "gpt2", "llama-3.2-1b", "qwen2-0.5b")
 ZOO.setdefault("timm", {})
-for _model in _WAVE2 + _WIDE + _CPU:
+for _model in _WAVE2 + _WIDE + _CPU + _HOLDOUT:
     ZOO[_model.source][_model.name] = _model
 for _name, (_build, _inputs) in BLOCKS.items():  # `python -m torchkiln bench --blocks`
     ZOO["bundled"][_name] = ZooModel(_name, "bundled", _build, _inputs)

@@ -10,6 +10,9 @@ SDPA's fused kernels, which keep the scores on chip. The match, from each softma
   cast back around it, as `softmax(scores.float()).type_as(scores)` writes it);
 - q, k and v of rank 4 (what the fused kernels take) with the same leading dims, and every value in between read
   by the next step only;
+- or of rank 5, [B, G, H, L, d] (attention within groups: windows, grids), with static leading dims: q, k and v are
+  regrouped to [N1, N2, L, d] by a reshape, where N2 holds the leading dims the bias varies along (the heads, at
+  least), and the bias is expanded along those and reshaped to [1, N2, L, S];
 - shifted windows: the scores [B * W, H, L, S] viewed as [B, W, H, L, S], a constant (a mask per window) added,
   and viewed back. q, k and v are then regrouped to [B, W * H, L, d] (a reshape: the same row-major order), so
   one constant bias [1, W * H, L, S] holds both that mask and a constant bias added before the view.
@@ -68,8 +71,9 @@ def _scalar(t: Tensor) -> float | None:
 def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.Layer]]):
     """(q, k, v, bias, scale, the last matrix multiply), or why `softmax` does not start attention."""
     scores = softmax.inputs[0]
-    if softmax.log or scores.rank != RANK or softmax.axis % RANK != RANK - 1:
-        return "not a softmax over the last axis of a 4-D tensor"
+    rank = scores.rank
+    if softmax.log or rank not in (RANK, RANK + 1) or softmax.axis % rank != rank - 1:
+        return "not a softmax over the last axis of a 4-D or 5-D tensor"
     probs = softmax.get_output()
     after = _only_reader(network, probs, readers)
     widened = _widening(scores)
@@ -95,7 +99,7 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
                 return f"add {layer.name!r}: not one product side and one bias side"
             product = sides[0]
             other = layer.inputs[1] if layer.inputs[0] is product else layer.inputs[0]
-            if product.shape != layer.get_output().shape or other.rank > RANK or other.dtype != product.dtype:
+            if product.shape != layer.get_output().shape or other.rank > rank or other.dtype != product.dtype:
                 return f"add {layer.name!r} widens the scores"
             bias, t = other, product
         elif isinstance(layer, L.ElementWiseLayer) and layer.op in (E.PROD, E.DIV) \
@@ -116,10 +120,12 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
     v = after.inputs[1]
     if k is None:
         return "the right operand of the scores is not k transposed"
-    if any(x.rank != RANK for x in (q, k, v)) or not (q.shape[:2] == k.shape[:2] == v.shape[:2]) \
-            or q.shape[3] != k.shape[3] or k.shape[2] != v.shape[2] or not (q.dtype == k.dtype == v.dtype) \
+    if any(x.rank != rank for x in (q, k, v)) or not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2]) \
+            or q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2] or not (q.dtype == k.dtype == v.dtype) \
             or not q.dtype.is_floating_point:
-        return "q, k and v are not 4-D of the same float dtype and matching dims"
+        return f"q, k and v are not {rank}-D of the same float dtype and matching dims"
+    if rank == RANK + 1:
+        return _grouped(q, k, v, bias, scale, after)
     if window is None:
         return q, k, v, bias, scale, after, None
     if bias is not None and L.constant_value(bias) is None:
@@ -128,6 +134,44 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
     if isinstance(regrouped, str):
         return regrouped
     return q, k, v, regrouped[1], scale, after, regrouped[0]
+
+
+def _grouped(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, last: L.MatrixMultiplyLayer):
+    """The match of 5-D attention [B, G, H, L, d], regrouped to [N1, N2, L, d] (`_Grouping`), or why not."""
+    lead = tuple(q.shape[:3])
+    if not all(isinstance(d, int) for d in lead):
+        return "5-D attention with dynamic leading dims"
+    split = 2  # N2 = the heads, at least; more where the bias varies along G or B
+    if bias is not None:
+        padded = (1,) * (RANK + 1 - bias.rank) + tuple(bias.shape)
+        if not all(isinstance(d, int) for d in padded):
+            return "5-D attention with a bias of dynamic shape"
+        split = min([d for d in range(2) if padded[d] != 1], default=2)
+        if math.prod(lead[split:]) * padded[3] * padded[4] > MAX_BIAS_ELEMENTS:
+            return f"the regrouped bias would hold {math.prod(lead[split:]) * padded[3] * padded[4]} values"
+    return q, k, v, bias, scale, last, _Grouping(lead, split)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Grouping:
+    """5-D attention's leading dims [B, G, H] regrouped to [N1, N2]: N2 = the dims from `split` on."""
+
+    lead: tuple[int, int, int]
+    split: int
+
+    @property
+    def groups(self) -> tuple[int, int]:
+        return math.prod(self.lead[:self.split]), math.prod(self.lead[self.split:])
+
+    def bias(self, network: Network, bias: Tensor) -> Tensor:
+        """`bias` (broadcasting to [B, G, H, L, S]) as [1, N2, L, S]: expanded along N2's dims, then reshaped."""
+        padded = (1,) * (RANK + 1 - bias.rank) + tuple(bias.shape)
+        if bias.rank != RANK + 1:
+            bias = network.add_shuffle(bias, reshape_dims=padded).get_output()
+        full = (1,) * self.split + self.lead[self.split:] + padded[3:]
+        if full != padded:
+            bias = network.add_expand(bias, full).get_output()
+        return network.add_shuffle(bias, reshape_dims=(1, self.groups[1], *padded[3:])).get_output()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,14 +251,19 @@ def _scores_like(t: Tensor) -> bool:
 
 def _untransposed(t: Tensor) -> Tensor | None:
     """x where `t` is x with its last two dims swapped by a shuffle, else None."""
-    swap = tuple(range(RANK - 2)) + (RANK - 1, RANK - 2)
+    swap = tuple(range(t.rank - 2)) + (t.rank - 1, t.rank - 2)
     return t.producer.inputs[0] if L.transposition(t.producer) == swap else None
 
 
 def _rewrite(network: Network, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | torch.Tensor | None, scale: float,
-             last: L.MatrixMultiplyLayer, groups: tuple[int, int] | None) -> None:
+             last: L.MatrixMultiplyLayer, groups: tuple[int, int] | _Grouping | None) -> None:
     start = len(network.layers)
-    if groups is not None:  # regrouped so the window view's bias broadcasts: q, k, v and the bias in [N1, N2]
+    if isinstance(groups, _Grouping):  # 5-D: q, k, v and the bias regrouped to [N1, N2]
+        if bias is not None:
+            bias = groups.bias(network, bias)
+        groups = groups.groups
+        q, k, v = (network.add_shuffle(x, reshape_dims=(*groups, *x.shape[3:])).get_output() for x in (q, k, v))
+    elif groups is not None:  # regrouped so the window view's bias broadcasts: q, k, v and the bias in [N1, N2]
         q, k, v = (network.add_shuffle(x, reshape_dims=(*groups, *x.shape[2:])).get_output() for x in (q, k, v))
         bias = network.add_constant(bias).get_output()
     out = network.add_attention(q, k, v, bias, scale=scale).get_output()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torchkiln.conversion.context import ConversionCtx
 from torchkiln.conversion.impl.common import one_dtype
+from torchkiln.conversion.impl.einsum import einsum_as_matmul
 from torchkiln.conversion.impl.elementwise import binary, scaled
 from torchkiln.conversion.impl.matmul import linear, matmul
 from torchkiln.conversion.impl.reduce import reduce
@@ -71,7 +72,11 @@ def addbmm(ctx: ConversionCtx, args: Args) -> Tensor:
 
 @converter("aten::einsum")
 def einsum(ctx: ConversionCtx, args: Args) -> Tensor:
-    return ctx.network.add_einsum([ctx.to_tensor(t) for t in args.tensors], args.equation).get_output()
+    """A contraction of two operands as a matrix multiply between shuffles; any other equation one einsum layer."""
+    tensors = [ctx.to_tensor(t) for t in args.tensors]
+    if len(tensors) == 2 and (product := einsum_as_matmul(ctx, *tensors, args.equation)) is not None:
+        return product
+    return ctx.network.add_einsum(tensors, args.equation).get_output()
 
 
 @converter("aten::bilinear", capability=one_dtype("input1", "input2", "weight", floating=True))
