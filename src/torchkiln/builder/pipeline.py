@@ -22,9 +22,12 @@ The order, and why:
 6. lower_precision last of the rewrites: it picks each layer's precision on the final graph.
 7. casts_before_movement after precision: a narrowing cast the precision pass put after a reshape moves before it,
    so it joins the kernel that makes the value instead of being a pass of its own.
-8. additive_attention_masks after precision, so each boolean mask becomes its additive form once in the dtype
+8. transposes_into_matrix_multiply after it, so a cast moved before a transpose no longer hides the transpose from
+   the multiply it feeds (the multiply then reads the operand untransposed).
+9. additive_attention_masks after precision, so each boolean mask becomes its additive form once in the dtype
    its attention layers finally compute in.
-9. remove_dead_layers again: precision replaces fp32 constants read in low precision by narrowed copies.
+10. remove_dead_layers again: precision replaces fp32 constants read in low precision by narrowed copies, and a
+    transpose the multiplies no longer read goes.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ from torchkiln.builder.passes.grouped_query_attention import grouped_query_atten
 from torchkiln.builder.passes.identity_elimination import eliminate_identities
 from torchkiln.builder.passes.precision import lower_precision
 from torchkiln.builder.passes.quantize import quantize_layers
+from torchkiln.builder.passes.transposes_into_matrix_multiply import transposes_into_matrix_multiply
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.ir.network import Network
 
@@ -64,6 +68,7 @@ BUILD_PIPELINE: tuple[BuildPass, ...] = (
     quantize_layers,
     lower_precision,
     casts_before_movement,
+    transposes_into_matrix_multiply,
     additive_attention_masks,
     remove_dead_layers,
 )
