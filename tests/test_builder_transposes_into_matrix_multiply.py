@@ -48,6 +48,28 @@ def test_transposed_operands_are_read_as_they_lie(backend):
             assert (got - ref).abs().max() <= 1e-4 * ref.abs().max()
 
 
+class _Scaled(nn.Module):
+    """q @ (k^T / scale) and (2 * p^T) @ q: the scalar elementwise layer moves before the transpose."""
+
+    def forward(self, q, k, p):
+        return torch.bmm(q, k.transpose(-1, -2) / 8.0), torch.bmm(2.0 * p.transpose(-1, -2), q)
+
+
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_a_scalar_between_transpose_and_multiply_moves_before_the_transpose(backend):
+    torch.manual_seed(0)
+    model = _Scaled().eval()
+    q, k, p = torch.randn(2, 5, 8), torch.randn(2, 6, 8), torch.randn(2, 5, 6)
+    net = _network(model, [q, k, p])
+    products = [x for x in net.layers if isinstance(x, L.MatrixMultiplyLayer)]
+    assert [(m.op0, m.op1) for m in products] == [(NONE, TRANSPOSE), (TRANSPOSE, NONE)]
+    assert not [x for x in net.layers if L.transposition(x) is not None]
+    compiled = torchkiln.compile(model, inputs=[q, k, p], backend=backend, min_block_size=1)
+    with torch.no_grad():
+        for got, ref in zip(compiled(q, k, p), model(q, k, p)):
+            assert (got - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
 def test_a_transpose_of_other_dims_stays():
     n = Network()
     a, b = n.add_input("a", torch.float32, (2, 3, 4)), n.add_input("b", torch.float32, (4, 2, 5))
