@@ -200,18 +200,22 @@ def test_shifted_window_attention_is_regrouped_into_one_attention_layer(backend)
     """q, k, v [B * W, H, L, d] regrouped to [B, W * H, L, d], one constant bias holding the position bias and the
     windows' mask; the result viewed back matches eager."""
     torch.manual_seed(0)
-    model = _Windows().eval()
-    q, k, v = (torch.randn(8, 3, 9, 16) for _ in range(3))
-    data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input.from_tensor(t) for t in (q, k, v)],
+    attention = _one_attention_layer(_Windows().eval(), [torch.randn(8, 3, 9, 16) for _ in range(3)], backend)
+    assert [list(t.shape) for t in attention.inputs] == [[2, 12, 9, 16]] * 3 + [[1, 12, 9, 9]]
+
+
+def _one_attention_layer(model, inputs, backend):
+    """The one attention layer `model`'s engine has (no softmax or matrix multiply left), after checking that
+    the compiled model matches eager."""
+    data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input.from_tensor(t) for t in inputs],
                                               backend=backend)
     layers = Engine.deserialize(data).network.layers
     kinds = [x.KIND for x in layers]
     assert kinds.count("attention") == 1 and "softmax" not in kinds and "matrix_multiply" not in kinds
-    attention = next(x for x in layers if x.KIND == "attention")
-    assert [list(t.shape) for t in attention.inputs] == [[2, 12, 9, 16]] * 3 + [[1, 12, 9, 9]]
-    compiled = torchkiln.compile(model, inputs=[q, k, v], backend=backend, min_block_size=1)
+    compiled = torchkiln.compile(model, inputs=inputs, backend=backend, min_block_size=1)
     with torch.no_grad():
-        _assert_same(compiled(q, k, v), model(q, k, v))
+        _assert_same(compiled(*inputs), model(*inputs))
+    return next(x for x in layers if x.KIND == "attention")
 
 
 class _Grouped(nn.Module):
@@ -238,18 +242,9 @@ def test_grouped_5d_attention_is_regrouped_into_one_attention_layer(bias_shape, 
     """q, k, v [B, G, H, L, d] regrouped to [N1, N2, L, d], N2 the leading dims the bias varies along (the heads at
     least); the bias expanded and reshaped to [1, N2, L, S]; the result viewed back matches eager."""
     torch.manual_seed(0)
-    model = _Grouped(bias_shape).eval()
-    q, k, v = (torch.randn(2, 3, 2, 7, 8) for _ in range(3))
-    data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input.from_tensor(t) for t in (q, k, v)],
-                                              backend=backend)
-    layers = Engine.deserialize(data).network.layers
-    kinds = [x.KIND for x in layers]
-    assert kinds.count("attention") == 1 and "softmax" not in kinds and "matrix_multiply" not in kinds
-    attention = next(x for x in layers if x.KIND == "attention")
+    inputs = [torch.randn(2, 3, 2, 7, 8) for _ in range(3)]
+    attention = _one_attention_layer(_Grouped(bias_shape).eval(), inputs, backend)
     assert [list(t.shape) for t in attention.inputs[:3]] == [groups + [7, 8]] * 3
-    compiled = torchkiln.compile(model, inputs=[q, k, v], backend=backend, min_block_size=1)
-    with torch.no_grad():
-        _assert_same(compiled(q, k, v), model(q, k, v))
 
 
 class _GroupedInputBias(nn.Module):
