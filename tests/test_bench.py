@@ -330,3 +330,23 @@ def test_cold_builds_build_each_peer_in_processes_of_their_own_on_empty_caches(t
     assert peers["eager+cudagraph"]["status"] == "failed" and "CUDA" in peers["eager+cudagraph"]["reason"]
     assert main(["bench", "--cold-builds", "--merge", str(out)]) == 2
     assert "--cold-builds goes with --zoo" in capsys.readouterr().err
+
+
+def test_a_split_names_what_it_left_to_pytorch():
+    """The torchkiln peer's row says which ops a split left in PyTorch and why, so a bench run shows the cause."""
+    from torchkiln.bench import peers
+
+    class Split(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x))) + torch.histc(x, bins=4).sum()
+
+    run = peers.torchkiln(Split().eval(), [torch.randn(2, 8)], torch.float32)
+    assert run.blocks["torch"] >= 1
+    assert any(line.startswith("aten::histc x1 (no converter or evaluator") for line in run.blocks["in_pytorch"])
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)).eval()
+    whole = peers.torchkiln(mlp, [torch.randn(2, 8)], torch.float32)
+    assert "in_pytorch" not in whole.blocks

@@ -195,7 +195,9 @@ def _case(model_name: str, zoo_model: ZooModel, models: dict[torch.dtype, torch.
             blocks = row.get("blocks")
             progress(f"  {model_name} batch {batch} {name}: {row['ms']:.3f} ms (IQR {row['spread']:.0%}), build "
                      f"{row['build_s']:.1f} s, cosine {row['cosine']:.6f}" +
-                     (f", {blocks['engine']} engine / {blocks['torch']} PyTorch blocks" if blocks else ""))
+                     (f", {blocks['engine']} engine / {blocks['torch']} PyTorch blocks" if blocks else "") +
+                     (f"; in PyTorch: {'; '.join(blocks['in_pytorch'][:5])}" if blocks and blocks.get("in_pytorch")
+                      else ""))
     ok = {n: r for n, r in case["peers"].items() if r["status"] == "ok"}
     best = min((n for n in BEST_PEER_CANDIDATES[device.type] if n in ok), key=lambda n: ok[n]["ms"], default=None)
     if best is not None:
