@@ -407,7 +407,7 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
                        ", ".join(ZOO_SETS["default"]) + "), wide (16 real models at their real sizes: CNNs with "
                        "depthwise, grouped and ConvNeXt convolutions, Swin, segmentation, an FPN backbone, DeiT, a "
                        "diffusion block, RoBERTa, T5's encoder, GPT-2, Llama and Qwen2 decoders; "
-                       "torchkiln.examples.zoo.WIDE), holdout (15 more real models at real sizes that the cuda backend was "
+                       "torchkiln.examples.zoo.WIDE), holdout (14 more real models at real sizes that the cuda backend was "
                        "never tuned on: ShuffleNet V2, MaxViT, Swin V2, SqueezeNet, LR-ASPP, DeBERTa-v3, BART, CLIP's "
                        "vision tower, MobileViT, ConvNeXt V2, SegFormer, wav2vec2, Qwen3 and Phi-1.5 decoders; "
                        "torchkiln.examples.zoo.HOLDOUT), cpu (13 real models at CPU sizes: ResNet, RegNet, MobileNet "

@@ -138,8 +138,9 @@ def torchkiln(model: torch.nn.Module, inputs: Sequence[torch.Tensor], precision:
 
     run.blocks = {"engine": report.num_engine_blocks, "torch": report.num_torch_blocks}  # the partition, in the row
     if report.num_torch_blocks:  # what a split left to PyTorch, and why (the report's first reason for each op)
-        reasons = {f.op: f"{f.reason.value}{': ' + f.detail if f.detail and f.detail != f.op else ''}"
-                   for b in reversed(report.blocks) for f in b.fallback}
+        reasons: dict[str, str] = {}
+        for f in (f for b in report.blocks for f in b.fallback):
+            reasons.setdefault(f.op, f.reason.value + (f": {f.detail}" if f.detail and f.detail != f.op else ""))
         run.blocks["in_pytorch"] = [f"{op} x{count} ({reasons[op][:160]})"
                                     for op, count in sorted(report.fallback_ops.items(), key=lambda kv: -kv[1])]
     return run

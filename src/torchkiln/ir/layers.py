@@ -127,6 +127,13 @@ def transposition(layer: Layer | None) -> tuple[int, ...] | None:
     return tuple(layer.first_transpose)
 
 
+def matrix_transposed(tensor: Tensor) -> Tensor | None:
+    """x where `tensor` is x with its last two dims swapped by a transposing shuffle, else None."""
+    rank = tensor.rank
+    swap = (*range(rank - 2), rank - 1, rank - 2)
+    return tensor.producer.inputs[0] if rank >= 2 and transposition(tensor.producer) == swap else None
+
+
 def constant_value(tensor: Tensor) -> torch.Tensor | None:
     """The value of a tensor a ConstantLayer produces, else None."""
     producer = tensor.producer

@@ -115,7 +115,7 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
     if not isinstance(first, L.MatrixMultiplyLayer) or first.weights or first.op0 != L.MatrixOperation.NONE:
         return "the scores are not a plain matrix multiply (scaled, plus a bias)"
     q, k_side = first.inputs
-    k = _untransposed(k_side) if first.op1 == L.MatrixOperation.NONE else \
+    k = L.matrix_transposed(k_side) if first.op1 == L.MatrixOperation.NONE else \
         k_side if first.op1 == L.MatrixOperation.TRANSPOSE else None
     v = after.inputs[1]
     if k is None:
@@ -247,12 +247,6 @@ def _scores_like(t: Tensor) -> bool:
         return True
     return isinstance(layer, L.ElementWiseLayer) and layer.op in (E.PROD, E.DIV) \
         and any(_scalar(x) is not None for x in layer.inputs)
-
-
-def _untransposed(t: Tensor) -> Tensor | None:
-    """x where `t` is x with its last two dims swapped by a shuffle, else None."""
-    swap = tuple(range(t.rank - 2)) + (t.rank - 1, t.rank - 2)
-    return t.producer.inputs[0] if L.transposition(t.producer) == swap else None
 
 
 def _rewrite(network: Network, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | torch.Tensor | None, scale: float,

@@ -10,14 +10,11 @@ import logging
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.tensor import Tensor
 
 logger = logging.getLogger("torchkiln.builder")
 
 _FLIPPED = {L.MatrixOperation.NONE: L.MatrixOperation.TRANSPOSE, L.MatrixOperation.TRANSPOSE: L.MatrixOperation.NONE}
-
-
-def _swap(rank: int) -> tuple[int, ...]:
-    return (*range(rank - 2), rank - 1, rank - 2)
 
 
 def _scalar_elementwise(layer: L.Layer | None) -> int | None:
@@ -33,19 +30,20 @@ def _scalar_elementwise(layer: L.Layer | None) -> int | None:
     return None
 
 
-def _untransposed(network: Network, operand, readers) -> object | None:
+def _untransposed(network: Network, operand: Tensor, readers: dict[int, list[L.Layer]]) -> Tensor | None:
     """`operand` transposed back without a copy: the transpose's input, or the scalar elementwise layer between
     them applied to that input (a new layer where the old one stands); None where `operand` is neither."""
-    if L.transposition(operand.producer) == _swap(operand.rank):
-        return operand.producer.inputs[0]
+    direct = L.matrix_transposed(operand)
+    if direct is not None:
+        return direct
     scaled = operand.producer
     i = _scalar_elementwise(scaled)
     if i is None or len(readers.get(id(operand), [])) != 1 or operand in network.outputs:
         return None
-    moved = scaled.inputs[i]
-    if L.transposition(moved.producer) != _swap(moved.rank):
+    moved = L.matrix_transposed(scaled.inputs[i])
+    if moved is None:
         return None
-    pair = [moved.producer.inputs[0], scaled.inputs[1 - i]][::1 if i == 0 else -1]
+    pair = [moved, scaled.inputs[1 - i]][::1 if i == 0 else -1]
     made = network.add_elementwise(*pair, scaled.op)
     network.move_before(made, scaled)
     return made.get_output()
@@ -60,7 +58,7 @@ def transposes_into_matrix_multiply(network: Network, settings: BuildSettings) -
         for i, op in ((0, "op0"), (1, "op1")):
             operand = layer.inputs[i]
             flipped = _FLIPPED.get(getattr(layer, op))
-            if flipped is None or operand.rank < 2:
+            if flipped is None:
                 continue
             untransposed = _untransposed(network, operand, readers)
             if untransposed is None:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 
 from torchkiln.conversion.context import ConversionCtx
-from torchkiln.conversion.impl.matmul import NONE, TRANSPOSE
+from torchkiln.conversion.impl.matmul import NONE, TRANSPOSE, matmul
 from torchkiln.conversion.impl.reduce import reduce
 from torchkiln.conversion.impl.shuffle import permute, reshape
 from torchkiln.ir import layers as L
@@ -78,7 +78,7 @@ def einsum_as_matmul(ctx: ConversionCtx, a: Tensor, b: Tensor, equation: str) ->
     transposed = [tb.index(c) for c in batch + cols + contracted] == list(range(len(tb)))
     x = _arrange(ctx, a, ta, batch, [rows, contracted], sizes_a)
     y = _arrange(ctx, b, tb, batch, [cols, contracted] if transposed else [contracted, cols], sizes_b)
-    product = ctx.network.add_matrix_multiply(x, NONE, y, TRANSPOSE if transposed else NONE).get_output()
+    product = matmul(ctx, x, y, TRANSPOSE if transposed else NONE)
     if len(rows) > 1 or len(cols) > 1:
         product = reshape(ctx, product, list(product.shape[:len(batch)]) + [sizes_a[c] for c in rows]
                           + [sizes_b[c] for c in cols])
