@@ -122,7 +122,7 @@ def test_a_rows_step_without_a_reduction_is_refused_by_name():
     x = net.add_input("x", torch.float32, (2, 8))
     net.mark_output(net.add_unary(x, L.UnaryOperation.EXP).get_output())
     plan = Plan(planner.target(CPU), [Kernel("generated", "rows")], [Step(0, (0,))])
-    with pytest.raises(NetworkError, match=r"needs a reduction over trailing axes"):
+    with pytest.raises(NetworkError, match=r"needs a reduction the generator computes"):
         bind_steps(net, plan, place_weights(net, plan, CPU), None, [(2, 8)], CPU, allow_tf32=False)
 
 
@@ -330,7 +330,7 @@ def _read_between() -> Network:
     net = Network("apart")
     x = net.add_input("x", torch.float32, (4, 8))
     e = net.add_unary(x, L.UnaryOperation.EXP).get_output()
-    s = net.add_reduce(e, L.ReduceOperation.SUM, (0,), keep_dims=True).get_output()  # not over trailing axes: ATen
+    s = net.add_reduce(e, L.ReduceOperation.PROD, (0,), keep_dims=True).get_output()  # a product: ATen
     y = net.add_elementwise(net.add_unary(x, L.UnaryOperation.ABS).get_output(), s, L.ElementWiseOperation.SUM)
     net.mark_output(net.add_elementwise(y.get_output(), e, L.ElementWiseOperation.PROD).get_output())
     return net

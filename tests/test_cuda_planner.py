@@ -80,7 +80,7 @@ def test_pointwise_chains_become_one_generated_step():
     a = net.add_elementwise(x, w, L.ElementWiseOperation.PROD).get_output()
     b = net.add_activation(a, L.ActivationType.GELU_ERF).get_output()
     c = net.add_unary(b, L.UnaryOperation.EXP).get_output()
-    s = net.add_reduce(c, L.ReduceOperation.SUM, (1,), keep_dims=True).get_output()  # not over trailing axes
+    s = net.add_reduce(c, L.ReduceOperation.PROD, (1,), keep_dims=True).get_output()  # a product: not generated
     d = net.add_elementwise(c, s, L.ElementWiseOperation.SUB).get_output()  # reads the reduction: new group
     net.mark_output(d)
     plan = planner.make_plan(net, torch.device("cpu"), NO_TIMING)

@@ -2,7 +2,7 @@
 
 Every layer has a class (`classify`): pointwise (what the pointwise generator computes: elementwise, unary,
 activation, cast, scale, parametric ReLU, of float, bool or integer values), reduction (a reduce, softmax or norm
-over trailing axes, or a cumulative sum or product along the last axis, that the reduction generator computes:
+over any of its axes, or a cumulative sum or product along one, that the reduction generator computes:
 codegen/reduction.py lowers each into row reductions, scans and pointwise work; a group norm's rows are its (sample,
 group) pairs), view
 (shuffle, slice, expand, concatenation, padding, gather), library (convolution, matrix multiply, attention) or
@@ -62,20 +62,20 @@ def classify(layer: L.Layer) -> OpClass:
 
 
 class _Space:
-    """A row group's iteration space: the shape of its reductions' inputs and how many trailing axes they reduce."""
+    """A row group's iteration space: the shape of its reductions' inputs and the axes they reduce."""
 
     def __init__(self, seed: L.Layer) -> None:
         self.shape = tuple(seed.inputs[0].shape)
-        self.reduced = reduced_axes(seed)
+        self.axes = reduced_axes(seed)
         self.groups = groups_of(seed)  # a group norm's rows are (N, group): its dim 1 is split
 
     def holds(self, layer: L.Layer) -> str | None:
         """None if `layer`'s values lie in this space (the whole of it, or one per row), else why not."""
         cls = classify(layer)
         if cls == OpClass.REDUCTION:
-            if tuple(layer.inputs[0].shape) != self.shape or reduced_axes(layer) != self.reduced \
+            if tuple(layer.inputs[0].shape) != self.shape or reduced_axes(layer) != self.axes \
                     or groups_of(layer) != self.groups:
-                return f"it reduces another space ({list(layer.inputs[0].shape)}, last {reduced_axes(layer)} axes" + \
+                return f"it reduces another space ({list(layer.inputs[0].shape)}, axes {list(reduced_axes(layer))}" + \
                     (f", {groups_of(layer)} groups)" if groups_of(layer) else ")")
             return None
         if cls != OpClass.POINTWISE:
@@ -89,11 +89,11 @@ class _Space:
     def fits(self, shape: tuple) -> str | None:
         """How a value of `shape` lies in the space: "whole", "row" (one value per row, kept dims), "broadcast" (a
         [N, 1, 1, S] mask of [N, H, Q, S] scores: computed for every element where the group reads it) or None."""
-        rank, lead = len(self.shape), len(self.shape) - self.reduced
+        rank = len(self.shape)
         if shape == self.shape:
             return "whole"
-        if len(shape) == rank and shape[:lead] == self.shape[:lead] and self.groups is None \
-                and all(d == 1 for d in shape[lead:]):
+        if len(shape) == rank and self.groups is None and all(
+                d == (1 if a in self.axes else s) for a, (d, s) in enumerate(zip(shape, self.shape))):
             return "row"
         padded = (1,) * (rank - len(shape)) + shape
         if len(shape) <= rank and all(d == 1 or d == s for d, s in zip(padded, self.shape)):

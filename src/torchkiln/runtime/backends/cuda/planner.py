@@ -29,11 +29,12 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    kernel that makes its input.
    **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
    become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
-4. **Row groups** (fusion.py): each reduction over trailing axes (reduce, softmax, layer and instance norm) or scan
-   along the last axis (cumsum, cumprod) with the pointwise layers making its input and using its result, and the
+4. **Row groups** (fusion.py): each reduction over any axes (reduce, softmax, layer, instance and group norm) or
+   scan along one axis (cumsum, cumprod) with the pointwise layers making its input and using its result, and the
    other reductions over the same rows, as one generated Triton kernel (`generated`/`rows`, codegen/reduction.py):
    a residual add, the precision pass's casts and a layer norm; scale, mask and softmax; RMSNorm written as a mean
-   between pointwise layers; integer position ids made from a padding mask (mask, cumsum, multiply, offset).
+   between pointwise layers; integer position ids made from a padding mask (mask, cumsum, multiply, offset); a
+   squared L2 norm over the spatial (middle) dims of [N, H, W, C] activations.
    Without Triton, the half-precision layer norms between their casts become CUDA's layer norm on the half input
    (`library`/`layer_norm`); the rest run on ATen.
    4b. **Recomputed prologues**: a pointwise value a row step computes for its reduction and later generated

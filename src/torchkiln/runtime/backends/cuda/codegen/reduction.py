@@ -1,16 +1,17 @@
-"""A Triton kernel for a fused group around reductions over the trailing axes of one iteration space, and its
-launcher.
+"""A Triton kernel for a fused group around reductions over the same axes of one iteration space, and its launcher.
 
-The space is a shape of rank R whose last K axes are reduced: its leading dims index *rows*, its trailing dims
-*columns*. A group holds, in an order where each layer's inputs come first:
+The space is a shape of rank R, K of whose axes are reduced: its kept dims index *rows*, its reduced dims
+*columns*. The kernel's own space puts the reduced dims last (`kernel_order`: a sum over the H and W of an
+[N, H, W, C] tensor is a reduction of [N, C, H, W] rows), which its strides express, so no operand is copied
+whatever axes are reduced. A group holds, in an order where each layer's inputs come first:
 - pointwise layers (rows of `torchkiln.ir.pointwise`, casts, scales, constants: what `pointwise.fusable` takes)
-  whose output is the whole space (*full* values) or the space with its trailing K dims of size 1 (*row* values);
-- reductions of a full value over the K trailing axes: reduce (sum, mean, max, min; kept dims or not), softmax
-  and log-softmax (K = 1), layer norm over the trailing K dims and instance norm (K = R - 2). Each is lowered
-  here into the same few primitives: a row reduction (sum, max or min) and pointwise expressions, so no norm
-  has a kernel of its own (softmax: max, exp(x - max), sum, divide; a norm: mean, x - mean, mean of squares,
+  whose output is the whole space (*full* values) or the space with its reduced dims of size 1 (*row* values);
+- reductions of a full value over those K axes: reduce (sum, mean, max, min; kept dims or not), softmax and
+  log-softmax (K = 1), layer norm over the trailing K dims, instance norm (K = R - 2) and group norm. Each is
+  lowered here into the same few primitives: a row reduction (sum, max or min) and pointwise expressions, so no
+  norm has a kernel of its own (softmax: max, exp(x - max), sum, divide; a norm: mean, x - mean, mean of squares,
   rsqrt, scale and shift);
-- scans along the last axis (K = 1): cumulative sums and products, of floats (in float32) or integers (in the
+- scans along one axis (K = 1): cumulative sums and products, of floats (in float32) or integers (in the
   result's dtype: torch.cumsum of integers gives int64), whose result is a full value (`tl.associative_scan` over
   the row; in the looped body each pass carries the running total of the columns before it).
 
@@ -87,30 +88,37 @@ _SCANS = {L.CumulativeOperation.SUM: ("sum", "+", 0), L.CumulativeOperation.PROD
 _SCANNED = (*FLOATS, torch.int64)  # the results a scan computes (torch.cumsum and cumprod widen integers to int64)
 
 
-def trailing_axes(rank: int, axes: Sequence[int]) -> int | None:
-    """K where `axes` are the last K axes of a rank-`rank` tensor (in any order), else None."""
-    normalized = sorted(a % rank for a in axes) if rank else []
-    k = len(normalized)
-    return k if k and normalized == list(range(rank - k, rank)) else None
+def _axes(rank: int, axes: Sequence[int]) -> tuple[int, ...] | None:
+    """`axes` of a rank-`rank` tensor, normalized and sorted; None where there are none or one repeats."""
+    normalized = sorted({a % rank for a in axes}) if rank else []
+    return tuple(normalized) if normalized and len(normalized) == len(axes) else None
 
 
-def reduced_axes(layer: L.Layer) -> int | None:
-    """How many trailing axes `layer` reduces, if it is a reduction this generator computes; else None."""
+def reduced_axes(layer: L.Layer) -> tuple[int, ...] | None:
+    """The axes `layer` reduces (sorted), if it is a reduction this generator computes; else None."""
     x = layer.inputs[0] if layer.inputs else None
     if x is None or x.rank == 0:
         return None
     if isinstance(layer, L.ReduceLayer):
-        return trailing_axes(x.rank, layer.axes) if layer.op in _REDUCE_OPS else None
+        return _axes(x.rank, layer.axes) if layer.op in _REDUCE_OPS else None
     if isinstance(layer, (L.SoftMaxLayer, L.CumulativeLayer)):
-        return 1 if layer.axis % x.rank == x.rank - 1 else None
+        return (layer.axis % x.rank,)
     if isinstance(layer, L.NormalizationLayer):
         if layer.kind == L.NormalizationKind.LAYER:
-            return len(layer.normalized_shape) or None
+            k = len(layer.normalized_shape)
+            return tuple(range(x.rank - k, x.rank)) if 0 < k <= x.rank else None
         if layer.kind == L.NormalizationKind.INSTANCE and x.rank >= 3:
-            return x.rank - 2
+            return tuple(range(2, x.rank))
         if layer.kind == L.NormalizationKind.GROUP and x.rank >= 2:
-            return x.rank - 1  # the channels (split into groups: `groups_of`) and the spatial dims
+            return tuple(range(1, x.rank))  # the channels (split into groups: `groups_of`) and the spatial dims
     return None
+
+
+def kernel_order(rank: int, axes: Sequence[int]) -> tuple[int, ...] | None:
+    """The tensor dims in the kernel space's order, kept dims first (in order) and `axes` last; None where `axes`
+    are the trailing ones already (the space is the tensors' own)."""
+    order = (*(d for d in range(rank) if d not in axes), *axes)
+    return None if order == tuple(range(rank)) else order
 
 
 def groups_of(layer: L.Layer) -> int | None:
@@ -121,10 +129,10 @@ def groups_of(layer: L.Layer) -> int | None:
 
 def reduction_fusable(layer: L.Layer) -> str | None:
     """None if `layer` is a reduction the generator computes, else why not."""
-    k = reduced_axes(layer)
-    if k is None:
-        return f"{layer.KIND} over these axes is not a reduction over trailing axes the generator computes"
-    if all(d == 1 for d in layer.inputs[0].shape[-k:]):
+    axes = reduced_axes(layer)
+    if axes is None:
+        return f"{layer.KIND} is not a reduction the generator computes"
+    if all(layer.inputs[0].shape[a] == 1 for a in axes):
         return "it reduces axes of size 1"
     if isinstance(layer, L.CumulativeLayer):
         if layer.inputs[0].dtype not in VALUE_DTYPES or layer.outputs[0].dtype not in _SCANNED:
@@ -149,6 +157,7 @@ class RowKernel:
     outputs: tuple[Tensor, ...]
     rank: int  # of the tensors; the kernel's space has one more dim where `groups` splits dim 1
     reduced: int
+    order: tuple[int, ...] | None  # the tensor dims in the kernel space's order (`kernel_order`); None: their own
     row_outputs: tuple[bool, ...]
     has_max: bool
     groups: int | None = None
@@ -173,8 +182,9 @@ class _Op:
 class _Lowering:
     """A group's layers as _Ops, with each value's kind (row or full) and depth (reductions before it)."""
 
-    def __init__(self, layers: Sequence[L.Layer], inputs: Sequence[Tensor], rank: int, reduced: int) -> None:
-        self.rank, self.reduced = rank, reduced
+    def __init__(self, layers: Sequence[L.Layer], inputs: Sequence[Tensor], rank: int, axes: tuple[int, ...]
+                 ) -> None:
+        self.rank, self.axes, self.reduced = rank, axes, len(axes)
         self.ops: list[_Op] = []
         self.norms: list[tuple[object, object]] = []  # a norm's mean and variance reductions
         self.row: dict[object, bool] = {id(t): self.is_row_shape(t.shape) for t in inputs}
@@ -185,7 +195,7 @@ class _Lowering:
     def is_row_shape(self, shape: Sequence) -> bool:
         """Whether a value of this shape (right-aligned to the space) is constant along the reduced axes."""
         padded = [1] * (self.rank - len(shape)) + list(shape)
-        return all(isinstance(d, int) and d == 1 for d in padded[self.rank - self.reduced:])
+        return all(isinstance(padded[a], int) and padded[a] == 1 for a in self.axes)
 
     def splittable(self) -> bool:
         """Whether the group's only reductions are one norm's mean and variance, which a split reduction computes
@@ -240,9 +250,9 @@ class _Lowering:
                 raise NetworkError(f"{layer.KIND} layer {name!r} reads {dropped}, reduced without their kept dims")
             self.add(_Op("layer", out, tuple(id(t) for t in layer.inputs), layer=layer))
             return
-        if reduced_axes(layer) != self.reduced or layer.inputs[0].rank != self.rank:
-            raise NetworkError(f"{layer.KIND} layer {name!r} does not reduce the group's last {self.reduced} "
-                               f"axes of rank {self.rank}")
+        if reduced_axes(layer) != self.axes or layer.inputs[0].rank != self.rank:
+            raise NetworkError(f"{layer.KIND} layer {name!r} does not reduce the group's axes {list(self.axes)} "
+                               f"of rank {self.rank}")
         if isinstance(layer, L.ReduceLayer):
             self.reduce(out, x, _REDUCE_OPS[layer.op], mean=layer.op == L.ReduceOperation.AVG)
         elif isinstance(layer, L.CumulativeLayer):
@@ -671,7 +681,7 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
     first), around their reductions over trailing axes. Raises NetworkError naming what cannot be generated."""
     found = [layer for layer in layers if reduced_axes(layer) is not None]
     if not found or not outputs:
-        raise NetworkError("a reduction group needs a reduction over trailing axes and at least one output")
+        raise NetworkError("a reduction group needs a reduction the generator computes and at least one output")
     for layer in found:
         reason = reduction_fusable(layer)
         if reason is not None:
@@ -686,15 +696,16 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
         if t.dtype not in VALUE_DTYPES or t.rank > space.rank:
             raise NetworkError(f"group input {t.name!r} ({t.dtype}, rank {t.rank}) is not a float, bool or integer "
                                f"operand of rank at most {space.rank}")
-    lowering = _Lowering(layers, inputs, space.rank, reduced_axes(found[0]))
+    axes = reduced_axes(found[0])
+    lowering = _Lowering(layers, inputs, space.rank, axes)
+    kept = [space.shape[d] for d in range(space.rank) if d not in axes]
     for t in outputs:
         row = lowering.row.get(id(t))
         if row is None or any(t is i for i in inputs):
             raise NetworkError(f"group output {t.name!r} is not computed by the group's layers")
-        lead = space.rank - lowering.reduced
         whole = tuple(t.shape) == tuple(space.shape)
-        per_row = row and tuple(t.shape[:lead]) == tuple(space.shape[:lead]) and not split and (
-            t.rank == lead or all(d == 1 for d in t.shape[lead:]))
+        per_row = row and not split and (list(t.shape) == kept or t.rank == space.rank and all(
+            t.shape[d] == (1 if d in axes else space.shape[d]) for d in range(space.rank)))
         if not (whole or per_row):
             raise NetworkError(f"group output {t.name!r} of shape {list(t.shape)} is neither the space "
                                f"{list(space.shape)} nor one value per row of it" +
@@ -705,7 +716,7 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
     depth = max((lowering.depth[op.out] for op in lowering.ops if op.kind == "reduce"), default=0)
     splittable = SPLIT_STATS in text
     return RowKernel(text, tuple(inputs), tuple(source.weights), tuple(outputs), space.rank, lowering.reduced,
-                     tuple(source.row_outputs()), has_max, split, depth, splittable,
+                     kernel_order(space.rank, axes), tuple(source.row_outputs()), has_max, split, depth, splittable,
                      splittable and all(source.row_outputs()))
 
 
@@ -750,11 +761,13 @@ class RowLauncher(GroupLauncher):
         if groups is not None and shape[1] % groups:
             raise EngineInputError(f"{shape[1]} channels do not split into {groups} groups")
         space = shape if groups is None else torch.Size([shape[0], groups, shape[1] // groups, *shape[2:]])
+        order = kernel.order or range(len(space))
         lead = len(space) - kernel.reduced
-        rows, cols = math.prod(space[:lead]), math.prod(space[lead:])
+        reduced = order[lead:]
+        rows, cols = math.prod(space[d] for d in order[:lead]), math.prod(space[d] for d in reduced)
         if cols == 0 and kernel.has_max:
-            raise EngineInputError(f"a max or min over the last {kernel.reduced} dims of a {list(shape)} tensor, "
-                                   f"which hold no elements")
+            raise EngineInputError(f"a max or min over dims {list(reduced)} of a {list(shape)} tensor, which hold no "
+                                   f"elements")
         # full outputs are channels-last for channels-last readers, or after a channels-last input; else contiguous
         last = len(shape) == 4 and (self.channels_last or any(
             x.shape == shape and x.is_contiguous(memory_format=torch.channels_last) for x in inputs))
@@ -764,18 +777,24 @@ class RowLauncher(GroupLauncher):
                 outputs.append(torch.empty(shape, dtype=t.dtype, device=device,
                                            memory_format=torch.channels_last if last else torch.contiguous_format))
                 continue
-            out_shape = (*shape[:lead], *[1] * kernel.reduced) if t.rank == rank else shape[:lead]
+            out_shape = [1 if d in reduced else n for d, n in enumerate(shape)] if t.rank == rank else \
+                [shape[d] for d in order[:lead]]
             outputs.append(torch.empty(out_shape, dtype=t.dtype, device=device))
         if rows == 0:
             return outputs
         views = [self._in_space(x, space) for x in operands]
         strides = [list(v.stride()) for v in views]
-        for out, row in zip(outputs, kernel.row_outputs):
-            strides.append(list(out.stride()) + [0] * kernel.reduced if out.dim() == lead else
-                           list(self._in_space(out, space).stride()))
-        order = _column_order(strides[:len(views)], lead, len(space))
-        sizes = [*space[:lead], *(space[d] for d in order)]
-        strides = [s[:lead] + [s[d] for d in order] for s in strides]
+        for out in outputs:
+            if out.dim() == lead:  # one value per row, the reduced dims dropped
+                kept = dict(zip(order[:lead], out.stride()))
+                strides.append([kept.get(d, 0) for d in range(len(space))])
+            else:
+                strides.append(list(self._in_space(out, space).stride()))
+        space = [space[d] for d in order]
+        strides = [[s[d] for d in order] for s in strides]
+        walk = _column_order(strides[:len(views)], lead, len(space))
+        sizes = [*space[:lead], *(space[d] for d in walk)]
+        strides = [s[:lead] + [s[d] for d in walk] for s in strides]
         # Neighbouring rows share sectors (a row's contiguous run is shorter than one): a program takes `packed` of
         # them, as many as fill a sector while about one program per multiprocessor remains. Taken where it adds no
         # pass over the input: whole rows fit the tile, or one reduction deep (a mean), or rows too long for one.
