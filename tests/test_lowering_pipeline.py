@@ -135,6 +135,43 @@ def test_freezing_leaves_no_attribute_reads(mixed_lowered):
     assert "prim::GetAttr" not in kinds and "prim::CallMethod" not in kinds
 
 
+class _SharedTableMLPs(nn.Module):
+    """Blocks that each run a small MLP (linear, in-place ReLU, linear) on one shared table and add it to their
+    input, as windowed transformers make their position biases."""
+
+    def __init__(self, blocks: int = 3) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.randn(5, 2))
+        self.mlps = nn.ModuleList(nn.Sequential(nn.Linear(2, 16), nn.ReLU(inplace=True), nn.Linear(16, 4))
+                                  for _ in range(blocks))
+        self.conv, self.bn = nn.Conv2d(3, 5, 1), nn.BatchNorm2d(5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.bn(self.conv(x)).flatten(2).transpose(1, 2)[:, :5, :4]
+        for mlp in self.mlps:
+            x = x + mlp(self.table)
+        return x
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="torch concatenates shared-input linears only for weights on a GPU"))])
+def test_freezing_keeps_linears_that_share_an_input_apart(device):
+    """Freezing folds the batch norm into its convolution, as torch.jit.freeze does, but leaves the linears that
+    read one table apart on every device (torch.jit.freeze concatenates them where their weights are on a GPU,
+    and each in-place ReLU then writes into a slice: a PyTorch block for each): one engine."""
+    from torchkiln.lowering.pipeline import freeze
+
+    model = _SharedTableMLPs().eval().to(device)
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 1.5)
+    graph = freeze(torch.jit.script(model)).graph
+    kinds = [n.kind() for n in graph.nodes()]
+    assert kinds.count("aten::linear") == 6 and "aten::batch_norm" not in kinds
+    x = torch.randn(2, 3, 4, 4, device=device)
+    check_compiled(model, [x], backend="cuda" if device == "cuda" else None)
+
+
 def test_compiled_mixed_model_matches_eager():
     check_compiled(Mixed(), [torch.randn(2, 3, 8, 8)], engines=None, torch_blocks=None, min_block_size=1)
 

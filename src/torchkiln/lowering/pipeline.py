@@ -5,7 +5,8 @@ The order, and why (docs/lowering_passes.md lists every pass):
 1. Module passes read the scripted module before freezing removes its submodules.
 2. freeze: inlines every call, turns attributes (weights) into constants, folds constants,
    removes most dropout and the simple tuple and Int/NumToTensor round trips. This is LibTorch's
-   LowerGraph as well: no attribute read is left to lift into an input.
+   LowerGraph as well: no attribute read is left to lift into an input. Its optimizations are torch.jit.freeze's
+   but one (`freeze`), so the graph does not depend on the weights' device.
 3. Custom autograd Functions (prim::PythonOp) with a registered replacement are inlined first, so every
    later pass sees plain ops. Structure next, so every later pattern sees straight-line functional code: internal tuples,
    mutation, containers whose keys and indices are static (read where their elements are stored, before and
@@ -109,6 +110,28 @@ def _status(changed: bool) -> str:
     return "changed" if changed else "no change"
 
 
+def freeze(module: torch.jit.ScriptModule, method: str = "forward") -> torch.jit.ScriptModule:
+    """`module` frozen, with torch.jit.freeze's optimizations (dropout removed; batch norms, adds, subtractions,
+    multiplies and divides by constants folded into the convolution or linear before them) except its concatenation
+    of linear layers that read one input. torch concatenates those only where their weights are on a GPU, into one
+    linear whose slices replace their outputs: a graph that depends on the device, whose slices an in-place reader
+    (a ReLU(inplace=True) after each linear) then writes into, which keeps the writer and its views in PyTorch (a
+    windowed transformer whose blocks each run a position-bias MLP on one shared table: an engine a block on a GPU,
+    one engine on the CPU). The builder groups such products itself (the CUDA planner's linear groups)."""
+    preserved = [method] if method != "forward" else []
+    frozen = torch.jit.RecursiveScriptModule(torch._C._freeze_module(module._c, preserved))
+    torch.jit.RecursiveScriptModule._finalize_scriptmodule(frozen)
+    torch._C._jit_pass_remove_dropout(frozen._c)
+    folds = (torch._C._jit_pass_fold_frozen_conv_bn, torch._C._jit_pass_fold_frozen_conv_add_or_sub,
+             torch._C._jit_pass_fold_frozen_conv_mul_or_div, torch._C._jit_pass_fold_frozen_linear_bn)
+    for name in ("forward", *preserved):
+        if frozen._c._has_method(name):
+            graph = getattr(frozen, name).graph
+            while any([fold(graph) for fold in folds]):  # every fold each round: one exposes another
+                pass
+    return frozen
+
+
 def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str = "forward",
           passes: Sequence[str] | None = None, static_arguments: Sequence[StaticArgument] = ()) -> LoweredModule:
     """Freeze `module` (in eval mode) and run the lowering pipeline over `method`'s graph.
@@ -128,7 +151,7 @@ def lower(module: torch.jit.ScriptModule, settings: CompileSettings, method: str
             fired.append(p.name)
         logger.debug("module pass %s (%s): fallback modules %s", p.name, _status(changed), ctx.fallback_modules)
     with eval_mode(module):
-        frozen = torch.jit.freeze(module, preserved_attrs=[method] if method != "forward" else None)
+        frozen = freeze(module, method)
     ctx.module = frozen
     graph = getattr(frozen, method).graph
     logger.debug("graph after freeze:\n%s", graph)
