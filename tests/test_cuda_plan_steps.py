@@ -1021,3 +1021,27 @@ def test_gathers_at_indices_not_proved_in_range_stay_on_aten_with_the_reason_rep
     why = "not proved in range" if case == "input ids" else "may hold values in [1, 13], outside [0, 10)"
     reasons = [e.reason for e in fusion_report.unfused_edges(net, plan)]
     assert any(why in r and gathered.name in r for r in reasons), reasons
+
+
+@pytest.mark.parametrize("reshape, copies", [((6, 4, 5), True), ((2, 3, 20), False)], ids=["repeat", "view"])
+def test_a_repeat_is_one_generated_copy_and_a_reshape_that_views_stays_a_view(reshape, copies):
+    """expand([1, 3, 4, 5] -> [2, 3, 4, 5]) then a reshape: merging the broadcast batch dim with the heads (what
+    tensor.repeat(2, 1, 1) is) copies, in one generated indexed kernel rather than ATen's strided copy; merging the
+    last two dims is a view of the broadcast tensor, and both stay ATen views."""
+    net = Network("repeat")
+    p = net.add_input("p", torch.float32, (1, 3, 4, 5))
+    expanded = net.add_expand(p, (2, 3, 4, 5)).get_output()
+    repeated = net.add_shuffle(expanded, reshape_dims=reshape).get_output()
+    if copies:
+        q = net.add_input("q", torch.float32, (6, 7, 4))
+        out = net.add_matrix_multiply(q, L.MatrixOperation.NONE, repeated, L.MatrixOperation.NONE).get_output()
+    else:
+        out = net.add_unary(repeated, L.UnaryOperation.ABS).get_output()
+    net.mark_output(out)
+    values = [torch.randn(1, 3, 4, 5)] + ([torch.randn(6, 7, 4)] if copies else [])
+    plan, got = run_plan(net, values)
+    steps = [(plan.kernels[s.kernel].op, [net.layers[j].KIND for j in s.layers]) for s in plan.steps]
+    assert (("indexed", ["expand", "shuffle"]) in steps) == copies
+    assert (("shuffle", ["shuffle"]) in steps) == (not copies)
+    ref = ReferenceExecutor(net, CPU).run(values)
+    assert (got[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()

@@ -74,7 +74,8 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    An attention mask strided along the keys is made row-major before SDPA, whose fused kernels refuse it.
 
 8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a nearest
-   resize by a whole ratio or a linear one, a reshape of a transposed tensor), or a permute between two generated
+   resize by a whole ratio or a linear one, a reshape of a transposed tensor, a repeat: a reshape that merges an
+   expanded dim with another), or a permute between two generated
    pointwise steps (a layer scale over a channels-last view, permuted back and added to the residual), runs in a
    generated indexed kernel with the movable steps it alone feeds, down to the last one, and those that alone feed
    it, up to `MAX_SPAN` steps back (a movable step: a generated pointwise or indexed step, or a movement or
@@ -762,7 +763,8 @@ MAX_SPAN = 12  # steps a producer may run later, inside the indexed kernel it al
 
 def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> bool:
     """Whether an ATen movement step copies its input: a concatenation, a padding, a resize, a gather, a pool (a
-    window read; max pools the generated max pool kernel takes are not ATen steps), or a shuffle
+    window read; max pools the generated max pool kernel takes are not ATen steps), a shuffle that reshapes an
+    expanded tensor where no view can (a repeat: a broadcast dim merged with another), or a shuffle
     that reshapes (merging or splitting dims) the output of a transpose. Not where the transposed tensor is an attention
     layer's output: SDPA's fused backends return it laid out [N, L, H, E], so the usual transpose(1, 2) and
     reshape back to [N, L, H * E] is a view, and ATen's reshape copies only where a backend's layout needs it."""
@@ -774,6 +776,8 @@ def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> 
         return True
     if not isinstance(layer, L.ShuffleLayer) or layer.reshape_dims is None:
         return False
+    if isinstance(layer.inputs[0].producer, L.ExpandLayer):
+        return _repeats(layer)
     moved = layer.first_transpose is not None and list(layer.first_transpose) != sorted(layer.first_transpose)
     source = layer.inputs[0].producer
     while not moved and isinstance(source, L.ShuffleLayer) and graph.sole_reader(source.outputs[0]) is not None:
@@ -782,6 +786,24 @@ def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> 
         source = source.inputs[0].producer
     return moved and not isinstance(source, L.AttentionLayer) and \
         tuple(layer.inputs[0].shape) != tuple(layer.outputs[0].shape)
+
+
+def _repeats(shuffle: L.ShuffleLayer) -> bool:
+    """Whether `shuffle`, reading an expand layer's output, copies it: its first transpose or its reshape cannot be a
+    view of the broadcast (stride 0) tensor (tried on the meta device, static shapes only)."""
+    expand = shuffle.inputs[0].producer
+    shapes = [expand.inputs[0].shape, expand.outputs[0].shape, shuffle.outputs[0].shape]
+    if any(not isinstance(d, int) for shape in shapes for d in shape) or shuffle.second_transpose is not None:
+        return False
+    source, expanded, out = shapes
+    view = torch.empty([1] * (len(expanded) - len(source)) + list(source), device="meta").expand(expanded)
+    if shuffle.first_transpose is not None:
+        view = view.permute(shuffle.first_transpose)
+    try:
+        view.view(out)
+    except RuntimeError:
+        return True
+    return False
 
 
 def _indexed_refusal(network: Network, layers: list[int], graph: _Graph, max_layers: int) -> str:
