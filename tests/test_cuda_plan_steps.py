@@ -1045,3 +1045,26 @@ def test_a_repeat_is_one_generated_copy_and_a_reshape_that_views_stays_a_view(re
     assert (("shuffle", ["shuffle"]) in steps) == (not copies)
     ref = ReferenceExecutor(net, CPU).run(values)
     assert (got[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split", "merge"])
+def test_tokens_transposed_and_split_into_an_image_are_a_view(split):
+    """[N, H * W, C] tokens transposed and split into [N, C, H, W] for a convolution (a vision transformer's
+    depthwise feed-forward) is a view, channels-last, which the convolution reads as it is: no copy step. Tokens
+    transposed and merged ([N, C, H * W] into [N, C * H * W]) copy, in an indexed kernel."""
+    net = Network("tokens")
+    x = net.add_input("x", torch.float32, (2, 16, 12))
+    if split:
+        image = net.add_shuffle(x, first_transpose=(0, 2, 1), reshape_dims=(2, 12, 4, 4)).get_output()
+        out = net.add_convolution_nd(image, torch.randn(12, 1, 3, 3), torch.randn(12), stride=(1, 1),
+                                     padding=(1, 1), dilation=(1, 1), groups=12).get_output()
+    else:
+        flat = net.add_shuffle(x, first_transpose=(0, 2, 1), reshape_dims=(2, 192)).get_output()
+        out = net.add_unary(flat, L.UnaryOperation.ABS).get_output()
+    net.mark_output(out)
+    value = torch.randn(2, 16, 12)
+    plan, got = run_plan(net, [value])
+    ops = [plan.kernels[s.kernel].op for s in plan.steps if plan.kernels[s.kernel].op != "constant"]
+    assert ("indexed" in ops) == (not split)
+    ref = ReferenceExecutor(net, CPU).run([value])
+    assert (got[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()

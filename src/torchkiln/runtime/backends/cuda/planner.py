@@ -74,8 +74,9 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    An attention mask strided along the keys is made row-major before SDPA, whose fused kernels refuse it.
 
 8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a nearest
-   resize by a whole ratio or a linear one, a reshape of a transposed tensor, a repeat: a reshape that merges an
-   expanded dim with another), or a permute between two generated
+   resize by a whole ratio or a linear one, a reshape that merges dims of a transposed tensor (one that only splits
+   them is a view: tokens transposed into a channels-last image), a repeat: a reshape that merges an expanded dim
+   with another), or a permute between two generated
    pointwise steps (a layer scale over a channels-last view, permuted back and added to the residual), runs in a
    generated indexed kernel with the movable steps it alone feeds, down to the last one, and those that alone feed
    it, up to `MAX_SPAN` steps back (a movable step: a generated pointwise or indexed step, or a movement or
@@ -765,7 +766,7 @@ def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> 
     """Whether an ATen movement step copies its input: a concatenation, a padding, a resize, a gather, a pool (a
     window read; max pools the generated max pool kernel takes are not ATen steps), a shuffle that reshapes an
     expanded tensor where no view can (a repeat: a broadcast dim merged with another), or a shuffle
-    that reshapes (merging or splitting dims) the output of a transpose. Not where the transposed tensor is an attention
+    that merges dims of the output of a transpose (splitting them is a view). Not where the transposed tensor is an attention
     layer's output: SDPA's fused backends return it laid out [N, L, H, E], so the usual transpose(1, 2) and
     reshape back to [N, L, H * E] is a view, and ATen's reshape copies only where a backend's layout needs it."""
     kernel, members = step
@@ -785,7 +786,28 @@ def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> 
                     for perm in (source.first_transpose, source.second_transpose))
         source = source.inputs[0].producer
     return moved and not isinstance(source, L.AttentionLayer) and \
-        tuple(layer.inputs[0].shape) != tuple(layer.outputs[0].shape)
+        tuple(layer.inputs[0].shape) != tuple(layer.outputs[0].shape) and not _splits_only(layer)
+
+
+def _splits_only(shuffle: L.ShuffleLayer) -> bool:
+    """Whether `shuffle`'s reshape only splits dims of its (transposed) input, or adds or drops dims of size 1: a
+    view whatever the input's strides (a transposed [N, H * W, C] split into [N, C, H, W] is channels-last)."""
+    if shuffle.second_transpose is not None:
+        return False
+    shape = list(shuffle.inputs[0].shape)
+    if shuffle.first_transpose is not None:
+        shape = [shape[d] for d in shuffle.first_transpose]
+    sizes = [[d for d in dims if d != 1] for dims in (shape, shuffle.outputs[0].shape)]
+    if any(not isinstance(d, int) for dims in sizes for d in dims):
+        return False
+    parts = iter(sizes[1])
+    for d in sizes[0]:
+        product = 1
+        while product < d:
+            product *= next(parts, d + 1)  # past the last part: a product that cannot be d
+        if product != d:
+            return False
+    return next(parts, None) is None
 
 
 def _repeats(shuffle: L.ShuffleLayer) -> bool:
