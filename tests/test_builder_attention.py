@@ -266,3 +266,58 @@ def test_grouped_5d_attention_with_a_runtime_bias_keeps_its_blocked_rows():
         ref = model(q, k, v, bias)
     assert ref.isnan().any() and not ref.isnan().all()
     _assert_same(compiled(q, k, v, bias), ref)
+
+
+class _CosineWindows(nn.Module):
+    """Swin V2's window attention: cosine scores times a per-head logit scale (a tensor [H, 1, 1]), a relative
+    position bias from a small MLP over a coordinate table, the shifted windows' mask through a 5-D view."""
+
+    def __init__(self, shifted, windows=4, heads=3, length=9):
+        super().__init__()
+        self.shifted, self.windows, self.heads, self.length = shifted, windows, heads, length
+        self.logit_scale = nn.Parameter(torch.log(10 * torch.rand(heads, 1, 1) + 1))
+        self.mlp = nn.Sequential(nn.Linear(2, 16), nn.ReLU(), nn.Linear(16, heads, bias=False))
+        self.register_buffer("table", torch.randn(5, 5, 2))
+        self.register_buffer("index", torch.randint(0, 25, (length * length,)))
+        mask = torch.zeros(windows, length, length)
+        mask[1:, :4, 4:] = -100.0
+        mask[1:, 4:, :4] = -100.0
+        self.register_buffer("mask", mask)
+
+    def forward(self, q, k, v):
+        attn = nn.functional.normalize(q, dim=-1) @ nn.functional.normalize(k, dim=-1).transpose(-2, -1)
+        attn = attn * torch.clamp(self.logit_scale, max=4.6052).exp()
+        bias = self.mlp(self.table).view(-1, self.heads)[self.index].view(self.length, self.length, -1)
+        attn = attn + 16 * torch.sigmoid(bias.permute(2, 0, 1)).unsqueeze(0)
+        if self.shifted:
+            n = q.shape[0]
+            attn = attn.view(n // self.windows, self.windows, self.heads, self.length, self.length)
+            attn = (attn + self.mask.unsqueeze(1).unsqueeze(0)).view(-1, self.heads, self.length, self.length)
+        return torch.softmax(attn, dim=-1) @ v
+
+
+@pytest.mark.parametrize("shifted", [False, True], ids=["windows", "shifted-windows"])
+@pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
+def test_cosine_attention_with_a_per_head_logit_scale_is_one_attention_layer(shifted, backend):
+    """The per-head scale multiplies q instead of the scores; the rest is as written."""
+    torch.manual_seed(0)
+    model = _CosineWindows(shifted).eval()
+    q, k, v = (torch.randn(8, 3, 9, 16) for _ in range(3))
+    data = torchkiln.convert_method_to_engine(model, "forward", [torchkiln.Input.from_tensor(t) for t in (q, k, v)],
+                                              backend=backend)
+    kinds = [x.KIND for x in Engine.deserialize(data).network.layers]
+    assert kinds.count("attention") == 1 and "softmax" not in kinds and "matrix_multiply" not in kinds
+    compiled = torchkiln.compile(model, inputs=[q, k, v], backend=backend, min_block_size=1)
+    with torch.no_grad():
+        _assert_same(compiled(q, k, v), model(q, k, v))
+
+
+def test_a_multiplier_varying_along_the_keys_stays_written_out():
+    """(q @ k^T) * m with m varying along the keys is not a scale of q's rows: the softmax stays."""
+    net = Network()
+    q, k, v = (net.add_input(name, F32, (2, 3, 5, 8)) for name in "qkv")
+    scores = net.add_matrix_multiply(q, L.MatrixOperation.NONE, k, L.MatrixOperation.TRANSPOSE).get_output()
+    scaled = net.add_elementwise(scores, net.add_constant(torch.rand(1, 3, 1, 5)).get_output(), E.PROD).get_output()
+    probs = net.add_softmax(scaled, axis=3).get_output()
+    net.mark_output(net.add_matrix_multiply(probs, L.MatrixOperation.NONE, v, L.MatrixOperation.NONE).get_output())
+    assert not PASSES["attention_from_matmuls"](net, BuildSettings())

@@ -4,8 +4,9 @@ Written out, attention makes the score matrix ([..., L, S] per head, often in fp
 times (the product, the scale, the bias, the softmax, the second product). As an attention layer it runs as
 SDPA's fused kernels, which keep the scores on chip. The match, from each softmax over the last axis:
 - before it, at most one add of a bias (any tensor that broadcasts to the scores without widening them), before
-  that any multiplies or divides by a constant scalar (the scale), and before those a matrix multiply of q by k
-  transposed (its op1, or a shuffle swapping k's last two dims);
+  that any multiplies or divides by a constant scalar (the scale) and at most one multiply by a tensor constant
+  along the keys (its last dim 1: Swin V2's per-head logit scale; q is multiplied by it instead), and before those
+  a matrix multiply of q by k transposed (its op1, or a shuffle swapping k's last two dims);
 - after it, a matrix multiply of the probabilities by v (a float16/bfloat16 softmax may be widened to float32 and
   cast back around it, as `softmax(scores.float()).type_as(scores)` writes it);
 - q, k and v of rank 4 (what the fused kernels take) with the same leading dims, and every value in between read
@@ -85,7 +86,7 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
     if not isinstance(after, L.MatrixMultiplyLayer) or after.inputs[0] is not probs \
             or after.op0 != L.MatrixOperation.NONE or after.op1 != L.MatrixOperation.NONE or after.weights:
         return "its output is not the left operand of one plain matrix multiply"
-    bias, scale, t = None, 1.0, scores
+    bias, scale, multiplier, t = None, 1.0, None, scores
     window = _window_view(network, t, readers)
     if window is not None:
         t = window.scores
@@ -93,7 +94,8 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
         layer = t.producer
         if _only_reader(network, t, readers) is None:
             return f"{t.name!r} has other readers"
-        if isinstance(layer, L.ElementWiseLayer) and layer.op == E.SUM and bias is None and scale == 1.0:
+        if isinstance(layer, L.ElementWiseLayer) and layer.op == E.SUM and bias is None and scale == 1.0 \
+                and multiplier is None:
             sides = [x for x in layer.inputs if _scores_like(x)]
             if len(sides) != 1:
                 return f"add {layer.name!r}: not one product side and one bias side"
@@ -109,6 +111,8 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
                 scale, t = (scale * number if layer.op == E.PROD else scale / number), layer.inputs[0]
             else:
                 scale, t = scale * _scalar(layer.inputs[0]), layer.inputs[1]
+        elif multiplier is None and (found := _row_multiplier(layer)) is not None:
+            multiplier, t = found
         else:
             break
     first = t.producer
@@ -125,18 +129,19 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
             or not q.dtype.is_floating_point:
         return f"q, k and v are not {rank}-D of the same float dtype and matching dims"
     if rank == RANK + 1:
-        return _grouped(q, k, v, bias, scale, after)
+        return _grouped(q, k, v, bias, scale, after, multiplier)
     if window is None:
-        return q, k, v, bias, scale, after, None
+        return q, k, v, bias, scale, after, None, multiplier
     if bias is not None and L.constant_value(bias) is None:
         return "a bias added before the window view is not a constant"
     regrouped = window.regroup(L.constant_value(bias) if bias is not None else None, q.dtype)
     if isinstance(regrouped, str):
         return regrouped
-    return q, k, v, regrouped[1], scale, after, regrouped[0]
+    return q, k, v, regrouped[1], scale, after, regrouped[0], multiplier
 
 
-def _grouped(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, last: L.MatrixMultiplyLayer):
+def _grouped(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float, last: L.MatrixMultiplyLayer,
+             multiplier: Tensor | None):
     """The match of 5-D attention [B, G, H, L, d], regrouped to [N1, N2, L, d] (`_Grouping`), or why not."""
     lead = tuple(q.shape[:3])
     if not all(isinstance(d, int) for d in lead):
@@ -149,7 +154,7 @@ def _grouped(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, scale: float,
         split = min([d for d in range(2) if padded[d] != 1], default=2)
         if math.prod(lead[split:]) * padded[3] * padded[4] > MAX_BIAS_ELEMENTS:
             return f"the regrouped bias would hold {math.prod(lead[split:]) * padded[3] * padded[4]} values"
-    return q, k, v, bias, scale, last, _Grouping(lead, split)
+    return q, k, v, bias, scale, last, _Grouping(lead, split), multiplier
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,17 +246,36 @@ def _widening(t: Tensor) -> Tensor | None:
 
 
 def _scores_like(t: Tensor) -> bool:
-    """Whether `t` is made by a matrix multiply, or by a multiply or divide by a constant scalar."""
+    """Whether `t` is made by a matrix multiply, by a multiply or divide by a constant scalar, or by a multiply by a
+    tensor constant along the keys."""
     layer = t.producer
     if isinstance(layer, L.MatrixMultiplyLayer):
         return True
     return isinstance(layer, L.ElementWiseLayer) and layer.op in (E.PROD, E.DIV) \
-        and any(_scalar(x) is not None for x in layer.inputs)
+        and any(_scalar(x) is not None for x in layer.inputs) or _row_multiplier(layer) is not None
+
+
+def _row_multiplier(layer: L.Layer | None) -> tuple[Tensor, Tensor] | None:
+    """(m, x) where `layer` multiplies x (made by a matrix multiply or a scale of one) by a tensor m that is constant
+    along the keys (last dim 1) and broadcasts to x without widening it: (q @ k^T) * m == (q * m) @ k^T."""
+    if not isinstance(layer, L.ElementWiseLayer) or layer.op != E.PROD:
+        return None
+    out = layer.outputs[0]
+    for x, m in (layer.inputs, reversed(layer.inputs)):
+        padded = (1,) * (out.rank - m.rank) + tuple(m.shape)
+        if x.shape == out.shape and x.dtype == m.dtype and _scalar(m) is None and 0 < m.rank <= out.rank \
+                and padded[-1] == 1 and all(d == 1 or d == o for d, o in zip(padded, out.shape)) \
+                and isinstance(x.producer, (L.MatrixMultiplyLayer, L.ElementWiseLayer)):
+            return m, x
+    return None
 
 
 def _rewrite(network: Network, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | torch.Tensor | None, scale: float,
-             last: L.MatrixMultiplyLayer, groups: tuple[int, int] | _Grouping | None) -> None:
+             last: L.MatrixMultiplyLayer, groups: tuple[int, int] | _Grouping | None,
+             multiplier: Tensor | None) -> None:
     start = len(network.layers)
+    if multiplier is not None:  # each query row scaled as its scores were, before q is regrouped
+        q = network.add_elementwise(q, multiplier, E.PROD).get_output()
     if isinstance(groups, _Grouping):  # 5-D: q, k, v and the bias regrouped to [N1, N2]
         if bias is not None:
             bias = groups.bias(network, bias)
