@@ -5,8 +5,8 @@ times (the product, the scale, the bias, the softmax, the second product). As an
 SDPA's fused kernels, which keep the scores on chip. The match, from each softmax over the last axis:
 - before it, at most one add of a bias (any tensor that broadcasts to the scores without widening them), before
   that any multiplies or divides by a constant scalar (the scale) and at most one multiply by a tensor constant
-  along the keys (its last dim 1: Swin V2's per-head logit scale; q is multiplied by it instead), and before those
-  a matrix multiply of q by k transposed (its op1, or a shuffle swapping k's last two dims);
+  along the keys (its last dim 1: a cosine attention's per-head logit scale; q is multiplied by it instead), and
+  before those a matrix multiply of q by k transposed (its op1, or a shuffle swapping k's last two dims);
 - after it, a matrix multiply of the probabilities by v (a float16/bfloat16 softmax may be widened to float32 and
   cast back around it, as `softmax(scores.float()).type_as(scores)` writes it);
 - q, k and v of rank 4 (what the fused kernels take) with the same leading dims, and every value in between read

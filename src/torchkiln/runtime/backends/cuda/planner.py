@@ -765,10 +765,10 @@ MAX_SPAN = 12  # steps a producer may run later, inside the indexed kernel it al
 def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> bool:
     """Whether an ATen movement step copies its input: a concatenation, a padding, a resize, a gather, a pool (a
     window read; max pools the generated max pool kernel takes are not ATen steps), a shuffle that reshapes an
-    expanded tensor where no view can (a repeat: a broadcast dim merged with another), or a shuffle
-    that merges dims of the output of a transpose (splitting them is a view). Not where the transposed tensor is an attention
-    layer's output: SDPA's fused backends return it laid out [N, L, H, E], so the usual transpose(1, 2) and
-    reshape back to [N, L, H * E] is a view, and ATen's reshape copies only where a backend's layout needs it."""
+    expanded tensor where no view can (a repeat: a broadcast dim merged with another), or a shuffle that merges dims
+    of the output of a transpose (splitting them is a view). Not where the transposed tensor is an attention layer's
+    output: SDPA's fused backends return it laid out [N, L, H, E], so the usual transpose(1, 2) and reshape back to
+    [N, L, H * E] is a view, and ATen's reshape copies only where a backend's layout needs it."""
     kernel, members = step
     if kernel.kind != "aten":
         return False
