@@ -240,11 +240,14 @@ class _Grouped(nn.Module):
 @pytest.mark.parametrize("backend", ["reference", "onnxruntime"])
 def test_grouped_5d_attention_is_regrouped_into_one_attention_layer(bias_shape, groups, backend):
     """q, k, v [B, G, H, L, d] regrouped to [N1, N2, L, d], N2 the leading dims the bias varies along (the heads at
-    least); the bias expanded and reshaped to [1, N2, L, S]; the result viewed back matches eager."""
+    least); the bias expanded and reshaped to [1, N2, L, S], a constant whose rows are checked at build (no row
+    check left to run); the result viewed back matches eager."""
     torch.manual_seed(0)
     inputs = [torch.randn(2, 3, 2, 7, 8) for _ in range(3)]
     attention = _one_attention_layer(_Grouped(bias_shape).eval(), inputs, backend)
     assert [list(t.shape) for t in attention.inputs[:3]] == [groups + [7, 8]] * 3
+    if bias_shape is not None:
+        assert isinstance(attention.inputs[3].producer, L.ConstantLayer)
 
 
 class _GroupedInputBias(nn.Module):

@@ -169,14 +169,19 @@ class _Grouping:
         return math.prod(self.lead[:self.split]), math.prod(self.lead[self.split:])
 
     def bias(self, network: Network, bias: Tensor) -> Tensor:
-        """`bias` (broadcasting to [B, G, H, L, S]) as [1, N2, L, S]: expanded along N2's dims, then reshaped."""
+        """`bias` (broadcasting to [B, G, H, L, S]) as [1, N2, L, S]: expanded along N2's dims, then reshaped; a
+        constant one as a constant (so that its rows are checked here, not at every call)."""
         padded = (1,) * (RANK + 1 - bias.rank) + tuple(bias.shape)
+        full = (1,) * self.split + self.lead[self.split:] + padded[3:]
+        regrouped = (1, self.groups[1], *padded[3:])
+        value = L.constant_value(bias)
+        if value is not None:
+            return network.add_constant(value.reshape(padded).expand(full).reshape(regrouped).contiguous()).get_output()
         if bias.rank != RANK + 1:
             bias = network.add_shuffle(bias, reshape_dims=padded).get_output()
-        full = (1,) * self.split + self.lead[self.split:] + padded[3:]
         if full != padded:
             bias = network.add_expand(bias, full).get_output()
-        return network.add_shuffle(bias, reshape_dims=(1, self.groups[1], *padded[3:])).get_output()
+        return network.add_shuffle(bias, reshape_dims=regrouped).get_output()
 
 
 @dataclasses.dataclass(frozen=True)
