@@ -92,6 +92,31 @@ def test_scale_is_not_folded_when_the_convolution_output_is_read_elsewhere():
     assert not _run_pass("fold_scale_into_convolution", n)
 
 
+@pytest.mark.parametrize("kernel, groups, padding, mode", [
+    (1, 1, 0, L.ScaleMode.CHANNEL), (3, 2, 0, L.ScaleMode.CHANNEL), (3, 6, 0, L.ScaleMode.UNIFORM),
+    (3, 1, 1, L.ScaleMode.CHANNEL)], ids=["1x1", "grouped-3x3", "depthwise-uniform", "padded"])
+def test_scale_folds_into_the_next_convolution_where_it_pads_nothing(kernel, groups, padding, mode):
+    """A batch norm (scale and shift per input channel, or one for all) before a convolution: folded into its
+    kernel and bias where the convolution pads nothing (each output channel takes its own group's channels), the
+    same values; before a padded one it stays (the padded zeros would be shifted)."""
+    n = Network()
+    x = n.add_input("x", F32, (2, 6, 7, 7))
+    channels = 6 if mode == L.ScaleMode.CHANNEL else 1
+    g = torch.Generator().manual_seed(0)
+    scaled = n.add_scale(x, mode, scale=torch.rand(channels, generator=g) + 0.5,
+                         shift=torch.randn(channels, generator=g)).get_output()
+    conv = n.add_convolution_nd(scaled, torch.randn(12, 6 // groups, kernel, kernel, generator=g),
+                                torch.randn(12, generator=g), stride=(1, 1), padding=(padding, padding),
+                                dilation=(1, 1), groups=groups)
+    n.mark_output(conv.get_output())
+    x_in = torch.randn(2, 6, 7, 7, generator=g)
+    before = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    assert _run_pass("fold_scale_into_next_convolution", n) == (padding == 0)
+    assert _kinds(n) == (["convolution"] if padding == 0 else ["scale", "convolution"])
+    after = Engine(n, _bindings(n), "cpu", F32).execute([x_in])[0]
+    assert (after - before).abs().max() <= 1e-5 * before.abs().max()
+
+
 @pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
 def test_precision_lowering_keeps_declared_input_and_output_dtypes(low):
     n = Network()

@@ -5,7 +5,8 @@ The order, and why:
 1. eliminate_identities first, so every later pattern sees producers directly (a no-op cast or reshape
    between a convolution and its batch norm would hide the pair).
 2. fold_scale_into_convolution: a batch norm (a per-channel scale) after a convolution goes into its
-   kernel and bias, in fp32, before precision narrows the weights.
+   kernel and bias, in fp32, before precision narrows the weights; fold_scale_into_next_convolution then folds
+   one before a convolution that pads nothing (a pre-norm block's batch norm and 1x1 convolution).
 3. fold_constants before fold_bias_into_matrix_multiply: a bias computed from constants becomes one
    constant the bias fold can take. attention_from_matmuls between them: a position bias computed from constants
    is then one constant whose rows it can check, and the bias fold does not take the scores' matrix multiply.
@@ -41,7 +42,8 @@ from torchkiln.builder.passes.causal_attention_masks import causal_attention_mas
 from torchkiln.builder.passes.constant_folding import fold_constants
 from torchkiln.builder.passes.dead_layer_removal import remove_dead_layers
 from torchkiln.builder.passes.fold_bias_into_matrix_multiply import fold_bias_into_matrix_multiply
-from torchkiln.builder.passes.fold_scale_into_convolution import fold_scale_into_convolution
+from torchkiln.builder.passes.fold_scale_into_convolution import (fold_scale_into_convolution,
+                                                                  fold_scale_into_next_convolution)
 from torchkiln.builder.passes.fold_scale_into_matrix_multiply import fold_scale_into_matrix_multiply
 from torchkiln.builder.passes.gelu_from_pointwise import gelu_from_pointwise
 from torchkiln.builder.passes.grouped_query_attention import grouped_query_attention
@@ -57,6 +59,7 @@ logger = logging.getLogger("torchkiln.builder")
 BUILD_PIPELINE: tuple[BuildPass, ...] = (
     eliminate_identities,
     fold_scale_into_convolution,
+    fold_scale_into_next_convolution,
     fold_constants,
     gelu_from_pointwise,
     attention_from_matmuls,

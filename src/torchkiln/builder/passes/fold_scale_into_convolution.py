@@ -1,4 +1,5 @@
-"""Fold a per-channel scale (batch norm) that follows a convolution into its kernel and bias."""
+"""Fold a per-channel scale (batch norm) into the convolution before it, or into the one after it where that
+convolution pads nothing."""
 from __future__ import annotations
 
 import torch
@@ -8,27 +9,37 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 
 
+def _per_channel(scale: L.Layer, channels: int) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
+    """A scale layer's multiplier and shift, each one value per channel (dim 1) or None; None where the layer is no
+    scale of dim 1 (another axis, a power)."""
+    if not isinstance(scale, L.ScaleLayer) or "power" in scale.weights:
+        return None
+    if scale.mode == L.ScaleMode.CHANNEL and scale.channel_axis % scale.inputs[0].rank == 1:
+        return scale.weights.get("scale"), scale.weights.get("shift")
+    if scale.mode == L.ScaleMode.UNIFORM:
+        return tuple(None if name not in scale.weights else scale.weights[name].reshape(1).expand(channels)
+                     for name in ("scale", "shift"))
+    return None
+
+
+def _read_only_by(network: Network, readers: dict[int, list[L.Layer]], layer: L.Layer) -> bool:
+    out = layer.get_output()
+    return out not in network.outputs and len(readers.get(id(out), [])) == 1
+
+
 def fold_scale_into_convolution(network: Network, settings: BuildSettings) -> bool:
+    """conv'(x) for scale(conv(x)): each output channel's kernel and bias times its multiplier, plus its shift."""
     changed = False
     readers = network.consumers()
     for scale in list(network.layers):
-        if not isinstance(scale, L.ScaleLayer) or "power" in scale.weights:
-            continue
-        conv = scale.inputs[0].producer
-        if not isinstance(conv, L.ConvolutionLayer) or conv.transposed:
-            continue
-        conv_out = conv.get_output()
-        if conv_out in network.outputs or len(readers.get(id(conv_out), [])) != 1:
+        conv = scale.inputs[0].producer if isinstance(scale, L.ScaleLayer) else None
+        if not isinstance(conv, L.ConvolutionLayer) or conv.transposed or not _read_only_by(network, readers, conv):
             continue
         channels = conv.weights["kernel"].shape[0]
-        if scale.mode == L.ScaleMode.CHANNEL and scale.channel_axis % conv_out.rank == 1:
-            s = scale.weights.get("scale")
-            b = scale.weights.get("shift")
-        elif scale.mode == L.ScaleMode.UNIFORM:
-            s = None if "scale" not in scale.weights else scale.weights["scale"].reshape(1).expand(channels)
-            b = None if "shift" not in scale.weights else scale.weights["shift"].reshape(1).expand(channels)
-        else:
+        found = _per_channel(scale, channels)
+        if found is None:
             continue
+        s, b = found
         kernel = conv.weights["kernel"]
         bias = conv.weights.get("bias", torch.zeros(channels, dtype=kernel.dtype))
         if s is not None:
@@ -37,7 +48,44 @@ def fold_scale_into_convolution(network: Network, settings: BuildSettings) -> bo
         if b is not None:
             bias = bias + b
         conv.weights = {"kernel": kernel, "bias": bias}
-        network.replace_all_uses(scale.get_output(), conv_out)
+        network.replace_all_uses(scale.get_output(), conv.get_output())
+        network.remove_layers({id(scale)})
+        changed = True
+    return changed
+
+
+def fold_scale_into_next_convolution(network: Network, settings: BuildSettings) -> bool:
+    """conv'(x) for conv(scale(x)) where the convolution pads nothing (a pre-norm block's batch norm before its 1x1
+    convolution): each kernel tap times the multiplier of its input channel, and the bias plus the kernel's taps
+    times the shifts. With padding it would not be exact: the padded zeros are not shifted."""
+    changed = False
+    readers = network.consumers()
+    for conv in list(network.layers):
+        if not isinstance(conv, L.ConvolutionLayer) or conv.transposed or any(conv.padding):
+            continue
+        scale = conv.inputs[0].producer
+        if not isinstance(scale, L.ScaleLayer) or not _read_only_by(network, readers, scale):
+            continue
+        kernel = conv.weights["kernel"]
+        out_channels, per_group = kernel.shape[:2]
+        found = _per_channel(scale, per_group * conv.groups)
+        if found is None:
+            continue
+        s, b = found
+        group = torch.arange(out_channels) // (out_channels // conv.groups)  # each output channel's group
+        taps = [out_channels, per_group] + [1] * (kernel.dim() - 2)  # one value per (output, input) channel pair
+
+        def per_pair(v: torch.Tensor) -> torch.Tensor:
+            return v.reshape(conv.groups, per_group)[group].reshape(taps).to(kernel.dtype)
+
+        bias = conv.weights.get("bias")
+        bias = torch.zeros(out_channels, dtype=kernel.dtype) if bias is None else bias
+        if b is not None:
+            bias = bias + (kernel * per_pair(b)).sum(dim=tuple(range(1, kernel.dim())))
+        if s is not None:
+            kernel = kernel * per_pair(s)
+        conv.weights = {"kernel": kernel, "bias": bias}
+        network.replace_all_uses(scale.get_output(), scale.inputs[0])
         network.remove_layers({id(scale)})
         changed = True
     return changed
