@@ -125,6 +125,30 @@ def test_global_response_norm_over_the_spatial_dims_of_channels_last_activations
     assert list(got[1].shape) == [2, 1, 1, 24]
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+def test_a_sum_over_middle_axes_of_few_rows_is_reduced_in_spans(monkeypatch, layout):
+    """GRN's sum of squares over the H and W of [N, H, W, C] (rows interleaving element by element) and over the
+    H and W of channels-last [N, C, H, W] (likewise), with too few rows for the GPU (thresholds lowered): partial
+    sums of spans, then each row's total and its square root; the values match."""
+    monkeypatch.setattr(reduction, "SPLIT_MIN_COLS", 16)
+    monkeypatch.setattr(reduction, "MIN_PROGRAMS", 4096)
+    shape, axes = ((2, 9, 7, 12), (1, 2)) if layout == "contiguous" else ((2, 12, 9, 7), (2, 3))
+    net = Network("grn")
+    x = net.add_input("x", F16, shape)
+    up = net.add_cast(x, F32).get_output()
+    sq = net.add_elementwise(up, up, L.ElementWiseOperation.PROD).get_output()
+    total = net.add_reduce(sq, R.SUM, axes, True).get_output()
+    net.mark_output(net.add_unary(total, L.UnaryOperation.SQRT).get_output())
+    v = data(*shape, dtype=F16)
+    v = v.contiguous(memory_format=torch.channels_last) if layout == "channels_last" else v
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    seen = []
+    _split_launches(launcher, seen)
+    got = launcher([v.to(DEVICE)])
+    assert [name for name, _, _ in seen] == [reduction.SPLIT_STATS, reduction.SPLIT_APPLY]
+    assert_close(got[0], reference(net, {"x": v})[0])
+
+
 @pytest.mark.parametrize("axis", [0, 1, 2])
 def test_softmax_and_scans_along_any_axis(axis):
     """softmax, log-softmax and a cumulative sum along a leading or middle axis, and the last for comparison."""
