@@ -176,6 +176,28 @@ def test_a_norm_over_middle_axes_is_generated_with_its_prologue():
     assert_matches(got[0], module(x))
 
 
+class SiblingReductions(nn.Module):
+    """Reductions of one input computed apart: its softmax along the tokens, its mean and its sum over them; and a
+    channel gate from the average and the max over the spatial dims (two reductions of one feature map)."""
+
+    def forward(self, x, f):
+        tokens = torch.softmax(x, dim=1) * x.mean(1, keepdim=True) + x.sum(1, keepdim=True).abs().sqrt()
+        gate = torch.sigmoid(f.mean((2, 3), keepdim=True) + f.amax((2, 3), keepdim=True))
+        return tokens, gate
+
+
+def test_sibling_reductions_of_one_input_are_one_kernel():
+    """Reductions over the same space and axes that read the same input join one row kernel with the pointwise
+    work between them: one pass over each input instead of one a reduction."""
+    module = SiblingReductions()
+    x, f = torch.rand(2, 5, 8) + 0.1, torch.randn(2, 6, 4, 4)
+    steps, got = planned(network(module, (2, 5, 8), (2, 6, 4, 4)), [x, f])
+    assert [op for op, _ in steps if op != "constant"] == ["rows", "rows"]
+    assert sorted(kinds.count("reduce") + kinds.count("softmax") for kinds in rows(steps)) == [2, 3]
+    for g, r in zip(got, module(x, f)):
+        assert_matches(g, r)
+
+
 def test_group_norm_and_silu_are_one_kernel():
     from torchkiln.examples.blocks import GroupNormResBlock
 

@@ -13,7 +13,8 @@ A *row group* grows from each reduction, in layer order: it takes, to a fixpoint
   outputs (epilogue), where their output is the reduction's whole iteration space or one value per row of it, or
   a tensor broadcast over it that only the group reads (a mask's `~keep`: computed where the group reads it);
 - other reductions over the same space and axes (a softmax after the mask add, the second statistic of a norm
-  written out in layers, the next norm of a residual stream).
+  written out in layers, the next norm of a residual stream), and those that read what its members read (sibling
+  reductions of one input: its mean and its sum of squares computed apart, one pass over it).
 A layer joins only where the group stays legal: it is in no other group; the group runs at its first layer, so
 everything it reads from outside is made before that layer (no cycle, nothing reordered); and the kernel reads at
 most `MAX_OPERANDS` tensors. Each join saves at least one write and one read of the joined layer's output (an
@@ -164,6 +165,8 @@ def row_groups(network: Network, taken: Collection[int] = ()) -> list[list[int]]
             for m in sorted(members):
                 near = [graph.index[id(t.producer)] for t in graph.layers[m].inputs if t.producer is not None]
                 near += [r for t in graph.layers[m].outputs for r in graph.readers.get(id(t), [])]
+                near += [r for t in graph.layers[m].inputs if not isinstance(t.producer, L.ConstantLayer)
+                         for r in graph.readers.get(id(t), []) if classify(graph.layers[r]) == OpClass.REDUCTION]
                 for k in near:
                     if k in members:
                         continue
