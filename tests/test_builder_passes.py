@@ -117,6 +117,30 @@ def test_scale_folds_into_the_next_convolution_where_it_pads_nothing(kernel, gro
     assert (after - before).abs().max() <= 1e-5 * before.abs().max()
 
 
+def test_scales_fold_by_who_reads_them_after_each_fold():
+    """conv -> s1 -> {s2, relu}: s1 folds into the convolution, whose output then has two readers, so s2 stays (a
+    count of readers taken before the first fold would fold s2 too and scale relu's input twice); a scale of one
+    value for every channel before a convolution folds like one of a value per channel."""
+    n = Network()
+    x = n.add_input("x", F32, (1, 3, 6, 6))
+    g = torch.Generator().manual_seed(1)
+    conv = n.add_convolution_nd(x, torch.randn(4, 3, 1, 1, generator=g), torch.randn(4, generator=g), stride=(1, 1),
+                                padding=(0, 0), dilation=(1, 1))
+    s1 = n.add_scale(conv.get_output(), L.ScaleMode.CHANNEL, scale=torch.rand(4, generator=g) + 0.5).get_output()
+    n.mark_output(n.add_scale(s1, L.ScaleMode.CHANNEL, scale=torch.rand(4, generator=g) + 2).get_output())
+    n.mark_output(n.add_activation(s1, L.ActivationType.RELU).get_output())
+    one = n.add_scale(x, L.ScaleMode.CHANNEL, scale=torch.tensor([1.5]), shift=torch.tensor([0.25])).get_output()
+    n.mark_output(n.add_convolution_nd(one, torch.randn(4, 3, 1, 1, generator=g), None, stride=(1, 1),
+                                       padding=(0, 0), dilation=(1, 1)).get_output())
+    x_in = torch.randn(1, 3, 6, 6, generator=g)
+    before = Engine(n, _bindings(n), "cpu", F32).execute([x_in])
+    assert _run_pass("fold_scale_into_convolution", n)
+    assert _run_pass("fold_scale_into_next_convolution", n)
+    assert _kinds(n) == ["convolution", "scale", "activation", "convolution"]
+    for got, ref in zip(Engine(n, _bindings(n), "cpu", F32).execute([x_in]), before):
+        assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
 @pytest.mark.parametrize("low", [torch.float16, torch.bfloat16])
 def test_precision_lowering_keeps_declared_input_and_output_dtypes(low):
     n = Network()

@@ -172,6 +172,25 @@ def test_freezing_keeps_linears_that_share_an_input_apart(device):
     check_compiled(model, [x], backend="cuda" if device == "cuda" else None)
 
 
+class _OnlyInfer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
+
+    @torch.jit.export
+    def infer(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.conv(x))
+
+
+def test_freezing_a_module_without_forward_folds_its_method():
+    """A scripted module whose only method is exported (no forward) freezes with that method kept and its batch
+    norm folded, as torch.jit.freeze does."""
+    from torchkiln.lowering.pipeline import freeze
+
+    kinds = [n.kind() for n in freeze(torch.jit.script(_OnlyInfer().eval()), "infer").infer.graph.nodes()]
+    assert "aten::conv2d" in kinds and "aten::batch_norm" not in kinds
+
+
 def test_compiled_mixed_model_matches_eager():
     check_compiled(Mixed(), [torch.randn(2, 3, 8, 8)], engines=None, torch_blocks=None, min_block_size=1)
 

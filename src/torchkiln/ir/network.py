@@ -354,6 +354,12 @@ class Network:
                 users.setdefault(id(t), []).append(layer)
         return users
 
+    def sole_reader(self, t: Tensor, readers: dict[int, list[L.Layer]]) -> L.Layer | None:
+        """The one layer that reads `t` (once), where `t` is not a network output; else None. `readers` is
+        `consumers()`, which the caller computes once and again after a rewrite that changes who reads what."""
+        found = readers.get(id(t), [])
+        return found[0] if len(found) == 1 and t not in self.outputs else None
+
     def __str__(self) -> str:
         from torchkiln.ir.dump import dump
 

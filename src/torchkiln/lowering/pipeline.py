@@ -121,7 +121,8 @@ def freeze(module: torch.jit.ScriptModule, method: str = "forward") -> torch.jit
     preserved = [method] if method != "forward" else []
     frozen = torch.jit.RecursiveScriptModule(torch._C._freeze_module(module._c, preserved))
     torch.jit.RecursiveScriptModule._finalize_scriptmodule(frozen)
-    torch._C._jit_pass_remove_dropout(frozen._c)
+    if frozen._c._has_method("forward"):  # torch's pass reads forward only; remove_dropout takes the other methods
+        torch._C._jit_pass_remove_dropout(frozen._c)
     folds = (torch._C._jit_pass_fold_frozen_conv_bn, torch._C._jit_pass_fold_frozen_conv_add_or_sub,
              torch._C._jit_pass_fold_frozen_conv_mul_or_div, torch._C._jit_pass_fold_frozen_linear_bn)
     for name in ("forward", *preserved):

@@ -4,9 +4,10 @@ Written out, attention makes the score matrix ([..., L, S] per head, often in fp
 times (the product, the scale, the bias, the softmax, the second product). As an attention layer it runs as
 SDPA's fused kernels, which keep the scores on chip. The match, from each softmax over the last axis:
 - before it, at most one add of a bias (any tensor that broadcasts to the scores without widening them), before
-  that any multiplies or divides by a constant scalar (the scale) and at most one multiply by a tensor constant
-  along the keys (its last dim 1: a cosine attention's per-head logit scale; q is multiplied by it instead), and
-  before those a matrix multiply of q by k transposed (its op1, or a shuffle swapping k's last two dims);
+  that any multiplies or divides by a constant scalar (the scale) and at most one multiply by a tensor (of any
+  values) constant along the keys (its last dim 1: a cosine attention's per-head logit scale; q is multiplied by
+  it instead), and before those a matrix multiply of q by k transposed (its op1, or a shuffle swapping k's last
+  two dims);
 - after it, a matrix multiply of the probabilities by v (a float16/bfloat16 softmax may be widened to float32 and
   cast back around it, as `softmax(scores.float()).type_as(scores)` writes it);
 - q, k and v of rank 4 (what the fused kernels take) with the same leading dims, and every value in between read
@@ -56,11 +57,6 @@ def attention_from_matmuls(network: Network, settings: BuildSettings) -> bool:
     return changed
 
 
-def _only_reader(network: Network, t: Tensor, readers: dict[int, list[L.Layer]]) -> L.Layer | None:
-    users = readers.get(id(t), [])
-    return users[0] if len(users) == 1 and t not in network.outputs else None
-
-
 def _scalar(t: Tensor) -> float | None:
     value = L.constant_value(t)
     if value is None or value.numel() != 1 or not value.is_floating_point():
@@ -70,19 +66,20 @@ def _scalar(t: Tensor) -> float | None:
 
 
 def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.Layer]]):
-    """(q, k, v, bias, scale, the last matrix multiply), or why `softmax` does not start attention."""
+    """(q, k, v, bias, scale, the last matrix multiply, the regrouping of 4-D windows or 5-D heads or None, the
+    multiplier of the scores' rows or None), or why `softmax` does not start attention."""
     scores = softmax.inputs[0]
     rank = scores.rank
     if softmax.log or rank not in (RANK, RANK + 1) or softmax.axis % rank != rank - 1:
         return "not a softmax over the last axis of a 4-D or 5-D tensor"
     probs = softmax.get_output()
-    after = _only_reader(network, probs, readers)
+    after = network.sole_reader(probs, readers)
     widened = _widening(scores)
     if widened is not None:  # softmax(scores.float()).type_as(scores): SDPA's softmax is in fp32 already
         if not isinstance(after, L.CastLayer) or after.to_type != widened.dtype:
             return "a softmax widened to float32 is not cast back to the scores' dtype"
         probs, scores = after.get_output(), widened
-        after = _only_reader(network, probs, readers)
+        after = network.sole_reader(probs, readers)
     if not isinstance(after, L.MatrixMultiplyLayer) or after.inputs[0] is not probs \
             or after.op0 != L.MatrixOperation.NONE or after.op1 != L.MatrixOperation.NONE or after.weights:
         return "its output is not the left operand of one plain matrix multiply"
@@ -92,7 +89,7 @@ def _match(network: Network, softmax: L.SoftMaxLayer, readers: dict[int, list[L.
         t = window.scores
     while True:
         layer = t.producer
-        if _only_reader(network, t, readers) is None:
+        if network.sole_reader(t, readers) is None:
             return f"{t.name!r} has other readers"
         if isinstance(layer, L.ElementWiseLayer) and layer.op == E.SUM and bias is None and scale == 1.0 \
                 and multiplier is None:
@@ -218,16 +215,16 @@ def _window_view(network: Network, t: Tensor, readers: dict[int, list[L.Layer]])
     """The window view ending at `t` (4-D scores = reshape(reshape(x, 5-D) + constant) with x of t's shape), or
     None."""
     back = t.producer
-    if not _plain_reshape(back) or _only_reader(network, t, readers) is None:
+    if not _plain_reshape(back) or network.sole_reader(t, readers) is None:
         return None
     added = back.inputs[0].producer
     if not isinstance(added, L.ElementWiseLayer) or added.op != E.SUM \
-            or _only_reader(network, back.inputs[0], readers) is None:
+            or network.sole_reader(back.inputs[0], readers) is None:
         return None
     for viewed, other in (added.inputs, reversed(added.inputs)):
         forth, bias = viewed.producer, L.constant_value(other)
         if _plain_reshape(forth) and bias is not None and bias.dim() <= 5 and viewed.shape == added.get_output().shape \
-                and _only_reader(network, viewed, readers) is not None:
+                and network.sole_reader(viewed, readers) is not None:
             x, view = forth.inputs[0], tuple(viewed.shape)
             static = all(isinstance(d, int) for d in (*view, *x.shape))
             if static and x.shape == t.shape and len(view) == 5 and view[0] * view[1] == x.shape[0] \

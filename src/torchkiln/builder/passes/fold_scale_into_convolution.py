@@ -10,21 +10,17 @@ from torchkiln.ir.network import Network
 
 
 def _per_channel(scale: L.Layer, channels: int) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
-    """A scale layer's multiplier and shift, each one value per channel (dim 1) or None; None where the layer is no
-    scale of dim 1 (another axis, a power)."""
+    """A scale layer's multiplier and shift, each `channels` values (one per channel of dim 1) or None; None where
+    the layer is no scale of dim 1 (another axis, a power)."""
     if not isinstance(scale, L.ScaleLayer) or "power" in scale.weights:
         return None
-    if scale.mode == L.ScaleMode.CHANNEL and scale.channel_axis % scale.inputs[0].rank == 1:
-        return scale.weights.get("scale"), scale.weights.get("shift")
-    if scale.mode == L.ScaleMode.UNIFORM:
-        return tuple(None if name not in scale.weights else scale.weights[name].reshape(1).expand(channels)
-                     for name in ("scale", "shift"))
-    return None
-
-
-def _read_only_by(network: Network, readers: dict[int, list[L.Layer]], layer: L.Layer) -> bool:
-    out = layer.get_output()
-    return out not in network.outputs and len(readers.get(id(out), [])) == 1
+    if not (scale.mode == L.ScaleMode.UNIFORM or
+            scale.mode == L.ScaleMode.CHANNEL and scale.channel_axis % scale.inputs[0].rank == 1):
+        return None
+    found = [scale.weights.get(name) for name in ("scale", "shift")]
+    if any(w is not None and w.numel() not in (1, channels) for w in found):
+        return None
+    return tuple(None if w is None else w.reshape(-1).expand(channels) for w in found)
 
 
 def fold_scale_into_convolution(network: Network, settings: BuildSettings) -> bool:
@@ -33,7 +29,8 @@ def fold_scale_into_convolution(network: Network, settings: BuildSettings) -> bo
     readers = network.consumers()
     for scale in list(network.layers):
         conv = scale.inputs[0].producer if isinstance(scale, L.ScaleLayer) else None
-        if not isinstance(conv, L.ConvolutionLayer) or conv.transposed or not _read_only_by(network, readers, conv):
+        if not isinstance(conv, L.ConvolutionLayer) or conv.transposed \
+                or network.sole_reader(conv.get_output(), readers) is not scale:
             continue
         channels = conv.weights["kernel"].shape[0]
         found = _per_channel(scale, channels)
@@ -50,6 +47,7 @@ def fold_scale_into_convolution(network: Network, settings: BuildSettings) -> bo
         conv.weights = {"kernel": kernel, "bias": bias}
         network.replace_all_uses(scale.get_output(), conv.get_output())
         network.remove_layers({id(scale)})
+        readers = network.consumers()  # the convolution's output now has the scale's readers
         changed = True
     return changed
 
@@ -64,7 +62,7 @@ def fold_scale_into_next_convolution(network: Network, settings: BuildSettings) 
         if not isinstance(conv, L.ConvolutionLayer) or conv.transposed or any(conv.padding):
             continue
         scale = conv.inputs[0].producer
-        if not isinstance(scale, L.ScaleLayer) or not _read_only_by(network, readers, scale):
+        if not isinstance(scale, L.ScaleLayer) or network.sole_reader(scale.get_output(), readers) is not conv:
             continue
         kernel = conv.weights["kernel"]
         out_channels, per_group = kernel.shape[:2]
@@ -87,5 +85,6 @@ def fold_scale_into_next_convolution(network: Network, settings: BuildSettings) 
         conv.weights = {"kernel": kernel, "bias": bias}
         network.replace_all_uses(scale.get_output(), scale.inputs[0])
         network.remove_layers({id(scale)})
+        readers = network.consumers()  # the scale's input now has the convolution for a reader
         changed = True
     return changed

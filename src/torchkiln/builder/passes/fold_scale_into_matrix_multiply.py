@@ -11,7 +11,6 @@ import torch
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.tensor import Tensor
 
 
 def _column_weights(scale: L.ScaleLayer, columns: int) -> tuple[torch.Tensor | None, torch.Tensor | None] | None:
@@ -29,22 +28,18 @@ def _column_weights(scale: L.ScaleLayer, columns: int) -> tuple[torch.Tensor | N
 def fold_scale_into_matrix_multiply(network: Network, settings: BuildSettings) -> bool:
     changed = False
     readers = network.consumers()
-
-    def sole_reader(t: Tensor) -> L.Layer | None:
-        found = readers.get(id(t), [])
-        return found[0] if len(found) == 1 and t not in network.outputs else None
-
     for matmul in list(network.layers):
         if not isinstance(matmul, L.MatrixMultiplyLayer) or matmul.op1 == L.MatrixOperation.VECTOR:
             continue
         weight = matmul.inputs[1].producer
         if not isinstance(weight, L.ConstantLayer) or weight.weights["value"].dim() != 2 \
-                or sole_reader(weight.get_output()) is not matmul or not matmul.get_output().dtype.is_floating_point:
+                or network.sole_reader(weight.get_output(), readers) is not matmul \
+                or not matmul.get_output().dtype.is_floating_point:
             continue
         value = matmul.get_output()
-        layer = sole_reader(value)
+        layer = network.sole_reader(value, readers)
         while isinstance(layer, L.ShuffleLayer) and layer.keeps_last_dim():
-            layer = sole_reader(layer.get_output())
+            layer = network.sole_reader(layer.get_output(), readers)
         if not isinstance(layer, L.ScaleLayer):
             continue
         w = weight.weights["value"]

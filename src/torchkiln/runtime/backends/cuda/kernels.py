@@ -262,7 +262,7 @@ def _pointwise(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
 
 @maker("generated", "rows")
 def _rows(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
-    """The step's reductions over trailing axes, with their pointwise prologue and epilogue, as one generated
+    """The step's reductions over one set of axes, with their pointwise prologue and epilogue, as one generated
     Triton kernel (codegen/reduction.py)."""
     from torchkiln.runtime.backends.cuda.codegen.reduction import compile_group
 

@@ -812,7 +812,8 @@ def _splits_only(shuffle: L.ShuffleLayer) -> bool:
 
 def _repeats(shuffle: L.ShuffleLayer) -> bool:
     """Whether `shuffle`, reading an expand layer's output, copies it: its first transpose or its reshape cannot be a
-    view of the broadcast (stride 0) tensor (tried on the meta device, static shapes only)."""
+    view of the broadcast (stride 0) tensor (tried on the meta device, static shapes only, the expand's input taken
+    as contiguous: where it is not, a copy may be missed, which costs time, never a wrong value)."""
     expand = shuffle.inputs[0].producer
     shapes = [expand.inputs[0].shape, expand.outputs[0].shape, shuffle.outputs[0].shape]
     if any(not isinstance(d, int) for shape in shapes for d in shape) or shuffle.second_transpose is not None:

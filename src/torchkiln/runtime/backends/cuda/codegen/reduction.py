@@ -678,7 +678,7 @@ def constant_sizes(static: bool, fn: str) -> bool:
 
 def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> RowKernel:
     """The kernel computing `outputs` from `inputs` through `layers` (in an order where each layer's inputs come
-    first), around their reductions over trailing axes. Raises NetworkError naming what cannot be generated."""
+    first), around their reductions over one set of axes. Raises NetworkError naming what cannot be generated."""
     found = [layer for layer in layers if reduced_axes(layer) is not None]
     if not found or not outputs:
         raise NetworkError("a reduction group needs a reduction the generator computes and at least one output")
