@@ -38,7 +38,7 @@ def _untransposed(network: Network, operand: Tensor, readers: dict[int, list[L.L
         return direct
     scaled = operand.producer
     i = _scalar_elementwise(scaled)
-    if i is None or len(readers.get(id(operand), [])) != 1 or operand in network.outputs:
+    if i is None or network.sole_reader(operand, readers) is None:
         return None
     moved = L.matrix_transposed(scaled.inputs[i])
     if moved is None:

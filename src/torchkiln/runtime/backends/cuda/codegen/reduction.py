@@ -742,6 +742,8 @@ class RowLauncher(GroupLauncher):
         from torchkiln.runtime.backends.cuda.codegen.compile import load_source
 
         super().__init__(kernel, channels_last)  # 4-D full outputs channels-last (read by channels-last convolutions)
+        # the tensor dims a kernel over another order than theirs reduces (its keep-dims row outputs' dims of 1)
+        self._reduced_dims = frozenset(kernel.order[kernel.rank - kernel.reduced:]) if kernel.order else frozenset()
         module = load_source(kernel.source)
         # per tile orientation (rows along its first axis, or along its second: TRANSPOSED)
         self._persistent, self._looped, self._split = {}, {}, {}
@@ -761,13 +763,13 @@ class RowLauncher(GroupLauncher):
         if groups is not None and shape[1] % groups:
             raise EngineInputError(f"{shape[1]} channels do not split into {groups} groups")
         space = shape if groups is None else torch.Size([shape[0], groups, shape[1] // groups, *shape[2:]])
-        order = kernel.order or range(len(space))
+        order = kernel.order
+        ordered = space if order is None else torch.Size([space[d] for d in order])  # the kernel's space
         lead = len(space) - kernel.reduced
-        reduced = order[lead:]
-        rows, cols = math.prod(space[d] for d in order[:lead]), math.prod(space[d] for d in reduced)
+        rows, cols = math.prod(ordered[:lead]), math.prod(ordered[lead:])
         if cols == 0 and kernel.has_max:
-            raise EngineInputError(f"a max or min over dims {list(reduced)} of a {list(shape)} tensor, which hold no "
-                                   f"elements")
+            dims = list(order[lead:]) if order else list(range(lead, len(space)))
+            raise EngineInputError(f"a max or min over dims {dims} of a {list(shape)} tensor, which hold no elements")
         # full outputs are channels-last for channels-last readers, or after a channels-last input; else contiguous
         last = len(shape) == 4 and (self.channels_last or any(
             x.shape == shape and x.is_contiguous(memory_format=torch.channels_last) for x in inputs))
@@ -777,23 +779,22 @@ class RowLauncher(GroupLauncher):
                 outputs.append(torch.empty(shape, dtype=t.dtype, device=device,
                                            memory_format=torch.channels_last if last else torch.contiguous_format))
                 continue
-            out_shape = [1 if d in reduced else n for d, n in enumerate(shape)] if t.rank == rank else \
-                [shape[d] for d in order[:lead]]
+            if t.rank != rank:  # the reduced dims dropped: the kept ones, in order
+                out_shape = ordered[:lead]
+            elif order is None:
+                out_shape = (*shape[:lead], *[1] * kernel.reduced)
+            else:
+                out_shape = [1 if d in self._reduced_dims else n for d, n in enumerate(shape)]
             outputs.append(torch.empty(out_shape, dtype=t.dtype, device=device))
         if rows == 0:
             return outputs
         views = [self._in_space(x, space) for x in operands]
         strides = [list(v.stride()) for v in views]
         for out in outputs:
-            if out.dim() == lead:  # one value per row, the reduced dims dropped
-                kept = dict(zip(order[:lead], out.stride()))
-                strides.append([kept.get(d, 0) for d in range(len(space))])
-            else:
-                strides.append(list(self._in_space(out, space).stride()))
-        space = [space[d] for d in order]
-        strides = [[s[d] for d in order] for s in strides]
-        walk = _column_order(strides[:len(views)], lead, len(space))
-        sizes = [*space[:lead], *(space[d] for d in walk)]
+            strides.append(list(out.stride()) + [0] * kernel.reduced if out.dim() == lead else
+                           list(self._in_space(out, space).stride()))
+        walk = _column_order(strides[:len(views)], lead, len(ordered))
+        sizes = [*ordered[:lead], *(ordered[d] for d in walk)]
         strides = [s[:lead] + [s[d] for d in walk] for s in strides]
         # Neighbouring rows share sectors (a row's contiguous run is shorter than one): a program takes `packed` of
         # them, as many as fill a sector while about one program per multiprocessor remains. Taken where it adds no
@@ -908,11 +909,12 @@ class RowLauncher(GroupLauncher):
 
     def _in_space(self, x: torch.Tensor, space: torch.Size) -> torch.Tensor:
         """`x` as a view over the kernel's space: right-aligned to the tensors' rank, dim 1 split into groups for a
-        group norm, broadcast."""
+        group norm, broadcast to `space` (the tensors'), its dims in the kernel's order."""
         x = x.reshape([1] * (self.kernel.rank - x.dim()) + list(x.shape)) if x.dim() < self.kernel.rank else x
         if self.kernel.groups is not None:
             x = x.unsqueeze(1) if x.shape[1] == 1 else x.unflatten(1, (self.kernel.groups, -1))
-        return x.expand(space)
+        x = x.expand(space)
+        return x if self.kernel.order is None else x.permute(self.kernel.order)
 
 
 def _transposed(packed: int, run: int | None) -> bool:
