@@ -279,13 +279,16 @@ def test_a_quantize_joins_the_pointwise_kernel_that_makes_its_input(divide):
     assert int(ref.max()) == 100 and int(ref.min()) == -100  # the layer's own bounds, reached
 
 
-def test_a_quantize_per_channel_stays_on_aten():
+def test_a_quantize_or_dequantize_per_channel_stays_on_aten():
     from torchkiln.runtime.backends.cuda.codegen.pointwise import fusable
 
     net = Network("q_axis")
     x = net.add_input("x", torch.float32, (4, 8))
     q = net.add_layer(L.QuantizeLayer, [x], weights={"scale": torch.rand(8) + 0.1}, quant_type=I8, axis=1)
-    assert fusable(q) == "a quantize per channel, or with a zero point"
+    assert fusable(q) == "a quantize per channel"
+    dq = net.add_layer(L.DequantizeLayer, [q.get_output()], weights={"scale": torch.rand(8) + 0.1}, quant_type=I8,
+                       axis=1)
+    assert fusable(dq) == "a dequantize per channel"
 
 
 def _quantize_network(quant_type: torch.dtype, shape: tuple[int, ...] = (4, 40)) -> Network:

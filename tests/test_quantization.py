@@ -16,6 +16,7 @@ from harness import assert_matches_eager, session_graph
 import torchkiln
 from torchkiln.compiler import compile_with_report
 from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
 from torchkiln.onnx_export import network_to_onnx
 from torchkiln.runtime.backends.onnxruntime import DISABLED_OPTIMIZERS, session_onnx
 from torchkiln.runtime.engine import Engine
@@ -210,16 +211,30 @@ def test_layer_that_quantizes_badly_stays_in_float_and_is_named(caplog):
 
 
 def test_layers_a_backend_has_no_quantized_kernel_for_stay_in_float():
-    """The cuda backend has quantized matrix multiplies only: its convolutions stay in float with that reason (a
-    convolution of dequantized values would run slower than in float); ONNX Runtime quantizes both."""
+    """The cuda backend quantizes 2-D convolutions of one group and matrix multiplies: a grouped convolution stays in
+    float with that reason (a convolution of dequantized values would run slower than in float); ONNX Runtime
+    quantizes every one."""
     from torchkiln.builder.quantization import QuantizedLayer, without_kernels
 
-    layers = [QuantizedLayer("c", "convolution", 1.0, 0.01), QuantizedLayer("m", "matrix_multiply", 1.0, 0.01),
+    net = Network("kinds")
+    x = net.add_input("x", torch.float32, (1, 4, 8, 8))
+    for name, groups in (("c", 1), ("g", 2)):
+        conv = net.add_convolution_nd(x, torch.randn(4, 4 // groups, 3, 3), None, stride=(1, 1), padding=(1, 1),
+                                      dilation=(1, 1), groups=groups)
+        conv.name = name
+    mm = net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
+                                 L.MatrixOperation.NONE)
+    mm.name = "m"
+    bad = net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
+                                  L.MatrixOperation.NONE)
+    bad.name = "bad"
+    layers = [QuantizedLayer("c", "convolution", 1.0, 0.01), QuantizedLayer("g", "convolution", 1.0, 0.01),
+              QuantizedLayer("m", "matrix_multiply", 1.0, 0.01),
               QuantizedLayer("bad", "matrix_multiply", 1.0, 0.5, kept="quantized output error 0.5")]
-    cuda = without_kernels(layers, "cuda")
-    assert [q.kept for q in cuda] == ["the cuda backend has no quantized convolution kernel", "",
-                                      "quantized output error 0.5"]
-    assert without_kernels(layers, "onnxruntime") == layers
+    cuda = without_kernels(layers, "cuda", net)
+    assert [q.kept for q in cuda] == ["", "the cuda backend has no quantized convolution kernel of its form: only a "
+                                      "convolution of one group", "", "quantized output error 0.5"]
+    assert without_kernels(layers, "onnxruntime", net) == layers
 
 
 def test_without_precision_checks_the_same_layer_would_lose_its_signal():

@@ -32,9 +32,6 @@ class EngineBackend:
     devices: tuple[str, ...]  # the device kinds it runs on
     where: str  # where it runs, for an error: "runs on {where}, not on cuda:0"
     doc: str
-    # the layer kinds it runs on quantized kernels: post-training quantization quantizes only these (the reference
-    # runs every quantized layer's meaning, for checking; its speed is not the point)
-    quantized: tuple[str, ...] = ("convolution", "matrix_multiply")
 
 
 # The registry's backends, by name, in the order they are documented; the registry checks that it has exactly these.
@@ -43,7 +40,7 @@ ENGINE_BACKENDS: dict[str, EngineBackend] = {
     "onnxruntime": EngineBackend(("cpu",), "the CPU", "ONNX Runtime sessions on the CPU; layers ONNX cannot express "
                                                      "run on the reference"),
     "cuda": EngineBackend(("cuda",), "a CUDA device", "fused kernels from cuDNN, cuBLAS and Triton, one CUDA graph per "
-                                                     "input shape, on a CUDA device", quantized=("matrix_multiply",)),
+                                                     "input shape, on a CUDA device"),
 }
 AUTO_BACKEND = {"cpu": "onnxruntime", "cuda": "cuda"}  # what backend="auto" means on each device kind
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm, indexed, layout, pointwise, pooling, reduction
+from torchkiln.runtime.backends.cuda.codegen import (depthwise, gemm, indexed, layout, pointwise, pooling,
+                                                     quantized_conv, reduction)
 
 CLASSES = ("library", "generated", "aten", "copies", "idle")
 _ROWS = (reduction.KERNEL, reduction.LOOPED, reduction.SPLIT_STATS, reduction.SPLIT_APPLY)
 GENERATED = (pointwise.KERNEL_NAME, *_ROWS, *(name + reduction.TRANSPOSED for name in _ROWS),
              reduction.SPLIT_APPLY + reduction.TRANSPOSED + reduction.SUB_ROWS, reduction.SPLIT_MERGE,
-             gemm.KERNEL_NAME,
+             gemm.KERNEL_NAME, quantized_conv.KERNEL_NAME,
              pooling.KERNEL_NAME, depthwise.KERNEL_NAME, indexed.KERNEL_NAME, layout.KERNEL_NAME)  # every kernel
 # function the generators name
 

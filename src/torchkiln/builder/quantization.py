@@ -31,10 +31,10 @@ from torchkiln.enums import CalibrationAlgo
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.reference import dequantize, run_layer
+from torchkiln.runtime.backends import BACKENDS
 from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.executor import ReferenceExecutor
 from torchkiln.runtime.integer_kernels import FULL_WEIGHT_MAX, weight_max
-from torchkiln.settings_table import ENGINE_BACKENDS
 
 logger = logging.getLogger("torchkiln.builder")
 
@@ -156,13 +156,17 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
             for name in candidates]
 
 
-def without_kernels(layers: list[QuantizedLayer], backend: str) -> list[QuantizedLayer]:
-    """`layers`, those of a kind `backend` has no quantized kernel for kept in float (quantized, such a layer runs
-    as a float layer over dequantized values: slower than in float, and less exact)."""
-    runs = ENGINE_BACKENDS[backend].quantized
-    return [q if q.kept or q.kind in runs else
-            dataclasses.replace(q, kept=f"the {backend} backend has no quantized {q.kind.replace('_', ' ')} kernel")
-            for q in layers]
+def without_kernels(layers: list[QuantizedLayer], backend: str, network: Network) -> list[QuantizedLayer]:
+    """`layers` (of `network`), those `backend` has no quantized kernel for kept in float (quantized, such a layer
+    runs as a float layer over dequantized values: slower than in float, and less exact)."""
+    refusal = BACKENDS[backend].quantized
+    by_name = {layer.name: layer for layer in network.layers}
+    out = []
+    for q in layers:
+        why = None if q.kept else refusal(by_name[q.name])
+        out.append(q if why is None else dataclasses.replace(
+            q, kept=f"the {backend} backend has no quantized {q.kind.replace('_', ' ')} kernel of its form: {why}"))
+    return out
 
 
 def _read_cache(path: str | None, name: str, quant_type: torch.dtype, algo: CalibrationAlgo,
@@ -241,7 +245,7 @@ def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBind
             _write_cache(request.cache_file, name, request.quant_type, request.algorithm, layers, top)
     else:
         logger.info("engine %s: calibration ranges read from %s", name, request.cache_file)
-    layers = without_kernels(layers, settings.backend)
+    layers = without_kernels(layers, settings.backend, reference)
     plan = QuantizationPlan(request.quant_type, tuple((q.name, q.amax) for q in layers if not q.kept),
                             tuple((q.name, q.output_amax) for q in layers if not q.kept and q.output_amax is not None),
                             top)

@@ -1,6 +1,8 @@
 """What passes and exporters ask of quantize and dequantize layers and the layers between them."""
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 from torchkiln.ir import layers as L
@@ -43,3 +45,16 @@ def dequantized_constants(network: Network) -> set[int]:
             if isinstance(layer, L.ConstantLayer) and layer.outputs[0].dtype == torch.int8
             and id(layer.outputs[0]) not in outputs and readers.get(id(layer.outputs[0]))
             and all(isinstance(r, L.DequantizeLayer) for r in readers[id(layer.outputs[0])])}
+
+
+def kernel_values(layer: L.ConvolutionLayer, weights: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+    """A quantized convolution's kernel as values of its kernel type (its stored float32 values divided by each output
+    channel's scale, rounded to the type), from `weights` (the layer's own, or a copy of them on a device)."""
+    weights = layer.weights if weights is None else weights
+    kernel, scale = weights["kernel"], weights["kernel_scale"]
+    shaped = scale.reshape([-1] + [1] * (kernel.dim() - 1)).to(kernel.device)
+    lo, hi = L.QUANT_RANGE[layer.kernel_type]
+    q = torch.round(kernel / shaped).clamp(lo, hi) if layer.kernel_type == torch.int8 else \
+        (kernel / shaped).clamp(lo, hi)
+    return q.to(layer.kernel_type)
+

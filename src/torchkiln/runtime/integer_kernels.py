@@ -22,7 +22,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.quantization import dequantized_constants
+from torchkiln.ir.quantization import dequantized_constants, kernel_values
 
 # x86 instruction sets whose int8 dot products ORT's integer kernels use without saturating
 _EXACT_INT8_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
@@ -64,9 +64,8 @@ def exact_for(network: Network, unsigned_weights: bool = False) -> bool:
                 sum(_dequantized_activation(t) for t in layer.inputs) > 1:
             return False
         if isinstance(layer, L.ConvolutionLayer) and layer.kernel_type == torch.int8 and not unsigned_weights:
-            kernel, scale = layer.weights["kernel"], layer.weights["kernel_scale"]
-            if scale.numel() != kernel.shape[0] or \
-                    not _narrow(torch.round(kernel.float() / scale.reshape([-1] + [1] * (kernel.dim() - 1)))):
+            if layer.weights["kernel_scale"].numel() != layer.weights["kernel"].shape[0] or \
+                    not _narrow(kernel_values(layer)):
                 return False
         elif isinstance(layer, L.DequantizeLayer) and layer.quant_type == torch.int8 and \
                 isinstance(layer.inputs[0].producer, L.ConstantLayer) and \

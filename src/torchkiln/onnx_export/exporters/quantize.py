@@ -19,7 +19,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.quantization import as_uint8, clamps_at_zero, order_preserving, per_tensor_int8
+from torchkiln.ir.quantization import as_uint8, clamps_at_zero, kernel_values, order_preserving, per_tensor_int8
 from torchkiln.ir.tensor import Tensor
 from torchkiln.onnx_export.context import CONTRIB_DOMAIN, ExportContext, exporter
 
@@ -196,12 +196,8 @@ def _dequantize(ctx: ExportContext, layer: L.DequantizeLayer, xs: list[str]) -> 
 
 def quantized_kernel(ctx: ExportContext, layer: L.ConvolutionLayer) -> str:
     """A quantized convolution's kernel: its values per output channel in the kernel type, dequantized."""
-    kernel, scale = layer.weights["kernel"], layer.weights["kernel_scale"]
-    shaped = scale.reshape([-1] + [1] * (kernel.dim() - 1))
-    lo, hi = L.QUANT_RANGE[layer.kernel_type]
-    q = torch.round(kernel / shaped).clamp(lo, hi) if layer.kernel_type == torch.int8 else \
-        (kernel / shaped).clamp(lo, hi)
-    q, zero = q.to(layer.kernel_type), torch.zeros(scale.shape, dtype=layer.kernel_type)
+    scale = layer.weights["kernel_scale"]
+    q, zero = kernel_values(layer), torch.zeros(scale.shape, dtype=layer.kernel_type)
     if ctx.unsigned_weights and layer.kernel_type == torch.int8:  # (`network_to_onnx(unsigned_weights=True)`)
         q, zero = as_uint8(q), as_uint8(zero)
     return ctx.node("DequantizeLinear", [ctx.constant(q, "kernel"),

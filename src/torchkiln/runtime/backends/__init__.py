@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import torch
 
+from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable, Runner, SessionModels
 from torchkiln.runtime.executor import ReferenceExecutor
@@ -37,12 +38,21 @@ _warned: set[str] = set()
 @dataclasses.dataclass(frozen=True)
 class Backend:
     """A registry row: the device kinds a backend runs on, how it lowers a network to its plan for a device
-    (at build time, or on load where no stored plan fits this machine), and how it runs a plan."""
+    (at build time, or on load where no stored plan fits this machine), how it runs a plan, and which layers it
+    runs quantized."""
 
     devices: frozenset[str]
     target: Callable[[torch.device], Target]  # what a plan made here is for; a stored plan fits if equal
     plan: Callable[[Network, torch.device, BackendOptions], Plan]
     runner: Callable[[Network, Plan, torch.device, BackendOptions, SessionModels | None], Runner]  # see make_runner
+    # why the backend runs a convolution or matrix multiply that post-training quantization could quantize in float
+    # (it has no quantized kernel of that layer's form); None where it runs it quantized. The reference runs every
+    # quantized layer's meaning, for checking: its speed is not the point.
+    quantized: Callable[[L.Layer], str | None]
+
+
+def _quantizes_all(layer: L.Layer) -> str | None:
+    return None
 
 
 def _reference_target(device: torch.device) -> Target:
@@ -93,6 +103,12 @@ def _cuda_plan(network: Network, device: torch.device, options: BackendOptions) 
     return made
 
 
+def _cuda_quantized(layer: L.Layer) -> str | None:
+    from torchkiln.runtime.backends.cuda.codegen.quantized_conv import convolution_form
+
+    return convolution_form(layer) if isinstance(layer, L.ConvolutionLayer) else None
+
+
 def _cuda_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions,
                  models: SessionModels | None = None) -> Runner:
     from torchkiln.runtime.backends.cuda.runner import CudaRunner
@@ -101,9 +117,9 @@ def _cuda_runner(network: Network, plan: Plan, device: torch.device, options: Ba
 
 
 _IMPLEMENTATIONS = {
-    "reference": (_reference_target, _reference_plan, _reference_runner),
-    "onnxruntime": (_onnxruntime_target, _onnxruntime_plan, _onnxruntime_runner),
-    "cuda": (_cuda_target, _cuda_plan, _cuda_runner),
+    "reference": (_reference_target, _reference_plan, _reference_runner, _quantizes_all),
+    "onnxruntime": (_onnxruntime_target, _onnxruntime_plan, _onnxruntime_runner, _quantizes_all),
+    "cuda": (_cuda_target, _cuda_plan, _cuda_runner, _cuda_quantized),
 }
 if set(_IMPLEMENTATIONS) != set(ENGINE_BACKENDS):  # a backend a user can name is one the registry has, and back
     raise ImportError(f"backends implemented {sorted(_IMPLEMENTATIONS)} differ from settings_table.ENGINE_BACKENDS "

@@ -35,6 +35,8 @@ EPILOGUES = {
     "matrix_multiply": _CUBLAS,
     "linear_group": _CUBLAS,
     "quantized_matmul": "the quantized matrix multiply takes its dequantize epilogue only (rule 3)",
+    "dequantized_conv": "the dequantize and cuDNN's float convolution take no epilogue (rule 3c, where the "
+                        "generated quantized convolution was not timed faster)",
     "attention": "SDPA takes no epilogue (rule 5)",
     "layer_norm": "CUDA's layer norm takes no epilogue (rule 4, without Triton)",
     "patch_conv": "the patch GEMM takes no epilogue",
@@ -304,12 +306,13 @@ def _max_pool(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) -> str:
 
 
 def _quantized_products(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) -> str:
-    if ctx.is_step(b, "generated", "quantized_gemm") and isinstance(r, L.DequantizeLayer):
-        return f"the reader is a generated quantized GEMM (rule 3b): it reads its activation quantized from memory " \
-               f"(quantizing it in the GEMM's loads was measured slower), and {p.KIND} {p.name!r} writes it"
-    if ctx.is_step(a, "generated", "quantized_gemm"):
-        return "the generated quantized GEMM (rule 3b) took the pointwise step that alone reads its product as its " \
-               f"epilogue; {r.KIND} {r.name!r} is not part of it"
+    for op, what in (("quantized_gemm", "GEMM (rule 3b)"), ("quantized_conv", "convolution (rule 3c)")):
+        if ctx.is_step(b, "generated", op) and isinstance(r, L.DequantizeLayer):
+            return f"the reader is a generated quantized {what}: it reads its activation quantized from memory " \
+                   f"(quantizing it in the product's loads was measured slower), and {p.KIND} {p.name!r} writes it"
+        if ctx.is_step(a, "generated", op):
+            return f"the generated quantized {what} took the pointwise step that alone reads its product as its " \
+                   f"epilogue; {r.KIND} {r.name!r} is not part of it"
     return ""
 
 

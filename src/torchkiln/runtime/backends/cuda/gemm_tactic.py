@@ -25,7 +25,7 @@ from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.base import BackendOptions
 from torchkiln.runtime.backends.cuda import quant_kernels, timing
-from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm, multiprocessors
+from torchkiln.runtime.backends.cuda.codegen import depthwise, gemm, multiprocessors, quantized_conv
 from torchkiln.runtime.backends.cuda.kernels import StepLayers, epilogue_inputs, make_step
 from torchkiln.runtime.backends.cuda.runner import placed_weight
 from torchkiln.runtime.plan import Kernel
@@ -54,8 +54,9 @@ def group_io(network: Network, members: Sequence[int], readers: dict[int, list[L
 @dataclasses.dataclass(frozen=True)
 class Request:
     """A product (layer index), the pointwise layers of its epilogue, the library steps that compute the same, the
-    generated kernel's kind ("gemm", "depthwise" or "quantized_gemm", a row of the kernel table), and the layers
-    before the product that the generated step takes in (a quantized product's dequantize layers and weight)."""
+    generated kernel's kind ("gemm", "depthwise", "quantized_gemm" or "quantized_conv", a row of the kernel table),
+    and the layers before the product that the generated step takes in (a quantized product's dequantize layers and
+    weight)."""
 
     product: int
     epilogue: tuple[int, ...]
@@ -90,8 +91,7 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
             same[key].append(i)
             continue
         same[key] = []
-        values = {id(t): _sample(t, timing.opt_shape(t.shape), device,
-                                 request.kind == "depthwise" and t is network.layers[request.product].inputs[0])
+        values = {id(t): _sample(t, timing.opt_shape(t.shape), device, t is _convolution_input(network, request))
                   for t in inputs}
         runs = {"library": _steps(network, request.library, values, readers, returned, device, options,
                                   _converts_output(network, request, readers))}
@@ -123,12 +123,12 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
 def _describe(network: Network, request: Request, readers: dict[int, list[L.Layer]], returned: set[int],
               device: torch.device) -> tuple[str, list[Tensor], list[gemm.Config | depthwise.Config]]:
     """The request's timing-cache key, the merged step's inputs, and the configurations to time. The key holds the
-    generated source (a depthwise convolution's holds its window, stride, padding and dilation) and the library
-    steps' kernel rows (their layout) and the candidates."""
+    generated source (a depthwise convolution's holds its window, stride, padding and dilation; a quantized one's
+    are added), the library steps' kernel rows (their layout) and the candidates."""
     inputs, outputs = group_io(network, request.members, readers, returned)
     layer = network.layers[request.product]
     rest = [network.layers[j] for j in request.epilogue]
-    if request.kind == quant_kernels.GENERATED_OP:
+    if request.kind in (quant_kernels.GENERATED_OP, quant_kernels.GENERATED_CONV_OP):
         source = quant_kernels.generated_kernel([network.layers[j] for j in request.members],
                                                 [id(t) for t in inputs], outputs)[0].source
     else:
@@ -142,6 +142,11 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
     if request.kind == "depthwise":
         key.append([[k.op, [list(o) for o in k.tactic]] for k, _ in request.library])
         configs = depthwise.candidates(*out)
+    elif request.kind == quant_kernels.GENERATED_CONV_OP:
+        kernel = layer.weights["kernel"]
+        key.append([list(layer.stride), list(layer.padding), list(layer.dilation)])  # (launch constants, not source)
+        configs = quantized_conv.candidates(out[0] * out[2] * out[3], out[1], math.prod(kernel.shape[1:]),
+                                            kernel.shape[1], multiprocessors(device))
     else:
         conv = isinstance(layer, L.ConvolutionLayer)
         n = out[1] if conv else out[-1]
@@ -158,12 +163,24 @@ def _triton_version() -> str:
     return triton.__version__
 
 
+def _convolution_input(network: Network, request: Request) -> Tensor | None:
+    """The tensor a depthwise or quantized convolution request reads as its input (a quantized one's, through its
+    dequantize), which the convolution stack around it makes channels-last; None for other requests."""
+    layer = network.layers[request.product]
+    if request.kind == "depthwise":
+        return layer.inputs[0]
+    if request.kind == quant_kernels.GENERATED_CONV_OP:
+        return layer.inputs[0].producer.inputs[0]
+    return None
+
+
 def _sample(t: Tensor, shape: tuple[int, ...], device: torch.device, channels_last: bool = False) -> torch.Tensor:
     """A value of `t`'s dtype at `shape` for timing (channels-last if asked)."""
     if not t.dtype.is_floating_point:
-        return torch.ones(shape, device=device, dtype=t.dtype)
-    value = torch.randn(shape, device=device).to(t.dtype)
-    return value.contiguous(memory_format=torch.channels_last) if channels_last else value
+        value = torch.ones(shape, device=device, dtype=t.dtype)
+    else:
+        value = torch.randn(shape, device=device).to(t.dtype)
+    return value.contiguous(memory_format=torch.channels_last) if channels_last and value.dim() == 4 else value
 
 
 def _converts_output(network: Network, request: Request, readers: dict[int, list[L.Layer]]) -> bool:

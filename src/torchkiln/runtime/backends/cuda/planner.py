@@ -27,6 +27,13 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    bias and pointwise layers in its epilogue) against those library steps; the faster is kept
    (`generated`/`quantized_gemm`). A per-tensor int8 quantize is a pointwise layer (rule 2), so it joins the
    kernel that makes its input.
+   3c. **Quantized convolutions**: a 2-D convolution of a quantized kernel (one group) whose input is a per-tensor
+   dequantized value it alone reads is one step with that dequantize (`library`/`dequantized_conv`: the dequantize,
+   then cuDNN's float convolution, channels-last); where timing is on, it and the generated pointwise step that
+   alone reads its output are timed as one generated implicit GEMM on the quantized values with those layers as its
+   epilogue (codegen/quantized_conv.py: `generated`/`quantized_conv`), and the faster is kept. A dequantize is
+   computed where it is read: it joins no producer's pointwise group, and a pointwise group that alone reads it
+   takes it in, so steps write int8 or fp8 values between quantized layers, not float ones.
    **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
    become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
 4. **Row groups** (fusion.py): each reduction over any axes (reduce, softmax, layer, instance and group norm) or
@@ -110,14 +117,16 @@ from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import attention, have_triton
 from torchkiln.runtime.backends.cuda.kernels import CHANNELS_LAST_OUT, takes_channels_last
 from torchkiln.runtime.backends.cuda.patches import patch_convolution
+from torchkiln.runtime.backends.cuda.quant_kernels import CONV_KERNEL as QUANTIZED_CONV
+from torchkiln.runtime.backends.cuda.quant_kernels import GENERATED_CONV_OP, quantized_convolutions, quantized_matmuls
 from torchkiln.runtime.backends.cuda.quant_kernels import GENERATED_OP as GENERATED_QUANTIZED
-from torchkiln.runtime.backends.cuda.quant_kernels import KERNEL as QUANTIZED_MATMUL, quantized_matmuls
+from torchkiln.runtime.backends.cuda.quant_kernels import KERNEL as QUANTIZED_MATMUL
 from torchkiln.runtime.plan import Kernel, Plan, Step, Target, target_here
 
 logger = logging.getLogger(__name__)
 
 POINTWISE = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.ScaleLayer, L.SelectLayer,
-             L.QuantizeLayer)
+             L.QuantizeLayer, L.DequantizeLayer)
 HALF = (torch.float16, torch.bfloat16)
 
 
@@ -208,9 +217,13 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
         first_at[len(groups)] = members[0]
         groups.append((kernel, members))
         assigned.update(members)
-    for members in quantized_matmuls(network, graph.sole_reader, lambda: torch.cuda.get_device_capability(device)):
+    capability = lambda: torch.cuda.get_device_capability(device)  # noqa: E731  (asked only for fp8)
+    for members in quantized_matmuls(network, graph.sole_reader, capability):
         groups.append((QUANTIZED_MATMUL, members))  # at its last member, the multiply
         assigned.update(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
+    for members in quantized_convolutions(network, graph.sole_reader, capability):
+        groups.append((QUANTIZED_CONV, members))  # at the convolution
+        assigned.update(members)
     for members in _shared_input_linears(network, graph):
         first_at[len(groups)] = min(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
         groups.append((Kernel("library", "linear_group"), members))
@@ -322,8 +335,9 @@ def _product_requests(network: Network, groups: list[tuple[Kernel, list[int]]]) 
 
 
 def _quantized_requests(network: Network, groups: list[tuple[Kernel, list[int]]], graph: _Graph) -> Replaced:
-    """Rule 3b: a quantized matrix multiply step, with the generated pointwise step that alone reads its product (the
-    cast back to half precision and what follows it) as its epilogue, as one generated quantized GEMM."""
+    """Rules 3b and 3c: a quantized matrix multiply or convolution step, with the generated pointwise step that alone
+    reads its product (the cast back to half precision and what follows it) as its epilogue, as one generated
+    quantized GEMM or convolution."""
     from torchkiln.runtime.backends.cuda.codegen.gemm import quantized_gemm_layer
 
     owner: dict[int, int] = {}  # layer index -> the group that computes it (constants aside: every reader has them)
@@ -333,19 +347,24 @@ def _quantized_requests(network: Network, groups: list[tuple[Kernel, list[int]]]
                 owner.setdefault(j, g)
     found: Replaced = {}
     for g, (kernel, members) in enumerate(groups):
-        if kernel != QUANTIZED_MATMUL or quantized_gemm_layer(mm := network.layers[max(members)]) is not None:
+        if kernel == QUANTIZED_CONV:
+            kind = GENERATED_CONV_OP
+        elif kernel == QUANTIZED_MATMUL and quantized_gemm_layer(network.layers[max(members)]) is None:
+            kind = GENERATED_QUANTIZED
+        else:
             continue
+        product = network.layers[max(members)]
         steps, prologue = [g], [j for j in members if j != max(members)]
-        reader = graph.sole_reader(mm.outputs[0])
+        reader = graph.sole_reader(product.outputs[0])
         p = owner.get(graph.index[id(reader)]) if reader is not None else None
         epilogue: tuple[int, ...] = ()
         if p is not None and p not in found and groups[p][0].kind == "generated" and groups[p][0].op == "pointwise" \
-                and all(t.shape == mm.outputs[0].shape
+                and all(t.shape == product.outputs[0].shape
                         for t in gemm_tactic.group_io(network, groups[p][1], graph.readers, graph.returned)[1]):
             steps.append(p)
             epilogue = tuple(groups[p][1])
-        found[steps[-1]] = (gemm_tactic.Request(max(members), epilogue, tuple(groups[k] for k in steps),
-                                                GENERATED_QUANTIZED, tuple(sorted(prologue))), tuple(steps))
+        found[steps[-1]] = (gemm_tactic.Request(max(members), epilogue, tuple(groups[k] for k in steps), kind,
+                                                tuple(sorted(prologue))), tuple(steps))
     return found
 
 
@@ -619,6 +638,14 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
             placed.update((id(t), target_group) for t in layer.outputs)
         for t in layer.outputs:
             group_of[id(t)] = target_group
+        if isinstance(layer, L.DequantizeLayer):
+            continue  # (`_join_refusal`: its readers take it in)
+        for t in layer.inputs:  # a dequantize this layer alone reads runs inside its group (`_dequantize_into`)
+            moved = _dequantize_into(t, target_group, out, network, graph, placed)
+            if moved is not None:
+                out[target_group] = (out[target_group][0], sorted(out[target_group][1] + out[moved][1]))
+                out[moved] = None
+                group_of[id(t)] = placed[id(t)] = target_group
         for t in layer.inputs:  # an earlier open group this layer also reads joins its group
             earlier = group_of.get(id(t))
             if earlier is None or earlier >= target_group:
@@ -637,12 +664,28 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
     return [step for step in out if step is not None]
 
 
+def _dequantize_into(t, g: int, out: list[tuple[Kernel, list[int]] | None], network: Network, graph: _Graph,
+                     placed: dict[int, int]) -> int | None:
+    """The index in `out` of the generated step that only dequantizes into `t`, where the layer of group `g` reading
+    `t` is its only reader, `t` has the group's shape and what it reads is made before step `g`; else None."""
+    d = placed.get(id(t))
+    if d is None or d == g or out[d] is None or out[d][0] != Kernel("generated", "pointwise") or len(out[d][1]) != 1 \
+            or not isinstance(t.producer, L.DequantizeLayer) or graph.sole_reader(t) is None \
+            or t.shape != network.layers[out[g][1][0]].outputs[0].shape:
+        return None
+    q = t.producer.inputs[0]
+    return d if q.producer is None or placed.get(id(q), -1) < g else None
+
+
 def _join_refusal(layer: L.Layer, lead: L.Layer, g: int, made: set[int], placed: dict[int, int],
                   group_of: dict[int, int]) -> str:
     """Why pointwise `layer` cannot join the open group at step `g` led by `lead` (whose value it reads), or "": what
     it reads is made by a step before the group's, or by the group itself (`placed`, `group_of`: tensor id -> the step
     making it, the open group making it; `made`: the ids of the tensors layers make), and its output has the group's
-    shape."""
+    shape. A dequantize joins no producer's group: it is computed where its value is read (a reader's group takes it
+    in), so a step writes the int8 or fp8 value, not the float one two to four times its size."""
+    if isinstance(layer, L.DequantizeLayer):
+        return "a dequantize is computed where its value is read"
     late = [x.name for x in layer.inputs
             if not (id(x) not in made or placed.get(id(x), g) < g or group_of.get(id(x)) == g)]
     if late:

@@ -16,6 +16,11 @@ Where Triton is installed, the planner also times a generated quantized GEMM (`q
 codegen/gemm.py) for such a multiply: the integer or fp8 product with the dequantize epilogue, the bias and the
 pointwise layers after it (the cast back to half precision, an activation and its next quantize, a residual) in
 one kernel.
+
+A 2-D convolution of a quantized kernel (one group) whose input is a per-tensor dequantized value it alone reads is
+one step with that dequantize: on the library, the dequantize and the float convolution, channels-last
+(`dequantized_conv`); generated, where timing picks it, an implicit GEMM on the quantized values with the pointwise
+layers after it (`quantized_conv`, codegen/quantized_conv.py).
 """
 from __future__ import annotations
 
@@ -26,7 +31,12 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.runtime.backends.cuda.kernels import StepFn, StepLayers, epilogue_inputs, maker, step_output
+from torchkiln.ir.quantization import kernel_values
+from torchkiln.ir.reference import MEANINGS
+from torchkiln.runtime.backends.cuda.codegen.quantized_conv import quantized_conv_layer
+from torchkiln.runtime.backends.cuda.kernels import (QUANTIZED_CONVOLUTIONS, StepFn, StepLayers, channels_last_input,
+                                                     epilogue_inputs, maker, step_output)
+from torchkiln.runtime.executor import convolve
 from torchkiln.runtime.plan import Kernel
 
 if TYPE_CHECKING:
@@ -35,6 +45,8 @@ if TYPE_CHECKING:
 
 KERNEL = Kernel("library", "quantized_matmul")
 GENERATED_OP = "quantized_gemm"  # the generated kernel's row: Kernel("generated", GENERATED_OP, (("config", ...),))
+CONV_KERNEL = Kernel("library", QUANTIZED_CONVOLUTIONS[0], (("channels_last", True),))
+GENERATED_CONV_OP = QUANTIZED_CONVOLUTIONS[1]
 ALIGN = {torch.int8: 8, torch.float8_e4m3fn: 16}  # K and N must be multiples of this for cuBLASLt
 FP8_CAPABILITY = (8, 9)  # fp8 tensor cores: Ada and Hopper on
 
@@ -70,6 +82,41 @@ def quantized_matmuls(network: Network, sole_reader: Callable[[object], L.Layer 
             continue
         found.append(sorted(index[id(x)] for x in (constant, dqw, dqx, mm)))
     return found
+
+
+def quantized_convolutions(network: Network, sole_reader: Callable[[object], L.Layer | None],
+                           capability: Callable[[], tuple[int, int]]) -> list[list[int]]:
+    """The members (indices: the input's dequantize layer, the convolution) of each convolution that runs as one
+    quantized step on a GPU of `capability()` (asked only for fp8): a generated kernel computes it
+    (`quantized_conv_layer`), and its input is a float32 value, dequantized per tensor from its kernel's type (with
+    a zero point only for int8), that it alone reads."""
+    index = {id(layer): j for j, layer in enumerate(network.layers)}
+    found = []
+    for j, conv in enumerate(network.layers):
+        if quantized_conv_layer(conv) is not None:
+            continue
+        dq = conv.inputs[0].producer
+        if not isinstance(dq, L.DequantizeLayer) or dq.quant_type != conv.kernel_type or dq.axis is not None \
+                or dq.to_type != torch.float32 or dq.weights["scale"].numel() != 1 \
+                or sole_reader(dq.outputs[0]) is not conv:
+            continue
+        zero = dq.weights.get("zero_point")
+        if zero is not None and (zero.numel() != 1 or (conv.kernel_type != torch.int8 and bool(zero.any()))):
+            continue
+        if conv.kernel_type == torch.float8_e4m3fn and tuple(capability()) < FP8_CAPABILITY:
+            continue
+        found.append([index[id(dq)], j])
+    return found
+
+
+@maker(CONV_KERNEL.kind, CONV_KERNEL.op)
+def _dequantized_conv(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    """The dequantize, then the float convolution (channels-last), as their meanings compute them."""
+    (dq, conv), (dq_weights, conv_weights) = step.layers, step.weights
+    dequantize = MEANINGS[L.DequantizeLayer]
+    weight, bias = conv_weights["kernel"], conv_weights.get("bias")
+    return lambda xs: [convolve(conv, dequantize(dq, [channels_last_input(xs[0])], dq_weights, xs[0].device), weight,
+                                bias, allow_tf32)]
 
 
 @maker(KERNEL.kind, KERNEL.op)
@@ -110,26 +157,38 @@ def _quantized_matmul(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> Ste
 
 
 class QuantizedProduct:
-    """The roles of a quantized multiply's step layers: the activation's and the weight's dequantize layers, the
-    weight's constant, the multiply, and the pointwise layers after it."""
+    """The roles of a quantized product's step layers: the product (a matrix multiply or a convolution), the
+    activation's dequantize layer, a multiply's weight dequantize layer and constant (None for a convolution, whose
+    kernel is its own weight), and the pointwise layers after it."""
 
     def __init__(self, layers: list[L.Layer]) -> None:
-        self.mm = next(layer for layer in layers if isinstance(layer, L.MatrixMultiplyLayer))
-        self.dqx, self.dqw = self.mm.inputs[0].producer, self.mm.inputs[1].producer
-        self.constant = self.dqw.inputs[0].producer
-        own = {id(self.mm), id(self.dqx), id(self.dqw), id(self.constant)}
+        self.product = next(layer for layer in layers if isinstance(layer, (L.MatrixMultiplyLayer, L.ConvolutionLayer)))
+        self.dqx = self.product.inputs[0].producer
+        self.dqw = self.constant = None
+        if isinstance(self.product, L.MatrixMultiplyLayer):
+            self.dqw = self.product.inputs[1].producer
+            self.constant = self.dqw.inputs[0].producer
+        own = {id(x) for x in (self.product, self.dqx, self.dqw, self.constant) if x is not None}
         self.epilogue = [layer for layer in layers if id(layer) not in own]
+
+    @property
+    def zero_point(self) -> int:
+        """The activation's zero point (0 without one)."""
+        zero = self.dqx.weights.get("zero_point")
+        return 0 if zero is None else int(zero.reshape(()))
 
 
 def generated_kernel(layers: list[L.Layer], inputs: Sequence[int], outputs: Sequence[Tensor]
                      ) -> tuple[GemmKernel, QuantizedProduct]:
-    """The generated quantized GEMM of a step's `layers` (`QuantizedProduct`'s roles), reading `inputs` (tensor ids,
-    the step's order) and writing `outputs`."""
-    from torchkiln.runtime.backends.cuda.codegen.gemm import generate
+    """The generated quantized GEMM or convolution of a step's `layers` (`QuantizedProduct`'s roles), reading
+    `inputs` (tensor ids, the step's order) and writing `outputs`."""
+    from torchkiln.runtime.backends.cuda.codegen import gemm, quantized_conv
 
     roles = QuantizedProduct(layers)
-    reads = epilogue_inputs(roles.mm, roles.epilogue, inputs)
-    return generate(roles.mm, roles.epilogue, reads, outputs, roles.dqw.quant_type), roles
+    reads = epilogue_inputs(roles.product, roles.epilogue, inputs)
+    if roles.dqw is None:
+        return quantized_conv.generate(roles.product, roles.epilogue, reads, outputs, roles.zero_point), roles
+    return gemm.generate(roles.product, roles.epilogue, reads, outputs, roles.dqw.quant_type), roles
 
 
 @maker("generated", GENERATED_OP)
@@ -141,9 +200,26 @@ def _quantized_gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepF
     scale_x = weights[id(roles.dqx)]["scale"].reshape(()).float()
     columns = (scale_x * weights[id(roles.dqw)]["scale"].float().reshape(-1)).contiguous()
     weight = weights[id(roles.constant)]["value"]  # [N, K]: the generated GEMM takes x @ W.T only
-    launch = GemmLauncher(generated, roles.mm, Config.parse(str(kernel.option("config", ""))), columns)
+    launch = GemmLauncher(generated, roles.product, Config.parse(str(kernel.option("config", ""))), columns)
     x_at = step.inputs.index(id(roles.dqx.inputs[0]))
     at = [step.inputs.index(id(t)) for t in generated.inputs]  # the epilogue's other inputs, in launch order
-    bias = weights[id(roles.mm)].get("bias")
+    bias = weights[id(roles.product)].get("bias")
     bias = None if bias is None else bias.float()
     return lambda xs: launch(xs[x_at], weight, bias, [xs[k] for k in at])
+
+
+@maker("generated", GENERATED_CONV_OP)
+def _quantized_conv(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
+    from torchkiln.runtime.backends.cuda.codegen.gemm import Config
+    from torchkiln.runtime.backends.cuda.codegen.quantized_conv import QuantizedConvLauncher
+
+    weights = {id(layer): w for layer, w in zip(step.layers, step.weights)}
+    generated, roles = generated_kernel(step.layers, step.inputs, [step_output(step.layers, o) for o in step.outputs])
+    conv_weights = weights[id(roles.product)]
+    columns = weights[id(roles.dqx)]["scale"].reshape(()).float() * conv_weights["kernel_scale"].float().reshape(-1)
+    bias = conv_weights.get("bias")
+    launch = QuantizedConvLauncher(generated, roles.product, Config.parse(str(kernel.option("config", ""))),
+                                   kernel_values(roles.product, conv_weights), columns, None if bias is None else bias.float())
+    x_at = step.inputs.index(id(roles.dqx.inputs[0]))
+    at = [step.inputs.index(id(t)) for t in generated.inputs]
+    return lambda xs: launch(xs[x_at], [xs[k] for k in at])

@@ -66,7 +66,7 @@ def candidates(m: int, n: int, k: int, sms: int = SMS) -> list[Config]:
     """The tile configurations worth timing for an [m, k] @ [k, n] product. First the one fitted by its size: the
     fastest of 11 on an H100 over products of inverted-residual, bottleneck-convolution and encoder-FFN shapes, its
     N and K blocks no wider than the product (a narrow product gets taller blocks instead). Then, where they differ,
-    the tile `_filling` sizes to the product and the GPU's multiprocessors (`sms`), a split-K tile (`_split`) and a
+    the tile `filling` sizes to the product and the GPU's multiprocessors (`sms`), a split-K tile (`_split`) and a
     balanced one (`_balanced`). One to three per product: each is one more Triton compile in a cold build."""
     if m * n <= 1 << 20:
         base = Config(64, 32, 64, 4, 4) if n <= 1024 else Config(64, 64, 128, 3, 4)
@@ -79,15 +79,15 @@ def candidates(m: int, n: int, k: int, sms: int = SMS) -> list[Config]:
     block_m = min(256, base.block_m * base.block_n // block_n) if m * n > 1 << 20 else base.block_m
     warps = max(base.warps, 4) if block_m > base.block_m else base.warps
     fitted = dataclasses.replace(base, block_m=block_m, block_n=block_n, block_k=block_k, warps=warps)
-    filling = _filling(fitted, m, n, k, sms)
+    small = filling(fitted, m, n, k, sms)
     found = [fitted]
-    for other in (filling, _split(filling, m, n, k, sms), _balanced(m, n, k)):
+    for other in (small, _split(small, m, n, k, sms), _balanced(m, n, k)):
         if other is not None and other not in found:
             found.append(other)
     return found
 
 
-def _filling(config: Config, m: int, n: int, k: int, sms: int) -> Config:
+def filling(config: Config, m: int, n: int, k: int, sms: int) -> Config:
     """`config` resized to the product and the GPU: M blocks no taller than the product, then the wider of the M and
     N blocks halved until the launch has `sms` programs or both are 16; K blocks as deep as the product up to 128
     while the pipeline's stages fit `SHARED_BYTES`; 2 warps below a 64 x 64 tile, 8 from 128 x 256. A small-M

@@ -51,7 +51,7 @@ _DIVISIONS = (L.ElementWiseOperation.FLOOR_DIV, L.ElementWiseOperation.TRUNC_DIV
               L.ElementWiseOperation.FMOD)
 Value = tuple[str, torch.dtype]  # a kernel variable and the dtype it holds (`held`)
 _KINDS = (L.ElementWiseLayer, L.UnaryLayer, L.ActivationLayer, L.CastLayer, L.ScaleLayer, L.ParametricReLULayer,
-          L.ConstantLayer, L.SelectLayer, L.QuantizeLayer)
+          L.ConstantLayer, L.SelectLayer, L.QuantizeLayer, L.DequantizeLayer)
 # Every division of a generated kernel is IEEE (`tl.div_rn`), as ATen divides, except a half-precision activation's
 # (`{div}` in its template: SiLU, sigmoid, softsign, CELU, softplus; continuous, and already through `tl.exp`'s
 # approximation) in a kernel built with `approximate_division` (a GEMM's epilogue: codegen/gemm.py), where it is
@@ -79,10 +79,12 @@ def fusable(layer: L.Layer) -> str | None:
     """None if `layer` can be computed in a generated pointwise kernel, else why not."""
     if not isinstance(layer, _KINDS):
         return f"{layer.KIND} is not a pointwise layer kind the generator knows"
-    if isinstance(layer, L.QuantizeLayer):  # its output is the one int8 or fp8 value a kernel makes (and only stores)
+    if isinstance(layer, (L.QuantizeLayer, L.DequantizeLayer)):  # int8 and fp8 values: only these make or read them
         zero = layer.weights.get("zero_point")
-        if layer.weights["scale"].numel() != 1 or (zero is not None and bool(zero.any())):
-            return "a quantize per channel, or with a zero point"
+        if layer.weights["scale"].numel() != 1 or (zero is not None and zero.numel() != 1):
+            return f"a {layer.KIND} per channel"
+        if isinstance(layer, L.DequantizeLayer):
+            return None
         return None if layer.inputs[0].dtype in FLOATS else f"a quantize of {layer.inputs[0].dtype} values"
     dtypes = [t.dtype for t in (*layer.inputs, *layer.outputs)] + [w.dtype for w in layer.weights.values()]
     wrong = [d for d in dtypes if d not in VALUE_DTYPES]
@@ -285,6 +287,12 @@ def _rounded_to(b: Builder, x: Value, dtype: torch.dtype) -> Value:
     return x
 
 
+def _zero_point(layer: L.Layer) -> int:
+    """A per-tensor quantize's or dequantize's zero point (0 without one)."""
+    zero = layer.weights.get("zero_point")
+    return 0 if zero is None else int(zero.reshape(()))
+
+
 def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
     """Emit `layer`'s computation; its value."""
     out = layer.outputs[0].dtype
@@ -309,7 +317,7 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
                 w = w.reshape([-1] + [1] * (rank - layer.channel_axis % rank - 1))
             x = b.emit(template.format(x=x, w=b.as_float(b.weight(w))), torch.float32)[0]
         return b.emit(x, torch.float32)
-    if isinstance(layer, L.QuantizeLayer):  # per tensor, no zero point (`fusable`): ir/reference.py's quantize
+    if isinstance(layer, L.QuantizeLayer):  # per tensor (`fusable`): ir/reference.py's quantize
         scale, x, source = layer.weights["scale"].float().reshape(()), xs[0], layer.inputs[0].dtype
         x = b.as_float(_rounded_to(b, x, source))  # the half value is quantized
         x = b.emit(f"tl.div_rn({x}, {b.as_float(b.weight(scale))})" if layer.divide else  # IEEE, as ATen divides
@@ -319,9 +327,19 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
             x = b.emit(f"tl.where({x} != {x}, {x}, tl.minimum(tl.maximum({x}, {float(low)}), {float(high)}))",
                        torch.float32)[0]
             return b.emit(f"{x}.to({TL[out]})", out)
-        low, high = float(layer.quant_min), float(layer.quant_max)
+        # round(x) + zero clamped to [min, max] is round(x clamped to [min - zero, max - zero]) + zero (integer
+        # bounds); NaN gives min
+        zero = _zero_point(layer)
+        low, high = float(layer.quant_min - zero), float(layer.quant_max - zero)
         x = b.emit(f"tl.minimum(tl.maximum(tl.where({x} != {x}, {low}, {x}), {low}), {high})", torch.float32)[0]
-        return b.emit(f"(({x} + 12582912.0) - 12582912.0).to(tl.int8)", torch.int8)  # 1.5 * 2**23: half to even
+        x = b.emit(f"({x} + 12582912.0) - 12582912.0", torch.float32)[0]  # 1.5 * 2**23: half to even
+        return b.emit(f"({x} + {float(zero)}).to(tl.int8)" if zero else f"{x}.to(tl.int8)", torch.int8)
+    if isinstance(layer, L.DequantizeLayer):  # per tensor (`fusable`): (q - zero) * scale in float32
+        x, zero = b.as_float(xs[0]), _zero_point(layer)
+        if zero:
+            x = b.emit(f"{x} - {float(zero)}", torch.float32)[0]
+        x = b.emit(f"{x} * {b.as_float(b.weight(layer.weights['scale'].float().reshape(())))}", torch.float32)
+        return _rounded_to(b, x, out)
     if isinstance(layer, L.SelectLayer):  # torch.where
         cond, then, other = xs
         return b.emit(f"tl.where({converted(cond, torch.bool)}, {converted(then, out)}, {converted(other, out)})",

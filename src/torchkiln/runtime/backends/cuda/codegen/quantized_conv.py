@@ -1,0 +1,218 @@
+"""A quantized 2-D convolution as an implicit GEMM on the int8 or fp8 tensor cores, with its dequantize, bias and a
+generated pointwise epilogue in one kernel.
+
+The convolution is the product [M, K] @ [K, N]: M the output positions (batch, row, column, in that order), N the
+output channels, K the kernel's taps times the input channels. No im2col matrix is made: a program loads each
+[BLOCK_M, BLOCK_K] tile of it straight from the input through its strides, the positions outside the image masked
+(their loads give the input's zero point, the quantized value of 0). Two ways of walking K, a compile-time choice:
+- by tap (`FLAT` off): for each kernel position, the input channels in blocks; one load per tile row is a
+  contiguous run of channels in a channels-last input. For inputs of at least one block of channels;
+- flat (`FLAT` on): K walked as one index over (tap, channel), each element's tap and channel computed; for few
+  input channels (an image's 3), where a block per tap would be mostly padding.
+The weight is [N, K] in (row, column, channel) order, its values in the kernel type (int8, or fp8 e4m3).
+
+Sums: int8 x int8 into int32, exact; fp8 e4m3 x fp8 e4m3 into float32. An int8 input with a zero point z sums
+(q - z) * w as q * w - z * (the column's weights summed over all of K): the padded positions load z, so they add
+z * w, which that subtraction removes. Then the column's scale (the input's scale times the weight channel's), the
+bias in float32, and the epilogue (codegen/epilogue.py) on the value rounded to the convolution's dtype; the
+outputs are channels-last.
+
+Tile sizes are a tactic (`gemm.Config`, split-K unused): the planner times a few against the library step (the
+dequantize and the float convolution, then the pointwise kernel) and keeps the fastest.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from torchkiln.errors import EngineInputError, NetworkError
+from torchkiln.ir import layers as L
+from torchkiln.ir.tensor import Tensor
+from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, epilogue, launch
+from torchkiln.runtime.backends.cuda.codegen.gemm import Config, GemmKernel, filling
+from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER
+
+KERNEL_NAME = "quantized_conv_kernel"
+M_DIMS, N_DIM = (0, 2, 3), 1
+MIN_DEPTH = 32  # K block of the int8 and fp8 tensor-core instructions
+
+
+def quantized_conv_layer(layer: L.Layer) -> str | None:
+    """None if `layer` is a convolution this kernel computes (`convolution_form`, a quantized kernel); else why not.
+    The caller checks that its input is a per-tensor dequantize (quant_kernels.quantized_convolutions)."""
+    why = convolution_form(layer)
+    if why is None and layer.kernel_type is None:
+        return "its kernel is not quantized"
+    return why
+
+
+def convolution_form(layer: L.Layer) -> str | None:
+    """None if `layer` is a convolution of the form this kernel computes (2-D, of a batched input, one group, not
+    transposed), quantized or not; else why not."""
+    if not isinstance(layer, L.ConvolutionLayer):
+        return f"{layer.KIND} is not a convolution"
+    if layer.transposed or layer.weights["kernel"].dim() != 4 or layer.inputs[0].rank != 4:
+        return "only a 2-D convolution of a batched input"
+    if layer.groups != 1:
+        return "only a convolution of one group"
+    return None
+
+
+def flat(in_channels: int, block_k: int) -> bool:
+    """Whether K is walked as one index (`FLAT`): input channels fewer than one block."""
+    return in_channels < block_k
+
+
+def candidates(m: int, n: int, k: int, in_channels: int, sms: int) -> list[Config]:
+    """The tiles worth timing for a convolution of `m` output positions, `n` output channels and `k` = taps x input
+    channels: three shapes fitted to int8 and fp8 products, narrowed to the product (K blocks no deeper than the input
+    channels, but `MIN_DEPTH` at least), then the tile `gemm.filling` sizes to the GPU's `sms` multiprocessors where
+    the product has few tiles (a late stage, batch 1)."""
+    depth = max(MIN_DEPTH, min(64, _pow2(in_channels)))
+    found: list[Config] = []
+    for base in (Config(128, 128, 64, 4, 4), Config(128, 256, 64, 3, 8), Config(64, 128, 64, 4, 4)):
+        tile = Config(min(base.block_m, max(16, _pow2(m))), min(base.block_n, max(16, _pow2(n))),
+                      min(base.block_k, depth), base.stages, base.warps)
+        if tile not in found:
+            found.append(tile)
+    small = filling(found[0], m, n, k, sms)
+    small = Config(small.block_m, small.block_n, max(MIN_DEPTH, min(small.block_k, depth)), small.stages,
+                   small.warps)
+    if sms and small not in found and math.ceil(m / found[0].block_m) * math.ceil(n / found[0].block_n) < sms:
+        found.append(small)
+    return found
+
+
+def _pow2(x: int) -> int:
+    return 1 << max(x - 1, 0).bit_length()
+
+
+def generate(conv: L.ConvolutionLayer, layers: Sequence[L.Layer], inputs: Sequence[Tensor],
+             outputs: Sequence[Tensor], zero_point: int) -> GemmKernel:
+    """The kernel computing `outputs` from the convolution's output through the pointwise `layers` (`inputs`: their
+    other inputs), reading the input's quantized values (of `zero_point`)."""
+    why = quantized_conv_layer(conv)
+    if why is not None:
+        raise NetworkError(f"convolution layer {conv.name!r} is not a generated quantized convolution: {why}")
+    b = epilogue.build(conv.outputs[0], layers, inputs, outputs)
+    integer = conv.kernel_type == torch.int8
+    params = ["x", "w", "bias", "col_scale", "col_sum", *epilogue.pointer_params(b, outputs), "M", "N", "C", "H", "W",
+              "OH", "OW", "x_n", "x_c", "x_h", "x_w", *epilogue.stride_params(b, outputs),
+              "KH: tl.constexpr", "KW: tl.constexpr", "SH: tl.constexpr", "SW: tl.constexpr", "PH: tl.constexpr",
+              "PW: tl.constexpr", "DH: tl.constexpr", "DW: tl.constexpr", "FLAT: tl.constexpr",
+              "HAS_BIAS: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
+              "GROUP_M: tl.constexpr", PDL_PARAM]
+    pad = str(zero_point) if integer else "0.0"
+    dot = "acc = tl.dot(a, bw, acc, out_dtype=tl.int32)" if integer else "acc = tl.dot(a, bw, acc)"
+    body = [
+        *WAIT_LINES,
+        "pid = tl.program_id(0)",
+        "grid_m = (M + BLOCK_M - 1) // BLOCK_M",
+        "grid_n = (N + BLOCK_N - 1) // BLOCK_N",
+        "in_group = GROUP_M * grid_n",  # programs of GROUP_M rows of blocks run together: weight tiles stay in L2
+        "first_m = (pid // in_group) * GROUP_M",
+        "rows = tl.minimum(grid_m - first_m, GROUP_M)",
+        "pid_m = first_m + (pid % in_group) % rows",
+        "pid_n = (pid % in_group) // rows",
+        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        "rk = tl.arange(0, BLOCK_K)",
+        "in_m = rm < M",
+        "in_n = rn < N",
+        "ow = rm % OW",
+        "oh = (rm // OW) % OH",
+        "x_row = x + (rm // (OW * OH)).to(tl.int64) * x_n",  # each output position's image
+        "ih0 = oh * SH - PH",
+        "iw0 = ow * SW - PW",
+        "K = KH * KW * C",
+        "w_col = w + rn[None, :].to(tl.int64) * K",
+        "acc = tl.full((BLOCK_M, BLOCK_N), 0, tl.int32)" if integer else
+        "acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)",
+        "if FLAT:",
+        "    for k0 in range(0, K, BLOCK_K):",
+        "        kk = k0 + rk",
+        "        tap = kk // C",
+        "        ih = ih0[:, None] + (tap // KW)[None, :] * DH",
+        "        iw = iw0[:, None] + (tap % KW)[None, :] * DW",
+        "        ok = in_m[:, None] & (kk[None, :] < K) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)",
+        f"        a = tl.load(x_row[:, None] + ih * x_h + iw * x_w + (kk % C)[None, :] * x_c, mask=ok, other={pad})",
+        "        bw = tl.load(w_col + kk[:, None], mask=in_n[None, :] & (kk[:, None] < K), other=0)",
+        f"        {dot}",
+        "else:",
+        "    blocks = (C + BLOCK_K - 1) // BLOCK_K",
+        "    for i in range(0, KH * KW * blocks):",
+        "        tap = i // blocks",
+        "        c = (i % blocks) * BLOCK_K + rk",
+        "        ih = ih0 + (tap // KW) * DH",
+        "        iw = iw0 + (tap % KW) * DW",
+        "        ok = in_m & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)",
+        "        a = tl.load(x_row[:, None] + (ih * x_h + iw * x_w)[:, None] + c[None, :] * x_c,",
+        f"                    mask=ok[:, None] & (c[None, :] < C), other={pad})",
+        "        bw = tl.load(w_col + (tap * C + c)[:, None], mask=in_n[None, :] & (c[:, None] < C), other=0)",
+        f"        {dot}",
+        *([f"acc = acc - {zero_point} * tl.load(col_sum + rn, mask=in_n, other=0)[None, :]"] if zero_point else []),
+        "acc = acc.to(tl.float32) * tl.load(col_scale + rn, mask=in_n, other=0.0)[None, :]",
+        "if HAS_BIAS:",
+        "    acc = acc + tl.load(bias + rn, mask=in_n, other=0.0)[None, :]",
+        "mask = in_m[:, None] & in_n[None, :]",
+        "m64 = rm[:, None].to(tl.int64)",
+        "n64 = rn[None, :].to(tl.int64)",
+        *epilogue.tail(b, outputs),
+    ]
+    signature = ",\n        ".join(params)
+    source = (f"# Generated by {__name__} from the engine's layers; do not edit.\n{HEADER}\n\n"
+              f"@triton.jit(do_not_specialize=['M'])\n"
+              f"def {KERNEL_NAME}(\n        {signature},\n):\n" + "".join(f"    {line}\n" for line in body))
+    return GemmKernel(source, tuple(inputs), tuple(b.weights), tuple(outputs), 4)
+
+
+class QuantizedConvLauncher:
+    """Runs a generated quantized convolution on CUDA tensors (or CPU tensors under Triton's interpreter)."""
+
+    def __init__(self, kernel: GemmKernel, conv: L.ConvolutionLayer, config: Config, weight: torch.Tensor,
+                 column_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+        """`weight`: the kernel's values in its type, [N, C, KH, KW]; `column_scale`: each output channel's scale
+        (the input's times the kernel channel's); `bias` in float32 or None."""
+        from torchkiln.runtime.backends.cuda.codegen.compile import load_source
+
+        self.conv, self.config = conv, config
+        self.taps = tuple(weight.shape[2:])
+        self.in_channels = weight.shape[1]
+        self.weight = weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()  # [N, (row, col, channel)]
+        self.column_sum = self.weight.to(torch.int32).sum(1, dtype=torch.int32) if weight.dtype == torch.int8 \
+            else column_scale  # (read only for an int8 input with a zero point)
+        self.column_scale, self.bias = column_scale.float().contiguous(), bias
+        self.epilogue = epilogue.Operands(kernel.inputs, kernel.weights, kernel.outputs, M_DIMS, N_DIM, True)
+        self._fn = getattr(load_source(kernel.source), KERNEL_NAME)
+
+    def __call__(self, x: torch.Tensor, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The epilogue's outputs for the convolution of `x` (quantized values, [N, C, H, W], any strides) and the
+        epilogue's other `inputs`."""
+        conv, cfg = self.conv, self.config
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise EngineInputError(f"convolution {conv.name!r}: input of shape {list(x.shape)} for a kernel of "
+                                   f"{self.in_channels} input channels")
+        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.taps, _pair(conv.stride), _pair(conv.padding), \
+            _pair(conv.dilation)
+        oh = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        ow = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        n = self.weight.shape[0]
+        shape = (x.shape[0], n, oh, ow)
+        operands, outputs, strides = self.epilogue.bind(inputs, shape, x.device)
+        m = x.shape[0] * oh * ow
+        if m <= 0 or n == 0:
+            return outputs
+        bias = self.column_scale if self.bias is None else self.bias
+        tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+        launch(self._fn, (tiles,), x, self.weight, bias, self.column_scale, self.column_sum, *operands, *outputs,
+               m, n, x.shape[1], x.shape[2], x.shape[3], oh, ow, *x.stride(), *strides,
+               KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, FLAT=flat(self.in_channels, cfg.block_k),
+               HAS_BIAS=self.bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+               GROUP_M=cfg.group_m, num_stages=cfg.stages, num_warps=cfg.warps, **chain_options())
+        return outputs
+
+
+def _pair(values: Sequence[int]) -> tuple[int, int]:
+    return (values[0], values[0]) if len(values) == 1 else (values[0], values[1])
