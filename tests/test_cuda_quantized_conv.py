@@ -141,28 +141,29 @@ def test_the_planner_leaves_convolutions_the_kernel_does_not_take(build, monkeyp
 
 
 @on_the_cpu
-def test_zero_point_quantizers_and_dequantizers_are_generated_where_they_are_read():
-    """relu(dq(q(x)) + dq(q(y))) quantized to [0, amax] (zero point -128): each input's quantize is its own kernel
-    writing int8, and both dequantizes run in the kernel of the add that alone reads them (not in their producers'
-    kernels, which would then write float32). Bit for bit the reference's: ties, clamping, NaN."""
+def test_zero_point_quantizers_and_dequantizers_are_generated_where_they_are_read(monkeypatch):
+    """relu(conv(dq(q(x))) + dq(q(x))) quantized to [0, amax] (zero point -128), q(x) of zero point 3: q(x) is one
+    kernel writing int8 only, and the residual's dequantize runs in the kernel of the add that alone reads it (in
+    q(x)'s kernel, that kernel would write its float32 value besides). Bit for bit the reference's: ties, clamping,
+    NaN (the convolution's library step is exact for this input)."""
     pytest.importorskip("triton", reason="triton is not installed")
     net = Network("qadd")
-    x, y = (net.add_input(name, torch.float16, (3, 40)) for name in "xy")
-    a = _fake_quantize(net, x, 0.5, 0, I8)
-    b = _fake_quantize(net, y, 0.25, 3, I8)
-    relu = net.add_activation(net.add_elementwise(a, b, L.ElementWiseOperation.SUM).get_output(),
+    x = net.add_input("x", torch.float32, (1, 8, 5, 5))
+    conv = _conv(net, x, 8, 8, 1, 1, 0, zero=3, scale=0.5)
+    q = conv.producer.inputs[0].producer.inputs[0]
+    residual = net.add_layer(L.DequantizeLayer, [q], weights=dict(q.producer.weights), quant_type=I8).get_output()
+    relu = net.add_activation(net.add_elementwise(conv, residual, L.ElementWiseOperation.SUM).get_output(),
                               L.ActivationType.RELU).get_output()
     net.mark_output(net.add_layer(L.QuantizeLayer, [relu], weights={"scale": torch.tensor([0.125]),
                                                                      "zero_point": torch.tensor([-128], dtype=I8)},
                                   quant_type=I8, divide=True).get_output())
-    plan = planner.make_plan(net, CPU, BackendOptions(timing_iterations=0))
-    assert _steps(net, plan) == [("pointwise", ["quantize"]), ("pointwise", ["quantize"]),
-                                 ("pointwise", ["dequantize", "dequantize", "elementwise", "activation", "quantize"])]
-    gen = torch.Generator().manual_seed(2)
-    xs = [(torch.randn(3, 40, generator=gen) * 30).half() for _ in range(2)]
-    xs[0][0, :6] = torch.tensor([0.25, 0.75, -1.25, float("nan"), float("inf"), -float("inf")]).half()
-    got = run_plan_eagerly(net, plan, xs)[0]
-    ref = ReferenceExecutor(net, CPU).run(xs)[0]
+    plan = _plan(net, monkeypatch, None)
+    assert _steps(net, plan) == [("pointwise", ["quantize"]), ("dequantized_conv", ["dequantize", "convolution"]),
+                                 ("pointwise", ["dequantize", "elementwise", "activation", "quantize"])]
+    x = torch.randn(1, 8, 5, 5, generator=torch.Generator().manual_seed(2)) * 30
+    x[0, 0, 0, :5] = torch.tensor([0.25, 0.75, -1.25, float("nan"), float("inf")])
+    got = run_plan_eagerly(net, plan, [x])[0]
+    ref = ReferenceExecutor(net, CPU).run([x])[0]
     assert got.dtype == I8 and torch.equal(got, ref)
     assert int(ref.min()) == -128 and int(ref.max()) == 127
 

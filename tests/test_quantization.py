@@ -211,16 +211,17 @@ def test_layer_that_quantizes_badly_stays_in_float_and_is_named(caplog):
 
 
 def test_layers_a_backend_has_no_quantized_kernel_for_stay_in_float():
-    """The cuda backend quantizes 2-D convolutions of one group and matrix multiplies: a grouped convolution stays in
-    float with that reason (a convolution of dequantized values would run slower than in float); ONNX Runtime
-    quantizes every one."""
+    """The cuda backend quantizes 2-D convolutions of one group and at least 16 input channels, and matrix
+    multiplies: a grouped convolution and an image stem stay in float with that reason (a convolution of dequantized
+    values would run slower than in float); ONNX Runtime quantizes every one."""
     from torchkiln.builder.quantization import QuantizedLayer, without_kernels
 
     net = Network("kinds")
-    x = net.add_input("x", torch.float32, (1, 4, 8, 8))
-    for name, groups in (("c", 1), ("g", 2)):
-        conv = net.add_convolution_nd(x, torch.randn(4, 4 // groups, 3, 3), None, stride=(1, 1), padding=(1, 1),
-                                      dilation=(1, 1), groups=groups)
+    x = net.add_input("x", torch.float32, (1, 16, 8, 8))
+    for name, groups, source in (("c", 1, x), ("g", 2, x), ("stem", 1, net.add_input("image", torch.float32,
+                                                                                       (1, 3, 8, 8)))):
+        conv = net.add_convolution_nd(source, torch.randn(16, source.shape[1] // groups, 3, 3), None, stride=(1, 1),
+                                      padding=(1, 1), dilation=(1, 1), groups=groups)
         conv.name = name
     mm = net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
                                  L.MatrixOperation.NONE)
@@ -228,12 +229,15 @@ def test_layers_a_backend_has_no_quantized_kernel_for_stay_in_float():
     bad = net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
                                   L.MatrixOperation.NONE)
     bad.name = "bad"
-    layers = [QuantizedLayer("c", "convolution", 1.0, 0.01), QuantizedLayer("g", "convolution", 1.0, 0.01),
-              QuantizedLayer("m", "matrix_multiply", 1.0, 0.01),
-              QuantizedLayer("bad", "matrix_multiply", 1.0, 0.5, kept="quantized output error 0.5")]
+    layers = [QuantizedLayer(name, "convolution", 1.0, 0.01) for name in ("c", "g", "stem")] + \
+        [QuantizedLayer("m", "matrix_multiply", 1.0, 0.01),
+         QuantizedLayer("bad", "matrix_multiply", 1.0, 0.5, kept="quantized output error 0.5")]
     cuda = without_kernels(layers, "cuda", net)
-    assert [q.kept for q in cuda] == ["", "the cuda backend has no quantized convolution kernel of its form: only a "
-                                      "convolution of one group", "", "quantized output error 0.5"]
+    why = "the cuda backend has no quantized convolution kernel of its form: "
+    assert [q.kept for q in cuda] == [
+        "", why + "only a convolution of one group",
+        why + "3 input channels (a kernel of fewer than 16 is slower than the half-precision library's)", "",
+        "quantized output error 0.5"]
     assert without_kernels(layers, "onnxruntime", net) == layers
 
 

@@ -104,9 +104,9 @@ def _cuda_plan(network: Network, device: torch.device, options: BackendOptions) 
 
 
 def _cuda_quantized(layer: L.Layer) -> str | None:
-    from torchkiln.runtime.backends.cuda.codegen.quantized_conv import convolution_form
+    from torchkiln.runtime.backends.cuda.codegen.quantized_conv import worth_quantizing
 
-    return convolution_form(layer) if isinstance(layer, L.ConvolutionLayer) else None
+    return worth_quantizing(layer) if isinstance(layer, L.ConvolutionLayer) else None
 
 
 def _cuda_runner(network: Network, plan: Plan, device: torch.device, options: BackendOptions,

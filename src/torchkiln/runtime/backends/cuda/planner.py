@@ -31,9 +31,12 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    dequantized value it alone reads is one step with that dequantize (`library`/`dequantized_conv`: the dequantize,
    then cuDNN's float convolution, channels-last); where timing is on, it and the generated pointwise step that
    alone reads its output are timed as one generated implicit GEMM on the quantized values with those layers as its
-   epilogue (codegen/quantized_conv.py: `generated`/`quantized_conv`), and the faster is kept. A dequantize is
-   computed where it is read: it joins no producer's pointwise group, and a pointwise group that alone reads it
-   takes it in, so steps write int8 or fp8 values between quantized layers, not float ones.
+   epilogue (codegen/quantized_conv.py: `generated`/`quantized_conv`), and the faster is kept. A dequantize whose
+   value one later pointwise group alone reads (a residual block's input, read by the next convolution and by the
+   add) runs in that group, not in its producer's,
+   so steps write int8 or fp8 values between quantized layers, not float ones (`_dequantize_where_read`). The
+   quantize and dequantize of a convolution's output join the add after it, which becomes that convolution's
+   epilogue.
    **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
    become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
 4. **Row groups** (fusion.py): each reduction over any axes (reduce, softmax, layer, instance and group norm) or
@@ -638,14 +641,6 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
             placed.update((id(t), target_group) for t in layer.outputs)
         for t in layer.outputs:
             group_of[id(t)] = target_group
-        if isinstance(layer, L.DequantizeLayer):
-            continue  # (`_join_refusal`: its readers take it in)
-        for t in layer.inputs:  # a dequantize this layer alone reads runs inside its group (`_dequantize_into`)
-            moved = _dequantize_into(t, target_group, out, network, graph, placed)
-            if moved is not None:
-                out[target_group] = (out[target_group][0], sorted(out[target_group][1] + out[moved][1]))
-                out[moved] = None
-                group_of[id(t)] = placed[id(t)] = target_group
         for t in layer.inputs:  # an earlier open group this layer also reads joins its group
             earlier = group_of.get(id(t))
             if earlier is None or earlier >= target_group:
@@ -661,20 +656,34 @@ def _group_pointwise(network: Network, groups: list[tuple[Kernel, list[int]]], g
                 for m in moved:
                     for x in network.layers[m].outputs:
                         group_of[id(x)] = placed[id(x)] = target_group
-    return [step for step in out if step is not None]
+    return _dequantize_where_read(network, [step for step in out if step is not None], graph)
 
 
-def _dequantize_into(t, g: int, out: list[tuple[Kernel, list[int]] | None], network: Network, graph: _Graph,
-                     placed: dict[int, int]) -> int | None:
-    """The index in `out` of the generated step that only dequantizes into `t`, where the layer of group `g` reading
-    `t` is its only reader, `t` has the group's shape and what it reads is made before step `g`; else None."""
-    d = placed.get(id(t))
-    if d is None or d == g or out[d] is None or out[d][0] != Kernel("generated", "pointwise") or len(out[d][1]) != 1 \
-            or not isinstance(t.producer, L.DequantizeLayer) or graph.sole_reader(t) is None \
-            or t.shape != network.layers[out[g][1][0]].outputs[0].shape:
-        return None
-    q = t.producer.inputs[0]
-    return d if q.producer is None or placed.get(id(q), -1) < g else None
+def _dequantize_where_read(network: Network, steps: list[tuple[Kernel, list[int]]], graph: _Graph
+                           ) -> list[tuple[Kernel, list[int]]]:
+    """A dequantize in a generated pointwise step whose value only a later such step reads (over the value's shape)
+    moves into that step: the first step then writes the int8 or fp8 value (where anything else reads it), not the
+    float one two to four times its size (a residual block's input, read by the next convolution and by the add; a
+    convolution's output quantized and dequantized for the add after it, which can then be its epilogue)."""
+    pointwise = Kernel("generated", "pointwise")
+    step_of = {j: k for k, (_, members) in enumerate(steps) for j in members}
+    for k, (kernel, members) in enumerate(steps):
+        if kernel != pointwise:
+            continue
+        for j in list(members):
+            dq = network.layers[j]
+            readers = graph.readers.get(id(dq.outputs[0]), [])
+            into = {step_of[graph.index[id(r)]] for r in readers}
+            if not isinstance(dq, L.DequantizeLayer) or id(dq.outputs[0]) in graph.returned or len(into) != 1:
+                continue
+            g = into.pop()
+            if g == k or steps[g][0] != pointwise or \
+                    dq.outputs[0].shape != network.layers[steps[g][1][0]].outputs[0].shape:
+                continue
+            members.remove(j)
+            steps[g] = (pointwise, sorted(steps[g][1] + [j]))
+            step_of[j] = g
+    return [(kernel, members) for kernel, members in steps if members]
 
 
 def _join_refusal(layer: L.Layer, lead: L.Layer, g: int, made: set[int], placed: dict[int, int],
@@ -682,10 +691,7 @@ def _join_refusal(layer: L.Layer, lead: L.Layer, g: int, made: set[int], placed:
     """Why pointwise `layer` cannot join the open group at step `g` led by `lead` (whose value it reads), or "": what
     it reads is made by a step before the group's, or by the group itself (`placed`, `group_of`: tensor id -> the step
     making it, the open group making it; `made`: the ids of the tensors layers make), and its output has the group's
-    shape. A dequantize joins no producer's group: it is computed where its value is read (a reader's group takes it
-    in), so a step writes the int8 or fp8 value, not the float one two to four times its size."""
-    if isinstance(layer, L.DequantizeLayer):
-        return "a dequantize is computed where its value is read"
+    shape."""
     late = [x.name for x in layer.inputs
             if not (id(x) not in made or placed.get(id(x), g) < g or group_of.get(id(x)) == g)]
     if late:

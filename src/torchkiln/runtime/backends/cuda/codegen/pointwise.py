@@ -43,6 +43,7 @@ KERNEL_NAME = "pointwise_kernel"
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64)
 VALUE_DTYPES = (*FLOATS, torch.bool, *INTEGERS)
+READ_DTYPES = (*VALUE_DTYPES, torch.float8_e4m3fn)  # what a kernel reads: fp8 values only a dequantize reads
 TL = {torch.float32: "tl.float32", torch.float16: "tl.float16", torch.bfloat16: "tl.bfloat16", torch.bool: "tl.int1",
       torch.float8_e4m3fn: "tl.float8e4nv", **{d: f"tl.{str(d).removeprefix('torch.')}" for d in INTEGERS}}
 _BOOL_RULES = (P.DtypeRule.COMPARE, P.DtypeRule.LOGICAL, P.DtypeRule.PREDICATE)
@@ -411,9 +412,9 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
     for i, t in enumerate(inputs):
         if t.rank > rank:
             raise NetworkError(f"group input {t.name!r} of rank {t.rank} does not broadcast to rank {rank}")
-        if t.dtype not in VALUE_DTYPES:
+        if t.dtype not in READ_DTYPES:
             raise NetworkError(f"group input {t.name!r} of dtype {t.dtype}: fused kernels read "
-                               f"float32, float16, bfloat16, bool and integers")
+                               f"float32, float16, bfloat16, fp8 e4m3, bool and integers")
         b.values[id(t)] = b.operand(f"in{i}", t)
     emit_layers(b, layers, outputs, inputs)
     return PointwiseKernel(_source(b, outputs), tuple(inputs), tuple(b.weights), tuple(outputs), rank)

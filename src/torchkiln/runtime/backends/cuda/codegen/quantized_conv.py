@@ -12,10 +12,11 @@ output channels, K the kernel's taps times the input channels. No im2col matrix 
 The weight is [N, K] in (row, column, channel) order, its values in the kernel type (int8, or fp8 e4m3).
 
 Sums: int8 x int8 into int32, exact; fp8 e4m3 x fp8 e4m3 into float32. An int8 input with a zero point z sums
-(q - z) * w as q * w - z * (the column's weights summed over all of K): the padded positions load z, so they add
-z * w, which that subtraction removes. Then the column's scale (the input's scale times the weight channel's), the
-bias in float32, and the epilogue (codegen/epilogue.py) on the value rounded to the convolution's dtype; the
-outputs are channels-last.
+(q - z) * w as q * w - z * (the column's weights over the taps inside the image: all of K, or where a position's
+window reaches into the padding, a rectangle of taps, summed ahead for every rectangle). The padding loads 0, not
+z: masked loads that fill a value other than 0 cost the pipelined copies (1.4-2x slower on an H200). Then the column's
+scale (the input's scale times the weight channel's), the bias in float32, and the epilogue (codegen/epilogue.py)
+on the value rounded to the convolution's dtype; the outputs are channels-last.
 
 Tile sizes are a tactic (`gemm.Config`, split-K unused): the planner times a few against the library step (the
 dequantize and the float convolution, then the pointwise kernel) and keeps the fastest.
@@ -37,6 +38,7 @@ from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER
 KERNEL_NAME = "quantized_conv_kernel"
 M_DIMS, N_DIM = (0, 2, 3), 1
 MIN_DEPTH = 32  # K block of the int8 and fp8 tensor-core instructions
+MIN_FAST_CHANNELS = 16  # input channels a convolution needs for post-training quantization to pick this kernel
 
 
 def quantized_conv_layer(layer: L.Layer) -> str | None:
@@ -58,6 +60,18 @@ def convolution_form(layer: L.Layer) -> str | None:
     if layer.groups != 1:
         return "only a convolution of one group"
     return None
+
+
+def worth_quantizing(layer: L.Layer) -> str | None:
+    """None if post-training quantization should quantize `layer` for this kernel: of its form, with at least
+    `MIN_FAST_CHANNELS` input channels; else why not. With fewer, K is walked flat and its loads gather single bytes:
+    a 7x7 stride-2 image stem of 3 channels at [32,3,224,224] took 258 us against cuDNN's 110 in half precision
+    (H200), so it stays in float."""
+    why = convolution_form(layer)
+    if why is None and layer.weights["kernel"].shape[1] < MIN_FAST_CHANNELS:
+        return f"{layer.weights['kernel'].shape[1]} input channels (a kernel of fewer than {MIN_FAST_CHANNELS} is " \
+               f"slower than the half-precision library's)"
+    return why
 
 
 def flat(in_channels: int, block_k: int) -> bool:
@@ -98,13 +112,14 @@ def generate(conv: L.ConvolutionLayer, layers: Sequence[L.Layer], inputs: Sequen
         raise NetworkError(f"convolution layer {conv.name!r} is not a generated quantized convolution: {why}")
     b = epilogue.build(conv.outputs[0], layers, inputs, outputs)
     integer = conv.kernel_type == torch.int8
-    params = ["x", "w", "bias", "col_scale", "col_sum", *epilogue.pointer_params(b, outputs), "M", "N", "C", "H", "W",
+    params = ["x", "w", "bias", "col_scale", "col_sum", "rect_sum", *epilogue.pointer_params(b, outputs), "M", "N",
+              "C", "H", "W",
               "OH", "OW", "x_n", "x_c", "x_h", "x_w", *epilogue.stride_params(b, outputs),
               "KH: tl.constexpr", "KW: tl.constexpr", "SH: tl.constexpr", "SW: tl.constexpr", "PH: tl.constexpr",
               "PW: tl.constexpr", "DH: tl.constexpr", "DW: tl.constexpr", "FLAT: tl.constexpr",
               "HAS_BIAS: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
               "GROUP_M: tl.constexpr", PDL_PARAM]
-    pad = str(zero_point) if integer else "0.0"
+    zero = "0" if integer else "0.0"  # what masked loads give
     dot = "acc = tl.dot(a, bw, acc, out_dtype=tl.int32)" if integer else "acc = tl.dot(a, bw, acc)"
     body = [
         *WAIT_LINES,
@@ -123,9 +138,10 @@ def generate(conv: L.ConvolutionLayer, layers: Sequence[L.Layer], inputs: Sequen
         "in_n = rn < N",
         "ow = rm % OW",
         "oh = (rm // OW) % OH",
-        "x_row = x + (rm // (OW * OH)).to(tl.int64) * x_n",  # each output position's image
         "ih0 = oh * SH - PH",
         "iw0 = ow * SW - PW",
+        # each output position's window corner, in its image (the pointer of a tap is this plus the tap's offset)
+        "corner = x + (rm // (OW * OH)).to(tl.int64) * x_n + ih0 * x_h + iw0 * x_w",
         "K = KH * KW * C",
         "w_col = w + rn[None, :].to(tl.int64) * K",
         "acc = tl.full((BLOCK_M, BLOCK_N), 0, tl.int32)" if integer else
@@ -134,25 +150,30 @@ def generate(conv: L.ConvolutionLayer, layers: Sequence[L.Layer], inputs: Sequen
         "    for k0 in range(0, K, BLOCK_K):",
         "        kk = k0 + rk",
         "        tap = kk // C",
-        "        ih = ih0[:, None] + (tap // KW)[None, :] * DH",
-        "        iw = iw0[:, None] + (tap % KW)[None, :] * DW",
+        "        dh = (tap // KW) * DH",  # each column's tap, as offsets from the corner (1-D)
+        "        dw = (tap % KW) * DW",
+        "        ih = ih0[:, None] + dh[None, :]",
+        "        iw = iw0[:, None] + dw[None, :]",
         "        ok = in_m[:, None] & (kk[None, :] < K) & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)",
-        f"        a = tl.load(x_row[:, None] + ih * x_h + iw * x_w + (kk % C)[None, :] * x_c, mask=ok, other={pad})",
-        "        bw = tl.load(w_col + kk[:, None], mask=in_n[None, :] & (kk[:, None] < K), other=0)",
+        "        at = dh * x_h + dw * x_w + (kk % C) * x_c",
+        f"        a = tl.load(corner[:, None] + at[None, :], mask=ok, other={zero})",
+        f"        bw = tl.load(w_col + kk[:, None], mask=in_n[None, :] & (kk[:, None] < K), other={zero})",
         f"        {dot}",
         "else:",
         "    blocks = (C + BLOCK_K - 1) // BLOCK_K",
         "    for i in range(0, KH * KW * blocks):",
         "        tap = i // blocks",
         "        c = (i % blocks) * BLOCK_K + rk",
-        "        ih = ih0 + (tap // KW) * DH",
-        "        iw = iw0 + (tap % KW) * DW",
+        "        dh = (tap // KW) * DH",
+        "        dw = (tap % KW) * DW",
+        "        ih = ih0 + dh",
+        "        iw = iw0 + dw",
         "        ok = in_m & (ih >= 0) & (ih < H) & (iw >= 0) & (iw < W)",
-        "        a = tl.load(x_row[:, None] + (ih * x_h + iw * x_w)[:, None] + c[None, :] * x_c,",
-        f"                    mask=ok[:, None] & (c[None, :] < C), other={pad})",
-        "        bw = tl.load(w_col + (tap * C + c)[:, None], mask=in_n[None, :] & (c[:, None] < C), other=0)",
+        "        a = tl.load(corner[:, None] + (dh * x_h + dw * x_w + c * x_c)[None, :],",
+        f"                    mask=ok[:, None] & (c[None, :] < C), other={zero})",
+        f"        bw = tl.load(w_col + (tap * C + c)[:, None], mask=in_n[None, :] & (c[:, None] < C), other={zero})",
         f"        {dot}",
-        *([f"acc = acc - {zero_point} * tl.load(col_sum + rn, mask=in_n, other=0)[None, :]"] if zero_point else []),
+        *(_zero_point_lines(zero_point) if zero_point else ()),
         "acc = acc.to(tl.float32) * tl.load(col_scale + rn, mask=in_n, other=0.0)[None, :]",
         "if HAS_BIAS:",
         "    acc = acc + tl.load(bias + rn, mask=in_n, other=0.0)[None, :]",
@@ -168,6 +189,24 @@ def generate(conv: L.ConvolutionLayer, layers: Sequence[L.Layer], inputs: Sequen
     return GemmKernel(source, tuple(inputs), tuple(b.weights), tuple(outputs), 4)
 
 
+def _zero_point_lines(zero_point: int) -> tuple[str, ...]:
+    """Subtract zero_point x the weights of each position's taps inside the image. Without padding, every tap is:
+    the column's sum. With it, the taps inside are a rectangle of rows [lo_h, hi_h) and columns [lo_w, hi_w) of the
+    kernel, and `rect_sum` holds each rectangle's sums ([(KH + 1)^2 (KW + 1)^2, N]: one load a value)."""
+    return (
+        "if PH + PW > 0:",
+        "    lo_h = tl.minimum(tl.where(ih0 < 0, (DH - 1 - ih0) // DH, 0), KH)",
+        "    hi_h = tl.maximum(tl.where(ih0 > H - 1, 0, tl.minimum((H - 1 - ih0) // DH + 1, KH)), lo_h)",
+        "    lo_w = tl.minimum(tl.where(iw0 < 0, (DW - 1 - iw0) // DW, 0), KW)",
+        "    hi_w = tl.maximum(tl.where(iw0 > W - 1, 0, tl.minimum((W - 1 - iw0) // DW + 1, KW)), lo_w)",
+        "    rect = ((lo_h * (KH + 1) + hi_h) * (KW + 1) + lo_w) * (KW + 1) + hi_w",
+        "    inside = tl.load(rect_sum + rect[:, None] * N + rn[None, :], mask=in_m[:, None] & in_n[None, :], other=0)",
+        "else:",
+        "    inside = tl.load(col_sum + rn, mask=in_n, other=0)[None, :]",
+        f"acc = acc - {zero_point} * inside",
+    )
+
+
 class QuantizedConvLauncher:
     """Runs a generated quantized convolution on CUDA tensors (or CPU tensors under Triton's interpreter)."""
 
@@ -181,8 +220,11 @@ class QuantizedConvLauncher:
         self.taps = tuple(weight.shape[2:])
         self.in_channels = weight.shape[1]
         self.weight = weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()  # [N, (row, col, channel)]
-        self.column_sum = self.weight.to(torch.int32).sum(1, dtype=torch.int32) if weight.dtype == torch.int8 \
-            else column_scale  # (read only for an int8 input with a zero point)
+        # the column's weights summed, and over each rectangle of taps (`_zero_point_lines`): read only for an int8
+        # input with a zero point
+        integer = weight.dtype == torch.int8
+        self.column_sum = weight.to(torch.int32).sum((1, 2, 3), dtype=torch.int32) if integer else column_scale
+        self.rect_sum = _rectangle_sums(weight) if integer else column_scale
         self.column_scale, self.bias = column_scale.float().contiguous(), bias
         self.epilogue = epilogue.Operands(kernel.inputs, kernel.weights, kernel.outputs, M_DIMS, N_DIM, True)
         self._fn = getattr(load_source(kernel.source), KERNEL_NAME)
@@ -206,12 +248,28 @@ class QuantizedConvLauncher:
             return outputs
         bias = self.column_scale if self.bias is None else self.bias
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-        launch(self._fn, (tiles,), x, self.weight, bias, self.column_scale, self.column_sum, *operands, *outputs,
-               m, n, x.shape[1], x.shape[2], x.shape[3], oh, ow, *x.stride(), *strides,
+        launch(self._fn, (tiles,), x, self.weight, bias, self.column_scale, self.column_sum, self.rect_sum, *operands,
+               *outputs, m, n, x.shape[1], x.shape[2], x.shape[3], oh, ow, *x.stride(), *strides,
                KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, FLAT=flat(self.in_channels, cfg.block_k),
                HAS_BIAS=self.bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                GROUP_M=cfg.group_m, num_stages=cfg.stages, num_warps=cfg.warps, **chain_options())
         return outputs
+
+
+def _rectangle_sums(weight: torch.Tensor) -> torch.Tensor:
+    """[(KH + 1)^2 (KW + 1)^2, N] int32: row ((lo_h (KH + 1) + hi_h) (KW + 1) + lo_w) (KW + 1) + hi_w holds each
+    output channel's weights summed over the input channels and the taps of rows [lo_h, hi_h) and columns
+    [lo_w, hi_w) (0 where a range is empty)."""
+    n, _, kh, kw = weight.shape
+    taps = weight.to(torch.int32).sum(1, dtype=torch.int32)  # [N, KH, KW]
+    prefix = torch.zeros(n, kh + 1, kw + 1, dtype=torch.int32, device=weight.device)
+    prefix[:, 1:, 1:] = taps.cumsum(1, dtype=torch.int32).cumsum(2, dtype=torch.int32)
+    h, w = torch.arange(kh + 1, device=weight.device), torch.arange(kw + 1, device=weight.device)
+    lo_h, hi_h, lo_w, hi_w = (v.reshape(shape) for v, shape in (
+        (h, (-1, 1, 1, 1)), (h, (1, -1, 1, 1)), (w, (1, 1, -1, 1)), (w, (1, 1, 1, -1))))
+    hi_h, hi_w = torch.maximum(hi_h, lo_h), torch.maximum(hi_w, lo_w)  # an empty range sums to 0
+    sums = prefix[:, hi_h, hi_w] - prefix[:, lo_h, hi_w] - prefix[:, hi_h, lo_w] + prefix[:, lo_h, lo_w]
+    return sums.reshape(n, -1).t().contiguous()
 
 
 def _pair(values: Sequence[int]) -> tuple[int, int]:

@@ -42,7 +42,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import (PDL_PARAM, WAIT_LINES, chain_options, launch, multiprocessors,
                                                     needs_int64)
-from torchkiln.runtime.backends.cuda.codegen.pointwise import (FLOATS, HEADER, TL, VALUE_DTYPES, Builder,
+from torchkiln.runtime.backends.cuda.codegen.pointwise import (FLOATS, HEADER, READ_DTYPES, TL, VALUE_DTYPES, Builder,
                                                                 GroupLauncher, Value, converted, emit_layer, fusable,
                                                                 held, loaded, stored)
 
@@ -693,7 +693,7 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
                            f"{[layer.name for layer in found]}")
     split = groups.pop()
     for t in inputs:
-        if t.dtype not in VALUE_DTYPES or t.rank > space.rank:
+        if t.dtype not in READ_DTYPES or t.rank > space.rank:
             raise NetworkError(f"group input {t.name!r} ({t.dtype}, rank {t.rank}) is not a float, bool or integer "
                                f"operand of rank at most {space.rank}")
     axes = reduced_axes(found[0])
