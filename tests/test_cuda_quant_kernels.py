@@ -456,15 +456,50 @@ def test_a_fused_quantize_reads_its_half_input_rounded(form, dtype, monkeypatch)
     assert int((q.int() - ref_q.int()).abs().max()) <= 1
 
 
-def test_a_dividing_quantize_divides_correctly_rounded():
-    """x / scale (the quantizers calibration places) as IEEE division: Triton's `/` on float32 is the GPU's
-    approximate division (PTX div.full, up to 2 ulp off), which moves quotients near a rounding tie by one int8
-    step; the interpreter divides exactly, so this is read from the source (every division of the generated
-    kernels is tl.div_rn: ir/pointwise.py)."""
-    from torchkiln.runtime.backends.cuda.codegen.pointwise import generate
+SCALES = [0.3, 1 / 3, 0.1, 0.0078431377, 0.99999994, 1.9999999, 3.0517578e-05, 1.2345678e3]
 
+
+def _near_ties(scale: torch.Tensor) -> torch.Tensor:
+    """Every float32 within 3 ulps of each rounding tie (n + 1/2) * scale over int8's range and past it, then values
+    past any range, infinities, NaN, zeros and a subnormal."""
+    ties = (torch.arange(-140, 140, dtype=torch.float64) + 0.5) * float(scale)
+    near = ties.float().view(torch.int32)[:, None] + torch.arange(-3, 4, dtype=torch.int32)
+    return torch.cat([near.view(torch.float32).flatten(), torch.tensor([
+        3e38, -3e38, float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1e-40])])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU plan runs in Triton's interpreter")
+@pytest.mark.usefixtures("triton_interpreter")
+@pytest.mark.parametrize("scale", SCALES)
+def test_a_dividing_quantize_is_the_correctly_rounded_quotient(scale):
+    """x / scale (the quantizers calibration places) as ATen divides, so values next to a rounding tie land on the
+    reference's side: a multiply by the reciprocal is up to an ulp off (the next test), and Triton's `/` on float32
+    is the GPU's approximate division (PTX div.full, up to 2 ulp); the kernel corrects the product with its residual
+    (two fmas, pointwise._QUOTIENT). Against the meaning's division, scales with mantissas of all ones included."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from harness import run_plan_eagerly
+
+    from torchkiln.runtime.backends import BackendOptions
+    from torchkiln.runtime.backends.cuda import planner
+
+    s = torch.tensor([scale], dtype=torch.float32)
+    x = _near_ties(s)
     net = Network("q_divide")
-    x = net.add_input("x", torch.float16, (4, 40))
-    q = net.add_layer(L.QuantizeLayer, [x], weights={"scale": torch.tensor([0.3])}, quant_type=I8, divide=True)
-    source = generate([q], [x], q.outputs).source
-    assert "tl.div_rn(" in source and " / " not in source.split("def pointwise_kernel", 1)[1], source
+    t = net.add_input("x", torch.float32, tuple(x.shape))
+    net.mark_output(net.add_layer(L.QuantizeLayer, [t], weights={"scale": s}, quant_type=I8,
+                                  divide=True).get_output())
+    plan = planner.make_plan(net, torch.device("cpu"), BackendOptions(timing_iterations=0))
+    got = run_plan_eagerly(net, plan, [x])[0]
+    ref = ReferenceExecutor(net, torch.device("cpu")).run([x])[0]
+    assert torch.equal(got, ref), (x[got != ref], got[got != ref], ref[got != ref])
+
+
+def test_the_reciprocal_multiply_alone_would_put_values_next_to_ties_on_the_other_side():
+    """Why the kernel corrects x * (1 / scale): over the values of the test above, the product alone rounds some to
+    another int8 value than the quotient does."""
+    missed = 0
+    for scale in SCALES:
+        s = torch.tensor([scale], dtype=torch.float32)
+        x = _near_ties(s)[:-8]
+        missed += int((torch.round(x * torch.reciprocal(s)) != torch.round(x / s)).sum())
+    assert missed > 0
