@@ -91,7 +91,7 @@ def choose(network: Network, requests: Sequence[Request], readers: dict[int, lis
             same[key].append(i)
             continue
         same[key] = []
-        values = {id(t): _sample(t, timing.opt_shape(t.shape), device, t is _convolution_input(network, request))
+        values = {id(t): _sample(t, timing.opt_shape(t.shape), device, _channels_last_sample(network, request, t))
                   for t in inputs}
         runs = {"library": _steps(network, request.library, values, readers, returned, device, options,
                                   _converts_output(network, request, readers))}
@@ -163,15 +163,15 @@ def _triton_version() -> str:
     return triton.__version__
 
 
-def _convolution_input(network: Network, request: Request) -> Tensor | None:
-    """The tensor a depthwise or quantized convolution request reads as its input (a quantized one's, through its
-    dequantize), which the convolution stack around it makes channels-last; None for other requests."""
+def _channels_last_sample(network: Network, request: Request, t: Tensor) -> bool:
+    """Whether `t` is sampled channels-last for timing, as the convolution stack around the request makes it: a
+    depthwise convolution's input, and every 4-D input of a quantized convolution's step (its input, a residual its
+    epilogue adds: sampled NCHW, the residual's strided reads timed a 1x1 convolution with its add at 200 us
+    against 37 in the engine, H200)."""
     layer = network.layers[request.product]
     if request.kind == "depthwise":
-        return layer.inputs[0]
-    if request.kind == quant_kernels.GENERATED_CONV_OP:
-        return layer.inputs[0].producer.inputs[0]
-    return None
+        return t is layer.inputs[0]
+    return request.kind == quant_kernels.GENERATED_CONV_OP and t.rank == 4
 
 
 def _sample(t: Tensor, shape: tuple[int, ...], device: torch.device, channels_last: bool = False) -> torch.Tensor:
