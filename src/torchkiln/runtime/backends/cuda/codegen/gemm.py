@@ -228,6 +228,21 @@ def _linear_form(mm: L.MatrixMultiplyLayer) -> str | None:
     return None
 
 
+# Program `pid`'s output tile: rows `rm`, columns `rn`, and the K offsets `rk` of a block. Programs of GROUP_M rows of
+# blocks run together, so the weight tiles they share stay in L2.
+TILE_LINES = (
+    "grid_m = (M + BLOCK_M - 1) // BLOCK_M",
+    "grid_n = (N + BLOCK_N - 1) // BLOCK_N",
+    "in_group = GROUP_M * grid_n",
+    "first_m = (pid // in_group) * GROUP_M",
+    "rows = tl.minimum(grid_m - first_m, GROUP_M)",
+    "pid_m = first_m + (pid % in_group) % rows",
+    "pid_n = (pid % in_group) // rows",
+    "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+    "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+    "rk = tl.arange(0, BLOCK_K)",
+)
+
 # A split program stores its partial tile, then counts itself in at its tile's counter; the last one to arrive
 # (every other program's stores before its count, the barrier ordering the program's threads) sums the parts in
 # order from L2 (`.cg`: no stale L1 lines), sets the counter back to 0 for the next launch, and alone stores the
@@ -259,16 +274,7 @@ def _source(b: Builder, outputs: Sequence[Tensor], quant_type: torch.dtype | Non
         "pid = tl.program_id(0)",
         "pid_k = pid % SPLIT_K",  # the part of K this program sums (`_split`); 0 unsplit
         "pid = pid // SPLIT_K",
-        "grid_m = (M + BLOCK_M - 1) // BLOCK_M",
-        "grid_n = (N + BLOCK_N - 1) // BLOCK_N",
-        "in_group = GROUP_M * grid_n",  # programs of GROUP_M rows of blocks run together: W tiles stay in L2
-        "first_m = (pid // in_group) * GROUP_M",
-        "rows = tl.minimum(grid_m - first_m, GROUP_M)",
-        "pid_m = first_m + (pid % in_group) % rows",
-        "pid_n = (pid % in_group) // rows",
-        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-        "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
-        "rk = tl.arange(0, BLOCK_K)",
+        *TILE_LINES,
         "a_ptr = a + rm[:, None].to(tl.int64) * a_m + rk[None, :] * a_k",
         "w_ptr = w + rn[None, :].to(tl.int64) * w_n + rk[:, None] * w_k",
         "in_m = rm[:, None] < M",

@@ -32,7 +32,7 @@ from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, epilogue, launch
-from torchkiln.runtime.backends.cuda.codegen.gemm import Config, GemmKernel, filling
+from torchkiln.runtime.backends.cuda.codegen.gemm import TILE_LINES, Config, GemmKernel, filling
 from torchkiln.runtime.backends.cuda.codegen.pointwise import HEADER
 
 KERNEL_NAME = "quantized_conv_kernel"
@@ -124,16 +124,7 @@ def generate(conv: L.ConvolutionLayer, layers: Sequence[L.Layer], inputs: Sequen
     body = [
         *WAIT_LINES,
         "pid = tl.program_id(0)",
-        "grid_m = (M + BLOCK_M - 1) // BLOCK_M",
-        "grid_n = (N + BLOCK_N - 1) // BLOCK_N",
-        "in_group = GROUP_M * grid_n",  # programs of GROUP_M rows of blocks run together: weight tiles stay in L2
-        "first_m = (pid // in_group) * GROUP_M",
-        "rows = tl.minimum(grid_m - first_m, GROUP_M)",
-        "pid_m = first_m + (pid % in_group) % rows",
-        "pid_n = (pid % in_group) // rows",
-        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-        "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
-        "rk = tl.arange(0, BLOCK_K)",
+        *TILE_LINES,
         "in_m = rm < M",
         "in_n = rn < N",
         "ow = rm % OW",
