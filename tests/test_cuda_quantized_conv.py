@@ -103,6 +103,26 @@ def test_generated_quantized_convolution_matches_the_reference(config, monkeypat
 
 
 @on_the_cpu
+@pytest.mark.parametrize("k, stride, pad, dilation, zero", [
+    (3, 2, 1, 1, -128), (3, 1, 3, 1, -128), (1, 2, 0, 1, -128), (5, 1, 2, 2, 5), (2, 3, 1, 1, 100)],
+    ids=["strided", "padding-past-the-window", "1x1-downsample", "dilated", "even-window"])
+def test_zero_points_through_every_window_shape(k, stride, pad, dilation, zero, monkeypatch):
+    """One quantized convolution (a float output, so nothing is requantized) of an input with a zero point: windows
+    partly or wholly in the padding take the taps inside the image only (the rectangle table), at any stride,
+    padding (wider than half the window too), dilation and window size; exact but for fp32 rounding."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    net = Network("window")
+    x = net.add_input("x", torch.float32, (2, 24, 7, 9))
+    net.mark_output(_conv(net, x, 24, 20, k, stride, pad, dilation, zero=zero, scale=0.03))
+    plan = _plan(net, monkeypatch, "16,16,32,1,4,2")
+    assert [op for op, _ in _steps(net, plan)] == ["pointwise", GENERATED_CONV_OP]
+    x = torch.randn(2, 24, 7, 9, generator=torch.Generator().manual_seed(k + pad)) * 2
+    got = run_plan_eagerly(net, plan, [x])[0]
+    ref = ReferenceExecutor(net, CPU).run([x])[0]
+    assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+@on_the_cpu
 def test_without_timing_a_quantized_convolution_is_its_dequantize_and_the_library_convolution(monkeypatch):
     pytest.importorskip("triton", reason="triton is not installed")
     net = _network()
