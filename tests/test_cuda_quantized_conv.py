@@ -283,3 +283,28 @@ def test_quantized_cnn_engine_on_the_gpu(quant_type):
         out, ref = compiled(x).float(), model(x)
     cosine = torch.nn.functional.cosine_similarity(out.flatten(), ref.flatten(), dim=0)
     assert cosine >= 0.99, cosine
+
+
+def _pool_network(same: bool) -> Network:
+    """x -> quantize (zero point -128) -> dequantize -> 3x3 stride-2 max pool (padding 1) -> quantize of the same
+    scale and zero point (or another scale) -> dequantize."""
+    net = Network("qpool")
+    x = net.add_input("x", torch.float32, (2, 24, 9, 9))
+    pool = net.add_pooling_nd(_fake_quantize(net, x, 0.05, -128, I8), L.PoolingType.MAX, (3, 3), stride=(2, 2),
+                              padding=(1, 1))
+    net.mark_output(_fake_quantize(net, pool.get_output(), 0.05 if same else 0.07, -128, I8))
+    return net
+
+
+@on_the_cpu
+def test_a_max_pool_between_quantizers_of_one_scale_pools_the_int8_values():
+    """The dequantize, the pool and the quantize are one generated max pool of the int8 values (a quarter of the
+    bytes), exactly the reference's; with another scale after the pool, the pool reads and writes float."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    for same in (True, False):
+        net = _pool_network(same)
+        plan = planner.make_plan(net, CPU, BackendOptions(timing_iterations=0))
+        pools = [layers for op, layers in _steps(net, plan) if op == "max_pool"]
+        assert pools == ([["dequantize", "pooling", "quantize"]] if same else [["pooling"]])
+        x = torch.randn(2, 24, 9, 9, generator=torch.Generator().manual_seed(3)) * 4
+        assert torch.equal(run_plan_eagerly(net, plan, [x])[0], ReferenceExecutor(net, CPU).run([x])[0])

@@ -294,10 +294,12 @@ def _generated(step: StepLayers, kernel: Kernel, compile_group: Callable) -> Ste
 
 @maker("generated", "max_pool")
 def _max_pool(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
-    """A 2-D max pool as the generated Triton kernel (codegen/pooling.py), in its input's memory format."""
+    """A 2-D max pool as the generated Triton kernel (codegen/pooling.py), in its input's memory format; between a
+    dequantize and a quantize of the same parameters (planner rule 3d: the step's three layers), of the quantized
+    values themselves."""
     from torchkiln.runtime.backends.cuda.codegen.pooling import MaxPool2d
 
-    pool = MaxPool2d(step.layers[0])
+    pool = MaxPool2d(next(layer for layer in step.layers if isinstance(layer, L.PoolingLayer)))
     return lambda xs: [pool(xs[0])]
 
 

@@ -37,6 +37,8 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    so steps write int8 or fp8 values between quantized layers, not float ones (`_dequantize_where_read`). The
    quantize and dequantize of a convolution's output join the add after it, which becomes that convolution's
    epilogue.
+   3d. **Quantized max pools**: a max pool between a per-tensor dequantize and a quantize of the same parameters
+   pools the quantized values (the generated max pool kernel on int8 or fp8: `_quantized_max_pools`).
    **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)
    become one GEMM over their weights concatenated at load (`linear_group`); each output is a column view.
 4. **Row groups** (fusion.py): each reduction over any axes (reduce, softmax, layer, instance and group norm) or
@@ -226,6 +228,9 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
         assigned.update(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
     for members in quantized_convolutions(network, graph.sole_reader, capability):
         groups.append((QUANTIZED_CONV, members))  # at the convolution
+        assigned.update(members)
+    for members in _quantized_max_pools(network, graph):
+        groups.append((Kernel("generated", "max_pool"), members))  # at the quantize
         assigned.update(members)
     for members in _shared_input_linears(network, graph):
         first_at[len(groups)] = min(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
@@ -578,6 +583,37 @@ def _half_layer_norms(network: Network, graph: _Graph) -> list[list[int]]:
     return found
 
 
+def _quantized_max_pools(network: Network, graph: _Graph) -> list[list[int]]:
+    """Rule 3d: the members (dequantize, max pool, quantize) of each generated max pool between a per-tensor
+    dequantize and a per-tensor quantize of the same type, scale, zero point and the type's whole range, each the
+    only reader of the value before it: the pool of the quantized values is the same, exactly (a dequantize and its
+    rounding are monotonic, so the largest value of a window is the dequantized largest; the quantize gives back
+    the value it was made from), and reads and writes a quarter of the bytes."""
+    found = []
+    for j, pool in enumerate(network.layers):
+        dq = pool.inputs[0].producer if _generated_max_pool(pool) else None
+        q = graph.sole_reader(pool.outputs[0]) if dq is not None else None
+        if not isinstance(dq, L.DequantizeLayer) or not isinstance(q, L.QuantizeLayer) \
+                or graph.sole_reader(dq.outputs[0]) is not pool or dq.quant_type != q.quant_type \
+                or dq.axis is not None or q.axis is not None or not _same_quantizer(dq, q):
+            continue
+        if q.quant_type == torch.int8 and (q.quant_min, q.quant_max) != L.QUANT_RANGE[torch.int8]:
+            continue
+        found.append([graph.index[id(dq)], j, graph.index[id(q)]])
+    return found
+
+
+def _same_quantizer(dq: L.DequantizeLayer, q: L.QuantizeLayer) -> bool:
+    """Whether a dequantize and a quantize have one per-tensor scale and zero point (none counting as 0)."""
+    def zero(layer: L.Layer) -> float:
+        found = layer.weights.get("zero_point")
+        return 0.0 if found is None else float(found.reshape(()).float())
+
+    scales = [layer.weights["scale"] for layer in (dq, q)]
+    return all(s.numel() == 1 for s in scales) and float(scales[0].reshape(())) == float(scales[1].reshape(())) \
+        and zero(dq) == zero(q)
+
+
 def _generated_max_pool(layer: L.Layer) -> bool:
     """A 2-D max pool the generated Triton kernel computes (codegen/pooling.py; ATen's channels-last max pool is
     several times slower than its bytes need)."""
@@ -894,8 +930,8 @@ def _merge_refusal(network: Network, out: list[tuple[Kernel, list[int]] | None],
     """Why the generated pointwise group at `earlier` cannot run inside the one at `later` (a layer of `later` reads
     it), or "" if it can: both are pointwise groups over one shape, no step between them reads what `earlier` makes
     (its layers read only what was made before it, so they can run later), and what `earlier` reads from other
-    steps `later` reads too (no value lives longer). Sibling passes over one input, such as GELU's 0.5 * x and its
-    tanh branch, become one pass."""
+    steps `later` reads too, or no step runs between them (no value lives longer). Sibling passes over one input,
+    such as GELU's 0.5 * x and its tanh branch, become one pass."""
     if any(out[g][0].kind != "generated" or out[g][0].op != "pointwise" for g in (earlier, later)):
         return "one of them is not a generated pointwise group"
     lead = [network.layers[out[g][1][0]].outputs[0].shape for g in (earlier, later)]
@@ -906,7 +942,10 @@ def _merge_refusal(network: Network, out: list[tuple[Kernel, list[int]] | None],
                if any(id(x) in made for x in network.layers[m].inputs)]
     if between:
         return f"{between[0]!r}, which runs between them, reads it"
-    # bounded memory: what it reads from other steps the later group reads too, so nothing is kept alive longer
+    # bounded memory: what it reads from other steps the later group reads too, or no step runs between them, so
+    # nothing is kept alive longer
+    if all(step is None for step in out[earlier + 1:later]):
+        return ""
     later_reads = {id(x) for m in out[later][1] for x in network.layers[m].inputs}
     kept = [x.name for m in out[earlier][1] for x in network.layers[m].inputs
             if id(x) not in made and id(x) not in later_reads and x.producer is not None
