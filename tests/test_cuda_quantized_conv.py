@@ -308,3 +308,16 @@ def test_a_max_pool_between_quantizers_of_one_scale_pools_the_int8_values():
         assert pools == ([["dequantize", "pooling", "quantize"]] if same else [["pooling"]])
         x = torch.randn(2, 24, 9, 9, generator=torch.Generator().manual_seed(3)) * 4
         assert torch.equal(run_plan_eagerly(net, plan, [x])[0], ReferenceExecutor(net, CPU).run([x])[0])
+
+
+@needs_cuda
+def test_a_max_pool_of_int8_values_on_the_gpu():
+    from torchkiln.runtime.backends.cuda.runner import CudaRunner
+
+    net = _pool_network(True)
+    device = torch.device("cuda")
+    plan = planner.make_plan(net, device, BackendOptions(timing_iterations=0))
+    assert [layers for op, layers in _steps(net, plan) if op == "max_pool"] == [["dequantize", "pooling", "quantize"]]
+    x = torch.randn(2, 24, 9, 9, generator=torch.Generator().manual_seed(3)) * 4
+    got = CudaRunner(net, plan, device, BackendOptions()).run([x.to(device)])[0].cpu()
+    assert torch.equal(got, ReferenceExecutor(net, CPU).run([x])[0])
