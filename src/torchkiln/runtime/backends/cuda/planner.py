@@ -33,10 +33,9 @@ Decisions, in order (each is a row of the kernel table; `kernels.py` makes the c
    alone reads its output are timed as one generated implicit GEMM on the quantized values with those layers as its
    epilogue (codegen/quantized_conv.py: `generated`/`quantized_conv`), and the faster is kept. A dequantize whose
    value one later pointwise group alone reads (a residual block's input, read by the next convolution and by the
-   add) runs in that group, not in its producer's,
-   so steps write int8 or fp8 values between quantized layers, not float ones (`_dequantize_where_read`). The
-   quantize and dequantize of a convolution's output join the add after it, which becomes that convolution's
-   epilogue.
+   add) runs in that group, not in its producer's, so steps write int8 or fp8 values between quantized layers, not
+   float ones (`_dequantize_where_read`). The quantize and dequantize of a convolution's output join the add after
+   it, which becomes that convolution's epilogue.
    3d. **Quantized max pools**: a max pool between a per-tensor dequantize and a quantize of the same parameters
    pools the quantized values (the generated max pool kernel on int8 or fp8: `_quantized_max_pools`).
    **Linear groups**: matrix multiplies of one input by constant weights (query, key and value projections)

@@ -219,7 +219,8 @@ def _quantized_conv(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepF
     columns = weights[id(roles.dqx)]["scale"].reshape(()).float() * conv_weights["kernel_scale"].float().reshape(-1)
     bias = conv_weights.get("bias")
     launch = QuantizedConvLauncher(generated, roles.product, Config.parse(str(kernel.option("config", ""))),
-                                   kernel_values(roles.product, conv_weights), columns, None if bias is None else bias.float())
+                                   kernel_values(roles.product, conv_weights), columns,
+                                   None if bias is None else bias.float(), roles.zero_point)
     x_at = step.inputs.index(id(roles.dqx.inputs[0]))
     at = [step.inputs.index(id(t)) for t in generated.inputs]
     return lambda xs: launch(xs[x_at], [xs[k] for k in at])

@@ -4,7 +4,7 @@ generated pointwise epilogue in one kernel.
 The convolution is the product [M, K] @ [K, N]: M the output positions (batch, row, column, in that order), N the
 output channels, K the kernel's taps times the input channels. No im2col matrix is made: a program loads each
 [BLOCK_M, BLOCK_K] tile of it straight from the input through its strides, the positions outside the image masked
-(their loads give the input's zero point, the quantized value of 0). Two ways of walking K, a compile-time choice:
+(their loads give 0; see Sums for the zero point). Two ways of walking K, a compile-time choice:
 - by tap (`FLAT` off): for each kernel position, the input channels in blocks; one load per tile row is a
   contiguous run of channels in a channels-last input. For inputs of at least one block of channels;
 - flat (`FLAT` on): K walked as one index over (tap, channel), each element's tap and channel computed; for few
@@ -14,9 +14,9 @@ The weight is [N, K] in (row, column, channel) order, its values in the kernel t
 Sums: int8 x int8 into int32, exact; fp8 e4m3 x fp8 e4m3 into float32. An int8 input with a zero point z sums
 (q - z) * w as q * w - z * (the column's weights over the taps inside the image: all of K, or where a position's
 window reaches into the padding, a rectangle of taps, summed ahead for every rectangle). The padding loads 0, not
-z: masked loads that fill a value other than 0 cost the pipelined copies (1.4-2x slower on an H200). Then the column's
-scale (the input's scale times the weight channel's), the bias in float32, and the epilogue (codegen/epilogue.py)
-on the value rounded to the convolution's dtype; the outputs are channels-last.
+z: masked loads that fill a value other than 0 cost the pipelined copies (1.4-2x slower on an H200). Then the
+column's scale (the input's scale times the weight channel's), the bias in float32, and the epilogue
+(codegen/epilogue.py) on the value rounded to the convolution's dtype; the outputs are channels-last.
 
 Tile sizes are a tactic (`gemm.Config`, split-K unused): the planner times a few against the library step (the
 dequantize and the float convolution, then the pointwise kernel) and keeps the fastest.
@@ -113,8 +113,7 @@ def generate(conv: L.ConvolutionLayer, layers: Sequence[L.Layer], inputs: Sequen
     b = epilogue.build(conv.outputs[0], layers, inputs, outputs)
     integer = conv.kernel_type == torch.int8
     params = ["x", "w", "bias", "col_scale", "col_sum", "rect_sum", *epilogue.pointer_params(b, outputs), "M", "N",
-              "C", "H", "W",
-              "OH", "OW", "x_n", "x_c", "x_h", "x_w", *epilogue.stride_params(b, outputs),
+              "C", "H", "W", "OH", "OW", "x_n", "x_c", "x_h", "x_w", *epilogue.stride_params(b, outputs),
               "KH: tl.constexpr", "KW: tl.constexpr", "SH: tl.constexpr", "SW: tl.constexpr", "PH: tl.constexpr",
               "PW: tl.constexpr", "DH: tl.constexpr", "DW: tl.constexpr", "FLAT: tl.constexpr",
               "HAS_BIAS: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr",
@@ -202,21 +201,24 @@ class QuantizedConvLauncher:
     """Runs a generated quantized convolution on CUDA tensors (or CPU tensors under Triton's interpreter)."""
 
     def __init__(self, kernel: GemmKernel, conv: L.ConvolutionLayer, config: Config, weight: torch.Tensor,
-                 column_scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+                 column_scale: torch.Tensor, bias: torch.Tensor | None, zero_point: int) -> None:
         """`weight`: the kernel's values in its type, [N, C, KH, KW]; `column_scale`: each output channel's scale
-        (the input's times the kernel channel's); `bias` in float32 or None."""
+        (the input's times the kernel channel's); `bias` in float32 or None; `zero_point`: the input's, as
+        `generate` was given it."""
         from torchkiln.runtime.backends.cuda.codegen.compile import load_source
 
         self.conv, self.config = conv, config
         self.taps = tuple(weight.shape[2:])
         self.in_channels = weight.shape[1]
         self.weight = weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()  # [N, (row, col, channel)]
-        # the column's weights summed, and over each rectangle of taps (`_zero_point_lines`): read only for an int8
-        # input with a zero point
-        integer = weight.dtype == torch.int8
-        self.column_sum = weight.to(torch.int32).sum((1, 2, 3), dtype=torch.int32) if integer else column_scale
-        self.rect_sum = _rectangle_sums(weight) if integer else column_scale
         self.column_scale, self.bias = column_scale.float().contiguous(), bias
+        # with a zero point: the column's weights summed, and over each rectangle of taps where there is padding
+        # (`_zero_point_lines`); else nothing reads them
+        self.column_sum = self.rect_sum = self.column_scale
+        if zero_point:
+            self.column_sum = weight.to(torch.int32).sum((1, 2, 3), dtype=torch.int32)
+            if any(_pair(conv.padding)):
+                self.rect_sum = _rectangle_sums(weight)
         self.epilogue = epilogue.Operands(kernel.inputs, kernel.weights, kernel.outputs, M_DIMS, N_DIM, True)
         self._fn = getattr(load_source(kernel.source), KERNEL_NAME)
 
@@ -231,6 +233,9 @@ class QuantizedConvLauncher:
             _pair(conv.dilation)
         oh = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
         ow = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        if oh < 1 or ow < 1:
+            raise EngineInputError(f"convolution {conv.name!r}: input of shape {list(x.shape)} is smaller than its "
+                                   f"{kh}x{kw} window (dilation {dh}x{dw}, padding {ph}x{pw})")
         n = self.weight.shape[0]
         shape = (x.shape[0], n, oh, ow)
         operands, outputs, strides = self.epilogue.bind(inputs, shape, x.device)
