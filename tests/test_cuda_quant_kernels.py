@@ -468,14 +468,14 @@ def _near_ties(scale: torch.Tensor) -> torch.Tensor:
         3e38, -3e38, float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1e-40])])
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU plan runs in Triton's interpreter")
 @pytest.mark.usefixtures("triton_interpreter")
 @pytest.mark.parametrize("scale", SCALES)
 def test_a_dividing_quantize_is_the_correctly_rounded_quotient(scale):
     """x / scale (the quantizers calibration places) as ATen divides, so values next to a rounding tie land on the
     reference's side: a multiply by the reciprocal is up to an ulp off (the next test), and Triton's `/` on float32
     is the GPU's approximate division (PTX div.full, up to 2 ulp); the kernel corrects the product with its residual
-    (two fmas, pointwise._QUOTIENT). Against the meaning's division, scales with mantissas of all ones included."""
+    (two fmas, pointwise._QUOTIENT). Against the meaning's division, scales with mantissas of all ones included; on
+    the GPU where there is one, else in Triton's interpreter."""
     pytest.importorskip("triton", reason="triton is not installed")
     from harness import run_plan_eagerly
 
@@ -488,8 +488,9 @@ def test_a_dividing_quantize_is_the_correctly_rounded_quotient(scale):
     t = net.add_input("x", torch.float32, tuple(x.shape))
     net.mark_output(net.add_layer(L.QuantizeLayer, [t], weights={"scale": s}, quant_type=I8,
                                   divide=True).get_output())
-    plan = planner.make_plan(net, torch.device("cpu"), BackendOptions(timing_iterations=0))
-    got = run_plan_eagerly(net, plan, [x])[0]
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    plan = planner.make_plan(net, device, BackendOptions(timing_iterations=0))
+    got = run_plan_eagerly(net, plan, [x.to(device)])[0].cpu()
     ref = ReferenceExecutor(net, torch.device("cpu")).run([x])[0]
     assert torch.equal(got, ref), (x[got != ref], got[got != ref], ref[got != ref])
 

@@ -15,6 +15,7 @@ from torchkiln.runtime.backends.cuda import gemm_tactic, planner
 from torchkiln.runtime.backends.cuda.quant_kernels import GENERATED_CONV_OP
 from torchkiln.runtime.engine import Engine
 from torchkiln.runtime.executor import ReferenceExecutor
+from torchkiln.runtime.plan import check_steps
 
 I8, F8 = torch.int8, torch.float8_e4m3fn
 CPU = torch.device("cpu")
@@ -238,6 +239,7 @@ def test_int8_cnn_plan_runs_its_convolutions_generated_and_matches_the_reference
     network = Engine.deserialize(torchkiln.convert_method_to_engine(
         model, "forward", [x], backend="reference", enabled_precisions={I8}, calibration_inputs=[x])).network
     plan = _plan(network, monkeypatch, "32,32,32,1,4,2")
+    check_steps(network, plan.steps)  # every layer computed once, after what it reads
     convs = [layers for op, layers in _steps(network, plan) if "convolution" in layers]
     assert len(convs) == 6 and all(op == GENERATED_CONV_OP for op, layers in _steps(network, plan)
                                    if "convolution" in layers)
