@@ -58,3 +58,24 @@ def kernel_values(layer: L.ConvolutionLayer, weights: Mapping[str, torch.Tensor]
         (kernel / shaped).clamp(lo, hi)
     return q.to(layer.kernel_type)
 
+
+def zero_point(layer: L.Layer) -> int:
+    """A per-tensor quantize's or dequantize's zero point (0 without one)."""
+    zero = layer.weights.get("zero_point")
+    return 0 if zero is None else int(zero.reshape(()).float())
+
+
+def same_grid(q: L.QuantizeLayer, dq: L.Layer | None) -> bool:
+    """Whether `q` quantizes per tensor by dequantize `dq`'s one scale and zero point, to its type, over the type's
+    whole range: what `q` reads, once dequantized by `dq` (and moved, selected or max-pooled: `order_preserving`),
+    it maps back exactly."""
+    if not isinstance(dq, L.DequantizeLayer) or dq.quant_type != q.quant_type or q.axis is not None \
+            or dq.axis is not None:
+        return False
+    if q.quant_type == torch.int8 and (q.quant_min, q.quant_max) != L.QUANT_RANGE[torch.int8]:
+        return False
+    if any(w.numel() != 1 for layer in (q, dq) for name, w in layer.weights.items() if name in ("scale", "zero_point")):
+        return False
+    return torch.equal(q.weights["scale"].reshape(()), dq.weights["scale"].reshape(())) \
+        and zero_point(q) == zero_point(dq)
+

@@ -19,7 +19,8 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.quantization import as_uint8, clamps_at_zero, kernel_values, order_preserving, per_tensor_int8
+from torchkiln.ir.quantization import (as_uint8, clamps_at_zero, kernel_values, order_preserving, per_tensor_int8,
+                                        same_grid, zero_point)
 from torchkiln.ir.tensor import Tensor
 from torchkiln.onnx_export.context import CONTRIB_DOMAIN, ExportContext, exporter
 
@@ -105,7 +106,7 @@ def _fused(ctx: ExportContext, layer: L.QuantizeLayer) -> bool:
     value dequantized by the same scale and zero point (`_same_grid`: exact then)."""
     producer = layer.inputs[0].producer
     if clamps_at_zero(producer) and layer.quant_type == torch.int8 and layer.axis is None \
-            and layer.weights.get("zero_point") is not None and _zero_point(layer) == L.QUANT_RANGE[torch.int8][0]:
+            and layer.weights.get("zero_point") is not None and zero_point(layer) == L.QUANT_RANGE[torch.int8][0]:
         top = float(layer.weights["scale"].reshape(()).float() * 255)  # in float32, as ORT's ClipQuantFusion
         if producer.type != L.ActivationType.RELU and producer.beta < top - torch.finfo(torch.float32).eps:
             return False  # ORT keeps a Clip that cuts below the quantizer's top, and converts around it
@@ -120,12 +121,7 @@ def _fused(ctx: ExportContext, layer: L.QuantizeLayer) -> bool:
 def _same_grid(q: L.QuantizeLayer, dq: L.Layer | None) -> bool:
     """Whether `q` quantizes by `dq`'s scale and zero point (both int8 per tensor): what `q` reads, once dequantized
     by `dq`, it maps back exactly, and ONNX Runtime drops the pair around a max pooling or reshape between them."""
-    return per_tensor_int8(q) and per_tensor_int8(dq) and _zero_point(q) == _zero_point(dq) \
-        and torch.equal(q.weights["scale"].reshape(-1), dq.weights["scale"].reshape(-1))
-
-
-def _zero_point(layer: L.Layer) -> int:
-    return int(layer.weights["zero_point"].reshape(-1)[0]) if "zero_point" in layer.weights else 0
+    return per_tensor_int8(q) and per_tensor_int8(dq) and same_grid(q, dq)
 
 
 def _scale_in_quantize(ctx: ExportContext, layer: L.QuantizeLayer) -> bool:

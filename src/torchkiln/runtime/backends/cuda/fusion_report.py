@@ -306,10 +306,11 @@ def _max_pool(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) -> str:
 
 
 def _quantized_products(ctx: _Context, a: int, b: int, t, p: L.Layer, r: L.Layer) -> str:
+    why_read = {"quantized_gemm": " (quantizing it in the GEMM's loads was measured slower)", "quantized_conv": ""}
     for op, what in (("quantized_gemm", "GEMM (rule 3b)"), ("quantized_conv", "convolution (rule 3c)")):
         if ctx.is_step(b, "generated", op) and isinstance(r, L.DequantizeLayer):
-            return f"the reader is a generated quantized {what}: it reads its activation quantized from memory " \
-                   f"(quantizing it in the product's loads was measured slower), and {p.KIND} {p.name!r} writes it"
+            return f"the reader is a generated quantized {what}: it reads its activation quantized from memory" \
+                   f"{why_read[op]}, and {p.KIND} {p.name!r} writes it"
         if ctx.is_step(a, "generated", op):
             return f"the generated quantized {what} took the pointwise step that alone reads its product as its " \
                    f"epilogue; {r.KIND} {r.name!r} is not part of it"

@@ -27,9 +27,9 @@ Weights = dict[str, torch.Tensor]
 Maker = Callable[["StepLayers", Kernel, bool], StepFn]
 MAKERS: dict[tuple[str, str], Maker] = {}
 CHANNELS_LAST_OUT = "channels_last_out"  # a generated step's option: its 4-D outputs feed channels-last convolutions
-# the ops of the steps of a quantized convolution with its input's dequantize (quant_kernels.py): the library's, the
-# generated one's
-QUANTIZED_CONVOLUTIONS = ("dequantized_conv", "quantized_conv")
+# the ops of the steps of a quantized convolution with its input's dequantize (quant_kernels.py): the library's
+# (dequantize, then the float convolution) and the generated one's
+DEQUANTIZED_CONV_OP, QUANTIZED_CONV_OP = "dequantized_conv", "quantized_conv"
 
 
 class StepLayers:
@@ -118,7 +118,7 @@ def takes_channels_last(kernel: Kernel, lead: L.Layer) -> bool:
     """Whether a step of this kernel row, led by `lead`, is a convolution that reads its input channels-last (a
     quantized one's step is led by the dequantize of its input)."""
     if isinstance(lead, L.DequantizeLayer):
-        return kernel.op in QUANTIZED_CONVOLUTIONS
+        return kernel.op in (DEQUANTIZED_CONV_OP, QUANTIZED_CONV_OP)
     return isinstance(lead, L.ConvolutionLayer) and (bool(kernel.option("channels_last"))
                                                      or kernel.op in ("gemm", "depthwise"))
 

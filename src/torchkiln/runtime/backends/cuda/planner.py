@@ -116,6 +116,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.quantization import same_grid
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import attention, have_triton
@@ -221,7 +222,9 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
         first_at[len(groups)] = members[0]
         groups.append((kernel, members))
         assigned.update(members)
-    capability = lambda: torch.cuda.get_device_capability(device)  # noqa: E731  (asked only for fp8)
+    def capability() -> tuple[int, int]:  # asked only for fp8
+        return torch.cuda.get_device_capability(device)
+
     for members in quantized_matmuls(network, graph.sole_reader, capability):
         groups.append((QUANTIZED_MATMUL, members))  # at its last member, the multiply
         assigned.update(j for j in members if not isinstance(network.layers[j], L.ConstantLayer))
@@ -584,33 +587,18 @@ def _half_layer_norms(network: Network, graph: _Graph) -> list[list[int]]:
 
 def _quantized_max_pools(network: Network, graph: _Graph) -> list[list[int]]:
     """Rule 3d: the members (dequantize, max pool, quantize) of each generated max pool between a per-tensor
-    dequantize and a per-tensor quantize of the same type, scale, zero point and the type's whole range, each the
-    only reader of the value before it: the pool of the quantized values is the same, exactly (a dequantize and its
-    rounding are monotonic, so the largest value of a window is the dequantized largest; the quantize gives back
-    the value it was made from), and reads and writes a quarter of the bytes."""
+    dequantize and a per-tensor quantize of the same type, scale, zero point and the type's whole range
+    (`ir.quantization.same_grid`), each the only reader of the value before it: the pool of the quantized values is
+    the same, exactly (a dequantize and its rounding are monotonic, so the largest value of a window is the
+    dequantized largest; the quantize gives back the value it was made from), and reads and writes a quarter of the
+    bytes."""
     found = []
     for j, pool in enumerate(network.layers):
         dq = pool.inputs[0].producer if _generated_max_pool(pool) else None
         q = graph.sole_reader(pool.outputs[0]) if dq is not None else None
-        if not isinstance(dq, L.DequantizeLayer) or not isinstance(q, L.QuantizeLayer) \
-                or graph.sole_reader(dq.outputs[0]) is not pool or dq.quant_type != q.quant_type \
-                or dq.axis is not None or q.axis is not None or not _same_quantizer(dq, q):
-            continue
-        if q.quant_type == torch.int8 and (q.quant_min, q.quant_max) != L.QUANT_RANGE[torch.int8]:
-            continue
-        found.append([graph.index[id(dq)], j, graph.index[id(q)]])
+        if isinstance(q, L.QuantizeLayer) and same_grid(q, dq) and graph.sole_reader(dq.outputs[0]) is pool:
+            found.append([graph.index[id(dq)], j, graph.index[id(q)]])
     return found
-
-
-def _same_quantizer(dq: L.DequantizeLayer, q: L.QuantizeLayer) -> bool:
-    """Whether a dequantize and a quantize have one per-tensor scale and zero point (none counting as 0)."""
-    def zero(layer: L.Layer) -> float:
-        found = layer.weights.get("zero_point")
-        return 0.0 if found is None else float(found.reshape(()).float())
-
-    scales = [layer.weights["scale"] for layer in (dq, q)]
-    return all(s.numel() == 1 for s in scales) and float(scales[0].reshape(())) == float(scales[1].reshape(())) \
-        and zero(dq) == zero(q)
 
 
 def _generated_max_pool(layer: L.Layer) -> bool:

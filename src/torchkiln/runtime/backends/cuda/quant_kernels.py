@@ -31,11 +31,11 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
-from torchkiln.ir.quantization import kernel_values
+from torchkiln.ir.quantization import kernel_values, zero_point
 from torchkiln.ir.reference import MEANINGS
 from torchkiln.runtime.backends.cuda.codegen.quantized_conv import quantized_conv_layer
-from torchkiln.runtime.backends.cuda.kernels import (QUANTIZED_CONVOLUTIONS, StepFn, StepLayers, channels_last_input,
-                                                     epilogue_inputs, maker, step_output)
+from torchkiln.runtime.backends.cuda.kernels import (DEQUANTIZED_CONV_OP, QUANTIZED_CONV_OP, StepFn, StepLayers,
+                                                     channels_last_input, epilogue_inputs, maker, step_output)
 from torchkiln.runtime.executor import convolve
 from torchkiln.runtime.plan import Kernel
 
@@ -45,8 +45,8 @@ if TYPE_CHECKING:
 
 KERNEL = Kernel("library", "quantized_matmul")
 GENERATED_OP = "quantized_gemm"  # the generated kernel's row: Kernel("generated", GENERATED_OP, (("config", ...),))
-CONV_KERNEL = Kernel("library", QUANTIZED_CONVOLUTIONS[0], (("channels_last", True),))
-GENERATED_CONV_OP = QUANTIZED_CONVOLUTIONS[1]
+CONV_KERNEL = Kernel("library", DEQUANTIZED_CONV_OP, (("channels_last", True),))
+GENERATED_CONV_OP = QUANTIZED_CONV_OP
 ALIGN = {torch.int8: 8, torch.float8_e4m3fn: 16}  # K and N must be multiples of this for cuBLASLt
 FP8_CAPABILITY = (8, 9)  # fp8 tensor cores: Ada and Hopper on
 
@@ -101,7 +101,7 @@ def quantized_convolutions(network: Network, sole_reader: Callable[[object], L.L
                 or sole_reader(dq.outputs[0]) is not conv:
             continue
         zero = dq.weights.get("zero_point")
-        if zero is not None and (zero.numel() != 1 or (conv.kernel_type != torch.int8 and bool(zero.any()))):
+        if zero is not None and zero.numel() != 1 or conv.kernel_type != torch.int8 and zero_point(dq):
             continue
         if conv.kernel_type == torch.float8_e4m3fn and tuple(capability()) < FP8_CAPABILITY:
             continue
@@ -171,12 +171,6 @@ class QuantizedProduct:
         own = {id(x) for x in (self.product, self.dqx, self.dqw, self.constant) if x is not None}
         self.epilogue = [layer for layer in layers if id(layer) not in own]
 
-    @property
-    def zero_point(self) -> int:
-        """The activation's zero point (0 without one)."""
-        zero = self.dqx.weights.get("zero_point")
-        return 0 if zero is None else int(zero.reshape(()))
-
 
 def generated_kernel(layers: list[L.Layer], inputs: Sequence[int], outputs: Sequence[Tensor]
                      ) -> tuple[GemmKernel, QuantizedProduct]:
@@ -187,7 +181,7 @@ def generated_kernel(layers: list[L.Layer], inputs: Sequence[int], outputs: Sequ
     roles = QuantizedProduct(layers)
     reads = epilogue_inputs(roles.product, roles.epilogue, inputs)
     if roles.dqw is None:
-        return quantized_conv.generate(roles.product, roles.epilogue, reads, outputs, roles.zero_point), roles
+        return quantized_conv.generate(roles.product, roles.epilogue, reads, outputs, zero_point(roles.dqx)), roles
     return gemm.generate(roles.product, roles.epilogue, reads, outputs, roles.dqw.quant_type), roles
 
 
@@ -220,7 +214,7 @@ def _quantized_conv(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepF
     bias = conv_weights.get("bias")
     launch = QuantizedConvLauncher(generated, roles.product, Config.parse(str(kernel.option("config", ""))),
                                    kernel_values(roles.product, conv_weights), columns,
-                                   None if bias is None else bias.float(), roles.zero_point)
+                                   None if bias is None else bias.float(), zero_point(roles.dqx))
     x_at = step.inputs.index(id(roles.dqx.inputs[0]))
     at = [step.inputs.index(id(t)) for t in generated.inputs]
     return lambda xs: launch(xs[x_at], [xs[k] for k in at])

@@ -34,6 +34,7 @@ import torch
 
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L, pointwise as P
+from torchkiln.ir.quantization import zero_point
 from torchkiln.ir.tensor import Tensor
 from torchkiln.runtime.backends.cuda.codegen import PDL_PARAM, WAIT_LINES, chain_options, launch, needs_int64
 
@@ -299,12 +300,6 @@ def _rounded_to(b: Builder, x: Value, dtype: torch.dtype) -> Value:
 _QUOTIENT = "tl.fma(tl.fma(-{q}, {s}, {x}), {r}, {q})"
 
 
-def _zero_point(layer: L.Layer) -> int:
-    """A per-tensor quantize's or dequantize's zero point (0 without one)."""
-    zero = layer.weights.get("zero_point")
-    return 0 if zero is None else int(zero.reshape(()))
-
-
 def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
     """Emit `layer`'s computation; its value."""
     out = layer.outputs[0].dtype
@@ -345,13 +340,13 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
             return b.emit(f"{x}.to({TL[out]})", out)
         # round(x) + zero clamped to [min, max] is round(x clamped to [min - zero, max - zero]) + zero (integer
         # bounds); NaN gives min
-        zero = _zero_point(layer)
+        zero = zero_point(layer)
         low, high = float(layer.quant_min - zero), float(layer.quant_max - zero)
         x = b.emit(f"tl.minimum(tl.maximum(tl.where({x} != {x}, {low}, {x}), {low}), {high})", torch.float32)[0]
         x = b.emit(f"({x} + 12582912.0) - 12582912.0", torch.float32)[0]  # 1.5 * 2**23: half to even
         return b.emit(f"({x} + {float(zero)}).to(tl.int8)" if zero else f"{x}.to(tl.int8)", torch.int8)
     if isinstance(layer, L.DequantizeLayer):  # per tensor (`fusable`): (q - zero) * scale in float32
-        x, zero = b.as_float(xs[0]), _zero_point(layer)
+        x, zero = b.as_float(xs[0]), zero_point(layer)
         if zero:
             x = b.emit(f"{x} - {float(zero)}", torch.float32)[0]
         x = b.emit(f"{x} * {b.as_float(b.weight(layer.weights['scale'].float().reshape(())))}", torch.float32)

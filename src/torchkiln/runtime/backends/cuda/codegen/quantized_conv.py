@@ -208,8 +208,10 @@ class QuantizedConvLauncher:
         from torchkiln.runtime.backends.cuda.codegen.compile import load_source
 
         self.conv, self.config = conv, config
-        self.taps = tuple(weight.shape[2:])
         self.in_channels = weight.shape[1]
+        # the window's launch constants: taps, stride, padding, dilation (per dim) and the walk of K
+        self.window = (*weight.shape[2:], *_pair(conv.stride), *_pair(conv.padding), *_pair(conv.dilation))
+        self.flat = flat(self.in_channels, config.block_k)
         self.weight = weight.permute(0, 2, 3, 1).reshape(weight.shape[0], -1).contiguous()  # [N, (row, col, channel)]
         self.column_scale, self.bias = column_scale.float().contiguous(), bias
         # with a zero point: the column's weights summed, and over each rectangle of taps where there is padding
@@ -225,17 +227,16 @@ class QuantizedConvLauncher:
     def __call__(self, x: torch.Tensor, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The epilogue's outputs for the convolution of `x` (quantized values, [N, C, H, W], any strides) and the
         epilogue's other `inputs`."""
-        conv, cfg = self.conv, self.config
+        cfg = self.config
         if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise EngineInputError(f"convolution {conv.name!r}: input of shape {list(x.shape)} for a kernel of "
+            raise EngineInputError(f"convolution {self.conv.name!r}: input of shape {list(x.shape)} for a kernel of "
                                    f"{self.in_channels} input channels")
-        (kh, kw), (sh, sw), (ph, pw), (dh, dw) = self.taps, _pair(conv.stride), _pair(conv.padding), \
-            _pair(conv.dilation)
+        kh, kw, sh, sw, ph, pw, dh, dw = self.window
         oh = (x.shape[2] + 2 * ph - dh * (kh - 1) - 1) // sh + 1
         ow = (x.shape[3] + 2 * pw - dw * (kw - 1) - 1) // sw + 1
         if oh < 1 or ow < 1:
-            raise EngineInputError(f"convolution {conv.name!r}: input of shape {list(x.shape)} is smaller than its "
-                                   f"{kh}x{kw} window (dilation {dh}x{dw}, padding {ph}x{pw})")
+            raise EngineInputError(f"convolution {self.conv.name!r}: input of shape {list(x.shape)} is smaller than "
+                                   f"its {kh}x{kw} window (dilation {dh}x{dw}, padding {ph}x{pw})")
         n = self.weight.shape[0]
         shape = (x.shape[0], n, oh, ow)
         operands, outputs, strides = self.epilogue.bind(inputs, shape, x.device)
@@ -246,7 +247,7 @@ class QuantizedConvLauncher:
         tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
         launch(self._fn, (tiles,), x, self.weight, bias, self.column_scale, self.column_sum, self.rect_sum, *operands,
                *outputs, m, n, x.shape[1], x.shape[2], x.shape[3], oh, ow, *x.stride(), *strides,
-               KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, FLAT=flat(self.in_channels, cfg.block_k),
+               KH=kh, KW=kw, SH=sh, SW=sw, PH=ph, PW=pw, DH=dh, DW=dw, FLAT=self.flat,
                HAS_BIAS=self.bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                GROUP_M=cfg.group_m, num_stages=cfg.stages, num_warps=cfg.warps, **chain_options())
         return outputs
