@@ -166,8 +166,8 @@ def _triton_version() -> str:
 def _channels_last_sample(network: Network, request: Request, t: Tensor) -> bool:
     """Whether `t` is sampled channels-last for timing, as the convolution stack around the request makes it: a
     depthwise convolution's input, and every 4-D input of a quantized convolution's step (its input, a residual its
-    epilogue adds: sampled NCHW, the residual's strided reads timed a 1x1 convolution with its add at 200 us
-    against 37 in the engine, H200)."""
+    epilogue adds: sampled NCHW, the residual's strided reads timed a 1x1 convolution of [32,64,56,56] with its add
+    at 199 us, channels-last at 70, H200)."""
     layer = network.layers[request.product]
     if request.kind == "depthwise":
         return t is layer.inputs[0]
