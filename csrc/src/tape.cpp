@@ -1,6 +1,7 @@
 // Replaying a tape (docs/tape_format.md, "Running a tape"): input buffers, the prologue once, then the body per call:
 // its operators through the dispatcher (arguments typed by their schemas), its kernels through the CUDA driver, and
 // on a GPU (CUDA builds) the body captured once as a CUDA graph and replayed.
+#include <ATen/ops/_foreach_copy.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -320,7 +321,11 @@ void TapeRunner::replay(at::TensorList inputs) {
       }
       last_stream_ = stream;
     }
-    for (size_t k = 0; k < inputs.size(); ++k) values_[k].copy_(inputs[k]);
+    if (inputs.size() > 1) {  // one launch for all, as the Python runner copies them
+      at::_foreach_copy_(at::TensorList(values_.data(), inputs.size()), inputs);
+    } else if (!inputs.empty()) {
+      values_[0].copy_(inputs[0]);
+    }
     if (graph_) {
 #ifdef TORCHKILN_CUDA
       graph_->graph.replay();
