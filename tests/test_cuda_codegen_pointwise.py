@@ -616,6 +616,27 @@ def test_an_indexed_kernel_walks_channels_last_where_its_inputs_are_or_where_ask
     assert torch.equal(got.cpu(), reference(net, values)[0])
 
 
+def test_an_indexed_window_partition_of_a_channels_last_map_is_row_major():
+    """A window partition ([B, C, H, W] split into windows, permuted and merged into [B, windows, tokens, C]) of a
+    channels-last map is written row-major: its readers (a layer norm over C, a linear layer) read rows of C. Before,
+    the kernel took the layout of its channels-last input, though the partition gives its dims other meanings, and
+    ATen's linear then copied the rows and added its bias in two more kernels. The values are the layers'."""
+    from torchkiln.runtime.backends.cuda.codegen.indexed import compile_group as compile_indexed
+
+    b, c, h, w, p = 2, 8, 4, 6, 2
+    net = Network("partition")
+    x = net.add_input("x", F16, (b, c, h, w))
+    split = net.add_shuffle(x, reshape_dims=(b, c, h // p, p, w // p, p)).get_output()
+    windows = net.add_shuffle(split, first_transpose=(0, 2, 4, 3, 5, 1),
+                              reshape_dims=(b, (h // p) * (w // p), p * p, c)).get_output()
+    net.mark_output(windows)
+    values = {"x": torch.randn(b, c, h, w).half().contiguous(memory_format=torch.channels_last)}
+    launcher = compile_indexed(net.layers, net.inputs, net.outputs)
+    (got,) = launcher([values["x"].to(DEVICE)])
+    assert got.is_contiguous()
+    assert torch.equal(got.cpu(), reference(net, values)[0])
+
+
 def test_integer_rolls_and_pads_are_index_arithmetic():
     """An int64 roll (two slices concatenated), padded with a constant past int32 and added to an int32: the moves,
     the fill and the sum in one indexed kernel, exact."""

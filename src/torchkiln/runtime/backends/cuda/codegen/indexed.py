@@ -490,13 +490,18 @@ class IndexedLauncher:
     walks its output in the output's memory order: channels-last where the planner asks (its readers are
     channels-last convolutions) or where the 4-D inputs are all channels-last (as ATen's concatenation keeps them;
     those of the output's shape, where there are such: a residual read as is, not a permuted operand); else
-    row-major. Each order's kernel is generated when first needed."""
+    row-major. Inputs of another shape count only where no layer of the kernel reshapes or permutes: a concatenation,
+    padding, resize or pool keeps the meaning of N, C, H and W, a permute or reshape does not (a channels-last
+    [B, C, H, W] partitioned into [B, windows, tokens, C] windows is row-major, so the layer norm and the linear
+    layer after it read rows of C, not every windows-th value). Each order's kernel is generated when first
+    needed."""
 
     def __init__(self, layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor],
                  channels_last: bool = False) -> None:
         self.kernel = generate(layers, inputs, outputs)
         self._group = (list(layers), list(inputs), list(outputs))
         self.channels_last = channels_last and len(self.kernel.shape) == 4
+        self._keeps_axes = not any(isinstance(layer, L.ShuffleLayer) for layer in layers)
         self._fns: dict[bool, object] = {}
         self._weights: dict[torch.device, list[torch.Tensor]] = {}
 
@@ -522,7 +527,8 @@ class IndexedLauncher:
         if weights is None:
             weights = self._weights[device] = [w.to(device) for w in kernel.weights]
         four = [x for x in inputs if x.dim() == 4 and x.numel() > 0]
-        four = [x for x in four if tuple(x.shape) == tuple(kernel.shape)] or four  # those read as the output is
+        # those read as the output is, else (where no layer moves the axes) any
+        four = [x for x in four if tuple(x.shape) == tuple(kernel.shape)] or (four if self._keeps_axes else [])
         last = len(kernel.shape) == 4 and (self.channels_last or bool(four) and all(
             x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous() for x in four))
         layout = torch.channels_last if last else torch.contiguous_format
