@@ -6,6 +6,7 @@ a kernel launch gets the bytes Triton's launcher would give it, a chained one it
 (through a stand-in CUDA driver: no GPU here)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import struct
@@ -367,3 +368,56 @@ def test_a_gpu_tape_replays_its_chained_launch_with_the_python_runtimes_bits(cpp
     assert stderr.count(f"torchkiln: engine '{engine.name}' runs tape 0 on cuda") == 1, stderr
     for k, (xs, g) in enumerate(zip(inputs, got)):
         assert_bitwise(g, [o.cpu() for o in _python(blob, xs)], f"call {k}")
+
+
+class _Tokens(torch.nn.Module):
+    """Token embeddings (a gather of the input ids) and an encoder layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed, self.encoder = torch.nn.Embedding(50, 16), _Encoder()
+
+    def forward(self, ids):
+        return self.encoder(self.embed(ids))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_dynamic_gpu_engine_between_its_tapes_replays_a_cuda_graph_per_shape(cpp, tmp_path):
+    """A cuda engine of dynamic shapes called in C++ at shapes between those its tapes were recorded at: the first
+    call at each shape captures the layers as a CUDA graph (TORCHKILN_TAPE_LOG says so once per shape), later calls
+    replay it; the outputs have the bits of the same layers run uncaptured (the engine with cuda_graphs=False) and
+    eager's values (fp32, TF32 off). An id out of range at a captured shape is still EngineIndexError: the indices
+    the engine reads from its inputs are checked before the replay."""
+    torch.manual_seed(0)
+    model = _Tokens().cuda().eval()
+    spec = torchkiln.Input(min_shape=(1, 2), opt_shape=(2, 8), max_shape=(4, 16), dtype=torch.long)
+    blob = torchkiln.compile(model, inputs=[spec], device=torch.device("cuda"), min_block_size=1)._c.getattr(
+        "_torchkiln_engine_0")
+    engine = Engine.deserialize(bytes(blob.numpy()))
+    name = engine.name
+    engine.backend_options = dataclasses.replace(engine.backend_options, cuda_graphs=False)
+    blobs = {True: blob, False: engine_blob(engine.serialize())}
+    shapes = [(3, 5), (3, 5), (2, 11), (3, 5), (2, 11), (2, 11)]
+    inputs = [[torch.randint(0, 50, shape, device="cuda")] for shape in shapes]
+    runs = {}
+    for graphs, engine_bytes in blobs.items():
+        outputs, stderr, code = _run_engines(cpp, [engine_bytes] * len(inputs), inputs, tmp_path,
+                                             TORCHKILN_TAPE_LOG="1")
+        assert code == 0, stderr
+        runs[graphs] = outputs, stderr
+    captured = runs[True][1]
+    for shape in ("[3, 5]", "[2, 11]"):
+        assert captured.count(f"torchkiln: engine '{name}' captures its layers for inputs int64{shape}") == 1, \
+            captured
+    assert "captures its layers" not in runs[False][1]
+    with torch.no_grad():
+        for k, xs in enumerate(inputs):
+            assert_bitwise(runs[True][0][k], runs[False][0][k], f"call {k}")
+            want = model(*xs).cpu()
+            got = runs[True][0][k][0]
+            assert (got - want).abs().max() <= 1e-4 * want.abs().max(), f"call {k}"
+    bad = inputs[0][0].clone()
+    bad[1, 2] = 50
+    _, stderr, code = _run_engines(cpp, [blob] * 2, [inputs[0], [bad]], tmp_path, TORCHKILN_TAPE_LOG="1")
+    assert code != 0 and "captures its layers" in stderr, stderr
+    assert "EngineIndexError" in stderr and "index 50 is out of range" in stderr, stderr

@@ -12,6 +12,7 @@
 #include <regex>
 
 #include "kinds.h"
+#include "shape_graphs.h"
 #include "tape.h"
 
 #ifdef TORCHKILN_CUDA
@@ -190,7 +191,7 @@ std::vector<int64_t> Engine::bind(const std::vector<at::Tensor>& inputs) const {
 
 std::vector<at::Tensor> run_network(const Network& network, const std::vector<at::Tensor>& inputs, const Env& env) {
   std::vector<int64_t> values = env.symbols;  // a data-dependent layer binds its size here, for this run
-  Env own{values, env.device, env.meta};
+  Env own{values, env.device, env.meta, env.capturing};
   std::vector<at::Tensor> slots(network.tensors.size());
   for (int i = 0; i < network.num_inputs; ++i) slots[i] = inputs[i];
   std::vector<at::Tensor> xs;
@@ -232,7 +233,18 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) c
   c10::AutoGradMode no_grad(false);
   if (TapeRunner* runner = tape_runner(inputs, device)) return runner->run(inputs);
   std::vector<int64_t> values = symbols.empty() ? std::vector<int64_t>{} : bind(inputs);
+  if (ShapeGraphs* graphs = shape_graphs(device))
+    if (auto outputs = graphs->run(inputs, values)) return *std::move(outputs);
   return run_network(network_on(device), inputs, Env{values, device, false});
+}
+
+ShapeGraphs* Engine::shape_graphs(const at::Device& device) const {
+  if (!device.is_cuda() || backend != "cuda" || !cuda_graphs) return nullptr;
+  const Network& on_device = network_on(device);
+  std::lock_guard<std::mutex> lock(tape_mutex_);
+  auto& graphs = shape_graphs_[{static_cast<int>(device.type()), device.index()}];
+  if (!graphs) graphs = std::make_shared<ShapeGraphs>(on_device, device, name);
+  return graphs.get();
 }
 
 namespace {
@@ -354,7 +366,9 @@ TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at:
             tensors_text(given);
     else
       why = "its tapes are for " + c10::Join(", ", targets) + ", not " + here->describe();
-    TORCH_WARN("torchkiln: engine '", name, "' runs its layers one ATen call at a time, not a tape: ", why);
+    TORCH_WARN("torchkiln: engine '", name, "' runs its layers one ATen call at a time",
+               device.is_cuda() && backend == "cuda" && cuda_graphs ? " (captured as a CUDA graph per input shape)" : "",
+               ", not a tape: ", why);
   }
   return nullptr;
 }

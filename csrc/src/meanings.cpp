@@ -383,7 +383,7 @@ Tensors slice(const Layer& l, const Tensors& xs, const Env& env) {
 Tensors expand(const Layer& l, const Tensors& xs, const Env& env) { return {xs[0].expand(l.ints("shape", env))}; }
 
 void check_indices(const Layer& l, const at::Tensor& idx, int64_t dim, int64_t size, const Env& env) {
-  if (env.meta || idx.numel() == 0) return;
+  if (env.meta || env.capturing || idx.numel() == 0) return;
   at::Tensor bad = at::logical_or(idx < 0, idx >= size);
   if (bad.any().item<bool>()) {
     int64_t value = idx.masked_select(bad).flatten()[0].item<int64_t>();
@@ -393,27 +393,32 @@ void check_indices(const Layer& l, const at::Tensor& idx, int64_t dim, int64_t s
   }
 }
 
+// A gather's indices against the sizes of its data (EngineIndexError naming the first one out of range).
+void check_gather(const Layer& l, at::IntArrayRef data, const at::Tensor& idx, const Env& env) {
+  int64_t rank = std::max<int64_t>(static_cast<int64_t>(data.size()), 1), axis = l.param("axis").i.value;
+  int64_t norm = ((axis % rank) + rank) % rank;
+  auto size = [&](int64_t dim) { return data.empty() ? int64_t{1} : data[dim]; };
+  if (l.str("mode") == "nd") {
+    for (int64_t dim = 0; dim < idx.size(-1); ++dim) check_indices(l, idx.select(-1, dim), dim, size(dim), env);
+  } else {
+    check_indices(l, idx, norm, size(norm), env);
+  }
+}
+
 Tensors gather(const Layer& l, const Tensors& xs, const Env& env) {
   const at::Tensor &data = xs[0], &idx = xs[1];
   int64_t axis = l.param("axis").i.value;
   const std::string& mode = l.str("mode");
   int64_t rank = std::max<int64_t>(data.dim(), 1);
   int64_t norm = ((axis % rank) + rank) % rank;
-  if (mode == "element") {
-    check_indices(l, idx, norm, data.size(norm), env);
-    return {at::gather(data, axis, idx)};
-  }
+  check_gather(l, data.sizes(), idx, env);
+  if (mode == "element") return {at::gather(data, axis, idx)};
   if (mode == "nd") {
     c10::List<std::optional<at::Tensor>> indices;
-    for (int64_t dim = 0; dim < idx.size(-1); ++dim) {
-      at::Tensor column = idx.select(-1, dim);
-      check_indices(l, column, dim, data.size(dim), env);
-    }
     at::Tensor moved = idx.movedim(-1, 0);
     for (int64_t k = 0; k < moved.size(0); ++k) indices.push_back(moved[k]);
     return {at::index(data, indices)};
   }
-  check_indices(l, idx, norm, data.size(norm), env);
   at::Tensor flat = at::index_select(data, norm, idx.reshape(-1));
   std::vector<int64_t> shape(data.sizes().begin(), data.sizes().begin() + norm);
   shape.insert(shape.end(), idx.sizes().begin(), idx.sizes().end());
@@ -653,6 +658,15 @@ const std::map<std::string, Meaning>& meanings() {
 }
 
 }  // namespace
+
+void check_input_indices(const Network& network, const std::vector<at::Tensor>& inputs, const Env& env) {
+  for (const Layer& l : network.layers) {
+    if (l.kind != "gather" || l.inputs.size() < 2 || l.inputs[1] >= network.num_inputs) continue;
+    std::vector<int64_t> data;
+    for (const Dim& d : network.tensors[l.inputs[0]].shape) data.push_back(d.eval(env.symbols));
+    check_gather(l, data, inputs[l.inputs[1]], env);
+  }
+}
 
 Meaning meaning_of(const std::string& kind) {
   auto it = meanings().find(kind);

@@ -61,6 +61,9 @@ struct Env {
   const std::vector<int64_t>& symbols;  // each symbol's value for this call
   at::Device device;
   bool meta;  // shape inference on meta tensors: no values to check
+  // the layers captured as a CUDA graph: no check reads a value on the host (the inputs' gather indices are checked
+  // before each replay: check_input_indices)
+  bool capturing = false;
 };
 using Meaning = std::vector<at::Tensor> (*)(const Layer&, const std::vector<at::Tensor>&, const Env&);
 
@@ -106,6 +109,7 @@ struct Binding {
 
 struct Tape;  // a recorded run of the engine's plan (docs/tape_format.md, csrc/src/tape.h)
 class TapeRunner;
+class ShapeGraphs;
 
 struct Limits {
   std::optional<double> max_memory, max_flops;  // None: TORCHKILN_MAX_ENGINE_* or the device's default
@@ -152,7 +156,14 @@ class Engine {
   mutable std::map<std::pair<int, int>, std::vector<size_t>> tapes_here_;
   mutable std::map<std::pair<std::pair<int, int>, size_t>, std::shared_ptr<TapeRunner>> tape_runners_;
   mutable std::atomic<bool> warned_{false};
+  // A `cuda` engine's layers on a GPU, where no tape fits: captured as a CUDA graph per input shape (by device)
+  ShapeGraphs* shape_graphs(const at::Device& device) const;
+  mutable std::map<std::pair<int, int>, std::shared_ptr<ShapeGraphs>> shape_graphs_;  // (tape_mutex_ held)
 };
+
+// Each gather layer that reads a network input as its indices: those indices checked against its data's size
+// (EngineIndexError), as the layer checks them when it runs.
+void check_input_indices(const Network& network, const std::vector<at::Tensor>& inputs, const Env& env);
 
 // Shape inference and execution: each layer kind's ATen meaning (ir/reference.py).
 Meaning meaning_of(const std::string& kind);

@@ -1,0 +1,166 @@
+// CUDA graphs of an engine's layers, one per input shape (shape_graphs.h).
+#include "shape_graphs.h"
+
+#include <ATen/ops/_foreach_copy.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/StringUtil.h>
+
+#include <cstdlib>
+#include <iostream>
+
+#ifdef TORCHKILN_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include "kinds.h"
+
+namespace torchkiln {
+
+struct ShapeGraphs::Captured {
+  std::vector<at::Tensor> inputs, outputs;  // the capture's buffers
+#ifdef TORCHKILN_CUDA
+  at::cuda::CUDAGraph graph;
+#endif
+};
+
+struct ShapeGraphs::Pool {
+#ifdef TORCHKILN_CUDA
+  at::cuda::MempoolId_t id = at::cuda::graph_pool_handle();  // the captures' memory, shared: calls are serialized
+#endif
+};
+
+ShapeGraphs::ShapeGraphs(const Network& network, const at::Device& device, std::string name)
+    : network_(network), device_(device), name_(std::move(name)), pool_(std::make_unique<Pool>()) {}
+
+ShapeGraphs::~ShapeGraphs() = default;
+
+namespace {
+
+// A buffer for `x`: its strides where they leave no gaps or overlaps (the layers then see the strides the call
+// gives, as they do uncaptured), else row-major.
+at::Tensor buffer_like(const at::Tensor& x) {
+  return x.is_non_overlapping_and_dense() ? at::empty_strided(x.sizes(), x.strides(), x.options())
+                                          : at::empty(x.sizes(), x.options());
+}
+
+void copy_into(std::vector<at::Tensor>& buffers, const std::vector<at::Tensor>& inputs) {
+  if (inputs.size() > 1)
+    at::_foreach_copy_(buffers, inputs);  // one launch for all
+  else if (!inputs.empty())
+    buffers[0].copy_(inputs[0]);
+}
+
+std::string shapes_text(const std::vector<at::Tensor>& inputs) {
+  std::vector<std::string> parts;
+  for (const at::Tensor& x : inputs) parts.push_back(kinds().dtype_name(x.scalar_type()) + c10::str(x.sizes()));
+  return c10::Join(", ", parts);
+}
+
+}  // namespace
+
+std::optional<std::vector<at::Tensor>> ShapeGraphs::run(const std::vector<at::Tensor>& inputs,
+                                                        const std::vector<int64_t>& symbols) {
+#ifdef TORCHKILN_CUDA
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (refused_) return std::nullopt;
+  c10::DeviceGuard on_device(device_);
+  c10::InferenceMode not_inference(false);  // the capture's buffers are plain tensors, whatever the caller's mode
+  Key key;
+  for (const at::Tensor& x : inputs) {
+    key.push_back(static_cast<int64_t>(x.scalar_type()));
+    key.push_back(x.dim());
+    key.insert(key.end(), x.sizes().begin(), x.sizes().end());
+    key.insert(key.end(), x.strides().begin(), x.strides().end());
+  }
+  // The previous call's work, queued on another stream, is done with the buffers first (on one stream the order
+  // does it), as the tape runner and the Python runner do.
+  c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device_);
+  if (last_stream_ && *last_stream_ != stream) {
+    c10::Event done(c10::DeviceType::CUDA);
+    done.record(*last_stream_);
+    done.block(stream);
+  }
+  last_stream_ = stream;
+  check_input_indices(network_, inputs, Env{symbols, device_, false});  // (the capture checks none on the host)
+  Captured* found = nullptr;
+  for (auto it = captured_.begin(); it != captured_.end(); ++it)
+    if (it->first == key) {
+      captured_.splice(captured_.begin(), captured_, it);
+      found = captured_.front().second.get();
+      break;
+    }
+  if (found) {
+    copy_into(found->inputs, inputs);
+  } else {
+    found = capture(key, inputs, symbols);
+    if (!found) return std::nullopt;
+  }
+  found->graph.replay();
+  std::vector<at::Tensor> out;  // copied out: the next replay writes the buffers again
+  for (const at::Tensor& o : found->outputs) out.push_back(o.clone());
+  return out;
+#else
+  (void)inputs;
+  (void)symbols;
+  return std::nullopt;
+#endif
+}
+
+ShapeGraphs::Captured* ShapeGraphs::capture(const Key& key, const std::vector<at::Tensor>& inputs,
+                                           const std::vector<int64_t>& symbols) {
+#ifdef TORCHKILN_CUDA
+  // As torch.cuda.graph does: on a side stream, after the work queued before it, the layers run once (the
+  // workspaces cuBLAS and cuDNN keep per stream are made outside the capture), then are captured into the shared
+  // pool; the caller's stream waits for both, then replays the capture.
+  auto made = std::make_unique<Captured>();
+  for (const at::Tensor& x : inputs) made->inputs.push_back(buffer_like(x));
+  c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device_.index());
+  c10::Event before(c10::DeviceType::CUDA), after(c10::DeviceType::CUDA);
+  before.record(current);
+  before.block(side);
+  bool captured = false;
+  {
+    c10::cuda::CUDAStreamGuard on_side(side);
+    copy_into(made->inputs, inputs);
+    run_network(network_, made->inputs, Env{symbols, device_, false});  // every check made, on the host
+    made->graph.capture_begin(pool_->id, cudaStreamCaptureModeThreadLocal);
+    try {
+      made->outputs = run_network(network_, made->inputs, Env{symbols, device_, false, true});
+      made->graph.capture_end();
+      captured = true;
+    } catch (const c10::Error& e) {
+      try {
+        made->graph.capture_end();  // the side stream leaves capture mode; the broken capture is dropped
+      } catch (...) {
+      }
+      TORCH_WARN("torchkiln: engine '", name_, "': its layers could not be captured as a CUDA graph, so they run ",
+                 "one ATen call at a time from now on: ", e.what_without_backtrace());
+    }
+  }
+  after.record(side);
+  after.block(current);
+  if (!captured) {
+    refused_ = true;
+    captured_.clear();
+    return nullptr;
+  }
+  const char* log = std::getenv("TORCHKILN_TAPE_LOG");
+  if (log && std::string(log) == "1")
+    std::cerr << "torchkiln: engine '" << name_ << "' captures its layers for inputs " << shapes_text(inputs)
+              << " on " << device_.str() << "\n";
+  captured_.emplace_front(key, std::move(made));
+  while (captured_.size() > kMaxShapeGraphs) captured_.pop_back();
+  return captured_.front().second.get();
+#else
+  (void)key;
+  (void)inputs;
+  (void)symbols;
+  return nullptr;
+#endif
+}
+
+}  // namespace torchkiln
