@@ -1,9 +1,7 @@
 // CUDA graphs of an engine's layers, one per input shape (shape_graphs.h).
 #include "shape_graphs.h"
 
-#include <ATen/ops/_foreach_copy.h>
 #include <c10/core/Event.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/StringUtil.h>
 
 #include <cstdlib>
@@ -16,6 +14,7 @@
 #endif
 
 #include "kinds.h"
+#include "tape.h"
 
 namespace torchkiln {
 
@@ -46,13 +45,6 @@ at::Tensor buffer_like(const at::Tensor& x) {
                                           : at::empty(x.sizes(), x.options());
 }
 
-void copy_into(std::vector<at::Tensor>& buffers, const std::vector<at::Tensor>& inputs) {
-  if (inputs.size() > 1)
-    at::_foreach_copy_(buffers, inputs);  // one launch for all
-  else if (!inputs.empty())
-    buffers[0].copy_(inputs[0]);
-}
-
 std::string shapes_text(const std::vector<at::Tensor>& inputs) {
   std::vector<std::string> parts;
   for (const at::Tensor& x : inputs) parts.push_back(kinds().dtype_name(x.scalar_type()) + c10::str(x.sizes()));
@@ -75,15 +67,7 @@ std::optional<std::vector<at::Tensor>> ShapeGraphs::run(const std::vector<at::Te
     key.insert(key.end(), x.sizes().begin(), x.sizes().end());
     key.insert(key.end(), x.strides().begin(), x.strides().end());
   }
-  // The previous call's work, queued on another stream, is done with the buffers first (on one stream the order
-  // does it), as the tape runner and the Python runner do.
-  c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device_);
-  if (last_stream_ && *last_stream_ != stream) {
-    c10::Event done(c10::DeviceType::CUDA);
-    done.record(*last_stream_);
-    done.block(stream);
-  }
-  last_stream_ = stream;
+  wait_for_last_call(last_stream_, device_);
   check_input_indices(network_, inputs, Env{symbols, device_, false});  // (the capture checks none on the host)
   Captured* found = nullptr;
   for (auto it = captured_.begin(); it != captured_.end(); ++it)
@@ -93,7 +77,7 @@ std::optional<std::vector<at::Tensor>> ShapeGraphs::run(const std::vector<at::Te
       break;
     }
   if (found) {
-    copy_into(found->inputs, inputs);
+    copy_inputs(found->inputs, inputs);
   } else {
     found = capture(key, inputs, symbols);
     if (!found) return std::nullopt;
@@ -125,7 +109,7 @@ ShapeGraphs::Captured* ShapeGraphs::capture(const Key& key, const std::vector<at
   bool captured = false;
   {
     c10::cuda::CUDAStreamGuard on_side(side);
-    copy_into(made->inputs, inputs);
+    copy_inputs(made->inputs, inputs);
     run_network(network_, made->inputs, Env{symbols, device_, false});  // every check made, on the host
     made->graph.capture_begin(pool_->id, cudaStreamCaptureModeThreadLocal);
     try {

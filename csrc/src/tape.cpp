@@ -17,6 +17,23 @@
 
 namespace torchkiln {
 
+void wait_for_last_call(std::optional<c10::Stream>& last, const at::Device& device) {
+  c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device);
+  if (last && *last != stream) {
+    c10::Event done(c10::DeviceType::CUDA);
+    done.record(*last);
+    done.block(stream);
+  }
+  last = stream;
+}
+
+void copy_inputs(at::TensorList buffers, at::TensorList inputs) {
+  if (inputs.size() > 1)
+    at::_foreach_copy_(buffers.slice(0, inputs.size()), inputs);
+  else if (!inputs.empty())
+    buffers[0].copy_(inputs[0]);
+}
+
 struct TapeRunner::Graph {
 #ifdef TORCHKILN_CUDA
   at::cuda::CUDAGraph graph;
@@ -310,22 +327,8 @@ void TapeRunner::replay(at::TensorList inputs) {
     started_ = true;
     if (device_.is_cuda()) last_stream_ = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device_);
   } else {
-    if (device_.is_cuda()) {
-      // The previous call's work, queued on another stream, is done with the buffers before this call's copies
-      // (on one stream the order does it), as the Python runner does.
-      c10::Stream stream = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device_);
-      if (last_stream_ && *last_stream_ != stream) {
-        c10::Event done(c10::DeviceType::CUDA);
-        done.record(*last_stream_);
-        done.block(stream);
-      }
-      last_stream_ = stream;
-    }
-    if (inputs.size() > 1) {  // one launch for all, as the Python runner copies them
-      at::_foreach_copy_(at::TensorList(values_.data(), inputs.size()), inputs);
-    } else if (!inputs.empty()) {
-      values_[0].copy_(inputs[0]);
-    }
+    if (device_.is_cuda()) wait_for_last_call(last_stream_, device_);
+    copy_inputs(values_, inputs);
     if (graph_) {
 #ifdef TORCHKILN_CUDA
       graph_->graph.replay();

@@ -79,6 +79,12 @@ Tape parse_tape(const uint8_t* data, size_t size, const std::string& where, cons
 
 class TritonModules;
 
+// Before a call that reuses a runner's buffers on a GPU: the previous call's work, queued on another stream, is done
+// with them first (on one stream the order does it), as the Python runner waits; `last` becomes this stream.
+void wait_for_last_call(std::optional<c10::Stream>& last, const at::Device& device);
+// `inputs` copied into the first of `buffers`, in one launch where there are several (as the Python runner copies).
+void copy_inputs(at::TensorList buffers, at::TensorList inputs);
+
 // One tape run on one device: input buffers, the prologue's values, the body run as it is or replayed as a CUDA
 // graph. Calls are serialized.
 class TapeRunner {
