@@ -366,9 +366,9 @@ TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at:
             tensors_text(given);
     else
       why = "its tapes are for " + c10::Join(", ", targets) + ", not " + here->describe();
+    const bool captured = device.is_cuda() && backend == "cuda" && cuda_graphs;  // (shape_graphs)
     TORCH_WARN("torchkiln: engine '", name, "' runs its layers one ATen call at a time",
-               device.is_cuda() && backend == "cuda" && cuda_graphs ? " (captured as a CUDA graph per input shape)" : "",
-               ", not a tape: ", why);
+               captured ? " (captured as a CUDA graph per input shape)" : "", ", not a tape: ", why);
   }
   return nullptr;
 }
