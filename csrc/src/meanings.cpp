@@ -556,7 +556,13 @@ Tensors fill(const Layer& l, const Tensors&, const Env& env) {
 
 Tensors shape(const Layer&, const Tensors& xs, const Env& env) {
   std::vector<int64_t> dims = xs[0].sizes().vec();
-  return {at::tensor(dims, at::TensorOptions().dtype(at::kLong)).to(env.device)};
+  if (!env.capturing) return {at::tensor(dims, at::TensorOptions().dtype(at::kLong)).to(env.device)};
+  // captured as a CUDA graph: no copy from the host (it would wait), each size written by a fill (the captured
+  // shape's sizes, as every replay of that capture has them)
+  at::TensorOptions options = at::TensorOptions().dtype(at::kLong).device(env.device);
+  at::Tensor out = at::empty({static_cast<int64_t>(dims.size())}, options);
+  for (size_t k = 0; k < dims.size(); ++k) out.select(0, static_cast<int64_t>(k)).fill_(dims[k]);
+  return {out};
 }
 
 Tensors grid_sample(const Layer& l, const Tensors& xs, const Env&) {

@@ -59,7 +59,6 @@ std::optional<std::vector<at::Tensor>> ShapeGraphs::run(const std::vector<at::Te
   std::lock_guard<std::mutex> lock(mutex_);
   if (refused_) return std::nullopt;
   c10::DeviceGuard on_device(device_);
-  c10::InferenceMode not_inference(false);  // the capture's buffers are plain tensors, whatever the caller's mode
   Key key;
   for (const at::Tensor& x : inputs) {
     key.push_back(static_cast<int64_t>(x.scalar_type()));
@@ -67,23 +66,29 @@ std::optional<std::vector<at::Tensor>> ShapeGraphs::run(const std::vector<at::Te
     key.insert(key.end(), x.sizes().begin(), x.sizes().end());
     key.insert(key.end(), x.strides().begin(), x.strides().end());
   }
-  wait_for_last_call(last_stream_, device_);
-  check_input_indices(network_, inputs, Env{symbols, device_, false});  // (the capture checks none on the host)
   Captured* found = nullptr;
-  for (auto it = captured_.begin(); it != captured_.end(); ++it)
-    if (it->first == key) {
-      captured_.splice(captured_.begin(), captured_, it);
-      found = captured_.front().second.get();
-      break;
+  {
+    // The capture's buffers and values are plain tensors that record no autograd history, whatever the caller's mode.
+    c10::InferenceMode not_inference(false);
+    c10::AutoGradMode no_grad(false);
+    wait_for_last_call(last_stream_, device_);
+    for (auto it = captured_.begin(); it != captured_.end(); ++it)
+      if (it->first == key) {
+        captured_.splice(captured_.begin(), captured_, it);
+        found = captured_.front().second.get();
+        break;
+      }
+    if (found) {
+      // the capture checks no index on the host; the first call at this shape (uncaptured, before it) checked all
+      check_input_indices(network_, inputs, Env{symbols, device_, false});
+      copy_inputs(found->inputs, inputs);
+    } else {
+      found = capture(key, inputs, symbols);
+      if (!found) return std::nullopt;
     }
-  if (found) {
-    copy_inputs(found->inputs, inputs);
-  } else {
-    found = capture(key, inputs, symbols);
-    if (!found) return std::nullopt;
+    found->graph.replay();
   }
-  found->graph.replay();
-  std::vector<at::Tensor> out;  // copied out: the next replay writes the buffers again
+  std::vector<at::Tensor> out;  // copied out (in the caller's mode): the next replay writes the buffers again
   for (const at::Tensor& o : found->outputs) out.push_back(o.clone());
   return out;
 #else
@@ -137,7 +142,12 @@ ShapeGraphs::Captured* ShapeGraphs::capture(const Key& key, const std::vector<at
     std::cerr << "torchkiln: engine '" << name_ << "' captures its layers for inputs " << shapes_text(inputs)
               << " on " << device_.str() << "\n";
   captured_.emplace_front(key, std::move(made));
-  while (captured_.size() > kMaxShapeGraphs) captured_.pop_back();
+  if (captured_.size() > kMaxShapeGraphs) {
+    // the least recently used goes; its input buffers return to the allocator, so its last replay must be done
+    // (the caller's stream waited for the last call's: wait_for_last_call)
+    current.synchronize();
+    captured_.pop_back();
+  }
   return captured_.front().second.get();
 #else
   (void)key;

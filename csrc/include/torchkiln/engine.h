@@ -61,8 +61,8 @@ struct Env {
   const std::vector<int64_t>& symbols;  // each symbol's value for this call
   at::Device device;
   bool meta;  // shape inference on meta tensors: no values to check
-  // the layers captured as a CUDA graph: no check reads a value on the host (the inputs' gather indices are checked
-  // before each replay: check_input_indices)
+  // the layers captured as a CUDA graph: nothing reads a value on the host or copies from it (the gather indices
+  // read from the inputs are checked before each replay, check_input_indices; computed ones by the device)
   bool capturing = false;
 };
 using Meaning = std::vector<at::Tensor> (*)(const Layer&, const std::vector<at::Tensor>&, const Env&);
