@@ -233,14 +233,14 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) c
   c10::AutoGradMode no_grad(false);
   if (TapeRunner* runner = tape_runner(inputs, device)) return runner->run(inputs);
   std::vector<int64_t> values = symbols.empty() ? std::vector<int64_t>{} : bind(inputs);
-  if (ShapeGraphs* graphs = shape_graphs(device))
+  const Network& on_device = network_on(device);
+  if (ShapeGraphs* graphs = shape_graphs(device, on_device))
     if (auto outputs = graphs->run(inputs, values)) return *std::move(outputs);
-  return run_network(network_on(device), inputs, Env{values, device, false});
+  return run_network(on_device, inputs, Env{values, device, false});
 }
 
-ShapeGraphs* Engine::shape_graphs(const at::Device& device) const {
+ShapeGraphs* Engine::shape_graphs(const at::Device& device, const Network& on_device) const {
   if (!device.is_cuda() || backend != "cuda" || !cuda_graphs) return nullptr;
-  const Network& on_device = network_on(device);
   std::lock_guard<std::mutex> lock(tape_mutex_);
   auto& graphs = shape_graphs_[{static_cast<int>(device.type()), device.index()}];
   if (!graphs) graphs = std::make_shared<ShapeGraphs>(on_device, device, name);
@@ -262,13 +262,6 @@ std::optional<TapeTarget> target_here(const at::Device& device) {
   }
 #endif
   return std::nullopt;
-}
-
-std::string tensors_text(const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& specs) {
-  std::vector<std::string> parts;
-  for (const auto& [dtype, shape] : specs)
-    parts.push_back(kinds().dtype_name(dtype) + "[" + c10::Join(", ", shape) + "]");
-  return c10::Join(", ", parts);
 }
 
 }  // namespace
@@ -343,8 +336,6 @@ TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at:
   if (TapeRunner* runner = fitting_tape_runner(inputs, device)) return runner;
   // No tape fits: say why (an error where the tapes are all for other GPUs, else a warning once).
   std::optional<TapeTarget> here = target_here(device);
-  std::vector<std::pair<at::ScalarType, std::vector<int64_t>>> given;
-  for (const at::Tensor& x : inputs) given.emplace_back(x.scalar_type(), x.sizes().vec());
   std::vector<std::string> targets, shapes;
   for (const auto& tape : tapes)
     if (here && same_target(tape->target, *here))
@@ -363,7 +354,7 @@ TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at:
       why = "this runtime was built without CUDA, so it cannot tell which GPU it runs on";
     else if (!shapes.empty())
       why = "its tapes for " + here->describe() + " run inputs " + c10::Join("; ", shapes) + ", not this call's " +
-            tensors_text(given);
+            tensors_text(inputs);
     else
       why = "its tapes are for " + c10::Join(", ", targets) + ", not " + here->describe();
     const bool captured = device.is_cuda() && backend == "cuda" && cuda_graphs;  // (shape_graphs)

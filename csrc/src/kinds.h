@@ -42,4 +42,8 @@ struct Kinds {
 
 const Kinds& kinds();
 
+// "float32[2, 3], int64[2]": tensors' dtypes and shapes, for messages.
+std::string tensors_text(const std::vector<std::pair<at::ScalarType, std::vector<int64_t>>>& specs);
+std::string tensors_text(at::TensorList tensors);
+
 }  // namespace torchkiln

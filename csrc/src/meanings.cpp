@@ -665,9 +665,19 @@ const std::map<std::string, Meaning>& meanings() {
 
 }  // namespace
 
-void check_input_indices(const Network& network, const std::vector<at::Tensor>& inputs, const Env& env) {
-  for (const Layer& l : network.layers) {
-    if (l.kind != "gather" || l.inputs.size() < 2 || l.inputs[1] >= network.num_inputs) continue;
+std::vector<size_t> input_gathers(const Network& network) {
+  std::vector<size_t> found;
+  for (size_t k = 0; k < network.layers.size(); ++k) {
+    const Layer& l = network.layers[k];
+    if (l.kind == "gather" && l.inputs.size() >= 2 && l.inputs[1] < network.num_inputs) found.push_back(k);
+  }
+  return found;
+}
+
+void check_input_indices(const Network& network, const std::vector<size_t>& gathers,
+                         const std::vector<at::Tensor>& inputs, const Env& env) {
+  for (size_t k : gathers) {
+    const Layer& l = network.layers[k];
     std::vector<int64_t> data;
     for (const Dim& d : network.tensors[l.inputs[0]].shape) data.push_back(d.eval(env.symbols));
     check_gather(l, data, inputs[l.inputs[1]], env);

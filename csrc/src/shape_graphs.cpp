@@ -2,7 +2,6 @@
 #include "shape_graphs.h"
 
 #include <c10/core/Event.h>
-#include <c10/util/StringUtil.h>
 
 #include <cstdlib>
 #include <iostream>
@@ -32,7 +31,11 @@ struct ShapeGraphs::Pool {
 };
 
 ShapeGraphs::ShapeGraphs(const Network& network, const at::Device& device, std::string name)
-    : network_(network), device_(device), name_(std::move(name)), pool_(std::make_unique<Pool>()) {}
+    : network_(network),
+      device_(device),
+      name_(std::move(name)),
+      gathers_(input_gathers(network)),
+      pool_(std::make_unique<Pool>()) {}
 
 ShapeGraphs::~ShapeGraphs() = default;
 
@@ -45,11 +48,6 @@ at::Tensor buffer_like(const at::Tensor& x) {
                                           : at::empty(x.sizes(), x.options());
 }
 
-std::string shapes_text(const std::vector<at::Tensor>& inputs) {
-  std::vector<std::string> parts;
-  for (const at::Tensor& x : inputs) parts.push_back(kinds().dtype_name(x.scalar_type()) + c10::str(x.sizes()));
-  return c10::Join(", ", parts);
-}
 
 }  // namespace
 
@@ -80,7 +78,7 @@ std::optional<std::vector<at::Tensor>> ShapeGraphs::run(const std::vector<at::Te
       }
     if (found) {
       // the capture checks no index on the host; the first call at this shape (uncaptured, before it) checked all
-      check_input_indices(network_, inputs, Env{symbols, device_, false});
+      check_input_indices(network_, gathers_, inputs, Env{symbols, device_, false});
       copy_inputs(found->inputs, inputs);
     } else {
       found = capture(key, inputs, symbols);
@@ -139,7 +137,7 @@ ShapeGraphs::Captured* ShapeGraphs::capture(const Key& key, const std::vector<at
   }
   const char* log = std::getenv("TORCHKILN_TAPE_LOG");
   if (log && std::string(log) == "1")
-    std::cerr << "torchkiln: engine '" << name_ << "' captures its layers for inputs " << shapes_text(inputs)
+    std::cerr << "torchkiln: engine '" << name_ << "' captures its layers for inputs " << tensors_text(inputs)
               << " on " << device_.str() << "\n";
   captured_.emplace_front(key, std::move(made));
   if (captured_.size() > kMaxShapeGraphs) {

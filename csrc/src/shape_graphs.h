@@ -38,6 +38,7 @@ class ShapeGraphs {
   const Network& network_;
   at::Device device_;
   std::string name_;
+  std::vector<size_t> gathers_;  // those whose indices are inputs: checked before each replay (input_gathers)
   std::mutex mutex_;  // calls are serialized: captures share one memory pool
   bool refused_ = false;
   std::list<std::pair<Key, std::unique_ptr<Captured>>> captured_;  // the most recently used first

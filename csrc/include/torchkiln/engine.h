@@ -157,13 +157,16 @@ class Engine {
   mutable std::map<std::pair<std::pair<int, int>, size_t>, std::shared_ptr<TapeRunner>> tape_runners_;
   mutable std::atomic<bool> warned_{false};
   // A `cuda` engine's layers on a GPU, where no tape fits: captured as a CUDA graph per input shape (by device)
-  ShapeGraphs* shape_graphs(const at::Device& device) const;
+  ShapeGraphs* shape_graphs(const at::Device& device, const Network& on_device) const;
   mutable std::map<std::pair<int, int>, std::shared_ptr<ShapeGraphs>> shape_graphs_;  // (tape_mutex_ held)
 };
 
-// Each gather layer that reads a network input as its indices: those indices checked against its data's size
-// (EngineIndexError), as the layer checks them when it runs.
-void check_input_indices(const Network& network, const std::vector<at::Tensor>& inputs, const Env& env);
+// The gather layers that read a network input as their indices (their places in `network.layers`).
+std::vector<size_t> input_gathers(const Network& network);
+// Those gathers' indices checked against their data's sizes (EngineIndexError), as each layer checks them when it
+// runs.
+void check_input_indices(const Network& network, const std::vector<size_t>& gathers,
+                         const std::vector<at::Tensor>& inputs, const Env& env);
 
 // Shape inference and execution: each layer kind's ATen meaning (ir/reference.py).
 Meaning meaning_of(const std::string& kind);
