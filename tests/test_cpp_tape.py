@@ -133,7 +133,8 @@ def _t(value: int) -> dict:
 
 # A hand-written body of (3, 8) float32 -> (3, 4) float32 whose arguments take every kind the schemas give:
 # Tensor[] returns flattened, an int Scalar by name, dtype/layout/device/bool kwargs, Tensor?[] with None, an
-# optional Scalar left None, floats as tagged strings, a strided constant on the engine device and an int list.
+# optional Scalar left None, floats as tagged strings, a strided constant on the engine device, an int list, and
+# numbers for Tensor arguments (wrapped numbers: `x * 0.5` reaches a dispatch mode as aten::mul.Tensor(x, 0.5)).
 _ARGUMENTS_BODY = [
     {"op": "aten::split_with_sizes", "overload": "", "args": [_t(0), [4, 4], 1], "kwargs": {}, "out": [1, 2]},
     {"op": "aten::add", "overload": "Tensor", "args": [_t(1), _t(2)], "kwargs": {"alpha": 2}, "out": [3]},
@@ -149,6 +150,8 @@ _ARGUMENTS_BODY = [
     {"op": "aten::mul", "overload": "Tensor", "args": [_t(9), _t(10)], "kwargs": {}, "out": [11]},
     {"op": "aten::contiguous", "overload": "", "args": [_t(11)],
      "kwargs": {"memory_format": {"memory_format": "contiguous_format"}}, "out": [12]},
+    {"op": "aten::mul", "overload": "Tensor", "args": [_t(12), 0.5], "kwargs": {}, "out": [13]},
+    {"op": "aten::sub", "overload": "Tensor", "args": [_t(13), 3], "kwargs": {}, "out": [14]},
 ]
 
 
@@ -156,7 +159,7 @@ def _arguments_tape(engine: Engine) -> tuple[dict, bytes]:
     index = torch.tensor([3, 2, 1, 0])
     scale = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
     doc = _doc(engine)
-    doc.update(num_values=13, kernels=[], prologue=[], body=_ARGUMENTS_BODY, outputs=[12], constants=[
+    doc.update(num_values=15, kernels=[], prologue=[], body=_ARGUMENTS_BODY, outputs=[14], constants=[
         {"data": [0, 32], "dtype": "int64", "shape": [4], "strides": [1], "device": "engine"},
         {"data": [32, 48], "dtype": "float32", "shape": [3, 4], "strides": [1, 3], "device": "engine"}])
     return doc, index.numpy().tobytes() + scale.numpy().tobytes()
@@ -167,7 +170,7 @@ def _arguments_want(x: torch.Tensor) -> torch.Tensor:
     scale = torch.arange(12, dtype=torch.float32).reshape(3, 4) / 7
     a, b = x.split_with_sizes([4, 4], 1)
     y = torch.add(a, b, alpha=2)[:, index].clamp(None, 1.5)
-    return torch.where(y > 0, y, torch.full((3, 4), float("-inf"))) * scale
+    return (torch.where(y > 0, y, torch.full((3, 4), float("-inf"))) * scale).contiguous() * 0.5 - 3
 
 
 def test_operator_arguments_follow_their_schemas(cpp, tmp_path):

@@ -1,6 +1,7 @@
 // Replaying a tape (docs/tape_format.md, "Running a tape"): input buffers, the prologue once, then the body per call:
 // its operators through the dispatcher (arguments typed by their schemas), its kernels through the CUDA driver, and
 // on a GPU (CUDA builds) the body captured once as a CUDA graph and replayed.
+#include <ATen/ScalarOps.h>
 #include <ATen/ops/_foreach_copy.h>
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -54,6 +55,14 @@ std::vector<int64_t> reads_of(const TapeInstruction& instruction) {
   return out;
 }
 
+// A number given for a Tensor argument: a 0-dim CPU tensor marked a wrapped number, so that type promotion treats it
+// as a Python scalar, as torch's Python binding converts one (`x * 0.5` reaches the dispatcher as aten::mul.Tensor).
+at::Tensor wrapped_number(const c10::Scalar& value) {
+  at::Tensor t = at::scalar_to_tensor(value);
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
 // Steps for `instructions`, each freeing the values written among them whose last reader (or, unread, whose writer)
 // it is, but for those `keep` marks.
 std::vector<TapeRunner::Step> steps_of(const std::vector<TapeInstruction>& instructions, const std::string& part,
@@ -98,8 +107,11 @@ c10::IValue TapeRunner::argument(const TapeArg& arg, const c10::TypePtr& type, c
   switch (type->kind()) {
     case c10::TypeKind::OptionalType:
       return argument(arg, type->expectRef<c10::OptionalType>().getElementType(), what);
-    case c10::TypeKind::TensorType:
-      return arg.kind == K::Tensor ? c10::IValue(values_[arg.i]) : refuse();
+    case c10::TypeKind::TensorType:  // a number there is a wrapped one, as torch's Python binding makes it
+      if (arg.kind == K::Tensor) return c10::IValue(values_[arg.i]);
+      if (arg.kind == K::Float) return c10::IValue(wrapped_number(c10::Scalar(arg.f)));
+      if (arg.kind == K::Int) return c10::IValue(wrapped_number(c10::Scalar(arg.i)));
+      return arg.kind == K::Bool ? c10::IValue(wrapped_number(c10::Scalar(arg.b))) : refuse();
     case c10::TypeKind::IntType:
     case c10::TypeKind::SymIntType:
     case c10::TypeKind::ScalarTypeType:
