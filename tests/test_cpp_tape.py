@@ -47,13 +47,14 @@ class _Encoder(torch.nn.Module):
         return self.norm2(x + self.ff(x))
 
 
-def _taped(model: torch.nn.Module, spec: torchkiln.Input) -> tuple[torch.Tensor, Engine]:
-    """The engine blob of `model` compiled whole on the reference backend with a CPU tape, and its engine."""
+def _taped(model: torch.nn.Module, spec: torchkiln.Input, extra: int = 0) -> tuple[torch.Tensor, Engine]:
+    """The engine blob of `model` compiled whole on the reference backend with CPU tapes (at `extra` more shapes than
+    its optimization, smallest and largest), and its engine."""
     compiled = torchkiln.compile(model.eval(), inputs=[spec], backend="reference", native_tape=True,
-                                 min_block_size=1)
+                                 native_tape_shapes=extra, min_block_size=1)
     blob = compiled._c.getattr("_torchkiln_engine_0")
     engine = Engine.deserialize(bytes(blob.numpy()))
-    assert len(engine.tapes) == len(tape_shapes(engine)) and not compiled._c.hasattr("_torchkiln_engine_1")
+    assert len(engine.tapes) == len(tape_shapes(engine, extra)) and not compiled._c.hasattr("_torchkiln_engine_1")
     return blob, engine
 
 
@@ -104,6 +105,57 @@ def test_recorded_tapes_run_in_cpp_as_the_python_runtime_runs_the_plan(cpp, cnn,
     warned = [line for line in stderr.splitlines() if "not a tape" in line]
     assert len(warned) == 1 and f"'{names[1]}'" in warned[0] and all(
         f"float32[{b}, 8]" in warned[0] for b in (3, 1, 8, 5)), stderr
+
+
+def test_a_dynamic_engine_has_a_tape_at_every_shape_of_a_small_range_or_at_powers_of_two(cpp, tmp_path):
+    """`native_tape_shapes`: a dynamic batch of 1-8 gets a tape at every batch, and C++ runs one at each with the
+    Python runtime's bits and no warning; a batch of 1-40 gets tapes at the powers of two (and at its optimization,
+    smallest and largest batches), and a batch between them runs the layers."""
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    blob, engine = _taped(mlp, torchkiln.Input(min_shape=(1, 8), opt_shape=(3, 8), max_shape=(8, 8)), 8)
+    assert [tape_format.decode(t, "tape")[0]["inputs"][0]["shape"][0] for t in engine.tapes] == [3, 1, 8, 2, 4, 5, 6, 7]
+    wide = _taped(mlp, torchkiln.Input(min_shape=(1, 8), opt_shape=(3, 8), max_shape=(40, 8)), 8)[1]
+    assert [s[0][0] for s in tape_shapes(wide, 8)] == [3, 1, 40, 2, 4, 8, 16, 32]
+    assert [s[0][0] for s in tape_shapes(wide, 5)] == [3, 1, 40]  # (six powers of two: more than 5)
+    inputs = [[torch.randn(b, 8)] for b in range(1, 9)]
+    got, stderr, code = _run_engines(cpp, [blob] * 8, inputs, tmp_path, TORCHKILN_TAPE_LOG="1")
+    assert code == 0 and "not a tape" not in stderr, stderr
+    for k, (xs, g) in enumerate(zip(inputs, got)):
+        assert_bitwise(g, _python(blob, xs), f"batch {k + 1}")
+    assert all(f"runs tape {k} on cpu" in stderr for k in range(8)), stderr
+
+
+def test_tapes_share_what_their_prologues_make_from_weights_alone(cpp, tmp_path):
+    """Two tapes of one engine (batches 1 and 2) whose prologues copy a weight that their bodies read: the second
+    tape takes the first's copy (logged) and returns the same bits. Where a body writes into that copy (an in-place
+    operator), nothing is shared."""
+    torch.manual_seed(0)
+    _, engine = _taped(torch.nn.Linear(8, 4), torchkiln.Input(min_shape=(1, 8), opt_shape=(1, 8), max_shape=(2, 8)))
+    weight = next(j for j, layer in enumerate(engine.network.layers) if "value" in layer.weights)
+    linear = next(j for j, layer in enumerate(engine.network.layers) if "bias" in layer.weights)
+    prologue = [{"weight": [weight, "value"], "out": 1}, {"op": "aten::clone", "overload": "", "args": [_t(1)],
+                                                          "kwargs": {}, "out": [2]},
+                {"weight": [linear, "bias"], "out": 3}]
+    body = [{"op": "aten::t", "overload": "", "args": [_t(2)], "kwargs": {}, "out": [4]},
+            {"op": "aten::addmm", "overload": "", "args": [_t(3), _t(0), _t(4)], "kwargs": {}, "out": [5]}]
+    in_place = [{"op": "aten::mul_", "overload": "Tensor", "args": [_t(2), 1.0], "kwargs": {}, "out": [6]}, *body]
+    blobs = []
+    for steps in (body, in_place):
+        copy = Engine.deserialize(engine.serialize())
+        docs = [dict(_doc(engine), inputs=[{"dtype": "float32", "shape": [b, 8]}], num_values=7, kernels=[],
+                     constants=[], prologue=prologue, body=steps, outputs=[5]) for b in (1, 2)]
+        copy.tapes = [tape_format.encode(doc, b"") for doc in docs]
+        blobs.append(engine_blob(copy.serialize()))
+    inputs = [[torch.randn(1, 8)], [torch.randn(2, 8)]] * 2
+    got, stderr, code = _run_engines(cpp, [blobs[0], blobs[0], blobs[1], blobs[1]], inputs, tmp_path,
+                                     TORCHKILN_TAPE_LOG="1")
+    assert code == 0, stderr
+    w, b = (engine.network.layers[weight].weights["value"], engine.network.layers[linear].weights["bias"])
+    for xs, g in zip(inputs, got):
+        assert_bitwise(g, [torch.addmm(b, xs[0], w.clone().t())])
+    assert stderr.count(f"engine '{engine.name}' tape 1 on cpu took 1 of its prologue's values") == 1, stderr
+    assert stderr.count("of its prologue's values") == 1, stderr
 
 
 def _with_doc(engine: Engine, doc: dict, blob: bytes = b"") -> torch.Tensor:

@@ -64,11 +64,14 @@ def test_a_cpu_build_asked_for_a_tape_records_one_that_survives_its_bytes(cnn_en
 
 
 def test_an_engine_of_dynamic_shapes_gets_a_tape_at_its_optimization_smallest_and_largest_inputs():
+    """Then, by default, at every other batch of its range (4 shapes: at most native_tape_shapes)."""
     torch.manual_seed(0)
     spec = torchkiln.Input(min_shape=(1, 3, 16, 16), opt_shape=(2, 3, 16, 16), max_shape=(4, 3, 16, 16))
-    engine = _engine(_Cnn(), spec, native_tape=True)
-    assert [tape_format.decode(t, "tape")[0]["inputs"][0]["shape"] for t in engine.tapes] == \
-        [[2, 3, 16, 16], [1, 3, 16, 16], [4, 3, 16, 16]]
+    for extra, batches in ((0, [2, 1, 4]), (None, [2, 1, 4, 3])):
+        engine = _engine(_Cnn(), spec, native_tape=True,
+                         **({"native_tape_shapes": extra} if extra is not None else {}))
+        assert [tape_format.decode(t, "tape")[0]["inputs"][0]["shape"] for t in engine.tapes] == \
+            [[b, 3, 16, 16] for b in batches]
 
 
 def test_no_tape_unless_asked_off_the_cuda_backend():

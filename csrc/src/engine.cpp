@@ -309,7 +309,9 @@ TapeRunner* Engine::fitting_tape_runner(at::TensorList inputs, const at::Device&
     if (!fits_inputs(*tapes[k], inputs)) continue;
     auto& runner = tape_runners_[{where, k}];
     if (!runner) {
-      runner = std::make_shared<TapeRunner>(tapes[k], network, device, cuda_graphs);
+      auto& shared = shared_values_[where];
+      if (!shared) shared = std::make_shared<SharedValues>(), shared->engine = name;
+      runner = std::make_shared<TapeRunner>(tapes[k], network, device, cuda_graphs, shared);
       const char* log = std::getenv("TORCHKILN_TAPE_LOG");
       if (log && std::string(log) == "1")
         std::cerr << "torchkiln: engine '" << name << "' runs tape " << k << " on " << device.str() << "\n";

@@ -6,6 +6,9 @@
 #include <c10/core/Event.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include <cstdlib>
+#include <iostream>
+
 #include "tape.h"
 #include "torchkiln/engine.h"
 #include "triton_modules.h"
@@ -85,18 +88,118 @@ std::vector<TapeRunner::Step> steps_of(const std::vector<TapeInstruction>& instr
 }  // namespace
 
 TapeRunner::TapeRunner(std::shared_ptr<const Tape> tape, const Network& network, const at::Device& device,
-                       bool capture)
-    : tape_(std::move(tape)), network_(network), device_(device), capture_(capture) {
+                       bool capture, std::shared_ptr<SharedValues> shared)
+    : tape_(std::move(tape)), network_(network), device_(device), capture_(capture), shared_(std::move(shared)) {
   // The prologue's values the body reads stay (as do the outputs); a body's value lives until its last reader.
   std::vector<bool> outputs(tape_->num_values, false), body_reads(tape_->num_values, false);
   for (int64_t v : tape_->outputs) outputs[v] = body_reads[v] = true;
   for (const TapeInstruction& instruction : tape_->body)
     for (int64_t v : reads_of(instruction)) body_reads[v] = true;
   prologue_ = steps_of(tape_->prologue, "prologue", body_reads);
+  kept_ = body_reads;
   body_ = steps_of(tape_->body, "body", outputs);
 }
 
 TapeRunner::~TapeRunner() = default;
+
+namespace {
+
+// An argument as text for a shared value's key, a tensor by its value's key.
+void key_text(const TapeArg& arg, const std::vector<std::string>& keys, std::string& out) {
+  using K = TapeArg::Kind;
+  out += std::to_string(static_cast<int>(arg.kind)) + ":";
+  switch (arg.kind) {
+    case K::Tensor:
+      out += "{" + keys[arg.i] + "}";
+      break;
+    case K::Float:
+      out += c10::str(arg.f);  // (shortest text that reads back as the same double)
+      break;
+    case K::Str:
+    case K::BigInt:
+      out += std::to_string(arg.s.size()) + "'" + arg.s;
+      break;
+    case K::List:
+      out += "[";
+      for (const TapeArg& a : arg.list) key_text(a, keys, out), out += ",";
+      out += "]";
+      break;
+    default:
+      out += std::to_string(arg.b) + "," + std::to_string(arg.i);
+  }
+  out += ";";
+}
+
+}  // namespace
+
+void TapeRunner::share_keys() {
+  // Keyed: the weights, and the operators before the first that reads an input or launches a kernel whose tensors
+  // are all keyed and whose schema writes nothing. Nothing is shared where an operator that writes reads a keyed
+  // value (the Python runner never does).
+  std::vector<std::string> keys(tape_->num_values);
+  size_t num_inputs = tape_->inputs.size();
+  bool leading = true;
+  for (Step& step : prologue_) {
+    const TapeInstruction& ins = *step.instruction;
+    std::vector<int64_t> reads = reads_of(ins);
+    for (int64_t v : reads) leading = leading && static_cast<size_t>(v) >= num_inputs;
+    leading = leading && ins.kind != TapeInstruction::Kind::Launch;
+    if (!leading) break;
+    if (ins.kind == TapeInstruction::Kind::Weight) {
+      keys[ins.out[0]] = "w" + std::to_string(ins.index) + "/" + ins.name;
+      continue;
+    }
+    bool all_keyed = !reads.empty();
+    for (int64_t v : reads) all_keyed = all_keyed && !keys[v].empty();
+    if (ins.kind != TapeInstruction::Kind::Op || !all_keyed || step.op->schema().is_mutable()) continue;
+    std::string key = ins.name + "." + ins.overload + "(";
+    for (const TapeArg& a : ins.args) key_text(a, keys, key);
+    for (const auto& kv : ins.kwargs) key += kv.first + "=", key_text(kv.second, keys, key);
+    key += ")";
+    for (size_t j = 0; j < ins.out.size(); ++j)
+      if (ins.out[j] >= 0) keys[ins.out[j]] = key + "#" + std::to_string(j);
+    step.shared = std::move(key);
+  }
+  for (auto* steps : {&prologue_, &body_})
+    for (const Step& step : *steps)
+      if (step.instruction->kind == TapeInstruction::Kind::Op && step.op->schema().is_mutable())
+        for (int64_t v : reads_of(*step.instruction))
+          if (!keys[v].empty()) {
+            for (Step& s : prologue_) s.shared.clear();
+            return;
+          }
+}
+
+bool TapeRunner::reuse(const Step& step) {
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  auto found = shared_->made.find(step.shared);
+  if (found == shared_->made.end()) return false;
+  const std::vector<int64_t>& out = step.instruction->out;
+  for (size_t j = 0; j < out.size() && j < found->second.outputs.size(); ++j)
+    if (out[j] >= 0) values_[out[j]] = found->second.outputs[j];
+  if (found->second.stream) {  // made on another stream: this one waits for what that one had queued
+    c10::Stream here = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
+    if (here != *found->second.stream) {
+      c10::Event made(device_.type());
+      made.record(*found->second.stream);
+      made.block(here);
+    }
+  }
+  ++reused_;
+  return true;
+}
+
+void TapeRunner::keep_shared(const Step& step) {
+  // Kept for the other tapes only where this tape's body reads them too (an intermediate is made again, and freed)
+  SharedValues::Made made;
+  for (int64_t v : step.instruction->out) {
+    if (v >= 0 && !kept_[v]) return;
+    made.outputs.push_back(v >= 0 ? values_[v] : at::Tensor());
+  }
+  if (device_.is_cuda()) made.stream = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
+  std::lock_guard<std::mutex> lock(shared_->mutex);
+  shared_->made.emplace(step.shared, std::move(made));
+}
 
 c10::IValue TapeRunner::argument(const TapeArg& arg, const c10::TypePtr& type, const std::string& what) const {
   using K = TapeArg::Kind;
@@ -251,7 +354,12 @@ void TapeRunner::execute(std::vector<Step>& steps) {
         break;
       }
       case TapeInstruction::Kind::Op:
-        call_op(step);
+        if (step.shared.empty()) {
+          call_op(step);
+        } else if (!reuse(step)) {
+          call_op(step);
+          keep_shared(step);
+        }
         break;
       case TapeInstruction::Kind::Launch:
         launch(step);
@@ -277,9 +385,14 @@ void TapeRunner::start(at::TensorList inputs) {
                        (ins.overload.empty() ? "" : "." + ins.overload));
         }
       }
+  if (shared_) share_keys();
   if (device_.is_cuda() && !tape_->kernels.empty() && !modules_)
     modules_ = std::make_unique<TritonModules>(tape_->kernels, device_, tape_->where);
   execute(prologue_);
+  const char* log = std::getenv("TORCHKILN_TAPE_LOG");
+  if (reused_ && log && std::string(log) == "1")
+    std::cerr << "torchkiln: engine '" << shared_->engine << "' " << tape_->where.substr(7) << " on " << device_.str()
+              << " took " << reused_ << " of its prologue's values from the engine's other tapes\n";
 #ifdef TORCHKILN_CUDA
   if (device_.is_cuda() && capture_) {
     // As torch.cuda.graph does: on a side stream, after the work queued before it, the body runs once (the

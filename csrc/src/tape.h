@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -85,12 +86,29 @@ void wait_for_last_call(std::optional<c10::Stream>& last, const at::Device& devi
 // `inputs` copied into the first of `buffers`, in one launch where there are several (as the Python runner copies).
 void copy_inputs(at::TensorList buffers, at::TensorList inputs);
 
+// The values the prologues of one engine's tapes on one device make from its weights alone, before they read an
+// input or launch a kernel (the Python runner's construction: weights placed on the device, in the plan's layouts):
+// made by the first tape whose prologue needs one, then shared, so that an engine with tapes at many shapes holds its
+// weights on the device once. The Python runner never writes what it placed (it shares them between every input
+// shape it binds).
+struct SharedValues {
+  struct Made {
+    std::vector<at::Tensor> outputs;
+    std::optional<c10::Stream> stream;  // a GPU's: where they were made; another stream waits for it first
+  };
+  std::string engine;  // its name, for the log
+  std::mutex mutex;
+  std::map<std::string, Made> made;  // by the instruction that made them (operator, arguments, their inputs' keys)
+};
+
 // One tape run on one device: input buffers, the prologue's values, the body run as it is or replayed as a CUDA
 // graph. Calls are serialized.
 class TapeRunner {
  public:
   // `capture`: on a GPU, the body captured as a CUDA graph at the first call (the engine's cuda_graphs option)
-  TapeRunner(std::shared_ptr<const Tape> tape, const Network& network, const at::Device& device, bool capture = true);
+  // `shared`: the values the engine's tapes on this device share (null: none shared)
+  TapeRunner(std::shared_ptr<const Tape> tape, const Network& network, const at::Device& device, bool capture = true,
+             std::shared_ptr<SharedValues> shared = nullptr);
   ~TapeRunner();
   std::vector<at::Tensor> run(at::TensorList inputs);
 
@@ -99,7 +117,9 @@ class TapeRunner {
     std::string what;                      // "body instruction 3", for messages
     std::optional<c10::OperatorHandle> op;  // resolved at the first run
     std::vector<int64_t> frees;            // the values whose last reader this is
+    std::string shared;                    // a prologue operator's key among the shared values, else empty
   };
+  size_t reused() const { return reused_; }  // the prologue's operators whose outputs another tape had made
 
  private:
   struct Graph;
@@ -107,6 +127,9 @@ class TapeRunner {
   void start(at::TensorList inputs);
   void execute(std::vector<Step>& steps);
   void call_op(Step& step);
+  void share_keys();                // the prologue's `Step::shared` keys (the operators resolved)
+  bool reuse(const Step& step);     // its outputs, where another tape made them; false otherwise
+  void keep_shared(const Step& step);
   void launch(const Step& step);
   c10::IValue argument(const TapeArg& arg, const c10::TypePtr& type, const std::string& what) const;
 
@@ -114,6 +137,9 @@ class TapeRunner {
   const Network& network_;  // the engine's, its weights on the CPU
   at::Device device_;
   bool capture_;
+  std::shared_ptr<SharedValues> shared_;
+  std::vector<bool> kept_;  // the values the body reads (or returns): the prologue's that stay
+  size_t reused_ = 0;
   std::mutex mutex_;
   bool started_ = false;
   std::vector<at::Tensor> values_;

@@ -515,7 +515,7 @@ def _record_tape(engine: Engine, settings: CompileSettings) -> Engine:
     """The engine, with a tape of its planned run for the C++ runtime where `native_tape` asks for one (None: on the
     cuda backend); a run a tape cannot replay gets none, the reason logged."""
     if settings.native_tape if settings.native_tape is not None else engine.backend == "cuda":
-        add_tape(engine, settings.device)
+        add_tape(engine, settings.device, settings.native_tape_shapes)
     return engine
 
 

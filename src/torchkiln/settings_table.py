@@ -327,6 +327,11 @@ SETTINGS: tuple[Setting, ...] = (
             "(docs/tape_format.md); None: on the cuda backend, where it runs the plan's kernels without Python",
             _optional_boolean, Flag(("--native-tape",), "on|off", choices=("on", "off"), parse=lambda v: v == "on"),
             example=True, example_args=("--native-tape", "on")),
+    Setting("native_tape_shapes", "int", 8, "the most extra shapes a dynamic engine's tapes are recorded at, "
+            "besides its optimization, smallest and largest: every shape its ranges allow where there are at most "
+            "this many, else the powers of two of its dynamic dims where those combinations are; 0: none "
+            "(docs/tape_format.md)", IntRange(0, 256), Flag(("--native-tape-shapes",), "N", type=int), example=32,
+            example_args=("--native-tape-shapes", "32")),
     Setting("reuse_cached_engines", "bool", False, "load the compiled module, or else each engine, from the "
             "engine cache instead of compiling or building it when its key matches", boolean,
             Flag(("--reuse-cached-engines",)), example=True, example_args=("--reuse-cached-engines",)),

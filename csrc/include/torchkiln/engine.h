@@ -110,6 +110,7 @@ struct Binding {
 struct Tape;  // a recorded run of the engine's plan (docs/tape_format.md, csrc/src/tape.h)
 class TapeRunner;
 class ShapeGraphs;
+struct SharedValues;
 
 struct Limits {
   std::optional<double> max_memory, max_flops;  // None: TORCHKILN_MAX_ENGINE_* or the device's default
@@ -155,6 +156,7 @@ class Engine {
   // by device (its type and index): the tapes whose target is that device; the runners made, by (device, tape)
   mutable std::map<std::pair<int, int>, std::vector<size_t>> tapes_here_;
   mutable std::map<std::pair<std::pair<int, int>, size_t>, std::shared_ptr<TapeRunner>> tape_runners_;
+  mutable std::map<std::pair<int, int>, std::shared_ptr<SharedValues>> shared_values_;  // what its tapes share
   mutable std::atomic<bool> warned_{false};
   // A `cuda` engine's layers on a GPU, where no tape fits: captured as a CUDA graph per input shape (by device)
   ShapeGraphs* shape_graphs(const at::Device& device, const Network& on_device) const;

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import weakref
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime import tape_format
 from torchkiln.runtime.backends import make_runner
 from torchkiln.runtime.backends.cuda.codegen import captured_later, is_compiling_ahead
@@ -324,21 +326,38 @@ def _release(version: str) -> str:
     return version.split("+")[0]
 
 
-def tape_shapes(engine: Engine) -> list[list[tuple[int, ...]]]:
+def tape_shapes(engine: Engine, extra: int = 0) -> list[list[tuple[int, ...]]]:
     """The input shapes a build records tapes at: the engine's optimization shapes, then its smallest and its largest
-    where they differ (an engine of dynamic shapes), each once."""
+    where they differ (an engine of dynamic shapes), then up to `extra` more (`extra_shapes`), each once."""
     found: list[list[tuple[int, ...]]] = []
-    for key in ("opt_shape", "min_shape", "max_shape"):
-        shapes = [tuple(getattr(b, key)) for b in engine.bindings]
+    candidates = [[tuple(getattr(b, key)) for b in engine.bindings] for key in ("opt_shape", "min_shape", "max_shape")]
+    for shapes in [*candidates, *extra_shapes(engine, extra)]:
         if shapes not in found and (not found or all(math.prod(s) for s in shapes)):  # (no tape of empty inputs)
             found.append(shapes)
     return found
 
 
-def add_tape(engine: Engine, device: torch.device) -> None:
+def extra_shapes(engine: Engine, most: int) -> list[list[tuple[int, ...]]]:
+    """Input shapes of a dynamic engine for tapes beyond its optimization, smallest and largest: every shape its
+    symbols' ranges allow where there are at most `most`, else every combination of the powers of two in each range
+    where there are at most `most` of those (a server that pads its batches and sequences to powers of two then always
+    runs a tape), else none."""
+    inputs = engine.network.inputs
+    symbols = list(dict.fromkeys(d for t in inputs for d in t.shape if isinstance(d, DimSymbol)))
+    if not symbols or most <= 0:
+        return []
+    for values in ([range(s.lo, s.hi + 1) for s in symbols],
+                   [[1 << k for k in range(s.hi.bit_length()) if s.lo <= 1 << k <= s.hi] for s in symbols]):
+        if math.prod(len(v) for v in values) <= most:
+            return [[tuple(dict(zip(symbols, combo)).get(d, d) for d in t.shape) for t in inputs]
+                    for combo in itertools.product(*values)]
+    return []
+
+
+def add_tape(engine: Engine, device: torch.device, extra: int = 0) -> None:
     """Record tapes of `engine` on `device` at `tape_shapes` and keep them with the engine; none (the reason logged)
     where refused: the C++ runtime runs the layers' ATen meanings at a call no tape fits."""
-    for shapes in tape_shapes(engine):
+    for shapes in tape_shapes(engine, extra):
         try:
             engine.tapes.append(record_tape(engine, device, shapes))
         except TapeRefused as e:
