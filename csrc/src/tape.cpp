@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <set>
 
 #include "tape.h"
 #include "torchkiln/engine.h"
@@ -133,25 +134,24 @@ void key_text(const TapeArg& arg, const std::vector<std::string>& keys, std::str
 }  // namespace
 
 void TapeRunner::share_keys() {
-  // Keyed: the weights, and the operators before the first that reads an input or launches a kernel whose tensors
-  // are all keyed and whose schema writes nothing. Nothing is shared where an operator that writes reads a keyed
-  // value (the Python runner never does).
+  // Keyed: the weights, and the prologue's operators whose tensors are all keyed and whose schema writes nothing, but
+  // for those whose output's values are not their inputs' (`empty_like`, `new_zeros`: a buffer for a kernel to write).
+  // Nothing is shared where an operator that writes reads a keyed value (the Python runner never does).
   std::vector<std::string> keys(tape_->num_values);
-  size_t num_inputs = tape_->inputs.size();
-  bool leading = true;
   for (Step& step : prologue_) {
     const TapeInstruction& ins = *step.instruction;
-    std::vector<int64_t> reads = reads_of(ins);
-    for (int64_t v : reads) leading = leading && static_cast<size_t>(v) >= num_inputs;
-    leading = leading && ins.kind != TapeInstruction::Kind::Launch;
-    if (!leading) break;
     if (ins.kind == TapeInstruction::Kind::Weight) {
       keys[ins.out[0]] = "w" + std::to_string(ins.index) + "/" + ins.name;
       continue;
     }
+    if (ins.kind != TapeInstruction::Kind::Op || step.op->schema().is_mutable()) continue;
+    const std::string& base = step.op->schema().name();
+    if (base.rfind("aten::new_", 0) == 0 || (base.size() > 5 && base.compare(base.size() - 5, 5, "_like") == 0))
+      continue;
+    std::vector<int64_t> reads = reads_of(ins);
     bool all_keyed = !reads.empty();
     for (int64_t v : reads) all_keyed = all_keyed && !keys[v].empty();
-    if (ins.kind != TapeInstruction::Kind::Op || !all_keyed || step.op->schema().is_mutable()) continue;
+    if (!all_keyed) continue;
     std::string key = ins.name + "." + ins.overload + "(";
     for (const TapeArg& a : ins.args) key_text(a, keys, key);
     for (const auto& kv : ins.kwargs) key += kv.first + "=", key_text(kv.second, keys, key);
@@ -190,15 +190,27 @@ bool TapeRunner::reuse(const Step& step) {
 }
 
 void TapeRunner::keep_shared(const Step& step) {
-  // Kept for the other tapes only where this tape's body reads them too (an intermediate is made again, and freed)
   SharedValues::Made made;
-  for (int64_t v : step.instruction->out) {
-    if (v >= 0 && !kept_[v]) return;
-    made.outputs.push_back(v >= 0 ? values_[v] : at::Tensor());
-  }
+  for (int64_t v : step.instruction->out) made.outputs.push_back(v >= 0 ? values_[v] : at::Tensor());
   if (device_.is_cuda()) made.stream = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
+  made_.emplace_back(step.shared, std::move(made));
+}
+
+void TapeRunner::share_made() {
+  // Of what this prologue made under a key, what its body reads stays for the other tapes: the values it keeps, and
+  // those whose memory a kept value views (a weight placed, then transposed). An intermediate is made again, and freed.
+  std::set<const void*> kept;
+  for (size_t v = 0; v < values_.size(); ++v)
+    if (kept_[v] && values_[v].defined() && values_[v].has_storage())
+      kept.insert(values_[v].storage().data_ptr().get());
   std::lock_guard<std::mutex> lock(shared_->mutex);
-  shared_->made.emplace(step.shared, std::move(made));
+  for (auto& [key, made] : made_) {
+    bool alive = true;
+    for (const at::Tensor& t : made.outputs)
+      alive = alive && (!t.defined() || (t.has_storage() && kept.count(t.storage().data_ptr().get())));
+    if (alive) shared_->made.emplace(key, std::move(made));
+  }
+  made_.clear();
 }
 
 c10::IValue TapeRunner::argument(const TapeArg& arg, const c10::TypePtr& type, const std::string& what) const {
@@ -389,6 +401,7 @@ void TapeRunner::start(at::TensorList inputs) {
   if (device_.is_cuda() && !tape_->kernels.empty() && !modules_)
     modules_ = std::make_unique<TritonModules>(tape_->kernels, device_, tape_->where);
   execute(prologue_);
+  if (shared_) share_made();
   const char* log = std::getenv("TORCHKILN_TAPE_LOG");
   if (reused_ && log && std::string(log) == "1")
     std::cerr << "torchkiln: engine '" << shared_->engine << "' " << tape_->where.substr(7) << " on " << device_.str()

@@ -86,11 +86,10 @@ void wait_for_last_call(std::optional<c10::Stream>& last, const at::Device& devi
 // `inputs` copied into the first of `buffers`, in one launch where there are several (as the Python runner copies).
 void copy_inputs(at::TensorList buffers, at::TensorList inputs);
 
-// The values the prologues of one engine's tapes on one device make from its weights alone, before they read an
-// input or launch a kernel (the Python runner's construction: weights placed on the device, in the plan's layouts):
-// made by the first tape whose prologue needs one, then shared, so that an engine with tapes at many shapes holds its
-// weights on the device once. The Python runner never writes what it placed (it shares them between every input
-// shape it binds).
+// The values the prologues of one engine's tapes on one device make from its weights alone (the weights placed on
+// the device, in the plan's layouts, transposed): made by the first tape whose body reads one, then shared, so that an
+// engine with tapes at many shapes holds its weights on the device once. The Python runner never writes what it
+// placed (it shares them between every input shape it binds).
 struct SharedValues {
   struct Made {
     std::vector<at::Tensor> outputs;
@@ -129,7 +128,8 @@ class TapeRunner {
   void call_op(Step& step);
   void share_keys();                // the prologue's `Step::shared` keys (the operators resolved)
   bool reuse(const Step& step);     // its outputs, where another tape made them; false otherwise
-  void keep_shared(const Step& step);
+  void keep_shared(const Step& step);  // its outputs, made here: shared after the prologue where the body reads them
+  void share_made();
   void launch(const Step& step);
   c10::IValue argument(const TapeArg& arg, const c10::TypePtr& type, const std::string& what) const;
 
@@ -140,6 +140,7 @@ class TapeRunner {
   std::shared_ptr<SharedValues> shared_;
   std::vector<bool> kept_;  // the values the body reads (or returns): the prologue's that stay
   size_t reused_ = 0;
+  std::vector<std::pair<std::string, SharedValues::Made>> made_;  // the prologue's keyed outputs it made
   std::mutex mutex_;
   bool started_ = false;
   std::vector<at::Tensor> values_;
