@@ -310,6 +310,32 @@ def test_nested_tuple_and_dict_outputs_run_in_cpp_as_in_python(cpp, tmp_path):
     assert_bitwise(run_in_cpp(cpp, compiled, args, tmp_path), want)
 
 
+class _Around(torch.nn.Module):
+    """A program scripted around a compiled module: it calls it on each tensor of a list."""
+
+    def __init__(self, compiled: torch.jit.ScriptModule) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, xs: List[torch.Tensor]) -> List[torch.Tensor]:
+        return [self.compiled(x) for x in xs]
+
+
+def test_a_module_scripted_around_a_compiled_one_runs_in_cpp_as_in_python(cpp, tmp_path):
+    """`torch.jit.script` of a module holding the module `compile` returned (not only a loaded one), called on a
+    Tensor[] in C++ (run_module types a list of tensors from the file as one)."""
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    compiled = _compile(mlp, [torchkiln.Input(min_shape=(1, 8), opt_shape=(2, 8), max_shape=(4, 8))])
+    around = torch.jit.script(_Around(compiled))
+    xs = [torch.randn(b, 8) for b in (1, 3, 4)]
+    with torch.no_grad():
+        want = around(xs)
+        assert_bitwise(want, [compiled(x) for x in xs])
+        torch.testing.assert_close(want, [mlp(x) for x in xs], rtol=0, atol=1e-4 * max(w.abs().max() for w in want))
+    assert_bitwise(run_in_cpp(cpp, around, (xs,), tmp_path), want)
+
+
 class _Engines(torch.nn.Module):
     """Engines called by the op itself, one per layer-kind case, each on its own inputs (held by the module: lists
     read from a file come untyped)."""

@@ -1,5 +1,6 @@
 // run_module [--device DEV] [--runs N] MODEL.pt INPUTS.pt [OUTPUTS.pt]: load a module that torchkiln compiled and
-// torch.jit.save'd, move the inputs (a tuple or list of tensors, as torch.save writes it) to DEV (cpu by default,
+// torch.jit.save'd, move the inputs (a tuple or list of arguments as torch.save writes it: tensors, and tuples,
+// lists and dicts of them; a list of tensors is given as a Tensor[]) to DEV (cpu by default,
 // or cuda, cuda:1), call it, print what it returns and save it (on the CPU). With --runs N it then calls the module
 // N more times and prints the median per-call latency (synchronizing the GPU around each call).
 #include <torch/cuda.h>
@@ -45,6 +46,14 @@ c10::IValue moved(const c10::IValue& value, const at::Device& device) {
     for (const auto& item : value.isTuple() ? value.toTupleRef().elements().vec() : value.toListRef().vec())
       items.push_back(moved(item, device));
     if (value.isTuple()) return c10::ivalue::Tuple::create(std::move(items));
+    // A list from a file is untyped (List[Any]); one of tensors becomes the Tensor[] a module's signature takes.
+    bool tensors = !items.empty() &&
+                   std::all_of(items.begin(), items.end(), [](const c10::IValue& v) { return v.isTensor(); });
+    if (tensors) {
+      c10::List<at::Tensor> typed;
+      for (auto& item : items) typed.push_back(item.toTensor());
+      return typed;
+    }
     c10::impl::GenericList list(value.toList().elementType());
     for (auto& item : items) list.push_back(std::move(item));
     return list;

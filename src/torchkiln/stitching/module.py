@@ -123,9 +123,12 @@ class CompiledModule(RaisesEngineErrors, torch.jit.RecursiveScriptModule):
 
 
 def as_compiled_module(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
-    """`module` itself, now of a class that raises engine errors as torchkiln's types."""
+    """`module` itself, now of a class that raises engine errors as torchkiln's types, and with the concrete type of
+    its TorchScript type as it is now (engines added): what scripting a module that holds it reads, where it would
+    otherwise infer a type from the Python class."""
     if type(module) is torch.jit.RecursiveScriptModule:
         module.__class__ = CompiledModule
+    module._concrete_type = torch._C.ConcreteModuleType.from_jit_type(module._c._type())
     return module
 
 
