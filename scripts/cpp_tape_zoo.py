@@ -5,6 +5,7 @@ also counts its tape's chained launches (`chained_launches`: those marked "pdl" 
 
     PYTHONPATH=src python scripts/cpp_tape_zoo.py --run-module build/cpp-test/example/run_module --work /tmp/w \
         --batch 1 --models efficientnet_b0,swin_t-224            (default models: the wide zoo)
+        [--dynamic-batch 8]                                       (engines of a dynamic batch, called at --batch)
 
 Build run_module first (docs/deployment.md). A model that fails to compile or run is reported and skipped.
 """
@@ -62,14 +63,19 @@ def in_python(stem: pathlib.Path, runs: int, library: str, hosted: bool) -> dict
     return {**json.loads(done.stdout.strip().splitlines()[-1]), "ran_tape": "runs tape" in done.stderr}
 
 
-def check(name: str, batch: int, work: pathlib.Path, run_module: str, runs: int, library: str = "") -> dict:
-    """One model: compile, time in Python, run and time in C++, compare."""
+def check(name: str, batch: int, work: pathlib.Path, run_module: str, runs: int, library: str = "",
+          dynamic_batch: int = 0) -> dict:
+    """One model: compile (with a batch dim of 1 to `dynamic_batch` where that is set), time in Python, run and time
+    in C++, compare."""
     model_def = find_zoo_model(name)
     batch = min(batch, model_def.max_batch or batch)
     model = load_zoo_model(model_def, "cuda").half()
     inputs = [x.cuda().half() if x.is_floating_point() else x.cuda() for x in model_def.inputs(batch)]
+    specs = [torchkiln.Input(min_shape=(1, *x.shape[1:]), opt_shape=tuple(x.shape),
+                             max_shape=(max(dynamic_batch, batch), *x.shape[1:]), dtype=x.dtype)
+             for x in inputs] if dynamic_batch else inputs
     start = time.perf_counter()
-    compiled = torchkiln.compile(model, inputs=inputs, enabled_precisions={torch.half})
+    compiled = torchkiln.compile(model, inputs=specs, enabled_precisions={torch.half})
     tapes = _engine(compiled).tapes if compiled._c.hasattr("_torchkiln_engine_0") else []
     row = {"model": name, "batch": batch, "compile_s": round(time.perf_counter() - start, 1), "tapes": len(tapes)}
     if tapes:  # tape 0's body: its launches chained (programmatic dependent, "pdl") of all its launches
@@ -120,6 +126,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--models", default=",".join(WIDE))
     parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--dynamic-batch", type=int, default=0, metavar="MAX",
+                        help="compile with a dynamic batch of 1 to MAX (the call at --batch then runs one of the "
+                             "engine's tapes at other shapes: docs/tape_format.md); 0: static shapes")
     parser.add_argument("--deadline", type=float, default=0, help="seconds after which no new model starts; 0: none")
     args = parser.parse_args()
     if args.time_saved:
@@ -133,7 +142,7 @@ def main() -> None:
             print(json.dumps({"model": name, "skipped": "deadline"}), flush=True)
             continue
         try:
-            row = check(name, args.batch, args.work, args.run_module, args.runs, args.library)
+            row = check(name, args.batch, args.work, args.run_module, args.runs, args.library, args.dynamic_batch)
         except Exception as e:  # one model's failure is its row
             row = {"model": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
         print(json.dumps(row), flush=True)
