@@ -237,6 +237,41 @@ def _hidden(out):
                                                                    out.last_hidden_state)
 
 
+class _WindowAttention(torch.nn.Module):
+    """A Swin-style block over [B, H, W, C]: the map padded to whole windows, split into them, attention within each
+    (4-D batched products of a dynamic leading dim, a bias broadcast over it), and the windows put back."""
+
+    def __init__(self, c: int = 8, heads: int = 2, window: int = 4) -> None:
+        super().__init__()
+        self.heads, self.window = heads, window
+        self.qkv = torch.nn.Linear(c, 3 * c)
+        self.bias = torch.nn.Parameter(torch.randn(1, heads, window * window, window * window))
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        ws = self.window
+        x = torch.nn.functional.pad(x, (0, 0, 0, (ws - w % ws) % ws, 0, (ws - h % ws) % ws))
+        _, ph, pw, _ = x.shape
+        x = x.view(b, ph // ws, ws, pw // ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws, c)
+        q, k, v = self.qkv(x).reshape(x.size(0), ws * ws, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        attn = torch.softmax(q.matmul(k.transpose(-2, -1)) * 0.5 + self.bias, dim=-1)
+        x = attn.matmul(v).transpose(1, 2).reshape(-1, ws * ws, c)
+        x = x.view(b, ph // ws, pw // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(b, ph, pw, c)
+        return x[:, :h, :w, :]
+
+
+def test_window_attention_with_padding_and_a_dynamic_batch_is_one_engine():
+    """The padding's and the batched products' output shapes are read off their input shapes: torch's fake
+    constant_pad_nd and matmul ask for every size as an int, which left each such layer (and the shuffles after it,
+    their dims' relation lost) in PyTorch: 16 engines for torchvision's swin_t."""
+    torch.manual_seed(0)
+    model = _WindowAttention().eval()
+    spec = torchkiln.Input(min_shape=(1, 10, 10, 8), opt_shape=(2, 10, 10, 8), max_shape=(4, 10, 10, 8))
+    compiled, report = _compile(model, [spec])
+    _assert_one_engine(report)
+    _check_at(model, compiled, lambda b: [torch.randn(b, 10, 10, 8)], [1, 2, 3, 4])
+
+
 def test_bert_dynamic_batch_and_sequence_with_attention_mask_is_one_engine():
     model = tiny_bert()
     spec = torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 16), max_shape=(8, 64), dtype=torch.int64)

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from torchkiln.errors import NetworkError
-from torchkiln.ir.layers import (AttentionLayer, Layer, MatrixMultiplyLayer, MatrixOperation, NonZeroLayer, SliceLayer,
-                                 UniqueLayer)
+from torchkiln.ir.layers import (AttentionLayer, Layer, MatrixMultiplyLayer, MatrixOperation, NonZeroLayer,
+                                 PaddingLayer, PaddingMode, SliceLayer, UniqueLayer)
 from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, as_shape, has_symbols, symbols_of, to_tree
 
 Outputs = list[tuple[tuple, torch.dtype]]
@@ -88,20 +88,50 @@ def infer_symbolic(layer: Layer, run: Callable[..., list[torch.Tensor]]) -> Outp
     return _infer(found or _Env(key), layer, params, run)
 
 
-def _linear_shape(layer: MatrixMultiplyLayer) -> Outputs | None:
-    """x @ W (+ bias) of a 2-D constant-shaped W: [..., M, K] x [K, N] -> [..., M, N], read off the shapes (torch
-    2.11's fake linear asks for numel() on symbolic sizes). None where the rule does not plainly apply."""
+def _matmul_shape(layer: MatrixMultiplyLayer) -> Outputs | None:
+    """op0(a) @ op1(b) (+ bias) of operands of rank 2 or more: [..., M, K] x [..., K, N] -> [..., M, N], the leading
+    dims broadcast (equal, or one of them 1), read off the shapes (torch 2.11's fake matmul and linear ask for int
+    sizes: numel(), a reshape to 3-D). None where the rule does not plainly apply (a fake run decides)."""
     a, b = layer.inputs
     bias = layer.weights.get("bias")
-    if a.rank < 2 or b.rank != 2 or a.dtype != b.dtype or has_symbols(b.shape):
+    if a.rank < 2 or b.rank < 2 or a.dtype != b.dtype or MatrixOperation.VECTOR in (layer.op0, layer.op1):
         return None
-    rows = list(a.shape)
-    if layer.op0 == MatrixOperation.TRANSPOSE:
-        rows[-1], rows[-2] = rows[-2], rows[-1]
-    k, n = b.shape if layer.op1 == MatrixOperation.NONE else b.shape[::-1]
-    if rows[-1] != k or (bias is not None and (bias.dim() > 1 or bias.numel() not in (1, n))):
+    rows, cols = list(a.shape), list(b.shape)
+    for shape, op in ((rows, layer.op0), (cols, layer.op1)):
+        if op == MatrixOperation.TRANSPOSE:
+            shape[-1], shape[-2] = shape[-2], shape[-1]
+    if rows[-1] != cols[-2] or (bias is not None and (bias.dim() > 1 or bias.numel() not in (1, cols[-1]))):
         return None
-    return [(tuple(rows[:-1]) + (n,), a.dtype)]
+    lead_a, lead_b = rows[:-2], cols[:-2]
+    width = max(len(lead_a), len(lead_b))
+    lead_a, lead_b = [1] * (width - len(lead_a)) + lead_a, [1] * (width - len(lead_b)) + lead_b
+    lead = []
+    for x, y in zip(lead_a, lead_b):
+        if x != y and 1 not in (x, y):
+            return None
+        lead.append(y if x == 1 else x)
+    return [(tuple(lead) + (rows[-2], cols[-1]), a.dtype)]
+
+
+def _padding_shape(layer: PaddingLayer) -> Outputs | None:
+    """Each padded dim grown by its pads, read off the shape where every dim a pad changes is static (a window
+    padding of a map with a dynamic batch: torch 2.11's fake constant_pad_nd asks for every size as an int). None
+    otherwise, or where a pad would leave a dim empty or reflect past its size (the fake run says what is wrong)."""
+    x = layer.inputs[0]
+    shape = list(x.shape)
+    for k in range(len(layer.pad) // 2):
+        before, after = layer.pad[2 * k], layer.pad[2 * k + 1]
+        if not (before or after):
+            continue
+        dim = x.rank - 1 - k
+        size = shape[dim]
+        if not isinstance(size, int) or not isinstance(before, int) or not isinstance(after, int):
+            return None
+        grown = size + before + after
+        if grown < 0 or (layer.mode != PaddingMode.CONSTANT and max(before, after) >= size):
+            return None
+        shape[dim] = grown
+    return [(tuple(shape), x.dtype)]
 
 
 def _attention_shape(layer: AttentionLayer) -> Outputs | None:
@@ -131,7 +161,8 @@ def _unique_shape(layer: UniqueLayer) -> Outputs:
 
 # layers whose output shapes are read off their input shapes instead of a fake run of their meaning
 _DIRECT_RULES: dict[type, Callable[[Layer], Outputs | None]] = {
-    MatrixMultiplyLayer: _linear_shape,
+    MatrixMultiplyLayer: _matmul_shape,
+    PaddingLayer: _padding_shape,
     AttentionLayer: _attention_shape,
     NonZeroLayer: _non_zero_shape,
     UniqueLayer: _unique_shape,
