@@ -7,6 +7,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <set>
 
@@ -113,9 +114,12 @@ void key_text(const TapeArg& arg, const std::vector<std::string>& keys, std::str
     case K::Tensor:
       out += "{" + keys[arg.i] + "}";
       break;
-    case K::Float:
-      out += c10::str(arg.f);  // (shortest text that reads back as the same double)
+    case K::Float: {  // its bits: two doubles are one key only where they are the same double
+      uint64_t bits;
+      std::memcpy(&bits, &arg.f, sizeof bits);
+      out += std::to_string(bits);
       break;
+    }
     case K::Str:
     case K::BigInt:
       out += std::to_string(arg.s.size()) + "'" + arg.s;
