@@ -79,6 +79,20 @@ def _median_ms(fn, device: str, runs: int = 50) -> float:
     return statistics.median(times)
 
 
+def _event_ms(fn, runs: int = 50) -> float:
+    """The median time between CUDA events recorded on the current stream before and after each call."""
+    times = []
+    for _ in range(runs):
+        torch.cuda.synchronize()
+        before, after = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        before.record()
+        fn()
+        after.record()
+        torch.cuda.synchronize()
+        times.append(before.elapsed_time(after))
+    return statistics.median(times)
+
+
 def compile_models(work: pathlib.Path, dry: bool) -> None:
     """Save model_<name>.pt, inputs_<name>.pt, python_<name>.pt and python_ms.json under `work`."""
     device, backend = ("cpu", "reference") if dry else ("cuda", "cuda")

@@ -1,7 +1,8 @@
 """Zoo models in the C++ runtime, on a GPU: each model compiled in fp16 (the cuda backend records a tape), saved, run
 by examples/cpp's run_module with no Python in its process, and compared with the Python runtime: whether the
-outputs are identical, and the median per-call latency of each (wall time between device synchronizations). A row
-also counts its tape's chained launches (`chained_launches`: those marked "pdl" of all in tape 0's body).
+outputs are identical, and the median per-call latency of each (wall time between device synchronizations, and the
+time between CUDA events recorded before and after the call). A row also counts its tape's chained launches
+(`chained_launches`: those marked "pdl" of all in tape 0's body).
 
     PYTHONPATH=src python scripts/cpp_tape_zoo.py --run-module build/cpp-test/example/run_module --work /tmp/w \
         --batch 1 --models efficientnet_b0,swin_t-224            (default models: the wide zoo)
@@ -21,7 +22,7 @@ import time
 import torch
 
 import torchkiln
-from cpp_cuda_check import _engine, _median_ms
+from cpp_cuda_check import _engine, _event_ms, _median_ms
 from torchkiln.examples.zoo import WIDE, find_zoo_model, load_zoo_model
 from torchkiln.runtime import tape_format
 
@@ -84,6 +85,7 @@ def check(name: str, batch: int, work: pathlib.Path, run_module: str, runs: int,
     with torch.no_grad():
         want = _tensors(compiled(*inputs))
         row["python_ms"] = round(_median_ms(lambda: compiled(*inputs), "cuda", runs), 3)
+        row["python_event_ms"] = round(_event_ms(lambda: compiled(*inputs), runs), 3)
     stem = work / f"{name}-b{batch}"
     torch.jit.save(compiled, f"{stem}.pt")
     torch.save(tuple(x.cpu() for x in inputs), f"{stem}.inputs.pt")
@@ -97,6 +99,7 @@ def check(name: str, batch: int, work: pathlib.Path, run_module: str, runs: int,
         return row
     words = done.stdout.split()
     row["cpp_ms"] = round(float(words[words.index("latency_ms_median") + 1]), 3)
+    row["cpp_event_ms"] = round(float(words[words.index("event_ms_median") + 1]), 3)
     row["ran_tape"] = "runs tape" in done.stderr
     got = _tensors(torch.load(f"{stem}.cpp.pt", weights_only=False))
     row["identical"] = len(got) == len(want) and all(torch.equal(g, w.cpu()) for g, w in zip(got, want))

@@ -2,7 +2,10 @@
 // torch.jit.save'd, move the inputs (a tuple or list of arguments as torch.save writes it: tensors, and tuples,
 // lists and dicts of them; a list of tensors is given as a Tensor[]) to DEV (cpu by default,
 // or cuda, cuda:1), call it, print what it returns and save it (on the CPU). With --runs N it then calls the module
-// N more times and prints the median per-call latency (synchronizing the GPU around each call).
+// N more times and prints the median per-call latency (synchronizing the GPU around each call; on a GPU also the
+// median time between CUDA events recorded on the device's current stream before and after each call).
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/cuda.h>
 #include <torch/script.h>
 
@@ -11,6 +14,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <optional>
 
 namespace {
 
@@ -64,6 +68,11 @@ c10::IValue moved(const c10::IValue& value, const at::Device& device) {
     return dict;
   }
   return value;
+}
+
+double median(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
 }
 
 void synchronize(const at::Device& device) {
@@ -120,16 +129,25 @@ int main(int argc, char** argv) {
       std::ofstream(paths[2], std::ios::binary).write(bytes.data(), bytes.size());
     }
     if (runs > 0) {
-      std::vector<double> ms;
+      std::vector<double> ms, event_ms;  // wall time between synchronizations; on a GPU, also CUDA events' time
       for (int k = 0; k < runs; ++k) {
         synchronize(device);
+        std::optional<c10::Event> before, after;
+        if (device.is_cuda()) {
+          before.emplace(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);  // (timing enabled)
+          after.emplace(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+          before->record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device));
+        }
         auto start = std::chrono::steady_clock::now();
         module.forward(args);
+        if (after) after->record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(device));
         synchronize(device);
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+        if (after) event_ms.push_back(before->elapsedTime(*after));
       }
-      std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-      std::cout << "latency_ms_median " << ms[ms.size() / 2] << " runs " << runs << " device " << device << "\n";
+      std::cout << "latency_ms_median " << median(ms) << " runs " << runs << " device " << device;
+      if (!event_ms.empty()) std::cout << " event_ms_median " << median(event_ms);
+      std::cout << "\n";
     }
   } catch (const c10::Error& e) {  // e.g. the module's file is not TorchScript
     std::cerr << e.what_without_backtrace() << "\n";
