@@ -272,6 +272,29 @@ def test_window_attention_with_padding_and_a_dynamic_batch_is_one_engine():
     _check_at(model, compiled, lambda b: [torch.randn(b, 10, 10, 8)], [1, 2, 3, 4])
 
 
+class _Upsampling(torch.nn.Module):
+    """A segmentation head's resizes: by a factor, then to the input's (static) spatial size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        y = torch.nn.functional.interpolate(self.conv(x), scale_factor=2.0, mode="bilinear", align_corners=False)
+        return torch.nn.functional.interpolate(y, size=x.shape[-2:], mode="bilinear", align_corners=False) + x[:, :1]
+
+
+def test_resizes_of_a_map_with_a_dynamic_batch_are_one_engine():
+    """A resize's output shape is read off its input's where the spatial dims are static (torch's fake upsampling
+    asks for every size as an int)."""
+    torch.manual_seed(0)
+    model = _Upsampling().eval()
+    spec = torchkiln.Input(min_shape=(1, 3, 15, 15), opt_shape=(2, 3, 15, 15), max_shape=(4, 3, 15, 15))
+    compiled, report = _compile(model, [spec])
+    _assert_one_engine(report)
+    _check_at(model, compiled, lambda b: [torch.randn(b, 3, 15, 15)], [1, 3, 4])
+
+
 def test_bert_dynamic_batch_and_sequence_with_attention_mask_is_one_engine():
     model = tiny_bert()
     spec = torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 16), max_shape=(8, 64), dtype=torch.int64)

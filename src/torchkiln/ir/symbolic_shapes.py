@@ -17,10 +17,11 @@ import torch
 
 from torchkiln.errors import NetworkError
 from torchkiln.ir.layers import (AttentionLayer, Layer, MatrixMultiplyLayer, MatrixOperation, NonZeroLayer,
-                                 PaddingLayer, PaddingMode, SliceLayer, UniqueLayer)
+                                 PaddingLayer, PaddingMode, ResizeLayer, SliceLayer, UniqueLayer)
 from torchkiln.ir.symbolic import DimSymbol, SymbolicError, as_dim, as_shape, has_symbols, symbols_of, to_tree
 
 Outputs = list[tuple[tuple, torch.dtype]]
+Meaning = Callable[..., list[torch.Tensor]]  # a layer's reference meaning: (layer, inputs, weights, device)
 
 
 def symbolic_params(layer: Layer) -> dict[str, object]:
@@ -65,7 +66,7 @@ _ENVS_LOCK = threading.Lock()
 _MAX_ENVS = 16
 
 
-def infer_symbolic(layer: Layer, run: Callable[..., list[torch.Tensor]]) -> Outputs:
+def infer_symbolic(layer: Layer, run: Meaning) -> Outputs:
     """Output shapes (ints and symbolic dims) and dtypes of `layer`, by running `run` (the reference
     meaning) on fake tensors; a NetworkError says that the layer needs static shapes."""
     if isinstance(layer, SliceLayer) and len(layer.shape) == layer.inputs[0].rank:
@@ -74,7 +75,7 @@ def infer_symbolic(layer: Layer, run: Callable[..., list[torch.Tensor]]) -> Outp
         # checks them again on ints.
         return [(as_shape(layer.shape), layer.inputs[0].dtype)]
     rule = _DIRECT_RULES.get(type(layer))
-    direct = rule(layer) if rule is not None else None
+    direct = rule(layer, run) if rule is not None else None
     if direct is not None:
         return direct
     params = symbolic_params(layer)
@@ -88,7 +89,7 @@ def infer_symbolic(layer: Layer, run: Callable[..., list[torch.Tensor]]) -> Outp
     return _infer(found or _Env(key), layer, params, run)
 
 
-def _matmul_shape(layer: MatrixMultiplyLayer) -> Outputs | None:
+def _matmul_shape(layer: MatrixMultiplyLayer, run: Meaning) -> Outputs | None:
     """op0(a) @ op1(b) (+ bias) of operands of rank 2 or more: [..., M, K] x [..., K, N] -> [..., M, N], the leading
     dims broadcast (equal, or one of them 1), read off the shapes (torch 2.11's fake matmul and linear ask for int
     sizes: numel(), a reshape to 3-D). None where the rule does not plainly apply (a fake run decides)."""
@@ -113,7 +114,7 @@ def _matmul_shape(layer: MatrixMultiplyLayer) -> Outputs | None:
     return [(tuple(lead) + (rows[-2], cols[-1]), a.dtype)]
 
 
-def _padding_shape(layer: PaddingLayer) -> Outputs | None:
+def _padding_shape(layer: PaddingLayer, run: Meaning) -> Outputs | None:
     """Each padded dim grown by its pads, read off the shape where every dim a pad changes is static (a window
     padding of a map with a dynamic batch: torch 2.11's fake constant_pad_nd asks for every size as an int). None
     otherwise, or where a pad would leave a dim empty or reflect past its size (the fake run says what is wrong)."""
@@ -134,7 +135,7 @@ def _padding_shape(layer: PaddingLayer) -> Outputs | None:
     return [(tuple(shape), x.dtype)]
 
 
-def _attention_shape(layer: AttentionLayer) -> Outputs | None:
+def _attention_shape(layer: AttentionLayer, run: Meaning) -> Outputs | None:
     """SDPA of q [..., L, E], k [..., S, E], v [..., S, Ev] with the same leading dims (k and v: the same or, with
     `enable_gqa`, a divisor of q's heads at dim -3): [..., L, Ev] (torch 2.11's fake SDPA cannot run on symbolic
     sizes). The mask only has to broadcast, which the run-time meaning checks."""
@@ -149,27 +150,43 @@ def _attention_shape(layer: AttentionLayer) -> Outputs | None:
     return [(tuple(q.shape[:-1]) + (v.shape[-1],), q.dtype)]
 
 
-def _non_zero_shape(layer: NonZeroLayer) -> Outputs:
+def _non_zero_shape(layer: NonZeroLayer, run: Meaning) -> Outputs:
     """[count, rank] indices: count is the symbol the layer defines (its value is known once it has run)."""
     return [((layer.count, layer.inputs[0].rank), torch.int64)]
 
 
-def _unique_shape(layer: UniqueLayer) -> Outputs:
+def _unique_shape(layer: UniqueLayer, run: Meaning) -> Outputs:
     x = layer.inputs[0]
     return [((layer.count,), x.dtype), (tuple(x.shape), torch.int64), ((layer.count,), torch.int64)]
 
 
+def _resize_shape(layer: ResizeLayer, run: Meaning) -> Outputs | None:
+    """The leading (batch, channel) dims kept and the spatial ones from a run of the meaning on a meta map of the
+    same spatial size (torch 2.11's fake upsampling asks for every size as an int), where those are static."""
+    x = layer.inputs[0]
+    spatial = x.shape[2:]
+    if x.rank < 3 or any(not isinstance(d, int) for d in (*spatial, *(layer.size or ()))):
+        return None
+    meta = torch.device("meta")
+    try:
+        out = run(layer, [torch.empty((1, 1, *spatial), dtype=x.dtype, device=meta)], {}, meta)[0]
+    except Exception:  # (the fake run says what is wrong)
+        return None
+    return [(tuple(x.shape[:2]) + tuple(out.shape[2:]), out.dtype)]
+
+
 # layers whose output shapes are read off their input shapes instead of a fake run of their meaning
-_DIRECT_RULES: dict[type, Callable[[Layer], Outputs | None]] = {
+_DIRECT_RULES: dict[type, Callable[[Layer, Meaning], Outputs | None]] = {
     MatrixMultiplyLayer: _matmul_shape,
     PaddingLayer: _padding_shape,
+    ResizeLayer: _resize_shape,
     AttentionLayer: _attention_shape,
     NonZeroLayer: _non_zero_shape,
     UniqueLayer: _unique_shape,
 }
 
 
-def _infer(state: _Env, layer: Layer, params: dict[str, object], run: Callable[..., list[torch.Tensor]]) -> Outputs:
+def _infer(state: _Env, layer: Layer, params: dict[str, object], run: Meaning) -> Outputs:
     key = frozenset(state.to_env)
     sym_int = state.sym_int
 
