@@ -68,7 +68,7 @@ def test_shapes_read_off_inputs_agree_with_the_fake_run(kind):
         layer = L.MatrixMultiplyLayer(name="mm", inputs=[x, w], outputs=[], op0=op0, op1=L.MatrixOperation.TRANSPOSE,
                                       weights={"bias": torch.zeros(48, dtype=torch.float16)})
     rule = symbolic_shapes._DIRECT_RULES[type(layer)]
-    direct = rule(layer)
+    direct = rule(layer, run_layer)
     assert direct is not None
     faked = symbolic_shapes._infer(symbolic_shapes._Env(frozenset({b, s})), layer, {}, run_layer)
     assert [(tuple(shape), dtype) for shape, dtype in faked] == direct
