@@ -295,6 +295,27 @@ def test_resizes_of_a_map_with_a_dynamic_batch_are_one_engine():
     _check_at(model, compiled, lambda b: [torch.randn(b, 3, 15, 15)], [1, 3, 4])
 
 
+class _TracedSizes(torch.nn.Module):
+    """Size arithmetic as tracing records it (transformers' MobileViT unfolds patches so): 0-d tensors of the dims,
+    a dynamic one times static ones, and a static one through ceil, a cast and a floor division."""
+
+    def forward(self, x):
+        b, c, h, w = x.shape
+        patches = (torch.ceil(w / 4) * 4).to(torch.int64) // 4
+        return torch.relu(x).reshape(b * c * h, patches, 4).sum(-1)
+
+
+def test_traced_size_arithmetic_of_dynamic_and_static_dims_is_one_engine():
+    """`b * c` of a dynamic b and a static c, both 0-d tensors in a trace, is a symbolic dim: the products had been
+    converted as tensor layers (and refused), leaving the reshape they size in PyTorch."""
+    x = torch.randn(2, 3, 8, 12)
+    traced = torch.jit.trace(_TracedSizes().eval(), x, check_trace=False)
+    spec = torchkiln.Input(min_shape=(1, 3, 8, 12), opt_shape=(2, 3, 8, 12), max_shape=(4, 3, 8, 12))
+    compiled, report = _compile(traced, [spec])
+    _assert_one_engine(report)
+    _check_at(traced, compiled, lambda b: [torch.randn(b, 3, 8, 12)], [1, 3, 4])
+
+
 def test_bert_dynamic_batch_and_sequence_with_attention_mask_is_one_engine():
     model = tiny_bert()
     spec = torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 16), max_shape=(8, 64), dtype=torch.int64)

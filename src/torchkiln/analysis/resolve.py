@@ -381,7 +381,9 @@ class Resolver:
         if op is None or not isinstance(meta, TensorMeta) or meta.shape != () or meta.dtype != torch.int64 \
                 or args.get("alpha", 1) != 1 or args.get("rounding_mode", "floor") != "floor":
             return None
-        a, b = args[0], args[1]
+        # an operand may be a static dim's 0-d tensor (tracing makes `b * c` of sizes, c static, two tensors)
+        a, b = (v.item() if isinstance(v, torch.Tensor) and v.dim() == 0 and v.dtype == torch.int64 else v
+                for v in (args[0], args[1]))
         if not all(isinstance(v, int) and not isinstance(v, bool) or is_symbolic(v) for v in (a, b)):
             return None
         result = op(a, b)
