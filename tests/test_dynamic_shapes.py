@@ -316,6 +316,27 @@ def test_traced_size_arithmetic_of_dynamic_and_static_dims_is_one_engine():
     _check_at(traced, compiled, lambda b: [torch.randn(b, 3, 8, 12)], [1, 3, 4])
 
 
+class _ShiftRight(torch.nn.Module):
+    """A decoder's inputs shifted right (BART, T5): writes into slices and a select of a new tensor."""
+
+    def forward(self, ids):
+        out = ids.new_zeros(ids.shape)
+        out[:, 1:] = ids[:, :-1].clone()
+        out[:, 0] = 2
+        return out * 3 + 1
+
+
+def test_writes_into_slices_of_dynamic_dims_are_one_engine():
+    """The functionalized writes scatter into dims of sizes known only at run time, where the ranges settle the
+    bounds (all of dim 0, dim 1 from 1, index 0 of dim 1): they had stayed in PyTorch."""
+    spec = torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 8), max_shape=(4, 16), dtype=torch.long)
+    compiled, report = _compile(_ShiftRight(), [spec])
+    assert report.num_engine_blocks == 1 and report.num_torch_blocks == 0, str(report)
+    for shape in [(1, 4), (3, 9), (4, 16)]:
+        ids = torch.randint(0, 100, shape)
+        assert torch.equal(compiled(ids), _ShiftRight()(ids)), shape
+
+
 def test_bert_dynamic_batch_and_sequence_with_attention_mask_is_one_engine():
     model = tiny_bert()
     spec = torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 16), max_shape=(8, 64), dtype=torch.int64)

@@ -11,6 +11,7 @@ from torchkiln.conversion.impl.slicing import meta_of, select, slice_dim, split_
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
 from torchkiln.ir import layers as L
+from torchkiln.ir.symbolic import decide
 from torchkiln.ir.tensor import Tensor
 
 
@@ -89,7 +90,7 @@ def _scatter_bounds(args: Args) -> tuple[int, int] | str:
     shape = args.self.shape
     dim = normalize_dim(args.dim, len(shape))
     if not isinstance(shape[dim], int):
-        return f"dim {args.dim} has a size known only at run time"
+        return _dynamic_scatter_bounds(args, shape[dim])
     if args.node.kind() == "aten::select_scatter":
         index = args.index
         if not isinstance(index, int) or not -shape[dim] <= index < shape[dim]:
@@ -100,6 +101,22 @@ def _scatter_bounds(args: Args) -> tuple[int, int] | str:
         return "bounds known only at run time, or a step other than 1"
     first, stop, _ = slice(args.start, args.end, 1).indices(shape[dim])
     return first, max(first, stop)
+
+
+def _dynamic_scatter_bounds(args: Args, size: object) -> tuple[int, object] | str:
+    """(first, stop) in a dim of a size known only at run time, where the ranges settle them: a select at a static
+    index the dim always holds, or a slice from a static start that it always holds to its end (functionalized
+    `x[:, 1:] = y` writes all of dim 0 first, then dim 1 from 1)."""
+    if args.node.kind() == "aten::select_scatter":
+        index = args.index
+        if isinstance(index, int) and index >= 0 and decide("lt", index, size) is True:
+            return index, index + 1
+    else:
+        first = 0 if args.start is None else args.start
+        if isinstance(first, int) and first >= 0 and args.step == 1 and decide("le", first, size) is True and (
+                args.end is None or decide("ge", args.end, size) is True):
+            return first, size
+    return f"dim {args.dim} has a size known only at run time"
 
 
 def _scatter_ok(args: Args) -> str | None:
@@ -116,8 +133,9 @@ def slice_scatter(ctx: ConversionCtx, args: Args) -> Tensor:
     first, stop = _scatter_bounds(args)
     if src.rank < x.rank:  # select_scatter: src lacks the selected dim
         src = unsqueeze(ctx, src, dim)
+    to_end = stop == x.shape[dim]  # (a dynamic dim: the same symbolic size)
     parts = ([slice_dim(ctx, x, dim, 0, first)] if first > 0 else []) + [src] \
-        + ([slice_dim(ctx, x, dim, stop, None)] if stop < x.shape[dim] else [])
+        + ([] if to_end else [slice_dim(ctx, x, dim, stop, None)])
     return parts[0] if len(parts) == 1 else ctx.network.add_concatenation(parts, dim).get_output()
 
 
