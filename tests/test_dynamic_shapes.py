@@ -337,6 +337,26 @@ def test_writes_into_slices_of_dynamic_dims_are_one_engine():
         assert torch.equal(compiled(ids), _ShiftRight()(ids)), shape
 
 
+class _TracedPositions(torch.nn.Module):
+    """Position embeddings over a traced sequence length (BART's `arange(past, past + seq)`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = torch.nn.Embedding(40, 8)
+
+    def forward(self, ids):
+        return ids.unsqueeze(-1).float() + self.positions(torch.arange(2, 2 + ids.shape[1], dtype=torch.long))
+
+
+def test_an_arange_over_a_traced_dynamic_length_is_one_engine():
+    """A trace gives arange its end through ScalarImplicit of the length's 0-d tensor: a symbolic dim."""
+    traced = torch.jit.trace(_TracedPositions().eval(), torch.randint(0, 9, (2, 8)), check_trace=False)
+    spec = torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 8), max_shape=(4, 16), dtype=torch.long)
+    compiled, report = _compile(traced, [spec])
+    assert report.num_engine_blocks == 1 and report.num_torch_blocks == 0, str(report)
+    _check_at(traced, compiled, lambda shape: [torch.randint(0, 9, shape)], [(1, 4), (3, 9), (4, 16)])
+
+
 def test_bert_dynamic_batch_and_sequence_with_attention_mask_is_one_engine():
     model = tiny_bert()
     spec = torchkiln.Input(min_shape=(1, 4), opt_shape=(2, 16), max_shape=(8, 64), dtype=torch.int64)

@@ -52,8 +52,11 @@ def to_bool(args: Args) -> bool:
 
 @evaluator("aten::ScalarImplicit")
 def scalar_implicit(args: Args) -> bool | int | float:
-    """A 0-d tensor's value as a Scalar."""
+    """A 0-d tensor's value as a Scalar; a dynamic dim (traced shape arithmetic: `arange(past, past + seq)`) stays
+    symbolic."""
     x = args[0]
+    if is_symbolic(x):
+        return x
     if not isinstance(x, torch.Tensor) or x.dim() != 0:
         raise NotStatic("ScalarImplicit needs a 0-d tensor known at build time")
     return x.item()
