@@ -284,6 +284,28 @@ class _Upsampling(torch.nn.Module):
         return torch.nn.functional.interpolate(y, size=x.shape[-2:], mode="bilinear", align_corners=False) + x[:, :1]
 
 
+class _ResizeBack(torch.nn.Module):
+    """A segmentation head's last step: scores at a stride, resized to the input's size."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return torch.nn.functional.interpolate(y, size=x.shape[-2:], mode="bilinear", align_corners=False) * 2.0
+
+
+def test_a_resize_back_to_a_dynamic_input_size_is_one_engine():
+    """A resize to the input's size, which is dynamic: the output's spatial dims are the layer's `size`."""
+    torch.manual_seed(0)
+    model = _ResizeBack().eval()
+    spec = torchkiln.Input(min_shape=(1, 3, 12, 12), opt_shape=(2, 3, 15, 15), max_shape=(2, 3, 20, 20))
+    compiled, report = _compile(model, [spec])
+    _assert_one_engine(report)
+    _check_at(model, compiled, lambda shape: [torch.randn(*shape)], [(1, 3, 12, 12), (2, 3, 13, 19), (2, 3, 20, 20)])
+
+
 def test_resizes_of_a_map_with_a_dynamic_batch_are_one_engine():
     """A resize's output shape is read off its input's where the spatial dims are static (torch's fake upsampling
     asks for every size as an int)."""

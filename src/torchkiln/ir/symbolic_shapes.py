@@ -161,10 +161,13 @@ def _unique_shape(layer: UniqueLayer, run: Meaning) -> Outputs:
 
 
 def _resize_shape(layer: ResizeLayer, run: Meaning) -> Outputs | None:
-    """The leading (batch, channel) dims kept and the spatial ones from a run of the meaning on a meta map of the
-    same spatial size (torch 2.11's fake upsampling asks for every size as an int), where those are static."""
+    """The leading (batch, channel) dims kept and the spatial ones the layer's `size` (static or not: a map resized
+    to the input's dynamic size), or else from a run of the meaning on a meta map of the same spatial size where
+    those are static (torch 2.11's fake upsampling asks for every size as an int)."""
     x = layer.inputs[0]
     spatial = x.shape[2:]
+    if x.rank >= 3 and layer.size is not None and len(layer.size) == len(spatial):
+        return [(tuple(x.shape[:2]) + tuple(as_dim(d) for d in layer.size), x.dtype)]
     if x.rank < 3 or any(not isinstance(d, int) for d in (*spatial, *(layer.size or ()))):
         return None
     meta = torch.device("meta")
