@@ -44,6 +44,13 @@ def _compile(model, inputs, **settings):
     return compile_with_report(model, inputs, **settings)
 
 
+def _one_engine_matching_eager(model, specs, make_args, shapes):
+    """Compile `model` for `specs`: one engine, matching eager at each shape (make_args(shape) gives the arguments)."""
+    compiled, report = _compile(model, specs)
+    _assert_one_engine(report)
+    _check_at(model, compiled, make_args, shapes)
+
+
 def _check_at(model, compiled, make_args, shapes):
     """Run eager and compiled at each shape (make_args(shape) gives the arguments) and compare."""
     for shape in shapes:
@@ -147,9 +154,8 @@ def test_cnn_dynamic_spatial_size():
     torch.manual_seed(0)
     model = SpatialCNN().eval()
     spec = torchkiln.Input(min_shape=(2, 3, 8, 8), opt_shape=(2, 3, 16, 16), max_shape=(2, 3, 32, 32))
-    compiled, report = _compile(model, [spec])
-    _assert_one_engine(report)
-    _check_at(model, compiled, lambda hw: [torch.randn(2, 3, *hw)], [(8, 8), (16, 16), (32, 32), (10, 12), (31, 9)])
+    _one_engine_matching_eager(model, [spec], lambda hw: [torch.randn(2, 3, *hw)],
+                               [(8, 8), (16, 16), (32, 32), (10, 12), (31, 9)])
 
 
 class MLP(torch.nn.Module):
@@ -169,9 +175,7 @@ def test_mlp_with_view_flatten_and_reshape_minus_one():
     torch.manual_seed(0)
     model = MLP().eval()
     spec = torchkiln.Input(min_shape=(1, 4, 6), opt_shape=(3, 4, 6), max_shape=(16, 4, 6))
-    compiled, report = _compile(model, [spec])
-    _assert_one_engine(report)
-    _check_at(model, compiled, lambda n: [torch.randn(n, 4, 6)], [1, 3, 16, 2, 11])
+    _one_engine_matching_eager(model, [spec], lambda n: [torch.randn(n, 4, 6)], [1, 3, 16, 2, 11])
 
 
 class TupleModel(torch.nn.Module):
@@ -214,9 +218,7 @@ def test_size_dependent_values_are_not_baked(dynamic):
     else:
         spec = torchkiln.Input(min_shape=(1, 2), opt_shape=(4, 6), max_shape=(8, 12))
         shapes = [(1, 2), (4, 6), (8, 12), (3, 9), (6, 3)]
-    compiled, report = _compile(model, [spec])
-    _assert_one_engine(report)
-    _check_at(model, compiled, lambda s: [torch.randn(*s)], shapes)
+    _one_engine_matching_eager(model, [spec], lambda s: [torch.randn(*s)], shapes)
 
 
 def test_squeeze_of_a_dim_that_may_be_one_stays_in_pytorch():
@@ -267,9 +269,7 @@ def test_window_attention_with_padding_and_a_dynamic_batch_is_one_engine():
     torch.manual_seed(0)
     model = _WindowAttention().eval()
     spec = torchkiln.Input(min_shape=(1, 10, 10, 8), opt_shape=(2, 10, 10, 8), max_shape=(4, 10, 10, 8))
-    compiled, report = _compile(model, [spec])
-    _assert_one_engine(report)
-    _check_at(model, compiled, lambda b: [torch.randn(b, 10, 10, 8)], [1, 2, 3, 4])
+    _one_engine_matching_eager(model, [spec], lambda b: [torch.randn(b, 10, 10, 8)], [1, 2, 3, 4])
 
 
 class _Upsampling(torch.nn.Module):
@@ -301,9 +301,8 @@ def test_a_resize_back_to_a_dynamic_input_size_is_one_engine():
     torch.manual_seed(0)
     model = _ResizeBack().eval()
     spec = torchkiln.Input(min_shape=(1, 3, 12, 12), opt_shape=(2, 3, 15, 15), max_shape=(2, 3, 20, 20))
-    compiled, report = _compile(model, [spec])
-    _assert_one_engine(report)
-    _check_at(model, compiled, lambda shape: [torch.randn(*shape)], [(1, 3, 12, 12), (2, 3, 13, 19), (2, 3, 20, 20)])
+    _one_engine_matching_eager(model, [spec], lambda shape: [torch.randn(*shape)],
+                               [(1, 3, 12, 12), (2, 3, 13, 19), (2, 3, 20, 20)])
 
 
 def test_resizes_of_a_map_with_a_dynamic_batch_are_one_engine():
@@ -312,9 +311,7 @@ def test_resizes_of_a_map_with_a_dynamic_batch_are_one_engine():
     torch.manual_seed(0)
     model = _Upsampling().eval()
     spec = torchkiln.Input(min_shape=(1, 3, 15, 15), opt_shape=(2, 3, 15, 15), max_shape=(4, 3, 15, 15))
-    compiled, report = _compile(model, [spec])
-    _assert_one_engine(report)
-    _check_at(model, compiled, lambda b: [torch.randn(b, 3, 15, 15)], [1, 3, 4])
+    _one_engine_matching_eager(model, [spec], lambda b: [torch.randn(b, 3, 15, 15)], [1, 3, 4])
 
 
 class _TracedSizes(torch.nn.Module):
@@ -333,9 +330,7 @@ def test_traced_size_arithmetic_of_dynamic_and_static_dims_is_one_engine():
     x = torch.randn(2, 3, 8, 12)
     traced = torch.jit.trace(_TracedSizes().eval(), x, check_trace=False)
     spec = torchkiln.Input(min_shape=(1, 3, 8, 12), opt_shape=(2, 3, 8, 12), max_shape=(4, 3, 8, 12))
-    compiled, report = _compile(traced, [spec])
-    _assert_one_engine(report)
-    _check_at(traced, compiled, lambda b: [torch.randn(b, 3, 8, 12)], [1, 3, 4])
+    _one_engine_matching_eager(traced, [spec], lambda b: [torch.randn(b, 3, 8, 12)], [1, 3, 4])
 
 
 class _ShiftRight(torch.nn.Module):
