@@ -166,9 +166,12 @@ def _resize_shape(layer: ResizeLayer, run: Meaning) -> Outputs | None:
     those are static (torch 2.11's fake upsampling asks for every size as an int)."""
     x = layer.inputs[0]
     spatial = x.shape[2:]
-    if x.rank >= 3 and layer.size is not None and len(layer.size) == len(spatial):
-        return [(tuple(x.shape[:2]) + tuple(as_dim(d) for d in layer.size), x.dtype)]
-    if x.rank < 3 or any(not isinstance(d, int) for d in (*spatial, *(layer.size or ()))):
+    if x.rank < 3:
+        return None
+    if layer.size is not None:
+        return [(tuple(x.shape[:2]) + tuple(as_dim(d) for d in layer.size), x.dtype)] \
+            if len(layer.size) == len(spatial) else None
+    if any(not isinstance(d, int) for d in spatial):
         return None
     meta = torch.device("meta")
     try:
