@@ -6,7 +6,6 @@
 #include <c10/core/GradMode.h>
 #include <torch/version.h>
 
-#include <cstdlib>
 #include <iostream>
 #include <mutex>
 #include <regex>
@@ -239,8 +238,12 @@ std::vector<at::Tensor> Engine::execute(const std::vector<at::Tensor>& inputs) c
   return run_network(on_device, inputs, Env{values, device, false});
 }
 
+bool Engine::captures_layers(const at::Device& device) const {
+  return device.is_cuda() && backend == "cuda" && cuda_graphs;
+}
+
 ShapeGraphs* Engine::shape_graphs(const at::Device& device, const Network& on_device) const {
-  if (!device.is_cuda() || backend != "cuda" || !cuda_graphs) return nullptr;
+  if (!captures_layers(device)) return nullptr;
   std::lock_guard<std::mutex> lock(tape_mutex_);
   auto& graphs = shape_graphs_[{static_cast<int>(device.type()), device.index()}];
   if (!graphs) graphs = std::make_shared<ShapeGraphs>(on_device, device, name);
@@ -312,8 +315,7 @@ TapeRunner* Engine::fitting_tape_runner(at::TensorList inputs, const at::Device&
       auto& shared = shared_values_[where];
       if (!shared) shared = std::make_shared<SharedValues>(), shared->engine = name;
       runner = std::make_shared<TapeRunner>(tapes[k], network, device, cuda_graphs, shared);
-      const char* log = std::getenv("TORCHKILN_TAPE_LOG");
-      if (log && std::string(log) == "1")
+      if (tape_log())
         std::cerr << "torchkiln: engine '" << name << "' runs tape " << k << " on " << device.str() << "\n";
     }
     return runner.get();
@@ -336,7 +338,9 @@ std::optional<std::vector<at::Tensor>> Engine::run_fitting_tape(at::TensorList i
 TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at::Device& device) const {
   if (tapes.empty() && backend != "cuda") return nullptr;  // a cuda engine's build records a tape unless it cannot
   if (TapeRunner* runner = fitting_tape_runner(inputs, device)) return runner;
-  // No tape fits: say why (an error where the tapes are all for other GPUs, else a warning once).
+  // No tape fits: say why (an error where the tapes are all for other GPUs, else a warning once). Once warned, a call
+  // that cannot be that error (no tapes, or tapes for this device at other shapes) returns at once: nothing to say.
+  if (warned_.load() && (tapes.empty() || has_tape_for(device))) return nullptr;
   std::optional<TapeTarget> here = target_here(device);
   std::vector<std::string> targets, shapes;
   for (const auto& tape : tapes)
@@ -359,9 +363,8 @@ TapeRunner* Engine::tape_runner(const std::vector<at::Tensor>& inputs, const at:
             tensors_text(inputs);
     else
       why = "its tapes are for " + c10::Join(", ", targets) + ", not " + here->describe();
-    const bool captured = device.is_cuda() && backend == "cuda" && cuda_graphs;  // (shape_graphs)
     TORCH_WARN("torchkiln: engine '", name, "' runs its layers one ATen call at a time",
-               captured ? " (captured as a CUDA graph per input shape)" : "", ", not a tape: ", why);
+               captures_layers(device) ? " (captured as a CUDA graph per input shape)" : "", ", not a tape: ", why);
   }
   return nullptr;
 }

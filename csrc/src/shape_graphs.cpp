@@ -1,14 +1,10 @@
 // CUDA graphs of an engine's layers, one per input shape (shape_graphs.h).
 #include "shape_graphs.h"
 
-#include <c10/core/Event.h>
-
-#include <cstdlib>
 #include <iostream>
 
 #ifdef TORCHKILN_CUDA
 #include <ATen/cuda/CUDAGraph.h>
-#include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -47,7 +43,6 @@ at::Tensor buffer_like(const at::Tensor& x) {
   return x.is_non_overlapping_and_dense() ? at::empty_strided(x.sizes(), x.strides(), x.options())
                                           : at::empty(x.sizes(), x.options());
 }
-
 
 }  // namespace
 
@@ -99,51 +94,32 @@ std::optional<std::vector<at::Tensor>> ShapeGraphs::run(const std::vector<at::Te
 ShapeGraphs::Captured* ShapeGraphs::capture(const Key& key, const std::vector<at::Tensor>& inputs,
                                            const std::vector<int64_t>& symbols) {
 #ifdef TORCHKILN_CUDA
-  // As torch.cuda.graph does: on a side stream, after the work queued before it, the layers run once (the
-  // workspaces cuBLAS and cuDNN keep per stream are made outside the capture), then are captured into the shared
-  // pool; the caller's stream waits for both, then replays the capture.
+  // the layers run once with every check, on the host (and cuBLAS's and cuDNN's workspaces made), then are captured
+  // into the shared pool; the caller's stream then replays the capture
   auto made = std::make_unique<Captured>();
   for (const at::Tensor& x : inputs) made->inputs.push_back(buffer_like(x));
-  c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
-  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device_.index());
-  c10::Event before(c10::DeviceType::CUDA), after(c10::DeviceType::CUDA);
-  before.record(current);
-  before.block(side);
-  bool captured = false;
-  {
-    c10::cuda::CUDAStreamGuard on_side(side);
-    copy_inputs(made->inputs, inputs);
-    run_network(network_, made->inputs, Env{symbols, device_, false});  // every check made, on the host
-    made->graph.capture_begin(pool_->id, cudaStreamCaptureModeThreadLocal);
-    try {
-      made->outputs = run_network(network_, made->inputs, Env{symbols, device_, false, true});
-      made->graph.capture_end();
-      captured = true;
-    } catch (const c10::Error& e) {
-      try {
-        made->graph.capture_end();  // the side stream leaves capture mode; the broken capture is dropped
-      } catch (...) {
-      }
-      TORCH_WARN("torchkiln: engine '", name_, "': its layers could not be captured as a CUDA graph, so they run ",
-                 "one ATen call at a time from now on: ", e.what_without_backtrace());
-    }
-  }
-  after.record(side);
-  after.block(current);
-  if (!captured) {
+  std::optional<std::string> failed = capture_aside(
+      made->graph, pool_->id, device_,
+      [&] {
+        copy_inputs(made->inputs, inputs);
+        run_network(network_, made->inputs, Env{symbols, device_, false});
+      },
+      [&] { made->outputs = run_network(network_, made->inputs, Env{symbols, device_, false, true}); });
+  if (failed) {
+    TORCH_WARN("torchkiln: engine '", name_, "': its layers could not be captured as a CUDA graph, so they run ",
+               "one ATen call at a time from now on: ", *failed);
     refused_ = true;
     captured_.clear();
     return nullptr;
   }
-  const char* log = std::getenv("TORCHKILN_TAPE_LOG");
-  if (log && std::string(log) == "1")
+  if (tape_log())
     std::cerr << "torchkiln: engine '" << name_ << "' captures its layers for inputs " << tensors_text(inputs)
               << " on " << device_.str() << "\n";
   captured_.emplace_front(key, std::move(made));
   if (captured_.size() > kMaxShapeGraphs) {
     // the least recently used goes; its input buffers return to the allocator, so its last replay must be done
     // (the caller's stream waited for the last call's: wait_for_last_call)
-    current.synchronize();
+    c10::cuda::getCurrentCUDAStream(device_.index()).synchronize();
     captured_.pop_back();
   }
   return captured_.front().second.get();

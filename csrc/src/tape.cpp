@@ -16,7 +16,6 @@
 #include "triton_modules.h"
 
 #ifdef TORCHKILN_CUDA
-#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
@@ -39,6 +38,42 @@ void copy_inputs(at::TensorList buffers, at::TensorList inputs) {
   else if (!inputs.empty())
     buffers[0].copy_(inputs[0]);
 }
+
+bool tape_log() {
+  const char* log = std::getenv("TORCHKILN_TAPE_LOG");
+  return log && std::string(log) == "1";
+}
+
+#ifdef TORCHKILN_CUDA
+std::optional<std::string> capture_aside(at::cuda::CUDAGraph& graph, at::cuda::MempoolId_t pool,
+                                         const at::Device& device, const std::function<void()>& warm,
+                                         const std::function<void()>& body) {
+  c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device.index());
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
+  c10::Event before(c10::DeviceType::CUDA), after(c10::DeviceType::CUDA);  // (CUDAEvent moved between releases)
+  before.record(current);
+  before.block(side);
+  std::optional<std::string> failed;
+  {
+    c10::cuda::CUDAStreamGuard on_side(side);
+    warm();
+    graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
+    try {
+      body();
+      graph.capture_end();
+    } catch (const c10::Error& e) {
+      try {
+        graph.capture_end();  // the side stream leaves capture mode; the broken capture is dropped by the caller
+      } catch (...) {
+      }
+      failed = e.what_without_backtrace();
+    }
+  }
+  after.record(side);
+  after.block(current);
+  return failed;
+}
+#endif
 
 struct TapeRunner::Graph {
 #ifdef TORCHKILN_CUDA
@@ -181,14 +216,8 @@ bool TapeRunner::reuse(const Step& step) {
   const std::vector<int64_t>& out = step.instruction->out;
   for (size_t j = 0; j < out.size() && j < found->second.outputs.size(); ++j)
     if (out[j] >= 0) values_[out[j]] = found->second.outputs[j];
-  if (found->second.stream) {  // made on another stream: this one waits for what that one had queued
-    c10::Stream here = c10::impl::getDeviceGuardImpl(device_.type())->getStream(device_);
-    if (here != *found->second.stream) {
-      c10::Event made(device_.type());
-      made.record(*found->second.stream);
-      made.block(here);
-    }
-  }
+  if (std::optional<c10::Stream> made_on = found->second.stream)  // a GPU's: this stream waits for that one's work
+    wait_for_last_call(made_on, device_);
   ++reused_;
   return true;
 }
@@ -406,41 +435,19 @@ void TapeRunner::start(at::TensorList inputs) {
     modules_ = std::make_unique<TritonModules>(tape_->kernels, device_, tape_->where);
   execute(prologue_);
   if (shared_) share_made();
-  const char* log = std::getenv("TORCHKILN_TAPE_LOG");
-  if (reused_ && log && std::string(log) == "1")
+  if (reused_ && tape_log())
     std::cerr << "torchkiln: engine '" << shared_->engine << "' " << tape_->where.substr(7) << " on " << device_.str()
               << " took " << reused_ << " of its prologue's values from the engine's other tapes\n";
 #ifdef TORCHKILN_CUDA
-  if (device_.is_cuda() && capture_) {
-    // As torch.cuda.graph does: on a side stream, after the work queued before it, the body runs once (the
-    // workspaces cuBLAS and cuDNN keep per stream are made outside the capture, and an error shows here rather
-    // than mid-capture), then is captured on a private memory pool; the caller's stream waits for both. The
-    // capture is thread-local: a server may run other engines on other threads meanwhile.
-    c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(device_.index());
-    c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device_.index());
-    c10::Event before(c10::DeviceType::CUDA), after(c10::DeviceType::CUDA);  // (CUDAEvent moved between releases)
-    before.record(current);
-    before.block(side);
-    {
-      c10::cuda::CUDAStreamGuard on_side(side);
-      execute(body_);
-      auto graph = std::make_unique<Graph>();
-      graph->graph.capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
-      try {
-        execute(body_);
-        graph->graph.capture_end();
-        graph_ = std::move(graph);
-      } catch (const c10::Error& e) {  // (a step the capture refuses): the body runs as it is from now on
-        try {
-          graph->graph.capture_end();  // the side stream leaves capture mode; the broken graph is dropped
-        } catch (...) {
-        }
-        TORCH_WARN(tape_->where, ": its body could not be captured as a CUDA graph, so it runs step by step from ",
-                   "now on: ", e.what_without_backtrace());
-      }
+  if (device_.is_cuda() && capture_) {  // the body run once, then captured on a private pool
+    auto graph = std::make_unique<Graph>();
+    auto run_body = [this] { execute(body_); };
+    if (std::optional<std::string> failed = capture_aside(graph->graph, {0, 0}, device_, run_body, run_body)) {
+      TORCH_WARN(tape_->where, ": its body could not be captured as a CUDA graph, so it runs step by step from ",
+                 "now on: ", *failed);
+    } else {
+      graph_ = std::move(graph);
     }
-    after.record(side);
-    after.block(current);
     if (graph_)
       graph_->graph.replay();
     else

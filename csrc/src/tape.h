@@ -5,9 +5,13 @@
 #include <ATen/ATen.h>
 #include <c10/core/Stream.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#ifdef TORCHKILN_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#endif
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -85,6 +89,19 @@ class TritonModules;
 void wait_for_last_call(std::optional<c10::Stream>& last, const at::Device& device);
 // `inputs` copied into the first of `buffers`, in one launch where there are several (as the Python runner copies).
 void copy_inputs(at::TensorList buffers, at::TensorList inputs);
+// Whether TORCHKILN_TAPE_LOG=1 asks for the runtime's log lines on stderr (docs/deployment.md).
+bool tape_log();
+
+#ifdef TORCHKILN_CUDA
+// As torch.cuda.graph does: on a side stream, after the work queued on the current one, `warm` runs (the
+// workspaces cuBLAS and cuDNN keep per stream are made outside the capture, and an error shows there rather than
+// mid-capture), then `body` is captured into `graph` on `pool` ({0, 0}: a private one); the current stream waits for
+// both. The capture is thread-local: a server may run other engines on other threads meanwhile. Returns why the
+// capture failed (a step it refuses; the graph is then dropped), else nullopt.
+std::optional<std::string> capture_aside(at::cuda::CUDAGraph& graph, at::cuda::MempoolId_t pool,
+                                         const at::Device& device, const std::function<void()>& warm,
+                                         const std::function<void()>& body);
+#endif
 
 // The values the prologues of one engine's tapes on one device make from its weights alone (the weights placed on
 // the device, in the plan's layouts, transposed): made by the first tape whose body reads one, then shared, so that an

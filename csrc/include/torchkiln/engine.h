@@ -159,6 +159,7 @@ class Engine {
   mutable std::map<std::pair<int, int>, std::shared_ptr<SharedValues>> shared_values_;  // what its tapes share
   mutable std::atomic<bool> warned_{false};
   // A `cuda` engine's layers on a GPU, where no tape fits: captured as a CUDA graph per input shape (by device)
+  bool captures_layers(const at::Device& device) const;  // (its cuda_graphs option on)
   ShapeGraphs* shape_graphs(const at::Device& device, const Network& on_device) const;
   mutable std::map<std::pair<int, int>, std::shared_ptr<ShapeGraphs>> shape_graphs_;  // (tape_mutex_ held)
 };
