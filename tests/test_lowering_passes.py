@@ -1,7 +1,7 @@
 """Each lowering pass on a real TorchScript graph: the pattern before, the replacement after, eager's output."""
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Tuple, Union
 
 import pytest
 import torch
@@ -138,6 +138,62 @@ class ListAndInplace(nn.Module):
 def test_remove_mutation_makes_lists_literal_and_ops_functional():
     check_pass(ListAndInplace(), _x(2, 3), "remove_mutation", gone=("aten::append(", "aten::mul_("),
                present=("aten::mul(",))
+
+
+class DenseLayer(nn.Module):
+    """timm's DenseNet layer: `x` typed as a tensor or a list of them, concatenated once it is a list."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, 2, 3, padding=1)
+
+    def forward(self, x: Union[torch.Tensor, List[torch.Tensor]]) -> torch.Tensor:
+        if isinstance(x, torch.Tensor):
+            features = [x]
+        else:
+            features = x
+        return self.conv(torch.relu(torch.cat(features, 1)))
+
+
+class DenseBlock(nn.Module):
+    """Layers that each read every earlier output, kept in a list the block appends to."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([DenseLayer(3 + 2 * i) for i in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = [x]
+        for layer in self.layers:
+            features.append(layer(features))
+        return torch.cat(features, 1) + self.layers[0](x).sum(1, keepdim=True)  # a tensor given: the other branch
+
+
+def test_fold_isinstance_by_type_decides_checks_on_concrete_types():
+    """A list is no tensor and a tensor is one: both checks and their Ifs fold, the appends then functionalize."""
+    lowered = check_pass(DenseBlock(), _x(2, 3, 8, 8), "fold_isinstance_by_type",
+                         gone=("prim::isinstance",))
+    assert "prim::If" not in str(lowered.graph)
+
+
+class OptionalCheck(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: Optional[torch.Tensor] = None
+        if bool(x.sum() > 0):
+            y = x.exp()
+        if isinstance(y, torch.Tensor):
+            return x + y
+        return x * 2
+
+
+def test_fold_isinstance_by_type_leaves_an_optional_to_the_evaluator():
+    """Optional[Tensor] may be either: its type does not decide (the value, known at build, does later)."""
+    _, lowered = lower_only(OptionalCheck(), _x(2, 3), "fold_isinstance_by_type")
+    assert "prim::isinstance" in str(lowered.graph) and "fold_isinstance_by_type" not in lowered.fired
+
+
+def test_a_dense_block_of_union_typed_layers_is_one_engine():
+    check_compiled(DenseBlock(), _x(2, 3, 8, 8), engines=1)
 
 
 class BatchNormFirst(nn.Module):

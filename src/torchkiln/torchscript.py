@@ -145,6 +145,18 @@ def node_blocks(node: Node) -> list[torch._C.Block]:
     return list(node.blocks())
 
 
+def inline_branch(node: Node, condition: bool) -> list[Node]:
+    """Replace the prim::If `node` by the nodes of the branch `condition` takes; those nodes' own Ifs, in order."""
+    taken = list(node.blocks())[0 if condition else 1]
+    inner_ifs = [inner for inner in taken.nodes() if inner.kind() == "prim::If"]
+    for inner in list(taken.nodes()):
+        inner.moveBefore(node)
+    for out, value in zip(node.outputs(), taken.outputs()):
+        out.replaceAllUsesWith(value)
+    node.destroy()
+    return inner_ifs
+
+
 def defined_inside(v: Value, node: Node) -> bool:
     """Whether `v` is made inside one of `node`'s blocks (by a node there, or as a block's parameter)."""
     block = v.node().owningBlock()

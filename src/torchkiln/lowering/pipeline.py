@@ -45,6 +45,7 @@ GRAPH_PIPELINE: tuple[str, ...] = (
     "replace_python_ops",
     "inline_attributes",
     "lower_tuples",
+    "fold_isinstance_by_type",
     "remove_mutation",
     "functionalize_view_writes",
     "functionalize_list_appends",

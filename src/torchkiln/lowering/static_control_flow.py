@@ -8,7 +8,7 @@ import torch
 
 from torchkiln.analysis.resolve import NotStatic, Resolver
 from torchkiln.lowering.passes.unroll_loops import unroll_static_loops
-from torchkiln.torchscript import Graph
+from torchkiln.torchscript import Graph, inline_branch
 
 logger = logging.getLogger("torchkiln.partitioning")
 
@@ -33,17 +33,10 @@ def fold_static_conditionals(graph: Graph, resolver: Resolver) -> bool:
             continue
         if not isinstance(condition, bool):
             continue
-        taken = list(node.blocks())[0 if condition else 1]
-        if _raises(taken):
+        if _raises(list(node.blocks())[0 if condition else 1]):
             continue
-        inner_ifs = [inner for inner in taken.nodes() if inner.kind() == "prim::If"]
-        for inner in list(taken.nodes()):
-            inner.moveBefore(node)
-        pending[:0] = inner_ifs
-        for out, value in zip(node.outputs(), taken.outputs()):
-            out.replaceAllUsesWith(value)
+        pending[:0] = inline_branch(node, condition)
         logger.debug("folded a static prim::If (condition %s)", condition)
-        node.destroy()
         changed = True
     return changed
 
