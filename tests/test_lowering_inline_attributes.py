@@ -1,5 +1,5 @@
 """Inline Attributes: attribute reads freezing leaves in the graph become constants."""
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from harness import assert_falls_back, assert_matches_eager, check_compiled
@@ -89,3 +89,33 @@ def test_a_written_cache_dict_stays_in_pytorch():
     model = torch.jit.script(Memoized().eval())
     _, report = check_compiled(model, [torch.randn(2, 4)], min_block_size=1, engines=None, torch_blocks=None)
     assert_falls_back(report, "aten::__contains__.str", "computed at run time by prim::GetAttr")
+
+
+class ClassToken(nn.Module):
+    """timm's ViT-style models: an Optional[Tensor] token attribute expanded into a list that is appended to and
+    concatenated (appending changes the list, not the token)."""
+
+    def __init__(self, write: bool = False) -> None:
+        super().__init__()
+        self.cls_token: Optional[torch.Tensor] = nn.Parameter(torch.randn(1, 1, 8))
+        self.write = write
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = []
+        if self.cls_token is not None:
+            parts.append(self.cls_token.expand(x.shape[0], -1, -1))
+        parts.append(x)
+        if self.write:
+            parts[0].add_(1.0)  # writes through the list into the token: its memory changes
+        return torch.cat(parts, 1) * 2
+
+
+def test_a_token_appended_to_a_list_is_still_a_constant():
+    check_compiled(ClassToken(), (torch.randn(2, 5, 8),), engines=1, torch_blocks=0, min_block_size=1)
+
+
+def test_a_token_written_through_its_list_stays_an_attribute_read():
+    model = ClassToken(write=True).eval()
+    x = torch.randn(2, 5, 8)
+    after = lower(torch.jit.script(model), CompileSettings.create([x]), passes=["inline_attributes"])
+    assert 'prim::GetAttr[name="cls_token"]' in str(after.graph)

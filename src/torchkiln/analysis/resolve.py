@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -91,6 +92,23 @@ class _AliasFlags:
     kept: tuple[bool, ...]
     written: tuple[bool, ...]
     returns: tuple[bool, ...]
+    written_memory: tuple[bool, ...]  # written, and not as a container only: tensor memory changes
+
+
+_CONTAINER_WRITE = re.compile(r"[\])]\(\w+!\)")  # `t[](a!)`, `Dict(str, t)(a!)`: the list or dict itself
+
+
+def _argument_texts(schema: str) -> list[str]:
+    """The schema's arguments as written (`Tensor(a!) self`), split at the top level's commas."""
+    inner = schema[schema.index("(") + 1:schema.rindex("->")].rstrip().removesuffix(")")
+    texts, depth, start = [], 0, 0
+    for k, c in enumerate(inner):
+        depth += c in "([" and 1 or (c in ")]" and -1 or 0)
+        if c == "," and depth == 0:
+            texts.append(inner[start:k].strip())
+            start = k + 1
+    texts.append(inner[start:].strip())
+    return [t for t in texts if t and t != "*"]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -99,9 +117,13 @@ def _schema_alias_flags(schema: str) -> _AliasFlags | None:
         parsed = torch._C.parse_schema(schema)
     except RuntimeError:
         return None
-    return _AliasFlags(tuple(a.alias_info is not None for a in parsed.arguments),
-                       tuple(a.alias_info is not None and a.alias_info.is_write for a in parsed.arguments),
-                       tuple(r.alias_info is not None for r in parsed.returns))
+    written = tuple(a.alias_info is not None and a.alias_info.is_write for a in parsed.arguments)
+    texts = _argument_texts(schema)
+    if len(texts) != len(written):
+        texts = [""] * len(written)  # not split as parsed: every write counts as a write into memory
+    return _AliasFlags(tuple(a.alias_info is not None for a in parsed.arguments), written,
+                       tuple(r.alias_info is not None for r in parsed.returns),
+                       tuple(w and not _CONTAINER_WRITE.search(t.rsplit(" ", 1)[0]) for w, t in zip(written, texts)))
 
 
 def alias_flags(node: Node) -> _AliasFlags | None:
@@ -183,7 +205,7 @@ def alias_users(v: Value) -> tuple[list[Value], list[Node]]:
                 continue
             if not flags.kept[offset]:
                 continue
-            if flags.written[offset]:
+            if flags.written_memory[offset]:  # appending to a list that holds `v` does not change `v`
                 writers.append(user)
             aliases += [o for k, o in enumerate(user.outputs()) if k >= len(flags.returns) or flags.returns[k]]
             # a container written here (a list appended to) now holds `v`
