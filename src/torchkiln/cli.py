@@ -410,7 +410,10 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
                        "torchkiln.examples.zoo.WIDE), holdout (14 more real models at real sizes that the cuda backend was "
                        "never tuned on: ShuffleNet V2, MaxViT, Swin V2, SqueezeNet, LR-ASPP, DeBERTa-v3, BART, CLIP's "
                        "vision tower, MobileViT, ConvNeXt V2, SegFormer, wav2vec2, Qwen3 and Phi-1.5 decoders; "
-                       "torchkiln.examples.zoo.HOLDOUT), cpu (13 real models at CPU sizes: ResNet, RegNet, MobileNet "
+                       "torchkiln.examples.zoo.HOLDOUT), unseen (16 timm models at their published sizes, added after all "
+                       "the tuning: DenseNet, Inception V3, ResNeSt, HRNet, Res2Net, GhostNet, MixNet, MobileNetV4, "
+                       "PoolFormer, EdgeNeXt, PVT v2, Twins, CaiT, EVA-02, FocalNet, TinyViT; "
+                       "torchkiln.examples.zoo.UNSEEN), cpu (13 real models at CPU sizes: ResNet, RegNet, MobileNet "
                        "V2/V3, ConvNeXt and MLP-Mixer built in code, BERT, ELECTRA, DistilBERT, GPT-2, ViT, wav2vec2 "
                        "and Whisper's encoder from transformers configs; torchkiln.examples.zoo.CPU) or blocks "
                        "(= --blocks)")

@@ -7,7 +7,8 @@ matrices, batch-norm statistics calibrated on random inputs). `CPU_WAVE2` names 
 models at small sizes (segmentation, detection backbones, window attention, MLP-mixers, recurrent networks,
 decoder-only LLM families) for `scripts/zoo.py --cpu-wave2`; `WIDE` names the wide benchmark set, real models at
 their real sizes, for `python -m torchkiln bench --zoo wide`; `HOLDOUT` names more real models at real sizes,
-of families the cuda backend's tuning never looked at, for `bench --zoo holdout`; `CPU` names real models at CPU sizes, for
+of families the cuda backend's tuning never looked at, for `bench --zoo holdout`; `UNSEEN` names timm models added
+after all that tuning, for `bench --zoo unseen`; `CPU` names real models at CPU sizes, for
 `bench --zoo cpu`. No builder downloads weights.
 """
 from __future__ import annotations
@@ -483,14 +484,27 @@ _HOLDOUT: list[ZooModel] = [  # real models at real sizes that no tuning of the 
                         hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
                         partial_rotary_factor=0.5, max_position_embeddings=2048, use_cache=False), max_batch=8),
 ]
+_UNSEEN: list[ZooModel] = [  # timm models at their published input sizes, added (and first measured) after all
+    # the tuning above: dense concatenation; multi-branch inception; split attention; multi-resolution fusion;
+    # hierarchical channel splits; ghost modules; mixed kernel sizes; MobileNetV4; pooling mixers; cross-covariance
+    # attention; spatial-reduction attention; locally-grouped and global attention; class attention with talking
+    # heads; RoPE and SwiGLU in a ViT; focal modulation; a small hierarchical ViT with convolutions
+    *(_named(_timm(name, size), f"{name}-{size}") for name, size in (
+        ("densenet121", 224), ("inception_v3", 299), ("resnest14d", 224), ("hrnet_w18_small", 224),
+        ("res2net50_14w_8s", 224), ("ghostnet_100", 224), ("mixnet_s", 224), ("mobilenetv4_conv_small", 224),
+        ("poolformer_s12", 224), ("edgenext_small", 256), ("pvt_v2_b0", 224), ("twins_svt_small", 224),
+        ("cait_xxs24_224", 224), ("eva02_tiny_patch14_224", 224), ("focalnet_tiny_srf", 224),
+        ("tiny_vit_5m_224", 224))),
+]
 HOLDOUT = tuple(m.name for m in _HOLDOUT)  # `python -m torchkiln bench --zoo holdout`
+UNSEEN = tuple(m.name for m in _UNSEEN)  # `python -m torchkiln bench --zoo unseen`
 CPU = tuple(m.name for m in _CPU)  # `python -m torchkiln bench --zoo cpu --device cpu`
 WIDE = (  # `python -m torchkiln bench --zoo wide`: the models above and four of ZOO's, by family
     "efficientnet_b0", "mobilenet_v3_large", "resnext50_32x4d-224", "regnet_y_800mf", "convnext_tiny", "swin_t-224",
     "deeplabv3_mobilenet_v3_large-224", "fcn_resnet50-224", "resnet50_fpn_backbone", "deit_small_patch16_224",
     "diffusion-block", "roberta-base", "t5-encoder-small", "gpt2", "llama-3.2-1b", "qwen2-0.5b")
 ZOO.setdefault("timm", {})
-for _model in _WAVE2 + _WIDE + _CPU + _HOLDOUT:
+for _model in _WAVE2 + _WIDE + _CPU + _HOLDOUT + _UNSEEN:
     ZOO[_model.source][_model.name] = _model
 for _name, (_build, _inputs) in BLOCKS.items():  # `python -m torchkiln bench --blocks`
     ZOO["bundled"][_name] = ZooModel(_name, "bundled", _build, _inputs)
