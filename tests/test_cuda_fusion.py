@@ -268,6 +268,32 @@ def test_an_input_a_channels_last_convolution_reads_is_taken_channels_last():
     assert channels_last_inputs(net, plan) == [True]
 
 
+class WindowLinear(nn.Module):
+    """A projection of 4x4 windows of a [B, H, W, C] map (Twins' and Swin's partitions): the linear reads a
+    transposed 6-D view."""
+
+    def __init__(self, c: int = 16) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(c, 3 * c)
+
+    def forward(self, x):
+        b, h, w, c = x.shape
+        windows = x.reshape(b, h // 4, 4, w // 4, 4, c).transpose(2, 3)
+        return self.qkv(windows * 2.0)
+
+
+def test_a_linear_of_a_transposed_view_adds_its_bias_in_the_product():
+    """One GEMM with the bias in its epilogue (addmm), not ATen linear's batched product and a bias pass."""
+    module, x = WindowLinear().eval(), torch.randn(2, 8, 8, 16)
+    net = network(module, (2, 8, 8, 16))
+    with torch.profiler.profile() as prof:
+        _, got = planned(net, [x])
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::addmm" in ops and "aten::add_" not in ops, sorted(o for o in ops if o.startswith("aten::"))
+    with torch.no_grad():
+        assert_matches(got[0], module(x))
+
+
 def test_classes():
     net = Network("classes")
     x = net.add_input("x", torch.float32, (2, 8))

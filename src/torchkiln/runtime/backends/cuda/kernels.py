@@ -177,8 +177,30 @@ def _shape(layer: L.ShapeLayer, ws: Weights, allow_tf32: bool):
     return shape
 
 
+def _matrix_multiply(layer: L.MatrixMultiplyLayer, ws: Weights, allow_tf32: bool):
+    """A linear layer (x @ W.t() + b) over an input of more than 2 dims that is not contiguous (a window
+    partition's transposed view) as one GEMM with the bias in its epilogue: ATen's linear takes such an input
+    through a batched product and adds the bias in a kernel of its own, a pass over the output. Flattening the
+    input copies it (where no view is its matrix), as ATen's product does too; that copy moves fewer bytes than the
+    bias pass where the output is at least as wide as the input (a query-key-value projection). Narrower outputs,
+    and everything else, keep the meaning."""
+    meaning, bias = MEANINGS[type(layer)], ws.get("bias")
+    if layer.op0 != L.MatrixOperation.NONE or layer.op1 != L.MatrixOperation.TRANSPOSE or bias is None \
+            or bias.dim() != 1:
+        return lambda xs: meaning(layer, xs, ws, xs[0].device)
+
+    def linear(xs):
+        a, w = xs
+        if a.dim() <= 2 or w.dim() != 2 or a.is_contiguous() or w.shape[0] < w.shape[1]:
+            return F.linear(a, w, bias)
+        return torch.addmm(bias, a.reshape(-1, a.shape[-1]), w.t()).view(*a.shape[:-1], w.shape[0])
+
+    return linear
+
+
 LAYER_KERNELS = {  # layer kinds with a CUDA variant of their meaning (a control-flow layer's step: control_flow.py)
     L.ConvolutionLayer: _convolution,
+    L.MatrixMultiplyLayer: _matrix_multiply,
     L.GatherLayer: _gather,
     L.NormalizationLayer: _normalization,
     L.SoftMaxLayer: _softmax,
