@@ -294,6 +294,28 @@ def test_a_linear_of_a_transposed_view_adds_its_bias_in_the_product():
         assert_matches(got[0], module(x))
 
 
+class WindowHeads(nn.Module):
+    """Attention over [batch, windows, heads, tokens, dim] (Twins' locally-grouped attention)."""
+
+    def forward(self, qkv):
+        b, g, n, _ = qkv.shape
+        q, k, v = qkv.reshape(b, g, n, 3, 2, 8).permute(3, 0, 1, 4, 2, 5).unbind(0)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+
+def test_attention_over_more_than_four_dims_merges_them_for_the_fused_kernels():
+    """SDPA's fused kernels take 4-D inputs: windows and batch are merged (a view here), not left to the math
+    backend, which copies the operands and materializes the scores."""
+    module, qkv = WindowHeads().eval(), torch.randn(2, 3, 16, 48)
+    net = network(module, (2, 3, 16, 48))
+    with torch.profiler.profile() as prof:
+        steps, got = planned(net, [qkv])
+    assert [op for op, _ in steps if op == "attention"] == ["attention"]
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_attention_math" not in ops, sorted(o for o in ops if "attention" in o)
+    assert_matches(got[0], module(qkv))
+
+
 def test_classes():
     net = Network("classes")
     x = net.add_input("x", torch.float32, (2, 8))

@@ -138,7 +138,7 @@ def sdpa(backend: str, causal: bool = False, scale: float | None = None, enable_
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, **options)
 
     if not backend:
-        return lambda q, k, v, mask: chosen_by_pytorch(q, k, v, rows_contiguous(mask))
+        return heads_in_four_dims(lambda q, k, v, mask: chosen_by_pytorch(q, k, v, rows_contiguous(mask)))
     member = getattr(SDPBackend, ATTENTION_BACKENDS[backend])
     # Set when the backend refuses a call's inputs (a layout the timed inputs did not have): PyTorch chooses then.
     declined: list[bool] = []
@@ -156,6 +156,25 @@ def sdpa(backend: str, causal: bool = False, scale: float | None = None, enable_
                 logger.info("attention: the %s backend chosen at build time refuses these inputs (%s); PyTorch's "
                             "own choice runs them", backend, _shapes_and_strides(q, k, v, mask))
         return chosen_by_pytorch(q, k, v, mask)
+
+    return heads_in_four_dims(run)
+
+
+Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]
+
+
+def heads_in_four_dims(attend: Attention) -> Attention:
+    """`attend` over [N, heads, L, d] tensors: inputs with more leading dims (windows x batch: Twins' [B, windows,
+    heads, L, d]) are given to it with those dims merged, a view where their strides allow, and its output is
+    viewed back. SDPA's fused kernels take 4-D inputs only; PyTorch runs others through its math backend, which
+    copies every operand and materializes the scores. A mask of more than 2 dims keeps the inputs as they are."""
+    def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        if q.dim() <= 4 or k.shape[:-3] != q.shape[:-3] or v.shape[:-3] != q.shape[:-3] \
+                or (mask is not None and mask.dim() > 2):
+            return attend(q, k, v, mask)
+        lead = q.shape[:-3]
+        out = attend(q.flatten(0, -4), k.flatten(0, -4), v.flatten(0, -4), mask)
+        return out.view(*lead, *out.shape[1:])
 
     return run
 
