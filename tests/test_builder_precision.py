@@ -194,3 +194,46 @@ def test_calibration_builds_its_reference_from_the_block_already_converted(monke
     assert len(calls) == 2
     ref = model(x)
     assert _matches(compiled(x).float(), ref, 1e-2)
+
+
+class _LayerScaled(torch.nn.Module):
+    """Residual blocks whose branches are scaled by 1e-6 (ConvNeXt's and EdgeNeXt's layer scale at init): each
+    branch's value is subnormal in fp16, and its error vanishes in the sum. With `shift`, each branch instead
+    adds and subtracts 1000, where fp16's step is 0.5: an error the sum does not absorb."""
+
+    def __init__(self, shift: bool = False) -> None:
+        super().__init__()
+        self.fc = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(3))
+        self.gamma = torch.nn.Parameter(torch.full((32,), 1e-6))
+        self.shift = shift
+
+    def forward(self, x):
+        for fc in self.fc:
+            h = torch.relu(fc(x))
+            x = x + ((h + 1000.0) - 1000.0 if self.shift else self.gamma * h)
+        return x
+
+
+def _compile_fp16_model(model, x):
+    return torchkiln.compile(model.eval(), [torchkiln.Input(x.shape)], enabled_precisions={F16}, min_block_size=1,
+                             require_full_compilation=True, backend="reference")
+
+
+def test_a_branch_whose_error_a_residual_sum_absorbs_stays_fp16(caplog):
+    """Judged on its own scale the scaled branch loses precision; against the sum it lands in, it does not."""
+    torch.manual_seed(0)
+    model, x = _LayerScaled(), torch.randn(8, 32)
+    with caplog.at_level("INFO", logger="torchkiln"):
+        out = _compile_fp16_model(model, x)(x)
+    assert "kept in float32" not in caplog.text
+    assert _matches(out, model(x))
+
+
+def test_a_branch_whose_error_its_sum_does_not_absorb_is_kept_in_fp32(caplog):
+    torch.manual_seed(0)
+    model, x = _LayerScaled(shift=True), torch.randn(8, 32)
+    with caplog.at_level("INFO", logger="torchkiln"):
+        out = _compile_fp16_model(model, x)(x)
+    assert "kept in float32" in caplog.text
+    assert _matches(out, model(x))
+    assert not _matches(model.half()(x.half()).float(), model.float()(x)), "the case is too easy in plain fp16"

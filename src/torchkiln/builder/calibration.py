@@ -9,7 +9,9 @@ computes: their difference is that layer's error.
 Calibration uses it to keep layers in fp32: a layer whose output overflows (inf or nan where fp32 is finite,
 or a value beyond the low type's largest) while its inputs did not, or whose relative error passes the
 tolerance and is more than `GROWTH` times its inputs' (the layer itself lost the precision: a cancellation,
-not error carried in), is named in `BuildSettings.keep_fp32`, and the build runs again until no layer is.
+not error carried in), is named in `BuildSettings.keep_fp32`, and the build runs again until no layer is. A
+layer whose value only sums read (a residual branch) is judged against the sums' magnitudes: a branch scaled by
+a layer-scale of 1e-6 has a large error of its own, and none in what the network computes with it.
 """
 from __future__ import annotations
 
@@ -120,11 +122,43 @@ def _sources(layer: L.Layer, compared: Container[str]) -> list[L.Layer]:
     return sources
 
 
+def _readers(layer: L.Layer, consumers: dict[int, list[L.Layer]], compared: Container[str]) -> list[L.Layer]:
+    """The compared layers that compute with `layer`'s outputs, looking through casts and shuffles (which move
+    values and keep their absolute error)."""
+    found, stack = [], [t for t in layer.outputs]
+    while stack:
+        for reader in consumers.get(id(stack.pop()), []):
+            if isinstance(reader, (L.CastLayer, L.ShuffleLayer)):
+                stack.extend(reader.outputs)
+            elif reader.name in compared:
+                found.append(reader)
+            else:
+                return []  # read by a layer whose error is not known: judged on its own scale
+    return found
+
+
+_ADDITIVE = (L.ElementWiseOperation.SUM, L.ElementWiseOperation.SUB)
+
+
+def _absorbing_scale(layer: L.Layer, low: Network, consumers: dict[int, list[L.Layer]],
+                     found: dict[str, LayerError]) -> float:
+    """The scale at which `layer`'s error lands: where every reader adds or subtracts its value (a residual
+    branch, a layer-scaled branch: x + 1e-6 * f(x)), the smallest of those sums' magnitudes; else 0. An absolute
+    error there is what the sums carry on, so it is judged against their scale, not the branch's own."""
+    readers = _readers(layer, consumers, found)
+    if not readers or not all(isinstance(r, L.ElementWiseLayer) and r.op in _ADDITIVE for r in readers) \
+            or any(t in low.outputs for t in layer.outputs):
+        return 0.0
+    return min(found[r.name].max_ref for r in readers)
+
+
 def unsafe_layers(low: Network, errors: Iterable[LayerError], tolerance: float) -> dict[str, str]:
     """Layers (name -> why) where the low precision goes wrong first: an overflow its inputs did not have, or a
-    relative error past `tolerance` and `GROWTH` times its inputs'. Layers of integer or bool output are left
+    relative error past `tolerance` and `GROWTH` times its inputs'. A layer that only sums read is judged by its
+    absolute error against those sums' magnitudes (`_absorbing_scale`). Layers of integer or bool output are left
     out (they have no fp32 to be kept in)."""
     found = {e.name: e for e in errors}
+    consumers = low.consumers()
     unsafe = {}
     for layer in low.layers:
         e = found.get(layer.name)
@@ -136,7 +170,8 @@ def unsafe_layers(low: Network, errors: Iterable[LayerError], tolerance: float) 
         carried = max((s.relative for s in sources), default=0.0)
         if e.overflow:
             unsafe[layer.name] = f"overflows: {e.overflow}"
-        elif e.relative > tolerance and e.relative > GROWTH * carried:
+        elif e.relative > tolerance and e.relative > GROWTH * carried \
+                and e.max_abs > tolerance * _absorbing_scale(layer, low, consumers, found):
             unsafe[layer.name] = (f"loses precision: relative error {e.relative:.2e} (tolerance {tolerance:.0e}; "
                                   f"its inputs' {carried:.2e})")
     return unsafe
@@ -168,10 +203,19 @@ def calibrated_build(convert: Callable[[], Network], bindings: Sequence[InputBin
                     new.setdefault(layer, why)
                     continue
                 # Kept in fp32 and still wrong: its inputs were computed too coarsely for it (a cancellation
-                # after a low-precision sum); keep the float layers it reads in fp32 too.
-                reader = next(x for x in engine.network.layers if x.name == layer)
-                for source in _sources(reader, {e.name for e in errors}):
-                    if source.name not in kept and not isinstance(source, L.ConstantLayer):
+                # after a low-precision sum); keep the float layers it reads in fp32 too, looking past those
+                # kept already (a sum kept in fp32 still carries the coarse branch it adds).
+                compared = {e.name for e in errors}
+                stack = _sources(next(x for x in engine.network.layers if x.name == layer), compared)
+                seen: set[str] = set()
+                while stack:
+                    source = stack.pop()
+                    if source.name in seen or isinstance(source, L.ConstantLayer):
+                        continue
+                    seen.add(source.name)
+                    if source.name in kept:
+                        stack.extend(_sources(source, compared))
+                    else:
                         new.setdefault(source.name, f"its value is read by {layer!r}, which {why}")
         if not new:
             ship(engine, settings.device)  # checked against the loader's ceilings, then planned
