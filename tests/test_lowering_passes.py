@@ -14,6 +14,7 @@ from torchkiln.lowering import walk as walk_module
 from torchkiln.lowering.passes import unroll_loops as unroll_module
 from torchkiln.lowering.registry import PASSES, LoweringContext
 from torchkiln.settings import CompileSettings
+from torchkiln.torchscript import argument_names
 
 
 def lower_only(model: nn.Module, example: tuple, *passes: str, trace: bool = False, **options
@@ -194,6 +195,41 @@ def test_fold_isinstance_by_type_leaves_an_optional_to_the_evaluator():
 
 def test_a_dense_block_of_union_typed_layers_is_one_engine():
     check_compiled(DenseBlock(), _x(2, 3, 8, 8), engines=1)
+
+
+class MaskMadeOnTheHost(nn.Module):
+    """EdgeNeXt's position encoding: a mask filled on the CPU and moved to the weights' device by its one reader."""
+
+    def __init__(self, device: str) -> None:
+        super().__init__()
+        self.device = torch.device(device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = ~torch.zeros(x.shape).to(device=self.device, dtype=torch.bool)
+        return x * mask.cumsum(1, dtype=torch.float32)
+
+
+def _fill_device(lowered: LoweredModule):
+    (zeros,) = [n for n in lowered.graph.nodes() if n.kind() == "aten::zeros"]
+    return zeros.inputsAt(argument_names(zeros).index("device")).toIValue()
+
+
+def test_create_on_target_device_fills_on_the_device_it_is_moved_to():
+    """Lowered only (this machine may have no GPU): the fill is made on cuda, where its reader moved it."""
+    _, lowered = lower_only(MaskMadeOnTheHost("cuda"), _x(2, 3), "create_on_target_device")
+    assert "create_on_target_device" in lowered.fired and _fill_device(lowered) == torch.device("cuda")
+
+
+def test_create_on_target_device_leaves_a_fill_moved_to_the_cpu():
+    _, lowered = lower_only(MaskMadeOnTheHost("cpu"), _x(2, 3), "create_on_target_device")
+    assert "create_on_target_device" not in lowered.fired and _fill_device(lowered) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_mask_made_on_the_host_and_moved_is_made_in_a_cuda_engine():
+    """64x64x64 values: more than build time folds, so the engine makes the mask itself."""
+    x = torch.randn(64, 64, 64, device="cuda")
+    check_compiled(MaskMadeOnTheHost("cuda"), (x,), engines=1, min_block_size=1)
 
 
 class BatchNormFirst(nn.Module):

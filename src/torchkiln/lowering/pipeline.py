@@ -44,6 +44,7 @@ MODULE_PIPELINE: tuple[str, ...] = (
 GRAPH_PIPELINE: tuple[str, ...] = (
     "replace_python_ops",
     "inline_attributes",
+    "create_on_target_device",
     "lower_tuples",
     "fold_isinstance_by_type",
     "remove_mutation",
