@@ -232,6 +232,29 @@ def test_a_mask_made_on_the_host_and_moved_is_made_in_a_cuda_engine():
     check_compiled(MaskMadeOnTheHost("cuda"), (x,), engines=1, min_block_size=1)
 
 
+class WindowsIntoBatch(nn.Module):
+    """Hiera's unroll, traced: the batch of windows grows in place (`b *= 2`, an in-place mul on the traced size
+    tensor) and each reshape reads `int(b)` between two such writes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = x.shape[0]
+        for _ in range(2):
+            x = x.reshape(b, 2, -1, x.shape[-1]).flatten(0, 1)
+            b *= 2
+        return x.reshape(b, -1) * 2
+
+
+def test_functionalize_size_arithmetic_rewrites_every_write_of_a_traced_size():
+    lowered = check_pass(WindowsIntoBatch(), _x(2, 8, 3), ("remove_mutation", "functionalize_size_arithmetic"),
+                         gone=("aten::mul_(",), trace=True)
+    assert "aten::mul(" in str(lowered.graph)
+
+
+def test_a_traced_size_grown_in_place_folds_and_the_model_is_one_engine():
+    x = torch.randn(2, 8, 3)
+    check_compiled(torch.jit.trace(WindowsIntoBatch(), (x,)), (x,), engines=1, min_block_size=1)
+
+
 class BatchNormFirst(nn.Module):
     """BatchNorm2d checks `input.dim() != 4` with a raising prim::If."""
 

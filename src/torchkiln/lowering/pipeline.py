@@ -48,6 +48,7 @@ GRAPH_PIPELINE: tuple[str, ...] = (
     "lower_tuples",
     "fold_isinstance_by_type",
     "remove_mutation",
+    "functionalize_size_arithmetic",
     "functionalize_view_writes",
     "functionalize_list_appends",
     "resolve_attribute_caches",
