@@ -79,11 +79,9 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
 7. **Layouts**: a channels-last convolution takes its input in that layout (converted where it is not: a depthwise
    weight is contiguous in both formats, so ATen chose its layout from the input), and a generated pointwise or
    row step whose 4-D outputs are read only as such inputs writes them channels-last (no conversion then). A
-   grouped convolution is the exception where timing says so: it runs NCHW (input converted there, no cuDNN fused
-   epilogue, which is channels-last only) when that, with both conversions, beats cuDNN's channels-last kernel
-   (a dilated 5x5 depthwise: 0.41 against 2.48 ms at [32,960,28,28]; ResNeSt's radix-2 3x3, which cuDNN runs
-   channels-last with a copy of each group's channels out and back); a generated depthwise step (rule 6) reads its
-   input channels-last.
+   depthwise convolution is the exception where timing says so: it runs NCHW (input converted there) when that,
+   with both conversions, beats cuDNN's channels-last kernel (dilated 5x5: 0.41 against 2.48 ms at [32,960,28,28]);
+   a generated depthwise step (rule 6) reads its input channels-last.
    An attention mask strided along the keys is made row-major before SDPA, whose fused kernels refuse it.
 
 8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a nearest
@@ -250,11 +248,7 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
                                                 cache, id(layer.inputs[0]) not in engine_inputs):
             groups.append((Kernel("library", "patch_conv"), [j]))
         elif isinstance(layer, L.ConvolutionLayer):
-            # a grouped convolution runs in the layout timed faster; cuDNN fuses epilogues channels-last only
-            layout = _channels_last(layer) and (layer.groups == 1 or layer.transposed or timing.grouped_channels_last(
-                layer, timing.opt_shape(layer.inputs[0].shape), device, options, cache))
-            found = _epilogue(layer, graph) if _fusable_precision(layer, options) and (layout or layer.groups == 1) \
-                else None
+            found = _epilogue(layer, graph) if _fusable_precision(layer, options) else None
             if found is not None and any(graph.index[id(x)] in assigned for x in found[1]):
                 found = None  # the add's other operand is a convolution that took this epilogue first
             if found is not None and timing.fused_is_faster(layer, found[0], timing.opt_shape(layer.inputs[0].shape),
@@ -263,6 +257,8 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
                 assigned.update(members)
                 groups.append((Kernel("library", found[0], (("channels_last", True),)), members))
                 continue
+            layout = _channels_last(layer) and (not _depthwise(layer) or timing.depthwise_channels_last(
+                layer, timing.opt_shape(layer.inputs[0].shape), device, options, cache))
             groups.append((Kernel("library", "convolution", (("channels_last", layout),)), [j]))
         elif isinstance(layer, L.MatrixMultiplyLayer):
             after = _epilogue_activation(layer, graph, assigned)

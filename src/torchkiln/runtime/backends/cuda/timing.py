@@ -393,20 +393,18 @@ def patch_gemm_is_faster(conv: L.ConvolutionLayer, input_shape: tuple[int, ...],
                          f"{conv.name} (patch convolution at {input_shape})") == "gemm"
 
 
-def grouped_channels_last(conv: L.ConvolutionLayer, input_shape: tuple[int, ...], device: torch.device,
-                          options: BackendOptions, cache: TimingCache) -> bool:
-    """Whether a grouped 2-D convolution runs faster channels-last (cuDNN's kernels) than NCHW (ATen's or cuDNN's
-    NCHW kernels) with its input and output converted between the layouts; True without timing. cuDNN's
+def depthwise_channels_last(conv: L.ConvolutionLayer, input_shape: tuple[int, ...], device: torch.device,
+                            options: BackendOptions, cache: TimingCache) -> bool:
+    """Whether a depthwise 2-D convolution runs faster channels-last (cuDNN's kernels) than NCHW (ATen's or
+    cuDNN's NCHW kernels) with its input and output converted between the layouts; True without timing. cuDNN's
     channels-last depthwise kernels vary by an order of magnitude with the kernel size and dilation: a dilated 5x5
-    at [32,960,28,28] fp16 on an H100 takes 2.48 ms channels-last and 0.41 NCHW, a 3x3 48 us and 78. With few
-    groups of many channels (ResNeSt's radix of 2) cuDNN's channels-last path copies each group's channels out
-    and back in kernels of their own around the product."""
+    at [32,960,28,28] fp16 on an H100 takes 2.48 ms channels-last and 0.41 NCHW, a 3x3 48 us and 78."""
     if options.timing_iterations == 0 or device.type != "cuda":
         return True
     w = conv.weights["kernel"]
     dtype = conv.outputs[0].dtype
     args = (list(conv.stride), list(conv.padding), list(conv.dilation), conv.groups)
-    key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, "grouped_layout", str(dtype),
+    key = json.dumps([torch.cuda.get_device_name(device), torch.__version__, "depthwise_layout", str(dtype),
                       list(input_shape), list(w.shape), *args, "graphed"])
 
     def candidates() -> dict[str, Callable[[], object]]:
@@ -417,4 +415,4 @@ def grouped_channels_last(conv: L.ConvolutionLayer, input_shape: tuple[int, ...]
                 "nchw": lambda: F.conv2d(x.contiguous(), weight, None, *args).contiguous(memory_format=cl)}
 
     return _timed_choice(cache, key, candidates, time_graphed_ms, options.timing_iterations,
-                         f"{conv.name} (grouped layout at {input_shape})") == "channels_last"
+                         f"{conv.name} (depthwise layout at {input_shape})") == "channels_last"
