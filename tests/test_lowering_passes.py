@@ -225,6 +225,18 @@ def test_create_on_target_device_leaves_a_fill_moved_to_the_cpu():
     assert "create_on_target_device" not in lowered.fired and _fill_device(lowered) is None
 
 
+def test_to_a_device_without_index_is_no_move_of_a_tensor_already_there():
+    """`.to("cuda")` of an engine tensor on cuda:0 (the mask above, on a GPU machine) was refused as a move."""
+    from torchkiln.conversion.converters.cast import _same_device
+
+    assert _same_device(torch.device("cpu"), torch.device("cpu"))
+    assert _same_device(torch.device("cuda", 1), torch.device("cuda", 1))
+    assert not _same_device(torch.device("cuda", 1), torch.device("cuda", 0))
+    assert not _same_device(torch.device("cuda"), torch.device("cpu"))
+    if torch.cuda.is_available():
+        assert _same_device(torch.device("cuda"), torch.device("cuda", torch.cuda.current_device()))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_mask_made_on_the_host_and_moved_is_made_in_a_cuda_engine():
     """64x64x64 values: more than build time folds, so the engine makes the mask itself."""

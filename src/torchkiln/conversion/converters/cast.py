@@ -32,9 +32,19 @@ def _to_capability(args: Args) -> str | None:
     if dtype is not None and dtype not in SUPPORTED_INPUT_DTYPES:
         return f"engines do not carry dtype {dtype}"
     here = getattr(args.self, "device", None)
-    if device is not None and here is not None and torch.device(device) != here:
+    if device is not None and here is not None and not _same_device(torch.device(device), here):
         return f"it moves the tensor from {here} to {device}"
     return None
+
+
+def _same_device(asked: torch.device, here: torch.device) -> bool:
+    """`.to("cuda")` of a tensor on cuda:0 moves nothing where cuda:0 is the current device (no index: the current
+    one, as PyTorch reads it)."""
+    if asked.type != here.type:
+        return False
+    if asked.index is None and here.type == "cuda":
+        return here.index == torch.cuda.current_device()
+    return asked.index is None or asked.index == here.index
 
 
 @converter("aten::to.dtype", "aten::to.dtype_layout", "aten::to.device", "aten::to.other", "aten::to.prim_Device",
