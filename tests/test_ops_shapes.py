@@ -428,6 +428,21 @@ def test_im2col(shape, kwargs):
     check_traced(lambda t: F.unfold(t, **kwargs) * 2, x, op="aten::im2col")
 
 
+@pytest.mark.parametrize("size, kwargs", [
+    ((8, 8), dict(kernel_size=3, padding=1)),  # VOLO's outlook attention folds 3x3 neighbourhoods back
+    ((9, 7), dict(kernel_size=(3, 2), dilation=(1, 2), padding=(1, 0), stride=(2, 1))),
+    ((8, 8), dict(kernel_size=2, stride=2)),  # taps that do not overlap
+    ((14, 14), dict(kernel_size=3, padding=1, stride=2)),  # the last row and column of taps fall outside
+])
+@pytest.mark.parametrize("batched", [True, False])
+def test_col2im(size, kwargs, batched):
+    """fold, the inverse arrangement of unfold: overlapping taps summed; an infinity stays one (not NaN)."""
+    blocks = F.unfold(R(1, 3, *size), **kwargs).shape[1:]
+    x = R(2, *blocks) if batched else R(*blocks)
+    x.view(-1)[5] = float("inf")
+    check_traced(lambda t: F.fold(t * 2, size, **kwargs), x, op="aten::col2im")
+
+
 def cat_onto_an_empty_cache(x, y):
     """transformers' DynamicLayer starts its keys as torch.tensor([]) and concatenates onto them (XLM, FlauBERT):
     eager skips a 1-d empty tensor in cat, whatever the other tensors' rank, though its dtype still promotes."""
