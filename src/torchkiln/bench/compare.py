@@ -37,7 +37,8 @@ logger = logging.getLogger("torchkiln.bench")
 
 DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "vit_b_16", "bert-base")
 # `bench --zoo [SET]`, `--blocks`
-ZOO_SETS = {"default": DEFAULT_MODELS, "wide": WIDE, "holdout": HOLDOUT, "unseen": UNSEEN, "cpu": CPU, "blocks": tuple(BLOCKS)}
+ZOO_SETS = {"default": DEFAULT_MODELS, "wide": WIDE, "holdout": HOLDOUT, "unseen": UNSEEN, "cpu": CPU,
+            "blocks": tuple(BLOCKS)}
 PROFILE_ITERS = 10  # calls profiled per case with --profile
 
 

@@ -1,6 +1,8 @@
-"""im2col (torch.nn.functional.unfold) and col2im (fold). im2col: every kernel tap's strided slice of the padded input, stacked after the
-channels, so output channel c * kh * kw + i * kw + j holds tap (i, j) of channel c, as eager orders them. Slices move
-values unchanged (a convolution with a one-hot weight would turn an infinity into NaN)."""
+"""im2col (torch.nn.functional.unfold) and col2im (fold).
+
+im2col: every kernel tap's strided slice of the padded input, stacked after the channels, so output channel
+c * kh * kw + i * kw + j holds tap (i, j) of channel c, as eager orders them. Slices move values unchanged (a
+convolution with a one-hot weight would turn an infinity into NaN)."""
 from __future__ import annotations
 
 import torch
