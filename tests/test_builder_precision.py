@@ -237,3 +237,24 @@ def test_a_branch_whose_error_its_sum_does_not_absorb_is_kept_in_fp32(caplog):
     assert "kept in float32" in caplog.text
     assert _matches(out, model(x))
     assert not _matches(model.half()(x.half()).float(), model.float()(x)), "the case is too easy in plain fp16"
+
+
+class _BranchReturned(torch.nn.Module):
+    """A layer-scaled branch added to its residual and returned as well: as an output it is judged on its own scale."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(32, 32)
+        self.gamma = torch.nn.Parameter(torch.full((32,), 1e-6))
+
+    def forward(self, x):
+        branch = self.gamma * torch.relu(self.fc(x))
+        return x + branch, branch.reshape(-1)
+
+
+def test_a_branch_that_is_also_returned_is_not_absorbed_by_its_sum():
+    torch.manual_seed(0)
+    model, x = _BranchReturned().eval(), torch.randn(8, 32)
+    total, branch = _compile_fp16_model(model, x)(x)
+    ref_total, ref_branch = model(x)
+    assert _matches(total, ref_total) and _matches(branch, ref_branch)

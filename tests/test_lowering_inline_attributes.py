@@ -5,6 +5,7 @@ import torch
 from harness import assert_falls_back, assert_matches_eager, check_compiled
 from torch import nn
 
+import torchkiln
 from torchkiln.lowering import lower
 from torchkiln.settings import CompileSettings
 
@@ -119,3 +120,29 @@ def test_a_token_written_through_its_list_stays_an_attribute_read():
     x = torch.randn(2, 5, 8)
     after = lower(torch.jit.script(model), CompileSettings.create([x]), passes=["inline_attributes"])
     assert 'prim::GetAttr[name="cls_token"]' in str(after.graph)
+
+
+class WritesThroughADict(nn.Module):
+    """A buffer stored in a dict and written through the dict's getter: the buffer changes every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("tok", torch.ones(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.tok
+        d = {"k": x}
+        d["k"] = t
+        d["k"].mul_(3.0)
+        return x + t
+
+
+def test_a_buffer_written_through_a_dict_is_not_a_constant():
+    """Dict getters carry no alias annotation: an item set must still count as a write into what it stores."""
+    import copy
+
+    model, x = WritesThroughADict().eval(), torch.randn(2)
+    compiled = torchkiln.compile(copy.deepcopy(model), [torchkiln.Input((2,))], min_block_size=1)
+    with torch.no_grad():
+        for _ in range(2):
+            assert_matches_eager(compiled(x), model(x))

@@ -220,6 +220,22 @@ def test_create_on_target_device_fills_on_the_device_it_is_moved_to():
     assert "create_on_target_device" in lowered.fired and _fill_device(lowered) == torch.device("cuda")
 
 
+class PinnedMask(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = torch.zeros(x.shape, pin_memory=False).to(device=torch.device("cuda"), dtype=torch.bool)
+        pinned = torch.ones(x.shape, pin_memory=True).to(device=torch.device("cuda"), non_blocking=True)
+        return mask.cumsum(1, dtype=torch.float32) + pinned
+
+
+def test_create_on_target_device_leaves_a_pinned_fill_on_the_host():
+    """CUDA refuses to make a pinned tensor: only the unpinned fill moves to the device it is read on."""
+    script = torch.jit.script(PinnedMask().eval())
+    lowered = lower(script, CompileSettings.create([torch.randn(2, 3)]), passes=["create_on_target_device"])
+    fills = {n.kind(): n.inputsAt(argument_names(n).index("device")).toIValue() for n in lowered.graph.nodes()
+             if n.kind() in ("aten::zeros", "aten::ones")}
+    assert fills == {"aten::zeros": torch.device("cuda"), "aten::ones": None}
+
+
 def test_create_on_target_device_leaves_a_fill_moved_to_the_cpu():
     _, lowered = lower_only(MaskMadeOnTheHost("cpu"), _x(2, 3), "create_on_target_device")
     assert "create_on_target_device" not in lowered.fired and _fill_device(lowered) is None

@@ -95,7 +95,9 @@ class _AliasFlags:
     written_memory: tuple[bool, ...]  # written, and not as a container only: tensor memory changes
 
 
-_CONTAINER_WRITE = re.compile(r"[\])]\(\w+!\)")  # `t[](a!)`, `Dict(str, t)(a!)`: the list or dict itself
+# `t[](a!)`: a generic list builtin (append, insert, _set_item...) writes the list itself. Not a dict's item set:
+# its getters carry no alias annotation, so a write through `d[k]` is seen only as a write into the dict.
+_CONTAINER_WRITE = re.compile(r"(?<![\w])t\[\]\(\w+!\)")
 
 
 def _argument_texts(schema: str) -> list[str]:

@@ -122,12 +122,18 @@ def _sources(layer: L.Layer, compared: Container[str]) -> list[L.Layer]:
     return sources
 
 
-def _readers(layer: L.Layer, consumers: dict[int, list[L.Layer]], compared: Container[str]) -> list[L.Layer]:
+def _readers(layer: L.Layer, low: Network, consumers: dict[int, list[L.Layer]], compared: Container[str]
+             ) -> list[L.Layer]:
     """The compared layers that compute with `layer`'s outputs, looking through casts and shuffles (which move
-    values and keep their absolute error)."""
+    values and keep their absolute error); none where the value, or a cast or shuffle of it, is a network output
+    (returned on its own scale)."""
+    returned = {id(t) for t in low.outputs}
     found, stack = [], [t for t in layer.outputs]
     while stack:
-        for reader in consumers.get(id(stack.pop()), []):
+        t = stack.pop()
+        if id(t) in returned:
+            return []
+        for reader in consumers.get(id(t), []):
             if isinstance(reader, (L.CastLayer, L.ShuffleLayer)):
                 stack.extend(reader.outputs)
             elif reader.name in compared:
@@ -145,9 +151,8 @@ def _absorbing_scale(layer: L.Layer, low: Network, consumers: dict[int, list[L.L
     """The scale at which `layer`'s error lands: where every reader adds or subtracts its value (a residual
     branch, a layer-scaled branch: x + 1e-6 * f(x)), the smallest of those sums' magnitudes; else 0. An absolute
     error there is what the sums carry on, so it is judged against their scale, not the branch's own."""
-    readers = _readers(layer, consumers, found)
-    if not readers or not all(isinstance(r, L.ElementWiseLayer) and r.op in _ADDITIVE for r in readers) \
-            or any(t in low.outputs for t in layer.outputs):
+    readers = _readers(layer, low, consumers, found)
+    if not readers or not all(isinstance(r, L.ElementWiseLayer) and r.op in _ADDITIVE for r in readers):
         return 0.0
     return min(found[r.name].max_ref for r in readers)
 

@@ -39,7 +39,7 @@ def _to_capability(args: Args) -> str | None:
 
 def _same_device(asked: torch.device, here: torch.device) -> bool:
     """`.to("cuda")` of a tensor on cuda:0 moves nothing where cuda:0 is the current device (no index: the current
-    one, as PyTorch reads it)."""
+    one, as PyTorch reads it). Decided at build: the engine runs on the device it was built for."""
     if asked.type != here.type:
         return False
     if asked.index is None and here.type == "cuda":

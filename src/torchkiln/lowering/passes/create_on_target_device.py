@@ -30,6 +30,11 @@ def _constant_device(value: torch._C.Value | None) -> torch.device | None:
     return found if isinstance(found, torch.device) else None
 
 
+def _constant_in(value: torch._C.Value | None, allowed: tuple) -> bool:
+    """Whether an optional argument is absent or a constant among `allowed`."""
+    return value is None or (value.node().kind() == "prim::Constant" and value.toIValue() in allowed)
+
+
 @lowering_pass()
 def create_on_target_device(graph: Graph, ctx: LoweringContext) -> bool:
     """Make a fill created on the CPU and moved to a constant device by its only reader on that device."""
@@ -41,6 +46,9 @@ def create_on_target_device(graph: Graph, ctx: LoweringContext) -> bool:
         if device is None or not (_constant_device(device) == torch.device("cpu")
                                   or (device.node().kind() == "prim::Constant" and device.toIValue() is None)):
             continue
+        if not _constant_in(_argument(node, "pin_memory"), (None, False)) \
+                or not _constant_in(_argument(node, "layout"), (None, 0, torch.strided)):
+            continue  # a pinned (or non-strided) fill is made for the host: CUDA refuses to make one pinned
         move = node.output().uses()[0].user
         target = _constant_device(_argument(move, "device")) if node_key(move) in _MOVES else None
         if target is None or target.type == "cpu":
