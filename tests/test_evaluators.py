@@ -199,6 +199,9 @@ _ZERO_D = "%a : {} = prim::Constant[value={}]()\n %c : Tensor = prim::NumToTenso
     ("%a : int = prim::Constant[value=2]()\n %b : int = prim::Constant[value=3]()\n"
      " %l : int[] = prim::ListConstruct(%a, %b)\n %r : int = aten::sum(%l)", 5),
     ("%a : float = prim::Constant[value=2.5]()\n %r : int = aten::ceil(%a)", 3),
+    ("%a : float = prim::Constant[value=-2.5]()\n %r : int = aten::floor(%a)", -3),
+    ("%a : int = prim::Constant[value=196]()\n %r : float = aten::sqrt(%a)", 14.0),
+    ("%a : float = prim::Constant[value=2.25]()\n %r : float = aten::sqrt(%a)", 1.5),
     ("%a : int = prim::Constant[value=2]()\n %r : bool = prim::isinstance[types=[float, int]](%a)", True),
     ("%a : int = prim::Constant[value=2]()\n %l : int[] = prim::ListConstruct(%a)\n"
      " %r : bool = prim::isinstance[types=[int, str]](%l)", False),

@@ -1,5 +1,5 @@
 """Creation and cast converters through the whole pipeline against eager: arange, full, zeros, ones
-(and _like/new_ forms), tensor, fill_, to, type_as, clone, detach, copy_, torchkiln's own ops."""
+(and _like/new_ forms), eye, tensor, fill_, to, type_as, clone, detach, copy_, torchkiln's own ops."""
 from typing import Optional
 
 import pytest
@@ -37,6 +37,11 @@ def like(x):
 
 def new(x):
     return x.new_zeros(2, 3) + x.sum(), x.new_ones([3]), x.new_full((2,), 4.0), x.new_ones(2, dtype=torch.bool)
+
+
+def eye(x):
+    """BAT's non-local block masks with `torch.eye(t, t, dtype=x.dtype)`."""
+    return x * torch.eye(x.size(1), x.size(1), dtype=x.dtype), torch.eye(3, dtype=torch.int64), torch.eye(x.size(0), 5)
 
 
 def tensor_from_lists(x):
@@ -127,6 +132,7 @@ CASES = [
     (zeros_ones, [R(2, 3)]),
     (like, [R(2, 3)]),
     (new, [R(2, 3)]),
+    (eye, [R(3, 3)]),
     (tensor_from_lists, [R(3)]),
     (fill, [R(2, 3)]),
     (to_dtype, [R(2, 3) * 10]),

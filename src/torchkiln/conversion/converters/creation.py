@@ -1,4 +1,4 @@
-"""Creation converters: arange, full, zeros, ones (and their _like/new_ forms), tensor, fill_, zero_.
+"""Creation converters: arange, full, zeros, ones (and their _like/new_ forms), eye, tensor, fill_, zero_.
 
 Their values are known at build time; shape, dtype and device are those eager PyTorch gave
 (shape analysis), so torch's dtype inference rules need no copy here.
@@ -13,6 +13,8 @@ from torchkiln.conversion.impl.creation import arange, created_shape, eager_meta
 from torchkiln.conversion.impl.inplace import register_inplace
 from torchkiln.analysis.registry import converter
 from torchkiln.analysis.resolve import Args
+from torchkiln.errors import ConversionError
+from torchkiln.ir.symbolic import has_symbols
 from torchkiln.ir.tensor import Tensor
 from torchkiln.settings import SUPPORTED_INPUT_DTYPES
 from torchkiln.torchscript import TensorMeta
@@ -53,6 +55,15 @@ def ones(ctx: ConversionCtx, args: Args) -> Tensor:
 def tensor(ctx: ConversionCtx, args: Args) -> Tensor:
     meta = eager_meta(ctx, args)
     return ctx.to_tensor(torch.tensor(args[0], dtype=meta.dtype))
+
+
+@converter("aten::eye", "aten::eye.m", capability=_static_data)
+def eye(ctx: ConversionCtx, args: Args) -> Tensor:
+    """An identity matrix of static size (BoTNet-style relative position logits build one per call)."""
+    meta = eager_meta(ctx, args)
+    if has_symbols(meta.shape):
+        raise ConversionError(f"needs a static shape: eye of shape {meta.shape}")
+    return ctx.to_tensor(torch.eye(*meta.shape, dtype=meta.dtype))
 
 
 def _zero_dim_value(args: Args) -> str | None:

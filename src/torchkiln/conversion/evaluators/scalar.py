@@ -209,3 +209,14 @@ def sum_(args: Args) -> int | float:
 def ceil(args: Args) -> int:
     """`math.ceil(h / s)` (TF-"same" padding)."""
     return math.ceil(_number(args[0]))
+
+
+@evaluator("aten::floor.float", "aten::floor.int")
+def floor(args: Args) -> int:
+    return math.floor(_number(args[0]))
+
+
+@evaluator("aten::sqrt.int", "aten::sqrt.float")
+def sqrt(args: Args) -> float:
+    """`int(math.sqrt(N))`: the side of a square grid of N tokens (NesT's blocks)."""
+    return math.sqrt(_number(args[0]))
