@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import re
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -95,22 +94,12 @@ class _AliasFlags:
     written_memory: tuple[bool, ...]  # written, and not as a container only: tensor memory changes
 
 
-# `t[](a!)`: a generic list builtin (append, insert, _set_item...) writes the list itself. Not a dict's item set:
-# its getters carry no alias annotation, so a write through `d[k]` is seen only as a write into the dict.
-_CONTAINER_WRITE = re.compile(r"(?<![\w])t\[\]\(\w+!\)")
-
-
-def _argument_texts(schema: str) -> list[str]:
-    """The schema's arguments as written (`Tensor(a!) self`), split at the top level's commas."""
-    inner = schema[schema.index("(") + 1:schema.rindex("->")].rstrip().removesuffix(")")
-    texts, depth, start = [], 0, 0
-    for k, c in enumerate(inner):
-        depth += c in "([" and 1 or (c in ")]" and -1 or 0)
-        if c == "," and depth == 0:
-            texts.append(inner[start:k].strip())
-            start = k + 1
-    texts.append(inner[start:].strip())
-    return [t for t in texts if t and t != "*"]
+def _writes_memory(argument: torch._C.Argument) -> bool:
+    """Whether a written argument's write changes tensor memory: not a generic list builtin's (`t[](a!)` in append,
+    insert, an item set), which changes the list. A dict's item set still counts: its getters carry no alias
+    annotation, so a write through `d[k]` is seen only as a write into the dict."""
+    kind = argument.type
+    return not (isinstance(kind, torch._C.ListType) and str(kind.getElementType()) == "t")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -120,12 +109,9 @@ def _schema_alias_flags(schema: str) -> _AliasFlags | None:
     except RuntimeError:
         return None
     written = tuple(a.alias_info is not None and a.alias_info.is_write for a in parsed.arguments)
-    texts = _argument_texts(schema)
-    if len(texts) != len(written):
-        texts = [""] * len(written)  # not split as parsed: every write counts as a write into memory
     return _AliasFlags(tuple(a.alias_info is not None for a in parsed.arguments), written,
                        tuple(r.alias_info is not None for r in parsed.returns),
-                       tuple(w and not _CONTAINER_WRITE.search(t.rsplit(" ", 1)[0]) for w, t in zip(written, texts)))
+                       tuple(w and _writes_memory(a) for w, a in zip(written, parsed.arguments)))
 
 
 def alias_flags(node: Node) -> _AliasFlags | None:

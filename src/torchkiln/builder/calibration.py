@@ -122,12 +122,11 @@ def _sources(layer: L.Layer, compared: Container[str]) -> list[L.Layer]:
     return sources
 
 
-def _readers(layer: L.Layer, low: Network, consumers: dict[int, list[L.Layer]], compared: Container[str]
-             ) -> list[L.Layer]:
+def _readers(layer: L.Layer, returned: Container[int], consumers: dict[int, list[L.Layer]],
+             compared: Container[str]) -> list[L.Layer]:
     """The compared layers that compute with `layer`'s outputs, looking through casts and shuffles (which move
     values and keep their absolute error); none where the value, or a cast or shuffle of it, is a network output
-    (returned on its own scale)."""
-    returned = {id(t) for t in low.outputs}
+    (`returned`: their ids; returned on its own scale)."""
     found, stack = [], [t for t in layer.outputs]
     while stack:
         t = stack.pop()
@@ -146,12 +145,12 @@ def _readers(layer: L.Layer, low: Network, consumers: dict[int, list[L.Layer]], 
 _ADDITIVE = (L.ElementWiseOperation.SUM, L.ElementWiseOperation.SUB)
 
 
-def _absorbing_scale(layer: L.Layer, low: Network, consumers: dict[int, list[L.Layer]],
+def _absorbing_scale(layer: L.Layer, returned: Container[int], consumers: dict[int, list[L.Layer]],
                      found: dict[str, LayerError]) -> float:
     """The scale at which `layer`'s error lands: where every reader adds or subtracts its value (a residual
     branch, a layer-scaled branch: x + 1e-6 * f(x)), the smallest of those sums' magnitudes; else 0. An absolute
     error there is what the sums carry on, so it is judged against their scale, not the branch's own."""
-    readers = _readers(layer, low, consumers, found)
+    readers = _readers(layer, returned, consumers, found)
     if not readers or not all(isinstance(r, L.ElementWiseLayer) and r.op in _ADDITIVE for r in readers):
         return 0.0
     return min(found[r.name].max_ref for r in readers)
@@ -163,7 +162,7 @@ def unsafe_layers(low: Network, errors: Iterable[LayerError], tolerance: float) 
     absolute error against those sums' magnitudes (`_absorbing_scale`). Layers of integer or bool output are left
     out (they have no fp32 to be kept in)."""
     found = {e.name: e for e in errors}
-    consumers = low.consumers()
+    consumers, returned = low.consumers(), {id(t) for t in low.outputs}
     unsafe = {}
     for layer in low.layers:
         e = found.get(layer.name)
@@ -176,7 +175,7 @@ def unsafe_layers(low: Network, errors: Iterable[LayerError], tolerance: float) 
         if e.overflow:
             unsafe[layer.name] = f"overflows: {e.overflow}"
         elif e.relative > tolerance and e.relative > GROWTH * carried \
-                and e.max_abs > tolerance * _absorbing_scale(layer, low, consumers, found):
+                and e.max_abs > tolerance * _absorbing_scale(layer, returned, consumers, found):
             unsafe[layer.name] = (f"loses precision: relative error {e.relative:.2e} (tolerance {tolerance:.0e}; "
                                   f"its inputs' {carried:.2e})")
     return unsafe

@@ -42,11 +42,8 @@ def create_on_target_device(graph: Graph, ctx: LoweringContext) -> bool:
     for node in list(all_nodes(graph.block())):
         if node_key(node) not in _FILLS or len(node.output().uses()) != 1:
             continue
-        device = _argument(node, "device")
-        if device is None or not (_constant_device(device) == torch.device("cpu")
-                                  or (device.node().kind() == "prim::Constant" and device.toIValue() is None)):
-            continue
-        if not _constant_in(_argument(node, "pin_memory"), (None, False)) \
+        if not _constant_in(_argument(node, "device"), (None, torch.device("cpu"))) \
+                or not _constant_in(_argument(node, "pin_memory"), (None, False)) \
                 or not _constant_in(_argument(node, "layout"), (None, 0, torch.strided)):
             continue  # a pinned (or non-strided) fill is made for the host: CUDA refuses to make one pinned
         move = node.output().uses()[0].user
@@ -55,6 +52,6 @@ def create_on_target_device(graph: Graph, ctx: LoweringContext) -> bool:
             continue
         with graph.insert_point_guard(node):
             made_on = graph.insertConstant(target)
-        node.replaceInput(argument_names(node).index("device"), made_on)
+        node.replaceInput(argument_names(node).index("device"), made_on)  # (every fill here has one)
         changed = True
     return changed

@@ -197,7 +197,7 @@ def _matrix_multiply(layer: L.MatrixMultiplyLayer, ws: Weights, allow_tf32: bool
         a, w = xs
         if a.dim() <= 2 or w.dim() != 2 or a.is_contiguous() or w.shape[0] < w.shape[1] \
                 or w.shape[1] < MIN_FLATTENED_WIDTH:
-            return F.linear(a, w, bias)
+            return meaning(layer, xs, ws, a.device)
         return torch.addmm(bias, a.reshape(-1, a.shape[-1]), w.t()).view(*a.shape[:-1], w.shape[0])
 
     return linear
