@@ -339,7 +339,28 @@ def test_rows_tiled_across_a_channels_last_input(monkeypatch, passes):
     assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 16, 16) if passes else ("rows_kernel", 16, 64))
     net = group_norm_sigmoid_net((2, 24, 5, 6), 6, F16)
     v = data(2, 24, 5, 6, dtype=F16).contiguous(memory_format=torch.channels_last)  # a group: 4 channels, 8 bytes
-    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 4, 16) if passes else ("rows_kernel", 4, 128))
+    # (whole rows in registers: a program takes rows up to 1024 elements while programs remain)
+    assert _check_recorded(net, {"x": v}) == (("rows_kernel_looped", 4, 16) if passes else ("rows_kernel", 8, 128))
+
+
+def test_rows_numbered_in_memory_order(monkeypatch):
+    """A sum over the radix dim of a channels-last [N, 2C, H, W] map viewed as [N, 2, C, H, W] (split attention):
+    its rows are numbered (N, H, W, C), so a program's rows are neighbouring channels; rows of 2 columns are not
+    padded to 16 lanes but packed up to a tile; the output is written in the same order (channels-last), and the
+    values match the reference."""
+    monkeypatch.setattr(reduction, "MIN_PROGRAMS", 2)
+    net = Network("radix")
+    x = net.add_input("x", F16, (2, 2, 24, 5, 7))
+    out = net.add_reduce(x, R.SUM, (1,), False).get_output()
+    net.mark_output(out)
+    v = data(2, 48, 5, 7, dtype=F16).contiguous(memory_format=torch.channels_last).view(2, 2, 24, 5, 7)
+    launcher = reduction.compile_group(net.layers, net.inputs, net.outputs)
+    seen = []
+    _record_launches(launcher, seen)
+    got = launcher([v.to(DEVICE)])[0]
+    assert_close_half(got, reference(net, {"x": v})[0])
+    assert seen[0] == ("rows_kernel", 512, 2)
+    assert got.is_contiguous(memory_format=torch.channels_last) and not got.is_contiguous()
 
 
 def _split_launches(launcher, seen):

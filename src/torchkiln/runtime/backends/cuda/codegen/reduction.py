@@ -55,6 +55,7 @@ MAX_PERSISTENT = 16384  # columns a program keeps in registers; longer rows are 
 LOOP_BLOCK = 2048  # columns a pass of the looped body covers
 _TILE = 1024  # elements per program that short rows are packed up to...
 MIN_PROGRAMS = 256  # ... while that leaves at least this many programs (about two per streaming multiprocessor)
+MIN_BLOCK = 2  # columns a tile holds at least (a row of 2, a radix-2 split's sum, is not padded to 16 lanes)
 _ACROSS_TILE = 4096  # elements per program tile where rows are tiled across (`_interleaved_run`)
 SPLIT_MIN_COLS = 4096  # a norm's rows at least this long may be reduced in spans (`RowLauncher._split_reduction`)
 MAX_SPLITS = 256  # spans of a row at most
@@ -770,6 +771,10 @@ class RowLauncher(GroupLauncher):
         if cols == 0 and kernel.has_max:
             dims = list(order[lead:]) if order else list(range(lead, len(space)))
             raise EngineInputError(f"a max or min over dims {dims} of a {list(shape)} tensor, which hold no elements")
+        views = [self._in_space(x, space) for x in operands]
+        strides = [list(v.stride()) for v in views]
+        # rows in the operands' memory order, and row outputs written in it (`_row_order`)
+        rows_walk = _row_order(strides, lead)
         # full outputs are channels-last for channels-last readers, or after a channels-last input; else contiguous
         last = len(shape) == 4 and (self.channels_last or any(
             x.shape == shape and x.is_contiguous(memory_format=torch.channels_last) for x in inputs))
@@ -780,22 +785,21 @@ class RowLauncher(GroupLauncher):
                                            memory_format=torch.channels_last if last else torch.contiguous_format))
                 continue
             if t.rank != rank:  # the reduced dims dropped: the kept ones, in order
-                out_shape = ordered[:lead]
+                out_shape, kept = list(ordered[:lead]), list(range(lead))
             elif order is None:
-                out_shape = (*shape[:lead], *[1] * kernel.reduced)
+                out_shape, kept = [*shape[:lead], *[1] * kernel.reduced], list(range(lead))
             else:
                 out_shape = [1 if d in self._reduced_dims else n for d, n in enumerate(shape)]
-            outputs.append(torch.empty(out_shape, dtype=t.dtype, device=device))
+                kept = list(order[:lead])
+            outputs.append(_empty_in_order(out_shape, [kept[d] for d in rows_walk], t.dtype, device))
         if rows == 0:
             return outputs
-        views = [self._in_space(x, space) for x in operands]
-        strides = [list(v.stride()) for v in views]
         for out in outputs:
             strides.append(list(out.stride()) + [0] * kernel.reduced if out.dim() == lead else
                            list(self._in_space(out, space).stride()))
         walk = _column_order(strides[:len(views)], lead, len(ordered))
-        sizes = [*ordered[:lead], *(ordered[d] for d in walk)]
-        strides = [s[:lead] + [s[d] for d in walk] for s in strides]
+        sizes = [*(ordered[d] for d in rows_walk), *(ordered[d] for d in walk)]
+        strides = [[s[d] for d in rows_walk] + [s[d] for d in walk] for s in strides]
         # Neighbouring rows share sectors (a row's contiguous run is shorter than one): a program takes `packed` of
         # them, as many as fill a sector while about one program per multiprocessor remains. Taken where it adds no
         # pass over the input: whole rows fit the tile, or one reduction deep (a mean), or rows too long for one.
@@ -807,7 +811,7 @@ class RowLauncher(GroupLauncher):
         sector = packed = _rows_filling(32, run)
         while packed > 1 and (rows + packed - 1) // packed < MIN_PROGRAMS // 2:
             packed //= 2
-        whole = max(16, _next_power_of_two(cols))
+        whole = max(MIN_BLOCK, _next_power_of_two(cols))
         int64 = needs_int64(*views, *outputs)
         across = packed > 1 and (packed * whole <= MAX_PERSISTENT or kernel.depth <= 1 or cols > MAX_PERSISTENT)
         few = (rows + packed - 1) // packed < MIN_PROGRAMS  # programs of the launch below
@@ -827,13 +831,14 @@ class RowLauncher(GroupLauncher):
             self._split_reduction(operands, outputs, rows, cols, sizes, strides, int64, run)
             return outputs
         if across:
-            block = whole if packed * whole <= MAX_PERSISTENT else max(16, _ACROSS_TILE // packed)
+            if packed * whole <= MAX_PERSISTENT:  # whole rows; short ones packed up to a tile's worth
+                block, packed = whole, _more_rows(packed, _TILE // whole, rows)
+            else:
+                block = max(16, _ACROSS_TILE // packed)
             fn = (self._persistent if cols <= block else self._looped)[_transposed(packed, run)]
         elif cols <= MAX_PERSISTENT:
-            block = max(_next_power_of_two(cols), 16)
-            packed = max(1, min(_TILE // block, _next_power_of_two(rows)))
-            while packed > 1 and (rows + packed - 1) // packed < MIN_PROGRAMS:
-                packed //= 2
+            block = max(_next_power_of_two(cols), MIN_BLOCK)
+            packed = _more_rows(1, _TILE // block, rows)
             fn = self._persistent[_transposed(packed, run)]
         else:
             fn, block, packed = self._looped[True], LOOP_BLOCK, 1
@@ -954,6 +959,34 @@ def _rows_filling(nbytes: int, run: int | None) -> int:
     if run is None or run >= nbytes:
         return 1
     return max(2, 1 << ((nbytes // run).bit_length() - 1))
+
+
+def _more_rows(packed: int, most: int, rows: int) -> int:
+    """`packed` rows a program doubled up to `most` while at least MIN_PROGRAMS programs remain."""
+    while packed * 2 <= most and (rows + packed * 2 - 1) // (packed * 2) >= MIN_PROGRAMS:
+        packed *= 2
+    return packed
+
+
+def _row_order(strides: list[list[int]], lead: int) -> list[int]:
+    """The kept dims in the order the kernel numbers rows, innermost last: by the strides of the first operand that
+    varies along the row (else along the rows), largest first (ties in the dims' order). Neighbouring rows are then neighbours in memory
+    where the operand allows: a sum over the radix dim of a channels-last [N, R, C, H, W] view numbers its rows
+    (N, H, W, C), so a program's rows are neighbouring channels, not positions a row of the image apart."""
+    full = next((s for s in strides if any(s[d] for d in range(lead, len(s)))), None) or \
+        next((s for s in strides if any(s[d] for d in range(lead))), None)
+    dims = list(range(lead))
+    return dims if full is None else sorted(dims, key=lambda d: -abs(full[d]))
+
+
+def _empty_in_order(shape: Sequence[int], order: Sequence[int], dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor:
+    """An empty tensor of `shape` whose dims `order` lie in memory outermost first (the others, of size 1 in a row
+    output, anywhere): a row output written in the order the kernel numbers its rows."""
+    rest = [d for d in range(len(shape)) if d not in order]
+    layout = [*rest, *order]
+    stored = torch.empty([shape[d] for d in layout], dtype=dtype, device=device)
+    return stored.permute([layout.index(d) for d in range(len(shape))])
 
 
 def _column_order(strides: list[list[int]], lead: int, rank: int) -> list[int]:
