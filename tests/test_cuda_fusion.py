@@ -151,7 +151,7 @@ class GlobalResponseNorm(nn.Module):
     """ConvNeXt V2's MLP on [N, H, W, C] activations: up-projection, GELU, GRN (an L2 norm over the spatial dims,
     middle axes), down-projection."""
 
-    def __init__(self, c: int = 8) -> None:
+    def __init__(self, c: int = 12) -> None:  # (more than 8 products an output: library products)
         super().__init__()
         self.up, self.down = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
         self.weight, self.bias = nn.Parameter(torch.randn(4 * c)), nn.Parameter(torch.randn(4 * c))
@@ -168,8 +168,8 @@ def test_a_norm_over_middle_axes_is_generated_with_its_prologue():
     before it and the square root after it; the mean over channels and the division are a second (rows of
     [N, 1, 1, C]); the GELU is computed again by the last pointwise pass rather than written (rule 4b)."""
     module = GlobalResponseNorm()
-    x = torch.randn(2, 5, 6, 8)
-    steps, got = planned(network(module, (2, 5, 6, 8)), [x])
+    x = torch.randn(2, 5, 6, 12)
+    steps, got = planned(network(module, (2, 5, 6, 12)), [x])
     assert rows(steps) == [["activation", "unary", "reduce", "unary"], ["reduce", "elementwise", "elementwise"]]
     assert [op for op, _ in steps if op != "constant"] == ["matrix_multiply", "rows", "rows", "pointwise",
                                                            "matrix_multiply"]
@@ -316,6 +316,55 @@ def test_attention_over_more_than_four_dims_merges_them_for_the_fused_kernels():
     ops = {e.key for e in prof.key_averages()}
     assert "aten::_scaled_dot_product_attention_math" not in ops, sorted(o for o in ops if "attention" in o)
     assert_matches(got[0], module(qkv))
+
+
+class TalkingHeads(nn.Module):
+    """CaiT's talking-heads attention: a linear across the heads before and after the softmax, over the scores
+    permuted to [B, N, N, heads]."""
+
+    def __init__(self, heads: int = 4) -> None:
+        super().__init__()
+        self.before, self.after = nn.Linear(heads, heads), nn.Linear(heads, heads)
+
+    def forward(self, q, k, v):
+        s = (q @ k.transpose(-2, -1)) * 0.25  # (16 products an output: a library call)
+        s = self.before(s.permute(0, 2, 3, 1)).permute(0, 3, 1, 2).softmax(-1)
+        return self.after(s.permute(0, 2, 3, 1)).permute(0, 3, 1, 2) @ v
+
+
+def test_a_linear_across_few_heads_is_index_arithmetic_with_its_permutes():
+    """Each 4-wide linear with the permutes around it is one generated indexed kernel (rule 8b): no copy of the
+    permuted scores and no library GEMM of 4 columns; the products stay library calls."""
+    module = TalkingHeads().eval()
+    q, k, v = torch.randn(2, 4, 9, 16), torch.randn(2, 4, 9, 16), torch.randn(2, 4, 9, 16)
+    net = network(module, *(tuple(t.shape) for t in (q, k, v)))
+    steps, got = planned(net, [q, k, v])
+    indexed = [kinds for op, kinds in steps if op == "indexed"]
+    assert len(indexed) == 2 and all("matrix_multiply" in kinds and "shuffle" in kinds for kinds in indexed), steps
+    assert [op for op, _ in steps if op == "matrix_multiply"] == ["matrix_multiply"] * 2, steps
+    with torch.no_grad():
+        assert_matches(got[0], module(q, k, v))
+
+
+@pytest.mark.parametrize("ops", [("none", "none"), ("transpose", "none"), ("none", "transpose"),
+                                 ("transpose", "transpose")])
+def test_small_products_match_eager_for_every_operand_orientation(ops):
+    """A product of 3 positions summed an output, batched and broadcast (a [2, 1, 5, 3] by a [4, 3, 6]), each operand
+    taken as is or transposed, with a bias: the indexed kernel's unrolled sum against torch.matmul."""
+    net = Network("small")
+    shape_a = (2, 1, 5, 3) if ops[0] == "none" else (2, 1, 3, 5)
+    shape_b = (4, 3, 6) if ops[1] == "none" else (4, 6, 3)
+    a, b = net.add_input("a", torch.float32, shape_a), net.add_input("b", torch.float32, shape_b)
+    layer = net.add_matrix_multiply(a, L.MatrixOperation(ops[0]), b, L.MatrixOperation(ops[1]))
+    bias = torch.randn(6)
+    layer.weights["bias"] = bias
+    net.mark_output(layer.get_output())
+    xa, xb = torch.randn(shape_a), torch.randn(shape_b)
+    steps, got = planned(net, [xa, xb])
+    assert [op for op, _ in steps] == ["indexed"], steps
+    ta = xa.transpose(-1, -2) if ops[0] == "transpose" else xa
+    tb = xb.transpose(-1, -2) if ops[1] == "transpose" else xb
+    assert_matches(got[0], torch.matmul(ta, tb) + bias)
 
 
 def test_classes():

@@ -328,7 +328,7 @@ def test_sibling_pointwise_groups_over_one_input_become_one_pass():
 def _read_between() -> Network:
     """exp(x) is read by a reduction placed before the group that reads it again."""
     net = Network("apart")
-    x = net.add_input("x", torch.float32, (4, 8))
+    x = net.add_input("x", torch.float32, (4, 12))
     e = net.add_unary(x, L.UnaryOperation.EXP).get_output()
     s = net.add_reduce(e, L.ReduceOperation.PROD, (0,), keep_dims=True).get_output()  # a product: ATen
     y = net.add_elementwise(net.add_unary(x, L.UnaryOperation.ABS).get_output(), s, L.ElementWiseOperation.SUM)
@@ -339,10 +339,10 @@ def _read_between() -> Network:
 def _kept_alive() -> Network:
     """abs(a) is read only by its own group; the later group reads b, not a: merging would keep a alive until then."""
     net = Network("alive")
-    x = net.add_input("x", torch.float32, (4, 8))
+    x = net.add_input("x", torch.float32, (4, 12))
 
-    def product():
-        return net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(8, 8)).get_output(),
+    def product():  # (12 products an output: a library call)
+        return net.add_matrix_multiply(x, L.MatrixOperation.NONE, net.add_constant(torch.randn(12, 12)).get_output(),
                                        L.MatrixOperation.NONE).get_output()
 
     early = net.add_unary(product(), L.UnaryOperation.ABS).get_output()
@@ -356,7 +356,7 @@ def _kept_alive() -> Network:
                          ids=["read-between", "kept-alive"])
 def test_groups_that_cannot_merge_stay_apart_with_the_reason_logged(caplog, build, reason):
     net = build()
-    value = torch.randn(4, 8)
+    value = torch.randn(4, 12)
     with caplog.at_level(logging.DEBUG, logger=planner.__name__):
         plan, out = run_plan(net, [value])
     assert [plan.kernels[s.kernel].op for s in plan.steps].count("pointwise") == 2
@@ -1023,22 +1023,22 @@ def test_gathers_at_indices_not_proved_in_range_stay_on_aten_with_the_reason_rep
     assert any(why in r and gathered.name in r for r in reasons), reasons
 
 
-@pytest.mark.parametrize("reshape, copies", [((6, 4, 5), True), ((2, 3, 20), False)], ids=["repeat", "view"])
+@pytest.mark.parametrize("reshape, copies", [((6, 12, 5), True), ((2, 3, 60), False)], ids=["repeat", "view"])
 def test_a_repeat_is_one_generated_copy_and_a_reshape_that_views_stays_a_view(reshape, copies):
-    """expand([1, 3, 4, 5] -> [2, 3, 4, 5]) then a reshape: merging the broadcast batch dim with the heads (what
+    """expand([1, 3, 12, 5] -> [2, 3, 12, 5]) then a reshape: merging the broadcast batch dim with the heads (what
     tensor.repeat(2, 1, 1) is) copies, in one generated indexed kernel rather than ATen's strided copy; merging the
     last two dims is a view of the broadcast tensor, and both stay ATen views."""
     net = Network("repeat")
-    p = net.add_input("p", torch.float32, (1, 3, 4, 5))
-    expanded = net.add_expand(p, (2, 3, 4, 5)).get_output()
+    p = net.add_input("p", torch.float32, (1, 3, 12, 5))
+    expanded = net.add_expand(p, (2, 3, 12, 5)).get_output()
     repeated = net.add_shuffle(expanded, reshape_dims=reshape).get_output()
-    if copies:
-        q = net.add_input("q", torch.float32, (6, 7, 4))
+    if copies:  # (12 products an output: a library call)
+        q = net.add_input("q", torch.float32, (6, 7, 12))
         out = net.add_matrix_multiply(q, L.MatrixOperation.NONE, repeated, L.MatrixOperation.NONE).get_output()
     else:
         out = net.add_unary(repeated, L.UnaryOperation.ABS).get_output()
     net.mark_output(out)
-    values = [torch.randn(1, 3, 4, 5)] + ([torch.randn(6, 7, 4)] if copies else [])
+    values = [torch.randn(1, 3, 12, 5)] + ([torch.randn(6, 7, 12)] if copies else [])
     plan, got = run_plan(net, values)
     steps = [(plan.kernels[s.kernel].op, [net.layers[j].KIND for j in s.layers]) for s in plan.steps]
     assert (("indexed", ["expand", "shuffle"]) in steps) == copies

@@ -24,13 +24,15 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.runtime.backends.cuda import fusion
 from torchkiln.runtime.backends.cuda import planner as P
+from torchkiln.runtime.backends.cuda.codegen.indexed import SMALL_PRODUCT_K
 from torchkiln.runtime.plan import Kernel, Plan
 
 logger = logging.getLogger(__name__)
 
 LIBRARY = {L.ConvolutionLayer: "cuDNN", L.MatrixMultiplyLayer: "cuBLAS", L.AttentionLayer: "SDPA"}
 # what a library producer step's epilogue takes, by its kernel's op
-_CUBLAS = "matrix multiplies keep cuBLAS's bias only: no generated epilogue (rule 6: linear layers stay on cuBLAS)"
+_CUBLAS = "matrix multiplies keep cuBLAS's bias only: no generated epilogue (rule 6: linear layers stay on cuBLAS; " \
+          f"rule 8b generates products of at most {SMALL_PRODUCT_K} terms an output)"
 EPILOGUES = {
     "matrix_multiply": _CUBLAS,
     "linear_group": _CUBLAS,

@@ -99,6 +99,12 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    it (inside, that would be computed once per window position). A group refused (more than `MAX_LAYERS` layers,
    outputs of several shapes) logs why.
 
+8b. **Small products**: a matrix multiply whose outputs each sum at most `SMALL_PRODUCT_K` products (a linear
+   across a few attention heads: CaiT's talking heads, over permuted [N, L, L, H] scores) is a generated indexed
+   step: unrolled products read through the operands' strides, where cuBLAS would take a copy of a permuted input
+   and run a memory-bound GEMM. Rule 8 joins the movement around it (the permutes before and after) and the
+   pointwise steps it alone feeds.
+
 A 2-D max pool of a batched input runs in a generated Triton kernel over any strides, vectorized along the
 channels of channels-last tensors (`max_pool`); its output keeps its input's memory format.
 
@@ -260,6 +266,8 @@ def make_plan(network: Network, device: torch.device, options: BackendOptions) -
             layout = _channels_last(layer) and (not _depthwise(layer) or timing.depthwise_channels_last(
                 layer, timing.opt_shape(layer.inputs[0].shape), device, options, cache))
             groups.append((Kernel("library", "convolution", (("channels_last", layout),)), [j]))
+        elif isinstance(layer, L.MatrixMultiplyLayer) and _small_product(layer):
+            groups.append((Kernel("generated", "indexed"), [j]))
         elif isinstance(layer, L.MatrixMultiplyLayer):
             after = _epilogue_activation(layer, graph, assigned)
             if after and timing.linear_activation_is_faster(layer, after[-1], timing.opt_shape(layer.inputs[0].shape),
@@ -601,6 +609,15 @@ def _quantized_max_pools(network: Network, graph: _Graph) -> list[list[int]]:
     return found
 
 
+def _small_product(layer: L.MatrixMultiplyLayer) -> bool:
+    """Rule 8b: a matrix multiply whose outputs each sum a few products, computed by the indexed generator."""
+    if not have_triton():
+        return False
+    from torchkiln.runtime.backends.cuda.codegen.indexed import small_product_refusal
+
+    return small_product_refusal(layer) is None
+
+
 def _generated_max_pool(layer: L.Layer) -> bool:
     """A 2-D max pool the generated Triton kernel computes (codegen/pooling.py; ATen's channels-last max pool is
     several times slower than its bytes need)."""
@@ -797,9 +814,16 @@ class _Movement:
         return kernel == Kernel("aten", "shuffle") and self.generated_pointwise(p) and self.sole_reader(p) == k and \
             self.generated_pointwise(self.sole_reader(k))
 
+    def computes(self, k: int) -> bool:
+        """Whether step `k` is a small product (rule 8b), which the movement around it joins."""
+        return self.out[k][0] == Kernel("generated", "indexed") and \
+            any(isinstance(self.network.layers[j], L.MatrixMultiplyLayer) for j in self.out[k][1])
+
     def candidate(self, k: int) -> bool:
-        """Whether step `k` seeds an indexed kernel: a movable step that copies, or a permute between two steps."""
-        return self.movable(k) and (_copies(self.network, self.out[k], self.graph) or self.view_between(k))
+        """Whether step `k` seeds an indexed kernel: a movable step that copies, a permute between two steps, or a
+        small product."""
+        return self.movable(k) and (_copies(self.network, self.out[k], self.graph) or self.view_between(k)
+                                    or self.computes(k))
 
     def group(self, k: int) -> tuple[set[int], int, list[int], str]:
         """The steps candidate step `k` would join (down to the last one it alone feeds, and those that alone feed
@@ -826,7 +850,8 @@ class _Movement:
                     grew = True
         layers = [j for m in sorted(members) for j in out[m][1]]
         reason = _indexed_refusal(network, layers, graph, MAX_LAYERS)
-        if not reason and not _copies(network, out[k], graph) and (self.made_by(k) not in members or sink == k):
+        if not reason and not _copies(network, out[k], graph) and not self.computes(k) and \
+                (self.made_by(k) not in members or sink == k):
             reason = "the view copies nothing and the steps around it do not join it"
         return members, sink, layers, reason
 

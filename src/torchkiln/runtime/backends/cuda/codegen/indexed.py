@@ -14,7 +14,11 @@ inputs at the indices it maps the index to (tinygrad's views as index expression
   value chosen by `tl.where`;
 - constant padding: the index shifted by the leading pad, masked where it falls outside; the pad value there;
 - a max or average pool (a window layer, not a move, but read the same way): its input at every tap of the
-  window, masked where the tap falls in the padding, combined as ATen's kernels combine them.
+  window, masked where the tap falls in the padding, combined as ATen's kernels combine them;
+- a matrix multiply that sums at most `SMALL_PRODUCT_K` products an output (a linear across attention heads, the
+  talking heads of CaiT-style attention): both operands at the output's row and column and each of the K positions
+  of the reduced dim, the products summed in float32 in order, then the bias. Its operands are read through their
+  strides, so a permuted input is not copied for a GEMM that would be memory-bound anyway.
 A group input or weight is read at the index it is asked for, through its own strides. A value asked for at two
 indices (a concatenation of two slices of one tensor) is computed at both; values are computed in float32 as in
 the pointwise generator (a cast to a half type rounds where it stands), and stored in the output's dtype.
@@ -48,6 +52,7 @@ MOVEMENT = (L.ShuffleLayer, L.SliceLayer, L.ConcatenationLayer, L.PaddingLayer, 
             L.GatherLayer, L.PoolingLayer)  # (a pool reads its input at index arithmetic too: its window's taps)
 MAX_LAYERS = 256  # layers one kernel computes (each value's expression is built by recursion over the group)
 MAX_TAPS = 49  # a pool's window positions one kernel unrolls (7x7)
+SMALL_PRODUCT_K = 8  # products per output a matrix multiply the kernel computes sums at most
 
 
 def movement_fusable(layer: L.Layer) -> str | None:
@@ -128,10 +133,31 @@ def _resize_refusal(layer: L.ResizeLayer) -> str | None:
     return None
 
 
+def small_product_refusal(layer: L.Layer) -> str | None:
+    """None if `layer` is a matrix multiply of floats, static shapes and matrix operands (no vector) whose outputs
+    each sum at most SMALL_PRODUCT_K products, which the generator computes as index arithmetic; else why not."""
+    if not isinstance(layer, L.MatrixMultiplyLayer):
+        return f"{layer.KIND} is not a matrix multiply"
+    a, b = layer.inputs
+    if L.MatrixOperation.VECTOR in (layer.op0, layer.op1) or a.rank < 2 or b.rank < 2:
+        return "a vector operand"
+    if any(not t.dtype.is_floating_point or t.dtype not in VALUE_DTYPES for t in (a, b, layer.outputs[0])):
+        return "it multiplies values that are not float32, float16 or bfloat16"
+    if any(not isinstance(d, int) for t in (a, b, layer.outputs[0]) for d in t.shape):
+        return "its shapes are dynamic"
+    k = a.shape[-1] if layer.op0 == L.MatrixOperation.NONE else a.shape[-2]
+    if k > SMALL_PRODUCT_K:
+        return f"its outputs sum {k} products each (the kernel unrolls at most {SMALL_PRODUCT_K})"
+    return None
+
+
 def indexed_fusable(layer: L.Layer) -> str | None:
-    """None if the generator computes `layer` (a pointwise layer of static shapes, or a movement layer)."""
+    """None if the generator computes `layer` (a pointwise layer of static shapes, a movement layer, or a small
+    product)."""
     if isinstance(layer, MOVEMENT):
         return movement_fusable(layer)
+    if isinstance(layer, L.MatrixMultiplyLayer):
+        return small_product_refusal(layer)
     if any(not isinstance(d, int) for t in (*layer.inputs, *layer.outputs) for d in t.shape):
         return "its shapes are dynamic"
     return fusable(layer)
@@ -229,6 +255,8 @@ class _Emitter(Builder):
             return self._interpolated(layer, idx, mask)
         if isinstance(layer, L.PoolingLayer):
             return self._pooled(layer, idx, mask)
+        if isinstance(layer, L.MatrixMultiplyLayer):
+            return self._product(layer, idx, mask)
         if isinstance(layer, MOVEMENT):
             return self.value(layer.inputs[0], self._moved(layer, idx), mask)
         reason = fusable(layer)
@@ -388,6 +416,29 @@ class _Emitter(Builder):
         if all(_LITERAL.fullmatch(c) for c in counts):
             return self.emit(f"{acc} / {literal(float(math.prod(int(c) for c in counts)))}", torch.float32)
         return self.emit(f"{acc} / ({' * '.join(counts)}).to(tl.float32)", torch.float32)
+
+    def _product(self, layer: L.MatrixMultiplyLayer, idx: Index, mask: str) -> Value:
+        """A small matrix multiply at `idx` (`small_product_refusal`): the row of op0(a) and the column of op1(b)
+        at each position of the reduced dim, their products summed in float32 in order, then the bias."""
+        a, b = layer.inputs
+        out = layer.outputs[0]
+        lead, (row, col) = idx[:-2], idx[-2:]
+        transposed = (layer.op0 == L.MatrixOperation.TRANSPOSE, layer.op1 == L.MatrixOperation.TRANSPOSE)
+        k = a.shape[-2] if transposed[0] else a.shape[-1]
+        acc = None
+        for p in range(k):
+            at_a = _broadcast(lead, out.shape[:-2], a.shape[:-2]) + ((str(p), row) if transposed[0] else (row, str(p)))
+            at_b = _broadcast(lead, out.shape[:-2], b.shape[:-2]) + ((col, str(p)) if transposed[1] else (str(p), col))
+            at_a = tuple("0" if n == 1 else i for i, n in zip(at_a, a.shape))
+            at_b = tuple("0" if n == 1 else i for i, n in zip(at_b, b.shape))
+            term = f"{converted(self.value(a, at_a, mask), torch.float32)} * " \
+                   f"{converted(self.value(b, at_b, mask), torch.float32)}"
+            acc = self.emit(term if acc is None else f"{acc} + {term}", torch.float32)[0]
+        bias = layer.weights.get("bias")
+        if bias is not None:
+            self.at = (idx, mask, tuple(out.shape))
+            acc = self.emit(f"{acc} + {converted(self.load_weight(bias), torch.float32)}", torch.float32)[0]
+        return acc, torch.float32
 
     def _padding(self, layer: L.PaddingLayer, idx: Index, mask: str) -> Value:
         x, out = layer.inputs[0], layer.outputs[0]
