@@ -1068,3 +1068,46 @@ def test_tokens_transposed_and_split_into_an_image_are_a_view(split):
     assert ("indexed" in ops) == (not split)
     ref = ReferenceExecutor(net, CPU).run([value])
     assert (got[0] - ref[0]).abs().max() <= 1e-5 * ref[0].abs().max()
+
+
+class ChannelSplit(torch.nn.Module):
+    """Res2Net's and MixNet's channel split: each convolution reads a channel slice of one map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv2d(6, 6, 3, padding=1)
+        self.b = torch.nn.Conv2d(10, 10, 5, padding=2, groups=10)
+
+    def forward(self, x):
+        first, second = x.split([6, 10], dim=1)
+        return torch.cat([self.a(first), self.b(second)], 1)
+
+
+class HeadsFromOneProjection(torch.nn.Module):
+    """q, k and v split from one projection as [B, L, 3, H, D] and permuted: their batch dims (B, H) do not merge."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(24, 72)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).reshape(2, 10, 3, 2, 12).permute(2, 0, 3, 1, 4).unbind(0)
+        return torch.relu(q @ k.transpose(-2, -1)) @ v  # (not softmax: that would become one attention layer)
+
+
+def test_views_the_library_would_copy_are_packed_by_a_generated_kernel():
+    """A channel slice read by a convolution, and a head split whose batch dims do not merge read by a batched
+    product: each is one generated indexed step (ATen's strided copy inside the library call is several times
+    slower); a head read by another view first, and a product's operand that is a plain view, stay views."""
+    for module, shape, expected in ((ChannelSplit(), (2, 16, 7, 7), [["slice"], ["slice"]]),
+                                    (HeadsFromOneProjection(), (2, 10, 24), [["slice", "shuffle"]] * 2)):
+        module = module.eval()
+        data = torchkiln.convert_method_to_engine(module, "forward", [torchkiln.Input(shape)], backend="reference")
+        net = Engine.deserialize(data).network
+        x = torch.randn(shape)
+        plan, got = run_plan(net, [x])
+        steps = [(plan.kernels[s.kernel].op, [net.layers[j].KIND for j in s.layers]) for s in plan.steps]
+        assert [kinds for op, kinds in steps if op == "indexed"][:2] == expected, steps
+        with torch.no_grad():
+            ref = module(x)
+        assert (got[0] - ref).abs().max() <= 1e-4 * ref.abs().max()

@@ -87,7 +87,8 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
 8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a nearest
    resize by a whole ratio or a linear one, a reshape that merges dims of a transposed tensor (one that only splits
    them is a view: tokens transposed into a channels-last image), a repeat: a reshape that merges an expanded dim
-   with another), or a permute between two generated
+   with another, a view that the library calls reading it would copy: a channel slice read by a convolution, heads
+   whose batch dims do not merge read by a batched matrix multiply), or a permute between two generated
    pointwise steps (a layer scale over a channels-last view, permuted back and added to the residual), runs in a
    generated indexed kernel with the movable steps it alone feeds, down to the last one, and those that alone feed
    it, up to `MAX_SPAN` steps back (a movable step: a generated pointwise or indexed step, or a movement or
@@ -861,7 +862,8 @@ MAX_SPAN = 12  # steps a producer may run later, inside the indexed kernel it al
 
 def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> bool:
     """Whether an ATen movement step copies its input: a concatenation, a padding, a resize, a gather, a pool (a
-    window read; max pools the generated max pool kernel takes are not ATen steps), a shuffle that reshapes an
+    window read; max pools the generated max pool kernel takes are not ATen steps), a view that the library calls
+    reading it copy into packed memory (`_library_packs`), a shuffle that reshapes an
     expanded tensor where no view can (a repeat: a broadcast dim merged with another), or a shuffle that merges dims
     of the output of a transpose (splitting them is a view). Not where the transposed tensor is an attention layer's
     output: SDPA's fused backends return it laid out [N, L, H, E], so the usual transpose(1, 2) and reshape back to
@@ -871,6 +873,8 @@ def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> 
         return False
     layer = network.layers[members[0]]
     if isinstance(layer, (L.ConcatenationLayer, L.PaddingLayer, L.ResizeLayer, L.GatherLayer, L.PoolingLayer)):
+        return True
+    if _library_packs(layer, graph):
         return True
     if not isinstance(layer, L.ShuffleLayer) or layer.reshape_dims is None:
         return False
@@ -884,6 +888,77 @@ def _copies(network: Network, step: tuple[Kernel, list[int]], graph: _Graph) -> 
         source = source.inputs[0].producer
     return moved and not isinstance(source, L.AttentionLayer) and \
         tuple(layer.inputs[0].shape) != tuple(layer.outputs[0].shape) and not _splits_only(layer)
+
+
+def _library_packs(layer: L.Layer, graph: _Graph) -> bool:
+    """Whether every reader of view `layer`'s output is a library call that copies it into packed memory first
+    (ATen's strided copy, several times slower than a generated one): a convolution reading a channel slice of a
+    batched map (Res2Net's and MixNet's channel splits; cuDNN takes packed maps), or a batched matrix multiply reading
+    a view whose batch dims do not merge into one stride (heads split from a [B, L, 3, H, D] projection and permuted:
+    torch.matmul reshapes them to [B * H, L, D])."""
+    out = layer.outputs[0]
+    readers = graph.readers.get(id(out), [])
+    if not readers or id(out) in graph.returned:
+        return False
+    for reader in readers:
+        if isinstance(reader, L.ConvolutionLayer) and reader.inputs[0] is out:
+            if not (isinstance(layer, L.SliceLayer) and out.rank == 4 and _channel_slice(layer)):
+                return False
+        elif not (isinstance(reader, L.MatrixMultiplyLayer) and _batch_copied(reader, out)):
+            return False
+    return True
+
+
+def _channel_slice(layer: L.SliceLayer) -> bool:
+    """Whether `layer` takes part of dim 1 of a batched tensor and all of its other dims: packed in neither layout."""
+    x = layer.inputs[0]
+    return isinstance(x.shape[0], int) and x.shape[0] > 1 and layer.shape[1] < x.shape[1] and all(
+        n == x.shape[d] and layer.start[d] == 0 and layer.stride[d] == 1
+        for d, n in enumerate(layer.shape) if d != 1)
+
+
+def _batch_copied(matmul: L.MatrixMultiplyLayer, operand) -> bool:
+    """Whether torch.matmul copies `operand` (a view, both operands batched): its batch dims do not merge into one
+    stride, or neither of its matrix dims has stride 1. The strides are those of the views from the layer that made
+    the data, taken as row-major (a matrix multiply, or an output of another rank than 4, which no rule lays out
+    channels-last); otherwise unknown, and False."""
+    if any(t.rank < 3 for t in matmul.inputs) or L.MatrixOperation.VECTOR in (matmul.op0, matmul.op1):
+        return False
+    views, t = [], operand
+    while isinstance(t.producer, (L.ShuffleLayer, L.SliceLayer)):
+        views.append(t.producer)
+        t = t.producer.inputs[0]
+    root = t.producer
+    if not views or root is None or isinstance(root, L.AttentionLayer) or \
+            (t.rank == 4 and not isinstance(root, L.MatrixMultiplyLayer)) or \
+            any(not isinstance(d, int) for v in views for d in (*v.inputs[0].shape, *v.outputs[0].shape)):
+        return False
+    x = torch.empty(t.shape, device="meta")
+    try:
+        for view in reversed(views):
+            x = _viewed(x, view)
+        if (matmul.op0 if operand is matmul.inputs[0] else matmul.op1) == L.MatrixOperation.TRANSPOSE:
+            x = x.transpose(-1, -2)
+        x = x.view(-1, *x.shape[-2:])
+    except (RuntimeError, ValueError):
+        return True
+    return 1 not in x.stride()[-2:]
+
+
+def _viewed(x: torch.Tensor, layer: L.Layer) -> torch.Tensor:
+    """`layer` (a shuffle or a slice of static shapes) applied to `x` as a view; RuntimeError where none is."""
+    if isinstance(layer, L.SliceLayer):
+        if any(step <= 0 for step in layer.stride):
+            raise ValueError("a reversed slice")
+        return x[tuple(slice(b, b + (n - 1) * step + 1, step) for b, n, step in
+                       zip(layer.start, layer.shape, layer.stride))]
+    if layer.first_transpose is not None:
+        x = x.permute(layer.first_transpose)
+    shape = list(layer.outputs[0].shape)
+    if layer.second_transpose is not None:
+        shape = [shape[layer.second_transpose.index(d)] for d in range(len(shape))]
+    x = x.view(shape)
+    return x if layer.second_transpose is None else x.permute(layer.second_transpose)
 
 
 def _splits_only(shuffle: L.ShuffleLayer) -> bool:
