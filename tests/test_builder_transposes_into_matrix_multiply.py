@@ -67,7 +67,7 @@ def test_a_transpose_of_other_dims_stays():
 
 def test_the_cuda_plan_has_no_copy_for_the_transpose():
     model = _Scores().eval()
-    net = _network(model, [torch.randn(2, 5, 8), torch.randn(2, 6, 8), torch.randn(2, 5, 6)])
+    net = _network(model, [torch.randn(2, 12, 16), torch.randn(2, 6, 16), torch.randn(2, 12, 6)])  # > 8 terms
     plan = planner.make_plan(net, torch.device("cpu"), BackendOptions(timing_iterations=0))
     reads = {id(t): plan.kernels[s.kernel] for s in plan.steps for j in s.layers
              if isinstance(net.layers[j], L.MatrixMultiplyLayer) for t in net.layers[j].inputs}
