@@ -1143,6 +1143,42 @@ def test_guarded_max_pooling_keeps_onnx_runtimes_nchwc_chain(tmp_path):
         assert session.run(None, {session.get_inputs()[0].name: bad.numpy()})[1]
 
 
+class _SamePadMaxPool(torch.nn.Module):
+    """TF's "same" max pooling as timm writes it (MaxPool2dSame): F.pad with -inf, then a pool without padding,
+    between convolutions; `pad` the F.pad amounts, `padding` the pool's own."""
+
+    def __init__(self, pad: tuple[int, ...], padding: int = 0) -> None:
+        super().__init__()
+        self.pad, self.padding = pad, padding
+        self.a, self.b = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        h = torch.nn.functional.pad(self.a(x), self.pad, value=float("-inf"))
+        return self.b(torch.nn.functional.max_pool2d(h, 3, 2, self.padding))
+
+
+@pytest.mark.parametrize("pad, padding, folded", [((0, 1, 0, 1), 0, True), ((1, 1, 0, 2), 0, True),
+                                                  ((1, 1, 1, 1), 1, True), ((0, 2, 0, 0), 1, False),
+                                                  ((0, 3, 0, 0), 0, False)],
+                         ids=["same", "asymmetric", "with-its-own", "with-its-own-past-the-window", "past-the-window"])
+def test_a_minus_inf_pad_before_a_max_pool_is_the_pools_padding(tmp_path, pad, padding, folded):
+    """The -inf pad becomes MaxPool's own pads where each stays below the window (ORT refuses more): no Pad node, and
+    the guard that sends an input holding -inf to the reference is not set by the padding; the values match eager.
+    Where a pad would reach the window, the Pad stays (and the guard is set, so such a call runs on the reference)."""
+    torch.manual_seed(0)
+    model, x = _SamePadMaxPool(pad, padding).eval(), torch.randn(2, 3, 9, 10)
+    nodes, session = _optimized_graph(_engine_network(model, [x]), tmp_path / "optimized.onnx", guard=True)
+    assert ("Pad" not in {n.op_type for n in nodes}) == folded, sorted(n.op_type for n in nodes)
+    out, flag = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    assert bool(flag) == (not folded)
+    if folded:
+        with torch.no_grad():
+            assert_matches_eager(torch.from_numpy(out), model(x))
+        bad = x.clone()
+        bad[0, 1, 4, 4] = float("-inf")
+        assert session.run(None, {session.get_inputs()[0].name: bad.numpy()})[1]
+
+
 @pytest.mark.parametrize("quant_type,zero_point", [(torch.int8, None), (torch.int8, -128), (torch.float8_e4m3fn, None)],
                          ids=["int8", "uint8", "fp8"])
 def test_max_pool_of_a_dequantized_value(quant_type, zero_point):

@@ -136,6 +136,10 @@ class ExportContext:
         # the dequantize layers' outputs (ids) that pass their integer input to them (`integer_matrix_multiplies`)
         self.integer_matmuls: set[int] = set()
         self.integer_inputs: set[int] = set()
+        # -inf paddings (ids) that max pools read alone, and those pools' ONNX pads with them folded in
+        # (`pads_into_max_pools`)
+        self.folded_pads: set[int] = set()
+        self.pool_pads: dict[int, list[int]] = {}
 
     def read_symbols(self, network: Network) -> None:
         """Take each of the network's symbols from the first input dim that is that symbol."""

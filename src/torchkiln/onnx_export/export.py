@@ -15,6 +15,7 @@ from torchkiln.onnx_export import exporters  # noqa: F401  (registers every expo
 from torchkiln.onnx_export.context import CONTRIB_DOMAIN, EXPORTERS, ONNX_DTYPES, ExportContext, OnnxExportError, \
     dtype_name, value_info
 from torchkiln.ir.quantization import dequantized_constants
+from torchkiln.onnx_export.exporters.nn import pads_into_max_pools
 from torchkiln.onnx_export.exporters.quantize import integer_matrix_multiplies, unsigned_quantized
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
     ctx.unsigned_weights = unsigned_weights
     if contrib_ops:
         ctx.integer_matmuls, ctx.integer_inputs = integer_matrix_multiplies(network)
+    ctx.folded_pads, ctx.pool_pads = pads_into_max_pools(network)
     names: dict[int, str] = {}
     inputs = []
     for t in [*network.inputs, *network.outputs]:

@@ -7,6 +7,7 @@ import math
 import torch
 
 from torchkiln.ir import layers as L
+from torchkiln.ir.network import Network
 from torchkiln.ir.quantization import per_tensor_int8
 from torchkiln.ir.symbolic import bounds, decide, has_symbols, is_symbolic
 from torchkiln.ir.tensor import Tensor
@@ -43,11 +44,45 @@ def _overhangs(layer: L.PoolingLayer) -> bool:
                for n, o, k, s, p in zip(shape, out, layer.window, layer.stride, layer.padding))
 
 
+def pads_into_max_pools(network: Network) -> tuple[set[int], dict[int, list[int]]]:
+    """The constant -inf paddings (ids) that a max pool alone reads, and each such pool's ONNX pads with the padding
+    folded in (TF's "same" max pooling, as timm writes it: F.pad with -inf, then a pool without padding). The pool's
+    own padding is -inf too, so the values are the same; its input then holds no -inf that the guard of ORT's
+    MaxPool would send to the reference. Folded where the pads are static, on the pooled dims only, not negative,
+    each below the window (ORT's MaxPool refuses more), and without ceil mode (torch and ONNX place its last window
+    differently)."""
+    readers: dict[int, list[L.Layer]] = {}
+    for layer in network.layers:
+        for t in layer.inputs:
+            readers.setdefault(id(t), []).append(layer)
+    returned = {id(t) for t in network.outputs}
+    folded, pads = set(), {}
+    for pool in network.layers:
+        if not isinstance(pool, L.PoolingLayer):
+            continue
+        pad = pool.inputs[0].producer
+        if pool.type != L.PoolingType.MAX or pool.ceil_mode or not isinstance(pad, L.PaddingLayer) or \
+                pad.mode != L.PaddingMode.CONSTANT or pad.value != float("-inf") or \
+                readers.get(id(pad.outputs[0])) != [pool] or id(pad.outputs[0]) in returned:
+            continue
+        n = len(pool.window)
+        if len(pad.pad) > 2 * n or any(not isinstance(p, int) or p < 0 for p in pad.pad):
+            continue
+        begins, ends = list(pool.padding), list(pool.padding)
+        for i in range(len(pad.pad) // 2):  # torch's order: last dim first
+            begins[n - 1 - i] += pad.pad[2 * i]
+            ends[n - 1 - i] += pad.pad[2 * i + 1]
+        if all(p < k for p, k in zip(begins + ends, pool.window * 2)):
+            folded.add(id(pad))
+            pads[id(pool)] = begins + ends
+    return folded, pads
+
+
 @exporter(L.PoolingLayer)
 def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
     dt = layer.inputs[0].dtype
-    attrs = dict(kernel_shape=list(layer.window), strides=list(layer.stride), pads=list(layer.padding) * 2,
-                 ceil_mode=int(layer.ceil_mode))
+    attrs = dict(kernel_shape=list(layer.window), strides=list(layer.stride),
+                 pads=ctx.pool_pads.get(id(layer), list(layer.padding) * 2), ceil_mode=int(layer.ceil_mode))
     if layer.type == L.PoolingType.MAX:
         attrs["dilations"] = list(layer.dilation or (1,) * len(layer.window))
         producer = layer.inputs[0].producer

@@ -215,6 +215,8 @@ _PAD_MODES = {L.PaddingMode.CONSTANT: "constant", L.PaddingMode.REFLECT: "reflec
 
 @exporter(L.PaddingLayer)
 def _padding(ctx: ExportContext, layer: L.PaddingLayer, xs: list[str]) -> str:
+    if id(layer) in ctx.folded_pads:  # the max pool reading it pads its input itself (`pads_into_max_pools`)
+        return xs[0]
     dt, rank = layer.inputs[0].dtype, layer.inputs[0].rank
     begins, ends = [0] * rank, [0] * rank
     for i in range(len(layer.pad) // 2):  # torch's order: last dim first, (begin, end) pairs
