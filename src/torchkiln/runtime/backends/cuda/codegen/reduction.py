@@ -970,9 +970,10 @@ def _more_rows(packed: int, most: int, rows: int) -> int:
 
 def _row_order(strides: list[list[int]], lead: int) -> list[int]:
     """The kept dims in the order the kernel numbers rows, innermost last: by the strides of the first operand that
-    varies along the row (else along the rows), largest first (ties in the dims' order). Neighbouring rows are then neighbours in memory
-    where the operand allows: a sum over the radix dim of a channels-last [N, R, C, H, W] view numbers its rows
-    (N, H, W, C), so a program's rows are neighbouring channels, not positions a row of the image apart."""
+    varies along the row (else along the rows), largest first (ties in the dims' order). Neighbouring rows are then
+    neighbours in memory where the operand allows: a sum over the radix dim of a channels-last [N, R, C, H, W] view
+    numbers its rows (N, H, W, C), so a program's rows are neighbouring channels, not positions a row of the image
+    apart."""
     full = next((s for s in strides if any(s[d] for d in range(lead, len(s)))), None) or \
         next((s for s in strides if any(s[d] for d in range(lead))), None)
     dims = list(range(lead))
