@@ -367,6 +367,19 @@ def test_small_products_match_eager_for_every_operand_orientation(ops):
     assert_matches(got[0], torch.matmul(ta, tb) + bias)
 
 
+def test_a_product_of_no_terms_stays_a_library_call():
+    """[2, 3, 0] @ [2, 0, 4] + bias sums no products: the indexed generator refuses it (its unrolled sum would be
+    empty) and the library call gives the bias."""
+    net = Network("empty")
+    a, b = net.add_input("a", torch.float32, (2, 3, 0)), net.add_input("b", torch.float32, (2, 0, 4))
+    layer = net.add_matrix_multiply(a, L.MatrixOperation.NONE, b, L.MatrixOperation.NONE)
+    layer.weights["bias"] = torch.arange(4.0) + 1
+    net.mark_output(layer.get_output())
+    steps, got = planned(net, [torch.randn(2, 3, 0), torch.randn(2, 0, 4)])
+    assert [op for op, _ in steps] == ["matrix_multiply"], steps
+    assert torch.equal(got[0].cpu(), (torch.arange(4.0) + 1).expand(2, 3, 4))
+
+
 def test_classes():
     net = Network("classes")
     x = net.add_input("x", torch.float32, (2, 8))

@@ -1179,6 +1179,34 @@ def test_a_minus_inf_pad_before_a_max_pool_is_the_pools_padding(tmp_path, pad, p
         assert session.run(None, {session.get_inputs()[0].name: bad.numpy()})[1]
 
 
+def test_a_minus_inf_pad_before_a_dilated_max_pool_stays():
+    """A dilated window over a folded pad could hold padding only (torch's -inf, ORT's lowest value, and no -inf
+    left for the guard): the Pad stays, the guard is set, and such a call runs on the reference."""
+    net = Network("dilated")
+    x = net.add_input("x", torch.float32, (1, 1, 1, 3))
+    padded = net.add_padding(x, (0, 0, 1, 1), L.PaddingMode.CONSTANT, float("-inf")).get_output()
+    net.mark_output(net.add_pooling_nd(padded, L.PoolingType.MAX, (2, 2), stride=(1, 1), padding=(0, 0),
+                                       dilation=(2, 2)).get_output())
+    model = network_to_onnx(net, guard=True)
+    assert "Pad" in {n.op_type for n in model.graph.node}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.ones((1, 1, 1, 3), np.float32)})[1]
+
+
+def test_a_folded_pad_over_a_dynamic_batch_has_one_shape_per_name(tmp_path):
+    """Over a dynamic batch the export writes value_info for symbolic shapes; the folded padding's output takes its
+    input's name, so it gets no value_info of its own (the model passes ONNX's full check)."""
+    import torchkiln
+    from torchkiln.runtime.engine import Engine
+
+    model = _SamePadMaxPool((0, 1, 0, 1)).eval()
+    spec = torchkiln.Input(min_shape=(1, 3, 9, 10), opt_shape=(2, 3, 9, 10), max_shape=(4, 3, 9, 10))
+    net = Engine.deserialize(torchkiln.convert_method_to_engine(model, "forward", [spec])).network
+    exported = network_to_onnx(net, guard=True)
+    assert "Pad" not in {n.op_type for n in exported.graph.node}
+    onnx.checker.check_model(exported, full_check=True)
+
+
 @pytest.mark.parametrize("quant_type,zero_point", [(torch.int8, None), (torch.int8, -128), (torch.float8_e4m3fn, None)],
                          ids=["int8", "uint8", "fp8"])
 def test_max_pool_of_a_dequantized_value(quant_type, zero_point):

@@ -96,7 +96,8 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
         outs = export_layer(ctx, layer, [names[id(t)] for t in layer.inputs])
         for t, name in zip(layer.outputs, outs):
             names[id(t)] = name
-            if has_symbols(t.shape) and not isinstance(layer, L.ConstantLayer) and id(t) not in ctx.integer_inputs:
+            if has_symbols(t.shape) and not isinstance(layer, L.ConstantLayer) and id(t) not in ctx.integer_inputs \
+                    and id(layer) not in ctx.folded_pads:  # (a folded padding's name is its input's)
                 shapes.append(value_info(name, torch.uint8 if id(t) in ctx.unsigned else t.dtype, t.shape))
     outputs = []
     for t in network.outputs:  # each output gets the network tensor's name (ORT removes the Identity)

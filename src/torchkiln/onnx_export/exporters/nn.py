@@ -49,19 +49,22 @@ def pads_into_max_pools(network: Network) -> tuple[set[int], dict[int, list[int]
     folded in (TF's "same" max pooling, as timm writes it: F.pad with -inf, then a pool without padding). The pool's
     own padding is -inf too, so the values are the same; its input then holds no -inf that the guard of ORT's
     MaxPool would send to the reference. Folded where the pads are static, on the pooled dims only, not negative,
-    each below the window (ORT's MaxPool refuses more), and without ceil mode (torch and ONNX place its last window
-    differently)."""
+    each below the window (ORT's MaxPool refuses more), without dilation (a dilated window could then hold padding
+    only: -inf in torch, the dtype's lowest in ORT, with no -inf left for the guard to see), and without ceil mode
+    (torch and ONNX place its last window differently)."""
     readers: dict[int, list[L.Layer]] = {}
     for layer in network.layers:
         for t in layer.inputs:
             readers.setdefault(id(t), []).append(layer)
     returned = {id(t) for t in network.outputs}
-    folded, pads = set(), {}
+    folded: set[int] = set()
+    pads: dict[int, list[int]] = {}
     for pool in network.layers:
         if not isinstance(pool, L.PoolingLayer):
             continue
         pad = pool.inputs[0].producer
-        if pool.type != L.PoolingType.MAX or pool.ceil_mode or not isinstance(pad, L.PaddingLayer) or \
+        if pool.type != L.PoolingType.MAX or pool.ceil_mode or any(d != 1 for d in pool.dilation or ()) or \
+                not isinstance(pad, L.PaddingLayer) or \
                 pad.mode != L.PaddingMode.CONSTANT or pad.value != float("-inf") or \
                 readers.get(id(pad.outputs[0])) != [pool] or id(pad.outputs[0]) in returned:
             continue
@@ -100,7 +103,8 @@ def _pooling(ctx: ExportContext, layer: L.PoolingLayer, xs: list[str]) -> str:
         # is computed otherwise (`exact_below`: a sum over the input, which ORT reads in the NCHWc layout of the
         # convolutions around the pooling, whose chain an If would split).
         if ctx.guarded:
-            ctx.exact_below(xs[0], dt, layer.inputs[0].shape)
+            x = producer.inputs[0] if id(producer) in ctx.folded_pads else layer.inputs[0]  # (the pool pads it)
+            ctx.exact_below(xs[0], dt, x.shape)
             return result
         # Else both are fixed in a branch that runs only where the input holds NaN or -inf: its sum is NaN or -inf
         # then (and at worst, where finite values overflow, the exact branch runs for nothing).

@@ -123,6 +123,7 @@ import torch
 
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.tensor import Tensor
 from torchkiln.ir.quantization import same_grid
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
@@ -917,7 +918,7 @@ def _channel_slice(layer: L.SliceLayer) -> bool:
         for d, n in enumerate(layer.shape) if d != 1)
 
 
-def _batch_copied(matmul: L.MatrixMultiplyLayer, operand) -> bool:
+def _batch_copied(matmul: L.MatrixMultiplyLayer, operand: Tensor) -> bool:
     """Whether torch.matmul copies `operand` (a view, both operands batched): its batch dims do not merge into one
     stride, or neither of its matrix dims has stride 1. The strides are those of the views from the layer that made
     the data, taken as row-major (a matrix multiply, or an output of another rank than 4, which no rule lays out
@@ -946,7 +947,8 @@ def _batch_copied(matmul: L.MatrixMultiplyLayer, operand) -> bool:
 
 
 def _viewed(x: torch.Tensor, layer: L.Layer) -> torch.Tensor:
-    """`layer` (a shuffle or a slice of static shapes) applied to `x` as a view; RuntimeError where none is."""
+    """`layer` (a shuffle or a slice of static shapes) applied to `x` as a view; RuntimeError where none is, and
+    ValueError for a reversed slice (which torch's views do not take)."""
     if isinstance(layer, L.SliceLayer):
         if any(step <= 0 for step in layer.stride):
             raise ValueError("a reversed slice")

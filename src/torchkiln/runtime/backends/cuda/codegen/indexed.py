@@ -133,11 +133,10 @@ def _resize_refusal(layer: L.ResizeLayer) -> str | None:
     return None
 
 
-def small_product_refusal(layer: L.Layer) -> str | None:
+def small_product_refusal(layer: L.MatrixMultiplyLayer) -> str | None:
     """None if `layer` is a matrix multiply of floats, static shapes and matrix operands (no vector) whose outputs
-    each sum at most SMALL_PRODUCT_K products, which the generator computes as index arithmetic; else why not."""
-    if not isinstance(layer, L.MatrixMultiplyLayer):
-        return f"{layer.KIND} is not a matrix multiply"
+    each sum at least one and at most SMALL_PRODUCT_K products, which the generator computes as index arithmetic;
+    else why not."""
     a, b = layer.inputs
     if L.MatrixOperation.VECTOR in (layer.op0, layer.op1) or a.rank < 2 or b.rank < 2:
         return "a vector operand"
@@ -145,10 +144,16 @@ def small_product_refusal(layer: L.Layer) -> str | None:
         return "it multiplies values that are not float32, float16 or bfloat16"
     if any(not isinstance(d, int) for t in (a, b, layer.outputs[0]) for d in t.shape):
         return "its shapes are dynamic"
-    k = a.shape[-1] if layer.op0 == L.MatrixOperation.NONE else a.shape[-2]
-    if k > SMALL_PRODUCT_K:
-        return f"its outputs sum {k} products each (the kernel unrolls at most {SMALL_PRODUCT_K})"
+    k = _terms(layer)
+    if not 0 < k <= SMALL_PRODUCT_K:
+        return f"its outputs sum {k} products each (the kernel unrolls 1 to {SMALL_PRODUCT_K})"
     return None
+
+
+def _terms(layer: L.MatrixMultiplyLayer) -> int:
+    """The products each output of a matrix multiply sums: op0(a)'s last dim."""
+    a = layer.inputs[0]
+    return a.shape[-2] if layer.op0 == L.MatrixOperation.TRANSPOSE else a.shape[-1]
 
 
 def indexed_fusable(layer: L.Layer) -> str | None:
@@ -424,9 +429,8 @@ class _Emitter(Builder):
         out = layer.outputs[0]
         lead, (row, col) = idx[:-2], idx[-2:]
         transposed = (layer.op0 == L.MatrixOperation.TRANSPOSE, layer.op1 == L.MatrixOperation.TRANSPOSE)
-        k = a.shape[-2] if transposed[0] else a.shape[-1]
         acc = None
-        for p in range(k):
+        for p in range(_terms(layer)):
             at_a = _broadcast(lead, out.shape[:-2], a.shape[:-2]) + ((str(p), row) if transposed[0] else (row, str(p)))
             at_b = _broadcast(lead, out.shape[:-2], b.shape[:-2]) + ((col, str(p)) if transposed[1] else (str(p), col))
             at_a = tuple("0" if n == 1 else i for i, n in zip(at_a, a.shape))
