@@ -312,3 +312,44 @@ def dead_view_write_base_returned(x):
 def test_a_write_into_a_reshaped_view_of_the_returned_tensor_stays_in_pytorch():
     _, report = check_fn(dead_view_write_base_returned, torch.randn(4, 5), engines=None, torch_blocks=None)
     assert_falls_back(report, "aten::mul_.Scalar", "a view made by aten::slice")
+
+
+def split_after_an_in_place_activation(x):
+    """DLA's Res2Net block: relu_ of new memory, then a split whose pieces share a list with other tensors."""
+    out = F.relu(x * 2.0, inplace=True)
+    parts = torch.split(out, 2, 1)
+    pieces: List[torch.Tensor] = []
+    sp = parts[0]
+    for i in range(2):
+        sp = F.relu(sp * 3.0 + parts[i], inplace=True)
+        pieces.append(sp)
+    pieces.append(parts[-1])
+    return torch.cat(pieces, 1)
+
+
+def statement_write_then_views(x):
+    y = x - 0.5
+    y.relu_()
+    a, b = y.split(3, 1)
+    return torch.cat([b, a * 2.0], 1)
+
+
+def view_made_before_a_write_into_its_base(x):
+    y = x - 0.5
+    v = y[:, :3]
+    y.relu_()
+    return v + 1.0, y
+
+
+def test_a_write_into_new_memory_before_its_views_are_made_converts():
+    """The write into the fresh tensor comes before every view of it: it becomes the functional op (whether its
+    result or the tensor itself is read after it), and the split and its readers convert."""
+    for fn in (split_after_an_in_place_activation, statement_write_then_views):
+        _, report = check_fn(fn, torch.randn(2, 6, 5))
+        assert_converted(report, "aten::split.Tensor")
+
+
+def test_a_view_made_before_a_write_into_its_base_stays_in_pytorch():
+    _, report = check_fn(view_made_before_a_write_into_its_base, torch.randn(2, 6, 5), engines=None,
+                         torch_blocks=None)
+    assert_falls_back(report, "aten::relu_", "has an alias made by aten::slice that would see the change")

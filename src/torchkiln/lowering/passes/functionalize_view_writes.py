@@ -12,10 +12,14 @@ from) is read after the write too (timm's GhostNet returns `x += shortcut` on a 
 reads read the functional op's result instead, which needs one more fact: nothing writes into that memory
 after this write, which the old view would see and the new value would not.
 
-Two more cases need no scatter, because nothing can tell whether memory was shared:
+Three more cases need no scatter, because nothing can tell whether memory was shared:
 - a write into any view (reshapes, permutes, slices: transformers' Funnel shifts its scores with two reshapes and
   then writes `positional_attn *= cls_mask`) of new memory that nothing but the write's own result reads after
   the write becomes the functional op;
+- so does a write into new memory itself, where views are made of its result afterwards and nothing else reads
+  that memory after the write (Res2Net's blocks in DLA: `out = relu_(conv(x))`, then `torch.split(out)`, its pieces
+  put in a list with other tensors): partitioning's alias check does not order a write before the views, and kept
+  the write, the split and its readers in PyTorch;
 - `contiguous(x)` (a copy, or `x` itself) that is written in place afterwards becomes `clone(x)` when nothing but
   the contiguous result reads x's memory after it (BEiT writes its permuted coordinate table this way).
 Anything else stays as it is (and partitioning keeps it in PyTorch).
@@ -28,12 +32,14 @@ import torch
 
 from torchkiln.analysis.resolve import alias_sources, aliases_of, writers_into
 from torchkiln.lowering.registry import LoweringContext, lowering_pass
-from torchkiln.torchscript import Graph, Node, Value, node_key, node_schema, value_key
+from torchkiln.torchscript import Graph, Node, Value, holds_tensor_type, is_tensor_type, node_key, node_schema, \
+    value_key
 
 logger = logging.getLogger("torchkiln.lowering")
 
 SCATTERS = {"aten::slice.Tensor": "aten::slice_scatter", "aten::select.int": "aten::select_scatter"}
 _NOT_NEW = ("prim::Param", "prim::Constant", "prim::GetAttr")  # the caller's or the module's memory
+_CONTAINERS = (torch._C.ListType, torch._C.DictType, torch._C.TupleType)
 
 
 def _writes_first_argument_only(node: Node) -> bool:
@@ -120,6 +126,29 @@ def _dead_view_write(graph: Graph, writer: Node) -> bool:
     return _unread_after(graph, root, writer, writer.output())
 
 
+def _written_before_its_views(graph: Graph, writer: Node) -> bool:
+    """Whether `writer` writes in place into new memory itself (not a view) that views are made of, where every
+    view read after the write is made after it: the functional op then computes the same, with later reads of the
+    memory (`root` itself, the write's result) reading its result. Without views the converters take the write
+    as it is."""
+    if not writer.kind().endswith("_") or not _writes_first_argument_only(writer) or writer.outputsSize() != 1:
+        return False
+    root = writer.inputsAt(0)
+    # (an op reading a container may return what the container holds: a dict's getter carries no alias annotation)
+    if alias_sources(root) or not _made_here(root) or root.node().owningBlock() != graph.block() or \
+            any(isinstance(i.type(), _CONTAINERS) and holds_tensor_type(i.type()) for i in root.node().inputs()) or \
+            any(u.user.owningBlock() != graph.block() for u in root.uses()) or \
+            any(value_key(v) == value_key(root) for v in list(writer.inputs())[1:]):
+        return False
+    aliases = aliases_of(root)
+    if not any(is_tensor_type(v.type()) and alias_sources(v) for v in aliases) or \
+            any(u.user.kind() == "prim::SetAttr" for v in aliases for u in v.uses()):
+        return False  # no views (the converters' case), or stored in a module attribute
+    same = {value_key(root), value_key(writer.output())}
+    return not any(value_key(v) not in same and not v.node().isAfter(writer) and _used_after(graph, v, writer)
+                   for v in aliases)  # (a view made before the write and read after it would see the old values)
+
+
 def _contiguous_copy(graph: Graph, node: Node) -> bool:
     """Whether `node` is `contiguous(x)` whose result is written in place, where nothing but that result reads
     x's memory after it: a copy then computes the same as the view contiguous may return."""
@@ -177,15 +206,18 @@ def functionalize_view_writes(graph: Graph, ctx: LoweringContext) -> bool:
                 changed = rewrote = True
                 break
             found = _view_write(graph, writer)
-            if found is None and _dead_view_write(graph, writer):
+            fresh = found is None and _written_before_its_views(graph, writer)
+            if found is None and (fresh or _dead_view_write(graph, writer)):
                 with graph.insert_point_guard(writer):
                     try:
                         value = _functional(graph, writer, writer.inputsAt(0))
                     except RuntimeError:
                         continue
                 writer.output().replaceAllUsesWith(value)
-                logger.debug("%s into a view of memory nothing reads again rewritten as its functional op",
-                             writer.kind())
+                if fresh:
+                    _read_later_from(writer.inputsAt(0), value, writer)
+                logger.debug("%s into %s rewritten as its functional op", writer.kind(),
+                             "new memory, before views of it," if fresh else "a view of memory nothing reads again")
                 writer.destroy()
                 changed = rewrote = True
                 break
