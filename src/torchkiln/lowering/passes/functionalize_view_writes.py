@@ -40,6 +40,7 @@ logger = logging.getLogger("torchkiln.lowering")
 SCATTERS = {"aten::slice.Tensor": "aten::slice_scatter", "aten::select.int": "aten::select_scatter"}
 _NOT_NEW = ("prim::Param", "prim::Constant", "prim::GetAttr")  # the caller's or the module's memory
 _CONTAINERS = (torch._C.ListType, torch._C.DictType, torch._C.TupleType)
+_PASSING = ("prim::If", "prim::Loop", "prim::Param")  # a block's or a control node's output: the value passed on
 
 
 def _writes_first_argument_only(node: Node) -> bool:
@@ -141,7 +142,9 @@ def _written_before_its_views(graph: Graph, writer: Node) -> bool:
             any(value_key(v) == value_key(root) for v in list(writer.inputs())[1:]):
         return False
     aliases = aliases_of(root)
-    if not any(is_tensor_type(v.type()) and alias_sources(v) for v in aliases) or \
+    writers = set(writers_into(aliases))  # (their results, and an If's or a Loop's passing them on, are no views)
+    if not any(is_tensor_type(v.type()) and alias_sources(v) and v.node() not in writers and
+               v.node().kind() not in _PASSING for v in aliases) or \
             any(u.user.kind() == "prim::SetAttr" for v in aliases for u in v.uses()):
         return False  # no views (the converters' case), or stored in a module attribute
     same = {value_key(root), value_key(writer.output())}
