@@ -16,10 +16,10 @@ Three more cases need no scatter, because nothing can tell whether memory was sh
 - a write into any view (reshapes, permutes, slices: transformers' Funnel shifts its scores with two reshapes and
   then writes `positional_attn *= cls_mask`) of new memory that nothing but the write's own result reads after
   the write becomes the functional op;
-- so does a write into new memory itself, where views are made of its result afterwards and nothing else reads
-  that memory after the write (Res2Net's blocks in DLA: `out = relu_(conv(x))`, then `torch.split(out)`, its pieces
-  put in a list with other tensors): partitioning's alias check does not order a write before the views, and kept
-  the write, the split and its readers in PyTorch;
+- so does a write into new memory itself that views are made of, where every view read after the write is made
+  after it, and later reads of that memory read the op's result (Res2Net's blocks in DLA: `out = relu_(conv(x))`,
+  then `torch.split(out)`, its pieces put in a list with other tensors): partitioning's alias check does not order
+  a write before the views, and kept the write, the split and its readers in PyTorch;
 - `contiguous(x)` (a copy, or `x` itself) that is written in place afterwards becomes `clone(x)` when nothing but
   the contiguous result reads x's memory after it (BEiT writes its permuted coordinate table this way).
 Anything else stays as it is (and partitioning keeps it in PyTorch).
