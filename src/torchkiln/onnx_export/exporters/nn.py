@@ -52,11 +52,7 @@ def pads_into_max_pools(network: Network) -> tuple[set[int], dict[int, list[int]
     each below the window (ORT's MaxPool refuses more), without dilation (a dilated window could then hold padding
     only: -inf in torch, the dtype's lowest in ORT, with no -inf left for the guard to see), and without ceil mode
     (torch and ONNX place its last window differently)."""
-    readers: dict[int, list[L.Layer]] = {}
-    for layer in network.layers:
-        for t in layer.inputs:
-            readers.setdefault(id(t), []).append(layer)
-    returned = {id(t) for t in network.outputs}
+    readers = network.consumers()
     folded: set[int] = set()
     pads: dict[int, list[int]] = {}
     for pool in network.layers:
@@ -66,7 +62,7 @@ def pads_into_max_pools(network: Network) -> tuple[set[int], dict[int, list[int]
         if pool.type != L.PoolingType.MAX or pool.ceil_mode or any(d != 1 for d in pool.dilation or ()) or \
                 not isinstance(pad, L.PaddingLayer) or \
                 pad.mode != L.PaddingMode.CONSTANT or pad.value != float("-inf") or \
-                readers.get(id(pad.outputs[0])) != [pool] or id(pad.outputs[0]) in returned:
+                network.sole_reader(pad.outputs[0], readers) is not pool:
             continue
         n = len(pool.window)
         if len(pad.pad) > 2 * n or any(not isinstance(p, int) or p < 0 for p in pad.pad):

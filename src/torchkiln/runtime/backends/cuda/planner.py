@@ -125,6 +125,7 @@ from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
 from torchkiln.ir.quantization import same_grid
+from torchkiln.ir.reference import run_layer
 from torchkiln.runtime.backends.base import BackendOptions, BackendUnavailable
 from torchkiln.runtime.backends.cuda import fusion, gemm_tactic, timing
 from torchkiln.runtime.backends.cuda.codegen import attention, have_triton
@@ -919,10 +920,11 @@ def _channel_slice(layer: L.SliceLayer) -> bool:
 
 
 def _batch_copied(matmul: L.MatrixMultiplyLayer, operand: Tensor) -> bool:
-    """Whether torch.matmul copies `operand` (a view, both operands batched): its batch dims do not merge into one
-    stride, or neither of its matrix dims has stride 1. The strides are those of the views from the layer that made
-    the data, taken as row-major (a matrix multiply, or an output of another rank than 4, which no rule lays out
-    channels-last); otherwise unknown, and False."""
+    """Whether torch.matmul copies `operand` (a view, both operands batched): the view chain's meanings, run on a
+    meta tensor laid out as the layer that made the data lays it out, then matmul's reshape of the batch dims, do not
+    all stay views of it, or neither matrix dim has stride 1. The layout is taken as row-major (a matrix multiply,
+    or an output of another rank than 4, which no rule lays out channels-last); otherwise unknown, and False. A
+    wrong guess costs a pass, never a value."""
     if any(t.rank < 3 for t in matmul.inputs) or L.MatrixOperation.VECTOR in (matmul.op0, matmul.op1):
         return False
     views, t = [], operand
@@ -934,33 +936,13 @@ def _batch_copied(matmul: L.MatrixMultiplyLayer, operand: Tensor) -> bool:
             (t.rank == 4 and not isinstance(root, L.MatrixMultiplyLayer)) or \
             any(not isinstance(d, int) for v in views for d in (*v.inputs[0].shape, *v.outputs[0].shape)):
         return False
-    x = torch.empty(t.shape, device="meta")
-    try:
-        for view in reversed(views):
-            x = _viewed(x, view)
-        if (matmul.op0 if operand is matmul.inputs[0] else matmul.op1) == L.MatrixOperation.TRANSPOSE:
-            x = x.transpose(-1, -2)
-        x = x.view(-1, *x.shape[-2:])
-    except (RuntimeError, ValueError):
-        return True
-    return 1 not in x.stride()[-2:]
-
-
-def _viewed(x: torch.Tensor, layer: L.Layer) -> torch.Tensor:
-    """`layer` (a shuffle or a slice of static shapes) applied to `x` as a view; RuntimeError where none is, and
-    ValueError for a reversed slice (which torch's views do not take)."""
-    if isinstance(layer, L.SliceLayer):
-        if any(step <= 0 for step in layer.stride):
-            raise ValueError("a reversed slice")
-        return x[tuple(slice(b, b + (n - 1) * step + 1, step) for b, n, step in
-                       zip(layer.start, layer.shape, layer.stride))]
-    if layer.first_transpose is not None:
-        x = x.permute(layer.first_transpose)
-    shape = list(layer.outputs[0].shape)
-    if layer.second_transpose is not None:
-        shape = [shape[layer.second_transpose.index(d)] for d in range(len(shape))]
-    x = x.view(shape)
-    return x if layer.second_transpose is None else x.permute(layer.second_transpose)
+    base = x = torch.empty(t.shape, device="meta")
+    for view in reversed(views):
+        x = run_layer(view, [x], view.weights, base.device)[0]
+    if (matmul.op0 if operand is matmul.inputs[0] else matmul.op1) == L.MatrixOperation.TRANSPOSE:
+        x = x.transpose(-1, -2)
+    x = x.reshape(-1, *x.shape[-2:])
+    return not torch._C._is_alias_of(x, base) or 1 not in x.stride()[-2:]
 
 
 def _splits_only(shuffle: L.ShuffleLayer) -> bool:
