@@ -155,7 +155,7 @@ def test_kernel_classes_of_a_profile():
 def test_zoo_sets_chunks_and_batch_caps():
     from torchkiln.bench.compare import DEFAULT_MODELS, model_batches, zoo_models
     from torchkiln.cli import build_parser
-    from torchkiln.examples.zoo import HOLDOUT, UNSEEN, WIDE, ZOO
+    from torchkiln.examples.zoo import HOLDOUT, UNSEEN, UNSEEN2, WIDE, ZOO
 
     def models(*argv):
         args = build_parser().parse_args(["bench", *argv])
@@ -163,7 +163,8 @@ def test_zoo_sets_chunks_and_batch_caps():
     assert models("--zoo") == list(DEFAULT_MODELS) and models("--zoo", "wide") == list(WIDE)
     assert models("--zoo", "holdout") == list(HOLDOUT) and not set(HOLDOUT) & set(WIDE)
     assert models("--zoo", "unseen") == list(UNSEEN) and not set(UNSEEN) & (set(WIDE) | set(HOLDOUT))
-    assert all(any(name in source for source in ZOO.values()) for name in HOLDOUT + UNSEEN)  # registered by source
+    assert models("--zoo", "unseen2") == list(UNSEEN2) and not set(UNSEEN2) & (set(WIDE) | set(HOLDOUT) | set(UNSEEN))
+    assert all(any(name in source for source in ZOO.values()) for name in HOLDOUT + UNSEEN + UNSEEN2)  # by source
     assert models("--zoo", "wide", "--models", "mlp,gpt2") == ["mlp", "gpt2"]
     chunks = [models("--zoo", "wide", "--chunk", f"{k}/5") for k in range(1, 6)]
     assert sum(chunks, []) == list(WIDE) and {len(c) for c in chunks} == {len(WIDE) // 5, len(WIDE) // 5 + 1}

@@ -29,7 +29,8 @@ from torchkiln.bench.peers import BEST_PEER_CANDIDATES, DEFAULT_PEERS, PEERS
 from torchkiln.bench.saved import profile_calls
 from torchkiln.bench.timing import geomean, load_warning, relative_spread, summarize, synchronize, time_interleaved
 from torchkiln.examples.blocks import BLOCKS
-from torchkiln.examples.zoo import CPU, HOLDOUT, SOURCES, UNSEEN, WIDE, ZooModel, find_zoo_model, load_zoo_model
+from torchkiln.examples.zoo import (CPU, HOLDOUT, SOURCES, UNSEEN, UNSEEN2, WIDE, ZooModel, find_zoo_model,
+                                   load_zoo_model)
 from torchkiln.runtime.cpu_load import LoadMeter
 from torchkiln.runtime.engine import usable_cores
 
@@ -37,8 +38,8 @@ logger = logging.getLogger("torchkiln.bench")
 
 DEFAULT_MODELS = ("resnet50", "mobilenet_v2", "vit_b_16", "bert-base")
 # `bench --zoo [SET]`, `--blocks`
-ZOO_SETS = {"default": DEFAULT_MODELS, "wide": WIDE, "holdout": HOLDOUT, "unseen": UNSEEN, "cpu": CPU,
-            "blocks": tuple(BLOCKS)}
+ZOO_SETS = {"default": DEFAULT_MODELS, "wide": WIDE, "holdout": HOLDOUT, "unseen": UNSEEN, "unseen2": UNSEEN2,
+            "cpu": CPU, "blocks": tuple(BLOCKS)}
 PROFILE_ITERS = 10  # calls profiled per case with --profile
 
 

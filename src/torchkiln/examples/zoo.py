@@ -496,15 +496,29 @@ _UNSEEN: list[ZooModel] = [  # timm models at their published input sizes, added
         ("cait_xxs24_224", 224), ("eva02_tiny_patch14_224", 224), ("focalnet_tiny_srf", 224),
         ("tiny_vit_5m_224", 224))),
 ]
+_UNSEEN2: list[ZooModel] = [  # the next 18 timm models at their published sizes, added after the unseen set's
+    # changes and measured before any change for them: expansion with channel padding; dual paths; cross-stage
+    # partial stages; deep aggregation; one-shot aggregation; stem blocks with learnable affine; scaled weight
+    # standardization; star products; re-parameterized blocks; ReLU linear attention; LeViT's attention with
+    # batch norms; global context attention; cross-covariance attention; conv-attention; separable linear
+    # attention; two-branch cross attention; convolution and attention metaformers; dual attention; halo attention
+    *(_named(_timm(name, size), f"{name}-{size}") for name, size in (
+        ("rexnet_100", 224), ("dpn68", 224), ("cspdarknet53", 256), ("dla34", 224), ("ese_vovnet19b_dw", 224),
+        ("hgnetv2_b0", 224), ("nf_resnet26", 224), ("starnet_s1", 224), ("repvit_m1_0", 224),
+        ("efficientvit_b0", 224), ("levit_128", 224), ("gcvit_xxtiny", 224), ("xcit_nano_12_p16_224", 224),
+        ("coat_lite_tiny", 224), ("mobilevitv2_050", 256), ("crossvit_tiny_240", 240), ("caformer_s18", 224),
+        ("davit_tiny", 224), ("halonet26t", 256))),
+]
 HOLDOUT = tuple(m.name for m in _HOLDOUT)  # `python -m torchkiln bench --zoo holdout`
 UNSEEN = tuple(m.name for m in _UNSEEN)  # `python -m torchkiln bench --zoo unseen`
+UNSEEN2 = tuple(m.name for m in _UNSEEN2)  # `python -m torchkiln bench --zoo unseen2`
 CPU = tuple(m.name for m in _CPU)  # `python -m torchkiln bench --zoo cpu --device cpu`
 WIDE = (  # `python -m torchkiln bench --zoo wide`: the models above and four of ZOO's, by family
     "efficientnet_b0", "mobilenet_v3_large", "resnext50_32x4d-224", "regnet_y_800mf", "convnext_tiny", "swin_t-224",
     "deeplabv3_mobilenet_v3_large-224", "fcn_resnet50-224", "resnet50_fpn_backbone", "deit_small_patch16_224",
     "diffusion-block", "roberta-base", "t5-encoder-small", "gpt2", "llama-3.2-1b", "qwen2-0.5b")
 ZOO.setdefault("timm", {})
-for _model in _WAVE2 + _WIDE + _CPU + _HOLDOUT + _UNSEEN:
+for _model in _WAVE2 + _WIDE + _CPU + _HOLDOUT + _UNSEEN + _UNSEEN2:
     ZOO[_model.source][_model.name] = _model
 for _name, (_build, _inputs) in BLOCKS.items():  # `python -m torchkiln bench --blocks`
     ZOO["bundled"][_name] = ZooModel(_name, "bundled", _build, _inputs)
