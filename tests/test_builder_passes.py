@@ -67,6 +67,33 @@ def test_identities_are_eliminated_but_outputs_kept():
     assert n.layers[0].inputs[0] is x
 
 
+def test_a_broadcasting_layer_reads_an_expands_input_where_its_other_operand_spans_the_dims():
+    """x / ||x||.expand_as(x) (F.normalize's form) divides by the norm itself: same values, and the expand, read by
+    no one else, goes. An expand whose dims no other operand has (two row values), one read by a unary layer, and
+    one read twice by one layer stay."""
+    n = Network()
+    x = n.add_input("x", F32, (2, 3, 5))
+    row = n.add_input("row", F32, (3, 1))
+    norm = n.add_reduce(x, L.ReduceOperation.SUM, [2], keep_dims=True).get_output()  # [2, 3, 1]
+    spread = n.add_expand(norm, (2, 3, 5)).get_output()
+    n.mark_output(n.add_elementwise(x, spread, L.ElementWiseOperation.DIV).get_output())
+    added = n.add_expand(row, (2, 3, 5)).get_output()  # a rank it lacks (2) and a dim (5): x has both
+    n.mark_output(n.add_select(n.add_input("keep", torch.bool, (2, 3, 5)), added, x).get_output())
+    alone = n.add_expand(norm, (2, 3, 4)).get_output()  # dim 2 (4) is in no other operand
+    n.mark_output(n.add_elementwise(alone, n.add_input("r", F32, (3, 1)), L.ElementWiseOperation.SUM).get_output())
+    n.mark_output(n.add_unary(n.add_expand(row, (3, 5)).get_output(), L.UnaryOperation.EXP).get_output())
+    twice = n.add_expand(row, (3, 6)).get_output()
+    n.mark_output(n.add_elementwise(twice, twice, L.ElementWiseOperation.PROD).get_output())
+    feeds = [torch.randn(2, 3, 5), torch.randn(3, 1), torch.rand(2, 3, 5) > 0.5, torch.randn(3, 1)]
+    before = Engine(n, _bindings(n), "cpu", F32).execute(feeds)
+    assert _run_pass("broadcasts_for_expands", n) and _run_pass("remove_dead_layers", n)
+    div, select = (t.producer for t in n.outputs[:2])
+    assert div.inputs[1] is norm and select.inputs[1] is row
+    assert _kinds(n).count("expand") == 3  # the three that stay
+    after = Engine(n, _bindings(n), "cpu", F32).execute(feeds)
+    assert all(torch.equal(a, b) for a, b in zip(after, before))
+
+
 def test_scale_folds_into_convolution():
     n = Network()
     x = n.add_input("x", F32, (1, 3, 8, 8))

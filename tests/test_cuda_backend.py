@@ -285,9 +285,11 @@ def test_attention_runs_through_the_backend_timed_fastest(tmp_path, monkeypatch)
     _close(compiled(x, keep), model(x, keep), fp16=True)
 
 
-def test_a_mask_strided_along_the_keys_runs_on_a_fused_backend(caplog):
-    """A position bias permuted from [L, S, heads] (T5's) is strided along the keys; the efficient backend refused
-    it and only the math backend ran (fp32 scores). Now no refusal is logged and the values match."""
+def test_operands_strided_along_their_last_dim_run_on_a_fused_backend(caplog):
+    """A position bias permuted from [L, S, heads] (T5's) is strided along the keys, a value viewed channels-first
+    out of its projection (cross-covariance attention's [B, heads, d, tokens]) along its last dim; the fused
+    backends refused them and only the math backend ran (fp32 scores). Now no refusal is logged and the values
+    match."""
     from torchkiln.runtime.backends.cuda.timing import sdpa
 
     q, k, v = (torch.randn(2, 4, 64, 32, device="cuda", dtype=torch.float16) for _ in range(3))
@@ -296,6 +298,12 @@ def test_a_mask_strided_along_the_keys_runs_on_a_fused_backend(caplog):
     with caplog.at_level("INFO", logger="torchkiln"):
         _close(sdpa("efficient", False, None)(q, k, v, mask), ref, fp16=True)
     assert "refuses these inputs" not in caplog.text
+    qkv = torch.randn(2, 40, 3, 4, 16, device="cuda", dtype=torch.float16).permute(2, 0, 3, 4, 1)  # [3, B, h, d, N]
+    q, k, v = qkv.unbind(0)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
+    with caplog.at_level("INFO", logger="torchkiln"):
+        _close(sdpa("flash", False, None)(q, k, v, None), ref, fp16=True)
+    assert v.stride(-1) != 1 and "refuses these inputs" not in caplog.text
 
 
 def test_a_backend_refusing_a_calls_inputs_gives_way_to_pytorchs_choice():

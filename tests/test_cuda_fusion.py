@@ -122,6 +122,20 @@ def test_hand_attention_is_one_attention_call_with_eager_nan_rows():
     assert bool(ref[0].isnan().all()) and torch.equal(got[0].cpu().isnan(), ref.isnan())
 
 
+def test_a_normalize_is_one_kernel_with_its_division():
+    """F.normalize divides by the norm expanded to the input's shape (`expand_as`); the division reads the norm
+    itself (builder pass broadcasts_for_expands), so the norm, its clamp and the division (and the scale after
+    it) are one row kernel, not a row kernel, an expand and a pointwise pass."""
+    class Normalized(nn.Module):
+        def forward(self, q):
+            return torch.nn.functional.normalize(q, dim=-1) * 0.5
+
+    q = torch.randn(2, 3, 4, 21)
+    steps, got = planned(network(Normalized(), (2, 3, 4, 21)), [q])
+    assert [op for op, _ in steps if op not in ("constant", "shuffle")] == ["rows"]
+    assert_matches(got[0], Normalized()(q))
+
+
 def test_masked_fill_and_softmax_are_one_kernel():
     """scores.masked_fill(~keep, -inf) -> softmax (attention masks written with masked_fill)."""
     class Masked(nn.Module):

@@ -309,17 +309,20 @@ def test_attention_steps_called_from_several_threads_leave_sdpas_backend_flags_a
     assert (flags.flash_sdp_enabled(), flags.mem_efficient_sdp_enabled(), flags.math_sdp_enabled(),
             flags.cudnn_sdp_enabled()) == before
 
-def test_an_attention_mask_reaches_sdpa_with_contiguous_key_positions():
-    """SDPA's fused kernels refuse a mask strided along the keys (a position bias permuted from [L, S, heads]):
-    it is copied to row-major first, values unchanged; a mask contiguous along the keys (expanded over the batch
-    included) is passed as it is."""
-    from torchkiln.runtime.backends.cuda.timing import rows_contiguous
+def test_attention_operands_reach_sdpa_with_their_last_dim_contiguous():
+    """SDPA's fused kernels refuse an operand strided along its last dim (a position bias permuted from
+    [L, S, heads]; a value viewed channels-first out of its projection): it is copied to row-major first, values
+    unchanged; one contiguous along its last dim (expanded over the batch included) is passed as it is."""
+    from torchkiln.runtime.backends.cuda.timing import last_dim_contiguous
 
     permuted = torch.randn(6, 5, 4).permute(2, 0, 1)[None].expand(3, 4, 6, 5)
-    fixed = rows_contiguous(permuted)
+    fixed = last_dim_contiguous(permuted)
     assert permuted.stride(-1) != 1 and fixed.stride(-1) == 1 and torch.equal(fixed, permuted)
+    value = torch.randn(2, 196, 3, 4, 32).permute(2, 0, 3, 4, 1)[2]  # [B, heads, d, tokens], tokens strided
+    fixed = last_dim_contiguous(value)
+    assert value.stride(-1) == 384 and fixed.stride(-1) == 1 and torch.equal(fixed, value)
     expanded = torch.randn(1, 4, 6, 5).expand(3, 4, 6, 5)
-    assert rows_contiguous(expanded) is expanded and rows_contiguous(None) is None
+    assert last_dim_contiguous(expanded) is expanded and last_dim_contiguous(None) is None
 
 
 def test_a_constant_attention_mask_is_aligned_once_without_making_broadcast_dims():

@@ -3,7 +3,8 @@
 The order, and why:
 
 1. eliminate_identities first, so every later pattern sees producers directly (a no-op cast or reshape
-   between a convolution and its batch norm would hide the pair).
+   between a convolution and its batch norm would hide the pair); broadcasts_for_expands with it, so a pattern
+   sees an expanded operand's source broadcast (a norm dividing the rows it reduced).
 2. fold_scale_into_convolution: a batch norm (a per-channel scale) after a convolution goes into its
    kernel and bias, in fp32, before precision narrows the weights; fold_scale_into_next_convolution then folds
    one before a convolution that pads nothing (a pre-norm block's batch norm and 1x1 convolution).
@@ -37,6 +38,7 @@ import logging
 from torchkiln.builder.passes import BuildPass
 from torchkiln.builder.passes.additive_attention_masks import additive_attention_masks
 from torchkiln.builder.passes.attention_from_matmuls import attention_from_matmuls
+from torchkiln.builder.passes.broadcast_expands import broadcasts_for_expands
 from torchkiln.builder.passes.casts_before_movement import casts_before_movement
 from torchkiln.builder.passes.causal_attention_masks import causal_attention_masks
 from torchkiln.builder.passes.constant_folding import fold_constants
@@ -58,6 +60,7 @@ logger = logging.getLogger("torchkiln.builder")
 
 BUILD_PIPELINE: tuple[BuildPass, ...] = (
     eliminate_identities,
+    broadcasts_for_expands,
     fold_scale_into_convolution,
     fold_scale_into_next_convolution,
     fold_constants,
