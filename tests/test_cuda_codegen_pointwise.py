@@ -19,7 +19,7 @@ from torchkiln.ir import layers as L, pointwise as P  # noqa: E402
 from torchkiln.ir.network import Network  # noqa: E402
 from torchkiln.ir.symbolic import DimSymbol  # noqa: E402
 from torchkiln.ir.reference import run_layer  # noqa: E402
-from torchkiln.runtime.backends.cuda.codegen import compile as kernel_files, launch  # noqa: E402
+from torchkiln.runtime.backends.cuda.codegen import compile as kernel_files  # noqa: E402
 from torchkiln.runtime.backends.cuda.codegen.pointwise import compile_group, fusable, generate  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("triton_interpreter"),
@@ -179,30 +179,6 @@ def test_inputs_of_different_layouts_and_a_non_dense_input():
         values = {"a": a_value, "b": b_value}
         got = run(net, values)[0]
         assert_close(got, reference(net, values)[0])
-
-
-def test_a_strided_walk_with_a_long_innermost_dim_runs_in_rows_by_columns(monkeypatch):
-    """The general path over a transposed input (a permuted view read through its strides), a row value broadcast
-    along the columns and a column vector broadcast along the rows: with the innermost walked dim at least
-    MIN_COLUMNS long the kernel runs in 2-D blocks (index arithmetic per row; 20 columns in a block of 32, and 40
-    rows, so both grid axes have a masked edge), the same values as the flat walk."""
-    from torchkiln.runtime.backends.cuda.codegen import pointwise
-
-    net = Network()
-    a, r, c = (net.add_input(n, F32, shape) for n, shape in (("a", (2, 20, 20)), ("r", (2, 20, 1)), ("c", (20,))))
-    net.mark_output(net.add_elementwise(net.add_elementwise(a, r, E.PROD).get_output(), c, E.SUM).get_output())
-    gen = torch.Generator().manual_seed(8)
-    values = {"a": torch.randn(2, 20, 20, generator=gen).transpose(1, 2), "r": torch.randn(2, 20, 1, generator=gen),
-              "c": torch.randn(20, generator=gen)}
-    launched = []
-    monkeypatch.setattr(pointwise, "launch", lambda fn, grid, *args, **meta: (launched.append((grid, meta)),
-                                                                              launch(fn, grid, *args, **meta)))
-    assert_close(run(net, values)[0], reference(net, values)[0])
-    (grid, meta), = launched
-    assert meta["COLS"] == 32 and grid == ((40 + meta["ROWS"] - 1) // meta["ROWS"], 1) and not meta["LINEAR"]
-    monkeypatch.setattr(pointwise, "MIN_COLUMNS", 21)  # the flat walk: the same values
-    assert_close(run(net, values)[0], reference(net, values)[0])
-    assert "COLS" not in launched[-1][1]
 
 
 @pytest.mark.parametrize("per_channel", [False, True], ids=["same-layout", "per-channel"])
