@@ -53,7 +53,6 @@ MOVEMENT = (L.ShuffleLayer, L.SliceLayer, L.ConcatenationLayer, L.PaddingLayer, 
 MAX_LAYERS = 256  # layers one kernel computes (each value's expression is built by recursion over the group)
 MAX_TAPS = 49  # a pool's window positions one kernel unrolls (7x7)
 SMALL_PRODUCT_K = 8  # products per output a matrix multiply the kernel computes sums at most
-MIN_COLUMNS = 16  # an innermost walked dim at least this long is a 2-D block's column axis (see `generate`)
 
 
 def movement_fusable(layer: L.Layer) -> str | None:
@@ -179,17 +178,6 @@ class IndexedKernel:
     weights: tuple[torch.Tensor, ...]
     outputs: tuple[Tensor, ...]
     shape: tuple[int, ...]
-    block: tuple[int, int] = (BLOCK, 0)  # (rows, columns) of a 2-D block; columns 0: one flat block of BLOCK
-    column: int = -1  # the dim a 2-D block's columns walk (the walk's innermost)
-
-    def grid(self) -> tuple[int, ...]:
-        """The launch grid: blocks of the output's elements (or of its rows, and of its column dim's)."""
-        rows, cols = self.block
-        numel = math.prod(self.shape)
-        if not cols:
-            return ((numel + rows - 1) // rows,)
-        width = self.shape[self.column]
-        return ((numel // width + rows - 1) // rows, (width + cols - 1) // cols)
 
 
 Index = tuple[str, ...]  # one expression (a variable or a literal) per dim
@@ -209,7 +197,6 @@ class _Emitter(Builder):
         self.memo: dict[tuple[int, Index, str], Value] = {}
         self.at: tuple[Index, str, tuple[int, ...]] = ((), "mask", ())  # where the layer being emitted computes
         self.blocks: set[str] = set()  # index variables holding a block (`is_block`)
-        self.two_d = False  # a 2-D block: every load's pointers span it (a row's value is loaded per column)
 
     def index(self, expr: str) -> str:
         """`expr` as an index variable (a literal or a variable stays as it is)."""
@@ -232,7 +219,7 @@ class _Emitter(Builder):
         terms = [f"{i} * {name}_t{d}" for d, i in used]
         # an offset of no block index (a one-element operand, or one read at literal indices: x[2:3]) is one value: a
         # masked load needs a block of pointers, so it starts from a block of zeros
-        if self.two_d or not any(self.is_block(i) for _, i in used):
+        if not any(self.is_block(i) for _, i in used):
             terms.insert(0, "offs * 0")
         return self.emit(loaded(f"tl.load({name} + {' + '.join(terms)}, mask={mask}, other=0)", dtype), held(dtype))
 
@@ -374,7 +361,7 @@ class _Emitter(Builder):
         corners: list[list[tuple[str, str]]] = []  # per resized dim: (index, weight) of its two sources
         for d, factor in zip(resized, scales):
             scale = literal(_source_scale(x.shape[d], out.shape[d], bool(layer.align_corners), factor))
-            at = f"{idx[d]}.to(tl.float32)" if idx[d].isidentifier() else f"(offs * 0 + {idx[d]}).to(tl.float32)"
+            at = f"{idx[d]}.to(tl.float32)" if idx[d].isidentifier() else f"tl.full([BLOCK], {idx[d]}, tl.float32)"
             src = self.emit(f"{at} * {scale}" if layer.align_corners else
                             f"tl.maximum(({at} + 0.5) * {scale} - 0.5, 0.0)", torch.float32)[0]
             i0 = self.index(f"{src}.to(tl.int32)")
@@ -518,11 +505,7 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
         reason = indexed_fusable(layer)
         if reason is not None and not isinstance(layer, L.ConstantLayer):
             raise NetworkError(f"{layer.KIND} layer {layer.name!r} cannot be fused: {reason}")
-    walk = tuple(range(len(shape))) if walk is None else tuple(walk)
-    if sorted(walk) != list(range(len(shape))):
-        raise NetworkError(f"walk {list(walk)} is no order of the {len(shape)} dims")
     b = _Emitter(layers, inputs)
-    b.two_d = len(walk) > 1 and shape[walk[-1]] >= MIN_COLUMNS
     idx = tuple(f"i{d}" for d in range(len(shape)))
     for t in outputs:
         if id(t) not in b.made or id(t) in b.given:
@@ -531,39 +514,21 @@ def generate(layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Seque
     for k, t in enumerate(outputs):
         offset = " + ".join(f"i{d} * out{k}_t{d}" for d in range(len(shape)) if shape[d] != 1) or "offs * 0"
         stores.append(f"tl.store(out{k} + {offset}, {stored(b.value(t, idx, 'mask'), t.dtype)}, mask=mask)")
-    block = (BLOCK, 0)
-    if b.two_d:
-        cols = min(1 << (shape[walk[-1]] - 1).bit_length(), BLOCK)
-        block = (max(1, BLOCK // cols), cols)
-    return IndexedKernel(_source(b, shape, walk, block, len(outputs), stores), tuple(inputs), tuple(b.weights),
-                         tuple(outputs), shape, block, walk[-1] if b.two_d else -1)
+    walk = tuple(range(len(shape))) if walk is None else tuple(walk)
+    if sorted(walk) != list(range(len(shape))):
+        raise NetworkError(f"walk {list(walk)} is no order of the {len(shape)} dims")
+    return IndexedKernel(_source(b, shape, walk, len(outputs), stores), tuple(inputs), tuple(b.weights),
+                         tuple(outputs), shape)
 
 
-def _source(b: _Emitter, shape: tuple[int, ...], walk: tuple[int, ...], block: tuple[int, int], num_outputs: int,
-            stores: list[str]) -> str:
-    """The kernel's source. A flat block numbers BLOCK output elements in walk order and splits each number into
-    the dims' indices (a div and a mod per dim). A 2-D block (`block` = (rows, columns)) takes the walk's innermost
-    dim as its columns and numbers the rows of the other dims: their indices, and every index expression of them,
-    are computed once per row and broadcast along the columns, so a reshape or permute that keeps the innermost dim
-    (a window partition, a head split) costs index arithmetic per row, not per element, and the columns' loads and
-    stores are contiguous where the dim is."""
+def _source(b: _Emitter, shape: tuple[int, ...], walk: tuple[int, ...], num_outputs: int, stores: list[str]) -> str:
     pointers = [*(f"in{i}" for i in range(len(b.inputs))), *(f"w{k}" for k in range(len(b.weights)))]
     outs = [f"out{k}" for k in range(num_outputs)]
     strides = [f"{p}_t{d}" for p in pointers for d in range(b.ranks[p])]
     strides += [f"{p}_t{d}" for p in outs for d in range(len(shape))]
     params = [*pointers, *outs, "numel", *strides, "INT64: tl.constexpr", "BLOCK: tl.constexpr", PDL_PARAM]
-    rows, cols = block
-    if cols:
-        inner = walk[-1]
-        body = [*WAIT_LINES, "if INT64:", f"    rows = tl.program_id(0).to(tl.int64) * {rows} + "
-                f"tl.arange(0, {rows})[:, None]", "else:", f"    rows = tl.program_id(0) * {rows} + "
-                f"tl.arange(0, {rows})[:, None]", f"cols = tl.program_id(1) * {cols} + tl.arange(0, {cols})[None, :]",
-                f"offs = rows * {cols} + cols", f"mask = (rows < numel // {shape[inner]}) & (cols < {shape[inner]})",
-                f"i{inner} = cols", "rem = rows"]
-        walk = walk[:-1]
-    else:
-        body = [*WAIT_LINES, "if INT64:", "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)",
-                "else:", "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel", "rem = offs"]
+    body = [*WAIT_LINES, "if INT64:", "    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)", "else:",
+            "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)", "mask = offs < numel", "rem = offs"]
     for k, d in enumerate(reversed(walk)):  # innermost first
         body += [f"i{d} = rem % {shape[d]}", f"rem = rem // {shape[d]}"] if k < len(walk) - 1 else [f"i{d} = rem"]
     body += b.lines + stores
@@ -596,14 +561,13 @@ class IndexedLauncher:
         self._weights: dict[torch.device, list[torch.Tensor]] = {}
 
     def _fn(self, channels_last: bool):
-        """The kernel walking the output in that order, and its grid."""
         from torchkiln.runtime.backends.cuda.codegen.compile import load_source
 
-        found = self._fns.get(channels_last)
-        if found is None:
+        fn = self._fns.get(channels_last)
+        if fn is None:
             kernel = generate(*self._group, CHANNELS_LAST_WALK) if channels_last else self.kernel
-            found = self._fns[channels_last] = (getattr(load_source(kernel.source), KERNEL_NAME), kernel.grid())
-        return found
+            fn = self._fns[channels_last] = getattr(load_source(kernel.source), KERNEL_NAME)
+        return fn
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         kernel = self.kernel
@@ -629,8 +593,8 @@ class IndexedLauncher:
         if numel == 0:
             return outputs
         strides = [s for x in (*inputs, *weights, *outputs) for s in x.stride()]
-        fn, grid = self._fn(last)
-        launch(fn, grid, *inputs, *weights, *outputs, numel, *strides,
+        grid = ((numel + BLOCK - 1) // BLOCK,)
+        launch(self._fn(last), grid, *inputs, *weights, *outputs, numel, *strides,
                INT64=needs_int64(*inputs, *outputs), BLOCK=BLOCK, **chain_options())
         return outputs
 
