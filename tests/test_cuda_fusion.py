@@ -268,6 +268,34 @@ def test_pointwise_outputs_read_by_channels_last_convolutions_are_written_channe
             assert_matches(g, w)
 
 
+def test_a_value_read_by_a_convolution_and_as_the_residual_of_its_epilogue_is_written_channels_last():
+    """Windows merged back into tokens, a residual added, the tokens viewed as an image and x + conv(x) (a
+    positional convolution): the indexed step making the image writes it channels-last, for the convolution and for
+    the residual its epilogue adds; read also by another generated step, it stays contiguous."""
+    class Block(nn.Module):
+        def __init__(self, also: bool) -> None:
+            super().__init__()
+            self.conv, self.also = nn.Conv2d(8, 8, 3, padding=1, groups=8), also
+
+        def forward(self, w, s):
+            x = s + w.view(2, 2, 2, 2, 2, 8).permute(0, 1, 3, 2, 4, 5).reshape(2, 16, 8)
+            img = x.transpose(1, 2).reshape(2, 8, 4, 4)
+            y = img + self.conv(img)
+            return (y, torch.sigmoid(img)) if self.also else y
+
+    w, s = torch.randn(8, 4, 8), torch.randn(2, 16, 8)
+    for also, expected in ((False, True), (True, False)):
+        module = Block(also).eval()
+        net = network(module, (8, 4, 8), (2, 16, 8))
+        plan = planner.make_plan(net, DEVICE, BackendOptions(timing_iterations=0))
+        [indexed] = [plan.kernels[s.kernel] for s in plan.steps if plan.kernels[s.kernel].op == "indexed"]
+        assert bool(indexed.option(CHANNELS_LAST_OUT)) == expected
+        steps, got = planned(net, [w, s])
+        want = module(w, s)
+        for g, r in zip(got, want if also else [want]):
+            assert_matches(g, r)
+
+
 def test_an_input_a_channels_last_convolution_reads_is_taken_channels_last():
     class Block(nn.Module):
         def __init__(self) -> None:

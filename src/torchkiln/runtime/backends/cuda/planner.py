@@ -81,7 +81,10 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    row step whose 4-D outputs are read only as such inputs writes them channels-last (no conversion then). A
    depthwise convolution is the exception where timing says so: it runs NCHW (input converted there) when that,
    with both conversions, beats cuDNN's channels-last kernel (dilated 5x5: 0.41 against 2.48 ms at [32,960,28,28]);
-   a generated depthwise step (rule 6) reads its input channels-last.
+   a generated depthwise step (rule 6) reads its input channels-last. A value of the convolution's output shape
+   that the step's epilogue reads (a residual added to it: a positional convolution over tokens viewed as an image,
+   `x + conv(x)`) counts as read channels-last too: the epilogue walks the convolution's channels-last output, and
+   an NCHW one took the pointwise kernel's strided path, after ATen converted the same value for the convolution.
    An attention mask strided along the keys is made row-major before SDPA, whose fused kernels refuse it.
 
 8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a nearest
@@ -467,8 +470,8 @@ def _numel(t) -> int:
 def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int]]]
                            ) -> list[tuple[Kernel, list[int]]]:
     """Rule 7 of the module docstring: a generated pointwise, indexed or row step whose outputs are all 4-D and read
-    by other steps only as the input of channels-last convolutions writes them channels-last (each convolution would
-    otherwise copy its input into that layout). A row kernel walks its rows in its input's layout; its sizes are
+    by other steps only as the input of channels-last convolutions, or as a residual their epilogues add, writes them
+    channels-last (each convolution would otherwise copy its input into that layout). A row kernel walks its rows in its input's layout; its sizes are
     compile-time constants (`reduction.constant_sizes`), so Triton sees both the loads' and the stores' contiguous
     axes and converts the tile between them: a group norm + SiLU of an NCHW [32,128,64,64] fp16 input written
     channels-last took 52 us on an H100, against 54 + 21 for NCHW and the copy. Not a row step of dynamic shape:
@@ -477,11 +480,14 @@ def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int
     wants: dict[int, bool] = {}  # tensor id -> every read of it from another step is a channels-last convolution's
     for kernel, members in groups:
         made = {id(t) for j in members for t in network.layers[j].outputs}
-        takes = takes_channels_last(kernel, network.layers[members[0]])
+        lead = network.layers[members[0]]
+        takes = takes_channels_last(kernel, lead)
         for j in members:
             for k, t in enumerate(network.layers[j].inputs):
-                if id(t) not in made:
-                    wants[id(t)] = wants.get(id(t), True) and takes and j == members[0] and k == 0
+                if id(t) not in made:  # the convolution's input, or a residual its epilogue adds in its layout
+                    read = (j == members[0] and k == 0) or (j != members[0] and t.rank == 4
+                                                            and tuple(t.shape) == tuple(lead.outputs[0].shape))
+                    wants[id(t)] = wants.get(id(t), True) and takes and read
     returned = {id(t) for t in network.outputs}
     out = []
     for kernel, members in groups:
