@@ -184,7 +184,8 @@ def last_dim_contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
     SDPA's fused kernels refuse an operand strided along its last dim, and then only the math backend runs, copying
     every operand and materializing the scores in fp32. A position bias gathered as [L, S, heads] and permuted (T5's)
     took 1.65 ms against 0.10 for cuDNN's kernel at [32,8,512,64] fp16 on an H100; a value viewed channels-first
-    out of its projection (cross-covariance attention's [B, heads, d, tokens]) 46 us against (H200)."""
+    out of its projection (cross-covariance attention's [B, heads, d, tokens]) took 46 us a step on an H200, and
+    XCiT-nano's call fell from 1.63 to 1.25 ms when it was copied."""
     if t is None or t.shape[-1] == 1 or t.stride(-1) == 1:
         return t
     return t.contiguous()
