@@ -416,9 +416,10 @@ def _add_bench(sub: argparse._SubParsersAction, flags: bool = True) -> None:
                        "torchkiln.examples.zoo.UNSEEN), unseen2 (the next 19 timm models, added after the "
                        "unseen set's changes: ReXNet, DPN, CSPDarknet, DLA, VoVNet, HGNetV2, NF-ResNet, StarNet, "
                        "RepViT, EfficientViT, LeViT, GC ViT, XCiT, CoaT, MobileViT V2, CrossViT, CAFormer, DaViT, "
-                       "HaloNet; torchkiln.examples.zoo.UNSEEN2), cpu (13 real models at CPU sizes: ResNet, RegNet, MobileNet "
-                       "V2/V3, ConvNeXt and MLP-Mixer built in code, BERT, ELECTRA, DistilBERT, GPT-2, ViT, wav2vec2 "
-                       "and Whisper's encoder from transformers configs; torchkiln.examples.zoo.CPU) or blocks "
+                       "HaloNet; torchkiln.examples.zoo.UNSEEN2), cpu (13 real models at CPU sizes: ResNet, "
+                       "RegNet, MobileNet V2/V3, ConvNeXt and MLP-Mixer built in code, BERT, ELECTRA, DistilBERT, "
+                       "GPT-2, ViT, wav2vec2 and Whisper's encoder from transformers configs; "
+                       "torchkiln.examples.zoo.CPU) or blocks "
                        "(= --blocks)")
     bench.add_argument("--blocks", action="store_true", help="--zoo on generic blocks of real models (RMSNorm + "
                        "SwiGLU, ConvNeXt, GroupNorm ResBlock, attention by hand, squeeze-excitation, LayerNorm and "

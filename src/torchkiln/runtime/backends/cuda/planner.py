@@ -469,14 +469,14 @@ def _numel(t) -> int:
 
 def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int]]]
                            ) -> list[tuple[Kernel, list[int]]]:
-    """Rule 7 of the module docstring: a generated pointwise, indexed or row step whose outputs are all 4-D and read
-    by other steps only as the input of channels-last convolutions, or as a residual their epilogues add, writes them
-    channels-last (each convolution would otherwise copy its input into that layout). A row kernel walks its rows in its input's layout; its sizes are
-    compile-time constants (`reduction.constant_sizes`), so Triton sees both the loads' and the stores' contiguous
-    axes and converts the tile between them: a group norm + SiLU of an NCHW [32,128,64,64] fp16 input written
-    channels-last took 52 us on an H100, against 54 + 21 for NCHW and the copy. Not a row step of dynamic shape:
-    with run-time sizes the stores scatter (a GroupNorm ResBlock at [8,128,64,64] took 0.31 ms that way against
-    0.27 with the copy)."""
+    """Rule 7 of the module docstring: a generated pointwise, indexed or row step whose outputs are all 4-D and read by
+    other steps only as the input of channels-last convolutions, or as a residual their epilogues add, writes them
+    channels-last (each convolution would otherwise copy its input into that layout). A row kernel walks its rows in its
+    input's layout; its sizes are compile-time constants (`reduction.constant_sizes`), so Triton sees both the loads'
+    and the stores' contiguous axes and converts the tile between them: a group norm + SiLU of an NCHW [32,128,64,64]
+    fp16 input written channels-last took 52 us on an H100, against 54 + 21 for NCHW and the copy. Not a row step of
+    dynamic shape: with run-time sizes the stores scatter (a GroupNorm ResBlock at [8,128,64,64] took 0.31 ms that way
+    against 0.27 with the copy)."""
     wants: dict[int, bool] = {}  # tensor id -> every read of it from another step is a channels-last convolution's
     for kernel, members in groups:
         made = {id(t) for j in members for t in network.layers[j].outputs}
