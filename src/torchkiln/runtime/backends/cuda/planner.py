@@ -85,7 +85,8 @@ precision as one GEMM over the patches (`patches.py`, `library`/`patch_conv`) ag
    that the step's epilogue reads (a residual added to it: a positional convolution over tokens viewed as an image,
    `x + conv(x)`) counts as read channels-last too: the epilogue walks the convolution's channels-last output, and
    an NCHW one took the pointwise kernel's strided path, after ATen converted the same value for the convolution.
-   An attention mask strided along the keys is made row-major before SDPA, whose fused kernels refuse it.
+   An attention operand (query, key, value or mask) strided along its last dim is made row-major before SDPA,
+   whose fused kernels refuse it.
 
 8. **Movement as index arithmetic**: a movement layer that copies (a concatenation, a constant padding, a nearest
    resize by a whole ratio or a linear one, a reshape that merges dims of a transposed tensor (one that only splits
