@@ -12,25 +12,22 @@ from __future__ import annotations
 from torchkiln.builder.settings import BuildSettings
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
+from torchkiln.ir.symbolic import SymbolicError, broadcast_shapes
 from torchkiln.ir.tensor import Tensor
 
 _BROADCASTING = (L.ElementWiseLayer, L.SelectLayer)
 
 
 def _spanned(reader: L.Layer, expanded: Tensor, source: Tensor) -> bool:
-    """Whether `reader`'s other operands have every dim the expand of `source` to `expanded` makes (a dim where the
-    two differ, or one `source` lacks), at that size, aligned from the right as broadcasting aligns them."""
+    """Whether `reader` (reading `expanded` once) broadcasts its operands to the same shape with `source` in its
+    place: its other operands then have every dim the expand makes."""
     if not isinstance(reader, _BROADCASTING) or sum(t is expanded for t in reader.inputs) != 1:
         return False
-    others = [t for t in reader.inputs if t is not expanded]
-    out, rank = tuple(expanded.shape), expanded.rank
-    src = (None,) * (rank - source.rank) + tuple(source.shape)
-    for d in range(rank):
-        if src[d] == out[d]:
-            continue
-        if not any(t.rank >= rank - d and t.shape[t.rank - rank + d] == out[d] for t in others):
-            return False
-    return True
+    others = [t.shape for t in reader.inputs if t is not expanded]
+    try:
+        return broadcast_shapes(*others, source.shape) == broadcast_shapes(*others, expanded.shape)
+    except SymbolicError:  # symbolic dims the ranges do not settle: left as it is
+        return False
 
 
 def broadcasts_for_expands(network: Network, settings: BuildSettings) -> bool:

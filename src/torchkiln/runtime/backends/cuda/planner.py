@@ -481,13 +481,13 @@ def _channels_last_outputs(network: Network, groups: list[tuple[Kernel, list[int
     wants: dict[int, bool] = {}  # tensor id -> every read of it from another step is a channels-last convolution's
     for kernel, members in groups:
         made = {id(t) for j in members for t in network.layers[j].outputs}
-        lead = network.layers[members[0]]
-        takes = takes_channels_last(kernel, lead)
+        takes = takes_channels_last(kernel, network.layers[members[0]])
+        conv = next((network.layers[j] for j in members if isinstance(network.layers[j], L.ConvolutionLayer)), None)
         for j in members:
             for k, t in enumerate(network.layers[j].inputs):
                 if id(t) not in made:  # the convolution's input, or a residual its epilogue adds in its layout
-                    read = (j == members[0] and k == 0) or (j != members[0] and t.rank == 4
-                                                            and tuple(t.shape) == tuple(lead.outputs[0].shape))
+                    read = (j == members[0] and k == 0) or (j != members[0] and conv is not None and t.rank == 4
+                                                            and tuple(t.shape) == tuple(conv.outputs[0].shape))
                     wants[id(t)] = wants.get(id(t), True) and takes and read
     returned = {id(t) for t in network.outputs}
     out = []
