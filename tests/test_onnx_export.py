@@ -885,6 +885,55 @@ def test_masked_attention_guard_is_set_only_where_a_softmax_is_not_exact(tmp_pat
     assert F.scaled_dot_product_attention(q0, minus_inf, v, attn_mask=keep0)[0, 0, 0].eq(0).all()
 
 
+class _ConvSilu(torch.nn.Module):
+    """conv -> SiLU -> conv -> SiLU, then a linear layer and a SiLU over [batch, rows, features]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1, self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.Conv2d(32, 32, 3, padding=1)
+        self.linear = torch.nn.Linear(12, 24)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = F.silu(self.conv2(F.silu(self.conv1(x))))
+        return y, F.silu(self.linear(y.flatten(0, 1)))
+
+
+def test_silu_runs_as_quickgelu_in_the_nchwc_layout_under_its_guard(tmp_path):
+    """Under the guard (the backend's sessions) a float32 SiLU is x * Sigmoid(x), which ORT fuses into QuickGelu and
+    runs between the convolutions in their NCHWc layout; the guard samples each SiLU's output (a row of every
+    channel, the first row of a sequence), and is set where a sample's largest value is under the floor, not elsewhere. The
+    export without the guard (a user's ONNX file) keeps torch's formula. Values are eager's."""
+    from torchkiln.onnx_export.exporters.elementwise import SILU_FLOOR
+
+    torch.manual_seed(0)
+    model, x = _ConvSilu().eval(), 4 * torch.randn(2, 16, 12, 12)
+    net = _engine_network(model, [x])
+    nodes, session = _optimized_graph(net, tmp_path / "optimized.onnx", guard=True)
+    ops = [node.op_type for node in nodes]
+    assert ops.count("QuickGelu") == 3 and not {"Exp", "Div", "Sigmoid"} & set(ops), ops
+    first = next(node for node in nodes if node.op_type == "QuickGelu")
+    readers = [node.op_type for node in nodes if first.output[0] in node.input]
+    assert sorted(readers) == ["Conv", "MaxPool"], readers  # the next convolution and the guard's sample, in NCHWc
+
+    def run(x):
+        return session.run(None, {session.get_inputs()[0].name: x.numpy()})
+
+    with torch.no_grad():
+        ref = model(x)
+    *outs, flag = run(x)
+    assert not flag
+    for out, expected in zip(outs, ref):
+        assert_matches_eager(torch.from_numpy(out), expected)
+    # the second convolution's output all far below 0 (so its SiLU's sample): the flag is set
+    with torch.no_grad():
+        model.conv2.bias[:] = -1e3
+    session = _optimized_graph(_engine_network(model, [x]), tmp_path / "low.onnx", guard=True)[1]
+    assert run(x)[-1]
+    plain = [node.op_type for node in network_to_onnx(net).graph.node]
+    assert "Sigmoid" not in plain and {"Exp", "Div"} <= set(plain)
+    assert SILU_FLOOR > 0
+
+
 def test_sessions_run_attention_as_one_op_with_no_transposes(tmp_path):
     """A BERT-style encoder in the sessions' opset (23 where ORT loads it): each attention layer is ONNX's Attention
     op over [batch, seq, heads * dim] tensors, and ORT's optimized graph keeps no Transpose (the export's transposes

@@ -105,6 +105,11 @@ def tensor_proto(value: torch.Tensor, name: str) -> TensorProto:
     return numpy_helper.from_array(value.numpy(), name)
 
 
+def never_empty(shape: Sequence[Dim]) -> bool:
+    """Whether no dim of `shape` can be 0 (symbolic dims by their bounds)."""
+    return all(decide("eq", d, 0) is False for d in shape)
+
+
 def value_info(name: str, dtype: torch.dtype, shape: Sequence[int]) -> onnx.ValueInfoProto:
     """A typed graph input or output; a symbolic dim becomes a dim_param named by its expression (`s0`)."""
     dims = [d if isinstance(d, int) else dim_str(d) for d in shape]
@@ -117,6 +122,7 @@ class ExportContext:
     def __init__(self, opset: int, guarded: bool = False) -> None:
         self.opset = opset
         self.guarded = guarded  # the model will have the guard output (`guard_flag`): `exact_below` is honoured
+        self._subgraphs = 0  # how deep in subgraphs the nodes being made are (`subgraph_scope`)
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self.used: set[str] = set()
@@ -128,6 +134,9 @@ class ExportContext:
         # Tensors the exported ops match the meanings for only while every |value| < bound (see `exact_below`).
         # (the layer, x, its dtype and shape, the bound)
         self.guards: list[tuple[L.Layer | None, str, torch.dtype, tuple[Dim, ...], float]] = []
+        # Tensors whose exported ops are exact to their largest value only while it is at least a bound
+        # (`exact_while_largest_at_least`): (the layer, y, its dtype and shape, the bound)
+        self.floors: list[tuple[L.Layer | None, str, torch.dtype, tuple[Dim, ...], float]] = []
         # Tensors (ids) of int8 quantize layers, and with unsigned weights of int8 constants, exported as uint8 (value
         # + 128, `unsigned_quantized`, `ir.quantization.dequantized_constants`); with `unsigned_weights`, quantized kernels too
         self.unsigned: set[int] = set()
@@ -167,11 +176,29 @@ class ExportContext:
         inf never are): a backend can ask the model to say when a call breaks that (`guard_flag`)."""
         self.guards.append((self.layer, x, dtype, tuple(shape), bound))
 
+    @property
+    def guard_reachable(self) -> bool:
+        """Whether a guard recorded now reaches the model's guard output: the model has one, and the nodes being
+        made are not a subgraph's (an If or Loop body, whose values the guard cannot read)."""
+        return self.guarded and self._subgraphs == 0
+
+    def exact_while_largest_at_least(self, y: str, dtype: torch.dtype, shape: Sequence[Dim], bound: float) -> None:
+        """Record that the current layer's ONNX form gives its output `y` within a small absolute error (not a
+        relative one), so that it is exact to y's scale only while y's largest value is at least `bound`: a backend can
+        ask the model to say when a call may break that (`guard_flag`). The guard tests a sample of y
+        (`_sample_largest`), whose largest value is at most the whole's: a call is flagged where the sample's is under
+        the bound, whatever the rest holds. `shape`: y's, of rank 1 or more and no dim that may be 0."""
+        if not shape or not never_empty(shape):
+            raise ValueError(f"a floor guard needs a tensor of rank 1 or more and no empty dim, not {list(shape)}")
+        self.floors.append((self.layer, y, dtype, tuple(shape), bound))
+
     def guard_flag(self) -> str:
-        """A bool [] that is true when some tensor recorded by `exact_below` has a value outside its bound (each
-        check's nodes named after the layer that recorded it; the nodes joining checks after the last of them, so
-        that a profile gives every node a layer). Float32 and float64 tensors without a bound are summed, and the
-        sums of each dtype added, so that one IsNaN and one IsInf test them all."""
+        """A bool [] that is true when some tensor recorded by `exact_below` has a value outside its bound, or one
+        recorded by `exact_while_largest_at_least` has a sample whose largest value is under its bound (the samples'
+        largest values of one dtype and bound joined by one Min, so that one Less tests them; each check's nodes named
+        after the layer that recorded it; the nodes joining checks after the last of them, so that a profile gives
+        every node a layer). Float32 and float64 tensors without a bound are summed, and the sums of each dtype
+        added, so that one IsNaN and one IsInf test them all."""
         flags, sums = [], {}
         for layer, x, dtype, shape, bound in self.guards:
             self.layer = layer
@@ -179,6 +206,13 @@ class ExportContext:
                 sums.setdefault(dtype, []).append(self._sum(x, dtype, shape))
             else:
                 flags.append(self._outside(x, dtype, bound))
+        floors: dict[tuple[torch.dtype, float], list[str]] = {}
+        for layer, y, dtype, shape, bound in self.floors:
+            self.layer = layer
+            floors.setdefault((dtype, bound), []).append(self._sample_largest(y, dtype, shape))
+        for (dtype, bound), largest in floors.items():
+            least = largest[0] if len(largest) == 1 else self.op("Min", largest, dtype)
+            flags.append(self.op("Less", [least, self.scalar(bound, dtype)], dtype, typed_outputs=()))
         for dtype, totals in sums.items():
             total = totals[0] if len(totals) == 1 else self.op("Sum", totals, dtype)
             flags.append(self.node("Or", [self.op("IsNaN", [total], dtype, typed_outputs=()),
@@ -194,13 +228,28 @@ class ExportContext:
         inside = self.op("Less", [self.op("Abs", [x], dtype), self.scalar(bound, dtype)], dtype, typed_outputs=())
         return self.node("Not", [self.op("ReduceMin", [inside], torch.bool, keepdims=0)])[0]
 
+    def _sample_largest(self, y: str, dtype: torch.dtype, shape: tuple[Dim, ...]) -> str:
+        """The largest value of a sample of y, a []: the first index of its second-to-last dim (the first row of every
+        channel of an image, the first token's features of a sequence), or all of a vector. A float32 image with static
+        rows and columns is sampled by a max pooling of window [1, W] and stride [H, W], which ORT runs in the NCHWc
+        layout of the convolutions around it, where a Slice would have the whole tensor reordered first. (A pass over
+        each whole guarded tensor, by GlobalMaxPool, cost 15% of a MobileViT V2's call at batch 1; a Slice, or an If
+        around that pass where the sample fails, cost as much.)"""
+        if dtype == torch.float32 and len(shape) == 4 and all(isinstance(d, int) for d in shape[2:]):
+            sample = self.node("MaxPool", [y], kernel_shape=[1, shape[3]], strides=list(shape[2:]))[0]
+        elif len(shape) >= 2:
+            sample = self.node("Slice", [y, self.ints([0]), self.ints([1]), self.ints([len(shape) - 2])])[0]
+        else:
+            sample = y
+        return self.op("ReduceMax", [sample], dtype, keepdims=0)
+
     def _sum(self, x: str, dtype: torch.dtype, shape: tuple[Dim, ...]) -> str:
         """x's sum, a float32 or float64 []: NaN or +-inf where x holds a NaN or an inf, whatever the order of the
         additions (and where finite values overflow, the call is computed otherwise for nothing). A float32 tensor of
         rank 3 or more is summed per channel by GlobalAveragePool first: ORT runs it in the NCHWc layout of the
         convolutions around it, where a ReduceSum of the whole tensor needs it reordered (ORT's GlobalAveragePool
         refuses an empty dim but the first)."""
-        if dtype == torch.float32 and len(shape) >= 3 and all(decide("eq", d, 0) is False for d in shape[1:]):
+        if dtype == torch.float32 and len(shape) >= 3 and never_empty(shape[1:]):
             x = self.node("GlobalAveragePool", [x])[0]
         return self.op("ReduceSum", [x], dtype, keepdims=0)
 
@@ -254,10 +303,12 @@ class ExportContext:
         current layer and the outer nodes come back after."""
         saved = self.nodes, self._dims, self.layer
         self.nodes, self._dims = [], {}
+        self._subgraphs += 1
         try:
             yield self.nodes
         finally:
             self.nodes, self._dims, self.layer = saved
+            self._subgraphs -= 1
 
     # ---- dims computed at run time ---------------------------------------------------------
     def dim(self, d: Dim) -> str:

@@ -104,7 +104,7 @@ def network_to_onnx(network: Network, opset: int = DEFAULT_OPSET, guard: bool = 
         name = t.name if names[id(t)] != t.name else ctx.fresh(f"{t.name}:output")  # an input passed through
         ctx.nodes.append(helper.make_node("Identity", [names[id(t)]], [name], name=ctx.fresh(f"{t.name}/output")))
         outputs.append(value_info(name, t.dtype, t.shape))
-    if guard and ctx.guards:
+    if guard and (ctx.guards or ctx.floors):
         name = ctx.fresh(GUARD_OUTPUT)
         ctx.nodes.append(helper.make_node("Identity", [ctx.guard_flag()], [name], name=ctx.fresh(f"{name}/output")))
         outputs.append(value_info(name, torch.bool, ()))

@@ -18,14 +18,14 @@ def subgraph(ctx: ExportContext, network: Network, names: Sequence[str],
     """`network` as a subgraph whose inputs are read from `names` (the subgraph's own inputs or outer values)."""
     from torchkiln.onnx_export.export import export_layer
 
-    owner, guards = ctx.layer, len(ctx.guards)
+    owner, guards = ctx.layer, len(ctx.guards) + len(ctx.floors)
     with ctx.subgraph_scope() as nodes:
         tensor_names = {id(t): name for t, name in zip(network.inputs, names)}
         for layer in network.layers:
             outs = export_layer(ctx, layer, [tensor_names[id(t)] for t in layer.inputs])
             tensor_names.update(zip(map(id, layer.outputs), outs))
         ctx.layer = owner
-        if len(ctx.guards) != guards:
+        if len(ctx.guards) + len(ctx.floors) != guards:
             ctx.decline(f"{network.name} holds a layer exact only for finite values, whose guard cannot leave it")
         outputs = []
         for t in network.outputs:  # an Identity each: a branch may pass an outer value through

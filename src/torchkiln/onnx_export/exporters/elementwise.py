@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 
 from torchkiln.ir import layers as L, pointwise as P
-from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter, promoted
+from torchkiln.onnx_export.context import ExportContext, dtype_name, exporter, never_empty, promoted
 
 U = L.UnaryOperation
 A = L.ActivationType
@@ -192,9 +192,24 @@ def _threshold(ctx: ExportContext, x: str, dt: torch.dtype, threshold: float, va
     return ctx.op("Where", [_is(ctx, "LessOrEqual", x, threshold, dt), ctx.scalar(value, dt), x], dt, typed=(1, 2))
 
 
+# Where ONNX Runtime's sessions compute a float32 SiLU as x * Sigmoid(x) (one QuickGelu node after its fusion): its
+# error is at most 2.9e-6 absolute for x < 0 (largest below -8, where the Sigmoid loses its relative precision) and
+# 2e-7 relative for x > 0 (ORT 1.32, measured over 34 M points in [-200, 200]), so within 3e-5 of the output's
+# largest |value| (a third of the 1e-4 that fp32 results are held to) wherever that largest value is at least this.
+SILU_FLOOR = 0.1
+
+
 def _silu(ctx: ExportContext, x: str, dt: torch.dtype, alpha: float, beta: float) -> str:
-    """x / (1 + exp(-x)), torch's formula: x * Sigmoid(x) is off by up to 1e-4 relative for x < -8, where ONNX
-    Runtime's Sigmoid loses its relative precision."""
+    """In a guarded float32 model (ONNX Runtime's sessions), x * Sigmoid(x), which ORT runs as one QuickGelu node, with
+    a guard that hands a call whose largest output is under `SILU_FLOOR` to the reference (there the Sigmoid's
+    absolute error would be a large part of the output); elsewhere x / (1 + exp(-x)), torch's formula, in four nodes
+    (and the NCHWc layout's reorders around the three that have none): exact, and 1.26x the time of a MobileViT V2 at
+    batch 1 on 2 threads (29.2 against 23.3 ms)."""
+    shape = ctx.layer.outputs[0].shape
+    if ctx.guard_reachable and dt == torch.float32 and shape and never_empty(shape):
+        y = ctx.op("Mul", [x, ctx.op("Sigmoid", [x], dt)], dt)
+        ctx.exact_while_largest_at_least(y, dt, shape, SILU_FLOOR)
+        return y
     denominator = ctx.op("Add", [ctx.scalar(1, dt), ctx.op("Exp", [ctx.op("Neg", [x], dt)], dt)], dt)
     return ctx.op("Div", [x, denominator], dt)
 
