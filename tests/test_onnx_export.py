@@ -934,6 +934,37 @@ def test_silu_runs_as_quickgelu_in_the_nchwc_layout_under_its_guard(tmp_path):
     assert SILU_FLOOR > 0
 
 
+class _Bicubic(torch.nn.Module):
+    def __init__(self, **how) -> None:
+        super().__init__()
+        self.how = how
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, mode="bicubic", **self.how)
+
+
+@pytest.mark.parametrize("shape,how,products", [
+    ((2, 3, 24, 24), dict(size=(20, 22), align_corners=False), 2),
+    ((1, 4, 7, 9), dict(scale_factor=(2.5, 1.0), align_corners=True), 1),  # the columns kept: one product
+    ((1, 2, 6, 5), dict(scale_factor=(1.5, 2.0)), 2),
+    ((1, 1, 300, 300), dict(size=(2, 3), align_corners=False), 0),  # ~45,000 multiply-adds an output: a Resize
+], ids=["down", "rows-only", "scales", "costly"])
+def test_bicubic_resize_runs_as_products_under_the_guard(tmp_path, shape, how, products):
+    """In the backend's sessions a bicubic resize of static rows and columns is x multiplied by each resized axis's
+    interpolation matrix (ORT's cubic Resize has no vector kernel), where that costs few multiply-adds an output; the
+    values are eager's, and a NaN sets the guard (its row would be NaN throughout)."""
+    torch.manual_seed(0)
+    model, x = _Bicubic(**how).eval(), torch.randn(*shape)
+    nodes, session = _optimized_graph(_engine_network(model, [x]), tmp_path / "optimized.onnx", guard=True)
+    ops = [node.op_type for node in nodes]
+    assert ops.count("MatMul") == products and ("Resize" in ops) == (products == 0), ops
+    out, flag = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    assert not flag
+    assert_matches_eager(torch.from_numpy(out), model(x))
+    x[0, 0, 1, 2] = float("nan")
+    assert session.run(None, {session.get_inputs()[0].name: x.numpy()})[1]
+
+
 def test_sessions_run_attention_as_one_op_with_no_transposes(tmp_path):
     """A BERT-style encoder in the sessions' opset (23 where ORT loads it): each attention layer is ONNX's Attention
     op over [batch, seq, heads * dim] tensors, and ORT's optimized graph keeps no Transpose (the export's transposes
