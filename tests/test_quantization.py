@@ -173,6 +173,42 @@ def test_calibration_cache_makes_a_rebuild_skip_calibration(trained, tmp_path, c
                           calibrator=torchkiln.ptq.CacheCalibrator(str(cache), "entropy"))
 
 
+class DeepConvs(torch.nn.Module):
+    """Eight 3x3 convolutions with ReLUs, widths 16: each layer's fp8 error within its tolerance, compounded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = torch.nn.ModuleList(torch.nn.Conv2d(1 if i == 0 else 16, 16, 3, padding=1) for i in range(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv in self.convs:
+            x = torch.relu(conv(x))
+        return x
+
+
+@pytest.mark.parametrize("floor,warned", [(0.0, False), (1.01, True)], ids=["above", "under"])
+def test_quantized_network_cosine_on_the_calibration_samples_is_measured_and_warned(monkeypatch, caplog, floor,
+                                                                                    warned):
+    """The build measures the quantized network's outputs against float32 on the calibration samples (each layer
+    within its own tolerance, their errors add up): the logged cosine is the engine's own against eager's on those
+    samples, a warning where it is under `NETWORK_COSINE` (naming the algorithm), an info line otherwise."""
+    from torchkiln.builder import quantization
+
+    monkeypatch.setattr(quantization, "NETWORK_COSINE", floor)
+    model, samples = _seeded(DeepConvs).eval(), [torch.randn(4, 1, 12, 12) for _ in range(2)]
+    with caplog.at_level(logging.INFO, logger="torchkiln"):
+        compiled = torchkiln.compile(model, [torchkiln.Input((4, 1, 12, 12))], enabled_precisions={F8},
+                                     calibration_inputs=samples, backend="reference")
+    record = next(r for r in caplog.records if "outputs' cosine against float32" in r.getMessage())
+    assert (record.levelno == logging.WARNING) == warned
+    assert ("calibration_algorithm (max now)" in record.getMessage()) == warned
+    with torch.no_grad():
+        cosine = min(float(torch.nn.functional.cosine_similarity(compiled(x).flatten(), model(x).flatten(), dim=0))
+                     for x in samples)
+    assert f"is {cosine:.4f}" in record.getMessage(), (cosine, record.getMessage())
+    assert cosine < 0.9999  # fp8 changed the values: a cosine that can tell
+
+
 class Offset(torch.nn.Module):
     """A convolution that takes differences of a signal riding on a large offset: per-tensor quantization of its
     input loses the differences (its step is the offset / 127), so it must stay in float; the next one is fine."""
