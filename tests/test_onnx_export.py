@@ -901,8 +901,8 @@ class _ConvSilu(torch.nn.Module):
 def test_silu_runs_as_quickgelu_in_the_nchwc_layout_under_its_guard(tmp_path):
     """Under the guard (the backend's sessions) a float32 SiLU is x * Sigmoid(x), which ORT fuses into QuickGelu and
     runs between the convolutions in their NCHWc layout; the guard samples each SiLU's output (a row of every
-    channel, the first row of a sequence), and is set where a sample's largest value is under the floor, not elsewhere. The
-    export without the guard (a user's ONNX file) keeps torch's formula. Values are eager's."""
+    channel, the first row of a sequence), and is set where a sample's largest value is under the floor, not
+    elsewhere. The export without the guard (a user's ONNX file) keeps torch's formula. Values are eager's."""
     from torchkiln.onnx_export.exporters.elementwise import SILU_FLOOR
 
     torch.manual_seed(0)
@@ -932,6 +932,36 @@ def test_silu_runs_as_quickgelu_in_the_nchwc_layout_under_its_guard(tmp_path):
     plain = [node.op_type for node in network_to_onnx(net).graph.node]
     assert "Sigmoid" not in plain and {"Exp", "Div"} <= set(plain)
     assert SILU_FLOOR > 0
+
+
+class _PreActivation(torch.nn.Module):
+    """DenseNet's layer: features concatenated, then batch norm, ReLU and convolution (the norm folds into nothing).
+    Widths of 16 (whole NCHWc blocks of 8 and of 16 channels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.branch = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.norm, self.conv = torch.nn.BatchNorm2d(32), torch.nn.Conv2d(32, 16, 3, padding=1)
+        with torch.no_grad():
+            self.norm.running_mean.uniform_(-1, 1), self.norm.running_var.uniform_(0.5, 2), self.norm.weight.normal_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.stem(x)
+        return self.conv(torch.relu(self.norm(torch.cat([y, self.branch(y)], 1))))
+
+
+def test_channel_affine_runs_as_batch_normalization_in_the_nchwc_layout(tmp_path):
+    """A batch norm no convolution absorbs (after a concatenation) is a per-channel scale layer, exported as
+    BatchNormalization: ORT runs it and the ReLU after it in the NCHWc layout (as a depthwise convolution with the
+    ReLU fused), with no Mul, Add or Relu node and no reorder between the convolutions; the values are eager's."""
+    torch.manual_seed(0)
+    model, x = _PreActivation().eval(), torch.randn(2, 3, 10, 10)
+    net = _engine_network(model, [x])
+    assert any(isinstance(layer, L.ScaleLayer) for layer in net.layers)
+    nodes, session = _optimized_graph(net, tmp_path / "optimized.onnx")
+    ops = [node.op_type for node in nodes]
+    assert not {"Mul", "Add", "Relu", "BatchNormalization"} & set(ops) and ops.count("ReorderOutput") == 1, ops
+    assert_matches_eager(torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]), model(x))
 
 
 class _Bicubic(torch.nn.Module):
