@@ -289,12 +289,13 @@ def test_sessions_run_a_residual_add_and_layer_norm_unfused(tmp_path):
 
 
 class FeedForwardHead(torch.nn.Module):
-    """A token-wise feed-forward block (linear layers of 3-d input, GELU between) and a 2-d classifier head."""
+    """A token-wise feed-forward block (linear layers of 3-d input, GELU between; `width` the narrower of their
+    inner and output widths) and a 2-d classifier head."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 64) -> None:
         super().__init__()
-        self.up, self.down = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
-        self.head, self.out = torch.nn.Linear(16, 8), torch.nn.Linear(8, 4)
+        self.up, self.down = torch.nn.Linear(width, 2 * width), torch.nn.Linear(2 * width, width)
+        self.head, self.out = torch.nn.Linear(width, 8), torch.nn.Linear(8, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x + self.down(F.gelu(self.up(x)))
@@ -303,13 +304,29 @@ class FeedForwardHead(torch.nn.Module):
 
 def test_sessions_run_linear_layers_of_3d_input_as_matmul_and_add(tmp_path):
     """ORT's MatMulAddFusion makes a linear layer of 3-d input Reshape + Gemm + Reshape, slower than MatMul + Add
-    (and unfusing the GELU after it): the sessions run without it, so the up projection and its GELU are MatMul +
-    BiasGelu, the down projection MatMul + Add; a 2-d linear layer is still a Gemm (its ReLU fused into it)."""
-    model, x = FeedForwardHead().eval(), torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    (and unfusing the GELU after it) where the layer is wide: the sessions run without it, so the up projection and
+    its GELU are MatMul + BiasGelu, the down projection MatMul + Add; a 2-d linear layer is still a Gemm (its ReLU
+    fused into it)."""
+    model, x = FeedForwardHead().eval(), torch.randn(2, 8, 64, generator=torch.Generator().manual_seed(0))
     compiled = torchkiln.compile(model, [x])
     ops = [node.op_type for node in session_graph(compiled, [x], str(tmp_path))]
     assert ops.count("MatMul") == 2 and "BiasGelu" in ops and "Reshape" not in ops, ops
     assert ops.count("Gemm") + ops.count("FusedGemm") == 2 and "FusedGemm" in ops, ops
+    with torch.no_grad():
+        assert_matches_eager(compiled(x), model(x))
+
+
+def test_sessions_run_narrow_linear_layers_of_3d_input_as_gemm(tmp_path):
+    """A linear layer of 3-d input whose inner or output width is at most NARROW_LINEAR is Reshape + Gemm + Reshape
+    (the bias added in the product's output loop: an Add of a narrow bias over many rows costs as much as such a
+    product); the values are eager's."""
+    from torchkiln.onnx_export.exporters.nn import NARROW_LINEAR
+
+    model, x = FeedForwardHead(NARROW_LINEAR // 2).eval(), torch.randn(2, 8, NARROW_LINEAR // 2)
+    compiled = torchkiln.compile(model, [x])
+    ops = [node.op_type for node in session_graph(compiled, [x], str(tmp_path))]
+    assert "MatMul" not in ops and ops.count("Gemm") + ops.count("FusedGemm") == 4, ops
+    assert ops.count("Add") == 1, ops  # the residual's: no bias added apart
     with torch.no_grad():
         assert_matches_eager(compiled(x), model(x))
 
