@@ -18,7 +18,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import torch
@@ -72,10 +72,11 @@ def _sources(network: Network, candidates: dict[str, Candidate]) -> dict[str, An
     return {name: layers[name].inputs[c.activation] for name, c in candidates.items()}
 
 
-def _run(network: Network, sample: Sequence[torch.Tensor], device: torch.device, kept: set[int],
-         visit: Callable[[dict[int, torch.Tensor], L.Layer, list[torch.Tensor]], None]) -> None:
+def _run(network: Network, sample: Sequence[torch.Tensor], device: torch.device, kept: Container[int] = frozenset(),
+         visit: Callable[[dict[int, torch.Tensor], L.Layer, list[torch.Tensor]], None] | None = None
+         ) -> list[torch.Tensor]:
     """Run `network` on the reference meanings, calling visit(the values of the tensors in `kept` so far, by
-    id, layer, its outputs)."""
+    id, layer, its outputs) where given; the network's outputs."""
     args = [x.to(device=device, dtype=t.dtype) for x, t in zip(sample, network.inputs)]
     values = {id(t): x for t, x in zip(network.inputs, args) if id(t) in kept}
 
@@ -84,7 +85,7 @@ def _run(network: Network, sample: Sequence[torch.Tensor], device: torch.device,
         values.update((id(t), x) for t, x in zip(layer.outputs, outs) if id(t) in kept)
 
     with torch.no_grad():
-        ReferenceExecutor(network, device).run(args, record)
+        return ReferenceExecutor(network, device).run(args, record if visit is not None else None)
 
 
 def _own_error(layer: L.Layer, found: Candidate, inputs: list[torch.Tensor], out: torch.Tensor, amax: float,
@@ -270,11 +271,11 @@ def _quantized(settings: BuildSettings, request: QuantizeRequest, layers: Sequen
 
 
 def _check_network_cosine(engine: Engine, reference: Network, samples: Sequence[Sequence[torch.Tensor]],
-                          device: torch.device, request: QuantizeRequest) -> float:
-    """The least cosine of the quantized engine's outputs against `reference`'s on the samples, logged (a warning
-    under `NETWORK_COSINE`: each layer within its own tolerance, their errors compounded)."""
-    cosine = min((_cosine(a, b) for sample in samples for a, b in zip(_outputs(reference, sample, device),
-                                                                       _outputs(engine.network, sample, device))),
+                          device: torch.device, request: QuantizeRequest) -> None:
+    """Log the least cosine of the quantized engine's outputs against `reference`'s on the samples (a warning under
+    `NETWORK_COSINE`: each layer within its own tolerance, their errors compounded)."""
+    cosine = min((_cosine(a, b) for sample in samples for a, b in zip(_run(reference, sample, device),
+                                                                       _run(engine.network, sample, device))),
                  default=1.0)
     what = str(request.quant_type).removeprefix("torch.")
     if cosine < NETWORK_COSINE:
@@ -286,13 +287,6 @@ def _check_network_cosine(engine: Engine, reference: Network, samples: Sequence[
     else:
         logger.info("engine %s: its %s outputs' cosine against float32 on the calibration samples is %.4f",
                     engine.name, what, cosine)
-    return cosine
-
-
-def _outputs(network: Network, sample: Sequence[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    args = [x.to(device=device, dtype=t.dtype) for x, t in zip(sample, network.inputs)]
-    with torch.no_grad():
-        return ReferenceExecutor(network, device).run(args)
 
 
 def _cosine(ref: torch.Tensor, low: torch.Tensor) -> float:
