@@ -201,6 +201,35 @@ def test_silu_of_negative_inputs_keeps_its_relative_precision():
     check_traced(silu, torch.linspace(-20, -8, 100))
 
 
+class _ConvSiluTokens(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.linear = torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = F.silu(self.conv(x))
+        return y, F.silu(self.linear(y.flatten(2).transpose(1, 2)))
+
+
+def test_silu_of_dynamic_shapes_matches_eager_and_hands_tiny_outputs_to_its_guard():
+    """SiLUs of an image and of tokens whose batch and sizes are dynamic (the floor guard samples them by a Slice, not
+    the static max pooling) match eager at several shapes, and so do SiLU outputs all tiny (the guard's calls)."""
+    import torchkiln
+
+    torch.manual_seed(0)
+    spec = torchkiln.Input(min_shape=(1, 3, 4, 4), opt_shape=(2, 3, 8, 8), max_shape=(4, 3, 16, 16))
+    for low in (False, True):  # with the convolution's outputs all near -30: SiLU outputs of ~1e-12
+        model = _ConvSiluTokens().eval()
+        if low:
+            with torch.no_grad():
+                model.conv.bias.fill_(-30.0)
+        compiled, _ = check_compiled(model, [3 * torch.randn(2, 3, 8, 8)], inputs=[spec])
+        for x in (3 * torch.randn(1, 3, 4, 4), 3 * torch.randn(4, 3, 10, 16)):
+            with torch.no_grad():
+                for out, ref in zip(compiled(x), model(x)):
+                    assert (out - ref).abs().max() <= 1e-4 * ref.abs().max(), (low, x.shape)
+
+
 _EDGES = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 0.5, -0.5, 0.25, 1.0, 0.999])
 
 
