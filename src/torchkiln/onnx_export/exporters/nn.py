@@ -167,13 +167,11 @@ def _matrix_multiply(ctx: ExportContext, layer: L.MatrixMultiplyLayer, xs: list[
     if layer.op1 == L.MatrixOperation.TRANSPOSE:  # of a constant weight: ORT folds it at session start
         b = _swap_last_two(ctx, b, tb.rank)
     quantized = isinstance(tb.producer, L.DequantizeLayer)
-    if "bias" in layer.weights and not quantized and out == torch.float32 and layer.outputs[0].rank == 2:
-        return ctx.node("Gemm", [a, b, ctx.constant(layer.weights["bias"].to(out), "bias")])[0]
-    if "bias" in layer.weights and not quantized and out == torch.float32 and _narrow_linear(layer):
-        shape = layer.outputs[0].shape
-        rows = ctx.node("Reshape", [a, ctx.ints([-1, ta.shape[-1]], "rows")])[0]
+    flat = layer.outputs[0].rank == 2
+    if "bias" in layer.weights and not quantized and out == torch.float32 and (flat or _narrow_linear(layer)):
+        rows = a if flat else ctx.node("Reshape", [a, ctx.ints([-1, ta.shape[-1]], "rows")])[0]
         y = ctx.node("Gemm", [rows, b, ctx.constant(layer.weights["bias"].to(out), "bias")])[0]
-        return ctx.node("Reshape", [y, ctx.ints(shape, "shape")])[0]
+        return y if flat else ctx.node("Reshape", [y, ctx.ints(layer.outputs[0].shape, "shape")])[0]
     y = ctx.op("MatMul", [a, b], out)
     if "bias" not in layer.weights:
         return y
