@@ -264,7 +264,8 @@ UNARY: dict[L.UnaryOperation, PointwiseOp] = {
 
 # alpha and beta are the layer's parameters (see ActivationType); every activation keeps its input's dtype.
 ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
-    A.RELU: P(lambda x, a, b: torch.relu(x), node("Relu"), "tl.where({x} < 0, 0.0, {x})", aten="relu",
+    A.RELU: P(lambda x, a, b: torch.relu(x), node("Relu"),  # one NaN-keeping max, not a compare and a select
+              "tl.maximum({x}, 0.0, propagate_nan=tl.PropagateNan.ALL)", aten="relu",
               integer="tl.maximum({x}, tl.full([1], 0, {t}))"),
     A.SIGMOID: P(lambda x, a, b: torch.sigmoid(x), node("Sigmoid"), "{div}(1.0, 1.0 + tl.exp(-{x}))",
                  aten="sigmoid"),
