@@ -323,3 +323,20 @@ def test_a_max_pool_of_int8_values_on_the_gpu():
     x = torch.randn(2, 24, 9, 9, generator=torch.Generator().manual_seed(3)) * 4
     got = CudaRunner(net, plan, device, BackendOptions()).run([x.to(device)])[0].cpu()
     assert torch.equal(got, ReferenceExecutor(net, CPU).run([x])[0])
+
+
+def test_tile_candidates_fit_the_convolution():
+    """The tiles timed for a quantized convolution: K blocks no deeper than its input channels (but 32), up to 128
+    for wide ones; two pipeline stages where K is one block (a 1x1 convolution of few channels), more where it
+    loops; no two of the same blocks."""
+    from torchkiln.runtime.backends.cuda.codegen.quantized_conv import candidates
+
+    one_block = candidates(32 * 56 * 56, 256, 64, 64, 132)  # 1x1, 64 -> 256 channels
+    assert one_block and all(c.block_k == 64 and c.stages == 2 for c in one_block)
+    deep = candidates(32 * 7 * 7, 512, 9 * 512, 512, 132)  # 3x3, 512 channels
+    assert max(c.block_k for c in deep) == 128 and all(c.stages > 2 for c in deep)
+    assert all(c.block_k == 32 for c in candidates(32 * 28 * 28, 64, 9 * 24, 24, 132))  # 24 channels: one 32 block
+    for found in (one_block, deep, candidates(49, 512, 9 * 512, 512, 132)):
+        blocks = [(c.block_m, c.block_n, c.block_k) for c in found]
+        assert len(blocks) == len(set(blocks))
+        assert all(c.block_m * c.block_n <= 128 * 128 for c in found)
