@@ -18,7 +18,7 @@ from torchkiln import progress
 from torchkiln.builder import BuildSettings, build_engine
 from torchkiln.builder import bfloat16_tactic, engine_timing
 from torchkiln.builder.calibration import calibrated_build
-from torchkiln.builder.quantization import QuantizeRequest, quantized_build
+from torchkiln.builder.quantization import QuantizeRequest, log_network_cosine, quantized_build
 from torchkiln.cache import EngineCache, ModuleCache
 from torchkiln.conversion.block_converter import convert_block
 from torchkiln.analysis.registry import is_registered
@@ -321,11 +321,14 @@ def block_bindings(network: Network) -> list[InputBinding]:
 
 def _quantized_block(network: Network, convert: Callable[[], Network], build: BuildSettings,
                      samples: Callable[[], Sequence[Sequence[torch.Tensor]]], request: QuantizeRequest,
-                     kept: list[Fp32Layer]) -> Engine:
-    """Build one converted block with post-training quantization; the layers kept in float are logged with their
-    error and added to `kept`."""
+                     kept: list[Fp32Layer]) -> tuple[Engine, Callable[[bool], None]]:
+    """Build one converted block with post-training quantization; the layers kept in float are added to `kept`.
+    Also returns what logs them with their error and the network's cosine, called with whether the engine is kept:
+    warnings about an engine the build then threw away (its float one ran faster) would mislead, so those are info
+    lines."""
     origins = network.origins
-    engine, layers = quantized_build(convert, block_bindings(network), build, network.name, samples, request)
+    engine, layers, cosine = quantized_build(convert, block_bindings(network), build, network.name, samples,
+                                             request)
     quantized = [q for q in layers if not q.kept]
     logger.info("engine %s: %d of %d convolutions and matrix multiplies quantized to %s", engine.name,
                 len(quantized), len(layers), str(request.quant_type).removeprefix("torch."))
@@ -337,14 +340,20 @@ def _quantized_block(network: Network, convert: Callable[[], Network], build: Bu
         node = " at ".join(origins.get(q.name, ("(made by the builder)",)))
         by_reason.setdefault(q.kept, []).append(f"{q.kind} layer {q.name!r} ({node})")
         kept.append(Fp32Layer(engine.name, q.name, q.kind, node, q.kept))
-    for reason, names in by_reason.items():  # a reason many layers share (the backend's kernels) once
-        if len(names) > 3:
-            logger.warning("engine %s: %d layers stay in float: %s (%s, ...; the partition report lists them)",
-                           engine.name, len(names), reason, ", ".join(names[:2]))
-        for name in names:
-            (logger.debug if len(names) > 3 else logger.warning)("engine %s: %s stays in float: %s", engine.name,
-                                                                 name, reason)
-    return engine
+
+    def announce(engine_kept: bool) -> None:
+        warn = logger.warning if engine_kept else logger.info
+        for reason, names in by_reason.items():  # a reason many layers share (the backend's kernels) once
+            if len(names) > 3:
+                warn("engine %s: %d layers stay in float: %s (%s, ...; the partition report lists them)",
+                     engine.name, len(names), reason, ", ".join(names[:2]))
+            for name in names:
+                (logger.debug if len(names) > 3 else warn)("engine %s: %s stays in float: %s", engine.name, name,
+                                                           reason)
+        if cosine is not None:
+            log_network_cosine(engine.name, cosine, request, engine_kept)
+
+    return engine, announce
 
 
 def _quantized_or_float(network: Network, convert: Callable[[], Network], build: BuildSettings,
@@ -354,9 +363,10 @@ def _quantized_or_float(network: Network, convert: Callable[[], Network], build:
     compute dtype), the block is also built in that float type alone, and the faster of the two on the block's first
     sample is kept: enabled precisions are what the builder may use, as TensorRT's are, and a quantized engine can
     be slower than its float one (a product whose quantized kernel is no faster, the quantizers' own passes). The
-    layers kept in float by the engine kept are added to `kept`."""
+    layers kept in float by the engine kept are added to `kept`; the quantized engine's warnings (layers left in
+    float, its outputs' cosine) are warnings only where it is kept."""
     own: list[Fp32Layer] = []
-    engine = _quantized_block(network, convert, build, samples, request, own)
+    engine, announce = _quantized_block(network, convert, build, samples, request, own)
     found = None
     if build.compute_dtype in (torch.float16, torch.bfloat16):
         try:
@@ -366,11 +376,13 @@ def _quantized_or_float(network: Network, convert: Callable[[], Network], build:
                         str(build.compute_dtype).removeprefix("torch."), e)
     if not found or not all(isinstance(x, torch.Tensor) for s in found for x in s):
         kept.extend(own)
+        announce(True)
         return engine
     quantized = str(request.quant_type).removeprefix("torch.")
     half = str(build.compute_dtype).removeprefix("torch.")
     kept_engine = _keep_faster(engine, own, convert, build, found, safety, kept, [f"{quantized} and {half}",
                                                                                   f"{half} alone"])
+    announce(kept_engine is engine)
     if kept_engine is not engine:
         logger.warning("engine %s: built in %s alone, which ran faster than with %s layers on its first calibration "
                        "sample (enabled_precisions without %s keeps the %s layers, the others then in float32)",

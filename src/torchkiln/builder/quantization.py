@@ -234,9 +234,11 @@ class QuantizeRequest:
 
 def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBinding], settings: BuildSettings,
                     name: str, samples: Callable[[], Sequence[Sequence[torch.Tensor]]],
-                    request: QuantizeRequest) -> tuple[Engine, list[QuantizedLayer]]:
+                    request: QuantizeRequest) -> tuple[Engine, list[QuantizedLayer], float | None]:
     """Build an engine with its convolutions and matrix multiplies quantized where their own error allows; the
-    engine and every layer calibration looked at. `samples` is called only where the cache has no entry."""
+    engine, every layer calibration looked at, and the least cosine of its outputs against its float32 build's on
+    the calibration samples (None where it was not measured: calibration ranges from the cache, or nothing
+    quantized). `samples` is called only where the cache has no entry."""
     reference = build_engine(convert(), bindings, dataclasses.replace(settings, compute_dtype=torch.float32),
                              f"{name}_fp32", plan=False).network
     names = {layer.name for layer in reference.layers if candidate(layer) is not None}
@@ -256,10 +258,10 @@ def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBind
             _write_cache(request.cache_file, name, request.quant_type, request.algorithm, cached, top)
     layers = without_kernels(cached or [], settings.backend, reference)
     engine = build_engine(convert(), bindings, _quantized(settings, request, layers, top), name, plan=False)
-    if chosen and any(not q.kept for q in layers):
-        _check_network_cosine(engine, reference, chosen, settings.device, request)
+    cosine = network_cosine(engine, reference, chosen, settings.device) \
+        if chosen and any(not q.kept for q in layers) else None
     ship(engine, settings.device)
-    return engine, layers
+    return engine, layers, cosine
 
 
 def _quantized(settings: BuildSettings, request: QuantizeRequest, layers: Sequence[QuantizedLayer],
@@ -270,23 +272,28 @@ def _quantized(settings: BuildSettings, request: QuantizeRequest, layers: Sequen
         tuple((q.name, q.output_amax) for q in layers if not q.kept and q.output_amax is not None), weight_max))
 
 
-def _check_network_cosine(engine: Engine, reference: Network, samples: Sequence[Sequence[torch.Tensor]],
-                          device: torch.device, request: QuantizeRequest) -> None:
-    """Log the least cosine of the quantized engine's outputs against `reference`'s on the samples (a warning under
-    `NETWORK_COSINE`: each layer within its own tolerance, their errors compounded)."""
-    cosine = min((_cosine(a, b) for sample in samples for a, b in zip(_run(reference, sample, device),
-                                                                       _run(engine.network, sample, device))),
-                 default=1.0)
+def network_cosine(engine: Engine, reference: Network, samples: Sequence[Sequence[torch.Tensor]],
+                   device: torch.device) -> float:
+    """The least cosine of the quantized engine's outputs against `reference`'s on the samples (each layer within
+    its own tolerance, their errors compounded)."""
+    return min((_cosine(a, b) for sample in samples for a, b in zip(_run(reference, sample, device),
+                                                                    _run(engine.network, sample, device))),
+               default=1.0)
+
+
+def log_network_cosine(name: str, cosine: float, request: QuantizeRequest, kept: bool = True) -> None:
+    """Log engine `name`'s `network_cosine`: a warning under `NETWORK_COSINE` where the quantized engine is `kept`
+    (an info line otherwise, and where it is not: the build kept its float one)."""
     what = str(request.quant_type).removeprefix("torch.")
-    if cosine < NETWORK_COSINE:
+    if cosine < NETWORK_COSINE and kept:
         logger.warning("engine %s: its %s outputs' cosine against float32 on the calibration samples is %.4f, under "
                        "%g: its quantized layers' errors (each within the tolerance) add up; another "
                        "calibration_algorithm (%s now), calibration data of the model's real inputs, or leaving "
-                       "%s out of enabled_precisions may do better", engine.name, what, cosine, NETWORK_COSINE,
+                       "%s out of enabled_precisions may do better", name, what, cosine, NETWORK_COSINE,
                        request.algorithm.value, what)
     else:
-        logger.info("engine %s: its %s outputs' cosine against float32 on the calibration samples is %.4f",
-                    engine.name, what, cosine)
+        logger.info("engine %s: its %s outputs' cosine against float32 on the calibration samples is %.4f%s", name,
+                    what, cosine, "" if kept else " (not kept: its float build ran faster)")
 
 
 def _cosine(ref: torch.Tensor, low: torch.Tensor) -> float:
