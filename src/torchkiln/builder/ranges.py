@@ -36,7 +36,12 @@ class Histogram:
     def observe(self, x: torch.Tensor) -> None:
         if self.amax == 0:
             return
-        counts = torch.histc(_finite_magnitudes(x).cpu(), BINS, 0.0, self.amax)  # the -1s lie outside: not counted
+        values = _finite_magnitudes(x)
+        if values.is_cuda and torch.are_deterministic_algorithms_enabled():  # CUDA's histc counts with atomics
+            values = values.cpu()
+        # counted where the values are (not copied to the host: a GPU calibration's activations are large), each
+        # call's counts exact (under 2**24 a bin) and summed in float64 on the host
+        counts = torch.histc(values, BINS, 0.0, self.amax).cpu().double()  # the -1s lie outside: not counted
         self.counts = counts if self.counts is None else self.counts + counts
 
     @property
