@@ -72,12 +72,14 @@ def _sources(network: Network, candidates: dict[str, Candidate]) -> dict[str, An
     return {name: layers[name].inputs[c.activation] for name, c in candidates.items()}
 
 
-def _run(network: Network, sample: Sequence[torch.Tensor], device: torch.device, kept: Container[int] = frozenset(),
+def _run(executor: ReferenceExecutor, network: Network, sample: Sequence[torch.Tensor],
+         kept: Container[int] = frozenset(),
          visit: Callable[[dict[int, torch.Tensor], L.Layer, list[torch.Tensor]], None] | None = None
          ) -> list[torch.Tensor]:
-    """Run `network` on the reference meanings, calling visit(the values of the tensors in `kept` so far, by
-    id, layer, its outputs) where given; the network's outputs."""
-    args = [x.to(device=device, dtype=t.dtype) for x, t in zip(sample, network.inputs)]
+    """Run `network` on the reference meanings (`executor`: made once for it, which placed its weights on its
+    device), calling visit(the values of the tensors in `kept` so far, by id, layer, its outputs) where given; the
+    network's outputs."""
+    args = [x.to(device=executor.device, dtype=t.dtype) for x, t in zip(sample, network.inputs)]
     values = {id(t): x for t, x in zip(network.inputs, args) if id(t) in kept}
 
     def record(layer: L.Layer, outs: list[torch.Tensor]) -> None:
@@ -85,22 +87,23 @@ def _run(network: Network, sample: Sequence[torch.Tensor], device: torch.device,
         values.update((id(t), x) for t, x in zip(layer.outputs, outs) if id(t) in kept)
 
     with torch.no_grad():
-        return ReferenceExecutor(network, device).run(args, record if visit is not None else None)
+        return executor.run(args, record if visit is not None else None)
 
 
-def _own_error(layer: L.Layer, found: Candidate, inputs: list[torch.Tensor], out: torch.Tensor, amax: float,
-               output_amax: float | None, quant_type: torch.dtype, device: torch.device,
-               relu: L.Layer | None = None, weight_max: int = FULL_WEIGHT_MAX) -> float:
+def _own_error(layer: L.Layer, found: Candidate, inputs: list[torch.Tensor], weights: dict[str, torch.Tensor],
+               out: torch.Tensor, amax: float, output_amax: float | None, quant_type: torch.dtype,
+               device: torch.device, relu: L.Layer | None = None, weight_max: int = FULL_WEIGHT_MAX) -> float:
     """The relative error of `layer`'s output (of the ReLU after it, `relu`: `quantized_relus`) when its
-    activation, weight (and output, with `output_amax`) are quantized, on its fp32 inputs."""
+    activation, weight and output (with `output_amax`) are quantized, on its fp32 inputs and `weights` (on the
+    device: its kernel, or matrix operand, is quantized there per output channel)."""
     inputs = list(inputs)
     inputs[found.activation] = fake_quantized(inputs[found.activation], amax, quant_type)
-    q, scale = quantize_weight(found.weight, found.axis, quant_type, weight_max)
+    conv = isinstance(layer, L.ConvolutionLayer)
+    q, scale = quantize_weight(weights["kernel"] if conv else inputs[1], found.axis, quant_type, weight_max)
     shaped = scale.reshape([-1 if d == found.axis % q.dim() else 1 for d in range(q.dim())])
-    weight = dequantize(q, shaped, None).to(device)
-    weights = {k: w.to(device) for k, w in layer.weights.items()}
-    if isinstance(layer, L.ConvolutionLayer):
-        weights["kernel"] = weight
+    weight = dequantize(q, shaped, None)
+    if conv:
+        weights = {**weights, "kernel": weight}
     else:
         inputs[1] = weight
     low = run_layer(layer, inputs, weights, device)[0]
@@ -140,9 +143,10 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
                     run_layer(relus[layer.name], outs, {}, device)[0] if layer.name in relus else outs[0])
         return visit
 
+    executor = ReferenceExecutor(network, device)  # the weights placed on the device once, not per sample
     for method in ("observe_max", "observe"):
         for sample in samples:
-            _run(network, sample, device, kept, observe(method))
+            _run(executor, network, sample, kept, observe(method))
     amax = {name: choose_amax(h, algo, quant_type) for name, h in hists.items()}
     out_amax = {name: choose_amax(h, algo, quant_type) for name, h in out_hists.items()}
     errors = dict.fromkeys(candidates, 0.0)
@@ -150,12 +154,13 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
     def measure(values: dict[int, torch.Tensor], layer: L.Layer, outs: list[torch.Tensor]) -> None:
         if layer.name in candidates:
             inputs = [values[id(t)] for t in layer.inputs]
-            error = _own_error(layer, candidates[layer.name], inputs, outs[0], amax[layer.name],
-                               out_amax.get(layer.name), quant_type, device, relus.get(layer.name), weight_max)
+            error = _own_error(layer, candidates[layer.name], inputs, executor.weights(layer), outs[0],
+                               amax[layer.name], out_amax.get(layer.name), quant_type, device,
+                               relus.get(layer.name), weight_max)
             errors[layer.name] = max(errors[layer.name], error)
 
     for sample in samples:
-        _run(network, sample, device, kept, measure)
+        _run(executor, network, sample, kept, measure)
     tolerance = TOLERANCE[quant_type]
     kinds = {layer.name: layer.KIND for layer in network.layers}
     return [QuantizedLayer(name, kinds[name], amax[name], errors[name],
@@ -276,8 +281,9 @@ def network_cosine(engine: Engine, reference: Network, samples: Sequence[Sequenc
                    device: torch.device) -> float:
     """The least cosine of the quantized engine's outputs against `reference`'s on the samples (each layer within
     its own tolerance, their errors compounded)."""
-    return min((_cosine(a, b) for sample in samples for a, b in zip(_run(reference, sample, device),
-                                                                    _run(engine.network, sample, device))),
+    ours, theirs = ReferenceExecutor(engine.network, device), ReferenceExecutor(reference, device)
+    return min((_cosine(a, b) for sample in samples for a, b in zip(_run(theirs, reference, sample),
+                                                                    _run(ours, engine.network, sample))),
                default=1.0)
 
 

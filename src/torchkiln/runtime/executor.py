@@ -98,11 +98,16 @@ class ReferenceExecutor:
             self.steps.append((fn, layer, weights,
                                [slot[id(t)] for t in layer.inputs], [slot[id(t)] for t in layer.outputs],
                                frees[step]))
+        self._weights = {id(layer): weights for _, layer, weights, *_ in self.steps}
         self.output_slots = [slot[id(t)] for t in network.outputs]
         self.clone_output = [may_alias_storage(t) for t in network.outputs]
         # dynamic shapes: binds symbols per input signature. A sub-network has none to bind (conversion refuses
         # symbolic parameters there), and its input dims may be expressions that only the outer network binds.
         self.binder = None if sub_network else SymbolBinder.for_network(network)
+
+    def weights(self, layer: L.Layer) -> dict[str, torch.Tensor]:
+        """`layer`'s weights as this executor placed them on its device."""
+        return self._weights[id(layer)]
 
     def run(self, inputs: list[torch.Tensor],
             visit: Callable[[L.Layer, list[torch.Tensor]], None] | None = None) -> list[torch.Tensor]:
