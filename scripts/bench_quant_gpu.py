@@ -1,6 +1,6 @@
 """INT8 and FP8 against fp16 and fp32 on a GPU: torchkiln's cuda engine of each zoo model built four ways (fp32,
-fp16, fp16 with int8, fp16 with fp8; the quantized builds calibrated on four random batches at the model's shapes),
-timed side by side in one process, interleaved (`torchkiln.bench.timing.time_interleaved`, CUDA events), each
+fp16, fp16 with int8, fp16 with fp8; the quantized builds calibrated on `--samples` random batches at the model's
+shapes), timed side by side in one process, interleaved (`torchkiln.bench.timing.time_interleaved`, CUDA events), each
 build's cosine against fp32 eager, and what its plan runs (its steps' kernel rows). Not a test.
 
 Since the quantized builds compete with their fp16 build (docs/quantization.md), a quantized build that times
@@ -8,6 +8,10 @@ slower keeps its fp16 engine; the plan column shows which was kept. `--only-quan
 quantized builds' precisions, so that their quantized layers are kept (the other layers then run in float32).
 
     python scripts/bench_quant_gpu.py [--models bert-base,resnet50] [--batch 32] [--iters 100] [--only-quantized]
+        [--samples 4]
+
+The builder's calibration lines are shown (`--samples 16 --batch 32`: 512 images, and the seconds calibration took
+on them).
 """
 from __future__ import annotations
 
@@ -47,9 +51,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--iters", type=int, default=100)
     parser.add_argument("--only-quantized", action="store_true")
+    parser.add_argument("--samples", type=int, default=4, help="calibration batches (of --batch inputs each)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     logging.getLogger("torchkiln").setLevel(logging.ERROR)
+    shown = logging.StreamHandler()  # the builder's calibration lines (how many samples, how long) alone
+    shown.addFilter(lambda record: "calibrat" in record.getMessage() and record.levelno == logging.INFO)
+    builder = logging.getLogger("torchkiln.builder")
+    builder.setLevel(logging.INFO)
+    builder.addHandler(shown)
+    builder.propagate = False
     device = torch.device("cuda")
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -58,7 +69,7 @@ def main() -> None:
         zoo = find_zoo_model(name)
         model = load_zoo_model(zoo, device)
         inputs = [x.to(device) for x in zoo.inputs(args.batch)]
-        samples = [tuple(x.to(device) for x in zoo.inputs(args.batch)) for _ in range(4)]
+        samples = [tuple(x.to(device) for x in zoo.inputs(args.batch)) for _ in range(args.samples)]
         with torch.no_grad():
             reference = model(*inputs).float().flatten()
         built, info = {}, {}

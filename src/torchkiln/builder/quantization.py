@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import os
+import time
 from collections.abc import Callable, Container, Sequence
 from typing import Any
 
@@ -258,7 +259,11 @@ def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBind
         logger.info("engine %s: calibration ranges read from %s", name, request.cache_file)
     elif names:
         chosen = samples()
+        logger.info("engine %s: calibrating %d layers on %d samples (%s)", name, len(names), len(chosen),
+                    request.algorithm.value)
+        start = time.perf_counter()
         cached = calibrate(reference, chosen, request.algorithm, request.quant_type, settings.device, top)
+        logger.info("engine %s: calibrated in %.1f s", name, time.perf_counter() - start)
         if request.cache_file:
             _write_cache(request.cache_file, name, request.quant_type, request.algorithm, cached, top)
     layers = without_kernels(cached or [], settings.backend, reference)
