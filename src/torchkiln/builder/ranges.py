@@ -143,4 +143,6 @@ def _divergence(p: torch.Tensor, q: torch.Tensor) -> float:
 def channel_amax(weight: torch.Tensor, axis: int) -> torch.Tensor:
     """The largest |value| of each slice of `weight` along `axis` (per output channel)."""
     moved = weight.detach().float().movedim(axis, 0).abs()
-    return moved.reshape(moved.shape[0], -1).amax(1) if moved.numel() else torch.zeros(moved.shape[0])
+    if not moved.numel():
+        return torch.zeros(moved.shape[0], device=weight.device)
+    return moved.reshape(moved.shape[0], -1).amax(1)
