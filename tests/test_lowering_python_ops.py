@@ -227,3 +227,45 @@ def test_a_forward_that_reads_the_grad_mode_is_not_inlined(registry):
         check_compiled(torch.jit.trace(model, (x,)), [x], min_block_size=1, engines=None, torch_blocks=None)
     compiled, _ = compile_with_report(torch.jit.trace(model, (x,)), [x], min_block_size=1)
     assert_matches_eager(compiled(x), model(x).detach())  # with gradients on, as a caller may run it
+
+
+class ConfiguredScale(torch.autograd.Function):
+    """A Function taking its settings as a dict of mixed values, as some model code passes its config
+    (transformers' YOSO): TorchScript has no constant of it."""
+
+    @staticmethod
+    def forward(ctx, x, config):
+        return x * config["scale"] if config["mode"] == "scaled" else x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class Configured(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ConfiguredScale.apply(self.fc(x), {"scale": 3.0, "mode": "scaled"}).relu()
+
+
+def test_a_function_taking_a_python_object_runs_in_pytorch_with_a_warning(registry):
+    """A traced call whose argument TorchScript has no constant of (a dict) stays in PyTorch, saying so, and the
+    module matches eager; a replacement registered for it cannot take the call, and the error names it."""
+    model, x = Configured().eval(), torch.randn(2, 8)
+    traced = torch.jit.trace(model, (x,))
+    with pytest.warns(UserWarning, match=r"ConfiguredScale \(its argument 1 is a Python dict, which TorchScript "
+                                         r"cannot hold as a constant\)"):
+        compiled, report = check_compiled(traced, [x], min_block_size=1, engines=None, torch_blocks=None)
+    assert report.num_torch_blocks >= 1
+    assert_matches_eager(compiled(x), model(x))
+
+    def scale(x: torch.Tensor, factor: float) -> torch.Tensor:
+        return x * factor
+
+    torchkiln.register_python_op(ConfiguredScale, scale)
+    with pytest.raises(ValueError, match="replacement registered for .*ConfiguredScale cannot take the arguments"
+                                         ".*a Python dict"):
+        torchkiln.compile(torch.jit.trace(model, (x,)), [x], min_block_size=1)

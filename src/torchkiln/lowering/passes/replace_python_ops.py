@@ -60,9 +60,30 @@ def _replacement(node: Node) -> tuple[str, torch.jit.ScriptFunction] | None:
 
 
 def _arguments(graph: Graph, node: Node) -> list[torch._C.Value]:
-    """The call's arguments in order: tensors (and traced scalars) are inputs, 'c' arguments are constants."""
+    """The call's arguments in order: tensors (and traced scalars) are inputs, 'c' arguments are constants;
+    NotInlinable (no constant left behind) where one is a Python object TorchScript has no constant of (a dict of
+    settings, say)."""
     inputs, scalars = iter(node.inputs()), iter(node.scalar_args())
-    return [next(inputs) if kind == "d" else graph.insertConstant(next(scalars)) for kind in node.cconv()]
+    arguments: list[torch._C.Value] = []
+    for k, kind in enumerate(node.cconv()):
+        if kind == "d":
+            arguments.append(next(inputs))
+            continue
+        scalar = next(scalars)
+        try:
+            arguments.append(graph.insertConstant(scalar))
+        except (TypeError, RuntimeError):  # pybind11: a type it cannot convert; TorchScript: one it cannot hold
+            _drop_unused_constants(arguments)
+            raise NotInlinable(f"its argument {k} is a Python {type(scalar).__name__}, which TorchScript cannot hold "
+                               f"as a constant") from None
+    return arguments
+
+
+def _drop_unused_constants(arguments: list[torch._C.Value]) -> None:
+    """Destroy the constants made for a call's scalars that nothing uses."""
+    for value in arguments:
+        if value.node().kind() == "prim::Constant" and not value.uses():
+            value.node().destroy()
 
 
 def _shape_of_return(types: list[torch._C.JitType]) -> tuple[str, int]:
@@ -103,27 +124,37 @@ def _inline(graph: Graph, node: Node, fn: torch.jit.ScriptFunction, arguments: l
     return outputs
 
 
+def _not_inlined(node: Node, name: str, why: NotInlinable) -> None:
+    """Leave the call in place, saying why (`NOT_INLINED_ATTR`, for the compile's warning)."""
+    node.s_(NOT_INLINED_ATTR, str(why))
+    logger.debug("custom autograd Function %s is not inlined: %s", name, why)
+
+
 @lowering_pass(replaces=("prim::PythonOp",))
 def replace_python_ops(graph: Graph, ctx: LoweringContext) -> bool:
     """Inline the registered replacement, or else the scripted forward, of each custom autograd Function call."""
     changed = False
     for node in [n for n in all_nodes(graph.block()) if n.kind() == "prim::PythonOp"]:
         found = _replacement(node)
-        with graph.insert_point_guard(node):
-            arguments = _arguments(graph, node)
-        if found is None:
-            name = python_op_names(node)[0]
+        name = found[0] if found else python_op_names(node)[0]
+        try:
+            with graph.insert_point_guard(node):
+                arguments = _arguments(graph, node)
+        except NotInlinable as e:
+            if found:
+                raise ValueError(f"the replacement registered for {name} cannot take the arguments its apply was "
+                                 f"called with ({source_location(node)}): {e}") from None
+            _not_inlined(node, name, e)
+            continue
+        if found:
+            fn = found[1]
+        else:
             try:
                 fn = _own_forward(node, arguments)
             except NotInlinable as e:
-                for value in arguments:  # the constants made for the call's scalars
-                    if value.node().kind() == "prim::Constant" and not value.uses():
-                        value.node().destroy()
-                node.s_(NOT_INLINED_ATTR, str(e))
-                logger.debug("custom autograd Function %s is not inlined: %s", name, e)
+                _drop_unused_constants(arguments)
+                _not_inlined(node, name, e)
                 continue
-        else:
-            name, fn = found
         try:
             outputs = _inline(graph, node, fn, arguments)
         except RuntimeError as e:
