@@ -233,7 +233,7 @@ class ExportContext:
         channel of an image, the first token's features of a sequence), or all of a vector. A float32 image with static
         rows and columns is sampled by a max pooling of window [1, W] and stride [H, W], which ORT runs in the NCHWc
         layout of the convolutions around it, where a Slice would have the whole tensor reordered first. (A pass over
-        each whole guarded tensor, by GlobalMaxPool, cost 15% of a MobileViT V2's call at batch 1; a Slice, or an If
+        each whole guarded tensor, by GlobalMaxPool, cost 15% of a call of a SiLU network at batch 1; a Slice, or an If
         around that pass where the sample fails, cost as much.)"""
         if dtype == torch.float32 and len(shape) == 4 and all(isinstance(d, int) for d in shape[2:]):
             sample = self.node("MaxPool", [y], kernel_shape=[1, shape[3]], strides=list(shape[2:]))[0]

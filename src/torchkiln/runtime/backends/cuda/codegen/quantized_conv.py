@@ -39,10 +39,11 @@ KERNEL_NAME = "quantized_conv_kernel"
 M_DIMS, N_DIM = (0, 2, 3), 1
 MIN_DEPTH = 32  # K block of the int8 and fp8 tensor-core instructions
 MAX_DEPTH = 128  # K block at most (128 bytes of int8 or fp8 a row)
-# The tiles timed for every convolution (before `candidates` narrows them), the fastest four of 15 (tile shapes,
-# stages, warps) over ResNet-50's 23 convolution shapes at batch 32, int8, on an H200: 128x128 and 128x64 tiles won
-# the early stages, 64x64 with K blocks of 128 the late ones (a 3x3 of 512 channels over 7x7: 20 us against 38 for
-# 128x128); 128x256 tiles of 8 warps never won (2-4x slower on the 1x1 convolutions)
+# The tiles timed for every convolution (before `candidates` narrows them): the fastest four of 15 (tile shapes,
+# stages, warps) over 23 bottleneck-block convolutions (1x1 and 3x3, strides 1 and 2, 64-2048 channels, 56x56 to
+# 7x7 maps, batch 32; int8, H200; scripts/bench_quant_conv.py): 128x128 and 128x64 tiles won on large maps, 64x64
+# with K blocks of 128 on small maps of many channels (a 3x3 of 512 channels over 7x7: 20 us against 38 for 128x128);
+# 128x256 tiles of 8 warps never won (2-4x slower on the 1x1 convolutions)
 BASES = (Config(128, 128, 64, 4, 4), Config(128, 64, 64, 4, 4), Config(64, 128, 64, 4, 4), Config(64, 64, 128, 4, 4))
 MIN_FAST_CHANNELS = 16  # input channels a convolution needs for post-training quantization to pick this kernel
 
