@@ -105,8 +105,9 @@ def test_generated_quantized_convolution_matches_the_reference(config, monkeypat
 
 @on_the_cpu
 @pytest.mark.parametrize("k, stride, pad, dilation, zero", [
-    (3, 2, 1, 1, -128), (3, 1, 3, 1, -128), (1, 2, 0, 1, -128), (5, 1, 2, 2, 5), (2, 3, 1, 1, 100)],
-    ids=["strided", "padding-past-the-window", "1x1-downsample", "dilated", "even-window"])
+    (3, 2, 1, 1, -128), (3, 1, 3, 1, -128), (1, 2, 0, 1, -128), (5, 1, 2, 2, 5), (2, 3, 1, 1, 100),
+    (1, 1, 0, 1, 100)], ids=["strided", "padding-past-the-window", "1x1-downsample", "dilated", "even-window",
+                              "1x1-as-a-gemm"])
 def test_zero_points_through_every_window_shape(k, stride, pad, dilation, zero, monkeypatch):
     """One quantized convolution (a float output, so nothing is requantized) of an input with a zero point: windows
     partly or wholly in the padding take the taps inside the image only (the rectangle table), at any stride,
@@ -121,6 +122,51 @@ def test_zero_points_through_every_window_shape(k, stride, pad, dilation, zero, 
     got = run_plan_eagerly(net, plan, [x])[0]
     ref = ReferenceExecutor(net, CPU).run([x])[0]
     assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
+
+
+def _pointwise_network(quant_type: torch.dtype = I8) -> Network:
+    """Two 1x1 stride-1 convolutions (24 -> 40 -> 24 channels: K tails of a 32 block) of inputs with a zero point
+    (int8), a ReLU and the next quantize after the first, the block's input added after the second."""
+    net = Network("qgemm")
+    x = net.add_input("x", torch.float32, (2, 24, 7, 9))
+    zero = -128 if quant_type == I8 else 0
+    h = net.add_activation(_conv(net, x, 24, 40, 1, 1, 0, zero=zero, scale=0.03, quant_type=quant_type),
+                           L.ActivationType.RELU).get_output()
+    h2 = _conv(net, h, 40, 24, 1, 1, 0, zero=zero, scale=0.02, quant_type=quant_type)
+    net.mark_output(net.add_elementwise(h2, x, L.ElementWiseOperation.SUM).get_output())
+    return net
+
+
+def _gemm_calls(monkeypatch) -> list[int]:
+    """Counts the generated GEMM launches (a 1x1 convolution's kernel) in its one element."""
+    from torchkiln.runtime.backends.cuda.codegen.gemm import GemmLauncher
+
+    calls, launch = [0], GemmLauncher.__call__
+
+    def counted(self, *args, **kwargs):
+        calls[0] += 1
+        return launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(GemmLauncher, "__call__", counted)
+    return calls
+
+
+@on_the_cpu
+def test_a_1x1_convolution_runs_as_a_quantized_gemm_over_its_channels(monkeypatch):
+    """A quantized 1x1 convolution of stride 1 is the generated quantized GEMM (no window arithmetic), its input's
+    zero point subtracted through the weight's column sums, M and K not multiples of the blocks, with its epilogue:
+    against the reference meanings."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    net = _pointwise_network()
+    plan = _plan(net, monkeypatch, "16,16,32,1,4,2")
+    assert _steps(net, plan) == [
+        ("pointwise", ["quantize"]),
+        (GENERATED_CONV_OP, ["dequantize", "convolution", "activation", "quantize"]),
+        (GENERATED_CONV_OP, ["dequantize", "convolution", "elementwise"])]
+    calls = _gemm_calls(monkeypatch)
+    x = torch.randn(2, 24, 7, 9, generator=torch.Generator().manual_seed(4)) * 2
+    _assert_close(run_plan_eagerly(net, plan, [x])[0], ReferenceExecutor(net, CPU).run([x])[0])
+    assert calls[0] == 2
 
 
 @on_the_cpu
@@ -266,6 +312,27 @@ def test_generated_quantized_convolution_on_the_gpu(quant_type, config, monkeypa
     for _ in range(3):
         got = runner.run([x.to(device)])[0].cpu()
     _assert_close(got, ref, quant_type)
+
+
+@needs_cuda
+@pytest.mark.parametrize("quant_type", [I8, F8], ids=["int8", "fp8"])
+@pytest.mark.parametrize("config", ["16,16,32,1,4,2", "128,64,64,2,4"])
+def test_a_1x1_convolution_as_a_quantized_gemm_on_the_gpu(quant_type, config, monkeypatch):
+    if quant_type == F8 and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 needs sm_89")
+    from torchkiln.runtime.backends.cuda.runner import CudaRunner
+
+    net = _pointwise_network(quant_type)
+    device = torch.device("cuda")
+    plan = _plan(net, monkeypatch, config, device)
+    calls = _gemm_calls(monkeypatch)
+    runner = CudaRunner(net, plan, device, BackendOptions())
+    x = torch.randn(2, 24, 7, 9, generator=torch.Generator().manual_seed(4)) * 2
+    ref = ReferenceExecutor(net, CPU).run([x])[0]
+    for _ in range(3):
+        got = runner.run([x.to(device)])[0].cpu()
+    _assert_close(got, ref, quant_type)
+    assert calls[0] >= 2
 
 
 @needs_cuda

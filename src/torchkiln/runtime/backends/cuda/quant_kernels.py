@@ -180,9 +180,12 @@ def generated_kernel(layers: list[L.Layer], inputs: Sequence[int], outputs: Sequ
 
     roles = QuantizedProduct(layers)
     reads = epilogue_inputs(roles.product, roles.epilogue, inputs)
-    if roles.dqw is None:
-        return quantized_conv.generate(roles.product, roles.epilogue, reads, outputs, zero_point(roles.dqx)), roles
-    return gemm.generate(roles.product, roles.epilogue, reads, outputs, roles.dqw.quant_type), roles
+    if roles.dqw is not None:
+        return gemm.generate(roles.product, roles.epilogue, reads, outputs, roles.dqw.quant_type), roles
+    if gemm.pointwise_conv(roles.product) is None:
+        return gemm.generate(roles.product, roles.epilogue, reads, outputs, roles.product.kernel_type,
+                             zero_point(roles.dqx)), roles
+    return quantized_conv.generate(roles.product, roles.epilogue, reads, outputs, zero_point(roles.dqx)), roles
 
 
 @maker("generated", GENERATED_OP)
@@ -204,7 +207,7 @@ def _quantized_gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepF
 
 @maker("generated", GENERATED_CONV_OP)
 def _quantized_conv(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
-    from torchkiln.runtime.backends.cuda.codegen.gemm import Config
+    from torchkiln.runtime.backends.cuda.codegen.gemm import Config, GemmLauncher, pointwise_conv
     from torchkiln.runtime.backends.cuda.codegen.quantized_conv import QuantizedConvLauncher
 
     weights = {id(layer): w for layer, w in zip(step.layers, step.weights)}
@@ -212,9 +215,15 @@ def _quantized_conv(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepF
     conv_weights = weights[id(roles.product)]
     columns = weights[id(roles.dqx)]["scale"].reshape(()).float() * conv_weights["kernel_scale"].float().reshape(-1)
     bias = conv_weights.get("bias")
-    launch = QuantizedConvLauncher(generated, roles.product, Config.parse(str(kernel.option("config", ""))),
-                                   kernel_values(roles.product, conv_weights), columns,
-                                   None if bias is None else bias.float(), zero_point(roles.dqx))
+    bias = None if bias is None else bias.float()
+    values, zero = kernel_values(roles.product, conv_weights), zero_point(roles.dqx)
+    config = Config.parse(str(kernel.option("config", "")))
     x_at = step.inputs.index(id(roles.dqx.inputs[0]))
     at = [step.inputs.index(id(t)) for t in generated.inputs]
+    if pointwise_conv(roles.product) is None:  # generated as a GEMM over the channels (`generated_kernel`)
+        weight = values.reshape(values.shape[0], -1).contiguous()
+        sums = weight.to(torch.int32).sum(1, dtype=torch.int32) if zero else None
+        gemm_launch = GemmLauncher(generated, roles.product, config, columns.contiguous(), sums)
+        return lambda xs: gemm_launch(xs[x_at], weight, bias, [xs[k] for k in at])
+    launch = QuantizedConvLauncher(generated, roles.product, config, values, columns, bias, zero)
     return lambda xs: launch(xs[x_at], [xs[k] for k in at])

@@ -14,7 +14,10 @@ post-training quantization's Q/DQ form) runs on the quantized values: int8 x int
 e4m3 x fp8 e4m3 into float32, then times each column's scale (the activation's scale times the weight's channel
 scale) and plus the bias in float32, then the epilogue. (Quantizing the float activation as the kernel loads it was
 measured and dropped: a 12-layer, 768-wide encoder's GEMMs over 4096 tokens took 3.7 ms against 1.3 ms reading the
-quantized activation on an H100; the quantize joins the kernel that makes the activation instead.)
+quantized activation on an H100; the quantize joins the kernel that makes the activation instead.) A quantized 1x1
+convolution (stride 1, no padding, one group) is the same quantized product over a channels-last input's channels,
+its input's zero point subtracted as the zero point times each column's weight sum (codegen/quantized_conv.py runs
+the other quantized convolutions).
 """
 from __future__ import annotations
 
@@ -187,31 +190,44 @@ def gemm_layer(layer: L.Layer) -> str | None:
             return "only an input and a weight of the product's dtype"
         return _linear_form(layer)
     if isinstance(layer, L.ConvolutionLayer):
-        w = layer.weights["kernel"]
-        if layer.transposed or w.dim() != 4 or tuple(w.shape[2:]) != (1, 1) or layer.groups != 1 or \
-                any(s != 1 for s in layer.stride) or any(p != 0 for p in layer.padding) or \
-                layer.inputs[0].dtype != out.dtype:
-            return "only a 1x1 convolution of stride 1, no padding and one group"
-        return None
+        if layer.inputs[0].dtype != out.dtype:
+            return "only an input of the convolution's dtype"
+        return pointwise_conv(layer)
     return f"{layer.KIND} is not a matrix product"
 
 
+def pointwise_conv(layer: L.Layer) -> str | None:
+    """None if `layer` is a 1x1 convolution of stride 1, no padding and one group, of a batched 2-D input (a product
+    over the channels of a channels-last input); else why not."""
+    if not isinstance(layer, L.ConvolutionLayer):
+        return f"{layer.KIND} is not a convolution"
+    w = layer.weights["kernel"]
+    if layer.transposed or w.dim() != 4 or tuple(w.shape[2:]) != (1, 1) or layer.groups != 1 or \
+            any(s != 1 for s in layer.stride) or any(p != 0 for p in layer.padding) or layer.inputs[0].rank != 4:
+        return "only a 1x1 convolution of stride 1, no padding and one group"
+    return None
+
+
 def generate(product: L.Layer, layers: Sequence[L.Layer], inputs: Sequence[Tensor],
-             outputs: Sequence[Tensor], quant_type: torch.dtype | None = None) -> GemmKernel:
+             outputs: Sequence[Tensor], quant_type: torch.dtype | None = None, zero_point: int = 0) -> GemmKernel:
     """The kernel computing `outputs` from the product's output through the pointwise `layers` (the product's
     output is their first layer's input; `inputs` are the epilogue's other inputs); with `quant_type` (int8 or fp8
-    e4m3), of a quantized product (`quantized_gemm_layer`) reading quantized operands."""
+    e4m3), of a quantized product (`quantized_gemm_layer`) reading quantized operands, the activation's of
+    `zero_point` (int8 only)."""
     _product_layout(product, quant_type is not None)
     # a half-precision product's activations divide approximately (pointwise.py, before HEADER); a quantized
     # product's epilogue keeps IEEE division, so its next layer's quantize reads the reference's values
     b = epilogue.build(product.outputs[0], layers, inputs, outputs, approximate_division=quant_type is None)
-    return GemmKernel(_source(b, outputs, quant_type), tuple(inputs), tuple(b.weights), tuple(outputs),
+    return GemmKernel(_source(b, outputs, quant_type, zero_point), tuple(inputs), tuple(b.weights), tuple(outputs),
                       product.outputs[0].rank)
 
 
 def quantized_gemm_layer(product: L.Layer) -> str | None:
-    """None if `product` is a matrix multiply this kernel computes on quantized operands (`_linear_form`); else why
-    not. The caller checks the operands' dequantize layers (quant_kernels.quantized_matmuls)."""
+    """None if `product` is a matrix multiply (`_linear_form`) or a convolution of a quantized kernel
+    (`pointwise_conv`) this kernel computes on quantized operands; else why not. The caller checks the operands'
+    dequantize layers (quant_kernels.quantized_matmuls and quantized_convolutions)."""
+    if isinstance(product, L.ConvolutionLayer):
+        return pointwise_conv(product) or (None if product.kernel_type is not None else "its kernel is not quantized")
     if not isinstance(product, L.MatrixMultiplyLayer):
         return f"{product.KIND} is not a matrix multiply"
     return _linear_form(product)
@@ -262,8 +278,9 @@ _SPLIT_LINES = (
 )
 
 
-def _source(b: Builder, outputs: Sequence[Tensor], quant_type: torch.dtype | None = None) -> str:
+def _source(b: Builder, outputs: Sequence[Tensor], quant_type: torch.dtype | None = None, zero_point: int = 0) -> str:
     scales = ["col_scale"] if quant_type is not None else []
+    scales += ["col_sum"] if zero_point else []
     params = ["a", "w", "bias", *scales, *epilogue.pointer_params(b, outputs), "parts", "counts", "M", "N", "K",
               "a_m", "a_k", "w_n", "w_k", *epilogue.stride_params(b, outputs),
               "HAS_BIAS: tl.constexpr", "EVEN_K: tl.constexpr", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
@@ -301,6 +318,7 @@ def _source(b: Builder, outputs: Sequence[Tensor], quant_type: torch.dtype | Non
         "    a_ptr += BLOCK_K * a_k",
         "    w_ptr += BLOCK_K * w_k",
         *_SPLIT_LINES,
+        *([f"acc = acc - {zero_point} * tl.load(col_sum + rn, mask=rn < N, other=0)[None, :]"] if zero_point else []),
         *(["acc = acc.to(tl.float32) * tl.load(col_scale + rn, mask=rn < N, other=0.0)[None, :]"]
           if quant_type is not None else []),
         "if HAS_BIAS:",
@@ -320,12 +338,13 @@ class GemmLauncher:
     """Runs a generated GEMM on CUDA tensors (or CPU tensors under Triton's interpreter) for one product layer."""
 
     def __init__(self, kernel: GemmKernel, product: L.Layer, config: Config,
-                 column_scale: torch.Tensor | None = None) -> None:
-        """`column_scale`: a quantized product's scale of each output column."""
+                 column_scale: torch.Tensor | None = None, column_sum: torch.Tensor | None = None) -> None:
+        """`column_scale`: a quantized product's scale of each output column; `column_sum`: its weight's sum over
+        each output column's K values (int32), where the kernel was generated for a zero point."""
         from torchkiln.runtime.backends.cuda.codegen.compile import load_source
 
         self.config = config
-        self.scales = () if column_scale is None else (column_scale,)
+        self.scales = tuple(t for t in (column_scale, column_sum) if t is not None)
         self.m_dims, self.n_dim = _product_layout(product, column_scale is not None)
         self.conv = isinstance(product, L.ConvolutionLayer)
         self.epilogue = epilogue.Operands(kernel.inputs, kernel.weights, kernel.outputs, self.m_dims, self.n_dim,
