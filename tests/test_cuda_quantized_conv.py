@@ -403,7 +403,11 @@ def test_tile_candidates_fit_the_convolution():
     deep = candidates(32 * 7 * 7, 512, 9 * 512, 512, 132)  # 3x3, 512 channels
     assert max(c.block_k for c in deep) == 128 and all(c.stages > 2 for c in deep)
     assert all(c.block_k == 32 for c in candidates(32 * 28 * 28, 64, 9 * 24, 24, 132))  # 24 channels: one 32 block
-    for found in (one_block, deep, candidates(49, 512, 9 * 512, 512, 132)):
+    pointwise = candidates(32 * 56 * 56, 256, 64, 64, 132, pointwise=True)  # a GEMM over 64 channels
+    assert (128, 64, 64, 2) in [(c.block_m, c.block_n, c.block_k, c.stages) for c in pointwise]
+    wide = candidates(32 * 14 * 14, 256, 1024, 1024, 132, pointwise=True)
+    assert all(c.block_k == 128 and c.stages > 2 for c in wide)
+    for found in (one_block, deep, candidates(49, 512, 9 * 512, 512, 132), pointwise, wide):
         blocks = [(c.block_m, c.block_n, c.block_k) for c in found]
         assert len(blocks) == len(set(blocks))
         assert all(c.block_m * c.block_n <= 128 * 128 for c in found)

@@ -45,6 +45,10 @@ MAX_DEPTH = 128  # K block at most (128 bytes of int8 or fp8 a row)
 # with K blocks of 128 on small maps of many channels (a 3x3 of 512 channels over 7x7: 20 us against 38 for 128x128);
 # 128x256 tiles of 8 warps never won (2-4x slower on the 1x1 convolutions)
 BASES = (Config(128, 128, 64, 4, 4), Config(128, 64, 64, 4, 4), Config(64, 128, 64, 4, 4), Config(64, 64, 128, 4, 4))
+# The tiles timed for a 1x1 convolution of stride 1, which runs as the generated quantized GEMM (codegen/gemm.py):
+# the best three of 10 over the 13 such convolutions of bottleneck blocks (64-2048 channels, 56x56 to 7x7 maps,
+# batch 32, with their epilogues; int8, H200), within 1% of all ten together (557 against 552 us a network)
+POINTWISE_BASES = (Config(128, 64, 128, 3, 4), Config(64, 64, 128, 4, 4), Config(128, 128, 128, 3, 4))
 MIN_FAST_CHANNELS = 16  # input channels a convolution needs for post-training quantization to pick this kernel
 
 
@@ -86,15 +90,16 @@ def flat(in_channels: int, block_k: int) -> bool:
     return in_channels < block_k
 
 
-def candidates(m: int, n: int, k: int, in_channels: int, sms: int) -> list[Config]:
+def candidates(m: int, n: int, k: int, in_channels: int, sms: int, pointwise: bool = False) -> list[Config]:
     """The tiles worth timing for a convolution of `m` output positions, `n` output channels and `k` = taps x input
-    channels: the `BASES` narrowed to the product (K blocks no deeper than the input channels, but `MIN_DEPTH` at
-    least; two pipeline stages where K is one block: more only hold idle shared memory), then the tile
-    `gemm.filling` sizes to the GPU's `sms` multiprocessors where the product has few tiles (a late stage, batch 1).
+    channels: the `BASES` (`POINTWISE_BASES` for a `pointwise` one, a GEMM) narrowed to the product (K blocks no
+    deeper than the input channels, but `MIN_DEPTH` at least; two pipeline stages where K is one block: more only
+    hold idle shared memory), then the tile `gemm.filling` sizes to the GPU's `sms` multiprocessors where the
+    product has few tiles (a late stage, batch 1).
     """
     depth = max(MIN_DEPTH, min(MAX_DEPTH, _pow2(in_channels)))
     found: list[Config] = []
-    for base in BASES:
+    for base in POINTWISE_BASES if pointwise else BASES:
         block_k = min(base.block_k, depth)
         tile = Config(min(base.block_m, max(16, _pow2(m))), min(base.block_n, max(16, _pow2(n))), block_k,
                       base.stages if _k_blocks(k, in_channels, block_k) > 1 else 2, base.warps)
