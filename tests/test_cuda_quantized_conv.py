@@ -124,49 +124,60 @@ def test_zero_points_through_every_window_shape(k, stride, pad, dilation, zero, 
     assert float((got - ref).abs().max()) <= 1e-5 * float(ref.abs().max())
 
 
-def _pointwise_network(quant_type: torch.dtype = I8) -> Network:
-    """Two 1x1 stride-1 convolutions (24 -> 40 -> 24 channels: K tails of a 32 block) of inputs with a zero point
-    (int8), a ReLU and the next quantize after the first, the block's input added after the second."""
+def _pointwise_network(quant_type: torch.dtype = I8, channels: tuple[int, int] = (24, 40)) -> Network:
+    """Two 1x1 stride-1 convolutions (c -> d -> c channels) of inputs with a zero point (int8), a ReLU and the next
+    quantize after the first, the block's input added after the second; 63 positions an image."""
     net = Network("qgemm")
-    x = net.add_input("x", torch.float32, (2, 24, 7, 9))
+    c, d = channels
+    x = net.add_input("x", torch.float32, (2, c, 7, 9))
     zero = -128 if quant_type == I8 else 0
-    h = net.add_activation(_conv(net, x, 24, 40, 1, 1, 0, zero=zero, scale=0.03, quant_type=quant_type),
+    h = net.add_activation(_conv(net, x, c, d, 1, 1, 0, zero=zero, scale=0.03, quant_type=quant_type),
                            L.ActivationType.RELU).get_output()
-    h2 = _conv(net, h, 40, 24, 1, 1, 0, zero=zero, scale=0.02, quant_type=quant_type)
+    h2 = _conv(net, h, d, c, 1, 1, 0, zero=zero, scale=0.02, quant_type=quant_type)
     net.mark_output(net.add_elementwise(h2, x, L.ElementWiseOperation.SUM).get_output())
     return net
 
 
-def _gemm_calls(monkeypatch) -> list[int]:
-    """Counts the generated GEMM launches (a 1x1 convolution's kernel) in its one element."""
+def _gemm_calls(monkeypatch) -> list[bool]:
+    """Records each generated GEMM launch (a 1x1 convolution's kernel): whether it took tensor descriptors."""
     from torchkiln.runtime.backends.cuda.codegen.gemm import GemmLauncher
 
-    calls, launch = [0], GemmLauncher.__call__
+    calls, described = [], GemmLauncher._described
 
-    def counted(self, *args, **kwargs):
-        calls[0] += 1
-        return launch(self, *args, **kwargs)
+    def recorded(self, *args, **kwargs):
+        found = described(self, *args, **kwargs)
+        calls.append(found is not None)
+        return found
 
-    monkeypatch.setattr(GemmLauncher, "__call__", counted)
+    monkeypatch.setattr(GemmLauncher, "_described", recorded)
     return calls
 
 
 @on_the_cpu
-def test_a_1x1_convolution_runs_as_a_quantized_gemm_over_its_channels(monkeypatch):
+@pytest.mark.parametrize("channels, described", [((24, 40), False), ((32, 48), True)],
+                         ids=["rows-of-24-and-40-bytes-pointers", "rows-of-32-and-48-bytes-descriptors"])
+def test_a_1x1_convolution_runs_as_a_quantized_gemm_over_its_channels(channels, described, monkeypatch):
     """A quantized 1x1 convolution of stride 1 is the generated quantized GEMM (no window arithmetic), its input's
     zero point subtracted through the weight's column sums, M and K not multiples of the blocks, with its epilogue:
-    against the reference meanings."""
+    against the reference meanings. Rows of a multiple of 16 bytes are read and written through tensor descriptors
+    (the residual and the outputs too), others through pointers; launches recorded for a tape take pointers."""
     pytest.importorskip("triton", reason="triton is not installed")
-    net = _pointwise_network()
+    from torchkiln.runtime.backends.cuda.codegen import captured_later
+
+    net = _pointwise_network(channels=channels)
     plan = _plan(net, monkeypatch, "16,16,32,1,4,2")
     assert _steps(net, plan) == [
         ("pointwise", ["quantize"]),
         (GENERATED_CONV_OP, ["dequantize", "convolution", "activation", "quantize"]),
         (GENERATED_CONV_OP, ["dequantize", "convolution", "elementwise"])]
     calls = _gemm_calls(monkeypatch)
-    x = torch.randn(2, 24, 7, 9, generator=torch.Generator().manual_seed(4)) * 2
-    _assert_close(run_plan_eagerly(net, plan, [x])[0], ReferenceExecutor(net, CPU).run([x])[0])
-    assert calls[0] == 2
+    x = torch.randn(2, channels[0], 7, 9, generator=torch.Generator().manual_seed(4)) * 2
+    ref = ReferenceExecutor(net, CPU).run([x])[0]
+    _assert_close(run_plan_eagerly(net, plan, [x])[0], ref)
+    assert calls == [described, described]
+    with captured_later():
+        _assert_close(run_plan_eagerly(net, plan, [x])[0], ref)
+    assert calls[2:] == [False, False]
 
 
 @on_the_cpu
@@ -316,23 +327,25 @@ def test_generated_quantized_convolution_on_the_gpu(quant_type, config, monkeypa
 
 @needs_cuda
 @pytest.mark.parametrize("quant_type", [I8, F8], ids=["int8", "fp8"])
-@pytest.mark.parametrize("config", ["16,16,32,1,4,2", "128,64,64,2,4"])
-def test_a_1x1_convolution_as_a_quantized_gemm_on_the_gpu(quant_type, config, monkeypatch):
+@pytest.mark.parametrize("config", ["16,16,32,1,4,2", "128,64,64,2,4", "64,128,64,3,4"])
+@pytest.mark.parametrize("channels", [(24, 40), (32, 48)], ids=["pointers", "descriptors"])
+def test_a_1x1_convolution_as_a_quantized_gemm_on_the_gpu(quant_type, config, channels, monkeypatch):
+    """The CUDA runner (eager, captured, replayed); float32 outputs [*, 128] wide tiles where the config has them."""
     if quant_type == F8 and torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 needs sm_89")
     from torchkiln.runtime.backends.cuda.runner import CudaRunner
 
-    net = _pointwise_network(quant_type)
+    net = _pointwise_network(quant_type, channels)
     device = torch.device("cuda")
     plan = _plan(net, monkeypatch, config, device)
     calls = _gemm_calls(monkeypatch)
     runner = CudaRunner(net, plan, device, BackendOptions())
-    x = torch.randn(2, 24, 7, 9, generator=torch.Generator().manual_seed(4)) * 2
+    x = torch.randn(2, channels[0], 7, 9, generator=torch.Generator().manual_seed(4)) * 2
     ref = ReferenceExecutor(net, CPU).run([x])[0]
     for _ in range(3):
         got = runner.run([x.to(device)])[0].cpu()
     _assert_close(got, ref, quant_type)
-    assert calls[0] >= 2
+    assert calls and all(c == (channels == (32, 48)) for c in calls)
 
 
 @needs_cuda

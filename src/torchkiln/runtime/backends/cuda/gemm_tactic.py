@@ -129,8 +129,9 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
     layer = network.layers[request.product]
     rest = [network.layers[j] for j in request.epilogue]
     if request.kind in (quant_kernels.GENERATED_OP, quant_kernels.GENERATED_CONV_OP):
-        source = quant_kernels.generated_kernel([network.layers[j] for j in request.members],
-                                                [id(t) for t in inputs], outputs)[0].source
+        generated = quant_kernels.generated_kernel([network.layers[j] for j in request.members],
+                                                   [id(t) for t in inputs], outputs)[0]
+        source = generated.source + (generated.described_source or "")
     else:
         source = GENERATORS[request.kind].generate(layer, rest, epilogue_inputs(layer, rest, [id(t) for t in inputs]),
                                                    outputs).source

@@ -76,6 +76,12 @@ def captured_later() -> Iterator[None]:
         _CAPTURED_LATER.reset(token)
 
 
+def launches_recorded() -> bool:
+    """Whether launches here are recorded for a runtime that replays them itself (`captured_later`): its tape carries
+    pointers and scalars, so a kernel that can take either is given pointers."""
+    return _CAPTURED_LATER.get()
+
+
 def chains_steps(device: object, captured: bool) -> bool:
     """Whether a runner on `device` launches a generated step that follows another generated step chained to it
     (`chained`): on a GPU that chains, where its launches are captured as a CUDA graph (`captured`: its own graph)

@@ -17,7 +17,7 @@ import torch
 from torchkiln.errors import EngineInputError, NetworkError
 from torchkiln.ir import layers as L
 from torchkiln.ir.tensor import Tensor
-from torchkiln.runtime.backends.cuda.codegen.pointwise import TL, Builder, emit_layers, stored
+from torchkiln.runtime.backends.cuda.codegen.pointwise import TL, Builder, emit_layers, pointer_load, stored
 
 
 def build(made: Tensor, layers: Sequence[L.Layer], inputs: Sequence[Tensor], outputs: Sequence[Tensor],
@@ -52,14 +52,32 @@ def stride_params(b: Builder, outputs: Sequence[Tensor]) -> list[str]:
     return [f"{p}_{d}" for p in pointer_params(b, outputs) for d in ("m", "n")]
 
 
-def tail(b: Builder, outputs: Sequence[Tensor]) -> list[str]:
+def tail(b: Builder, outputs: Sequence[Tensor], described: Sequence[str] = (), corner: str = "") -> list[str]:
     """Kernel lines from the accumulator `acc`, the int64 tile indices `m64` [BLOCK, 1] and `n64` [1, BLOCK] and
-    the tile's `mask` to the stores."""
-    lines = [f"o_{p} = m64 * {p}_m + n64 * {p}_n" for p in pointer_params(b, outputs)]
-    lines += b.lines
+    the tile's `mask` to the stores. The operands and outputs named in `described` are tensor descriptors over their
+    [M, N] view (`described_params`): read and written as the tile at `corner` (its first row and column), which
+    the descriptor clips to the view."""
+    lines = [f"o_{p} = m64 * {p}_m + n64 * {p}_n" for p in pointer_params(b, outputs) if p not in described]
+    lines += [_described_load(line, described, corner) for line in b.lines]
     for k, t in enumerate(outputs):
-        lines.append(f"tl.store(out{k} + o_out{k}, {stored(b.values[id(t)], t.dtype)}, mask=mask)")
+        value = stored(b.values[id(t)], t.dtype)
+        lines.append(f"out{k}.store([{corner}], {value})" if f"out{k}" in described else
+                     f"tl.store(out{k} + o_out{k}, {value}, mask=mask)")
     return lines
+
+
+def _described_load(line: str, described: Sequence[str], corner: str) -> str:
+    for name in described:
+        line = line.replace(pointer_load(name), f"{name}.load([{corner}])")
+    return line
+
+
+def described_params(b: Builder, made: Tensor, inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> list[str]:
+    """The operands and outputs a kernel may bind as tensor descriptors: outputs, and inputs it loads of the
+    product's shape (not broadcast), of a type the copy engine moves (not bool)."""
+    names = [f"in{i}" for i, t in enumerate(inputs) if tuple(t.shape) == tuple(made.shape)
+             and t.dtype != torch.bool and any(pointer_load(f"in{i}") in line for line in b.lines)]
+    return names + [f"out{k}" for k, t in enumerate(outputs) if t.dtype != torch.bool]
 
 
 def strides_2d(x: torch.Tensor, shape: Sequence[int], m_dims: Sequence[int], n_dim: int) -> tuple[int, int] | None:

@@ -171,6 +171,11 @@ def _as_integer(var: str, have: torch.dtype, dtype: torch.dtype) -> str:
     return f"{var}.to({TL[dtype]})"
 
 
+def pointer_load(name: str) -> str:
+    """The load of operand `name` through its offsets `o_{name}`, under the tile's `mask`."""
+    return f"tl.load({name} + o_{name}, mask=mask)"
+
+
 def loaded(load: str, dtype: torch.dtype) -> str:
     """The expression of a value of `dtype` that `load` (a tl.load) reads, as the kernel holds it."""
     return f"{load}.to(tl.float32)" if dtype.is_floating_point else load
@@ -261,7 +266,7 @@ class Builder:
 
     def load(self, name: str, dtype: torch.dtype) -> Value:
         self.operands.append(name)
-        return self.emit(loaded(f"tl.load({name} + o_{name}, mask=mask)", dtype), held(dtype))
+        return self.emit(loaded(pointer_load(name), dtype), held(dtype))
 
     def weight(self, weight: torch.Tensor) -> Value:
         """A weight's value: in the source where it is one float, else loaded (`load_weight`)."""
