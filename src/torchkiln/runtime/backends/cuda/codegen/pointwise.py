@@ -306,6 +306,33 @@ _QUOTIENT = "tl.fma(tl.fma(-{q}, {s}, {x}), {r}, {q})"
 _ROUNDING_BITS = 0x4B400000  # the bits of the float 1.5 * 2**23
 
 
+def _bounded_source(b: Builder, layer: L.QuantizeLayer, x: str, scale: torch.Tensor) -> Value | None:
+    """An integer quantize of `x` computed with `x` clamped first to [low * scale, high * scale] (low and high the
+    integer range less the zero point, the products rounded to float32), or None where the scale or a bound is not a
+    finite normal float. The same values as clamping the quotient: division by a positive scale is monotonic, and a bound's
+    quotient is within an ulp or two of its integer, so it rounds to it. `tl.maximum` without NaN propagation is
+    IEEE maxNum, so NaN gives the low bound (the reference's NaN -> quant_min), and infinities their bound; the
+    quotient is finite, so its correction (`_QUOTIENT`) needs no NaN guard. Two fewer compare-and-selects an element:
+    a 1x1 int8 convolution's epilogue (64 -> 256 channels over [32,64,56,56], H200) 31.5 -> 25.2 us with both
+    guards gone."""
+    zero = zero_point(layer)
+    low, high = layer.quant_min - zero, layer.quant_max - zero
+    bounds = torch.tensor([low, high], dtype=torch.float32) * scale
+    tiny = torch.finfo(torch.float32).tiny
+    if not (math.isfinite(float(scale)) and float(scale) > 0) or not bool(torch.isfinite(bounds).all()) \
+            or any(v != 0 and abs(float(bound)) < tiny for v, bound in zip((low, high), bounds)):
+        return None
+    lo, hi = (b.as_float(b.inlined(v.reshape(()))) for v in bounds)
+    x = b.emit(f"tl.minimum(tl.maximum({x}, {lo}), {hi})", torch.float32)[0]
+    reciprocal = b.as_float(b.weight(torch.reciprocal(scale)))
+    q = b.emit(f"{x} * {reciprocal}", torch.float32)[0]
+    if layer.divide:
+        q = b.emit(_QUOTIENT.format(x=x, q=q, s=b.as_float(b.weight(scale)), r=reciprocal), torch.float32)[0]
+    # the quotient is within [low, high] up to an ulp or two: rounding through the float's bits (|q| <= 256)
+    q = b.emit(f"({q} + 12582912.0).to(tl.int32, bitcast=True) - {_ROUNDING_BITS - zero}", torch.int32)[0]
+    return b.emit(f"{q}.to(tl.int8)", torch.int8)
+
+
 def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
     """Emit `layer`'s computation; its value."""
     out = layer.outputs[0].dtype
@@ -332,7 +359,12 @@ def emit_layer(b: Builder, layer: L.Layer, xs: list[Value]) -> Value:
         return b.emit(x, torch.float32)
     if isinstance(layer, L.QuantizeLayer):  # per tensor (`fusable`): ir/reference.py's quantize
         scale, x, source = layer.weights["scale"].float().reshape(()), xs[0], layer.inputs[0].dtype
-        x = source_x = b.as_float(_rounded_to(b, x, source))  # the half value is quantized
+        x = b.as_float(_rounded_to(b, x, source))  # the half value is quantized
+        if out != torch.float8_e4m3fn:
+            bounded = _bounded_source(b, layer, x, scale)
+            if bounded is not None:
+                return bounded
+        source_x = x
         reciprocal = b.as_float(b.weight(torch.reciprocal(scale)))
         x = b.emit(f"{x} * {reciprocal}", torch.float32)[0]
         if layer.divide:  # x / scale correctly rounded, as ATen divides (`_QUOTIENT`)
