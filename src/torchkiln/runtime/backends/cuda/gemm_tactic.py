@@ -147,7 +147,8 @@ def _describe(network: Network, request: Request, readers: dict[int, list[L.Laye
         kernel = layer.weights["kernel"]
         key.append([list(layer.stride), list(layer.padding), list(layer.dilation)])  # (launch constants, not source)
         configs = quantized_conv.candidates(out[0] * out[2] * out[3], out[1], math.prod(kernel.shape[1:]),
-                                            kernel.shape[1], multiprocessors(device), gemm.pointwise_conv(layer) is None)
+                                            kernel.shape[1], multiprocessors(device),
+                                            pointwise=gemm.pointwise_conv(layer) is None)
     else:
         conv = isinstance(layer, L.ConvolutionLayer)
         n = out[1] if conv else out[-1]

@@ -20,7 +20,8 @@ one kernel.
 A 2-D convolution of a quantized kernel (one group) whose input is a per-tensor dequantized value it alone reads is
 one step with that dequantize: on the library, the dequantize and the float convolution, channels-last
 (`dequantized_conv`); generated, where timing picks it, an implicit GEMM on the quantized values with the pointwise
-layers after it (`quantized_conv`, codegen/quantized_conv.py).
+layers after it (`quantized_conv`, codegen/quantized_conv.py), or for a 1x1 convolution of stride 1 the generated
+quantized GEMM over the input's channels (codegen/gemm.py), in the same step kind.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """A quantized 2-D convolution as an implicit GEMM on the int8 or fp8 tensor cores, with its dequantize, bias and a
-generated pointwise epilogue in one kernel.
+generated pointwise epilogue in one kernel. (A 1x1 convolution of stride 1 runs as the quantized GEMM of
+codegen/gemm.py instead: no window arithmetic; quant_kernels.generated_kernel chooses.)
 
 The convolution is the product [M, K] @ [K, N]: M the output positions (batch, row, column, in that order), N the
 output channels, K the kernel's taps times the input channels. No im2col matrix is made: a program loads each
