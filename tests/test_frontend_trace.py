@@ -1,6 +1,7 @@
 """A module that cannot be scripted is traced: tracing's warnings reach the user as torchkiln warnings, and a
 trace that baked in data-dependent values is refused instead of compiling to a constant."""
 import logging
+import types
 import warnings
 
 import pytest
@@ -50,6 +51,36 @@ def test_trace_that_bakes_in_data_is_refused(model, example):
     with pytest.warns(torchkiln.TracingWarning, match="Converting a tensor to"):
         with pytest.raises(torchkiln.TracingError, match=rf"{type(model).__name__}.*baked.*scriptable"):
             torchkiln.compile(model, [example])
+
+
+class ReturnsNamespace(torch.nn.Module):
+    """Returns a Python object: neither TorchScript nor the tracer can hold it."""
+
+    def forward(self, x):
+        return types.SimpleNamespace(out=x * 2)
+
+
+class FailsTraced(torch.nn.Module):
+    """A lambda cannot be scripted; the forward raises only while traced (as code that branches on
+    torch.jit.is_tracing() may)."""
+
+    def forward(self, x):
+        double = lambda t: t * 2  # noqa: E731
+        if torch.jit.is_tracing():
+            return double(x) + torch.ones(x.shape[0] + 1, 1)
+        return double(x)
+
+
+@pytest.mark.parametrize("model, cause", [(ReturnsNamespace(), "SimpleNamespace"),
+                                          (FailsTraced(), "size of tensor a")], ids=["output", "forward"])
+def test_a_module_the_tracer_cannot_trace_is_a_tracing_error(model, cause):
+    """The tracer's own error (not a raw RuntimeError from inside torch.jit.trace) as torchkiln's TracingError,
+    naming the module, why scripting failed, the tracer's cause and what to do."""
+    with pytest.raises(torchkiln.TracingError,
+                       match=rf"{type(model).__name__} could not be scripted \(.+\), and tracing .* failed: "
+                             rf"RuntimeError: .*{cause}.*scriptable") as caught:
+        torchkiln.compile(model, [torch.randn(2, 3)])
+    assert len(str(caught.value)) < 1200  # the values the tracer printed are cut
 
 
 @pytest.mark.filterwarnings("ignore:To copy construct from a tensor")

@@ -64,6 +64,7 @@ def to_torchscript(module: torch.nn.Module, example_inputs: Sequence[Any]) -> to
     try:
         return torch.jit.script(module)
     except Exception as e:  # TorchScript's compiler raises many kinds of errors
+        unscriptable = cause_line(e)
         logger.warning("scripting %s failed (%s); tracing it with example inputs instead",
-                       type(module).__name__, cause_line(e))
-    return trace_checked(module, example_inputs)
+                       type(module).__name__, unscriptable)
+    return trace_checked(module, example_inputs, unscriptable)

@@ -99,13 +99,31 @@ def _causes(caught: list[warnings.WarningMessage]) -> list[str]:
     return list(causes)
 
 
-def trace_checked(module: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.jit.ScriptModule:
-    """torch.jit.trace of `module` (in eval mode) on the examples, refused if it bakes in data-dependent values."""
+def _failure(error: Exception, width: int = 240) -> str:
+    """A tracer error as its type, first line and (where the message has more) last line, each cut to `width`
+    characters: the tracer's messages print the values they could not hold, and name their type last."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [""]
+    cut = [line if len(line) <= width else line[:width] + "..." for line in (lines[0], lines[-1])]
+    return f"{type(error).__name__}: " + (cut[0] if len(lines) == 1 else f"{cut[0]} {cut[1].lstrip(':')}")
+
+
+def trace_checked(module: torch.nn.Module, example_inputs: Sequence[Any],
+                  unscriptable: str = "") -> torch.jit.ScriptModule:
+    """torch.jit.trace of `module` (in eval mode) on the examples, refused if it bakes in data-dependent values, or
+    with TracingError where tracing itself fails (`unscriptable`: why scripting failed, for that message)."""
     name = type(module).__name__
     with eval_mode(module):
         with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", torch.jit.TracerWarning)
-            traced = torch.jit.trace(module, tuple(example_inputs), strict=False, check_trace=False)
+            try:
+                traced = torch.jit.trace(module, tuple(example_inputs), strict=False, check_trace=False)
+            except Exception as e:  # the tracer's own errors: outputs it cannot hold, a forward that fails traced
+                why = f" ({unscriptable})" if unscriptable else ""
+                raise TracingError(
+                    f"{name} could not be scripted{why}, and tracing it with the example inputs failed: "
+                    f"{_failure(e)}. Make {name} scriptable (torch.jit.script), or give compile a module whose "
+                    f"forward takes and returns tensors (or tuples, lists and dicts of them) and runs as traced."
+                ) from e
         causes = _causes(caught)
         for cause in causes:
             message = f"{name} could not be scripted and was traced; tracing warned: {cause}"
