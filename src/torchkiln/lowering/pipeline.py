@@ -62,6 +62,7 @@ GRAPH_PIPELINE: tuple[str, ...] = (
     "remove_dropout",
     "view_to_reshape",
     "remove_contiguous",
+    "unpack_transformer_encoder_layer",
     "unpack_addmm",
     "unpack_log_softmax",
     "unpack_hardswish",
