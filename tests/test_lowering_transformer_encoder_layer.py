@@ -1,6 +1,7 @@
-"""nn.TransformerEncoderLayer's fused inference kernel (aten::_transformer_encoder_layer_fwd, which a module traced
-without gradients records) unpacked into the layer's ops (unpack_transformer_encoder_layer): one engine, against eager
-PyTorch, which runs the fused kernel itself."""
+"""nn.TransformerEncoderLayer's fused inference kernel (aten::_transformer_encoder_layer_fwd: a module traced without
+gradients records it; a scripted one reaches it once the build-time facts of inference fold the layer's fast-path
+checks) unpacked into the layer's ops (unpack_transformer_encoder_layer): one engine, against eager PyTorch, which
+runs the fused kernel itself."""
 import pytest
 import torch
 from harness import check_compiled
@@ -38,6 +39,36 @@ def test_the_fused_encoder_layer_becomes_one_engine(norm_first, activation):
     x = torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(1)) * 2
     assert _uses_the_fused_kernel(model, x)
     check_compiled(model, [x])  # one engine, no PyTorch block, within fp32 rounding of eager
+
+
+class Scripted(torch.nn.Module):
+    """The same encoder and head, scriptable."""
+
+    def __init__(self, norm_first: bool) -> None:
+        super().__init__()
+        traced = Encoder(norm_first, "gelu")
+        self.encoder, self.head = traced.encoder, traced.head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["norm-after", "norm-first"])
+def test_a_scripted_encoder_layer_becomes_one_engine(norm_first):
+    """Scripted, the fused call sits behind Ifs on grad mode, autocast and the inputs' devices, which fold after shape
+    analysis (inference: no grad, no autocast, the engine's device); the call is unpacked then."""
+    model = Scripted(norm_first).eval()
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(3))
+    assert torch.jit.script(model).inlined_graph.findNode(FUSED, True) is not None
+    check_compiled(model, [x])
+
+
+def test_an_encoder_layer_kept_in_pytorch_is_not_unpacked():
+    """torch_executed_ops names the fused op: neither the pipeline nor its run after shape analysis rewrites it."""
+    model = Scripted(False).eval()
+    x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(3))
+    _, report = check_compiled(model, [x], engines=None, torch_blocks=None, torch_executed_ops=[FUSED])
+    assert FUSED in {o for b in report.blocks if b.target != "engine" for o in b.ops}
 
 
 def test_a_layer_given_a_mask_stays_in_pytorch():

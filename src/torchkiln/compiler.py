@@ -41,6 +41,7 @@ from torchkiln.lowering.passes.lower_tuples import lower_tuples
 from torchkiln.lowering.passes.replace_python_ops import NOT_INLINED_ATTR, python_op_names
 from torchkiln.lowering.passes.resolve_attribute_caches import resolve_attribute_caches
 from torchkiln.lowering.passes.resolve_static_containers import resolve_static_containers
+from torchkiln.lowering.passes.unpack_transformer_encoder_layer import unpack_transformer_encoder_layer
 from torchkiln.lowering.walk import all_nodes
 from torchkiln.ir.network import Network
 from torchkiln.ir.symbolic import shape_range
@@ -208,7 +209,7 @@ def _warn_python_ops(graph: Graph) -> None:
 
 # Lowering passes that run again once shape analysis made more values static (the device a cache is keyed by).
 _AFTER_SHAPES = (lower_tuples, functionalize_list_appends, functionalize_view_writes, resolve_attribute_caches,
-                 resolve_static_containers, eliminate_dead_code)
+                 resolve_static_containers, unpack_transformer_encoder_layer, eliminate_dead_code)
 
 
 def _prepare(module: torch.nn.Module, settings: CompileSettings, method: str = "forward"

@@ -189,6 +189,9 @@ def rerun(graph: Graph, settings: CompileSettings, passes: Sequence[Callable[[Gr
     ctx = LoweringContext(settings, module=module, metas=metas)
     changed = False
     for p in passes:
+        registered = PASSES.get(p.__name__)
+        if registered is not None and _skip_reason(registered, settings, False) is not None:
+            continue  # as in the pipeline: an op the user keeps in PyTorch is not rewritten
         if p(graph, ctx):
             changed = True
             logger.debug("graph after lowering pass %s (again, after shape analysis):\n%s", p.__name__, graph)

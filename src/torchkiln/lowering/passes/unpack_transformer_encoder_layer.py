@@ -8,8 +8,8 @@ Only a layer called without a mask is unpacked: the fused kernel takes a merged 
 convention (`mask_type`), and a layer given one stays in PyTorch, with that reason in the partition report.
 
 A traced layer records the fused call (torchkiln traces without gradients, as eager inference runs). A scripted one
-holds it in a branch of Ifs on run-time checks (grad mode, the inputs' devices, autocast) that stay in PyTorch, the
-whole layer with them: not handled here (docs/coverage.md).
+holds it behind Ifs on run-time checks (grad mode, autocast, the inputs' devices), which the build-time evaluators
+answer for inference once shapes are known; the compiler runs this pass again then (`compiler._AFTER_SHAPES`).
 """
 from __future__ import annotations
 
