@@ -39,6 +39,24 @@ def test_lstm_cell(bias):
     assert "aten::lstm_cell" in report.blocks[0].ops
 
 
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_rnn_cell(nonlinearity, bias):
+    cell = nn.RNNCell(6, 5, bias=bias, nonlinearity=nonlinearity)
+    op = getattr(torch, f"rnn_{nonlinearity}_cell")
+
+    class Cell(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cell = cell
+
+        def forward(self, x: torch.Tensor, h: torch.Tensor):
+            return op(x, h, self.cell.weight_ih, self.cell.weight_hh, self.cell.bias_ih, self.cell.bias_hh)
+
+    _, report = check_compiled(Cell(), [torch.randn(3, 6), torch.randn(3, 5) * 2], min_block_size=1)
+    assert f"aten::rnn_{nonlinearity}_cell" in report.blocks[0].ops
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_gru_cell(bias):
     _, report = check_compiled(GRUCell(bias), [torch.randn(3, 6), torch.randn(3, 5)], min_block_size=1)
@@ -97,7 +115,24 @@ class GRU(nn.Module):
         return self.rnn(x)
 
 
-KINDS = {"lstm": LSTM, "gru": GRU}
+class RNN(nn.Module):
+    """nn.RNN (tanh or ReLU) as a sequence model calls it: with or without an initial state."""
+
+    def __init__(self, layers: int, bidirectional: bool, batch_first: bool, states: bool,
+                 nonlinearity: str = "tanh", **more) -> None:
+        super().__init__()
+        self.rnn = nn.RNN(6, 5, num_layers=layers, nonlinearity=nonlinearity, bidirectional=bidirectional,
+                          batch_first=batch_first, dropout=0.25 if layers > 1 else 0.0, **more)
+        self.states = states
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor, c: torch.Tensor):
+        if self.states:
+            return self.rnn(x, h)
+        return self.rnn(x)
+
+
+KINDS = {"lstm": LSTM, "gru": GRU, "rnn_tanh": RNN,
+         "rnn_relu": lambda *a, **k: RNN(*a, nonlinearity="relu", **k)}
 
 
 def _example(layers: int, bidirectional: bool, batch_first: bool, steps: int = 4) -> list[torch.Tensor]:
@@ -106,7 +141,7 @@ def _example(layers: int, bidirectional: bool, batch_first: bool, steps: int = 4
     return [x, torch.randn(states, 3, 5), torch.randn(states, 3, 5)]
 
 
-@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "rnn_tanh", "rnn_relu"])
 @pytest.mark.parametrize("layers, bidirectional, batch_first, states, bias", [
     (1, False, False, False, True), (1, True, True, True, False), (2, False, True, True, True),
     (2, True, False, False, True)])

@@ -1,5 +1,6 @@
-"""Recurrent cells and layers composed as ATen computes them: lstm_cell, gru_cell, and aten::lstm / aten::gru
-(nn.LSTM, nn.GRU: several layers, bidirectional, batch_first) unrolled over a static sequence length.
+"""Recurrent cells and layers composed as ATen computes them: lstm_cell, gru_cell, rnn_tanh_cell, rnn_relu_cell, and
+aten::lstm / aten::gru / aten::rnn_tanh / aten::rnn_relu (nn.LSTM, nn.GRU, nn.RNN: several layers, bidirectional,
+batch_first) unrolled over a static sequence length.
 
 ATen's gate order is kept: LSTM i, f, g, o; GRU r, z, n with the reset gate applied after the hidden
 projection (ONNX's linear_before_reset=1).
@@ -54,6 +55,16 @@ def _gru_step(ctx: ConversionCtx, x_proj: Tensor, h: Tensor, w_hh, b_hh) -> tupl
     return (binary(ctx, binary(ctx, binary(ctx, h, new, E.SUB), update, E.PROD), new, E.SUM),)
 
 
+def _elman_step(activation: L.ActivationType) -> Callable[..., tuple[Tensor]]:
+    """nn.RNN's step: the next h = activation(x @ w_ih.T + b_ih + h @ w_hh.T + b_hh) (a 1-tuple)."""
+    def step(ctx: ConversionCtx, x_proj: Tensor, h: Tensor, w_hh, b_hh) -> tuple[Tensor]:
+        return (_act(ctx, binary(ctx, x_proj, linear(ctx, h, w_hh, b_hh), E.SUM), activation),)
+    return step
+
+
+_ELMAN = {"tanh": _elman_step(A.TANH), "relu": _elman_step(A.RELU)}
+
+
 @converter("aten::lstm_cell")
 def lstm_cell(ctx: ConversionCtx, args: Args) -> tuple[Tensor, Tensor]:
     h, c = (ctx.to_tensor(t) for t in args.hx)
@@ -66,8 +77,14 @@ def gru_cell(ctx: ConversionCtx, args: Args) -> Tensor:
                      args.w_hh, args.b_hh)[0]
 
 
+@converter("aten::rnn_tanh_cell", "aten::rnn_relu_cell")
+def rnn_cell(ctx: ConversionCtx, args: Args) -> Tensor:
+    step = _ELMAN["relu" if args.node.kind() == "aten::rnn_relu_cell" else "tanh"]
+    return step(ctx, linear(ctx, args.input, args.w_ih, args.b_ih), ctx.to_tensor(args.hx), args.w_hh, args.b_hh)[0]
+
+
 def _sequence_ok(args: Args) -> str | None:
-    """aten::lstm.input / gru.input: a rank-3 input of static sequence length, weights without projections."""
+    """aten::lstm.input / gru.input / rnn_tanh.input / rnn_relu.input: a rank-3 input of static sequence length, weights without projections."""
     shape = args.input.shape
     if len(shape) != 3:
         return f"an input of rank {len(shape)} (expected [seq, batch, feature] or batch_first)"
@@ -133,4 +150,11 @@ def lstm(ctx: ConversionCtx, args: Args) -> tuple[Tensor, Tensor, Tensor]:
 @converter("aten::gru.input", capability=_sequence_ok)
 def gru(ctx: ConversionCtx, args: Args) -> tuple[Tensor, Tensor]:
     out, h = _recurrence(ctx, args, [ctx.to_tensor(args.hx)], _gru_step)
+    return out, h
+
+
+@converter("aten::rnn_tanh.input", "aten::rnn_relu.input", capability=_sequence_ok)
+def rnn(ctx: ConversionCtx, args: Args) -> tuple[Tensor, Tensor]:
+    step = _ELMAN["relu" if args.node.kind() == "aten::rnn_relu" else "tanh"]
+    out, h = _recurrence(ctx, args, [ctx.to_tensor(args.hx)], step)
     return out, h
