@@ -84,7 +84,8 @@ def rnn_cell(ctx: ConversionCtx, args: Args) -> Tensor:
 
 
 def _sequence_ok(args: Args) -> str | None:
-    """aten::lstm.input / gru.input / rnn_tanh.input / rnn_relu.input: a rank-3 input of static sequence length, weights without projections."""
+    """aten::lstm.input / gru.input / rnn_tanh.input / rnn_relu.input: a rank-3 input of static sequence length,
+    weights without projections."""
     shape = args.input.shape
     if len(shape) != 3:
         return f"an input of rank {len(shape)} (expected [seq, batch, feature] or batch_first)"
