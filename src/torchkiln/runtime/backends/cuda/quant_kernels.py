@@ -209,7 +209,7 @@ def _quantized_gemm(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepF
 @maker("generated", GENERATED_CONV_OP)
 def _quantized_conv(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepFn:
     from torchkiln.runtime.backends.cuda.codegen.gemm import Config, GemmLauncher, pointwise_conv
-    from torchkiln.runtime.backends.cuda.codegen.quantized_conv import QuantizedConvLauncher
+    from torchkiln.runtime.backends.cuda.codegen.quantized_conv import QuantizedConvLauncher, column_sums
 
     weights = {id(layer): w for layer, w in zip(step.layers, step.weights)}
     generated, roles = generated_kernel(step.layers, step.inputs, [step_output(step.layers, o) for o in step.outputs])
@@ -223,7 +223,7 @@ def _quantized_conv(step: StepLayers, kernel: Kernel, allow_tf32: bool) -> StepF
     at = [step.inputs.index(id(t)) for t in generated.inputs]
     if pointwise_conv(roles.product) is None:  # generated as a GEMM over the channels (`generated_kernel`)
         weight = values.reshape(values.shape[0], -1).contiguous()
-        sums = weight.to(torch.int32).sum(1, dtype=torch.int32) if zero else None
+        sums = column_sums(weight) if zero else None
         gemm_launch = GemmLauncher(generated, roles.product, config, columns.contiguous(), sums)
         return lambda xs: gemm_launch(xs[x_at], weight, bias, [xs[k] for k in at])
     launch = QuantizedConvLauncher(generated, roles.product, config, values, columns, bias, zero)

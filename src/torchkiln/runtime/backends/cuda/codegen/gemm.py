@@ -384,7 +384,8 @@ class GemmLauncher:
                                           self.conv)
         self._fn = getattr(load_source(kernel.source), KERNEL_NAME)
         self.kernel = kernel
-        self._described_fn = None
+        self._described_at = [kernel.params.index(name) for name in kernel.described]  # their launch positions
+        self._described_fn: tuple[Any, Any] | None = None  # (the descriptor kernel, TensorDescriptor), on first use
         self._workspaces: dict[tuple[torch.device, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -436,22 +437,22 @@ class GemmLauncher:
             return None
         cfg = self.config
         views = [(x, (m, k), a, (cfg.block_m, cfg.block_k)), (w, (n, k), tuple(w.stride()), (cfg.block_n, cfg.block_k))]
-        at = {name: j for j, name in enumerate(self.kernel.params)}
-        views += [(bound[at[name]], (m, n), tuple(strides[2 * at[name]:2 * at[name] + 2]), (cfg.block_m, cfg.block_n))
-                  for name in self.kernel.described]
+        views += [(bound[j], (m, n), (strides[2 * j], strides[2 * j + 1]), (cfg.block_m, cfg.block_n))
+                  for j in self._described_at]
         if not all(_describable(t, stride) for t, _, stride, _ in views):
             return None
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
         if self._described_fn is None:
+            from triton.tools.tensor_descriptor import TensorDescriptor
+
             from torchkiln.runtime.backends.cuda.codegen.compile import load_source
 
-            self._described_fn = getattr(load_source(self.kernel.described_source), KERNEL_NAME)
-        made = [TensorDescriptor(t, list(shape), list(stride), list(block)) for t, shape, stride, block in views]
+            self._described_fn = getattr(load_source(self.kernel.described_source), KERNEL_NAME), TensorDescriptor
+        fn, descriptor = self._described_fn
+        made = [descriptor(t, list(shape), list(stride), list(block)) for t, shape, stride, block in views]
         bound = list(bound)
-        for name, desc in zip(self.kernel.described, made[2:]):
-            bound[at[name]] = desc
-        return self._described_fn, made[0], made[1], bound
+        for j, desc in zip(self._described_at, made[2:]):
+            bound[j] = desc
+        return fn, made[0], made[1], bound
 
     def _workspace(self, m: int, n: int, tiles: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """A split-K launch's float32 partial products and its tiles' arrival counters (zero between launches: the

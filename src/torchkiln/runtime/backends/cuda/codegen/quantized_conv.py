@@ -242,7 +242,7 @@ class QuantizedConvLauncher:
         # (`_zero_point_lines`); else nothing reads them
         self.column_sum = self.rect_sum = self.column_scale
         if zero_point:
-            self.column_sum = weight.to(torch.int32).sum((1, 2, 3), dtype=torch.int32)
+            self.column_sum = column_sums(weight)
             if any(_pair(conv.padding)):
                 self.rect_sum = _rectangle_sums(weight)
         self.epilogue = epilogue.Operands(kernel.inputs, kernel.weights, kernel.outputs, M_DIMS, N_DIM, True)
@@ -275,6 +275,12 @@ class QuantizedConvLauncher:
                HAS_BIAS=self.bias is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                GROUP_M=cfg.group_m, num_stages=cfg.stages, num_warps=cfg.warps, **chain_options())
         return outputs
+
+
+def column_sums(weight: torch.Tensor) -> torch.Tensor:
+    """Each output channel's kernel values (the quantized kernel, [N, ...]) summed, int32: what a zero point z takes
+    from that column's integer sums, z times it, where every tap is inside the image."""
+    return weight.reshape(weight.shape[0], -1).to(torch.int32).sum(1, dtype=torch.int32)
 
 
 def _rectangle_sums(weight: torch.Tensor) -> torch.Tensor:
