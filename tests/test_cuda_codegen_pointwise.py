@@ -115,6 +115,29 @@ def test_activation_row_matches_reference(kind):
     assert_close(run(net, {"x": x})[0], reference(net, {"x": x})[0])
 
 
+def _ulps(got: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|got - ref| in units in the last place of float32 at ref (a float64 value); the smallest subnormal at least."""
+    exponent = torch.frexp(ref.abs().float())[1].double()
+    ulp = torch.ldexp(torch.ones_like(ref), torch.clamp(exponent - 24, min=-149))
+    return (got.double() - ref).abs() / ulp
+
+
+def test_erf_is_within_two_ulp_of_float64():
+    """The generated kernels' erf (`_erf`, two polynomials and an exp2; the ERF row and GELU use it) against float64
+    erf: random float32 bit patterns (every binade below 6, where erf rounds to +-1 from 3.92), uniform values, and
+    the edges of its two pieces and of its clamp."""
+    gen = torch.Generator().manual_seed(3)
+    bits = torch.randint(-2 ** 31, 2 ** 31 - 1, (1 << 17,), generator=gen, dtype=torch.int32).view(F32)
+    edges = torch.tensor([0.875, -0.875, 0.87499994, -0.87499994, 3.92, 4.0, 4.0000005, 6.0, 1e-30, -1e-30])
+    x = torch.cat([bits[bits.abs() < 6], torch.rand(1 << 15, generator=gen) * 10 - 5, edges])
+    net = Network()
+    net.mark_output(net.add_unary(net.add_input("x", F32, x.shape), L.UnaryOperation.ERF).get_output())
+    got = run(net, {"x": x})[0].cpu()
+    err = _ulps(got, torch.erf(x.double()))
+    assert err.max().item() <= 2.0, (err.max().item(), x[err.argmax()].item())
+    assert torch.equal(got[-10:].sign(), x[-10:].sign())
+
+
 def test_clip_with_an_infinite_lower_bound():
     x = _unary_values()
     net = Network()

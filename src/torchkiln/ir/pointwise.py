@@ -6,12 +6,13 @@ Adding an op is one row here (and its enum member in `layers`), plus one test ro
 
 Triton expressions are Python templates over float32 values: `{x}` (unary, activation), `{a}` and `{b}`
 (binary), and the activation's `{alpha}` and `{beta}` (literals) and `{div}` (its division: IEEE `tl.div_rn`, or the
-GPU's approximate one where the kernel allows it; runtime/backends/cuda/codegen/pointwise.py). An op computing
-integers (or bools, for the bitwise ones) has a second template, `integer`, over values of its result's dtype (`{t}`: that Triton type; an
-activation's `{alpha}` and `{beta}` are values of it, an infinite one the type's limit), with
-ATen's integer semantics: two's complement wrap-around, floor division and remainder as Python's. Templates may
-call `tl.*` and `libdevice.*` (`triton.language.extra.libdevice`); Triton's CPU interpreter runs no libdevice
-function, so only rows without one are checked there (see `uses_libdevice`).
+GPU's approximate one where the kernel allows it; runtime/backends/cuda/codegen/pointwise.py). An op computing integers
+(or bools, for the bitwise ones) has a second template, `integer`, over values of its result's dtype (`{t}`: that Triton
+type; an activation's `{alpha}` and `{beta}` are values of it, an infinite one the type's limit), with ATen's integer
+semantics: two's complement wrap-around, floor division and remainder as Python's. Templates may call `tl.*`,
+`libdevice.*` (`triton.language.extra.libdevice`) and the generated kernels' own helpers (`_erf`: codegen/pointwise.py's
+HEADER); Triton's CPU interpreter runs no libdevice function, so only rows without one are checked there (see
+`uses_libdevice`).
 """
 from __future__ import annotations
 
@@ -216,7 +217,7 @@ UNARY: dict[L.UnaryOperation, PointwiseOp] = {
     U.ROUND: P(torch.round, node("Round"), "libdevice.rint({x})", aten="round", integer="{x}"),  # half to even
     U.TRUNC: P(torch.trunc, recipe("trunc"), "tl.where({x} < 0, tl.ceil({x}), tl.floor({x}))", aten="trunc",
                 integer="{x}"),
-    U.ERF: P(torch.erf, node("Erf"), "tl.erf({x})", DtypeRule.FLOAT, aten="erf"),
+    U.ERF: P(torch.erf, node("Erf"), "_erf({x})", DtypeRule.FLOAT, aten="erf"),
     U.ERFINV: P(torch.erfinv, declined("ONNX has no Erfinv op"), "libdevice.erfinv({x})", DtypeRule.FLOAT,
                 aten="erfinv"),
     U.SIGN: P(torch.sign, recipe("sign"), "tl.where({x} > 0, 1.0, tl.where({x} < 0, -1.0, 0.0))", aten="sign",
@@ -288,7 +289,7 @@ ACTIVATION: dict[L.ActivationType, PointwiseOp] = {
     A.HARD_TANH: P(lambda x, a, b: F.hardtanh(x, a, b), recipe("clip"), _CLAMP, integer=_INT_CLAMP),
     A.THRESHOLDED_RELU: P(lambda x, a, b: F.threshold(x, a, b), recipe("threshold"),
                           "tl.where({x} <= {alpha}, {beta}, {x})"),
-    A.GELU_ERF: P(lambda x, a, b: F.gelu(x), node("Gelu"), "0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"),
+    A.GELU_ERF: P(lambda x, a, b: F.gelu(x), node("Gelu"), "0.5 * {x} * (1.0 + _erf({x} * 0.7071067811865476))"),
     A.GELU_TANH: P(lambda x, a, b: F.gelu(x, approximate="tanh"), node("Gelu", approximate="tanh"),
                    "0.5 * {x} * (1.0 + libdevice.tanh(0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})))"),
     A.SILU: P(lambda x, a, b: F.silu(x), recipe("silu"), "{div}({x}, 1.0 + tl.exp(-{x}))", aten="silu"),
