@@ -20,7 +20,9 @@ The order, and why:
 4. remove_dead_layers, so precision does not cast values nothing reads.
 5. quantize_layers (post-training quantization) after the folds, so a convolution's kernel is quantized with its
    batch norm folded in and a matrix multiply's bias is in its epilogue; before precision, which leaves quantized
-   layers in float32 (their dequantized values are exact there).
+   layers in float32 (their dequantized values are exact there). merge_quantized_linears right after it: the
+   quantized linear layers of one quantized input (query, key and value) become one multiply and slices of its
+   columns, before precision places casts on its output.
 6. lower_precision last of the rewrites: it picks each layer's precision on the final graph.
 7. casts_before_movement after precision: a narrowing cast the precision pass put after a reshape moves before it,
    so it joins the kernel that makes the value instead of being a pass of its own.
@@ -50,6 +52,7 @@ from torchkiln.builder.passes.fold_scale_into_matrix_multiply import fold_scale_
 from torchkiln.builder.passes.gelu_from_pointwise import gelu_from_pointwise
 from torchkiln.builder.passes.grouped_query_attention import grouped_query_attention
 from torchkiln.builder.passes.identity_elimination import eliminate_identities
+from torchkiln.builder.passes.merge_quantized_linears import merge_quantized_linears
 from torchkiln.builder.passes.precision import lower_precision
 from torchkiln.builder.passes.quantize import quantize_layers
 from torchkiln.builder.passes.transposes_into_matrix_multiply import transposes_into_matrix_multiply
@@ -72,6 +75,7 @@ BUILD_PIPELINE: tuple[BuildPass, ...] = (
     fold_scale_into_matrix_multiply,
     remove_dead_layers,
     quantize_layers,
+    merge_quantized_linears,
     lower_precision,
     casts_before_movement,
     transposes_into_matrix_multiply,
