@@ -14,6 +14,7 @@ from torchkiln.ir.symbolic import DimSymbol
 from torchkiln.runtime.executor import ReferenceExecutor
 
 I8 = torch.int8
+CUDA = BuildSettings(backend="cuda")  # the backend the pass merges for
 
 
 def _linears(widths=(48, 48, 32), scales=(0.05, 0.05, 0.05), bias=True, batch=(3, 7)) -> Network:
@@ -51,7 +52,7 @@ def test_multiplies_of_one_quantizer_become_one_of_their_weights_and_slices(bias
     net = _linears(bias=bias)
     before = copy.deepcopy(net)
     x = torch.randn(3, 7, 40, generator=torch.Generator().manual_seed(1)) * 3
-    assert merge_quantized_linears(net, BuildSettings())
+    assert merge_quantized_linears(net, CUDA)
     products = [layer for layer in net.layers if isinstance(layer, L.MatrixMultiplyLayer)]
     assert len(products) == 1 and products[0].outputs[0].shape == (3, 7, 128)
     assert _kinds(net).count("slice") == 3 and _kinds(net).count("dequantize") == 2
@@ -64,7 +65,7 @@ def test_multiplies_of_one_quantizer_become_one_of_their_weights_and_slices(bias
 
 def test_multiplies_of_different_quantizers_stay_apart():
     net = _linears(widths=(48, 48, 32), scales=(0.05, 0.05, 0.02))
-    assert merge_quantized_linears(net, BuildSettings())
+    assert merge_quantized_linears(net, CUDA)
     assert [layer.outputs[0].shape[-1] for layer in net.layers if isinstance(layer, L.MatrixMultiplyLayer)] == [96, 32]
 
 
@@ -72,13 +73,13 @@ def test_a_weight_read_elsewhere_is_not_merged():
     net = _linears(widths=(48, 48))
     dqw = next(layer for layer in net.layers if isinstance(layer, L.DequantizeLayer) and layer.axis == 0)
     net.mark_output(dqw.outputs[0])
-    assert not merge_quantized_linears(net, BuildSettings())
+    assert not merge_quantized_linears(net, CUDA)
 
 
 def test_dynamic_batch_slices_keep_the_symbolic_dims():
     batch = DimSymbol("batch", 1, 64)
     net = _linears(batch=(batch, 7))
-    assert merge_quantized_linears(net, BuildSettings())
+    assert merge_quantized_linears(net, CUDA)
     assert [s.shape for s in net.outputs] == [(batch, 7, 48), (batch, 7, 48), (batch, 7, 32)]
 
 
@@ -97,10 +98,8 @@ class _Attention(torch.nn.Module):
         return x + self.o(a.transpose(1, 2).reshape(b, t, w))
 
 
-def test_an_int8_attention_block_runs_one_projection_for_query_key_and_value(monkeypatch):
-    """Compiled (ONNX Runtime, int8): the engine has the merged projection and the output one, and computes what
-    the engine built without the pass computes."""
-    from torchkiln.builder import pipeline
+def test_onnx_runtime_engines_keep_the_projections_apart():
+    """ONNX Runtime copies each slice, so its int8 engines keep query, key and value as three multiplies."""
     from torchkiln.compiler import compile_with_report
     from torchkiln.runtime.engine import Engine
     from torchkiln.stitching.stitch import engine_attrs
@@ -108,20 +107,34 @@ def test_an_int8_attention_block_runs_one_projection_for_query_key_and_value(mon
     torch.manual_seed(0)
     model = _Attention().eval()
     x = torch.randn(2, 16, 64)
-    samples = [(torch.randn(2, 16, 64),)]
+    module, _ = compile_with_report(model, [torchkiln.Input(x.shape)], enabled_precisions={I8},
+                                    calibration_inputs=[(torch.randn(2, 16, 64),)])
+    network = Engine.deserialize(getattr(module, engine_attrs(module)[0]).numpy().tobytes()).network
+    assert [layer.outputs[0].shape for layer in network.layers if isinstance(layer, L.MatrixMultiplyLayer)] == \
+        [(2, 16, 64)] * 4
+    assert not merge_quantized_linears(copy.deepcopy(network), BuildSettings(backend="onnxruntime"))
 
-    def build():
-        module, _ = compile_with_report(model, [torchkiln.Input(x.shape)], enabled_precisions={I8},
-                                        calibration_inputs=samples)
-        network = Engine.deserialize(getattr(module, engine_attrs(module)[0]).numpy().tobytes()).network
-        with torch.no_grad():
-            return module(x), [layer.outputs[0].shape for layer in network.layers
-                               if isinstance(layer, L.MatrixMultiplyLayer)]
 
-    merged, products = build()
-    assert products == [(2, 16, 192), (2, 16, 64)]
-    monkeypatch.setattr(pipeline, "BUILD_PIPELINE", tuple(p for p in pipeline.BUILD_PIPELINE
-                                                           if p is not merge_quantized_linears))
-    apart, products = build()
-    assert len(products) == 4
-    assert (merged - apart).abs().max().item() <= 1e-5 * apart.abs().max().item()
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU plan runs in Triton's interpreter")
+@pytest.mark.usefixtures("triton_interpreter")
+def test_the_cuda_plan_runs_the_merged_multiply_as_one_generated_gemm(monkeypatch):
+    """The cuda backend's plan of the merged network (Triton's interpreter): one generated quantized GEMM for the
+    three multiplies, its outputs' slices views, against the reference meaning of the network before the pass."""
+    pytest.importorskip("triton", reason="triton is not installed")
+    from harness import run_plan_eagerly
+
+    from torchkiln.runtime.backends import BackendOptions
+    from torchkiln.runtime.backends.cuda import gemm_tactic, planner
+    from torchkiln.runtime.backends.cuda.quant_kernels import GENERATED_OP
+
+    net = _linears()
+    before = copy.deepcopy(net)
+    assert merge_quantized_linears(net, CUDA)
+    monkeypatch.setattr(gemm_tactic, "choose", lambda network, requests, *args: [
+        "16,16,32,1,4,2,1" if r.kind == GENERATED_OP else None for r in requests])
+    plan = planner.make_plan(net, torch.device("cpu"), BackendOptions(timing_iterations=0))
+    ops = [plan.kernels[s.kernel].op for s in plan.steps]
+    assert ops.count(GENERATED_OP) == 1 and ops.count("slice") == 3, ops
+    x = torch.randn(3, 7, 40, generator=torch.Generator().manual_seed(1)) * 3
+    for got, want in zip(run_plan_eagerly(net, plan, [x]), _run(before, x)):
+        assert (got - want).abs().max().item() <= 1e-5 * want.abs().max().item()
