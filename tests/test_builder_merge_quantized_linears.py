@@ -76,6 +76,14 @@ def test_a_weight_read_elsewhere_is_not_merged():
     assert not merge_quantized_linears(net, CUDA)
 
 
+def test_a_product_the_network_returns_is_not_merged():
+    net = _linears(widths=(48, 48, 32))
+    product = next(layer for layer in net.layers if isinstance(layer, L.MatrixMultiplyLayer))
+    net.mark_output(product.outputs[0])
+    assert merge_quantized_linears(net, CUDA)
+    assert [layer.outputs[0].shape[-1] for layer in net.layers if isinstance(layer, L.MatrixMultiplyLayer)] == [48, 80]
+
+
 def test_dynamic_batch_slices_keep_the_symbolic_dims():
     batch = DimSymbol("batch", 1, 64)
     net = _linears(batch=(batch, 7))

@@ -46,10 +46,11 @@ def merge_quantized_linears(network: Network, settings: BuildSettings) -> bool:
 
 def _key(network: Network, mm: L.Layer, readers: dict[int, list[L.Layer]]) -> tuple | None:
     """What multiplies merge on (their quantized input and how it is dequantized, the weights' depth and type, the
-    output's dtype, whether they add a bias), or None if `mm` is not a quantized linear layer that can merge."""
+    output's dtype, whether they add a bias), or None if `mm` is not a quantized linear layer that can merge: its
+    dequantize layers and weight read by it alone, its output not the network's."""
     if not isinstance(mm, L.MatrixMultiplyLayer) or mm.op0 != L.MatrixOperation.NONE \
-            or mm.op1 != L.MatrixOperation.TRANSPOSE or mm.inputs[0].rank < 2:
-        return None
+            or mm.op1 != L.MatrixOperation.TRANSPOSE or mm.inputs[0].rank < 2 or mm.outputs[0] in network.outputs:
+        return None  # (a network output keeps its tensor, and its name)
     dqx, dqw = mm.inputs[0].producer, mm.inputs[1].producer
     if not (isinstance(dqx, L.DequantizeLayer) and isinstance(dqw, L.DequantizeLayer)) or dqx.axis is not None \
             or dqw.axis != 0 or set(dqw.weights) != {"scale"}:
