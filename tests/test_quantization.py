@@ -246,6 +246,43 @@ def test_layer_that_quantizes_badly_stays_in_float_and_is_named(caplog):
     assert cosine > 0.999, cosine
 
 
+class Overflowing(torch.nn.Module):
+    """Two linear layers around a square that leaves float16's range (90,000 and more)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 64), torch.nn.Linear(64, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        big = (h * 300.0) * (h * 300.0)
+        return self.b(torch.log1p(big.sum(-1, keepdim=True) * 1e-6) * h)
+
+
+def test_float16_layers_of_a_quantized_engine_keep_precision_safety(monkeypatch, caplog):
+    """float16 with int8: the engine's float layers are checked on the samples as a float16 build's are, so the
+    square that overflows float16 stays in float32 (it gave inf, and outputs 3x their scale off). The quantized
+    engine is kept whatever the timing says (which of the two builds runs faster is not this test's subject)."""
+    import torchkiln.compiler as compiler
+
+    monkeypatch.setattr(compiler, "_keep_faster", lambda engine, own, convert, build, samples, safety, kept, labels:
+                        kept.extend(own) or engine)
+    torch.manual_seed(0)
+    model = Overflowing().eval()
+    x = torch.randn(16, 64)
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        compiled, report = compile_with_report(model, [x], enabled_precisions={torch.half, I8}, backend="reference",
+                                               calibration_inputs=[(torch.randn(16, 64),) for _ in range(2)])
+    assert sum(isinstance(layer, L.DequantizeLayer) for layer in _network(compiled)) >= 2  # the quantized engine
+    overflowing = [r for r in report.fp32_layers if "overflows" in r.reason]
+    assert [r.kind for r in overflowing] == ["elementwise"], report.fp32_layers
+    assert overflowing[0].layer in caplog.text
+    with torch.no_grad():
+        out, ref = compiled(x).float(), model(x)
+    assert torch.isfinite(out).all()
+    assert (out - ref).abs().max().item() <= 0.05 * ref.abs().max().item()
+
+
 def test_layers_a_backend_has_no_quantized_kernel_for_stay_in_float():
     """The cuda backend quantizes 2-D convolutions of one group and at least 16 input channels, and matrix
     multiplies: a grouped convolution and an image stem stay in float with that reason (a convolution of dequantized

@@ -322,14 +322,14 @@ def block_bindings(network: Network) -> list[InputBinding]:
 
 def _quantized_block(network: Network, convert: Callable[[], Network], build: BuildSettings,
                      samples: Callable[[], Sequence[Sequence[torch.Tensor]]], request: QuantizeRequest,
-                     kept: list[Fp32Layer]) -> tuple[Engine, Callable[[bool], None]]:
-    """Build one converted block with post-training quantization; the layers kept in float are added to `kept`.
-    Also returns what logs them with their error and the network's cosine, called with whether the engine is kept:
-    warnings about an engine the build then threw away (its float one ran faster) would mislead, so those are info
-    lines."""
+                     kept: list[Fp32Layer], safety: bool) -> tuple[Engine, Callable[[bool], None]]:
+    """Build one converted block with post-training quantization (its half-precision float layers checked on the
+    samples where `safety`); the layers kept in float are added to `kept`. Also returns what logs them with their
+    error and the network's cosine, called with whether the engine is kept: warnings about an engine the build then
+    threw away (its float one ran faster) would mislead, so those are info lines."""
     origins = network.origins
-    engine, layers, cosine = quantized_build(convert, block_bindings(network), build, network.name, samples,
-                                             request)
+    engine, layers, cosine, fp32 = quantized_build(convert, block_bindings(network), build, network.name, samples,
+                                                   request, safety)
     quantized = [q for q in layers if not q.kept]
     logger.info("engine %s: %d of %d convolutions and matrix multiplies quantized to %s", engine.name,
                 len(quantized), len(layers), str(request.quant_type).removeprefix("torch."))
@@ -341,9 +341,13 @@ def _quantized_block(network: Network, convert: Callable[[], Network], build: Bu
         node = " at ".join(origins.get(q.name, ("(made by the builder)",)))
         by_reason.setdefault(q.kept, []).append(f"{q.kind} layer {q.name!r} ({node})")
         kept.append(Fp32Layer(engine.name, q.name, q.kind, node, q.kept))
+    half = _fp32_rows(engine, fp32, origins)
+    kept.extend(half)
 
     def announce(engine_kept: bool) -> None:
         warn = logger.warning if engine_kept else logger.info
+        if engine_kept:
+            _announce_fp32(half, build.compute_dtype)
         for reason, names in by_reason.items():  # a reason many layers share (the backend's kernels) once
             if len(names) > 3:
                 warn("engine %s: %d layers stay in float: %s (%s, ...; the partition report lists them)",
@@ -367,7 +371,7 @@ def _quantized_or_float(network: Network, convert: Callable[[], Network], build:
     layers kept in float by the engine kept are added to `kept`; the quantized engine's warnings (layers left in
     float, its outputs' cosine) are warnings only where it is kept."""
     own: list[Fp32Layer] = []
-    engine, announce = _quantized_block(network, convert, build, samples, request, own)
+    engine, announce = _quantized_block(network, convert, build, samples, request, own, safety)
     found = None
     if build.compute_dtype in (torch.float16, torch.bfloat16):
         try:
@@ -401,15 +405,19 @@ def _build_block(network: Network, convert: Callable[[], Network], build: BuildS
         return build_engine(network, bindings, build, network.name)
     origins, name = dict(network.origins), network.name
     engine, fp32 = calibrated_build(_given_first(network, convert), bindings, build, name, samples)
-    kinds = {layer.name: layer.KIND for layer in engine.network.layers}
-    rows = []
-    for layer, reason in fp32.items():
-        node = " at ".join(origins.get(layer, ("(made by the builder)",)))
-        rows.append(Fp32Layer(engine.name, layer, kinds.get(layer, "?"), node, reason))
+    rows = _fp32_rows(engine, fp32, origins)
     if announce:
         _announce_fp32(rows, build.compute_dtype)
     kept.extend(rows)
     return engine
+
+
+def _fp32_rows(engine: Engine, fp32: dict[str, str], origins: dict[str, Sequence[str]]) -> list[Fp32Layer]:
+    """The layers a calibrated build kept in float32 (name -> why) as the report's rows."""
+    kinds = {layer.name: layer.KIND for layer in engine.network.layers}
+    return [Fp32Layer(engine.name, layer, kinds.get(layer, "?"),
+                      " at ".join(origins.get(layer, ("(made by the builder)",))), reason)
+            for layer, reason in fp32.items()]
 
 
 def _given_first(network: Network, convert: Callable[[], Network]) -> Callable[[], Network]:

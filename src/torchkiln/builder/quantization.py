@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from torchkiln.builder.builder import build_engine, ship
-from torchkiln.builder.calibration import compare_values
+from torchkiln.builder.calibration import calibrated_build, compare_values
 from torchkiln.builder.passes.quantize import Candidate, candidate, quantize_weight, quantized_relus, quantizes_output
 from torchkiln.builder.ranges import Histogram, choose_amax, fake_quantized
 from torchkiln.builder.settings import BuildSettings, QuantizationPlan
@@ -239,12 +239,15 @@ class QuantizeRequest:
 
 
 def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBinding], settings: BuildSettings,
-                    name: str, samples: Callable[[], Sequence[Sequence[torch.Tensor]]],
-                    request: QuantizeRequest) -> tuple[Engine, list[QuantizedLayer], float | None]:
+                    name: str, samples: Callable[[], Sequence[Sequence[torch.Tensor]]], request: QuantizeRequest,
+                    safety: bool = False) -> tuple[Engine, list[QuantizedLayer], float | None, dict[str, str]]:
     """Build an engine with its convolutions and matrix multiplies quantized where their own error allows; the
-    engine, every layer calibration looked at, and the least cosine of its outputs against its float32 build's on
+    engine, every layer calibration looked at, the least cosine of its outputs against its float32 build's on
     the calibration samples (None where it was not measured: calibration ranges from the cache, or nothing
-    quantized). `samples` is called only where the cache has no entry."""
+    quantized), and the float layers kept in float32 (name -> why). `samples` is called only where the cache has no
+    entry, or for `safety`: in a half-precision build, the float layers are then checked on the samples as a float
+    build's are (`calibrated_build`, against the quantized network in float32): those that overflow or lose
+    precision in the half type stay in float32."""
     reference = build_engine(convert(), bindings, dataclasses.replace(settings, compute_dtype=torch.float32),
                              f"{name}_fp32", plan=False).network
     names = {layer.name for layer in reference.layers if candidate(layer) is not None}
@@ -267,11 +270,32 @@ def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBind
         if request.cache_file:
             _write_cache(request.cache_file, name, request.quant_type, request.algorithm, cached, top)
     layers = without_kernels(cached or [], settings.backend, reference)
-    engine = build_engine(convert(), bindings, _quantized(settings, request, layers, top), name, plan=False)
+    quantized = _quantized(settings, request, layers, top)
+    fp32: dict[str, str] = {}
+    checked = _half_samples(chosen, samples, name, settings.compute_dtype) \
+        if safety and settings.compute_dtype != torch.float32 else None
+    if checked:
+        engine, fp32 = calibrated_build(convert, bindings, quantized, name, checked)  # shipped by it
+    else:
+        engine = build_engine(convert(), bindings, quantized, name, plan=False)
     cosine = network_cosine(engine, reference, chosen, settings.device) \
         if chosen and any(not q.kept for q in layers) else None
-    ship(engine, settings.device)
-    return engine, layers, cosine
+    if not checked:
+        ship(engine, settings.device)
+    return engine, layers, cosine, fp32
+
+
+def _half_samples(chosen: Sequence[Sequence[torch.Tensor]], samples: Callable[[], Sequence[Sequence[torch.Tensor]]],
+                  name: str, dtype: torch.dtype) -> Sequence[Sequence[torch.Tensor]] | None:
+    """The samples a half-precision quantized build checks its float layers on: calibration's, else asked for; None
+    where there are none of tensors (a CacheCalibrator's ranges come from its cache: it has no data; logged)."""
+    try:
+        found = chosen or samples()
+    except ValueError as e:
+        logger.warning("engine %s: its %s layers are not checked for overflow or lost precision: %s", name,
+                       str(dtype).removeprefix("torch."), e)
+        return None
+    return found if found and all(isinstance(x, torch.Tensor) for s in found for x in s) else None
 
 
 def _quantized(settings: BuildSettings, request: QuantizeRequest, layers: Sequence[QuantizedLayer],
