@@ -912,3 +912,41 @@ def test_a_qat_convolution_runs_exactly_on_integer_kernels_without_vnni(monkeypa
     assert _session_ops(session).count("QLinearConv") == 2
     steps = [float(q.weights["scale"]) for q in network.layers if isinstance(q, L.QuantizeLayer)]
     _assert_within_one_step(out, compiled(x), max(steps))
+
+
+def _two_linear() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+
+
+def test_a_calibration_sample_of_another_shape_is_named():
+    from torchkiln.errors import EngineInputError
+
+    with pytest.raises(EngineInputError, match=r"calibration sample 1: engine input 0 .*expected shape \(8, 16\), "
+                                               r"got \(8, 17\)"):
+        torchkiln.compile(_two_linear(), [torchkiln.Input((8, 16))], enabled_precisions={I8},
+                          calibration_inputs=[torch.randn(8, 16), torch.randn(8, 17)])
+
+
+@pytest.mark.parametrize("fill", [float("nan"), float("inf"), 0.0], ids=["nan", "inf", "zeros"])
+def test_degenerate_calibration_samples_are_named_and_unranged_layers_stay_float(fill, caplog):
+    """A sample of NaN, infinities or zeros gives the first layer no range (every finite |value| 0): it stays in
+    float, with the reason (quantized with a range of 0, its outputs were 0.3 off), and the log names the sample."""
+    model = _two_linear()
+    x = torch.randn(8, 16)
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        compiled, report = compile_with_report(model, [torchkiln.Input((8, 16))], enabled_precisions={I8},
+                                               calibration_inputs=[torch.full((8, 16), fill)])
+    assert "calibration sample 0, input 0" in caplog.text
+    assert ("is constant" if fill == 0 else "NaN or infinite values") in caplog.text
+    first = report.fp32_layers[0]
+    assert first.kind == "matrix_multiply" and "no range to quantize it to" in first.reason, report.fp32_layers
+    if fill != 0:  # nothing quantized: the engine computes in float
+        with torch.no_grad():
+            assert (compiled(x) - model(x)).abs().max().item() <= 1e-4 * model(x).abs().max().item()
+
+
+def test_a_calibration_cache_file_that_is_a_folder_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="calibration_cache_file must be a file path, got the folder"):
+        torchkiln.compile(_two_linear(), [torchkiln.Input((8, 16))], enabled_precisions={I8},
+                          calibration_inputs=[torch.randn(8, 16)], calibration_cache_file=str(tmp_path))

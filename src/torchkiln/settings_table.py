@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
 import types
 from collections.abc import Callable, Iterable, Mapping
@@ -223,6 +224,8 @@ def _algorithm(name: str, value: Any, context: Mapping[str, Any]) -> Any:
 def _optional_path(name: str, value: Any, context: Mapping[str, Any]) -> str | None:
     if value is not None and not isinstance(value, (str, bytes)) and not hasattr(value, "__fspath__"):
         raise ValueError(f"{name} must be a file path or None, got {value!r}")
+    if value is not None and value != "" and os.path.isdir(value):
+        raise ValueError(f"{name} must be a file path, got the folder {str(value)!r}")
     return None if value is None or value == "" else str(value)
 
 

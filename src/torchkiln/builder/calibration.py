@@ -181,12 +181,41 @@ def unsafe_layers(low: Network, errors: Iterable[LayerError], tolerance: float) 
     return unsafe
 
 
+def check_samples(name: str, bindings: Sequence[InputBinding], samples: Sequence[Sequence[torch.Tensor]]) -> None:
+    """EngineInputError (naming the sample, the input and the dim) where a calibration sample does not fit the
+    engine's inputs in number or shape (dtype and device are converted when it runs); a warning where a float
+    input is constant or holds NaN or infinity: ranges calibrated on it fit no real input."""
+    for k, sample in enumerate(samples):
+        if len(sample) != len(bindings):
+            raise EngineInputError(f"engine {name!r}: calibration sample {k} has {len(sample)} inputs, the engine "
+                                   f"takes {len(bindings)} ({', '.join(repr(b.name) for b in bindings)})")
+        for i, (binding, value) in enumerate(zip(bindings, sample)):
+            if not isinstance(value, torch.Tensor):
+                raise EngineInputError(f"engine {name!r}: calibration sample {k}, input {i} ({binding.name!r}): "
+                                       f"expected a tensor, got {type(value).__name__}")
+            try:
+                binding.check(i, torch.empty(value.shape, dtype=binding.dtype, device="meta"), "meta")
+            except EngineInputError as e:
+                raise EngineInputError(f"engine {name!r}: calibration sample {k}: {e}") from None
+            if value.is_floating_point() and value.numel():
+                finite = torch.isfinite(value)
+                if not bool(finite.all()):
+                    logger.warning("engine %s: calibration sample %d, input %d (%r) holds %d NaN or infinite values: "
+                                   "calibration counts only the finite ones", name, k, i, binding.name,
+                                   int((~finite).sum()))
+                elif bool((value == value.flatten()[0]).all()):
+                    logger.warning("engine %s: calibration sample %d, input %d (%r) is constant (every value %g): "
+                                   "ranges calibrated on it fit no other input", name, k, i, binding.name,
+                                   float(value.flatten()[0]))
+
+
 def calibrated_build(convert: Callable[[], Network], bindings: Sequence[InputBinding], settings: BuildSettings,
                      name: str, samples: Sequence[Sequence[torch.Tensor]]) -> tuple[Engine, dict[str, str]]:
     """Build an engine in `settings.compute_dtype`, keeping in fp32 every layer that overflows or loses
     precision on the sample inputs; the engine and the kept layers (name -> why).
 
     `convert` makes a fresh network of the block (each build changes its network in place)."""
+    check_samples(name, bindings, samples)
     reference = build_engine(convert(), bindings, dataclasses.replace(settings, compute_dtype=torch.float32),
                              f"{name}_fp32", plan=False).network
     tolerance = TOLERANCE[settings.compute_dtype]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from torchkiln.builder.builder import build_engine, ship
-from torchkiln.builder.calibration import calibrated_build, compare_values
+from torchkiln.builder.calibration import calibrated_build, check_samples, compare_values
 from torchkiln.builder.passes.quantize import Candidate, candidate, quantize_weight, quantized_relus, quantizes_output
 from torchkiln.builder.ranges import Histogram, choose_amax, fake_quantized
 from torchkiln.builder.settings import BuildSettings, QuantizationPlan
@@ -164,9 +164,16 @@ def calibrate(network: Network, samples: Sequence[Sequence[torch.Tensor]], algo:
         _run(executor, network, sample, kept, measure)
     tolerance = TOLERANCE[quant_type]
     kinds = {layer.name: layer.KIND for layer in network.layers}
-    return [QuantizedLayer(name, kinds[name], amax[name], errors[name],
-                           f"quantized output error {errors[name]:.3g} (relative RMS) is past the tolerance "
-                           f"{tolerance:g}" if errors[name] > tolerance else "", out_amax.get(name))
+
+    def why_kept(name: str) -> str:
+        if not (amax[name] > 0 and out_amax.get(name, 1.0) > 0):
+            return (f"its {'input' if not amax[name] > 0 else 'output'} was 0 (or not finite) everywhere on the "
+                    f"calibration samples: no range to quantize it to")
+        if not errors[name] <= tolerance:
+            return f"quantized output error {errors[name]:.3g} (relative RMS) is past the tolerance {tolerance:g}"
+        return ""
+
+    return [QuantizedLayer(name, kinds[name], amax[name], errors[name], why_kept(name), out_amax.get(name))
             for name in candidates]
 
 
@@ -224,8 +231,11 @@ def _write_cache(path: str, name: str, quant_type: torch.dtype, algo: Calibratio
             pass
     data["engines"][name] = {"quant_type": str(quant_type), "algorithm": algo.value, "weight_max": weight_max,
                              "layers": [dataclasses.asdict(row) for row in layers]}
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1)
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+    except OSError as e:  # calibration itself succeeded: the build goes on without its cache
+        logger.warning("engine %s: the calibration cache %s could not be written: %s", name, path, e)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +272,7 @@ def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBind
         logger.info("engine %s: calibration ranges read from %s", name, request.cache_file)
     elif names:
         chosen = samples()
+        check_samples(name, bindings, chosen)
         logger.info("engine %s: calibrating %d layers on %d samples (%s)", name, len(names), len(chosen),
                     request.algorithm.value)
         start = time.perf_counter()
