@@ -74,3 +74,30 @@ def test_a_spec_without_a_dtype_on_a_float16_model_is_float16_in_compile_and_its
         out_, ref = torchkiln.load(out)(x), model(x)
     assert out_.dtype == torch.float16 and ref.abs().max() > 0.1
     assert_matches_eager(out_.float(), ref.float(), rtol=1e-2, min_cosine=0.999)
+
+
+def test_compile_calibrates_on_the_samples_a_file_holds(tmp_path, caplog, capsys):
+    """`--calibration-inputs PATH`: the samples torch.save wrote there are what int8 calibrates on (no warning about
+    random inputs; the calibration cache holds their range), and a file torch cannot read is named."""
+    import json
+    import logging
+
+    from torchkiln.cli import main
+
+    torch.manual_seed(0)
+    model = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)))
+    path, out, samples = tmp_path / "m.ts", tmp_path / "out.ts", tmp_path / "calib.pt"
+    torch.jit.save(model, str(path))
+    torch.save([torch.full((4, 16), 3.0) * torch.linspace(-1, 1, 16), torch.randn(4, 16)], str(samples))
+    cache = tmp_path / "calib.json"
+    with caplog.at_level(logging.WARNING, logger="torchkiln"):
+        assert main(["compile", str(path), str(out), "-i", "(4,16)", "-p", "int8", "--calibration-inputs",
+                     str(samples), "--calibration-cache-file", str(cache)]) == 0
+    assert "random inputs" not in caplog.text
+    layers = next(iter(json.loads(cache.read_text())["engines"].values()))["layers"]
+    assert layers[0]["amax"] == pytest.approx(3.0)  # the first sample's largest |value|, above the random one's
+    (tmp_path / "bad.pt").write_text("not a tensor file")
+    for bad in ("bad.pt", "missing.pt"):
+        assert main(["compile", str(path), str(out), "-i", "(4,16)", "-p", "int8", "--calibration-inputs",
+                     str(tmp_path / bad)]) != 0
+        assert "calibration_inputs: " in capsys.readouterr().err

@@ -20,9 +20,8 @@ from torchkiln.settings_table import (ENGINE_BACKENDS, MAX_TIMING_ITERATIONS, SE
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TABLE = pathlib.Path(torchkiln.settings_table.__file__)
 INPUTS = [torchkiln.Input((2, 3))]
-# settings whose example is their default here: only cpu exists on a machine without CUDA; samples are tensors,
-# which the torch-free table cannot hold
-SAME_AS_DEFAULT = {"device", "calibration_inputs"}
+# settings whose example is their default here: only cpu exists on a machine without CUDA
+SAME_AS_DEFAULT = {"device"}
 WITH_FLAG = [s for s in SETTINGS if s.flag is not None]
 WITH_BACKEND = [s for s in SETTINGS if s.backend is not None]
 

@@ -55,7 +55,7 @@ from torchkiln.runtime.engine import Engine, InputBinding
 from torchkiln.runtime.serialization import engine_digest
 from torchkiln.runtime.tape import add_tape
 from torchkiln.runtime.execute_op import SESSION_MODELS, engine_blob, engine_from_blob, engine_signature
-from torchkiln.settings import CompileSettings, Input, as_device
+from torchkiln.settings import CompileSettings, Input, as_device, load_calibration_samples
 from torchkiln.settings_table import SETTINGS, backend_values
 from torchkiln.stitching.engines_apart import load_apart, save_apart
 from torchkiln.stitching.module import RaisesEngineErrors
@@ -279,6 +279,8 @@ def _require_full(part: Partition) -> None:
 def _calibration_samples(settings: CompileSettings) -> list[Sequence[Any]]:
     """The method arguments calibration runs on: the user's, the calibrator's, or random inputs at the opt shapes
     (for quantization, with a warning: random values do not have the model's ranges)."""
+    if isinstance(settings.calibration_inputs, str):
+        return list(load_calibration_samples(settings.calibration_inputs, len(settings.input_signature)))
     if settings.calibration_inputs:
         return list(settings.calibration_inputs)
     if settings.calibrator is not None:

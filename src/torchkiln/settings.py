@@ -362,10 +362,16 @@ def _check_sizes(signature: tuple[Any, ...], device: torch.device) -> None:
                              f"more than the {memory / 2**30:.1f} GiB of memory on {device}")
 
 
-def calibration_samples(samples: Sequence[Any] | None, num_args: int) -> tuple[tuple[Any, ...], ...]:
-    """calibration_inputs as one tuple of method arguments per sample (a tensor alone: a one-argument sample)."""
+def calibration_samples(samples: Sequence[Any] | str | os.PathLike | None, num_args: int
+                        ) -> tuple[tuple[Any, ...], ...] | str:
+    """calibration_inputs as one tuple of method arguments per sample (a tensor alone: a one-argument sample); a
+    file path stays a path (`load_calibration_samples` reads it when the compile calibrates)."""
     if samples is None:
         return ()
+    if isinstance(samples, (str, os.PathLike)):
+        if os.path.isdir(samples):
+            raise ValueError(f"calibration_inputs must be a file saved by torch.save, got the folder {str(samples)!r}")
+        return str(samples)
     if isinstance(samples, torch.Tensor) or not isinstance(samples, Sequence):
         raise ValueError("calibration_inputs must be a list of samples, each a tensor (one-argument methods) or a "
                          "tuple of the method's arguments")
@@ -377,6 +383,19 @@ def calibration_samples(samples: Sequence[Any] | None, num_args: int) -> tuple[t
                              f"got {type(sample).__name__}")
         found.append(tuple(args))
     return tuple(found)
+
+
+def load_calibration_samples(path: str, num_args: int) -> tuple[tuple[Any, ...], ...]:
+    """The samples saved at `path` by torch.save: a list of samples as calibration_inputs takes them (or one
+    tensor: one sample)."""
+    if not os.path.isfile(path):
+        raise ValueError(f"calibration_inputs: there is no file {path!r}")
+    try:
+        value = torch.load(path, weights_only=True)
+    except Exception as e:  # torch.load's errors are many, and long
+        raise ValueError(f"calibration_inputs: {path!r} is not a torch.save file of tensors (and lists or tuples of "
+                         f"them): torch.load(weights_only=True) refused it ({type(e).__name__})") from None
+    return calibration_samples([value] if isinstance(value, torch.Tensor) else value, num_args)
 
 
 # create()'s keywords besides the settings: the device when `device` is not given, and what a dict `inputs` gives

@@ -306,10 +306,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("precision_safety", "bool", True, "fp16/bf16: keep in fp32 the layers that overflow or lose precision "
             "on the calibration inputs", truthy, Flag(("--precision-safety",)), example=False,
             example_args=("--no-precision-safety",)),
-    Setting("calibration_inputs", "tuple[tuple[Any, ...], ...]", None, "the samples precision_safety and "
-            "quantization calibrate on: a list of argument tuples (a tensor alone for one argument); none: the "
-            "calibrator's, else random inputs at the opt shapes", _calibration_inputs, shown_default="None",
-            compare=False, example=[]),
+    Setting("calibration_inputs", "tuple[tuple[Any, ...], ...] | str", None, "the samples precision_safety and "
+            "quantization calibrate on: a list of argument tuples (a tensor alone for one argument), or the path of "
+            "such a list saved by torch.save; none: the calibrator's, else random inputs at the opt shapes",
+            _calibration_inputs, Flag(("--calibration-inputs",), "PATH"), shown_default="None", compare=False,
+            example="calib.pt", example_args=("--calibration-inputs", "calib.pt")),
     Setting("calibrator", "Any", None, "quantization: a torchkiln.ptq.DataLoaderCalibrator (samples from a data "
             "loader, its algorithm and cache file) or CacheCalibrator (a calibration cache only); Torch-TensorRT's "
             "ptq names", _calibrator, shown_default="None", compare=False,
