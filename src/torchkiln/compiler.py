@@ -17,7 +17,7 @@ import torch
 from torchkiln import progress
 from torchkiln.builder import BuildSettings, build_engine
 from torchkiln.builder import bfloat16_tactic, engine_timing
-from torchkiln.builder.calibration import calibrated_build
+from torchkiln.builder.calibration import calibrated_build, check_samples, tensor_samples
 from torchkiln.builder.quantization import QuantizeRequest, log_network_cosine, quantized_build
 from torchkiln.cache import EngineCache, ModuleCache
 from torchkiln.conversion.block_converter import convert_block
@@ -381,7 +381,7 @@ def _quantized_or_float(network: Network, convert: Callable[[], Network], build:
         except ValueError as e:  # a CacheCalibrator's ranges came from its cache: it has no data to time on
             logger.info("engine %s: kept quantized, not timed against its %s build: %s", engine.name,
                         str(build.compute_dtype).removeprefix("torch."), e)
-    if not found or not all(isinstance(x, torch.Tensor) for s in found for x in s):
+    if not tensor_samples(found):
         kept.extend(own)
         announce(True)
         return engine
@@ -522,16 +522,29 @@ def _build_engines(part: Partition, module: torch.jit.ScriptModule, settings: Co
             convert = functools.partial(convert_block, block.nodes, block.inputs, block.outputs, part.metas, settings,
                                         f"{name}_{k}")
             before = len(kept)
+            block_samples = functools.cache(functools.partial(_checked_samples, samples, k, network.name,
+                                                              block_bindings(network)))
             if request is not None:  # samples only where the calibration cache has no entry (or a choice needs them)
-                engines.append(_quantized_or_float(network, convert, build, lambda k=k: samples()[k], request, kept,
+                engines.append(_quantized_or_float(network, convert, build, block_samples, request, kept,
                                                    settings.precision_safety))
             else:
-                usable = samples()[k] is not None and all(isinstance(x, torch.Tensor) for s in samples()[k] for x in s)
-                engines.append(_build_timed(network, convert, build, samples()[k] if usable else None, kept,
+                found = block_samples()
+                engines.append(_build_timed(network, convert, build, found if tensor_samples(found) else None, kept,
                                             alternative, settings.precision_safety))
             _record_tape(engines[-1], settings)
             cache.save(key, engines[-1], [(r.layer, r.kind, r.node, r.reason) for r in kept[before:]])
     return engines
+
+
+def _checked_samples(samples: Callable[[], list[Any]], k: int, name: str, bindings: Sequence[InputBinding]
+                     ) -> Sequence[Sequence[Any]] | None:
+    """Block `k`'s calibration samples (`samples()` holds every block's), checked against its engine's inputs
+    (`check_samples`) where they are tensors; called once per block (its caller caches it), so each problem is
+    named once however many builds of the block calibrate."""
+    found = samples()[k]
+    if tensor_samples(found):
+        check_samples(name, bindings, found)
+    return found
 
 
 def _record_tape(engine: Engine, settings: CompileSettings) -> Engine:

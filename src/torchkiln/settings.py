@@ -362,16 +362,10 @@ def _check_sizes(signature: tuple[Any, ...], device: torch.device) -> None:
                              f"more than the {memory / 2**30:.1f} GiB of memory on {device}")
 
 
-def calibration_samples(samples: Sequence[Any] | str | os.PathLike | None, num_args: int
-                        ) -> tuple[tuple[Any, ...], ...] | str:
-    """calibration_inputs as one tuple of method arguments per sample (a tensor alone: a one-argument sample); a
-    file path stays a path (`load_calibration_samples` reads it when the compile calibrates)."""
+def calibration_samples(samples: Sequence[Any] | None, num_args: int) -> tuple[tuple[Any, ...], ...]:
+    """calibration_inputs as one tuple of method arguments per sample (a tensor alone: a one-argument sample)."""
     if samples is None:
         return ()
-    if isinstance(samples, (str, os.PathLike)):
-        if os.path.isdir(samples):
-            raise ValueError(f"calibration_inputs must be a file saved by torch.save, got the folder {str(samples)!r}")
-        return str(samples)
     if isinstance(samples, torch.Tensor) or not isinstance(samples, Sequence):
         raise ValueError("calibration_inputs must be a list of samples, each a tensor (one-argument methods) or a "
                          "tuple of the method's arguments")

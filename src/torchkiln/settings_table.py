@@ -201,7 +201,10 @@ def _capability(name: str, value: Any, context: Mapping[str, Any]) -> Any:
                                                   f"{[c.value for c in EngineCapability]})")
 
 
-def _calibration_inputs(name: str, value: Any, context: Mapping[str, Any]) -> tuple[tuple[Any, ...], ...]:
+def _calibration_inputs(name: str, value: Any, context: Mapping[str, Any]) -> tuple[tuple[Any, ...], ...] | str | None:
+    """The samples, or a file's path (settings.load_calibration_samples reads it when the compile calibrates)."""
+    if isinstance(value, (str, os.PathLike)):
+        return _optional_path(name, value, context)
     from torchkiln.settings import calibration_samples
 
     return calibration_samples(value, len(context.get("inputs", ())))

@@ -181,18 +181,21 @@ def unsafe_layers(low: Network, errors: Iterable[LayerError], tolerance: float) 
     return unsafe
 
 
+def tensor_samples(samples: Sequence[Sequence[object]] | None) -> bool:
+    """Whether there are calibration samples and every value of them is a tensor (an engine block's samples hold
+    what its inputs held when the method ran: other values where an input is not a tensor)."""
+    return bool(samples) and all(isinstance(x, torch.Tensor) for sample in samples for x in sample)
+
+
 def check_samples(name: str, bindings: Sequence[InputBinding], samples: Sequence[Sequence[torch.Tensor]]) -> None:
-    """EngineInputError (naming the sample, the input and the dim) where a calibration sample does not fit the
-    engine's inputs in number or shape (dtype and device are converted when it runs); a warning where a float
-    input is constant or holds NaN or infinity: ranges calibrated on it fit no real input."""
+    """EngineInputError (naming the sample, the input and the dim) where a calibration sample (of tensors) does not
+    fit the engine's inputs in number or shape (dtype and device are converted when it runs); a warning where a
+    float input is constant or holds NaN or infinity: ranges calibrated on it fit no real input."""
     for k, sample in enumerate(samples):
         if len(sample) != len(bindings):
             raise EngineInputError(f"engine {name!r}: calibration sample {k} has {len(sample)} inputs, the engine "
                                    f"takes {len(bindings)} ({', '.join(repr(b.name) for b in bindings)})")
         for i, (binding, value) in enumerate(zip(bindings, sample)):
-            if not isinstance(value, torch.Tensor):
-                raise EngineInputError(f"engine {name!r}: calibration sample {k}, input {i} ({binding.name!r}): "
-                                       f"expected a tensor, got {type(value).__name__}")
             try:
                 binding.check(i, torch.empty(value.shape, dtype=binding.dtype, device="meta"), "meta")
             except EngineInputError as e:
@@ -215,7 +218,6 @@ def calibrated_build(convert: Callable[[], Network], bindings: Sequence[InputBin
     precision on the sample inputs; the engine and the kept layers (name -> why).
 
     `convert` makes a fresh network of the block (each build changes its network in place)."""
-    check_samples(name, bindings, samples)
     reference = build_engine(convert(), bindings, dataclasses.replace(settings, compute_dtype=torch.float32),
                              f"{name}_fp32", plan=False).network
     tolerance = TOLERANCE[settings.compute_dtype]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from torchkiln.builder.builder import build_engine, ship
-from torchkiln.builder.calibration import calibrated_build, check_samples, compare_values
+from torchkiln.builder.calibration import calibrated_build, compare_values, tensor_samples
 from torchkiln.builder.passes.quantize import Candidate, candidate, quantize_weight, quantized_relus, quantizes_output
 from torchkiln.builder.ranges import Histogram, choose_amax, fake_quantized
 from torchkiln.builder.settings import BuildSettings, QuantizationPlan
@@ -272,7 +272,6 @@ def quantized_build(convert: Callable[[], Network], bindings: Sequence[InputBind
         logger.info("engine %s: calibration ranges read from %s", name, request.cache_file)
     elif names:
         chosen = samples()
-        check_samples(name, bindings, chosen)
         logger.info("engine %s: calibrating %d layers on %d samples (%s)", name, len(names), len(chosen),
                     request.algorithm.value)
         start = time.perf_counter()
@@ -306,7 +305,7 @@ def _half_samples(chosen: Sequence[Sequence[torch.Tensor]], samples: Callable[[]
         logger.warning("engine %s: its %s layers are not checked for overflow or lost precision: %s", name,
                        str(dtype).removeprefix("torch."), e)
         return None
-    return found if found and all(isinstance(x, torch.Tensor) for s in found for x in s) else None
+    return found if tensor_samples(found) else None
 
 
 def _quantized(settings: BuildSettings, request: QuantizeRequest, layers: Sequence[QuantizedLayer],

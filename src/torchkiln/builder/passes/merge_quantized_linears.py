@@ -9,9 +9,9 @@ exactly. Each former output is then a slice of the merged one's columns. One GEM
 narrow ones: on an H200, the int8 products of a 768-wide encoder over 4096 tokens took 3 x 11.5 us as three
 [768, 768] GEMMs and 20.1 us as one [768, 2304].
 
-Only for the `cuda` backend, whose plans read such slices as views. ONNX Runtime copies each `Slice`: a 4-layer,
-256-wide BERT-style int8 engine (2 threads, interleaved) took 6.35 against 6.52 ms merged at batch 1, but 35.3
-against 32.5 at batch 8.
+Only for backends whose registry row says so (`Backend.merges_linears`: the cuda backend, whose plans read such
+slices as views). ONNX Runtime copies each `Slice`: a 4-layer, 256-wide BERT-style int8 engine (2 threads,
+interleaved) took 6.35 against 6.52 ms merged at batch 1, but 35.3 against 32.5 at batch 8.
 """
 from __future__ import annotations
 
@@ -21,12 +21,11 @@ from torchkiln.builder.settings import BuildSettings
 from torchkiln.ir import layers as L
 from torchkiln.ir.network import Network
 from torchkiln.ir.tensor import Tensor
-
-MERGING_BACKENDS = ("cuda",)
+from torchkiln.runtime.backends import BACKENDS
 
 
 def merge_quantized_linears(network: Network, settings: BuildSettings) -> bool:
-    if settings.backend not in MERGING_BACKENDS:
+    if not BACKENDS[settings.backend].merges_linears:
         return False
     readers = network.consumers()
     groups: dict[tuple, list[L.MatrixMultiplyLayer]] = {}

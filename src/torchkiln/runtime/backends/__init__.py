@@ -49,6 +49,9 @@ class Backend:
     # (it has no quantized kernel of that layer's form); None where it runs it quantized. The reference runs every
     # quantized layer's meaning, for checking: its speed is not the point.
     quantized: Callable[[L.Layer], str | None]
+    # whether quantized linear layers of one input run faster merged into one wide product read through column slices
+    # (builder/passes/merge_quantized_linears.py): where the plan reads a slice as a view, not as a copy
+    merges_linears: bool = False
 
 
 def _quantizes_all(layer: L.Layer) -> str | None:
@@ -124,7 +127,8 @@ _IMPLEMENTATIONS = {
 if set(_IMPLEMENTATIONS) != set(ENGINE_BACKENDS):  # a backend a user can name is one the registry has, and back
     raise ImportError(f"backends implemented {sorted(_IMPLEMENTATIONS)} differ from settings_table.ENGINE_BACKENDS "
                       f"{sorted(ENGINE_BACKENDS)}")
-BACKENDS: dict[str, Backend] = {name: Backend(frozenset(row.devices), *_IMPLEMENTATIONS[name])
+BACKENDS: dict[str, Backend] = {name: Backend(frozenset(row.devices), *_IMPLEMENTATIONS[name],
+                                               merges_linears=name == "cuda")
                                 for name, row in ENGINE_BACKENDS.items()}
 
 
